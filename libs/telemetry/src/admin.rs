@@ -1,0 +1,177 @@
+//! The admin HTTP server: `/live`, `/ready`, `/metrics`, plus any routes a
+//! service adds (the index server's `/snapshot`, the coordinator's REST API).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::MetricsRegistry;
+
+/// Liveness and readiness of the process, shared between the service and its
+/// admin server. Live means the process is running its event loop; ready means
+/// it has finished start-up and can take traffic.
+#[derive(Debug, Default)]
+pub struct Health {
+    ready: AtomicBool,
+}
+
+impl Health {
+    /// A new, not-yet-ready health handle.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+
+    /// Marks the service ready (or not, e.g. while draining on shutdown).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Release);
+    }
+
+    /// Whether `/ready` currently answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Clone)]
+struct AdminState {
+    health: Arc<Health>,
+    metrics: MetricsRegistry,
+}
+
+/// Failure to start the admin server.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The listen address could not be bound.
+    #[error("cannot bind admin server to {addr}: {source}")]
+    Bind {
+        /// The address that was requested.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server stopped with an I/O error.
+    #[error("admin server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// A bound (but not yet serving) admin server.
+#[derive(Debug)]
+pub struct AdminServer {
+    listener: TcpListener,
+    router: Router,
+}
+
+/// Builds the admin router. Exposed so services can test routes with
+/// `tower::ServiceExt::oneshot` without a socket.
+pub fn router(health: Arc<Health>, metrics: MetricsRegistry) -> Router {
+    Router::new()
+        .route("/live", get(live))
+        .route("/ready", get(ready))
+        .route("/metrics", get(render_metrics))
+        .with_state(AdminState { health, metrics })
+}
+
+impl AdminServer {
+    /// Binds `addr` and prepares the standard routes merged with `extra`.
+    ///
+    /// Binding happens here, before serving, so a port conflict is reported at
+    /// start-up and the actual address (for `:0`) is known to the caller.
+    pub async fn bind(
+        addr: SocketAddr,
+        health: Arc<Health>,
+        metrics: MetricsRegistry,
+        extra: Router,
+    ) -> Result<Self, AdminError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| AdminError::Bind { addr, source })?;
+        Ok(Self {
+            listener,
+            router: router(health, metrics).merge(extra),
+        })
+    }
+
+    /// The address actually bound (resolves a requested port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` is cancelled, then finishes in-flight requests.
+    pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AdminError> {
+        let addr = self.listener.local_addr().map_err(AdminError::Serve)?;
+        tracing::info!(%addr, "admin server listening");
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await
+            .map_err(AdminError::Serve)
+    }
+}
+
+async fn live() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
+    if state.health.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    async fn get_status(app: Router, path: &str) -> (StatusCode, String) {
+        let response = app
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test]
+    async fn ready_follows_health_flag() {
+        let health = Health::new();
+        let app = router(
+            health.clone(),
+            MetricsRegistry::new("inferencecache", "ic-test"),
+        );
+        assert_eq!(
+            get_status(app.clone(), "/ready").await.0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(get_status(app.clone(), "/live").await.0, StatusCode::OK);
+        health.set_ready(true);
+        assert_eq!(get_status(app.clone(), "/ready").await.0, StatusCode::OK);
+        let (status, body) = get_status(app, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("inferencecache_build_info"), "{body}");
+    }
+}

@@ -1,0 +1,19 @@
+//! Process plumbing shared by every InferenceCache binary.
+//!
+//! Each service needs the same things around its real work: flags for logging,
+//! a tracing subscriber, a Prometheus registry, an admin HTTP server with
+//! `/live`, `/ready` and `/metrics`, and a shutdown signal that fires on
+//! SIGTERM/SIGINT. They live here once so every binary behaves the same way
+//! for the platform team operating it.
+
+pub mod admin;
+pub mod logging;
+pub mod metrics;
+pub mod process;
+pub mod shutdown;
+
+pub use admin::{AdminServer, Health};
+pub use logging::{LogArgs, LogFormat};
+pub use metrics::MetricsRegistry;
+pub use process::run_service;
+pub use shutdown::shutdown_token;
