@@ -1,0 +1,515 @@
+//! One replica's block state, and the index changes its events imply.
+//!
+//! The engine reports blocks by its own hashes; the index wants content
+//! fingerprints and tiers. This state machine keeps, per engine hash, the
+//! block's fingerprint, its position in the prompt and how many stores each
+//! medium class holds, and emits an [`IndexChange`] exactly when the tier the
+//! index should show for a block changes:
+//!
+//! * a store on the GPU makes a block T1; a store on an offload medium (CPU,
+//!   CPU_PINNED, …) makes it T2 unless it is also on the GPU;
+//! * a GPU removal drops the block from T1. With `ignore_block_removed`
+//!   (Offload mode, where LMCache/HiCache keep evicted blocks) the block is
+//!   re-reported at T2 anchored at the eviction time; otherwise (EventsOnly)
+//!   it is evicted from the index unless an offload medium still holds it;
+//! * `AllBlocksCleared` clears the replica's T1 entries;
+//! * duplicate stores and removes are refcounted per medium class, so the
+//!   index sees one transition, not one per duplicate.
+//!
+//! Blocks whose parent is unknown (the subscriber joined mid-stream, or
+//! batches were lost) cannot be fingerprinted: their content hash depends on
+//! the whole prefix. They are counted and skipped rather than guessed.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::fingerprint::{Fingerprint, block_fingerprint};
+use crate::wire::{BlockRemoved, BlockStored, DecodedBatch, EngineHash, KvEvent};
+
+/// Cache tier of a block on a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// In accelerator memory.
+    T1,
+    /// Evicted from accelerator memory, kept by an offload tier.
+    T2,
+}
+
+/// A change the index must apply for this replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum IndexChange {
+    /// A chain of consecutive blocks is held at `tier` (new, or a tier change).
+    Stored {
+        /// Fingerprint of the block before the first (`None` at depth 0).
+        parent: Option<Fingerprint>,
+        /// Blocks before the first one.
+        start_depth: u32,
+        /// The blocks, in prompt order.
+        fingerprints: Vec<Fingerprint>,
+        /// Tokens per block.
+        block_size: u32,
+        /// Tier now.
+        tier: Tier,
+        /// Event time, Unix milliseconds.
+        at_ms: i64,
+    },
+    /// Blocks the replica no longer holds anywhere.
+    Evicted {
+        /// The blocks.
+        fingerprints: Vec<Fingerprint>,
+        /// Event time, Unix milliseconds.
+        at_ms: i64,
+    },
+    /// Every block at `tier` is gone.
+    Cleared {
+        /// The tier cleared.
+        tier: Tier,
+        /// Event time, Unix milliseconds.
+        at_ms: i64,
+    },
+}
+
+/// How a replica interprets its events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    /// Offload mode: GPU evictions keep the block at T2.
+    pub ignore_block_removed: bool,
+    /// Most blocks remembered; beyond it the oldest T2-only blocks are evicted.
+    pub max_blocks: usize,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        Self {
+            ignore_block_removed: false,
+            max_blocks: 4_000_000,
+        }
+    }
+}
+
+/// Counters of what applying events did (for metrics).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApplyStats {
+    /// Blocks stored (including duplicates).
+    pub stored_blocks: u64,
+    /// Blocks removed (including duplicates).
+    pub removed_blocks: u64,
+    /// Stores of a block already held in the same medium class.
+    pub duplicate_stores: u64,
+    /// Removes of a block not held in that medium class.
+    pub duplicate_removes: u64,
+    /// Removes of blocks never seen.
+    pub unknown_removals: u64,
+    /// Stored blocks skipped because their parent is unknown.
+    pub unresolved_parent_blocks: u64,
+    /// Stored blocks without tokens whose hash was unknown.
+    pub contentless_unknown_blocks: u64,
+    /// Store events whose token count is not blocks × block_size.
+    pub token_count_mismatches: u64,
+    /// Events of non-main-attention KV cache groups, ignored.
+    pub non_main_attention_events: u64,
+    /// Events of unknown classes, ignored.
+    pub unknown_events: u64,
+    /// T2-only blocks dropped to stay within `max_blocks`.
+    pub capacity_evictions: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    fingerprint: Fingerprint,
+    parent: Option<Fingerprint>,
+    depth: u32,
+    block_size: u32,
+    gpu_refs: u32,
+    offload_refs: u32,
+    /// Kept at T2 by the offload tier after leaving the GPU (Offload mode).
+    retained: bool,
+    /// Generation stamp of the retention, to match `retained_order` entries.
+    retained_gen: u64,
+    at_ms: i64,
+}
+
+impl Block {
+    fn tier(&self) -> Option<Tier> {
+        if self.gpu_refs > 0 {
+            Some(Tier::T1)
+        } else if self.offload_refs > 0 || self.retained {
+            Some(Tier::T2)
+        } else {
+            None
+        }
+    }
+}
+
+/// The state of one replica's (one DP rank's) event stream.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaState {
+    config: ReplicaConfig,
+    blocks: HashMap<EngineHash, Block>,
+    /// Retained (T2-only) blocks in retention order, for capacity eviction.
+    retained_order: VecDeque<(EngineHash, u64)>,
+    next_gen: u64,
+}
+
+/// Accumulates consecutive stored blocks into one [`IndexChange::Stored`].
+struct Run {
+    parent: Option<Fingerprint>,
+    start_depth: u32,
+    fingerprints: Vec<Fingerprint>,
+    block_size: u32,
+    tier: Tier,
+}
+
+impl ReplicaState {
+    /// An empty replica.
+    pub fn new(config: ReplicaConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// Blocks currently held in some tier.
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether the replica holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// Forgets everything (the engine restarted).
+    pub fn clear(&mut self) {
+        self.blocks.clear();
+        self.retained_order.clear();
+    }
+
+    /// The fingerprint and tier the index should hold for an engine hash.
+    pub fn lookup(&self, hash: EngineHash) -> Option<(Fingerprint, Tier)> {
+        let block = self.blocks.get(&hash)?;
+        Some((block.fingerprint, block.tier()?))
+    }
+
+    /// Applies every event of a batch, appending index changes to `out`.
+    pub fn apply_batch(
+        &mut self,
+        batch: &DecodedBatch,
+        out: &mut Vec<IndexChange>,
+        stats: &mut ApplyStats,
+    ) {
+        let at_ms = ts_to_ms(batch.ts);
+        for event in &batch.events {
+            self.apply_event(event, at_ms, out, stats);
+        }
+    }
+
+    /// Applies one event.
+    pub fn apply_event(
+        &mut self,
+        event: &KvEvent,
+        at_ms: i64,
+        out: &mut Vec<IndexChange>,
+        stats: &mut ApplyStats,
+    ) {
+        match event {
+            KvEvent::BlockStored(stored) => self.store(stored, at_ms, out, stats),
+            KvEvent::BlockRemoved(removed) => self.remove(removed, at_ms, out, stats),
+            KvEvent::AllBlocksCleared => self.clear_gpu(at_ms, out),
+            KvEvent::Unknown(_) => stats.unknown_events += 1,
+        }
+        self.enforce_capacity(at_ms, out, stats);
+    }
+
+    /// The full current state as index changes (one per block, parents
+    /// first), for a resync.
+    pub fn snapshot(&self) -> Vec<IndexChange> {
+        let mut blocks: Vec<&Block> = self.blocks.values().collect();
+        blocks.sort_by_key(|b| (b.depth, b.fingerprint));
+        blocks
+            .into_iter()
+            .filter_map(|b| {
+                Some(IndexChange::Stored {
+                    parent: b.parent,
+                    start_depth: b.depth,
+                    fingerprints: vec![b.fingerprint],
+                    block_size: b.block_size,
+                    tier: b.tier()?,
+                    at_ms: b.at_ms,
+                })
+            })
+            .collect()
+    }
+
+    fn store(
+        &mut self,
+        ev: &BlockStored,
+        at_ms: i64,
+        out: &mut Vec<IndexChange>,
+        stats: &mut ApplyStats,
+    ) {
+        if !ev.is_main_attention() {
+            stats.non_main_attention_events += 1;
+            return;
+        }
+        let n = ev.block_hashes.len();
+        let block_size = ev.block_size as usize;
+        let has_content = block_size > 0 && !ev.token_ids.is_empty();
+        if has_content && ev.token_ids.len() != n.saturating_mul(block_size) {
+            stats.token_count_mismatches += 1;
+            return;
+        }
+        let gpu = ev.medium.is_gpu();
+        // (fingerprint, depth) of the previous block, or None when unresolved.
+        let mut prev: Option<(Option<Fingerprint>, u32)> = match ev.parent_block_hash {
+            None => Some((None, 0)),
+            Some(parent) => self
+                .blocks
+                .get(&parent)
+                .map(|b| (Some(b.fingerprint), b.depth + 1)),
+        };
+        let mut run: Option<Run> = None;
+        for (i, &hash) in ev.block_hashes.iter().enumerate() {
+            stats.stored_blocks += 1;
+            let known = self.blocks.contains_key(&hash);
+            if !known {
+                let Some((parent, depth)) = prev else {
+                    stats.unresolved_parent_blocks += 1;
+                    flush(&mut run, at_ms, out);
+                    continue;
+                };
+                if !has_content {
+                    stats.contentless_unknown_blocks += 1;
+                    prev = None;
+                    flush(&mut run, at_ms, out);
+                    continue;
+                }
+                let tokens = &ev.token_ids[i * block_size..(i + 1) * block_size];
+                let fingerprint = block_fingerprint(parent, tokens);
+                self.blocks.insert(
+                    hash,
+                    Block {
+                        fingerprint,
+                        parent,
+                        depth,
+                        block_size: ev.block_size,
+                        gpu_refs: 0,
+                        offload_refs: 0,
+                        retained: false,
+                        retained_gen: 0,
+                        at_ms,
+                    },
+                );
+            }
+            let Some(block) = self.blocks.get_mut(&hash) else {
+                continue;
+            };
+            let before = block.tier();
+            let refs = if gpu {
+                &mut block.gpu_refs
+            } else {
+                &mut block.offload_refs
+            };
+            if *refs > 0 {
+                stats.duplicate_stores += 1;
+            }
+            *refs = refs.saturating_add(1);
+            if gpu {
+                block.retained = false;
+            }
+            let after = block.tier();
+            prev = Some((Some(block.fingerprint), block.depth + 1));
+            if before == after {
+                flush(&mut run, at_ms, out);
+                continue;
+            }
+            block.at_ms = at_ms;
+            let tier = after.unwrap_or(Tier::T1);
+            // Extend the run when this block directly follows its last block.
+            let extends = run.as_ref().is_some_and(|r| {
+                r.tier == tier
+                    && r.block_size == block.block_size
+                    && r.fingerprints.last().copied() == block.parent
+            });
+            if !extends {
+                flush(&mut run, at_ms, out);
+                run = Some(Run {
+                    parent: block.parent,
+                    start_depth: block.depth,
+                    fingerprints: Vec::with_capacity(n - i),
+                    block_size: block.block_size,
+                    tier,
+                });
+            }
+            if let Some(r) = run.as_mut() {
+                r.fingerprints.push(block.fingerprint);
+            }
+        }
+        flush(&mut run, at_ms, out);
+    }
+
+    fn remove(
+        &mut self,
+        ev: &BlockRemoved,
+        at_ms: i64,
+        out: &mut Vec<IndexChange>,
+        stats: &mut ApplyStats,
+    ) {
+        if !ev.is_main_attention() {
+            stats.non_main_attention_events += 1;
+            return;
+        }
+        let gpu = ev.medium.is_gpu();
+        let mut evicted = Vec::new();
+        for &hash in &ev.block_hashes {
+            stats.removed_blocks += 1;
+            let Some(block) = self.blocks.get_mut(&hash) else {
+                stats.unknown_removals += 1;
+                continue;
+            };
+            let before = block.tier();
+            let refs = if gpu {
+                &mut block.gpu_refs
+            } else {
+                &mut block.offload_refs
+            };
+            if *refs == 0 {
+                stats.duplicate_removes += 1;
+                continue;
+            }
+            *refs -= 1;
+            if gpu && block.gpu_refs == 0 && self.config.ignore_block_removed {
+                block.retained = true;
+                block.retained_gen = self.next_gen;
+                self.retained_order.push_back((hash, self.next_gen));
+                self.next_gen += 1;
+            }
+            if !gpu && block.offload_refs == 0 {
+                // The offload tier itself dropped it.
+                block.retained = false;
+            }
+            match (before, block.tier()) {
+                (Some(Tier::T1), Some(Tier::T2)) => {
+                    block.at_ms = at_ms;
+                    out.push(IndexChange::Stored {
+                        parent: block.parent,
+                        start_depth: block.depth,
+                        fingerprints: vec![block.fingerprint],
+                        block_size: block.block_size,
+                        tier: Tier::T2,
+                        at_ms,
+                    });
+                }
+                (Some(_), None) => {
+                    evicted.push(block.fingerprint);
+                    self.blocks.remove(&hash);
+                }
+                _ => {}
+            }
+        }
+        if !evicted.is_empty() {
+            out.push(IndexChange::Evicted {
+                fingerprints: evicted,
+                at_ms,
+            });
+        }
+    }
+
+    fn clear_gpu(&mut self, at_ms: i64, out: &mut Vec<IndexChange>) {
+        out.push(IndexChange::Cleared {
+            tier: Tier::T1,
+            at_ms,
+        });
+        let mut demoted = Vec::new();
+        self.blocks.retain(|_, block| {
+            let was_t1 = block.gpu_refs > 0;
+            block.gpu_refs = 0;
+            match block.tier() {
+                None => false,
+                Some(_) => {
+                    if was_t1 {
+                        // The index just dropped its T1 entry; the offload
+                        // medium still holds the block.
+                        block.at_ms = at_ms;
+                        demoted.push(IndexChange::Stored {
+                            parent: block.parent,
+                            start_depth: block.depth,
+                            fingerprints: vec![block.fingerprint],
+                            block_size: block.block_size,
+                            tier: Tier::T2,
+                            at_ms,
+                        });
+                    }
+                    true
+                }
+            }
+        });
+        demoted.sort_by_key(|c| match c {
+            IndexChange::Stored { start_depth, .. } => *start_depth,
+            _ => 0,
+        });
+        out.extend(demoted);
+    }
+
+    fn enforce_capacity(&mut self, at_ms: i64, out: &mut Vec<IndexChange>, stats: &mut ApplyStats) {
+        let mut evicted = Vec::new();
+        while self.blocks.len() > self.config.max_blocks {
+            let Some((hash, generation)) = self.retained_order.pop_front() else {
+                break;
+            };
+            let stale = self.blocks.get(&hash).is_none_or(|b| {
+                !b.retained || b.retained_gen != generation || b.gpu_refs > 0 || b.offload_refs > 0
+            });
+            if stale {
+                continue;
+            }
+            if let Some(block) = self.blocks.remove(&hash) {
+                evicted.push(block.fingerprint);
+                stats.capacity_evictions += 1;
+            }
+        }
+        // Drop stale queue entries so the queue cannot outgrow the map.
+        if self.retained_order.len() > self.blocks.len().saturating_mul(2) + 1024 {
+            let blocks = &self.blocks;
+            self.retained_order.retain(|(hash, generation)| {
+                blocks
+                    .get(hash)
+                    .is_some_and(|b| b.retained && b.retained_gen == *generation)
+            });
+        }
+        if !evicted.is_empty() {
+            out.push(IndexChange::Evicted {
+                fingerprints: evicted,
+                at_ms,
+            });
+        }
+    }
+}
+
+fn flush(run: &mut Option<Run>, at_ms: i64, out: &mut Vec<IndexChange>) {
+    if let Some(r) = run.take() {
+        out.push(IndexChange::Stored {
+            parent: r.parent,
+            start_depth: r.start_depth,
+            fingerprints: r.fingerprints,
+            block_size: r.block_size,
+            tier: r.tier,
+            at_ms,
+        });
+    }
+}
+
+/// Engine timestamps are float seconds; non-finite or absurd values map to 0.
+pub fn ts_to_ms(ts: f64) -> i64 {
+    let ms = (ts * 1000.0).round();
+    // 2^53 ms is ~285,000 years: anything beyond is garbage, not time.
+    if ms.is_finite() && ms.abs() < 9_007_199_254_740_992.0 {
+        #[allow(clippy::cast_possible_truncation)]
+        let v = ms as i64;
+        v
+    } else {
+        0
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,360 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::fingerprint::chain_fingerprints;
+use crate::wire::Medium;
+
+const BS: u32 = 4;
+
+fn tokens(block: u64) -> Vec<u32> {
+    (0..BS).map(|i| (block * 100) as u32 + i).collect()
+}
+
+fn stored(hashes: &[u64], parent: Option<u64>, medium: Medium) -> KvEvent {
+    KvEvent::BlockStored(BlockStored {
+        block_hashes: hashes.to_vec(),
+        parent_block_hash: parent,
+        token_ids: hashes.iter().flat_map(|&h| tokens(h)).collect(),
+        block_size: BS,
+        lora_id: None,
+        medium,
+        lora_name: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+        cache_salt: None,
+    })
+}
+
+fn removed(hashes: &[u64], medium: Medium) -> KvEvent {
+    KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: hashes.to_vec(),
+        medium,
+        group_idx: None,
+    })
+}
+
+fn cpu() -> Medium {
+    Medium::Offload("CPU".into())
+}
+
+struct Harness {
+    state: ReplicaState,
+    stats: ApplyStats,
+}
+
+impl Harness {
+    fn new(ignore_block_removed: bool) -> Self {
+        Self {
+            state: ReplicaState::new(ReplicaConfig {
+                ignore_block_removed,
+                max_blocks: 1_000,
+            }),
+            stats: ApplyStats::default(),
+        }
+    }
+    fn apply(&mut self, event: KvEvent) -> Vec<IndexChange> {
+        let mut out = Vec::new();
+        self.state
+            .apply_event(&event, 1000, &mut out, &mut self.stats);
+        out
+    }
+}
+
+fn fps(hashes: &[u64]) -> Vec<Fingerprint> {
+    let all: Vec<u32> = hashes.iter().flat_map(|&h| tokens(h)).collect();
+    chain_fingerprints(None, &all, BS as usize)
+}
+
+#[test]
+fn gpu_store_of_a_new_chain_is_one_t1_run() {
+    let mut h = Harness::new(false);
+    let out = h.apply(stored(&[1, 2, 3], None, Medium::Gpu));
+    assert_eq!(
+        out,
+        vec![IndexChange::Stored {
+            parent: None,
+            start_depth: 0,
+            fingerprints: fps(&[1, 2, 3]),
+            block_size: BS,
+            tier: Tier::T1,
+            at_ms: 1000
+        }]
+    );
+}
+
+#[test]
+fn parents_resolve_across_batches() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1, 2], None, Medium::Gpu));
+    let out = h.apply(stored(&[3], Some(2), Medium::Gpu));
+    let chain = fps(&[1, 2, 3]);
+    assert_eq!(
+        out,
+        vec![IndexChange::Stored {
+            parent: Some(chain[1]),
+            start_depth: 2,
+            fingerprints: vec![chain[2]],
+            block_size: BS,
+            tier: Tier::T1,
+            at_ms: 1000
+        }]
+    );
+}
+
+#[test]
+fn duplicates_are_refcounted() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1], None, Medium::Gpu));
+    assert!(h.apply(stored(&[1], None, Medium::Gpu)).is_empty());
+    assert_eq!(h.stats.duplicate_stores, 1);
+    // First remove only drops a reference.
+    assert!(h.apply(removed(&[1], Medium::Gpu)).is_empty());
+    let out = h.apply(removed(&[1], Medium::Gpu));
+    assert_eq!(
+        out,
+        vec![IndexChange::Evicted {
+            fingerprints: fps(&[1]),
+            at_ms: 1000
+        }]
+    );
+    assert!(h.apply(removed(&[1], Medium::Gpu)).is_empty());
+    assert_eq!(h.stats.unknown_removals, 1);
+    assert!(h.state.is_empty());
+}
+
+#[test]
+fn offload_mode_re_reports_evictions_at_t2_and_restores_to_t1() {
+    let mut h = Harness::new(true);
+    h.apply(stored(&[1, 2], None, Medium::Gpu));
+    let chain = fps(&[1, 2]);
+    let out = h.apply(removed(&[2], Medium::Gpu));
+    assert_eq!(
+        out,
+        vec![IndexChange::Stored {
+            parent: Some(chain[0]),
+            start_depth: 1,
+            fingerprints: vec![chain[1]],
+            block_size: BS,
+            tier: Tier::T2,
+            at_ms: 1000
+        }]
+    );
+    assert_eq!(h.state.lookup(2), Some((chain[1], Tier::T2)));
+    let out = h.apply(stored(&[2], Some(1), Medium::Gpu));
+    assert!(matches!(
+        &out[..],
+        [IndexChange::Stored { tier: Tier::T1, .. }]
+    ));
+}
+
+#[test]
+fn events_only_evicts_unless_an_offload_medium_holds_the_block() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1], None, Medium::Gpu));
+    // The offload connector copies it to CPU: still T1 (GPU wins).
+    assert!(h.apply(stored(&[1], None, cpu())).is_empty());
+    // Leaving the GPU demotes it to T2.
+    let out = h.apply(removed(&[1], Medium::Gpu));
+    assert!(matches!(
+        &out[..],
+        [IndexChange::Stored { tier: Tier::T2, .. }]
+    ));
+    // Leaving the CPU too evicts it.
+    let out = h.apply(removed(&[1], cpu()));
+    assert!(matches!(&out[..], [IndexChange::Evicted { .. }]));
+}
+
+#[test]
+fn contentless_offload_stores_map_through_known_hashes() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1], None, Medium::Gpu));
+    let contentless = |hash| {
+        KvEvent::BlockStored(BlockStored {
+            block_hashes: vec![hash],
+            parent_block_hash: None,
+            token_ids: vec![],
+            block_size: 0,
+            lora_id: None,
+            medium: cpu(),
+            lora_name: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            cache_salt: None,
+        })
+    };
+    assert!(h.apply(contentless(1)).is_empty());
+    assert!(h.apply(contentless(77)).is_empty());
+    assert_eq!(h.stats.contentless_unknown_blocks, 1);
+    let out = h.apply(removed(&[1], Medium::Gpu));
+    assert!(matches!(
+        &out[..],
+        [IndexChange::Stored { tier: Tier::T2, .. }]
+    ));
+}
+
+#[test]
+fn unknown_parents_are_skipped_not_guessed() {
+    let mut h = Harness::new(false);
+    assert!(h.apply(stored(&[5, 6], Some(4), Medium::Gpu)).is_empty());
+    assert_eq!(h.stats.unresolved_parent_blocks, 2);
+    assert!(h.state.is_empty());
+}
+
+#[test]
+fn non_main_attention_groups_are_ignored() {
+    let mut h = Harness::new(false);
+    let mut ev = stored(&[1], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.group_idx = Some(1);
+        s.kv_cache_spec_kind = Some("sliding_window".into());
+    }
+    assert!(h.apply(ev).is_empty());
+    let removal = KvEvent::BlockRemoved(BlockRemoved {
+        block_hashes: vec![1],
+        medium: Medium::Gpu,
+        group_idx: Some(1),
+    });
+    assert!(h.apply(removal).is_empty());
+    assert_eq!(h.stats.non_main_attention_events, 2);
+}
+
+#[test]
+fn token_count_mismatch_rejects_the_event() {
+    let mut h = Harness::new(false);
+    let mut ev = stored(&[1, 2], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.token_ids.pop();
+    }
+    assert!(h.apply(ev).is_empty());
+    assert_eq!(h.stats.token_count_mismatches, 1);
+}
+
+#[test]
+fn all_blocks_cleared_drops_t1_and_keeps_what_offload_holds() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1, 2], None, Medium::Gpu));
+    h.apply(stored(&[2], Some(1), cpu()));
+    let out = h.apply(KvEvent::AllBlocksCleared);
+    let chain = fps(&[1, 2]);
+    assert_eq!(
+        out,
+        vec![
+            IndexChange::Cleared {
+                tier: Tier::T1,
+                at_ms: 1000
+            },
+            IndexChange::Stored {
+                parent: Some(chain[0]),
+                start_depth: 1,
+                fingerprints: vec![chain[1]],
+                block_size: BS,
+                tier: Tier::T2,
+                at_ms: 1000
+            }
+        ]
+    );
+    assert_eq!(h.state.len(), 1);
+}
+
+#[test]
+fn capacity_evicts_oldest_retained_blocks() {
+    let mut h = Harness {
+        state: ReplicaState::new(ReplicaConfig {
+            ignore_block_removed: true,
+            max_blocks: 2,
+        }),
+        stats: ApplyStats::default(),
+    };
+    h.apply(stored(&[1, 2], None, Medium::Gpu));
+    h.apply(removed(&[1], Medium::Gpu)); // 1 retained at T2
+    let out = h.apply(stored(&[3], Some(2), Medium::Gpu));
+    assert!(
+        out.iter().any(
+            |c| matches!(c, IndexChange::Evicted { fingerprints, .. } if fingerprints == &fps(&[1]))
+        ),
+        "{out:?}"
+    );
+    assert_eq!(h.stats.capacity_evictions, 1);
+    assert_eq!(h.state.len(), 2);
+}
+
+#[test]
+fn batch_timestamps_become_milliseconds() {
+    assert_eq!(ts_to_ms(1_700_000_000.25), 1_700_000_000_250);
+    assert_eq!(ts_to_ms(f64::NAN), 0);
+    assert_eq!(ts_to_ms(f64::INFINITY), 0);
+    assert_eq!(ts_to_ms(1e300), 0);
+}
+
+/// The index a stream of changes builds: fingerprint → tier.
+fn replay(changes: &[IndexChange], index: &mut HashMap<Fingerprint, Tier>) {
+    for change in changes {
+        match change {
+            IndexChange::Stored {
+                fingerprints, tier, ..
+            } => {
+                for fp in fingerprints {
+                    index.insert(*fp, *tier);
+                }
+            }
+            IndexChange::Evicted { fingerprints, .. } => {
+                for fp in fingerprints {
+                    index.remove(fp);
+                }
+            }
+            IndexChange::Cleared { tier, .. } => index.retain(|_, t| t != tier),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Store { start: u64, len: u64, gpu: bool },
+    Remove { hash: u64, gpu: bool },
+    Clear,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u64..12, 1u64..4, any::<bool>()).prop_map(|(start, len, gpu)| Op::Store { start, len, gpu }),
+        4 => (0u64..14, any::<bool>()).prop_map(|(hash, gpu)| Op::Remove { hash, gpu }),
+        1 => Just(Op::Clear),
+    ]
+}
+
+proptest! {
+    /// Whatever the event sequence (duplicates, removals of unknown blocks,
+    /// clears, capacity pressure), the changes emitted so far rebuild exactly
+    /// the state the replica holds — the index never drifts from the engine.
+    #[test]
+    fn emitted_changes_always_rebuild_the_replica_state(
+        ops in proptest::collection::vec(op(), 1..60),
+        offload in any::<bool>(),
+        max_blocks in 3usize..20,
+    ) {
+        let mut state = ReplicaState::new(ReplicaConfig { ignore_block_removed: offload, max_blocks });
+        let mut stats = ApplyStats::default();
+        let mut index = HashMap::new();
+        for op in ops {
+            let event = match op {
+                // Hash h always has parent h-1 (h = 0 starts a prompt), so
+                // content and parents are consistent as in a real engine.
+                Op::Store { start, len, gpu } => {
+                    let hashes: Vec<u64> = (start..start + len).collect();
+                    let parent = if start == 0 { None } else { Some(start - 1) };
+                    stored(&hashes, parent, if gpu { Medium::Gpu } else { cpu() })
+                }
+                Op::Remove { hash, gpu } => removed(&[hash], if gpu { Medium::Gpu } else { cpu() }),
+                Op::Clear => KvEvent::AllBlocksCleared,
+            };
+            let mut out = Vec::new();
+            state.apply_event(&event, 1, &mut out, &mut stats);
+            replay(&out, &mut index);
+        }
+        let mut expected = HashMap::new();
+        replay(&state.snapshot(), &mut expected);
+        prop_assert_eq!(index, expected);
+    }
+}

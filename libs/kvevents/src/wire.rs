@@ -1,0 +1,449 @@
+//! Decoding of the engines' KV-event payloads (the third ZMQ frame).
+//!
+//! Every producer in the field is accepted: the outer batch as a positional
+//! array or a map; events as positional arrays of any historical length (vLLM
+//! 5–12 elements, SGLang 6–8) or as maps tagged by `"type"`; block hashes as
+//! unsigned or signed 64-bit integers or raw digests; unknown keys and extra
+//! trailing elements ignored.
+//!
+//! A batch whose msgpack structure is broken is rejected whole. A structurally
+//! sound batch with one bad event keeps its other events; the bad one is
+//! returned in [`DecodedBatch::rejected`] so the caller can count it.
+
+use crate::WireError;
+use crate::msgpack::{Item, Reader};
+
+/// An engine's opaque block hash, normalised to 64 bits.
+///
+/// vLLM sends unsigned integers (often ≥ 2^63), SGLang and TensorRT-LLM
+/// signed ones (reinterpreted bit for bit here), and vLLM with integer hashes
+/// disabled the raw digest, folded to its last 8 bytes read big-endian (what
+/// vLLM's integer mode sends for the same block).
+pub type EngineHash = u64;
+
+/// One decoded batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DecodedBatch {
+    /// Engine timestamp, seconds since the Unix epoch.
+    pub ts: f64,
+    /// Data-parallel rank of the publisher, when sent.
+    pub data_parallel_rank: Option<u32>,
+    /// The events that decoded, in order.
+    pub events: Vec<KvEvent>,
+    /// Events that could not be decoded: their index in the batch and why.
+    pub rejected: Vec<(usize, WireError)>,
+}
+
+/// One engine event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvEvent {
+    /// Blocks were stored (computed, or loaded into a medium).
+    BlockStored(BlockStored),
+    /// Blocks left a medium.
+    BlockRemoved(BlockRemoved),
+    /// The engine dropped its whole prefix cache.
+    AllBlocksCleared,
+    /// An event class we do not know (forks add their own); ignored.
+    Unknown(String),
+}
+
+/// Where a block lives.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Medium {
+    /// Accelerator memory (also assumed when an old engine sends none).
+    Gpu,
+    /// Any offload medium: vLLM `CPU`, SGLang `CPU_PINNED`, disks, …
+    Offload(String),
+}
+
+impl Medium {
+    fn parse(name: Option<&str>) -> Self {
+        match name {
+            None | Some("GPU" | "gpu" | "cuda" | "CUDA") => Medium::Gpu,
+            Some(other) => Medium::Offload(other.to_owned()),
+        }
+    }
+
+    /// Whether this is accelerator memory.
+    pub fn is_gpu(&self) -> bool {
+        matches!(self, Medium::Gpu)
+    }
+}
+
+/// `BlockStored`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockStored {
+    /// One hash per stored block, in prompt order.
+    pub block_hashes: Vec<EngineHash>,
+    /// Hash of the block before the first one, `None` at the prompt start.
+    pub parent_block_hash: Option<EngineHash>,
+    /// Tokens of all stored blocks, concatenated.
+    pub token_ids: Vec<u32>,
+    /// Tokens per block (0 from offload connectors that send no tokens).
+    pub block_size: u32,
+    /// LoRA adapter id.
+    pub lora_id: Option<i64>,
+    /// Where the blocks now live.
+    pub medium: Medium,
+    /// LoRA adapter name.
+    pub lora_name: Option<String>,
+    /// KV cache group (hybrid models).
+    pub group_idx: Option<u32>,
+    /// KV cache spec kind of the group (`full_attention`, `sliding_window`, …).
+    pub kv_cache_spec_kind: Option<String>,
+    /// Salt SGLang 0.5.18–0.5.19 attaches to salted stores.
+    pub cache_salt: Option<String>,
+}
+
+/// `BlockRemoved`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BlockRemoved {
+    /// Hashes of the removed blocks.
+    pub block_hashes: Vec<EngineHash>,
+    /// The medium they left.
+    pub medium: Medium,
+    /// KV cache group (hybrid models).
+    pub group_idx: Option<u32>,
+}
+
+/// Whether a KV cache group describes prefix reuse: only the main attention
+/// groups do; sliding-window, mamba and other state groups are skipped.
+pub fn is_main_attention(kind: Option<&str>, group_idx: Option<u32>) -> bool {
+    match kind {
+        Some(kind) => matches!(
+            kind,
+            "full_attention" | "mla_attention" | "sink_full_attention"
+        ),
+        None => group_idx.is_none_or(|g| g == 0),
+    }
+}
+
+impl BlockStored {
+    /// See [`is_main_attention`].
+    pub fn is_main_attention(&self) -> bool {
+        is_main_attention(self.kv_cache_spec_kind.as_deref(), self.group_idx)
+    }
+}
+
+impl BlockRemoved {
+    /// Removals carry no spec kind; only group 0 (or none) is main attention.
+    pub fn is_main_attention(&self) -> bool {
+        is_main_attention(None, self.group_idx)
+    }
+}
+
+/// Decodes one payload frame.
+pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, WireError> {
+    let mut r = Reader::new(payload);
+    let mut batch = DecodedBatch::default();
+    match r.next()? {
+        Item::Array(len) => {
+            if len < 2 {
+                return Err(WireError::BadBatch("batch array has fewer than 2 elements"));
+            }
+            batch.ts = read_ts(&mut r)?;
+            read_events(&mut r, &mut batch)?;
+            if len >= 3 {
+                batch.data_parallel_rank = read_opt_u32(&mut r, "data_parallel_rank")?;
+            }
+            for _ in 3..len {
+                r.skip()?;
+            }
+        }
+        Item::Map(len) => {
+            let mut saw_events = false;
+            for _ in 0..len {
+                match r.next()? {
+                    Item::Str(b"ts") => batch.ts = read_ts(&mut r)?,
+                    Item::Str(b"events") => {
+                        read_events(&mut r, &mut batch)?;
+                        saw_events = true;
+                    }
+                    Item::Str(b"data_parallel_rank") => {
+                        batch.data_parallel_rank = read_opt_u32(&mut r, "data_parallel_rank")?;
+                    }
+                    _ => r.skip()?,
+                }
+            }
+            if !saw_events {
+                return Err(WireError::BadBatch("batch map has no events"));
+            }
+        }
+        other => return Err(WireError::type_mismatch("batch", "array or map", other)),
+    }
+    if r.remaining() != 0 {
+        return Err(WireError::TrailingBytes {
+            offset: r.position(),
+        });
+    }
+    Ok(batch)
+}
+
+fn read_ts(r: &mut Reader<'_>) -> Result<f64, WireError> {
+    match r.next()? {
+        Item::Float(f) => Ok(f),
+        // Integers are exact up to 2^53; timestamps are far below that.
+        #[allow(clippy::cast_precision_loss)]
+        Item::UInt(u) => Ok(u as f64),
+        Item::Nil => Ok(0.0),
+        other => Err(WireError::type_mismatch("ts", "number", other)),
+    }
+}
+
+fn read_events(r: &mut Reader<'_>, batch: &mut DecodedBatch) -> Result<(), WireError> {
+    let len = match r.next()? {
+        Item::Array(n) => n,
+        other => return Err(WireError::type_mismatch("events", "array", other)),
+    };
+    batch.events.reserve(len.min(1024));
+    for index in 0..len {
+        // Find the event's extent first so a semantic error in one event
+        // cannot desynchronise the rest of the batch.
+        let raw = r.skip_raw()?;
+        match decode_event(raw) {
+            Ok(event) => batch.events.push(event),
+            Err(error) => batch.rejected.push((index, error)),
+        }
+    }
+    Ok(())
+}
+
+/// Fields of an event, whichever encoding carried them.
+#[derive(Default)]
+struct Fields {
+    tag: Option<String>,
+    block_hashes: Option<Vec<EngineHash>>,
+    parent_block_hash: Option<EngineHash>,
+    token_ids: Option<Vec<u32>>,
+    block_size: Option<u32>,
+    lora_id: Option<i64>,
+    medium: Option<String>,
+    lora_name: Option<String>,
+    group_idx: Option<u32>,
+    kv_cache_spec_kind: Option<String>,
+    cache_salt: Option<String>,
+}
+
+fn decode_event(raw: &[u8]) -> Result<KvEvent, WireError> {
+    let mut r = Reader::new(raw);
+    let mut f = Fields::default();
+    match r.next()? {
+        Item::Array(len) => {
+            if len == 0 {
+                return Err(WireError::BadEvent("empty event array"));
+            }
+            let tag = read_str(&mut r, "event tag")?;
+            let layout: &[&str] = match tag.as_str() {
+                "BlockStored" => &[
+                    "block_hashes",
+                    "parent_block_hash",
+                    "token_ids",
+                    "block_size",
+                    "lora_id",
+                    "medium",
+                    "lora_name|salt",
+                    "extra_keys",
+                    "group_idx",
+                    "kv_cache_spec_kind",
+                ],
+                "BlockRemoved" => &["block_hashes", "medium", "group_idx"],
+                _ => &[],
+            };
+            for i in 1..len {
+                match layout.get(i - 1) {
+                    Some(field) => read_field(&mut r, field, &mut f)?,
+                    None => r.skip()?,
+                }
+            }
+            f.tag = Some(tag);
+        }
+        Item::Map(len) => {
+            for _ in 0..len {
+                let key = match r.next()? {
+                    Item::Str(k) => k,
+                    _ => {
+                        r.skip()?;
+                        b""
+                    }
+                };
+                match key {
+                    b"type" => f.tag = Some(read_str(&mut r, "type")?),
+                    b"block_hashes"
+                    | b"parent_block_hash"
+                    | b"token_ids"
+                    | b"block_size"
+                    | b"lora_id"
+                    | b"medium"
+                    | b"lora_name"
+                    | b"group_idx"
+                    | b"kv_cache_spec_kind"
+                    | b"cache_salt" => {
+                        let name = std::str::from_utf8(key).unwrap_or_default();
+                        read_field(&mut r, name, &mut f)?;
+                    }
+                    _ => r.skip()?,
+                }
+            }
+        }
+        other => return Err(WireError::type_mismatch("event", "array or map", other)),
+    }
+    build_event(f)
+}
+
+fn build_event(f: Fields) -> Result<KvEvent, WireError> {
+    let tag = f.tag.ok_or(WireError::BadEvent("event has no type tag"))?;
+    match tag.as_str() {
+        "BlockStored" => Ok(KvEvent::BlockStored(BlockStored {
+            block_hashes: f
+                .block_hashes
+                .ok_or(WireError::MissingField("block_hashes"))?,
+            parent_block_hash: f.parent_block_hash,
+            token_ids: f.token_ids.unwrap_or_default(),
+            block_size: f.block_size.unwrap_or(0),
+            lora_id: f.lora_id,
+            medium: Medium::parse(f.medium.as_deref()),
+            lora_name: f.lora_name,
+            group_idx: f.group_idx,
+            kv_cache_spec_kind: f.kv_cache_spec_kind,
+            cache_salt: f.cache_salt,
+        })),
+        "BlockRemoved" => Ok(KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: f
+                .block_hashes
+                .ok_or(WireError::MissingField("block_hashes"))?,
+            medium: Medium::parse(f.medium.as_deref()),
+            group_idx: f.group_idx,
+        })),
+        "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
+        _ => Ok(KvEvent::Unknown(tag)),
+    }
+}
+
+fn read_field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError> {
+    match name {
+        "block_hashes" => f.block_hashes = Some(read_hashes(r)?),
+        "parent_block_hash" => f.parent_block_hash = read_opt_hash(r)?,
+        "token_ids" => f.token_ids = Some(read_tokens(r)?),
+        "block_size" => f.block_size = read_opt_u32(r, "block_size")?,
+        "lora_id" => f.lora_id = read_opt_i64(r, "lora_id")?,
+        "medium" => f.medium = read_opt_str(r, "medium")?,
+        "lora_name" => f.lora_name = read_opt_str(r, "lora_name")?,
+        "cache_salt" => f.cache_salt = read_opt_str(r, "cache_salt")?,
+        "group_idx" => f.group_idx = read_opt_u32(r, "group_idx")?,
+        "kv_cache_spec_kind" => f.kv_cache_spec_kind = read_opt_str(r, "kv_cache_spec_kind")?,
+        // Position 7 of an array BlockStored: vLLM's lora_name, or SGLang
+        // 0.5.18–0.5.19's `{"cache_salt": …}` map.
+        "lora_name|salt" => {
+            let mut probe = r.clone();
+            if let Item::Map(len) = probe.next()? {
+                *r = probe;
+                for _ in 0..len {
+                    match r.next()? {
+                        Item::Str(b"cache_salt") => f.cache_salt = read_opt_str(r, "cache_salt")?,
+                        _ => r.skip()?,
+                    }
+                }
+            } else {
+                f.lora_name = read_opt_str(r, "lora_name")?;
+            }
+        }
+        _ => r.skip()?,
+    }
+    Ok(())
+}
+
+fn hash_of(item: Item<'_>, field: &'static str) -> Result<EngineHash, WireError> {
+    match item {
+        Item::UInt(u) => Ok(u),
+        Item::NegInt(i) => Ok(u64::from_ne_bytes(i.to_ne_bytes())),
+        Item::Bin(bytes) | Item::Str(bytes) if !bytes.is_empty() => {
+            let tail = &bytes[bytes.len().saturating_sub(8)..];
+            let mut buf = [0u8; 8];
+            buf[8 - tail.len()..].copy_from_slice(tail);
+            Ok(u64::from_be_bytes(buf))
+        }
+        other => Err(WireError::type_mismatch(field, "hash", other)),
+    }
+}
+
+fn read_hashes(r: &mut Reader<'_>) -> Result<Vec<EngineHash>, WireError> {
+    match r.next()? {
+        Item::Array(n) => {
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                out.push(hash_of(r.next()?, "block_hashes")?);
+            }
+            Ok(out)
+        }
+        other => Err(WireError::type_mismatch("block_hashes", "array", other)),
+    }
+}
+
+fn read_opt_hash(r: &mut Reader<'_>) -> Result<Option<EngineHash>, WireError> {
+    match r.next()? {
+        Item::Nil => Ok(None),
+        item => hash_of(item, "parent_block_hash").map(Some),
+    }
+}
+
+fn read_tokens(r: &mut Reader<'_>) -> Result<Vec<u32>, WireError> {
+    match r.next()? {
+        Item::Array(n) => {
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                match r.next()? {
+                    Item::UInt(u) => {
+                        out.push(u32::try_from(u).map_err(|_| WireError::OutOfRange("token_ids"))?)
+                    }
+                    other => return Err(WireError::type_mismatch("token_ids", "integer", other)),
+                }
+            }
+            Ok(out)
+        }
+        Item::Nil => Ok(Vec::new()),
+        other => Err(WireError::type_mismatch("token_ids", "array", other)),
+    }
+}
+
+fn read_opt_u32(r: &mut Reader<'_>, field: &'static str) -> Result<Option<u32>, WireError> {
+    match r.next()? {
+        Item::Nil => Ok(None),
+        Item::UInt(u) => u32::try_from(u)
+            .map(Some)
+            .map_err(|_| WireError::OutOfRange(field)),
+        other => Err(WireError::type_mismatch(
+            field,
+            "non-negative integer",
+            other,
+        )),
+    }
+}
+
+fn read_opt_i64(r: &mut Reader<'_>, field: &'static str) -> Result<Option<i64>, WireError> {
+    match r.next()? {
+        Item::Nil => Ok(None),
+        Item::UInt(u) => i64::try_from(u)
+            .map(Some)
+            .map_err(|_| WireError::OutOfRange(field)),
+        Item::NegInt(i) => Ok(Some(i)),
+        other => Err(WireError::type_mismatch(field, "integer", other)),
+    }
+}
+
+fn read_str(r: &mut Reader<'_>, field: &'static str) -> Result<String, WireError> {
+    match r.next()? {
+        Item::Str(s) => std::str::from_utf8(s)
+            .map(str::to_owned)
+            .map_err(|_| WireError::InvalidUtf8(field)),
+        other => Err(WireError::type_mismatch(field, "string", other)),
+    }
+}
+
+fn read_opt_str(r: &mut Reader<'_>, field: &'static str) -> Result<Option<String>, WireError> {
+    let mut probe = r.clone();
+    if probe.next()? == Item::Nil {
+        *r = probe;
+        return Ok(None);
+    }
+    read_str(r, field).map(Some)
+}
