@@ -8,6 +8,7 @@
 //! * [`replica`] — one replica's block state, turning engine events into
 //!   exact index changes (tiers, refcounts, parent resolution).
 
+pub mod encode;
 pub mod fingerprint;
 pub mod frames;
 mod msgpack;

@@ -1,15 +1,36 @@
 //! `ic-kvevent-subscriber`: the engine-pod sidecar that turns the engine's
 //! KV-event stream into index updates.
 //!
-//! This build serves the process plumbing and fixes the flag contract the
-//! webhook injects (DESIGN.md §7); the ZMQ listener and forwarding are not
-//! wired yet.
+//! One [`listener`] per DP rank reads the engine's ZMQ stream, decodes it
+//! and applies it to that rank's block state; the [`forwarder`] streams the
+//! resulting index changes to the index server over `IngestEvents`; an
+//! optional scraper reads the engine's tier-2 hit counters. The engine never
+//! waits on the index: changes queue in a bounded [`outbox`] and a full queue
+//! turns into a resync instead of back-pressure.
 
+pub mod convert;
+pub mod forwarder;
+pub mod listener;
+pub mod metrics;
+pub mod outbox;
+pub mod tier2;
+
+use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context;
+use ic_kvevents::ReplicaConfig;
+use ic_proto::index_v1 as pb;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::forwarder::Identity;
+use crate::listener::{ListenerContext, RankEndpoints, offset_endpoint};
+use crate::metrics::Metrics;
+use crate::outbox::Outbox;
 
 /// Binary name, as the webhook injects it.
 pub const BINARY: &str = "ic-kvevent-subscriber";
@@ -99,6 +120,20 @@ pub struct Config {
     #[arg(long, env = "IC_ENGINE_METRICS_URL")]
     pub engine_metrics_url: Option<String>,
 
+    /// Seconds between engine metrics scrapes.
+    #[arg(long, env = "IC_TIER2_SCRAPE_INTERVAL_SECONDS", default_value_t = 15)]
+    pub tier2_scrape_interval_seconds: u64,
+
+    /// Index changes queued for the index server before the oldest are
+    /// dropped (and recovered by a resync).
+    #[arg(long, env = "IC_QUEUE_CAPACITY", default_value_t = 100_000)]
+    pub queue_capacity: usize,
+
+    /// Blocks remembered per DP rank; beyond it the oldest tier-2-only blocks
+    /// are forgotten.
+    #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
+    pub max_blocks: usize,
+
     /// Transport to the index.
     #[arg(long, env = "IC_TRANSPORT", value_enum, default_value_t = TransportArg::Grpc)]
     pub transport: TransportArg,
@@ -117,26 +152,158 @@ impl Config {
 
 /// Runs the subscriber until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = MetricsRegistry::new("inferencecache", BINARY);
+    let registry = MetricsRegistry::new("inferencecache", BINARY);
+    let metrics = Metrics::register(&registry);
     let health = Health::new();
     let admin = AdminServer::bind(
         config.admin_addr,
         health.clone(),
-        metrics,
+        registry,
         axum::Router::new(),
     )
     .await
     .context("starting admin server")?;
+
+    let outbox = Arc::new(Mutex::new(Outbox::new(
+        config.dp_ranks,
+        config.queue_capacity,
+        ReplicaConfig {
+            ignore_block_removed: config.ignore_block_removed,
+            max_blocks: config.max_blocks,
+        },
+    )));
+    let notify = Arc::new(Notify::new());
+    let identity = Identity {
+        scope: pb::IndexScope {
+            tenant: config.tenant.clone(),
+            model: config.model_id.clone(),
+            hash_scheme: match config.hash_scheme {
+                HashSchemeArg::Vllm => pb::HashScheme::Vllm as i32,
+                HashSchemeArg::Sglang => pb::HashScheme::Sglang as i32,
+            },
+            adapter: String::new(),
+        },
+        replica_id: config.replica_id.clone(),
+        address: config.serving_address().unwrap_or_default(),
+        // RandomState is seeded from the OS per process: a fresh incarnation id.
+        incarnation: std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish(),
+    };
     tracing::info!(
         engine_endpoint = %config.engine_endpoint,
+        dp_ranks = config.dp_ranks,
         model_id = %config.model_id,
         replica_id = %config.replica_id,
         tenant = %config.tenant,
-        address = config.serving_address().as_deref().unwrap_or(""),
-        "kvevent-subscriber started (ZMQ listener not wired in this build)"
+        address = %identity.address,
+        index_server = %config.index_server,
+        ignore_block_removed = config.ignore_block_removed,
+        "kvevent-subscriber starting"
     );
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let ctx = ListenerContext {
+        topic: config.topic.clone(),
+        outbox: outbox.clone(),
+        notify: notify.clone(),
+        metrics: metrics.clone(),
+    };
+    for rank in 0..config.dp_ranks {
+        let events = offset_endpoint(&config.engine_endpoint, rank).with_context(|| {
+            format!(
+                "--engine-endpoint {} has no port to offset for DP rank {rank}",
+                config.engine_endpoint
+            )
+        })?;
+        let replay = match &config.replay_endpoint {
+            Some(e) => Some(offset_endpoint(e, rank).with_context(|| {
+                format!("--replay-endpoint {e} has no port to offset for DP rank {rank}")
+            })?),
+            None => None,
+        };
+        tasks.spawn(listener::run(
+            RankEndpoints {
+                rank,
+                events,
+                replay,
+            },
+            ctx.clone(),
+            shutdown.clone(),
+        ));
+    }
+    tasks.spawn(forwarder::run(
+        config.index_server.clone(),
+        identity,
+        outbox.clone(),
+        notify,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
+    if let Some(url) = config.engine_metrics_url.clone() {
+        let interval = Duration::from_secs(config.tier2_scrape_interval_seconds.max(1));
+        tasks.spawn(scrape_tier2(
+            url,
+            interval,
+            outbox,
+            metrics,
+            shutdown.clone(),
+        ));
+    }
+
     health.set_ready(true);
-    admin.serve(shutdown).await.context("admin server")?;
+    let served = admin.serve(shutdown.clone()).await;
+    shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
+    served.context("admin server")?;
     tracing::info!("kvevent-subscriber stopped");
     Ok(())
+}
+
+async fn scrape_tier2(
+    url: String,
+    interval: Duration,
+    outbox: Arc<Mutex<Outbox>>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let client = match reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+    {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%error, "cannot build HTTP client; tier-2 stats disabled");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(interval);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        let text = match client
+            .get(&url)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+        {
+            Ok(response) => response.text().await,
+            Err(error) => Err(error),
+        };
+        match text {
+            Ok(text) => {
+                let counters = tier2::parse_tier2(&text);
+                outbox
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .tier2 = counters;
+            }
+            Err(error) => {
+                metrics.tier2_scrape_failures.inc();
+                tracing::debug!(%error, url = %url, "engine metrics scrape failed");
+            }
+        }
+    }
 }

@@ -1,0 +1,46 @@
+//! Domain index changes → `inferencecache.index.v1` messages.
+
+use ic_kvevents::{IndexChange, Tier};
+use ic_proto::index_v1 as pb;
+
+fn tier(t: Tier) -> i32 {
+    match t {
+        Tier::T1 => pb::Tier::T1 as i32,
+        Tier::T2 => pb::Tier::T2 as i32,
+    }
+}
+
+/// One change as a wire event.
+pub fn event(change: IndexChange) -> pb::IndexEvent {
+    let kind = match change {
+        IndexChange::Stored {
+            parent,
+            start_depth,
+            fingerprints,
+            block_size,
+            tier: t,
+            at_ms,
+        } => pb::index_event::Kind::Stored(pb::BlocksStored {
+            parent_fingerprint: parent.unwrap_or(0),
+            start_depth,
+            fingerprints,
+            block_size,
+            tier: tier(t),
+            at_unix_ms: at_ms,
+        }),
+        IndexChange::Evicted {
+            fingerprints,
+            at_ms,
+        } => pb::index_event::Kind::Evicted(pb::BlocksEvicted {
+            fingerprints,
+            at_unix_ms: at_ms,
+        }),
+        IndexChange::Cleared { tier: t, at_ms } => {
+            pb::index_event::Kind::Cleared(pb::ReplicaCleared {
+                tier: tier(t),
+                at_unix_ms: at_ms,
+            })
+        }
+    };
+    pb::IndexEvent { kind: Some(kind) }
+}

@@ -1,0 +1,274 @@
+//! Streams this replica's index changes to the index server.
+//!
+//! One client-streaming `IngestEvents` call at a time. After every
+//! (re)connect each rank first sends a full resync, so an index-server
+//! restart or a broken stream loses nothing for good. Connection failures
+//! back off exponentially; the listeners never wait for any of this.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::convert;
+use crate::metrics::Metrics;
+use crate::outbox::{Outbox, Outgoing};
+
+/// Changes per message; resync snapshots are split into chunks of this size.
+const CHUNK: usize = 4096;
+/// An empty batch is sent this often so the server knows the replica is alive.
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Identity stamped on every batch.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// Scope (tenant, model, hash scheme, adapter).
+    pub scope: pb::IndexScope,
+    /// Pod name.
+    pub replica_id: String,
+    /// Engine serving address.
+    pub address: String,
+    /// Random id of this subscriber process.
+    pub incarnation: u64,
+}
+
+/// Exponential backoff between `min` and `max`.
+#[derive(Debug)]
+pub struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    /// A backoff starting at `min`.
+    pub fn new(min: Duration, max: Duration) -> Self {
+        Self {
+            min,
+            max,
+            next: min,
+        }
+    }
+    /// The delay to wait now; doubles the next one.
+    pub fn next_delay(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (self.next * 2).min(self.max);
+        d
+    }
+    /// Back to the minimum after a healthy period.
+    pub fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// Runs until `shutdown`.
+pub async fn run(
+    url: String,
+    identity: Identity,
+    outbox: Arc<Mutex<Outbox>>,
+    notify: Arc<Notify>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    let mut seqs: Vec<u64> = Vec::new();
+    while !shutdown.is_cancelled() {
+        let started = Instant::now();
+        match connect(&url).await {
+            Ok(client) => {
+                metrics.forward_connects.inc();
+                tracing::info!(index_server = %url, "connected to index server");
+                lock(&outbox).mark_all_for_resync();
+                let outcome = stream_once(
+                    client, &identity, &outbox, &notify, &metrics, &mut seqs, &shutdown,
+                )
+                .await;
+                match outcome {
+                    Ok(ack) if ack.resync_required => {
+                        tracing::info!(detail = %ack.detail, "index server asked for a resync");
+                    }
+                    Ok(_) => {}
+                    Err(error) => {
+                        metrics.forward_errors.inc();
+                        tracing::warn!(%error, "ingest stream ended");
+                    }
+                }
+            }
+            Err(error) => {
+                metrics.forward_errors.inc();
+                tracing::warn!(index_server = %url, %error, "cannot connect to index server");
+            }
+        }
+        // Whatever happens next starts with a resync: stop queueing deltas
+        // that the resync will supersede anyway.
+        lock(&outbox).mark_all_for_resync();
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff.reset();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff.next_delay()) => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+}
+
+fn lock(outbox: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
+    outbox
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+async fn connect(
+    url: &str,
+) -> Result<IndexServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
+    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    Ok(IndexServiceClient::new(endpoint.connect().await?))
+}
+
+async fn stream_once(
+    mut client: IndexServiceClient<tonic::transport::Channel>,
+    identity: &Identity,
+    outbox: &Mutex<Outbox>,
+    notify: &Notify,
+    metrics: &Metrics,
+    seqs: &mut Vec<u64>,
+    shutdown: &CancellationToken,
+) -> Result<pb::IngestAck, tonic::Status> {
+    let (tx, rx) = mpsc::channel::<pb::IngestBatch>(16);
+    let call = tokio::spawn(async move {
+        client
+            .ingest_events(ReceiverStream::new(rx))
+            .await
+            .map(tonic::Response::into_inner)
+    });
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    'pump: loop {
+        let (work, tier2, queued) = {
+            let mut ob = lock(outbox);
+            let work = ob.take(CHUNK);
+            (work, ob.tier2, ob.queued())
+        };
+        metrics
+            .queue_depth
+            .set(i64::try_from(queued).unwrap_or(i64::MAX));
+        if work.is_empty() {
+            tokio::select! {
+                () = notify.notified() => continue,
+                _ = heartbeat.tick() => {
+                    for rank in 0..seqs.len().max(1) {
+                        let rank = u32::try_from(rank).unwrap_or(0);
+                        let batch = build(identity, rank, seqs, Vec::new(), false, false, tier2);
+                        if tx.send(batch).await.is_err() { break 'pump; }
+                    }
+                }
+                () = shutdown.cancelled() => break 'pump,
+            }
+            continue;
+        }
+        for item in work {
+            let batches = match item {
+                Outgoing::Resync { rank, snapshot } => {
+                    metrics.resyncs.inc();
+                    let events: Vec<pb::IndexEvent> =
+                        snapshot.into_iter().map(convert::event).collect();
+                    let chunks: Vec<Vec<pb::IndexEvent>> = if events.is_empty() {
+                        vec![Vec::new()]
+                    } else {
+                        events
+                            .chunks(CHUNK)
+                            .map(<[pb::IndexEvent]>::to_vec)
+                            .collect()
+                    };
+                    let last = chunks.len() - 1;
+                    chunks
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, events)| {
+                            build(identity, rank, seqs, events, i == 0, i == last, tier2)
+                        })
+                        .collect::<Vec<_>>()
+                }
+                Outgoing::Delta { rank, changes } => {
+                    let events = changes.into_iter().map(convert::event).collect();
+                    vec![build(identity, rank, seqs, events, false, false, tier2)]
+                }
+            };
+            for batch in batches {
+                if tx.send(batch).await.is_err() {
+                    // The server ended the call; its answer says why.
+                    break 'pump;
+                }
+                metrics.forwarded_batches.inc();
+            }
+        }
+    }
+    drop(tx);
+    match call.await {
+        Ok(result) => result,
+        Err(join) => Err(tonic::Status::internal(format!(
+            "ingest task failed: {join}"
+        ))),
+    }
+}
+
+fn build(
+    identity: &Identity,
+    rank: u32,
+    seqs: &mut Vec<u64>,
+    events: Vec<pb::IndexEvent>,
+    resync_begin: bool,
+    resync_end: bool,
+    tier2: Option<crate::outbox::Tier2Counters>,
+) -> pb::IngestBatch {
+    let index = rank as usize;
+    if seqs.len() <= index {
+        seqs.resize(index + 1, 0);
+    }
+    seqs[index] += 1;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    pb::IngestBatch {
+        replica: Some(pb::ReplicaIdentity {
+            scope: Some(identity.scope.clone()),
+            replica_id: identity.replica_id.clone(),
+            address: identity.address.clone(),
+            dp_rank: rank,
+            incarnation: identity.incarnation,
+        }),
+        seq: seqs[index],
+        resync_begin,
+        resync_end,
+        events,
+        tier2_stats: Some(match tier2 {
+            Some(t) => pb::Tier2Stats {
+                has_counters: true,
+                hits: t.hits,
+                queries: t.queries,
+            },
+            None => pb::Tier2Stats::default(),
+        }),
+        sent_at_unix_ms: now_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
+        let got: Vec<u128> = (0..4).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(got, vec![100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next_delay().as_millis(), 100);
+    }
+}

@@ -1,0 +1,240 @@
+//! The subscriber's Prometheus metrics (all prefixed `inferencecache_subscriber_`).
+
+use ic_kvevents::ApplyStats;
+use ic_telemetry::MetricsRegistry;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// A `reason` label from a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why.
+    pub reason: &'static str,
+}
+
+/// An event `kind` label from a fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// stored, removed, cleared, unknown.
+    pub kind: &'static str,
+}
+
+/// Every metric the subscriber exports.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Messages received from the engine (valid or not).
+    pub batches_received: Counter,
+    /// Batches decoded.
+    pub batches_decoded: Counter,
+    /// Messages or batches that could not be used, by reason.
+    pub batches_failed: Family<ReasonLabel, Counter>,
+    /// Events decoded, by kind.
+    pub events: Family<KindLabel, Counter>,
+    /// Events rejected inside otherwise good batches, by reason.
+    pub events_rejected: Family<ReasonLabel, Counter>,
+    /// Sequence gaps detected.
+    pub seq_gaps: Counter,
+    /// Duplicate batches ignored.
+    pub duplicate_batches: Counter,
+    /// Batches recovered from the engine's replay buffer.
+    pub replayed_batches: Counter,
+    /// Replay requests that failed or timed out.
+    pub replay_failures: Counter,
+    /// Batches lost for good (gap not covered by replay).
+    pub lost_batches: Counter,
+    /// Engine restarts (sequence went backwards).
+    pub engine_resets: Counter,
+    /// Index changes waiting to be forwarded.
+    pub queue_depth: Gauge,
+    /// Index changes dropped because the queue was full (recovered by resync).
+    pub queue_dropped: Counter,
+    /// Connections (re)established to the index server.
+    pub forward_connects: Counter,
+    /// Failed connection attempts or broken streams.
+    pub forward_errors: Counter,
+    /// Full resyncs sent.
+    pub resyncs: Counter,
+    /// Batches sent to the index server.
+    pub forwarded_batches: Counter,
+    /// Unix time of the last engine event.
+    pub last_event_timestamp_seconds: Gauge,
+    /// Blocks currently tracked.
+    pub tracked_blocks: Gauge,
+    /// Stored blocks skipped because their parent was unknown.
+    pub unresolved_parent_blocks: Counter,
+    /// Stores without tokens whose hash was unknown.
+    pub contentless_unknown_blocks: Counter,
+    /// Removes of blocks never seen.
+    pub unknown_removals: Counter,
+    /// Duplicate stores and removes absorbed by refcounting.
+    pub duplicate_blocks: Counter,
+    /// Events of non-main-attention KV cache groups.
+    pub non_main_attention_events: Counter,
+    /// Stores whose token count did not match blocks × block size.
+    pub token_count_mismatches: Counter,
+    /// T2 blocks dropped to respect the per-replica block bound.
+    pub capacity_evictions: Counter,
+    /// Engine metrics scrapes that failed.
+    pub tier2_scrape_failures: Counter,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn register(registry: &MetricsRegistry) -> Self {
+        let m = Self::default();
+        registry.register_with(|r| m.register_into(r));
+        m
+    }
+
+    fn register_into(&self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("subscriber");
+        r.register(
+            "batches_received",
+            "Messages received from the engine",
+            self.batches_received.clone(),
+        );
+        r.register(
+            "batches_decoded",
+            "Batches decoded",
+            self.batches_decoded.clone(),
+        );
+        r.register(
+            "batches_failed",
+            "Messages or batches rejected, by reason",
+            self.batches_failed.clone(),
+        );
+        r.register("events", "Events decoded, by kind", self.events.clone());
+        r.register(
+            "events_rejected",
+            "Events rejected, by reason",
+            self.events_rejected.clone(),
+        );
+        r.register("seq_gaps", "Sequence gaps detected", self.seq_gaps.clone());
+        r.register(
+            "duplicate_batches",
+            "Duplicate batches ignored",
+            self.duplicate_batches.clone(),
+        );
+        r.register(
+            "replayed_batches",
+            "Batches recovered by replay",
+            self.replayed_batches.clone(),
+        );
+        r.register(
+            "replay_failures",
+            "Replay requests that failed",
+            self.replay_failures.clone(),
+        );
+        r.register(
+            "lost_batches",
+            "Batches lost for good",
+            self.lost_batches.clone(),
+        );
+        r.register(
+            "engine_resets",
+            "Engine restarts detected",
+            self.engine_resets.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Index changes waiting to be forwarded",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "queue_dropped",
+            "Index changes dropped on a full queue",
+            self.queue_dropped.clone(),
+        );
+        r.register(
+            "forward_connects",
+            "Connections to the index server",
+            self.forward_connects.clone(),
+        );
+        r.register(
+            "forward_errors",
+            "Connection failures and broken streams",
+            self.forward_errors.clone(),
+        );
+        r.register("resyncs", "Full resyncs sent", self.resyncs.clone());
+        r.register(
+            "forwarded_batches",
+            "Batches sent to the index server",
+            self.forwarded_batches.clone(),
+        );
+        r.register(
+            "last_event_timestamp_seconds",
+            "Unix time of the last engine event",
+            self.last_event_timestamp_seconds.clone(),
+        );
+        r.register(
+            "tracked_blocks",
+            "Blocks currently tracked",
+            self.tracked_blocks.clone(),
+        );
+        r.register(
+            "unresolved_parent_blocks",
+            "Stored blocks skipped for an unknown parent",
+            self.unresolved_parent_blocks.clone(),
+        );
+        r.register(
+            "contentless_unknown_blocks",
+            "Stores without tokens of unknown hashes",
+            self.contentless_unknown_blocks.clone(),
+        );
+        r.register(
+            "unknown_removals",
+            "Removes of unknown blocks",
+            self.unknown_removals.clone(),
+        );
+        r.register(
+            "duplicate_blocks",
+            "Duplicate stores and removes",
+            self.duplicate_blocks.clone(),
+        );
+        r.register(
+            "non_main_attention_events",
+            "Events of non-main-attention groups",
+            self.non_main_attention_events.clone(),
+        );
+        r.register(
+            "token_count_mismatches",
+            "Stores with a wrong token count",
+            self.token_count_mismatches.clone(),
+        );
+        r.register(
+            "capacity_evictions",
+            "T2 blocks dropped by the block bound",
+            self.capacity_evictions.clone(),
+        );
+        r.register(
+            "tier2_scrape_failures",
+            "Engine metrics scrapes that failed",
+            self.tier2_scrape_failures.clone(),
+        );
+    }
+
+    /// Adds what applying a batch did.
+    pub fn record_apply(&self, s: &ApplyStats) {
+        self.unresolved_parent_blocks
+            .inc_by(s.unresolved_parent_blocks);
+        self.contentless_unknown_blocks
+            .inc_by(s.contentless_unknown_blocks);
+        self.unknown_removals.inc_by(s.unknown_removals);
+        self.duplicate_blocks
+            .inc_by(s.duplicate_stores + s.duplicate_removes);
+        self.non_main_attention_events
+            .inc_by(s.non_main_attention_events);
+        self.token_count_mismatches.inc_by(s.token_count_mismatches);
+        self.capacity_evictions.inc_by(s.capacity_evictions);
+    }
+
+    /// Counts a failure by reason.
+    pub fn failed(&self, reason: &'static str) {
+        self.batches_failed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+}

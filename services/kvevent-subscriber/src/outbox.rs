@@ -1,0 +1,242 @@
+//! What the listeners have learned and the forwarder has yet to send.
+//!
+//! Each DP rank's [`ReplicaState`] and its queue of pending index changes
+//! live together behind one lock, so "apply a batch and queue its changes"
+//! and "snapshot the state for a resync and drop the queued changes it
+//! covers" are each atomic. That is what makes dropping safe: when the queue
+//! is full the oldest changes are dropped and the rank is marked for resync,
+//! and the resync (a snapshot of the current state) supersedes everything
+//! that was dropped. The engine side never waits on the index side.
+
+use std::collections::VecDeque;
+
+use ic_kvevents::{ApplyStats, DecodedBatch, IndexChange, ReplicaConfig, ReplicaState};
+
+/// Cumulative tier-2 counters scraped from the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tier2Counters {
+    /// `vllm:external_prefix_cache_hits_total`.
+    pub hits: u64,
+    /// `vllm:external_prefix_cache_queries_total`.
+    pub queries: u64,
+}
+
+/// Work for the forwarder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outgoing {
+    /// Replace the rank's whole state in the index with this snapshot.
+    Resync {
+        /// DP rank.
+        rank: u32,
+        /// The rank's full state.
+        snapshot: Vec<IndexChange>,
+    },
+    /// Apply these changes, in order.
+    Delta {
+        /// DP rank.
+        rank: u32,
+        /// The changes.
+        changes: Vec<IndexChange>,
+    },
+}
+
+#[derive(Debug)]
+struct Rank {
+    replica: ReplicaState,
+    pending: VecDeque<IndexChange>,
+    needs_resync: bool,
+}
+
+/// Per-rank state plus the bounded queue of changes to forward.
+#[derive(Debug)]
+pub struct Outbox {
+    ranks: Vec<Rank>,
+    capacity: usize,
+    queued: usize,
+    /// Latest tier-2 counters; `None` while the engine exports none.
+    pub tier2: Option<Tier2Counters>,
+}
+
+impl Outbox {
+    /// `ranks` DP ranks, at most `capacity` queued changes in total.
+    pub fn new(ranks: u32, capacity: usize, replica: ReplicaConfig) -> Self {
+        Self {
+            ranks: (0..ranks.max(1))
+                .map(|_| Rank {
+                    replica: ReplicaState::new(replica),
+                    pending: VecDeque::new(),
+                    needs_resync: true,
+                })
+                .collect(),
+            capacity: capacity.max(1),
+            queued: 0,
+            tier2: None,
+        }
+    }
+
+    /// Number of changes waiting to be forwarded.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Blocks the rank currently holds.
+    pub fn blocks(&self) -> usize {
+        self.ranks.iter().map(|r| r.replica.len()).sum()
+    }
+
+    /// Applies a decoded batch to `rank` and queues the resulting changes.
+    /// Returns how many queued changes had to be dropped to make room.
+    pub fn apply(&mut self, rank: u32, batch: &DecodedBatch, stats: &mut ApplyStats) -> usize {
+        let Some(state) = self.ranks.get_mut(rank as usize) else {
+            return 0;
+        };
+        let mut changes = Vec::new();
+        state.replica.apply_batch(batch, &mut changes, stats);
+        if state.needs_resync {
+            // A resync is already owed: the snapshot will include these.
+            return 0;
+        }
+        self.queued += changes.len();
+        state.pending.extend(changes);
+        self.enforce_capacity()
+    }
+
+    fn enforce_capacity(&mut self) -> usize {
+        let mut dropped = 0;
+        while self.queued > self.capacity {
+            // Drop from the rank with the longest queue, oldest first.
+            let Some(victim) = self.ranks.iter_mut().max_by_key(|r| r.pending.len()) else {
+                break;
+            };
+            let n = victim.pending.len();
+            victim.pending.clear();
+            victim.needs_resync = true;
+            self.queued -= n;
+            dropped += n;
+        }
+        dropped
+    }
+
+    /// The engine behind `rank` restarted: forget its state; the next
+    /// forward replaces the index's view of it with an empty resync.
+    pub fn reset_rank(&mut self, rank: u32) {
+        if let Some(state) = self.ranks.get_mut(rank as usize) {
+            state.replica.clear();
+            self.queued -= state.pending.len();
+            state.pending.clear();
+            state.needs_resync = true;
+        }
+    }
+
+    /// After (re)connecting to the index server, every rank resyncs.
+    pub fn mark_all_for_resync(&mut self) {
+        for state in &mut self.ranks {
+            self.queued -= state.pending.len();
+            state.pending.clear();
+            state.needs_resync = true;
+        }
+    }
+
+    /// Takes the next work for the forwarder: resyncs first, then up to
+    /// `max_changes` pending changes per rank.
+    pub fn take(&mut self, max_changes: usize) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        for (rank, state) in self.ranks.iter_mut().enumerate() {
+            let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+            if state.needs_resync {
+                self.queued -= state.pending.len();
+                state.pending.clear();
+                state.needs_resync = false;
+                out.push(Outgoing::Resync {
+                    rank,
+                    snapshot: state.replica.snapshot(),
+                });
+            } else if !state.pending.is_empty() {
+                let n = state.pending.len().min(max_changes);
+                self.queued -= n;
+                out.push(Outgoing::Delta {
+                    rank,
+                    changes: state.pending.drain(..n).collect(),
+                });
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ic_kvevents::{BlockStored, KvEvent, Medium};
+
+    fn batch(hash: u64) -> DecodedBatch {
+        DecodedBatch {
+            ts: 1.0,
+            events: vec![KvEvent::BlockStored(BlockStored {
+                block_hashes: vec![hash],
+                parent_block_hash: None,
+                token_ids: vec![hash as u32; 4],
+                block_size: 4,
+                lora_id: None,
+                medium: Medium::Gpu,
+                lora_name: None,
+                group_idx: None,
+                kv_cache_spec_kind: None,
+                cache_salt: None,
+            })],
+            ..DecodedBatch::default()
+        }
+    }
+
+    #[test]
+    fn starts_with_a_resync_then_forwards_deltas() {
+        let mut outbox = Outbox::new(1, 10, ReplicaConfig::default());
+        let mut stats = ApplyStats::default();
+        outbox.apply(0, &batch(1), &mut stats);
+        let first = outbox.take(100);
+        assert!(
+            matches!(&first[..], [Outgoing::Resync { rank: 0, snapshot }] if snapshot.len() == 1)
+        );
+        outbox.apply(0, &batch(2), &mut stats);
+        assert!(
+            matches!(&outbox.take(100)[..], [Outgoing::Delta { rank: 0, changes }] if changes.len() == 1)
+        );
+        assert!(outbox.take(100).is_empty());
+    }
+
+    #[test]
+    fn overflow_drops_oldest_and_resyncs_with_the_full_state() {
+        let mut outbox = Outbox::new(1, 3, ReplicaConfig::default());
+        let mut stats = ApplyStats::default();
+        outbox.take(100);
+        let mut dropped = 0;
+        for h in 1..=5 {
+            dropped += outbox.apply(0, &batch(h), &mut stats);
+        }
+        assert!(dropped > 0);
+        assert!(outbox.queued() <= 3);
+        // Nothing is lost for good: the resync carries all five blocks.
+        match &outbox.take(100)[..] {
+            [Outgoing::Resync { snapshot, .. }] => assert_eq!(snapshot.len(), 5),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(outbox.queued(), 0);
+    }
+
+    #[test]
+    fn engine_reset_resyncs_to_empty() {
+        let mut outbox = Outbox::new(2, 10, ReplicaConfig::default());
+        let mut stats = ApplyStats::default();
+        outbox.take(100);
+        outbox.apply(1, &batch(1), &mut stats);
+        outbox.reset_rank(1);
+        assert_eq!(
+            outbox.take(100),
+            vec![Outgoing::Resync {
+                rank: 1,
+                snapshot: vec![]
+            }]
+        );
+        assert_eq!(outbox.blocks(), 0);
+    }
+}
