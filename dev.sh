@@ -28,6 +28,25 @@ ensure_nextest() {
   cargo install --locked --root "$TOOLS" cargo-nextest
 }
 
+ensure_python_test_deps() {
+  # The cross-language subscriber tests publish with the engines' own
+  # msgspec encoding over pyzmq.
+  python3 -c 'import zmq, msgspec' >/dev/null 2>&1 && return
+  log "installing pyzmq and msgspec for the cross-language tests"
+  if ! command -v pip3 >/dev/null 2>&1; then
+    sudo_apt python3-pip
+  fi
+  pip3 install --quiet pyzmq msgspec 2>/dev/null \
+    || pip3 install --quiet --break-system-packages pyzmq msgspec
+  python3 -c 'import zmq, msgspec' || { echo "could not install pyzmq/msgspec" >&2; exit 1; }
+}
+
+sudo_apt() {
+  local run=""
+  [ "$(id -u)" -ne 0 ] && run="sudo"
+  $run apt-get update -qq && $run apt-get install -y -qq "$@"
+}
+
 ensure_rust_components() {
   # rust-toolchain.toml pins the toolchain; make sure its components exist.
   if command -v rustup >/dev/null 2>&1; then
@@ -39,7 +58,7 @@ recipe="${1:-demo}"
 shift || true
 ensure_just
 case "$recipe" in
-  test|ci) ensure_nextest; ensure_rust_components ;;
+  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps ;;
   clippy|fmt|fmt-check) ensure_rust_components ;;
 esac
 exec just "$recipe" "$@"

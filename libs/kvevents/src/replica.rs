@@ -16,6 +16,9 @@
 //! * duplicate stores and removes are refcounted per medium class, so the
 //!   index sees one transition, not one per duplicate.
 //!
+//! Blocks stored for a LoRA adapter are skipped (and counted) for now: the
+//! index keys adapters apart, which needs the adapter carried per change.
+//!
 //! Blocks whose parent is unknown (the subscriber joined mid-stream, or
 //! batches were lost) cannot be fingerprinted: their content hash depends on
 //! the whole prefix. They are counted and skipped rather than guessed.
@@ -111,6 +114,9 @@ pub struct ApplyStats {
     pub unknown_events: u64,
     /// T2-only blocks dropped to stay within `max_blocks`.
     pub capacity_evictions: u64,
+    /// Blocks stored for a LoRA adapter, not indexed yet: their content
+    /// fingerprint would collide with the base model's.
+    pub adapter_blocks_skipped: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -252,6 +258,10 @@ impl ReplicaState {
             return;
         }
         let n = ev.block_hashes.len();
+        if ev.lora_id.is_some() || ev.lora_name.is_some() {
+            stats.adapter_blocks_skipped += n as u64;
+            return;
+        }
         let block_size = ev.block_size as usize;
         let has_content = block_size > 0 && !ev.token_ids.is_empty();
         if has_content && ev.token_ids.len() != n.saturating_mul(block_size) {

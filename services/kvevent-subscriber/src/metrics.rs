@@ -79,6 +79,8 @@ pub struct Metrics {
     pub capacity_evictions: Counter,
     /// Engine metrics scrapes that failed.
     pub tier2_scrape_failures: Counter,
+    /// LoRA-adapter blocks not indexed.
+    pub adapter_blocks_skipped: Counter,
 }
 
 impl Metrics {
@@ -214,6 +216,11 @@ impl Metrics {
             "Engine metrics scrapes that failed",
             self.tier2_scrape_failures.clone(),
         );
+        r.register(
+            "adapter_blocks_skipped",
+            "LoRA-adapter blocks not indexed",
+            self.adapter_blocks_skipped.clone(),
+        );
     }
 
     /// Adds what applying a batch did.
@@ -229,6 +236,7 @@ impl Metrics {
             .inc_by(s.non_main_attention_events);
         self.token_count_mismatches.inc_by(s.token_count_mismatches);
         self.capacity_evictions.inc_by(s.capacity_evictions);
+        self.adapter_blocks_skipped.inc_by(s.adapter_blocks_skipped);
     }
 
     /// Counts a failure by reason.

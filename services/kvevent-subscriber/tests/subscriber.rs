@@ -456,3 +456,43 @@ async fn each_dp_rank_is_its_own_stream() {
     .await;
     sub.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tier2_counters_are_scraped_from_the_engine_and_forwarded() {
+    // The engine's Prometheus endpoint, served for real on loopback.
+    let page = "# TYPE vllm:external_prefix_cache_hits_total counter\n\
+        vllm:external_prefix_cache_hits_total{engine=\"0\"} 30.0\n\
+        vllm:external_prefix_cache_queries_total{engine=\"0\"} 120.0\n";
+    let app =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let sub = Subscriber::start(
+        &engine,
+        &index.url(),
+        SubscriberOptions {
+            engine_metrics_url: Some(format!("http://{metrics_addr}/metrics")),
+            ..Default::default()
+        },
+    );
+    engine.wait_for_subscriber().await;
+    engine
+        .publish(&[gpu_store(vec![1], None, tokens(0, 16), 16)])
+        .await;
+    wait_until(WAIT, "tier-2 counters in a batch", || {
+        index.recorded.lock().unwrap().batches.iter().any(|b| {
+            b.tier2_stats
+                == Some(pb::Tier2Stats {
+                    has_counters: true,
+                    hits: 30,
+                    queries: 120,
+                })
+        })
+    })
+    .await;
+    sub.stop().await;
+}

@@ -221,6 +221,19 @@ fn non_main_attention_groups_are_ignored() {
 }
 
 #[test]
+fn adapter_blocks_are_skipped_and_counted() {
+    let mut h = Harness::new(false);
+    let mut ev = stored(&[1, 2], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.lora_name = Some("sql-lora".into());
+        s.lora_id = Some(3);
+    }
+    assert!(h.apply(ev).is_empty());
+    assert_eq!(h.stats.adapter_blocks_skipped, 2);
+    assert!(h.state.is_empty());
+}
+
+#[test]
 fn token_count_mismatch_rejects_the_event() {
     let mut h = Harness::new(false);
     let mut ev = stored(&[1, 2], None, Medium::Gpu);

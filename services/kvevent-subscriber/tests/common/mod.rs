@@ -403,6 +403,7 @@ pub struct SubscriberOptions {
     pub queue_capacity: usize,
     pub hash_scheme: &'static str,
     pub topic: String,
+    pub engine_metrics_url: Option<String>,
 }
 
 impl Default for SubscriberOptions {
@@ -414,6 +415,7 @@ impl Default for SubscriberOptions {
             queue_capacity: 100_000,
             hash_scheme: "vllm",
             topic: String::new(),
+            engine_metrics_url: None,
         }
     }
 }
@@ -442,6 +444,10 @@ impl Subscriber {
             format!("--ignore-block-removed={}", opts.ignore_block_removed),
             format!("--topic={}", opts.topic),
         ];
+        if let Some(url) = &opts.engine_metrics_url {
+            argv.push(format!("--engine-metrics-url={url}"));
+            argv.push("--tier2-scrape-interval-seconds=1".into());
+        }
         if opts.replay {
             argv.push(format!("--replay-endpoint={}", engine.replay_endpoint()));
         }
