@@ -66,6 +66,7 @@ impl<'a> Reader<'a> {
         self.buf.len() - self.pos
     }
 
+    #[inline]
     fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if self.remaining() < n {
             return Err(WireError::Truncated { offset: self.pos });
@@ -75,10 +76,12 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    #[inline]
     fn byte(&mut self) -> Result<u8, WireError> {
         Ok(self.take(1)?[0])
     }
 
+    #[inline]
     fn be<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
         let mut out = [0u8; N];
         out.copy_from_slice(self.take(N)?);
@@ -108,6 +111,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads the next item (for containers, only the header).
+    #[inline]
     pub(crate) fn next(&mut self) -> Result<Item<'a>, WireError> {
         let start = self.pos;
         let marker = self.byte()?;
@@ -237,13 +241,6 @@ impl<'a> Reader<'a> {
                 pending[depth] = children;
             }
         }
-    }
-
-    /// Skips one value and returns the bytes it occupied.
-    pub(crate) fn skip_raw(&mut self) -> Result<&'a [u8], WireError> {
-        let start = self.pos;
-        self.skip()?;
-        Ok(&self.buf[start..self.pos])
     }
 }
 

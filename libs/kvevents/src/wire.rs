@@ -197,103 +197,152 @@ fn read_events(r: &mut Reader<'_>, batch: &mut DecodedBatch) -> Result<(), WireE
     };
     batch.events.reserve(len.min(1024));
     for index in 0..len {
-        // Find the event's extent first so a semantic error in one event
-        // cannot desynchronise the rest of the batch.
-        let raw = r.skip_raw()?;
-        match decode_event(raw) {
+        // Decode in one pass; if the event turns out to be bad, rewind and
+        // skip it whole so one bad event cannot desynchronise the batch.
+        let start = r.clone();
+        match decode_event(r) {
             Ok(event) => batch.events.push(event),
-            Err(error) => batch.rejected.push((index, error)),
+            Err(error) => {
+                *r = start;
+                r.skip()?;
+                batch.rejected.push((index, error));
+            }
         }
     }
     Ok(())
 }
 
-/// Fields of an event, whichever encoding carried them.
+/// Event classes we interpret.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    Stored,
+    Removed,
+    Cleared,
+}
+
+/// Fields a decoder may meet, whichever encoding carries them.
+#[derive(Clone, Copy)]
+enum Field {
+    BlockHashes,
+    ParentBlockHash,
+    TokenIds,
+    BlockSize,
+    LoraId,
+    Medium,
+    LoraName,
+    /// Position 7 of an array BlockStored: vLLM's lora_name, or SGLang
+    /// 0.5.18–0.5.19's `{"cache_salt": …}` map.
+    LoraNameOrSalt,
+    GroupIdx,
+    KvCacheSpecKind,
+    CacheSalt,
+    Ignored,
+}
+
+const STORED_LAYOUT: [Field; 10] = [
+    Field::BlockHashes,
+    Field::ParentBlockHash,
+    Field::TokenIds,
+    Field::BlockSize,
+    Field::LoraId,
+    Field::Medium,
+    Field::LoraNameOrSalt,
+    Field::Ignored, // extra_keys
+    Field::GroupIdx,
+    Field::KvCacheSpecKind,
+];
+const REMOVED_LAYOUT: [Field; 3] = [Field::BlockHashes, Field::Medium, Field::GroupIdx];
+
+/// Decoded fields of one event.
 #[derive(Default)]
 struct Fields {
-    tag: Option<String>,
     block_hashes: Option<Vec<EngineHash>>,
     parent_block_hash: Option<EngineHash>,
     token_ids: Option<Vec<u32>>,
     block_size: Option<u32>,
     lora_id: Option<i64>,
-    medium: Option<String>,
+    medium: Option<Medium>,
     lora_name: Option<String>,
     group_idx: Option<u32>,
     kv_cache_spec_kind: Option<String>,
     cache_salt: Option<String>,
 }
 
-fn decode_event(raw: &[u8]) -> Result<KvEvent, WireError> {
-    let mut r = Reader::new(raw);
-    let mut f = Fields::default();
+/// The tag, or the unknown class name.
+fn read_tag(r: &mut Reader<'_>) -> Result<Result<Tag, String>, WireError> {
     match r.next()? {
+        Item::Str(b"BlockStored") => Ok(Ok(Tag::Stored)),
+        Item::Str(b"BlockRemoved") => Ok(Ok(Tag::Removed)),
+        Item::Str(b"AllBlocksCleared") => Ok(Ok(Tag::Cleared)),
+        Item::Str(other) => std::str::from_utf8(other)
+            .map(|s| Err(s.to_owned()))
+            .map_err(|_| WireError::InvalidUtf8("event tag")),
+        other => Err(WireError::type_mismatch("event tag", "string", other)),
+    }
+}
+
+fn decode_event(r: &mut Reader<'_>) -> Result<KvEvent, WireError> {
+    let mut f = Fields::default();
+    let tag = match r.next()? {
         Item::Array(len) => {
             if len == 0 {
                 return Err(WireError::BadEvent("empty event array"));
             }
-            let tag = read_str(&mut r, "event tag")?;
-            let layout: &[&str] = match tag.as_str() {
-                "BlockStored" => &[
-                    "block_hashes",
-                    "parent_block_hash",
-                    "token_ids",
-                    "block_size",
-                    "lora_id",
-                    "medium",
-                    "lora_name|salt",
-                    "extra_keys",
-                    "group_idx",
-                    "kv_cache_spec_kind",
-                ],
-                "BlockRemoved" => &["block_hashes", "medium", "group_idx"],
+            let tag = read_tag(r)?;
+            let layout: &[Field] = match tag {
+                Ok(Tag::Stored) => &STORED_LAYOUT,
+                Ok(Tag::Removed) => &REMOVED_LAYOUT,
                 _ => &[],
             };
             for i in 1..len {
-                match layout.get(i - 1) {
-                    Some(field) => read_field(&mut r, field, &mut f)?,
-                    None => r.skip()?,
-                }
+                read_field(
+                    r,
+                    layout.get(i - 1).copied().unwrap_or(Field::Ignored),
+                    &mut f,
+                )?;
             }
-            f.tag = Some(tag);
+            tag
         }
         Item::Map(len) => {
+            let mut tag = None;
             for _ in 0..len {
-                let key = match r.next()? {
-                    Item::Str(k) => k,
+                let before = r.clone();
+                let field = match r.next()? {
+                    Item::Str(b"type") => {
+                        tag = Some(read_tag(r)?);
+                        continue;
+                    }
+                    Item::Str(b"block_hashes") => Field::BlockHashes,
+                    Item::Str(b"parent_block_hash") => Field::ParentBlockHash,
+                    Item::Str(b"token_ids") => Field::TokenIds,
+                    Item::Str(b"block_size") => Field::BlockSize,
+                    Item::Str(b"lora_id") => Field::LoraId,
+                    Item::Str(b"medium") => Field::Medium,
+                    Item::Str(b"lora_name") => Field::LoraName,
+                    Item::Str(b"group_idx") => Field::GroupIdx,
+                    Item::Str(b"kv_cache_spec_kind") => Field::KvCacheSpecKind,
+                    Item::Str(b"cache_salt") => Field::CacheSalt,
+                    Item::Str(_) => Field::Ignored,
                     _ => {
+                        // A non-string key (never sent by engines): skip it
+                        // whole, then its value below.
+                        *r = before;
                         r.skip()?;
-                        b""
+                        Field::Ignored
                     }
                 };
-                match key {
-                    b"type" => f.tag = Some(read_str(&mut r, "type")?),
-                    b"block_hashes"
-                    | b"parent_block_hash"
-                    | b"token_ids"
-                    | b"block_size"
-                    | b"lora_id"
-                    | b"medium"
-                    | b"lora_name"
-                    | b"group_idx"
-                    | b"kv_cache_spec_kind"
-                    | b"cache_salt" => {
-                        let name = std::str::from_utf8(key).unwrap_or_default();
-                        read_field(&mut r, name, &mut f)?;
-                    }
-                    _ => r.skip()?,
-                }
+                read_field(r, field, &mut f)?;
             }
+            tag.ok_or(WireError::BadEvent("event has no type tag"))?
         }
         other => return Err(WireError::type_mismatch("event", "array or map", other)),
-    }
-    build_event(f)
+    };
+    build_event(tag, f)
 }
 
-fn build_event(f: Fields) -> Result<KvEvent, WireError> {
-    let tag = f.tag.ok_or(WireError::BadEvent("event has no type tag"))?;
-    match tag.as_str() {
-        "BlockStored" => Ok(KvEvent::BlockStored(BlockStored {
+fn build_event(tag: Result<Tag, String>, f: Fields) -> Result<KvEvent, WireError> {
+    match tag {
+        Ok(Tag::Stored) => Ok(KvEvent::BlockStored(BlockStored {
             block_hashes: f
                 .block_hashes
                 .ok_or(WireError::MissingField("block_hashes"))?,
@@ -301,39 +350,37 @@ fn build_event(f: Fields) -> Result<KvEvent, WireError> {
             token_ids: f.token_ids.unwrap_or_default(),
             block_size: f.block_size.unwrap_or(0),
             lora_id: f.lora_id,
-            medium: Medium::parse(f.medium.as_deref()),
+            medium: f.medium.unwrap_or(Medium::Gpu),
             lora_name: f.lora_name,
             group_idx: f.group_idx,
             kv_cache_spec_kind: f.kv_cache_spec_kind,
             cache_salt: f.cache_salt,
         })),
-        "BlockRemoved" => Ok(KvEvent::BlockRemoved(BlockRemoved {
+        Ok(Tag::Removed) => Ok(KvEvent::BlockRemoved(BlockRemoved {
             block_hashes: f
                 .block_hashes
                 .ok_or(WireError::MissingField("block_hashes"))?,
-            medium: Medium::parse(f.medium.as_deref()),
+            medium: f.medium.unwrap_or(Medium::Gpu),
             group_idx: f.group_idx,
         })),
-        "AllBlocksCleared" => Ok(KvEvent::AllBlocksCleared),
-        _ => Ok(KvEvent::Unknown(tag)),
+        Ok(Tag::Cleared) => Ok(KvEvent::AllBlocksCleared),
+        Err(name) => Ok(KvEvent::Unknown(name)),
     }
 }
 
-fn read_field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), WireError> {
-    match name {
-        "block_hashes" => f.block_hashes = Some(read_hashes(r)?),
-        "parent_block_hash" => f.parent_block_hash = read_opt_hash(r)?,
-        "token_ids" => f.token_ids = Some(read_tokens(r)?),
-        "block_size" => f.block_size = read_opt_u32(r, "block_size")?,
-        "lora_id" => f.lora_id = read_opt_i64(r, "lora_id")?,
-        "medium" => f.medium = read_opt_str(r, "medium")?,
-        "lora_name" => f.lora_name = read_opt_str(r, "lora_name")?,
-        "cache_salt" => f.cache_salt = read_opt_str(r, "cache_salt")?,
-        "group_idx" => f.group_idx = read_opt_u32(r, "group_idx")?,
-        "kv_cache_spec_kind" => f.kv_cache_spec_kind = read_opt_str(r, "kv_cache_spec_kind")?,
-        // Position 7 of an array BlockStored: vLLM's lora_name, or SGLang
-        // 0.5.18–0.5.19's `{"cache_salt": …}` map.
-        "lora_name|salt" => {
+fn read_field(r: &mut Reader<'_>, field: Field, f: &mut Fields) -> Result<(), WireError> {
+    match field {
+        Field::BlockHashes => f.block_hashes = Some(read_hashes(r)?),
+        Field::ParentBlockHash => f.parent_block_hash = read_opt_hash(r)?,
+        Field::TokenIds => f.token_ids = Some(read_tokens(r)?),
+        Field::BlockSize => f.block_size = read_opt_u32(r, "block_size")?,
+        Field::LoraId => f.lora_id = read_opt_i64(r, "lora_id")?,
+        Field::Medium => f.medium = Some(read_medium(r)?),
+        Field::LoraName => f.lora_name = read_opt_str(r, "lora_name")?,
+        Field::CacheSalt => f.cache_salt = read_opt_str(r, "cache_salt")?,
+        Field::GroupIdx => f.group_idx = read_opt_u32(r, "group_idx")?,
+        Field::KvCacheSpecKind => f.kv_cache_spec_kind = read_opt_str(r, "kv_cache_spec_kind")?,
+        Field::LoraNameOrSalt => {
             let mut probe = r.clone();
             if let Item::Map(len) = probe.next()? {
                 *r = probe;
@@ -347,7 +394,7 @@ fn read_field(r: &mut Reader<'_>, name: &str, f: &mut Fields) -> Result<(), Wire
                 f.lora_name = read_opt_str(r, "lora_name")?;
             }
         }
-        _ => r.skip()?,
+        Field::Ignored => r.skip()?,
     }
     Ok(())
 }
@@ -436,6 +483,17 @@ fn read_str(r: &mut Reader<'_>, field: &'static str) -> Result<String, WireError
             .map(str::to_owned)
             .map_err(|_| WireError::InvalidUtf8(field)),
         other => Err(WireError::type_mismatch(field, "string", other)),
+    }
+}
+
+/// The medium without allocating for the common GPU case.
+fn read_medium(r: &mut Reader<'_>) -> Result<Medium, WireError> {
+    match r.next()? {
+        Item::Nil => Ok(Medium::Gpu),
+        Item::Str(s) => std::str::from_utf8(s)
+            .map(|s| Medium::parse(Some(s)))
+            .map_err(|_| WireError::InvalidUtf8("medium")),
+        other => Err(WireError::type_mismatch("medium", "string", other)),
     }
 }
 
