@@ -1,0 +1,409 @@
+use std::collections::HashSet;
+
+use crate::*;
+
+fn scope(tenant: &str) -> Scope {
+    Scope {
+        tenant: tenant.into(),
+        model: "m".into(),
+        hash_scheme: HashScheme::Vllm,
+        adapter: String::new(),
+    }
+}
+
+fn key(tenant: &str, id: &str) -> ReplicaKey {
+    ReplicaKey {
+        tenant: tenant.into(),
+        replica_id: id.into(),
+        dp_rank: 0,
+    }
+}
+
+fn stored(start_depth: u32, fps: &[u64], tier: Tier) -> Change {
+    Change::Stored {
+        start_depth,
+        fingerprints: fps.to_vec(),
+        block_size: 16,
+        tier,
+    }
+}
+
+fn index() -> Index {
+    Index::new(IndexConfig {
+        capacity_entries: 1_000,
+        shards: 8,
+    })
+}
+
+fn put(ix: &Index, tenant: &str, id: &str, changes: &[Change]) {
+    let errors = ix.apply(
+        &key(tenant, id),
+        &scope(tenant),
+        &format!("{id}:8000"),
+        changes,
+        1_000,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+fn matches(outcome: LookupOutcome) -> Vec<(String, u32, Tier)> {
+    match outcome {
+        LookupOutcome::Matches(c) => c
+            .into_iter()
+            .map(|c| (c.replica.replica_id, c.matched_blocks, c.tier))
+            .collect(),
+        other => panic!("expected matches, got {other:?}"),
+    }
+}
+
+#[test]
+fn longest_consecutive_prefix_wins() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &[1, 2], Tier::T1)]);
+    let got = matches(ix.lookup(&scope("t"), &[1, 2, 3, 4], None, None));
+    assert_eq!(
+        got,
+        vec![("a".into(), 3, Tier::T1), ("b".into(), 2, Tier::T1)]
+    );
+}
+
+#[test]
+fn a_gap_in_the_chain_ends_the_match() {
+    let ix = index();
+    // Replica a holds blocks 0 and 2 but not 1: only block 0 counts.
+    put(
+        &ix,
+        "t",
+        "a",
+        &[stored(0, &[1], Tier::T1), stored(2, &[3], Tier::T1)],
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[1, 2, 3], None, None)),
+        vec![("a".into(), 1, Tier::T1)]
+    );
+}
+
+#[test]
+fn t1_beats_t2_at_equal_length_and_tier_is_the_coldest_block() {
+    let ix = index();
+    put(
+        &ix,
+        "t",
+        "cold",
+        &[stored(0, &[1], Tier::T1), stored(1, &[2], Tier::T2)],
+    );
+    put(&ix, "t", "hot", &[stored(0, &[1, 2], Tier::T1)]);
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[1, 2], None, None)),
+        vec![("hot".into(), 2, Tier::T1), ("cold".into(), 2, Tier::T2)]
+    );
+}
+
+#[test]
+fn candidates_restrict_the_answer() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &[1], Tier::T1)]);
+    let only_b: HashSet<String> = ["b".to_owned()].into();
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[1, 2], Some(&only_b), None)),
+        vec![("b".into(), 1, Tier::T1)]
+    );
+    let nobody: HashSet<String> = ["z".to_owned()].into();
+    assert_eq!(
+        ix.lookup(&scope("t"), &[1, 2], Some(&nobody), None),
+        LookupOutcome::NoEntry
+    );
+}
+
+#[test]
+fn tenants_never_see_each_other() {
+    let ix = index();
+    put(&ix, "red", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    // Same fingerprints, another tenant: invisible, whatever the candidates say.
+    assert_eq!(
+        ix.lookup(&scope("blue"), &[1, 2], None, None),
+        LookupOutcome::UnknownScope
+    );
+    put(&ix, "blue", "b", &[stored(0, &[9], Tier::T1)]);
+    let everyone: HashSet<String> = ["a".to_owned(), "b".to_owned()].into();
+    assert_eq!(
+        ix.lookup(&scope("blue"), &[1, 2], Some(&everyone), None),
+        LookupOutcome::NoEntry
+    );
+    assert_eq!(
+        ix.lookup_prefix_hash(&scope("blue"), 2, Some(&everyone), None),
+        LookupOutcome::NoEntry
+    );
+    // Other scope dimensions isolate too.
+    let mut sglang = scope("red");
+    sglang.hash_scheme = HashScheme::Sglang;
+    assert_eq!(
+        ix.lookup(&sglang, &[1, 2], None, None),
+        LookupOutcome::UnknownScope
+    );
+}
+
+#[test]
+fn prefix_hash_reports_the_recorded_depth() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
+    assert_eq!(
+        matches(ix.lookup_prefix_hash(&scope("t"), 3, None, None)),
+        vec![("a".into(), 3, Tier::T1)]
+    );
+}
+
+#[test]
+fn evictions_clears_and_removal() {
+    let ix = index();
+    put(
+        &ix,
+        "t",
+        "a",
+        &[stored(0, &[1, 2], Tier::T1), stored(2, &[3], Tier::T2)],
+    );
+    assert_eq!(ix.len(), 3);
+    put(
+        &ix,
+        "t",
+        "a",
+        &[Change::Evicted {
+            fingerprints: vec![2],
+        }],
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[1, 2], None, None)),
+        vec![("a".into(), 1, Tier::T1)]
+    );
+    put(&ix, "t", "a", &[Change::Cleared { tier: Tier::T1 }]);
+    assert_eq!(ix.len(), 1, "only the T2 block remains");
+    assert!(ix.remove_replica(&key("t", "a")));
+    assert!(ix.is_empty());
+    assert_eq!(
+        ix.lookup(&scope("t"), &[1], None, None),
+        LookupOutcome::NoEntry
+    );
+}
+
+#[test]
+fn replace_swaps_the_whole_state() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    ix.replace(
+        &key("t", "a"),
+        &scope("t"),
+        "a:8000",
+        &[stored(0, &[7], Tier::T2)],
+        2_000,
+    );
+    assert_eq!(
+        ix.lookup(&scope("t"), &[1], None, None),
+        LookupOutcome::NoEntry
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[7], None, None)),
+        vec![("a".into(), 1, Tier::T2)]
+    );
+    assert_eq!(ix.len(), 1);
+}
+
+#[test]
+fn stale_replicas_are_left_out() {
+    let ix = index();
+    ix.apply(
+        &key("t", "old"),
+        &scope("t"),
+        "x",
+        &[stored(0, &[1], Tier::T1)],
+        1_000,
+    );
+    ix.apply(
+        &key("t", "new"),
+        &scope("t"),
+        "y",
+        &[stored(0, &[1], Tier::T1)],
+        5_000,
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &[1], None, Some(4_000))),
+        vec![("new".into(), 1, Tier::T1)]
+    );
+}
+
+#[test]
+fn capacity_evicts_the_least_recently_stored() {
+    let ix = Index::new(IndexConfig {
+        capacity_entries: 3,
+        shards: 4,
+    });
+    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(3, &[4], Tier::T1)]);
+    assert_eq!(ix.len(), 3);
+    assert_eq!(ix.capacity_evictions(), 1);
+    // Block 1 went first, so nothing matches from the prompt start.
+    assert_eq!(
+        ix.lookup(&scope("t"), &[1, 2], None, None),
+        LookupOutcome::NoEntry
+    );
+    assert_eq!(ix.snapshot()[0].prefix_count, 3);
+}
+
+#[test]
+fn depth_conflicts_are_reported_not_applied() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    let errors = ix.apply(
+        &key("t", "b"),
+        &scope("t"),
+        "b",
+        &[stored(5, &[2], Tier::T1)],
+        1,
+    );
+    assert_eq!(
+        errors,
+        vec![ContentError::DepthMismatch {
+            fingerprint: 2,
+            known: 1,
+            reported: 5
+        }]
+    );
+}
+
+#[test]
+fn snapshot_counts_per_replica_and_learns_block_size() {
+    let ix = index();
+    put(
+        &ix,
+        "t",
+        "a",
+        &[stored(0, &[1, 2], Tier::T1), stored(2, &[3], Tier::T2)],
+    );
+    ix.set_tier2(&key("t", "a"), Some((3, 10)));
+    let snap = ix.snapshot();
+    assert_eq!(snap.len(), 1);
+    assert_eq!(snap[0].prefix_count, 3);
+    assert_eq!(snap[0].t1_count, 2);
+    assert_eq!(snap[0].tier2, Some((3, 10)));
+    assert_eq!(snap[0].last_event_ms, Some(1_000));
+    assert_eq!(ix.block_size(&scope("t")), Some(16));
+}
+
+#[test]
+fn moving_a_replica_to_another_scope_drops_its_old_entries() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &[1], Tier::T1)]);
+    let mut other = scope("t");
+    other.model = "m2".into();
+    ix.apply(
+        &key("t", "a"),
+        &other,
+        "a:8000",
+        &[stored(0, &[5], Tier::T1)],
+        2_000,
+    );
+    assert_eq!(
+        ix.lookup(&scope("t"), &[1], None, None),
+        LookupOutcome::NoEntry
+    );
+    assert_eq!(ix.len(), 1);
+}
+
+mod model {
+    //! The index against a trivially correct model under random operations.
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Store {
+            replica: u8,
+            start: u32,
+            len: u32,
+            t2: bool,
+        },
+        Evict {
+            replica: u8,
+            block: u32,
+        },
+        Clear {
+            replica: u8,
+            t2: bool,
+        },
+        Remove {
+            replica: u8,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            5 => (0u8..4, 0u32..6, 1u32..4, any::<bool>()).prop_map(|(replica, start, len, t2)| Op::Store { replica, start, len, t2 }),
+            3 => (0u8..4, 0u32..8).prop_map(|(replica, block)| Op::Evict { replica, block }),
+            1 => (0u8..4, any::<bool>()).prop_map(|(replica, t2)| Op::Clear { replica, t2 }),
+            1 => (0u8..4).prop_map(|replica| Op::Remove { replica }),
+        ]
+    }
+
+    // Block i of the single prompt has fingerprint 100 + i.
+    fn fp(block: u32) -> u64 {
+        100 + u64::from(block)
+    }
+
+    proptest! {
+        #[test]
+        fn lookups_agree_with_a_naive_model(ops in proptest::collection::vec(op(), 1..80)) {
+            let ix = Index::new(IndexConfig { capacity_entries: 1_000_000, shards: 4 });
+            // replica -> block -> tier
+            let mut model: BTreeMap<u8, BTreeMap<u32, Tier>> = BTreeMap::new();
+            for op in ops {
+                let name = |r: u8| format!("r{r}");
+                match op {
+                    Op::Store { replica, start, len, t2 } => {
+                        let tier = if t2 { Tier::T2 } else { Tier::T1 };
+                        let fps: Vec<u64> = (start..start + len).map(fp).collect();
+                        put(&ix, "t", &name(replica), &[stored(start, &fps, tier)]);
+                        for b in start..start + len {
+                            model.entry(replica).or_default().insert(b, tier);
+                        }
+                    }
+                    Op::Evict { replica, block } => {
+                        put(&ix, "t", &name(replica), &[Change::Evicted { fingerprints: vec![fp(block)] }]);
+                        model.entry(replica).or_default().remove(&block);
+                    }
+                    Op::Clear { replica, t2 } => {
+                        let tier = if t2 { Tier::T2 } else { Tier::T1 };
+                        put(&ix, "t", &name(replica), &[Change::Cleared { tier }]);
+                        model.entry(replica).or_default().retain(|_, t| *t != tier);
+                    }
+                    Op::Remove { replica } => {
+                        ix.remove_replica(&key("t", &name(replica)));
+                        model.remove(&replica);
+                    }
+                }
+                let prompt: Vec<u64> = (0..8).map(fp).collect();
+                let mut want: Vec<(String, u32, Tier)> = model
+                    .iter()
+                    .filter_map(|(r, blocks)| {
+                        let n = (0..8).take_while(|b| blocks.contains_key(b)).count() as u32;
+                        let tier = (0..n).map(|b| blocks[&b]).max()?;
+                        Some((name(*r), n, tier))
+                    })
+                    .collect();
+                want.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
+                let got = match ix.lookup(&scope("t"), &prompt, None, None) {
+                    LookupOutcome::Matches(c) => c.into_iter().map(|c| (c.replica.replica_id, c.matched_blocks, c.tier)).collect(),
+                    _ => Vec::new(),
+                };
+                prop_assert_eq!(got, want);
+                let total: usize = model.values().map(BTreeMap::len).sum();
+                prop_assert_eq!(ix.len(), total as u64);
+                let names: BTreeSet<String> = ix.snapshot().into_iter().map(|s| s.key.replica_id).collect();
+                prop_assert!(names.len() <= 4);
+            }
+        }
+    }
+}

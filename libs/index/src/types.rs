@@ -1,0 +1,154 @@
+//! The index's vocabulary.
+
+/// A block's content fingerprint (see docs/fingerprints.md).
+pub type Fingerprint = u64;
+
+/// Fingerprint domain of an engine family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HashScheme {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+}
+
+impl HashScheme {
+    /// The lower-case name used in snapshots.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HashScheme::Vllm => "vllm",
+            HashScheme::Sglang => "sglang",
+        }
+    }
+}
+
+/// Cache tier of a held block. `T1` sorts before `T2` (hotter first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    /// Accelerator memory.
+    T1,
+    /// Offload tier (host memory, remote store).
+    T2,
+}
+
+/// The partition a replica and its entries belong to.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    /// Tenant (engine pod namespace).
+    pub tenant: String,
+    /// Model id.
+    pub model: String,
+    /// Fingerprint domain.
+    pub hash_scheme: HashScheme,
+    /// LoRA adapter, empty for the base model.
+    pub adapter: String,
+}
+
+/// Identity of one replica stream: a pod's DP rank.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReplicaKey {
+    /// Tenant (engine pod namespace).
+    pub tenant: String,
+    /// Pod name.
+    pub replica_id: String,
+    /// Data-parallel rank.
+    pub dp_rank: u32,
+}
+
+/// One change to a replica's holdings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Consecutive blocks now held at `tier` (new, or a tier change).
+    Stored {
+        /// Blocks before the first one.
+        start_depth: u32,
+        /// The blocks in prompt order.
+        fingerprints: Vec<Fingerprint>,
+        /// Tokens per block.
+        block_size: u32,
+        /// Tier now.
+        tier: Tier,
+    },
+    /// Blocks no longer held.
+    Evicted {
+        /// The blocks.
+        fingerprints: Vec<Fingerprint>,
+    },
+    /// Every block at `tier` is gone.
+    Cleared {
+        /// The tier.
+        tier: Tier,
+    },
+}
+
+/// One replica's match against a prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Which replica.
+    pub replica: ReplicaKey,
+    /// Its serving address.
+    pub address: String,
+    /// Consecutive blocks matched from the start of the prompt.
+    pub matched_blocks: u32,
+    /// Tokens per block of the match.
+    pub block_size: u32,
+    /// The coldest tier among the matched blocks.
+    pub tier: Tier,
+}
+
+impl Candidate {
+    /// Matched tokens.
+    pub fn matched_tokens(&self) -> u64 {
+        u64::from(self.matched_blocks) * u64::from(self.block_size)
+    }
+}
+
+/// What a lookup found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LookupOutcome {
+    /// Replicas holding a prefix, best first (longest; T1 before T2 at equal
+    /// length; then most recently active).
+    Matches(Vec<Candidate>),
+    /// No replica in scope holds the first block.
+    NoEntry,
+    /// Nothing was ever reported for this scope.
+    UnknownScope,
+}
+
+/// A content-level inconsistency in a change (never panics; reported).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContentError {
+    /// A fingerprint was reported at a depth that disagrees with what the
+    /// index already holds for it (a hash collision or a broken producer).
+    DepthMismatch {
+        /// The fingerprint.
+        fingerprint: Fingerprint,
+        /// Depth already recorded.
+        known: u32,
+        /// Depth just reported.
+        reported: u32,
+    },
+}
+
+/// One replica as `/snapshot` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSnapshot {
+    /// Which replica.
+    pub key: ReplicaKey,
+    /// Its scope.
+    pub scope: Scope,
+    /// Serving address.
+    pub address: String,
+    /// Entries held (all tiers).
+    pub prefix_count: u64,
+    /// Entries held at T1.
+    pub t1_count: u64,
+    /// Last time anything arrived from the replica (Unix ms).
+    pub last_seen_ms: i64,
+    /// Last time a change arrived (Unix ms); `None` before the first.
+    pub last_event_ms: Option<i64>,
+    /// Block size last reported.
+    pub block_size: u32,
+    /// Cumulative tier-2 counters `(hits, queries)` when the engine exports them.
+    pub tier2: Option<(u64, u64)>,
+}
