@@ -15,6 +15,41 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+pub mod engine;
+
+/// Path of a workspace binary next to the running test (in `target/<profile>/`).
+///
+/// # Panics
+/// When it has not been built (run the tests with `cargo nextest run
+/// --workspace`, which builds every binary).
+pub fn workspace_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: run `cargo build --workspace --bins` (or the whole suite)",
+        path.display()
+    );
+    path
+}
+
+/// A loopback port nobody listens on right now.
+///
+/// # Panics
+/// When the OS has no free port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local address")
+        .port()
+}
+
 /// How long a binary may take to start listening or to stop.
 pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -1,14 +1,28 @@
 //! `ic-index-server`: the prefix index behind `LookupRoute`.
 //!
-//! This build serves the process plumbing (admin endpoints on the HTTP port,
-//! graceful shutdown) and fixes the command-line contract of DESIGN.md §7.
-//! The gRPC `IndexService`, `/snapshot` and `/probe` are not served yet.
+//! Serves the gRPC `IndexService` (LookupRoute, IngestEvents, SetPolicies)
+//! over an [`ic_index::Index`], and `/snapshot` plus the admin endpoints on
+//! its HTTP port.
+
+pub mod convert;
+pub mod grpc;
+pub mod http;
+pub mod ingest;
+pub mod metrics;
+pub mod policy;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
+use ic_index::{Index, IndexConfig};
+use ic_proto::IndexServiceServer;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
+use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
+
+use crate::grpc::IndexServer;
+use crate::metrics::Metrics;
 
 /// Binary name, as deployment manifests reference it.
 pub const BINARY: &str = "ic-index-server";
@@ -76,28 +90,70 @@ pub struct Config {
 
 /// Runs the server until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = MetricsRegistry::new("inferencecache", BINARY);
+    if let Some(t) = config.tokenizers.first() {
+        anyhow::bail!(
+            "--tokenizer {}={}: prompt_text lookups are not supported by this build yet; \
+             send token_ids or block_hashes",
+            t.model,
+            t.path.display()
+        );
+    }
+    let registry = MetricsRegistry::new("inferencecache", BINARY);
+    let metrics = Metrics::register(&registry);
+    let index = Arc::new(Index::new(IndexConfig {
+        capacity_entries: config.capacity_entries,
+        ..IndexConfig::default()
+    }));
     let health = Health::new();
     let admin = AdminServer::bind(
         config.http_addr,
         health.clone(),
-        metrics,
-        axum::Router::new(),
+        registry,
+        http::router(index.clone()),
     )
     .await
     .context("starting HTTP server")?;
+    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
+        .await
+        .with_context(|| format!("cannot bind gRPC server to {}", config.grpc_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let service = IndexServer {
+        index,
+        policies: Arc::new(RwLock::new(policy::Policies::default())),
+        default_block_size: config.engine_block_size,
+        metrics,
+    };
+    let grpc = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tracing::info!(addr = %grpc_addr, "grpc server listening");
+            tonic::transport::Server::builder()
+                .add_service(IndexServiceServer::new(service))
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                    shutdown.cancelled_owned(),
+                )
+                .await
+        })
+    };
     tracing::info!(
-        grpc_addr = %config.grpc_addr,
         engine_block_size = config.engine_block_size,
         capacity_entries = config.capacity_entries,
-        tokenizers = config.tokenizers.len(),
-        "index server started (gRPC IndexService not served in this build)"
+        "index server started"
     );
     health.set_ready(true);
-    admin.serve(shutdown).await.context("HTTP server")?;
+    let served = admin.serve(shutdown.clone()).await;
+    shutdown.cancel();
+    let grpc_result = grpc.await.context("gRPC server task")?;
+    served.context("HTTP server")?;
+    grpc_result.context("gRPC server")?;
     tracing::info!("index server stopped");
     Ok(())
 }
+
+/// The address a `run` bound for gRPC is logged as `grpc server listening`
+/// (field `addr`), so callers passing port 0 can find it.
+pub const GRPC_LISTENING_LOG: &str = "grpc server listening";
 
 #[cfg(test)]
 mod tests {

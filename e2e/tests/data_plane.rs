@@ -1,0 +1,178 @@
+//! The assembled data plane on loopback: an engine publishing the real vLLM
+//! wire over ZMQ, the real `ic-kvevent-subscriber` and `ic-index-server`
+//! binaries, and a gateway calling `LookupRoute` over gRPC.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use ic_e2e::engine::FakeEngine;
+use ic_e2e::{ServiceProcess, workspace_binary};
+use ic_kvevents::Medium;
+use ic_kvevents::chain_fingerprints;
+use ic_kvevents::encode::{Era, gpu_store, removal};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+
+fn scope(tenant: &str) -> Option<pb::IndexScope> {
+    Some(pb::IndexScope {
+        tenant: tenant.into(),
+        model: "meta-llama/Llama-3.1-8B".into(),
+        hash_scheme: pb::HashScheme::Vllm as i32,
+        adapter: String::new(),
+    })
+}
+
+fn by_tokens(tenant: &str, tokens: Vec<u32>) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        scope: scope(tenant),
+        key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+            ids: tokens,
+        })),
+        candidate_replicas: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
+    let mut server = ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+    );
+    let grpc = server.wait_for_log("grpc server listening")["fields"]["addr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let http = server.admin_addr();
+
+    // Two engines; each gets its own sidecar.
+    let mut engines = Vec::new();
+    let mut sidecars = Vec::new();
+    for (i, name) in ["llama-0", "llama-1"].iter().enumerate() {
+        let engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+        sidecars.push(ServiceProcess::start(
+            &workspace_binary("ic-kvevent-subscriber"),
+            &[
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--engine-endpoint",
+                &engine.events_endpoint(),
+                "--replay-endpoint",
+                &engine.replay_endpoint(),
+                "--topic",
+                "kv-events",
+                "--index-server",
+                &format!("http://{grpc}"),
+                "--model-id",
+                "meta-llama/Llama-3.1-8B",
+                "--replica-id",
+                name,
+                "--tenant",
+                "team-a",
+                "--address",
+                &format!("10.0.0.{i}:8000"),
+            ],
+        ));
+        engines.push(engine);
+    }
+    for engine in &mut engines {
+        engine.wait_for_subscriber().await;
+    }
+    // llama-0 caches a 4-block prompt; llama-1 only its first block.
+    let prompt: Vec<u32> = (0..64).map(|t| 1000 + t).collect();
+    engines[0]
+        .publish(&[gpu_store(vec![11, 12, 13, 14], None, prompt.clone(), 16)])
+        .await;
+    engines[1]
+        .publish(&[gpu_store(vec![21], None, prompt[..16].to_vec(), 16)])
+        .await;
+
+    let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let response = loop {
+        let r = client
+            .lookup_route(by_tokens("team-a", prompt.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        if r.candidates.len() == 2 {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "index never learned both replicas: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(response.outcome, pb::LookupOutcome::PrefixMatch as i32);
+    let best = response.best.unwrap();
+    assert_eq!(best.replica.as_ref().unwrap().replica_id, "llama-0");
+    assert_eq!(best.replica.as_ref().unwrap().address, "10.0.0.0:8000");
+    assert_eq!((best.matched_blocks, best.matched_tokens), (4, 64));
+    assert_eq!(best.tier, pb::Tier::T1 as i32);
+    assert_eq!(response.candidates[1].matched_blocks, 1);
+
+    // A gateway computing fingerprints itself gets the same answer.
+    let fps = chain_fingerprints(None, &prompt, 16);
+    let by_hashes = client
+        .lookup_route(pb::LookupRouteRequest {
+            scope: scope("team-a"),
+            key: Some(pb::lookup_route_request::Key::BlockHashes(
+                pb::BlockHashes {
+                    hashes: fps.clone(),
+                },
+            )),
+            candidate_replicas: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_hashes.best, Some(best.clone()));
+
+    // Another tenant asking for the same prompt learns nothing.
+    let other = client
+        .lookup_route(by_tokens("team-b", prompt.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(other.outcome, pb::LookupOutcome::NoHint as i32);
+    assert_eq!(other.no_hint_reason, pb::NoHintReason::UnknownModel as i32);
+
+    // llama-0 evicts its last two blocks: the match shrinks to 2 blocks.
+    engines[0]
+        .publish(&[removal(vec![13, 14], Medium::Gpu)])
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client
+            .lookup_route(by_tokens("team-a", prompt.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        if r.best.as_ref().is_some_and(|b| b.matched_blocks == 2) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "eviction never reached the index: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // The snapshot the controller reads shows both replicas.
+    let (status, body) = ic_e2e::http_get(http, "/snapshot");
+    assert_eq!(status, 200);
+    let snapshot: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let rows = snapshot["replicas"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{snapshot}");
+    assert_eq!(rows[0]["replicaId"], "llama-0");
+    assert_eq!(rows[0]["prefixCount"], 2);
+    assert_eq!(rows[1]["prefixCount"], 1);
+
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    assert!(server.stop().success());
+}

@@ -1,0 +1,140 @@
+//! HTTP API next to the admin endpoints: `GET /snapshot` (read by the
+//! controller's CacheIndex poller) and `GET /healthz`.
+//!
+//! `/snapshot` schema (JSON, stable field names):
+//!
+//! ```json
+//! {"generatedAt": "2026-11-30T05:00:00Z", "entries": 123,
+//!  "replicas": [{"tenant": "ns", "replicaId": "pod-0", "dpRank": 0,
+//!                "address": "10.0.0.7:8000", "model": "m", "hashScheme": "vllm",
+//!                "adapter": "", "prefixCount": 100, "t1Count": 80,
+//!                "blockSize": 16, "lastEventAt": "…" | null, "lastSeenAt": "…",
+//!                "cacheMemoryBytes": null, "hitRateReported": false,
+//!                "tier2Hits": 3 | null, "tier2Queries": 10 | null}]}
+//! ```
+//!
+//! `cacheMemoryBytes` is null until engines report their KV memory;
+//! `tier2Hits`/`tier2Queries` are null when the engine exports no tier-2
+//! counters (absent is not zero).
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::State;
+use axum::routing::get;
+use ic_index::Index;
+use serde::Serialize;
+
+/// One replica row.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaRow {
+    tenant: String,
+    replica_id: String,
+    dp_rank: u32,
+    address: String,
+    model: String,
+    hash_scheme: &'static str,
+    adapter: String,
+    prefix_count: u64,
+    t1_count: u64,
+    block_size: u32,
+    last_event_at: Option<String>,
+    last_seen_at: String,
+    cache_memory_bytes: Option<u64>,
+    hit_rate_reported: bool,
+    tier2_hits: Option<u64>,
+    tier2_queries: Option<u64>,
+}
+
+/// The `/snapshot` body.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    generated_at: String,
+    entries: u64,
+    replicas: Vec<ReplicaRow>,
+}
+
+/// RFC 3339 UTC with second precision, from Unix milliseconds.
+pub fn rfc3339(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Builds the snapshot body.
+pub fn snapshot(index: &Index, now_ms: i64) -> Snapshot {
+    Snapshot {
+        generated_at: rfc3339(now_ms),
+        entries: index.len(),
+        replicas: index
+            .snapshot()
+            .into_iter()
+            .map(|r| ReplicaRow {
+                tenant: r.key.tenant,
+                replica_id: r.key.replica_id,
+                dp_rank: r.key.dp_rank,
+                address: r.address,
+                model: r.scope.model,
+                hash_scheme: r.scope.hash_scheme.as_str(),
+                adapter: r.scope.adapter,
+                prefix_count: r.prefix_count,
+                t1_count: r.t1_count,
+                block_size: r.block_size,
+                last_event_at: r.last_event_ms.map(rfc3339),
+                last_seen_at: rfc3339(r.last_seen_ms),
+                cache_memory_bytes: None,
+                hit_rate_reported: false,
+                tier2_hits: r.tier2.map(|t| t.0),
+                tier2_queries: r.tier2.map(|t| t.1),
+            })
+            .collect(),
+    }
+}
+
+/// The routes.
+pub fn router(index: Arc<Index>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/snapshot",
+            get(|State(index): State<Arc<Index>>| async move {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                    .unwrap_or(0);
+                Json(snapshot(&index, now))
+            }),
+        )
+        .with_state(index)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_700_000_000_250), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+}

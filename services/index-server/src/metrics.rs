@@ -1,0 +1,153 @@
+//! The index server's Prometheus metrics (prefixed `inferencecache_index_`).
+
+use std::time::Duration;
+
+use ic_index::Index;
+use ic_proto::index_v1 as pb;
+use ic_telemetry::MetricsRegistry;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+/// Lookup outcome labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LookupLabels {
+    /// `prefix_match` or `no_hint`.
+    pub outcome: &'static str,
+    /// NO_HINT reason, or `none`.
+    pub reason: &'static str,
+}
+
+/// Ingest result labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `applied`, `invalid`, `resync_required`.
+    pub result: &'static str,
+}
+
+/// Every metric of the index server.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Lookups answered, by outcome and reason.
+    pub lookups: Family<LookupLabels, Counter>,
+    /// Lookups refused as invalid or unsupported.
+    pub lookup_errors: Counter,
+    /// Time to answer a lookup, seconds.
+    pub lookup_duration: Histogram,
+    /// Ingest batches, by result.
+    pub ingest_batches: Family<ResultLabel, Counter>,
+    /// Open ingest streams.
+    pub ingest_streams: Gauge,
+    /// Completed resyncs.
+    pub resyncs: Counter,
+    /// Changes that contradicted the index (skipped).
+    pub content_errors: Counter,
+    /// Resident (replica, block) entries.
+    pub entries: Gauge,
+    /// Entries evicted by the capacity bound.
+    pub capacity_evictions: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn register(registry: &MetricsRegistry) -> Self {
+        let m = Self {
+            lookups: Family::default(),
+            lookup_errors: Counter::default(),
+            // 1 µs .. ~16 s
+            lookup_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            ingest_batches: Family::default(),
+            ingest_streams: Gauge::default(),
+            resyncs: Counter::default(),
+            content_errors: Counter::default(),
+            entries: Gauge::default(),
+            capacity_evictions: Gauge::default(),
+        };
+        registry.register_with(|r| {
+            let r = r.sub_registry_with_prefix("index");
+            r.register(
+                "lookups",
+                "Lookups answered, by outcome and reason",
+                m.lookups.clone(),
+            );
+            r.register(
+                "lookup_errors",
+                "Lookups refused as invalid or unsupported",
+                m.lookup_errors.clone(),
+            );
+            r.register(
+                "lookup_duration_seconds",
+                "Time to answer a lookup",
+                m.lookup_duration.clone(),
+            );
+            r.register(
+                "ingest_batches",
+                "Ingest batches, by result",
+                m.ingest_batches.clone(),
+            );
+            r.register(
+                "ingest_streams",
+                "Open ingest streams",
+                m.ingest_streams.clone(),
+            );
+            r.register("resyncs", "Completed replica resyncs", m.resyncs.clone());
+            r.register(
+                "content_errors",
+                "Changes that contradicted the index",
+                m.content_errors.clone(),
+            );
+            r.register(
+                "entries",
+                "Resident (replica, block) entries",
+                m.entries.clone(),
+            );
+            r.register(
+                "capacity_evictions",
+                "Entries evicted by the capacity bound",
+                m.capacity_evictions.clone(),
+            );
+        });
+        m
+    }
+
+    /// Counts one answered lookup.
+    pub fn record_lookup(&self, response: &pb::LookupRouteResponse, took: Duration) {
+        let labels = if response.outcome == pb::LookupOutcome::PrefixMatch as i32 {
+            LookupLabels {
+                outcome: "prefix_match",
+                reason: "none",
+            }
+        } else {
+            LookupLabels {
+                outcome: "no_hint",
+                reason: match pb::NoHintReason::try_from(response.no_hint_reason) {
+                    Ok(pb::NoHintReason::NoEntry) => "no_entry",
+                    Ok(pb::NoHintReason::BelowMinimumPrefix) => "below_minimum_prefix",
+                    Ok(pb::NoHintReason::LookupTimeout) => "lookup_timeout",
+                    Ok(pb::NoHintReason::UnknownModel) => "unknown_model",
+                    Ok(pb::NoHintReason::PromptTooShort) => "prompt_too_short",
+                    _ => "unspecified",
+                },
+            }
+        };
+        self.lookups.get_or_create(&labels).inc();
+        self.lookup_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts one ingest batch.
+    pub fn ingest_batch(&self, result: &'static str) {
+        self.ingest_batches
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    /// Refreshes the size gauges.
+    pub fn set_index_size(&self, index: &Index) {
+        self.entries
+            .set(i64::try_from(index.len()).unwrap_or(i64::MAX));
+        self.capacity_evictions
+            .set(i64::try_from(index.capacity_evictions()).unwrap_or(i64::MAX));
+    }
+}
