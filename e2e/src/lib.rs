@@ -103,16 +103,23 @@ impl ServiceProcess {
     /// When no such line appears within [`PROCESS_TIMEOUT`]; the panic message
     /// carries every log line seen so far.
     pub fn wait_for_log(&mut self, message: &str) -> serde_json::Value {
+        // Lines read while waiting for another message count too.
+        let matches = |line: &str| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .filter(|v| v["fields"]["message"] == message)
+        };
+        if let Some(v) = self.seen.iter().find_map(|l| matches(l)) {
+            return v;
+        }
         let deadline = Instant::now() + PROCESS_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.logs.recv_timeout(left) {
                 Ok(line) => {
-                    let parsed: Option<serde_json::Value> = serde_json::from_str(&line).ok();
+                    let found = matches(&line);
                     self.seen.push(line);
-                    if let Some(v) = parsed
-                        && v["fields"]["message"] == message
-                    {
+                    if let Some(v) = found {
                         return v;
                     }
                 }

@@ -1,24 +1,60 @@
-//! `ic-local-fleet`: starts every InferenceCache service on loopback, checks
-//! that each is live and ready and exports metrics, prints where they are,
-//! and stops them with SIGTERM (or keeps them running with `--keep-running`).
+//! `ic-local-fleet`: the InferenceCache data plane on one machine.
 //!
-//! Today this is the whole data plane the workspace can run; the simulated
-//! engines, subscribers and trace-driven routing comparison grow here as the
-//! services land.
+//! Starts the real `ic-index-server` and `ic-coordinator` binaries, N
+//! simulated engines that publish their KV-cache changes in the vLLM wire
+//! over ZMQ, and one real `ic-kvevent-subscriber` per engine. A trace is then
+//! replayed with LookupRoute routing through the real index, and — on
+//! identical simulated engines — with round-robin and random routing and the
+//! single-cache oracle, so the table shows what cache-aware routing buys.
+
+mod cache;
+mod fleet;
+mod trace;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use ic_e2e::engine::FakeEngine;
 use ic_e2e::{ServiceProcess, http_get};
-use nix::sys::signal::Signal;
+use ic_kvevents::encode::Era;
+use serde::Serialize;
 
-/// Run the InferenceCache services together on this machine.
+use crate::fleet::{PolicyResult, percentile};
+
+const TENANT: &str = "demo";
+const MODEL: &str = "demo/llama-3.1-8b";
+
+/// Run the InferenceCache data plane on this machine and replay a trace.
 #[derive(Debug, Parser)]
 #[command(name = "ic-local-fleet", version)]
 struct Args {
-    /// Keep the services running (until Ctrl-C) after the checks.
+    /// Simulated engines (each with its own subscriber).
+    #[arg(long, default_value_t = 8)]
+    engines: usize,
+    /// Blocks each engine's KV cache holds (the HBM budget).
+    #[arg(long, default_value_t = 1500)]
+    capacity_blocks: usize,
+    /// Mooncake-format trace (timestamp, input_length, hash_ids per line).
+    #[arg(
+        long,
+        default_value = "../shared/data/traces/mooncake_synthetic_trace.jsonl"
+    )]
+    trace: PathBuf,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Time compression of the trace's arrival times.
+    #[arg(long, default_value_t = 100.0)]
+    speed: f64,
+    /// Seed of the random-routing baseline.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Print the results as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Keep the services running (until Ctrl-C) after the replay.
     #[arg(long)]
     keep_running: bool,
     /// Directory holding the service binaries (default: next to this one).
@@ -26,140 +62,303 @@ struct Args {
     bin_dir: Option<PathBuf>,
 }
 
-struct Service {
-    binary: &'static str,
-    role: &'static str,
-    args: &'static [&'static str],
+#[derive(Debug, Serialize)]
+struct Report {
+    engines: usize,
+    capacity_blocks: usize,
+    requests: usize,
+    policies: Vec<PolicyResult>,
+    lookup_p50_us: u128,
+    lookup_p99_us: u128,
+    routed_by_hint: u64,
+    engine_batches_published: u64,
+    index_batches_applied: f64,
+    index_entries: u64,
+    index_agrees_with_engines: bool,
+    wall_seconds: f64,
 }
 
-const SERVICES: &[Service] = &[
-    Service {
-        binary: "ic-index-server",
-        role: "prefix index, LookupRoute",
-        args: &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
-    },
-    Service {
-        binary: "ic-coordinator",
-        role: "LMCache fleet coordinator",
-        args: &["--host", "127.0.0.1", "--port", "0"],
-    },
-    Service {
-        binary: "ic-kvevent-subscriber",
-        role: "engine KV-event sidecar",
-        args: &[
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--model-id",
-            "demo/model",
-            "--replica-id",
-            "engine-0",
-            "--tenant",
-            "demo",
-        ],
-    },
-    Service {
-        binary: "ic-controller",
-        role: "CacheBackend controller",
-        args: &["--admin-addr", "127.0.0.1:0"],
-    },
-    Service {
-        binary: "ic-webhook",
-        role: "admission webhooks",
-        args: &["--admin-addr", "127.0.0.1:0"],
-    },
-];
+fn binary(dir: &std::path::Path, name: &str) -> anyhow::Result<PathBuf> {
+    let path = dir.join(name);
+    if !path.exists() {
+        bail!(
+            "{name} not found in {}: build with `cargo build --workspace --bins`",
+            dir.display()
+        );
+    }
+    Ok(path)
+}
 
-fn main() -> anyhow::Result<()> {
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let bin_dir = match args.bin_dir {
-        Some(dir) => dir,
+    if args.engines == 0 {
+        bail!("--engines must be at least 1");
+    }
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
         None => std::env::current_exe()?
             .parent()
             .context("binary has no directory")?
             .to_path_buf(),
     };
+    let mut trace = trace::read_trace(&args.trace).with_context(|| {
+        format!(
+            "reading the trace (run from the repository root, or pass --trace PATH): {}",
+            args.trace.display()
+        )
+    })?;
+    if let Some(n) = args.requests {
+        trace.truncate(n);
+    }
     let started = Instant::now();
-    let mut running = Vec::new();
-    println!("Starting {} services on loopback…\n", SERVICES.len());
-    for service in SERVICES {
-        let path = bin_dir.join(service.binary);
-        if !path.exists() {
-            bail!(
-                "{} not found in {}: build with `cargo build --workspace --bins`",
-                service.binary,
-                bin_dir.display()
-            );
+    let say = |msg: &str| {
+        if !args.json {
+            eprintln!("{msg}");
         }
-        let mut process = ServiceProcess::start(&path, service.args);
-        let addr = process.admin_addr();
-        wait_ready(addr)?;
-        let (_, metrics) = http_get(addr, "/metrics");
-        let families = metrics.lines().filter(|l| l.starts_with("# TYPE")).count();
-        running.push((service, process, addr, families));
-    }
-    println!(
-        "{:<24} {:<28} {:<22} {:>7} {:>9}",
-        "SERVICE", "ROLE", "HTTP", "READY", "METRICS"
+    };
+
+    say("starting index server and coordinator…");
+    let mut index = ServiceProcess::start(
+        &binary(&bin_dir, "ic-index-server")?,
+        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
     );
-    for (service, _, addr, families) in &running {
-        println!(
-            "{:<24} {:<28} {:<22} {:>7} {:>9}",
-            service.binary,
-            service.role,
-            addr.to_string(),
-            "yes",
-            families
-        );
-    }
-    println!(
-        "\nAll services live and ready in {:.1}s.",
-        started.elapsed().as_secs_f64()
+    let grpc = index.wait_for_log("grpc server listening")["fields"]["addr"]
+        .as_str()
+        .context("index server logged no gRPC address")?
+        .to_owned();
+    let index_http = index.admin_addr();
+    let mut coordinator = ServiceProcess::start(
+        &binary(&bin_dir, "ic-coordinator")?,
+        &["--host", "127.0.0.1", "--port", "0"],
     );
+    let coordinator_http = coordinator.admin_addr();
+
+    say(&format!(
+        "starting {} simulated engines and their subscribers…",
+        args.engines
+    ));
+    let subscriber_bin = binary(&bin_dir, "ic-kvevent-subscriber")?;
+    let mut engines = Vec::new();
+    let mut subscribers = Vec::new();
+    for i in 0..args.engines {
+        let engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+        subscribers.push(ServiceProcess::start(
+            &subscriber_bin,
+            &[
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--engine-endpoint",
+                &engine.events_endpoint(),
+                "--replay-endpoint",
+                &engine.replay_endpoint(),
+                "--topic",
+                "kv-events",
+                "--index-server",
+                &format!("http://{grpc}"),
+                "--model-id",
+                MODEL,
+                "--replica-id",
+                &format!("engine-{i}"),
+                "--tenant",
+                TENANT,
+                "--address",
+                &format!("127.0.0.{}:8000", i + 1),
+            ],
+        ));
+        engines.push(engine);
+    }
+    for engine in &mut engines {
+        engine.wait_for_subscriber().await;
+    }
+
+    let mut policies = vec![];
+    say(&format!(
+        "replaying {} requests ({}x speed)…",
+        trace.len(),
+        args.speed
+    ));
+    let total = trace.len();
+    let json = args.json;
+    let routed_config = fleet::RoutedConfig {
+        capacity: args.capacity_blocks,
+        grpc_url: format!("http://{grpc}"),
+        tenant: TENANT.to_owned(),
+        model: MODEL.to_owned(),
+        speed: args.speed,
+    };
+    let routed = fleet::run_routed(&trace, &mut engines, &routed_config, |done| {
+        if !json && (done % 50 == 0 || done == total) {
+            let width = 30;
+            let filled = done * width / total.max(1);
+            eprint!(
+                "\r  [{}{}] {done}/{total}",
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            if done == total {
+                eprintln!();
+            }
+        }
+    })
+    .await?;
+    policies.push(routed.result.clone());
+    policies.extend(fleet::simulate_baselines(
+        &trace,
+        args.engines,
+        args.capacity_blocks,
+        args.seed,
+    ));
+
+    // The index must end up holding exactly what the engines hold.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (agrees, entries) = loop {
+        let (_, body) = http_get(index_http, "/snapshot");
+        let snapshot: serde_json::Value = serde_json::from_str(&body)?;
+        let entries = snapshot["entries"].as_u64().unwrap_or(0);
+        let rows = snapshot["replicas"].as_array().cloned().unwrap_or_default();
+        let agrees = routed.caches.iter().enumerate().all(|(i, cache)| {
+            rows.iter().any(|r| {
+                r["replicaId"] == format!("engine-{i}")
+                    && r["prefixCount"].as_u64() == Some(cache.len() as u64)
+            })
+        });
+        if agrees || Instant::now() > deadline {
+            break (agrees, entries);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let (_, index_metrics) = http_get(index_http, "/metrics");
+    let mut latencies = routed.latencies.clone();
+    latencies.sort();
+    let report = Report {
+        engines: args.engines,
+        capacity_blocks: args.capacity_blocks,
+        requests: trace.len(),
+        policies,
+        lookup_p50_us: percentile(&latencies, 50.0).as_micros(),
+        lookup_p99_us: percentile(&latencies, 99.0).as_micros(),
+        routed_by_hint: routed.routed_by_hint,
+        engine_batches_published: routed.batches_published,
+        index_batches_applied: metric(
+            &index_metrics,
+            "inferencecache_index_ingest_batches_total{result=\"applied\"}",
+        ),
+        index_entries: entries,
+        index_agrees_with_engines: agrees,
+        wall_seconds: started.elapsed().as_secs_f64(),
+    };
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
 
     if args.keep_running {
-        println!("Services stay up; press Ctrl-C to stop them.");
-        let (tx, rx) = std::sync::mpsc::channel();
-        ctrl_c(tx);
-        let _ = rx.recv();
+        println!("\nServices stay up; press Ctrl-C to stop them.");
+        println!("  index server gRPC     http://{grpc}  (LookupRoute)");
+        println!("  index server HTTP     http://{index_http}  (/snapshot, /metrics)");
+        println!("  coordinator           http://{coordinator_http}");
+        for (i, s) in subscribers.iter_mut().enumerate() {
+            println!("  subscriber engine-{i}  http://{}/metrics", s.admin_addr());
+        }
+        wait_for_ctrl_c().await;
     }
 
-    println!("Stopping with SIGTERM…");
-    let mut failures = Vec::new();
-    for (service, process, _, _) in &mut running {
+    let mut unclean = Vec::new();
+    for (name, process) in subscribers
+        .iter_mut()
+        .map(|p| ("ic-kvevent-subscriber", p))
+        .chain([
+            ("ic-index-server", &mut index),
+            ("ic-coordinator", &mut coordinator),
+        ])
+    {
         let status = process.stop();
         if !status.success() {
-            failures.push(format!("{} exited with {status}", service.binary));
+            unclean.push(format!("{name} exited with {status}"));
         }
     }
-    if !failures.is_empty() {
-        bail!("unclean shutdown: {}", failures.join("; "));
+    if !unclean.is_empty() {
+        bail!("unclean shutdown: {}", unclean.join("; "));
     }
-    println!("All services stopped cleanly.");
-    Ok(())
-}
-
-fn wait_ready(addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get(addr, "/ready").0 != 200 {
-        if Instant::now() > deadline {
-            bail!("{addr} not ready after 30s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if !report.index_agrees_with_engines {
+        bail!("the index did not converge to the engines' cache contents");
     }
     Ok(())
 }
 
-/// Forwards the first SIGINT/SIGTERM to `tx` (blocking the signals and
-/// waiting for them on a helper thread, so no unsafe handler is needed).
-fn ctrl_c(tx: std::sync::mpsc::Sender<()>) {
-    use nix::sys::signal::{SigSet, SigmaskHow, pthread_sigmask};
-    let mut set = SigSet::empty();
-    set.add(Signal::SIGINT);
-    set.add(Signal::SIGTERM);
-    // Block in this thread (inherited by the helper) so delivery is synchronous.
-    let _ = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&set), None);
-    std::thread::spawn(move || {
-        let _ = set.wait();
-        let _ = tx.send(());
-    });
+fn print_table(r: &Report) {
+    println!(
+        "\n{} requests, {} engines × {} blocks of KV cache\n",
+        r.requests, r.engines, r.capacity_blocks
+    );
+    println!(
+        "{:<30} {:>10} {:>10} {:>22}",
+        "ROUTING", "REQUESTS", "HIT RATIO", "PREFILL TOKENS SAVED"
+    );
+    for p in &r.policies {
+        println!(
+            "{:<30} {:>10} {:>9.1}% {:>14} ({:>4.1}%)",
+            p.policy,
+            p.requests,
+            100.0 * p.hit_ratio(),
+            p.prefill_tokens_saved,
+            if p.prompt_tokens == 0 {
+                0.0
+            } else {
+                100.0 * p.prefill_tokens_saved as f64 / p.prompt_tokens as f64
+            }
+        );
+    }
+    println!();
+    println!(
+        "LookupRoute latency        p50 {} µs, p99 {} µs (gRPC round trip on loopback)",
+        r.lookup_p50_us, r.lookup_p99_us
+    );
+    println!(
+        "routed by a prefix hint    {} of {} requests",
+        r.routed_by_hint, r.requests
+    );
+    println!(
+        "engine batches → index     {} published, {} applied",
+        r.engine_batches_published, r.index_batches_applied
+    );
+    println!(
+        "index size                 {} entries; matches every engine's cache: {}",
+        r.index_entries,
+        if r.index_agrees_with_engines {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+    println!("wall time                  {:.1} s", r.wall_seconds);
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM.
+async fn wait_for_ctrl_c() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }

@@ -1,0 +1,335 @@
+//! Replaying a trace across a fleet of simulated engines, routed four ways.
+//!
+//! * `lookup-route`: the real thing. Each engine publishes its cache changes
+//!   in the vLLM wire over ZMQ to its own `ic-kvevent-subscriber`, which
+//!   feeds the `ic-index-server`; a gateway loop asks `LookupRoute` (with
+//!   block hashes it computes itself) and falls back to the least-loaded
+//!   engine on NO_HINT.
+//! * `round-robin` and `random`: the same engines, simulated in-process.
+//! * `oracle`: one unbounded cache, the ceiling no routing can beat.
+
+use std::time::{Duration, Instant};
+
+use ic_e2e::engine::FakeEngine;
+use ic_kvevents::Medium;
+use ic_kvevents::chain_fingerprints;
+use ic_kvevents::encode::{gpu_store, removal};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use serde::Serialize;
+
+use crate::cache::{PrefixCache, Served};
+use crate::trace::TraceRequest;
+
+/// Tokens per simulated engine block (one per trace block id).
+pub const ENGINE_BLOCK_TOKENS: u32 = 16;
+/// Tokens per trace block.
+pub const TRACE_BLOCK_TOKENS: u64 = 512;
+
+/// The token ids standing for trace block `id` (distinct for every id).
+pub fn block_tokens(id: u64) -> Vec<u32> {
+    (0..u64::from(ENGINE_BLOCK_TOKENS))
+        .map(|j| u32::try_from(id * u64::from(ENGINE_BLOCK_TOKENS) + j).unwrap_or(u32::MAX))
+        .collect()
+}
+
+/// Hit statistics of one routing policy.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PolicyResult {
+    /// Policy name.
+    pub policy: String,
+    /// Requests routed.
+    pub requests: u64,
+    /// Prompt blocks over all requests.
+    pub prompt_blocks: u64,
+    /// Blocks served from cache.
+    pub hit_blocks: u64,
+    /// Prompt tokens whose prefill was skipped.
+    pub prefill_tokens_saved: u64,
+    /// Prompt tokens over all requests.
+    pub prompt_tokens: u64,
+}
+
+impl PolicyResult {
+    fn new(policy: &str) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    fn record(&mut self, request: &TraceRequest, hit_blocks: usize) {
+        self.requests += 1;
+        self.prompt_blocks += request.hash_ids.len() as u64;
+        self.hit_blocks += hit_blocks as u64;
+        self.prefill_tokens_saved +=
+            (hit_blocks as u64 * TRACE_BLOCK_TOKENS).min(request.input_length);
+        self.prompt_tokens += request.input_length;
+    }
+
+    /// Fraction of prompt blocks served from cache.
+    pub fn hit_ratio(&self) -> f64 {
+        if self.prompt_blocks == 0 {
+            0.0
+        } else {
+            self.hit_blocks as f64 / self.prompt_blocks as f64
+        }
+    }
+}
+
+/// A small deterministic PRNG (xorshift64*), so runs are reproducible.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded generator.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let v = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        (v % n.max(1) as u64) as usize
+    }
+}
+
+/// Routes the trace with round-robin, random and the oracle, in-process.
+pub fn simulate_baselines(
+    trace: &[TraceRequest],
+    engines: usize,
+    capacity: usize,
+    seed: u64,
+) -> Vec<PolicyResult> {
+    let mut rr = (
+        PolicyResult::new("round-robin"),
+        vec![PrefixCache::new(capacity); engines],
+    );
+    let mut random = (
+        PolicyResult::new("random"),
+        vec![PrefixCache::new(capacity); engines],
+    );
+    let mut oracle = (
+        PolicyResult::new("oracle (one unbounded cache)"),
+        PrefixCache::new(usize::MAX),
+    );
+    let mut rng = Rng::new(seed);
+    for (i, request) in trace.iter().enumerate() {
+        let served = rr.1[i % engines].serve(&request.hash_ids);
+        rr.0.record(request, served.hit_blocks);
+        let served = random.1[rng.below(engines)].serve(&request.hash_ids);
+        random.0.record(request, served.hit_blocks);
+        let served = oracle.1.serve(&request.hash_ids);
+        oracle.0.record(request, served.hit_blocks);
+    }
+    vec![rr.0, random.0, oracle.0]
+}
+
+/// The engine-side batch for what serving a request changed.
+pub fn events_for(served: &Served) -> Vec<ic_kvevents::KvEvent> {
+    let mut events = Vec::new();
+    let mut i = 0;
+    while i < served.stored.len() {
+        // A run of blocks each the parent of the next becomes one store.
+        let (first, parent) = served.stored[i];
+        let mut ids = vec![first];
+        let mut j = i + 1;
+        while j < served.stored.len() && served.stored[j].1 == Some(served.stored[j - 1].0) {
+            ids.push(served.stored[j].0);
+            j += 1;
+        }
+        let tokens = ids.iter().flat_map(|id| block_tokens(*id)).collect();
+        events.push(gpu_store(ids, parent, tokens, ENGINE_BLOCK_TOKENS));
+        i = j;
+    }
+    if !served.evicted.is_empty() {
+        events.push(removal(served.evicted.clone(), Medium::Gpu));
+    }
+    events
+}
+
+/// Outcome of the routed replay.
+#[derive(Debug)]
+pub struct RoutedRun {
+    /// Hit statistics.
+    pub result: PolicyResult,
+    /// LookupRoute round-trip latencies.
+    pub latencies: Vec<Duration>,
+    /// Requests routed by a PREFIX_MATCH answer.
+    pub routed_by_hint: u64,
+    /// The engines' true caches at the end.
+    pub caches: Vec<PrefixCache>,
+    /// Engine event batches published.
+    pub batches_published: u64,
+}
+
+/// Where and how the routed replay runs.
+#[derive(Clone, Debug)]
+pub struct RoutedConfig {
+    /// Blocks per engine cache.
+    pub capacity: usize,
+    /// Index server gRPC URL.
+    pub grpc_url: String,
+    /// Tenant of the engines.
+    pub tenant: String,
+    /// Model the engines serve.
+    pub model: String,
+    /// Time compression of arrival times.
+    pub speed: f64,
+}
+
+/// Replays the trace through the real index: engines publish over ZMQ, the
+/// gateway routes with LookupRoute.
+pub async fn run_routed(
+    trace: &[TraceRequest],
+    engines: &mut [FakeEngine],
+    config: &RoutedConfig,
+    mut progress: impl FnMut(usize),
+) -> anyhow::Result<RoutedRun> {
+    let RoutedConfig {
+        capacity,
+        grpc_url,
+        tenant,
+        model,
+        speed,
+    } = config;
+    let (capacity, speed) = (*capacity, *speed);
+    let mut client = IndexServiceClient::connect(grpc_url.clone()).await?;
+    let mut caches = vec![PrefixCache::new(capacity); engines.len()];
+    let mut load = vec![0u64; engines.len()];
+    let mut run = RoutedRun {
+        result: PolicyResult::new("lookup-route"),
+        latencies: Vec::with_capacity(trace.len()),
+        routed_by_hint: 0,
+        caches: Vec::new(),
+        batches_published: 0,
+    };
+    let start = tokio::time::Instant::now();
+    let first_ts = trace.first().map_or(0, |r| r.timestamp_ms);
+    for (i, request) in trace.iter().enumerate() {
+        let at = Duration::from_secs_f64(
+            (request.timestamp_ms - first_ts) as f64 / 1000.0 / speed.max(1e-9),
+        );
+        tokio::time::sleep_until(start + at).await;
+        let tokens: Vec<u32> = request
+            .hash_ids
+            .iter()
+            .flat_map(|id| block_tokens(*id))
+            .collect();
+        let hashes = chain_fingerprints(None, &tokens, ENGINE_BLOCK_TOKENS as usize);
+        let asked = Instant::now();
+        let answer = client
+            .lookup_route(pb::LookupRouteRequest {
+                scope: Some(pb::IndexScope {
+                    tenant: tenant.clone(),
+                    model: model.clone(),
+                    hash_scheme: pb::HashScheme::Vllm as i32,
+                    adapter: String::new(),
+                }),
+                key: Some(pb::lookup_route_request::Key::BlockHashes(
+                    pb::BlockHashes { hashes },
+                )),
+                candidate_replicas: Vec::new(),
+            })
+            .await?
+            .into_inner();
+        run.latencies.push(asked.elapsed());
+        let hinted = answer
+            .best
+            .and_then(|b| b.replica)
+            .and_then(|r| r.replica_id.strip_prefix("engine-")?.parse::<usize>().ok())
+            .filter(|e| *e < engines.len());
+        let target = match hinted {
+            Some(e) => {
+                run.routed_by_hint += 1;
+                e
+            }
+            None => (0..engines.len()).min_by_key(|e| load[*e]).unwrap_or(0),
+        };
+        load[target] += 1;
+        let served = caches[target].serve(&request.hash_ids);
+        run.result.record(request, served.hit_blocks);
+        let events = events_for(&served);
+        if !events.is_empty() {
+            engines[target].publish(&events).await;
+            run.batches_published += 1;
+        }
+        progress(i + 1);
+    }
+    run.caches = caches;
+    Ok(run)
+}
+
+/// Nearest-rank percentile.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(ids: &[u64]) -> TraceRequest {
+        TraceRequest {
+            timestamp_ms: 0,
+            input_length: ids.len() as u64 * TRACE_BLOCK_TOKENS,
+            hash_ids: ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn stores_group_into_chains_and_evictions_follow() {
+        let served = Served {
+            hit_blocks: 1,
+            stored: vec![(2, Some(1)), (3, Some(2)), (9, Some(7))],
+            evicted: vec![4],
+        };
+        let events = events_for(&served);
+        assert_eq!(events.len(), 3);
+        assert_eq!(
+            events[0],
+            gpu_store(
+                vec![2, 3],
+                Some(1),
+                [block_tokens(2), block_tokens(3)].concat(),
+                16
+            )
+        );
+        assert_eq!(events[2], removal(vec![4], Medium::Gpu));
+    }
+
+    #[test]
+    fn the_oracle_bounds_every_baseline() {
+        let trace: Vec<TraceRequest> = (0..200).map(|i| req(&[0, 1, 2, 100 + i % 7])).collect();
+        let results = simulate_baselines(&trace, 4, 3, 7);
+        let oracle = results
+            .iter()
+            .find(|r| r.policy.starts_with("oracle"))
+            .unwrap();
+        for r in &results {
+            assert!(r.hit_ratio() <= oracle.hit_ratio() + 1e-9, "{r:?}");
+            assert_eq!(r.requests, 200);
+        }
+        assert!(oracle.hit_ratio() > 0.7);
+    }
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let d: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&d, 50.0), Duration::from_millis(50));
+        assert_eq!(percentile(&d, 99.0), Duration::from_millis(99));
+        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn block_tokens_are_distinct_per_id() {
+        assert_ne!(block_tokens(1), block_tokens(2));
+        assert_eq!(block_tokens(1).len(), 16);
+    }
+}

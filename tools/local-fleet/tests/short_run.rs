@@ -1,0 +1,58 @@
+//! A short end-to-end run of the main job: real services, simulated engines
+//! over ZMQ, LookupRoute routing. At the end every engine's true cache and
+//! the index agree exactly, and cache-aware routing beats random routing.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn a_short_trace_replay_converges_and_beats_random_routing() {
+    let index_server = ic_e2e::workspace_binary("ic-index-server");
+    let bin_dir = index_server.parent().unwrap();
+    let trace = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/data/traces/mooncake_synthetic_trace.jsonl"
+    );
+    assert!(
+        std::path::Path::new(trace).exists(),
+        "the workload trace must sit beside the repository at {trace}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-local-fleet"))
+        .args([
+            "--requests",
+            "400",
+            "--engines",
+            "4",
+            "--capacity-blocks",
+            "600",
+            "--speed",
+            "400",
+            "--json",
+        ])
+        .args(["--trace", trace])
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "local fleet failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["index_agrees_with_engines"], true, "{report}");
+    assert_eq!(report["requests"], 400);
+    let ratio = |name: &str| {
+        let p = report["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"].as_str().unwrap().starts_with(name))
+            .unwrap();
+        p["hit_blocks"].as_f64().unwrap() / p["prompt_blocks"].as_f64().unwrap()
+    };
+    assert!(ratio("lookup-route") > ratio("random"), "{report}");
+    assert!(ratio("lookup-route") <= ratio("oracle") + 1e-9, "{report}");
+}
