@@ -110,6 +110,41 @@ impl FakeEngine {
         format!("tcp://127.0.0.1:{}", self.replay_port)
     }
 
+    /// Flags for an `ic-kvevent-subscriber` reading this engine (topic
+    /// `kv-events`, replay enabled) and forwarding to `index_url`.
+    pub fn subscriber_args(
+        &self,
+        index_url: &str,
+        replica_id: &str,
+        tenant: &str,
+        model: &str,
+        address: &str,
+    ) -> Vec<String> {
+        [
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--engine-endpoint",
+            &self.events_endpoint(),
+            "--replay-endpoint",
+            &self.replay_endpoint(),
+            "--topic",
+            "kv-events",
+            "--index-server",
+            index_url,
+            "--model-id",
+            model,
+            "--replica-id",
+            replica_id,
+            "--tenant",
+            tenant,
+            "--address",
+            address,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    }
+
     /// Waits until a subscriber has connected (and had time to subscribe).
     pub async fn wait_for_subscriber(&mut self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);

@@ -50,28 +50,17 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
     let mut sidecars = Vec::new();
     for (i, name) in ["llama-0", "llama-1"].iter().enumerate() {
         let engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+        let args = engine.subscriber_args(
+            &format!("http://{grpc}"),
+            name,
+            "team-a",
+            "meta-llama/Llama-3.1-8B",
+            &format!("10.0.0.{i}:8000"),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         sidecars.push(ServiceProcess::start(
             &workspace_binary("ic-kvevent-subscriber"),
-            &[
-                "--admin-addr",
-                "127.0.0.1:0",
-                "--engine-endpoint",
-                &engine.events_endpoint(),
-                "--replay-endpoint",
-                &engine.replay_endpoint(),
-                "--topic",
-                "kv-events",
-                "--index-server",
-                &format!("http://{grpc}"),
-                "--model-id",
-                "meta-llama/Llama-3.1-8B",
-                "--replica-id",
-                name,
-                "--tenant",
-                "team-a",
-                "--address",
-                &format!("10.0.0.{i}:8000"),
-            ],
+            &args,
         ));
         engines.push(engine);
     }

@@ -121,6 +121,52 @@ impl Shards<'_> {
     }
 }
 
+/// Whether replica `idx` may appear in an answer for `scope`.
+fn eligible(
+    reg: &Registry,
+    idx: ReplicaIdx,
+    scope: ScopeId,
+    candidates: Option<&HashSet<String>>,
+    fresh_since_ms: Option<i64>,
+) -> bool {
+    let Some(Some(meta)) = reg.replicas.get(idx as usize) else {
+        return false;
+    };
+    meta.scope == scope
+        && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
+        && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
+}
+
+/// Orders matches best first: longest, then T1 before T2, then the replica
+/// heard from most recently, then by key (deterministic).
+fn ranked(reg: &Registry, scope: ScopeId, matches: Vec<(ReplicaIdx, u32, Tier)>) -> LookupOutcome {
+    let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
+    let mut out: Vec<(Candidate, i64)> = matches
+        .into_iter()
+        .filter_map(|(idx, matched_blocks, tier)| {
+            let meta = reg.replicas.get(idx as usize)?.as_ref()?;
+            Some((
+                Candidate {
+                    replica: meta.key.clone(),
+                    address: meta.address.clone(),
+                    matched_blocks,
+                    block_size,
+                    tier,
+                },
+                meta.last_seen_ms.load(Ordering::Relaxed),
+            ))
+        })
+        .collect();
+    out.sort_by(|(a, a_seen), (b, b_seen)| {
+        b.matched_blocks
+            .cmp(&a.matched_blocks)
+            .then(a.tier.cmp(&b.tier))
+            .then(b_seen.cmp(a_seen))
+            .then(a.replica.cmp(&b.replica))
+    });
+    LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
+}
+
 fn held_fingerprints(writer: &Writer, idx: ReplicaIdx) -> Vec<Fingerprint> {
     writer
         .holdings
@@ -605,16 +651,7 @@ impl Index {
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return LookupOutcome::UnknownScope;
         };
-        let block_size = reg.block_sizes.get(&scope_id).copied().unwrap_or(0);
-        let metas = &reg.replicas;
-        let eligible = |idx: ReplicaIdx| -> bool {
-            let Some(Some(meta)) = metas.get(idx as usize) else {
-                return false;
-            };
-            meta.scope == scope_id
-                && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
-                && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
-        };
+        let eligible = |idx: ReplicaIdx| eligible(&reg, idx, scope_id, candidates, fresh_since_ms);
         let Some((&first, rest)) = fingerprints.split_first() else {
             return LookupOutcome::NoEntry;
         };
@@ -654,30 +691,7 @@ impl Index {
             matched += 1;
         }
         finished.extend(active.iter().map(|&(idx, tier)| (idx, matched, tier)));
-        let mut out: Vec<(Candidate, i64)> = finished
-            .into_iter()
-            .filter_map(|(idx, matched_blocks, tier)| {
-                let meta = metas.get(idx as usize)?.as_ref()?;
-                Some((
-                    Candidate {
-                        replica: meta.key.clone(),
-                        address: meta.address.clone(),
-                        matched_blocks,
-                        block_size,
-                        tier,
-                    },
-                    meta.last_seen_ms.load(Ordering::Relaxed),
-                ))
-            })
-            .collect();
-        out.sort_by(|(a, a_seen), (b, b_seen)| {
-            b.matched_blocks
-                .cmp(&a.matched_blocks)
-                .then(a.tier.cmp(&b.tier))
-                .then(b_seen.cmp(a_seen))
-                .then(a.replica.cmp(&b.replica))
-        });
-        LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
+        ranked(&reg, scope_id, finished)
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
@@ -689,52 +703,26 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
     ) -> LookupOutcome {
-        // Held for the whole lookup: shared, and written only when replicas
-        // join, leave or move.
         let reg = self.registry.read();
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return LookupOutcome::UnknownScope;
         };
-        let block_size = reg.block_sizes.get(&scope_id).copied().unwrap_or(0);
-        let metas = &reg.replicas;
-        let shard = self.shard(scope_id, fingerprint).read();
-        let Some(entry) = shard.map.get(&(scope_id, fingerprint)) else {
-            return LookupOutcome::NoEntry;
+        let matches: Vec<(ReplicaIdx, u32, Tier)> = {
+            let shard = self.shard(scope_id, fingerprint).read();
+            let Some(entry) = shard.map.get(&(scope_id, fingerprint)) else {
+                return LookupOutcome::NoEntry;
+            };
+            entry
+                .holders
+                .iter()
+                .filter(|h| eligible(&reg, h.replica, scope_id, candidates, fresh_since_ms))
+                .map(|h| (h.replica, entry.depth.saturating_add(1), h.tier))
+                .collect()
         };
-        let mut out: Vec<(Candidate, i64)> = entry
-            .holders
-            .iter()
-            .filter_map(|h| {
-                let meta = metas.get(h.replica as usize)?.as_ref()?;
-                let seen = meta.last_seen_ms.load(Ordering::Relaxed);
-                let keep = meta.scope == scope_id
-                    && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
-                    && fresh_since_ms.is_none_or(|t| seen >= t);
-                keep.then(|| {
-                    (
-                        Candidate {
-                            replica: meta.key.clone(),
-                            address: meta.address.clone(),
-                            matched_blocks: entry.depth.saturating_add(1),
-                            block_size,
-                            tier: h.tier,
-                        },
-                        seen,
-                    )
-                })
-            })
-            .collect();
-        drop(shard);
-        if out.is_empty() {
+        if matches.is_empty() {
             return LookupOutcome::NoEntry;
         }
-        out.sort_by(|(a, a_seen), (b, b_seen)| {
-            a.tier
-                .cmp(&b.tier)
-                .then(b_seen.cmp(a_seen))
-                .then(a.replica.cmp(&b.replica))
-        });
-        LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
+        ranked(&reg, scope_id, matches)
     }
 
     // === snapshot ===

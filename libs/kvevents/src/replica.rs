@@ -135,6 +135,18 @@ struct Block {
 }
 
 impl Block {
+    /// This one block held at `tier`, as of its last change.
+    fn stored_at(&self, tier: Tier) -> IndexChange {
+        IndexChange::Stored {
+            parent: self.parent,
+            start_depth: self.depth,
+            fingerprints: vec![self.fingerprint],
+            block_size: self.block_size,
+            tier,
+            at_ms: self.at_ms,
+        }
+    }
+
     fn tier(&self) -> Option<Tier> {
         if self.gpu_refs > 0 {
             Some(Tier::T1)
@@ -233,16 +245,7 @@ impl ReplicaState {
         blocks.sort_by_key(|b| (b.depth, b.fingerprint));
         blocks
             .into_iter()
-            .filter_map(|b| {
-                Some(IndexChange::Stored {
-                    parent: b.parent,
-                    start_depth: b.depth,
-                    fingerprints: vec![b.fingerprint],
-                    block_size: b.block_size,
-                    tier: b.tier()?,
-                    at_ms: b.at_ms,
-                })
-            })
+            .filter_map(|b| Some(b.stored_at(b.tier()?)))
             .collect()
     }
 
@@ -400,14 +403,7 @@ impl ReplicaState {
             match (before, block.tier()) {
                 (Some(Tier::T1), Some(Tier::T2)) => {
                     block.at_ms = at_ms;
-                    out.push(IndexChange::Stored {
-                        parent: block.parent,
-                        start_depth: block.depth,
-                        fingerprints: vec![block.fingerprint],
-                        block_size: block.block_size,
-                        tier: Tier::T2,
-                        at_ms,
-                    });
+                    out.push(block.stored_at(Tier::T2));
                 }
                 (Some(_), None) => {
                     evicted.push(block.fingerprint);
@@ -440,14 +436,7 @@ impl ReplicaState {
                         // The index just dropped its T1 entry; the offload
                         // medium still holds the block.
                         block.at_ms = at_ms;
-                        demoted.push(IndexChange::Stored {
-                            parent: block.parent,
-                            start_depth: block.depth,
-                            fingerprints: vec![block.fingerprint],
-                            block_size: block.block_size,
-                            tier: Tier::T2,
-                            at_ms,
-                        });
+                        demoted.push(block.stored_at(Tier::T2));
                     }
                     true
                 }

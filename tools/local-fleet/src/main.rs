@@ -24,6 +24,7 @@ use serde::Serialize;
 use crate::fleet::{PolicyResult, percentile};
 
 const TENANT: &str = "demo";
+const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_synthetic_trace.jsonl";
 const MODEL: &str = "demo/llama-3.1-8b";
 
 /// Run the InferenceCache data plane on this machine and replay a trace.
@@ -37,11 +38,13 @@ struct Args {
     #[arg(long, default_value_t = 1500)]
     capacity_blocks: usize,
     /// Mooncake-format trace (timestamp, input_length, hash_ids per line).
-    #[arg(
-        long,
-        default_value = "../shared/data/traces/mooncake_synthetic_trace.jsonl"
-    )]
+    /// When the default is absent, a synthetic chat workload is used.
+    #[arg(long, default_value = DEFAULT_TRACE)]
     trace: PathBuf,
+    /// Replay a synthetic chat workload (shared system prompts, multi-turn
+    /// sessions) instead of a trace file.
+    #[arg(long)]
+    synthetic: bool,
     /// Replay only the first N requests.
     #[arg(long)]
     requests: Option<usize>,
@@ -109,12 +112,24 @@ async fn main() -> anyhow::Result<()> {
             .context("binary has no directory")?
             .to_path_buf(),
     };
-    let mut trace = trace::read_trace(&args.trace).with_context(|| {
-        format!(
-            "reading the trace (run from the repository root, or pass --trace PATH): {}",
-            args.trace.display()
-        )
-    })?;
+    let use_synthetic = args.synthetic
+        || (args.trace == std::path::Path::new(DEFAULT_TRACE) && !args.trace.exists());
+    let mut trace = if use_synthetic {
+        if !args.synthetic && !args.json {
+            eprintln!(
+                "{DEFAULT_TRACE} not found (run from the repository root to use it); \
+                 replaying a synthetic chat workload instead"
+            );
+        }
+        trace::synthetic(200, 12, 16)
+    } else {
+        trace::read_trace(&args.trace).with_context(|| {
+            format!(
+                "reading the trace (run from the repository root, or pass --trace PATH): {}",
+                args.trace.display()
+            )
+        })?
+    };
     if let Some(n) = args.requests {
         trace.truncate(n);
     }
@@ -150,29 +165,15 @@ async fn main() -> anyhow::Result<()> {
     let mut subscribers = Vec::new();
     for i in 0..args.engines {
         let engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
-        subscribers.push(ServiceProcess::start(
-            &subscriber_bin,
-            &[
-                "--admin-addr",
-                "127.0.0.1:0",
-                "--engine-endpoint",
-                &engine.events_endpoint(),
-                "--replay-endpoint",
-                &engine.replay_endpoint(),
-                "--topic",
-                "kv-events",
-                "--index-server",
-                &format!("http://{grpc}"),
-                "--model-id",
-                MODEL,
-                "--replica-id",
-                &format!("engine-{i}"),
-                "--tenant",
-                TENANT,
-                "--address",
-                &format!("127.0.0.{}:8000", i + 1),
-            ],
-        ));
+        let args = engine.subscriber_args(
+            &format!("http://{grpc}"),
+            &format!("engine-{i}"),
+            TENANT,
+            MODEL,
+            &format!("127.0.0.{}:8000", i + 1),
+        );
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        subscribers.push(ServiceProcess::start(&subscriber_bin, &args));
         engines.push(engine);
     }
     for engine in &mut engines {

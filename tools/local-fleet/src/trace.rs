@@ -70,9 +70,67 @@ pub fn parse_trace(text: &str) -> Result<Vec<TraceRequest>, (usize, String)> {
     Ok(out)
 }
 
+/// A synthetic chat workload in the same format: `sessions` conversations
+/// of `turns` turns each, interleaved; every conversation starts with one
+/// of `system_prompts` shared system prompts (8 blocks) and each turn extends
+/// the conversation by 3 blocks. Deterministic.
+pub fn synthetic(sessions: u64, turns: u64, system_prompts: u64) -> Vec<TraceRequest> {
+    const SYSTEM_BLOCKS: u64 = 8;
+    const TURN_BLOCKS: u64 = 3;
+    let system_prompts = system_prompts.max(1);
+    // Ids 0.. are the system prompts' blocks; turns draw fresh ids after them.
+    let mut next_id = system_prompts * SYSTEM_BLOCKS;
+    let mut history: Vec<Vec<u64>> = (0..sessions)
+        .map(|s| {
+            let base = (s % system_prompts) * SYSTEM_BLOCKS;
+            (base..base + SYSTEM_BLOCKS).collect()
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut clock = 0;
+    for turn in 0..turns {
+        // Sessions arrive in a different order every turn, so no routing
+        // policy gets session affinity for free.
+        let mut order: Vec<usize> = (0..history.len()).collect();
+        order.sort_by_key(|&s| {
+            (s as u64 ^ turn.wrapping_mul(0x9e37_79b9)).wrapping_mul(0x2545_f491_4f6c_dd1d)
+        });
+        for s in order {
+            let ids = &mut history[s];
+            ids.extend(next_id..next_id + TURN_BLOCKS);
+            next_id += TURN_BLOCKS;
+            out.push(TraceRequest {
+                timestamp_ms: clock,
+                input_length: ids.len() as u64 * 512,
+                hash_ids: ids.clone(),
+            });
+            clock += 100;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn synthetic_sessions_share_system_prompts_and_grow() {
+        let t = synthetic(4, 2, 2);
+        assert_eq!(t.len(), 8);
+        let prompts: std::collections::BTreeSet<&[u64]> =
+            t[..4].iter().map(|r| &r.hash_ids[..8]).collect();
+        assert_eq!(prompts.len(), 2, "two shared system prompts");
+        for later in &t[4..] {
+            assert!(
+                t[..4]
+                    .iter()
+                    .any(|first| later.hash_ids.starts_with(&first.hash_ids)
+                        && later.hash_ids.len() == first.hash_ids.len() + 3),
+                "every second turn extends a first turn"
+            );
+        }
+    }
 
     #[test]
     fn parses_lines_and_names_bad_ones() {

@@ -1,5 +1,5 @@
-//! A short end-to-end run of the main job: real services, simulated engines
-//! over ZMQ, LookupRoute routing. At the end every engine's true cache and
+//! A short end-to-end run of the main job on its synthetic chat workload:
+//! real services, simulated engines over ZMQ, LookupRoute routing. At the end every engine's true cache and
 //! the index agree exactly, and cache-aware routing beats random routing.
 
 #![allow(clippy::unwrap_used)]
