@@ -220,10 +220,19 @@ impl Index {
     }
 
     fn shard_index(&self, scope: ScopeId, fp: Fingerprint) -> usize {
-        let mix = fp ^ u64::from(scope).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        // Masking keeps the shard index in range by construction.
+        // The shard comes from the top bits of a second multiplicative hash,
+        // so the bits each shard's hash table indexes by (the key's low bits)
+        // stay uniform within a shard. (Taking the shard from those same bits
+        // left most buckets unreachable and made inserts quadratic.)
+        let mix = (fp ^ u64::from(scope).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let bits = self.shards.len().trailing_zeros();
+        if bits == 0 {
+            return 0;
+        }
+        // The shift leaves `bits` (< 64) bits: always a valid index.
         #[allow(clippy::cast_possible_truncation)]
-        let i = (mix >> 7) as usize & (self.shards.len() - 1);
+        let i = (mix >> (64 - bits)) as usize;
         i
     }
 

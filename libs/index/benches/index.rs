@@ -1,0 +1,137 @@
+//! Index benchmarks: apply throughput, lookup latency at scale, and bytes
+//! per resident (replica, block) entry as the allocator counts them.
+//!
+//! Run: `cargo bench -p ic-index --bench index`
+//! (`IC_BENCH_ENTRIES=10000000` for the 10M-entry point; default 1M.)
+
+use std::alloc::System;
+use std::collections::HashSet;
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const REPLICAS: u32 = 256;
+const CHAIN: u32 = 1024;
+
+fn scope() -> Scope {
+    Scope {
+        tenant: "bench".into(),
+        model: "m".into(),
+        hash_scheme: HashScheme::Vllm,
+        adapter: String::new(),
+    }
+}
+
+fn key(r: u32) -> ReplicaKey {
+    ReplicaKey {
+        tenant: "bench".into(),
+        replica_id: format!("engine-{r}"),
+        dp_rank: 0,
+    }
+}
+
+/// Fingerprint of block `depth` of prompt family `family` (stand-ins: any
+/// distinct u64s behave the same in the index).
+fn fp(family: u64, depth: u32) -> u64 {
+    (family << 20 | u64::from(depth)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Fills an index with `entries` (replica, block) entries: each replica
+/// holds chains of up to CHAIN blocks; chains are shared by 4 replicas so
+/// lookups see realistic candidate sets.
+fn build(entries: u64) -> Index {
+    let index = Index::new(IndexConfig {
+        capacity_entries: entries * 2,
+        shards: 64,
+    });
+    let per_replica = entries / u64::from(REPLICAS);
+    for r in 0..REPLICAS {
+        let mut held = 0u64;
+        let mut family = u64::from(r / 4) * 1_000_000;
+        while held < per_replica {
+            let len = CHAIN.min(u32::try_from(per_replica - held).unwrap_or(CHAIN));
+            let change = Change::Stored {
+                start_depth: 0,
+                fingerprints: (0..len).map(|d| fp(family, d)).collect(),
+                block_size: 16,
+                tier: Tier::T1,
+            };
+            index.apply(&key(r), &scope(), "10.0.0.1:8000", &[change], 1);
+            held += u64::from(len);
+            family += 1;
+        }
+    }
+    index
+}
+
+fn bench_apply(c: &mut Criterion) {
+    let mut group = c.benchmark_group("apply");
+    let blocks = 64u32;
+    group.throughput(Throughput::Elements(u64::from(blocks)));
+    let index = Index::new(IndexConfig {
+        capacity_entries: 2_000_000,
+        shards: 64,
+    });
+    let mut family = 0u64;
+    group.bench_function("store_64_block_chain", |b| {
+        b.iter(|| {
+            family += 1;
+            let change = Change::Stored {
+                start_depth: 0,
+                fingerprints: (0..blocks).map(|d| fp(family, d)).collect(),
+                block_size: 16,
+                tier: Tier::T1,
+            };
+            let r = (family % u64::from(REPLICAS)) as u32;
+            black_box(index.apply(&key(r), &scope(), "10.0.0.1:8000", &[change], 1));
+        });
+    });
+    group.finish();
+}
+
+fn bench_lookup(c: &mut Criterion) {
+    // Under `cargo test`/nextest (no --bench) each benchmark runs once as a
+    // smoke test: keep the index small there.
+    let benching = std::env::args().any(|a| a == "--bench");
+    let entries: u64 = std::env::var("IC_BENCH_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if benching { 1_000_000 } else { 20_000 });
+    let region = Region::new(GLOBAL);
+    let index = build(entries);
+    let stats = region.change();
+    let bytes = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
+    // stderr: test runners parse stdout when listing benchmarks.
+    eprintln!(
+        "index of {} entries over {REPLICAS} replicas: {} bytes live, {:.1} bytes per entry",
+        index.len(),
+        bytes,
+        bytes as f64 / index.len() as f64
+    );
+    let mut group = c.benchmark_group(format!("lookup_{}k_entries", entries / 1000));
+    for prompt in [16u32, 128, 1024] {
+        // Replica group 0's first family: a full-length match on 4 replicas.
+        let fps: Vec<u64> = (0..prompt).map(|d| fp(0, d)).collect();
+        group.bench_with_input(
+            BenchmarkId::from_parameter(format!("{prompt}_blocks")),
+            &fps,
+            |b, fps| {
+                b.iter(|| black_box(index.lookup(&scope(), black_box(fps), None, None)));
+            },
+        );
+    }
+    let candidates: HashSet<String> = (0..8).map(|r| format!("engine-{r}")).collect();
+    let fps: Vec<u64> = (0..128).map(|d| fp(0, d)).collect();
+    group.bench_function("128_blocks_8_candidates", |b| {
+        b.iter(|| black_box(index.lookup(&scope(), &fps, Some(&candidates), None)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_apply, bench_lookup);
+criterion_main!(benches);
