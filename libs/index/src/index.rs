@@ -167,14 +167,6 @@ fn ranked(reg: &Registry, scope: ScopeId, matches: Vec<(ReplicaIdx, u32, Tier)>)
     LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
 }
 
-fn held_fingerprints(writer: &Writer, idx: ReplicaIdx) -> Vec<Fingerprint> {
-    writer
-        .holdings
-        .get(&idx)
-        .map(|h| h.held.keys().copied().collect())
-        .unwrap_or_default()
-}
-
 /// Sizing of the index.
 #[derive(Clone, Copy, Debug)]
 pub struct IndexConfig {
@@ -329,9 +321,7 @@ impl Index {
         drop(reg);
         if changed_scope && let Some(old_scope) = old_scope {
             // Its entries were filed under the old scope.
-            let old = held_fingerprints(writer, idx);
-            let mut shards = Shards::Lock(&self.shards);
-            self.drop_entries(&mut shards, writer, old_scope, idx, old.into_iter(), None);
+            self.drop_all(&mut Shards::Lock(&self.shards), writer, old_scope, idx);
         }
         writer.holdings.entry(idx).or_default();
         (idx, changed_scope)
@@ -378,18 +368,10 @@ impl Index {
         let Some(scope_id) = self.scope_of(idx) else {
             return Vec::new();
         };
-        let old = held_fingerprints(&writer, idx);
         // Hold every shard (in index order, so writers cannot deadlock) for
         // the swap: no lookup observes it half done.
         let mut shards = Shards::Held(self.shards.iter().map(RwLock::write).collect());
-        self.drop_entries(
-            &mut shards,
-            &mut writer,
-            scope_id,
-            idx,
-            old.into_iter(),
-            None,
-        );
+        self.drop_all(&mut shards, &mut writer, scope_id, idx);
         let errors = self.apply_locked(&mut shards, &mut writer, idx, changes, now_ms);
         drop(shards);
         self.enforce_capacity(&mut writer);
@@ -403,16 +385,7 @@ impl Index {
             return false;
         };
         if let Some(scope_id) = self.scope_of(idx) {
-            let old = held_fingerprints(&writer, idx);
-            let mut shards = Shards::Lock(&self.shards);
-            self.drop_entries(
-                &mut shards,
-                &mut writer,
-                scope_id,
-                idx,
-                old.into_iter(),
-                None,
-            );
+            self.drop_all(&mut Shards::Lock(&self.shards), &mut writer, scope_id, idx);
         }
         writer.holdings.remove(&idx);
         writer.free_replica_slots.push(idx);
@@ -557,6 +530,22 @@ impl Index {
             .insert(fp, tier);
         writer.order.push_back((scope, fp, idx, stamp));
         Ok(())
+    }
+
+    /// Removes `idx` as holder of everything it holds in `scope`.
+    fn drop_all(
+        &self,
+        shards: &mut Shards<'_>,
+        writer: &mut Writer,
+        scope: ScopeId,
+        idx: ReplicaIdx,
+    ) {
+        let held: Vec<Fingerprint> = writer
+            .holdings
+            .get(&idx)
+            .map(|h| h.held.keys().copied().collect())
+            .unwrap_or_default();
+        self.drop_entries(shards, writer, scope, idx, held.into_iter(), None);
     }
 
     /// Removes `idx` as holder of `fps` in `scope` (only those held at

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::convert;
 use crate::metrics::Metrics;
-use crate::outbox::{Outbox, Outgoing};
+use crate::outbox::{Outbox, Outgoing, lock};
 
 /// Changes per message; resync snapshots are split into chunks of this size.
 const CHUNK: usize = 4096;
@@ -114,12 +114,6 @@ pub async fn run(
             () = shutdown.cancelled() => {}
         }
     }
-}
-
-fn lock(outbox: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
-    outbox
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn connect(

@@ -295,10 +295,7 @@ async fn scrape_tier2(
         match text {
             Ok(text) => {
                 let counters = tier2::parse_tier2(&text);
-                outbox
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .tier2 = counters;
+                outbox::lock(&outbox).tier2 = counters;
             }
             Err(error) => {
                 metrics.tier2_scrape_failures.inc();

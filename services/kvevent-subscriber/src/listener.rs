@@ -18,7 +18,7 @@ use zeromq::{Socket, SocketRecv, SocketSend};
 
 use crate::forwarder::Backoff;
 use crate::metrics::{KindLabel, Metrics, ReasonLabel};
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, lock};
 
 /// How long one replay may take before the rest of the gap counts as lost.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -220,12 +220,6 @@ async fn fetch_replay(
         }
     }
     Ok(out)
-}
-
-fn lock(outbox: &Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
-    outbox
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {

@@ -57,6 +57,15 @@ pub struct Outbox {
     pub tier2: Option<Tier2Counters>,
 }
 
+/// Locks the shared outbox. A panic elsewhere cannot leave it half-updated
+/// in a way that matters (every operation is a complete step), so a
+/// poisoned lock is simply taken over.
+pub fn lock(outbox: &std::sync::Mutex<Outbox>) -> std::sync::MutexGuard<'_, Outbox> {
+    outbox
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Outbox {
     /// `ranks` DP ranks, at most `capacity` queued changes in total.
     pub fn new(ranks: u32, capacity: usize, replica: ReplicaConfig) -> Self {
