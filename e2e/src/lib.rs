@@ -67,8 +67,17 @@ impl ServiceProcess {
     /// # Panics
     /// When the binary cannot be started (the test cannot proceed).
     pub fn start(binary: &Path, args: &[&str]) -> Self {
+        Self::start_with_env(binary, args, &[])
+    }
+
+    /// Like [`ServiceProcess::start`], with extra environment variables.
+    ///
+    /// # Panics
+    /// When the binary cannot be started (the test cannot proceed).
+    pub fn start_with_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(binary)
             .args(args)
+            .envs(env.iter().copied())
             .args(["--log-format", "json", "--log-level", "info"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -395,6 +395,18 @@ impl Index {
         true
     }
 
+    /// Replicas not heard from since `cutoff_ms` (Unix ms).
+    pub fn replicas_silent_since(&self, cutoff_ms: i64) -> Vec<ReplicaKey> {
+        self.registry
+            .read()
+            .replicas
+            .iter()
+            .flatten()
+            .filter(|m| m.last_seen_ms.load(Ordering::Relaxed) < cutoff_ms)
+            .map(|m| m.key.clone())
+            .collect()
+    }
+
     /// Records the replica's latest tier-2 counters.
     pub fn set_tier2(&self, key: &ReplicaKey, tier2: Option<(u64, u64)>) {
         let mut writer = self.writer.lock();

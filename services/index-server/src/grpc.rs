@@ -15,6 +15,7 @@ use crate::convert::{scope_from_pb, tier_to_pb};
 use crate::ingest::{IngestStream, Step};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
+use crate::tokenize::{EncodeError, Tokenizers};
 
 /// Largest prompt accepted, in blocks or tokens.
 pub const MAX_PROMPT_BLOCKS: usize = 1 << 16;
@@ -34,6 +35,8 @@ pub struct IndexServer {
     pub default_block_size: u32,
     /// Metrics.
     pub metrics: Metrics,
+    /// Tokenizers for `prompt_text` lookups, by model.
+    pub tokenizers: Arc<Tokenizers>,
 }
 
 fn now_ms() -> i64 {
@@ -72,10 +75,31 @@ fn score(c: &Candidate) -> pb::CandidateScore {
 }
 
 impl IndexServer {
+    /// A server over `index` with default policies and no tokenizers.
+    pub fn new(index: Arc<Index>, default_block_size: u32, metrics: Metrics) -> Self {
+        Self {
+            index,
+            policies: Arc::new(RwLock::new(Policies::default())),
+            default_block_size,
+            metrics,
+            tokenizers: Arc::new(Tokenizers::default()),
+        }
+    }
+
     /// The pure core of LookupRoute (tested without gRPC).
     pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
-        let started = Instant::now();
         let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
+        self.lookup_in(scope, req)
+    }
+
+    /// LookupRoute for an already validated scope; the functional probe
+    /// calls it directly for its own (otherwise unreachable) tenant.
+    pub(crate) fn lookup_in(
+        &self,
+        scope: ic_index::Scope,
+        req: &pb::LookupRouteRequest,
+    ) -> Result<pb::LookupRouteResponse, Status> {
+        let started = Instant::now();
         if req.candidate_replicas.len() > MAX_CANDIDATES {
             return Err(Status::invalid_argument(format!(
                 "candidate_replicas: at most {MAX_CANDIDATES} entries"
@@ -128,12 +152,22 @@ impl IndexServer {
                     fps.len(),
                 )
             }
-            Some(Key::PromptText(_)) => {
-                return Err(Status::failed_precondition(format!(
-                    "no tokenizer is configured for model {:?}: send token_ids or block_hashes \
-                     (prompt_text needs a tokenizer, which this server does not load yet)",
-                    scope.model
-                )));
+            Some(Key::PromptText(text)) => {
+                let ids = self
+                    .tokenizers
+                    .encode(&scope.model, text)
+                    .map_err(|e| match e {
+                        EncodeError::NoTokenizer(_) => Status::failed_precondition(e.to_string()),
+                        EncodeError::TooLong | EncodeError::Failed(_) => {
+                            Status::invalid_argument(e.to_string())
+                        }
+                    })?;
+                let fps = chain_fingerprints(None, &ids, block_size as usize);
+                (
+                    self.index
+                        .lookup(&scope, &fps, candidates.as_ref(), fresh_since),
+                    fps.len(),
+                )
             }
         };
         let prompt_blocks = u32::try_from(prompt_blocks).unwrap_or(u32::MAX);
@@ -210,13 +244,63 @@ impl IndexServer {
     }
 }
 
+impl IndexServer {
+    /// Applies one classified ingest batch to the index (the one path both
+    /// IngestEvents and the functional probe use). Returns the detail when
+    /// the stream must end asking for a resync.
+    pub(crate) fn apply_step(&self, step: Step, now: i64) -> Option<String> {
+        match step {
+            Step::Buffered => {}
+            Step::Apply {
+                key,
+                scope,
+                address,
+                changes,
+                tier2,
+            } => {
+                let errors = self.index.apply(&key, &scope, &address, &changes, now);
+                self.metrics.content_errors.inc_by(errors.len() as u64);
+                self.index.set_tier2(&key, tier2);
+            }
+            Step::Replace {
+                key,
+                scope,
+                address,
+                changes,
+                tier2,
+            } => {
+                let errors = self.index.replace(&key, &scope, &address, &changes, now);
+                self.metrics.content_errors.inc_by(errors.len() as u64);
+                self.index.set_tier2(&key, tier2);
+                self.metrics.resyncs.inc();
+            }
+            Step::ResyncRequired(detail) => return Some(detail),
+        }
+        None
+    }
+}
+
 #[tonic::async_trait]
 impl IndexService for IndexServer {
     async fn lookup_route(
         &self,
         request: Request<pb::LookupRouteRequest>,
     ) -> Result<Response<pb::LookupRouteResponse>, Status> {
-        match self.lookup(request.get_ref()) {
+        let is_text = matches!(
+            request.get_ref().key,
+            Some(pb::lookup_route_request::Key::PromptText(_))
+        );
+        let result = if is_text {
+            // Tokenizing a long prompt is CPU work: keep it off the runtime's
+            // I/O threads.
+            let server = self.clone();
+            tokio::task::spawn_blocking(move || server.lookup(request.get_ref()))
+                .await
+                .map_err(|e| Status::internal(format!("lookup task failed: {e}")))?
+        } else {
+            self.lookup(request.get_ref())
+        };
+        match result {
             Ok(response) => Ok(Response::new(response)),
             Err(status) => {
                 self.metrics.lookup_errors.inc();
@@ -240,41 +324,14 @@ impl IndexService for IndexServer {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
             })?;
-            let now = now_ms();
-            match step {
-                Step::Buffered => {}
-                Step::Apply {
-                    key,
-                    scope,
-                    address,
-                    changes,
-                    tier2,
-                } => {
-                    let errors = self.index.apply(&key, &scope, &address, &changes, now);
-                    self.metrics.content_errors.inc_by(errors.len() as u64);
-                    self.index.set_tier2(&key, tier2);
-                }
-                Step::Replace {
-                    key,
-                    scope,
-                    address,
-                    changes,
-                    tier2,
-                } => {
-                    let errors = self.index.replace(&key, &scope, &address, &changes, now);
-                    self.metrics.content_errors.inc_by(errors.len() as u64);
-                    self.index.set_tier2(&key, tier2);
-                    self.metrics.resyncs.inc();
-                }
-                Step::ResyncRequired(detail) => {
-                    self.metrics.ingest_batch("resync_required");
-                    tracing::info!(%detail, "asking a subscriber to resync");
-                    return Ok(Response::new(pb::IngestAck {
-                        last_applied_seq,
-                        resync_required: true,
-                        detail,
-                    }));
-                }
+            if let Some(detail) = self.apply_step(step, now_ms()) {
+                self.metrics.ingest_batch("resync_required");
+                tracing::info!(%detail, "asking a subscriber to resync");
+                return Ok(Response::new(pb::IngestAck {
+                    last_applied_seq,
+                    resync_required: true,
+                    detail,
+                }));
             }
             self.metrics.ingest_batch("applied");
             self.metrics.set_index_size(&self.index);

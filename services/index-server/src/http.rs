@@ -1,5 +1,6 @@
 //! HTTP API next to the admin endpoints: `GET /snapshot` (read by the
-//! controller's CacheIndex poller) and `GET /healthz`.
+//! controller's CacheIndex poller), `POST /probe` (the functional probe,
+//! see [`crate::probe`]) and `GET /healthz`.
 //!
 //! `/snapshot` schema (JSON, stable field names):
 //!
@@ -21,10 +22,21 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
-use axum::extract::State;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use ic_index::Index;
 use serde::Serialize;
+
+use crate::auth::{AuthError, ProbeAuth};
+use crate::convert::PROBE_TENANT;
+use crate::metrics::{Metrics, ReasonLabel};
+use crate::probe::{ProbeRequest, Prober};
+
+/// Largest `/probe` body accepted.
+pub const MAX_PROBE_BODY_BYTES: usize = 16 * 1024;
 
 /// One replica row.
 #[derive(Debug, Serialize)]
@@ -88,6 +100,8 @@ pub fn snapshot(index: &Index, now_ms: i64) -> Snapshot {
         replicas: index
             .snapshot()
             .into_iter()
+            // The functional probe's synthetic replicas are not real.
+            .filter(|r| r.key.tenant != PROBE_TENANT)
             .map(|r| ReplicaRow {
                 tenant: r.key.tenant,
                 replica_id: r.key.replica_id,
@@ -110,21 +124,102 @@ pub fn snapshot(index: &Index, now_ms: i64) -> Snapshot {
     }
 }
 
+/// What the HTTP handlers share.
+#[derive(Clone, Debug)]
+pub struct HttpState {
+    /// The index.
+    pub index: Arc<Index>,
+    /// Runs functional probes.
+    pub prober: Prober,
+    /// Authenticates `/probe`.
+    pub auth: Arc<ProbeAuth>,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A JSON error body `{"error": "..."}`.
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+fn refuse(
+    metrics: &Metrics,
+    reason: &'static str,
+    status: StatusCode,
+    message: String,
+) -> Response {
+    metrics
+        .probe_refusals
+        .get_or_create(&ReasonLabel { reason })
+        .inc();
+    tracing::warn!(reason, %message, "probe request refused");
+    error(status, message)
+}
+
+async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if let Err(e) = state.auth.check(authorization).await {
+        let status = match e {
+            AuthError::Missing | AuthError::Rejected(_) => StatusCode::UNAUTHORIZED,
+            AuthError::Disabled | AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut response = refuse(&state.metrics, e.reason(), status, e.to_string());
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        return response;
+    }
+    let request: ProbeRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return refuse(
+                &state.metrics,
+                "bad_request",
+                StatusCode::BAD_REQUEST,
+                format!("body must be JSON {{\"namespace\": \"...\", \"backend\": \"...\"}}: {e}"),
+            );
+        }
+    };
+    if let Err(e) = request.validate() {
+        return refuse(&state.metrics, "bad_request", StatusCode::BAD_REQUEST, e);
+    }
+    let prober = state.prober.clone();
+    match tokio::task::spawn_blocking(move || prober.run(&request, now_ms())).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("probe task failed: {e}"),
+        ),
+    }
+}
+
 /// The routes.
-pub fn router(index: Arc<Index>) -> Router {
+pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/snapshot",
-            get(|State(index): State<Arc<Index>>| async move {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-                    .unwrap_or(0);
-                Json(snapshot(&index, now))
+            get(|State(state): State<HttpState>| async move {
+                Json(snapshot(&state.index, now_ms()))
             }),
         )
-        .with_state(index)
+        .route(
+            "/probe",
+            post(probe).layer(DefaultBodyLimit::max(MAX_PROBE_BODY_BYTES)),
+        )
+        .with_state(state)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use ic_index::{Change, ReplicaKey, Scope, Tier};
 use ic_proto::index_v1 as pb;
 
-use crate::convert::{scope_from_pb, tier_from_pb};
+use crate::convert::{checked_scope, tier_from_pb};
 
 /// What the stream handler should do with a batch.
 #[derive(Debug, PartialEq)]
@@ -64,15 +64,30 @@ struct RankStream {
 #[derive(Debug, Default)]
 pub struct IngestStream {
     ranks: HashMap<ReplicaKey, RankStream>,
+    /// Set only for the functional probe's in-process stream.
+    allow_probe_tenant: bool,
 }
 
 impl IngestStream {
+    /// The functional probe's stream: the same rules, plus its own tenant.
+    pub(crate) fn for_probe() -> Self {
+        Self {
+            ranks: HashMap::new(),
+            allow_probe_tenant: true,
+        }
+    }
+
     /// Classifies one batch.
     pub fn accept(&mut self, batch: pb::IngestBatch) -> Result<Step, InvalidBatch> {
         let replica = batch
             .replica
             .ok_or_else(|| InvalidBatch("replica: required".into()))?;
-        let scope = scope_from_pb(replica.scope.as_ref(), "replica.scope").map_err(InvalidBatch)?;
+        let scope = checked_scope(
+            replica.scope.as_ref(),
+            "replica.scope",
+            self.allow_probe_tenant,
+        )
+        .map_err(InvalidBatch)?;
         if replica.replica_id.is_empty() {
             return Err(InvalidBatch("replica.replica_id: required".into()));
         }

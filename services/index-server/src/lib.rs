@@ -4,25 +4,31 @@
 //! over an [`ic_index::Index`], and `/snapshot` plus the admin endpoints on
 //! its HTTP port.
 
+pub mod auth;
 pub mod convert;
 pub mod grpc;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod policy;
+pub mod probe;
+pub mod tokenize;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use ic_index::{Index, IndexConfig};
 use ic_proto::IndexServiceServer;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
-use parking_lot::RwLock;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{ProbeAuth, TokenReviewer};
 use crate::grpc::IndexServer;
 use crate::metrics::Metrics;
+use crate::probe::Prober;
+use crate::tokenize::Tokenizers;
 
 /// Binary name, as deployment manifests reference it.
 pub const BINARY: &str = "ic-index-server";
@@ -86,30 +92,97 @@ pub struct Config {
     /// Static bearer token for /probe in local mode (no cluster).
     #[arg(long, env = "IC_PROBE_STATIC_TOKEN", hide_env_values = true)]
     pub probe_static_token: Option<String>,
+
+    /// Forget a replica (and its entries) after this many seconds without
+    /// any batch or heartbeat from it; 0 keeps silent replicas forever.
+    /// Subscribers heartbeat every 5 s, so only gone engines reach it.
+    #[arg(long, env = "IC_REPLICA_GC_AFTER_SECONDS", default_value_t = 600)]
+    pub replica_gc_after_seconds: u64,
+}
+
+/// How `/probe` authenticates, from the flags.
+async fn probe_auth(config: &Config) -> anyhow::Result<ProbeAuth> {
+    match (&config.probe_audience, &config.probe_static_token) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "--probe-audience and --probe-static-token are exclusive: use the audience in a \
+             cluster, the static token locally"
+        ),
+        (Some(audience), None) => {
+            let client = kube::Client::try_default().await.context(
+                "--probe-audience needs Kubernetes API credentials (in-cluster service account \
+                 or KUBECONFIG) to run TokenReviews",
+            )?;
+            Ok(ProbeAuth::TokenReview(TokenReviewer::new(
+                client,
+                audience.clone(),
+            )))
+        }
+        (None, Some(token)) if token.is_empty() => {
+            anyhow::bail!("--probe-static-token: must not be empty")
+        }
+        (None, Some(token)) => Ok(ProbeAuth::Static(token.clone())),
+        (None, None) => Ok(ProbeAuth::Disabled),
+    }
+}
+
+/// Periodically forgets replicas that fell silent.
+async fn collect_stale_replicas(
+    index: Arc<Index>,
+    metrics: Metrics,
+    after: Duration,
+    shutdown: CancellationToken,
+) {
+    let period = (after / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        let cutoff = now.saturating_sub(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+        for key in index.replicas_silent_since(cutoff) {
+            if index.remove_replica(&key) {
+                metrics.stale_replicas_removed.inc();
+                tracing::info!(
+                    tenant = %key.tenant,
+                    replica = %key.replica_id,
+                    dp_rank = key.dp_rank,
+                    "forgot a silent replica"
+                );
+            }
+        }
+        metrics.set_index_size(&index);
+    }
 }
 
 /// Runs the server until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    if let Some(t) = config.tokenizers.first() {
-        anyhow::bail!(
-            "--tokenizer {}={}: prompt_text lookups are not supported by this build yet; \
-             send token_ids or block_hashes",
-            t.model,
-            t.path.display()
-        );
-    }
+    let tokenizers = Tokenizers::load(&config.tokenizers)?;
+    let auth = probe_auth(&config).await?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     let index = Arc::new(Index::new(IndexConfig {
         capacity_entries: config.capacity_entries,
         ..IndexConfig::default()
     }));
+    let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
+    service.tokenizers = Arc::new(tokenizers);
+    let http_state = http::HttpState {
+        index: index.clone(),
+        prober: Prober::new(service.clone()),
+        auth: Arc::new(auth),
+        metrics: metrics.clone(),
+    };
     let health = Health::new();
     let admin = AdminServer::bind(
         config.http_addr,
         health.clone(),
         registry,
-        http::router(index.clone()),
+        http::router(http_state),
     )
     .await
     .context("starting HTTP server")?;
@@ -117,12 +190,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("cannot bind gRPC server to {}", config.grpc_addr))?;
     let grpc_addr = grpc_listener.local_addr()?;
-    let service = IndexServer {
-        index,
-        policies: Arc::new(RwLock::new(policy::Policies::default())),
-        default_block_size: config.engine_block_size,
-        metrics,
-    };
+    if config.replica_gc_after_seconds > 0 {
+        tokio::spawn(collect_stale_replicas(
+            index.clone(),
+            metrics.clone(),
+            Duration::from_secs(config.replica_gc_after_seconds),
+            shutdown.clone(),
+        ));
+    }
     let grpc = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -139,6 +214,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(
         engine_block_size = config.engine_block_size,
         capacity_entries = config.capacity_entries,
+        tokenizers = config.tokenizers.len(),
+        probe_auth = match (&config.probe_audience, &config.probe_static_token) {
+            (Some(_), _) => "token_review",
+            (None, Some(_)) => "static_token",
+            (None, None) => "disabled",
+        },
         "index server started"
     );
     health.set_ready(true);

@@ -27,6 +27,22 @@ pub struct ResultLabel {
     pub result: &'static str,
 }
 
+/// Probe stage labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    /// `ingest`, `routing`, `t2`.
+    pub stage: &'static str,
+    /// `ok`, `failed`, `skipped`.
+    pub outcome: &'static str,
+}
+
+/// Probe refusal labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why.
+    pub reason: &'static str,
+}
+
 /// Every metric of the index server.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -48,6 +64,12 @@ pub struct Metrics {
     pub entries: Gauge,
     /// Entries evicted by the capacity bound.
     pub capacity_evictions: Gauge,
+    /// Functional-probe stages run, by stage and outcome.
+    pub probe_stages: Family<StageLabels, Counter>,
+    /// Probe requests refused (authentication or bad request), by reason.
+    pub probe_refusals: Family<ReasonLabel, Counter>,
+    /// Replicas forgotten because they fell silent.
+    pub stale_replicas_removed: Counter,
 }
 
 impl Metrics {
@@ -64,6 +86,9 @@ impl Metrics {
             content_errors: Counter::default(),
             entries: Gauge::default(),
             capacity_evictions: Gauge::default(),
+            probe_stages: Family::default(),
+            probe_refusals: Family::default(),
+            stale_replicas_removed: Counter::default(),
         };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
@@ -107,6 +132,21 @@ impl Metrics {
                 "capacity_evictions",
                 "Entries evicted by the capacity bound",
                 m.capacity_evictions.clone(),
+            );
+            r.register(
+                "probe_stages",
+                "Functional-probe stages run, by stage and outcome",
+                m.probe_stages.clone(),
+            );
+            r.register(
+                "probe_refusals",
+                "Probe requests refused, by reason",
+                m.probe_refusals.clone(),
+            );
+            r.register(
+                "stale_replicas_removed",
+                "Replicas forgotten after falling silent for longer than --replica-gc-after",
+                m.stale_replicas_removed.clone(),
             );
         });
         m

@@ -9,20 +9,19 @@ use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
 use ic_index_server::grpc::IndexServer;
 use ic_index_server::metrics::Metrics;
 use ic_index_server::policy::Policies;
+use ic_index_server::tokenize::Tokenizers;
 use ic_kvevents::chain_fingerprints;
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::lookup_route_request::Key;
-use parking_lot::RwLock;
 
 fn server() -> IndexServer {
     let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
-    IndexServer {
-        index: Arc::new(Index::new(IndexConfig::default())),
-        policies: Arc::new(RwLock::new(Policies::default())),
-        default_block_size: 16,
-        metrics: Metrics::register(&registry),
-    }
+    IndexServer::new(
+        Arc::new(Index::new(IndexConfig::default())),
+        16,
+        Metrics::register(&registry),
+    )
 }
 
 fn now_ms() -> i64 {
@@ -200,7 +199,92 @@ fn invalid_requests_name_the_field() {
     assert!(code_and_message(huge).1.starts_with("block_hashes.hashes"));
     let (code, message) = code_and_message(request(Key::PromptText("hello".into())));
     assert_eq!(code, tonic::Code::FailedPrecondition);
-    assert!(message.contains("tokenizer"), "{message}");
+    assert!(message.contains("--tokenizer m="), "{message}");
+    for tenant in ["Team-A", "a_b", "~probe", "-a"] {
+        let mut bad_tenant = request(tokens());
+        bad_tenant.scope.as_mut().unwrap().tenant = tenant.into();
+        let (code, message) = code_and_message(bad_tenant);
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(message.starts_with("scope.tenant:"), "{message}");
+    }
+}
+
+fn with_tokenizer() -> IndexServer {
+    let mut s = server();
+    let spec: ic_index_server::TokenizerSpec = format!(
+        "m={}/tests/fixtures/tokenizer.json",
+        env!("CARGO_MANIFEST_DIR")
+    )
+    .parse()
+    .unwrap();
+    s.tokenizers = Arc::new(Tokenizers::load(&[spec]).unwrap());
+    s
+}
+
+#[test]
+fn prompt_text_is_tokenized_like_the_engine() {
+    let s = with_tokenizer();
+    // The fixture is a word-level vocabulary ("wN" -> N) that prepends
+    // <s> (id 0): the engine's prompt is [0, 2, 3, ...].
+    let words: Vec<String> = (2..66).map(|i| format!("w{i}")).collect();
+    let mut ids = vec![0u32];
+    ids.extend(2..66u32);
+    let scope = Scope {
+        tenant: "t".into(),
+        model: "m".into(),
+        hash_scheme: HashScheme::Vllm,
+        adapter: String::new(),
+    };
+    let key = ReplicaKey {
+        tenant: "t".into(),
+        replica_id: "a".into(),
+        dp_rank: 0,
+    };
+    let fps = chain_fingerprints(None, &ids, 16);
+    let change = Change::Stored {
+        start_depth: 0,
+        fingerprints: fps.clone(),
+        block_size: 16,
+        tier: Tier::T1,
+    };
+    s.index.apply(&key, &scope, "a:8000", &[change], now_ms());
+    let r = s
+        .lookup(&request(Key::PromptText(words.join(" "))))
+        .unwrap();
+    assert_eq!(r.outcome, pb::LookupOutcome::PrefixMatch as i32);
+    let best = r.best.unwrap();
+    assert_eq!(best.replica.unwrap().replica_id, "a");
+    assert_eq!(best.matched_blocks, 4);
+    assert_eq!(r.prompt_blocks, 4);
+    // Same answer as the token ids the gateway could have sent instead.
+    let by_ids = s
+        .lookup(&request(Key::TokenIds(pb::TokenIds { ids })))
+        .unwrap();
+    assert_eq!(by_ids.best.unwrap().matched_blocks, 4);
+    // A model without a tokenizer is a precondition failure, not a miss.
+    let mut other = request(Key::PromptText("w2 w3".into()));
+    other.scope.as_mut().unwrap().model = "other".into();
+    assert_eq!(
+        s.lookup(&other).unwrap_err().code(),
+        tonic::Code::FailedPrecondition
+    );
+    // Oversized text is refused naming the field.
+    let huge = "w2 ".repeat(2 << 20);
+    let e = s.lookup(&request(Key::PromptText(huge))).unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().starts_with("prompt_text"), "{}", e.message());
+}
+
+#[test]
+fn bad_tokenizer_files_fail_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("tokenizer.json");
+    std::fs::write(&bad, "{\"not\": \"a tokenizer\"}").unwrap();
+    for path in [bad.clone(), dir.path().join("missing.json")] {
+        let spec: ic_index_server::TokenizerSpec = format!("m={}", path.display()).parse().unwrap();
+        let e = Tokenizers::load(&[spec]).unwrap_err().to_string();
+        assert!(e.starts_with("--tokenizer m="), "{e}");
+    }
 }
 
 #[tokio::test]

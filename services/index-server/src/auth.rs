@@ -1,0 +1,208 @@
+//! Bearer-token authentication of `POST /probe`.
+//!
+//! In a cluster the caller (the controller) presents a projected
+//! service-account token bound to an audience; the server asks the API
+//! server whether it is valid for that audience (TokenReview). Locally a
+//! static token is compared instead. With neither configured the endpoint
+//! is disabled rather than open.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+/// How long an accepted token is trusted without asking again.
+const REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
+/// Most cached review results (cleared wholesale beyond it).
+const REVIEW_CACHE_MAX: usize = 1024;
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// Neither a static token nor an audience is configured.
+    #[error(
+        "/probe is disabled: start the index server with --probe-audience (in a cluster) or \
+         --probe-static-token (local)"
+    )]
+    Disabled,
+    /// No `Authorization: Bearer` header.
+    #[error("missing bearer token: send 'Authorization: Bearer <token>'")]
+    Missing,
+    /// The static token did not match, or the API server rejected the token.
+    #[error("bearer token rejected: {0}")]
+    Rejected(String),
+    /// The API server could not be asked.
+    #[error("cannot verify the bearer token with the Kubernetes API: {0}")]
+    Unavailable(String),
+}
+
+impl AuthError {
+    /// Label for the refusal metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Disabled => "disabled",
+            AuthError::Missing => "missing_token",
+            AuthError::Rejected(_) => "rejected_token",
+            AuthError::Unavailable(_) => "review_unavailable",
+        }
+    }
+}
+
+/// Checks tokens with TokenReview, caching accepted ones briefly.
+pub struct TokenReviewer {
+    client: kube::Client,
+    audience: String,
+    accepted: Mutex<HashMap<[u8; 32], Instant>>,
+}
+
+impl std::fmt::Debug for TokenReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenReviewer")
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenReviewer {
+    /// A reviewer using `client`'s API server.
+    pub fn new(client: kube::Client, audience: String) -> Self {
+        Self {
+            client,
+            audience,
+            accepted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn review(&self, token: &str) -> Result<(), AuthError> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if self
+            .accepted
+            .lock()
+            .get(&digest)
+            .is_some_and(|until| *until > now)
+        {
+            return Ok(());
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: Some(vec![self.audience.clone()]),
+            },
+            ..Default::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let status = answer.status.unwrap_or_default();
+        if let Some(error) = status.error.filter(|e| !e.is_empty()) {
+            return Err(AuthError::Rejected(error));
+        }
+        if status.authenticated != Some(true) {
+            return Err(AuthError::Rejected("not authenticated".into()));
+        }
+        // An API server that ignores audiences returns none; one that checked
+        // them echoes the intersection.
+        if let Some(audiences) = status.audiences
+            && !audiences.contains(&self.audience)
+        {
+            return Err(AuthError::Rejected(format!(
+                "token is not valid for audience {:?}",
+                self.audience
+            )));
+        }
+        let mut accepted = self.accepted.lock();
+        if accepted.len() >= REVIEW_CACHE_MAX {
+            accepted.clear();
+        }
+        accepted.insert(digest, now + REVIEW_CACHE_TTL);
+        Ok(())
+    }
+}
+
+/// How `/probe` callers are authenticated.
+#[derive(Debug)]
+pub enum ProbeAuth {
+    /// `/probe` refuses everything.
+    Disabled,
+    /// Callers present this token.
+    Static(String),
+    /// Callers present a token the API server accepts for an audience.
+    TokenReview(TokenReviewer),
+}
+
+/// Constant-time comparison (the token is a secret).
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let da = Sha256::digest(a);
+    let db = Sha256::digest(b);
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// The token of an `Authorization` header value, if it is a bearer one.
+pub fn bearer(header: Option<&str>) -> Option<&str> {
+    let value = header?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl ProbeAuth {
+    /// Authenticates a request by its `Authorization` header.
+    pub async fn check(&self, authorization: Option<&str>) -> Result<(), AuthError> {
+        if matches!(self, ProbeAuth::Disabled) {
+            return Err(AuthError::Disabled);
+        }
+        let token = bearer(authorization).ok_or(AuthError::Missing)?;
+        match self {
+            ProbeAuth::Disabled => Err(AuthError::Disabled),
+            ProbeAuth::Static(expected) => {
+                if same_secret(token.as_bytes(), expected.as_bytes()) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Rejected(
+                        "does not match the configured token".into(),
+                    ))
+                }
+            }
+            ProbeAuth::TokenReview(reviewer) => reviewer.review(token).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bearer_headers() {
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(Some("Bearer")), None);
+        assert_eq!(bearer(None), None);
+    }
+
+    #[tokio::test]
+    async fn static_token() {
+        let auth = ProbeAuth::Static("s3cret".into());
+        assert_eq!(auth.check(Some("Bearer s3cret")).await, Ok(()));
+        assert!(matches!(
+            auth.check(Some("Bearer wrong")).await,
+            Err(AuthError::Rejected(_))
+        ));
+        assert_eq!(auth.check(None).await, Err(AuthError::Missing));
+        assert_eq!(
+            ProbeAuth::Disabled.check(Some("Bearer s3cret")).await,
+            Err(AuthError::Disabled)
+        );
+    }
+}

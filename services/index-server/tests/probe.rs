@@ -1,0 +1,378 @@
+//! The functional probe: its stages in process (including failures), and
+//! `POST /probe` on the real binary with static-token and TokenReview
+//! authentication (the TokenReview API served by a real HTTP server on
+//! loopback standing in for the Kubernetes API server).
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use ic_e2e::ServiceProcess;
+use ic_index::{Index, IndexConfig};
+use ic_index_server::grpc::IndexServer;
+use ic_index_server::metrics::Metrics;
+use ic_index_server::policy::Policies;
+use ic_index_server::probe::{ProbeRequest, Prober, StageOutcome};
+use ic_proto::index_v1 as pb;
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+fn server(capacity_entries: u64) -> IndexServer {
+    let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
+    IndexServer::new(
+        Arc::new(Index::new(IndexConfig {
+            capacity_entries,
+            ..IndexConfig::default()
+        })),
+        16,
+        Metrics::register(&registry),
+    )
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+fn request() -> ProbeRequest {
+    ProbeRequest {
+        namespace: "team-a".into(),
+        backend: "cache".into(),
+    }
+}
+
+fn outcomes(report: &ic_index_server::probe::ProbeReport) -> Vec<(&'static str, StageOutcome)> {
+    report.stages.iter().map(|s| (s.stage, s.outcome)).collect()
+}
+
+#[test]
+fn healthy_server_passes_and_leaves_nothing_behind() {
+    let s = server(1000);
+    let prober = Prober::new(s.clone());
+    for _ in 0..3 {
+        let report = prober.run(&request(), now_ms());
+        assert!(report.ok, "{report:?}");
+        assert_eq!(
+            outcomes(&report),
+            [
+                ("ingest", StageOutcome::Ok),
+                ("routing", StageOutcome::Ok),
+                ("t2", StageOutcome::Skipped)
+            ]
+        );
+    }
+    assert_eq!(s.index.len(), 0);
+    assert!(s.index.snapshot().is_empty());
+}
+
+#[test]
+fn broken_ingest_fails_the_ingest_stage_and_skips_routing() {
+    // An index that can hold nothing: the synthesized event never lands.
+    let report = Prober::new(server(0)).run(&request(), now_ms());
+    assert!(!report.ok);
+    assert_eq!(
+        outcomes(&report),
+        [
+            ("ingest", StageOutcome::Failed),
+            ("routing", StageOutcome::Skipped),
+            ("t2", StageOutcome::Skipped)
+        ]
+    );
+    assert!(
+        report.stages[0].message.contains("not in index"),
+        "{}",
+        report.stages[0].message
+    );
+}
+
+#[test]
+fn broken_routing_fails_the_routing_stage() {
+    // Routing that refuses every match of the probe's size.
+    let s = server(1000);
+    *s.policies.write() = Policies::from_push(&[pb::NamespacePolicy {
+        namespace: "~probe".into(),
+        lookup_timeout_ms: 20,
+        minimum_prefix_tokens: 1_000_000,
+        replica_stale_after_seconds: 120,
+        allow_tier2_matches: true,
+    }])
+    .unwrap();
+    let report = Prober::new(s.clone()).run(&request(), now_ms());
+    assert!(!report.ok);
+    assert_eq!(report.stages[0].outcome, StageOutcome::Ok);
+    assert_eq!(report.stages[1].outcome, StageOutcome::Failed);
+    assert!(
+        report.stages[1].message.contains("BELOW_MINIMUM_PREFIX"),
+        "{}",
+        report.stages[1].message
+    );
+    assert_eq!(s.index.len(), 0, "the failed probe still cleaned up");
+}
+
+// === the real binary ===
+
+async fn post_probe(
+    addr: SocketAddr,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, Value, Option<String>) {
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{addr}/probe"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = resp.text().await.unwrap();
+    let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, body, challenge)
+}
+
+fn start(extra: &[&str], env: &[(&str, &str)]) -> (ServiceProcess, SocketAddr) {
+    let mut args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut p = ServiceProcess::start_with_env(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &args,
+        env,
+    );
+    let addr = p.admin_addr();
+    (p, addr)
+}
+
+const GOOD: &str = r#"{"namespace": "team-a", "backend": "cache"}"#;
+
+#[tokio::test]
+async fn static_token_guards_probe_and_bad_bodies_are_refused() {
+    let (mut p, addr) = start(&["--probe-static-token", "s3cret"], &[]);
+
+    let (status, body, challenge) = post_probe(addr, None, GOOD).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(challenge.as_deref(), Some("Bearer"));
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing bearer token")
+    );
+    let (status, body, _) = post_probe(addr, Some("wrong"), GOOD).await;
+    assert_eq!(status, 401, "{body}");
+
+    let (status, body, _) = post_probe(addr, Some("s3cret"), GOOD).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["ok"], true);
+    assert_eq!(body["namespace"], "team-a");
+    let stages: Vec<(&str, &str)> = body["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["stage"].as_str().unwrap(), s["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        stages,
+        [("ingest", "ok"), ("routing", "ok"), ("t2", "skipped")]
+    );
+
+    for (bad, field) in [
+        ("not json", "body must be JSON"),
+        (r#"{"namespace": "team-a"}"#, "backend"),
+        (
+            r#"{"namespace": "team-a", "backend": "c", "extra": 1}"#,
+            "unknown field",
+        ),
+        (r#"{"namespace": "Team_A", "backend": "c"}"#, "namespace:"),
+        (r#"{"namespace": "a", "backend": ""}"#, "backend:"),
+        (r#"{"namespace": 7, "backend": "c"}"#, "invalid type"),
+    ] {
+        let (status, body, _) = post_probe(addr, Some("s3cret"), bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(
+            body["error"].as_str().unwrap().contains(field),
+            "{bad}: {body}"
+        );
+    }
+    let huge = format!(
+        r#"{{"namespace": "a", "backend": "{}"}}"#,
+        "b".repeat(64 * 1024)
+    );
+    assert_eq!(post_probe(addr, Some("s3cret"), &huge).await.0, 413);
+
+    // The synthetic replica never shows in the snapshot; refusals counted.
+    let (_, snapshot) = ic_e2e::http_get(addr, "/snapshot");
+    let snapshot: Value = serde_json::from_str(&snapshot).unwrap();
+    assert_eq!(snapshot["replicas"], json!([]));
+    assert_eq!(snapshot["entries"], 0);
+    let (_, metrics) = ic_e2e::http_get(addr, "/metrics");
+    assert!(
+        metrics.contains(r#"inferencecache_index_probe_refusals_total{reason="missing_token"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .contains(r#"inferencecache_index_probe_stages_total{stage="routing",outcome="ok"} 1"#),
+        "{metrics}"
+    );
+    assert!(p.stop().success());
+}
+
+#[tokio::test]
+async fn probe_is_disabled_without_auth_configured() {
+    let (mut p, addr) = start(&[], &[]);
+    let (status, body, _) = post_probe(addr, Some("anything"), GOOD).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("--probe-static-token")
+    );
+    assert!(p.stop().success());
+}
+
+/// Reviews seen by the fake API server: (token, audiences).
+type Reviews = Arc<Mutex<Vec<(String, Vec<String>)>>>;
+
+async fn token_review(State(seen): State<Reviews>, Json(review): Json<Value>) -> Json<Value> {
+    let token = review["spec"]["token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let audiences: Vec<String> = review["spec"]["audiences"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    seen.lock().push((token.clone(), audiences.clone()));
+    // The controller's projected token is valid for the "inferencecache"
+    // audience only; another service's token is valid for none of ours.
+    let status = match token.as_str() {
+        "controller-token" if audiences == ["inferencecache"] => json!({
+            "authenticated": true,
+            "user": {"username": "system:serviceaccount:ic-system:ic-controller"},
+            "audiences": ["inferencecache"],
+        }),
+        "other-audience-token" => json!({"authenticated": true, "audiences": []}),
+        _ => json!({"authenticated": false, "error": "invalid bearer token"}),
+    };
+    Json(json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenReview",
+        "metadata": {"creationTimestamp": null},
+        "spec": review["spec"],
+        "status": status,
+    }))
+}
+
+#[tokio::test]
+async fn token_review_authenticates_against_the_audience() {
+    let seen: Reviews = Arc::default();
+    let app = axum::Router::new()
+        .route(
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            post(token_review),
+        )
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let api = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{api}\n\
+             users:\n- name: u\n  user:\n    token: index-server-sa-token\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let (mut p, addr) = start(
+        &["--probe-audience", "inferencecache"],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+
+    let (status, body, _) = post_probe(addr, Some("controller-token"), GOOD).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["ok"], true);
+    // Accepted tokens are cached briefly: a second probe asks no one.
+    assert_eq!(
+        post_probe(addr, Some("controller-token"), GOOD).await.0,
+        200
+    );
+    let (status, body, _) = post_probe(addr, Some("stolen"), GOOD).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("invalid bearer token"),
+        "{body}"
+    );
+    let (status, body, _) = post_probe(addr, Some("other-audience-token"), GOOD).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("audience"),
+        "{body}"
+    );
+    assert_eq!(post_probe(addr, None, GOOD).await.0, 401);
+
+    let seen = seen.lock().clone();
+    assert_eq!(
+        seen,
+        [
+            (
+                "controller-token".to_owned(),
+                vec!["inferencecache".to_owned()]
+            ),
+            ("stolen".to_owned(), vec!["inferencecache".to_owned()]),
+            (
+                "other-audience-token".to_owned(),
+                vec!["inferencecache".to_owned()]
+            ),
+        ]
+    );
+    assert!(p.stop().success());
+}
+
+#[tokio::test]
+async fn unreachable_api_server_is_a_503_not_a_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let dead = ic_e2e::free_port();
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{dead}\n\
+             users:\n- name: u\n  user:\n    token: t\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    let (mut p, addr) = start(
+        &["--probe-audience", "inferencecache"],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let (status, body, _) = post_probe(addr, Some("controller-token"), GOOD).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("cannot verify"),
+        "{body}"
+    );
+    assert!(p.stop().success());
+}
