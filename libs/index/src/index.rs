@@ -1,21 +1,33 @@
 //! The index itself.
 //!
-//! Layout: entries live in `shards`, keyed by `(scope id, fingerprint)`, each
-//! holding the fingerprint's depth in its prompt and the replicas that hold
-//! it (with their tier). Writers (ingest) are serialised by one mutex that
-//! also guards each replica's set of held fingerprints — that set is what
-//! makes clears, resyncs and drains exact. Readers never take that mutex:
-//! they read replica metadata from a read-mostly registry and each entry
-//! under its shard's read lock.
+//! Layout: blocks live in `shards` (compact tables, see [`crate::table`]),
+//! keyed by the fingerprint mixed with the scope id, each holding its depth
+//! in the prompt and its holders (replica, tier, store epoch). Writers
+//! (ingest) are serialised by one mutex that also owns per-replica counters
+//! and the eviction clock; each write locks one shard for one block, so a
+//! lookup waits for at most one block's write. Readers never take the
+//! writer mutex.
+//!
+//! There is deliberately no per-replica set of held blocks and no per-entry
+//! eviction queue — they cost more memory than the entries themselves.
+//! Instead:
+//! * eviction works in store *epochs*: every entry carries the epoch it was
+//!   last stored in, and the capacity bound removes whole oldest epochs in
+//!   one pass over the shards (an epoch is 1/16 of capacity, so a pass
+//!   evicts at least that much);
+//! * dropping a replica's entries (drain, scope move, resync, clear) is a
+//!   pass over the shards. A resync first builds the new state under a
+//!   fresh, not yet visible replica slot and then swaps the slots in the
+//!   registry, so lookups see the old state or the new, never a mix.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use smallvec::SmallVec;
 
+use crate::table::{self, EPOCHS, Holder, MAX_DEPTH, MAX_REPLICAS, Shard, Stored};
 use crate::types::{
     Candidate, Change, ContentError, Fingerprint, LookupOutcome, ReplicaKey, ReplicaSnapshot,
     Scope, Tier,
@@ -24,47 +36,11 @@ use crate::types::{
 type ScopeId = u32;
 type ReplicaIdx = u32;
 
-/// Fingerprints are already uniformly random: mixing the scope id in is all
-/// the hashing they need.
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8)) ^ u64::from(b);
-        }
-    }
-    fn write_u32(&mut self, v: u32) {
-        self.0 ^= u64::from(v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    fn write_u64(&mut self, v: u64) {
-        self.0 ^= v;
-    }
-}
-
-type Map<K, V> = HashMap<K, V, BuildHasherDefault<KeyHasher>>;
-
-#[derive(Clone, Copy, Debug)]
-struct Holder {
-    replica: ReplicaIdx,
-    tier: Tier,
-    /// Matches the capacity queue record that stored it.
-    stamp: u32,
-}
-
-#[derive(Debug)]
-struct Entry {
-    depth: u32,
-    holders: SmallVec<[Holder; 2]>,
-}
-
-#[derive(Debug, Default)]
-struct Shard {
-    map: Map<(ScopeId, Fingerprint), Entry>,
+/// The table key of a block: scopes get disjoint key spaces (a replica's
+/// scope is also checked on every answer, so a cross-scope key collision
+/// could never leak a replica).
+fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
+    fp ^ u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
 }
 
 /// Read-mostly facts about a replica.
@@ -82,43 +58,74 @@ struct Registry {
     scope_list: Vec<Scope>,
     /// Block size learned per scope from stored events.
     block_sizes: HashMap<ScopeId, u32>,
+    /// Visible replicas by slot; a slot being built (resync) or purged is `None`.
     replicas: Vec<Option<Arc<ReplicaMeta>>>,
     by_key: HashMap<ReplicaKey, ReplicaIdx>,
 }
 
-/// Writer-side state of a replica.
-#[derive(Debug, Default)]
-struct Holdings {
-    held: Map<Fingerprint, Tier>,
+/// Writer-side facts about a replica slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counts {
+    entries: u64,
+    t1: u64,
     last_event_ms: Option<i64>,
     block_size: u32,
     tier2: Option<(u64, u64)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Writer {
-    holdings: HashMap<ReplicaIdx, Holdings>,
-    /// Insertion order of (scope, fingerprint, replica, stamp), for evicting
-    /// the least recently stored entries. Stale records are skipped lazily.
-    order: VecDeque<(ScopeId, Fingerprint, ReplicaIdx, u32)>,
-    next_stamp: u32,
-    free_replica_slots: Vec<ReplicaIdx>,
+    /// By replica slot.
+    counts: Vec<Counts>,
+    /// Slots ever allocated (the registry's length).
+    slots: u32,
+    free_slots: Vec<ReplicaIdx>,
+    /// Eviction clock: the current epoch, stores into it so far, and live
+    /// entries per epoch.
+    epoch: u32,
+    epoch_fill: u64,
+    epoch_size: u64,
+    epoch_entries: Vec<u64>,
 }
 
-/// Shard access for writers: lock one shard per operation, or use guards
-/// already held on every shard (for an atomic resync).
-enum Shards<'a> {
-    Lock(&'a [RwLock<Shard>]),
-    Held(Vec<parking_lot::RwLockWriteGuard<'a, Shard>>),
+impl Writer {
+    fn counts(&mut self, idx: ReplicaIdx) -> &mut Counts {
+        let i = idx as usize;
+        if self.counts.len() <= i {
+            self.counts.resize(i + 1, Counts::default());
+        }
+        &mut self.counts[i]
+    }
 }
 
-impl Shards<'_> {
-    fn with<R>(&mut self, i: usize, f: impl FnOnce(&mut Shard) -> R) -> R {
-        match self {
-            Shards::Lock(shards) => f(&mut shards[i].write()),
-            Shards::Held(guards) => f(&mut guards[i]),
+/// Sizing of the index.
+#[derive(Clone, Copy, Debug)]
+pub struct IndexConfig {
+    /// Most (replica, block) entries held; beyond it the least recently
+    /// stored are evicted.
+    pub capacity_entries: u64,
+    /// Number of lock shards (rounded up to a power of two).
+    pub shards: usize,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        Self {
+            capacity_entries: 10_000_000,
+            shards: 32,
         }
     }
+}
+
+/// The prefix index.
+#[derive(Debug)]
+pub struct Index {
+    config: IndexConfig,
+    registry: RwLock<Registry>,
+    shards: Box<[RwLock<Shard>]>,
+    writer: Mutex<Writer>,
+    entries: AtomicU64,
+    capacity_evictions: AtomicU64,
 }
 
 /// Whether replica `idx` may appear in an answer for `scope`.
@@ -139,11 +146,11 @@ fn eligible(
 
 /// Orders matches best first: longest, then T1 before T2, then the replica
 /// heard from most recently, then by key (deterministic).
-fn ranked(reg: &Registry, scope: ScopeId, matches: Vec<(ReplicaIdx, u32, Tier)>) -> LookupOutcome {
+fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> LookupOutcome {
     let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
     let mut out: Vec<(Candidate, i64)> = matches
-        .into_iter()
-        .filter_map(|(idx, matched_blocks, tier)| {
+        .iter()
+        .filter_map(|&(idx, matched_blocks, tier)| {
             let meta = reg.replicas.get(idx as usize)?.as_ref()?;
             Some((
                 Candidate {
@@ -167,69 +174,36 @@ fn ranked(reg: &Registry, scope: ScopeId, matches: Vec<(ReplicaIdx, u32, Tier)>)
     LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
 }
 
-/// Sizing of the index.
-#[derive(Clone, Copy, Debug)]
-pub struct IndexConfig {
-    /// Most (replica, block) entries held; beyond it the least recently
-    /// stored are evicted.
-    pub capacity_entries: u64,
-    /// Number of lock shards (rounded up to a power of two).
-    pub shards: usize,
-}
-
-impl Default for IndexConfig {
-    fn default() -> Self {
-        Self {
-            capacity_entries: 10_000_000,
-            shards: 64,
-        }
-    }
-}
-
-/// The prefix index.
-#[derive(Debug)]
-pub struct Index {
-    config: IndexConfig,
-    registry: RwLock<Registry>,
-    shards: Box<[RwLock<Shard>]>,
-    writer: Mutex<Writer>,
-    entries: AtomicU64,
-    capacity_evictions: AtomicU64,
-}
-
 impl Index {
     /// An empty index.
     pub fn new(config: IndexConfig) -> Self {
-        let n = config.shards.max(1).next_power_of_two();
+        let n = config.shards.clamp(1, 1024).next_power_of_two();
         Self {
             config,
             registry: RwLock::default(),
             shards: (0..n).map(|_| RwLock::default()).collect(),
-            writer: Mutex::default(),
+            writer: Mutex::new(Writer {
+                counts: Vec::new(),
+                slots: 0,
+                free_slots: Vec::new(),
+                epoch: 0,
+                epoch_fill: 0,
+                epoch_size: (config.capacity_entries / 16).max(1),
+                epoch_entries: vec![0; EPOCHS as usize],
+            }),
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
         }
     }
 
-    fn shard_index(&self, scope: ScopeId, fp: Fingerprint) -> usize {
-        // The shard comes from the top bits of a second multiplicative hash,
-        // so the bits each shard's hash table indexes by (the key's low bits)
-        // stay uniform within a shard. (Taking the shard from those same bits
-        // left most buckets unreachable and made inserts quadratic.)
-        let mix = (fp ^ u64::from(scope).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-            .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    fn shard_of(&self, h: u64) -> usize {
+        // The table indexes by the hash's low bits and tags with its top 7:
+        // take the shard from bits in between so all three stay independent.
         let bits = self.shards.len().trailing_zeros();
-        if bits == 0 {
-            return 0;
-        }
-        // The shift leaves `bits` (< 64) bits: always a valid index.
+        // Masked to `bits` (≤ 10) bits: always a valid index.
         #[allow(clippy::cast_possible_truncation)]
-        let i = (mix >> (64 - bits)) as usize;
+        let i = ((h >> 40) as usize) & ((1 << bits) - 1);
         i
-    }
-
-    fn shard(&self, scope: ScopeId, fp: Fingerprint) -> &RwLock<Shard> {
-        &self.shards[self.shard_index(scope, fp)]
     }
 
     /// Resident (replica, block) entries.
@@ -254,16 +228,33 @@ impl Index {
         reg.block_sizes.get(id).copied()
     }
 
-    // === ingest ===
+    // === replicas ===
 
     /// Registers (or refreshes) a replica; returns whether it is new or
     /// changed scope (in which case its previous holdings were dropped).
     pub fn touch(&self, key: &ReplicaKey, scope: &Scope, address: &str, now_ms: i64) -> bool {
         let mut writer = self.writer.lock();
         self.touch_locked(&mut writer, key, scope, address, now_ms)
-            .1
+            .is_some_and(|(_, _, changed)| changed)
     }
 
+    fn new_slot(&self, writer: &mut Writer, reg: &mut Registry) -> Option<ReplicaIdx> {
+        if let Some(i) = writer.free_slots.pop() {
+            *writer.counts(i) = Counts::default();
+            return Some(i);
+        }
+        if writer.slots >= MAX_REPLICAS {
+            return None;
+        }
+        let i = writer.slots;
+        writer.slots += 1;
+        reg.replicas.push(None);
+        *writer.counts(i) = Counts::default();
+        Some(i)
+    }
+
+    /// The replica's (slot, scope id, whether it is new or moved scope);
+    /// `None` when no slot is left.
     fn touch_locked(
         &self,
         writer: &mut Writer,
@@ -271,7 +262,7 @@ impl Index {
         scope: &Scope,
         address: &str,
         now_ms: i64,
-    ) -> (ReplicaIdx, bool) {
+    ) -> Option<(ReplicaIdx, ScopeId, bool)> {
         {
             let reg = self.registry.read();
             if let Some(&idx) = reg.by_key.get(key)
@@ -280,7 +271,7 @@ impl Index {
                 && meta.address == address
             {
                 meta.last_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
-                return (idx, false);
+                return Some((idx, meta.scope, false));
             }
         }
         let mut reg = self.registry.write();
@@ -294,24 +285,16 @@ impl Index {
             }
         };
         let existing = reg.by_key.get(key).copied();
-        let mut old_scope = None;
-        let (idx, changed_scope) = match existing {
-            Some(idx) => {
-                old_scope = reg.replicas[idx as usize].as_ref().map(|m| m.scope);
-                (idx, old_scope != Some(scope_id))
-            }
+        let old_scope = existing.and_then(|i| reg.replicas[i as usize].as_ref().map(|m| m.scope));
+        let idx = match existing {
+            Some(idx) => idx,
             None => {
-                let idx = match writer.free_replica_slots.pop() {
-                    Some(i) => i,
-                    None => {
-                        reg.replicas.push(None);
-                        ReplicaIdx::try_from(reg.replicas.len() - 1).unwrap_or(ReplicaIdx::MAX)
-                    }
-                };
+                let idx = self.new_slot(writer, &mut reg)?;
                 reg.by_key.insert(key.clone(), idx);
-                (idx, true)
+                idx
             }
         };
+        let changed_scope = old_scope != Some(scope_id);
         reg.replicas[idx as usize] = Some(Arc::new(ReplicaMeta {
             key: key.clone(),
             scope: scope_id,
@@ -319,20 +302,12 @@ impl Index {
             last_seen_ms: AtomicI64::new(now_ms),
         }));
         drop(reg);
-        if changed_scope && let Some(old_scope) = old_scope {
+        if changed_scope && old_scope.is_some() {
             // Its entries were filed under the old scope.
-            self.drop_all(&mut Shards::Lock(&self.shards), writer, old_scope, idx);
+            self.drop_where(writer, idx, None);
+            *writer.counts(idx) = Counts::default();
         }
-        writer.holdings.entry(idx).or_default();
-        (idx, changed_scope)
-    }
-
-    fn scope_of(&self, idx: ReplicaIdx) -> Option<ScopeId> {
-        self.registry
-            .read()
-            .replicas
-            .get(idx as usize)
-            .and_then(|m| m.as_ref().map(|m| m.scope))
+        Some((idx, scope_id, changed_scope))
     }
 
     /// Applies changes reported by a replica. Inconsistent changes are
@@ -346,9 +321,11 @@ impl Index {
         now_ms: i64,
     ) -> Vec<ContentError> {
         let mut writer = self.writer.lock();
-        let (idx, _) = self.touch_locked(&mut writer, key, scope, address, now_ms);
-        let mut shards = Shards::Lock(&self.shards);
-        let errors = self.apply_locked(&mut shards, &mut writer, idx, changes, now_ms);
+        let Some((idx, scope_id, _)) = self.touch_locked(&mut writer, key, scope, address, now_ms)
+        else {
+            return vec![ContentError::TooManyReplicas];
+        };
+        let errors = self.apply_locked(&mut writer, idx, scope_id, changes, now_ms);
         self.enforce_capacity(&mut writer);
         errors
     }
@@ -364,16 +341,33 @@ impl Index {
         now_ms: i64,
     ) -> Vec<ContentError> {
         let mut writer = self.writer.lock();
-        let (idx, _) = self.touch_locked(&mut writer, key, scope, address, now_ms);
-        let Some(scope_id) = self.scope_of(idx) else {
-            return Vec::new();
+        let Some((old, scope_id, _)) = self.touch_locked(&mut writer, key, scope, address, now_ms)
+        else {
+            return vec![ContentError::TooManyReplicas];
         };
-        // Hold every shard (in index order, so writers cannot deadlock) for
-        // the swap: no lookup observes it half done.
-        let mut shards = Shards::Held(self.shards.iter().map(RwLock::write).collect());
-        self.drop_all(&mut shards, &mut writer, scope_id, idx);
-        let errors = self.apply_locked(&mut shards, &mut writer, idx, changes, now_ms);
-        drop(shards);
+        if writer.counts(old).entries == 0 {
+            // Nothing to hide: build in place.
+            let errors = self.apply_locked(&mut writer, old, scope_id, changes, now_ms);
+            self.enforce_capacity(&mut writer);
+            return errors;
+        }
+        // Build the new state under a slot lookups cannot see yet.
+        let Some(fresh) = self.new_slot(&mut writer, &mut self.registry.write()) else {
+            return vec![ContentError::TooManyReplicas];
+        };
+        let carried = *writer.counts(old);
+        writer.counts(fresh).tier2 = carried.tier2;
+        let errors = self.apply_locked(&mut writer, fresh, scope_id, changes, now_ms);
+        {
+            let mut reg = self.registry.write();
+            let meta = reg.replicas[old as usize].take();
+            reg.replicas[fresh as usize] = meta;
+            reg.by_key.insert(key.clone(), fresh);
+        }
+        // The old slot is invisible now; purge it and free it.
+        self.drop_where(&mut writer, old, None);
+        *writer.counts(old) = Counts::default();
+        writer.free_slots.push(old);
         self.enforce_capacity(&mut writer);
         errors
     }
@@ -381,17 +375,17 @@ impl Index {
     /// Forgets a replica (drained or gone).
     pub fn remove_replica(&self, key: &ReplicaKey) -> bool {
         let mut writer = self.writer.lock();
-        let Some(idx) = self.registry.read().by_key.get(key).copied() else {
-            return false;
+        let idx = {
+            let mut reg = self.registry.write();
+            let Some(idx) = reg.by_key.remove(key) else {
+                return false;
+            };
+            reg.replicas[idx as usize] = None;
+            idx
         };
-        if let Some(scope_id) = self.scope_of(idx) {
-            self.drop_all(&mut Shards::Lock(&self.shards), &mut writer, scope_id, idx);
-        }
-        writer.holdings.remove(&idx);
-        writer.free_replica_slots.push(idx);
-        let mut reg = self.registry.write();
-        reg.by_key.remove(key);
-        reg.replicas[idx as usize] = None;
+        self.drop_where(&mut writer, idx, None);
+        *writer.counts(idx) = Counts::default();
+        writer.free_slots.push(idx);
         true
     }
 
@@ -410,24 +404,21 @@ impl Index {
     /// Records the replica's latest tier-2 counters.
     pub fn set_tier2(&self, key: &ReplicaKey, tier2: Option<(u64, u64)>) {
         let mut writer = self.writer.lock();
-        if let Some(idx) = self.registry.read().by_key.get(key).copied()
-            && let Some(h) = writer.holdings.get_mut(&idx)
-        {
-            h.tier2 = tier2;
+        if let Some(idx) = self.registry.read().by_key.get(key).copied() {
+            writer.counts(idx).tier2 = tier2;
         }
     }
 
+    // === ingest ===
+
     fn apply_locked(
         &self,
-        shards: &mut Shards<'_>,
         writer: &mut Writer,
         idx: ReplicaIdx,
+        scope: ScopeId,
         changes: &[Change],
         now_ms: i64,
     ) -> Vec<ContentError> {
-        let Some(scope) = self.scope_of(idx) else {
-            return Vec::new();
-        };
         let mut errors = Vec::new();
         for change in changes {
             match change {
@@ -437,59 +428,51 @@ impl Index {
                     block_size,
                     tier,
                 } => {
-                    if *block_size > 0
-                        && self.registry.read().block_sizes.get(&scope) != Some(block_size)
-                    {
-                        self.registry.write().block_sizes.insert(scope, *block_size);
+                    if *block_size > 0 && writer.counts(idx).block_size != *block_size {
+                        writer.counts(idx).block_size = *block_size;
+                        let mut reg = self.registry.write();
+                        reg.block_sizes.insert(scope, *block_size);
                     }
                     for (i, &fp) in fingerprints.iter().enumerate() {
-                        let depth =
-                            start_depth.saturating_add(u32::try_from(i).unwrap_or(u32::MAX));
-                        if let Err(e) = self.store_one(shards, writer, scope, idx, fp, depth, *tier)
-                        {
+                        let depth = start_depth
+                            .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
+                            .min(MAX_DEPTH);
+                        if let Err(e) = self.store_one(writer, scope, idx, fp, depth, *tier) {
                             errors.push(e);
                         }
                     }
-                    if let Some(h) = writer.holdings.get_mut(&idx) {
-                        h.block_size = *block_size;
-                    }
                 }
                 Change::Evicted { fingerprints } => {
-                    self.drop_entries(
-                        shards,
-                        writer,
-                        scope,
-                        idx,
-                        fingerprints.iter().copied(),
-                        None,
-                    );
+                    for &fp in fingerprints {
+                        let key = entry_key(scope, fp);
+                        let h = table::hash(key);
+                        let removed = self.shards[self.shard_of(h)]
+                            .write()
+                            .remove(h, key, idx, None);
+                        if let Some(holder) = removed {
+                            self.forget(writer, holder);
+                        }
+                    }
                 }
                 Change::Cleared { tier } => {
-                    let at_tier: Vec<Fingerprint> = writer
-                        .holdings
-                        .get(&idx)
-                        .map(|h| {
-                            h.held
-                                .iter()
-                                .filter(|(_, t)| *t == tier)
-                                .map(|(f, _)| *f)
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    self.drop_entries(shards, writer, scope, idx, at_tier.into_iter(), Some(*tier));
+                    let counts = *writer.counts(idx);
+                    let at_tier = match tier {
+                        Tier::T1 => counts.t1,
+                        Tier::T2 => counts.entries - counts.t1,
+                    };
+                    if at_tier > 0 {
+                        self.drop_where(writer, idx, Some(*tier));
+                    }
                 }
             }
-            if let Some(h) = writer.holdings.get_mut(&idx) {
-                h.last_event_ms = Some(h.last_event_ms.map_or(now_ms, |t| t.max(now_ms)));
-            }
+            let counts = writer.counts(idx);
+            counts.last_event_ms = Some(counts.last_event_ms.map_or(now_ms, |t| t.max(now_ms)));
         }
         errors
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn store_one(
         &self,
-        shards: &mut Shards<'_>,
         writer: &mut Writer,
         scope: ScopeId,
         idx: ReplicaIdx,
@@ -497,149 +480,109 @@ impl Index {
         depth: u32,
         tier: Tier,
     ) -> Result<(), ContentError> {
-        let stamp = writer.next_stamp;
-        writer.next_stamp = writer.next_stamp.wrapping_add(1);
-        let added = shards.with(self.shard_index(scope, fp), |shard| {
-            let entry = shard.map.entry((scope, fp)).or_insert_with(|| Entry {
-                depth,
-                holders: SmallVec::new(),
-            });
-            if entry.depth != depth {
-                if entry.holders.is_empty() {
-                    entry.depth = depth;
-                } else {
-                    return Err(ContentError::DepthMismatch {
-                        fingerprint: fp,
-                        known: entry.depth,
-                        reported: depth,
-                    });
-                }
+        let key = entry_key(scope, fp);
+        let h = table::hash(key);
+        let epoch = writer.epoch;
+        let stored = self.shards[self.shard_of(h)]
+            .write()
+            .store(h, key, depth, Holder::new(idx, tier, epoch))
+            .map_err(|known| ContentError::DepthMismatch {
+                fingerprint: fp,
+                known,
+                reported: depth,
+            })?;
+        match stored {
+            Stored::Added => {
+                let counts = writer.counts(idx);
+                counts.entries += 1;
+                counts.t1 += u64::from(tier == Tier::T1);
+                self.entries.fetch_add(1, Ordering::Relaxed);
             }
-            match entry.holders.iter_mut().find(|h| h.replica == idx) {
-                Some(h) => {
-                    h.tier = tier;
-                    h.stamp = stamp;
-                    Ok(false)
-                }
-                None => {
-                    entry.holders.push(Holder {
-                        replica: idx,
-                        tier,
-                        stamp,
-                    });
-                    Ok(true)
-                }
+            Stored::Refreshed(previous) => {
+                writer.epoch_entries[previous.epoch() as usize] -= 1;
+                let counts = writer.counts(idx);
+                counts.t1 = counts.t1 - u64::from(previous.tier() == Tier::T1)
+                    + u64::from(tier == Tier::T1);
             }
-        })?;
-        if added {
-            self.entries.fetch_add(1, Ordering::Relaxed);
         }
-        writer
-            .holdings
-            .entry(idx)
-            .or_default()
-            .held
-            .insert(fp, tier);
-        writer.order.push_back((scope, fp, idx, stamp));
+        writer.epoch_entries[epoch as usize] += 1;
+        writer.epoch_fill += 1;
+        if writer.epoch_fill >= writer.epoch_size {
+            writer.epoch = (writer.epoch + 1) % EPOCHS;
+            writer.epoch_fill = 0;
+            // The clock wrapped onto the oldest epoch: retire it first.
+            if writer.epoch_entries[writer.epoch as usize] > 0 {
+                self.evict_oldest(writer, 1);
+            }
+        }
         Ok(())
     }
 
-    /// Removes `idx` as holder of everything it holds in `scope`.
-    fn drop_all(
-        &self,
-        shards: &mut Shards<'_>,
-        writer: &mut Writer,
-        scope: ScopeId,
-        idx: ReplicaIdx,
-    ) {
-        let held: Vec<Fingerprint> = writer
-            .holdings
-            .get(&idx)
-            .map(|h| h.held.keys().copied().collect())
-            .unwrap_or_default();
-        self.drop_entries(shards, writer, scope, idx, held.into_iter(), None);
+    /// Bookkeeping for one removed holder.
+    fn forget(&self, writer: &mut Writer, holder: Holder) {
+        writer.epoch_entries[holder.epoch() as usize] -= 1;
+        let counts = writer.counts(holder.replica());
+        counts.entries = counts.entries.saturating_sub(1);
+        counts.t1 = counts
+            .t1
+            .saturating_sub(u64::from(holder.tier() == Tier::T1));
+        self.entries.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// Removes `idx` as holder of `fps` in `scope` (only those held at
-    /// `tier`, if given).
-    fn drop_entries(
-        &self,
-        shards: &mut Shards<'_>,
-        writer: &mut Writer,
-        scope: ScopeId,
-        idx: ReplicaIdx,
-        fps: impl Iterator<Item = Fingerprint>,
-        tier: Option<Tier>,
-    ) {
-        let Some(holdings) = writer.holdings.get_mut(&idx) else {
+    /// Removes every entry of slot `idx` (at `tier`, if given): one pass
+    /// over the shards, each locked only for its own pass.
+    fn drop_where(&self, writer: &mut Writer, idx: ReplicaIdx, tier: Option<Tier>) {
+        if writer.counts(idx).entries == 0 {
             return;
-        };
-        for fp in fps {
-            match (holdings.held.get(&fp), tier) {
-                (None, _) => continue,
-                (Some(t), Some(want)) if *t != want => continue,
-                _ => {}
-            }
-            holdings.held.remove(&fp);
-            let removed = shards.with(self.shard_index(scope, fp), |shard| {
-                let Some(entry) = shard.map.get_mut(&(scope, fp)) else {
-                    return false;
-                };
-                let before = entry.holders.len();
-                entry.holders.retain(|h| h.replica != idx);
-                let removed = entry.holders.len() < before;
-                if entry.holders.is_empty() {
-                    shard.map.remove(&(scope, fp));
-                }
-                removed
-            });
-            if removed {
-                self.entries.fetch_sub(1, Ordering::Relaxed);
-            }
+        }
+        for shard in &self.shards {
+            shard.write().remove_where(
+                |h| h.replica() == idx && tier.is_none_or(|t| h.tier() == t),
+                |h| self.forget(writer, h),
+            );
         }
     }
 
     fn enforce_capacity(&self, writer: &mut Writer) {
-        while self.len() > self.config.capacity_entries {
-            let Some((scope, fp, idx, stamp)) = writer.order.pop_front() else {
+        if self.len() > self.config.capacity_entries {
+            let excess = self.len() - self.config.capacity_entries;
+            self.evict_oldest(writer, excess);
+        }
+    }
+
+    /// Evicts whole epochs, oldest first, until at least `at_least` entries
+    /// (and at least an epoch's worth, so passes stay rare) are selected;
+    /// then removes them in one pass.
+    fn evict_oldest(&self, writer: &mut Writer, at_least: u64) {
+        let target = at_least.max(writer.epoch_size);
+        let mut doomed = vec![false; EPOCHS as usize];
+        let mut selected = 0u64;
+        for step in 1..=EPOCHS {
+            let e = ((writer.epoch + step) % EPOCHS) as usize;
+            if writer.epoch_entries[e] == 0 {
+                continue;
+            }
+            doomed[e] = true;
+            selected += writer.epoch_entries[e];
+            if selected >= target {
                 break;
-            };
-            let mut shard = self.shard(scope, fp).write();
-            let Some(entry) = shard.map.get_mut(&(scope, fp)) else {
-                continue;
-            };
-            let Some(pos) = entry
-                .holders
-                .iter()
-                .position(|h| h.replica == idx && h.stamp == stamp)
-            else {
-                continue;
-            };
-            entry.holders.remove(pos);
-            if entry.holders.is_empty() {
-                shard.map.remove(&(scope, fp));
-            }
-            drop(shard);
-            self.entries.fetch_sub(1, Ordering::Relaxed);
-            self.capacity_evictions.fetch_add(1, Ordering::Relaxed);
-            if let Some(h) = writer.holdings.get_mut(&idx) {
-                h.held.remove(&fp);
             }
         }
-        // Keep the queue from outgrowing the entries it describes.
-        if writer.order.len() as u64 > self.len().saturating_mul(2) + 4096 {
-            writer.order.retain(|(scope, fp, idx, stamp)| {
-                self.shard(*scope, *fp)
-                    .read()
-                    .map
-                    .get(&(*scope, *fp))
-                    .is_some_and(|e| {
-                        e.holders
-                            .iter()
-                            .any(|h| h.replica == *idx && h.stamp == *stamp)
-                    })
-            });
+        if selected == 0 {
+            return;
         }
+        let mut evicted = 0u64;
+        for shard in &self.shards {
+            shard.write().remove_where(
+                |h| doomed[h.epoch() as usize],
+                |h| {
+                    evicted += 1;
+                    self.forget(writer, h);
+                },
+            );
+        }
+        self.capacity_evictions
+            .fetch_add(evicted, Ordering::Relaxed);
     }
 
     // === lookup ===
@@ -656,52 +599,73 @@ impl Index {
         fresh_since_ms: Option<i64>,
     ) -> LookupOutcome {
         // Held for the whole lookup: shared, and written only when replicas
-        // join, leave or move.
+        // join, leave or resync.
         let reg = self.registry.read();
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return LookupOutcome::UnknownScope;
         };
-        let eligible = |idx: ReplicaIdx| eligible(&reg, idx, scope_id, candidates, fresh_since_ms);
         let Some((&first, rest)) = fingerprints.split_first() else {
             return LookupOutcome::NoEntry;
         };
+        // Shard read guards, taken on first use and kept for the lookup:
+        // one lock round trip per shard rather than per block.
+        let mut guards: SmallVec<[Option<RwLockReadGuard<'_, Shard>>; 64]> =
+            (0..self.shards.len()).map(|_| None).collect();
+        let key = entry_key(scope_id, first);
+        let h = table::hash(key);
+        let s = self.shard_of(h);
+        guards[s] = Some(self.shards[s].read());
         // (replica, coldest tier so far)
-        let mut active: SmallVec<[(ReplicaIdx, Tier); 8]> = {
-            let shard = self.shard(scope_id, first).read();
-            match shard.map.get(&(scope_id, first)) {
-                Some(entry) => entry
-                    .holders
+        let mut active: SmallVec<[(ReplicaIdx, Tier); 8]> =
+            match guards[s].as_ref().and_then(|g| g.get(h, key)) {
+                Some((_, holders)) => holders
                     .iter()
-                    .filter(|h| eligible(h.replica))
-                    .map(|h| (h.replica, h.tier))
+                    .map(|&x| Holder::from_raw(x))
+                    .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                    .map(|x| (x.replica(), x.tier()))
                     .collect(),
                 None => SmallVec::new(),
-            }
-        };
+            };
         if active.is_empty() {
             return LookupOutcome::NoEntry;
         }
-        let mut finished: Vec<(ReplicaIdx, u32, Tier)> = Vec::new();
+        let mut finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = SmallVec::new();
         let mut matched = 1u32;
         for &fp in rest {
-            let shard = self.shard(scope_id, fp).read();
-            let entry = shard.map.get(&(scope_id, fp));
-            let mut survivors: SmallVec<[(ReplicaIdx, Tier); 8]> = SmallVec::new();
-            for &(idx, tier) in &active {
-                match entry.and_then(|e| e.holders.iter().find(|h| h.replica == idx)) {
-                    Some(h) => survivors.push((idx, tier.max(h.tier))),
-                    None => finished.push((idx, matched, tier)),
-                }
+            let key = entry_key(scope_id, fp);
+            let h = table::hash(key);
+            let s = self.shard_of(h);
+            if guards[s].is_none() {
+                guards[s] = Some(self.shards[s].read());
             }
-            drop(shard);
-            active = survivors;
+            let holders = guards[s]
+                .as_ref()
+                .and_then(|g| g.get(h, key))
+                .map_or(&[][..], |(_, hs)| hs);
+            active.retain(|(idx, tier)| {
+                match holders
+                    .iter()
+                    .map(|&x| Holder::from_raw(x))
+                    .find(|x| x.replica() == *idx)
+                {
+                    Some(x) => {
+                        *tier = (*tier).max(x.tier());
+                        true
+                    }
+                    None => {
+                        finished.push((*idx, matched, *tier));
+                        false
+                    }
+                }
+            });
             if active.is_empty() {
                 break;
             }
             matched += 1;
         }
+        drop(guards);
         finished.extend(active.iter().map(|&(idx, tier)| (idx, matched, tier)));
-        ranked(&reg, scope_id, finished)
+        ranked(&reg, scope_id, &finished)
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
@@ -717,29 +681,31 @@ impl Index {
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return LookupOutcome::UnknownScope;
         };
+        let key = entry_key(scope_id, fingerprint);
+        let h = table::hash(key);
         let matches: Vec<(ReplicaIdx, u32, Tier)> = {
-            let shard = self.shard(scope_id, fingerprint).read();
-            let Some(entry) = shard.map.get(&(scope_id, fingerprint)) else {
+            let shard = self.shards[self.shard_of(h)].read();
+            let Some((depth, holders)) = shard.get(h, key) else {
                 return LookupOutcome::NoEntry;
             };
-            entry
-                .holders
+            holders
                 .iter()
-                .filter(|h| eligible(&reg, h.replica, scope_id, candidates, fresh_since_ms))
-                .map(|h| (h.replica, entry.depth.saturating_add(1), h.tier))
+                .map(|&x| Holder::from_raw(x))
+                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .map(|x| (x.replica(), depth.saturating_add(1), x.tier()))
                 .collect()
         };
         if matches.is_empty() {
             return LookupOutcome::NoEntry;
         }
-        ranked(&reg, scope_id, matches)
+        ranked(&reg, scope_id, &matches)
     }
 
     // === snapshot ===
 
     /// Every replica with its counts, sorted by key.
     pub fn snapshot(&self) -> Vec<ReplicaSnapshot> {
-        let writer = self.writer.lock();
+        let mut writer = self.writer.lock();
         let reg = self.registry.read();
         let mut out: Vec<ReplicaSnapshot> = reg
             .replicas
@@ -747,20 +713,17 @@ impl Index {
             .enumerate()
             .filter_map(|(i, meta)| {
                 let meta = meta.as_ref()?;
-                let idx = ReplicaIdx::try_from(i).ok()?;
-                let h = writer.holdings.get(&idx);
+                let c = *writer.counts(ReplicaIdx::try_from(i).ok()?);
                 Some(ReplicaSnapshot {
                     key: meta.key.clone(),
                     scope: reg.scope_list.get(meta.scope as usize)?.clone(),
                     address: meta.address.clone(),
-                    prefix_count: h.map_or(0, |h| h.held.len() as u64),
-                    t1_count: h.map_or(0, |h| {
-                        h.held.values().filter(|t| **t == Tier::T1).count() as u64
-                    }),
+                    prefix_count: c.entries,
+                    t1_count: c.t1,
                     last_seen_ms: meta.last_seen_ms.load(Ordering::Relaxed),
-                    last_event_ms: h.and_then(|h| h.last_event_ms),
-                    block_size: h.map_or(0, |h| h.block_size),
-                    tier2: h.and_then(|h| h.tier2),
+                    last_event_ms: c.last_event_ms,
+                    block_size: c.block_size,
+                    tier2: c.tier2,
                 })
             })
             .collect();

@@ -8,11 +8,11 @@
 //! scheme and adapter — isolation is structural, not a filter that could be
 //! forgotten.
 //!
-//! The map is split into shards behind their own locks, so ingest for one
-//! part of the key space never blocks lookups on another, and a lookup holds
-//! a shard's read lock only while reading one entry.
+//! The map is split into shards behind their own locks; ingest locks one
+//! shard per block, so a lookup never waits for more than one block's write.
 
 mod index;
+mod table;
 mod types;
 
 pub use index::{Index, IndexConfig};

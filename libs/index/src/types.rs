@@ -128,6 +128,8 @@ pub enum ContentError {
         /// Depth just reported.
         reported: u32,
     },
+    /// Every replica slot is in use; the change was not applied.
+    TooManyReplicas,
 }
 
 /// One replica as `/snapshot` shows it.
