@@ -36,6 +36,15 @@ use crate::types::{
 type ScopeId = u32;
 type ReplicaIdx = u32;
 
+/// A block about to be stored: (shard, hash, key, depth, fingerprint).
+type PendingStore = (usize, u64, u64, u32, Fingerprint);
+
+/// Blocks probed together in a lookup.
+const LOOKUP_CHUNK: usize = 16;
+/// Most blocks stored under one shard lock (bounds how long a lookup can
+/// wait for ingest).
+const STORE_BATCH: usize = 16;
+
 /// The table key of a block: scopes get disjoint key spaces (a replica's
 /// scope is also checked on every answer, so a cross-scope key collision
 /// could never leak a replica).
@@ -433,14 +442,15 @@ impl Index {
                         let mut reg = self.registry.write();
                         reg.block_sizes.insert(scope, *block_size);
                     }
-                    for (i, &fp) in fingerprints.iter().enumerate() {
-                        let depth = start_depth
-                            .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
-                            .min(MAX_DEPTH);
-                        if let Err(e) = self.store_one(writer, scope, idx, fp, depth, *tier) {
-                            errors.push(e);
-                        }
-                    }
+                    self.store_chain(
+                        writer,
+                        scope,
+                        idx,
+                        *start_depth,
+                        fingerprints,
+                        *tier,
+                        &mut errors,
+                    );
                 }
                 Change::Evicted { fingerprints } => {
                     for &fp in fingerprints {
@@ -471,26 +481,85 @@ impl Index {
         errors
     }
 
-    fn store_one(
+    /// Stores a chain of blocks, grouped by shard so each shard is locked
+    /// once per small group (the table probes within a group overlap) and
+    /// the bookkeeping happens outside the lock.
+    #[allow(clippy::too_many_arguments)]
+    fn store_chain(
         &self,
         writer: &mut Writer,
         scope: ScopeId,
         idx: ReplicaIdx,
-        fp: Fingerprint,
-        depth: u32,
+        start_depth: u32,
+        fingerprints: &[Fingerprint],
         tier: Tier,
-    ) -> Result<(), ContentError> {
-        let key = entry_key(scope, fp);
-        let h = table::hash(key);
-        let epoch = writer.epoch;
-        let stored = self.shards[self.shard_of(h)]
-            .write()
-            .store(h, key, depth, Holder::new(idx, tier, epoch))
-            .map_err(|known| ContentError::DepthMismatch {
-                fingerprint: fp,
-                known,
-                reported: depth,
-            })?;
+        errors: &mut Vec<ContentError>,
+    ) {
+        let mut items: SmallVec<[PendingStore; 64]> = fingerprints
+            .iter()
+            .enumerate()
+            .map(|(i, &fp)| {
+                let key = entry_key(scope, fp);
+                let h = table::hash(key);
+                let depth = start_depth
+                    .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
+                    .min(MAX_DEPTH);
+                (self.shard_of(h), h, key, depth, fp)
+            })
+            .collect();
+        items.sort_unstable_by_key(|item| item.0);
+        for group in items.chunk_by(|a, b| a.0 == b.0) {
+            for batch in group.chunks(STORE_BATCH) {
+                // The epoch each store will be accounted in (the clock ticks
+                // per store, exactly as `account_store` advances it).
+                let mut epochs: SmallVec<[u32; STORE_BATCH]> = SmallVec::new();
+                let (mut epoch, mut fill) = (writer.epoch, writer.epoch_fill);
+                for _ in batch {
+                    epochs.push(epoch);
+                    fill += 1;
+                    if fill >= writer.epoch_size {
+                        epoch = (epoch + 1) % EPOCHS;
+                        fill = 0;
+                    }
+                }
+                let mut results: SmallVec<[Result<Stored, u32>; STORE_BATCH]> = SmallVec::new();
+                {
+                    let mut shard = self.shards[batch[0].0].write();
+                    results.extend(batch.iter().zip(&epochs).map(
+                        |(&(_, h, key, depth, _), &epoch)| {
+                            shard.store(h, key, depth, Holder::new(idx, tier, epoch))
+                        },
+                    ));
+                }
+                for ((&(_, _, _, depth, fp), result), &epoch) in
+                    batch.iter().zip(results).zip(&epochs)
+                {
+                    match result {
+                        Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
+                        Err(known) => {
+                            errors.push(ContentError::DepthMismatch {
+                                fingerprint: fp,
+                                known,
+                                reported: depth,
+                            });
+                            // Keep the clock in step with the epochs handed out.
+                            self.tick_clock(writer);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bookkeeping for one stored holder, and the eviction clock.
+    fn account_store(
+        &self,
+        writer: &mut Writer,
+        idx: ReplicaIdx,
+        tier: Tier,
+        epoch: u32,
+        stored: Stored,
+    ) {
         match stored {
             Stored::Added => {
                 let counts = writer.counts(idx);
@@ -506,6 +575,11 @@ impl Index {
             }
         }
         writer.epoch_entries[epoch as usize] += 1;
+        self.tick_clock(writer);
+    }
+
+    /// Advances the eviction clock by one store.
+    fn tick_clock(&self, writer: &mut Writer) {
         writer.epoch_fill += 1;
         if writer.epoch_fill >= writer.epoch_size {
             writer.epoch = (writer.epoch + 1) % EPOCHS;
@@ -515,7 +589,6 @@ impl Index {
                 self.evict_oldest(writer, 1);
             }
         }
-        Ok(())
     }
 
     /// Bookkeeping for one removed holder.
@@ -631,37 +704,49 @@ impl Index {
         }
         let mut finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = SmallVec::new();
         let mut matched = 1u32;
-        for &fp in rest {
-            let key = entry_key(scope_id, fp);
-            let h = table::hash(key);
-            let s = self.shard_of(h);
-            if guards[s].is_none() {
-                guards[s] = Some(self.shards[s].read());
-            }
-            let holders = guards[s]
-                .as_ref()
-                .and_then(|g| g.get(h, key))
-                .map_or(&[][..], |(_, hs)| hs);
-            active.retain(|(idx, tier)| {
-                match holders
-                    .iter()
-                    .map(|&x| Holder::from_raw(x))
-                    .find(|x| x.replica() == *idx)
-                {
-                    Some(x) => {
-                        *tier = (*tier).max(x.tier());
-                        true
-                    }
-                    None => {
-                        finished.push((*idx, matched, *tier));
-                        false
-                    }
+        // Blocks go in chunks: first every lock the chunk needs, then its
+        // table probes back to back (independent loads the CPU overlaps,
+        // instead of one cache miss after another), then the scoring.
+        'chunks: for chunk in rest.chunks(LOOKUP_CHUNK) {
+            let mut at: [(usize, u64, u64); LOOKUP_CHUNK] = [(0, 0, 0); LOOKUP_CHUNK];
+            for (slot, &fp) in at.iter_mut().zip(chunk) {
+                let key = entry_key(scope_id, fp);
+                let h = table::hash(key);
+                let s = self.shard_of(h);
+                if guards[s].is_none() {
+                    guards[s] = Some(self.shards[s].read());
                 }
-            });
-            if active.is_empty() {
-                break;
+                *slot = (s, h, key);
             }
-            matched += 1;
+            let mut found: [&[u32]; LOOKUP_CHUNK] = [&[]; LOOKUP_CHUNK];
+            for (out, &(s, h, key)) in found.iter_mut().zip(&at[..chunk.len()]) {
+                *out = guards[s]
+                    .as_ref()
+                    .and_then(|g| g.get(h, key))
+                    .map_or(&[][..], |(_, hs)| hs);
+            }
+            for holders in &found[..chunk.len()] {
+                active.retain(|(idx, tier)| {
+                    match holders
+                        .iter()
+                        .map(|&x| Holder::from_raw(x))
+                        .find(|x| x.replica() == *idx)
+                    {
+                        Some(x) => {
+                            *tier = (*tier).max(x.tier());
+                            true
+                        }
+                        None => {
+                            finished.push((*idx, matched, *tier));
+                            false
+                        }
+                    }
+                });
+                if active.is_empty() {
+                    break 'chunks;
+                }
+                matched += 1;
+            }
         }
         drop(guards);
         finished.extend(active.iter().map(|&(idx, tier)| (idx, matched, tier)));

@@ -79,7 +79,8 @@ pub(crate) enum Stored {
     Refreshed(Holder),
 }
 
-type HolderList = SmallVec<[u32; 3]>;
+/// Four inline holders cost no more than three (the heap form is as big).
+type HolderList = SmallVec<[u32; 4]>;
 
 /// One shard.
 #[derive(Debug, Default)]
