@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use smallvec::SmallVec;
 
-use crate::table::{self, EPOCHS, Holder, MAX_DEPTH, MAX_REPLICAS, Shard, Stored};
+use crate::table::{self, EPOCHS, Found, Holder, MAX_DEPTH, MAX_REPLICAS, Shard, Stored};
 use crate::types::{
     Candidate, Change, ContentError, Fingerprint, LookupOutcome, ReplicaKey, ReplicaSnapshot,
     Scope, Tier,
@@ -718,12 +718,17 @@ impl Index {
                 }
                 *slot = (s, h, key);
             }
+            // Slots first, then the spill lists they point to: two rounds of
+            // independent loads instead of a dependent pair per block.
+            let mut slots: [Option<Found>; LOOKUP_CHUNK] = [None; LOOKUP_CHUNK];
+            for (out, &(s, h, key)) in slots.iter_mut().zip(&at[..chunk.len()]) {
+                *out = guards[s].as_ref().and_then(|g| g.find(h, key));
+            }
             let mut found: [&[u32]; LOOKUP_CHUNK] = [&[]; LOOKUP_CHUNK];
-            for (out, &(s, h, key)) in found.iter_mut().zip(&at[..chunk.len()]) {
-                *out = guards[s]
-                    .as_ref()
-                    .and_then(|g| g.get(h, key))
-                    .map_or(&[][..], |(_, hs)| hs);
+            for ((out, &(s, _, _)), slot) in found.iter_mut().zip(&at[..chunk.len()]).zip(&slots) {
+                if let (Some(g), Some(slot)) = (guards[s].as_ref(), slot.as_ref()) {
+                    *out = g.holders(slot);
+                }
             }
             for holders in &found[..chunk.len()] {
                 active.retain(|(idx, tier)| {

@@ -70,6 +70,10 @@ impl Slot {
     }
 }
 
+/// A slot's metadata and holder word, as [`Shard::find`] copies them.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Found(u32, u32);
+
 /// What storing a holder did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Stored {
@@ -102,6 +106,25 @@ impl Shard {
     pub(crate) fn get(&self, h: u64, key: u64) -> Option<(u32, &[u32])> {
         let slot = self.table.find(h, |s| s.key == key)?;
         Some((slot.depth(), self.holders_of(slot)))
+    }
+
+    /// The block's slot, copied out (one table probe, no spill access), for
+    /// lookups that probe many blocks before reading any holder list.
+    pub(crate) fn find(&self, h: u64, key: u64) -> Option<Found> {
+        self.table
+            .find(h, |s| s.key == key)
+            .map(|s| Found(s.meta, s.holder))
+    }
+
+    /// The holders of a block found by [`Shard::find`].
+    pub(crate) fn holders<'a>(&'a self, found: &'a Found) -> &'a [u32] {
+        if found.0 & SPILLED != 0 {
+            self.spill
+                .get(found.1 as usize)
+                .map_or(&[], |l| l.as_slice())
+        } else {
+            std::slice::from_ref(&found.1)
+        }
     }
 
     fn holders_of<'a>(&'a self, slot: &'a Slot) -> &'a [u32] {

@@ -198,14 +198,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             shutdown.clone(),
         ));
     }
+    // Standard grpc.health.v1 (Kubernetes gRPC probes, load balancers; the
+    // load generator's empty-RPC baseline).
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<IndexServiceServer<IndexServer>>()
+        .await;
     let grpc = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tracing::info!(addr = %grpc_addr, "grpc server listening");
             tonic::transport::Server::builder()
+                .add_service(health_service)
                 .add_service(IndexServiceServer::new(service))
                 .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+                    // Small responses must not wait on Nagle's algorithm.
+                    tonic::transport::server::TcpIncoming::from(grpc_listener)
+                        .with_nodelay(Some(true)),
                     shutdown.cancelled_owned(),
                 )
                 .await

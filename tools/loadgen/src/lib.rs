@@ -1,0 +1,143 @@
+//! The load generator's pure parts: the synthetic fleet it preloads (which
+//! replica holds which block chains) and latency summaries.
+//!
+//! Replicas come in groups of four sharing the same prompt families (as
+//! replicas behind one model with a shared system prompt do), so lookups
+//! see realistic candidate sets.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Replicas sharing each family.
+pub const GROUP: u32 = 4;
+
+/// Fingerprint of block `depth` of prompt family `family`: distinct
+/// well-mixed u64s, like real fingerprints.
+pub fn fingerprint(family: u64, depth: u32) -> u64 {
+    let x = (family << 20 | u64::from(depth)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^ (x >> 31)
+}
+
+/// The synthetic fleet's shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fleet {
+    /// Replicas (pods).
+    pub replicas: u32,
+    /// Resident (replica, block) entries to preload in total.
+    pub entries: u64,
+    /// Blocks per family chain.
+    pub chain: u32,
+}
+
+impl Fleet {
+    /// Blocks each replica holds.
+    pub fn per_replica(&self) -> u64 {
+        self.entries / u64::from(self.replicas.max(1))
+    }
+
+    /// Families (chains) each replica group holds.
+    pub fn families_per_group(&self) -> u64 {
+        self.per_replica().div_ceil(u64::from(self.chain.max(1)))
+    }
+
+    /// The `i`-th family of replica `r`'s group.
+    pub fn family(&self, replica: u32, i: u64) -> u64 {
+        u64::from(replica / GROUP) * 1_000_000 + i
+    }
+
+    /// Chains replica `r` holds, as (family, blocks).
+    pub fn chains(&self, replica: u32) -> Vec<(u64, u32)> {
+        let mut left = self.per_replica();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while left > 0 {
+            let len = u64::from(self.chain).min(left);
+            out.push((self.family(replica, i), u32::try_from(len).unwrap_or(u32::MAX)));
+            left -= len;
+            i += 1;
+        }
+        out
+    }
+
+    /// A prompt of `blocks` blocks from family `i` of group `group` (a hit
+    /// on that group's replicas up to the chain length).
+    pub fn prompt(&self, group: u32, i: u64, blocks: u32) -> Vec<u64> {
+        let family = self.family(group * GROUP, i % self.families_per_group().max(1));
+        (0..blocks).map(|d| fingerprint(family, d)).collect()
+    }
+
+    /// Replica groups.
+    pub fn groups(&self) -> u32 {
+        self.replicas.div_ceil(GROUP)
+    }
+}
+
+/// Latency and rate of one phase.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PhaseStats {
+    /// Requests completed.
+    pub requests: u64,
+    /// Requests that failed.
+    pub errors: u64,
+    /// Completed requests per second.
+    pub qps: f64,
+    /// Median latency, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile latency, microseconds.
+    pub p99_us: f64,
+}
+
+/// Summarises latencies (any order) measured over `elapsed`.
+pub fn summarize(mut latencies: Vec<Duration>, errors: u64, elapsed: Duration) -> PhaseStats {
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        // Nearest rank; the cast is of a small positive value.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
+        latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1e6
+    };
+    PhaseStats {
+        requests: latencies.len() as u64,
+        errors,
+        qps: latencies.len() as f64 / elapsed.as_secs_f64().max(1e-9),
+        p50_us: pct(50.0),
+        p99_us: pct(99.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chains_cover_each_replicas_share_and_groups_share_families() {
+        let fleet = Fleet {
+            replicas: 8,
+            entries: 8 * 2500,
+            chain: 1024,
+        };
+        let chains = fleet.chains(5);
+        assert_eq!(chains.iter().map(|c| u64::from(c.1)).sum::<u64>(), 2500);
+        assert_eq!(chains.len(), 3);
+        assert_eq!(fleet.chains(4), chains, "same group, same families");
+        assert_ne!(fleet.chains(3), chains);
+        assert_eq!(fleet.groups(), 2);
+        let prompt = fleet.prompt(1, 0, 16);
+        assert_eq!(prompt[3], fingerprint(chains[0].0, 3));
+    }
+
+    #[test]
+    fn summaries_use_nearest_rank() {
+        let lat: Vec<Duration> = (1..=100).rev().map(Duration::from_micros).collect();
+        let s = summarize(lat, 2, Duration::from_secs(2));
+        assert_eq!((s.requests, s.errors), (100, 2));
+        assert!((s.qps - 50.0).abs() < 1e-9);
+        assert!((s.p50_us - 50.0).abs() < 1e-9);
+        assert!((s.p99_us - 99.0).abs() < 1e-9);
+        assert_eq!(summarize(Vec::new(), 0, Duration::from_secs(1)).p99_us, 0.0);
+    }
+}

@@ -1,0 +1,45 @@
+//! A short run against the real index server binary: every phase completes
+//! requests without errors and preloaded prompts are hits.
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+#[test]
+fn short_run_reports_every_phase() {
+    let bin_dir = ic_e2e::workspace_binary("ic-index-server");
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
+        .args([
+            "--bin-dir",
+            bin_dir.parent().unwrap().to_str().unwrap(),
+            "--replicas",
+            "16",
+            "--entries",
+            "20000",
+            "--prompt-blocks",
+            "32",
+            "--concurrency",
+            "4",
+            "--connections",
+            "2",
+            "--duration-secs",
+            "0.5",
+            "--warmup-secs",
+            "0.1",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["preload_events"], 20000);
+    for phase in ["empty_rpc", "lookup_route"] {
+        assert!(report[phase]["requests"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(report[phase]["errors"], 0, "{report}");
+    }
+    assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
+}
