@@ -47,7 +47,7 @@ fn fp(family: u64, depth: u32) -> u64 {
 fn build(entries: u64) -> Index {
     let index = Index::new(IndexConfig {
         capacity_entries: entries * 2,
-        shards: 64,
+        ..IndexConfig::default()
     });
     let per_replica = entries / u64::from(REPLICAS);
     for r in 0..REPLICAS {
@@ -75,7 +75,7 @@ fn bench_apply(c: &mut Criterion) {
     group.throughput(Throughput::Elements(u64::from(blocks)));
     let index = Index::new(IndexConfig {
         capacity_entries: 2_000_000,
-        shards: 64,
+        ..IndexConfig::default()
     });
     let mut family = 0u64;
     group.bench_function("store_64_block_chain", |b| {
@@ -113,6 +113,7 @@ fn bench_lookup(c: &mut Criterion) {
         bytes,
         bytes as f64 / index.len() as f64
     );
+    latency_distribution(&index, entries, if benching { 20_000 } else { 50 });
     let mut group = c.benchmark_group(format!("lookup_{}k_entries", entries / 1000));
     for prompt in [16u32, 128, 1024] {
         // Replica group 0's first family: a full-length match on 4 replicas.
@@ -131,6 +132,46 @@ fn bench_lookup(c: &mut Criterion) {
         b.iter(|| black_box(index.lookup(&scope(), &fps, Some(&candidates), None)));
     });
     group.finish();
+}
+
+/// p50/p99 of single lookups over prompts spread across every replica
+/// group's families (cold in cache, unlike criterion's repeated prompt).
+fn latency_distribution(index: &Index, entries: u64, samples: usize) {
+    let per_replica = entries / u64::from(REPLICAS);
+    let families = per_replica.div_ceil(u64::from(CHAIN)).max(1);
+    let groups = u64::from(REPLICAS / 4);
+    for prompt in [16u32, 128, 1024] {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let prompts: Vec<Vec<u64>> = (0..1024)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let family = (x % groups) * 1_000_000 + (x >> 32) % families;
+                (0..prompt).map(|d| fp(family, d)).collect()
+            })
+            .collect();
+        let mut took: Vec<std::time::Duration> = prompts
+            .iter()
+            .cycle()
+            .take(samples)
+            .map(|p| {
+                let t = std::time::Instant::now();
+                black_box(index.lookup(&scope(), black_box(p), None, None));
+                t.elapsed()
+            })
+            .collect();
+        took.sort_unstable();
+        let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+        eprintln!(
+            "lookup latency, {} entries, {prompt}-block prompts over random families: \
+             p50 {:?} p99 {:?} ({} samples)",
+            index.len(),
+            at(0.50),
+            at(0.99),
+            took.len()
+        );
+    }
 }
 
 criterion_group!(benches, bench_apply, bench_lookup);

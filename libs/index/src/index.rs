@@ -525,6 +525,9 @@ impl Index {
                 let mut results: SmallVec<[Result<Stored, u32>; STORE_BATCH]> = SmallVec::new();
                 {
                     let mut shard = self.shards[batch[0].0].write();
+                    // Start every slot's cache line loading before storing.
+                    let warm = batch.iter().fold(0, |acc, item| acc ^ shard.touch(item.1));
+                    std::hint::black_box(warm);
                     results.extend(batch.iter().zip(&epochs).map(
                         |(&(_, h, key, depth, _), &epoch)| {
                             shard.store(h, key, depth, Holder::new(idx, tier, epoch))
@@ -718,12 +721,23 @@ impl Index {
                 }
                 *slot = (s, h, key);
             }
-            // Slots first, then the spill lists they point to: two rounds of
-            // independent loads instead of a dependent pair per block.
+            // Touch every slot, probe them, touch the spill lists, read
+            // them: rounds of independent loads the CPU keeps in flight
+            // together, instead of one cache miss after another.
+            let mut warm = 0u64;
+            for &(s, h, _) in &at[..chunk.len()] {
+                warm ^= guards[s].as_ref().map_or(0, |g| g.touch(h));
+            }
             let mut slots: [Option<Found>; LOOKUP_CHUNK] = [None; LOOKUP_CHUNK];
             for (out, &(s, h, key)) in slots.iter_mut().zip(&at[..chunk.len()]) {
                 *out = guards[s].as_ref().and_then(|g| g.find(h, key));
             }
+            for (&(s, _, _), slot) in at[..chunk.len()].iter().zip(&slots) {
+                if let (Some(g), Some(slot)) = (guards[s].as_ref(), slot.as_ref()) {
+                    warm ^= g.touch_holders(slot);
+                }
+            }
+            std::hint::black_box(warm);
             let mut found: [&[u32]; LOOKUP_CHUNK] = [&[]; LOOKUP_CHUNK];
             for ((out, &(s, _, _)), slot) in found.iter_mut().zip(&at[..chunk.len()]).zip(&slots) {
                 if let (Some(g), Some(slot)) = (guards[s].as_ref(), slot.as_ref()) {
@@ -731,22 +745,23 @@ impl Index {
                 }
             }
             for holders in &found[..chunk.len()] {
-                active.retain(|(idx, tier)| {
+                // Compact `active` in place (most blocks keep everyone).
+                let mut kept = 0;
+                for k in 0..active.len() {
+                    let (idx, tier) = active[k];
                     match holders
                         .iter()
                         .map(|&x| Holder::from_raw(x))
-                        .find(|x| x.replica() == *idx)
+                        .find(|x| x.replica() == idx)
                     {
                         Some(x) => {
-                            *tier = (*tier).max(x.tier());
-                            true
+                            active[kept] = (idx, tier.max(x.tier()));
+                            kept += 1;
                         }
-                        None => {
-                            finished.push((*idx, matched, *tier));
-                            false
-                        }
+                        None => finished.push((idx, matched, tier)),
                     }
-                });
+                }
+                active.truncate(kept);
                 if active.is_empty() {
                     break 'chunks;
                 }

@@ -12,6 +12,7 @@
 //! shard per block, so a lookup never waits for more than one block's write.
 
 mod index;
+mod slots;
 mod table;
 mod types;
 

@@ -4,11 +4,11 @@
 //!
 //! A slot is 16 bytes (key, depth, one holder or a spill index), so a block
 //! held by one replica costs one slot and a block held by `n` costs one
-//! slot plus a shared list — well under the 24 bytes per (replica, block)
-//! budget at hashbrown's load factors.
+//! slot plus a list shared by the `n`.
 
-use hashbrown::HashTable;
 use smallvec::SmallVec;
+
+use crate::slots::{Probe, Slot, SlotTable};
 
 use crate::types::Tier;
 
@@ -23,8 +23,8 @@ pub(crate) const EPOCHS: u32 = 1 << (32 - EPOCH_SHIFT);
 
 /// Marks `Slot::meta` as pointing into the spill lists.
 const SPILLED: u32 = 1 << 31;
-/// Depths are stored in the remaining bits.
-pub(crate) const MAX_DEPTH: u32 = SPILLED - 1;
+/// Depths are stored in the remaining bits (all ones is the empty slot).
+pub(crate) const MAX_DEPTH: u32 = SPILLED - 2;
 
 /// A holder: replica slot, tier and the epoch it was (re)stored in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,21 +53,12 @@ impl Holder {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    key: u64,
-    /// Depth, plus [`SPILLED`] when `holder` indexes `spill`.
-    meta: u32,
-    holder: u32,
+fn depth_of(slot: &Slot) -> u32 {
+    slot.meta & !SPILLED
 }
 
-impl Slot {
-    fn depth(&self) -> u32 {
-        self.meta & MAX_DEPTH
-    }
-    fn spilled(&self) -> bool {
-        self.meta & SPILLED != 0
-    }
+fn spilled(slot: &Slot) -> bool {
+    slot.meta & SPILLED != 0
 }
 
 /// A slot's metadata and holder word, as [`Shard::find`] copies them.
@@ -89,7 +80,7 @@ type HolderList = SmallVec<[u32; 4]>;
 /// One shard.
 #[derive(Debug, Default)]
 pub(crate) struct Shard {
-    table: HashTable<Slot>,
+    table: SlotTable,
     spill: Vec<HolderList>,
     free_spill: Vec<u32>,
 }
@@ -102,18 +93,50 @@ pub(crate) fn hash(key: u64) -> u64 {
 }
 
 impl Shard {
+    /// Starts loading the slot a key with hash `h` lives near.
+    pub(crate) fn touch(&self, h: u64) -> u64 {
+        self.table.touch(h)
+    }
+
     /// The block's depth and holders.
     pub(crate) fn get(&self, h: u64, key: u64) -> Option<(u32, &[u32])> {
-        let slot = self.table.find(h, |s| s.key == key)?;
-        Some((slot.depth(), self.holders_of(slot)))
+        match self.table.probe(h, key) {
+            Probe::Found(i) => {
+                let slot = self.table.get(i);
+                let holders = if spilled(slot) {
+                    self.spill
+                        .get(slot.payload as usize)
+                        .map_or(&[][..], |l| l.as_slice())
+                } else {
+                    std::slice::from_ref(&slot.payload)
+                };
+                Some((depth_of(slot), holders))
+            }
+            Probe::Vacant(_) => None,
+        }
     }
 
     /// The block's slot, copied out (one table probe, no spill access), for
     /// lookups that probe many blocks before reading any holder list.
     pub(crate) fn find(&self, h: u64, key: u64) -> Option<Found> {
-        self.table
-            .find(h, |s| s.key == key)
-            .map(|s| Found(s.meta, s.holder))
+        match self.table.probe(h, key) {
+            Probe::Found(i) => {
+                let slot = self.table.get(i);
+                Some(Found(slot.meta, slot.payload))
+            }
+            Probe::Vacant(_) => None,
+        }
+    }
+
+    /// Starts loading the spill list a found slot points to.
+    pub(crate) fn touch_holders(&self, found: &Found) -> u64 {
+        if found.0 & SPILLED != 0 {
+            self.spill
+                .get(found.1 as usize)
+                .map_or(0, |l| u64::from(l.len() as u32))
+        } else {
+            0
+        }
     }
 
     /// The holders of a block found by [`Shard::find`].
@@ -127,13 +150,16 @@ impl Shard {
         }
     }
 
-    fn holders_of<'a>(&'a self, slot: &'a Slot) -> &'a [u32] {
-        if slot.spilled() {
-            self.spill
-                .get(slot.holder as usize)
-                .map_or(&[], |l| l.as_slice())
-        } else {
-            std::slice::from_ref(&slot.holder)
+    fn new_spill(&mut self, list: HolderList) -> u32 {
+        match self.free_spill.pop() {
+            Some(i) => {
+                self.spill[i as usize] = list;
+                i
+            }
+            None => {
+                self.spill.push(list);
+                u32::try_from(self.spill.len() - 1).unwrap_or(u32::MAX)
+            }
         }
     }
 
@@ -147,45 +173,40 @@ impl Shard {
         holder: Holder,
     ) -> Result<Stored, u32> {
         let depth = depth.min(MAX_DEPTH);
-        let Some(slot) = self.table.find_mut(h, |s| s.key == key) else {
-            self.table.insert_unique(
-                h,
-                Slot {
-                    key,
-                    meta: depth,
-                    holder: holder.0,
-                },
-                |s| hash(s.key),
-            );
-            return Ok(Stored::Added);
+        self.table.reserve_one(hash);
+        let i = match self.table.probe(h, key) {
+            Probe::Vacant(i) => {
+                self.table.fill(
+                    i,
+                    Slot {
+                        key,
+                        meta: depth,
+                        payload: holder.0,
+                    },
+                );
+                return Ok(Stored::Added);
+            }
+            Probe::Found(i) => i,
         };
-        if slot.depth() != depth {
-            return Err(slot.depth());
+        let slot = *self.table.get(i);
+        if depth_of(&slot) != depth {
+            return Err(depth_of(&slot));
         }
         let replica = holder.replica();
-        if !slot.spilled() {
-            let current = Holder(slot.holder);
+        if !spilled(&slot) {
+            let current = Holder(slot.payload);
             if current.replica() == replica {
-                slot.holder = holder.0;
+                self.table.get_mut(i).payload = holder.0;
                 return Ok(Stored::Refreshed(current));
             }
             // A second holder: move both to a spill list.
-            let list: HolderList = SmallVec::from_slice(&[current.0, holder.0]);
-            let index = match self.free_spill.pop() {
-                Some(i) => {
-                    self.spill[i as usize] = list;
-                    i
-                }
-                None => {
-                    self.spill.push(list);
-                    u32::try_from(self.spill.len() - 1).unwrap_or(u32::MAX)
-                }
-            };
+            let index = self.new_spill(SmallVec::from_slice(&[current.0, holder.0]));
+            let slot = self.table.get_mut(i);
             slot.meta |= SPILLED;
-            slot.holder = index;
+            slot.payload = index;
             return Ok(Stored::Added);
         }
-        let list = &mut self.spill[slot.holder as usize];
+        let list = &mut self.spill[slot.payload as usize];
         match list.iter_mut().find(|x| Holder(**x).replica() == replica) {
             Some(x) => {
                 let previous = Holder(*x);
@@ -209,19 +230,19 @@ impl Shard {
         tier: Option<Tier>,
     ) -> Option<Holder> {
         let wanted = |x: Holder| x.replica() == replica && tier.is_none_or(|t| x.tier() == t);
-        let Ok(entry) = self.table.find_entry(h, |s| s.key == key) else {
+        let Probe::Found(i) = self.table.probe(h, key) else {
             return None;
         };
-        let slot = *entry.get();
-        if !slot.spilled() {
-            let current = Holder(slot.holder);
+        let slot = *self.table.get(i);
+        if !spilled(&slot) {
+            let current = Holder(slot.payload);
             if !wanted(current) {
                 return None;
             }
-            entry.remove();
+            self.table.remove_at(i, hash);
             return Some(current);
         }
-        let list = &mut self.spill[slot.holder as usize];
+        let list = &mut self.spill[slot.payload as usize];
         let pos = list.iter().position(|x| wanted(Holder(*x)))?;
         let removed = Holder(list.remove(pos));
         if list.len() == 1 {
@@ -229,10 +250,10 @@ impl Shard {
             let last = list[0];
             list.clear();
             list.shrink_to_fit();
-            self.free_spill.push(slot.holder);
-            let slot = entry.into_mut();
+            self.free_spill.push(slot.payload);
+            let slot = self.table.get_mut(i);
             slot.meta &= !SPILLED;
-            slot.holder = last;
+            slot.payload = last;
         }
         Some(removed)
     }
@@ -245,45 +266,47 @@ impl Shard {
     ) {
         let spill = &mut self.spill;
         let free_spill = &mut self.free_spill;
-        self.table.retain(|slot| {
-            if !slot.spilled() {
-                let h = Holder(slot.holder);
-                if drop(h) {
-                    removed(h);
-                    return false;
-                }
-                return true;
-            }
-            let list = &mut spill[slot.holder as usize];
-            list.retain(|x| {
-                let h = Holder(*x);
-                let gone = drop(h);
-                if gone {
-                    removed(h);
-                }
-                !gone
-            });
-            match list.len() {
-                0 | 1 => {
-                    let last = list.first().copied();
-                    list.clear();
-                    list.shrink_to_fit();
-                    free_spill.push(slot.holder);
-                    match last {
-                        Some(x) => {
-                            slot.meta &= !SPILLED;
-                            slot.holder = x;
-                            true
-                        }
-                        None => false,
+        self.table.retain(
+            |slot| {
+                if !spilled(slot) {
+                    let h = Holder(slot.payload);
+                    if drop(h) {
+                        removed(h);
+                        return false;
                     }
+                    return true;
                 }
-                _ => true,
-            }
-        });
-        if self.table.is_empty() {
+                let list = &mut spill[slot.payload as usize];
+                list.retain(|x| {
+                    let h = Holder(*x);
+                    let gone = drop(h);
+                    if gone {
+                        removed(h);
+                    }
+                    !gone
+                });
+                match list.len() {
+                    0 | 1 => {
+                        let last = list.first().copied();
+                        list.clear();
+                        list.shrink_to_fit();
+                        free_spill.push(slot.payload);
+                        match last {
+                            Some(x) => {
+                                slot.meta &= !SPILLED;
+                                slot.payload = x;
+                                true
+                            }
+                            None => false,
+                        }
+                    }
+                    _ => true,
+                }
+            },
+            hash,
+        );
+        if self.table.len() == 0 {
             // Give memory back once a shard empties (e.g. after a drain).
-            self.table = HashTable::new();
             self.spill = Vec::new();
             self.free_spill = Vec::new();
         }
@@ -377,6 +400,6 @@ mod tests {
                 .all(|k| replicas(&s, k).is_empty())
         );
         s.remove_where(|_| true, |_| {});
-        assert!(s.table.is_empty() && s.spill.is_empty());
+        assert!(s.table.len() == 0 && s.spill.is_empty());
     }
 }
