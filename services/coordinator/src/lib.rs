@@ -1,15 +1,37 @@
 //! `ic-coordinator`: the LMCache-compatible fleet coordinator.
 //!
 //! It takes the reference coordinator's own flags so an existing deployment
-//! can swap the binary. This build serves `/healthz` and the admin endpoints
-//! on the coordinator port; the REST API is not served yet.
+//! can swap the binary, and serves the reference's REST API on one port:
+//! instances, cache events, the key directory, usage, quotas, pins,
+//! prefetches and targeted deletes, plus `/healthz`, `/metrics`, `/status`
+//! and the house `/live` and `/ready`. Pure logic lives in
+//! `ic-coordinator-core`; this crate adds locks, HTTP, timers and files.
 
-use std::net::{IpAddr, SocketAddr};
+pub mod clock;
+pub mod controller;
+pub mod controllers;
+pub mod http;
+pub mod metrics;
+pub mod mp;
+pub mod persist;
+pub mod replay;
+pub mod state;
 
-use anyhow::Context;
-use axum::routing::get;
-use ic_telemetry::{AdminServer, Health, MetricsRegistry};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ic_telemetry::MetricsRegistry;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::clock::{Clock, SystemClock};
+use crate::controller::ExtraConfig;
+use crate::metrics::MetricsSet;
+use crate::state::{App, Coordinator, Settings};
 
 /// Binary name.
 pub const BINARY: &str = "ic-coordinator";
@@ -28,7 +50,7 @@ pub enum EventTransport {
 pub struct Config {
     /// Listen host.
     #[arg(long, env = "IC_HOST", default_value = "0.0.0.0")]
-    pub host: IpAddr,
+    pub host: std::net::IpAddr,
     /// Listen port (REST API, /healthz, /metrics, /live, /ready).
     #[arg(long, env = "IC_PORT", default_value_t = 9300)]
     pub port: u16,
@@ -91,18 +113,234 @@ pub struct Config {
     pub kafka_group_id: String,
 }
 
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Option<Duration>> {
+    if value == 0.0 {
+        return Ok(None);
+    }
+    match Duration::try_from_secs_f64(value) {
+        Ok(d) => Ok(Some(d)),
+        Err(_) => bail!("--{flag} must be a non-negative number of seconds (got {value})"),
+    }
+}
+
+fn path(value: &str) -> Option<PathBuf> {
+    (!value.is_empty()).then(|| PathBuf::from(value))
+}
+
+impl Config {
+    /// Checks the flags and resolves them into [`Settings`]. Features this
+    /// build does not have fail here, clearly, instead of being ignored.
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        if self.event_transport == EventTransport::Kafka {
+            bail!(
+                "--event-transport kafka is not built yet in ic-coordinator; use --event-transport http"
+            );
+        }
+        if self.enable_blend_lookup {
+            bail!("--enable-blend-lookup is not built yet in ic-coordinator");
+        }
+        if self.hash_algorithm != "blake3" {
+            bail!(
+                "--hash-algorithm {:?} is not supported; only blake3 is built",
+                self.hash_algorithm
+            );
+        }
+        if self.chunk_size == 0 {
+            bail!("--chunk-size must be at least 1");
+        }
+        if !(self.trigger_watermark > 0.0 && self.trigger_watermark <= 1.0) {
+            bail!(
+                "--trigger-watermark must be in (0, 1] (got {})",
+                self.trigger_watermark
+            );
+        }
+        if !(self.eviction_ratio > 0.0 && self.eviction_ratio <= 1.0) {
+            bail!(
+                "--eviction-ratio must be in (0, 1] (got {})",
+                self.eviction_ratio
+            );
+        }
+        let instance_timeout = seconds("instance-timeout", self.instance_timeout)?
+            .context("--instance-timeout must be greater than 0")?;
+        Ok(Settings {
+            chunk_size: usize::try_from(self.chunk_size).context("--chunk-size")?,
+            instance_timeout,
+            health_check_interval: seconds("health-check-interval", self.health_check_interval)?,
+            eviction_check_interval: seconds(
+                "eviction-check-interval",
+                self.eviction_check_interval,
+            )?,
+            eviction: ic_coordinator_core::eviction::EvictionSettings {
+                trigger_watermark: self.trigger_watermark,
+                eviction_ratio: self.eviction_ratio,
+            },
+            checkpoint_path: path(&self.checkpoint_path),
+            checkpoint_interval: seconds("checkpoint-interval", self.checkpoint_interval)?,
+            metadata_path: path(&self.metadata_path),
+            disable_metrics: self.disable_metrics,
+        })
+    }
+}
+
+/// Builds a coordinator from flags: validates them, selects controllers,
+/// and restores the metadata file then the checkpoint.
+pub fn build(config: &Config, clock: Arc<dyn Clock>) -> anyhow::Result<App> {
+    build_with(config, clock, Vec::new())
+}
+
+/// Like [`build`], with `extra` controllers registered after the built-ins
+/// (and, like them, subject to `disabled_controllers`).
+pub fn build_with(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    extra_controllers: Vec<Arc<dyn controller::Controller>>,
+) -> anyhow::Result<App> {
+    let settings = config.settings()?;
+    let extra = ExtraConfig::parse(config.extra_config.as_deref())?;
+    let mut all = controllers::builtins(&settings);
+    all.extend(extra_controllers);
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = all.iter().find(|c| !seen.insert(c.name())) {
+        bail!("two controllers are named {:?}", dup.name());
+    }
+    let controllers = extra.select(all)?;
+    let names: Vec<&str> = controllers.iter().map(|c| c.name()).collect();
+    tracing::info!(controllers = ?names, "controllers enabled");
+    let metrics = MetricsSet::new(MetricsRegistry::new("inferencecache", BINARY));
+    let app = Arc::new(Coordinator::new(settings, clock, controllers, metrics));
+    // Metadata first: it is operator intent and independent of events.
+    app.restore_metadata();
+    app.restore_checkpoint();
+    Ok(app)
+}
+
+/// A coordinator serving on a bound address.
+#[derive(Debug)]
+pub struct Running {
+    /// Address actually bound.
+    pub addr: SocketAddr,
+    /// Shared state (tests drive sweeps through it).
+    pub app: App,
+    /// Finishes after shutdown, with the final checkpoint written.
+    pub task: JoinHandle<anyhow::Result<()>>,
+}
+
+/// Binds and starts serving; background loops run until `shutdown`.
+pub async fn start(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
+    start_with(config, clock, Vec::new(), shutdown).await
+}
+
+/// Like [`start`], with extra controllers (see [`build_with`]).
+pub async fn start_with(
+    config: &Config,
+    clock: Arc<dyn Clock>,
+    extra_controllers: Vec<Arc<dyn controller::Controller>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
+    let app = build_with(config, clock, extra_controllers)?;
+    let addr = SocketAddr::new(config.host, config.port);
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot bind {addr}"))?;
+    let addr = listener.local_addr().context("local address")?;
+    tracing::info!(%addr, "admin server listening");
+    let task = tokio::spawn(serve(app.clone(), listener, shutdown));
+    Ok(Running { addr, app, task })
+}
+
+async fn serve(app: App, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let loops = shutdown.child_token();
+    let mut tasks = Vec::new();
+    if let Some(every) = app.settings.health_check_interval {
+        tasks.push(tokio::spawn(health_loop(app.clone(), every, loops.clone())));
+    }
+    if app.settings.checkpoint_path.is_some()
+        && let Some(every) = app.settings.checkpoint_interval
+    {
+        tasks.push(tokio::spawn(checkpoint_loop(
+            app.clone(),
+            every,
+            loops.clone(),
+        )));
+    }
+    for c in &app.controllers {
+        if let Some(task) = c.clone().run(app.clone(), loops.clone()) {
+            tasks.push(tokio::spawn(watch_controller(
+                app.clone(),
+                c.name(),
+                task,
+                loops.clone(),
+            )));
+        }
+    }
+    tracing::info!("coordinator started");
+    let result = axum::serve(listener, http::router(app.clone()))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .context("HTTP server");
+    loops.cancel();
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Final checkpoint on a clean stop.
+    let app2 = app.clone();
+    let _ = tokio::task::spawn_blocking(move || app2.write_checkpoint()).await;
+    tracing::info!("coordinator stopped");
+    result
+}
+
+/// Runs a controller's background task; one that panics or returns before
+/// shutdown is logged and its up gauge drops to 0, the rest keep running.
+async fn watch_controller(
+    app: App,
+    name: &'static str,
+    task: controller::Task,
+    stop: CancellationToken,
+) {
+    let outcome = tokio::spawn(task).await;
+    if stop.is_cancelled() && outcome.is_ok() {
+        return;
+    }
+    match outcome {
+        Err(error) => tracing::error!(controller = name, %error, "controller task failed"),
+        Ok(()) => tracing::error!(controller = name, "controller task ended before shutdown"),
+    }
+    app.metrics
+        .metrics
+        .controller_up
+        .get_or_create(&metrics::ControllerLabel { controller: name })
+        .set(0);
+}
+
+async fn health_loop(app: App, every: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        app.sweep_liveness();
+        app.loop_pass("health");
+    }
+}
+
+async fn checkpoint_loop(app: App, every: Duration, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let app2 = app.clone();
+        let _ = tokio::task::spawn_blocking(move || app2.write_checkpoint()).await;
+        app.loop_pass("checkpoint");
+    }
+}
+
 /// Runs the coordinator until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = MetricsRegistry::new("inferencecache", BINARY);
-    let health = Health::new();
-    let routes = axum::Router::new().route("/healthz", get(|| async { "ok\n" }));
-    let addr = SocketAddr::new(config.host, config.port);
-    let admin = AdminServer::bind(addr, health.clone(), metrics, routes)
-        .await
-        .context("starting HTTP server")?;
-    tracing::info!(event_transport = ?config.event_transport, "coordinator started (REST API not served in this build)");
-    health.set_ready(true);
-    admin.serve(shutdown).await.context("HTTP server")?;
-    tracing::info!("coordinator stopped");
-    Ok(())
+    let running = start(&config, Arc::new(SystemClock::default()), shutdown).await?;
+    running.task.await.context("coordinator task")?
 }

@@ -12,10 +12,42 @@ struct Args {
     log: ic_telemetry::LogArgs,
     #[command(flatten)]
     config: ic_coordinator::Config,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Replay a recorded `.lct` event trace into a running coordinator.
+    Replay(ic_coordinator::replay::ReplayArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let Args { log, config } = Args::parse();
-    ic_telemetry::run_service(&log, |shutdown| ic_coordinator::run(config, shutdown)).await
+    let Args {
+        log,
+        config,
+        command,
+    } = Args::parse();
+    match command {
+        None => {
+            ic_telemetry::run_service(&log, |shutdown| ic_coordinator::run(config, shutdown)).await
+        }
+        Some(Command::Replay(args)) => {
+            ic_telemetry::run_service(&log, |_shutdown| async move {
+                let report = ic_coordinator::replay::replay(&args).await?;
+                tracing::info!(
+                    frames = report.frames,
+                    applied = report.applied,
+                    duplicates = report.duplicates,
+                    stale = report.stale,
+                    lifecycle = report.lifecycle,
+                    rejected = report.rejected,
+                    "replay finished"
+                );
+                anyhow::Ok(())
+            })
+            .await
+        }
+    }
 }

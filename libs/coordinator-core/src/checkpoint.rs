@@ -1,0 +1,572 @@
+//! The checkpoint file of derived state: a 12-byte header (`LMCKPT\0\0` and a
+//! u32 little-endian version) then one msgpack map from section name to
+//! section, in the reference's layout. Capture and restore helpers for each
+//! view live here too, so the service only copies and writes bytes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+
+use crate::Tier;
+use crate::capacity::{CapacityRegistry, Compartment, Declaration};
+use crate::directory::{Binding, KeyDirectory, Placement};
+use crate::eviction::Lru;
+use crate::gate::{Cursor, Gate};
+use crate::key::{ObjectKey, SharedKey};
+use crate::usage::UsageView;
+
+/// File magic.
+pub const MAGIC: &[u8; 8] = b"LMCKPT\0\0";
+/// Format version.
+pub const VERSION: u32 = 1;
+
+/// Why a checkpoint could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Too short or wrong magic.
+    #[error("not a checkpoint file (bad header)")]
+    Header,
+    /// A version this build does not read.
+    #[error("unsupported checkpoint version {0}")]
+    Version(u32),
+    /// The body is not a msgpack map.
+    #[error("checkpoint body does not decode: {0}")]
+    Value(String),
+    /// The sections could not be encoded.
+    #[error("checkpoint does not encode: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+}
+
+/// `[chunk_hash bytes, model_name, kv_rank, object_group_id, cache_salt]`.
+pub type KeyTuple = (ByteBuf, String, i64, i64, String);
+/// `[instance_id, incarnation, tier, backend, size_bytes, shared]`.
+pub type PlacementTuple = (String, u64, Tier, String, u64, bool);
+/// `[tier, backend, capacity, shared]`.
+pub type CompartmentTuple = (Tier, String, u64, bool);
+/// `[instance_id, incarnation, revision, [compartment…]]`.
+pub type DeclarationTuple = (String, u64, u64, Vec<CompartmentTuple>);
+
+fn key_tuple(k: &ObjectKey) -> KeyTuple {
+    (
+        ByteBuf::from(k.chunk_hash.clone()),
+        k.model_name.clone(),
+        k.kv_rank,
+        k.object_group_id,
+        k.cache_salt.clone(),
+    )
+}
+
+fn from_tuple(t: &KeyTuple) -> ObjectKey {
+    ObjectKey {
+        chunk_hash: t.0.to_vec(),
+        model_name: t.1.clone(),
+        kv_rank: t.2,
+        object_group_id: t.3,
+        cache_salt: t.4.clone(),
+    }
+}
+
+/// Every section; absent ones start cold.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sections {
+    /// Gate cursors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_cursors: Option<StreamCursors>,
+    /// Key directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_directory: Option<DirectorySection>,
+    /// Usage view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_usage: Option<UsageSection>,
+    /// Capacity declarations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_config: Option<ServerConfigSection>,
+    /// Eviction LRU order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lru_order: Option<LruSection>,
+    /// Kafka offsets the views include (Kafka transport only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_stream_position: Option<KafkaPositionSection>,
+}
+
+/// `{"offsets": [[topic, partition, last_offset]]}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KafkaPositionSection {
+    /// Last consumed offset per partition.
+    pub offsets: Vec<(String, i32, i64)>,
+}
+
+/// `{"cursors": {id: [incarnation, last_seq, gap_detected]}}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamCursors {
+    /// Cursors by instance.
+    pub cursors: BTreeMap<String, (u64, u64, bool)>,
+}
+
+/// The directory section.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirectorySection {
+    /// `[key, last_access, access_count, [placement…]]`, insertion order.
+    pub keys: Vec<(KeyTuple, f64, u64, Vec<PlacementTuple>)>,
+    /// `[chunk_hash, token_offset, u32-LE token bytes]`.
+    pub bindings: Vec<(ByteBuf, i64, ByteBuf)>,
+    /// Indexes into `keys` of each instance's L1 keys.
+    pub l1_keys_by_instance: BTreeMap<String, Vec<u64>>,
+}
+
+/// `{"placements": [[tier, key, owner, backend, size]]}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UsageSection {
+    /// Placements.
+    pub placements: Vec<(Tier, KeyTuple, String, String, u64)>,
+}
+
+/// `{"declarations": [[id, incarnation, revision, [[tier, backend, capacity, shared]]]]}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerConfigSection {
+    /// Declarations.
+    pub declarations: Vec<DeclarationTuple>,
+}
+
+/// `{"buckets": {salt: [key…]}}`, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LruSection {
+    /// Buckets.
+    pub buckets: BTreeMap<String, Vec<KeyTuple>>,
+}
+
+/// Serializes a checkpoint file.
+pub fn encode(sections: &Sections) -> Result<Vec<u8>, CheckpointError> {
+    let mut out = Vec::with_capacity(4096);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&rmp_serde::to_vec_named(sections)?);
+    Ok(out)
+}
+
+/// A section that was present but did not decode; it starts cold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedSection {
+    /// Section name.
+    pub name: String,
+    /// Why it was skipped.
+    pub reason: String,
+}
+
+/// Parses a checkpoint file. A bad header or an undecodable body is an
+/// error; a section that does not decode is skipped (and reported) so the
+/// other sections still restore. Unknown sections are ignored.
+pub fn decode(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointError> {
+    if raw.len() < 12 || &raw[..8] != MAGIC {
+        return Err(CheckpointError::Header);
+    }
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&raw[8..12]);
+    let version = u32::from_le_bytes(v);
+    if version != VERSION {
+        return Err(CheckpointError::Version(version));
+    }
+    let mut body = &raw[12..];
+    let value =
+        rmpv::decode::read_value(&mut body).map_err(|e| CheckpointError::Value(e.to_string()))?;
+    let rmpv::Value::Map(entries) = value else {
+        return Err(CheckpointError::Value("body is not a map".into()));
+    };
+    let mut sections = Sections::default();
+    let mut skipped = Vec::new();
+    for (name, section) in entries {
+        let Some(name) = name.as_str().map(str::to_owned) else {
+            continue;
+        };
+        fn take<T: serde::de::DeserializeOwned>(
+            v: rmpv::Value,
+            slot: &mut Option<T>,
+            name: &str,
+            skipped: &mut Vec<SkippedSection>,
+        ) {
+            match rmpv::ext::from_value::<T>(v) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => skipped.push(SkippedSection {
+                    name: name.to_owned(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        match name.as_str() {
+            "stream_cursors" => take(section, &mut sections.stream_cursors, &name, &mut skipped),
+            "key_directory" => take(section, &mut sections.key_directory, &name, &mut skipped),
+            "cache_usage" => take(section, &mut sections.cache_usage, &name, &mut skipped),
+            "server_config" => take(section, &mut sections.server_config, &name, &mut skipped),
+            "lru_order" => take(section, &mut sections.lru_order, &name, &mut skipped),
+            "kafka_stream_position" => take(
+                section,
+                &mut sections.kafka_stream_position,
+                &name,
+                &mut skipped,
+            ),
+            // Sections of components this build does not have.
+            _ => {}
+        }
+    }
+    Ok((sections, skipped))
+}
+
+// === capture / restore per view ===
+
+/// Captures gate cursors.
+pub fn capture_gate(gate: &Gate) -> StreamCursors {
+    StreamCursors {
+        cursors: gate
+            .cursors()
+            .iter()
+            .map(|(id, c)| (id.clone(), (c.incarnation, c.last_seq, c.gap_detected)))
+            .collect(),
+    }
+}
+
+/// Restores gate cursors.
+pub fn restore_gate(section: &StreamCursors) -> Gate {
+    let mut gate = Gate::new();
+    gate.restore(
+        section
+            .cursors
+            .iter()
+            .map(|(id, &(incarnation, last_seq, gap_detected))| {
+                (
+                    id.clone(),
+                    Cursor {
+                        incarnation,
+                        last_seq,
+                        gap_detected,
+                    },
+                )
+            })
+            .collect::<HashMap<_, _>>(),
+    );
+    gate
+}
+
+/// Captures the directory.
+pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
+    let mut index_of: HashMap<&ObjectKey, u64> = HashMap::new();
+    let mut keys = Vec::with_capacity(dir.len());
+    for (i, (key, entry)) in dir.iter().enumerate() {
+        index_of.insert(key, i as u64);
+        keys.push((
+            key_tuple(key),
+            entry.last_access,
+            entry.access_count,
+            entry
+                .placements
+                .iter()
+                .map(|p| {
+                    (
+                        p.instance_id.clone(),
+                        p.incarnation,
+                        p.tier,
+                        p.backend.clone(),
+                        p.size_bytes,
+                        p.shared,
+                    )
+                })
+                .collect(),
+        ));
+    }
+    let bindings = dir
+        .bindings()
+        .map(|(hash, b)| {
+            let bytes: Vec<u8> = b.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            (
+                ByteBuf::from(hash.clone()),
+                b.token_offset,
+                ByteBuf::from(bytes),
+            )
+        })
+        .collect();
+    let l1_keys_by_instance = dir
+        .l1_index()
+        .map(|(id, set)| {
+            let mut idx: Vec<u64> = set
+                .iter()
+                .filter_map(|k| index_of.get(k.as_ref()).copied())
+                .collect();
+            idx.sort_unstable();
+            (id.clone(), idx)
+        })
+        .collect();
+    DirectorySection {
+        keys,
+        bindings,
+        l1_keys_by_instance,
+    }
+}
+
+/// Restores the directory.
+pub fn restore_directory(section: &DirectorySection) -> KeyDirectory {
+    let mut dir = KeyDirectory::new();
+    for (kt, last_access, access_count, placements) in &section.keys {
+        let key = SharedKey::new(from_tuple(kt));
+        for (instance_id, incarnation, tier, backend, size_bytes, shared) in placements {
+            dir.store(
+                &key,
+                Placement {
+                    instance_id: instance_id.clone(),
+                    incarnation: *incarnation,
+                    tier: *tier,
+                    backend: backend.clone(),
+                    size_bytes: *size_bytes,
+                    shared: *shared,
+                },
+            );
+        }
+        dir.set_access(&key, *access_count, *last_access);
+    }
+    for (hash, offset, bytes) in &section.bindings {
+        let tokens = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        // Captured bindings belong to live keys only, so none is orphaned here.
+        dir.bind(
+            hash.to_vec(),
+            Binding {
+                token_offset: *offset,
+                tokens,
+            },
+        );
+    }
+    for id in section.l1_keys_by_instance.keys() {
+        dir.touch_instance(id);
+    }
+    dir
+}
+
+/// Captures the usage view.
+pub fn capture_usage(usage: &UsageView) -> UsageSection {
+    UsageSection {
+        placements: usage
+            .placements()
+            .map(|(k, size)| {
+                (
+                    k.tier,
+                    key_tuple(&k.key),
+                    k.owner.clone(),
+                    k.backend.clone(),
+                    size,
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Restores the usage view.
+pub fn restore_usage(section: &UsageSection) -> UsageView {
+    let mut usage = UsageView::new();
+    for (tier, kt, owner, backend, size) in &section.placements {
+        usage.set(
+            *tier,
+            &SharedKey::new(from_tuple(kt)),
+            owner,
+            backend,
+            *size,
+        );
+    }
+    usage
+}
+
+/// Captures capacity declarations.
+pub fn capture_capacity(caps: &CapacityRegistry) -> ServerConfigSection {
+    let mut declarations: Vec<_> = caps
+        .declarations()
+        .iter()
+        .map(|(id, d)| {
+            (
+                id.clone(),
+                d.stamp.0,
+                d.stamp.1,
+                d.compartments
+                    .iter()
+                    .map(|((tier, backend), c)| {
+                        (*tier, backend.clone(), c.capacity_bytes, c.shared)
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    declarations.sort_by(|a, b| a.0.cmp(&b.0));
+    ServerConfigSection { declarations }
+}
+
+/// Restores capacity declarations.
+pub fn restore_capacity(section: &ServerConfigSection) -> CapacityRegistry {
+    let mut caps = CapacityRegistry::new();
+    for (id, inc, rev, comps) in &section.declarations {
+        caps.restore(
+            id.clone(),
+            Declaration {
+                stamp: (*inc, *rev),
+                compartments: comps
+                    .iter()
+                    .map(|(tier, backend, capacity_bytes, shared)| {
+                        (
+                            (*tier, backend.clone()),
+                            Compartment {
+                                capacity_bytes: *capacity_bytes,
+                                shared: *shared,
+                            },
+                        )
+                    })
+                    .collect(),
+            },
+        );
+    }
+    caps
+}
+
+/// Captures the LRU order.
+pub fn capture_lru(lru: &Lru) -> LruSection {
+    LruSection {
+        buckets: lru
+            .buckets()
+            .map(|(salt, keys)| (salt.clone(), keys.map(key_tuple).collect()))
+            .collect(),
+    }
+}
+
+/// Restores the LRU order.
+pub fn restore_lru(section: &LruSection) -> Lru {
+    let mut lru = Lru::new();
+    for keys in section.buckets.values() {
+        for kt in keys {
+            lru.register(&SharedKey::new(from_tuple(kt)));
+        }
+    }
+    lru
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventType;
+    use crate::testutil::{batch, key};
+
+    #[test]
+    fn views_round_trip_through_the_file() {
+        let (mut gate, mut dir, mut usage, mut caps, mut lru) = (
+            Gate::new(),
+            KeyDirectory::new(),
+            UsageView::new(),
+            CapacityRegistry::new(),
+            Lru::new(),
+        );
+        let mut store = batch(
+            "a",
+            EventType::Store,
+            Tier::L2,
+            "fs",
+            false,
+            &[(key(1, "t"), 10), (key(2, ""), 5)],
+        );
+        store.entries[0].token_ids = vec![7, 8, 9];
+        store.entries[0].token_offset = 0;
+        let l1 = batch(
+            "a",
+            EventType::Store,
+            Tier::L1,
+            "dram",
+            false,
+            &[(key(2, ""), 3)],
+        );
+        let mut cfg = batch("a", EventType::Config, Tier::L1, "dram", false, &[]);
+        cfg.capacity_bytes = 1000;
+        for b in [&store, &l1, &cfg] {
+            gate.offer(&b.instance_id, b.incarnation, b.seq, 0);
+            dir.apply(b);
+            usage.apply(b);
+            caps.apply(b);
+            lru.apply(b, &dir);
+        }
+        let sections = Sections {
+            stream_cursors: Some(capture_gate(&gate)),
+            key_directory: Some(capture_directory(&dir)),
+            cache_usage: Some(capture_usage(&usage)),
+            server_config: Some(capture_capacity(&caps)),
+            lru_order: Some(capture_lru(&lru)),
+            kafka_stream_position: Some(KafkaPositionSection {
+                offsets: vec![("lmcache-cache-events".into(), 3, 99)],
+            }),
+        };
+        let raw = encode(&sections).unwrap();
+        assert_eq!(&raw[..12], b"LMCKPT\0\0\x01\0\0\0");
+        let (back, skipped) = decode(&raw).unwrap();
+        assert!(skipped.is_empty(), "{skipped:?}");
+        assert_eq!(back, sections);
+        let dir2 = restore_directory(back.key_directory.as_ref().unwrap());
+        assert_eq!(dir2.stats(), dir.stats());
+        assert_eq!(dir2.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
+        assert_eq!(capture_directory(&dir2), capture_directory(&dir));
+        let usage2 = restore_usage(back.cache_usage.as_ref().unwrap());
+        assert_eq!(usage2.salt_bytes(Tier::L2, "t"), 10);
+        assert_eq!(
+            capture_capacity(&restore_capacity(back.server_config.as_ref().unwrap())),
+            capture_capacity(&caps)
+        );
+        assert_eq!(
+            capture_lru(&restore_lru(back.lru_order.as_ref().unwrap())),
+            capture_lru(&lru)
+        );
+        assert_eq!(
+            restore_gate(back.stream_cursors.as_ref().unwrap()).cursor("a"),
+            gate.cursor("a")
+        );
+    }
+
+    #[test]
+    fn corrupt_files_are_errors_not_panics() {
+        assert!(matches!(decode(b""), Err(CheckpointError::Header)));
+        assert!(matches!(
+            decode(b"LMCKPT\0\0\x02\0\0\0\x80"),
+            Err(CheckpointError::Version(2))
+        ));
+        assert!(matches!(
+            decode(b"LMCKPT\0\0\x01\0\0\0\xc1\xff"),
+            Err(CheckpointError::Value(_))
+        ));
+        assert!(matches!(
+            decode(b"LMCKPT\0\0\x01\0\0\0\x93\x01\x02\x03"),
+            Err(CheckpointError::Value(_))
+        ));
+        let mut raw = encode(&Sections {
+            stream_cursors: Some(StreamCursors::default()),
+            ..Sections::default()
+        })
+        .unwrap();
+        raw.truncate(raw.len() - 1);
+        assert!(decode(&raw).is_err());
+        assert_eq!(
+            decode(&encode(&Sections::default()).unwrap()).unwrap().0,
+            Sections::default()
+        );
+    }
+
+    #[test]
+    fn a_bad_section_starts_cold_alone() {
+        let good = StreamCursors {
+            cursors: [("a".to_owned(), (1, 2, false))].into(),
+        };
+        // A map with a good section, a mistyped one and an unknown one.
+        let body = rmpv::Value::Map(vec![
+            ("stream_cursors".into(), rmpv::ext::to_value(&good).unwrap()),
+            ("key_directory".into(), "not a section".into()),
+            ("future_section".into(), rmpv::Value::Nil),
+        ]);
+        let mut raw = b"LMCKPT\0\0\x01\0\0\0".to_vec();
+        rmpv::encode::write_value(&mut raw, &body).unwrap();
+        let (sections, skipped) = decode(&raw).unwrap();
+        assert_eq!(sections.stream_cursors, Some(good));
+        assert!(sections.key_directory.is_none());
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].name, "key_directory");
+    }
+}

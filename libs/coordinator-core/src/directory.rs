@@ -1,0 +1,451 @@
+//! The key directory: where every cached key lives.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::Serialize;
+
+use crate::Tier;
+use crate::TierFilter;
+use crate::events::{Batch, EventType};
+use crate::key::{ObjectKey, SharedKey};
+use crate::{FastMap, FastSet};
+
+/// One copy of a key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Placement {
+    /// Reporter (for a shared placement, the latest one).
+    pub instance_id: String,
+    /// Reporter's incarnation.
+    pub incarnation: u64,
+    /// Tier.
+    pub tier: Tier,
+    /// Backend.
+    pub backend: String,
+    /// Reported size.
+    pub size_bytes: u64,
+    /// In a pool several instances mount.
+    pub shared: bool,
+}
+
+impl Placement {
+    /// Whether `self` is the placement an event for (instance, tier, backend,
+    /// shared) addresses. A shared placement is identified without its owner.
+    fn same_identity(&self, instance_id: &str, tier: Tier, backend: &str, shared: bool) -> bool {
+        self.tier == tier
+            && self.backend == backend
+            && self.shared == shared
+            && (shared || self.instance_id == instance_id)
+    }
+}
+
+/// Per-key state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeyEntry {
+    /// Insertion order (for paging).
+    order: u64,
+    /// Copies, in the order they were first reported.
+    pub placements: Vec<Placement>,
+    /// Access events seen.
+    pub access_count: u64,
+    /// Emitter time of the last access (0 if none).
+    pub last_access: f64,
+}
+
+/// Tokens bound to a chunk hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// Position of the chunk, -1 if unknown.
+    pub token_offset: i64,
+    /// The chunk's tokens.
+    pub tokens: Vec<u32>,
+}
+
+/// Counts kept up to date as events apply, so stats never walk the index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TierTotals {
+    /// Placements.
+    pub count: u64,
+    /// Reported bytes.
+    pub bytes: u64,
+}
+
+/// Snapshot for `GET /directory/stats` and metrics.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DirectoryStats {
+    /// Keys with at least one placement.
+    pub num_keys: u64,
+    /// Placements.
+    pub num_placements: u64,
+    /// L1 keys per instance.
+    pub l1_keys_by_instance: BTreeMap<String, u64>,
+    /// L1 totals.
+    pub l1: TierTotals,
+    /// L2 totals.
+    pub l2: TierTotals,
+}
+
+/// One key as a page of `GET /directory/keys` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ListedKey {
+    /// The key.
+    pub key: ObjectKey,
+    /// Placements matching the filters, in directory order.
+    pub placements: Vec<Placement>,
+    /// Tokens bound to the chunk hash.
+    pub num_tokens: usize,
+    /// Access count.
+    pub access_count: u64,
+}
+
+/// Filters of `GET /directory/keys`.
+#[derive(Clone, Debug, Default)]
+pub struct KeyFilter<'a> {
+    /// Tier selector.
+    pub tier: TierFilter,
+    /// Owner, empty for any.
+    pub instance_id: &'a str,
+    /// Backend, empty for any.
+    pub backend: &'a str,
+}
+
+/// The directory.
+#[derive(Clone, Debug, Default)]
+pub struct KeyDirectory {
+    keys: FastMap<SharedKey, KeyEntry>,
+    order: BTreeMap<u64, SharedKey>,
+    next_order: u64,
+    by_hash: FastMap<Vec<u8>, FastSet<SharedKey>>,
+    bindings: FastMap<Vec<u8>, Binding>,
+    l1_by_instance: FastMap<String, FastSet<SharedKey>>,
+    totals: [TierTotals; 2],
+}
+
+fn tier_index(tier: Tier) -> usize {
+    match tier {
+        Tier::L1 => 0,
+        Tier::L2 => 1,
+    }
+}
+
+impl KeyDirectory {
+    /// An empty directory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies an admitted batch.
+    pub fn apply(&mut self, batch: &Batch) {
+        self.l1_by_instance
+            .entry(batch.instance_id.clone())
+            .or_default();
+        match batch.event_type {
+            EventType::Store => {
+                for e in &batch.entries {
+                    self.store(
+                        &e.key,
+                        Placement {
+                            instance_id: batch.instance_id.clone(),
+                            incarnation: batch.incarnation,
+                            tier: batch.tier,
+                            backend: batch.backend.clone(),
+                            size_bytes: e.size_bytes,
+                            shared: batch.shared,
+                        },
+                    );
+                    if !e.token_ids.is_empty() {
+                        self.bindings.insert(
+                            e.key.chunk_hash.clone(),
+                            Binding {
+                                token_offset: e.token_offset,
+                                tokens: e.token_ids.clone(),
+                            },
+                        );
+                    }
+                }
+            }
+            EventType::Delete => {
+                for e in &batch.entries {
+                    self.remove_placement(&e.key, |p| {
+                        p.same_identity(
+                            &batch.instance_id,
+                            batch.tier,
+                            &batch.backend,
+                            batch.shared,
+                        )
+                    });
+                }
+            }
+            EventType::Access => {
+                for e in &batch.entries {
+                    if let Some(entry) = self.keys.get_mut(&e.key) {
+                        entry.access_count += 1;
+                        entry.last_access = batch.ts;
+                    }
+                }
+            }
+            EventType::Config => {}
+        }
+    }
+
+    /// Inserts or replaces one placement (restore uses it too).
+    pub fn store(&mut self, key: &SharedKey, placement: Placement) {
+        if placement.tier == Tier::L1 && !placement.shared {
+            self.l1_by_instance
+                .entry(placement.instance_id.clone())
+                .or_default()
+                .insert(key.clone());
+        }
+        let t = &mut self.totals[tier_index(placement.tier)];
+        let entry = match self.keys.get_mut(key) {
+            Some(entry) => entry,
+            None => {
+                let order = self.next_order;
+                self.next_order += 1;
+                self.order.insert(order, key.clone());
+                self.by_hash
+                    .entry(key.chunk_hash.clone())
+                    .or_default()
+                    .insert(key.clone());
+                self.keys.entry(key.clone()).or_insert(KeyEntry {
+                    order,
+                    placements: Vec::new(),
+                    access_count: 0,
+                    last_access: 0.0,
+                })
+            }
+        };
+        match entry.placements.iter_mut().find(|p| {
+            p.same_identity(
+                &placement.instance_id,
+                placement.tier,
+                &placement.backend,
+                placement.shared,
+            )
+        }) {
+            Some(existing) => {
+                t.bytes = t.bytes - existing.size_bytes + placement.size_bytes;
+                *existing = placement;
+            }
+            None => {
+                t.count += 1;
+                t.bytes += placement.size_bytes;
+                entry.placements.push(placement);
+            }
+        }
+    }
+
+    fn remove_placement(&mut self, key: &ObjectKey, matches: impl Fn(&Placement) -> bool) {
+        let Some(entry) = self.keys.get_mut(key) else {
+            return;
+        };
+        let mut removed_private_l1 = HashSet::new();
+        entry.placements.retain(|p| {
+            if matches(p) {
+                let t = &mut self.totals[tier_index(p.tier)];
+                t.count -= 1;
+                t.bytes -= p.size_bytes;
+                if p.tier == Tier::L1 && !p.shared {
+                    removed_private_l1.insert(p.instance_id.clone());
+                }
+                false
+            } else {
+                true
+            }
+        });
+        for instance in removed_private_l1 {
+            let still_there = entry
+                .placements
+                .iter()
+                .any(|p| p.tier == Tier::L1 && !p.shared && p.instance_id == instance);
+            if !still_there && let Some(set) = self.l1_by_instance.get_mut(&instance) {
+                set.remove(key);
+            }
+        }
+        if entry.placements.is_empty() {
+            self.drop_key(key);
+        }
+    }
+
+    fn drop_key(&mut self, key: &ObjectKey) {
+        if let Some(entry) = self.keys.remove(key) {
+            self.order.remove(&entry.order);
+            if let Some(set) = self.by_hash.get_mut(&key.chunk_hash) {
+                set.remove(key);
+                if set.is_empty() {
+                    // The token binding leaves with the hash's last key.
+                    self.by_hash.remove(&key.chunk_hash);
+                    self.bindings.remove(&key.chunk_hash);
+                }
+            }
+        }
+    }
+
+    /// Drops every private L1 placement `instance_id` reported and its entry
+    /// in the per-instance L1 index. L2 and shared placements stay.
+    pub fn fence(&mut self, instance_id: &str) {
+        let Some(keys) = self.l1_by_instance.remove(instance_id) else {
+            return;
+        };
+        for key in keys {
+            self.remove_placement(&key, |p| {
+                p.tier == Tier::L1 && !p.shared && p.instance_id == instance_id
+            });
+        }
+        // remove_placement may not recreate it, but be explicit.
+        self.l1_by_instance.remove(instance_id);
+    }
+
+    /// A key's state, if present.
+    pub fn get(&self, key: &ObjectKey) -> Option<&KeyEntry> {
+        self.keys.get(key)
+    }
+
+    /// Tokens bound to a chunk hash (empty if none).
+    pub fn tokens_for_hash(&self, chunk_hash: &[u8]) -> &[u32] {
+        self.bindings.get(chunk_hash).map_or(&[], |b| &b.tokens)
+    }
+
+    /// Binding of a chunk hash.
+    pub fn binding(&self, chunk_hash: &[u8]) -> Option<&Binding> {
+        self.bindings.get(chunk_hash)
+    }
+
+    /// Sets a binding directly (restore).
+    pub fn bind(&mut self, chunk_hash: Vec<u8>, binding: Binding) {
+        self.bindings.insert(chunk_hash, binding);
+    }
+
+    /// Restores access statistics of a present key.
+    pub fn set_access(&mut self, key: &ObjectKey, access_count: u64, last_access: f64) {
+        if let Some(e) = self.keys.get_mut(key) {
+            e.access_count = access_count;
+            e.last_access = last_access;
+        }
+    }
+
+    /// Marks an instance as seen (restore of an empty L1 index entry).
+    pub fn touch_instance(&mut self, instance_id: &str) {
+        self.l1_by_instance
+            .entry(instance_id.to_owned())
+            .or_default();
+    }
+
+    /// `key` followed by every present key that differs from it only in
+    /// `object_group_id`, sorted by group.
+    pub fn expand_groups(&self, key: &ObjectKey) -> Vec<ObjectKey> {
+        let mut others: Vec<&ObjectKey> = self
+            .by_hash
+            .get(&key.chunk_hash)
+            .into_iter()
+            .flatten()
+            .map(|k| k.as_ref())
+            .filter(|k| {
+                k.object_group_id != key.object_group_id
+                    && k.model_name == key.model_name
+                    && k.kv_rank == key.kv_rank
+                    && k.cache_salt == key.cache_salt
+            })
+            .collect();
+        others.sort_by_key(|k| k.object_group_id);
+        std::iter::once(key.clone())
+            .chain(others.into_iter().cloned())
+            .collect()
+    }
+
+    /// Whether any L2 placement of `key` is left.
+    pub fn has_l2(&self, key: &ObjectKey) -> bool {
+        self.keys
+            .get(key)
+            .is_some_and(|e| e.placements.iter().any(|p| p.tier == Tier::L2))
+    }
+
+    /// A page of keys with at least one placement matching `filter`, and the
+    /// total of such keys.
+    pub fn list(
+        &self,
+        filter: &KeyFilter<'_>,
+        offset: usize,
+        limit: usize,
+    ) -> (u64, Vec<ListedKey>) {
+        let mut total = 0u64;
+        let mut page = Vec::new();
+        for key in self.order.values() {
+            let Some(entry) = self.keys.get(key) else {
+                continue;
+            };
+            let matching: Vec<&Placement> = entry
+                .placements
+                .iter()
+                .filter(|p| {
+                    filter.tier.matches(p.tier)
+                        && (filter.instance_id.is_empty() || p.instance_id == filter.instance_id)
+                        && (filter.backend.is_empty() || p.backend == filter.backend)
+                })
+                .collect();
+            if matching.is_empty() {
+                continue;
+            }
+            let index = usize::try_from(total).unwrap_or(usize::MAX);
+            total += 1;
+            if index >= offset && page.len() < limit {
+                page.push(ListedKey {
+                    key: ObjectKey::clone(key),
+                    placements: matching.into_iter().cloned().collect(),
+                    num_tokens: self.tokens_for_hash(&key.chunk_hash).len(),
+                    access_count: entry.access_count,
+                });
+            }
+        }
+        (total, page)
+    }
+
+    /// Every key with its state, in insertion order (checkpoint).
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &KeyEntry)> {
+        self.order
+            .values()
+            .filter_map(|k| self.keys.get(k).map(|e| (k.as_ref(), e)))
+    }
+
+    /// Every token binding (checkpoint).
+    pub fn bindings(&self) -> impl Iterator<Item = (&Vec<u8>, &Binding)> {
+        self.bindings.iter()
+    }
+
+    /// Instances in the L1 index with their L1 keys (checkpoint).
+    pub fn l1_index(&self) -> impl Iterator<Item = (&String, &FastSet<SharedKey>)> {
+        self.l1_by_instance.iter()
+    }
+
+    /// Counts for stats and metrics; cheap (no walk of the keys).
+    pub fn stats(&self) -> DirectoryStats {
+        DirectoryStats {
+            num_keys: self.keys.len() as u64,
+            num_placements: self.totals[0].count + self.totals[1].count,
+            l1_keys_by_instance: self
+                .l1_by_instance
+                .iter()
+                .map(|(id, keys)| (id.clone(), keys.len() as u64))
+                .collect(),
+            l1: self.totals[0],
+            l2: self.totals[1],
+        }
+    }
+
+    /// Totals of one tier.
+    pub fn totals(&self, tier: Tier) -> TierTotals {
+        self.totals[tier_index(tier)]
+    }
+
+    /// Keys present.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether no key is present.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests;

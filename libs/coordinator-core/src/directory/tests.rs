@@ -1,0 +1,306 @@
+//! Unit tests of the key directory.
+
+use super::*;
+use crate::testutil::{batch, key};
+
+#[test]
+fn store_upserts_private_placements_and_counts() {
+    let mut d = KeyDirectory::new();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(1, ""), 10)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(1, ""), 30)],
+    ));
+    d.apply(&batch(
+        "b",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(1, ""), 5)],
+    ));
+    let e = d.get(&key(1, "")).unwrap();
+    assert_eq!(e.placements.len(), 2);
+    assert_eq!(e.placements[0].size_bytes, 30, "re-store replaces the size");
+    assert_eq!(
+        d.totals(Tier::L1),
+        TierTotals {
+            count: 2,
+            bytes: 35
+        }
+    );
+    assert_eq!(d.stats().l1_keys_by_instance["a"], 1);
+}
+
+#[test]
+fn shared_placement_has_no_owner_identity() {
+    let mut d = KeyDirectory::new();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "s3",
+        true,
+        &[(key(1, ""), 10)],
+    ));
+    d.apply(&batch(
+        "b",
+        EventType::Store,
+        Tier::L2,
+        "s3",
+        true,
+        &[(key(1, ""), 12)],
+    ));
+    let e = d.get(&key(1, "")).unwrap();
+    assert_eq!(e.placements.len(), 1);
+    assert_eq!(e.placements[0].instance_id, "b", "latest reporter wins");
+    // Any instance may delete a shared placement.
+    d.apply(&batch(
+        "c",
+        EventType::Delete,
+        Tier::L2,
+        "s3",
+        true,
+        &[(key(1, ""), 0)],
+    ));
+    assert!(d.get(&key(1, "")).is_none());
+    assert_eq!(d.totals(Tier::L2), TierTotals::default());
+}
+
+#[test]
+fn delete_of_other_owner_or_backend_is_noop() {
+    let mut d = KeyDirectory::new();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 10)],
+    ));
+    d.apply(&batch(
+        "b",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 0)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "s3",
+        false,
+        &[(key(1, ""), 0)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(9, ""), 0)],
+    ));
+    assert_eq!(d.get(&key(1, "")).unwrap().placements.len(), 1);
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 0)],
+    ));
+    assert!(d.is_empty());
+}
+
+#[test]
+fn access_counts_known_keys_only() {
+    let mut d = KeyDirectory::new();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 10)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Access,
+        Tier::L2,
+        "",
+        false,
+        &[(key(1, ""), 0), (key(2, ""), 0)],
+    ));
+    assert_eq!(d.get(&key(1, "")).unwrap().access_count, 1);
+    assert!(d.get(&key(2, "")).is_none());
+}
+
+#[test]
+fn fence_drops_private_l1_only() {
+    let mut d = KeyDirectory::new();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(1, ""), 10), (key(2, ""), 10)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 20)],
+    ));
+    d.apply(&batch(
+        "b",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(2, ""), 7)],
+    ));
+    d.fence("a");
+    assert_eq!(d.get(&key(1, "")).unwrap().placements.len(), 1);
+    assert_eq!(d.get(&key(1, "")).unwrap().placements[0].tier, Tier::L2);
+    assert_eq!(d.get(&key(2, "")).unwrap().placements[0].instance_id, "b");
+    assert!(!d.stats().l1_keys_by_instance.contains_key("a"));
+    assert_eq!(d.totals(Tier::L1), TierTotals { count: 1, bytes: 7 });
+    // Any later batch brings the index entry back at 0.
+    d.apply(&batch("a", EventType::Config, Tier::L2, "fs", false, &[]));
+    assert_eq!(d.stats().l1_keys_by_instance["a"], 0);
+}
+
+#[test]
+fn bindings_follow_hash_and_leave_with_last_key() {
+    let mut d = KeyDirectory::new();
+    let mut b = batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, "x"), 1)],
+    );
+    b.entries[0].token_ids = vec![1, 2, 3];
+    d.apply(&b);
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, "y"), 1)],
+    ));
+    // Another tenant's key with the same hash shows the tokens.
+    assert_eq!(d.tokens_for_hash(&key(1, "z").chunk_hash), &[1, 2, 3]);
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, "x"), 0)],
+    ));
+    assert_eq!(d.tokens_for_hash(&key(1, "").chunk_hash).len(), 3);
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, "y"), 0)],
+    ));
+    assert!(d.tokens_for_hash(&key(1, "").chunk_hash).is_empty());
+}
+
+#[test]
+fn list_filters_pages_and_orders_by_first_store() {
+    let mut d = KeyDirectory::new();
+    for h in 1..=5u8 {
+        let tier = if h % 2 == 0 { Tier::L1 } else { Tier::L2 };
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            tier,
+            "fs",
+            false,
+            &[(key(h, ""), 1)],
+        ));
+    }
+    // Remove and re-store key 1: it moves to the end.
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 0)],
+    ));
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 1)],
+    ));
+    let all = KeyFilter::default();
+    let (total, page) = d.list(&all, 0, 100);
+    assert_eq!(total, 5);
+    let order: Vec<u8> = page.iter().map(|k| k.key.chunk_hash[0]).collect();
+    assert_eq!(order, vec![2, 3, 4, 5, 1]);
+    let (total, page) = d.list(
+        &KeyFilter {
+            tier: TierFilter::L2,
+            ..all.clone()
+        },
+        1,
+        1,
+    );
+    assert_eq!(total, 3);
+    assert_eq!(page[0].key.chunk_hash[0], 5);
+    let (total, _) = d.list(
+        &KeyFilter {
+            instance_id: "zz",
+            ..all
+        },
+        0,
+        10,
+    );
+    assert_eq!(total, 0);
+}
+
+#[test]
+fn group_expansion_sorted() {
+    let mut d = KeyDirectory::new();
+    let mut g2 = key(1, "");
+    g2.object_group_id = 2;
+    let mut g1 = key(1, "");
+    g1.object_group_id = 1;
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        Tier::L2,
+        "fs",
+        false,
+        &[(g2.clone(), 1), (g1.clone(), 1)],
+    ));
+    let expanded = d.expand_groups(&key(1, ""));
+    assert_eq!(expanded, vec![key(1, ""), g1, g2]);
+}

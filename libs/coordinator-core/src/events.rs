@@ -1,0 +1,381 @@
+//! The cache-event batch schema (`POST /events` and Kafka record values) and
+//! its validation into the typed form the gate and views consume.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Tier;
+use crate::key::{ObjectKey, SharedKey, WireKey};
+
+/// What a batch reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventType {
+    /// Keys were written.
+    Store,
+    /// Keys were removed.
+    Delete,
+    /// Keys were read.
+    Access,
+    /// A capacity declaration (no entries).
+    Config,
+}
+
+impl EventType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Store => "store",
+            EventType::Delete => "delete",
+            EventType::Access => "access",
+            EventType::Config => "config",
+        }
+    }
+}
+
+/// Body of `POST /events`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct EventsRequest {
+    /// Batches, offered to the gate in order.
+    #[serde(default)]
+    pub batches: Vec<WireBatch>,
+}
+
+/// `CacheEventBatch` as sent. Unknown fields are ignored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireBatch {
+    /// Emitting instance.
+    pub instance_id: String,
+    /// Emitter start stamp.
+    pub incarnation: i64,
+    /// Per (instance, incarnation) sequence, from 1.
+    pub seq: i64,
+    /// Kind of event.
+    pub event_type: EventType,
+    /// Tier the entries live in.
+    pub tier: Tier,
+    /// Backend name.
+    pub backend: String,
+    /// Affected keys.
+    #[serde(default)]
+    pub entries: Vec<WireEntry>,
+    /// The backend is a pool several instances mount.
+    #[serde(default)]
+    pub shared: bool,
+    /// Emitter wall-clock time.
+    #[serde(default)]
+    pub ts: f64,
+    /// Declared capacity (`config` only).
+    #[serde(default)]
+    pub capacity_bytes: i64,
+    /// Declaration revision (`config` only).
+    #[serde(default)]
+    pub capacity_revision: i64,
+    /// Events the emitter admits it dropped before this batch (newer MP
+    /// servers); counted as loss.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped_events: Option<i64>,
+}
+
+/// One entry of a batch as sent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireEntry {
+    /// The key.
+    pub key: WireKey,
+    /// Object size.
+    #[serde(default)]
+    pub size_bytes: i64,
+    /// The chunk's tokens (store only).
+    #[serde(default)]
+    pub token_ids: Vec<i64>,
+    /// Token position of the chunk, -1 if unknown.
+    #[serde(default = "minus_one")]
+    pub token_offset: i64,
+}
+
+fn minus_one() -> i64 {
+    -1
+}
+
+/// A validated batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch {
+    /// Emitting instance.
+    pub instance_id: String,
+    /// Emitter start stamp.
+    pub incarnation: u64,
+    /// Sequence number.
+    pub seq: u64,
+    /// Kind of event.
+    pub event_type: EventType,
+    /// Tier.
+    pub tier: Tier,
+    /// Backend (may be empty for `access`).
+    pub backend: String,
+    /// Entries.
+    pub entries: Vec<Entry>,
+    /// Shared pool.
+    pub shared: bool,
+    /// Emitter time.
+    pub ts: f64,
+    /// Declared capacity.
+    pub capacity_bytes: u64,
+    /// Declaration revision.
+    pub capacity_revision: u64,
+    /// Admitted loss.
+    pub dropped_events: u64,
+}
+
+/// A validated entry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The key.
+    pub key: SharedKey,
+    /// Size.
+    pub size_bytes: u64,
+    /// Tokens, when every one fits in u32 (out-of-range sequences are dropped,
+    /// the placement is still stored).
+    pub token_ids: Vec<u32>,
+    /// Token offset, -1 if unknown.
+    pub token_offset: i64,
+}
+
+/// A validation failure, located like FastAPI's `loc`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{msg}")]
+pub struct FieldError {
+    /// Path of the offending field below the body.
+    pub loc: Vec<LocPart>,
+    /// What is wrong.
+    pub msg: String,
+}
+
+/// One step of a field path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum LocPart {
+    /// A field name.
+    Field(&'static str),
+    /// A list index.
+    Index(usize),
+}
+
+impl FieldError {
+    fn new(loc: Vec<LocPart>, msg: impl Into<String>) -> Self {
+        Self {
+            loc,
+            msg: msg.into(),
+        }
+    }
+}
+
+fn non_negative(
+    value: i64,
+    loc: impl FnOnce() -> Vec<LocPart>,
+    what: &str,
+) -> Result<u64, FieldError> {
+    u64::try_from(value).map_err(|_| FieldError::new(loc(), format!("{what} must be >= 0")))
+}
+
+impl WireBatch {
+    /// Validates the batch at `index` of the request.
+    pub fn validate(&self, index: usize) -> Result<Batch, FieldError> {
+        use LocPart::{Field, Index};
+        let at = |field: &'static str| vec![Field("batches"), Index(index), Field(field)];
+        if self.instance_id.is_empty() {
+            return Err(FieldError::new(
+                at("instance_id"),
+                "instance_id must not be empty",
+            ));
+        }
+        let incarnation = non_negative(self.incarnation, || at("incarnation"), "incarnation")?;
+        if self.seq < 1 {
+            return Err(FieldError::new(at("seq"), "seq must be >= 1"));
+        }
+        if self.event_type != EventType::Access && self.backend.is_empty() {
+            return Err(FieldError::new(at("backend"), "backend must not be empty"));
+        }
+        if self.event_type == EventType::Config && !self.entries.is_empty() {
+            return Err(FieldError::new(
+                at("entries"),
+                "config batches carry no entries",
+            ));
+        }
+        if self.ts.is_nan() || self.ts < 0.0 {
+            return Err(FieldError::new(at("ts"), "ts must be >= 0"));
+        }
+        let capacity_bytes = non_negative(
+            self.capacity_bytes,
+            || at("capacity_bytes"),
+            "capacity_bytes",
+        )?;
+        let capacity_revision = non_negative(
+            self.capacity_revision,
+            || at("capacity_revision"),
+            "capacity_revision",
+        )?;
+        let dropped_events = non_negative(
+            self.dropped_events.unwrap_or(0),
+            || at("dropped_events"),
+            "dropped_events",
+        )?;
+        let mut entries = Vec::with_capacity(self.entries.len());
+        for (i, e) in self.entries.iter().enumerate() {
+            let eloc = |field: &'static str| {
+                vec![
+                    Field("batches"),
+                    Index(index),
+                    Field("entries"),
+                    Index(i),
+                    Field(field),
+                ]
+            };
+            let key = ObjectKey::from_wire(&e.key)
+                .map_err(|err| FieldError::new(eloc("key"), err.to_string()))?;
+            let size_bytes = non_negative(e.size_bytes, || eloc("size_bytes"), "size_bytes")?;
+            if e.token_offset < -1 {
+                return Err(FieldError::new(
+                    eloc("token_offset"),
+                    "token_offset must be >= -1",
+                ));
+            }
+            let token_ids = e
+                .token_ids
+                .iter()
+                .map(|&t| u32::try_from(t).ok())
+                .collect::<Option<Vec<u32>>>()
+                .unwrap_or_default();
+            entries.push(Entry {
+                key: SharedKey::new(key),
+                size_bytes,
+                token_ids,
+                token_offset: e.token_offset,
+            });
+        }
+        Ok(Batch {
+            instance_id: self.instance_id.clone(),
+            incarnation,
+            seq: self.seq.unsigned_abs(),
+            event_type: self.event_type,
+            tier: self.tier,
+            backend: self.backend.clone(),
+            entries,
+            shared: self.shared,
+            ts: self.ts,
+            capacity_bytes,
+            capacity_revision,
+            dropped_events,
+        })
+    }
+}
+
+impl EventsRequest {
+    /// Validates every batch; the first failure rejects the whole request.
+    pub fn validate(&self) -> Result<Vec<Batch>, FieldError> {
+        self.batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| b.validate(i))
+            .collect()
+    }
+}
+
+/// Outcome counts of one `POST /events`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventsResponse {
+    /// Admitted batches.
+    pub applied: u64,
+    /// Dropped as already seen.
+    pub duplicates: u64,
+    /// Dropped as from an older incarnation.
+    pub stale: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Vec<Batch>, String> {
+        let req: EventsRequest = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        req.validate().map_err(|e| e.to_string())
+    }
+
+    const KEY: &str = r#"{"chunk_hash_hex":"AAbb","model_name":"m","kv_rank":16777472}"#;
+
+    #[test]
+    fn parses_store_with_defaults_and_unknown_fields() {
+        let json = format!(
+            r#"{{"batches":[{{"instance_id":"a","incarnation":5,"seq":1,"event_type":"store","tier":"l2","backend":"fs","future":1,
+                "entries":[{{"key":{KEY},"size_bytes":10,"token_ids":[1,2,-3],"x":true}}]}}]}}"#
+        );
+        let batches = parse(&json).unwrap();
+        assert_eq!(batches.len(), 1);
+        let b = &batches[0];
+        assert_eq!(b.entries[0].key.chunk_hash, vec![0xaa, 0xbb]);
+        assert_eq!(b.entries[0].token_offset, -1);
+        // Out-of-range tokens drop the token list, not the entry.
+        assert!(b.entries[0].token_ids.is_empty());
+        assert!(!b.shared);
+        assert_eq!(parse("{}").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn rejects_invalid_batches() {
+        // Each case overrides fields of a valid batch (no duplicate JSON keys).
+        let base = |patch: serde_json::Value| {
+            let mut b = serde_json::json!({"instance_id":"a","incarnation":5,"seq":1,
+                "event_type":"store","tier":"l2","backend":"fs"});
+            for (k, v) in patch.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            serde_json::json!({ "batches": [b] }).to_string()
+        };
+        use serde_json::json;
+        assert!(parse(&base(json!({}))).is_ok());
+        let key = |hex: &str, model: &str| json!({"chunk_hash_hex": hex, "model_name": model, "kv_rank": 1});
+        let bad = [
+            json!({"seq": 0}),
+            json!({"incarnation": -1}),
+            json!({"instance_id": ""}),
+            json!({"backend": ""}),
+            json!({"tier": "all"}),
+            json!({"ts": -1.0}),
+            json!({"capacity_bytes": -1}),
+            json!({"event_type": "config", "entries": [{"key": key("aa", "m")}]}),
+            json!({"entries": [{"key": key("a", "m")}]}),
+            json!({"entries": [{"key": key("aa", "m@x")}]}),
+            json!({"entries": [{"key": key("aa", "m"), "size_bytes": -4}]}),
+            json!({"entries": [{"key": key("aa", "m"), "token_offset": -2}]}),
+            json!({"seq": "one"}),
+            json!({"event_type": "evict"}),
+        ];
+        for patch in bad {
+            assert!(parse(&base(patch.clone())).is_err(), "{patch} was accepted");
+        }
+        // Access may carry an empty backend.
+        assert!(parse(&base(json!({"event_type": "access", "backend": ""}))).is_ok());
+        assert!(
+            parse(&base(
+                json!({"entries": [{"key": key("aa", "m"), "token_offset": 0}]})
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn error_locates_field() {
+        let req: EventsRequest = serde_json::from_str(
+            r#"{"batches":[{"instance_id":"a","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"d"},
+                           {"instance_id":"a","incarnation":1,"seq":0,"event_type":"store","tier":"l1","backend":"d"}]}"#,
+        )
+        .unwrap();
+        let err = req.validate().unwrap_err();
+        assert_eq!(
+            err.loc,
+            vec![
+                LocPart::Field("batches"),
+                LocPart::Index(1),
+                LocPart::Field("seq")
+            ]
+        );
+    }
+}

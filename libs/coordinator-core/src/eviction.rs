@@ -1,0 +1,358 @@
+//! Fleet L2 eviction: per-tenant quotas, the LRU order built from events, and
+//! the planner that picks victims. Dispatch (HTTP) lives in the service.
+
+use std::collections::BTreeMap;
+
+use crate::Tier;
+use crate::directory::KeyDirectory;
+use crate::events::{Batch, EventType};
+use crate::key::{ObjectKey, SharedKey};
+use crate::pins::Pins;
+use crate::usage::UsageView;
+
+/// Bytes per GiB; quota limits travel as GiB floats.
+pub const GIB: f64 = 1_073_741_824.0;
+
+/// `int(gb × 2^30)`, the reference's rounding.
+pub fn gb_to_bytes(gb: f64) -> u64 {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let bytes = (gb * GIB) as u64;
+    bytes
+}
+
+/// Bytes as GiB.
+pub fn bytes_to_gb(bytes: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let gb = bytes as f64 / GIB;
+    gb
+}
+
+/// Per-tenant L2 limits and the default for tenants without one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Quotas {
+    /// Explicit limits, bytes.
+    pub limits: BTreeMap<String, u64>,
+    /// Limit of tenants without an explicit one; `None` exempts them.
+    pub default_limit: Option<u64>,
+}
+
+impl Quotas {
+    /// The limit that applies to `salt`.
+    pub fn effective(&self, salt: &str) -> Option<u64> {
+        self.limits.get(salt).copied().or(self.default_limit)
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+struct Bucket {
+    ticks: crate::FastMap<SharedKey, u64>,
+    order: BTreeMap<u64, SharedKey>,
+}
+
+/// LRU order of L2 keys, one bucket per tenant.
+#[derive(Clone, Debug, Default)]
+pub struct Lru {
+    buckets: BTreeMap<String, Bucket>,
+    tick: u64,
+}
+
+impl Lru {
+    /// Empty.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Applies an admitted batch; `directory` must already include it (a
+    /// delete drops a key only once no L2 copy is left anywhere).
+    pub fn apply(&mut self, batch: &Batch, directory: &KeyDirectory) {
+        match (batch.event_type, batch.tier) {
+            (EventType::Store, Tier::L2) => {
+                for e in &batch.entries {
+                    self.register(&e.key);
+                }
+            }
+            (EventType::Access, _) => {
+                for e in &batch.entries {
+                    self.touch(&e.key);
+                }
+            }
+            (EventType::Delete, Tier::L2) => {
+                for e in &batch.entries {
+                    if !directory.has_l2(&e.key) {
+                        self.remove(&e.key);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Tracks a key (at the most recent end) if it is not tracked yet.
+    pub fn register(&mut self, key: &SharedKey) {
+        let bucket = match self.buckets.get_mut(&key.cache_salt) {
+            Some(bucket) => bucket,
+            None => self.buckets.entry(key.cache_salt.clone()).or_default(),
+        };
+        if !bucket.ticks.contains_key(key) {
+            self.tick += 1;
+            bucket.ticks.insert(key.clone(), self.tick);
+            bucket.order.insert(self.tick, key.clone());
+        }
+    }
+
+    /// Moves a tracked key to the most recent end.
+    pub fn touch(&mut self, key: &ObjectKey) {
+        if let Some(bucket) = self.buckets.get_mut(&key.cache_salt)
+            && let Some(old) = bucket.ticks.get_mut(key)
+        {
+            self.tick += 1;
+            // Re-file the shared key itself under its new tick.
+            if let Some(shared) = bucket.order.remove(old) {
+                bucket.order.insert(self.tick, shared);
+            }
+            *old = self.tick;
+        }
+    }
+
+    /// Stops tracking a key.
+    pub fn remove(&mut self, key: &ObjectKey) {
+        if let Some(bucket) = self.buckets.get_mut(&key.cache_salt) {
+            if let Some(t) = bucket.ticks.remove(key) {
+                bucket.order.remove(&t);
+            }
+            if bucket.ticks.is_empty() {
+                self.buckets.remove(&key.cache_salt);
+            }
+        }
+    }
+
+    /// Tenants tracked, with their keys oldest first (checkpoint).
+    pub fn buckets(&self) -> impl Iterator<Item = (&String, impl Iterator<Item = &ObjectKey>)> {
+        self.buckets
+            .iter()
+            .map(|(s, b)| (s, b.order.values().map(|k| k.as_ref())))
+    }
+
+    /// Keys tracked for a tenant.
+    pub fn bucket_len(&self, salt: &str) -> usize {
+        self.buckets.get(salt).map_or(0, |b| b.ticks.len())
+    }
+
+    /// Keys tracked overall.
+    pub fn len(&self) -> usize {
+        self.buckets.values().map(|b| b.ticks.len()).sum()
+    }
+
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+}
+
+/// Settings of a sweep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvictionSettings {
+    /// Fraction of the limit that triggers eviction, in (0, 1].
+    pub trigger_watermark: f64,
+    /// Fraction of the bucket evicted per sweep.
+    pub eviction_ratio: f64,
+}
+
+impl Default for EvictionSettings {
+    fn default() -> Self {
+        Self {
+            trigger_watermark: 1.0,
+            eviction_ratio: 0.2,
+        }
+    }
+}
+
+/// What one sweep decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvictionPlan {
+    /// Keys to delete, oldest first per tenant.
+    pub victims: Vec<ObjectKey>,
+    /// Tenants over their watermark.
+    pub tenants_over: usize,
+    /// Pinned keys passed over while walking.
+    pub skipped_pinned: u64,
+}
+
+/// Picks victims: for each tracked tenant whose L2 bytes reach
+/// `watermark × limit`, walk its LRU from the oldest, skip pinned keys, and
+/// take `max(1, int(len × ratio))` (everything when the limit is 0).
+pub fn plan(
+    lru: &Lru,
+    usage: &UsageView,
+    quotas: &Quotas,
+    pins: &Pins,
+    settings: EvictionSettings,
+) -> EvictionPlan {
+    let mut out = EvictionPlan::default();
+    for (salt, bucket) in &lru.buckets {
+        let used = usage.salt_bytes(Tier::L2, salt);
+        if used == 0 {
+            continue;
+        }
+        let Some(limit) = quotas.effective(salt) else {
+            continue;
+        };
+        #[allow(clippy::cast_precision_loss)]
+        if (used as f64) < settings.trigger_watermark * limit as f64 {
+            continue;
+        }
+        out.tenants_over += 1;
+        let ratio = if limit == 0 {
+            1.0
+        } else {
+            settings.eviction_ratio
+        };
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let n = ((bucket.ticks.len() as f64 * ratio) as usize).max(1);
+        let mut taken = 0;
+        for key in bucket.order.values() {
+            if taken == n {
+                break;
+            }
+            if pins.is_pinned(key) {
+                out.skipped_pinned += 1;
+                continue;
+            }
+            out.victims.push(ObjectKey::clone(key));
+            taken += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::{batch, key};
+
+    fn setup(n: u8, size: u64) -> (KeyDirectory, UsageView, Lru) {
+        let (mut d, mut u, mut l) = (KeyDirectory::new(), UsageView::new(), Lru::new());
+        for h in 0..n {
+            let b = batch(
+                "a",
+                EventType::Store,
+                Tier::L2,
+                "fs",
+                false,
+                &[(key(h, "t"), size)],
+            );
+            d.apply(&b);
+            u.apply(&b);
+            l.apply(&b, &d);
+        }
+        (d, u, l)
+    }
+
+    fn hashes(keys: &[ObjectKey]) -> Vec<u8> {
+        keys.iter().map(|k| k.chunk_hash[0]).collect()
+    }
+
+    #[test]
+    fn gb_rounding_matches_reference() {
+        assert_eq!(bytes_to_gb(gb_to_bytes(0.1)), 0.099_999_999_627_470_97);
+        assert_eq!(gb_to_bytes(1.0), 1 << 30);
+    }
+
+    #[test]
+    fn under_quota_or_no_limit_evicts_nothing() {
+        let (_, u, l) = setup(10, 100);
+        let none = Quotas::default();
+        assert!(
+            plan(&l, &u, &none, &Pins::new(), EvictionSettings::default())
+                .victims
+                .is_empty()
+        );
+        let roomy = Quotas {
+            limits: [("t".to_owned(), 1001)].into(),
+            default_limit: None,
+        };
+        assert!(
+            plan(&l, &u, &roomy, &Pins::new(), EvictionSettings::default())
+                .victims
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn over_quota_takes_ratio_of_oldest_skipping_pins() {
+        let (_, u, l) = setup(10, 100);
+        let q = Quotas {
+            limits: [("t".to_owned(), 1000)].into(),
+            default_limit: None,
+        };
+        let mut pins = Pins::new();
+        pins.pin([&key(0, "t")]);
+        let p = plan(&l, &u, &q, &pins, EvictionSettings::default());
+        assert_eq!(hashes(&p.victims), vec![1, 2]);
+        assert_eq!(p.skipped_pinned, 1);
+    }
+
+    #[test]
+    fn watermark_triggers_early_and_zero_limit_evicts_all_unpinned() {
+        let (_, u, l) = setup(10, 100);
+        let q = Quotas {
+            limits: BTreeMap::new(),
+            default_limit: Some(1250),
+        };
+        let s = EvictionSettings {
+            trigger_watermark: 0.8,
+            eviction_ratio: 0.01,
+        };
+        assert_eq!(
+            plan(&l, &u, &q, &Pins::new(), s).victims.len(),
+            1,
+            "at least one key"
+        );
+        let zero = Quotas {
+            limits: [("t".to_owned(), 0)].into(),
+            default_limit: None,
+        };
+        let mut pins = Pins::new();
+        pins.pin([&key(3, "t")]);
+        let p = plan(&l, &u, &zero, &pins, s);
+        assert_eq!(p.victims.len(), 9);
+        assert!(!hashes(&p.victims).contains(&3));
+    }
+
+    #[test]
+    fn access_reorders_and_delete_drops_when_no_l2_left() {
+        let (mut d, mut u, mut l) = setup(3, 100);
+        let access = batch(
+            "a",
+            EventType::Access,
+            Tier::L2,
+            "",
+            false,
+            &[(key(0, "t"), 0)],
+        );
+        d.apply(&access);
+        l.apply(&access, &d);
+        let q = Quotas {
+            limits: [("t".to_owned(), 0)].into(),
+            default_limit: None,
+        };
+        let p = plan(&l, &u, &q, &Pins::new(), EvictionSettings::default());
+        assert_eq!(hashes(&p.victims), vec![1, 2, 0]);
+        let del = batch(
+            "a",
+            EventType::Delete,
+            Tier::L2,
+            "fs",
+            false,
+            &[(key(1, "t"), 0)],
+        );
+        d.apply(&del);
+        u.apply(&del);
+        l.apply(&del, &d);
+        assert_eq!(l.bucket_len("t"), 2);
+    }
+}

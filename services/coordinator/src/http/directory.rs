@@ -1,0 +1,227 @@
+//! `/directory`: lookups by keys or tokens, key listing, stats, blend lookup.
+
+use axum::Json;
+use axum::extract::State;
+use base64::Engine;
+use ic_coordinator_core::TierFilter;
+use ic_coordinator_core::directory::{KeyFilter, Placement};
+use ic_coordinator_core::key::{ObjectKey, WireKey};
+use ic_coordinator_core::resolve::{TokenQuery, resolve};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, Body, Query};
+use crate::state::App;
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LookupRequest {
+    #[serde(default)]
+    keys: Option<Vec<WireKey>>,
+    #[serde(default)]
+    token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    model_name: Option<String>,
+    #[serde(default = "one")]
+    world_size: i64,
+    #[serde(default)]
+    cache_salt: String,
+}
+
+fn one() -> i64 {
+    1
+}
+
+fn sorted(placements: &[Placement]) -> Vec<&Placement> {
+    let mut v: Vec<&Placement> = placements.iter().collect();
+    v.sort_by(|a, b| {
+        (a.instance_id.as_str(), a.tier, a.backend.as_str()).cmp(&(
+            b.instance_id.as_str(),
+            b.tier,
+            b.backend.as_str(),
+        ))
+    });
+    v
+}
+
+pub(crate) async fn lookup(
+    State(app): State<App>,
+    Body(req): Body<LookupRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let keys = req.keys.filter(|k| !k.is_empty());
+    let tokens = req.token_ids.filter(|t| !t.is_empty());
+    if req.world_size < 1 {
+        return Err(ApiError::body("world_size", "world_size must be >= 1"));
+    }
+    match (keys, tokens) {
+        (Some(_), Some(_)) | (None, None) => Err(ApiError::body(
+            "keys",
+            "exactly one of 'keys' or 'token_ids' must be supplied",
+        )),
+        (Some(wire_keys), None) => {
+            let parsed = wire_keys
+                .iter()
+                .enumerate()
+                .map(|(i, w)| {
+                    ObjectKey::from_wire(w).map_err(|e| ApiError::Validation {
+                        loc: vec![json!("body"), json!("keys"), json!(i)],
+                        msg: e.to_string(),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let views = app.views.lock();
+            let d = &views.directory;
+            let results: Vec<Value> = wire_keys
+                .iter()
+                .zip(&parsed)
+                .map(|(wire, key)| {
+                    result_json(
+                        json!(wire),
+                        d.get(key)
+                            .map(|e| (e.placements.as_slice(), e.access_count)),
+                        d.tokens_for_hash(&key.chunk_hash),
+                    )
+                })
+                .collect();
+            Ok(Json(json!({"chunks": parsed.len(), "results": results})))
+        }
+        (None, Some(token_ids)) => {
+            let Some(model_name) = req.model_name else {
+                return Err(ApiError::body(
+                    "model_name",
+                    "model_name is required with token_ids",
+                ));
+            };
+            let query = TokenQuery {
+                token_ids: &token_ids,
+                model_name: &model_name,
+                world_size: req.world_size,
+                cache_salt: &req.cache_salt,
+            };
+            let resolved = resolve(&query, app.settings.chunk_size)
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let views = app.views.lock();
+            let d = &views.directory;
+            let results: Vec<Value> = resolved
+                .keys
+                .iter()
+                .flat_map(|k| d.expand_groups(k))
+                .map(|key| {
+                    result_json(
+                        json!(key.to_wire()),
+                        d.get(&key)
+                            .map(|e| (e.placements.as_slice(), e.access_count)),
+                        d.tokens_for_hash(&key.chunk_hash),
+                    )
+                })
+                .collect();
+            Ok(Json(json!({"chunks": resolved.chunks, "results": results})))
+        }
+    }
+}
+
+fn result_json(key: Value, entry: Option<(&[Placement], u64)>, tokens: &[u32]) -> Value {
+    let (placements, access_count) = entry.map_or((Vec::new(), 0), |(p, c)| (sorted(p), c));
+    json!({"key": key, "placements": placements, "token_ids": tokens, "access_count": access_count})
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct KeysQuery {
+    #[serde(default)]
+    tier: TierFilter,
+    #[serde(default)]
+    instance_id: String,
+    #[serde(default)]
+    backend: String,
+    #[serde(default)]
+    offset: i64,
+    #[serde(default = "default_limit")]
+    limit: i64,
+}
+
+pub(crate) fn default_limit() -> i64 {
+    1000
+}
+
+/// Checks `offset ≥ 0` and `limit` in 1..=10000.
+pub(crate) fn page_bounds(offset: i64, limit: i64) -> Result<(usize, usize), ApiError> {
+    let offset =
+        usize::try_from(offset).map_err(|_| ApiError::query("offset", "offset must be >= 0"))?;
+    let limit = usize::try_from(limit)
+        .ok()
+        .filter(|l| (1..=10_000).contains(l))
+        .ok_or_else(|| ApiError::query("limit", "limit must be in 1..10000"))?;
+    Ok((offset, limit))
+}
+
+pub(crate) async fn keys(
+    State(app): State<App>,
+    Query(q): Query<KeysQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let (offset, limit) = page_bounds(q.offset, q.limit)?;
+    let filter = KeyFilter {
+        tier: q.tier,
+        instance_id: &q.instance_id,
+        backend: &q.backend,
+    };
+    let views = app.views.lock();
+    let (total, page) = views.directory.list(&filter, offset, limit);
+    let keys: Vec<Value> = page
+        .into_iter()
+        .map(|k| {
+            json!({"key": k.key.to_wire(), "placements": k.placements,
+                   "num_tokens": k.num_tokens, "access_count": k.access_count})
+        })
+        .collect();
+    Ok(Json(json!({"total": total, "keys": keys})))
+}
+
+pub(crate) async fn stats(State(app): State<App>) -> Json<Value> {
+    let s = app.views.lock().directory.stats();
+    Json(json!({
+        "num_keys": s.num_keys,
+        "num_placements": s.num_placements,
+        "l1_keys_by_instance": s.l1_keys_by_instance,
+        "blend": {"num_contents": 0, "num_chunks": 0, "num_claims": 0, "num_namespaces": 0, "table_size": 1024},
+        "l1_count": s.l1.count,
+        "l1_size_bytes": s.l1.bytes,
+        "l2_count": s.l2.count,
+        "l2_size_bytes": s.l2.bytes,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct BlendRequest {
+    #[serde(default)]
+    tokens_b64: String,
+    #[serde(default)]
+    model_name: Option<String>,
+    #[serde(default = "one")]
+    world_size: i64,
+    #[serde(default)]
+    #[allow(dead_code)]
+    cache_salt: String,
+}
+
+/// Blend lookup is off in this build (the reference's default), so a valid
+/// request always matches nothing; the request is still validated.
+pub(crate) async fn blend_lookup(Body(req): Body<BlendRequest>) -> Result<Json<Value>, ApiError> {
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(req.tokens_b64.as_bytes())
+        .map_err(|e| ApiError::body("tokens_b64", format!("tokens_b64 is not base64: {e}")))?;
+    if !raw.len().is_multiple_of(4) {
+        return Err(ApiError::body(
+            "tokens_b64",
+            "tokens_b64 length is not a multiple of 4",
+        ));
+    }
+    if !raw.is_empty() && req.model_name.is_none() {
+        return Err(ApiError::body(
+            "model_name",
+            "model_name is required with tokens_b64",
+        ));
+    }
+    if req.world_size < 1 {
+        return Err(ApiError::body("world_size", "world_size must be >= 1"));
+    }
+    Ok(Json(json!({"matches": []})))
+}

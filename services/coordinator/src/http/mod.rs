@@ -1,0 +1,171 @@
+//! The REST API: core routes (instances, events, directory, health,
+//! metrics, status) plus the routes of each enabled controller.
+
+pub mod directory;
+pub mod error;
+pub mod events;
+pub mod instances;
+pub mod status;
+
+use axum::Json;
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use serde_json::json;
+
+use crate::state::App;
+
+/// Largest accepted request body. A full 1,000,000-token request is about
+/// 8 MB of JSON; event batches are far smaller.
+pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+
+/// Builds the whole router.
+pub fn router(app: App) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/live", get(|| async { "ok\n" }))
+        .route("/ready", get(|| async { "ready\n" }))
+        .route("/metrics", get(metrics))
+        .route("/status", get(status::status))
+        .route("/instances", post(instances::register).get(instances::list))
+        .route("/instances/usage", get(instances::fleet_usage))
+        .route("/instances/{instance_id}", delete(instances::deregister))
+        .route(
+            "/instances/{instance_id}/heartbeat",
+            put(instances::heartbeat),
+        )
+        .route(
+            "/instances/{instance_id}/usage",
+            get(instances::instance_usage),
+        )
+        .route("/events", post(events::post_events))
+        .route("/directory/lookup", post(directory::lookup))
+        .route("/directory/keys", get(directory::keys))
+        .route("/directory/stats", get(directory::stats))
+        .route("/directory/blend-lookup", post(directory::blend_lookup))
+        .with_state(app.clone());
+    for c in &app.controllers {
+        if let Some(routes) = c.clone().routes(app.clone()) {
+            router = router.merge(routes);
+        }
+    }
+    router
+        .route_layer(axum::middleware::from_fn_with_state(app, observe))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+}
+
+/// Counts and times every request that matched a route.
+async fn observe(State(app): State<App>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = match *req.method() {
+        axum::http::Method::GET => "GET",
+        axum::http::Method::POST => "POST",
+        axum::http::Method::PUT => "PUT",
+        axum::http::Method::DELETE => "DELETE",
+        _ => "other",
+    };
+    let started = std::time::Instant::now();
+    let resp = next.run(req).await;
+    let status = match resp.status().as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    let m = &app.metrics;
+    m.http_duration
+        .get_or_create(&crate::metrics::RouteLabel {
+            route: route.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    m.http_requests
+        .get_or_create(&crate::metrics::HttpLabels {
+            method,
+            route,
+            status,
+        })
+        .inc();
+    resp
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    // Never fails on degradation: a restart would throw the views away.
+    Json(json!({"status": "healthy"}))
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+async fn method_not_allowed() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        Json(json!({"detail": "Method Not Allowed"})),
+    )
+        .into_response()
+}
+
+async fn metrics(State(app): State<App>, headers: axum::http::HeaderMap) -> Response {
+    if app.settings.disable_metrics {
+        return not_found().await;
+    }
+    refresh_gauges(&app);
+    // Prometheus asks for OpenMetrics; other clients get the reference's
+    // text/plain type (the body parses as either).
+    let openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let content_type = if openmetrics {
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    } else {
+        "text/plain; version=0.0.4; charset=utf-8"
+    };
+    ([(header::CONTENT_TYPE, content_type)], app.metrics.render()).into_response()
+}
+
+/// Sets scrape-time gauges from counters the views keep; per-instance
+/// families are rebuilt so departed instances disappear.
+fn refresh_gauges(app: &App) {
+    let m = &app.metrics.metrics;
+    let now = app.clock.monotonic();
+    {
+        let registry = app.registry.lock();
+        m.instances
+            .set(i64::try_from(registry.len()).unwrap_or(i64::MAX));
+        m.heartbeat_age.clear();
+        for (id, age) in registry.heartbeat_ages(now) {
+            m.heartbeat_age
+                .get_or_create(&crate::metrics::InstanceLabel {
+                    instance_id: id.to_owned(),
+                })
+                .set(age.as_secs_f64());
+        }
+    }
+    let registered = app.registered_ids();
+    let stats = app.views.lock().directory.stats();
+    app.metrics.set_tier("l1", stats.l1.count, stats.l1.bytes);
+    app.metrics.set_tier("l2", stats.l2.count, stats.l2.bytes);
+    m.directory_keys
+        .set(i64::try_from(stats.num_keys).unwrap_or(i64::MAX));
+    for c in &app.controllers {
+        c.refresh_metrics(app);
+    }
+    m.instance_l1_keys.clear();
+    for (id, n) in stats.l1_keys_by_instance {
+        if registered.contains(&id) {
+            m.instance_l1_keys
+                .get_or_create(&crate::metrics::InstanceLabel { instance_id: id })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! Metrics under the reference's `lmcache_coordinator` names.
+//!
+//! Labels come only from fixed sets, plus `instance_id` for per-instance
+//! gauges (rebuilt on every scrape, so a departed instance disappears) and
+//! `cache_salt` for tenants with a quota. No cache key or hash is a label.
+//! Counts that describe the views are read on scrape from counters the views
+//! keep up to date, never by walking an index.
+
+use std::sync::atomic::AtomicU64;
+
+use ic_telemetry::MetricsRegistry;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// `tier` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    /// `l1` or `l2`.
+    pub tier: &'static str,
+}
+
+/// `outcome` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// Fixed per metric (`applied`, `duplicate`, `stale`; `ok`, `failed`, ...).
+    pub outcome: &'static str,
+}
+
+/// `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// Why a key was skipped.
+    pub reason: &'static str,
+}
+
+/// `consumer` label (a view or a controller name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabel {
+    /// Component name.
+    pub consumer: &'static str,
+}
+
+/// `controller` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    /// Controller name.
+    pub controller: &'static str,
+}
+
+/// `loop` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoopLabel {
+    /// `health`, `checkpoint`, `eviction`.
+    pub r#loop: &'static str,
+}
+
+/// `instance_id` label (per-instance gauges only).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InstanceLabel {
+    /// Registered instance.
+    pub instance_id: String,
+}
+
+/// `cache_salt` label (tenants with a quota only).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SaltLabel {
+    /// Tenant.
+    pub cache_salt: String,
+}
+
+/// MP-server call labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MpCallLabels {
+    /// `delete`, `evict`, `prefetch_submit`, `prefetch_status`.
+    pub op: &'static str,
+    /// `ok` or `failed`.
+    pub outcome: &'static str,
+}
+
+/// Served-request labels; `route` is the matched route template, so the
+/// set is fixed by the router.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    /// HTTP method (`other` for unusual ones).
+    pub method: &'static str,
+    /// Route template, e.g. `/instances/{instance_id}/heartbeat`.
+    pub route: String,
+    /// Status class: `2xx`, `4xx`, `5xx`, ...
+    pub status: &'static str,
+}
+
+/// Route label of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    /// Route template.
+    pub route: String,
+}
+
+type FGauge = Gauge<f64, AtomicU64>;
+type Hist = Family<RouteLabel, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.1 ms .. ~3.3 s.
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+}
+
+/// Every coordinator metric.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Directory placements per tier.
+    pub placements: Family<TierLabel, Gauge>,
+    /// Directory bytes per tier.
+    pub placement_bytes: Family<TierLabel, Gauge>,
+    /// Keys in the directory.
+    pub directory_keys: Gauge,
+    /// Event batches by gate outcome.
+    pub event_batches: Family<OutcomeLabel, Counter>,
+    /// Sequence gaps seen.
+    pub event_gaps: Counter,
+    /// Restarts fenced.
+    pub event_fences: Counter,
+    /// Events emitters reported dropping.
+    pub event_dropped: Counter,
+    /// `POST /events` requests rejected as invalid.
+    pub event_requests_rejected: Counter,
+    /// Consumers that failed to apply a batch (views disagree).
+    pub consumer_failures: Family<ConsumerLabel, Counter>,
+    /// Registered instances.
+    pub instances: Gauge,
+    /// Instances removed by the liveness sweep.
+    pub instances_expired: Counter,
+    /// Seconds since each instance's last heartbeat.
+    pub heartbeat_age: Family<InstanceLabel, FGauge>,
+    /// L1 keys per instance.
+    pub instance_l1_keys: Family<InstanceLabel, Gauge>,
+    /// 1 while a controller is enabled and started.
+    pub controller_up: Family<ControllerLabel, Gauge>,
+    /// Wall time a loop last finished a pass.
+    pub loop_last_pass: Family<LoopLabel, FGauge>,
+    /// Eviction sweeps.
+    pub eviction_sweeps: Counter,
+    /// Keys selected for eviction.
+    pub eviction_selected: Counter,
+    /// Keys passed over, by reason.
+    pub eviction_skipped: Family<ReasonLabel, Counter>,
+    /// L2 bytes per tenant with a quota.
+    pub quota_used_bytes: Family<SaltLabel, Gauge>,
+    /// Limit per tenant with a quota.
+    pub quota_limit_bytes: Family<SaltLabel, Gauge>,
+    /// Pinned keys.
+    pub pinned_keys: Gauge,
+    /// Prefetch requests, by outcome.
+    pub prefetch_requests: Family<OutcomeLabel, Counter>,
+    /// Keys found by completed prefetches.
+    pub prefetch_found_keys: Counter,
+    /// Keys requested by completed prefetches.
+    pub prefetch_total_keys: Counter,
+    /// Calls to MP servers.
+    pub mp_calls: Family<MpCallLabels, Counter>,
+    /// Checkpoint writes by outcome.
+    pub checkpoint_writes: Family<OutcomeLabel, Counter>,
+    /// Wall time of the last successful checkpoint.
+    pub checkpoint_last_success: FGauge,
+    /// Metadata writes by outcome.
+    pub metadata_writes: Family<OutcomeLabel, Counter>,
+    legacy_placements: Family<TierLabel, Gauge>,
+    legacy_bytes: Family<TierLabel, Gauge>,
+}
+
+/// The registries `/metrics` renders: ours (`lmcache_coordinator_`), the
+/// legacy `lmcache_mp_` names, and the house build-info registry.
+#[derive(Debug)]
+pub struct MetricsSet {
+    /// The metric handles.
+    pub metrics: Metrics,
+    /// Served requests by method, route and status class.
+    pub http_requests: Family<HttpLabels, Counter>,
+    /// Time to answer, by route.
+    pub http_duration: Hist,
+    house: MetricsRegistry,
+    ours: Registry,
+    legacy: Registry,
+}
+
+impl MetricsSet {
+    /// Registers everything.
+    pub fn new(house: MetricsRegistry) -> Self {
+        let m = Metrics::default();
+        let mut r = Registry::with_prefix("lmcache_coordinator");
+        r.register(
+            "key_directory_placements",
+            "Placements in the key directory",
+            m.placements.clone(),
+        );
+        r.register(
+            "key_directory_placement_bytes",
+            "Reported bytes of the placements in the key directory",
+            m.placement_bytes.clone(),
+        );
+        r.register(
+            "key_directory_keys",
+            "Keys in the key directory",
+            m.directory_keys.clone(),
+        );
+        r.register(
+            "events_batches",
+            "Event batches offered to the gate, by outcome",
+            m.event_batches.clone(),
+        );
+        r.register(
+            "events_gaps",
+            "Sequence gaps detected by the gate",
+            m.event_gaps.clone(),
+        );
+        r.register(
+            "events_fences",
+            "Instance restarts fenced by the gate",
+            m.event_fences.clone(),
+        );
+        r.register(
+            "events_dropped_events",
+            "Events emitters reported dropping",
+            m.event_dropped.clone(),
+        );
+        r.register(
+            "events_rejected_requests",
+            "POST /events requests rejected by validation",
+            m.event_requests_rejected.clone(),
+        );
+        r.register(
+            "consumer_apply_failures",
+            "Batches a view or controller failed to apply",
+            m.consumer_failures.clone(),
+        );
+        r.register(
+            "registry_instances",
+            "Registered instances",
+            m.instances.clone(),
+        );
+        r.register(
+            "registry_expired_instances",
+            "Instances removed by the liveness sweep",
+            m.instances_expired.clone(),
+        );
+        r.register(
+            "registry_heartbeat_age_seconds",
+            "Seconds since the instance's last heartbeat",
+            m.heartbeat_age.clone(),
+        );
+        r.register(
+            "key_directory_instance_l1_keys",
+            "L1 keys reported by the instance",
+            m.instance_l1_keys.clone(),
+        );
+        r.register(
+            "controller_up",
+            "1 while the controller is enabled and running",
+            m.controller_up.clone(),
+        );
+        r.register(
+            "loop_last_pass_timestamp_seconds",
+            "Wall time the loop last finished a pass",
+            m.loop_last_pass.clone(),
+        );
+        r.register(
+            "eviction_sweeps",
+            "Eviction sweeps run",
+            m.eviction_sweeps.clone(),
+        );
+        r.register(
+            "eviction_keys_selected",
+            "Keys selected for eviction",
+            m.eviction_selected.clone(),
+        );
+        r.register(
+            "eviction_keys_skipped",
+            "Keys eviction passed over, by reason",
+            m.eviction_skipped.clone(),
+        );
+        r.register(
+            "quota_used_bytes",
+            "L2 bytes of a tenant with a quota",
+            m.quota_used_bytes.clone(),
+        );
+        r.register(
+            "quota_limit_bytes",
+            "L2 quota of a tenant",
+            m.quota_limit_bytes.clone(),
+        );
+        r.register("pins_keys", "Pinned keys", m.pinned_keys.clone());
+        r.register(
+            "prefetch_requests",
+            "Prefetch submissions, by outcome",
+            m.prefetch_requests.clone(),
+        );
+        r.register(
+            "prefetch_found_keys",
+            "Keys found by completed prefetches",
+            m.prefetch_found_keys.clone(),
+        );
+        r.register(
+            "prefetch_total_keys",
+            "Keys requested by completed prefetches",
+            m.prefetch_total_keys.clone(),
+        );
+        r.register(
+            "mp_requests",
+            "Calls to MP servers, by operation and outcome",
+            m.mp_calls.clone(),
+        );
+        r.register(
+            "checkpoint_writes",
+            "Checkpoint writes, by outcome",
+            m.checkpoint_writes.clone(),
+        );
+        r.register(
+            "checkpoint_last_success_timestamp_seconds",
+            "Wall time of the last successful checkpoint",
+            m.checkpoint_last_success.clone(),
+        );
+        r.register(
+            "metadata_writes",
+            "Metadata file writes, by outcome",
+            m.metadata_writes.clone(),
+        );
+        let http_requests = Family::<HttpLabels, Counter>::default();
+        let http_duration: Hist = Family::new_with_constructor(latency_histogram);
+        r.register(
+            "http_requests",
+            "Requests served, by method, route and status class",
+            http_requests.clone(),
+        );
+        r.register(
+            "http_request_duration_seconds",
+            "Time to answer a request, by route",
+            http_duration.clone(),
+        );
+        let mut legacy = Registry::with_prefix("lmcache_mp");
+        legacy.register(
+            "key_directory_placement_count",
+            "Placements in the key directory (legacy name)",
+            m.legacy_placements.clone(),
+        );
+        legacy.register(
+            "key_directory_placement_size_bytes",
+            "Reported bytes in the key directory (legacy name)",
+            m.legacy_bytes.clone(),
+        );
+        Self {
+            metrics: m,
+            http_requests,
+            http_duration,
+            house,
+            ours: r,
+            legacy,
+        }
+    }
+
+    /// Sets the directory gauges of one tier (both names).
+    pub fn set_tier(&self, tier: &'static str, count: u64, bytes: u64) {
+        let count = i64::try_from(count).unwrap_or(i64::MAX);
+        let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
+        let label = TierLabel { tier };
+        self.metrics.placements.get_or_create(&label).set(count);
+        self.metrics
+            .placement_bytes
+            .get_or_create(&label)
+            .set(bytes);
+        self.metrics
+            .legacy_placements
+            .get_or_create(&label)
+            .set(count);
+        self.metrics.legacy_bytes.get_or_create(&label).set(bytes);
+    }
+
+    /// Renders every registry as one OpenMetrics document.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for part in [
+            self.house.encode(),
+            encode_one(&self.ours),
+            encode_one(&self.legacy),
+        ] {
+            out.push_str(part.trim_end().trim_end_matches("# EOF").trim_end());
+            out.push('\n');
+        }
+        out.push_str("# EOF\n");
+        out
+    }
+}
+
+fn encode_one(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = encode(&mut out, registry);
+    out
+}
+
+/// Shorthand for a counter increment on an outcome family.
+pub fn inc(family: &Family<OutcomeLabel, Counter>, outcome: &'static str) {
+    family.get_or_create(&OutcomeLabel { outcome }).inc();
+}

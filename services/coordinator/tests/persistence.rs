@@ -1,0 +1,251 @@
+//! Checkpoint and metadata files: restart restores the views, quotas and
+//! pins; corrupt files mean a cold start; failed writes are retried.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::Path;
+
+use common::{Coord, batch, key};
+use serde_json::{Value, json};
+
+fn args<'a>(ckpt: &'a str, meta: &'a str) -> Vec<&'a str> {
+    vec![
+        "--chunk-size",
+        "4",
+        "--checkpoint-path",
+        ckpt,
+        "--metadata-path",
+        meta,
+        "--checkpoint-interval",
+        "0",
+    ]
+}
+
+/// Everything a restart must preserve, read over HTTP.
+async fn observable(c: &Coord) -> Vec<Value> {
+    let mut out = Vec::new();
+    for path in [
+        "/directory/stats",
+        "/directory/keys",
+        "/instances/usage",
+        "/cache/pins",
+        "/quota",
+        "/quota/config",
+    ] {
+        let (status, body) = c.get(path).await;
+        assert_eq!(status, 200, "{path}");
+        out.push(body);
+    }
+    let (_, look) = c
+        .post(
+            "/directory/lookup",
+            json!({"token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "model_name": "org/model-a"}),
+        )
+        .await;
+    out.push(look);
+    out
+}
+
+async fn populate(c: &Coord) {
+    let look = c
+        .post(
+            "/directory/lookup",
+            json!({"token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "model_name": "org/model-a"}),
+        )
+        .await
+        .1;
+    let k0 = look["results"][0]["key"].clone();
+    let mut store = batch(
+        "mp-a",
+        100,
+        1,
+        "store",
+        "l2",
+        "fs",
+        &[(k0.clone(), 4096), (key("0b", "t"), 50)],
+    );
+    store["entries"][0]["token_ids"] = json!([1, 2, 3, 4]);
+    let cfg = json!({"instance_id": "mp-a", "incarnation": 100, "seq": 2, "event_type": "config",
+                     "tier": "l2", "backend": "fs", "capacity_bytes": 1_000_000});
+    c.events(vec![
+        store,
+        cfg,
+        batch("mp-a", 100, 3, "store", "l1", "dram", &[(key("0c", ""), 7)]),
+        batch("mp-a", 100, 4, "access", "l2", "", &[(k0, 0)]),
+    ])
+    .await;
+    c.put("/quota/t", json!({"limit_gb": 2})).await;
+    c.put("/quota/config", json!({"default_limit_gb": 0.5}))
+        .await;
+    c.post(
+        "/cache/pins",
+        json!({"model_name": "org/model-a", "world_size": 1, "token_ids": [1, 2, 3, 4]}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_restores_views_quotas_pins_and_cursors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("coord.ckpt");
+    let meta = dir.path().join("coord-meta.json");
+    let (ckpt_s, meta_s) = (ckpt.to_str().unwrap(), meta.to_str().unwrap());
+
+    let c = Coord::start(&args(ckpt_s, meta_s)).await;
+    populate(&c).await;
+    let before = observable(&c).await;
+    assert_eq!(before[0]["num_keys"], 3, "{}", before[0]);
+    c.stop().await;
+    assert!(ckpt.exists(), "clean stop writes a checkpoint");
+    assert_eq!(&std::fs::read(&ckpt).unwrap()[..8], b"LMCKPT\0\0");
+
+    let c = Coord::start(&args(ckpt_s, meta_s)).await;
+    assert_eq!(observable(&c).await, before);
+    // The gate cursor survived: an old seq is a duplicate, not re-applied.
+    let again = c
+        .events(vec![batch(
+            "mp-a",
+            100,
+            3,
+            "store",
+            "l1",
+            "dram",
+            &[(key("0c", ""), 7)],
+        )])
+        .await;
+    assert_eq!(again["duplicates"], 1);
+    // The registry is not persisted.
+    assert_eq!(c.get("/instances").await.1["instances"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_written_on_every_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c.ckpt");
+    let meta = dir.path().join("m.json");
+    let c = Coord::start(&args(ckpt.to_str().unwrap(), meta.to_str().unwrap())).await;
+    assert!(!meta.exists(), "not written at boot");
+    c.put("/quota/t", json!({"limit_gb": 1})).await;
+    let doc: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    assert_eq!(doc["version"], 1);
+    assert!(doc["saved_at"].as_f64().unwrap() > 1.7e9);
+    assert_eq!(doc["components"]["quotas"]["limits"]["t"], 1u64 << 30);
+    c.post(
+        "/cache/pins",
+        json!({"model_name": "m", "world_size": 1, "token_ids": [1, 2, 3, 4]}),
+    )
+    .await;
+    let doc: Value = serde_json::from_slice(&std::fs::read(&meta).unwrap()).unwrap();
+    assert_eq!(doc["components"]["pins"]["entries"][0]["count"], 1);
+    assert_eq!(
+        doc["components"]["pins"]["entries"][0]["key"]["model_name"],
+        "m"
+    );
+    assert!(
+        std::fs::read_to_string(&meta)
+            .unwrap()
+            .contains("\n  \"components\""),
+        "indent 2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_files_mean_cold_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c.ckpt");
+    let meta = dir.path().join("m.json");
+    std::fs::write(&ckpt, b"LMCKPT\0\0\x01\0\0\0\xde\xad\xbe\xef").unwrap();
+    std::fs::write(&meta, b"{\"version\": 1, \"components\": {}}").unwrap();
+    let c = Coord::start(&args(ckpt.to_str().unwrap(), meta.to_str().unwrap())).await;
+    assert_eq!(c.get("/directory/stats").await.1["num_keys"], 0);
+    assert_eq!(c.get("/healthz").await.0, 200);
+    c.stop().await;
+    for garbage in [&b""[..], b"hello", b"LMCKPT\0\0\x09\0\0\0"] {
+        std::fs::write(&ckpt, garbage).unwrap();
+        let c = Coord::start(&args(ckpt.to_str().unwrap(), meta.to_str().unwrap())).await;
+        assert_eq!(c.get("/directory/stats").await.1["num_keys"], 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_checkpoint_write_is_retried() {
+    let dir = tempfile::tempdir().unwrap();
+    // The checkpoint's parent is a file, so the write fails until it is removed.
+    let blocker = dir.path().join("blocker");
+    std::fs::write(&blocker, b"x").unwrap();
+    let ckpt = blocker.join("c.ckpt");
+    let c = Coord::start(&[
+        "--checkpoint-path",
+        ckpt.to_str().unwrap(),
+        "--checkpoint-interval",
+        "0",
+    ])
+    .await;
+    c.events(vec![batch(
+        "mp-a",
+        1,
+        1,
+        "store",
+        "l2",
+        "fs",
+        &[(key("01", ""), 1)],
+    )])
+    .await;
+    assert!(!c.app.write_checkpoint());
+    let text = c
+        .http
+        .get(c.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"lmcache_coordinator_checkpoint_writes_total{outcome="failed"} 1"#),
+        "{text}"
+    );
+    std::fs::remove_file(&blocker).unwrap();
+    assert!(c.app.write_checkpoint());
+    assert!(ckpt.exists());
+    assert!(!Path::new(&format!("{}.tmp", ckpt.display())).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_checkpoint_is_written_while_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c.ckpt");
+    let c = Coord::start(&[
+        "--checkpoint-path",
+        ckpt.to_str().unwrap(),
+        "--checkpoint-interval",
+        "0.05",
+    ])
+    .await;
+    c.events(vec![batch(
+        "mp-a",
+        1,
+        1,
+        "store",
+        "l2",
+        "fs",
+        &[(key("01", ""), 1)],
+    )])
+    .await;
+    // Polls the real timer (the loop itself is what is under test).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if let Ok(raw) = std::fs::read(&ckpt)
+            && let Ok((sections, _)) = ic_coordinator_core::checkpoint::decode(&raw)
+            && sections.key_directory.is_some_and(|d| d.keys.len() == 1)
+        {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no periodic checkpoint"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
