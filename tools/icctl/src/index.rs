@@ -1,0 +1,299 @@
+//! Index-server commands: `lookup`, `snapshot`, and the client-side
+//! `fingerprint` reference.
+
+use anyhow::{Context, bail};
+use ic_proto::index_v1 as pb;
+use ic_proto::index_v1::index_service_client::IndexServiceClient;
+use serde_json::{Value, json};
+
+use crate::table::render;
+
+/// What a `lookup` sends as its key.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptKey {
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Text for the server's tokenizer.
+    Text(String),
+    /// Block fingerprints.
+    Hashes(Vec<u64>),
+}
+
+/// A lookup request as the CLI builds it.
+#[derive(Clone, Debug)]
+pub struct Lookup {
+    /// Scope fields.
+    pub tenant: String,
+    /// Model id.
+    pub model: String,
+    /// `vllm` or `sglang`.
+    pub scheme: String,
+    /// LoRA adapter.
+    pub adapter: String,
+    /// Prompt.
+    pub key: PromptKey,
+    /// Candidate replica ids.
+    pub candidates: Vec<String>,
+}
+
+/// The wire request.
+pub fn request(l: &Lookup) -> anyhow::Result<pb::LookupRouteRequest> {
+    let hash_scheme = match l.scheme.as_str() {
+        "vllm" => pb::HashScheme::Vllm,
+        "sglang" => pb::HashScheme::Sglang,
+        other => bail!("--scheme {other:?}: use vllm or sglang"),
+    };
+    use pb::lookup_route_request::Key;
+    Ok(pb::LookupRouteRequest {
+        scope: Some(pb::IndexScope {
+            tenant: l.tenant.clone(),
+            model: l.model.clone(),
+            hash_scheme: hash_scheme as i32,
+            adapter: l.adapter.clone(),
+        }),
+        key: Some(match &l.key {
+            PromptKey::Tokens(ids) => Key::TokenIds(pb::TokenIds { ids: ids.clone() }),
+            PromptKey::Text(t) => Key::PromptText(t.clone()),
+            PromptKey::Hashes(h) => Key::BlockHashes(pb::BlockHashes { hashes: h.clone() }),
+        }),
+        candidate_replicas: l.candidates.clone(),
+    })
+}
+
+fn tier_name(t: i32) -> &'static str {
+    match pb::Tier::try_from(t) {
+        Ok(pb::Tier::T1) => "T1",
+        Ok(pb::Tier::T2) => "T2",
+        _ => "?",
+    }
+}
+
+/// The response as JSON (stable field names, enums by name).
+pub fn response_json(r: &pb::LookupRouteResponse) -> Value {
+    let score = |c: &pb::CandidateScore| {
+        json!({
+            "replicaId": c.replica.as_ref().map(|r| r.replica_id.clone()),
+            "address": c.replica.as_ref().map(|r| r.address.clone()),
+            "matchedBlocks": c.matched_blocks,
+            "matchedTokens": c.matched_tokens,
+            "tier": tier_name(c.tier),
+        })
+    };
+    json!({
+        "outcome": pb::LookupOutcome::try_from(r.outcome).map(|o| o.as_str_name()).unwrap_or("UNKNOWN"),
+        "noHintReason": (r.outcome == pb::LookupOutcome::NoHint as i32).then(|| {
+            pb::NoHintReason::try_from(r.no_hint_reason).map(|o| o.as_str_name()).unwrap_or("UNKNOWN")
+        }),
+        "detail": r.detail,
+        "best": r.best.as_ref().map(score),
+        "candidates": r.candidates.iter().map(score).collect::<Vec<_>>(),
+        "blockSize": r.block_size,
+        "promptBlocks": r.prompt_blocks,
+    })
+}
+
+/// The response for people.
+pub fn response_text(r: &pb::LookupRouteResponse) -> String {
+    let mut out = String::new();
+    if r.outcome == pb::LookupOutcome::PrefixMatch as i32 {
+        let best = r.best.as_ref();
+        out.push_str(&format!(
+            "PREFIX_MATCH: route to {} ({}), {} of {} blocks ({} tokens) at {}\n\n",
+            best.and_then(|b| b.replica.as_ref())
+                .map_or("?", |r| r.replica_id.as_str()),
+            best.and_then(|b| b.replica.as_ref())
+                .map_or("?", |r| r.address.as_str()),
+            best.map_or(0, |b| b.matched_blocks),
+            r.prompt_blocks,
+            best.map_or(0, |b| b.matched_tokens),
+            best.map_or("?", |b| tier_name(b.tier)),
+        ));
+        let rows: Vec<Vec<String>> = r
+            .candidates
+            .iter()
+            .map(|c| {
+                vec![
+                    c.replica
+                        .as_ref()
+                        .map(|r| r.replica_id.clone())
+                        .unwrap_or_default(),
+                    c.replica
+                        .as_ref()
+                        .map(|r| r.address.clone())
+                        .unwrap_or_default(),
+                    c.matched_blocks.to_string(),
+                    c.matched_tokens.to_string(),
+                    tier_name(c.tier).to_owned(),
+                ]
+            })
+            .collect();
+        out.push_str(&render(
+            &["REPLICA", "ADDRESS", ">BLOCKS", ">TOKENS", "TIER"],
+            &rows,
+        ));
+    } else {
+        out.push_str(&format!(
+            "NO_HINT ({}): {}\nroute by your own policy (e.g. least loaded); prompt has {} blocks of {} tokens\n",
+            pb::NoHintReason::try_from(r.no_hint_reason)
+                .map(|o| o.as_str_name())
+                .unwrap_or("UNKNOWN"),
+            r.detail,
+            r.prompt_blocks,
+            r.block_size
+        ));
+    }
+    out
+}
+
+/// Sends a lookup.
+pub async fn lookup(grpc: &str, l: &Lookup) -> anyhow::Result<pb::LookupRouteResponse> {
+    let req = request(l)?;
+    let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .with_context(|| {
+            format!("cannot reach the index server's gRPC port at {grpc}: is it running? (set --index-grpc or IC_INDEX_GRPC)")
+        })?;
+    match client.lookup_route(req).await {
+        Ok(r) => Ok(r.into_inner()),
+        Err(status) => bail!(
+            "the index server refused the lookup ({:?}): {}",
+            status.code(),
+            status.message()
+        ),
+    }
+}
+
+/// Fetches `/snapshot`.
+pub async fn snapshot(http: &str) -> anyhow::Result<Value> {
+    let url = format!("http://{http}/snapshot");
+    let response = reqwest::get(&url).await.with_context(|| {
+        format!("cannot reach the index server's HTTP port at {http}: is it running? (set --index-http or IC_INDEX_HTTP)")
+    })?;
+    let status = response.status();
+    if !status.is_success() {
+        bail!("GET {url}: HTTP {status}");
+    }
+    response
+        .json()
+        .await
+        .with_context(|| format!("GET {url}: not JSON"))
+}
+
+/// The snapshot for people.
+pub fn snapshot_text(s: &Value) -> String {
+    let str_of = |v: &Value| match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let rows: Vec<Vec<String>> = s["replicas"]
+        .as_array()
+        .map(|rs| {
+            rs.iter()
+                .map(|r| {
+                    let t2 = match (r["tier2Hits"].as_u64(), r["tier2Queries"].as_u64()) {
+                        (Some(h), Some(q)) if q > 0 => {
+                            format!("{:.1}%", h as f64 * 100.0 / q as f64)
+                        }
+                        (Some(_), Some(_)) => "0 queries".into(),
+                        _ => "-".into(),
+                    };
+                    vec![
+                        str_of(&r["tenant"]),
+                        format!("{}/{}", str_of(&r["replicaId"]), str_of(&r["dpRank"])),
+                        str_of(&r["model"]),
+                        str_of(&r["hashScheme"]),
+                        str_of(&r["prefixCount"]),
+                        str_of(&r["t1Count"]),
+                        str_of(&r["blockSize"]),
+                        str_of(&r["lastEventAt"]),
+                        t2,
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = format!(
+        "{} entries over {} replicas (at {})\n\n",
+        str_of(&s["entries"]),
+        rows.len(),
+        str_of(&s["generatedAt"])
+    );
+    out.push_str(&render(
+        &[
+            "TENANT",
+            "REPLICA/RANK",
+            "MODEL",
+            "SCHEME",
+            ">BLOCKS",
+            ">T1",
+            ">BLOCK-SIZE",
+            "LAST-EVENT",
+            ">T2-HIT",
+        ],
+        &rows,
+    ));
+    out
+}
+
+/// Fingerprints of the full blocks of `tokens` (docs/fingerprints.md).
+pub fn fingerprint_json(tokens: &[u32], block_size: usize, parent: Option<u64>) -> Value {
+    let fps = ic_kvevents::chain_fingerprints(parent, tokens, block_size);
+    json!({
+        "blockSize": block_size,
+        "fullBlocks": fps.len(),
+        "ignoredTokens": tokens.len() - fps.len() * block_size.max(1),
+        "fingerprints": fps,
+        "fingerprintsHex": fps.iter().map(|f| format!("0x{f:016x}")).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_match_the_published_vectors() {
+        let v = fingerprint_json(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4, None);
+        assert_eq!(
+            v["fingerprintsHex"],
+            json!(["0xcf97adeedb59e05b", "0x73d4d15a627eab4e"])
+        );
+        assert_eq!(v["ignoredTokens"], 1);
+    }
+
+    #[test]
+    fn renders_no_hint_with_advice() {
+        let r = pb::LookupRouteResponse {
+            outcome: pb::LookupOutcome::NoHint as i32,
+            no_hint_reason: pb::NoHintReason::UnknownModel as i32,
+            detail: "no events".into(),
+            block_size: 16,
+            ..Default::default()
+        };
+        let text = response_text(&r);
+        assert!(
+            text.starts_with("NO_HINT (UNKNOWN_MODEL): no events"),
+            "{text}"
+        );
+        assert_eq!(response_json(&r)["noHintReason"], "UNKNOWN_MODEL");
+    }
+
+    #[test]
+    fn bad_scheme_is_explained() {
+        let l = Lookup {
+            tenant: "t".into(),
+            model: "m".into(),
+            scheme: "llama".into(),
+            adapter: String::new(),
+            key: PromptKey::Tokens(vec![]),
+            candidates: vec![],
+        };
+        assert!(
+            request(&l)
+                .unwrap_err()
+                .to_string()
+                .contains("vllm or sglang")
+        );
+    }
+}
