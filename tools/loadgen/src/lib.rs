@@ -53,7 +53,10 @@ impl Fleet {
         let mut i = 0;
         while left > 0 {
             let len = u64::from(self.chain).min(left);
-            out.push((self.family(replica, i), u32::try_from(len).unwrap_or(u32::MAX)));
+            out.push((
+                self.family(replica, i),
+                u32::try_from(len).unwrap_or(u32::MAX),
+            ));
             left -= len;
             i += 1;
         }

@@ -164,11 +164,7 @@ async fn preload(channel: Channel, fleet: Fleet) -> anyhow::Result<(u64, Duratio
 /// Runs `call` from `concurrency` tasks over `channels` for warmup plus
 /// duration; latencies are kept for the measured part only. `call` returns
 /// whether the answer was a hit.
-async fn phase<F, Fut>(
-    channels: &[Channel],
-    args: &Args,
-    call: F,
-) -> (PhaseStats, u64)
+async fn phase<F, Fut>(channels: &[Channel], args: &Args, call: F) -> (PhaseStats, u64)
 where
     F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<bool, tonic::Status>> + Send,
