@@ -48,12 +48,25 @@ pub struct PolicyResult {
     pub prefill_tokens_saved: u64,
     /// Prompt tokens over all requests.
     pub prompt_tokens: u64,
+    /// Hit ratio per window of requests: (requests so far, window ratio).
+    pub timeline: Vec<(u64, f64)>,
+    #[serde(skip)]
+    window: u64,
+    #[serde(skip)]
+    window_blocks: u64,
+    #[serde(skip)]
+    window_hits: u64,
 }
 
+/// Windows the timeline of a `total`-request replay is cut into.
+const TIMELINE_POINTS: u64 = 60;
+
 impl PolicyResult {
-    fn new(policy: &str) -> Self {
+    /// An empty result for a replay of `total` requests.
+    pub fn new(policy: &str, total: usize) -> Self {
         Self {
             policy: policy.to_owned(),
+            window: (total as u64 / TIMELINE_POINTS).max(1),
             ..Self::default()
         }
     }
@@ -62,6 +75,18 @@ impl PolicyResult {
         self.requests += 1;
         self.prompt_blocks += request.hash_ids.len() as u64;
         self.hit_blocks += hit_blocks as u64;
+        self.window_blocks += request.hash_ids.len() as u64;
+        self.window_hits += hit_blocks as u64;
+        if self.requests.is_multiple_of(self.window.max(1)) {
+            let ratio = if self.window_blocks == 0 {
+                0.0
+            } else {
+                self.window_hits as f64 / self.window_blocks as f64
+            };
+            self.timeline.push((self.requests, ratio));
+            self.window_blocks = 0;
+            self.window_hits = 0;
+        }
         self.prefill_tokens_saved +=
             (hit_blocks as u64 * TRACE_BLOCK_TOKENS).min(request.input_length);
         self.prompt_tokens += request.input_length;
@@ -103,16 +128,17 @@ pub fn simulate_baselines(
     capacity: usize,
     seed: u64,
 ) -> Vec<PolicyResult> {
+    let total = trace.len();
     let mut rr = (
-        PolicyResult::new("round-robin"),
+        PolicyResult::new("round-robin", total),
         vec![PrefixCache::new(capacity); engines],
     );
     let mut random = (
-        PolicyResult::new("random"),
+        PolicyResult::new("random", total),
         vec![PrefixCache::new(capacity); engines],
     );
     let mut oracle = (
-        PolicyResult::new("oracle (one unbounded cache)"),
+        PolicyResult::new("oracle (one unbounded cache)", total),
         PrefixCache::new(usize::MAX),
     );
     let mut rng = Rng::new(seed);
@@ -200,7 +226,7 @@ pub async fn run_routed(
     let mut caches = vec![PrefixCache::new(capacity); engines.len()];
     let mut load = vec![0u64; engines.len()];
     let mut run = RoutedRun {
-        result: PolicyResult::new("lookup-route"),
+        result: PolicyResult::new("lookup-route", trace.len()),
         latencies: Vec::with_capacity(trace.len()),
         routed_by_hint: 0,
         caches: Vec::new(),

@@ -9,6 +9,7 @@
 
 mod cache;
 mod fleet;
+mod report;
 mod trace;
 
 use std::path::PathBuf;
@@ -60,9 +61,34 @@ struct Args {
     /// Keep the services running (until Ctrl-C) after the replay.
     #[arg(long)]
     keep_running: bool,
+    /// KV-event wire encoding the simulated engines publish: vLLM's `map`
+    /// (msgspec structs as maps) or `array` (array_like structs).
+    #[arg(long, value_enum, default_value = "map")]
+    era: WireEra,
+    /// Where to write the report (Markdown, with an SVG chart beside it).
+    #[arg(long, default_value = "target/local-fleet/report.md")]
+    report: PathBuf,
     /// Directory holding the service binaries (default: next to this one).
     #[arg(long, env = "IC_BIN_DIR")]
     bin_dir: Option<PathBuf>,
+}
+
+/// The vLLM KV-event encodings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum WireEra {
+    /// Events as msgpack maps.
+    Map,
+    /// Events as msgpack arrays (array_like).
+    Array,
+}
+
+impl WireEra {
+    fn era(self) -> Era {
+        match self {
+            WireEra::Map => Era::VllmMap,
+            WireEra::Array => Era::VllmArray,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -164,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
     let mut engines = Vec::new();
     let mut subscribers = Vec::new();
     for i in 0..args.engines {
-        let engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+        let engine = FakeEngine::start(args.era.era(), "kv-events").await;
         let args = engine.subscriber_args(
             &format!("http://{grpc}"),
             &format!("engine-{i}"),
@@ -261,6 +287,48 @@ async fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_table(&report);
+    }
+    let chart = args.report.with_extension("svg");
+    let facts = report::RunFacts {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        workload: if use_synthetic {
+            "synthetic chat workload".to_owned()
+        } else {
+            format!("trace {}", args.trace.display())
+        },
+        engines: report.engines,
+        capacity_blocks: report.capacity_blocks,
+        lookup_p50_us: report.lookup_p50_us,
+        lookup_p99_us: report.lookup_p99_us,
+        index_entries: report.index_entries,
+        index_agrees: report.index_agrees_with_engines,
+        wall_seconds: report.wall_seconds,
+    };
+    let chart_name = chart
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let written = args
+        .report
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|()| std::fs::write(&chart, report::svg_chart(&report.policies)))
+        .and_then(|()| {
+            std::fs::write(
+                &args.report,
+                report::markdown(&facts, &report.policies, &chart_name),
+            )
+        });
+    match written {
+        Ok(()) => say(&format!(
+            "report: {} (chart {})",
+            args.report.display(),
+            chart.display()
+        )),
+        Err(e) => eprintln!(
+            "could not write the report to {}: {e}",
+            args.report.display()
+        ),
     }
 
     if args.keep_running {

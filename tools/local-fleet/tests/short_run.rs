@@ -18,7 +18,11 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
         std::path::Path::new(trace).exists(),
         "the workload trace must sit beside the repository at {trace}"
     );
+    let dir = tempfile::tempdir().unwrap();
+    let report_path = dir.path().join("run.md");
     let out = Command::new(env!("CARGO_BIN_EXE_ic-local-fleet"))
+        .arg("--report")
+        .arg(&report_path)
         .args([
             "--requests",
             "400",
@@ -28,6 +32,9 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
             "600",
             "--speed",
             "400",
+            // The default is the map encoding; cover the other one here.
+            "--era",
+            "array",
             "--json",
         ])
         .args(["--trace", trace])
@@ -55,4 +62,10 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
     };
     assert!(ratio("lookup-route") > ratio("random"), "{report}");
     assert!(ratio("lookup-route") <= ratio("oracle") + 1e-9, "{report}");
+    // The report page and its chart, one line per policy.
+    let md = std::fs::read_to_string(&report_path).unwrap();
+    assert!(md.contains("| lookup-route | 400 |"), "{md}");
+    assert!(md.contains("![hit ratio over the replay](run.svg)"), "{md}");
+    let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
 }
