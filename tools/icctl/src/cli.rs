@@ -150,15 +150,17 @@ pub enum Command {
     #[command(subcommand)]
     Pins(PinsCommand),
     /// Coordinator: warm an instance's L1 from L2, or poll a prefetch.
-    Prefetch {
-        /// MP server instance id.
-        #[arg(long)]
-        instance: String,
-        /// Poll this request id instead of submitting.
-        #[arg(long)]
-        status: Option<String>,
-        #[command(flatten)]
-        chunks: Option<ChunkArgs>,
+    #[command(subcommand)]
+    Prefetch(PrefetchCommand),
+    /// Coordinator: replay an LMCache `.lct` trace into the coordinator
+    /// (registrations, heartbeats, event batches) at --coordinator.
+    Replay {
+        /// The trace file.
+        file: PathBuf,
+        /// 1 keeps the recorded pace, 10 is ten times faster, 0 is as fast
+        /// as possible.
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
     },
     /// Coordinator: delete a prompt's chunks from an instance.
     Delete {
@@ -197,6 +199,27 @@ pub enum QuotaCommand {
     Rm {
         /// Cache salt ("" for the default).
         salt: String,
+    },
+}
+
+/// `prefetch` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum PrefetchCommand {
+    /// Ask an instance to load a prompt's chunks from L2 into L1.
+    Submit {
+        /// MP server instance id.
+        #[arg(long)]
+        instance: String,
+        #[command(flatten)]
+        chunks: ChunkArgs,
+    },
+    /// Poll a submitted prefetch.
+    Status {
+        /// MP server instance id.
+        #[arg(long)]
+        instance: String,
+        /// The request id `submit` returned.
+        request_id: String,
     },
 }
 
@@ -361,23 +384,31 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
                 render(c.pins_ls(salt, model).await?, coordinator::pins_text)
             }
         },
-        Command::Prefetch {
-            instance,
-            status,
-            chunks: args,
-        } => match (status, args) {
-            (Some(request), _) => render(
-                c.prefetch_status(instance, request).await?,
-                coordinator::object_text,
-            ),
-            (None, Some(a)) => render(
+        Command::Prefetch(p) => match p {
+            PrefetchCommand::Submit {
+                instance,
+                chunks: a,
+            } => render(
                 c.prefetch(instance, &chunks(a)?).await?,
                 coordinator::object_text,
             ),
-            (None, None) => anyhow::bail!(
-                "prefetch: give --model and --tokens to submit, or --status REQUEST_ID to poll"
+            PrefetchCommand::Status {
+                instance,
+                request_id,
+            } => render(
+                c.prefetch_status(instance, request_id).await?,
+                coordinator::object_text,
             ),
         },
+        Command::Replay { file, speed } => {
+            let report = ic_coordinator::replay::replay(&ic_coordinator::replay::ReplayArgs {
+                file: file.clone(),
+                url: cli.coordinator.clone(),
+                speed: *speed,
+            })
+            .await?;
+            render(serde_json::to_value(report)?, coordinator::object_text)
+        }
         Command::Delete {
             instance,
             tier,
