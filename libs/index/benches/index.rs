@@ -73,24 +73,37 @@ fn bench_apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply");
     let blocks = 64u32;
     group.throughput(Throughput::Elements(u64::from(blocks)));
-    let index = Index::new(IndexConfig {
-        capacity_entries: 2_000_000,
-        ..IndexConfig::default()
-    });
-    let mut family = 0u64;
-    group.bench_function("store_64_block_chain", |b| {
-        b.iter(|| {
-            family += 1;
-            let change = Change::Stored {
-                start_depth: 0,
-                fingerprints: (0..blocks).map(|d| fp(family, d)).collect(),
-                block_size: 16,
-                tier: Tier::T1,
-            };
-            let r = (family % u64::from(REPLICAS)) as u32;
-            black_box(index.apply(&key(r), &scope(), "10.0.0.1:8000", &[change], 1));
+    let keys: Vec<ReplicaKey> = (0..REPLICAS).map(key).collect();
+    let scope = scope();
+    // Growing (no eviction) and full (every store evicts an older one).
+    for (name, capacity) in [
+        ("store_64_block_chain_growing", u64::MAX),
+        ("store_64_block_chain_at_capacity", 2_000_000),
+    ] {
+        let index = Index::new(IndexConfig {
+            capacity_entries: capacity,
+            ..IndexConfig::default()
         });
-    });
+        let mut family = 0u64;
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    family += 1;
+                    let change = Change::Stored {
+                        start_depth: 0,
+                        fingerprints: (0..blocks).map(|d| fp(family, d)).collect(),
+                        block_size: 16,
+                        tier: Tier::T1,
+                    };
+                    (change, (family % u64::from(REPLICAS)) as usize)
+                },
+                |(change, r)| {
+                    black_box(index.apply(&keys[r], &scope, "10.0.0.1:8000", &[change], 1))
+                },
+                criterion::BatchSize::SmallInput,
+            );
+        });
+    }
     group.finish();
 }
 
