@@ -189,6 +189,10 @@ pub struct RoutedRun {
     pub caches: Vec<PrefixCache>,
     /// Engine event batches published.
     pub batches_published: u64,
+    /// Block events in them (each stored or removed block counts one).
+    pub block_events_published: u64,
+    /// Wall time of the replay.
+    pub elapsed: Duration,
 }
 
 /// Where and how the routed replay runs.
@@ -231,6 +235,8 @@ pub async fn run_routed(
         routed_by_hint: 0,
         caches: Vec::new(),
         batches_published: 0,
+        block_events_published: 0,
+        elapsed: Duration::ZERO,
     };
     let start = tokio::time::Instant::now();
     let first_ts = trace.first().map_or(0, |r| r.timestamp_ms);
@@ -279,12 +285,14 @@ pub async fn run_routed(
         run.result.record(request, served.hit_blocks);
         let events = events_for(&served);
         if !events.is_empty() {
+            run.block_events_published += (served.stored.len() + served.evicted.len()) as u64;
             engines[target].publish(&events).await;
             run.batches_published += 1;
         }
         progress(i + 1);
     }
     run.caches = caches;
+    run.elapsed = start.elapsed();
     Ok(run)
 }
 

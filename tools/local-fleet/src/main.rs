@@ -101,6 +101,8 @@ struct Report {
     lookup_p99_us: u128,
     routed_by_hint: u64,
     engine_batches_published: u64,
+    engine_block_events: u64,
+    block_events_per_second: f64,
     index_batches_applied: f64,
     index_entries: u64,
     index_agrees_with_engines: bool,
@@ -274,6 +276,9 @@ async fn main() -> anyhow::Result<()> {
         lookup_p99_us: percentile(&latencies, 99.0).as_micros(),
         routed_by_hint: routed.routed_by_hint,
         engine_batches_published: routed.batches_published,
+        engine_block_events: routed.block_events_published,
+        block_events_per_second: routed.block_events_published as f64
+            / routed.elapsed.as_secs_f64().max(1e-9),
         index_batches_applied: metric(
             &index_metrics,
             "inferencecache_index_ingest_batches_total{result=\"applied\"}",
@@ -400,6 +405,10 @@ fn print_table(r: &Report) {
     println!(
         "engine batches → index     {} published, {} applied",
         r.engine_batches_published, r.index_batches_applied
+    );
+    println!(
+        "block events ingested      {} ({:.0}/s over the replay)",
+        r.engine_block_events, r.block_events_per_second
     );
     println!(
         "index size                 {} entries; matches every engine's cache: {}",
