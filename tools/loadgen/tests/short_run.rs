@@ -43,3 +43,35 @@ fn short_run_reports_every_phase() {
     }
     assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
 }
+
+#[test]
+fn coordinator_short_run_ingests_and_finds_every_key() {
+    let bin_dir = ic_e2e::workspace_binary("ic-coordinator");
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-coordinator-loadgen"))
+        .args([
+            "--bin-dir",
+            bin_dir.parent().unwrap().to_str().unwrap(),
+            "--instances",
+            "3",
+            "--entries-per-batch",
+            "8",
+            "--concurrency",
+            "2",
+            "--duration-secs",
+            "0.5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for phase in ["ingest", "lookup"] {
+        assert!(report[phase]["requests"].as_u64().unwrap() > 0, "{report}");
+        assert_eq!(report[phase]["errors"], 0, "{report}");
+    }
+    assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
+}

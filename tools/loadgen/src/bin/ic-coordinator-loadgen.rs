@@ -1,0 +1,313 @@
+//! `ic-coordinator-loadgen`: drives a real coordinator over its REST API on
+//! loopback — event ingest (`POST /events`, one store batch per request) and
+//! directory lookups (`POST /directory/lookup`, keys form) — and reports
+//! batches/s, entries/s, qps and latency percentiles.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use ic_e2e::ServiceProcess;
+use ic_loadgen::{PhaseStats, summarize};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+/// Load generator for the coordinator.
+#[derive(Debug, Parser)]
+#[command(name = "ic-coordinator-loadgen", version)]
+struct Args {
+    /// Coordinator base URL. Without it one is started on loopback from
+    /// --bin-dir.
+    #[arg(long)]
+    target: Option<String>,
+    /// Directory holding ic-coordinator (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// MP server instances emitting events.
+    #[arg(long, default_value_t = 16)]
+    instances: usize,
+    /// Entries (stored chunks) per batch.
+    #[arg(long, default_value_t = 256)]
+    entries_per_batch: usize,
+    /// Keys per directory lookup.
+    #[arg(long, default_value_t = 16)]
+    lookup_keys: usize,
+    /// Requests in flight.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Measured seconds per phase.
+    #[arg(long, default_value_t = 10.0)]
+    duration_secs: f64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    target: String,
+    instances: usize,
+    entries_per_batch: usize,
+    concurrency: usize,
+    ingest: PhaseStats,
+    ingest_entries_per_second: f64,
+    lookup_keys: usize,
+    lookup: PhaseStats,
+    lookup_hit_ratio: f64,
+}
+
+const MODEL: &str = "loadgen-model";
+
+/// The chunk hash of entry `n` of instance `i` (16 bytes of hex).
+fn chunk_hex(instance: usize, n: u64) -> String {
+    format!("{instance:016x}{n:016x}")
+}
+
+fn key(instance: usize, n: u64) -> Value {
+    json!({"chunk_hash_hex": chunk_hex(instance, n), "model_name": MODEL, "kv_rank": 0})
+}
+
+/// One store batch of `entries` new chunks for `instance`.
+fn batch(instance: usize, seq: u64, first: u64, entries: usize) -> Value {
+    let entries: Vec<Value> = (0..entries as u64)
+        .map(|k| json!({"key": key(instance, first + k), "size_bytes": 65536}))
+        .collect();
+    json!({"batches": [{
+        "instance_id": format!("mp-{instance}"), "incarnation": 1, "seq": seq,
+        "event_type": "store", "tier": "l2", "backend": "fs", "entries": entries,
+    }]})
+}
+
+async fn post(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Value> {
+    let response = client.post(url).json(body).send().await?;
+    let status = response.status();
+    let value: Value = response.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("POST {url}: HTTP {status}: {value}");
+    }
+    Ok(value)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.instances == 0
+        || args.concurrency == 0
+        || args.entries_per_batch == 0
+        || args.lookup_keys == 0
+    {
+        bail!(
+            "--instances, --concurrency, --entries-per-batch and --lookup-keys must be at least 1"
+        );
+    }
+    let mut server = None;
+    let base = match &args.target {
+        Some(t) => t.trim_end_matches('/').to_owned(),
+        None => {
+            let dir = match &args.bin_dir {
+                Some(d) => d.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("binary has no directory")?
+                    .to_path_buf(),
+            };
+            let bin = dir.join("ic-coordinator");
+            if !bin.exists() {
+                bail!("{} not found: build it or pass --target", bin.display());
+            }
+            let dir =
+                std::env::temp_dir().join(format!("ic-coordinator-loadgen-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let checkpoint = dir.join("checkpoint");
+            let metadata = dir.join("metadata.json");
+            let mut p = ServiceProcess::start(
+                &bin,
+                &[
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--checkpoint-path",
+                    checkpoint.to_str().unwrap_or_default(),
+                    "--metadata-path",
+                    metadata.to_str().unwrap_or_default(),
+                ],
+            );
+            let addr = p.admin_addr();
+            server = Some((p, dir));
+            format!("http://{addr}")
+        }
+    };
+    let client = reqwest::Client::new();
+    for i in 0..args.instances {
+        post(
+            &client,
+            &format!("{base}/instances"),
+            &json!({"instance_id": format!("mp-{i}"), "ip": "127.0.0.1", "http_port": 1}),
+        )
+        .await
+        .context("registering instances")?;
+    }
+    let say = |m: &str| {
+        if !args.json {
+            eprintln!("{m}");
+        }
+    };
+    let duration = Duration::from_secs_f64(args.duration_secs);
+
+    say("measuring event ingest (POST /events)…");
+    let started = Instant::now();
+    let end = started + duration;
+    let mut tasks = Vec::new();
+    for w in 0..args.concurrency {
+        let client = client.clone();
+        let url = format!("{base}/events");
+        let entries = args.entries_per_batch;
+        // Worker w owns instances w, w + C, …: sequence numbers stay in order.
+        let owned: Vec<usize> = (w..args.instances).step_by(args.concurrency).collect();
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            let mut produced = vec![0u64; owned.len()];
+            if owned.is_empty() {
+                return (latencies, errors, owned, produced);
+            }
+            let mut turn = 0usize;
+            while Instant::now() < end {
+                let k = turn % owned.len();
+                turn += 1;
+                let seq = produced[k] / entries as u64 + 1;
+                let body = batch(owned[k], seq, produced[k], entries);
+                let t0 = Instant::now();
+                match post(&client, &url, &body).await {
+                    Ok(v) if v["applied"] == 1 => {
+                        latencies.push(t0.elapsed());
+                        produced[k] += entries as u64;
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (latencies, errors, owned, produced)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    let mut stored: Vec<(usize, u64)> = Vec::new();
+    for t in tasks {
+        let (l, e, owned, produced) = t.await?;
+        latencies.extend(l);
+        errors += e;
+        stored.extend(owned.into_iter().zip(produced));
+    }
+    let ingest = summarize(latencies, errors, started.elapsed());
+    let stored = Arc::new(stored.into_iter().filter(|s| s.1 > 0).collect::<Vec<_>>());
+    if stored.is_empty() {
+        bail!("no batch was applied");
+    }
+
+    say("measuring directory lookups (POST /directory/lookup)…");
+    let started = Instant::now();
+    let end = started + duration;
+    let mut tasks = Vec::new();
+    for w in 0..args.concurrency {
+        let client = client.clone();
+        let url = format!("{base}/directory/lookup");
+        let stored = stored.clone();
+        let n = args.lookup_keys;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let (mut errors, mut found, mut asked) = (0u64, 0u64, 0u64);
+            let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+            while Instant::now() < end {
+                let keys: Vec<Value> = (0..n)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let (instance, count) = stored[(x % stored.len() as u64) as usize];
+                        key(instance, (x >> 20) % count)
+                    })
+                    .collect();
+                let t0 = Instant::now();
+                match post(&client, &url, &json!({"keys": keys})).await {
+                    Ok(v) => {
+                        latencies.push(t0.elapsed());
+                        for r in v["results"].as_array().into_iter().flatten() {
+                            asked += 1;
+                            found += u64::from(
+                                r["placements"].as_array().is_some_and(|p| !p.is_empty()),
+                            );
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (latencies, errors, found, asked)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let (mut errors, mut found, mut asked) = (0, 0, 0);
+    for t in tasks {
+        let (l, e, f, a) = t.await?;
+        latencies.extend(l);
+        errors += e;
+        found += f;
+        asked += a;
+    }
+    let lookup = summarize(latencies, errors, started.elapsed());
+
+    if let Some((mut p, dir)) = server {
+        p.stop();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let report = Report {
+        target: base,
+        instances: args.instances,
+        entries_per_batch: args.entries_per_batch,
+        concurrency: args.concurrency,
+        ingest_entries_per_second: ingest.qps * args.entries_per_batch as f64,
+        ingest,
+        lookup_keys: args.lookup_keys,
+        lookup_hit_ratio: found as f64 / asked.max(1) as f64,
+        lookup,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "coordinator {}: {} instances, {} in flight",
+            report.target, report.instances, report.concurrency
+        );
+        println!(
+            "{:<40} {:>10} {:>10} {:>10} {:>8}",
+            "phase", "req/s", "p50 µs", "p99 µs", "errors"
+        );
+        for (name, s) in [
+            (
+                format!("POST /events ({} entries/batch)", report.entries_per_batch),
+                &report.ingest,
+            ),
+            (
+                format!("POST /directory/lookup ({} keys)", report.lookup_keys),
+                &report.lookup,
+            ),
+        ] {
+            println!(
+                "{name:<40} {:>10.0} {:>10.0} {:>10.0} {:>8}",
+                s.qps, s.p50_us, s.p99_us, s.errors
+            );
+        }
+        println!(
+            "ingest: {:.0} batches/s = {:.0} entries/s; lookups found {:.1}% of keys",
+            report.ingest.qps,
+            report.ingest_entries_per_second,
+            report.lookup_hit_ratio * 100.0
+        );
+    }
+    if report.ingest.errors > 0 || report.lookup.errors > 0 {
+        bail!("some requests failed");
+    }
+    Ok(())
+}
