@@ -14,6 +14,7 @@ fn binary_lifecycle() {
             "--tokenizer",
             "--probe-audience",
             "--probe-static-token",
+            "--replica-gc-after-seconds",
         ],
     );
 }

@@ -241,6 +241,21 @@ async fn probe_is_disabled_without_auth_configured() {
     assert!(p.stop().success());
 }
 
+/// A kubeconfig pointing at an API server on `addr` (plain HTTP).
+fn write_kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\n\
+             users:\n- name: u\n  user:\n    token: index-server-sa-token\n\
+             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// Reviews seen by the fake API server: (token, audiences).
 type Reviews = Arc<Mutex<Vec<(String, Vec<String>)>>>;
 
@@ -292,16 +307,7 @@ async fn token_review_authenticates_against_the_audience() {
     tokio::spawn(async move { axum::serve(listener, app).await });
 
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{api}\n\
-             users:\n- name: u\n  user:\n    token: index-server-sa-token\n\
-             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &api.to_string());
     let (mut p, addr) = start(
         &["--probe-audience", "inferencecache"],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
@@ -353,17 +359,8 @@ async fn token_review_authenticates_against_the_audience() {
 #[tokio::test]
 async fn unreachable_api_server_is_a_503_not_a_pass() {
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
     let dead = ic_e2e::free_port();
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{dead}\n\
-             users:\n- name: u\n  user:\n    token: t\n\
-             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &format!("127.0.0.1:{dead}"));
     let (mut p, addr) = start(
         &["--probe-audience", "inferencecache"],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],

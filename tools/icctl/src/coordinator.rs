@@ -240,24 +240,9 @@ pub fn usage_text(v: &Value) -> String {
         Some(a) => a.iter().collect(),
         None => vec![v],
     };
-    let mut rows = Vec::new();
-    for i in instances {
-        for m in i["modules"].as_array().into_iter().flatten() {
-            rows.push(vec![
-                str_of(&i["instance_id"]),
-                str_of(&m["tier"]),
-                str_of(&m["backend"]),
-                gib(&m["used_bytes"]),
-                gib(&m["capacity_bytes"]),
-                m["usage_ratio"]
-                    .as_f64()
-                    .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
-            ]);
-        }
-    }
-    for m in v["shared_modules"].as_array().into_iter().flatten() {
-        rows.push(vec![
-            "(shared)".into(),
+    let row = |owner: String, m: &Value| {
+        vec![
+            owner,
             str_of(&m["tier"]),
             str_of(&m["backend"]),
             gib(&m["used_bytes"]),
@@ -265,7 +250,16 @@ pub fn usage_text(v: &Value) -> String {
             m["usage_ratio"]
                 .as_f64()
                 .map_or("-".into(), |r| format!("{:.1}%", r * 100.0)),
-        ]);
+        ]
+    };
+    let mut rows = Vec::new();
+    for i in instances {
+        for m in i["modules"].as_array().into_iter().flatten() {
+            rows.push(row(str_of(&i["instance_id"]), m));
+        }
+    }
+    for m in v["shared_modules"].as_array().into_iter().flatten() {
+        rows.push(row("(shared)".into(), m));
     }
     render(
         &[

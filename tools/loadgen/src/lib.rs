@@ -5,6 +5,7 @@
 //! replicas behind one model with a shared system prompt do), so lookups
 //! see realistic candidate sets.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -73,6 +74,27 @@ impl Fleet {
     /// Replica groups.
     pub fn groups(&self) -> u32 {
         self.replicas.div_ceil(GROUP)
+    }
+}
+
+/// Where a service binary is: in `bin_dir`, or next to the running one.
+pub fn service_binary(bin_dir: Option<&Path>, name: &str) -> Result<PathBuf, String> {
+    let dir = match bin_dir {
+        Some(d) => d.to_path_buf(),
+        None => std::env::current_exe()
+            .map_err(|e| format!("cannot locate this binary: {e}"))?
+            .parent()
+            .ok_or("this binary has no directory")?
+            .to_path_buf(),
+    };
+    let bin = dir.join(name);
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} not found: build it (`cargo build --release --bins`) or pass --target",
+            bin.display()
+        ))
     }
 }
 

@@ -229,20 +229,8 @@ async fn main() -> anyhow::Result<()> {
     let target = match &args.target {
         Some(t) => t.clone(),
         None => {
-            let dir = match &args.bin_dir {
-                Some(d) => d.clone(),
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("binary has no directory")?
-                    .to_path_buf(),
-            };
-            let bin = dir.join("ic-index-server");
-            if !bin.exists() {
-                bail!(
-                    "{} not found: build it (`cargo build --release --bins`) or pass --target",
-                    bin.display()
-                );
-            }
+            let bin = ic_loadgen::service_binary(args.bin_dir.as_deref(), "ic-index-server")
+                .map_err(anyhow::Error::msg)?;
             let capacity = (args.entries * 2).max(1_000_000).to_string();
             let mut p = ServiceProcess::start(
                 &bin,

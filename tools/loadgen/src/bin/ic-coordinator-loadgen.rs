@@ -106,17 +106,8 @@ async fn main() -> anyhow::Result<()> {
     let base = match &args.target {
         Some(t) => t.trim_end_matches('/').to_owned(),
         None => {
-            let dir = match &args.bin_dir {
-                Some(d) => d.clone(),
-                None => std::env::current_exe()?
-                    .parent()
-                    .context("binary has no directory")?
-                    .to_path_buf(),
-            };
-            let bin = dir.join("ic-coordinator");
-            if !bin.exists() {
-                bail!("{} not found: build it or pass --target", bin.display());
-            }
+            let bin = ic_loadgen::service_binary(args.bin_dir.as_deref(), "ic-coordinator")
+                .map_err(anyhow::Error::msg)?;
             let dir =
                 std::env::temp_dir().join(format!("ic-coordinator-loadgen-{}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
