@@ -664,4 +664,11 @@ impl CacheBackendSpec {
     pub fn fail_open(&self) -> bool {
         self.integration.as_ref().is_none_or(|i| i.fail_open)
     }
+
+    /// Effective integration mode: unset reads as Offload.
+    pub fn integration_mode(&self) -> IntegrationMode {
+        self.integration
+            .as_ref()
+            .map_or(IntegrationMode::Offload, |i| i.mode)
+    }
 }
