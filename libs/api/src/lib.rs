@@ -13,6 +13,7 @@ pub mod cacheindex;
 pub mod cachepolicy;
 pub mod cachetenant;
 pub mod consts;
+pub mod defaults;
 pub mod validate;
 
 pub use cachebackend::{CacheBackend, CacheBackendSpec, CacheBackendStatus};
