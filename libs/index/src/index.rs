@@ -33,6 +33,10 @@ use crate::types::{
     Scope, Tier,
 };
 
+/// Registry maps are read on every lookup: a fast hasher, seeded per
+/// process so crafted keys cannot aim at collisions.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 type ScopeId = u32;
 type ReplicaIdx = u32;
 
@@ -63,13 +67,13 @@ struct ReplicaMeta {
 
 #[derive(Debug, Default)]
 struct Registry {
-    scopes: HashMap<Scope, ScopeId>,
+    scopes: FastMap<Scope, ScopeId>,
     scope_list: Vec<Scope>,
     /// Block size learned per scope from stored events.
-    block_sizes: HashMap<ScopeId, u32>,
+    block_sizes: FastMap<ScopeId, u32>,
     /// Visible replicas by slot; a slot being built (resync) or purged is `None`.
     replicas: Vec<Option<Arc<ReplicaMeta>>>,
-    by_key: HashMap<ReplicaKey, ReplicaIdx>,
+    by_key: FastMap<ReplicaKey, ReplicaIdx>,
 }
 
 /// Writer-side facts about a replica slot.
@@ -745,6 +749,21 @@ impl Index {
                 }
             }
             for holders in &found[..chunk.len()] {
+                // Fast path: the block's holders start with the active
+                // replicas in the same order (they stored the chain in the
+                // same order), so everyone stays.
+                if holders.len() >= active.len()
+                    && active
+                        .iter()
+                        .zip(holders.iter())
+                        .all(|(a, &h)| Holder::from_raw(h).replica() == a.0)
+                {
+                    for (a, &h) in active.iter_mut().zip(holders.iter()) {
+                        a.1 = a.1.max(Holder::from_raw(h).tier());
+                    }
+                    matched += 1;
+                    continue;
+                }
                 // Compact `active` in place (most blocks keep everyone).
                 let mut kept = 0;
                 for k in 0..active.len() {
