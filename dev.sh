@@ -8,6 +8,10 @@ cd "$(dirname "$0")"
 TOOLS="$PWD/.tools"
 export PATH="$TOOLS/bin:$HOME/.cargo/bin:$PATH"
 
+# Tools built from source once per machine and reused across checkouts.
+TOOLS_CACHE="${IC_TOOLS_CACHE:-$HOME/.cache/inferencecache/tools}"
+TANSU_VERSION=0.6.0
+
 log() { printf '\033[1;34m[dev]\033[0m %s\n' "$*" >&2; }
 
 ensure_just() {
@@ -47,6 +51,28 @@ sudo_apt() {
   $run apt-get update -qq && $run apt-get install -y -qq "$@"
 }
 
+ensure_kafka_build_deps() {
+  # The coordinator links rdkafka with cmake-build: librdkafka is compiled
+  # from source, which needs cmake and the curl headers (even with curl off).
+  command -v cmake >/dev/null 2>&1 && command -v curl-config >/dev/null 2>&1 && return
+  log "installing cmake and libcurl4-openssl-dev (rdkafka compiles librdkafka)"
+  sudo_apt cmake libcurl4-openssl-dev
+}
+
+ensure_tansu() {
+  # A Kafka-protocol broker for the coordinator's Kafka transport tests. Debug
+  # build, once per machine: ~5 min on 2 idle cores (22 min measured on a
+  # busy shared machine); a release build takes more than twice as long.
+  local bin="$TOOLS_CACHE/bin/tansu"
+  if ! [ -x "$bin" ] || ! grep -qs "^\"tansu $TANSU_VERSION " "$TOOLS_CACHE/.crates.toml"; then
+    log "installing tansu $TANSU_VERSION into $TOOLS_CACHE (Kafka broker for tests; one-time, 5-20 min)"
+    nice -n 10 cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked --debug \
+      --root "$TOOLS_CACHE"
+  fi
+  [ -x "$bin" ] || { echo "could not install tansu $TANSU_VERSION" >&2; exit 1; }
+  export IC_TANSU_BIN="$bin"
+}
+
 ensure_rust_components() {
   # rust-toolchain.toml pins the toolchain; make sure its components exist.
   if command -v rustup >/dev/null 2>&1; then
@@ -58,7 +84,10 @@ recipe="${1:-demo}"
 shift || true
 ensure_just
 case "$recipe" in
-  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps ;;
-  clippy|fmt|fmt-check) ensure_rust_components ;;
+  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu ;;
+  clippy) ensure_rust_components; ensure_kafka_build_deps ;;
+  fmt|fmt-check) ensure_rust_components ;;
+  default) ;;
+  *) ensure_kafka_build_deps ;;
 esac
 exec just "$recipe" "$@"

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod controller;
 pub mod controllers;
 pub mod http;
+pub mod kafka;
 pub mod metrics;
 pub mod mp;
 pub mod persist;
@@ -108,9 +109,14 @@ pub struct Config {
     /// Kafka topic of cache events.
     #[arg(long, env = "IC_KAFKA_TOPIC", default_value = "lmcache-cache-events")]
     pub kafka_topic: String,
-    /// Kafka consumer group.
+    /// Kafka consumer group (sent to the broker; offsets are never
+    /// committed to it, the checkpoint is the read cursor).
     #[arg(long, env = "IC_KAFKA_GROUP_ID", default_value = "lmcache-coordinator")]
     pub kafka_group_id: String,
+    /// Kafka transport: `/ready` answers 503 until every partition is within
+    /// this many records of its high watermark (unset: ready at once).
+    #[arg(long, env = "IC_MAX_READY_LAG")]
+    pub max_ready_lag: Option<u64>,
 }
 
 fn seconds(flag: &str, value: f64) -> anyhow::Result<Option<Duration>> {
@@ -131,11 +137,30 @@ impl Config {
     /// Checks the flags and resolves them into [`Settings`]. Features this
     /// build does not have fail here, clearly, instead of being ignored.
     pub fn settings(&self) -> anyhow::Result<Settings> {
-        if self.event_transport == EventTransport::Kafka {
-            bail!(
-                "--event-transport kafka is not built yet in ic-coordinator; use --event-transport http"
-            );
-        }
+        let kafka = match self.event_transport {
+            EventTransport::Kafka => {
+                let bootstrap_servers = self
+                    .kafka_bootstrap_servers
+                    .clone()
+                    .filter(|s| !s.trim().is_empty())
+                    .context("--event-transport kafka needs --kafka-bootstrap-servers")?;
+                if self.kafka_topic.is_empty() {
+                    bail!("--kafka-topic must not be empty");
+                }
+                Some(kafka::KafkaSettings {
+                    bootstrap_servers,
+                    topic: self.kafka_topic.clone(),
+                    group_id: self.kafka_group_id.clone(),
+                    max_ready_lag: self.max_ready_lag,
+                })
+            }
+            EventTransport::Http => {
+                if self.max_ready_lag.is_some() {
+                    bail!("--max-ready-lag applies only with --event-transport kafka");
+                }
+                None
+            }
+        };
         if self.enable_blend_lookup {
             bail!("--enable-blend-lookup is not built yet in ic-coordinator");
         }
@@ -178,6 +203,7 @@ impl Config {
             checkpoint_interval: seconds("checkpoint-interval", self.checkpoint_interval)?,
             metadata_path: path(&self.metadata_path),
             disable_metrics: self.disable_metrics,
+            kafka,
         })
     }
 }
@@ -242,19 +268,37 @@ pub async fn start_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let app = build_with(config, clock, extra_controllers)?;
+    let kafka_clients = app
+        .settings
+        .kafka
+        .as_ref()
+        .map(kafka::clients)
+        .transpose()?;
     let addr = SocketAddr::new(config.host, config.port);
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot bind {addr}"))?;
     let addr = listener.local_addr().context("local address")?;
     tracing::info!(%addr, "admin server listening");
-    let task = tokio::spawn(serve(app.clone(), listener, shutdown));
+    let task = tokio::spawn(serve(app.clone(), listener, kafka_clients, shutdown));
     Ok(Running { addr, app, task })
 }
 
-async fn serve(app: App, listener: TcpListener, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn serve(
+    app: App,
+    listener: TcpListener,
+    kafka_clients: Option<kafka::Clients>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let loops = shutdown.child_token();
     let mut tasks = Vec::new();
+    if let Some(clients) = kafka_clients {
+        // The consumer blocks in librdkafka's poll, so it gets its own thread.
+        let (app, stop) = (app.clone(), loops.clone());
+        tasks.push(tokio::task::spawn_blocking(move || {
+            kafka::run(app, clients, stop);
+        }));
+    }
     if let Some(every) = app.settings.health_check_interval {
         tasks.push(tokio::spawn(health_loop(app.clone(), every, loops.clone())));
     }

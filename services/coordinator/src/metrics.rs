@@ -73,6 +73,28 @@ pub struct SaltLabel {
     pub cache_salt: String,
 }
 
+/// `result` label of Kafka records.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `applied`, `duplicate`, `stale`, `malformed`, `already_consumed`.
+    pub result: &'static str,
+}
+
+/// `kind` label of Kafka failures.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// `metadata`, `assign`, `watermarks`, `consume`.
+    pub kind: &'static str,
+}
+
+/// `partition` label: partitions of the one configured topic, a small
+/// fixed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabel {
+    /// Partition id.
+    pub partition: i32,
+}
+
 /// MP-server call labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MpCallLabels {
@@ -168,6 +190,18 @@ pub struct Metrics {
     pub checkpoint_last_success: FGauge,
     /// Metadata writes by outcome.
     pub metadata_writes: Family<OutcomeLabel, Counter>,
+    /// Kafka records consumed, by result.
+    pub kafka_records: Family<ResultLabel, Counter>,
+    /// Records between the consumed position and the high watermark.
+    pub kafka_lag: Family<PartitionLabel, Gauge>,
+    /// Last consumed offset per partition.
+    pub kafka_last_offset: Family<PartitionLabel, Gauge>,
+    /// Failed broker calls, by kind.
+    pub kafka_errors: Family<KindLabel, Counter>,
+    /// 1 while the last broker call succeeded.
+    pub kafka_connected: Gauge,
+    /// 1 once the consumer caught up within `--max-ready-lag`.
+    pub kafka_caught_up: Gauge,
     legacy_placements: Family<TierLabel, Gauge>,
     legacy_bytes: Family<TierLabel, Gauge>,
 }
@@ -327,6 +361,36 @@ impl MetricsSet {
             "metadata_writes",
             "Metadata file writes, by outcome",
             m.metadata_writes.clone(),
+        );
+        r.register(
+            "kafka_records",
+            "Kafka records consumed, by result",
+            m.kafka_records.clone(),
+        );
+        r.register(
+            "kafka_consumer_lag_records",
+            "Records between the consumed position and the high watermark, per partition",
+            m.kafka_lag.clone(),
+        );
+        r.register(
+            "kafka_last_offset",
+            "Last consumed Kafka offset, per partition",
+            m.kafka_last_offset.clone(),
+        );
+        r.register(
+            "kafka_errors",
+            "Failed Kafka broker calls, by kind",
+            m.kafka_errors.clone(),
+        );
+        r.register(
+            "kafka_connected",
+            "1 while the last Kafka broker call succeeded",
+            m.kafka_connected.clone(),
+        );
+        r.register(
+            "kafka_caught_up",
+            "1 once the Kafka consumer caught up within --max-ready-lag",
+            m.kafka_caught_up.clone(),
         );
         let http_requests = Family::<HttpLabels, Counter>::default();
         let http_duration: Hist = Family::new_with_constructor(latency_histogram);

@@ -14,6 +14,7 @@ use ic_coordinator_core::directory::KeyDirectory;
 use ic_coordinator_core::events::{Batch, EventsResponse};
 use ic_coordinator_core::eviction::EvictionSettings;
 use ic_coordinator_core::gate::{Gate, Verdict};
+use ic_coordinator_core::kafka::Position;
 use ic_coordinator_core::metadata::{self, Metadata};
 use ic_coordinator_core::registry::Registry;
 use ic_coordinator_core::usage::UsageView;
@@ -21,6 +22,7 @@ use parking_lot::Mutex;
 
 use crate::clock::Clock;
 use crate::controller::Controller;
+use crate::kafka::{KafkaSettings, KafkaState, KafkaStatus};
 use crate::metrics::{ConsumerLabel, MetricsSet, inc};
 use crate::mp::MpClient;
 use crate::persist;
@@ -39,6 +41,42 @@ pub struct Views {
     pub usage: UsageView,
     /// Declared capacity.
     pub capacity: CapacityRegistry,
+    /// Kafka records the views include (Kafka transport only). Guarded by
+    /// the same lock as the views so the two always agree.
+    pub kafka: Position,
+}
+
+/// What became of one Kafka record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// Its offset is at or below the position: the gate saw it already.
+    AlreadyConsumed,
+    /// It did not decode or validate; skipped, its offset still consumed.
+    Malformed,
+    /// Offered to the gate, with its verdict.
+    Offered(GateOutcome),
+}
+
+/// The gate's verdict on one batch, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateOutcome {
+    /// Admitted and broadcast.
+    Applied,
+    /// Seq at or below the cursor.
+    Duplicate,
+    /// Older incarnation.
+    Stale,
+}
+
+impl GateOutcome {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Stale => "stale",
+        }
+    }
 }
 
 /// Settings resolved from the flags.
@@ -62,6 +100,8 @@ pub struct Settings {
     pub metadata_path: Option<PathBuf>,
     /// `/metrics` answers 404.
     pub disable_metrics: bool,
+    /// Events come from Kafka instead of `POST /events`.
+    pub kafka: Option<KafkaSettings>,
 }
 
 impl Default for Settings {
@@ -76,6 +116,7 @@ impl Default for Settings {
             checkpoint_interval: Some(Duration::from_secs(60)),
             metadata_path: None,
             disable_metrics: false,
+            kafka: None,
         }
     }
 }
@@ -103,6 +144,8 @@ pub struct Coordinator {
     pub last_checkpoint: Mutex<Option<f64>>,
     /// Wall time each background loop last finished a pass (for `/status`).
     pub loop_passes: Mutex<std::collections::BTreeMap<&'static str, f64>>,
+    /// Consumer status (Kafka transport only).
+    pub kafka: Option<KafkaState>,
 }
 
 impl Coordinator {
@@ -122,6 +165,7 @@ impl Coordinator {
                 })
                 .set(1);
         }
+        let kafka = settings.kafka.as_ref().map(|_| KafkaState::default());
         Self {
             settings,
             clock,
@@ -133,16 +177,61 @@ impl Coordinator {
             metadata_lock: Mutex::new(()),
             last_checkpoint: Mutex::new(None),
             loop_passes: Mutex::new(std::collections::BTreeMap::new()),
+            kafka,
         }
     }
 
     /// Offers validated batches to the gate in order and broadcasts the
     /// admitted ones.
     pub fn ingest(&self, batches: &[Batch]) -> EventsResponse {
-        let m = &self.metrics.metrics;
         let mut out = EventsResponse::default();
         let mut views = self.views.lock();
         for batch in batches {
+            match self.offer_locked(&mut views, batch) {
+                GateOutcome::Applied => out.applied += 1,
+                GateOutcome::Duplicate => out.duplicates += 1,
+                GateOutcome::Stale => out.stale += 1,
+            }
+        }
+        out
+    }
+
+    /// Offers one Kafka record's batch (`None` when it was malformed) to the
+    /// gate exactly as `POST /events` would, and advances the position in the
+    /// same critical section, so a checkpoint never holds one without the
+    /// other. A record at or below the position is not offered again.
+    pub fn ingest_record(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        batch: Option<&Batch>,
+    ) -> RecordOutcome {
+        let mut views = self.views.lock();
+        if !views.kafka.is_new(topic, partition, offset) {
+            return RecordOutcome::AlreadyConsumed;
+        }
+        let outcome = match batch {
+            Some(batch) => RecordOutcome::Offered(self.offer_locked(&mut views, batch)),
+            None => RecordOutcome::Malformed,
+        };
+        views.kafka.advance(topic, partition, offset);
+        outcome
+    }
+
+    /// Runs `f` on the Kafka consumer status (a no-op default when the
+    /// transport is HTTP).
+    pub fn kafka_status<R: Default>(&self, f: impl FnOnce(&mut KafkaStatus) -> R) -> R {
+        self.kafka
+            .as_ref()
+            .map(|k| f(&mut k.status.lock()))
+            .unwrap_or_default()
+    }
+
+    /// The gate and broadcaster path both transports share.
+    fn offer_locked(&self, views: &mut Views, batch: &Batch) -> GateOutcome {
+        let m = &self.metrics.metrics;
+        let outcome = {
             let verdict = views.gate.offer(
                 &batch.instance_id,
                 batch.incarnation,
@@ -158,7 +247,7 @@ impl Coordinator {
                             "new incarnation; fencing L1 state"
                         );
                         m.event_fences.inc();
-                        self.fence_locked(&mut views, &batch.instance_id);
+                        self.fence_locked(views, &batch.instance_id);
                     }
                     if gap {
                         tracing::warn!(instance_id = %batch.instance_id, seq = batch.seq, "event sequence gap");
@@ -172,21 +261,15 @@ impl Coordinator {
                         );
                         m.event_dropped.inc_by(batch.dropped_events);
                     }
-                    self.broadcast(&mut views, batch);
-                    out.applied += 1;
-                    inc(&m.event_batches, "applied");
+                    self.broadcast(views, batch);
+                    GateOutcome::Applied
                 }
-                Verdict::Duplicate => {
-                    out.duplicates += 1;
-                    inc(&m.event_batches, "duplicate");
-                }
-                Verdict::Stale => {
-                    out.stale += 1;
-                    inc(&m.event_batches, "stale");
-                }
+                Verdict::Duplicate => GateOutcome::Duplicate,
+                Verdict::Stale => GateOutcome::Stale,
             }
-        }
-        out
+        };
+        inc(&m.event_batches, outcome.as_str());
+        outcome
     }
 
     /// Delivers one admitted batch to every consumer in order; a consumer
@@ -283,7 +366,11 @@ impl Coordinator {
             cache_usage: Some(checkpoint::capture_usage(&views.usage)),
             server_config: Some(checkpoint::capture_capacity(&views.capacity)),
             lru_order: None,
-            kafka_stream_position: None,
+            kafka_stream_position: self
+                .settings
+                .kafka
+                .as_ref()
+                .map(|_| views.kafka.to_section()),
         };
         for c in &self.controllers {
             c.save_checkpoint(&mut sections);
@@ -360,6 +447,9 @@ impl Coordinator {
             }
             if let Some(s) = &sections.server_config {
                 views.capacity = checkpoint::restore_capacity(s);
+            }
+            if let Some(s) = &sections.kafka_stream_position {
+                views.kafka = Position::from_section(s);
             }
         }
         for c in &self.controllers {

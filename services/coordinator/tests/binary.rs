@@ -19,6 +19,9 @@ fn binary_lifecycle() {
             "--extra-config",
             "--event-transport",
             "--kafka-bootstrap-servers",
+            "--kafka-topic",
+            "--kafka-group-id",
+            "--max-ready-lag",
         ],
     );
 }

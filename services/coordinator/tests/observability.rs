@@ -186,7 +186,8 @@ fn boot_fails_loudly_on_bad_configuration() {
             .contains("cannot load controller packages")
     );
     assert!(err(&["--extra-config", "{nope"]).contains("--extra-config"));
-    assert!(err(&["--event-transport", "kafka"]).contains("not built yet"));
+    assert!(err(&["--event-transport", "kafka"]).contains("--kafka-bootstrap-servers"));
+    assert!(err(&["--max-ready-lag", "5"]).contains("only with --event-transport kafka"));
     assert!(err(&["--hash-algorithm", "sha256"]).contains("only blake3"));
     assert!(err(&["--trigger-watermark", "0"]).contains("--trigger-watermark"));
     assert!(err(&["--chunk-size", "0"]).contains("--chunk-size"));

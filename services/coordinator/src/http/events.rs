@@ -11,6 +11,11 @@ pub(crate) async fn post_events(
     State(app): State<App>,
     body: Result<Body<EventsRequest>, ApiError>,
 ) -> Result<Json<EventsResponse>, ApiError> {
+    if app.settings.kafka.is_some() {
+        return Err(ApiError::NotFound(
+            "POST /events is disabled: this coordinator consumes cache events from Kafka (--event-transport kafka)".to_owned(),
+        ));
+    }
     let Body(req) = body.inspect_err(|_| {
         app.metrics.metrics.event_requests_rejected.inc();
     })?;

@@ -27,7 +27,7 @@ pub fn router(app: App) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/live", get(|| async { "ok\n" }))
-        .route("/ready", get(|| async { "ready\n" }))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status::status))
         .route("/instances", post(instances::register).get(instances::list))
@@ -100,6 +100,20 @@ async fn observe(State(app): State<App>, req: Request, next: Next) -> Response {
 async fn healthz() -> Json<serde_json::Value> {
     // Never fails on degradation: a restart would throw the views away.
     Json(json!({"status": "healthy"}))
+}
+
+/// Ready at once, except under `--max-ready-lag` until the Kafka consumer
+/// has caught up (serving views far behind the stream would mislead).
+async fn ready(State(app): State<App>) -> Response {
+    if crate::kafka::ready(&app) {
+        "ready\n".into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: Kafka consumer has not caught up (--max-ready-lag)\n",
+        )
+            .into_response()
+    }
 }
 
 async fn not_found() -> Response {

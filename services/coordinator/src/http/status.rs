@@ -19,6 +19,8 @@ pub fn snapshot(app: &App) -> Value {
         .heartbeat_ages(now)
         .map(|(id, a)| (id, a.as_secs_f64()))
         .collect();
+    // Before the views lock: the Kafka section takes it itself.
+    let kafka = crate::kafka::status_json(app);
     let views = app.views.lock();
     let gate = views.gate.stats();
     let mut streams: Vec<Value> = views
@@ -45,7 +47,8 @@ pub fn snapshot(app: &App) -> Value {
         "directory": {"num_keys": dir.num_keys, "num_placements": dir.num_placements,
                       "l1": dir.l1, "l2": dir.l2},
         "controllers": controllers,
-        "event_transport": "http",
+        "event_transport": if app.settings.kafka.is_some() { "kafka" } else { "http" },
+        "kafka": kafka,
         "loops": *app.loop_passes.lock(),
         "checkpoint": {"path": app.settings.checkpoint_path.as_ref().map(|p| p.display().to_string()),
                        "last_success": *app.last_checkpoint.lock()},
@@ -117,6 +120,12 @@ fn render_html(snap: &Value) -> String {
         h,
         "<h2>Loops (last pass, epoch s)</h2><pre>{}</pre>",
         esc(&snap["loops"].to_string())
+    );
+    let _ = writeln!(
+        h,
+        "<h2>Event transport: {}</h2><pre>{}</pre>",
+        esc(snap["event_transport"].as_str().unwrap_or("")),
+        esc(&snap["kafka"].to_string())
     );
     let _ = writeln!(
         h,
