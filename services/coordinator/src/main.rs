@@ -43,6 +43,9 @@ async fn main() -> ExitCode {
                     stale = report.stale,
                     lifecycle = report.lifecycle,
                     rejected = report.rejected,
+                    unknown_qualnames = report.unknown_qualnames,
+                    unknown_phases = report.unknown_phases,
+                    malformed = report.malformed,
                     "replay finished"
                 );
                 anyhow::Ok(())

@@ -1,11 +1,12 @@
-//! Replays a `.lct` trace into a running coordinator over its REST API,
-//! keeping the recorded gaps divided by a speed factor.
+//! Replays an LMCache `.lct` event trace (recorded with `--trace-level
+//! events`) into a running coordinator over its REST API, keeping the
+//! recorded `t_mono` gaps divided by a speed factor.
 
 use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Context;
-use ic_coordinator_core::trace::{Frame, LifecycleAction, TraceReader, due_after};
+use ic_coordinator_core::trace::{LifecyclePhase, Skipped, TraceEvent, TraceReader, due_after};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -38,6 +39,12 @@ pub struct ReplayReport {
     pub lifecycle: u64,
     /// Requests the coordinator refused (logged, replay goes on).
     pub rejected: u64,
+    /// Records with a qualname replay does not handle (skipped).
+    pub unknown_qualnames: u64,
+    /// Lifecycle records with a phase replay does not handle (skipped).
+    pub unknown_phases: u64,
+    /// `events.*` records whose args did not fit (logged and skipped).
+    pub malformed: u64,
 }
 
 /// Replays `args.file` into `args.url`.
@@ -59,24 +66,43 @@ async fn replay_from(
     speed: f64,
     name: &Path,
 ) -> anyhow::Result<ReplayReport> {
+    let reading = || format!("reading {}", name.display());
+    let trace = TraceReader::open(reader).with_context(reading)?;
     let http = reqwest::Client::new();
     let base = url.trim_end_matches('/');
-    let mut report = ReplayReport::default();
+    let mut report = ReplayReport {
+        frames: 1,
+        ..ReplayReport::default()
+    };
     let started = Instant::now();
-    let mut first_ts: Option<f64> = None;
-    for frame in TraceReader::new(reader) {
-        let frame = frame.with_context(|| format!("reading {}", name.display()))?;
+    let mut first_t: Option<f64> = None;
+    for event in trace {
+        let event = event.with_context(reading)?;
         report.frames += 1;
-        if let Some(ts) = frame.ts() {
-            let origin = *first_ts.get_or_insert(ts);
-            let due = due_after(ts - origin, speed);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                tokio::time::sleep(wait).await;
-            }
+        // Gaps are measured on the recorder's monotonic clock, from the
+        // first record on.
+        let t_mono = event.t_mono();
+        let origin = *first_t.get_or_insert(t_mono);
+        let due = due_after(t_mono - origin, speed);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            tokio::time::sleep(wait).await;
         }
-        match frame {
-            Frame::Header { .. } => {}
-            Frame::Batch { batch, .. } => {
+        match event {
+            TraceEvent::Skipped { index, reason, .. } => match reason {
+                Skipped::Qualname(qualname) => {
+                    report.unknown_qualnames += 1;
+                    tracing::debug!(frame = index, qualname = %qualname, "skipping a record replay does not handle");
+                }
+                Skipped::Phase(phase) => {
+                    report.unknown_phases += 1;
+                    tracing::debug!(frame = index, phase = %phase, "skipping an unknown lifecycle phase");
+                }
+                Skipped::Malformed { qualname, detail } => {
+                    report.malformed += 1;
+                    tracing::warn!(frame = index, qualname = %qualname, detail = %detail, "skipping a record whose args do not fit");
+                }
+            },
+            TraceEvent::Batch { batch, .. } => {
                 let resp = http
                     .post(format!("{base}/events"))
                     .json(&json!({ "batches": [batch] }))
@@ -93,25 +119,25 @@ async fn replay_from(
                     let status = resp.status().as_u16();
                     tracing::warn!(
                         status,
-                        frame = report.frames,
+                        frame = report.frames - 1,
                         "coordinator refused a replayed batch"
                     );
                 }
             }
-            Frame::Lifecycle {
-                action,
+            TraceEvent::Lifecycle {
+                phase,
                 instance_id,
-                instance,
+                registration,
                 ..
             } => {
-                let req = match action {
-                    LifecycleAction::Register => http
+                let req = match phase {
+                    LifecyclePhase::Register => http
                         .post(format!("{base}/instances"))
-                        .json(&instance.unwrap_or_else(|| json!({"instance_id": instance_id}))),
-                    LifecycleAction::Heartbeat => {
+                        .json(&registration.unwrap_or_else(|| json!({"instance_id": instance_id}))),
+                    LifecyclePhase::Heartbeat => {
                         http.put(format!("{base}/instances/{instance_id}/heartbeat"))
                     }
-                    LifecycleAction::Deregister => {
+                    LifecyclePhase::Deregister => {
                         http.delete(format!("{base}/instances/{instance_id}"))
                     }
                 };
@@ -120,7 +146,7 @@ async fn replay_from(
                 if !resp.status().is_success() {
                     report.rejected += 1;
                     let status = resp.status().as_u16();
-                    tracing::warn!(status, instance_id = %instance_id, "coordinator refused a replayed membership call");
+                    tracing::warn!(status, instance_id = %instance_id, phase = phase.as_str(), "coordinator refused a replayed membership call");
                 }
             }
         }

@@ -7,48 +7,56 @@ use std::time::{Duration, Instant};
 
 use common::Coord;
 use ic_coordinator::replay::{ReplayArgs, ReplayReport, replay};
-use ic_coordinator_core::trace::{Frame, LifecycleAction, TRACE_VERSION, write_frame};
-use serde_json::json;
+use ic_coordinator_core::trace::{Header, Record, TraceWriter};
+use serde_json::{Map, Value, json};
 
-fn batch(seq: i64, ts: f64) -> Frame {
-    Frame::Batch {
-        ts,
-        batch: serde_json::from_value(json!({
-            "instance_id": "mp-a", "incarnation": 7, "seq": seq, "event_type": "store", "tier": "l2",
-            "backend": "fs", "entries": [{"key": {"chunk_hash_hex": format!("{seq:02x}"), "model_name": "m",
-                                                  "kv_rank": 16777472}, "size_bytes": 10}]}))
-        .unwrap(),
+fn obj(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        other => panic!("not an object: {other}"),
     }
 }
 
+fn batch(seq: i64) -> ic_coordinator_core::events::WireBatch {
+    serde_json::from_value(json!({
+        "instance_id": "mp-a", "incarnation": 7, "seq": seq, "event_type": "store", "tier": "l2",
+        "backend": "fs", "entries": [{"key": {"chunk_hash_hex": format!("{seq:02x}"), "model_name": "m",
+                                              "kv_rank": 16777472}, "size_bytes": 10}]}))
+    .unwrap()
+}
+
+/// Header, register, three batches (one a duplicate), a heartbeat, an
+/// unrelated record and an unknown phase: nine frames.
 fn write_trace(path: &std::path::Path, gap: f64) {
-    let mut out = Vec::new();
-    let frames = [
-        Frame::Header {
-            version: TRACE_VERSION,
-            created_at: 0.0,
-            source: "test".into(),
-        },
-        Frame::Lifecycle {
-            ts: 100.0,
-            action: LifecycleAction::Register,
-            instance_id: "mp-a".into(),
-            instance: Some(json!({"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9})),
-        },
-        batch(1, 100.0),
-        batch(2, 100.0 + gap),
-        batch(2, 100.0 + gap),
-        Frame::Lifecycle {
-            ts: 100.0 + gap,
-            action: LifecycleAction::Heartbeat,
-            instance_id: "mp-a".into(),
-            instance: None,
-        },
-    ];
-    for f in &frames {
-        write_frame(&mut out, f).unwrap();
-    }
-    std::fs::write(path, out).unwrap();
+    let header = Header {
+        t_mono_start: 1000.0,
+        t_wall_start: 1.7e9,
+        lmcache_version: Some("test".into()),
+        ..Header::default()
+    };
+    let mut w = TraceWriter::new(Vec::new(), &header).unwrap();
+    w.lifecycle(
+        0.0,
+        1.7e9,
+        "register",
+        obj(json!({"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9})),
+    )
+    .unwrap();
+    w.batch(0.0, 1.7e9, &batch(1)).unwrap();
+    w.batch(gap, 1.7e9 + gap, &batch(2)).unwrap();
+    w.batch(gap, 1.7e9 + gap, &batch(2)).unwrap();
+    w.lifecycle(gap, 0.0, "heartbeat", obj(json!({"instance_id": "mp-a"})))
+        .unwrap();
+    w.record(&Record {
+        t_mono: gap,
+        t_wall: 0.0,
+        qualname: "storage.put".into(),
+        args: Map::new(),
+    })
+    .unwrap();
+    w.lifecycle(gap, 0.0, "suspend", obj(json!({"instance_id": "mp-a"})))
+        .unwrap();
+    std::fs::write(path, w.finish().unwrap()).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,12 +80,15 @@ async fn replay_feeds_events_and_membership() {
     assert_eq!(
         report,
         ReplayReport {
-            frames: 6,
+            frames: 8,
             applied: 2,
             duplicates: 1,
             stale: 0,
             lifecycle: 2,
-            rejected: 0
+            rejected: 0,
+            unknown_qualnames: 1,
+            unknown_phases: 1,
+            malformed: 0,
         }
     );
     assert_eq!(c.get("/directory/stats").await.1["num_keys"], 2);
@@ -102,14 +113,102 @@ async fn replay_rejects_a_file_that_is_not_a_trace() {
     let path = dir.path().join("bad.lct");
     std::fs::write(&path, b"\0\0\0\x02hi").unwrap();
     let c = Coord::start(&[]).await;
-    let err = replay(&ReplayArgs {
+    let run = |path: std::path::PathBuf| {
+        let url = format!("http://{}", c.addr);
+        async move {
+            let err = replay(&ReplayArgs {
+                file: path,
+                url,
+                speed: 0.0,
+            })
+            .await
+            .unwrap_err();
+            format!("{err:#}")
+        }
+    };
+    let err = run(path).await;
+    assert!(err.contains("bad.lct"), "{err}");
+    // A real trace recorded at another level names the file and the level.
+    let calls = dir.path().join("calls.lct");
+    let header = Header {
+        level: "calls".into(),
+        ..Header::default()
+    };
+    std::fs::write(
+        &calls,
+        TraceWriter::new(Vec::new(), &header)
+            .unwrap()
+            .finish()
+            .unwrap(),
+    )
+    .unwrap();
+    let err = run(calls).await;
+    assert!(
+        err.contains("calls.lct") && err.contains("level `calls`"),
+        "{err}"
+    );
+    // A trace cut inside a frame is an error naming the file, not a panic.
+    let cut = dir.path().join("cut.lct");
+    write_trace(&cut, 0.0);
+    let mut raw = std::fs::read(&cut).unwrap();
+    raw.truncate(raw.len() - 5);
+    std::fs::write(&cut, raw).unwrap();
+    let err = run(cut).await;
+    assert!(
+        err.contains("cut.lct") && err.contains("truncated inside frame 7"),
+        "{err}"
+    );
+}
+
+/// A trace written by msgspec the way LMCache's recorder lays it out
+/// replays unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_of_a_trace_written_by_msgspec() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("lmcache.lct");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/write_lmcache_trace.py"
+    );
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("this test needs python3 with msgspec (pip install msgspec); cannot run python3: {e}")
+        });
+    assert!(
+        out.status.success(),
+        "this test needs python3 with msgspec (pip install msgspec); {script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c = Coord::start(&[]).await;
+    let report = replay(&ReplayArgs {
         file: path,
         url: format!("http://{}", c.addr),
-        speed: 0.0,
+        speed: 1.0,
     })
     .await
-    .unwrap_err();
-    assert!(format!("{err:#}").contains("bad.lct"), "{err:#}");
+    .unwrap();
+    assert_eq!(
+        report,
+        ReplayReport {
+            frames: 8,
+            applied: 2,
+            duplicates: 1,
+            stale: 0,
+            lifecycle: 2,
+            rejected: 0,
+            unknown_qualnames: 1,
+            unknown_phases: 1,
+            malformed: 0,
+        }
+    );
+    assert_eq!(c.get("/directory/stats").await.1["num_keys"], 2);
+    let instances = c.get("/instances").await.1;
+    let inst = &instances["instances"][0];
+    assert_eq!(inst["instance_id"], "mp-py", "{instances}");
+    assert_eq!(inst["http_port"], 8123, "{instances}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

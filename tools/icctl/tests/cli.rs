@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use ic_coordinator_core::trace::{Frame, LifecycleAction, TRACE_VERSION, write_frame};
+use ic_coordinator_core::trace::{Header, TraceWriter};
 use ic_e2e::{ServiceProcess, workspace_binary};
 use serde_json::{Value, json};
 
@@ -207,34 +207,22 @@ fn coordinator_commands() {
     // Replay a small trace: one registration and two batches.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.lct");
-    let mut out = Vec::new();
     let batch = |seq: i64| {
-        Frame::Batch {
-        ts: 1.0,
-        batch: serde_json::from_value(json!({
+        serde_json::from_value(json!({
             "instance_id": "mp-a", "incarnation": 1, "seq": seq, "event_type": "store", "tier": "l2",
             "backend": "fs", "entries": [{"key": {"chunk_hash_hex": format!("{seq:02x}"), "model_name": "m",
                                                   "kv_rank": 16777472}, "size_bytes": 1024}]}))
-        .unwrap(),
-    }
+        .unwrap()
     };
-    for frame in [
-        Frame::Header {
-            version: TRACE_VERSION,
-            created_at: 0.0,
-            source: "icctl-test".into(),
-        },
-        Frame::Lifecycle {
-            ts: 1.0,
-            action: LifecycleAction::Register,
-            instance_id: "mp-a".into(),
-            instance: Some(json!({"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9})),
-        },
-        batch(1),
-        batch(2),
-    ] {
-        write_frame(&mut out, &frame).unwrap();
-    }
+    let mut w = TraceWriter::new(Vec::new(), &Header::default()).unwrap();
+    let registration = json!({"instance_id": "mp-a", "ip": "127.0.0.1", "http_port": 9});
+    let serde_json::Value::Object(registration) = registration else {
+        unreachable!()
+    };
+    w.lifecycle(0.0, 1.0, "register", registration).unwrap();
+    w.batch(0.0, 1.0, &batch(1)).unwrap();
+    w.batch(0.0, 1.0, &batch(2)).unwrap();
+    let out = w.finish().unwrap();
     std::fs::write(&path, out).unwrap();
     let report = f.json(&["replay", path.to_str().unwrap(), "--speed", "0"]);
     assert_eq!(report["applied"], 2, "{report}");
