@@ -128,15 +128,7 @@ async fn failing_consumers_are_counted_and_do_not_stop_others() {
     )
     .unwrap();
     assert_eq!(ctl.state.lock().lru.bucket_len("t"), 2);
-    let text = c
-        .http
-        .get(c.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = c.metrics_text().await;
     assert!(
         text.contains(
             r#"lmcache_coordinator_consumer_apply_failures_total{consumer="ErrController"} 2"#
@@ -174,15 +166,7 @@ async fn extra_controllers_can_be_disabled_by_name() {
     .await;
     assert_eq!(reaper.seen.load(Ordering::SeqCst), 0);
     assert_eq!(c.get("/acme/reaper").await.0, 404);
-    let text = c
-        .http
-        .get(c.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = c.metrics_text().await;
     assert!(!text.contains("consumer_apply_failures_total{"), "{text}");
 }
 
@@ -207,15 +191,7 @@ async fn a_dead_controller_loop_shows_in_its_up_gauge() {
     let c = Coord::start_with(&[], vec![Arc::new(Doomed)]).await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let text = c
-            .http
-            .get(c.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = c.metrics_text().await;
         if text.contains(r#"lmcache_coordinator_controller_up{controller="DoomedController"} 0"#) {
             assert!(
                 text.contains(

@@ -91,15 +91,7 @@ async fn quota_routes() {
     assert_eq!(c.delete("/quota/t", None).await.1["status"], "not_found");
     // Quota gauges follow the current quotas on every scrape.
     c.put("/quota/q2", json!({"limit_gb": 1})).await;
-    let text = c
-        .http
-        .get(c.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = c.metrics_text().await;
     assert!(
         text.contains(r#"lmcache_coordinator_quota_limit_bytes{cache_salt="q2"} 1073741824"#),
         "{text}"
@@ -509,15 +501,7 @@ async fn eviction_loop_dispatches_on_its_own() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(mp.received()[0].body["keys"][0]["chunk_hash_hex"], "01");
-    let text = c
-        .http
-        .get(c.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = c.metrics_text().await;
     assert!(
         text.contains(r#"lmcache_coordinator_loop_last_pass_timestamp_seconds{loop="eviction"}"#),
         "{text}"

@@ -193,15 +193,7 @@ async fn failed_checkpoint_write_is_retried() {
     )])
     .await;
     assert!(!c.app.write_checkpoint());
-    let text = c
-        .http
-        .get(c.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = c.metrics_text().await;
     assert!(
         text.contains(r#"lmcache_coordinator_checkpoint_writes_total{outcome="failed"} 1"#),
         "{text}"

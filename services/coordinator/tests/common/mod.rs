@@ -50,6 +50,18 @@ pub struct Coord {
 }
 
 impl Coord {
+    /// The `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn start(extra: &[&str]) -> Self {
         Self::start_with(extra, Vec::new()).await
     }

@@ -234,27 +234,19 @@ fn resolve_tokens(
     resolve(&query, app.settings.chunk_size).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
-pub(super) async fn pin(
-    State((app, ctl)): Ctx,
-    Body(req): Body<PinRequest>,
-) -> Result<Json<Value>, ApiError> {
-    let r = resolve_tokens(
-        &app,
-        &req.model_name,
-        req.world_size,
-        &req.token_ids,
-        &req.cache_salt,
-    )?;
-    ctl.state.lock().pins.pin(&r.keys);
-    persist_metadata(&app).await;
-    Ok(Json(
-        json!({"requested": r.chunks, "affected": r.keys.len(), "status": "pinned"}),
-    ))
+pub(super) async fn pin(ctx: Ctx, body: Body<PinRequest>) -> Result<Json<Value>, ApiError> {
+    change_pins(ctx, body, true).await
 }
 
-pub(super) async fn unpin(
+pub(super) async fn unpin(ctx: Ctx, body: Body<PinRequest>) -> Result<Json<Value>, ApiError> {
+    change_pins(ctx, body, false).await
+}
+
+/// Pins or unpins a prompt's keys; the answer counts every resolved key.
+async fn change_pins(
     State((app, ctl)): Ctx,
     Body(req): Body<PinRequest>,
+    pin: bool,
 ) -> Result<Json<Value>, ApiError> {
     let r = resolve_tokens(
         &app,
@@ -263,10 +255,18 @@ pub(super) async fn unpin(
         &req.token_ids,
         &req.cache_salt,
     )?;
-    ctl.state.lock().pins.unpin(&r.keys);
+    {
+        let mut state = ctl.state.lock();
+        if pin {
+            state.pins.pin(&r.keys);
+        } else {
+            state.pins.unpin(&r.keys);
+        }
+    }
     persist_metadata(&app).await;
+    let status = if pin { "pinned" } else { "unpinned" };
     Ok(Json(
-        json!({"requested": r.chunks, "affected": r.keys.len(), "status": "unpinned"}),
+        json!({"requested": r.chunks, "affected": r.keys.len(), "status": status}),
     ))
 }
 
