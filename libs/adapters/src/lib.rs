@@ -1,5 +1,20 @@
-//! Runtime adapters (vLLM + LMCache, SGLang + LMCache MP, SGLang HiCache) and
-//! storage-provider adapters (Redis, LMCache server, Mooncake): engine pod
-//! wiring and provider workload rendering as pure functions over k8s-openapi
-//! types. Empty until the admission-webhook work lands; the crate exists so
-//! the workspace layout is settled.
+//! Runtime adapters (vLLM + LMCache, SGLang + LMCache MP, SGLang HiCache),
+//! storage-provider bindings, the injected sidecars, engine-override
+//! semantics, the registry-backed admission checks, and managed provider
+//! workload rendering: pure functions over k8s-openapi types, shared by the
+//! webhook (pod wiring, CacheBackend admission) and the controller (provider
+//! workloads).
+//!
+//! Entry points the services use:
+//! * [`admission::admit_pod`] — the whole pod-mutation decision for one pod
+//!   and the live backends of its namespace (the webhook diffs the returned
+//!   pod against the original to build the JSON patch);
+//! * [`admission::fail_open`] — the pod to admit when the webhook could not
+//!   even decide (e.g. the backend list failed);
+//! * [`admission::validate_backend`] — every validating rule: the structural
+//!   rules of `ic_api::validate` plus the registry, reserved-override,
+//!   provider-resource and annotation checks that need this crate;
+//! * [`providers`] — managed provider workloads for the controller.
+
+pub mod admission;
+pub mod providers;
