@@ -1,0 +1,13 @@
+//! The controller's decisions as pure functions over observed state and an
+//! injectable clock: what the CacheBackend status and conditions must say,
+//! the KV-event and functional-probe gates, cascade-restart baselines,
+//! engine observations, and attributing index-server replicas to backends.
+//! `services/controller` gathers the inputs from the API server and applies
+//! the outputs; nothing here does I/O.
+
+pub mod attribution;
+pub mod cascade;
+pub mod clock;
+pub mod gates;
+pub mod observe;
+pub mod status;
