@@ -17,4 +17,13 @@
 //! * [`providers`] — managed provider workloads for the controller.
 
 pub mod admission;
+pub mod binding;
+pub mod merge;
+pub mod overrides;
 pub mod providers;
+pub mod quantity;
+pub mod registry;
+pub mod resources;
+pub mod runtime;
+pub mod sidecars;
+pub mod validation;

@@ -45,6 +45,28 @@ pub mod kernel_check {
     pub const OFF: &str = "off";
     /// Every accepted value.
     pub const ALL: [&str; 4] = [AUTO, REPORT_ONLY, STRICT, OFF];
+    /// Name of the injected kernel-check init container.
+    pub const CONTAINER_NAME: &str = "lmcache-kernel-check";
+    /// Key of the result line the detector writes to its termination message
+    /// (`LMCACHE_KERNELS=ok` or `LMCACHE_KERNELS=failed`, the cause on the
+    /// following lines).
+    pub const RESULT_KEY: &str = "LMCACHE_KERNELS";
+    /// Result value: the native kernels loaded.
+    pub const RESULT_OK: &str = "ok";
+    /// Result value: the native kernels did not load.
+    pub const RESULT_FAILED: &str = "failed";
+}
+
+/// Containers the pod webhook adds to engine pods, and the env marker that
+/// identifies them (so the engine container can be told apart from ours).
+pub mod injected {
+    /// The kvevent-subscriber sidecar (a regular container).
+    pub const SUBSCRIBER_CONTAINER: &str = "kvevent-subscriber";
+    /// The SGLang LMCache MP worker (a native-sidecar init container).
+    pub const MP_WORKER_CONTAINER: &str = "lmcache-mp-worker";
+    /// Env var set on every container the webhook renders, valued with the
+    /// container's name.
+    pub const MARKER_ENV: &str = "INFERENCECACHE_INJECTED";
 }
 
 /// Labels the controller puts on what it renders.
@@ -152,6 +174,9 @@ pub mod reasons {
     pub const EXTERNAL_ENDPOINT_MISSING: &str = "ExternalEndpointMissing";
     /// Endpoint fails the provider's shape check.
     pub const EXTERNAL_ENDPOINT_INVALID: &str = "ExternalEndpointInvalid";
+    /// The (runtime, type) pair has no installed adapter (stored before
+    /// admission rejected it); nothing is reconciled.
+    pub const UNSUPPORTED_RUNTIME_CACHE_PAIR: &str = "UnsupportedRuntimeCachePair";
     // CachePolicy.
     /// Resolved policy of its namespace.
     pub const POLICY_ACTIVE: &str = "PolicyActive";

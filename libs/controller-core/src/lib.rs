@@ -8,6 +8,10 @@
 pub mod attribution;
 pub mod cascade;
 pub mod clock;
+pub mod conditions;
+pub mod endpoint;
 pub mod gates;
+pub mod k8s;
+pub mod narrate;
 pub mod observe;
 pub mod status;

@@ -1,0 +1,225 @@
+//! Runtime adapters: how one (runtime, cache type) pair wires an engine pod.
+//!
+//! An adapter declares the args/env it reserves, the bindings it accepts,
+//! and injects its engine-container config and any pod-level pieces
+//! (sidecars, volumes). Admission ([`crate::admission`]) drives the
+//! sequence: check the original pod, inject the engine container, apply
+//! engineOverrides against the before/after diff, then the pod-level parts.
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
+
+use ic_api::CacheBackend;
+use ic_api::cachebackend::{CacheType, IntegrationRole, LmCacheSpec, Runtime};
+
+use crate::binding::{Binding, Protocol};
+use crate::quantity;
+
+pub mod sglang_hicache;
+pub mod sglang_lmcache;
+pub mod vllm_lmcache;
+
+/// Env var marking a container the webhook rendered, valued with its
+/// component name. It is how re-admission tells our own prior injection
+/// (converge) from an operator's container squatting the name (reject).
+pub const SIDECAR_MARKER_ENV: &str = ic_api::consts::injected::MARKER_ENV;
+
+/// The fail-open mirror env every LMCache adapter injects.
+pub const FAIL_OPEN_ENV: &str = "INFERENCECACHE_FAIL_OPEN";
+
+/// Defaults of the typed LMCache settings.
+pub const DEFAULT_CHUNK_SIZE: i32 = 256;
+/// Default host-memory budget, GiB.
+pub const DEFAULT_HOST_MEMORY_GIB: i64 = 4;
+/// Default loopback port of the SGLang MP worker.
+pub const DEFAULT_WORKER_PORT: i32 = 5555;
+
+/// What an adapter sees while injecting.
+#[derive(Clone, Copy, Debug)]
+pub struct InjectContext<'a> {
+    /// The selected backend.
+    pub backend: &'a CacheBackend,
+    /// The resolved binding (`None` = host-only).
+    pub binding: Option<&'a Binding>,
+}
+
+impl InjectContext<'_> {
+    /// Effective role.
+    pub fn role(&self) -> IntegrationRole {
+        self.backend
+            .spec
+            .integration
+            .as_ref()
+            .map_or(IntegrationRole::ReadWrite, |i| i.role)
+    }
+
+    /// Effective failOpen.
+    pub fn fail_open(&self) -> bool {
+        self.backend.spec.fail_open()
+    }
+
+    /// Typed LMCache settings (absent = all defaults).
+    pub fn lm_cache(&self) -> LmCacheSpec {
+        self.backend.spec.lm_cache.clone().unwrap_or(LmCacheSpec {
+            chunk_size_tokens: None,
+            host_memory: None,
+            worker_port: None,
+            worker_image: None,
+            remote_serde: None,
+        })
+    }
+
+    /// Chunk size in tokens.
+    pub fn chunk_size(&self) -> i32 {
+        self.lm_cache()
+            .chunk_size_tokens
+            .filter(|c| *c >= 1)
+            .unwrap_or(DEFAULT_CHUNK_SIZE)
+    }
+
+    /// Host-memory budget in whole GiB (rounded down, at least 1).
+    pub fn host_memory_gib(&self) -> i64 {
+        let gib = quantity::ParsedQuantity::from_units(1 << 30);
+        self.lm_cache()
+            .host_memory
+            .and_then(|h| h.capacity)
+            .and_then(|q| quantity::parse(&q.0).ok())
+            .filter(|q| q.is_positive())
+            .map_or(DEFAULT_HOST_MEMORY_GIB, |q| {
+                let whole = q.nanos() / gib.nanos();
+                i64::try_from(whole).unwrap_or(i64::MAX).max(1)
+            })
+    }
+
+    /// Loopback port of the SGLang MP worker.
+    pub fn worker_port(&self) -> i32 {
+        self.lm_cache()
+            .worker_port
+            .filter(|p| (1..=65535).contains(p))
+            .unwrap_or(DEFAULT_WORKER_PORT)
+    }
+}
+
+/// A runtime adapter for one (runtime, cache type) pair.
+pub trait RuntimeAdapter: std::fmt::Debug + Sync {
+    /// Stable identifier, e.g. `vllm-lmcache`.
+    fn id(&self) -> &'static str;
+    /// Human name used in messages, e.g. `vLLM+LMCache`.
+    fn display_name(&self) -> &'static str;
+    /// The pair served.
+    fn pair(&self) -> (Runtime, CacheType);
+    /// Leading flags engineOverrides may not override or suppress.
+    fn reserved_args(&self) -> &'static [&'static str];
+    /// Env names engineOverrides may not override or suppress.
+    fn reserved_env(&self) -> &'static [&'static str];
+    /// Whether the engine wire accepts `protocol` (`None` = host-only).
+    fn supports_binding(&self, protocol: Option<Protocol>) -> bool;
+    /// `--hash-scheme` of the injected subscriber.
+    fn hash_scheme(&self) -> &'static str;
+    /// Serving port when the engine container declares none.
+    fn default_engine_port(&self) -> i32;
+    /// Whether the Offload wiring keeps evicted blocks in a lower tier, so
+    /// the subscriber re-reports BlockRemoved at T2.
+    fn retains_evicted_blocks(&self) -> bool {
+        true
+    }
+    /// Whether the engine exports tier-2 hit counters on `/metrics` for the
+    /// subscriber to scrape.
+    fn exports_tier2_metrics(&self) -> bool {
+        false
+    }
+    /// Whether this adapter provides the lmcache-kernel-check init container.
+    fn provides_kernel_check(&self) -> bool {
+        false
+    }
+    /// Refuses a pod before anything is mutated (reserved-name squatting,
+    /// conflicting flags). `engine` indexes `spec.containers`.
+    fn check_pod(&self, ctx: &InjectContext<'_>, pod: &Pod, engine: usize) -> Result<(), String> {
+        let _ = (ctx, pod, engine);
+        Ok(())
+    }
+    /// Injects the engine container's args/env (only those: engineOverrides
+    /// are applied to the diff of this step).
+    fn inject_engine_config(
+        &self,
+        ctx: &InjectContext<'_>,
+        engine: &mut Container,
+    ) -> Result<(), String>;
+    /// Pod-level wiring besides engine args/env (sidecars, volumes, mounts).
+    fn inject_pod(
+        &self,
+        ctx: &InjectContext<'_>,
+        spec: &mut PodSpec,
+        engine: usize,
+    ) -> Result<(), String> {
+        let _ = (ctx, spec, engine);
+        Ok(())
+    }
+}
+
+/// Whether `container` carries our marker for `component`.
+pub fn is_ours(container: &Container, component: &str) -> bool {
+    container.env.as_deref().is_some_and(|env| {
+        env.iter()
+            .any(|e| e.name == SIDECAR_MARKER_ENV && e.value.as_deref() == Some(component))
+    })
+}
+
+/// The marker env entry for `component`.
+pub fn marker(component: &str) -> EnvVar {
+    crate::merge::env(SIDECAR_MARKER_ENV, component)
+}
+
+/// The canonical engine-container name of a runtime in multi-container pods.
+pub fn engine_container_name(runtime: Runtime) -> &'static str {
+    match runtime {
+        Runtime::Vllm => "vllm",
+        Runtime::SGLang => "sglang",
+    }
+}
+
+/// Index of the engine container: the only container that is not one of
+/// our marked sidecars, else the one named after the runtime.
+pub fn find_engine_container(spec: &PodSpec, runtime: Runtime) -> Result<usize, String> {
+    let candidates: Vec<usize> = spec
+        .containers
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            !c.env
+                .as_deref()
+                .is_some_and(|env| env.iter().any(|e| e.name == SIDECAR_MARKER_ENV))
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if let [only] = candidates.as_slice() {
+        return Ok(*only);
+    }
+    let name = engine_container_name(runtime);
+    candidates
+        .into_iter()
+        .find(|&i| spec.containers[i].name == name)
+        .ok_or_else(|| {
+            format!(
+                "no engine container: a multi-container pod must name its engine container {name:?}"
+            )
+        })
+}
+
+/// The engine's serving port: a containerPort named `http`, else the
+/// engine's `--port` argument, else its first containerPort, else the
+/// runtime default.
+pub fn engine_port(engine: &Container, default: i32) -> i32 {
+    let ports = engine.ports.as_deref().unwrap_or_default();
+    let named = ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("http"))
+        .map(|p| p.container_port);
+    let from_args = crate::merge::flag_items(engine.args.as_deref().unwrap_or_default(), "--port")
+        .first()
+        .and_then(|it| it.value.as_deref()?.parse::<i32>().ok())
+        .filter(|p| (1..=65535).contains(p));
+    named
+        .or(from_args)
+        .or_else(|| ports.first().map(|p| p.container_port))
+        .unwrap_or(default)
+}

@@ -1,0 +1,275 @@
+//! The containers the webhook adds beside the engine, independent of the
+//! runtime adapter's own wiring:
+//! * the `kvevent-subscriber` sidecar (routing tier), gated on the webhook's
+//!   subscriber image and `spec.observation.modelID`;
+//! * the `lmcache-kernel-check` init container (vLLM+LMCache only), driven
+//!   by the backend's `inferencecache.io/lmcache-kernel-check` annotation.
+//!
+//! Both carry the [`crate::runtime::SIDECAR_MARKER_ENV`] marker so a later
+//! admission converges them instead of treating them as operator squatting.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use ic_api::CacheBackend;
+use ic_api::consts::{annotations, kernel_check};
+
+use crate::merge::{env, upsert_container};
+use crate::runtime::{is_ours, marker};
+
+/// Subscriber sidecar container name.
+pub const SUBSCRIBER_CONTAINER: &str = ic_api::consts::injected::SUBSCRIBER_CONTAINER;
+/// Kernel-check init container name (the controller reads its status).
+pub const KERNEL_CHECK_CONTAINER: &str = kernel_check::CONTAINER_NAME;
+/// Env telling the kernel check which mode it runs in.
+pub const KERNEL_CHECK_MODE_ENV: &str = "LMCACHE_KERNEL_CHECK_MODE";
+
+/// What the subscriber is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriberPlan {
+    /// `--model-id`.
+    pub model_id: String,
+    /// `--hash-scheme` (`vllm` / `sglang`).
+    pub hash_scheme: &'static str,
+    /// `--ignore-block-removed=true` (a lower tier keeps evicted blocks).
+    pub ignore_block_removed: bool,
+    /// `--engine-port`, for the reported serving address.
+    pub engine_port: i32,
+    /// `--engine-metrics-url` (vLLM offload: tier-2 hit counters).
+    pub engine_metrics_url: Option<String>,
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: None,
+                field_path: path.to_owned(),
+            }),
+            ..EnvVarSource::default()
+        }),
+    }
+}
+
+fn requests(cpu: &str, memory: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory.to_owned())),
+        ])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// The subscriber sidecar. The image's entrypoint is the subscriber binary;
+/// identity comes from the downward API through the env names the binary
+/// reads (`POD_NAME`, `POD_NAMESPACE`, `POD_IP`).
+pub fn subscriber_container(image: &str, index_server: &str, plan: &SubscriberPlan) -> Container {
+    let mut args = vec![
+        format!("--model-id={}", plan.model_id),
+        format!("--hash-scheme={}", plan.hash_scheme),
+    ];
+    if !index_server.trim().is_empty() {
+        args.push(format!("--index-server={}", index_server.trim()));
+    }
+    args.push(format!("--engine-port={}", plan.engine_port));
+    if plan.ignore_block_removed {
+        args.push("--ignore-block-removed=true".to_owned());
+    }
+    if let Some(url) = &plan.engine_metrics_url {
+        args.push(format!("--engine-metrics-url={url}"));
+    }
+    Container {
+        name: SUBSCRIBER_CONTAINER.to_owned(),
+        image: Some(image.to_owned()),
+        args: Some(args),
+        env: Some(vec![
+            marker(SUBSCRIBER_CONTAINER),
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_IP", "status.podIP"),
+        ]),
+        resources: Some(requests("50m", "64Mi")),
+        ..Container::default()
+    }
+}
+
+/// The kernel-check mode a pod is admitted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelCheckMode {
+    /// Injected; failures are reported, the pod starts anyway.
+    ReportOnly,
+    /// Injected; a failure keeps the pod in Init.
+    Strict,
+    /// Not injected.
+    Off,
+}
+
+impl KernelCheckMode {
+    /// Value recorded in the pod's `lmcache-kernel-check-mode` annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReportOnly => kernel_check::REPORT_ONLY,
+            Self::Strict => kernel_check::STRICT,
+            Self::Off => kernel_check::OFF,
+        }
+    }
+}
+
+/// Whether the engine container asks for a GPU (any `<vendor>/gpu`
+/// resource with a positive quantity).
+pub fn requests_gpu(engine: &Container) -> bool {
+    let Some(res) = &engine.resources else {
+        return false;
+    };
+    res.limits
+        .iter()
+        .chain(res.requests.iter())
+        .flatten()
+        .any(|(name, q)| {
+            name.ends_with("/gpu") && crate::quantity::parse(&q.0).is_ok_and(|q| q.is_positive())
+        })
+}
+
+/// The mode for `engine` under `backend`'s annotation. An unrecognised
+/// value (which admission rejects) reads as `auto`: the pod webhook must
+/// not block a pod over it.
+pub fn kernel_check_mode(backend: &CacheBackend, engine: &Container) -> KernelCheckMode {
+    let value = backend
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::LMCACHE_KERNEL_CHECK))
+        .map(String::as_str)
+        .unwrap_or_default();
+    match value {
+        kernel_check::REPORT_ONLY => KernelCheckMode::ReportOnly,
+        kernel_check::STRICT => KernelCheckMode::Strict,
+        kernel_check::OFF => KernelCheckMode::Off,
+        _ if requests_gpu(engine) => KernelCheckMode::ReportOnly,
+        _ => KernelCheckMode::Off,
+    }
+}
+
+/// Python run by the kernel check. It loads `lmcache.c_ops` straight from
+/// its shared object, because a plain import falls back to a shim on failure
+/// and would always "succeed". The verdict goes to the termination message
+/// as `LMCACHE_KERNELS=ok|failed` with the cause on the next line (the
+/// format the controller parses). Report-only always exits 0.
+const KERNEL_CHECK_SCRIPT: &str = r#"import glob, importlib.machinery, importlib.util, os, sys
+strict = os.environ.get("LMCACHE_KERNEL_CHECK_MODE") == "strict"
+def finish(ok, detail):
+    text = "LMCACHE_KERNELS=" + ("ok" if ok else "failed") + "\n" + detail + "\n"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    try:
+        with open("/dev/termination-log", "w") as f:
+            f.write(text)
+    except OSError:
+        pass
+    sys.exit(0 if ok or not strict else 1)
+try:
+    import torch
+    pkg = importlib.util.find_spec("lmcache")
+    if pkg is None or not pkg.submodule_search_locations:
+        finish(False, "lmcache is not importable")
+    objects = []
+    for d in pkg.submodule_search_locations:
+        objects += glob.glob(os.path.join(d, "c_ops*.so"))
+    if not objects:
+        finish(False, "no compiled lmcache.c_ops extension (CPU or pure-python build)")
+    loader = importlib.machinery.ExtensionFileLoader("lmcache.c_ops", objects[0])
+    spec = importlib.util.spec_from_file_location("lmcache.c_ops", objects[0], loader=loader)
+    loader.exec_module(importlib.util.module_from_spec(spec))
+    finish(True, "loaded " + objects[0])
+except SystemExit:
+    raise
+except BaseException as e:
+    finish(False, "%s: %s" % (type(e).__name__, e))
+"#;
+
+/// The kernel-check init container, in the engine's own image. Small
+/// requests and no limits: the shape least likely to trip a LimitRange.
+pub fn kernel_check_container(image: &str, mode: KernelCheckMode) -> Container {
+    Container {
+        name: KERNEL_CHECK_CONTAINER.to_owned(),
+        image: Some(image.to_owned()),
+        command: Some(vec![
+            "python3".to_owned(),
+            "-c".to_owned(),
+            KERNEL_CHECK_SCRIPT.to_owned(),
+        ]),
+        env: Some(vec![
+            marker(KERNEL_CHECK_CONTAINER),
+            env(KERNEL_CHECK_MODE_ENV, mode.as_str()),
+        ]),
+        resources: Some(requests("100m", "256Mi")),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        ..Container::default()
+    }
+}
+
+/// Refuses a pod whose containers squat one of our sidecar names.
+pub fn check_squatting(spec: &PodSpec, name: &str) -> Result<(), String> {
+    let all = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten());
+    for c in all {
+        if c.name == name && !is_ours(c, name) {
+            return Err(format!(
+                "container name {name:?} is reserved by the InferenceCache webhook; rename it"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Puts our `desired` container into `list` (converging an earlier render),
+/// or removes an earlier render of `name` when `desired` is `None`.
+pub fn converge(list: &mut Vec<Container>, name: &str, desired: Option<Container>) {
+    match desired {
+        Some(c) => upsert_container(list, c),
+        None => list.retain(|c| !(c.name == name && is_ours(c, name))),
+    }
+}
+
+/// [`converge`] for an optional list (init containers): an absent list
+/// stays absent when nothing is put in it.
+pub fn converge_opt(list: &mut Option<Vec<Container>>, name: &str, desired: Option<Container>) {
+    let was_none = list.is_none();
+    let mut v = list.take().unwrap_or_default();
+    converge(&mut v, name, desired);
+    *list = if v.is_empty() && was_none {
+        None
+    } else {
+        Some(v)
+    };
+}
+
+/// Engine pods of a Mooncake binding join its transfer mesh from the host
+/// network; only applied together with the connector wiring.
+pub fn apply_host_network(spec: &mut PodSpec) {
+    spec.host_network = Some(true);
+    spec.dns_policy = Some("ClusterFirstWithHostNet".to_owned());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_check_speaks_the_controllers_result_format() {
+        for verdict in [kernel_check::RESULT_OK, kernel_check::RESULT_FAILED] {
+            assert!(KERNEL_CHECK_SCRIPT.contains(verdict));
+        }
+        assert!(KERNEL_CHECK_SCRIPT.contains(&format!("\"{}=\"", kernel_check::RESULT_KEY)));
+        assert!(KERNEL_CHECK_SCRIPT.contains(KERNEL_CHECK_MODE_ENV));
+    }
+}

@@ -1,0 +1,86 @@
+//! Property tests of the exact quantity reader and the 80% maxmemory rule.
+
+use ic_adapters::providers::quantity::parse_quantity;
+use ic_adapters::providers::redis_maxmemory_bytes;
+use proptest::prelude::*;
+
+const SUFFIXES: [(&str, u128, u128); 13] = [
+    // (suffix, numerator, denominator) of the multiplier.
+    ("", 1, 1),
+    ("k", 1_000, 1),
+    ("M", 1_000_000, 1),
+    ("G", 1_000_000_000, 1),
+    ("T", 1_000_000_000_000, 1),
+    ("m", 1, 1_000),
+    ("u", 1, 1_000_000),
+    ("n", 1, 1_000_000_000),
+    ("Ki", 1 << 10, 1),
+    ("Mi", 1 << 20, 1),
+    ("Gi", 1 << 30, 1),
+    ("Ti", 1 << 40, 1),
+    ("Pi", 1 << 50, 1),
+];
+
+fn units(s: &str) -> u128 {
+    parse_quantity(s)
+        .and_then(|q| q.floor_units(s))
+        .unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+proptest! {
+    #[test]
+    fn integer_with_suffix(n in 0u64..1_000_000_000_000, i in 0usize..SUFFIXES.len()) {
+        let (suffix, num, den) = SUFFIXES[i];
+        let s = format!("{n}{suffix}");
+        prop_assert_eq!(units(&s), u128::from(n) * num / den);
+    }
+
+    #[test]
+    fn decimal_fraction_with_suffix(
+        whole in 0u64..1_000_000,
+        frac in 0u64..1_000_000,
+        width in 1usize..7,
+        i in 0usize..SUFFIXES.len(),
+    ) {
+        let (suffix, num, den) = SUFFIXES[i];
+        let frac = frac % 10u64.pow(width as u32);
+        let s = format!("{whole}.{frac:0width$}{suffix}");
+        let scale = 10u128.pow(width as u32);
+        let exact_num = (u128::from(whole) * scale + u128::from(frac)) * num;
+        prop_assert_eq!(units(&s), exact_num / (scale * den));
+    }
+
+    #[test]
+    fn exponent_form_matches_plain(n in 0u64..1_000_000, e in 0u32..12) {
+        let plain = u128::from(n) * 10u128.pow(e);
+        prop_assert_eq!(units(&format!("{n}e{e}")), plain);
+        prop_assert_eq!(units(&format!("{n}E+{e}")), plain);
+        prop_assert_eq!(units(&format!("{plain}e-{e}")), u128::from(n));
+    }
+
+    #[test]
+    fn sign_classification(n in 0u64..1_000_000, i in 0usize..SUFFIXES.len()) {
+        let (suffix, _, _) = SUFFIXES[i];
+        let pos = parse_quantity(&format!("{n}{suffix}")).unwrap();
+        let neg = parse_quantity(&format!("-{n}{suffix}")).unwrap();
+        prop_assert_eq!(pos.is_positive(), n > 0);
+        prop_assert_eq!(neg.is_negative(), n > 0);
+        prop_assert!(!neg.is_positive());
+    }
+
+    #[test]
+    fn maxmemory_is_floor_of_eighty_percent(n in 2u64..(1 << 40), i in 8usize..SUFFIXES.len()) {
+        let (suffix, num, _) = SUFFIXES[i];
+        let bytes = u128::from(n) * num;
+        let m = redis_maxmemory_bytes(&format!("{n}{suffix}")).unwrap();
+        prop_assert!(m * 5 <= bytes * 4);
+        prop_assert!(bytes * 4 < (m + 1) * 5);
+    }
+
+    #[test]
+    fn never_panics(s in "[-+]?[0-9.]{0,6}([a-zA-Z][a-z]?|[eE][-+]?[0-9]{0,3})?") {
+        if let Ok(q) = parse_quantity(&s) {
+            let _ = q.floor_scaled(4, 5, &s);
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Reading the decision inputs out of Kubernetes objects the service has
+//! already fetched (no I/O here): the provider Deployment's rollout state,
+//! cache-server pods for the cascade baseline, and the engine replica count
+//! a selector expects.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::cascade::ServerPod;
+use crate::observe::selector_matches;
+use crate::status::{ServerPods, WorkloadState};
+
+/// The rollout state of the provider Deployment.
+pub fn workload_from_deployment(d: &Deployment) -> WorkloadState {
+    let status = d.status.as_ref();
+    let available = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Available"))
+        .is_some_and(|c| c.status == "True");
+    WorkloadState {
+        // The API server defaults spec.replicas to 1 when unset.
+        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready_replicas: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        updated_replicas: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        available_replicas: status.and_then(|s| s.available_replicas).unwrap_or(0),
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        generation: d.metadata.generation.unwrap_or(0),
+        available,
+    }
+}
+
+/// Names of the containers on the Deployment's pod template: the cache
+/// server's own containers (injected sidecars are not among them).
+pub fn template_containers(d: &Deployment) -> Vec<String> {
+    d.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// A cache-server pod: Ready condition and per-container restart counts.
+pub fn server_pod(p: &Pod) -> ServerPod {
+    let status = p.status.as_ref();
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    let container_restarts = status
+        .and_then(|s| s.container_statuses.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.name.clone(), c.restart_count))
+                .collect()
+        })
+        .unwrap_or_default();
+    ServerPod {
+        name: p.metadata.name.clone().unwrap_or_default(),
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        ready,
+        container_restarts,
+    }
+}
+
+/// The cascade input from the provider Deployment and its pods (pods being
+/// deleted are skipped: they are on their way out).
+pub fn server_pods(d: &Deployment, pods: &[Pod]) -> ServerPods {
+    ServerPods {
+        pods: pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(server_pod)
+            .collect(),
+        own_containers: template_containers(d),
+    }
+}
+
+/// The desired replica sum of Deployments whose pod-template labels satisfy
+/// the selector; `None` when none does (engine pods are then expected).
+pub fn expected_engine_replicas(
+    match_labels: Option<&BTreeMap<String, String>>,
+    deployments: &[Deployment],
+) -> Option<i32> {
+    let matching: Vec<i32> = deployments
+        .iter()
+        .filter_map(|d| {
+            let spec = d.spec.as_ref()?;
+            let labels = spec
+                .template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.labels.as_ref());
+            selector_matches(match_labels, labels).then(|| spec.replicas.unwrap_or(1))
+        })
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().fold(0i32, |a, n| a.saturating_add(*n)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(v: serde_json::Value) -> Deployment {
+        serde_json::from_value(v).unwrap_or_default()
+    }
+
+    #[test]
+    fn reads_rollout_state() {
+        let d = deployment(serde_json::json!({
+            "metadata": {"generation": 3},
+            "spec": {"replicas": 2, "selector": {}, "template": {"spec": {"containers": [{"name": "server"}]}}},
+            "status": {"observedGeneration": 3, "readyReplicas": 2, "updatedReplicas": 2, "availableReplicas": 1,
+                       "conditions": [{"type": "Available", "status": "True"}]},
+        }));
+        let w = workload_from_deployment(&d);
+        assert_eq!(
+            (w.spec_replicas, w.ready_replicas, w.available_replicas),
+            (2, 2, 1)
+        );
+        assert!(w.available);
+        assert_eq!(w.generation, 3);
+        assert_eq!(template_containers(&d), vec!["server".to_owned()]);
+    }
+
+    #[test]
+    fn expected_replicas_sum_matching_templates() {
+        let dep = |labels: serde_json::Value, replicas: i32| {
+            deployment(serde_json::json!({
+                "spec": {"replicas": replicas, "selector": {},
+                         "template": {"metadata": {"labels": labels}, "spec": {"containers": []}}},
+            }))
+        };
+        let sel = BTreeMap::from([("app".to_owned(), "vllm".to_owned())]);
+        let ds = vec![
+            dep(serde_json::json!({"app": "vllm", "v": "1"}), 2),
+            dep(serde_json::json!({"app": "vllm"}), 1),
+            dep(serde_json::json!({"app": "other"}), 5),
+        ];
+        assert_eq!(expected_engine_replicas(Some(&sel), &ds), Some(3));
+        assert_eq!(expected_engine_replicas(Some(&sel), &ds[2..]), None);
+        assert_eq!(expected_engine_replicas(None, &ds), None);
+    }
+}
