@@ -1,15 +1,39 @@
 //! `ic-controller`: CacheBackend reconciliation, the CacheIndex poller and
-//! the CachePolicy / CacheTenant pushers.
+//! the CachePolicy / CacheTenant pushers, behind Lease-based leader election.
 //!
-//! This build serves the admin endpoints and fixes the flag contract; the
-//! reconcilers are not running yet.
+//! Layout: [`poller`] (CacheIndex + indexParticipation), [`policy`]
+//! (CachePolicy → SetPolicies), [`tenant`] (CacheTenant → coordinator),
+//! [`leader`] (Lease elector), [`metrics`], [`kubeutil`] (SSA helpers), and
+//! [`testing`] (an in-memory fake API server for tests). The decisions live
+//! in `ic-controller-core`; this crate does the I/O.
+
+pub mod backend;
+pub mod enginepod;
+pub mod kubeutil;
+pub mod leader;
+pub mod metrics;
+pub mod policy;
+pub mod poller;
+pub mod tenant;
+pub mod testing;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use ic_controller_core::clock::{Clock, SystemClock};
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+use crate::leader::LeaderElector;
+use crate::metrics::Metrics;
+use crate::policy::PolicyPusher;
+use crate::poller::Poller;
+use crate::tenant::TenantPusher;
 
 /// Binary name.
 pub const BINARY: &str = "ic-controller";
@@ -34,6 +58,14 @@ pub struct Config {
         default_value = "http://inferencecache-index-server.inferencecache-system:8081/snapshot"
     )]
     pub snapshot_url: String,
+    /// Index server gRPC URL the CachePolicy pusher calls SetPolicies on;
+    /// empty disables the pusher.
+    #[arg(
+        long,
+        env = "IC_INDEX_SERVER_GRPC",
+        default_value = "http://inferencecache-index-server.inferencecache-system:9090"
+    )]
+    pub index_server_grpc: String,
     /// Coordinator base URL for CacheTenant quotas and pins; unset disables the pusher.
     #[arg(long, env = "IC_COORDINATOR_URL")]
     pub coordinator_url: Option<String>,
@@ -47,23 +79,325 @@ pub struct Config {
         default_value = "/var/run/secrets/inferencecache.io/controller-token/token"
     )]
     pub probe_token_path: PathBuf,
+    /// Seconds between /snapshot scrapes.
+    #[arg(long, env = "IC_SNAPSHOT_INTERVAL_SECONDS", default_value_t = 15)]
+    pub snapshot_interval_seconds: u64,
+    /// Seconds between CachePolicy / CacheTenant resyncs.
+    #[arg(long, env = "IC_RESYNC_INTERVAL_SECONDS", default_value_t = 30)]
+    pub resync_interval_seconds: u64,
+    /// Run only while holding the leader Lease (disable for a single replica
+    /// without Lease RBAC).
+    #[arg(long, env = "IC_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Namespace of the leader Lease.
+    #[arg(
+        long,
+        env = "IC_LEADER_ELECTION_NAMESPACE",
+        default_value = "inferencecache-system"
+    )]
+    pub leader_election_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, env = "IC_LEASE_NAME", default_value = "ic-controller")]
+    pub lease_name: String,
+    /// This instance's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Seconds a Lease stays valid without renewal.
+    #[arg(long, env = "IC_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Seconds between acquire/renew attempts (well under the duration).
+    #[arg(long, env = "IC_LEASE_RETRY_SECONDS", default_value_t = 4)]
+    pub lease_retry_seconds: u64,
+}
+
+/// What the loops share.
+#[derive(Clone)]
+pub struct Shared {
+    /// API client.
+    pub client: kube::Client,
+    /// HTTP client (snapshot, probe, coordinator).
+    pub http: reqwest::Client,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+/// Starts every loop of this build under `stop`; they end when it fires.
+pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -> JoinSet<()> {
+    let mut set = JoinSet::new();
+    let poller = Poller::new(
+        shared.client.clone(),
+        shared.http.clone(),
+        config.snapshot_url.clone(),
+        shared.metrics.clone(),
+        shared.clock.clone(),
+    );
+    set.spawn(poller.run(
+        Duration::from_secs(config.snapshot_interval_seconds.max(1)),
+        stop.clone(),
+    ));
+    let resync = Duration::from_secs(config.resync_interval_seconds.max(1));
+    if !config.index_server_grpc.is_empty() {
+        let pusher = PolicyPusher {
+            client: shared.client.clone(),
+            index_grpc: config.index_server_grpc.clone(),
+            metrics: shared.metrics.clone(),
+            clock: shared.clock.clone(),
+        };
+        set.spawn(pusher.run(resync, stop.clone()));
+    }
+    spawn_reconcilers(config, shared, stop, &mut set);
+    if let Some(url) = config.coordinator_url.clone().filter(|u| !u.is_empty()) {
+        let pusher = TenantPusher::new(
+            shared.client.clone(),
+            shared.http.clone(),
+            url,
+            shared.metrics.clone(),
+            shared.clock.clone(),
+        );
+        set.spawn(pusher.run(resync, stop.clone()));
+    }
+    set
+}
+
+/// The kube-runtime controllers: CacheBackends (owning the provider
+/// objects, woken by their injected engine pods) and engine-pod events.
+fn spawn_reconcilers(
+    config: &Config,
+    shared: &Shared,
+    stop: &CancellationToken,
+    set: &mut JoinSet<()>,
+) {
+    use futures::StreamExt;
+    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    use k8s_openapi::api::core::v1::{Pod, Service};
+    use kube::Api;
+    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::reflector::ObjectRef;
+    use kube::runtime::{Controller, watcher};
+
+    let client = shared.client.clone();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: BINARY.into(),
+            instance: Some(identity(config)),
+        },
+    );
+    let ctx = Arc::new(backend::BackendContext::new(
+        client.clone(),
+        recorder.clone(),
+        shared.metrics.clone(),
+        shared.clock.clone(),
+        shared.http.clone(),
+        config.server_probe_url.clone(),
+        config.probe_token_path.clone(),
+        config
+            .kvevent_subscriber_image
+            .as_deref()
+            .is_some_and(|i| !i.is_empty()),
+    ));
+    let owned = || {
+        watcher::Config::default().labels(&format!(
+            "{}={}",
+            ic_api::consts::labels::MANAGED_BY,
+            ic_api::consts::labels::MANAGED_BY_VALUE
+        ))
+    };
+    let backends = Controller::new(
+        Api::<ic_api::CacheBackend>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    // Deleted backends never reach reconcile: prune their limiter and shape
+    // entries against the controller's own cache every resync.
+    let store = backends.store();
+    let prune_ctx = ctx.clone();
+    let prune_stop = stop.clone();
+    let prune_every = Duration::from_secs(config.resync_interval_seconds.max(1));
+    set.spawn(async move {
+        // Until the first list completes the cache is empty, which would
+        // read as "everything was deleted".
+        tokio::select! {
+            () = prune_stop.cancelled() => return,
+            ready = store.wait_until_ready() => if ready.is_err() { return },
+        }
+        let mut tick = tokio::time::interval(prune_every);
+        loop {
+            tokio::select! {
+                () = prune_stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let live: std::collections::HashSet<String> = store
+                .state()
+                .iter()
+                .map(|b| {
+                    format!(
+                        "{}/{}",
+                        b.metadata.namespace.as_deref().unwrap_or_default(),
+                        b.metadata.name.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect();
+            prune_ctx.forget_deleted(&live);
+        }
+    });
+    let backends = backends
+    .owns(Api::<Deployment>::all(client.clone()), owned())
+    .owns(Api::<StatefulSet>::all(client.clone()), owned())
+    .owns(Api::<Service>::all(client.clone()), owned())
+    .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned())
+    .watches(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        |pod: Pod| {
+            ic_controller_core::observe::injected_by(pod.metadata.annotations.as_ref())
+                .map(|(ns, name)| ObjectRef::<ic_api::CacheBackend>::new(&name).within(&ns))
+        },
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(backend::reconcile, backend::error_policy, ctx);
+    set.spawn(backends.for_each(|_| async {}));
+
+    let pod_ctx = Arc::new(enginepod::PodEventsContext::new(
+        client.clone(),
+        recorder,
+        shared.metrics.clone(),
+    ));
+    let pods = Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(enginepod::reconcile, enginepod::error_policy, pod_ctx);
+    set.spawn(pods.for_each(|_| async {}));
+}
+
+/// Runs the loops whenever `leading` is true, stopping them when it turns
+/// false or `shutdown` fires.
+pub async fn run_while_leading(
+    config: Config,
+    shared: Shared,
+    mut leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        // Wait to lead.
+        while !*leading.borrow_and_update() {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = leading.changed() => if changed.is_err() { return },
+            }
+        }
+        let term = shutdown.child_token();
+        let mut loops = spawn_loops(&config, &shared, &term);
+        tracing::info!("leading: controllers started");
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                changed = leading.changed() => {
+                    if changed.is_err() || !*leading.borrow_and_update() { break }
+                }
+            }
+        }
+        term.cancel();
+        while loops.join_next().await.is_some() {}
+        tracing::info!("controllers stopped");
+        if shutdown.is_cancelled() {
+            return;
+        }
+    }
+}
+
+fn identity(config: &Config) -> String {
+    config
+        .identity
+        .clone()
+        .filter(|i| !i.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| format!("ic-controller-{}", std::process::id()))
+}
+
+/// Connects to the API server and runs elector plus loops until `shutdown`.
+async fn control(config: Config, metrics: Metrics, shutdown: CancellationToken) {
+    let client = loop {
+        match kube::Client::try_default().await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::error!(error = %e, "no Kubernetes API credentials; retrying in 10s");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                }
+            }
+        }
+    };
+    let shared = Shared {
+        client: client.clone(),
+        http: reqwest::Client::new(),
+        metrics: metrics.clone(),
+        clock: Arc::new(SystemClock),
+    };
+    let (tx, rx) = watch::channel(false);
+    let elector = if config.leader_election {
+        let elector = LeaderElector::new(
+            client,
+            &config.leader_election_namespace,
+            &config.lease_name,
+            &identity(&config),
+            Duration::from_secs(config.lease_duration_seconds.max(1)),
+            shared.clock.clone(),
+        )
+        .with_metrics(metrics);
+        Some(tokio::spawn(elector.run(
+            Duration::from_secs(config.lease_retry_seconds.max(1)),
+            tx,
+            shutdown.clone(),
+        )))
+    } else {
+        tx.send_replace(true);
+        metrics.leader.set(1);
+        // Keep the sender alive for the lifetime of the loops.
+        let shutdown = shutdown.clone();
+        Some(tokio::spawn(async move {
+            shutdown.cancelled().await;
+            drop(tx);
+        }))
+    };
+    run_while_leading(config, shared, rx, shutdown).await;
+    if let Some(handle) = elector {
+        let _ = handle.await;
+    }
 }
 
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = MetricsRegistry::new("inferencecache", BINARY);
+    let registry = MetricsRegistry::new("inferencecache", BINARY);
+    let metrics = Metrics::register(&registry);
     let health = Health::new();
     let admin = AdminServer::bind(
         config.admin_addr,
         health.clone(),
-        metrics,
+        registry,
         axum::Router::new(),
     )
     .await
     .context("starting admin server")?;
-    tracing::info!(snapshot_url = %config.snapshot_url, "controller started (reconcilers not running in this build)");
+    tracing::info!(
+        snapshot_url = %config.snapshot_url,
+        leader_election = config.leader_election,
+        "controller started"
+    );
+    let control = tokio::spawn(control(config, metrics, shutdown.clone()));
     health.set_ready(true);
-    admin.serve(shutdown).await.context("admin server")?;
+    let served = admin.serve(shutdown.clone()).await;
+    shutdown.cancel();
+    control.await.context("controller task")?;
+    served.context("admin server")?;
     tracing::info!("controller stopped");
     Ok(())
 }

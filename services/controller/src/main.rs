@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// ic-controller: CacheBackend reconciliation, the CacheIndex poller and
+/// ic-controller: CacheBackend reconciliation, the CacheIndex poller and the
+/// CachePolicy / CacheTenant pushers, behind Lease leader election.
 #[derive(Debug, Parser)]
 #[command(name = ic_controller::BINARY, version)]
 struct Args {

@@ -12,6 +12,10 @@ fn binary_lifecycle() {
             "--coordinator-url",
             "--kvevent-subscriber-image",
             "--probe-token-path",
+            "--index-server-grpc",
+            "--leader-election-namespace",
+            "--lease-name",
+            "--identity",
         ],
     );
 }

@@ -1,0 +1,566 @@
+//! The CacheBackend reconciler: renders and server-side applies the managed
+//! provider objects (`ic_adapters::providers`), sheds the ones the spec no
+//! longer asks for, gathers what `ic_controller_core::status::decide` needs
+//! (workload rollout, Service endpoint, cache-server pods, engine pods,
+//! probe outcome), then applies its decision: cascade restarts, the status
+//! (only when changed, without the poller-owned indexParticipation), Events,
+//! and the requeue hint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ic_adapters::providers::{self, ObjectRef, OwnedKind, Workload};
+use ic_api::cachebackend::CacheBackend;
+use ic_controller_core::cascade::{CascadeRateLimiter, ServerPod};
+use ic_controller_core::clock::Clock;
+use ic_controller_core::gates::{self, ProbeOutcome, ProbeRateLimiter};
+use ic_controller_core::observe::{self, BackendRef};
+use ic_controller_core::status::{
+    self, BackendShape, EngineObservation, EventType, Observed, ServerPods, WorkloadState,
+};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
+use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use crate::kubeutil::{self, MANAGER};
+use crate::metrics::{ControllerLabel, Metrics};
+
+/// Metric label of this controller.
+pub const CONTROLLER: &str = "cachebackend";
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The API server refused a read or write.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The provider objects could not be rendered.
+    #[error("rendering provider objects: {0}")]
+    Render(#[from] providers::RenderError),
+    /// An object lacks namespace or name.
+    #[error("object has no namespace or name")]
+    Unnamed,
+}
+
+impl ReconcileError {
+    /// Fixed metric reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Kube(e) => kubeutil::reason(e),
+            Self::Render(_) => "render",
+            Self::Unnamed => "invalid_object",
+        }
+    }
+}
+
+/// What the reconciler shares across reconciles.
+pub struct BackendContext {
+    /// API client.
+    pub client: kube::Client,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// HTTP client for /probe.
+    pub http: reqwest::Client,
+    /// `/probe` URL; empty disables the functional-probe gate.
+    pub probe_url: String,
+    /// Bearer token file for /probe.
+    pub probe_token_path: std::path::PathBuf,
+    /// `--kvevent-subscriber-image` is set.
+    pub subscriber_image_configured: bool,
+    probes: Mutex<ProbeRateLimiter>,
+    cascades: Mutex<CascadeRateLimiter>,
+    shapes: Mutex<HashMap<String, BackendShape>>,
+}
+
+impl std::fmt::Debug for BackendContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendContext")
+            .field("probe_url", &self.probe_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BackendContext {
+    /// A context with empty limiters.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: kube::Client,
+        recorder: Recorder,
+        metrics: Metrics,
+        clock: Arc<dyn Clock>,
+        http: reqwest::Client,
+        probe_url: String,
+        probe_token_path: std::path::PathBuf,
+        subscriber_image_configured: bool,
+    ) -> Self {
+        Self {
+            client,
+            recorder,
+            metrics,
+            clock,
+            http,
+            probe_url,
+            probe_token_path,
+            subscriber_image_configured,
+            probes: Mutex::new(ProbeRateLimiter::default()),
+            cascades: Mutex::new(CascadeRateLimiter::default()),
+            shapes: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl BackendContext {
+    /// How many backends this context holds per-backend memory for.
+    pub fn tracked_backends(&self) -> usize {
+        self.shapes.lock().len()
+    }
+
+    /// Drops the per-backend memory (rate limiters, last shape) of every
+    /// backend not in `live` (`<namespace>/<name>` keys): deletions never
+    /// reach `reconcile`, so without this the maps would only ever grow.
+    pub fn forget_deleted(&self, live: &std::collections::HashSet<String>) {
+        let gone: Vec<String> = self
+            .shapes
+            .lock()
+            .keys()
+            .filter(|k| !live.contains(*k))
+            .cloned()
+            .collect();
+        for key in &gone {
+            self.shapes.lock().remove(key);
+            self.probes.lock().forget(key);
+            self.cascades.lock().forget(key);
+        }
+    }
+}
+
+async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = object.meta().name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+}
+
+/// Deletes the objects of one kind named in `names` that this backend owns
+/// (a same-named object someone else created is left alone). One LIST of
+/// the namespace's controller-managed objects instead of a GET per name.
+async fn shed_kind<K>(
+    api: Api<K>,
+    names: &[&str],
+    owner_uid: &str,
+) -> Result<Vec<String>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let managed = format!(
+        "{}={}",
+        ic_api::consts::labels::MANAGED_BY,
+        ic_api::consts::labels::MANAGED_BY_VALUE
+    );
+    let listed = api.list(&ListParams::default().labels(&managed)).await?;
+    let mut deleted = Vec::new();
+    for object in listed.items {
+        let name = object.meta().name.clone().unwrap_or_default();
+        let owned = object
+            .meta()
+            .owner_references
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|r| r.uid == owner_uid));
+        if !owned || !names.contains(&name.as_str()) {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => deleted.push(name),
+            Err(e) if kubeutil::is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(deleted)
+}
+
+async fn shed(
+    client: &kube::Client,
+    ns: &str,
+    uid: &str,
+    refs: &[ObjectRef],
+) -> Result<(), kube::Error> {
+    for kind in OwnedKind::ALL {
+        let names: Vec<&str> = refs
+            .iter()
+            .filter(|r| r.kind == kind)
+            .map(|r| r.name.as_str())
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let c = client.clone();
+        let deleted = match kind {
+            OwnedKind::Deployment => {
+                shed_kind(Api::<Deployment>::namespaced(c, ns), &names, uid).await?
+            }
+            OwnedKind::StatefulSet => {
+                shed_kind(Api::<StatefulSet>::namespaced(c, ns), &names, uid).await?
+            }
+            OwnedKind::Service => shed_kind(Api::<Service>::namespaced(c, ns), &names, uid).await?,
+            OwnedKind::HorizontalPodAutoscaler => {
+                shed_kind(
+                    Api::<HorizontalPodAutoscaler>::namespaced(c, ns),
+                    &names,
+                    uid,
+                )
+                .await?
+            }
+        };
+        for name in deleted {
+            tracing::info!(ns = %ns, kind = kind.kind(), name = %name, "shed a provider object");
+        }
+    }
+    Ok(())
+}
+
+fn deployment_state(d: &Deployment) -> WorkloadState {
+    let status = d.status.clone().unwrap_or_default();
+    WorkloadState {
+        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready_replicas: status.ready_replicas.unwrap_or(0),
+        updated_replicas: status.updated_replicas.unwrap_or(0),
+        available_replicas: status.available_replicas.unwrap_or(0),
+        observed_generation: status.observed_generation.unwrap_or(0),
+        generation: d.metadata.generation.unwrap_or(0),
+        available: status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Available" && c.status == "True"),
+    }
+}
+
+fn statefulset_state(s: &StatefulSet) -> WorkloadState {
+    let status = s.status.clone().unwrap_or_default();
+    let spec_replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let available = status.available_replicas.unwrap_or(0);
+    WorkloadState {
+        spec_replicas,
+        ready_replicas: status.ready_replicas.unwrap_or(0),
+        updated_replicas: status.updated_replicas.unwrap_or(0),
+        available_replicas: available,
+        observed_generation: status.observed_generation.unwrap_or(0),
+        generation: s.metadata.generation.unwrap_or(0),
+        available: spec_replicas > 0 && available >= spec_replicas,
+    }
+}
+
+fn server_pod(pod: &Pod) -> ServerPod {
+    let status = pod.status.as_ref();
+    ServerPod {
+        name: pod.name_any(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
+        container_restarts: status
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| (c.name.clone(), c.restart_count))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// Applies the managed objects; returns the live workload, the Service
+/// endpoint and the cache-server pods.
+async fn provision(
+    ctx: &BackendContext,
+    backend: &CacheBackend,
+    ns: &str,
+    name: &str,
+) -> Result<(Option<WorkloadState>, Option<String>, Option<ServerPods>), ReconcileError> {
+    let rendered = providers::render(backend)?;
+    let uid = backend.metadata.uid.clone().unwrap_or_default();
+    shed(&ctx.client, ns, &uid, &rendered.shed).await?;
+    let Some(managed) = rendered.managed else {
+        return Ok((None, None, None));
+    };
+    let c = ctx.client.clone();
+    let (state, template_containers) = match &managed.workload {
+        Workload::Deployment(d) => {
+            let live = apply(&Api::<Deployment>::namespaced(c.clone(), ns), d).await?;
+            (
+                deployment_state(&live),
+                containers(d.spec.as_ref().map(|s| &s.template)),
+            )
+        }
+        Workload::StatefulSet(s) => {
+            let live = apply(&Api::<StatefulSet>::namespaced(c.clone(), ns), s).await?;
+            (
+                statefulset_state(&live),
+                containers(s.spec.as_ref().map(|s| &s.template)),
+            )
+        }
+    };
+    let service = apply(&Api::<Service>::namespaced(c.clone(), ns), &managed.service).await?;
+    if let Some(hpa) = &managed.hpa {
+        apply(
+            &Api::<HorizontalPodAutoscaler>::namespaced(c.clone(), ns),
+            hpa,
+        )
+        .await?;
+    }
+    let selector = providers::selector_labels(name, managed.provider)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let server_pods = match Api::<Pod>::namespaced(c, ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+    {
+        Ok(list) => Some(ServerPods {
+            pods: list.items.iter().map(server_pod).collect(),
+            own_containers: template_containers,
+        }),
+        Err(e) => {
+            tracing::warn!(error = %e, ns = %ns, name = %name, "listing cache-server pods failed; baseline kept");
+            None
+        }
+    };
+    Ok((
+        Some(state),
+        providers::service_endpoint(&service),
+        server_pods,
+    ))
+}
+
+fn containers(template: Option<&k8s_openapi::api::core::v1::PodTemplateSpec>) -> Vec<String> {
+    template
+        .and_then(|t| t.spec.as_ref())
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Engine pods of the namespace that match the selector or were injected by
+/// this backend, plus the desired replicas of matching engine Deployments.
+async fn engines(
+    ctx: &BackendContext,
+    backend: &CacheBackend,
+    ns: &str,
+) -> Option<EngineObservation> {
+    let uid = backend.metadata.uid.clone().unwrap_or_default();
+    let name = backend.name_any();
+    let labels = backend
+        .spec
+        .engine_selector
+        .as_ref()
+        .map(|s| &s.match_labels);
+    let r = BackendRef {
+        namespace: ns,
+        name: &name,
+        uid: &uid,
+        match_labels: labels,
+    };
+    let pods = match Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(e) => {
+            tracing::warn!(error = %e, ns = %ns, name = %name, "listing engine pods failed; engine status kept");
+            return None;
+        }
+    };
+    let pods: Vec<_> = pods
+        .iter()
+        .map(|p| observe::summarize_pod(p, r))
+        .filter(|p| p.matches_selector || p.injected_by_this)
+        .collect();
+    let expected_replicas = match Api::<Deployment>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => {
+            let matching: Vec<i32> = list
+                .items
+                .iter()
+                .filter(|d| {
+                    let template_labels = d
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.template.metadata.as_ref())
+                        .and_then(|m| m.labels.as_ref());
+                    observe::selector_matches(labels, template_labels)
+                })
+                .map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1))
+                .collect();
+            (!matching.is_empty()).then(|| matching.iter().sum())
+        }
+        Err(_) => None,
+    };
+    Some(EngineObservation {
+        pods,
+        expected_replicas,
+    })
+}
+
+/// Calls `/probe` for one backend.
+pub async fn call_probe(ctx: &BackendContext, ns: &str, name: &str) -> ProbeOutcome {
+    // A small projected-token file; re-read every call so rotation is picked up.
+    let token = match std::fs::read_to_string(&ctx.probe_token_path) {
+        Ok(t) => t.trim().to_owned(),
+        Err(e) => {
+            return ProbeOutcome::TransportError(format!(
+                "reading the probe token {}: {e}",
+                ctx.probe_token_path.display()
+            ));
+        }
+    };
+    let response = ctx
+        .http
+        .post(&ctx.probe_url)
+        .bearer_auth(token)
+        .json(&json!({"namespace": ns, "backend": name}))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    match response {
+        Ok(r) => {
+            let code = r.status().as_u16();
+            match r.bytes().await {
+                Ok(body) => gates::parse_probe_response(code, &body),
+                Err(e) => ProbeOutcome::TransportError(e.to_string()),
+            }
+        }
+        Err(e) => ProbeOutcome::TransportError(e.to_string()),
+    }
+}
+
+/// Reconciles one CacheBackend.
+pub async fn reconcile(
+    backend: Arc<CacheBackend>,
+    ctx: Arc<BackendContext>,
+) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let depth = ctx
+        .metrics
+        .queue_depth
+        .get_or_create(&ControllerLabel {
+            controller: CONTROLLER,
+        })
+        .clone();
+    depth.inc();
+    let result = reconcile_inner(&backend, &ctx).await;
+    depth.dec();
+    ctx.metrics
+        .observe(CONTROLLER, result.is_ok(), started.elapsed().as_secs_f64());
+    result
+}
+
+#[tracing::instrument(skip_all, fields(ns = backend.namespace().unwrap_or_default(), name = %backend.name_any()))]
+async fn reconcile_inner(
+    backend: &CacheBackend,
+    ctx: &BackendContext,
+) -> Result<Action, ReconcileError> {
+    let (Some(ns), Some(name)) = (
+        backend.metadata.namespace.clone(),
+        backend.metadata.name.clone(),
+    ) else {
+        return Err(ReconcileError::Unnamed);
+    };
+    let key = format!("{ns}/{name}");
+    let (workload, service_endpoint, server_pods) = provision(ctx, backend, &ns, &name).await?;
+    let engines = engines(ctx, backend, &ns).await;
+    let now = ctx.clock.now();
+    let mut observed = Observed {
+        now,
+        workload,
+        service_endpoint,
+        server_pods,
+        engines,
+        probe: gates::ProbeInput {
+            enabled: !ctx.probe_url.is_empty(),
+            outcome: None,
+            next_allowed_at: ctx.probes.lock().next_allowed(&key),
+        },
+        subscriber_image_configured: ctx.subscriber_image_configured,
+        previous_shape: ctx.shapes.lock().get(&key).copied(),
+        cascade_not_before: ctx.cascades.lock().not_before(&key),
+    };
+    let mut decision = status::decide(backend, &observed);
+    if decision.probe_wanted && ctx.probes.lock().try_acquire(&key, now).is_ok() {
+        observed.probe.outcome = Some(call_probe(ctx, &ns, &name).await);
+        observed.probe.next_allowed_at = ctx.probes.lock().next_allowed(&key);
+        decision = status::decide(backend, &observed);
+    }
+    if let Some(plan) = &decision.cascade {
+        let api = Api::<Deployment>::namespaced(ctx.client.clone(), &ns);
+        for deployment in &plan.deployments {
+            let patch = json!({"spec": {"template": {"metadata": {"annotations": {plan.annotation: plan.trigger}}}}});
+            api.patch(deployment, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            tracing::info!(ns = %ns, name = %name, deployment = %deployment, "cascade-restarted an engine Deployment");
+        }
+        ctx.cascades.lock().record(&key, now);
+    }
+    if status::status_changed(backend.status.as_ref(), &decision.status) {
+        let mut body = serde_json::to_value(&decision.status).unwrap_or_default();
+        if let Some(m) = body.as_object_mut() {
+            // The poller's field: never claimed by this manager.
+            m.remove("indexParticipation");
+        }
+        let api = Api::<CacheBackend>::namespaced(ctx.client.clone(), &ns);
+        kubeutil::apply_status(&api, &name, MANAGER, &body).await?;
+    }
+    let reference = backend.object_ref(&());
+    for e in &decision.events {
+        let event = Event {
+            type_: match e.type_ {
+                EventType::Normal => KubeEventType::Normal,
+                EventType::Warning => KubeEventType::Warning,
+            },
+            reason: e.reason.clone(),
+            note: Some(e.message.clone()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(err) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %err, reason = %e.reason, "recording an Event failed");
+        }
+    }
+    ctx.shapes.lock().insert(key.clone(), decision.shape);
+    if decision.shape != BackendShape::Managed {
+        ctx.probes.lock().forget(&key);
+        ctx.cascades.lock().forget(&key);
+    }
+    Ok(Action::requeue(decision.requeue_after))
+}
+
+/// Counts the error and retries after a short backoff.
+pub fn error_policy(
+    backend: Arc<CacheBackend>,
+    error: &ReconcileError,
+    ctx: Arc<BackendContext>,
+) -> Action {
+    ctx.metrics.error(CONTROLLER, error.reason());
+    tracing::warn!(error = %error, ns = backend.namespace().unwrap_or_default(), name = %backend.name_any(), "reconcile failed");
+    Action::requeue(Duration::from_secs(10))
+}

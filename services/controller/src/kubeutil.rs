@@ -1,0 +1,57 @@
+//! Small helpers over kube-rs shared by the loops.
+
+use kube::Resource;
+use kube::api::{Api, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// Field manager of the CacheBackend reconciler (status and children).
+pub const MANAGER: &str = "ic-controller";
+/// Field manager of the CacheIndex poller. Distinct from [`MANAGER`] on
+/// purpose: under server-side apply a manager that omits a field it owned
+/// deletes it, so the reconciler (which never writes indexParticipation)
+/// and the poller (which writes nothing else) must not share a manager.
+pub const POLLER_MANAGER: &str = "ic-controller-index-poller";
+/// Field manager of the CachePolicy pusher.
+pub const POLICY_MANAGER: &str = "ic-controller-policy";
+/// Field manager of the CacheTenant pusher.
+pub const TENANT_MANAGER: &str = "ic-controller-tenant";
+
+/// Server-side applies `status` onto `name`'s status subresource as `manager`.
+pub async fn apply_status<K>(
+    api: &Api<K>,
+    name: &str,
+    manager: &str,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let body = json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+}
+
+/// A fixed error-reason label for a kube error.
+pub fn reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(s) if s.code == 404 => "not_found",
+        kube::Error::Api(s) if s.code == 409 => "conflict",
+        kube::Error::Api(_) => "kube_api",
+        _ => "kube_transport",
+    }
+}
+
+/// Whether `error` is a 404.
+pub fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 404)
+}

@@ -1,0 +1,142 @@
+//! The controller's Prometheus metrics, registered once. Labels come from
+//! fixed sets (controller names, results, error reasons) except `backend`,
+//! which is a CacheBackend's `namespace/name` — bounded by the objects an
+//! operator creates, never by traffic.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use std::sync::atomic::AtomicU64;
+
+use ic_telemetry::MetricsRegistry;
+
+/// `{controller}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    /// `cachebackend`, `enginepod`, `cacheindex`, `cachepolicy`, `cachetenant`.
+    pub controller: &'static str,
+}
+
+/// `{controller, result}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// Which loop.
+    pub controller: &'static str,
+    /// `success` or `error`.
+    pub result: &'static str,
+}
+
+/// `{controller, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Which loop.
+    pub controller: &'static str,
+    /// A fixed error class (`kube_api`, `remote`, `decode`, ...).
+    pub reason: &'static str,
+}
+
+/// `{backend}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendLabel {
+    /// `namespace/name` of the CacheBackend.
+    pub backend: String,
+}
+
+/// Every metric the controller exports.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Reconciles / sync passes by result.
+    pub reconciles: Family<ResultLabels, Counter>,
+    /// Errors by reason.
+    pub errors: Family<ReasonLabels, Counter>,
+    /// Duration of one reconcile / sync pass.
+    pub reconcile_duration: Family<ControllerLabel, Histogram>,
+    /// Objects waiting for their next reconcile (scheduled requeues and
+    /// objects being processed).
+    pub queue_depth: Family<ControllerLabel, Gauge>,
+    /// Query-weighted tier-2 hit rate per backend (from /snapshot).
+    pub backend_t2_hit_rate: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    /// 1 while this instance holds the leader lease.
+    pub leader: Gauge,
+    /// Scrapes of /snapshot by result.
+    pub snapshot_scrapes: Family<ResultLabels, Counter>,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+impl Metrics {
+    /// Registers every metric in `registry`.
+    pub fn register(registry: &MetricsRegistry) -> Self {
+        let metrics = Self {
+            reconciles: Family::default(),
+            errors: Family::default(),
+            reconcile_duration: Family::new_with_constructor(duration_histogram),
+            queue_depth: Family::default(),
+            backend_t2_hit_rate: Family::default(),
+            leader: Gauge::default(),
+            snapshot_scrapes: Family::default(),
+        };
+        registry.register_with(|r| {
+            r.register(
+                "controller_reconciles",
+                "Reconciles and sync passes, by controller and result",
+                metrics.reconciles.clone(),
+            );
+            r.register(
+                "controller_errors",
+                "Reconcile and sync errors, by controller and reason",
+                metrics.errors.clone(),
+            );
+            r.register(
+                "controller_reconcile_duration_seconds",
+                "Duration of one reconcile or sync pass",
+                metrics.reconcile_duration.clone(),
+            );
+            r.register(
+                "controller_queue_depth",
+                "Objects queued for reconcile (scheduled requeues plus in flight)",
+                metrics.queue_depth.clone(),
+            );
+            r.register(
+                "backend_t2_hit_rate",
+                "Query-weighted tier-2 reload hit rate per CacheBackend, in [0,1]; absent until tier 2 is queried",
+                metrics.backend_t2_hit_rate.clone(),
+            );
+            r.register(
+                "controller_leader",
+                "1 while this controller instance holds the leader lease",
+                metrics.leader.clone(),
+            );
+            r.register(
+                "controller_snapshot_scrapes",
+                "Scrapes of the index server's /snapshot, by result",
+                metrics.snapshot_scrapes.clone(),
+            );
+        });
+        metrics
+    }
+
+    /// Counts one pass of `controller` that took `seconds`.
+    pub fn observe(&self, controller: &'static str, ok: bool, seconds: f64) {
+        self.reconciles
+            .get_or_create(&ResultLabels {
+                controller,
+                result: if ok { "success" } else { "error" },
+            })
+            .inc();
+        self.reconcile_duration
+            .get_or_create(&ControllerLabel { controller })
+            .observe(seconds);
+    }
+
+    /// Counts one error of `controller`.
+    pub fn error(&self, controller: &'static str, reason: &'static str) {
+        self.errors
+            .get_or_create(&ReasonLabels { controller, reason })
+            .inc();
+    }
+}

@@ -1,0 +1,194 @@
+//! Shared test helpers: the real index server and coordinator on loopback,
+//! seeding objects, and tower-test mock API scenarios that assert exact
+//! requests.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod mock;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use ic_api::cachebackend::{CacheBackend, CacheBackendSpec, EngineSelector};
+use ic_controller::metrics::Metrics;
+use ic_controller_core::clock::ManualClock;
+use ic_e2e::ServiceProcess;
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// The static token the index server's /probe accepts in tests.
+pub const PROBE_TOKEN: &str = "test-probe-token";
+
+/// A running index server: HTTP (snapshot/probe) and gRPC addresses.
+pub struct IndexServer {
+    pub process: ServiceProcess,
+    pub http: SocketAddr,
+    pub grpc: SocketAddr,
+}
+
+impl IndexServer {
+    pub fn start() -> Self {
+        let mut process = ServiceProcess::start(
+            &ic_e2e::workspace_binary("ic-index-server"),
+            &[
+                "--http-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--probe-static-token",
+                PROBE_TOKEN,
+                "--replica-gc-after-seconds",
+                "0",
+            ],
+        );
+        let http = process.admin_addr();
+        let line = process.wait_for_log("grpc server listening");
+        let grpc = line["fields"]["addr"].as_str().unwrap().parse().unwrap();
+        Self {
+            process,
+            http,
+            grpc,
+        }
+    }
+
+    pub fn snapshot_url(&self) -> String {
+        format!("http://{}/snapshot", self.http)
+    }
+
+    pub fn probe_url(&self) -> String {
+        format!("http://{}/probe", self.http)
+    }
+
+    pub fn grpc_url(&self) -> String {
+        format!("http://{}", self.grpc)
+    }
+
+    /// Reports `blocks` stored blocks (and optional tier-2 counters) for
+    /// replica `pod` of `tenant`, as a subscriber would.
+    pub async fn ingest(&self, tenant: &str, pod: &str, blocks: u64, tier2: Option<(u64, u64)>) {
+        let mut client = IndexServiceClient::connect(self.grpc_url()).await.unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let batch = pb::IngestBatch {
+            replica: Some(pb::ReplicaIdentity {
+                scope: Some(pb::IndexScope {
+                    tenant: tenant.into(),
+                    model: "m".into(),
+                    hash_scheme: pb::HashScheme::Vllm as i32,
+                    adapter: String::new(),
+                }),
+                replica_id: pod.into(),
+                address: "10.0.0.1:8000".into(),
+                dp_rank: 0,
+                incarnation: 7,
+            }),
+            seq: 1,
+            resync_begin: true,
+            resync_end: true,
+            events: vec![pb::IndexEvent {
+                kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
+                    parent_fingerprint: 0,
+                    start_depth: 0,
+                    fingerprints: (1..=blocks).collect(),
+                    block_size: 16,
+                    tier: pb::Tier::T1 as i32,
+                    at_unix_ms: now,
+                })),
+            }],
+            tier2_stats: tier2.map(|(hits, queries)| pb::Tier2Stats {
+                has_counters: true,
+                hits,
+                queries,
+            }),
+            sent_at_unix_ms: now,
+        };
+        let ack = client
+            .ingest_events(futures::stream::iter(vec![batch]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!ack.resync_required, "{ack:?}");
+    }
+}
+
+/// A running coordinator.
+pub struct Coordinator {
+    pub process: ServiceProcess,
+    pub addr: SocketAddr,
+}
+
+impl Coordinator {
+    pub fn start() -> Self {
+        let mut process = ServiceProcess::start(
+            &ic_e2e::workspace_binary("ic-coordinator"),
+            &["--host", "127.0.0.1", "--port", "0"],
+        );
+        let addr = process.admin_addr();
+        Self { process, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+pub fn metrics() -> (ic_telemetry::MetricsRegistry, Metrics) {
+    let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
+    let metrics = Metrics::register(&registry);
+    (registry, metrics)
+}
+
+pub fn clock() -> Arc<ManualClock> {
+    Arc::new(ManualClock::at_second(1_800_000_000))
+}
+
+pub fn backend(ns: &str, name: &str, selector: &[(&str, &str)]) -> CacheBackend {
+    let mut spec: CacheBackendSpec =
+        serde_json::from_value(serde_json::json!({"runtime": "VLLM"})).unwrap();
+    if !selector.is_empty() {
+        spec.engine_selector = Some(EngineSelector {
+            match_labels: selector
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+        });
+    }
+    let mut b = CacheBackend::new(name, spec);
+    b.metadata.namespace = Some(ns.into());
+    b
+}
+
+pub fn pod(ns: &str, name: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            ),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        ..Pod::default()
+    }
+}
+
+pub fn bin_exists(name: &str) -> bool {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .is_some_and(|d| d.join(name).exists())
+}

@@ -1,0 +1,255 @@
+//! CachePolicy → SetPolicies against the real index server, and CacheTenant
+//! → quotas and pins against the real coordinator, both on loopback, with
+//! the fake API server holding the objects.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use ic_api::cachepolicy::{CachePolicy, CachePolicySpec};
+use ic_api::cachetenant::{CacheTenant, CacheTenantSpec, TenantPin, TenantQuota};
+use ic_controller::policy::PolicyPusher;
+use ic_controller::tenant::TenantPusher;
+use ic_controller::testing::FakeApi;
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use serde_json::Value;
+
+const V: &str = "inferencecache.io/v1alpha1";
+
+fn policy(ns: &str, name: &str, created: i64, min_prefix: i32) -> CachePolicy {
+    let mut p = CachePolicy::new(
+        name,
+        CachePolicySpec {
+            minimum_prefix_tokens: min_prefix,
+            ..CachePolicySpec::default()
+        },
+    );
+    p.metadata.namespace = Some(ns.into());
+    p.metadata.creation_timestamp = Some(Time(
+        k8s_openapi::jiff::Timestamp::from_second(created).unwrap(),
+    ));
+    p
+}
+
+async fn lookup(server: &common::IndexServer) -> pb::LookupRouteResponse {
+    let mut client = IndexServiceClient::connect(server.grpc_url())
+        .await
+        .unwrap();
+    client
+        .lookup_route(pb::LookupRouteRequest {
+            scope: Some(pb::IndexScope {
+                tenant: "team-a".into(),
+                model: "m".into(),
+                hash_scheme: pb::HashScheme::Vllm as i32,
+                adapter: String::new(),
+            }),
+            key: Some(pb::lookup_route_request::Key::BlockHashes(
+                pb::BlockHashes {
+                    hashes: vec![1, 2, 3],
+                },
+            )),
+            candidate_replicas: vec![],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn condition<'a>(
+    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions.iter().find(|c| c.type_ == t).unwrap()
+}
+
+#[tokio::test]
+async fn policies_reach_the_index_server_and_report_back() {
+    let server = common::IndexServer::start();
+    server.ingest("team-a", "engine-0", 3, None).await;
+    assert_eq!(
+        lookup(&server).await.outcome,
+        pb::LookupOutcome::PrefixMatch as i32
+    );
+
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 1_000_000));
+    fake.insert(&policy("team-a", "later", 20, 0));
+    let (_registry, metrics) = common::metrics();
+    let pusher = PolicyPusher {
+        client: fake.client(),
+        index_grpc: server.grpc_url(),
+        metrics: metrics.clone(),
+        clock: common::clock(),
+    };
+    assert_eq!(pusher.sync_once().await.unwrap(), 1);
+
+    // The oldest policy is in force on the server.
+    let answer = lookup(&server).await;
+    assert_eq!(answer.outcome, pb::LookupOutcome::NoHint as i32);
+    assert_eq!(
+        answer.no_hint_reason,
+        pb::NoHintReason::BelowMinimumPrefix as i32
+    );
+
+    let strict: CachePolicy = fake.get(V, "cachepolicies", "team-a", "strict").unwrap();
+    let st = strict.status.unwrap();
+    assert_eq!(condition(&st.conditions, "Active").reason, "PolicyActive");
+    assert_eq!(condition(&st.conditions, "Pushed").status, "True");
+    assert!(st.pushed_at.is_some());
+    assert_eq!(st.observed_generation, Some(1));
+    let later: CachePolicy = fake.get(V, "cachepolicies", "team-a", "later").unwrap();
+    let st = later.status.unwrap();
+    assert_eq!(condition(&st.conditions, "Active").status, "False");
+    assert_eq!(condition(&st.conditions, "Active").reason, "Superseded");
+    assert!(
+        condition(&st.conditions, "Active")
+            .message
+            .contains("strict")
+    );
+
+    // A steady pass re-pushes (a restarted server converges) but writes nothing.
+    fake.clear_requests();
+    pusher.sync_once().await.unwrap();
+    assert!(fake.writes().is_empty(), "{:?}", fake.writes());
+
+    // Deleting the winner promotes the next one and the server follows.
+    fake.remove(V, "cachepolicies", "team-a", "strict");
+    pusher.sync_once().await.unwrap();
+    assert_eq!(
+        lookup(&server).await.outcome,
+        pb::LookupOutcome::PrefixMatch as i32
+    );
+    let later: CachePolicy = fake.get(V, "cachepolicies", "team-a", "later").unwrap();
+    assert_eq!(
+        condition(&later.status.unwrap().conditions, "Active").status,
+        "True"
+    );
+
+    // An unreachable server is reported, not hidden.
+    let broken = PolicyPusher {
+        index_grpc: format!("http://127.0.0.1:{}", ic_e2e::free_port()),
+        ..pusher
+    };
+    assert!(broken.sync_once().await.is_err());
+    let later: CachePolicy = fake.get(V, "cachepolicies", "team-a", "later").unwrap();
+    let pushed = later.status.unwrap();
+    let pushed = condition(&pushed.conditions, "Pushed");
+    assert_eq!(
+        (pushed.status.as_str(), pushed.reason.as_str()),
+        ("False", "RemoteError")
+    );
+}
+
+fn tenant(
+    ns: &str,
+    name: &str,
+    salt: &str,
+    limit: Option<&str>,
+    pins: Vec<TenantPin>,
+) -> CacheTenant {
+    let mut t = CacheTenant::new(
+        name,
+        CacheTenantSpec {
+            cache_salt: salt.into(),
+            quota: limit.map(|l| TenantQuota {
+                l2_limit: Quantity(l.into()),
+            }),
+            pins,
+        },
+    );
+    t.metadata.namespace = Some(ns.into());
+    t
+}
+
+fn pin(tokens: u32) -> TenantPin {
+    TenantPin {
+        model_name: "m".into(),
+        world_size: 1,
+        token_ids: (0..tokens).collect(),
+    }
+}
+
+async fn get(url: String) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn tenants_reach_the_coordinator_once() {
+    let coordinator = common::Coordinator::start();
+    let base = coordinator.url();
+    let fake = FakeApi::new();
+    fake.insert(&tenant(
+        "team-a",
+        "t",
+        "salt-a",
+        Some("1Gi"),
+        vec![pin(512)],
+    ));
+    let (_registry, metrics) = common::metrics();
+    let pusher = TenantPusher::new(
+        fake.client(),
+        reqwest::Client::new(),
+        base.clone(),
+        metrics,
+        common::clock(),
+    );
+    assert_eq!(pusher.sync_once().await.unwrap(), 1);
+
+    let quota = get(format!("{base}/quota/salt-a")).await;
+    assert_eq!(quota["quota_exists"], true, "{quota}");
+    assert_eq!(quota["quota_limit_gb"], 1.0, "{quota}");
+    let pins = get(format!("{base}/cache/pins?cache_salt=salt-a")).await;
+    let total = pins["total"].as_i64().unwrap();
+    assert!(total > 0, "{pins}");
+    let counts: Vec<i64> = pins["pins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pin_count"].as_i64().unwrap())
+        .collect();
+    assert!(counts.iter().all(|c| *c == 1), "{pins}");
+
+    let t: CacheTenant = fake.get(V, "cachetenants", "team-a", "t").unwrap();
+    let st = t.status.unwrap();
+    assert_eq!(st.pinned_chunks, Some(total));
+    assert_eq!(condition(&st.conditions, "Synced").status, "True");
+    assert!(st.synced_at.is_some());
+
+    // A second pass pins nothing twice.
+    pusher.sync_once().await.unwrap();
+    let pins = get(format!("{base}/cache/pins?cache_salt=salt-a")).await;
+    assert!(
+        pins["pins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["pin_count"] == 1),
+        "{pins}"
+    );
+
+    // Dropping the pin and the quota releases both.
+    let mut edited: CacheTenant = fake.get(V, "cachetenants", "team-a", "t").unwrap();
+    edited.spec.pins.clear();
+    edited.spec.quota = None;
+    fake.insert(&edited);
+    pusher.sync_once().await.unwrap();
+    let pins = get(format!("{base}/cache/pins?cache_salt=salt-a")).await;
+    assert_eq!(pins["total"], 0, "{pins}");
+    let quota = get(format!("{base}/quota/salt-a")).await;
+    assert_eq!(quota["quota_exists"], false, "{quota}");
+
+    // Coordinator down: Synced=False/RemoteError and an error.
+    let mut process = coordinator.process;
+    assert!(process.stop().success());
+    assert!(pusher.sync_once().await.is_err());
+    let t: CacheTenant = fake.get(V, "cachetenants", "team-a", "t").unwrap();
+    let st = t.status.unwrap();
+    let synced = condition(&st.conditions, "Synced");
+    assert_eq!(
+        (synced.status.as_str(), synced.reason.as_str()),
+        ("False", "RemoteError")
+    );
+}
