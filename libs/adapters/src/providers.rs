@@ -29,7 +29,6 @@ mod common;
 mod lmcache_server;
 mod mooncake;
 mod names;
-pub mod quantity;
 mod redis;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -46,8 +45,8 @@ use ic_api::cachebackend::{
 
 pub use redis::redis_maxmemory_bytes;
 
+use crate::quantity::QuantityError;
 use common::{Owner, WorkloadParams};
-use quantity::QuantityError;
 
 // === defaults ===
 

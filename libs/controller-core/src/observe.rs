@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use ic_api::consts::{annotations, events, injected, is_truthy, kernel_check, reasons};
+use ic_adapters::runtime::locate_engine_container;
+use ic_api::cachebackend::Runtime;
+use ic_api::consts::{annotations, events, is_truthy, kernel_check, reasons};
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod};
 
 use crate::status::{EventToRecord, EventType};
@@ -112,31 +114,15 @@ pub fn summarize_pod(pod: &Pod, backend: BackendRef<'_>) -> EnginePod {
     }
 }
 
-/// The engine container: among the containers the webhook did not add (the
-/// kvevent-subscriber, anything carrying the injected marker env), the only
-/// one, or the one named `vllm` or `sglang`.
+/// The engine container, chosen by the webhook's own rule
+/// ([`ic_adapters::runtime::locate_engine_container`]): among the containers
+/// not carrying the injected marker env (the kvevent-subscriber and every
+/// other injected container carry it), the only one, else the one named
+/// `vllm` or `sglang` (the pod does not say which runtime wired it).
 pub fn engine_container_name(pod: &Pod) -> Option<&str> {
-    let own: Vec<&str> = pod
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .filter(|c| {
-            c.name != injected::SUBSCRIBER_CONTAINER
-                && !c
-                    .env
-                    .as_ref()
-                    .is_some_and(|env| env.iter().any(|e| e.name == injected::MARKER_ENV))
-        })
-        .map(|c| c.name.as_str())
-        .collect();
-    match own.as_slice() {
-        [only] => Some(only),
-        many => many
-            .iter()
-            .copied()
-            .find(|n| *n == "vllm" || *n == "sglang"),
-    }
+    let spec = pod.spec.as_ref()?;
+    locate_engine_container(spec, &[Runtime::Vllm, Runtime::SGLang])
+        .map(|i| spec.containers[i].name.as_str())
 }
 
 fn owner_deployment(pod: &Pod) -> Option<String> {

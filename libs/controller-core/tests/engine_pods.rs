@@ -3,13 +3,25 @@
 
 use std::collections::BTreeMap;
 
-use ic_api::consts::{annotations, events};
+use ic_adapters::runtime::find_engine_container;
+use ic_api::cachebackend::Runtime;
+use ic_api::consts::{annotations, events, injected};
 use ic_controller_core::observe::{self, BackendRef, KernelCheck};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 fn labels() -> BTreeMap<String, String> {
     BTreeMap::from([("app".to_owned(), "vllm".to_owned())])
+}
+
+/// The kvevent-subscriber as the webhook injects it: marked with
+/// `INFERENCECACHE_INJECTED=<container name>`.
+fn subscriber() -> serde_json::Value {
+    json!({
+        "name": injected::SUBSCRIBER_CONTAINER,
+        "image": "ghcr.io/inferencecache/kvevent-subscriber:dev",
+        "env": [{"name": injected::MARKER_ENV, "value": injected::SUBSCRIBER_CONTAINER}],
+    })
 }
 
 fn pod(v: serde_json::Value) -> Pod {
@@ -29,7 +41,7 @@ fn summarize_reads_annotations_kernel_check_crash_loop_and_owner() {
             },
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "engine-7d9f8", "uid": "rs", "controller": true}],
         },
-        "spec": {"containers": [{"name": "vllm"}, {"name": "kvevent-subscriber"}]},
+        "spec": {"containers": [{"name": "vllm"}, subscriber()]},
         "status": {
             "initContainerStatuses": [{
                 "name": "lmcache-kernel-check", "image": "i", "imageID": "", "ready": false, "restartCount": 2,
@@ -186,4 +198,100 @@ fn skipped_event_requires_both_opt_out_and_marker() {
         None,
         "yes is not truthy"
     );
+}
+
+#[test]
+fn wired_pod_engine_is_found_past_the_injected_containers() {
+    // An SGLang pod after wiring: the engine (not named after the runtime),
+    // the marked kvevent-subscriber, and the marked MP worker as a native
+    // sidecar init container.
+    let wired = pod(json!({
+        "metadata": {"name": "engine-0"},
+        "spec": {
+            "initContainers": [{
+                "name": injected::MP_WORKER_CONTAINER,
+                "restartPolicy": "Always",
+                "env": [{"name": injected::MARKER_ENV, "value": injected::MP_WORKER_CONTAINER}],
+            }],
+            "containers": [
+                {"name": "server", "env": [{"name": "HF_HOME", "value": "/models"}]},
+                subscriber(),
+            ],
+        },
+        "status": {"containerStatuses": [
+            {"name": "server", "image": "i", "imageID": "", "ready": false, "restartCount": 3, "state": {"waiting": {"reason": "CrashLoopBackOff"}}},
+            {"name": "kvevent-subscriber", "image": "i", "imageID": "", "ready": true, "restartCount": 0, "state": {"running": {}}},
+        ]},
+    }));
+    assert_eq!(observe::engine_container_name(&wired), Some("server"));
+    let backend = BackendRef {
+        namespace: "ns",
+        name: "cb",
+        uid: "uid-1",
+        match_labels: None,
+    };
+    assert!(observe::summarize_pod(&wired, backend).engine_crash_looping);
+
+    // The subscriber crash-looping is not the engine crash-looping.
+    let mut quiet = wired.clone();
+    let statuses = quiet
+        .status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap();
+    statuses.swap(0, 1);
+    statuses[0].name = "server".into();
+    statuses[0].state = serde_json::from_value(json!({"running": {}})).unwrap();
+    statuses[1].name = "kvevent-subscriber".into();
+    statuses[1].state =
+        serde_json::from_value(json!({"waiting": {"reason": "CrashLoopBackOff"}})).unwrap();
+    assert!(!observe::summarize_pod(&quiet, backend).engine_crash_looping);
+}
+
+#[test]
+fn engine_choice_agrees_with_the_webhook() {
+    let cases = [
+        // Wired single-engine pod: the unmarked container, whatever its name.
+        json!([{"name": "server"}, subscriber()]),
+        // Wired multi-container pod: the one named after the runtime.
+        json!([{"name": "proxy"}, {"name": "vllm"}, subscriber()]),
+        json!([{"name": "sglang"}, {"name": "proxy"}, subscriber()]),
+        // A user container that merely shares the subscriber's name is not
+        // injected (no marker), so it counts as a candidate.
+        json!([{"name": "server"}, {"name": injected::SUBSCRIBER_CONTAINER}]),
+        json!([{"name": "vllm"}, {"name": injected::SUBSCRIBER_CONTAINER}]),
+        // Unwired.
+        json!([{"name": "engine"}]),
+        // No engine at all.
+        json!([{"name": "a"}, {"name": "b"}, subscriber()]),
+        json!([subscriber()]),
+    ];
+    for containers in cases {
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": {"containers": containers}}));
+        let spec = p.spec.as_ref().unwrap();
+        let chosen = observe::engine_container_name(&p);
+        let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+        // Whichever runtime wired the pod, the webhook's choice (when it
+        // found one) is the controller's.
+        let by_webhook: Vec<Option<&str>> = [Runtime::Vllm, Runtime::SGLang]
+            .into_iter()
+            .map(|r| {
+                find_engine_container(spec, r)
+                    .ok()
+                    .map(|i| spec.containers[i].name.as_str())
+            })
+            .collect();
+        match chosen {
+            Some(name) => assert!(
+                by_webhook.contains(&Some(name)),
+                "{names:?}: controller chose {name:?}, webhook {by_webhook:?}"
+            ),
+            None => assert_eq!(by_webhook, [None, None], "{names:?}"),
+        }
+        for found in by_webhook.into_iter().flatten() {
+            assert_eq!(chosen, Some(found), "{names:?}");
+        }
+    }
 }

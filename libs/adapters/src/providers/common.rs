@@ -22,11 +22,11 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use ic_api::cachebackend::{AutoscalingSpec, DeploymentKind, PodTemplateOverrides};
 use ic_api::consts::labels;
 
-use super::quantity::parse_quantity;
 use super::{
     DEFAULT_MEMORY_LIMIT, DEFAULT_MEMORY_REQUEST, DEFAULT_TARGET_CPU_UTILIZATION,
     HPA_CPU_REQUEST_FALLBACK, RenderError, Workload,
 };
+use crate::quantity::parse_exact;
 
 /// Identity of the backend being rendered, resolved once.
 #[derive(Clone, Debug)]
@@ -101,7 +101,7 @@ pub(crate) fn effective_resources(
         let requests = res.requests.get_or_insert_with(BTreeMap::new);
         let positive = match requests.get("cpu") {
             None => false,
-            Some(q) => parse_quantity(&q.0)
+            Some(q) => parse_exact(&q.0)
                 .map_err(|source| RenderError::InvalidQuantity {
                     field: format!("{field}.requests.cpu"),
                     source,

@@ -9,17 +9,19 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ic_api::cachebackend::RedisSpec;
 
 use super::common::{service_port, tcp_probe};
-use super::quantity::{QuantityError, parse_quantity};
 use super::{REDIS_DEFAULT_IMAGE, REDIS_PORT, RenderError, Shape};
+use crate::quantity::{QuantityError, parse_exact};
 
 /// Container and Service port name.
 const PORT_NAME: &str = "redis";
 
 /// `--maxmemory` in bytes for a memory quantity: `floor(bytes × 4 / 5)`,
-/// never 0 for a positive quantity (Redis reads 0 as "unlimited").
+/// never 0 for a positive quantity (Redis reads 0 as "unlimited"). Exact
+/// integer arithmetic on the quantity as written
+/// ([`ExactQuantity::floor_scaled`](crate::quantity::ExactQuantity::floor_scaled)).
 pub fn redis_maxmemory_bytes(memory: &str) -> Result<u128, QuantityError> {
-    let q = parse_quantity(memory)?;
-    let bytes = q.floor_scaled(4, 5, memory)?;
+    let q = parse_exact(memory)?;
+    let bytes = q.floor_scaled(4, 5)?;
     Ok(if bytes == 0 && q.is_positive() {
         1
     } else {

@@ -177,32 +177,49 @@ pub fn engine_container_name(runtime: Runtime) -> &'static str {
     }
 }
 
-/// Index of the engine container: the only container that is not one of
-/// our marked sidecars, else the one named after the runtime.
-pub fn find_engine_container(spec: &PodSpec, runtime: Runtime) -> Result<usize, String> {
+/// Whether `container` is one the webhook injected: it carries the
+/// [`SIDECAR_MARKER_ENV`] marker, whatever its value.
+pub fn is_injected(container: &Container) -> bool {
+    container
+        .env
+        .as_deref()
+        .is_some_and(|env| env.iter().any(|e| e.name == SIDECAR_MARKER_ENV))
+}
+
+/// The engine-container rule shared by the webhook and the controller:
+/// among `spec.containers` that are not [`is_injected`], the only one, else
+/// the first one named after one of `runtimes` ([`engine_container_name`]).
+///
+/// The webhook passes its CacheBackend's runtime; a caller that does not know
+/// the runtime passes every runtime.
+pub fn locate_engine_container(spec: &PodSpec, runtimes: &[Runtime]) -> Option<usize> {
     let candidates: Vec<usize> = spec
         .containers
         .iter()
         .enumerate()
-        .filter(|(_, c)| {
-            !c.env
-                .as_deref()
-                .is_some_and(|env| env.iter().any(|e| e.name == SIDECAR_MARKER_ENV))
-        })
+        .filter(|(_, c)| !is_injected(c))
         .map(|(i, _)| i)
         .collect();
     if let [only] = candidates.as_slice() {
-        return Ok(*only);
+        return Some(*only);
     }
-    let name = engine_container_name(runtime);
-    candidates
-        .into_iter()
-        .find(|&i| spec.containers[i].name == name)
-        .ok_or_else(|| {
-            format!(
-                "no engine container: a multi-container pod must name its engine container {name:?}"
-            )
-        })
+    candidates.into_iter().find(|&i| {
+        runtimes
+            .iter()
+            .any(|&r| spec.containers[i].name == engine_container_name(r))
+    })
+}
+
+/// Index of the engine container: the only container that is not one of
+/// our marked sidecars, else the one named after the runtime
+/// ([`locate_engine_container`]).
+pub fn find_engine_container(spec: &PodSpec, runtime: Runtime) -> Result<usize, String> {
+    locate_engine_container(spec, &[runtime]).ok_or_else(|| {
+        let name = engine_container_name(runtime);
+        format!(
+            "no engine container: a multi-container pod must name its engine container {name:?}"
+        )
+    })
 }
 
 /// The engine's serving port: a containerPort named `http`, else the

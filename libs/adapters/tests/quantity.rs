@@ -1,7 +1,10 @@
-//! Property tests of the exact quantity reader and the 80% maxmemory rule.
+//! Property tests of `ic_adapters::quantity`, the crate's one quantity
+//! reader: its exact view (`parse_exact`, `floor_scaled`) and the Redis 80%
+//! maxmemory rule built on it, plus the agreement of the exact view with the
+//! nano-unit view (`parse`) inside the apiserver's range.
 
-use ic_adapters::providers::quantity::parse_quantity;
 use ic_adapters::providers::redis_maxmemory_bytes;
+use ic_adapters::quantity::{QuantityError, parse, parse_exact};
 use proptest::prelude::*;
 
 const SUFFIXES: [(&str, u128, u128); 13] = [
@@ -22,8 +25,8 @@ const SUFFIXES: [(&str, u128, u128); 13] = [
 ];
 
 fn units(s: &str) -> u128 {
-    parse_quantity(s)
-        .and_then(|q| q.floor_units(s))
+    parse_exact(s)
+        .and_then(|q| q.floor_units())
         .unwrap_or_else(|e| panic!("{s}: {e}"))
 }
 
@@ -61,11 +64,18 @@ proptest! {
     #[test]
     fn sign_classification(n in 0u64..1_000_000, i in 0usize..SUFFIXES.len()) {
         let (suffix, _, _) = SUFFIXES[i];
-        let pos = parse_quantity(&format!("{n}{suffix}")).unwrap();
-        let neg = parse_quantity(&format!("-{n}{suffix}")).unwrap();
+        let (pos_text, neg_text) = (format!("{n}{suffix}"), format!("-{n}{suffix}"));
+        let pos = parse_exact(&pos_text).unwrap();
+        let neg = parse_exact(&neg_text).unwrap();
         prop_assert_eq!(pos.is_positive(), n > 0);
         prop_assert_eq!(neg.is_negative(), n > 0);
         prop_assert!(!neg.is_positive());
+        // The nano-unit view, where in range, classifies the same way.
+        if let (Ok(pos), Ok(neg)) = (parse(&pos_text), parse(&neg_text)) {
+            prop_assert_eq!(pos.is_positive(), n > 0);
+            prop_assert_eq!(neg.is_negative(), n > 0);
+            prop_assert!(!neg.is_positive());
+        }
     }
 
     #[test]
@@ -79,8 +89,32 @@ proptest! {
 
     #[test]
     fn never_panics(s in "[-+]?[0-9.]{0,6}([a-zA-Z][a-z]?|[eE][-+]?[0-9]{0,3})?") {
-        if let Ok(q) = parse_quantity(&s) {
-            let _ = q.floor_scaled(4, 5, &s);
+        if let Ok(q) = parse_exact(&s) {
+            let _ = q.floor_scaled(4, 5);
+        }
+        let _ = parse(&s);
+    }
+
+    #[test]
+    fn views_agree_within_the_apiserver_range(
+        n in 0u64..1_000_000_000_000,
+        i in 0usize..SUFFIXES.len(),
+    ) {
+        // Within 2^63-1 units the nano-unit count of `parse` is the exact
+        // value scaled by 1e9 (every value here is a whole nano-unit); past
+        // it `parse` refuses while the exact view still answers.
+        let (suffix, _, _) = SUFFIXES[i];
+        let s = format!("{n}{suffix}");
+        let nanos = parse_exact(&s).unwrap().floor_scaled(1_000_000_000, 1).unwrap();
+        match parse(&s) {
+            Ok(q) => {
+                prop_assert_eq!(u128::try_from(q.nanos()).unwrap(), nanos);
+                prop_assert!(nanos <= i64::MAX as u128 * 1_000_000_000);
+            }
+            Err(e) => {
+                prop_assert!(matches!(e, QuantityError::TooLarge(_)), "{}", e);
+                prop_assert!(nanos > i64::MAX as u128 * 1_000_000_000);
+            }
         }
     }
 }
