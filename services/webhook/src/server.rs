@@ -1,0 +1,379 @@
+//! The HTTPS admission server: routes, body limits, timeouts, and the TLS
+//! accept loop (HTTP/1.1 and HTTP/2 by ALPN).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use ic_adapters::admission::InjectionConfig;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::cachebackend::{self, Decision};
+use crate::metrics::{AdmissionKind, Metrics};
+use crate::pod::{self, BackendSource};
+use crate::review::{AdmissionReview, ReviewError};
+
+/// How long a client may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send request headers.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct AppState {
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Where pod admission lists CacheBackends.
+    pub backends: Arc<dyn BackendSource>,
+    /// Injection settings.
+    pub injection: InjectionConfig,
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Deadline for reading and answering one request.
+    pub request_timeout: Duration,
+}
+
+/// A request refused before it became an admission decision.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The body is larger than the limit.
+    #[error("request body exceeds {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// The body could not be read (client went away, truncated body).
+    #[error("cannot read the request body: {0}")]
+    BodyRead(String),
+    /// The body is not a v1 AdmissionReview with a request.
+    #[error(transparent)]
+    Review(#[from] ReviewError),
+    /// The request took longer than the deadline.
+    #[error("request not answered within {0:?}")]
+    Timeout(Duration),
+    /// The response could not be encoded.
+    #[error("cannot encode the response: {0}")]
+    Encode(String),
+}
+
+impl RequestError {
+    fn label(&self) -> &'static str {
+        match self {
+            Self::TooLarge { .. } => "too_large",
+            Self::BodyRead(_) => "body_read",
+            Self::Review(e) => e.label(),
+            Self::Timeout(_) => "timeout",
+            Self::Encode(_) => "encode",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyRead(_) | Self::Review(_) => StatusCode::BAD_REQUEST,
+            Self::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
+            Self::Encode(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for RequestError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": self.to_string() }).to_string();
+        (
+            self.status(),
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
+}
+
+/// The admission routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/mutate-cachebackend", post(mutate_cachebackend))
+        .route("/validate-cachebackend", post(validate_cachebackend))
+        .route("/mutate-pod", post(mutate_pod))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(state)
+}
+
+async fn mutate_cachebackend(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    admit(state, AdmissionKind::CacheBackendDefault, request).await
+}
+
+async fn validate_cachebackend(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    admit(state, AdmissionKind::CacheBackendValidate, request).await
+}
+
+async fn mutate_pod(State(state): State<Arc<AppState>>, request: Request) -> Response {
+    admit(state, AdmissionKind::Pod, request).await
+}
+
+/// Reads, decides, answers, and records the metrics, within the deadline.
+async fn admit(state: Arc<AppState>, kind: AdmissionKind, request: Request) -> Response {
+    let started = Instant::now();
+    let outcome = match tokio::time::timeout(
+        state.request_timeout,
+        decide(&state, kind, request.into_body()),
+    )
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => Err(RequestError::Timeout(state.request_timeout)),
+    };
+    let response = outcome.and_then(|decision| {
+        state
+            .metrics
+            .admission(kind, decision.result, decision.reason);
+        serde_json::to_vec(&decision.response.into_review())
+            .map_err(|e| RequestError::Encode(e.to_string()))
+    });
+    state.metrics.observe(kind, started.elapsed());
+    match response {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(error) => {
+            state.metrics.rejected(error.label());
+            state.metrics.admission(kind, "error", error.label());
+            tracing::warn!(%error, kind = kind.label(), "admission request refused");
+            error.into_response()
+        }
+    }
+}
+
+async fn decide(
+    state: &AppState,
+    kind: AdmissionKind,
+    body: Body,
+) -> Result<Decision, RequestError> {
+    let bytes = read_body(body, state.max_body_bytes).await?;
+    let request = AdmissionReview::parse(&bytes)?;
+    Ok(match kind {
+        AdmissionKind::CacheBackendDefault => cachebackend::default(&request),
+        AdmissionKind::CacheBackendValidate => cachebackend::validate(&request),
+        AdmissionKind::Pod => pod::mutate(&request, &*state.backends, &state.injection).await,
+    })
+}
+
+async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, RequestError> {
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(RequestError::TooLarge { limit }),
+        Err(error) => Err(RequestError::BodyRead(error.to_string())),
+    }
+}
+
+// === HTTPS serving ===
+
+/// A bound (not yet serving) HTTPS server.
+pub struct HttpsServer {
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+}
+
+impl std::fmt::Debug for HttpsServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsServer")
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpsServer {
+    /// Binds `addr`; serving starts with [`HttpsServer::serve`].
+    pub async fn bind(
+        addr: SocketAddr,
+        tls: rustls::ServerConfig,
+        router: Router,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            listener: TcpListener::bind(addr).await?,
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            router,
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts connections until `shutdown`, then lets open connections
+    /// finish their requests.
+    pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let addr = self.listener.local_addr()?;
+        tracing::info!(%addr, "admission server listening");
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT);
+        builder.http2().timer(TokioTimer::new());
+        loop {
+            let (stream, peer) = tokio::select! {
+                () = shutdown.cancelled() => break,
+                accepted = self.listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!(%error, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            let acceptor = self.acceptor.clone();
+            let service = TowerToHyperService::new(self.router.clone());
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            tokio::spawn(async move {
+                let tls =
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, %peer, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
+                    };
+                let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                if let Err(error) = watcher.watch(connection.into_owned()).await {
+                    tracing::debug!(%error, %peer, "connection ended with an error");
+                }
+            });
+        }
+        drop(self.listener);
+        // Bounded: the API server's webhook timeout is at most 30 s.
+        let _ = tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pod::{ListError, ListFuture};
+    use tower::ServiceExt as _;
+
+    #[derive(Debug)]
+    struct NoBackends;
+
+    impl BackendSource for NoBackends {
+        fn list<'a>(&'a self, _namespace: &'a str) -> ListFuture<'a> {
+            Box::pin(async { Err(ListError::Other("no API in unit tests".into())) })
+        }
+    }
+
+    fn app(max_body_bytes: usize) -> (Router, Metrics) {
+        let metrics = Metrics::unregistered();
+        let state = Arc::new(AppState {
+            metrics: metrics.clone(),
+            backends: Arc::new(NoBackends),
+            injection: InjectionConfig::default(),
+            max_body_bytes,
+            request_timeout: Duration::from_secs(5),
+        });
+        (router(state), metrics)
+    }
+
+    async fn post(app: Router, path: &str, body: Vec<u8>) -> (StatusCode, serde_json::Value) {
+        let response = app
+            .oneshot(
+                http::Request::post(path)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    fn pod_review() -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "namespace": "ns", "operation": "CREATE",
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                    "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}}}
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn pod_list_failure_is_an_allowed_review() {
+        let (app, metrics) = app(1 << 20);
+        let (status, answer) = post(app, "/mutate-pod", pod_review()).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(answer["kind"], "AdmissionReview");
+        assert_eq!(answer["response"]["uid"], "u-1");
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(answer["response"]["status"]["reason"], "list_failed");
+        let counted = metrics
+            .admissions
+            .get_or_create(&crate::metrics::AdmissionLabels {
+                kind: "pod",
+                result: "fail_open",
+                reason: "list_failed",
+            })
+            .get();
+        assert_eq!(counted, 1);
+    }
+
+    #[tokio::test]
+    async fn oversized_and_malformed_bodies_are_http_errors() {
+        let (app, metrics) = app(64);
+        let (status, answer) = post(app.clone(), "/mutate-pod", pod_review()).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert!(answer["error"].as_str().unwrap().contains("64 bytes"));
+        let (status, _) = post(
+            app.clone(),
+            "/validate-cachebackend",
+            b"{\"apiVersion\":".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let (status, _) = post(app, "/mutate-cachebackend", b"{}".to_vec()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let rejected = |reason| {
+            metrics
+                .rejected_requests
+                .get_or_create(&crate::metrics::RejectLabel { reason })
+                .get()
+        };
+        assert_eq!(
+            (
+                rejected("too_large"),
+                rejected("malformed"),
+                rejected("wrong_type")
+            ),
+            (1, 1, 1)
+        );
+    }
+}
