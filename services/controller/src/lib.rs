@@ -250,20 +250,20 @@ fn spawn_reconcilers(
         }
     });
     let backends = backends
-    .owns(Api::<Deployment>::all(client.clone()), owned())
-    .owns(Api::<StatefulSet>::all(client.clone()), owned())
-    .owns(Api::<Service>::all(client.clone()), owned())
-    .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned())
-    .watches(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default(),
-        |pod: Pod| {
-            ic_controller_core::observe::injected_by(pod.metadata.annotations.as_ref())
-                .map(|(ns, name)| ObjectRef::<ic_api::CacheBackend>::new(&name).within(&ns))
-        },
-    )
-    .graceful_shutdown_on(stop.clone().cancelled_owned())
-    .run(backend::reconcile, backend::error_policy, ctx);
+        .owns(Api::<Deployment>::all(client.clone()), owned())
+        .owns(Api::<StatefulSet>::all(client.clone()), owned())
+        .owns(Api::<Service>::all(client.clone()), owned())
+        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned())
+        .watches(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default(),
+            |pod: Pod| {
+                ic_controller_core::observe::injected_by(pod.metadata.annotations.as_ref())
+                    .map(|(ns, name)| ObjectRef::<ic_api::CacheBackend>::new(&name).within(&ns))
+            },
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(backend::reconcile, backend::error_policy, ctx);
     set.spawn(backends.for_each(|_| async {}));
 
     let pod_ctx = Arc::new(enginepod::PodEventsContext::new(
