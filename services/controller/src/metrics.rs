@@ -133,6 +133,21 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// Counts one pass of `controller` that started at `started` and ended
+    /// with `result`, and its error reason if it failed.
+    pub fn pass<T, E>(
+        &self,
+        controller: &'static str,
+        started: std::time::Instant,
+        result: &Result<T, E>,
+        reason: impl FnOnce(&E) -> &'static str,
+    ) {
+        self.observe(controller, result.is_ok(), started.elapsed().as_secs_f64());
+        if let Err(e) = result {
+            self.error(controller, reason(e));
+        }
+    }
+
     /// Counts one error of `controller`.
     pub fn error(&self, controller: &'static str, reason: &'static str) {
         self.errors

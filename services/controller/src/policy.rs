@@ -136,16 +136,10 @@ impl PolicyPusher {
         let started = Instant::now();
         let result = self.sync_inner().await;
         self.metrics
-            .observe(CONTROLLER, result.is_ok(), started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            self.metrics.error(
-                CONTROLLER,
-                match e {
-                    PolicyError::Kube(k) => kubeutil::reason(k),
-                    PolicyError::Push { .. } => "remote",
-                },
-            );
-        }
+            .pass(CONTROLLER, started, &result, |e| match e {
+                PolicyError::Kube(k) => kubeutil::reason(k),
+                PolicyError::Push { .. } => "remote",
+            });
         result
     }
 

@@ -1,8 +1,11 @@
-//! The CacheIndex poller: scrapes the index server's `/snapshot`, writes
-//! each CacheBackend's `status.indexParticipation` (its own field manager)
-//! and every CacheIndex's status, and exports the per-backend tier-2 hit
-//! rate. A failed scrape changes nothing but the CacheIndex `Available`
-//! condition: participation is soft state and survives a server blip.
+//! The CacheIndex poller: scrapes the index server's `/snapshot`
+//! (`--snapshot-url`), writes each CacheBackend's `status.indexParticipation`
+//! (its own field manager) and the status of every CacheIndex that names
+//! that server, and exports the per-backend tier-2 hit rate. A CacheIndex
+//! whose `serverURL` names another server is scraped on its own, at most
+//! once per its `pollIntervalSeconds`, for its own status only. A failed
+//! scrape changes nothing but the CacheIndex `Available` condition:
+//! participation is soft state and survives a server blip.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -12,7 +15,7 @@ use ic_api::cachebackend::CacheBackend;
 use ic_api::cacheindex::CacheIndex;
 use ic_api::consts::{conditions as types, reasons};
 use ic_controller_core::attribution::{self, BackendRef, Snapshot};
-use ic_controller_core::clock::Clock;
+use ic_controller_core::clock::{self, Clock, Timestamp};
 use ic_controller_core::conditions::Builder;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -56,6 +59,9 @@ pub struct Poller {
     /// Backends with an exported gauge series (prometheus-client cannot
     /// enumerate a family's label sets).
     exported: Arc<parking_lot::Mutex<BTreeSet<String>>>,
+    /// When each CacheIndex that names another server was last scraped
+    /// (its own `pollIntervalSeconds` paces it).
+    last_own_scrape: Arc<parking_lot::Mutex<BTreeMap<String, Timestamp>>>,
 }
 
 /// What one poll did.
@@ -89,18 +95,24 @@ impl Poller {
             metrics,
             clock,
             exported: Arc::default(),
+            last_own_scrape: Arc::default(),
         }
     }
 
-    /// Fetches and decodes the snapshot.
+    /// Fetches and decodes the snapshot of `--snapshot-url`.
     pub async fn scrape(&self) -> Result<Snapshot, PollError> {
+        self.scrape_url(&self.snapshot_url).await
+    }
+
+    /// Fetches and decodes the snapshot at `url`.
+    async fn scrape_url(&self, url: &str) -> Result<Snapshot, PollError> {
         let fail = |message: String| PollError::Scrape {
-            url: self.snapshot_url.clone(),
+            url: url.to_owned(),
             message,
         };
         let response = self
             .http
-            .get(&self.snapshot_url)
+            .get(url)
             .timeout(Duration::from_secs(10))
             .send()
             .await
@@ -117,18 +129,11 @@ impl Poller {
     pub async fn poll_once(&self) -> Result<PollReport, PollError> {
         let started = Instant::now();
         let result = self.poll_inner().await;
-        let ok = result.is_ok();
         self.metrics
-            .observe(CONTROLLER, ok, started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            self.metrics.error(
-                CONTROLLER,
-                match e {
-                    PollError::Scrape { .. } => "remote",
-                    PollError::Kube(k) => kubeutil::reason(k),
-                },
-            );
-        }
+            .pass(CONTROLLER, started, &result, |e| match e {
+                PollError::Scrape { .. } => "remote",
+                PollError::Kube(k) => kubeutil::reason(k),
+            });
         result
     }
 
@@ -141,12 +146,12 @@ impl Poller {
             Err(e) => {
                 self.count_scrape(false);
                 tracing::warn!(error = %e, "snapshot scrape failed; keeping the last observed state");
-                self.write_indexes(None, &e.to_string()).await?;
+                self.write_indexes(Err(&e.to_string())).await?;
                 return Err(e);
             }
         };
         let backends_written = self.write_backends(&snapshot).await?;
-        let indexes_written = self.write_indexes(Some(&snapshot), "").await?;
+        let indexes_written = self.write_indexes(Ok(&snapshot)).await?;
         Ok(PollReport {
             backends_written,
             indexes_written,
@@ -253,38 +258,50 @@ impl Poller {
         exported.clone_from(live);
     }
 
-    async fn write_indexes(
-        &self,
-        snapshot: Option<&Snapshot>,
-        error: &str,
-    ) -> Result<usize, PollError> {
+    /// Writes every CacheIndex's status. An index whose `serverURL` is the
+    /// server behind `--snapshot-url` reports `main` (the scrape this poll
+    /// made, or its error); an index naming another server is scraped on
+    /// its own, at most once per its `pollIntervalSeconds`.
+    async fn write_indexes(&self, main: Result<&Snapshot, &str>) -> Result<usize, PollError> {
         let api = Api::<CacheIndex>::all(self.client.clone());
         let indexes = api.list(&ListParams::default()).await?.items;
         let now = self.clock.now();
         let mut written = 0;
+        let mut seen = BTreeSet::new();
         for index in indexes {
             let Some(name) = index.metadata.name.clone() else {
                 continue;
             };
+            seen.insert(name.clone());
+            let url = snapshot_url_of(&index.spec.server_url);
+            let own;
+            let observed: Result<&Snapshot, String> = if url == self.snapshot_url {
+                main.map_err(str::to_owned)
+            } else {
+                if !self.own_scrape_due(&name, index.spec.poll_interval_seconds, now) {
+                    continue;
+                }
+                own = self.scrape_url(&url).await;
+                self.count_scrape(own.is_ok());
+                own.as_ref().map_err(ToString::to_string)
+            };
             let previous = index.status.clone().unwrap_or_default();
-            let mut next = match snapshot {
-                Some(s) => attribution::cache_index_status(s, now),
-                None => previous.clone(),
+            let mut next = match observed {
+                Ok(s) => attribution::cache_index_status(s, now),
+                Err(_) => previous.clone(),
             };
             next.observed_generation = index.metadata.generation;
             let mut conditions = Builder::new(&previous.conditions, now, index.metadata.generation);
-            match snapshot {
-                Some(s) => conditions.set(
+            match observed {
+                Ok(s) => conditions.set(
                     types::AVAILABLE,
                     "True",
                     reasons::PUSHED,
-                    format!(
-                        "scraped {} replica rows from {}",
-                        s.replicas.len(),
-                        self.snapshot_url
-                    ),
+                    format!("scraped {} replica rows from {url}", s.replicas.len()),
                 ),
-                None => conditions.set(types::AVAILABLE, "False", reasons::REMOTE_ERROR, error),
+                Err(error) => {
+                    conditions.set(types::AVAILABLE, "False", reasons::REMOTE_ERROR, error);
+                }
             }
             next.conditions = conditions.finish();
             if next == previous {
@@ -293,7 +310,22 @@ impl Poller {
             kubeutil::apply_status(&api, &name, POLLER_MANAGER, &next).await?;
             written += 1;
         }
+        self.last_own_scrape.lock().retain(|k, _| seen.contains(k));
         Ok(written)
+    }
+
+    /// Whether the index `name`, which names its own server, is due for a
+    /// scrape (and if so, records it as scraped now).
+    fn own_scrape_due(&self, name: &str, interval_seconds: i32, now: Timestamp) -> bool {
+        let every = Duration::from_secs(u64::try_from(interval_seconds.max(1)).unwrap_or(1));
+        let mut last = self.last_own_scrape.lock();
+        if let Some(&at) = last.get(name)
+            && clock::since(now, at) < every
+        {
+            return false;
+        }
+        last.insert(name.to_owned(), now);
+        true
     }
 
     /// Polls every `every` until `shutdown`.
@@ -325,4 +357,9 @@ pub fn exported_rates(metrics: &Metrics, backends: &[String]) -> BTreeMap<String
                 .map(|g| (b.clone(), g.get()))
         })
         .collect()
+}
+
+/// The `/snapshot` URL of an index server given by its base URL.
+pub fn snapshot_url_of(server_url: &str) -> String {
+    format!("{}/snapshot", server_url.trim().trim_end_matches('/'))
 }

@@ -318,17 +318,11 @@ impl TenantPusher {
         let started = Instant::now();
         let result = self.sync_inner().await;
         self.metrics
-            .observe(CONTROLLER, result.is_ok(), started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            self.metrics.error(
-                CONTROLLER,
-                match e {
-                    TenantError::Kube(k) => kubeutil::reason(k),
-                    TenantError::Coordinator { .. } => "remote",
-                    TenantError::Quantity(_) => "invalid_spec",
-                },
-            );
-        }
+            .pass(CONTROLLER, started, &result, |e| match e {
+                TenantError::Kube(k) => kubeutil::reason(k),
+                TenantError::Coordinator { .. } => "remote",
+                TenantError::Quantity(_) => "invalid_spec",
+            });
         result
     }
 

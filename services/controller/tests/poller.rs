@@ -14,13 +14,14 @@ use serde_json::json;
 
 const V: &str = "inferencecache.io/v1alpha1";
 
-fn cache_index() -> CacheIndex {
+/// A CacheIndex named `name` for the server whose /snapshot is `snapshot_url`.
+fn cache_index(name: &str, snapshot_url: &str, poll_interval_seconds: i32) -> CacheIndex {
     CacheIndex::new(
-        "default",
+        name,
         CacheIndexSpec {
-            server_url: "http://index:8081".into(),
+            server_url: snapshot_url.trim_end_matches("/snapshot").into(),
             grpc_address: None,
-            poll_interval_seconds: 15,
+            poll_interval_seconds,
         },
     )
 }
@@ -44,7 +45,7 @@ async fn scrape_attributes_writes_only_changes_and_survives_outages() {
         &[("app", "llm")],
         &[(annotations::INJECTED_BY, "team-a/pinned")],
     ));
-    fake.insert(&cache_index());
+    fake.insert(&cache_index("default", &server.snapshot_url(), 15));
 
     let (registry, metrics) = common::metrics();
     let clock = common::clock();
@@ -186,4 +187,54 @@ async fn a_drained_backend_resets_to_zero() {
         json!({"prefixCount": 0})
     );
     assert!(!registry.encode().contains(r#"backend="team-b/cache""#));
+}
+
+#[tokio::test]
+async fn an_index_naming_another_server_is_scraped_at_its_own_pace() {
+    let server = common::IndexServer::start();
+    server.ingest("team-c", "engine-0", 2, None).await;
+    let fake = FakeApi::new();
+    fake.insert(&cache_index("default", &server.snapshot_url(), 15));
+    // Nothing listens on port 1: this index's own server is down.
+    fake.insert(&cache_index("elsewhere", "http://127.0.0.1:1/snapshot", 60));
+    let (_registry, metrics) = common::metrics();
+    let clock = common::clock();
+    let poller = Poller::new(
+        fake.client(),
+        reqwest::Client::new(),
+        server.snapshot_url(),
+        metrics,
+        clock.clone(),
+    );
+    let available = |name: &str| {
+        let index: CacheIndex = fake.get(V, "cacheindexes", "", name).unwrap();
+        let st = index.status.unwrap();
+        (
+            st.replica_count,
+            st.conditions[0].status.clone(),
+            st.conditions[0].message.clone(),
+        )
+    };
+
+    let report = poller.poll_once().await.unwrap();
+    assert_eq!(report.indexes_written, 2);
+    let (replicas, status, message) = available("default");
+    assert_eq!((replicas, status.as_str()), (1, "True"));
+    assert!(message.contains(&server.snapshot_url()), "{message}");
+    let (replicas, status, message) = available("elsewhere");
+    assert_eq!((replicas, status.as_str()), (0, "False"));
+    assert!(message.contains("127.0.0.1:1/snapshot"), "{message}");
+
+    // Within its 60 s interval the other server is not scraped again.
+    server.ingest("team-c", "engine-1", 2, None).await;
+    clock.advance(std::time::Duration::from_secs(30));
+    fake.clear_requests();
+    let report = poller.poll_once().await.unwrap();
+    assert_eq!(report.indexes_written, 1, "only the main index changed");
+    assert_eq!(available("default").0, 2);
+    assert!(
+        fake.writes().iter().all(|w| !w.path.contains("elsewhere")),
+        "{:?}",
+        fake.writes()
+    );
 }
