@@ -298,7 +298,9 @@ fn wire(
             engine_port: engine_port(&out_spec.containers[engine], adapter.default_engine_port()),
             engine_metrics_url: None,
         };
-        let container = sidecars::subscriber_container(image, &config.index_server, &plan);
+        let guaranteed = sidecars::is_guaranteed(pod_spec);
+        let container =
+            sidecars::subscriber_container(image, &config.index_server, &plan, guaranteed);
         sidecars::converge(
             &mut out_spec.containers,
             SUBSCRIBER_CONTAINER,
@@ -371,6 +373,7 @@ fn wire(
             ));
         }
     }
+    let guaranteed = sidecars::is_guaranteed(pod_spec);
     let subscriber_container = subscriber.map(|(image, model)| {
         let port = engine_port(&out_spec.containers[engine], adapter.default_engine_port());
         let plan = SubscriberPlan {
@@ -382,7 +385,7 @@ fn wire(
                 .exports_tier2_metrics()
                 .then(|| format!("http://127.0.0.1:{port}/metrics")),
         };
-        sidecars::subscriber_container(image, &config.index_server, &plan)
+        sidecars::subscriber_container(image, &config.index_server, &plan, guaranteed)
     });
     sidecars::converge(
         &mut out_spec.containers,
@@ -390,9 +393,9 @@ fn wire(
         subscriber_container,
     );
     let kernel_container = match (&engine_image, kernel_mode) {
-        (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => {
-            Some(sidecars::kernel_check_container(image, kernel_mode))
-        }
+        (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => Some(
+            sidecars::kernel_check_container(image, kernel_mode, guaranteed),
+        ),
         _ => None,
     };
     sidecars::converge_opt(

@@ -19,7 +19,8 @@ use ic_api::CacheBackend;
 use ic_api::consts::{annotations, kernel_check};
 
 use crate::merge::{env, upsert_container};
-use crate::runtime::{is_ours, marker};
+use crate::quantity;
+use crate::runtime::{is_injected, is_ours, marker};
 
 /// Subscriber sidecar container name.
 pub const SUBSCRIBER_CONTAINER: &str = ic_api::consts::injected::SUBSCRIBER_CONTAINER;
@@ -57,20 +58,61 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
-fn requests(cpu: &str, memory: &str) -> ResourceRequirements {
+/// A sidecar's resources: requests only, or limits equal to the requests
+/// when the pod is Guaranteed — a container without limits would demote
+/// the whole pod to Burstable (losing, e.g., exclusive CPUs under the
+/// kubelet's static CPU manager and its place in the eviction order).
+fn sidecar_resources(cpu: &str, memory: &str, guaranteed: bool) -> ResourceRequirements {
+    let amounts = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(cpu.to_owned())),
+        ("memory".to_owned(), Quantity(memory.to_owned())),
+    ]);
     ResourceRequirements {
-        requests: Some(BTreeMap::from([
-            ("cpu".to_owned(), Quantity(cpu.to_owned())),
-            ("memory".to_owned(), Quantity(memory.to_owned())),
-        ])),
+        limits: guaranteed.then(|| amounts.clone()),
+        requests: Some(amounts),
         ..ResourceRequirements::default()
     }
+}
+
+/// Whether the pod's own containers (init and regular, ours excluded) are
+/// all in the Guaranteed shape: cpu and memory limits set, requests absent
+/// (defaulted to the limits) or equal to them.
+pub fn is_guaranteed(spec: &PodSpec) -> bool {
+    let guaranteed = |c: &Container| {
+        let Some(res) = &c.resources else {
+            return false;
+        };
+        let Some(limits) = &res.limits else {
+            return false;
+        };
+        ["cpu", "memory"].iter().all(|name| {
+            let Some(limit) = limits.get(*name).and_then(|q| quantity::parse(&q.0).ok()) else {
+                return false;
+            };
+            match res.requests.as_ref().and_then(|r| r.get(*name)) {
+                None => true,
+                Some(request) => quantity::parse(&request.0).is_ok_and(|r| r == limit),
+            }
+        })
+    };
+    let mut own = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter(|c| !is_injected(c))
+        .peekable();
+    own.peek().is_some() && own.all(guaranteed)
 }
 
 /// The subscriber sidecar. The image's entrypoint is the subscriber binary;
 /// identity comes from the downward API through the env names the binary
 /// reads (`POD_NAME`, `POD_NAMESPACE`, `POD_IP`).
-pub fn subscriber_container(image: &str, index_server: &str, plan: &SubscriberPlan) -> Container {
+pub fn subscriber_container(
+    image: &str,
+    index_server: &str,
+    plan: &SubscriberPlan,
+    guaranteed: bool,
+) -> Container {
     let mut args = vec![
         format!("--model-id={}", plan.model_id),
         format!("--hash-scheme={}", plan.hash_scheme),
@@ -95,7 +137,7 @@ pub fn subscriber_container(image: &str, index_server: &str, plan: &SubscriberPl
             field_env("POD_NAMESPACE", "metadata.namespace"),
             field_env("POD_IP", "status.podIP"),
         ]),
-        resources: Some(requests("50m", "64Mi")),
+        resources: Some(sidecar_resources("50m", "64Mi", guaranteed)),
         ..Container::default()
     }
 }
@@ -195,8 +237,9 @@ except BaseException as e:
 "#;
 
 /// The kernel-check init container, in the engine's own image. Small
-/// requests and no limits: the shape least likely to trip a LimitRange.
-pub fn kernel_check_container(image: &str, mode: KernelCheckMode) -> Container {
+/// requests and no limits (the shape least likely to trip a LimitRange),
+/// unless the pod is Guaranteed.
+pub fn kernel_check_container(image: &str, mode: KernelCheckMode, guaranteed: bool) -> Container {
     Container {
         name: KERNEL_CHECK_CONTAINER.to_owned(),
         image: Some(image.to_owned()),
@@ -209,7 +252,7 @@ pub fn kernel_check_container(image: &str, mode: KernelCheckMode) -> Container {
             marker(KERNEL_CHECK_CONTAINER),
             env(KERNEL_CHECK_MODE_ENV, mode.as_str()),
         ]),
-        resources: Some(requests("100m", "256Mi")),
+        resources: Some(sidecar_resources("100m", "256Mi", guaranteed)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Container::default()
     }

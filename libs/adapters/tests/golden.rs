@@ -100,6 +100,53 @@ fn vllm_mooncakestore_without_host_network_warns() {
     assert_eq!(a.warnings.len(), 2);
 }
 
+/// A Guaranteed engine pod (cpu and memory limits, requests defaulted to
+/// them) must stay Guaranteed: every sidecar we add gets limits equal to
+/// its requests. A Burstable pod's sidecars keep requests only.
+#[test]
+fn guaranteed_pods_stay_guaranteed() {
+    let strict = backend_with(
+        "cb",
+        json!({}),
+        json!({"metadata": {"annotations": {"inferencecache.io/lmcache-kernel-check": "strict"}}}),
+    );
+    let pod = engine_pod(json!({"resources": {
+        "limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+        "requests": {"cpu": "8000m"},
+    }}));
+    let out = golden("vllm_guaranteed", &pod, std::slice::from_ref(&strict));
+    let spec = out.pod.spec.as_ref().expect("spec");
+    let all: Vec<_> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    assert_eq!(all.len(), 3, "engine, subscriber, kernel check");
+    for c in &all[1..] {
+        let res = c.resources.as_ref().expect("resources");
+        assert_eq!(
+            res.limits, res.requests,
+            "{}: limits must equal requests",
+            c.name
+        );
+    }
+    assert!(ic_adapters::sidecars::is_guaranteed(spec));
+
+    // Burstable (no memory limit): requests only, as before.
+    let burstable = engine_pod(json!({"resources": {"limits": {"cpu": "8"}}}));
+    assert!(!ic_adapters::sidecars::is_guaranteed(
+        burstable.spec.as_ref().expect("spec")
+    ));
+    let out = admit_pod(&burstable, &[strict], &config());
+    let spec = out.pod.spec.as_ref().expect("spec");
+    assert!(
+        spec.containers
+            .iter()
+            .skip(1)
+            .all(|c| c.resources.as_ref().is_some_and(|r| r.limits.is_none()))
+    );
+}
+
 #[test]
 fn vllm_kernel_check_strict_and_off() {
     let strict = backend_with(
