@@ -55,3 +55,27 @@ pub fn reason(error: &kube::Error) -> &'static str {
 pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.code == 404)
 }
+
+/// Runs `pass` every `every` until `shutdown`, logging a failed pass as
+/// `what` (the periodic loops of the poller and the pushers).
+pub async fn run_every<T, E, Fut>(
+    every: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    mut pass: impl FnMut() -> Fut,
+) where
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if let Err(e) = pass().await {
+            tracing::warn!(error = %e, pass = what, "periodic pass failed");
+        }
+    }
+}

@@ -220,17 +220,8 @@ impl PolicyPusher {
 
     /// Syncs every `every` until `shutdown`.
     pub async fn run(self, every: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = self.sync_once().await {
-                tracing::warn!(error = %e, "CachePolicy sync failed");
-            }
-        }
+        let this = &self;
+        kubeutil::run_every(every, shutdown, "CachePolicy sync", || this.sync_once()).await;
     }
 }
 

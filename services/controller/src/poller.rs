@@ -330,17 +330,8 @@ impl Poller {
 
     /// Polls every `every` until `shutdown`.
     pub async fn run(self, every: Duration, shutdown: CancellationToken) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            if let Err(e) = self.poll_once().await {
-                tracing::warn!(error = %e, "CacheIndex poll failed");
-            }
-        }
+        let this = &self;
+        kubeutil::run_every(every, shutdown, "CacheIndex poll", || this.poll_once()).await;
     }
 }
 
