@@ -81,7 +81,7 @@ async fn failed_scrape_marks_cache_index_unavailable_and_nothing_else() {
                    "metadata": {"resourceVersion": "5"},
                    "items": [{"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
                               "metadata": {"name": "default", "generation": 2},
-                              "spec": {"serverURL": "http://index:8081"},
+                              "spec": {"serverURL": "http://127.0.0.1:9"},
                               "status": {"replicaCount": 2, "prefixCount": 9}}]}),
         ),
         Exchange::new(
@@ -89,7 +89,7 @@ async fn failed_scrape_marks_cache_index_unavailable_and_nothing_else() {
             "/apis/inferencecache.io/v1alpha1/cacheindexes/default/status?&force=true&fieldManager=ic-controller-index-poller",
             200,
             json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
-                   "metadata": {"name": "default"}, "spec": {"serverURL": "http://index:8081"}}),
+                   "metadata": {"name": "default"}, "spec": {"serverURL": "http://127.0.0.1:9"}}),
         )
         .content_type("application/apply-patch+yaml")
         .body(json!({
