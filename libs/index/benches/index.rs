@@ -127,6 +127,7 @@ fn bench_lookup(c: &mut Criterion) {
         bytes as f64 / index.len() as f64
     );
     latency_distribution(&index, entries, if benching { 20_000 } else { 50 });
+    let scope = scope();
     let mut group = c.benchmark_group(format!("lookup_{}k_entries", entries / 1000));
     for prompt in [16u32, 128, 1024] {
         // Replica group 0's first family: a full-length match on 4 replicas.
@@ -135,14 +136,14 @@ fn bench_lookup(c: &mut Criterion) {
             BenchmarkId::from_parameter(format!("{prompt}_blocks")),
             &fps,
             |b, fps| {
-                b.iter(|| black_box(index.lookup(&scope(), black_box(fps), None, None)));
+                b.iter(|| black_box(index.lookup(&scope, black_box(fps), None, None)));
             },
         );
     }
     let candidates: HashSet<String> = (0..8).map(|r| format!("engine-{r}")).collect();
     let fps: Vec<u64> = (0..128).map(|d| fp(0, d)).collect();
     group.bench_function("128_blocks_8_candidates", |b| {
-        b.iter(|| black_box(index.lookup(&scope(), &fps, Some(&candidates), None)));
+        b.iter(|| black_box(index.lookup(&scope, &fps, Some(&candidates), None)));
     });
     group.finish();
 }
@@ -153,6 +154,7 @@ fn latency_distribution(index: &Index, entries: u64, samples: usize) {
     let per_replica = entries / u64::from(REPLICAS);
     let families = per_replica.div_ceil(u64::from(CHAIN)).max(1);
     let groups = u64::from(REPLICAS / 4);
+    let scope = scope();
     for prompt in [16u32, 128, 1024] {
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let prompts: Vec<Vec<u64>> = (0..1024)
@@ -170,7 +172,7 @@ fn latency_distribution(index: &Index, entries: u64, samples: usize) {
             .take(samples)
             .map(|p| {
                 let t = std::time::Instant::now();
-                black_box(index.lookup(&scope(), black_box(p), None, None));
+                black_box(index.lookup(&scope, black_box(p), None, None));
                 t.elapsed()
             })
             .collect();

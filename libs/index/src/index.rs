@@ -1,22 +1,24 @@
 //! The index itself.
 //!
-//! Layout: blocks live in `shards` (compact tables, see [`crate::table`]),
-//! keyed by the fingerprint mixed with the scope id, each holding its depth
-//! in the prompt and its holders (replica, tier, store epoch). Writers
-//! (ingest) are serialised by one mutex that also owns per-replica counters
-//! and the eviction clock; each write locks one shard for one block, so a
-//! lookup waits for at most one block's write. Readers never take the
-//! writer mutex.
+//! Layout: blocks live in the [`crate::store`] — 16-byte records in the
+//! order engines reported them (so a prompt's blocks are mostly adjacent),
+//! found through a sharded key table — keyed by the fingerprint mixed with
+//! the scope id, each holding its depth in the prompt and its holders
+//! (replica, tier, store epoch). Writers (ingest) are serialised by one
+//! mutex that also owns per-replica counters and the eviction clock; a
+//! write holds one page or key-shard lock at a time for a few records, so a
+//! lookup waits for at most one short write. Readers never take the writer
+//! mutex.
 //!
 //! There is deliberately no per-replica set of held blocks and no per-entry
 //! eviction queue — they cost more memory than the entries themselves.
 //! Instead:
 //! * eviction works in store *epochs*: every entry carries the epoch it was
 //!   last stored in, and the capacity bound removes whole oldest epochs in
-//!   one pass over the shards (an epoch is 1/16 of capacity, so a pass
-//!   evicts at least that much);
+//!   one pass over the pages that hold them (an epoch is 1/16 of capacity,
+//!   so a pass evicts at least that much);
 //! * dropping a replica's entries (drain, scope move, resync, clear) is a
-//!   pass over the shards. A resync first builds the new state under a
+//!   pass over the pages. A resync first builds the new state under a
 //!   fresh, not yet visible replica slot and then swaps the slots in the
 //!   registry, so lookups see the old state or the new, never a mix.
 
@@ -24,10 +26,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Mutex, RwLock};
 use smallvec::SmallVec;
 
-use crate::table::{self, EPOCHS, Found, Holder, MAX_DEPTH, MAX_REPLICAS, Shard, Stored};
+use crate::arena::{EPOCHS, EpochSet, Holder, MAX_DEPTH, MAX_REPLICAS, Stored, add_epoch};
+use crate::store::{Block, Store};
 use crate::types::{
     Candidate, Change, ContentError, Fingerprint, LookupOutcome, ReplicaKey, ReplicaSnapshot,
     Scope, Tier,
@@ -40,14 +43,9 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 type ScopeId = u32;
 type ReplicaIdx = u32;
 
-/// A block about to be stored: (shard, hash, key, depth, fingerprint).
-type PendingStore = (usize, u64, u64, u32, Fingerprint);
-
-/// Blocks probed together in a lookup.
-const LOOKUP_CHUNK: usize = 16;
-/// Most blocks stored under one shard lock (bounds how long a lookup can
-/// wait for ingest).
-const STORE_BATCH: usize = 16;
+/// Capacity is clamped here so record ids (32 bits, pages at least half
+/// live) can never run out.
+const MAX_CAPACITY: u64 = 1 << 30;
 
 /// The table key of a block: scopes get disjoint key spaces (a replica's
 /// scope is also checked on every answer, so a cross-scope key collision
@@ -117,7 +115,7 @@ pub struct IndexConfig {
     /// Most (replica, block) entries held; beyond it the least recently
     /// stored are evicted.
     pub capacity_entries: u64,
-    /// Number of lock shards (rounded up to a power of two).
+    /// Number of key-table lock shards (rounded up to a power of two).
     pub shards: usize,
 }
 
@@ -135,7 +133,7 @@ impl Default for IndexConfig {
 pub struct Index {
     config: IndexConfig,
     registry: RwLock<Registry>,
-    shards: Box<[RwLock<Shard>]>,
+    store: Store,
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
@@ -189,12 +187,13 @@ fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -
 
 impl Index {
     /// An empty index.
-    pub fn new(config: IndexConfig) -> Self {
+    pub fn new(mut config: IndexConfig) -> Self {
         let n = config.shards.clamp(1, 1024).next_power_of_two();
+        config.capacity_entries = config.capacity_entries.min(MAX_CAPACITY);
         Self {
             config,
             registry: RwLock::default(),
-            shards: (0..n).map(|_| RwLock::default()).collect(),
+            store: Store::new(n),
             writer: Mutex::new(Writer {
                 counts: Vec::new(),
                 slots: 0,
@@ -207,16 +206,6 @@ impl Index {
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
         }
-    }
-
-    fn shard_of(&self, h: u64) -> usize {
-        // The table indexes by the hash's low bits and tags with its top 7:
-        // take the shard from bits in between so all three stay independent.
-        let bits = self.shards.len().trailing_zeros();
-        // Masked to `bits` (≤ 10) bits: always a valid index.
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> 40) as usize) & ((1 << bits) - 1);
-        i
     }
 
     /// Resident (replica, block) entries.
@@ -399,6 +388,7 @@ impl Index {
         self.drop_where(&mut writer, idx, None);
         *writer.counts(idx) = Counts::default();
         writer.free_slots.push(idx);
+        self.store.compact();
         true
     }
 
@@ -458,14 +448,11 @@ impl Index {
                 }
                 Change::Evicted { fingerprints } => {
                     for &fp in fingerprints {
-                        let key = entry_key(scope, fp);
-                        let h = table::hash(key);
-                        let removed = self.shards[self.shard_of(h)]
-                            .write()
-                            .remove(h, key, idx, None);
-                        if let Some(holder) = removed {
-                            self.forget(writer, holder);
-                        }
+                        self.store.remove(
+                            Block::new(entry_key(scope, fp), 0),
+                            |h| h.replica() == idx,
+                            |h| self.forget(writer, h),
+                        );
                     }
                 }
                 Change::Cleared { tier } => {
@@ -485,9 +472,8 @@ impl Index {
         errors
     }
 
-    /// Stores a chain of blocks, grouped by shard so each shard is locked
-    /// once per small group (the table probes within a group overlap) and
-    /// the bookkeeping happens outside the lock.
+    /// Stores a chain of blocks; the bookkeeping happens after the store
+    /// released its locks.
     #[allow(clippy::too_many_arguments)]
     fn store_chain(
         &self,
@@ -499,60 +485,48 @@ impl Index {
         tier: Tier,
         errors: &mut Vec<ContentError>,
     ) {
-        let mut items: SmallVec<[PendingStore; 64]> = fingerprints
+        let blocks: Vec<Block> = fingerprints
             .iter()
             .enumerate()
             .map(|(i, &fp)| {
-                let key = entry_key(scope, fp);
-                let h = table::hash(key);
                 let depth = start_depth
                     .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
                     .min(MAX_DEPTH);
-                (self.shard_of(h), h, key, depth, fp)
+                Block::new(entry_key(scope, fp), depth)
             })
             .collect();
-        items.sort_unstable_by_key(|item| item.0);
-        for group in items.chunk_by(|a, b| a.0 == b.0) {
-            for batch in group.chunks(STORE_BATCH) {
-                // The epoch each store will be accounted in (the clock ticks
-                // per store, exactly as `account_store` advances it).
-                let mut epochs: SmallVec<[u32; STORE_BATCH]> = SmallVec::new();
-                let (mut epoch, mut fill) = (writer.epoch, writer.epoch_fill);
-                for _ in batch {
-                    epochs.push(epoch);
-                    fill += 1;
-                    if fill >= writer.epoch_size {
-                        epoch = (epoch + 1) % EPOCHS;
-                        fill = 0;
-                    }
-                }
-                let mut results: SmallVec<[Result<Stored, u32>; STORE_BATCH]> = SmallVec::new();
-                {
-                    let mut shard = self.shards[batch[0].0].write();
-                    // Start every slot's cache line loading before storing.
-                    let warm = batch.iter().fold(0, |acc, item| acc ^ shard.touch(item.1));
-                    std::hint::black_box(warm);
-                    results.extend(batch.iter().zip(&epochs).map(
-                        |(&(_, h, key, depth, _), &epoch)| {
-                            shard.store(h, key, depth, Holder::new(idx, tier, epoch))
-                        },
-                    ));
-                }
-                for ((&(_, _, _, depth, fp), result), &epoch) in
-                    batch.iter().zip(results).zip(&epochs)
-                {
-                    match result {
-                        Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
-                        Err(known) => {
-                            errors.push(ContentError::DepthMismatch {
-                                fingerprint: fp,
-                                known,
-                                reported: depth,
-                            });
-                            // Keep the clock in step with the epochs handed out.
-                            self.tick_clock(writer);
-                        }
-                    }
+        // The epoch each store will be accounted in (the clock ticks per
+        // store, exactly as `account_store` advances it).
+        let mut epochs: Vec<u32> = Vec::with_capacity(blocks.len());
+        let (mut epoch, mut fill) = (writer.epoch, writer.epoch_fill);
+        for _ in &blocks {
+            epochs.push(epoch);
+            fill += 1;
+            if fill >= writer.epoch_size {
+                epoch = (epoch + 1) % EPOCHS;
+                fill = 0;
+            }
+        }
+        let Ok(results) = self
+            .store
+            .store_chain(&blocks, |i| Holder::new(idx, tier, epochs[i]))
+        else {
+            errors.push(ContentError::OutOfSpace);
+            return;
+        };
+        for (((block, fp), result), &epoch) in
+            blocks.iter().zip(fingerprints).zip(results).zip(&epochs)
+        {
+            match result {
+                Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
+                Err(known) => {
+                    errors.push(ContentError::DepthMismatch {
+                        fingerprint: *fp,
+                        known,
+                        reported: block.depth,
+                    });
+                    // Keep the clock in step with the epochs handed out.
+                    self.tick_clock(writer);
                 }
             }
         }
@@ -610,24 +584,26 @@ impl Index {
     }
 
     /// Removes every entry of slot `idx` (at `tier`, if given): one pass
-    /// over the shards, each locked only for its own pass.
+    /// over the pages, each locked only for its own part.
     fn drop_where(&self, writer: &mut Writer, idx: ReplicaIdx, tier: Option<Tier>) {
         if writer.counts(idx).entries == 0 {
             return;
         }
-        for shard in &self.shards {
-            shard.write().remove_where(
-                |h| h.replica() == idx && tier.is_none_or(|t| h.tier() == t),
-                |h| self.forget(writer, h),
-            );
-        }
+        self.store.remove_where(
+            None,
+            |h| h.replica() == idx && tier.is_none_or(|t| h.tier() == t),
+            |h| self.forget(writer, h),
+        );
     }
 
+    /// Evicts beyond capacity, then lets the store reclaim emptied and
+    /// sparse pages.
     fn enforce_capacity(&self, writer: &mut Writer) {
         if self.len() > self.config.capacity_entries {
             let excess = self.len() - self.config.capacity_entries;
             self.evict_oldest(writer, excess);
         }
+        self.store.compact();
     }
 
     /// Evicts whole epochs, oldest first, until at least `at_least` entries
@@ -651,16 +627,19 @@ impl Index {
         if selected == 0 {
             return;
         }
-        let mut evicted = 0u64;
-        for shard in &self.shards {
-            shard.write().remove_where(
-                |h| doomed[h.epoch() as usize],
-                |h| {
-                    evicted += 1;
-                    self.forget(writer, h);
-                },
-            );
+        let mut epochs: EpochSet = [0; (EPOCHS / 64) as usize];
+        for (e, _) in doomed.iter().enumerate().filter(|(_, d)| **d) {
+            add_epoch(&mut epochs, u32::try_from(e).unwrap_or(0));
         }
+        let mut evicted = 0u64;
+        self.store.remove_where(
+            Some(&epochs),
+            |h| doomed[h.epoch() as usize],
+            |h| {
+                evicted += 1;
+                self.forget(writer, h);
+            },
+        );
         self.capacity_evictions
             .fetch_add(evicted, Ordering::Relaxed);
     }
@@ -687,107 +666,78 @@ impl Index {
         let Some((&first, rest)) = fingerprints.split_first() else {
             return LookupOutcome::NoEntry;
         };
-        // Shard read guards, taken on first use and kept for the lookup:
-        // one lock round trip per shard rather than per block.
-        let mut guards: SmallVec<[Option<RwLockReadGuard<'_, Shard>>; 64]> =
-            (0..self.shards.len()).map(|_| None).collect();
-        let key = entry_key(scope_id, first);
-        let h = table::hash(key);
-        let s = self.shard_of(h);
-        guards[s] = Some(self.shards[s].read());
+        let dir = self.store.directory();
+        let mut reader = self.store.reader(&dir);
+        let first = Block::new(entry_key(scope_id, first), 0);
+        let Some(mut prev) = reader.find(first.key, first.h) else {
+            return LookupOutcome::NoEntry;
+        };
         // (replica, coldest tier so far)
-        let mut active: SmallVec<[(ReplicaIdx, Tier); 8]> =
-            match guards[s].as_ref().and_then(|g| g.get(h, key)) {
-                Some((_, holders)) => holders
-                    .iter()
-                    .map(|&x| Holder::from_raw(x))
-                    .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
-                    .map(|x| (x.replica(), x.tier()))
-                    .collect(),
-                None => SmallVec::new(),
-            };
+        let mut active: SmallVec<[(ReplicaIdx, Tier); 8]> = match reader.view(prev) {
+            Some(view) => view
+                .holders
+                .iter()
+                .map(|&x| Holder::from_raw(x))
+                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .map(|x| (x.replica(), x.tier()))
+                .collect(),
+            None => SmallVec::new(),
+        };
         if active.is_empty() {
             return LookupOutcome::NoEntry;
         }
         let mut finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = SmallVec::new();
         let mut matched = 1u32;
-        // Blocks go in chunks: first every lock the chunk needs, then its
-        // table probes back to back (independent loads the CPU overlaps,
-        // instead of one cache miss after another), then the scoring.
-        'chunks: for chunk in rest.chunks(LOOKUP_CHUNK) {
-            let mut at: [(usize, u64, u64); LOOKUP_CHUNK] = [(0, 0, 0); LOOKUP_CHUNK];
-            for (slot, &fp) in at.iter_mut().zip(chunk) {
-                let key = entry_key(scope_id, fp);
-                let h = table::hash(key);
-                let s = self.shard_of(h);
-                if guards[s].is_none() {
-                    guards[s] = Some(self.shards[s].read());
-                }
-                *slot = (s, h, key);
-            }
-            // Touch every slot, probe them, touch the spill lists, read
-            // them: rounds of independent loads the CPU keeps in flight
-            // together, instead of one cache miss after another.
-            let mut warm = 0u64;
-            for &(s, h, _) in &at[..chunk.len()] {
-                warm ^= guards[s].as_ref().map_or(0, |g| g.touch(h));
-            }
-            let mut slots: [Option<Found>; LOOKUP_CHUNK] = [None; LOOKUP_CHUNK];
-            for (out, &(s, h, key)) in slots.iter_mut().zip(&at[..chunk.len()]) {
-                *out = guards[s].as_ref().and_then(|g| g.find(h, key));
-            }
-            for (&(s, _, _), slot) in at[..chunk.len()].iter().zip(&slots) {
-                if let (Some(g), Some(slot)) = (guards[s].as_ref(), slot.as_ref()) {
-                    warm ^= g.touch_holders(slot);
-                }
-            }
-            std::hint::black_box(warm);
-            let mut found: [&[u32]; LOOKUP_CHUNK] = [&[]; LOOKUP_CHUNK];
-            for ((out, &(s, _, _)), slot) in found.iter_mut().zip(&at[..chunk.len()]).zip(&slots) {
-                if let (Some(g), Some(slot)) = (guards[s].as_ref(), slot.as_ref()) {
-                    *out = g.holders(slot);
-                }
-            }
-            for holders in &found[..chunk.len()] {
-                // Fast path: the block's holders start with the active
-                // replicas in the same order (they stored the chain in the
-                // same order), so everyone stays.
-                if holders.len() >= active.len()
-                    && active
-                        .iter()
-                        .zip(holders.iter())
-                        .all(|(a, &h)| Holder::from_raw(h).replica() == a.0)
-                {
-                    for (a, &h) in active.iter_mut().zip(holders.iter()) {
-                        a.1 = a.1.max(Holder::from_raw(h).tier());
-                    }
-                    matched += 1;
-                    continue;
-                }
-                // Compact `active` in place (most blocks keep everyone).
-                let mut kept = 0;
-                for k in 0..active.len() {
-                    let (idx, tier) = active[k];
-                    match holders
-                        .iter()
-                        .map(|&x| Holder::from_raw(x))
-                        .find(|x| x.replica() == idx)
-                    {
-                        Some(x) => {
-                            active[kept] = (idx, tier.max(x.tier()));
-                            kept += 1;
-                        }
-                        None => finished.push((idx, matched, tier)),
-                    }
-                }
-                active.truncate(kept);
-                if active.is_empty() {
-                    break 'chunks;
+        for &fp in rest {
+            // Blocks an engine reported together were stored side by side:
+            // most steps read the record right after the previous one.
+            let Some(rec) = reader.find_after(Some(prev), entry_key(scope_id, fp)) else {
+                break;
+            };
+            prev = rec;
+            let Some(view) = reader.view(rec) else {
+                break;
+            };
+            let holders = view.holders;
+            // Fast path: the block's holders start with the active replicas
+            // in the same order (they stored the chain in the same order),
+            // so everyone stays.
+            if holders.len() >= active.len()
+                && active
+                    .iter()
+                    .zip(holders.iter())
+                    .all(|(a, &h)| Holder::from_raw(h).replica() == a.0)
+            {
+                for (a, &h) in active.iter_mut().zip(holders.iter()) {
+                    a.1 = a.1.max(Holder::from_raw(h).tier());
                 }
                 matched += 1;
+                continue;
             }
+            // Compact `active` in place (most blocks keep everyone).
+            let mut kept = 0;
+            for k in 0..active.len() {
+                let (idx, tier) = active[k];
+                match holders
+                    .iter()
+                    .map(|&x| Holder::from_raw(x))
+                    .find(|x| x.replica() == idx)
+                {
+                    Some(x) => {
+                        active[kept] = (idx, tier.max(x.tier()));
+                        kept += 1;
+                    }
+                    None => finished.push((idx, matched, tier)),
+                }
+            }
+            active.truncate(kept);
+            if active.is_empty() {
+                break;
+            }
+            matched += 1;
         }
-        drop(guards);
+        drop(reader);
+        drop(dir);
         finished.extend(active.iter().map(|&(idx, tier)| (idx, matched, tier)));
         ranked(&reg, scope_id, &finished)
     }
@@ -805,18 +755,21 @@ impl Index {
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return LookupOutcome::UnknownScope;
         };
-        let key = entry_key(scope_id, fingerprint);
-        let h = table::hash(key);
+        let block = Block::new(entry_key(scope_id, fingerprint), 0);
         let matches: Vec<(ReplicaIdx, u32, Tier)> = {
-            let shard = self.shards[self.shard_of(h)].read();
-            let Some((depth, holders)) = shard.get(h, key) else {
+            let dir = self.store.directory();
+            let mut reader = self.store.reader(&dir);
+            let Some(view) = reader
+                .find(block.key, block.h)
+                .and_then(|rec| reader.view(rec))
+            else {
                 return LookupOutcome::NoEntry;
             };
-            holders
+            view.holders
                 .iter()
                 .map(|&x| Holder::from_raw(x))
                 .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
-                .map(|x| (x.replica(), depth.saturating_add(1), x.tier()))
+                .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
                 .collect()
         };
         if matches.is_empty() {

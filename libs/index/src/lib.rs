@@ -8,12 +8,15 @@
 //! scheme and adapter — isolation is structural, not a filter that could be
 //! forgotten.
 //!
-//! The map is split into shards behind their own locks; ingest locks one
-//! shard per block, so a lookup never waits for more than one block's write.
+//! Blocks are stored as records in the order engines reported them, so a
+//! lookup walking a prompt mostly reads the record right after the last one
+//! (see `store`); ingest holds one page or key-shard lock at a time for a
+//! few records, so a lookup never waits for more than a short write.
 
+mod arena;
 mod index;
-mod slots;
-mod table;
+mod keys;
+mod store;
 mod types;
 
 pub use index::{Index, IndexConfig};

@@ -130,6 +130,9 @@ pub enum ContentError {
     },
     /// Every replica slot is in use; the change was not applied.
     TooManyReplicas,
+    /// The record space is exhausted; the chain was not stored (cannot
+    /// happen within the index's capacity limit).
+    OutOfSpace,
 }
 
 /// One replica as `/snapshot` shows it.

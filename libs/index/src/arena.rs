@@ -1,0 +1,453 @@
+//! Block records, kept in the order they were first stored.
+//!
+//! A record is 16 bytes: the block's table key, its depth and one holder
+//! inline (or, when several replicas hold the block, an index into the
+//! page's own holder lists). Records live in fixed-size pages and are
+//! appended, so the blocks of a chain an engine reported in one event sit
+//! next to each other: a lookup walking a prompt reads consecutive records
+//! (a cache line holds four) instead of one random location per block.
+//!
+//! A removed record is marked dead in place; pages that fall below half
+//! live are compacted by the store (see [`crate::store`]).
+
+use smallvec::SmallVec;
+
+use crate::types::Tier;
+
+/// Records per page (32 KiB pages; tiny under test so that page
+/// boundaries, compaction and freeing happen in small scenarios).
+#[cfg(not(test))]
+pub(crate) const PAGE_BITS: u32 = 11;
+#[cfg(test)]
+pub(crate) const PAGE_BITS: u32 = 3;
+pub(crate) const PAGE_RECORDS: usize = 1 << PAGE_BITS;
+/// Most pages a record id can name.
+pub(crate) const MAX_PAGES: usize = 1 << (32 - PAGE_BITS);
+
+/// A record's id: page number and offset in the page.
+pub(crate) type RecId = u32;
+
+pub(crate) fn rec_id(page: usize, offset: usize) -> RecId {
+    // Pages are numbered below MAX_PAGES and offsets below PAGE_RECORDS.
+    #[allow(clippy::cast_possible_truncation)]
+    let id = ((page << PAGE_BITS) | offset) as RecId;
+    id
+}
+
+pub(crate) fn page_of(id: RecId) -> usize {
+    (id >> PAGE_BITS) as usize
+}
+
+pub(crate) fn offset_of(id: RecId) -> usize {
+    (id as usize) & (PAGE_RECORDS - 1)
+}
+
+/// Bits of a packed holder.
+const REPLICA_BITS: u32 = 21;
+const TIER_BIT: u32 = 1 << REPLICA_BITS;
+const EPOCH_SHIFT: u32 = REPLICA_BITS + 1;
+/// Most replica slots a packed holder can name.
+pub(crate) const MAX_REPLICAS: u32 = 1 << REPLICA_BITS;
+/// Number of distinct store epochs (the eviction clock wraps at this).
+pub(crate) const EPOCHS: u32 = 1 << (32 - EPOCH_SHIFT);
+
+/// `meta` of a dead record.
+const DEAD: u32 = u32::MAX;
+/// Marks `meta` as pointing into the page's holder lists.
+const SPILLED: u32 = 1 << 31;
+/// Depths are stored in the remaining bits (all ones is a dead record).
+pub(crate) const MAX_DEPTH: u32 = SPILLED - 2;
+
+/// A holder: replica slot, tier and the epoch it was (re)stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Holder(u32);
+
+impl Holder {
+    pub(crate) fn new(replica: u32, tier: Tier, epoch: u32) -> Self {
+        let tier_bit = if tier == Tier::T2 { TIER_BIT } else { 0 };
+        Self((replica & (MAX_REPLICAS - 1)) | tier_bit | ((epoch % EPOCHS) << EPOCH_SHIFT))
+    }
+    pub(crate) fn from_raw(raw: u32) -> Self {
+        Self(raw)
+    }
+    pub(crate) fn raw(self) -> u32 {
+        self.0
+    }
+    pub(crate) fn replica(self) -> u32 {
+        self.0 & (MAX_REPLICAS - 1)
+    }
+    pub(crate) fn tier(self) -> Tier {
+        if self.0 & TIER_BIT == 0 {
+            Tier::T1
+        } else {
+            Tier::T2
+        }
+    }
+    pub(crate) fn epoch(self) -> u32 {
+        self.0 >> EPOCH_SHIFT
+    }
+}
+
+/// A set of store epochs, one bit each.
+pub(crate) type EpochSet = [u64; (EPOCHS / 64) as usize];
+
+/// Adds `epoch` to `set`.
+pub(crate) fn add_epoch(set: &mut EpochSet, epoch: u32) {
+    set[(epoch / 64) as usize] |= 1 << (epoch % 64);
+}
+
+/// What storing a holder did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// A new (replica, block) entry.
+    Added,
+    /// The replica already held the block; this was its previous holder.
+    Refreshed(Holder),
+}
+
+/// Four inline holders cost no more than three (the heap form is as big).
+type HolderList = SmallVec<[u32; 4]>;
+
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    key: u64,
+    meta: u32,
+    payload: u32,
+}
+
+impl Record {
+    fn live(&self) -> bool {
+        self.meta != DEAD
+    }
+    fn spilled(&self) -> bool {
+        self.live() && self.meta & SPILLED != 0
+    }
+    fn depth(&self) -> u32 {
+        self.meta & !SPILLED
+    }
+}
+
+/// One page of records with the holder lists of its shared blocks.
+#[derive(Debug)]
+pub(crate) struct Page {
+    records: Vec<Record>,
+    spill: Vec<HolderList>,
+    free_spill: Vec<u32>,
+    live: usize,
+    /// Every epoch a holder on this page may carry (a superset: bits are
+    /// added on store and recomputed by [`Page::recount_epochs`]), so an
+    /// eviction pass skips the pages that hold none of its epochs.
+    epochs: EpochSet,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self {
+            records: Vec::with_capacity(PAGE_RECORDS),
+            spill: Vec::new(),
+            free_spill: Vec::new(),
+            live: 0,
+            epochs: [0; (EPOCHS / 64) as usize],
+        }
+    }
+}
+
+/// A live record as it is read: key, depth, holders.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct View<'a> {
+    pub(crate) key: u64,
+    pub(crate) depth: u32,
+    pub(crate) holders: &'a [u32],
+}
+
+impl Page {
+    /// Records appended so far (live or dead).
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Live records.
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Room for `n` more records.
+    pub(crate) fn room(&self) -> usize {
+        PAGE_RECORDS - self.records.len()
+    }
+
+    /// The live record at `offset`.
+    pub(crate) fn view(&self, offset: usize) -> Option<View<'_>> {
+        let r = self.records.get(offset).filter(|r| r.live())?;
+        let holders = if r.spilled() {
+            self.spill
+                .get(r.payload as usize)
+                .map_or(&[][..], |l| l.as_slice())
+        } else {
+            std::slice::from_ref(&r.payload)
+        };
+        Some(View {
+            key: r.key,
+            depth: r.depth(),
+            holders,
+        })
+    }
+
+    /// The key of the live record at `offset`.
+    pub(crate) fn key(&self, offset: usize) -> Option<u64> {
+        self.records.get(offset).filter(|r| r.live()).map(|r| r.key)
+    }
+
+    fn new_spill(&mut self, list: HolderList) -> u32 {
+        match self.free_spill.pop() {
+            Some(i) => {
+                self.spill[i as usize] = list;
+                i
+            }
+            None => {
+                self.spill.push(list);
+                u32::try_from(self.spill.len() - 1).unwrap_or(u32::MAX)
+            }
+        }
+    }
+
+    fn release_spill(&mut self, index: u32) {
+        if let Some(list) = self.spill.get_mut(index as usize) {
+            *list = HolderList::new();
+            self.free_spill.push(index);
+        }
+    }
+
+    /// Whether a holder on this page may carry an epoch of `set`.
+    pub(crate) fn may_hold(&self, set: &EpochSet) -> bool {
+        self.epochs.iter().zip(set).any(|(a, b)| a & b != 0)
+    }
+
+    /// Recomputes the page's epoch set exactly.
+    pub(crate) fn recount_epochs(&mut self) {
+        let mut set = [0; (EPOCHS / 64) as usize];
+        for offset in 0..self.records.len() {
+            if let Some(view) = self.view(offset) {
+                for &h in view.holders {
+                    add_epoch(&mut set, Holder(h).epoch());
+                }
+            }
+        }
+        self.epochs = set;
+    }
+
+    /// Appends a live record with `holders` (at least one); returns its
+    /// offset. The caller checks [`Page::room`] first.
+    pub(crate) fn append(&mut self, key: u64, depth: u32, holders: &[u32]) -> usize {
+        let depth = depth.min(MAX_DEPTH);
+        for &h in holders {
+            add_epoch(&mut self.epochs, Holder(h).epoch());
+        }
+        let record = match holders {
+            [one] => Record {
+                key,
+                meta: depth,
+                payload: *one,
+            },
+            many => Record {
+                key,
+                meta: depth | SPILLED,
+                payload: self.new_spill(SmallVec::from_slice(many)),
+            },
+        };
+        self.records.push(record);
+        self.live += 1;
+        self.records.len() - 1
+    }
+
+    /// Records `holder` on the live record at `offset`; `Err(known_depth)`
+    /// when it was recorded at another depth (nothing changes then).
+    pub(crate) fn store(
+        &mut self,
+        offset: usize,
+        depth: u32,
+        holder: Holder,
+    ) -> Result<Stored, u32> {
+        let depth = depth.min(MAX_DEPTH);
+        let Some(record) = self.records.get(offset).copied().filter(Record::live) else {
+            // Callers only pass offsets of live records.
+            return Err(depth);
+        };
+        if record.depth() != depth {
+            return Err(record.depth());
+        }
+        add_epoch(&mut self.epochs, holder.epoch());
+        let replica = holder.replica();
+        if !record.spilled() {
+            let current = Holder(record.payload);
+            if current.replica() == replica {
+                self.records[offset].payload = holder.0;
+                return Ok(Stored::Refreshed(current));
+            }
+            // A second holder: move both to a list.
+            let index = self.new_spill(SmallVec::from_slice(&[current.0, holder.0]));
+            let r = &mut self.records[offset];
+            r.meta |= SPILLED;
+            r.payload = index;
+            return Ok(Stored::Added);
+        }
+        let list = &mut self.spill[record.payload as usize];
+        match list.iter_mut().find(|x| Holder(**x).replica() == replica) {
+            Some(x) => {
+                let previous = Holder(*x);
+                *x = holder.0;
+                Ok(Stored::Refreshed(previous))
+            }
+            None => {
+                list.push(holder.0);
+                Ok(Stored::Added)
+            }
+        }
+    }
+
+    /// Drops holders of the record at `offset` for which `drop` is true,
+    /// reporting each; returns whether the record died (no holder left).
+    pub(crate) fn remove_holders(
+        &mut self,
+        offset: usize,
+        drop: &mut impl FnMut(Holder) -> bool,
+        removed: &mut impl FnMut(Holder),
+    ) -> bool {
+        let Some(record) = self.records.get(offset).copied().filter(Record::live) else {
+            return false;
+        };
+        if !record.spilled() {
+            let h = Holder(record.payload);
+            if !drop(h) {
+                return false;
+            }
+            removed(h);
+            self.kill(offset);
+            return true;
+        }
+        let list = &mut self.spill[record.payload as usize];
+        list.retain(|x| {
+            let h = Holder(*x);
+            let gone = drop(h);
+            if gone {
+                removed(h);
+            }
+            !gone
+        });
+        match list.len() {
+            0 => {
+                self.kill(offset);
+                true
+            }
+            1 => {
+                // Back to a single inline holder.
+                let last = list[0];
+                self.release_spill(record.payload);
+                let r = &mut self.records[offset];
+                r.meta &= !SPILLED;
+                r.payload = last;
+                false
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the record at `offset` dead (releasing its holder list).
+    pub(crate) fn kill(&mut self, offset: usize) {
+        let Some(record) = self.records.get(offset).copied().filter(Record::live) else {
+            return;
+        };
+        if record.spilled() {
+            self.release_spill(record.payload);
+        }
+        self.records[offset].meta = DEAD;
+        self.live -= 1;
+        if self.live == 0 {
+            self.spill = Vec::new();
+            self.free_spill = Vec::new();
+        }
+    }
+
+    /// Offsets of the live records.
+    pub(crate) fn live_offsets(&self) -> impl Iterator<Item = usize> + '_ {
+        self.records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.live())
+            .map(|(i, _)| i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(r: u32) -> Holder {
+        Holder::new(r, Tier::T1, 0)
+    }
+
+    fn replicas(p: &Page, offset: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = p
+            .view(offset)
+            .map(|v| v.holders.iter().map(|&h| Holder(h).replica()).collect())
+            .unwrap_or_default();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn holder_packing_round_trips() {
+        let h = Holder::new(MAX_REPLICAS - 1, Tier::T2, EPOCHS - 1);
+        assert_eq!(
+            (h.replica(), h.tier(), h.epoch()),
+            (MAX_REPLICAS - 1, Tier::T2, EPOCHS - 1)
+        );
+        let h = Holder::new(7, Tier::T1, EPOCHS + 3);
+        assert_eq!((h.replica(), h.tier(), h.epoch()), (7, Tier::T1, 3));
+    }
+
+    #[test]
+    fn record_ids_round_trip() {
+        let id = rec_id(MAX_PAGES - 1, PAGE_RECORDS - 1);
+        assert_eq!(
+            (page_of(id), offset_of(id)),
+            (MAX_PAGES - 1, PAGE_RECORDS - 1)
+        );
+        assert_eq!(id, u32::MAX);
+    }
+
+    #[test]
+    fn spills_and_unspills() {
+        let mut p = Page::default();
+        let at = p.append(1, 0, &[holder(1).raw()]);
+        assert_eq!(p.store(at, 0, holder(2)), Ok(Stored::Added));
+        assert_eq!(p.store(at, 0, holder(3)), Ok(Stored::Added));
+        assert!(matches!(
+            p.store(at, 0, Holder::new(2, Tier::T2, 5)),
+            Ok(Stored::Refreshed(h)) if h.tier() == Tier::T1 && h.epoch() == 0
+        ));
+        assert_eq!(p.store(at, 4, holder(9)), Err(0), "depth conflict");
+        assert_eq!(replicas(&p, at), [1, 2, 3]);
+        let mut n = 0;
+        assert!(!p.remove_holders(at, &mut |h| h.replica() != 3, &mut |_| n += 1));
+        assert_eq!((n, replicas(&p, at)), (2, vec![3]));
+        assert_eq!(p.free_spill.len(), 1, "the list was released");
+        assert!(p.remove_holders(at, &mut |_| true, &mut |_| {}));
+        assert!(p.view(at).is_none() && p.live() == 0);
+    }
+
+    #[test]
+    fn appended_records_keep_their_order_and_die_in_place() {
+        let mut p = Page::default();
+        for k in 0..6u64 {
+            let holders: Vec<u32> = (0..=(k % 3) as u32).map(|r| holder(r).raw()).collect();
+            assert_eq!(p.append(k, u32::try_from(k).unwrap(), &holders), k as usize);
+        }
+        p.kill(4);
+        assert_eq!(p.key(4), None);
+        assert_eq!(p.key(5), Some(5));
+        assert_eq!(p.view(5).map(|v| (v.depth, v.holders.len())), Some((5, 3)));
+        assert_eq!(p.live_offsets().count(), 5);
+        assert_eq!(p.room(), PAGE_RECORDS - 6);
+    }
+}

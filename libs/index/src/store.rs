@@ -1,0 +1,812 @@
+//! Where blocks live: records in pages (see [`crate::arena`]) and a sharded
+//! key table pointing at them (see [`crate::keys`]).
+//!
+//! Locking: the page directory, every page and every key shard have their
+//! own `RwLock`. Lookups take read locks only and hold them for the lookup.
+//! There is a single writer at a time (the index's writer mutex), and it
+//! never waits for a lock while holding a write lock, nor holds the
+//! directory's read lock while waiting for its write lock — so a lookup
+//! waits for at most one short write (at most [`WRITE_BATCH`] records) and
+//! nothing deadlocks.
+//!
+//! Consistency without a global lock: a new record is appended before its
+//! key is published, and a dead record is marked dead before its key is
+//! withdrawn, so a reader that reaches a record through a stale key or a
+//! neighbouring record checks that it is live and carries the key it wants.
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+
+use crate::arena::{
+    EpochSet, Holder, MAX_PAGES, PAGE_RECORDS, Page, RecId, Stored, View, offset_of, page_of,
+    rec_id,
+};
+use crate::keys::KeyTable;
+
+/// Most records written under one page lock.
+const WRITE_BATCH: usize = 16;
+/// Withdrawing 1/16 of all keys or more sweeps the tables instead of
+/// probing for each.
+const SWEEP_FRACTION: usize = 16;
+/// Dead records whose keys a pass withdraws together.
+const WITHDRAW_BATCH: usize = 1 << 16;
+/// Key slots the writer starts loading before probing them.
+const TOUCH_AHEAD: usize = 16;
+/// Page read guards a reader keeps at once.
+const READER_PAGES: usize = 4;
+
+type Directory = Vec<Option<Box<RwLock<Page>>>>;
+
+/// Spreads a key over the tables (fingerprints are random already, but test
+/// and synthetic ones are not).
+pub(crate) fn hash(key: u64) -> u64 {
+    let x = (key ^ (key >> 31)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^ (x >> 29)
+}
+
+/// A block the writer stores.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Block {
+    pub(crate) key: u64,
+    pub(crate) h: u64,
+    pub(crate) depth: u32,
+}
+
+impl Block {
+    pub(crate) fn new(key: u64, depth: u32) -> Self {
+        Self {
+            key,
+            h: hash(key),
+            depth,
+        }
+    }
+}
+
+/// The record space is exhausted (cannot happen below the index's capacity
+/// clamp; reported rather than assumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OutOfSpace;
+
+/// Writer-side bookkeeping of the pages.
+#[derive(Debug, Default)]
+struct Placement {
+    /// The page new records go to.
+    current: Option<usize>,
+    /// Allocated pages to fill after `current`.
+    ready: Vec<usize>,
+    /// Page numbers free for reuse.
+    free: Vec<usize>,
+    /// Pages that lost records since the last [`Store::compact`].
+    sparse: Vec<usize>,
+}
+
+/// The store.
+#[derive(Debug)]
+pub(crate) struct Store {
+    keys: Box<[RwLock<KeyTable>]>,
+    pages: RwLock<Directory>,
+    place: Mutex<Placement>,
+}
+
+fn shard_of(h: u64, shards: usize) -> usize {
+    // The key table homes by the low 32 bits: take the shard from bits
+    // above them so the two stay independent.
+    let bits = shards.trailing_zeros();
+    // Masked to `bits` (≤ 10) bits: always a valid index.
+    #[allow(clippy::cast_possible_truncation)]
+    let i = ((h >> 40) as usize) & ((1 << bits) - 1);
+    i
+}
+
+/// A reader's view: the directory read guard it borrows, key shard guards
+/// taken on first use, and a few page guards.
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    store: &'a Store,
+    dir: &'a Directory,
+    keys: SmallVec<[Option<RwLockReadGuard<'a, KeyTable>>; 64]>,
+    pages: [Option<(usize, RwLockReadGuard<'a, Page>)>; READER_PAGES],
+    /// The slot used last, and the one to replace next.
+    last: usize,
+    next_evict: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// The cache slot holding page `n`'s read guard, locking it if needed.
+    #[inline]
+    fn slot(&mut self, n: usize) -> Option<usize> {
+        // Consecutive blocks are mostly on the page of the previous one.
+        if self.pages[self.last].as_ref().is_some_and(|c| c.0 == n) {
+            return Some(self.last);
+        }
+        self.slot_slow(n)
+    }
+
+    #[inline(never)]
+    fn slot_slow(&mut self, n: usize) -> Option<usize> {
+        if let Some(at) = self
+            .pages
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.0 == n))
+        {
+            self.last = at;
+            return Some(at);
+        }
+        let page = self.dir.get(n)?.as_ref()?;
+        let at = match self.pages.iter().position(Option::is_none) {
+            Some(at) => at,
+            None => {
+                self.next_evict = (self.next_evict + 1) % READER_PAGES;
+                self.next_evict
+            }
+        };
+        // Drop the old guard before locking the next page.
+        self.pages[at] = None;
+        self.pages[at] = Some((n, page.read()));
+        self.last = at;
+        Some(at)
+    }
+
+    #[inline]
+    fn page_in(&self, slot: usize) -> Option<&Page> {
+        self.pages[slot].as_ref().map(|c| &*c.1)
+    }
+
+    /// Whether record `rec` is live and carries `key`.
+    #[inline]
+    fn is(&mut self, rec: RecId, key: u64) -> bool {
+        self.slot(page_of(rec))
+            .and_then(|s| self.page_in(s))
+            .and_then(|p| p.key(offset_of(rec)))
+            == Some(key)
+    }
+
+    /// The record of `key` (hash `h`).
+    pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
+        let s = shard_of(h, self.store.keys.len());
+        if self.keys[s].is_none() {
+            self.keys[s] = Some(self.store.keys[s].read());
+        }
+        // Confirming a tag match reads the record: lend the key guard out
+        // of `self` for the probe.
+        let table = self.keys[s].take()?;
+        let found = table.find(h, |rec| self.is(rec, key));
+        self.keys[s] = Some(table);
+        found
+    }
+
+    /// Starts loading the key slot of hash `h` (see [`KeyTable::touch`]).
+    pub(crate) fn touch(&mut self, h: u64) -> u32 {
+        let s = shard_of(h, self.store.keys.len());
+        if self.keys[s].is_none() {
+            self.keys[s] = Some(self.store.keys[s].read());
+        }
+        self.keys[s].as_deref().map_or(0, |t| t.touch(h))
+    }
+
+    /// The record of `key` (hash computed only if needed), trying the one
+    /// right after `prev` first: a chain stored in one event was laid out
+    /// in order, so that is where the next block usually is.
+    #[inline]
+    pub(crate) fn find_after(&mut self, prev: Option<RecId>, key: u64) -> Option<RecId> {
+        if let Some(prev) = prev {
+            let next = if offset_of(prev) + 1 < PAGE_RECORDS {
+                prev + 1
+            } else {
+                rec_id(page_of(prev) + 1, 0)
+            };
+            if page_of(next) < MAX_PAGES && self.is(next, key) {
+                return Some(next);
+            }
+        }
+        self.find(key, hash(key))
+    }
+
+    /// The live record `rec` (found by [`Reader::find`]).
+    #[inline]
+    pub(crate) fn view(&mut self, rec: RecId) -> Option<View<'_>> {
+        let slot = self.slot(page_of(rec))?;
+        self.page_in(slot)?.view(offset_of(rec))
+    }
+}
+
+/// The writer's single page write guard, switched as records move on.
+struct PageWriter<'a> {
+    dir: &'a Directory,
+    held: Option<(usize, RwLockWriteGuard<'a, Page>)>,
+    writes: usize,
+}
+
+impl<'a> PageWriter<'a> {
+    fn new(dir: &'a Directory) -> Self {
+        Self {
+            dir,
+            held: None,
+            writes: 0,
+        }
+    }
+
+    fn page(&mut self, n: usize) -> Option<&mut Page> {
+        self.writes += 1;
+        let keep = self.held.as_ref().is_some_and(|h| h.0 == n) && self.writes <= WRITE_BATCH;
+        if !keep {
+            // Release first: the writer never waits while holding a write lock.
+            self.held = None;
+            self.writes = 1;
+            let page = self.dir.get(n)?.as_ref()?;
+            self.held = Some((n, page.write()));
+        }
+        self.held.as_mut().map(|h| &mut *h.1)
+    }
+}
+
+/// The page with room for the next new record, moving on to a ready page
+/// when the current one is full.
+fn next_room(place: &mut Placement, writer: &mut PageWriter<'_>) -> Option<usize> {
+    loop {
+        if let Some(c) = place.current
+            && writer.page(c).is_some_and(|p| p.room() > 0)
+        {
+            return Some(c);
+        }
+        if place.ready.is_empty() {
+            return None;
+        }
+        // In allocation order, so consecutive records stay in consecutive pages.
+        place.current = Some(place.ready.remove(0));
+    }
+}
+
+/// Items keyed by a block hash.
+trait HashOf {
+    fn hash(&self) -> u64;
+}
+
+impl HashOf for (u64, RecId) {
+    fn hash(&self) -> u64 {
+        self.0
+    }
+}
+
+impl HashOf for (u64, RecId, RecId) {
+    fn hash(&self) -> u64 {
+        self.0
+    }
+}
+
+impl Store {
+    /// An empty store with `shards` key shards (a power of two).
+    pub(crate) fn new(shards: usize) -> Self {
+        Self {
+            keys: (0..shards).map(|_| RwLock::default()).collect(),
+            pages: RwLock::default(),
+            place: Mutex::default(),
+        }
+    }
+
+    /// Read access for one lookup; `dir` comes from [`Store::directory`].
+    pub(crate) fn reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
+        Reader {
+            store: self,
+            dir,
+            keys: (0..self.keys.len()).map(|_| None).collect(),
+            pages: Default::default(),
+            last: 0,
+            next_evict: 0,
+        }
+    }
+
+    /// The page directory, read-locked.
+    pub(crate) fn directory(&self) -> RwLockReadGuard<'_, Directory> {
+        self.pages.read()
+    }
+
+    /// Makes sure `n` more records fit: `current` and `ready` pages.
+    fn reserve(&self, place: &mut Placement, n: usize) -> Result<(), OutOfSpace> {
+        let dir = self.pages.read();
+        let room_of = |p: usize| {
+            dir.get(p)
+                .and_then(Option::as_ref)
+                .map_or(0, |p| p.read().room())
+        };
+        let mut room = place.current.map_or(0, room_of) + place.ready.len() * PAGE_RECORDS;
+        drop(dir);
+        if room >= n {
+            return Ok(());
+        }
+        let mut dir = self.pages.write();
+        while room < n {
+            let page = match place.free.pop() {
+                Some(p) => p,
+                // The last page stays unused: its last id marks empty key slots.
+                None if dir.len() + 1 < MAX_PAGES => {
+                    dir.push(None);
+                    dir.len() - 1
+                }
+                None => return Err(OutOfSpace),
+            };
+            dir[page] = Some(Box::default());
+            place.ready.push(page);
+            room += PAGE_RECORDS;
+        }
+        Ok(())
+    }
+
+    /// Stores `holder(i)` on every block, creating the records of blocks
+    /// not seen before, in order. Returns per block what happened
+    /// (`Err(known_depth)` for a depth conflict). The caller does its
+    /// bookkeeping afterwards, outside every lock.
+    pub(crate) fn store_chain(
+        &self,
+        blocks: &[Block],
+        holder: impl Fn(usize) -> Holder,
+    ) -> Result<Vec<Result<Stored, u32>>, OutOfSpace> {
+        let mut place = self.place.lock();
+        // Which blocks exist already.
+        let mut recs: Vec<Option<RecId>> = Vec::with_capacity(blocks.len());
+        {
+            let dir = self.pages.read();
+            let mut reader = self.reader(&dir);
+            let mut prev = None;
+            for chunk in blocks.chunks(TOUCH_AHEAD) {
+                // Start every key slot of the chunk loading, then probe.
+                let warm = chunk.iter().fold(0, |acc, b| acc ^ reader.touch(b.h));
+                std::hint::black_box(warm);
+                for b in chunk {
+                    let rec = reader.find_after(prev, b.key);
+                    prev = rec;
+                    recs.push(rec);
+                }
+            }
+        }
+        // A block repeated within the chain gets one record: later copies
+        // point at the first (`first_copy[i]`).
+        let mut fresh: Vec<(u64, usize)> = (0..blocks.len())
+            .filter(|&i| recs[i].is_none())
+            .map(|i| (blocks[i].key, i))
+            .collect();
+        let new = fresh.len();
+        let mut first_copy: Vec<usize> = Vec::new();
+        if new > 1 {
+            fresh.sort_unstable();
+            if fresh.windows(2).any(|w| w[0].0 == w[1].0) {
+                first_copy = (0..blocks.len()).collect();
+                for run in fresh.chunk_by(|a, b| a.0 == b.0) {
+                    for &(_, i) in &run[1..] {
+                        first_copy[i] = run[0].1;
+                    }
+                }
+            }
+        }
+        self.reserve(&mut place, new)?;
+        let mut results = Vec::with_capacity(blocks.len());
+        // (hash, record) of the records created here.
+        let mut created: Vec<(u64, RecId)> = Vec::with_capacity(new);
+        {
+            let dir = self.pages.read();
+            let mut writer = PageWriter::new(&dir);
+            for (i, b) in blocks.iter().enumerate() {
+                let existing = match first_copy.get(i) {
+                    Some(&first) if first != i => recs[first],
+                    _ => recs[i],
+                };
+                if let Some(rec) = existing {
+                    let result = writer.page(page_of(rec)).map_or(Err(b.depth), |p| {
+                        p.store(offset_of(rec), b.depth, holder(i))
+                    });
+                    results.push(result);
+                    continue;
+                }
+                let page_no = next_room(&mut place, &mut writer).ok_or(OutOfSpace)?;
+                let page = writer.page(page_no).ok_or(OutOfSpace)?;
+                let rec = rec_id(page_no, page.append(b.key, b.depth, &[holder(i).raw()]));
+                recs[i] = Some(rec);
+                created.push((b.h, rec));
+                results.push(Ok(Stored::Added));
+            }
+        }
+        self.publish(&mut created, |table, &(h, rec)| table.insert(h, rec));
+        Ok(results)
+    }
+
+    /// Applies `edit` to the key shard of each item, one lock per shard.
+    fn publish<T>(&self, items: &mut [T], edit: impl Fn(&mut KeyTable, &T))
+    where
+        T: HashOf,
+    {
+        let shards = self.keys.len();
+        items.sort_unstable_by_key(|item| shard_of(item.hash(), shards));
+        for group in items.chunk_by(|a, b| shard_of(a.hash(), shards) == shard_of(b.hash(), shards))
+        {
+            let mut table = self.keys[shard_of(group[0].hash(), shards)].write();
+            for item in group {
+                edit(&mut table, item);
+            }
+        }
+    }
+
+    /// Drops the holders of one block for which `drop` is true, reporting
+    /// each.
+    pub(crate) fn remove(
+        &self,
+        block: Block,
+        mut drop: impl FnMut(Holder) -> bool,
+        mut removed: impl FnMut(Holder),
+    ) {
+        let mut place = self.place.lock();
+        let rec = {
+            let dir = self.pages.read();
+            self.reader(&dir).find(block.key, block.h)
+        };
+        let Some(rec) = rec else {
+            return;
+        };
+        let died = {
+            let dir = self.pages.read();
+            let mut writer = PageWriter::new(&dir);
+            writer.page(page_of(rec)).is_some_and(|p| {
+                let died = p.remove_holders(offset_of(rec), &mut drop, &mut removed);
+                if died && p.live() * 2 < p.len() {
+                    place.sparse.push(page_of(rec));
+                }
+                died
+            })
+        };
+        if died {
+            let mut table = self.keys[shard_of(block.h, self.keys.len())].write();
+            table.remove(block.h, rec);
+            table.shrink();
+        }
+    }
+
+    /// Drops every holder for which `drop` is true, reporting each: one
+    /// pass over the pages, each locked only for its own part.
+    /// With `epochs`, only holders of those epochs can be dropped, and
+    /// pages holding none of them are skipped.
+    pub(crate) fn remove_where(
+        &self,
+        epochs: Option<&EpochSet>,
+        mut drop: impl FnMut(Holder) -> bool,
+        mut removed: impl FnMut(Holder),
+    ) {
+        let mut place = self.place.lock();
+        let pages = self.pages.read().len();
+        let mut dead: Vec<(u64, RecId)> = Vec::new();
+        for n in 0..pages {
+            {
+                let dir = self.pages.read();
+                let Some(page) = dir.get(n).and_then(Option::as_ref) else {
+                    continue;
+                };
+                if epochs.is_some_and(|e| !page.read().may_hold(e)) {
+                    continue;
+                }
+                let mut page = page.write();
+                for offset in 0..page.len() {
+                    let key = page.key(offset);
+                    if page.remove_holders(offset, &mut drop, &mut removed)
+                        && let Some(key) = key
+                    {
+                        dead.push((hash(key), rec_id(n, offset)));
+                    }
+                }
+                page.recount_epochs();
+                if page.live() * 2 < page.len() {
+                    place.sparse.push(n);
+                }
+            }
+            // Keys of dead records may stay published a while (readers
+            // check liveness); withdrawing many at once sweeps the tables.
+            if dead.len() >= WITHDRAW_BATCH {
+                self.withdraw(&mut dead);
+            }
+        }
+        self.withdraw(&mut dead);
+        for table in &self.keys {
+            table.write().shrink();
+        }
+    }
+
+    /// Removes the keys of dead records: a probe each when they are few, a
+    /// sweep of the key tables against a bitmap of dead records when they
+    /// are many (eviction passes).
+    fn withdraw(&self, dead: &mut Vec<(u64, RecId)>) {
+        let keys: usize = self.keys.iter().map(|t| t.read().len()).sum();
+        if dead.len() * SWEEP_FRACTION < keys {
+            self.publish(dead, |table, &(h, rec)| {
+                table.remove(h, rec);
+            });
+        } else {
+            let top = dead.iter().map(|d| d.1 as usize).max().unwrap_or(0);
+            let mut bits = vec![0u64; top / 64 + 1];
+            for &(_, rec) in dead.iter() {
+                bits[rec as usize / 64] |= 1 << (rec % 64);
+            }
+            let is_dead = |rec: RecId| {
+                bits.get(rec as usize / 64)
+                    .is_some_and(|w| w & (1 << (rec % 64)) != 0)
+            };
+            for table in &self.keys {
+                table.write().remove_all(is_dead);
+            }
+        }
+        dead.clear();
+    }
+
+    /// Frees emptied pages and moves the live records of pages under half
+    /// full to the end, in order (keeping a chain's records together).
+    /// (Out of record space, it leaves the rest in place.)
+    pub(crate) fn compact(&self) {
+        let mut place = self.place.lock();
+        let mut candidates = std::mem::take(&mut place.sparse);
+        candidates.sort_unstable();
+        candidates.dedup();
+        for n in candidates {
+            let live = {
+                let dir = self.pages.read();
+                match dir.get(n).and_then(Option::as_ref) {
+                    Some(page) => {
+                        let page = page.read();
+                        (page.live() * 2 < page.len()).then_some(page.live())
+                    }
+                    None => None,
+                }
+            };
+            let Some(live) = live else {
+                continue;
+            };
+            if place.current == Some(n) {
+                // The page being filled moves on only once it is empty.
+                if live > 0 {
+                    continue;
+                }
+                place.current = None;
+            }
+            if live > 0 && self.move_out(&mut place, n, live).is_err() {
+                return;
+            }
+            let mut dir = self.pages.write();
+            if let Some(slot) = dir.get_mut(n) {
+                *slot = None;
+                place.free.push(n);
+            }
+        }
+    }
+
+    /// Moves the `live` records of page `n` to the current page(s).
+    fn move_out(&self, place: &mut Placement, n: usize, live: usize) -> Result<(), OutOfSpace> {
+        self.reserve(place, live)?;
+        let mut moved: Vec<(u64, RecId, RecId)> = Vec::with_capacity(live);
+        {
+            let dir = self.pages.read();
+            // Copy out first: one lock at a time.
+            let copies: Vec<(usize, u64, u32, SmallVec<[u32; 4]>)> = match dir.get(n) {
+                Some(Some(page)) => {
+                    let page = page.read();
+                    page.live_offsets()
+                        .filter_map(|o| {
+                            page.view(o)
+                                .map(|v| (o, v.key, v.depth, SmallVec::from_slice(v.holders)))
+                        })
+                        .collect()
+                }
+                _ => return Ok(()),
+            };
+            let mut writer = PageWriter::new(&dir);
+            for (offset, key, depth, holders) in copies {
+                let to = next_room(place, &mut writer).ok_or(OutOfSpace)?;
+                let page = writer.page(to).ok_or(OutOfSpace)?;
+                let at = page.append(key, depth, &holders);
+                moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
+            }
+        }
+        self.publish(&mut moved, |table, &(h, old, new)| {
+            table.relocate(h, old, new);
+        });
+        let dir = self.pages.read();
+        if let Some(Some(page)) = dir.get(n) {
+            let mut page = page.write();
+            for &(_, old, _) in &moved {
+                page.kill(offset_of(old));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records appended and not yet freed, and live records (for tests and
+    /// the memory figures).
+    #[cfg(test)]
+    pub(crate) fn record_counts(&self) -> (usize, usize) {
+        let dir = self.pages.read();
+        dir.iter()
+            .flatten()
+            .map(|p| {
+                let p = p.read();
+                (p.len(), p.live())
+            })
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Keys published (for tests).
+    #[cfg(test)]
+    pub(crate) fn key_count(&self) -> usize {
+        self.keys.iter().map(|t| t.read().len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::types::Tier;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Replica stores keys `start..start+len` in `epoch`.
+        Store {
+            replica: u32,
+            start: u64,
+            len: u64,
+            epoch: u32,
+        },
+        /// Replica drops one key.
+        Remove {
+            replica: u32,
+            key: u64,
+        },
+        /// Every holder of a replica goes.
+        Drop {
+            replica: u32,
+        },
+        /// Every holder stored in `epoch` goes.
+        Evict {
+            epoch: u32,
+        },
+        Compact,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u32..4, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
+            3 => (0u32..4, 0u64..80).prop_map(|(replica, key)| Op::Remove { replica, key }),
+            1 => (0u32..4).prop_map(|replica| Op::Drop { replica }),
+            1 => (0u32..3).prop_map(|epoch| Op::Evict { epoch }),
+            1 => Just(Op::Compact),
+        ]
+    }
+
+    fn holders_of(store: &Store, key: u64) -> Option<BTreeMap<u32, u32>> {
+        let dir = store.directory();
+        let mut reader = store.reader(&dir);
+        let b = Block::new(key, 0);
+        let rec = reader.find(b.key, b.h)?;
+        Some(
+            reader
+                .view(rec)?
+                .holders
+                .iter()
+                .map(|&h| (Holder::from_raw(h).replica(), Holder::from_raw(h).epoch()))
+                .collect(),
+        )
+    }
+
+    /// Drops every holder `gone` selects from the model; returns how many.
+    fn drop_from(
+        model: &mut BTreeMap<u64, BTreeMap<u32, u32>>,
+        gone: impl Fn(u32, u32) -> bool,
+    ) -> usize {
+        let before: usize = model.values().map(BTreeMap::len).sum();
+        for hs in model.values_mut() {
+            hs.retain(|&r, &mut e| !gone(r, e));
+        }
+        model.retain(|_, hs| !hs.is_empty());
+        before - model.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    proptest! {
+        #[test]
+        fn agrees_with_a_map_through_compaction(ops in proptest::collection::vec(op(), 1..120)) {
+            let store = Store::new(4);
+            // key -> replica -> epoch
+            let mut model: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Store { replica, start, len, epoch } => {
+                        // Depth = key, so chains never conflict.
+                        let blocks: Vec<Block> = (start..start + len)
+                            .map(|k| Block::new(k, u32::try_from(k).unwrap()))
+                            .collect();
+                        let results = store
+                            .store_chain(&blocks, |_| Holder::new(replica, Tier::T1, epoch))
+                            .unwrap();
+                        for (k, r) in (start..start + len).zip(results) {
+                            let added = model.entry(k).or_default().insert(replica, epoch).is_none();
+                            prop_assert_eq!(r.is_ok_and(|s| s == Stored::Added), added);
+                        }
+                    }
+                    Op::Remove { replica, key } => {
+                        let mut n = 0;
+                        store.remove(Block::new(key, 0), |h| h.replica() == replica, |_| n += 1);
+                        let had = model.get_mut(&key).is_some_and(|hs| hs.remove(&replica).is_some());
+                        prop_assert_eq!(n, usize::from(had));
+                        model.retain(|_, hs| !hs.is_empty());
+                    }
+                    Op::Drop { replica } => {
+                        let mut n = 0usize;
+                        store.remove_where(None, |h| h.replica() == replica, |_| n += 1);
+                        prop_assert_eq!(n, drop_from(&mut model, |r, _| r == replica));
+                    }
+                    Op::Evict { epoch } => {
+                        let mut set = [0; (crate::arena::EPOCHS / 64) as usize];
+                        crate::arena::add_epoch(&mut set, epoch);
+                        let mut n = 0usize;
+                        store.remove_where(Some(&set), |h| h.epoch() == epoch, |_| n += 1);
+                        prop_assert_eq!(n, drop_from(&mut model, |_, e| e == epoch));
+                    }
+                    Op::Compact => store.compact(),
+                }
+                for k in 0..80 {
+                    prop_assert_eq!(holders_of(&store, k), model.get(&k).cloned(), "key {}", k);
+                }
+                let (_, live) = store.record_counts();
+                prop_assert_eq!(live, model.len());
+                prop_assert_eq!(store.key_count(), model.len());
+            }
+            // Everything gone: every page is given back.
+            store.remove_where(None, |_| true, |_| {});
+            store.compact();
+            prop_assert_eq!(store.record_counts(), (0, 0));
+            // Only pages reserved for records never written may stay.
+            prop_assert!(store.directory().iter().flatten().all(|p| p.read().len() == 0));
+        }
+    }
+
+    #[test]
+    fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
+        let store = Store::new(4);
+        let blocks: Vec<Block> = (0..20u32)
+            .map(|k| Block::new(u64::from(k) * 7, k))
+            .collect();
+        store
+            .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
+            .unwrap();
+        let dir = store.directory();
+        let mut reader = store.reader(&dir);
+        let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
+        let mut prev = first;
+        for b in &blocks[1..] {
+            let rec = reader.find_after(Some(prev), b.key).unwrap();
+            assert_eq!(
+                rec,
+                if offset_of(prev) + 1 < PAGE_RECORDS {
+                    prev + 1
+                } else {
+                    rec_id(page_of(prev) + 1, 0)
+                }
+            );
+            prev = rec;
+        }
+    }
+
+    #[test]
+    fn a_block_repeated_in_one_chain_gets_one_record() {
+        let store = Store::new(2);
+        let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
+        let results = store
+            .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0))
+            .unwrap();
+        assert!(matches!(
+            results[..],
+            [
+                Ok(Stored::Added),
+                Ok(Stored::Added),
+                Ok(Stored::Refreshed(_))
+            ]
+        ));
+        assert_eq!(store.key_count(), 2);
+        assert_eq!(store.record_counts(), (2, 2));
+    }
+}
