@@ -193,6 +193,36 @@ impl Page {
         })
     }
 
+    /// Visits the live records from `offset` on while they carry `keys` in
+    /// order, passing each one's holders; stops early when `visit` returns
+    /// false. Returns the records visited and whether `visit` stopped it.
+    #[inline]
+    pub(crate) fn walk(
+        &self,
+        offset: usize,
+        keys: impl Iterator<Item = u64>,
+        mut visit: impl FnMut(&[u32]) -> bool,
+    ) -> (usize, bool) {
+        let mut n = 0;
+        for (r, key) in self.records.get(offset..).unwrap_or(&[]).iter().zip(keys) {
+            if r.key != key || !r.live() {
+                break;
+            }
+            let holders = if r.meta & SPILLED == 0 {
+                std::slice::from_ref(&r.payload)
+            } else {
+                self.spill
+                    .get(r.payload as usize)
+                    .map_or(&[][..], |l| l.as_slice())
+            };
+            n += 1;
+            if !visit(holders) {
+                return (n, true);
+            }
+        }
+        (n, false)
+    }
+
     /// The key of the live record at `offset`.
     pub(crate) fn key(&self, offset: usize) -> Option<u64> {
         self.records.get(offset).filter(|r| r.live()).map(|r| r.key)

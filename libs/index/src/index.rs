@@ -22,26 +22,22 @@
 //!   fresh, not yet visible replica slot and then swaps the slots in the
 //!   registry, so lookups see the old state or the new, never a mix.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
-use smallvec::SmallVec;
 
 use crate::arena::{EPOCHS, EpochSet, Holder, MAX_DEPTH, MAX_REPLICAS, Stored, add_epoch};
 use crate::store::{Block, Store};
-use crate::types::{
-    Candidate, Change, ContentError, Fingerprint, LookupOutcome, ReplicaKey, ReplicaSnapshot,
-    Scope, Tier,
-};
+use crate::types::{Change, ContentError, Fingerprint, ReplicaKey, ReplicaSnapshot, Scope, Tier};
 
 /// Registry maps are read on every lookup: a fast hasher, seeded per
 /// process so crafted keys cannot aim at collisions.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-type ScopeId = u32;
-type ReplicaIdx = u32;
+pub(crate) type ScopeId = u32;
+pub(crate) type ReplicaIdx = u32;
 
 /// Capacity is clamped here so record ids (32 bits, pages at least half
 /// live) can never run out.
@@ -50,27 +46,27 @@ const MAX_CAPACITY: u64 = 1 << 30;
 /// The table key of a block: scopes get disjoint key spaces (a replica's
 /// scope is also checked on every answer, so a cross-scope key collision
 /// could never leak a replica).
-fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
+pub(crate) fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
     fp ^ u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
 }
 
 /// Read-mostly facts about a replica.
 #[derive(Debug)]
-struct ReplicaMeta {
-    key: ReplicaKey,
-    scope: ScopeId,
-    address: String,
-    last_seen_ms: AtomicI64,
+pub(crate) struct ReplicaMeta {
+    pub(crate) key: ReplicaKey,
+    pub(crate) scope: ScopeId,
+    pub(crate) address: String,
+    pub(crate) last_seen_ms: AtomicI64,
 }
 
 #[derive(Debug, Default)]
-struct Registry {
-    scopes: FastMap<Scope, ScopeId>,
+pub(crate) struct Registry {
+    pub(crate) scopes: FastMap<Scope, ScopeId>,
     scope_list: Vec<Scope>,
     /// Block size learned per scope from stored events.
-    block_sizes: FastMap<ScopeId, u32>,
+    pub(crate) block_sizes: FastMap<ScopeId, u32>,
     /// Visible replicas by slot; a slot being built (resync) or purged is `None`.
-    replicas: Vec<Option<Arc<ReplicaMeta>>>,
+    pub(crate) replicas: Vec<Option<Arc<ReplicaMeta>>>,
     by_key: FastMap<ReplicaKey, ReplicaIdx>,
 }
 
@@ -132,57 +128,11 @@ impl Default for IndexConfig {
 #[derive(Debug)]
 pub struct Index {
     config: IndexConfig,
-    registry: RwLock<Registry>,
-    store: Store,
+    pub(crate) registry: RwLock<Registry>,
+    pub(crate) store: Store,
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
-}
-
-/// Whether replica `idx` may appear in an answer for `scope`.
-fn eligible(
-    reg: &Registry,
-    idx: ReplicaIdx,
-    scope: ScopeId,
-    candidates: Option<&HashSet<String>>,
-    fresh_since_ms: Option<i64>,
-) -> bool {
-    let Some(Some(meta)) = reg.replicas.get(idx as usize) else {
-        return false;
-    };
-    meta.scope == scope
-        && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
-        && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
-}
-
-/// Orders matches best first: longest, then T1 before T2, then the replica
-/// heard from most recently, then by key (deterministic).
-fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> LookupOutcome {
-    let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
-    let mut out: Vec<(Candidate, i64)> = matches
-        .iter()
-        .filter_map(|&(idx, matched_blocks, tier)| {
-            let meta = reg.replicas.get(idx as usize)?.as_ref()?;
-            Some((
-                Candidate {
-                    replica: meta.key.clone(),
-                    address: meta.address.clone(),
-                    matched_blocks,
-                    block_size,
-                    tier,
-                },
-                meta.last_seen_ms.load(Ordering::Relaxed),
-            ))
-        })
-        .collect();
-    out.sort_by(|(a, a_seen), (b, b_seen)| {
-        b.matched_blocks
-            .cmp(&a.matched_blocks)
-            .then(a.tier.cmp(&b.tier))
-            .then(b_seen.cmp(a_seen))
-            .then(a.replica.cmp(&b.replica))
-    });
-    LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
 }
 
 impl Index {
@@ -642,140 +592,6 @@ impl Index {
         );
         self.capacity_evictions
             .fetch_add(evicted, Ordering::Relaxed);
-    }
-
-    // === lookup ===
-
-    /// Scores every replica in `scope` by its longest run of consecutive
-    /// blocks of `fingerprints` from the start. `candidates` restricts the
-    /// answer to those replica ids; `fresh_since_ms` drops replicas not seen
-    /// since then.
-    pub fn lookup(
-        &self,
-        scope: &Scope,
-        fingerprints: &[Fingerprint],
-        candidates: Option<&HashSet<String>>,
-        fresh_since_ms: Option<i64>,
-    ) -> LookupOutcome {
-        // Held for the whole lookup: shared, and written only when replicas
-        // join, leave or resync.
-        let reg = self.registry.read();
-        let Some(&scope_id) = reg.scopes.get(scope) else {
-            return LookupOutcome::UnknownScope;
-        };
-        let Some((&first, rest)) = fingerprints.split_first() else {
-            return LookupOutcome::NoEntry;
-        };
-        let dir = self.store.directory();
-        let mut reader = self.store.reader(&dir);
-        let first = Block::new(entry_key(scope_id, first), 0);
-        let Some(mut prev) = reader.find(first.key, first.h) else {
-            return LookupOutcome::NoEntry;
-        };
-        // (replica, coldest tier so far)
-        let mut active: SmallVec<[(ReplicaIdx, Tier); 8]> = match reader.view(prev) {
-            Some(view) => view
-                .holders
-                .iter()
-                .map(|&x| Holder::from_raw(x))
-                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
-                .map(|x| (x.replica(), x.tier()))
-                .collect(),
-            None => SmallVec::new(),
-        };
-        if active.is_empty() {
-            return LookupOutcome::NoEntry;
-        }
-        let mut finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = SmallVec::new();
-        let mut matched = 1u32;
-        for &fp in rest {
-            // Blocks an engine reported together were stored side by side:
-            // most steps read the record right after the previous one.
-            let Some(rec) = reader.find_after(Some(prev), entry_key(scope_id, fp)) else {
-                break;
-            };
-            prev = rec;
-            let Some(view) = reader.view(rec) else {
-                break;
-            };
-            let holders = view.holders;
-            // Fast path: the block's holders start with the active replicas
-            // in the same order (they stored the chain in the same order),
-            // so everyone stays.
-            if holders.len() >= active.len()
-                && active
-                    .iter()
-                    .zip(holders.iter())
-                    .all(|(a, &h)| Holder::from_raw(h).replica() == a.0)
-            {
-                for (a, &h) in active.iter_mut().zip(holders.iter()) {
-                    a.1 = a.1.max(Holder::from_raw(h).tier());
-                }
-                matched += 1;
-                continue;
-            }
-            // Compact `active` in place (most blocks keep everyone).
-            let mut kept = 0;
-            for k in 0..active.len() {
-                let (idx, tier) = active[k];
-                match holders
-                    .iter()
-                    .map(|&x| Holder::from_raw(x))
-                    .find(|x| x.replica() == idx)
-                {
-                    Some(x) => {
-                        active[kept] = (idx, tier.max(x.tier()));
-                        kept += 1;
-                    }
-                    None => finished.push((idx, matched, tier)),
-                }
-            }
-            active.truncate(kept);
-            if active.is_empty() {
-                break;
-            }
-            matched += 1;
-        }
-        drop(reader);
-        drop(dir);
-        finished.extend(active.iter().map(|&(idx, tier)| (idx, matched, tier)));
-        ranked(&reg, scope_id, &finished)
-    }
-
-    /// Replicas holding the block `fingerprint` (and so the whole prefix
-    /// ending with it); matched blocks come from its recorded depth.
-    pub fn lookup_prefix_hash(
-        &self,
-        scope: &Scope,
-        fingerprint: Fingerprint,
-        candidates: Option<&HashSet<String>>,
-        fresh_since_ms: Option<i64>,
-    ) -> LookupOutcome {
-        let reg = self.registry.read();
-        let Some(&scope_id) = reg.scopes.get(scope) else {
-            return LookupOutcome::UnknownScope;
-        };
-        let block = Block::new(entry_key(scope_id, fingerprint), 0);
-        let matches: Vec<(ReplicaIdx, u32, Tier)> = {
-            let dir = self.store.directory();
-            let mut reader = self.store.reader(&dir);
-            let Some(view) = reader
-                .find(block.key, block.h)
-                .and_then(|rec| reader.view(rec))
-            else {
-                return LookupOutcome::NoEntry;
-            };
-            view.holders
-                .iter()
-                .map(|&x| Holder::from_raw(x))
-                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
-                .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
-                .collect()
-        };
-        if matches.is_empty() {
-            return LookupOutcome::NoEntry;
-        }
-        ranked(&reg, scope_id, &matches)
     }
 
     // === snapshot ===

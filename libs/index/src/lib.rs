@@ -16,6 +16,7 @@
 mod arena;
 mod index;
 mod keys;
+mod lookup;
 mod store;
 mod types;
 

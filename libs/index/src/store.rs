@@ -202,12 +202,41 @@ impl<'a> Reader<'a> {
         self.find(key, hash(key))
     }
 
+    /// Visits the records right after `prev` while they carry `keys` in
+    /// order (stopping early when `visit` returns false).
+    #[inline]
+    pub(crate) fn walk(
+        &mut self,
+        prev: RecId,
+        keys: impl Iterator<Item = u64>,
+        visit: impl FnMut(&[u32]) -> bool,
+    ) -> Walked {
+        let from = offset_of(prev) + 1;
+        let Some(page) = self.slot(page_of(prev)).and_then(|s| self.page_in(s)) else {
+            return Walked {
+                blocks: 0,
+                stopped: false,
+            };
+        };
+        let (blocks, stopped) = page.walk(from, keys, visit);
+        Walked { blocks, stopped }
+    }
+
     /// The live record `rec` (found by [`Reader::find`]).
     #[inline]
     pub(crate) fn view(&mut self, rec: RecId) -> Option<View<'_>> {
         let slot = self.slot(page_of(rec))?;
         self.page_in(slot)?.view(offset_of(rec))
     }
+}
+
+/// How far [`Reader::walk`] got.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Walked {
+    /// Records visited.
+    pub(crate) blocks: usize,
+    /// Whether `visit` asked to stop.
+    pub(crate) stopped: bool,
 }
 
 /// The writer's single page write guard, switched as records move on.

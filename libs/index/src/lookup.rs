@@ -1,0 +1,244 @@
+//! Lookups: score every replica of a scope by its longest run of a
+//! prompt's blocks from the start.
+//!
+//! The walk follows the records after the previous block's while they
+//! carry the prompt's next keys (a chain an engine reported in one event
+//! was stored in order), and probes the key table only where that run
+//! breaks — so a prompt costs a handful of random reads, not one per block.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+
+use crate::arena::Holder;
+use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
+use crate::store::Block;
+use crate::types::{Candidate, Fingerprint, LookupOutcome, Scope, Tier};
+
+/// Whether replica `idx` may appear in an answer for `scope`.
+fn eligible(
+    reg: &Registry,
+    idx: ReplicaIdx,
+    scope: ScopeId,
+    candidates: Option<&HashSet<String>>,
+    fresh_since_ms: Option<i64>,
+) -> bool {
+    let Some(Some(meta)) = reg.replicas.get(idx as usize) else {
+        return false;
+    };
+    meta.scope == scope
+        && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
+        && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
+}
+
+/// Orders matches best first: longest, then T1 before T2, then the replica
+/// heard from most recently, then by key (deterministic).
+fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> LookupOutcome {
+    let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
+    let mut out: Vec<(Candidate, i64)> = matches
+        .iter()
+        .filter_map(|&(idx, matched_blocks, tier)| {
+            let meta = reg.replicas.get(idx as usize)?.as_ref()?;
+            Some((
+                Candidate {
+                    replica: meta.key.clone(),
+                    address: meta.address.clone(),
+                    matched_blocks,
+                    block_size,
+                    tier,
+                },
+                meta.last_seen_ms.load(Ordering::Relaxed),
+            ))
+        })
+        .collect();
+    out.sort_by(|(a, a_seen), (b, b_seen)| {
+        b.matched_blocks
+            .cmp(&a.matched_blocks)
+            .then(a.tier.cmp(&b.tier))
+            .then(b_seen.cmp(a_seen))
+            .then(a.replica.cmp(&b.replica))
+    });
+    LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
+}
+
+/// The running score of one lookup.
+#[derive(Debug, Default)]
+struct Scoring {
+    /// Replicas still matching, with the coldest tier so far.
+    active: SmallVec<[(ReplicaIdx, Tier); 8]>,
+    /// Replicas that stopped matching: (replica, blocks matched, tier).
+    finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]>,
+    /// Blocks matched by the replicas still active.
+    matched: u32,
+    /// The previous block's holders, raw: a block held exactly as its
+    /// predecessor changes nothing.
+    last: SmallVec<[u32; 8]>,
+}
+
+impl Scoring {
+    /// Folds in the next block's holders; false once no replica is left.
+    #[inline]
+    fn step(&mut self, holders: &[u32]) -> bool {
+        if holders == self.last.as_slice() {
+            self.matched += 1;
+            return true;
+        }
+        self.last.clear();
+        self.last.extend_from_slice(holders);
+        // Fast path: the holders start with the active replicas in the same
+        // order (they stored the chain in the same order): everyone stays.
+        if holders.len() >= self.active.len()
+            && self
+                .active
+                .iter()
+                .zip(holders)
+                .all(|(a, &h)| Holder::from_raw(h).replica() == a.0)
+        {
+            for (a, &h) in self.active.iter_mut().zip(holders) {
+                a.1 = a.1.max(Holder::from_raw(h).tier());
+            }
+            self.matched += 1;
+            return true;
+        }
+        // Compact `active` in place (most blocks keep everyone).
+        let mut kept = 0;
+        for k in 0..self.active.len() {
+            let (idx, tier) = self.active[k];
+            match holders
+                .iter()
+                .map(|&x| Holder::from_raw(x))
+                .find(|x| x.replica() == idx)
+            {
+                Some(x) => {
+                    self.active[kept] = (idx, tier.max(x.tier()));
+                    kept += 1;
+                }
+                None => self.finished.push((idx, self.matched, tier)),
+            }
+        }
+        self.active.truncate(kept);
+        if self.active.is_empty() {
+            return false;
+        }
+        self.matched += 1;
+        true
+    }
+
+    fn finish(mut self) -> SmallVec<[(ReplicaIdx, u32, Tier); 8]> {
+        let matched = self.matched;
+        self.finished
+            .extend(self.active.iter().map(|&(idx, tier)| (idx, matched, tier)));
+        self.finished
+    }
+}
+
+impl Index {
+    /// Scores every replica in `scope` by its longest run of consecutive
+    /// blocks of `fingerprints` from the start. `candidates` restricts the
+    /// answer to those replica ids; `fresh_since_ms` drops replicas not seen
+    /// since then.
+    pub fn lookup(
+        &self,
+        scope: &Scope,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> LookupOutcome {
+        // Held for the whole lookup: shared, and written only when replicas
+        // join, leave or resync.
+        let reg = self.registry.read();
+        let Some(&scope_id) = reg.scopes.get(scope) else {
+            return LookupOutcome::UnknownScope;
+        };
+        let Some((&first, rest)) = fingerprints.split_first() else {
+            return LookupOutcome::NoEntry;
+        };
+        let dir = self.store.directory();
+        let mut reader = self.store.reader(&dir);
+        let first = Block::new(entry_key(scope_id, first), 0);
+        let Some(mut prev) = reader.find(first.key, first.h) else {
+            return LookupOutcome::NoEntry;
+        };
+        let mut scoring = Scoring::default();
+        if let Some(view) = reader.view(prev) {
+            scoring.last.extend_from_slice(view.holders);
+            scoring.active = view
+                .holders
+                .iter()
+                .map(|&x| Holder::from_raw(x))
+                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .map(|x| (x.replica(), x.tier()))
+                .collect();
+        }
+        if scoring.active.is_empty() {
+            return LookupOutcome::NoEntry;
+        }
+        scoring.matched = 1;
+        let mut next = 0;
+        while next < rest.len() {
+            // Along the records stored after the previous block...
+            let walked = reader.walk(
+                prev,
+                rest[next..].iter().map(|&fp| entry_key(scope_id, fp)),
+                |holders| scoring.step(holders),
+            );
+            next += walked.blocks;
+            if walked.stopped || next >= rest.len() {
+                break;
+            }
+            // ...and through the key table where that run breaks.
+            let block = Block::new(entry_key(scope_id, rest[next]), 0);
+            let Some(rec) = reader.find(block.key, block.h) else {
+                break;
+            };
+            let Some(view) = reader.view(rec) else {
+                break;
+            };
+            if !scoring.step(view.holders) {
+                break;
+            }
+            prev = rec;
+            next += 1;
+        }
+        drop(reader);
+        drop(dir);
+        ranked(&reg, scope_id, &scoring.finish())
+    }
+
+    /// Replicas holding the block `fingerprint` (and so the whole prefix
+    /// ending with it); matched blocks come from its recorded depth.
+    pub fn lookup_prefix_hash(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> LookupOutcome {
+        let reg = self.registry.read();
+        let Some(&scope_id) = reg.scopes.get(scope) else {
+            return LookupOutcome::UnknownScope;
+        };
+        let block = Block::new(entry_key(scope_id, fingerprint), 0);
+        let matches: Vec<(ReplicaIdx, u32, Tier)> = {
+            let dir = self.store.directory();
+            let mut reader = self.store.reader(&dir);
+            let Some(view) = reader
+                .find(block.key, block.h)
+                .and_then(|rec| reader.view(rec))
+            else {
+                return LookupOutcome::NoEntry;
+            };
+            view.holders
+                .iter()
+                .map(|&x| Holder::from_raw(x))
+                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
+                .collect()
+        };
+        if matches.is_empty() {
+            return LookupOutcome::NoEntry;
+        }
+        ranked(&reg, scope_id, &matches)
+    }
+}
