@@ -2,7 +2,9 @@
 //! per resident (replica, block) entry as the allocator counts them.
 //!
 //! Run: `cargo bench -p ic-index --bench index`
-//! (`IC_BENCH_ENTRIES=10000000` for the 10M-entry point; default 1M.)
+//! (`IC_BENCH_ENTRIES=10000000` for the 10M-entry point; default 1M;
+//! `IC_BENCH_LAYOUT=interleaved` to build the index from single-block
+//! events of 64 chains in flight instead of one event per chain.)
 
 use std::alloc::System;
 use std::collections::HashSet;
@@ -43,27 +45,50 @@ fn fp(family: u64, depth: u32) -> u64 {
 
 /// Fills an index with `entries` (replica, block) entries: each replica
 /// holds chains of up to CHAIN blocks; chains are shared by 4 replicas so
-/// lookups see realistic candidate sets.
-fn build(entries: u64) -> Index {
+/// lookups see realistic candidate sets. Each chain arrives as one event
+/// (as a prefill does), or with `interleaved` one block per event, round
+/// robin over 64 chains in flight (as decode steps of concurrent requests
+/// do): the worst layout for the index's record order.
+fn build(entries: u64, interleaved: bool) -> Index {
     let index = Index::new(IndexConfig {
         capacity_entries: entries * 2,
         ..IndexConfig::default()
     });
     let per_replica = entries / u64::from(REPLICAS);
+    let scope = scope();
     for r in 0..REPLICAS {
+        let key = key(r);
+        let first_family = u64::from(r / 4) * 1_000_000;
+        // (family, length) of this replica's chains.
+        let mut chains = Vec::new();
         let mut held = 0u64;
-        let mut family = u64::from(r / 4) * 1_000_000;
         while held < per_replica {
             let len = CHAIN.min(u32::try_from(per_replica - held).unwrap_or(CHAIN));
+            chains.push((first_family + chains.len() as u64, len));
+            held += u64::from(len);
+        }
+        let store = |family: u64, from: u32, to: u32| {
             let change = Change::Stored {
-                start_depth: 0,
-                fingerprints: (0..len).map(|d| fp(family, d)).collect(),
+                start_depth: from,
+                fingerprints: (from..to).map(|d| fp(family, d)).collect(),
                 block_size: 16,
                 tier: Tier::T1,
             };
-            index.apply(&key(r), &scope(), "10.0.0.1:8000", &[change], 1);
-            held += u64::from(len);
-            family += 1;
+            index.apply(&key, &scope, "10.0.0.1:8000", &[change], 1);
+        };
+        if !interleaved {
+            for &(family, len) in &chains {
+                store(family, 0, len);
+            }
+            continue;
+        }
+        for group in chains.chunks(64) {
+            let longest = group.iter().map(|c| c.1).max().unwrap_or(0);
+            for d in 0..longest {
+                for &(family, _) in group.iter().filter(|c| d < c.1) {
+                    store(family, d, d + 1);
+                }
+            }
         }
     }
     index
@@ -115,14 +140,20 @@ fn bench_lookup(c: &mut Criterion) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if benching { 1_000_000 } else { 20_000 });
+    let interleaved = std::env::var("IC_BENCH_LAYOUT").is_ok_and(|v| v == "interleaved");
     let region = Region::new(GLOBAL);
-    let index = build(entries);
+    let index = build(entries, interleaved);
     let stats = region.change();
     let bytes = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
     // stderr: test runners parse stdout when listing benchmarks.
     eprintln!(
-        "index of {} entries over {REPLICAS} replicas: {} bytes live, {:.1} bytes per entry",
+        "index of {} entries over {REPLICAS} replicas ({} layout): {} bytes live, {:.1} bytes per entry",
         index.len(),
+        if interleaved {
+            "interleaved"
+        } else {
+            "chain per event"
+        },
         bytes,
         bytes as f64 / index.len() as f64
     );

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
-use crate::store::Block;
+use crate::store::{Block, hash};
 use crate::types::{Candidate, Fingerprint, LookupOutcome, Scope, Tier};
 
 /// Whether replica `idx` may appear in an answer for `scope`.
@@ -176,20 +176,30 @@ impl Index {
         }
         scoring.matched = 1;
         let mut next = 0;
+        // The distance between the last two blocks found through the key
+        // table: blocks of concurrent requests reported one at a time
+        // (decode) interleave at a fairly steady stride.
+        let mut stride = 0;
         while next < rest.len() {
-            // Along the records stored after the previous block...
+            // Along the records stored right after the previous block...
             let walked = reader.walk(
                 prev,
                 rest[next..].iter().map(|&fp| entry_key(scope_id, fp)),
                 |holders| scoring.step(holders),
             );
             next += walked.blocks;
+            if walked.blocks > 0 {
+                prev += u32::try_from(walked.blocks).unwrap_or(0);
+            }
             if walked.stopped || next >= rest.len() {
                 break;
             }
-            // ...and through the key table where that run breaks.
-            let block = Block::new(entry_key(scope_id, rest[next]), 0);
-            let Some(rec) = reader.find(block.key, block.h) else {
+            // ...at the last stride, or through the key table.
+            let key = entry_key(scope_id, rest[next]);
+            let by_stride = prev
+                .checked_add(stride)
+                .filter(|&r| stride > 1 && reader.is(r, key));
+            let Some(rec) = by_stride.or_else(|| reader.find(key, hash(key))) else {
                 break;
             };
             let Some(view) = reader.view(rec) else {
@@ -198,6 +208,7 @@ impl Index {
             if !scoring.step(view.holders) {
                 break;
             }
+            stride = rec.wrapping_sub(prev);
             prev = rec;
             next += 1;
         }

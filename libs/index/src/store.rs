@@ -154,7 +154,7 @@ impl<'a> Reader<'a> {
 
     /// Whether record `rec` is live and carries `key`.
     #[inline]
-    fn is(&mut self, rec: RecId, key: u64) -> bool {
+    pub(crate) fn is(&mut self, rec: RecId, key: u64) -> bool {
         self.slot(page_of(rec))
             .and_then(|s| self.page_in(s))
             .and_then(|p| p.key(offset_of(rec)))

@@ -57,6 +57,47 @@ fn matches(outcome: LookupOutcome) -> Vec<(String, u32, Tier)> {
 }
 
 #[test]
+fn blocks_reported_one_at_a_time_and_interleaved_are_found() {
+    // Three requests decoding side by side on replica a: each block
+    // arrives in its own event, so a chain's records are three apart (and
+    // cross pages). Replica b holds the first ten blocks of chain x.
+    let ix = index();
+    let chain = |base: u64| -> Vec<u64> { (0..20).map(|d| base + d).collect() };
+    let (x, y, z) = (chain(1000), chain(2000), chain(3000));
+    for d in 0..20 {
+        for c in [&x, &y, &z] {
+            put(&ix, "t", "a", &[stored(d as u32, &[c[d]], Tier::T1)]);
+        }
+        if d < 10 {
+            put(&ix, "t", "b", &[stored(d as u32, &[x[d]], Tier::T1)]);
+        }
+    }
+    put(
+        &ix,
+        "t",
+        "a",
+        &[Change::Evicted {
+            fingerprints: vec![x[15]],
+        }],
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &x, None, None)),
+        [("a".into(), 15, Tier::T1), ("b".into(), 10, Tier::T1)]
+    );
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &z, None, None)),
+        [("a".into(), 20, Tier::T1)]
+    );
+    // Jumping between chains: scoring is by held fingerprints, wherever
+    // their records lie (y's first block, then x's).
+    let mixed: Vec<u64> = y[..1].iter().chain(&x[1..]).copied().collect();
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &mixed, None, None)),
+        [("a".into(), 15, Tier::T1)]
+    );
+}
+
+#[test]
 fn longest_consecutive_prefix_wins() {
     let ix = index();
     put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
