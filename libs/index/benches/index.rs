@@ -94,41 +94,105 @@ fn build(entries: u64, interleaved: bool) -> Index {
     index
 }
 
+fn chain(family: u64, blocks: u32) -> Change {
+    Change::Stored {
+        start_depth: 0,
+        fingerprints: (0..blocks).map(|d| fp(family, d)).collect(),
+        block_size: 16,
+        tier: Tier::T1,
+    }
+}
+
 fn bench_apply(c: &mut Criterion) {
     let mut group = c.benchmark_group("apply");
-    let blocks = 64u32;
-    group.throughput(Throughput::Elements(u64::from(blocks)));
     let keys: Vec<ReplicaKey> = (0..REPLICAS).map(key).collect();
     let scope = scope();
-    // Growing (no eviction) and full (every store evicts an older one).
-    for (name, capacity) in [
-        ("store_64_block_chain_growing", u64::MAX),
-        ("store_64_block_chain_at_capacity", 2_000_000),
-    ] {
+    let replica = |family: u64| &keys[(family % u64::from(REPLICAS)) as usize];
+    let benching = std::env::args().any(|a| a == "--bench");
+    let capacity: u64 = if benching { 2_000_000 } else { 20_000 };
+    for blocks in [64u32, 1024] {
+        group.throughput(Throughput::Elements(u64::from(blocks)));
+        // From an empty index (tables growing as it fills).
+        let index = Index::new(IndexConfig::default());
+        let mut family = 0u64;
+        group.bench_function(format!("store_{blocks}_block_chains_into_empty"), |b| {
+            b.iter_batched(
+                || {
+                    family += 1;
+                    (chain(family, blocks), family)
+                },
+                |(change, f)| {
+                    black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &[change], 1))
+                },
+                criterion::BatchSize::SmallInput,
+            );
+        });
+        // A full index: every store evicts as many older entries.
         let index = Index::new(IndexConfig {
             capacity_entries: capacity,
             ..IndexConfig::default()
         });
         let mut family = 0u64;
-        group.bench_function(name, |b| {
+        while index.capacity_evictions() == 0 {
+            family += 1;
+            index.apply(
+                replica(family),
+                &scope,
+                "10.0.0.1:8000",
+                &[chain(family, blocks)],
+                1,
+            );
+        }
+        group.bench_function(format!("store_{blocks}_block_chains_at_capacity"), |b| {
             b.iter_batched(
                 || {
                     family += 1;
-                    let change = Change::Stored {
-                        start_depth: 0,
-                        fingerprints: (0..blocks).map(|d| fp(family, d)).collect(),
-                        block_size: 16,
-                        tier: Tier::T1,
-                    };
-                    (change, (family % u64::from(REPLICAS)) as usize)
+                    (chain(family, blocks), family)
                 },
-                |(change, r)| {
-                    black_box(index.apply(&keys[r], &scope, "10.0.0.1:8000", &[change], 1))
+                |(change, f)| {
+                    black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &[change], 1))
                 },
                 criterion::BatchSize::SmallInput,
             );
         });
     }
+    // An engine's steady state: it stores a chain and evicts an older one
+    // itself, so the index stays below capacity (two block events per block).
+    let blocks = 64u32;
+    group.throughput(Throughput::Elements(2 * u64::from(blocks)));
+    let index = Index::new(IndexConfig {
+        capacity_entries: capacity * 2,
+        ..IndexConfig::default()
+    });
+    let resident = capacity / u64::from(blocks);
+    for family in 1..=resident {
+        index.apply(
+            replica(family),
+            &scope,
+            "10.0.0.1:8000",
+            &[chain(family, blocks)],
+            1,
+        );
+    }
+    let mut family = resident;
+    group.bench_function("store_and_evict_64_block_chains", |b| {
+        b.iter_batched(
+            || {
+                family += 1;
+                let old = family - resident;
+                let evicted = Change::Evicted {
+                    fingerprints: (0..blocks).map(|d| fp(old, d)).collect(),
+                };
+                ([evicted, chain(family, blocks)], old, family)
+            },
+            |(changes, old, f)| {
+                // Each chain's own replica evicts or stores it.
+                black_box(index.apply(replica(old), &scope, "10.0.0.1:8000", &changes[..1], 1));
+                black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &changes[1..], 1))
+            },
+            criterion::BatchSize::SmallInput,
+        );
+    });
     group.finish();
 }
 

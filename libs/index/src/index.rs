@@ -397,13 +397,12 @@ impl Index {
                     );
                 }
                 Change::Evicted { fingerprints } => {
-                    for &fp in fingerprints {
-                        self.store.remove(
-                            Block::new(entry_key(scope, fp), 0),
-                            |h| h.replica() == idx,
-                            |h| self.forget(writer, h),
-                        );
-                    }
+                    let blocks: Vec<Block> = fingerprints
+                        .iter()
+                        .map(|&fp| Block::new(entry_key(scope, fp), 0))
+                        .collect();
+                    self.store
+                        .remove(&blocks, |h| h.replica() == idx, |h| self.forget(writer, h));
                 }
                 Change::Cleared { tier } => {
                     let counts = *writer.counts(idx);

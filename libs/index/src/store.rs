@@ -184,11 +184,11 @@ impl<'a> Reader<'a> {
         self.keys[s].as_deref().map_or(0, |t| t.touch(h))
     }
 
-    /// The record of `key` (hash computed only if needed), trying the one
-    /// right after `prev` first: a chain stored in one event was laid out
-    /// in order, so that is where the next block usually is.
+    /// The record of `key`, trying the neighbours of `prev` first: a chain
+    /// stored in one event was laid out in order, and evictions name a
+    /// chain's blocks in order or in reverse.
     #[inline]
-    pub(crate) fn find_after(&mut self, prev: Option<RecId>, key: u64) -> Option<RecId> {
+    pub(crate) fn find_near(&mut self, prev: Option<RecId>, key: u64) -> Option<RecId> {
         if let Some(prev) = prev {
             let next = if offset_of(prev) + 1 < PAGE_RECORDS {
                 prev + 1
@@ -197,6 +197,9 @@ impl<'a> Reader<'a> {
             };
             if page_of(next) < MAX_PAGES && self.is(next, key) {
                 return Some(next);
+            }
+            if offset_of(prev) > 0 && self.is(prev - 1, key) {
+                return Some(prev - 1);
             }
         }
         self.find(key, hash(key))
@@ -267,6 +270,39 @@ impl<'a> PageWriter<'a> {
         }
         self.held.as_mut().map(|h| &mut *h.1)
     }
+}
+
+/// Whether `keys` (`n` of them) repeat one: a small open-addressing set,
+/// cheaper than sorting for the chain lengths engines report.
+fn has_duplicate(keys: impl Iterator<Item = u64>, n: usize) -> bool {
+    let capacity = (n * 2).next_power_of_two();
+    let mask = capacity - 1;
+    // Key 0 marks an empty slot; it is tracked on the side.
+    let mut seen = vec![0u64; capacity];
+    let mut zero = false;
+    for key in keys {
+        if key == 0 {
+            if zero {
+                return true;
+            }
+            zero = true;
+            continue;
+        }
+        // Masked to the set's size.
+        #[allow(clippy::cast_possible_truncation)]
+        let mut i = (hash(key) as usize) & mask;
+        loop {
+            if seen[i] == 0 {
+                seen[i] = key;
+                break;
+            }
+            if seen[i] == key {
+                return true;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+    false
 }
 
 /// The page with room for the next new record, moving on to a ready page
@@ -361,6 +397,25 @@ impl Store {
         Ok(())
     }
 
+    /// The records of `blocks`, where they exist.
+    fn locate(&self, blocks: &[Block]) -> Vec<Option<RecId>> {
+        let mut recs = Vec::with_capacity(blocks.len());
+        let dir = self.pages.read();
+        let mut reader = self.reader(&dir);
+        let mut prev = None;
+        for chunk in blocks.chunks(TOUCH_AHEAD) {
+            // Start every key slot of the chunk loading, then probe.
+            let warm = chunk.iter().fold(0, |acc, b| acc ^ reader.touch(b.h));
+            std::hint::black_box(warm);
+            for b in chunk {
+                let rec = reader.find_near(prev, b.key);
+                prev = rec.or(prev);
+                recs.push(rec);
+            }
+        }
+        recs
+    }
+
     /// Stores `holder(i)` on every block, creating the records of blocks
     /// not seen before, in order. Returns per block what happened
     /// (`Err(known_depth)` for a depth conflict). The caller does its
@@ -372,38 +427,26 @@ impl Store {
     ) -> Result<Vec<Result<Stored, u32>>, OutOfSpace> {
         let mut place = self.place.lock();
         // Which blocks exist already.
-        let mut recs: Vec<Option<RecId>> = Vec::with_capacity(blocks.len());
-        {
-            let dir = self.pages.read();
-            let mut reader = self.reader(&dir);
-            let mut prev = None;
-            for chunk in blocks.chunks(TOUCH_AHEAD) {
-                // Start every key slot of the chunk loading, then probe.
-                let warm = chunk.iter().fold(0, |acc, b| acc ^ reader.touch(b.h));
-                std::hint::black_box(warm);
-                for b in chunk {
-                    let rec = reader.find_after(prev, b.key);
-                    prev = rec;
-                    recs.push(rec);
-                }
-            }
-        }
+        let mut recs = self.locate(blocks);
         // A block repeated within the chain gets one record: later copies
         // point at the first (`first_copy[i]`).
-        let mut fresh: Vec<(u64, usize)> = (0..blocks.len())
-            .filter(|&i| recs[i].is_none())
-            .map(|i| (blocks[i].key, i))
-            .collect();
-        let new = fresh.len();
+        let new = recs.iter().filter(|r| r.is_none()).count();
         let mut first_copy: Vec<usize> = Vec::new();
-        if new > 1 {
+        let fresh_keys = || {
+            (0..blocks.len())
+                .filter(|&i| recs[i].is_none())
+                .map(|i| blocks[i].key)
+        };
+        if new > 1 && has_duplicate(fresh_keys(), new) {
+            let mut fresh: Vec<(u64, usize)> = (0..blocks.len())
+                .filter(|&i| recs[i].is_none())
+                .map(|i| (blocks[i].key, i))
+                .collect();
             fresh.sort_unstable();
-            if fresh.windows(2).any(|w| w[0].0 == w[1].0) {
-                first_copy = (0..blocks.len()).collect();
-                for run in fresh.chunk_by(|a, b| a.0 == b.0) {
-                    for &(_, i) in &run[1..] {
-                        first_copy[i] = run[0].1;
-                    }
+            first_copy = (0..blocks.len()).collect();
+            for run in fresh.chunk_by(|a, b| a.0 == b.0) {
+                for &(_, i) in &run[1..] {
+                    first_copy[i] = run[0].1;
                 }
             }
         }
@@ -434,57 +477,78 @@ impl Store {
                 results.push(Ok(Stored::Added));
             }
         }
-        self.publish(&mut created, |table, &(h, rec)| table.insert(h, rec));
+        self.publish(&created, |table, &(h, rec)| table.insert(h, rec), |_| {});
         Ok(results)
     }
 
-    /// Applies `edit` to the key shard of each item, one lock per shard.
-    fn publish<T>(&self, items: &mut [T], edit: impl Fn(&mut KeyTable, &T))
-    where
-        T: HashOf,
-    {
+    /// Applies `edit` to the key shard of each item, one lock per shard
+    /// (items bucketed by shard with a counting sort), then `after` to each
+    /// shard touched.
+    fn publish<T: HashOf + Copy>(
+        &self,
+        items: &[T],
+        edit: impl Fn(&mut KeyTable, &T),
+        after: impl Fn(&mut KeyTable),
+    ) {
         let shards = self.keys.len();
-        items.sort_unstable_by_key(|item| shard_of(item.hash(), shards));
-        for group in items.chunk_by(|a, b| shard_of(a.hash(), shards) == shard_of(b.hash(), shards))
-        {
-            let mut table = self.keys[shard_of(group[0].hash(), shards)].write();
+        let mut starts = vec![0usize; shards + 1];
+        for item in items {
+            starts[shard_of(item.hash(), shards) + 1] += 1;
+        }
+        for i in 0..shards {
+            starts[i + 1] += starts[i];
+        }
+        let mut at = starts.clone();
+        let mut bucketed: Vec<T> = items.to_vec();
+        for item in items {
+            let s = shard_of(item.hash(), shards);
+            bucketed[at[s]] = *item;
+            at[s] += 1;
+        }
+        for s in 0..shards {
+            let group = &bucketed[starts[s]..starts[s + 1]];
+            if group.is_empty() {
+                continue;
+            }
+            let mut table = self.keys[s].write();
             for item in group {
                 edit(&mut table, item);
             }
+            after(&mut table);
         }
     }
 
-    /// Drops the holders of one block for which `drop` is true, reporting
+    /// Drops the holders of `blocks` for which `drop` is true, reporting
     /// each.
     pub(crate) fn remove(
         &self,
-        block: Block,
+        blocks: &[Block],
         mut drop: impl FnMut(Holder) -> bool,
         mut removed: impl FnMut(Holder),
     ) {
         let mut place = self.place.lock();
-        let rec = {
-            let dir = self.pages.read();
-            self.reader(&dir).find(block.key, block.h)
-        };
-        let Some(rec) = rec else {
-            return;
-        };
-        let died = {
+        let recs = self.locate(blocks);
+        let mut dead: Vec<(u64, RecId)> = Vec::new();
+        {
             let dir = self.pages.read();
             let mut writer = PageWriter::new(&dir);
-            writer.page(page_of(rec)).is_some_and(|p| {
-                let died = p.remove_holders(offset_of(rec), &mut drop, &mut removed);
-                if died && p.live() * 2 < p.len() {
-                    place.sparse.push(page_of(rec));
+            for (b, rec) in blocks.iter().zip(recs) {
+                let Some(rec) = rec else {
+                    continue;
+                };
+                let Some(page) = writer.page(page_of(rec)) else {
+                    continue;
+                };
+                if page.remove_holders(offset_of(rec), &mut drop, &mut removed) {
+                    dead.push((b.h, rec));
+                    if page.live() * 2 < page.len() {
+                        place.sparse.push(page_of(rec));
+                    }
                 }
-                died
-            })
-        };
-        if died {
-            let mut table = self.keys[shard_of(block.h, self.keys.len())].write();
-            table.remove(block.h, rec);
-            table.shrink();
+            }
+        }
+        if !dead.is_empty() {
+            self.withdraw(&mut dead);
         }
     }
 
@@ -531,20 +595,24 @@ impl Store {
             }
         }
         self.withdraw(&mut dead);
-        for table in &self.keys {
-            table.write().shrink();
-        }
     }
 
     /// Removes the keys of dead records: a probe each when they are few, a
     /// sweep of the key tables against a bitmap of dead records when they
     /// are many (eviction passes).
     fn withdraw(&self, dead: &mut Vec<(u64, RecId)>) {
-        let keys: usize = self.keys.iter().map(|t| t.read().len()).sum();
-        if dead.len() * SWEEP_FRACTION < keys {
-            self.publish(dead, |table, &(h, rec)| {
-                table.remove(h, rec);
-            });
+        let many = dead.len() > 1024 && {
+            let keys: usize = self.keys.iter().map(|t| t.read().len()).sum();
+            dead.len() * SWEEP_FRACTION >= keys
+        };
+        if !many {
+            self.publish(
+                dead,
+                |table, &(h, rec)| {
+                    table.remove(h, rec);
+                },
+                KeyTable::shrink,
+            );
         } else {
             let top = dead.iter().map(|d| d.1 as usize).max().unwrap_or(0);
             let mut bits = vec![0u64; top / 64 + 1];
@@ -556,7 +624,9 @@ impl Store {
                     .is_some_and(|w| w & (1 << (rec % 64)) != 0)
             };
             for table in &self.keys {
-                table.write().remove_all(is_dead);
+                let mut table = table.write();
+                table.remove_all(is_dead);
+                table.shrink();
             }
         }
         dead.clear();
@@ -629,9 +699,13 @@ impl Store {
                 moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
             }
         }
-        self.publish(&mut moved, |table, &(h, old, new)| {
-            table.relocate(h, old, new);
-        });
+        self.publish(
+            &moved,
+            |table, &(h, old, new)| {
+                table.relocate(h, old, new);
+            },
+            |_| {},
+        );
         let dir = self.pages.read();
         if let Some(Some(page)) = dir.get(n) {
             let mut page = page.write();
@@ -681,10 +755,12 @@ mod tests {
             len: u64,
             epoch: u32,
         },
-        /// Replica drops one key.
+        /// Replica drops keys `start..start+len`, in order or reversed.
         Remove {
             replica: u32,
-            key: u64,
+            start: u64,
+            len: u64,
+            reversed: bool,
         },
         /// Every holder of a replica goes.
         Drop {
@@ -700,7 +776,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             4 => (0u32..4, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
-            3 => (0u32..4, 0u64..80).prop_map(|(replica, key)| Op::Remove { replica, key }),
+            3 => (0u32..4, 0u64..80, 1u64..6, any::<bool>()).prop_map(|(replica, start, len, reversed)| Op::Remove { replica, start, len, reversed }),
             1 => (0u32..4).prop_map(|replica| Op::Drop { replica }),
             1 => (0u32..3).prop_map(|epoch| Op::Evict { epoch }),
             1 => Just(Op::Compact),
@@ -756,11 +832,19 @@ mod tests {
                             prop_assert_eq!(r.is_ok_and(|s| s == Stored::Added), added);
                         }
                     }
-                    Op::Remove { replica, key } => {
+                    Op::Remove { replica, start, len, reversed } => {
+                        let mut keys: Vec<u64> = (start..start + len).collect();
+                        if reversed {
+                            keys.reverse();
+                        }
+                        let blocks: Vec<Block> = keys.iter().map(|&k| Block::new(k, 0)).collect();
                         let mut n = 0;
-                        store.remove(Block::new(key, 0), |h| h.replica() == replica, |_| n += 1);
-                        let had = model.get_mut(&key).is_some_and(|hs| hs.remove(&replica).is_some());
-                        prop_assert_eq!(n, usize::from(had));
+                        store.remove(&blocks, |h| h.replica() == replica, |_| n += 1);
+                        let had = keys
+                            .iter()
+                            .filter(|k| model.get_mut(k).is_some_and(|hs| hs.remove(&replica).is_some()))
+                            .count();
+                        prop_assert_eq!(n, had);
                         model.retain(|_, hs| !hs.is_empty());
                     }
                     Op::Drop { replica } => {
@@ -807,7 +891,7 @@ mod tests {
         let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
         let mut prev = first;
         for b in &blocks[1..] {
-            let rec = reader.find_after(Some(prev), b.key).unwrap();
+            let rec = reader.find_near(Some(prev), b.key).unwrap();
             assert_eq!(
                 rec,
                 if offset_of(prev) + 1 < PAGE_RECORDS {
@@ -818,6 +902,14 @@ mod tests {
             );
             prev = rec;
         }
+    }
+
+    #[test]
+    fn duplicates_are_spotted_including_key_zero() {
+        assert!(!has_duplicate([1u64, 2, 3, 0].into_iter(), 4));
+        assert!(has_duplicate([0u64, 5, 0].into_iter(), 3));
+        assert!(has_duplicate((0..100u64).chain([42]), 101));
+        assert!(!has_duplicate(0..100u64, 100));
     }
 
     #[test]
