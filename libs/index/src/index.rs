@@ -15,8 +15,8 @@
 //! Instead:
 //! * eviction works in store *epochs*: every entry carries the epoch it was
 //!   last stored in, and the capacity bound removes whole oldest epochs in
-//!   one pass over the pages that hold them (an epoch is 1/16 of capacity,
-//!   so a pass evicts at least that much);
+//!   one pass over the pages that hold them (an epoch is 1/16 of capacity;
+//!   a pass evicts at least 1/8 of capacity, so passes stay rare);
 //! * dropping a replica's entries (drain, scope move, resync, clear) is a
 //!   pass over the pages. A resync first builds the new state under a
 //!   fresh, not yet visible replica slot and then swaps the slots in the
@@ -556,10 +556,10 @@ impl Index {
     }
 
     /// Evicts whole epochs, oldest first, until at least `at_least` entries
-    /// (and at least an epoch's worth, so passes stay rare) are selected;
-    /// then removes them in one pass.
+    /// (and at least 1/8 of capacity, so passes stay rare: each one sweeps
+    /// the key tables) are selected; then removes them in one pass.
     fn evict_oldest(&self, writer: &mut Writer, at_least: u64) {
-        let target = at_least.max(writer.epoch_size);
+        let target = at_least.max(self.config.capacity_entries / 8);
         let mut doomed = vec![false; EPOCHS as usize];
         let mut selected = 0u64;
         for step in 1..=EPOCHS {
