@@ -616,12 +616,21 @@ impl Store {
         } else {
             let top = dead.iter().map(|d| d.1 as usize).max().unwrap_or(0);
             let mut bits = vec![0u64; top / 64 + 1];
+            // Dead records cluster in the oldest pages: a per-page bit
+            // (small enough to stay in cache) rules out most slots.
+            let mut pages = vec![0u64; page_of(top as RecId) / 64 + 1];
             for &(_, rec) in dead.iter() {
                 bits[rec as usize / 64] |= 1 << (rec % 64);
+                pages[page_of(rec) / 64] |= 1 << (page_of(rec) % 64);
             }
             let is_dead = |rec: RecId| {
-                bits.get(rec as usize / 64)
-                    .is_some_and(|w| w & (1 << (rec % 64)) != 0)
+                let page = page_of(rec);
+                pages
+                    .get(page / 64)
+                    .is_some_and(|w| w & (1 << (page % 64)) != 0)
+                    && bits
+                        .get(rec as usize / 64)
+                        .is_some_and(|w| w & (1 << (rec % 64)) != 0)
             };
             for table in &self.keys {
                 let mut table = table.write();
