@@ -58,6 +58,12 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Open loop: issue this many requests per second on a fixed schedule
+    /// (at most --concurrency in flight) instead of as fast as responses
+    /// return; latency counts from the scheduled send time whenever the
+    /// schedule ran late, so backlog is not hidden.
+    #[arg(long)]
+    rate: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,6 +74,8 @@ struct Report {
     prompt_blocks: u32,
     concurrency: usize,
     connections: usize,
+    /// Requests per second offered (open loop), if set.
+    rate: Option<f64>,
     preload_events: u64,
     preload_seconds: f64,
     preload_events_per_second: f64,
@@ -175,20 +183,49 @@ where
     let end = measure_from + Duration::from_secs_f64(args.duration_secs);
     let hits = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
+    // Open loop: worker `w` owns the scheduled slots w, w + n, w + 2n, …
+    let interval = args
+        .rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(args.concurrency as f64 / r));
+    let slot_offset = |w: usize| {
+        args.rate
+            .filter(|r| *r > 0.0)
+            .map(|r| Duration::from_secs_f64(w as f64 / r))
+            .unwrap_or_default()
+    };
     for w in 0..args.concurrency {
         let channel = channels[w % channels.len()].clone();
         let call = call.clone();
         let hits = hits.clone();
+        let first_slot = start + slot_offset(w);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut errors = 0u64;
             let mut i = w as u64;
+            let mut slot = first_slot;
+            let mut free_at = start;
             loop {
-                let t0 = Instant::now();
+                let t0 = match interval {
+                    Some(every) => {
+                        if slot >= end {
+                            break;
+                        }
+                        tokio::time::sleep_until(slot.into()).await;
+                        // Late because the previous call overran its slot:
+                        // count from the slot. Otherwise from the wake-up
+                        // (timer slop is not the server's).
+                        let t0 = if free_at > slot { slot } else { Instant::now() };
+                        slot += every;
+                        t0
+                    }
+                    None => Instant::now(),
+                };
                 if t0 >= end {
                     break;
                 }
                 let result = call(channel.clone(), i).await;
+                free_at = Instant::now();
                 i += 1_000_003;
                 if t0 < measure_from {
                     continue;
@@ -325,6 +362,7 @@ async fn main() -> anyhow::Result<()> {
         prompt_blocks: args.prompt_blocks,
         concurrency: args.concurrency,
         connections: args.connections,
+        rate: args.rate,
         preload_events: events,
         preload_seconds: took.as_secs_f64(),
         preload_events_per_second: events as f64 / took.as_secs_f64().max(1e-9),
@@ -345,9 +383,16 @@ async fn main() -> anyhow::Result<()> {
 }
 
 fn print_table(r: &Report) {
+    let load = match r.rate {
+        Some(rate) => format!(
+            "{rate:.0} requests/s offered (open loop, at most {} in flight)",
+            r.concurrency
+        ),
+        None => format!("{} in flight", r.concurrency),
+    };
     println!(
-        "index server {}: {} replicas, {} entries, {}-block prompts, {} in flight over {} connections",
-        r.target, r.replicas, r.entries, r.prompt_blocks, r.concurrency, r.connections
+        "index server {}: {} replicas, {} entries, {}-block prompts, {load} over {} connections",
+        r.target, r.replicas, r.entries, r.prompt_blocks, r.connections
     );
     println!(
         "preload (IngestEvents over gRPC): {} block events in {:.2} s = {:.0} events/s",

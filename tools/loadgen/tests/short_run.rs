@@ -45,6 +45,49 @@ fn short_run_reports_every_phase() {
 }
 
 #[test]
+fn open_loop_runs_offer_no_more_than_the_rate() {
+    let bin_dir = ic_e2e::workspace_binary("ic-index-server");
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
+        .args([
+            "--bin-dir",
+            bin_dir.parent().unwrap().to_str().unwrap(),
+            "--replicas",
+            "4",
+            "--entries",
+            "2000",
+            "--prompt-blocks",
+            "16",
+            "--concurrency",
+            "8",
+            "--connections",
+            "1",
+            "--rate",
+            "200",
+            "--duration-secs",
+            "1",
+            "--warmup-secs",
+            "0.2",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["rate"], 200.0, "{report}");
+    for phase in ["empty_rpc", "lookup_route"] {
+        // The measured second holds 200 scheduled slots; a closed loop
+        // would complete thousands.
+        let requests = report[phase]["requests"].as_u64().unwrap();
+        assert!((1..=201).contains(&requests), "{phase}: {report}");
+        assert_eq!(report[phase]["errors"], 0, "{report}");
+    }
+}
+
+#[test]
 fn coordinator_short_run_ingests_and_finds_every_key() {
     let bin_dir = ic_e2e::workspace_binary("ic-coordinator");
     let out = Command::new(env!("CARGO_BIN_EXE_ic-coordinator-loadgen"))
