@@ -168,6 +168,11 @@ impl Index {
         self.len() == 0
     }
 
+    /// Records moved by compaction (of pages under half live), since start.
+    pub fn records_relocated(&self) -> u64 {
+        self.store.relocations()
+    }
+
     /// Entries evicted to stay within capacity, since start.
     pub fn capacity_evictions(&self) -> u64 {
         self.capacity_evictions.load(Ordering::Relaxed)

@@ -14,6 +14,8 @@
 //! withdrawn, so a reader that reaches a record through a stale key or a
 //! neighbouring record checks that it is live and carries the key it wants.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
 
@@ -86,6 +88,8 @@ pub(crate) struct Store {
     keys: Box<[RwLock<KeyTable>]>,
     pages: RwLock<Directory>,
     place: Mutex<Placement>,
+    /// Records moved by compaction, since start.
+    relocations: AtomicU64,
 }
 
 fn shard_of(h: u64, shards: usize) -> usize {
@@ -346,6 +350,7 @@ impl Store {
             keys: (0..shards).map(|_| RwLock::default()).collect(),
             pages: RwLock::default(),
             place: Mutex::default(),
+            relocations: AtomicU64::new(0),
         }
     }
 
@@ -722,6 +727,8 @@ impl Store {
                 page.kill(offset_of(old));
             }
         }
+        self.relocations
+            .fetch_add(moved.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -737,6 +744,11 @@ impl Store {
                 (p.len(), p.live())
             })
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// Records moved by compaction, since start.
+    pub(crate) fn relocations(&self) -> u64 {
+        self.relocations.load(Ordering::Relaxed)
     }
 
     /// Keys published (for tests).

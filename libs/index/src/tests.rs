@@ -351,6 +351,78 @@ fn moving_a_replica_to_another_scope_drops_its_old_entries() {
     assert_eq!(ix.len(), 1);
 }
 
+#[test]
+fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    // Round k stores chain k for replica "stable", one block per event,
+    // each followed by two filler blocks of replica "churn"; then the fillers
+    // are evicted, so the pages holding chain k fall below half live and
+    // are compacted (moving chain k's records) while readers look chain k
+    // up. Pages hold 8 records under test: this moves records constantly.
+    const ROUNDS: u64 = 150;
+    const LEN: u64 = 24;
+    let chain = |k: u64| -> Vec<u64> { (0..LEN).map(|d| (k + 1) * 1_000 + d).collect() };
+    let ix = Arc::new(Index::new(IndexConfig {
+        capacity_entries: 1_000_000,
+        shards: 4,
+    }));
+    let published = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2u64)
+        .map(|seed| {
+            let (ix, published, done) = (ix.clone(), published.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut x = seed + 1;
+                let mut lookups = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    let n = published.load(Ordering::Acquire);
+                    if n == 0 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    // Half the time the chain being compacted right now.
+                    let k = if x % 2 == 0 { n - 1 } else { (x >> 33) % n };
+                    let got = matches(ix.lookup(&scope("t"), &chain(k), None, None));
+                    assert_eq!(got, [("stable".into(), LEN as u32, Tier::T1)], "chain {k}");
+                    lookups += 1;
+                }
+                lookups
+            })
+        })
+        .collect();
+    for k in 0..ROUNDS {
+        // Two fillers per block: a page keeps under half its records.
+        let fillers: Vec<u64> = (0..2 * LEN)
+            .map(|d| 1_000_000_000 + k * 1_000 + d)
+            .collect();
+        for (d, &b) in chain(k).iter().enumerate() {
+            put(&ix, "t", "stable", &[stored(d as u32, &[b], Tier::T1)]);
+            let f = &fillers[2 * d..2 * d + 2];
+            put(&ix, "t", "churn", &[stored(2 * d as u32, f, Tier::T1)]);
+        }
+        published.store(k + 1, Ordering::Release);
+        put(
+            &ix,
+            "t",
+            "churn",
+            &[Change::Evicted {
+                fingerprints: fillers,
+            }],
+        );
+    }
+    done.store(true, Ordering::Relaxed);
+    let lookups: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    assert!(lookups > 0);
+    assert!(
+        ix.records_relocated() >= ROUNDS * LEN / 2,
+        "records were moved while read"
+    );
+    assert_eq!(ix.len(), ROUNDS * LEN);
+}
+
 mod model {
     //! The index against a trivially correct model under random operations.
     use std::collections::{BTreeMap, BTreeSet};
