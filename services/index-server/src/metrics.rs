@@ -64,6 +64,8 @@ pub struct Metrics {
     pub entries: Gauge,
     /// Entries evicted by the capacity bound.
     pub capacity_evictions: Gauge,
+    /// Records moved by compaction of sparse pages.
+    pub records_relocated: Gauge,
     /// Functional-probe stages run, by stage and outcome.
     pub probe_stages: Family<StageLabels, Counter>,
     /// Probe requests refused (authentication or bad request), by reason.
@@ -86,6 +88,7 @@ impl Metrics {
             content_errors: Counter::default(),
             entries: Gauge::default(),
             capacity_evictions: Gauge::default(),
+            records_relocated: Gauge::default(),
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
             stale_replicas_removed: Counter::default(),
@@ -132,6 +135,11 @@ impl Metrics {
                 "capacity_evictions",
                 "Entries evicted by the capacity bound",
                 m.capacity_evictions.clone(),
+            );
+            r.register(
+                "records_relocated",
+                "Records moved by compaction of sparse pages",
+                m.records_relocated.clone(),
             );
             r.register(
                 "probe_stages",
@@ -189,5 +197,7 @@ impl Metrics {
             .set(i64::try_from(index.len()).unwrap_or(i64::MAX));
         self.capacity_evictions
             .set(i64::try_from(index.capacity_evictions()).unwrap_or(i64::MAX));
+        self.records_relocated
+            .set(i64::try_from(index.records_relocated()).unwrap_or(i64::MAX));
     }
 }
