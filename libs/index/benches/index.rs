@@ -115,18 +115,25 @@ fn bench_apply(c: &mut Criterion) {
         // From an empty index (tables growing as it fills).
         let index = Index::new(IndexConfig::default());
         let mut family = 0u64;
-        group.bench_function(format!("store_{blocks}_block_chains_into_empty"), |b| {
-            b.iter_batched(
-                || {
-                    family += 1;
-                    (chain(family, blocks), family)
-                },
-                |(change, f)| {
-                    black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &[change], 1))
-                },
-                criterion::BatchSize::SmallInput,
-            );
-        });
+        let mut store_chains = |name: String, index: &Index, family: &mut u64| {
+            group.bench_function(name, |b| {
+                b.iter_batched(
+                    || {
+                        *family += 1;
+                        (chain(*family, blocks), *family)
+                    },
+                    |(change, f)| {
+                        black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &[change], 1))
+                    },
+                    criterion::BatchSize::SmallInput,
+                );
+            });
+        };
+        store_chains(
+            format!("store_{blocks}_block_chains_into_empty"),
+            &index,
+            &mut family,
+        );
         // A full index: every store evicts as many older entries.
         let index = Index::new(IndexConfig {
             capacity_entries: capacity,
@@ -143,18 +150,11 @@ fn bench_apply(c: &mut Criterion) {
                 1,
             );
         }
-        group.bench_function(format!("store_{blocks}_block_chains_at_capacity"), |b| {
-            b.iter_batched(
-                || {
-                    family += 1;
-                    (chain(family, blocks), family)
-                },
-                |(change, f)| {
-                    black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &[change], 1))
-                },
-                criterion::BatchSize::SmallInput,
-            );
-        });
+        store_chains(
+            format!("store_{blocks}_block_chains_at_capacity"),
+            &index,
+            &mut family,
+        );
     }
     // An engine's steady state: it stores a chain and evicts an older one
     // itself, so the index stays below capacity (two block events per block).

@@ -60,24 +60,30 @@ impl KeyTable {
         self.slots.get(self.home(tag(h))).map_or(0, |s| s.rec)
     }
 
-    /// The record with hash `h` that `is_it` confirms.
-    pub(crate) fn find(&self, h: u64, mut is_it: impl FnMut(RecId) -> bool) -> Option<RecId> {
+    /// The first slot of hash `h`'s run that `wanted` accepts.
+    fn probe(&self, h: u64, mut wanted: impl FnMut(KeySlot) -> bool) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
-        let t = tag(h);
         let mask = self.mask();
-        let mut i = self.home(t);
+        let mut i = self.home(tag(h));
         loop {
             let s = self.slots[i];
             if s.rec == NO_REC {
                 return None;
             }
-            if s.tag == t && is_it(s.rec) {
-                return Some(s.rec);
+            if wanted(s) {
+                return Some(i);
             }
             i = (i + 1) & mask;
         }
+    }
+
+    /// The record with hash `h` that `is_it` confirms.
+    pub(crate) fn find(&self, h: u64, mut is_it: impl FnMut(RecId) -> bool) -> Option<RecId> {
+        let t = tag(h);
+        self.probe(h, |s| s.tag == t && is_it(s.rec))
+            .map(|i| self.slots[i].rec)
     }
 
     /// Adds `rec` under hash `h` (the caller knows its key is absent).
@@ -96,22 +102,7 @@ impl KeyTable {
     }
 
     fn position(&self, h: u64, rec: RecId) -> Option<usize> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let t = tag(h);
-        let mask = self.mask();
-        let mut i = self.home(t);
-        loop {
-            let s = self.slots[i];
-            if s.rec == NO_REC {
-                return None;
-            }
-            if s.rec == rec {
-                return Some(i);
-            }
-            i = (i + 1) & mask;
-        }
+        self.probe(h, |s| s.rec == rec)
     }
 
     /// Points the entry of `old` (hash `h`) at `new`; false if absent.
