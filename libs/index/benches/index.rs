@@ -4,7 +4,8 @@
 //! Run: `cargo bench -p ic-index --bench index`
 //! (`IC_BENCH_ENTRIES=10000000` for the 10M-entry point; default 1M;
 //! `IC_BENCH_LAYOUT=interleaved` to build the index from single-block
-//! events of 64 chains in flight instead of one event per chain.)
+//! events of 64 chains in flight instead of one event per chain;
+//! `IC_BENCH_SHARING=1` for chains held by one replica each instead of 4.)
 
 use std::alloc::System;
 use std::collections::HashSet;
@@ -37,6 +38,16 @@ fn key(r: u32) -> ReplicaKey {
     }
 }
 
+/// Replicas holding each chain (`IC_BENCH_SHARING`, default 4; 1 is a
+/// fleet where routing keeps every prefix on one replica).
+fn sharing() -> u32 {
+    std::env::var("IC_BENCH_SHARING")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|s| (1..=REPLICAS).contains(s))
+        .unwrap_or(4)
+}
+
 /// Fingerprint of block `depth` of prompt family `family` (stand-ins: any
 /// distinct u64s behave the same in the index).
 fn fp(family: u64, depth: u32) -> u64 {
@@ -44,8 +55,9 @@ fn fp(family: u64, depth: u32) -> u64 {
 }
 
 /// Fills an index with `entries` (replica, block) entries: each replica
-/// holds chains of up to CHAIN blocks; chains are shared by 4 replicas so
-/// lookups see realistic candidate sets. Each chain arrives as one event
+/// holds chains of up to CHAIN blocks; chains are shared by `sharing()`
+/// replicas (4 unless `IC_BENCH_SHARING` says otherwise) so lookups see
+/// realistic candidate sets. Each chain arrives as one event
 /// (as a prefill does), or with `interleaved` one block per event, round
 /// robin over 64 chains in flight (as decode steps of concurrent requests
 /// do): the worst layout for the index's record order.
@@ -58,7 +70,7 @@ fn build(entries: u64, interleaved: bool) -> Index {
     let scope = scope();
     for r in 0..REPLICAS {
         let key = key(r);
-        let first_family = u64::from(r / 4) * 1_000_000;
+        let first_family = u64::from(r / sharing()) * 1_000_000;
         // (family, length) of this replica's chains.
         let mut chains = Vec::new();
         let mut held = 0u64;
@@ -211,13 +223,14 @@ fn bench_lookup(c: &mut Criterion) {
     let bytes = stats.bytes_allocated as i64 - stats.bytes_deallocated as i64;
     // stderr: test runners parse stdout when listing benchmarks.
     eprintln!(
-        "index of {} entries over {REPLICAS} replicas ({} layout): {} bytes live, {:.1} bytes per entry",
+        "index of {} entries over {REPLICAS} replicas ({} layout, {} replicas per chain): {} bytes live, {:.1} bytes per entry",
         index.len(),
         if interleaved {
             "interleaved"
         } else {
             "chain per event"
         },
+        sharing(),
         bytes,
         bytes as f64 / index.len() as f64
     );
@@ -248,7 +261,7 @@ fn bench_lookup(c: &mut Criterion) {
 fn latency_distribution(index: &Index, entries: u64, samples: usize) {
     let per_replica = entries / u64::from(REPLICAS);
     let families = per_replica.div_ceil(u64::from(CHAIN)).max(1);
-    let groups = u64::from(REPLICAS / 4);
+    let groups = u64::from(REPLICAS / sharing());
     let scope = scope();
     for prompt in [16u32, 128, 1024] {
         let mut x = 0x2545_f491_4f6c_dd1du64;
