@@ -10,8 +10,8 @@
 //!
 //! Blocks are stored as records in the order engines reported them, so a
 //! lookup walking a prompt mostly reads the record right after the last one
-//! (see `store`); ingest holds one page or key-shard lock at a time for a
-//! few records, so a lookup never waits for more than a short write.
+//! (see `store`); ingest holds one page or key-shard lock at a time,
+//! mostly for a few records, so lookups do not wait for ingest batches.
 
 mod arena;
 mod index;

@@ -5,9 +5,10 @@
 //! own `RwLock`. Lookups take read locks only and hold them for the lookup.
 //! There is a single writer at a time (the index's writer mutex), and it
 //! never waits for a lock while holding a write lock, nor holds the
-//! directory's read lock while waiting for its write lock — so a lookup
-//! waits for at most one short write (at most [`WRITE_BATCH`] records) and
-//! nothing deadlocks.
+//! directory's read lock while waiting for its write lock — so nothing
+//! deadlocks, and a lookup waits for at most one write: usually a few
+//! records (at most [`WRITE_BATCH`]), rarely one key shard's growth or
+//! sweep (one pass over that shard's table).
 //!
 //! Consistency without a global lock: a new record is appended before its
 //! key is published, and a dead record is marked dead before its key is
