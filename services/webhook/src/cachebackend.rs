@@ -43,24 +43,34 @@ fn decode(value: Option<&Value>, which: &str) -> Result<CacheBackend, String> {
         .map_err(|e| format!("cannot decode {which} as a CacheBackend: {e}"))
 }
 
+/// The CacheBackend a CREATE or UPDATE submits; other operations are
+/// allowed as they are, an undecodable object is a bad request.
+fn submitted(req: &AdmissionRequest) -> Result<CacheBackend, Box<Decision>> {
+    if !matches!(req.operation, Operation::Create | Operation::Update) {
+        return Err(Box::new(Decision::new(
+            AdmissionResponse::allow(&req.uid),
+            "allowed",
+            "operation",
+        )));
+    }
+    decode(req.object.as_ref(), "object").map_err(|message| {
+        Box::new(Decision::new(
+            AdmissionResponse::bad_request(&req.uid, message),
+            "error",
+            "decode",
+        ))
+    })
+}
+
 // === defaulting ===
 
 /// `POST /mutate-cachebackend`: fills the context-dependent defaults on
 /// CREATE and UPDATE and answers with a JSON patch when anything changed.
 #[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
 pub fn default(req: &AdmissionRequest) -> Decision {
-    if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Decision::new(AdmissionResponse::allow(&req.uid), "allowed", "operation");
-    }
-    let backend = match decode(req.object.as_ref(), "object") {
+    let backend = match submitted(req) {
         Ok(b) => b,
-        Err(message) => {
-            return Decision::new(
-                AdmissionResponse::bad_request(&req.uid, message),
-                "error",
-                "decode",
-            );
-        }
+        Err(decision) => return *decision,
     };
     let mut defaulted = backend.clone();
     let changed = ic_api::defaults::apply(&mut defaulted.spec);
@@ -100,18 +110,9 @@ pub fn default(req: &AdmissionRequest) -> Decision {
 /// violations an UPDATE introduces, nothing on DELETE/CONNECT.
 #[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
 pub fn validate(req: &AdmissionRequest) -> Decision {
-    if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Decision::new(AdmissionResponse::allow(&req.uid), "allowed", "operation");
-    }
-    let backend = match decode(req.object.as_ref(), "object") {
+    let backend = match submitted(req) {
         Ok(b) => b,
-        Err(message) => {
-            return Decision::new(
-                AdmissionResponse::bad_request(&req.uid, message),
-                "error",
-                "decode",
-            );
-        }
+        Err(decision) => return *decision,
     };
     let mut errors = ic_adapters::admission::validate_backend(&backend);
     if req.operation == Operation::Update {
