@@ -1,9 +1,10 @@
 //! The index itself.
 //!
-//! Layout: blocks live in the [`crate::store`] — 16-byte records in the
+//! Layout: blocks live in the [`crate::store`] — 14-byte records in the
 //! order engines reported them (so a prompt's blocks are mostly adjacent),
-//! found through a sharded key table — keyed by the fingerprint mixed with
-//! the scope id, each holding its depth in the prompt and its holders
+//! found through sharded cuckoo key tables of 6-byte slots — keyed by the
+//! fingerprint mixed with the scope id, each holding its depth in the
+//! prompt (saturating at 32,766) and its holders
 //! (replica, tier, store epoch). Writers (ingest) are serialised by one
 //! mutex that also owns per-replica counters and the eviction clock; a
 //! write holds one page or key-shard lock at a time for a few records, so a
@@ -42,6 +43,16 @@ pub(crate) type ReplicaIdx = u32;
 /// Capacity is clamped here so record ids (32 bits, pages at least half
 /// live) can never run out.
 const MAX_CAPACITY: u64 = 1 << 30;
+
+/// Keys per key table the store is sized for at full capacity (small
+/// tables keep two keys of one table from sharing a 16-bit tag).
+const KEYS_PER_TABLE: u64 = 8192;
+
+/// Key tables per shard for an index of `capacity` entries over `shards`.
+fn tables_per_shard(capacity: u64, shards: usize) -> usize {
+    let tables = capacity.div_ceil(KEYS_PER_TABLE) / shards as u64;
+    usize::try_from(tables.max(1).next_power_of_two()).unwrap_or(1)
+}
 
 /// The table key of a block: scopes get disjoint key spaces (a replica's
 /// scope is also checked on every answer, so a cross-scope key collision
@@ -143,7 +154,7 @@ impl Index {
         Self {
             config,
             registry: RwLock::default(),
-            store: Store::new(n),
+            store: Store::new(n, tables_per_shard(config.capacity_entries, n)),
             writer: Mutex::new(Writer {
                 counts: Vec::new(),
                 slots: 0,

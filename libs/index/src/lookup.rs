@@ -80,7 +80,9 @@ impl Scoring {
     /// Folds in the next block's holders; false once no replica is left.
     #[inline]
     fn step(&mut self, holders: &[u32]) -> bool {
-        if holders == self.last.as_slice() {
+        // Element by element: holder lists are short, and slice equality
+        // would call memcmp for each block.
+        if holders.len() == self.last.len() && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
             self.matched += 1;
             return true;
         }
@@ -162,9 +164,9 @@ impl Index {
         };
         let mut scoring = Scoring::default();
         if let Some(view) = reader.view(prev) {
-            scoring.last.extend_from_slice(view.holders);
+            scoring.last.extend_from_slice(view.holders());
             scoring.active = view
-                .holders
+                .holders()
                 .iter()
                 .map(|&x| Holder::from_raw(x))
                 .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
@@ -205,7 +207,7 @@ impl Index {
             let Some(view) = reader.view(rec) else {
                 break;
             };
-            if !scoring.step(view.holders) {
+            if !scoring.step(view.holders()) {
                 break;
             }
             stride = rec.wrapping_sub(prev);
@@ -240,7 +242,7 @@ impl Index {
             else {
                 return LookupOutcome::NoEntry;
             };
-            view.holders
+            view.holders()
                 .iter()
                 .map(|&x| Holder::from_raw(x))
                 .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))

@@ -1,14 +1,17 @@
 //! Where blocks live: records in pages (see [`crate::arena`]) and a sharded
 //! key table pointing at them (see [`crate::keys`]).
 //!
+//! Keys are spread over lock shards, and within a shard over many small
+//! tables (a few thousand keys each: see [`crate::keys`] for why).
+//!
 //! Locking: the page directory, every page and every key shard have their
 //! own `RwLock`. Lookups take read locks only and hold them for the lookup.
 //! There is a single writer at a time (the index's writer mutex), and it
 //! never waits for a lock while holding a write lock, nor holds the
 //! directory's read lock while waiting for its write lock — so nothing
 //! deadlocks, and a lookup waits for at most one write: usually a few
-//! records (at most [`WRITE_BATCH`]), rarely one key shard's growth or
-//! sweep (one pass over that shard's table).
+//! records (at most [`WRITE_BATCH`]), rarely one small table's growth or
+//! a sweep of one shard's tables.
 //!
 //! Consistency without a global lock: a new record is appended before its
 //! key is published, and a dead record is marked dead before its key is
@@ -83,24 +86,43 @@ struct Placement {
     sparse: Vec<usize>,
 }
 
+/// One lock shard of the key tables.
+type KeyShard = Box<[KeyTable]>;
+
 /// The store.
 #[derive(Debug)]
 pub(crate) struct Store {
-    keys: Box<[RwLock<KeyTable>]>,
+    keys: Box<[RwLock<KeyShard>]>,
+    /// Which shard and table a hash belongs to.
+    spread: Spread,
     pages: RwLock<Directory>,
     place: Mutex<Placement>,
     /// Records moved by compaction, since start.
     relocations: AtomicU64,
 }
 
-fn shard_of(h: u64, shards: usize) -> usize {
-    // The key table homes by the low 32 bits: take the shard from bits
-    // above them so the two stay independent.
-    let bits = shards.trailing_zeros();
-    // Masked to `bits` (≤ 10) bits: always a valid index.
-    #[allow(clippy::cast_possible_truncation)]
-    let i = ((h >> 40) as usize) & ((1 << bits) - 1);
-    i
+/// Picks a hash's shard and table from bits 16–47 (tables home by the top
+/// 16 bits, so the three stay independent).
+#[derive(Clone, Copy, Debug)]
+struct Spread {
+    shard_bits: u32,
+    table_mask: usize,
+}
+
+impl Spread {
+    fn shard(self, h: u64) -> usize {
+        // Masked to `shard_bits` (≤ 10) bits: always a valid index.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = ((h >> 16) as usize) & ((1 << self.shard_bits) - 1);
+        i
+    }
+
+    fn table(self, h: u64) -> usize {
+        // Masked to the table count: always a valid index.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = ((h >> (16 + self.shard_bits)) as usize) & self.table_mask;
+        i
+    }
 }
 
 /// A reader's view: the directory read guard it borrows, key shard guards
@@ -109,7 +131,7 @@ fn shard_of(h: u64, shards: usize) -> usize {
 pub(crate) struct Reader<'a> {
     store: &'a Store,
     dir: &'a Directory,
-    keys: SmallVec<[Option<RwLockReadGuard<'a, KeyTable>>; 64]>,
+    keys: SmallVec<[Option<RwLockReadGuard<'a, KeyShard>>; 64]>,
     pages: [Option<(usize, RwLockReadGuard<'a, Page>)>; READER_PAGES],
     /// The slot used last, and the one to replace next.
     last: usize,
@@ -168,25 +190,30 @@ impl<'a> Reader<'a> {
 
     /// The record of `key` (hash `h`).
     pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
-        let s = shard_of(h, self.store.keys.len());
+        let s = self.store.spread.shard(h);
         if self.keys[s].is_none() {
             self.keys[s] = Some(self.store.keys[s].read());
         }
         // Confirming a tag match reads the record: lend the key guard out
         // of `self` for the probe.
-        let table = self.keys[s].take()?;
-        let found = table.find(h, |rec| self.is(rec, key));
-        self.keys[s] = Some(table);
+        let shard = self.keys[s].take()?;
+        let found = shard
+            .get(self.store.spread.table(h))
+            .and_then(|t| t.find(h, |rec| self.is(rec, key)));
+        self.keys[s] = Some(shard);
         found
     }
 
     /// Starts loading the key slot of hash `h` (see [`KeyTable::touch`]).
     pub(crate) fn touch(&mut self, h: u64) -> u32 {
-        let s = shard_of(h, self.store.keys.len());
+        let s = self.store.spread.shard(h);
         if self.keys[s].is_none() {
             self.keys[s] = Some(self.store.keys[s].read());
         }
-        self.keys[s].as_deref().map_or(0, |t| t.touch(h))
+        self.keys[s]
+            .as_deref()
+            .and_then(|shard| shard.get(self.store.spread.table(h)))
+            .map_or(0, |t| t.touch(h))
     }
 
     /// The record of `key`, trying the neighbours of `prev` first: a chain
@@ -345,10 +372,18 @@ impl HashOf for (u64, RecId, RecId) {
 }
 
 impl Store {
-    /// An empty store with `shards` key shards (a power of two).
-    pub(crate) fn new(shards: usize) -> Self {
+    /// An empty store with `shards` key shards of `tables` key tables each
+    /// (both powers of two, `shards` at most 1024).
+    pub(crate) fn new(shards: usize, tables: usize) -> Self {
+        let tables = tables.max(1).next_power_of_two();
         Self {
-            keys: (0..shards).map(|_| RwLock::default()).collect(),
+            keys: (0..shards)
+                .map(|_| RwLock::new((0..tables).map(|_| KeyTable::default()).collect()))
+                .collect(),
+            spread: Spread {
+                shard_bits: shards.trailing_zeros(),
+                table_mask: tables - 1,
+            },
             pages: RwLock::default(),
             place: Mutex::default(),
             relocations: AtomicU64::new(0),
@@ -483,23 +518,18 @@ impl Store {
                 results.push(Ok(Stored::Added));
             }
         }
-        self.publish(&created, |table, &(h, rec)| table.insert(h, rec), |_| {});
+        self.publish(&created, |table, &(h, rec)| table.insert(h, rec));
         Ok(results)
     }
 
-    /// Applies `edit` to the key shard of each item, one lock per shard
-    /// (items bucketed by shard with a counting sort), then `after` to each
-    /// shard touched.
-    fn publish<T: HashOf + Copy>(
-        &self,
-        items: &[T],
-        edit: impl Fn(&mut KeyTable, &T),
-        after: impl Fn(&mut KeyTable),
-    ) {
+    /// Applies `edit` to the key table of each item, one lock per shard
+    /// (items bucketed by shard with a counting sort).
+    fn publish<T: HashOf + Copy>(&self, items: &[T], edit: impl Fn(&mut KeyTable, &T)) {
         let shards = self.keys.len();
+        let spread = self.spread;
         let mut starts = vec![0usize; shards + 1];
         for item in items {
-            starts[shard_of(item.hash(), shards) + 1] += 1;
+            starts[spread.shard(item.hash()) + 1] += 1;
         }
         for i in 0..shards {
             starts[i + 1] += starts[i];
@@ -507,7 +537,7 @@ impl Store {
         let mut at = starts.clone();
         let mut bucketed: Vec<T> = items.to_vec();
         for item in items {
-            let s = shard_of(item.hash(), shards);
+            let s = spread.shard(item.hash());
             bucketed[at[s]] = *item;
             at[s] += 1;
         }
@@ -516,11 +546,12 @@ impl Store {
             if group.is_empty() {
                 continue;
             }
-            let mut table = self.keys[s].write();
+            let mut shard = self.keys[s].write();
             for item in group {
-                edit(&mut table, item);
+                if let Some(table) = shard.get_mut(spread.table(item.hash())) {
+                    edit(table, item);
+                }
             }
-            after(&mut table);
         }
     }
 
@@ -607,18 +638,13 @@ impl Store {
     /// sweep of the key tables against a bitmap of dead records when they
     /// are many (eviction passes).
     fn withdraw(&self, dead: &mut Vec<(u64, RecId)>) {
-        let many = dead.len() > 1024 && {
-            let keys: usize = self.keys.iter().map(|t| t.read().len()).sum();
-            dead.len() * SWEEP_FRACTION >= keys
-        };
+        let many = dead.len() > 1024 && { dead.len() * SWEEP_FRACTION >= self.key_count() };
         if !many {
-            self.publish(
-                dead,
-                |table, &(h, rec)| {
-                    table.remove(h, rec);
-                },
-                KeyTable::shrink,
-            );
+            self.publish(dead, |table, &(h, rec)| {
+                if table.remove(h, rec) {
+                    table.shrink();
+                }
+            });
         } else {
             let top = dead.iter().map(|d| d.1 as usize).max().unwrap_or(0);
             let mut bits = vec![0u64; top / 64 + 1];
@@ -638,10 +664,12 @@ impl Store {
                         .get(rec as usize / 64)
                         .is_some_and(|w| w & (1 << (rec % 64)) != 0)
             };
-            for table in &self.keys {
-                let mut table = table.write();
-                table.remove_all(is_dead);
-                table.shrink();
+            for shard in &self.keys {
+                let mut shard = shard.write();
+                for table in shard.iter_mut() {
+                    table.remove_all(is_dead);
+                    table.shrink();
+                }
             }
         }
         dead.clear();
@@ -700,7 +728,7 @@ impl Store {
                     page.live_offsets()
                         .filter_map(|o| {
                             page.view(o)
-                                .map(|v| (o, v.key, v.depth, SmallVec::from_slice(v.holders)))
+                                .map(|v| (o, v.key, v.depth, SmallVec::from_slice(v.holders())))
                         })
                         .collect()
                 }
@@ -714,13 +742,9 @@ impl Store {
                 moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
             }
         }
-        self.publish(
-            &moved,
-            |table, &(h, old, new)| {
-                table.relocate(h, old, new);
-            },
-            |_| {},
-        );
+        self.publish(&moved, |table, &(h, old, new)| {
+            table.relocate(h, old, new);
+        });
         let dir = self.pages.read();
         if let Some(Some(page)) = dir.get(n) {
             let mut page = page.write();
@@ -752,10 +776,12 @@ impl Store {
         self.relocations.load(Ordering::Relaxed)
     }
 
-    /// Keys published (for tests).
-    #[cfg(test)]
+    /// Keys published.
     pub(crate) fn key_count(&self) -> usize {
-        self.keys.iter().map(|t| t.read().len()).sum()
+        self.keys
+            .iter()
+            .map(|s| s.read().iter().map(KeyTable::len).sum::<usize>())
+            .sum()
     }
 }
 
@@ -813,7 +839,7 @@ mod tests {
         Some(
             reader
                 .view(rec)?
-                .holders
+                .holders()
                 .iter()
                 .map(|&h| (Holder::from_raw(h).replica(), Holder::from_raw(h).epoch()))
                 .collect(),
@@ -836,7 +862,7 @@ mod tests {
     proptest! {
         #[test]
         fn agrees_with_a_map_through_compaction(ops in proptest::collection::vec(op(), 1..120)) {
-            let store = Store::new(4);
+            let store = Store::new(4, 2);
             // key -> replica -> epoch
             let mut model: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
             for op in ops {
@@ -901,7 +927,7 @@ mod tests {
 
     #[test]
     fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
-        let store = Store::new(4);
+        let store = Store::new(4, 2);
         let blocks: Vec<Block> = (0..20u32)
             .map(|k| Block::new(u64::from(k) * 7, k))
             .collect();
@@ -936,7 +962,7 @@ mod tests {
 
     #[test]
     fn a_block_repeated_in_one_chain_gets_one_record() {
-        let store = Store::new(2);
+        let store = Store::new(2, 2);
         let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
         let results = store
             .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0))
