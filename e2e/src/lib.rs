@@ -50,6 +50,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The first of `count` consecutive loopback ports nobody listens on right
+/// now (for services that derive ports from a base, like one per DP rank).
+///
+/// # Panics
+/// When no such run turns up in a hundred tries.
+pub fn free_ports_in_a_row(count: u16) -> u16 {
+    for _ in 0..100 {
+        let first = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+        let base = first.local_addr().expect("local address").port();
+        // Hold every port of the run until all are known free.
+        let rest: Option<Vec<std::net::TcpListener>> = (1..count)
+            .map(|i| {
+                let port = base.checked_add(i)?;
+                std::net::TcpListener::bind(("127.0.0.1", port)).ok()
+            })
+            .collect();
+        if rest.is_some() {
+            return base;
+        }
+    }
+    panic!("no run of {count} free loopback ports");
+}
+
 /// How long a binary may take to start listening or to stop.
 pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -427,8 +427,10 @@ async fn a_stalled_index_server_costs_a_bounded_queue_and_nothing_for_good() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_dp_rank_is_its_own_stream() {
     let index = RecordingIndex::start().await;
-    // Rank r publishes on base port + r (and replays on replay port + r).
-    let (base, replay) = (common::free_port(), common::free_port());
+    // Rank r publishes on base port + r (and replays on replay port + r):
+    // four ports in a row, so no rank's port is another's.
+    let base = ic_e2e::free_ports_in_a_row(4);
+    let replay = base + 2;
     let mut rank0 = FakeEngine::start_on(Era::VllmMap, "", base, replay).await;
     let mut rank1 = FakeEngine::start_on(Era::VllmMap, "", base + 1, replay + 1).await;
     let sub = Subscriber::start(
