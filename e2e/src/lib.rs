@@ -43,11 +43,7 @@ pub fn workspace_binary(name: &str) -> std::path::PathBuf {
 /// # Panics
 /// When the OS has no free port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local address")
-        .port()
+    free_ports_in_a_row(1)
 }
 
 /// The first of `count` consecutive loopback ports nobody listens on right

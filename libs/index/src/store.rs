@@ -188,12 +188,18 @@ impl<'a> Reader<'a> {
             == Some(key)
     }
 
-    /// The record of `key` (hash `h`).
-    pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
+    /// The key shard of hash `h`, read-locked on first use.
+    fn lock_shard(&mut self, h: u64) -> usize {
         let s = self.store.spread.shard(h);
         if self.keys[s].is_none() {
             self.keys[s] = Some(self.store.keys[s].read());
         }
+        s
+    }
+
+    /// The record of `key` (hash `h`).
+    pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
+        let s = self.lock_shard(h);
         // Confirming a tag match reads the record: lend the key guard out
         // of `self` for the probe.
         let shard = self.keys[s].take()?;
@@ -206,10 +212,7 @@ impl<'a> Reader<'a> {
 
     /// Starts loading the key slot of hash `h` (see [`KeyTable::touch`]).
     pub(crate) fn touch(&mut self, h: u64) -> u32 {
-        let s = self.store.spread.shard(h);
-        if self.keys[s].is_none() {
-            self.keys[s] = Some(self.store.keys[s].read());
-        }
+        let s = self.lock_shard(h);
         self.keys[s]
             .as_deref()
             .and_then(|shard| shard.get(self.store.spread.table(h)))
@@ -638,7 +641,7 @@ impl Store {
     /// sweep of the key tables against a bitmap of dead records when they
     /// are many (eviction passes).
     fn withdraw(&self, dead: &mut Vec<(u64, RecId)>) {
-        let many = dead.len() > 1024 && { dead.len() * SWEEP_FRACTION >= self.key_count() };
+        let many = dead.len() > 1024 && dead.len() * SWEEP_FRACTION >= self.key_count();
         if !many {
             self.publish(dead, |table, &(h, rec)| {
                 if table.remove(h, rec) {
