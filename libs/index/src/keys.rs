@@ -6,9 +6,13 @@
 //! A key may sit in either of two buckets, both derived from its tag: a
 //! search reads at most those two cache lines (whose loads overlap), an
 //! insert takes a free slot in the emptier one (moving a resident to its
-//! other bucket when both are full), and a removal just empties the slot.
-//! With two choices of ten slots the tables run 70–90% full, so a key costs
-//! about 7–9 bytes of table.
+//! other bucket when both are full), and a removal just clears the slot's
+//! bit in the bucket's occupancy mask. With two choices of ten slots the
+//! tables run 70–90% full, so a key costs about 7–9 bytes of table.
+//!
+//! A bucket keeps its ten tags together, then the ten record ids, then the
+//! occupancy mask, so that matching a tag, counting or finding free slots
+//! are a few register operations rather than a walk over the slots.
 //!
 //! Because buckets come from the tag alone (scaled to the table's size),
 //! growing and shrinking never read a record. The price is that a table
@@ -20,67 +24,102 @@
 
 use crate::arena::RecId;
 
-/// `rec` of an empty slot (the id of the very last record of the very last
-/// page, which the store never hands out).
-pub(crate) const NO_REC: RecId = RecId::MAX;
-
 const MAX_LOAD_NUM: usize = 9;
 const MAX_LOAD_DEN: usize = 10;
-/// Slots per bucket: ten 6-byte slots fill a 64-byte line.
+/// Slots per bucket: ten 2-byte tags and ten 4-byte ids, plus a 2-byte
+/// mask, fill a 64-byte line.
 const BUCKET_SLOTS: usize = 10;
+/// The occupancy mask of a full bucket.
+const FULL: u16 = (1 << BUCKET_SLOTS) - 1;
 const MIN_BUCKETS: usize = 2;
 /// Residents moved, at most, to make room for one insert.
 const MAX_KICKS: usize = 32;
 
-/// Tag and record id, as 16-bit halves so that a slot is 6 bytes.
+/// A key's tag and record id.
 #[derive(Clone, Copy, Debug)]
 struct KeySlot {
     tag: u16,
-    rec: [u16; 2],
+    rec: RecId,
 }
-
-impl KeySlot {
-    fn new(tag: u16, rec: RecId) -> Self {
-        // Split into halves; each fits 16 bits by construction.
-        #[allow(clippy::cast_possible_truncation)]
-        let rec = [rec as u16, (rec >> 16) as u16];
-        Self { tag, rec }
-    }
-
-    fn rec(self) -> RecId {
-        RecId::from(self.rec[0]) | (RecId::from(self.rec[1]) << 16)
-    }
-
-    fn vacant(self) -> bool {
-        self.rec == VACANT.rec
-    }
-}
-
-#[allow(clippy::cast_possible_truncation)]
-const VACANT: KeySlot = KeySlot {
-    tag: 0,
-    rec: [NO_REC as u16, (NO_REC >> 16) as u16],
-};
 
 /// One cache line of slots.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 struct Bucket {
-    slots: [KeySlot; BUCKET_SLOTS],
+    tags: [u16; BUCKET_SLOTS],
+    /// Record ids as 16-bit halves, so that the line has no padding holes.
+    recs: [[u16; 2]; BUCKET_SLOTS],
+    /// Bit `i` set: slot `i` is occupied.
+    used: u16,
 }
 
 const EMPTY: Bucket = Bucket {
-    slots: [VACANT; BUCKET_SLOTS],
+    tags: [0; BUCKET_SLOTS],
+    recs: [[0; 2]; BUCKET_SLOTS],
+    used: 0,
 };
 
 impl Bucket {
-    fn free(&self) -> Option<usize> {
-        self.slots.iter().position(|s| s.vacant())
+    /// The occupied slots carrying `tag`, as a mask.
+    #[inline]
+    fn matching(&self, tag: u16) -> u16 {
+        let mut mask = 0u16;
+        for (i, &t) in self.tags.iter().enumerate() {
+            mask |= u16::from(t == tag) << i;
+        }
+        mask & self.used
     }
 
-    fn used(&self) -> usize {
-        self.slots.iter().filter(|s| !s.vacant()).count()
+    fn rec(&self, i: usize) -> RecId {
+        let [lo, hi] = self.recs[i];
+        RecId::from(lo) | (RecId::from(hi) << 16)
     }
+
+    fn slot(&self, i: usize) -> KeySlot {
+        KeySlot {
+            tag: self.tags[i],
+            rec: self.rec(i),
+        }
+    }
+
+    fn put(&mut self, i: usize, slot: KeySlot) {
+        self.tags[i] = slot.tag;
+        // Split into halves; each fits 16 bits by construction.
+        #[allow(clippy::cast_possible_truncation)]
+        let halves = [slot.rec as u16, (slot.rec >> 16) as u16];
+        self.recs[i] = halves;
+        self.used |= 1 << i;
+    }
+
+    fn clear(&mut self, i: usize) {
+        self.used &= !(1 << i);
+    }
+
+    fn free(&self) -> Option<usize> {
+        let i = (!self.used & FULL).trailing_zeros() as usize;
+        (i < BUCKET_SLOTS).then_some(i)
+    }
+
+    fn count(&self) -> u32 {
+        self.used.count_ones()
+    }
+
+    /// The occupied slots, lowest first.
+    fn occupied(&self) -> impl Iterator<Item = usize> + use<> {
+        bits(self.used)
+    }
+}
+
+/// The set bits of `mask`, lowest first.
+fn bits(mut mask: u16) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let i = mask.trailing_zeros() as usize;
+        mask &= mask - 1;
+        Some(i)
+    })
 }
 
 /// The table.
@@ -144,10 +183,11 @@ impl KeyTable {
             return 0;
         }
         let [a, b] = self.buckets_of(tag(h));
-        u32::from(self.buckets[a].slots[0].tag) ^ u32::from(self.buckets[b].slots[0].tag)
+        u32::from(self.buckets[a].used) ^ u32::from(self.buckets[b].used)
     }
 
     /// The first slot of hash `h` that `wanted` accepts.
+    #[inline]
     fn probe(&self, h: u64, mut wanted: impl FnMut(KeySlot) -> bool) -> Option<At> {
         if self.buckets.is_empty() {
             return None;
@@ -155,11 +195,15 @@ impl KeyTable {
         let t = tag(h);
         let [a, b] = self.buckets_of(t);
         for bucket in [a, b] {
-            for (slot, s) in self.buckets[bucket].slots.iter().enumerate() {
-                if s.tag == t && !s.vacant() && wanted(*s) {
-                    return Some(At::Slot(bucket, slot));
+            let found = &self.buckets[bucket];
+            for i in bits(found.matching(t)) {
+                if wanted(found.slot(i)) {
+                    return Some(At::Slot(bucket, i));
                 }
             }
+        }
+        if self.overflow.is_empty() {
+            return None;
         }
         self.overflow
             .iter()
@@ -169,22 +213,21 @@ impl KeyTable {
 
     fn get(&self, at: At) -> KeySlot {
         match at {
-            At::Slot(b, s) => self.buckets[b].slots[s],
+            At::Slot(b, s) => self.buckets[b].slot(s),
             At::Overflow(i) => self.overflow[i],
         }
     }
 
     fn set(&mut self, at: At, slot: KeySlot) {
         match at {
-            At::Slot(b, s) => self.buckets[b].slots[s] = slot,
+            At::Slot(b, s) => self.buckets[b].put(s, slot),
             At::Overflow(i) => self.overflow[i] = slot,
         }
     }
 
     /// The record with hash `h` that `is_it` confirms.
     pub(crate) fn find(&self, h: u64, mut is_it: impl FnMut(RecId) -> bool) -> Option<RecId> {
-        self.probe(h, |s| is_it(s.rec()))
-            .map(|at| self.get(at).rec())
+        self.probe(h, |s| is_it(s.rec)).map(|at| self.get(at).rec)
     }
 
     /// Adds `rec` under hash `h` (the caller knows its key is absent).
@@ -192,7 +235,7 @@ impl KeyTable {
         if (self.len + 1) * MAX_LOAD_DEN > self.capacity() * MAX_LOAD_NUM {
             self.rebuild(buckets_for(self.len + 1));
         }
-        self.place(KeySlot::new(tag(h), rec));
+        self.place(KeySlot { tag: tag(h), rec });
         self.len += 1;
     }
 
@@ -201,13 +244,13 @@ impl KeyTable {
     /// it to the overflow list.
     fn place(&mut self, mut slot: KeySlot) {
         let [a, b] = self.buckets_of(slot.tag);
-        let target = if self.buckets[b].used() < self.buckets[a].used() {
+        let target = if self.buckets[b].count() < self.buckets[a].count() {
             b
         } else {
             a
         };
         if let Some(free) = self.buckets[target].free() {
-            self.buckets[target].slots[free] = slot;
+            self.buckets[target].put(free, slot);
             return;
         }
         // Both full: evict a resident to its other bucket, and so on.
@@ -215,11 +258,13 @@ impl KeyTable {
         for kick in 0..MAX_KICKS {
             // Vary the victim so that chains do not cycle.
             let victim = (usize::from(slot.tag) + kick) % BUCKET_SLOTS;
-            std::mem::swap(&mut slot, &mut self.buckets[bucket].slots[victim]);
+            let evicted = self.buckets[bucket].slot(victim);
+            self.buckets[bucket].put(victim, slot);
+            slot = evicted;
             let [x, y] = self.buckets_of(slot.tag);
             bucket = if x == bucket { y } else { x };
             if let Some(free) = self.buckets[bucket].free() {
-                self.buckets[bucket].slots[free] = slot;
+                self.buckets[bucket].put(free, slot);
                 return;
             }
         }
@@ -227,14 +272,20 @@ impl KeyTable {
     }
 
     fn position(&self, h: u64, rec: RecId) -> Option<At> {
-        self.probe(h, |s| s.rec() == rec)
+        self.probe(h, |s| s.rec == rec)
     }
 
     /// Points the entry of `old` (hash `h`) at `new`; false if absent.
     pub(crate) fn relocate(&mut self, h: u64, old: RecId, new: RecId) -> bool {
         match self.position(h, old) {
             Some(at) => {
-                self.set(at, KeySlot::new(tag(h), new));
+                self.set(
+                    at,
+                    KeySlot {
+                        tag: tag(h),
+                        rec: new,
+                    },
+                );
                 true
             }
             None => false,
@@ -244,7 +295,7 @@ impl KeyTable {
     /// Removes the entry of `rec` (hash `h`); false if absent.
     pub(crate) fn remove(&mut self, h: u64, rec: RecId) -> bool {
         match self.position(h, rec) {
-            Some(At::Slot(b, s)) => self.buckets[b].slots[s] = VACANT,
+            Some(At::Slot(b, s)) => self.buckets[b].clear(s),
             Some(At::Overflow(i)) => {
                 self.overflow.swap_remove(i);
             }
@@ -259,15 +310,15 @@ impl KeyTable {
     pub(crate) fn remove_all(&mut self, dead: impl Fn(RecId) -> bool) {
         let mut removed = 0;
         for bucket in &mut self.buckets {
-            for s in &mut bucket.slots {
-                if !s.vacant() && dead(s.rec()) {
-                    *s = VACANT;
+            for i in bucket.occupied() {
+                if dead(bucket.rec(i)) {
+                    bucket.clear(i);
                     removed += 1;
                 }
             }
         }
         let before = self.overflow.len();
-        self.overflow.retain(|s| !dead(s.rec()));
+        self.overflow.retain(|s| !dead(s.rec));
         self.len -= removed + (before - self.overflow.len());
     }
 
@@ -288,10 +339,11 @@ impl KeyTable {
     fn rebuild(&mut self, buckets: usize) {
         let old = std::mem::replace(&mut self.buckets, vec![EMPTY; buckets]);
         let overflow = std::mem::take(&mut self.overflow);
-        for s in old.iter().flat_map(|b| b.slots).chain(overflow) {
-            if !s.vacant() {
-                self.place(s);
-            }
+        let slots = old
+            .iter()
+            .flat_map(|b| b.occupied().map(move |i| b.slot(i)));
+        for s in slots.chain(overflow) {
+            self.place(s);
         }
     }
 }
@@ -313,8 +365,30 @@ mod tests {
 
     #[test]
     fn a_bucket_is_one_cache_line() {
-        assert_eq!(std::mem::size_of::<KeySlot>(), 6);
         assert_eq!(std::mem::size_of::<Bucket>(), 64);
+        assert_eq!(std::mem::align_of::<Bucket>(), 64);
+    }
+
+    #[test]
+    fn the_mask_tracks_slots() {
+        let mut b = EMPTY;
+        assert_eq!(b.free(), Some(0));
+        for i in 0..BUCKET_SLOTS {
+            b.put(
+                i,
+                KeySlot {
+                    tag: 7,
+                    rec: u32::MAX - i as u32,
+                },
+            );
+        }
+        assert_eq!((b.free(), b.count()), (None, 10));
+        b.clear(3);
+        assert_eq!(b.free(), Some(3));
+        assert_eq!(b.matching(7), FULL & !(1 << 3));
+        assert_eq!(b.matching(8), 0);
+        assert_eq!(b.rec(9), u32::MAX - 9);
+        assert_eq!(b.occupied().count(), 9);
     }
 
     #[test]

@@ -29,13 +29,13 @@ use crate::arena::{
 };
 use crate::keys::KeyTable;
 
+mod compact;
+mod withdraw;
+
+use withdraw::Doomed;
+
 /// Most records written under one page lock.
 const WRITE_BATCH: usize = 16;
-/// Withdrawing 1/16 of all keys or more sweeps the tables instead of
-/// probing for each.
-const SWEEP_FRACTION: usize = 16;
-/// Dead records whose keys a pass withdraws together.
-const WITHDRAW_BATCH: usize = 1 << 16;
 /// Key slots the writer starts loading before probing them.
 const TOUCH_AHEAD: usize = 16;
 /// Page read guards a reader keeps at once.
@@ -82,8 +82,12 @@ struct Placement {
     ready: Vec<usize>,
     /// Page numbers free for reuse.
     free: Vec<usize>,
-    /// Pages that lost records since the last [`Store::compact`].
-    sparse: Vec<usize>,
+    /// Pages whose last live record died since the last [`Store::compact`].
+    emptied: Vec<usize>,
+    /// Records in allocated pages, live or dead.
+    records: usize,
+    /// Dead records in allocated pages.
+    dead: usize,
 }
 
 /// One lock shard of the key tables.
@@ -223,7 +227,7 @@ impl<'a> Reader<'a> {
     /// stored in one event was laid out in order, and evictions name a
     /// chain's blocks in order or in reverse.
     #[inline]
-    pub(crate) fn find_near(&mut self, prev: Option<RecId>, key: u64) -> Option<RecId> {
+    pub(crate) fn find_near(&mut self, prev: Option<RecId>, key: u64, h: u64) -> Option<RecId> {
         if let Some(prev) = prev {
             let next = if offset_of(prev) + 1 < PAGE_RECORDS {
                 prev + 1
@@ -237,7 +241,7 @@ impl<'a> Reader<'a> {
                 return Some(prev - 1);
             }
         }
-        self.find(key, hash(key))
+        self.find(key, h)
     }
 
     /// Visits the records right after `prev` while they carry `keys` in
@@ -427,7 +431,7 @@ impl Store {
         while room < n {
             let page = match place.free.pop() {
                 Some(p) => p,
-                // The last page stays unused: its last id marks empty key slots.
+                // The last page stays unused (ids stay below `RecId::MAX`).
                 None if dir.len() + 1 < MAX_PAGES => {
                     dir.push(None);
                     dir.len() - 1
@@ -447,12 +451,14 @@ impl Store {
         let dir = self.pages.read();
         let mut reader = self.reader(&dir);
         let mut prev = None;
+        // Batches of loads overlap best: a rolling window measured slower
+        // (its loads wait behind the probes).
         for chunk in blocks.chunks(TOUCH_AHEAD) {
             // Start every key slot of the chunk loading, then probe.
             let warm = chunk.iter().fold(0, |acc, b| acc ^ reader.touch(b.h));
             std::hint::black_box(warm);
             for b in chunk {
-                let rec = reader.find_near(prev, b.key);
+                let rec = reader.find_near(prev, b.key, b.h);
                 prev = rec.or(prev);
                 recs.push(rec);
             }
@@ -516,6 +522,7 @@ impl Store {
                 let page_no = next_room(&mut place, &mut writer).ok_or(OutOfSpace)?;
                 let page = writer.page(page_no).ok_or(OutOfSpace)?;
                 let rec = rec_id(page_no, page.append(b.key, b.depth, &[holder(i).raw()]));
+                place.records += 1;
                 recs[i] = Some(rec);
                 created.push((b.h, rec));
                 results.push(Ok(Stored::Added));
@@ -568,7 +575,7 @@ impl Store {
     ) {
         let mut place = self.place.lock();
         let recs = self.locate(blocks);
-        let mut dead: Vec<(u64, RecId)> = Vec::new();
+        let mut dead = Doomed::default();
         {
             let dir = self.pages.read();
             let mut writer = PageWriter::new(&dir);
@@ -580,15 +587,16 @@ impl Store {
                     continue;
                 };
                 if page.remove_holders(offset_of(rec), &mut drop, &mut removed) {
-                    dead.push((b.h, rec));
-                    if page.live() * 2 < page.len() {
-                        place.sparse.push(page_of(rec));
+                    dead.add(b.h, rec);
+                    place.dead += 1;
+                    if page.live() == 0 {
+                        place.emptied.push(page_of(rec));
                     }
                 }
             }
         }
         if !dead.is_empty() {
-            self.withdraw(&mut dead);
+            self.withdraw(dead);
         }
     }
 
@@ -604,7 +612,7 @@ impl Store {
     ) {
         let mut place = self.place.lock();
         let pages = self.pages.read().len();
-        let mut dead: Vec<(u64, RecId)> = Vec::new();
+        let mut dead = Doomed::default();
         for n in 0..pages {
             {
                 let dir = self.pages.read();
@@ -620,144 +628,19 @@ impl Store {
                     if page.remove_holders(offset, &mut drop, &mut removed)
                         && let Some(key) = key
                     {
-                        dead.push((hash(key), rec_id(n, offset)));
+                        dead.add(hash(key), rec_id(n, offset));
+                        place.dead += 1;
                     }
                 }
                 page.recount_epochs();
-                if page.live() * 2 < page.len() {
-                    place.sparse.push(n);
-                }
-            }
-            // Keys of dead records may stay published a while (readers
-            // check liveness); withdrawing many at once sweeps the tables.
-            if dead.len() >= WITHDRAW_BATCH {
-                self.withdraw(&mut dead);
-            }
-        }
-        self.withdraw(&mut dead);
-    }
-
-    /// Removes the keys of dead records: a probe each when they are few, a
-    /// sweep of the key tables against a bitmap of dead records when they
-    /// are many (eviction passes).
-    fn withdraw(&self, dead: &mut Vec<(u64, RecId)>) {
-        let many = dead.len() > 1024 && dead.len() * SWEEP_FRACTION >= self.key_count();
-        if !many {
-            self.publish(dead, |table, &(h, rec)| {
-                if table.remove(h, rec) {
-                    table.shrink();
-                }
-            });
-        } else {
-            let top = dead.iter().map(|d| d.1 as usize).max().unwrap_or(0);
-            let mut bits = vec![0u64; top / 64 + 1];
-            // Dead records cluster in the oldest pages: a per-page bit
-            // (small enough to stay in cache) rules out most slots.
-            let mut pages = vec![0u64; page_of(top as RecId) / 64 + 1];
-            for &(_, rec) in dead.iter() {
-                bits[rec as usize / 64] |= 1 << (rec % 64);
-                pages[page_of(rec) / 64] |= 1 << (page_of(rec) % 64);
-            }
-            let is_dead = |rec: RecId| {
-                let page = page_of(rec);
-                pages
-                    .get(page / 64)
-                    .is_some_and(|w| w & (1 << (page % 64)) != 0)
-                    && bits
-                        .get(rec as usize / 64)
-                        .is_some_and(|w| w & (1 << (rec % 64)) != 0)
-            };
-            for shard in &self.keys {
-                let mut shard = shard.write();
-                for table in shard.iter_mut() {
-                    table.remove_all(is_dead);
-                    table.shrink();
+                if page.live() == 0 && page.len() > 0 {
+                    place.emptied.push(n);
                 }
             }
         }
-        dead.clear();
-    }
-
-    /// Frees emptied pages and moves the live records of pages under half
-    /// full to the end, in order (keeping a chain's records together).
-    /// (Out of record space, it leaves the rest in place.)
-    pub(crate) fn compact(&self) {
-        let mut place = self.place.lock();
-        let mut candidates = std::mem::take(&mut place.sparse);
-        candidates.sort_unstable();
-        candidates.dedup();
-        for n in candidates {
-            let live = {
-                let dir = self.pages.read();
-                match dir.get(n).and_then(Option::as_ref) {
-                    Some(page) => {
-                        let page = page.read();
-                        (page.live() * 2 < page.len()).then_some(page.live())
-                    }
-                    None => None,
-                }
-            };
-            let Some(live) = live else {
-                continue;
-            };
-            if place.current == Some(n) {
-                // The page being filled moves on only once it is empty.
-                if live > 0 {
-                    continue;
-                }
-                place.current = None;
-            }
-            if live > 0 && self.move_out(&mut place, n, live).is_err() {
-                return;
-            }
-            let mut dir = self.pages.write();
-            if let Some(slot) = dir.get_mut(n) {
-                *slot = None;
-                place.free.push(n);
-            }
-        }
-    }
-
-    /// Moves the `live` records of page `n` to the current page(s).
-    fn move_out(&self, place: &mut Placement, n: usize, live: usize) -> Result<(), OutOfSpace> {
-        self.reserve(place, live)?;
-        let mut moved: Vec<(u64, RecId, RecId)> = Vec::with_capacity(live);
-        {
-            let dir = self.pages.read();
-            // Copy out first: one lock at a time.
-            let copies: Vec<(usize, u64, u32, SmallVec<[u32; 4]>)> = match dir.get(n) {
-                Some(Some(page)) => {
-                    let page = page.read();
-                    page.live_offsets()
-                        .filter_map(|o| {
-                            page.view(o)
-                                .map(|v| (o, v.key, v.depth, SmallVec::from_slice(v.holders())))
-                        })
-                        .collect()
-                }
-                _ => return Ok(()),
-            };
-            let mut writer = PageWriter::new(&dir);
-            for (offset, key, depth, holders) in copies {
-                let to = next_room(place, &mut writer).ok_or(OutOfSpace)?;
-                let page = writer.page(to).ok_or(OutOfSpace)?;
-                let at = page.append(key, depth, &holders);
-                moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
-            }
-        }
-        self.publish(&moved, |table, &(h, old, new)| {
-            table.relocate(h, old, new);
-        });
-        let dir = self.pages.read();
-        if let Some(Some(page)) = dir.get(n) {
-            let mut page = page.write();
-            for &(_, old, _) in &moved {
-                page.kill(offset_of(old));
-            }
-        }
-        self.relocations
-            .fetch_add(moved.len() as u64, Ordering::Relaxed);
-        Ok(())
+        // Keys of dead records stay published until here (readers check
+        // liveness), so that a large pass sweeps the tables once.
+        self.withdraw(dead);
     }
 
     /// Records appended and not yet freed, and live records (for tests and
@@ -772,6 +655,14 @@ impl Store {
                 (p.len(), p.live())
             })
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
+    /// The writer's running counts of records and live records (which
+    /// must agree with [`Store::record_counts`]).
+    #[cfg(test)]
+    pub(crate) fn counted(&self) -> (usize, usize) {
+        let place = self.place.lock();
+        (place.records, place.records - place.dead)
     }
 
     /// Records moved by compaction, since start.
@@ -789,196 +680,4 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use proptest::prelude::*;
-
-    use super::*;
-    use crate::types::Tier;
-
-    #[derive(Clone, Debug)]
-    enum Op {
-        /// Replica stores keys `start..start+len` in `epoch`.
-        Store {
-            replica: u32,
-            start: u64,
-            len: u64,
-            epoch: u32,
-        },
-        /// Replica drops keys `start..start+len`, in order or reversed.
-        Remove {
-            replica: u32,
-            start: u64,
-            len: u64,
-            reversed: bool,
-        },
-        /// Every holder of a replica goes.
-        Drop {
-            replica: u32,
-        },
-        /// Every holder stored in `epoch` goes.
-        Evict {
-            epoch: u32,
-        },
-        Compact,
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        prop_oneof![
-            4 => (0u32..4, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
-            3 => (0u32..4, 0u64..80, 1u64..6, any::<bool>()).prop_map(|(replica, start, len, reversed)| Op::Remove { replica, start, len, reversed }),
-            1 => (0u32..4).prop_map(|replica| Op::Drop { replica }),
-            1 => (0u32..3).prop_map(|epoch| Op::Evict { epoch }),
-            1 => Just(Op::Compact),
-        ]
-    }
-
-    fn holders_of(store: &Store, key: u64) -> Option<BTreeMap<u32, u32>> {
-        let dir = store.directory();
-        let mut reader = store.reader(&dir);
-        let b = Block::new(key, 0);
-        let rec = reader.find(b.key, b.h)?;
-        Some(
-            reader
-                .view(rec)?
-                .holders()
-                .iter()
-                .map(|&h| (Holder::from_raw(h).replica(), Holder::from_raw(h).epoch()))
-                .collect(),
-        )
-    }
-
-    /// Drops every holder `gone` selects from the model; returns how many.
-    fn drop_from(
-        model: &mut BTreeMap<u64, BTreeMap<u32, u32>>,
-        gone: impl Fn(u32, u32) -> bool,
-    ) -> usize {
-        let before: usize = model.values().map(BTreeMap::len).sum();
-        for hs in model.values_mut() {
-            hs.retain(|&r, &mut e| !gone(r, e));
-        }
-        model.retain(|_, hs| !hs.is_empty());
-        before - model.values().map(BTreeMap::len).sum::<usize>()
-    }
-
-    proptest! {
-        #[test]
-        fn agrees_with_a_map_through_compaction(ops in proptest::collection::vec(op(), 1..120)) {
-            let store = Store::new(4, 2);
-            // key -> replica -> epoch
-            let mut model: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
-            for op in ops {
-                match op {
-                    Op::Store { replica, start, len, epoch } => {
-                        // Depth = key, so chains never conflict.
-                        let blocks: Vec<Block> = (start..start + len)
-                            .map(|k| Block::new(k, u32::try_from(k).unwrap()))
-                            .collect();
-                        let results = store
-                            .store_chain(&blocks, |_| Holder::new(replica, Tier::T1, epoch))
-                            .unwrap();
-                        for (k, r) in (start..start + len).zip(results) {
-                            let added = model.entry(k).or_default().insert(replica, epoch).is_none();
-                            prop_assert_eq!(r.is_ok_and(|s| s == Stored::Added), added);
-                        }
-                    }
-                    Op::Remove { replica, start, len, reversed } => {
-                        let mut keys: Vec<u64> = (start..start + len).collect();
-                        if reversed {
-                            keys.reverse();
-                        }
-                        let blocks: Vec<Block> = keys.iter().map(|&k| Block::new(k, 0)).collect();
-                        let mut n = 0;
-                        store.remove(&blocks, |h| h.replica() == replica, |_| n += 1);
-                        let had = keys
-                            .iter()
-                            .filter(|k| model.get_mut(k).is_some_and(|hs| hs.remove(&replica).is_some()))
-                            .count();
-                        prop_assert_eq!(n, had);
-                        model.retain(|_, hs| !hs.is_empty());
-                    }
-                    Op::Drop { replica } => {
-                        let mut n = 0usize;
-                        store.remove_where(None, |h| h.replica() == replica, |_| n += 1);
-                        prop_assert_eq!(n, drop_from(&mut model, |r, _| r == replica));
-                    }
-                    Op::Evict { epoch } => {
-                        let mut set = [0; (crate::arena::EPOCHS / 64) as usize];
-                        crate::arena::add_epoch(&mut set, epoch);
-                        let mut n = 0usize;
-                        store.remove_where(Some(&set), |h| h.epoch() == epoch, |_| n += 1);
-                        prop_assert_eq!(n, drop_from(&mut model, |_, e| e == epoch));
-                    }
-                    Op::Compact => store.compact(),
-                }
-                for k in 0..80 {
-                    prop_assert_eq!(holders_of(&store, k), model.get(&k).cloned(), "key {}", k);
-                }
-                let (_, live) = store.record_counts();
-                prop_assert_eq!(live, model.len());
-                prop_assert_eq!(store.key_count(), model.len());
-            }
-            // Everything gone: every page is given back.
-            store.remove_where(None, |_| true, |_| {});
-            store.compact();
-            prop_assert_eq!(store.record_counts(), (0, 0));
-            // Only pages reserved for records never written may stay.
-            prop_assert!(store.directory().iter().flatten().all(|p| p.read().len() == 0));
-        }
-    }
-
-    #[test]
-    fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
-        let store = Store::new(4, 2);
-        let blocks: Vec<Block> = (0..20u32)
-            .map(|k| Block::new(u64::from(k) * 7, k))
-            .collect();
-        store
-            .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
-            .unwrap();
-        let dir = store.directory();
-        let mut reader = store.reader(&dir);
-        let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
-        let mut prev = first;
-        for b in &blocks[1..] {
-            let rec = reader.find_near(Some(prev), b.key).unwrap();
-            assert_eq!(
-                rec,
-                if offset_of(prev) + 1 < PAGE_RECORDS {
-                    prev + 1
-                } else {
-                    rec_id(page_of(prev) + 1, 0)
-                }
-            );
-            prev = rec;
-        }
-    }
-
-    #[test]
-    fn duplicates_are_spotted_including_key_zero() {
-        assert!(!has_duplicate([1u64, 2, 3, 0].into_iter(), 4));
-        assert!(has_duplicate([0u64, 5, 0].into_iter(), 3));
-        assert!(has_duplicate((0..100u64).chain([42]), 101));
-        assert!(!has_duplicate(0..100u64, 100));
-    }
-
-    #[test]
-    fn a_block_repeated_in_one_chain_gets_one_record() {
-        let store = Store::new(2, 2);
-        let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
-        let results = store
-            .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0))
-            .unwrap();
-        assert!(matches!(
-            results[..],
-            [
-                Ok(Stored::Added),
-                Ok(Stored::Added),
-                Ok(Stored::Refreshed(_))
-            ]
-        ));
-        assert_eq!(store.key_count(), 2);
-        assert_eq!(store.record_counts(), (2, 2));
-    }
-}
+mod tests;

@@ -1,0 +1,162 @@
+//! Giving record space back: pages whose records all died are freed as
+//! they empty, and when dead records grow past a fixed share of all
+//! records, the live records of the sparsest pages move to the end so that
+//! those pages can be freed too.
+//!
+//! Engines mostly evict what they stored earliest, so pages tend to die
+//! whole and cost nothing to free; copying is kept for the pages that keep
+//! a few long-lived records among many dead ones. The dead share bounds
+//! the memory a churning index spends on dead records, whatever the
+//! eviction order.
+
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+
+use super::{OutOfSpace, PageWriter, Placement, Store, hash, next_room};
+use crate::arena::{Page, RecId, offset_of, rec_id};
+
+/// Compaction starts when dead records exceed 1/`DEAD_LIMIT` of all
+/// records…
+pub(super) const DEAD_LIMIT: usize = 4;
+/// …and stops once they are at most 1/`DEAD_TARGET` (the gap makes every
+/// pass reclaim a few percent, so passes, which look at every page, stay
+/// rare).
+const DEAD_TARGET: usize = 5;
+
+impl Store {
+    /// Frees emptied pages, then, if dead records are over their share,
+    /// moves the live records of the sparsest pages to the end, in page
+    /// order (keeping a chain's records together). Out of record space, it
+    /// leaves the rest in place.
+    pub(crate) fn compact(&self) {
+        let mut place = self.place.lock();
+        let mut emptied = std::mem::take(&mut place.emptied);
+        emptied.sort_unstable();
+        emptied.dedup();
+        // All of these before any move: moves may reuse freed pages.
+        for n in emptied {
+            let empty = self.with_page(n, |p| p.live() == 0 && p.len() > 0);
+            if empty == Some(true) {
+                if place.current == Some(n) {
+                    place.current = None;
+                }
+                self.free_page(&mut place, n);
+            }
+        }
+        if place.dead * DEAD_LIMIT <= place.records {
+            return;
+        }
+        for (n, live) in self.sparsest(&place) {
+            if self.move_out(&mut place, n, live).is_err() {
+                return;
+            }
+            self.free_page(&mut place, n);
+        }
+    }
+
+    /// The pages to empty so that dead records fall to their target share,
+    /// sparsest first, returned in page order with their live counts.
+    fn sparsest(&self, place: &Placement) -> Vec<(usize, usize)> {
+        let mut pages: Vec<(usize, usize, usize)> = Vec::new();
+        {
+            let dir = self.pages.read();
+            for (n, page) in dir.iter().enumerate() {
+                let Some(page) = page else {
+                    continue;
+                };
+                let page = page.read();
+                if place.current != Some(n) && page.live() < page.len() {
+                    pages.push((page.live(), page.len(), n));
+                }
+            }
+        }
+        pages.sort_unstable();
+        // Emptying a page removes its dead records from both counts:
+        // `(dead - x) * T <= records - x` needs x >= (T*dead - records)/(T-1).
+        let needed = (place.dead * DEAD_TARGET).saturating_sub(place.records) / (DEAD_TARGET - 1);
+        let mut reclaimed = 0;
+        let mut chosen: Vec<(usize, usize)> = Vec::new();
+        for (live, len, n) in pages {
+            if reclaimed > needed {
+                break;
+            }
+            reclaimed += len - live;
+            chosen.push((n, live));
+        }
+        chosen.sort_unstable();
+        chosen
+    }
+
+    /// Runs `f` on page `n`, if allocated.
+    fn with_page<T>(&self, n: usize, f: impl FnOnce(&Page) -> T) -> Option<T> {
+        let dir = self.pages.read();
+        let page = dir.get(n)?.as_ref()?;
+        let page = page.read();
+        Some(f(&page))
+    }
+
+    /// Returns page `n`, all of whose records are dead, to the free list.
+    fn free_page(&self, place: &mut Placement, n: usize) {
+        let mut dir = self.pages.write();
+        let Some(slot) = dir.get_mut(n) else {
+            return;
+        };
+        let len = match slot {
+            Some(page) if page.read().live() == 0 => page.read().len(),
+            _ => return,
+        };
+        *slot = None;
+        place.records = place.records.saturating_sub(len);
+        place.dead = place.dead.saturating_sub(len);
+        place.free.push(n);
+    }
+
+    /// Moves the `live` records of page `n` to the current page(s), leaving
+    /// `n` all dead.
+    fn move_out(&self, place: &mut Placement, n: usize, live: usize) -> Result<(), OutOfSpace> {
+        if live == 0 {
+            return Ok(());
+        }
+        self.reserve(place, live)?;
+        let mut moved: Vec<(u64, RecId, RecId)> = Vec::with_capacity(live);
+        {
+            let dir = self.pages.read();
+            // Copy out first: one lock at a time.
+            let copies: Vec<(usize, u64, u32, SmallVec<[u32; 4]>)> = match dir.get(n) {
+                Some(Some(page)) => {
+                    let page = page.read();
+                    page.live_offsets()
+                        .filter_map(|o| {
+                            page.view(o)
+                                .map(|v| (o, v.key, v.depth, SmallVec::from_slice(v.holders())))
+                        })
+                        .collect()
+                }
+                _ => return Ok(()),
+            };
+            let mut writer = PageWriter::new(&dir);
+            for (offset, key, depth, holders) in copies {
+                let to = next_room(place, &mut writer).ok_or(OutOfSpace)?;
+                let page = writer.page(to).ok_or(OutOfSpace)?;
+                let at = page.append(key, depth, &holders);
+                place.records += 1;
+                moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
+            }
+        }
+        self.publish(&moved, |table, &(h, old, new)| {
+            table.relocate(h, old, new);
+        });
+        let dir = self.pages.read();
+        if let Some(Some(page)) = dir.get(n) {
+            let mut page = page.write();
+            for &(_, old, _) in &moved {
+                page.kill(offset_of(old));
+            }
+        }
+        place.dead += moved.len();
+        self.relocations
+            .fetch_add(moved.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}

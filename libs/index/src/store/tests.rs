@@ -1,0 +1,261 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::types::Tier;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Replica stores keys `start..start+len` in `epoch`.
+    Store {
+        replica: u32,
+        start: u64,
+        len: u64,
+        epoch: u32,
+    },
+    /// Replica drops keys `start..start+len`, in order or reversed.
+    Remove {
+        replica: u32,
+        start: u64,
+        len: u64,
+        reversed: bool,
+    },
+    /// Every holder of a replica goes.
+    Drop {
+        replica: u32,
+    },
+    /// Every holder stored in `epoch` goes.
+    Evict {
+        epoch: u32,
+    },
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u32..4, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
+        3 => (0u32..4, 0u64..80, 1u64..6, any::<bool>()).prop_map(|(replica, start, len, reversed)| Op::Remove { replica, start, len, reversed }),
+        1 => (0u32..4).prop_map(|replica| Op::Drop { replica }),
+        1 => (0u32..3).prop_map(|epoch| Op::Evict { epoch }),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn holders_of(store: &Store, key: u64) -> Option<BTreeMap<u32, u32>> {
+    let dir = store.directory();
+    let mut reader = store.reader(&dir);
+    let b = Block::new(key, 0);
+    let rec = reader.find(b.key, b.h)?;
+    Some(
+        reader
+            .view(rec)?
+            .holders()
+            .iter()
+            .map(|&h| (Holder::from_raw(h).replica(), Holder::from_raw(h).epoch()))
+            .collect(),
+    )
+}
+
+/// Drops every holder `gone` selects from the model; returns how many.
+fn drop_from(
+    model: &mut BTreeMap<u64, BTreeMap<u32, u32>>,
+    gone: impl Fn(u32, u32) -> bool,
+) -> usize {
+    let before: usize = model.values().map(BTreeMap::len).sum();
+    for hs in model.values_mut() {
+        hs.retain(|&r, &mut e| !gone(r, e));
+    }
+    model.retain(|_, hs| !hs.is_empty());
+    before - model.values().map(BTreeMap::len).sum::<usize>()
+}
+
+proptest! {
+    #[test]
+    fn agrees_with_a_map_through_compaction(ops in proptest::collection::vec(op(), 1..120)) {
+        let store = Store::new(4, 2);
+        // key -> replica -> epoch
+        let mut model: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
+        for op in ops {
+            match op {
+                Op::Store { replica, start, len, epoch } => {
+                    // Depth = key, so chains never conflict.
+                    let blocks: Vec<Block> = (start..start + len)
+                        .map(|k| Block::new(k, u32::try_from(k).unwrap()))
+                        .collect();
+                    let results = store
+                        .store_chain(&blocks, |_| Holder::new(replica, Tier::T1, epoch))
+                        .unwrap();
+                    for (k, r) in (start..start + len).zip(results) {
+                        let added = model.entry(k).or_default().insert(replica, epoch).is_none();
+                        prop_assert_eq!(r.is_ok_and(|s| s == Stored::Added), added);
+                    }
+                }
+                Op::Remove { replica, start, len, reversed } => {
+                    let mut keys: Vec<u64> = (start..start + len).collect();
+                    if reversed {
+                        keys.reverse();
+                    }
+                    let blocks: Vec<Block> = keys.iter().map(|&k| Block::new(k, 0)).collect();
+                    let mut n = 0;
+                    store.remove(&blocks, |h| h.replica() == replica, |_| n += 1);
+                    let had = keys
+                        .iter()
+                        .filter(|k| model.get_mut(k).is_some_and(|hs| hs.remove(&replica).is_some()))
+                        .count();
+                    prop_assert_eq!(n, had);
+                    model.retain(|_, hs| !hs.is_empty());
+                }
+                Op::Drop { replica } => {
+                    let mut n = 0usize;
+                    store.remove_where(None, |h| h.replica() == replica, |_| n += 1);
+                    prop_assert_eq!(n, drop_from(&mut model, |r, _| r == replica));
+                }
+                Op::Evict { epoch } => {
+                    let mut set = [0; (crate::arena::EPOCHS / 64) as usize];
+                    crate::arena::add_epoch(&mut set, epoch);
+                    let mut n = 0usize;
+                    store.remove_where(Some(&set), |h| h.epoch() == epoch, |_| n += 1);
+                    prop_assert_eq!(n, drop_from(&mut model, |_, e| e == epoch));
+                }
+                Op::Compact => {
+                    store.compact();
+                    // Dead records stay within their share, give or take
+                    // the page being filled (never compacted).
+                    let (len, live) = store.record_counts();
+                    let limit = super::compact::DEAD_LIMIT;
+                    prop_assert!((len - live) * limit <= len + limit * PAGE_RECORDS);
+                }
+            }
+            prop_assert_eq!(store.counted(), store.record_counts());
+            for k in 0..80 {
+                prop_assert_eq!(holders_of(&store, k), model.get(&k).cloned(), "key {}", k);
+            }
+            let (_, live) = store.record_counts();
+            prop_assert_eq!(live, model.len());
+            prop_assert_eq!(store.key_count(), model.len());
+        }
+        // Everything gone: every page is given back.
+        store.remove_where(None, |_| true, |_| {});
+        store.compact();
+        prop_assert_eq!(store.record_counts(), (0, 0));
+        // Only pages reserved for records never written may stay.
+        prop_assert!(store.directory().iter().flatten().all(|p| p.read().len() == 0));
+    }
+}
+
+#[test]
+fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
+    let store = Store::new(4, 2);
+    let blocks: Vec<Block> = (0..20u32)
+        .map(|k| Block::new(u64::from(k) * 7, k))
+        .collect();
+    store
+        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
+        .unwrap();
+    let dir = store.directory();
+    let mut reader = store.reader(&dir);
+    let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
+    let mut prev = first;
+    for b in &blocks[1..] {
+        let rec = reader.find_near(Some(prev), b.key, b.h).unwrap();
+        assert_eq!(
+            rec,
+            if offset_of(prev) + 1 < PAGE_RECORDS {
+                prev + 1
+            } else {
+                rec_id(page_of(prev) + 1, 0)
+            }
+        );
+        prev = rec;
+    }
+}
+
+#[test]
+fn duplicates_are_spotted_including_key_zero() {
+    assert!(!has_duplicate([1u64, 2, 3, 0].into_iter(), 4));
+    assert!(has_duplicate([0u64, 5, 0].into_iter(), 3));
+    assert!(has_duplicate((0..100u64).chain([42]), 101));
+    assert!(!has_duplicate(0..100u64, 100));
+}
+
+#[test]
+fn a_block_repeated_in_one_chain_gets_one_record() {
+    let store = Store::new(2, 2);
+    let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
+    let results = store
+        .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0))
+        .unwrap();
+    assert!(matches!(
+        results[..],
+        [
+            Ok(Stored::Added),
+            Ok(Stored::Added),
+            Ok(Stored::Refreshed(_))
+        ]
+    ));
+    assert_eq!(store.key_count(), 2);
+    assert_eq!(store.record_counts(), (2, 2));
+}
+
+#[test]
+fn pages_dying_whole_are_freed_without_moving_records() {
+    // Chains evicted in the order they were stored: every page empties
+    // completely, so nothing is copied and nothing dead lingers.
+    let store = Store::new(4, 2);
+    let chain = |c: u64| -> Vec<Block> {
+        (0..5u32)
+            .map(|d| Block::new(c * 100 + u64::from(d), d))
+            .collect()
+    };
+    for c in 0..40u64 {
+        store
+            .store_chain(&chain(c), |_| Holder::new(1, Tier::T1, 0))
+            .unwrap();
+        if c >= 10 {
+            store.remove(&chain(c - 10), |_| true, |_| {});
+            store.compact();
+            let (len, live) = store.record_counts();
+            assert_eq!(live, 50);
+            // Only the page being filled and the oldest live one can
+            // hold dead records.
+            assert!(len - live < 2 * PAGE_RECORDS, "{len} records, {live} live");
+        }
+    }
+    assert_eq!(store.relocations(), 0);
+    assert_eq!(store.counted(), store.record_counts());
+}
+
+#[test]
+fn a_scattered_dead_share_is_compacted_away() {
+    // Every other chain evicted: no page empties, so the dead share
+    // crosses its limit and the sparsest pages are moved out.
+    let store = Store::new(4, 2);
+    let chain = |c: u64| -> Vec<Block> {
+        (0..4u32)
+            .map(|d| Block::new(c * 100 + u64::from(d), d))
+            .collect()
+    };
+    for c in 0..50u64 {
+        store
+            .store_chain(&chain(c), |_| Holder::new(1, Tier::T1, 0))
+            .unwrap();
+    }
+    for c in (0..50u64).step_by(2) {
+        store.remove(&chain(c), |_| true, |_| {});
+    }
+    store.compact();
+    let (len, live) = store.record_counts();
+    assert_eq!(live, 100);
+    assert!(
+        (len - live) * super::compact::DEAD_LIMIT <= len,
+        "{len} records, {live} live"
+    );
+    assert!(store.relocations() > 0);
+    for c in (1..50u64).step_by(2) {
+        let b = chain(c)[3];
+        let dir = store.directory();
+        let mut reader = store.reader(&dir);
+        assert!(reader.find(b.key, b.h).is_some(), "chain {c} still found");
+    }
+}

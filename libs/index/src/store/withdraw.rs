@@ -1,0 +1,144 @@
+//! Taking the keys of dead records out of the key tables: a probe each
+//! when they are few (an engine evicting a chain), one sweep of every table
+//! against a bitmap of dead records when they are many (an eviction pass
+//! or a replica's removal).
+
+use super::{Store, page_of};
+use crate::arena::RecId;
+
+/// Withdrawing 1/`SWEEP_FRACTION` of all keys or more sweeps the tables
+/// instead of probing for each.
+const SWEEP_FRACTION: usize = 16;
+/// Fewer dead records than this are always probed for.
+#[cfg(not(test))]
+const SWEEP_MIN: usize = 1024;
+/// Most (hash, record) pairs kept for probing; past this a pass keeps
+/// only the bitmap (and will sweep).
+#[cfg(not(test))]
+const LIST_LIMIT: usize = 1 << 16;
+// Small under test, so that the store's model test takes every path.
+#[cfg(test)]
+const SWEEP_MIN: usize = 4;
+#[cfg(test)]
+const LIST_LIMIT: usize = 16;
+
+/// Dead records whose keys are still published.
+#[derive(Debug, Default)]
+pub(super) struct Doomed {
+    /// (hash, record) of each, until there are too many.
+    listed: Vec<(u64, RecId)>,
+    /// Set once `listed` stopped keeping up and `bits` took over.
+    bits: Option<DeadBits>,
+    count: usize,
+}
+
+/// One bit per dead record, and one per page holding any.
+#[derive(Debug, Default)]
+struct DeadBits {
+    recs: Vec<u64>,
+    pages: Vec<u64>,
+}
+
+impl DeadBits {
+    fn set(&mut self, rec: RecId) {
+        set_bit(&mut self.recs, rec as usize);
+        set_bit(&mut self.pages, page_of(rec));
+    }
+
+    fn has(&self, rec: RecId) -> bool {
+        // Dead records cluster in a few pages: the page bit (small enough
+        // to stay in cache) rules out most slots.
+        has_bit(&self.pages, page_of(rec)) && has_bit(&self.recs, rec as usize)
+    }
+}
+
+fn set_bit(words: &mut Vec<u64>, i: usize) {
+    if words.len() <= i / 64 {
+        words.resize(i / 64 + 1, 0);
+    }
+    words[i / 64] |= 1 << (i % 64);
+}
+
+fn has_bit(words: &[u64], i: usize) -> bool {
+    words.get(i / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+impl Doomed {
+    /// Notes the dead record `rec`, whose key hashes to `h`.
+    pub(super) fn add(&mut self, h: u64, rec: RecId) {
+        self.count += 1;
+        match &mut self.bits {
+            Some(bits) => bits.set(rec),
+            None if self.listed.len() < LIST_LIMIT => self.listed.push((h, rec)),
+            None => {
+                let mut bits = DeadBits::default();
+                for &(_, r) in &self.listed {
+                    bits.set(r);
+                }
+                bits.set(rec);
+                self.listed = Vec::new();
+                self.bits = Some(bits);
+            }
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+impl Store {
+    /// Removes the keys of `doomed` from the tables (see the module docs).
+    pub(super) fn withdraw(&self, doomed: Doomed) {
+        let Doomed {
+            listed,
+            bits,
+            count,
+        } = doomed;
+        let many = count > SWEEP_MIN && count * SWEEP_FRACTION >= self.key_count();
+        let bits = match bits {
+            Some(bits) => bits,
+            None if !many => {
+                self.publish(&listed, |table, &(h, rec)| {
+                    if table.remove(h, rec) {
+                        table.shrink();
+                    }
+                });
+                return;
+            }
+            None => {
+                let mut bits = DeadBits::default();
+                for &(_, rec) in &listed {
+                    bits.set(rec);
+                }
+                bits
+            }
+        };
+        for shard in &self.keys {
+            let mut shard = shard.write();
+            for table in shard.iter_mut() {
+                table.remove_all(|rec| bits.has(rec));
+                table.shrink();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn past_the_list_limit_every_record_is_still_marked() {
+        let mut doomed = Doomed::default();
+        let n = LIST_LIMIT + 10;
+        for rec in 0..n as RecId {
+            doomed.add(u64::from(rec), rec * 3);
+        }
+        assert_eq!(doomed.count, n);
+        assert!(doomed.listed.is_empty());
+        let bits = doomed.bits.as_ref().unwrap();
+        assert!((0..n as RecId).all(|r| bits.has(r * 3)));
+        assert!(!bits.has(1) && !bits.has(3 * n as RecId));
+    }
+}
