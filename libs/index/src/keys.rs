@@ -16,11 +16,13 @@
 //!
 //! Because buckets come from the tag alone (scaled to the table's size),
 //! growing and shrinking never read a record. The price is that a table
-//! tells apart at most 2^16 tags: the store keeps many small tables (a few
-//! thousand keys each, see [`crate::store`]), where two keys sharing a tag
-//! are rare and cost one extra record read. Keys that cannot be placed in
-//! their buckets (only when very many share a tag) wait in a small
-//! overflow list that searches also read.
+//! tells apart at most 2^16 tags, and the keys of one bucket share the
+//! tag's top bits: the store keeps many small tables (one or two thousand
+//! keys each, see [`crate::store`] and `KEYS_PER_TABLE`), where a probe
+//! meets a foreign key with its tag only a few percent of the time (one
+//! extra record read). Keys that cannot be placed in their buckets (only
+//! when very many share a tag) wait in a small overflow list that searches
+//! also read.
 
 use crate::arena::RecId;
 
