@@ -198,22 +198,27 @@ fn a_block_repeated_in_one_chain_gets_one_record() {
     assert_eq!(store.record_counts(), (2, 2));
 }
 
+/// Chain `c` of `len` blocks, stored by replica 1.
+fn store_numbered_chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
+    let blocks: Vec<Block> = (0..len)
+        .map(|d| Block::new(c * 100 + u64::from(d), d))
+        .collect();
+    store
+        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
+        .unwrap();
+    blocks
+}
+
 #[test]
 fn pages_dying_whole_are_freed_without_moving_records() {
     // Chains evicted in the order they were stored: every page empties
     // completely, so nothing is copied and nothing dead lingers.
     let store = Store::new(4, 2);
-    let chain = |c: u64| -> Vec<Block> {
-        (0..5u32)
-            .map(|d| Block::new(c * 100 + u64::from(d), d))
-            .collect()
-    };
+    let mut chains = Vec::new();
     for c in 0..40u64 {
-        store
-            .store_chain(&chain(c), |_| Holder::new(1, Tier::T1, 0))
-            .unwrap();
+        chains.push(store_numbered_chain(&store, c, 5));
         if c >= 10 {
-            store.remove(&chain(c - 10), |_| true, |_| {});
+            store.remove(&chains[(c - 10) as usize], |_| true, |_| {});
             store.compact();
             let (len, live) = store.record_counts();
             assert_eq!(live, 50);
@@ -231,18 +236,11 @@ fn a_scattered_dead_share_is_compacted_away() {
     // Every other chain evicted: no page empties, so the dead share
     // crosses its limit and the sparsest pages are moved out.
     let store = Store::new(4, 2);
-    let chain = |c: u64| -> Vec<Block> {
-        (0..4u32)
-            .map(|d| Block::new(c * 100 + u64::from(d), d))
-            .collect()
-    };
-    for c in 0..50u64 {
-        store
-            .store_chain(&chain(c), |_| Holder::new(1, Tier::T1, 0))
-            .unwrap();
-    }
-    for c in (0..50u64).step_by(2) {
-        store.remove(&chain(c), |_| true, |_| {});
+    let chains: Vec<Vec<Block>> = (0..50u64)
+        .map(|c| store_numbered_chain(&store, c, 4))
+        .collect();
+    for chain in chains.iter().step_by(2) {
+        store.remove(chain, |_| true, |_| {});
     }
     store.compact();
     let (len, live) = store.record_counts();
@@ -252,8 +250,8 @@ fn a_scattered_dead_share_is_compacted_away() {
         "{len} records, {live} live"
     );
     assert!(store.relocations() > 0);
-    for c in (1..50u64).step_by(2) {
-        let b = chain(c)[3];
+    for (c, chain) in chains.iter().enumerate().skip(1).step_by(2) {
+        let b = chain[3];
         let dir = store.directory();
         let mut reader = store.reader(&dir);
         assert!(reader.find(b.key, b.h).is_some(), "chain {c} still found");
