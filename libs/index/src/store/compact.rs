@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::{OutOfSpace, PageWriter, Placement, Store, hash, next_room};
-use crate::arena::{Page, RecId, offset_of, rec_id};
+use crate::arena::{RecId, offset_of, rec_id};
 
 /// Compaction starts when dead records exceed 1/`DEAD_LIMIT` of all
 /// records…
@@ -36,12 +36,8 @@ impl Store {
         emptied.dedup();
         // All of these before any move: moves may reuse freed pages.
         for n in emptied {
-            let empty = self.with_page(n, |p| p.live() == 0 && p.len() > 0);
-            if empty == Some(true) {
-                if place.current == Some(n) {
-                    place.current = None;
-                }
-                self.free_page(&mut place, n);
+            if self.free_page(&mut place, n) && place.current == Some(n) {
+                place.current = None;
             }
         }
         if place.dead * DEAD_LIMIT <= place.records {
@@ -88,28 +84,26 @@ impl Store {
         chosen
     }
 
-    /// Runs `f` on page `n`, if allocated.
-    fn with_page<T>(&self, n: usize, f: impl FnOnce(&Page) -> T) -> Option<T> {
-        let dir = self.pages.read();
-        let page = dir.get(n)?.as_ref()?;
-        let page = page.read();
-        Some(f(&page))
-    }
-
-    /// Returns page `n`, all of whose records are dead, to the free list.
-    fn free_page(&self, place: &mut Placement, n: usize) {
+    /// Returns page `n` to the free list if records were written to it and
+    /// all of them died (never a reserved page not yet written); reports
+    /// whether it did.
+    fn free_page(&self, place: &mut Placement, n: usize) -> bool {
         let mut dir = self.pages.write();
         let Some(slot) = dir.get_mut(n) else {
-            return;
+            return false;
         };
-        let len = match slot {
-            Some(page) if page.read().live() == 0 => page.read().len(),
-            _ => return,
+        let len = match slot.as_ref().map(|p| {
+            let p = p.read();
+            (p.len(), p.live())
+        }) {
+            Some((len, 0)) if len > 0 => len,
+            _ => return false,
         };
         *slot = None;
         place.records = place.records.saturating_sub(len);
         place.dead = place.dead.saturating_sub(len);
         place.free.push(n);
+        true
     }
 
     /// Moves the `live` records of page `n` to the current page(s), leaving
