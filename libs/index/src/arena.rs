@@ -8,8 +8,10 @@
 //! (a cache line holds four and a half) instead of one random location per
 //! block.
 //!
-//! A removed record is marked dead in place; pages that fall below half
-//! live are compacted by the store (see [`crate::store`]).
+//! A removed record is marked dead in place. Its slot is given back with
+//! the page when every record on it died, refilled with new records when
+//! it lies in a long enough run of dead ones, or reclaimed by compaction
+//! (see [`crate::store`]).
 
 use smallvec::SmallVec;
 
@@ -327,20 +329,79 @@ impl Page {
     /// Appends a live record with `holders` (at least one); returns its
     /// offset. The caller checks [`Page::room`] first.
     pub(crate) fn append(&mut self, key: u64, depth: u32, holders: &[u32]) -> usize {
+        let record = self.new_record(key, depth, holders);
+        self.records.push(record);
+        self.live += 1;
+        self.records.len() - 1
+    }
+
+    /// The first dead slot at or after `from` that starts or lies in a run
+    /// of at least `min_run` dead slots; a dead slot right at `from > 0`
+    /// (the run the caller is filling) qualifies on its own.
+    pub(crate) fn hole(&self, from: usize, min_run: usize) -> Option<usize> {
+        let rest = self.records.get(from..)?;
+        if from > 0 && rest.first().is_some_and(|r| !r.live()) {
+            return Some(from);
+        }
+        let mut run = 0;
+        for (i, r) in rest.iter().enumerate() {
+            if r.live() {
+                run = 0;
+                continue;
+            }
+            run += 1;
+            if run >= min_run {
+                return Some(from + i + 1 - run);
+            }
+        }
+        None
+    }
+
+    /// Dead slots in runs of at least `min_run` (what [`Page::hole`] would
+    /// hand out, starting from the page's first slot).
+    pub(crate) fn holes(&self, min_run: usize) -> usize {
+        let mut run = 0;
+        let mut total = 0;
+        for r in &self.records {
+            if r.live() {
+                if run >= min_run {
+                    total += run;
+                }
+                run = 0;
+            } else {
+                run += 1;
+            }
+        }
+        if run >= min_run {
+            total += run;
+        }
+        total
+    }
+
+    /// Writes a live record with `holders` (at least one) into the dead
+    /// slot at `offset`; false (and nothing written) if it is not dead.
+    pub(crate) fn refill(&mut self, offset: usize, key: u64, depth: u32, holders: &[u32]) -> bool {
+        if self.records.get(offset).is_none_or(Record::live) {
+            return false;
+        }
+        let record = self.new_record(key, depth, holders);
+        self.records[offset] = record;
+        self.live += 1;
+        true
+    }
+
+    fn new_record(&mut self, key: u64, depth: u32, holders: &[u32]) -> Record {
         let depth = stored_depth(depth);
         for &h in holders {
             add_epoch(&mut self.epochs, Holder(h).epoch());
         }
-        let record = match holders {
+        match holders {
             [one] => Record::new(key, depth, *one),
             many => {
                 let list = self.new_spill(SmallVec::from_slice(many));
                 Record::new(key, depth | SPILLED, list)
             }
-        };
-        self.records.push(record);
-        self.live += 1;
-        self.records.len() - 1
+        }
     }
 
     /// Records `holder` on the live record at `offset`; `Err(known_depth)`
@@ -526,6 +587,32 @@ mod tests {
         assert_eq!(p.free_spill.len(), 1, "the list was released");
         assert!(p.remove_holders(at, &mut |_| true, &mut |_| {}));
         assert!(p.view(at).is_none() && p.live() == 0);
+    }
+
+    #[test]
+    fn only_long_enough_runs_of_dead_slots_are_refilled() {
+        let mut p = Page::default();
+        for k in 0..8u64 {
+            p.append(k, 0, &[holder(1).raw()]);
+        }
+        // Dead: 1 (alone), 3-5 (a run of three), 7 (alone, at the end).
+        for at in [1, 3, 4, 5, 7] {
+            p.kill(at);
+        }
+        assert_eq!(p.holes(2), 3);
+        assert_eq!(p.holes(1), 5);
+        assert_eq!(p.hole(0, 2), Some(3));
+        assert_eq!(p.hole(0, 4), None);
+        // Continuing the run being filled, even where what is left of it
+        // is shorter than the minimum.
+        assert_eq!(p.hole(5, 2), Some(5));
+        assert!(p.refill(3, 30, 2, &[holder(2).raw(), holder(3).raw()]));
+        assert!(!p.refill(0, 99, 0, &[holder(2).raw()]), "0 is live");
+        assert_eq!(p.live(), 4);
+        assert_eq!(p.key(3), Some(30));
+        assert_eq!(replicas(&p, 3), [2, 3]);
+        assert_eq!(p.len(), 8, "refilling appends nothing");
+        assert_eq!(p.hole(4, 2), Some(4));
     }
 
     #[test]

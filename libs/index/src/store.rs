@@ -30,6 +30,7 @@ use crate::arena::{
 use crate::keys::KeyTable;
 
 mod compact;
+mod refill;
 mod withdraw;
 
 use withdraw::Doomed;
@@ -88,6 +89,14 @@ struct Placement {
     records: usize,
     /// Dead records in allocated pages.
     dead: usize,
+    /// Pages whose runs of dead slots take new records before `current`
+    /// does, the next one last; and where to look on in that one.
+    refill: Vec<usize>,
+    refill_from: usize,
+    /// Slots left of those found when the pages were queued.
+    queued: usize,
+    /// No pages are queued for refilling until `dead` exceeds this.
+    pick_after: usize,
 }
 
 /// One lock shard of the key tables.
@@ -519,10 +528,20 @@ impl Store {
                     results.push(result);
                     continue;
                 }
-                let page_no = next_room(&mut place, &mut writer).ok_or(OutOfSpace)?;
-                let page = writer.page(page_no).ok_or(OutOfSpace)?;
-                let rec = rec_id(page_no, page.append(b.key, b.depth, &[holder(i).raw()]));
-                place.records += 1;
+                let holders = [holder(i).raw()];
+                let rec = if let Some((page_no, at)) = refill::next_hole(&mut place, &mut writer)
+                    && writer
+                        .page(page_no)
+                        .is_some_and(|p| p.refill(at, b.key, b.depth, &holders))
+                {
+                    place.dead -= 1;
+                    rec_id(page_no, at)
+                } else {
+                    let page_no = next_room(&mut place, &mut writer).ok_or(OutOfSpace)?;
+                    let page = writer.page(page_no).ok_or(OutOfSpace)?;
+                    place.records += 1;
+                    rec_id(page_no, page.append(b.key, b.depth, &holders))
+                };
                 recs[i] = Some(rec);
                 created.push((b.h, rec));
                 results.push(Ok(Stored::Added));

@@ -27,8 +27,9 @@ const DEAD_TARGET: usize = 5;
 impl Store {
     /// Frees emptied pages, then, if dead records are over their share,
     /// moves the live records of the sparsest pages to the end, in page
-    /// order (keeping a chain's records together). Out of record space, it
-    /// leaves the rest in place.
+    /// order (keeping a chain's records together), and queues pages for
+    /// refilling if dead records are over the smaller share that starts
+    /// it. Out of record space, it leaves the rest in place.
     pub(crate) fn compact(&self) {
         let mut place = self.place.lock();
         let mut emptied = std::mem::take(&mut place.emptied);
@@ -40,15 +41,19 @@ impl Store {
                 place.current = None;
             }
         }
-        if place.dead * DEAD_LIMIT <= place.records {
-            return;
-        }
-        for (n, live) in self.sparsest(&place) {
-            if self.move_out(&mut place, n, live).is_err() {
-                return;
+        if place.dead * DEAD_LIMIT > place.records {
+            // Starts the refilling afresh: queued pages may be emptied here.
+            place.refill.clear();
+            place.queued = 0;
+            place.pick_after = 0;
+            for (n, live) in self.sparsest(&place) {
+                if self.move_out(&mut place, n, live).is_err() {
+                    return;
+                }
+                self.free_page(&mut place, n);
             }
-            self.free_page(&mut place, n);
         }
+        self.pick_refills(&mut place);
     }
 
     /// The pages to empty so that dead records fall to their target share,
