@@ -312,12 +312,16 @@ impl KeyTable {
     pub(crate) fn remove_all(&mut self, dead: impl Fn(RecId) -> bool) {
         let mut removed = 0;
         for bucket in &mut self.buckets {
-            for i in bucket.occupied() {
-                if dead(bucket.rec(i)) {
-                    bucket.clear(i);
-                    removed += 1;
-                }
+            // Every slot, used or not, without a branch per slot: a share
+            // of dead keys scattered at random mispredicts a branch often
+            // enough to double the sweep.
+            let mut gone = 0u16;
+            for i in 0..BUCKET_SLOTS {
+                gone |= u16::from(dead(bucket.rec(i))) << i;
             }
+            gone &= bucket.used;
+            bucket.used &= !gone;
+            removed += gone.count_ones() as usize;
         }
         let before = self.overflow.len();
         self.overflow.retain(|s| !dead(s.rec));

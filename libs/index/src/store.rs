@@ -654,6 +654,7 @@ impl Store {
                 page.recount_epochs();
                 if page.live() == 0 && page.len() > 0 {
                     place.emptied.push(n);
+                    dead.emptied(n);
                 }
             }
         }

@@ -29,14 +29,18 @@ pub(super) struct Doomed {
     listed: Vec<(u64, RecId)>,
     /// Set once `listed` stopped keeping up and `bits` took over.
     bits: Option<DeadBits>,
+    /// Pages left without a live record.
+    emptied: Vec<usize>,
     count: usize,
 }
 
-/// One bit per dead record, and one per page holding any.
+/// One bit per dead record, and per page whether it holds dead records
+/// among live ones (`pages`) or nothing live at all (`whole`).
 #[derive(Debug, Default)]
 struct DeadBits {
     recs: Vec<u64>,
     pages: Vec<u64>,
+    whole: Vec<u64>,
 }
 
 impl DeadBits {
@@ -46,9 +50,14 @@ impl DeadBits {
     }
 
     fn has(&self, rec: RecId) -> bool {
-        // Dead records cluster in a few pages: the page bit (small enough
-        // to stay in cache) rules out most slots.
-        has_bit(&self.pages, page_of(rec)) && has_bit(&self.recs, rec as usize)
+        // Dead records cluster in a few pages: the page bits (small enough
+        // to stay in cache) settle most slots, and the record bit, a
+        // random read into a large bitmap, is needed only on pages that
+        // kept some live records. An eviction pass mostly empties pages
+        // whole, so the branch on the second page bit is rarely taken.
+        let page = page_of(rec);
+        has_bit(&self.whole, page)
+            | (has_bit(&self.pages, page) && has_bit(&self.recs, rec as usize))
     }
 }
 
@@ -57,6 +66,12 @@ fn set_bit(words: &mut Vec<u64>, i: usize) {
         words.resize(i / 64 + 1, 0);
     }
     words[i / 64] |= 1 << (i % 64);
+}
+
+fn clear_bit(words: &mut [u64], i: usize) {
+    if let Some(w) = words.get_mut(i / 64) {
+        *w &= !(1 << (i % 64));
+    }
 }
 
 fn has_bit(words: &[u64], i: usize) -> bool {
@@ -82,6 +97,12 @@ impl Doomed {
         }
     }
 
+    /// Notes that page `n` holds no live record any more (so every key
+    /// pointing into it goes).
+    pub(super) fn emptied(&mut self, n: usize) {
+        self.emptied.push(n);
+    }
+
     pub(super) fn is_empty(&self) -> bool {
         self.count == 0
     }
@@ -93,10 +114,11 @@ impl Store {
         let Doomed {
             listed,
             bits,
+            emptied,
             count,
         } = doomed;
         let many = count > SWEEP_MIN && count * SWEEP_FRACTION >= self.key_count();
-        let bits = match bits {
+        let mut bits = match bits {
             Some(bits) => bits,
             None if !many => {
                 self.publish(&listed, |table, &(h, rec)| {
@@ -114,6 +136,18 @@ impl Store {
                 bits
             }
         };
+        // Both page bitmaps cover every page, so that the bound check in
+        // `has` always passes: a bitmap ending partway through the pages
+        // makes it a coin toss, mispredicted per slot.
+        let words = self.pages.read().len() / 64 + 1;
+        bits.pages.resize(bits.pages.len().max(words), 0);
+        bits.whole.resize(words.max(bits.pages.len()), 0);
+        for n in emptied {
+            if has_bit(&bits.pages, n) {
+                set_bit(&mut bits.whole, n);
+                clear_bit(&mut bits.pages, n);
+            }
+        }
         for shard in &self.keys {
             let mut shard = shard.write();
             for table in shard.iter_mut() {
