@@ -306,8 +306,14 @@ impl<'a> PageWriter<'a> {
         }
     }
 
+    /// Page `n`, write-locked, to write one record to.
     fn page(&mut self, n: usize) -> Option<&mut Page> {
         self.writes += 1;
+        self.look(n)
+    }
+
+    /// Page `n`, write-locked, to look at (not counted as a write).
+    fn look(&mut self, n: usize) -> Option<&mut Page> {
         let keep = self.held.as_ref().is_some_and(|h| h.0 == n) && self.writes <= WRITE_BATCH;
         if !keep {
             // Release first: the writer never waits while holding a write lock.
@@ -358,7 +364,7 @@ fn has_duplicate(keys: impl Iterator<Item = u64>, n: usize) -> bool {
 fn next_room(place: &mut Placement, writer: &mut PageWriter<'_>) -> Option<usize> {
     loop {
         if let Some(c) = place.current
-            && writer.page(c).is_some_and(|p| p.room() > 0)
+            && writer.look(c).is_some_and(|p| p.room() > 0)
         {
             return Some(c);
         }

@@ -90,7 +90,7 @@ pub(super) fn next_hole(
 ) -> Option<(usize, usize)> {
     while let Some(&n) = place.refill.last() {
         if let Some(at) = writer
-            .page(n)
+            .look(n)
             .and_then(|p| p.hole(place.refill_from, MIN_RUN))
         {
             place.refill_from = at + 1;
