@@ -4,10 +4,12 @@
 //! those pages can be freed too.
 //!
 //! Engines mostly evict what they stored earliest, so pages tend to die
-//! whole and cost nothing to free; copying is kept for the pages that keep
-//! a few long-lived records among many dead ones. The dead share bounds
-//! the memory a churning index spends on dead records, whatever the
-//! eviction order.
+//! whole and cost nothing to free. Holes left by other eviction orders are
+//! mostly reused by new records (see [`super::refill`]), which keeps the
+//! dead share well under the limit while engines keep storing; copying is
+//! the backstop for an index that loses entries without storing new ones,
+//! and for holes too short to refill. The limit bounds the memory spent on
+//! dead records whatever happens.
 
 use std::sync::atomic::Ordering;
 
