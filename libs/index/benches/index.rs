@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
+use ic_index::{Change, HashScheme, Index, IndexConfig, LookupView, ReplicaKey, Scope, Tier};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -104,6 +104,21 @@ fn build(entries: u64, interleaved: bool) -> Index {
         }
     }
     index
+}
+
+/// What a caller takes from a lookup: the best replica's name, address and
+/// match length, read where the index lends them (as the gRPC server does
+/// while building its response).
+fn best(view: LookupView<'_>) -> Option<(usize, u32)> {
+    match view {
+        LookupView::Matches(m) => m.first().map(|b| {
+            (
+                b.replica.replica_id.len() + b.address.len(),
+                b.matched_blocks,
+            )
+        }),
+        LookupView::NoEntry | LookupView::UnknownScope => None,
+    }
 }
 
 fn chain(family: u64, blocks: u32) -> Change {
@@ -284,14 +299,14 @@ fn bench_lookup(c: &mut Criterion) {
             BenchmarkId::from_parameter(format!("{prompt}_blocks")),
             &fps,
             |b, fps| {
-                b.iter(|| black_box(index.lookup(&scope, black_box(fps), None, None)));
+                b.iter(|| black_box(index.lookup_with(&scope, black_box(fps), None, None, best)));
             },
         );
     }
     let candidates: HashSet<String> = (0..8).map(|r| format!("engine-{r}")).collect();
     let fps: Vec<u64> = (0..128).map(|d| fp(0, d)).collect();
     group.bench_function("128_blocks_8_candidates", |b| {
-        b.iter(|| black_box(index.lookup(&scope, &fps, Some(&candidates), None)));
+        b.iter(|| black_box(index.lookup_with(&scope, &fps, Some(&candidates), None, best)));
     });
     group.finish();
 }
@@ -320,7 +335,7 @@ fn latency_distribution(index: &Index, entries: u64, samples: usize) {
             .take(samples)
             .map(|p| {
                 let t = std::time::Instant::now();
-                black_box(index.lookup(&scope, black_box(p), None, None));
+                black_box(index.lookup_with(&scope, black_box(p), None, None, best));
                 t.elapsed()
             })
             .collect();

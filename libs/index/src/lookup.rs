@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
 use crate::store::{Block, hash};
-use crate::types::{Candidate, Fingerprint, LookupOutcome, Scope, Tier};
+use crate::types::{Fingerprint, LookupOutcome, LookupView, Match, Scope, Tier};
 
 /// Whether replica `idx` may appear in an answer for `scope`.
 fn eligible(
@@ -32,18 +32,44 @@ fn eligible(
         && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
 }
 
+/// Matches as a lookup hands them to its callback (no allocation for up to
+/// eight).
+type Matches<'a> = SmallVec<[Match<'a>; 8]>;
+
+/// What a lookup found, borrowing the registry: `None` for a scope never
+/// reported, else the matches (none: no entry).
+struct Found<'a>(Option<Matches<'a>>);
+
+impl<'a> Found<'a> {
+    const UNKNOWN_SCOPE: Self = Found(None);
+
+    fn no_entry() -> Self {
+        Found(Some(SmallVec::new()))
+    }
+
+    fn view(&self) -> LookupView<'_> {
+        match &self.0 {
+            None => LookupView::UnknownScope,
+            Some(m) if m.is_empty() => LookupView::NoEntry,
+            Some(m) => LookupView::Matches(m),
+        }
+    }
+}
+
 /// Orders matches best first: longest, then T1 before T2, then the replica
-/// heard from most recently, then by key (deterministic).
-fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> LookupOutcome {
+/// heard from most recently, then by key (deterministic). Names are
+/// borrowed: copying them was most of a lookup's time once the blocks
+/// were found.
+fn ranked<'a>(reg: &'a Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> Found<'a> {
     let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
-    let mut out: Vec<(Candidate, i64)> = matches
+    let mut out: SmallVec<[(Match<'a>, i64); 8]> = matches
         .iter()
         .filter_map(|&(idx, matched_blocks, tier)| {
             let meta = reg.replicas.get(idx as usize)?.as_ref()?;
             Some((
-                Candidate {
-                    replica: meta.key.clone(),
-                    address: meta.address.clone(),
+                Match {
+                    replica: &meta.key,
+                    address: &meta.address,
                     matched_blocks,
                     block_size,
                     tier,
@@ -57,9 +83,9 @@ fn ranked(reg: &Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -
             .cmp(&a.matched_blocks)
             .then(a.tier.cmp(&b.tier))
             .then(b_seen.cmp(a_seen))
-            .then(a.replica.cmp(&b.replica))
+            .then(a.replica.cmp(b.replica))
     });
-    LookupOutcome::Matches(out.into_iter().map(|(c, _)| c).collect())
+    Found(Some(out.into_iter().map(|(m, _)| m).collect()))
 }
 
 /// The running score of one lookup.
@@ -147,20 +173,49 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
     ) -> LookupOutcome {
+        self.lookup_with(scope, fingerprints, candidates, fresh_since_ms, |view| {
+            view.to_outcome()
+        })
+    }
+
+    /// [`Index::lookup`], handing the answer to `answer` with the replicas'
+    /// names borrowed from the index instead of copied. The registry stays
+    /// read-locked while `answer` runs (replicas cannot join or leave
+    /// meanwhile), so it should only turn the view into its own form.
+    pub fn lookup_with<R>(
+        &self,
+        scope: &Scope,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        answer: impl FnOnce(LookupView<'_>) -> R,
+    ) -> R {
         // Held for the whole lookup: shared, and written only when replicas
         // join, leave or resync.
         let reg = self.registry.read();
+        let found = self.score(&reg, scope, fingerprints, candidates, fresh_since_ms);
+        answer(found.view())
+    }
+
+    fn score<'a>(
+        &self,
+        reg: &'a Registry,
+        scope: &Scope,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> Found<'a> {
         let Some(&scope_id) = reg.scopes.get(scope) else {
-            return LookupOutcome::UnknownScope;
+            return Found::UNKNOWN_SCOPE;
         };
         let Some((&first, rest)) = fingerprints.split_first() else {
-            return LookupOutcome::NoEntry;
+            return Found::no_entry();
         };
         let dir = self.store.directory();
         let mut reader = self.store.reader(&dir);
         let first = Block::new(entry_key(scope_id, first), 0);
         let Some(mut prev) = reader.find(first.key, first.h) else {
-            return LookupOutcome::NoEntry;
+            return Found::no_entry();
         };
         let mut scoring = Scoring::default();
         if let Some(view) = reader.view(prev) {
@@ -169,12 +224,12 @@ impl Index {
                 .holders()
                 .iter()
                 .map(|&x| Holder::from_raw(x))
-                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .filter(|x| eligible(reg, x.replica(), scope_id, candidates, fresh_since_ms))
                 .map(|x| (x.replica(), x.tier()))
                 .collect();
         }
         if scoring.active.is_empty() {
-            return LookupOutcome::NoEntry;
+            return Found::no_entry();
         }
         scoring.matched = 1;
         let mut next = 0;
@@ -216,7 +271,7 @@ impl Index {
         }
         drop(reader);
         drop(dir);
-        ranked(&reg, scope_id, &scoring.finish())
+        ranked(reg, scope_id, &scoring.finish())
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
@@ -228,30 +283,54 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
     ) -> LookupOutcome {
+        self.lookup_prefix_hash_with(scope, fingerprint, candidates, fresh_since_ms, |view| {
+            view.to_outcome()
+        })
+    }
+
+    /// [`Index::lookup_prefix_hash`] with borrowed names, as
+    /// [`Index::lookup_with`].
+    pub fn lookup_prefix_hash_with<R>(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        answer: impl FnOnce(LookupView<'_>) -> R,
+    ) -> R {
         let reg = self.registry.read();
+        let found = self.holders_of(&reg, scope, fingerprint, candidates, fresh_since_ms);
+        answer(found.view())
+    }
+
+    fn holders_of<'a>(
+        &self,
+        reg: &'a Registry,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> Found<'a> {
         let Some(&scope_id) = reg.scopes.get(scope) else {
-            return LookupOutcome::UnknownScope;
+            return Found::UNKNOWN_SCOPE;
         };
         let block = Block::new(entry_key(scope_id, fingerprint), 0);
-        let matches: Vec<(ReplicaIdx, u32, Tier)> = {
+        let matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = {
             let dir = self.store.directory();
             let mut reader = self.store.reader(&dir);
             let Some(view) = reader
                 .find(block.key, block.h)
                 .and_then(|rec| reader.view(rec))
             else {
-                return LookupOutcome::NoEntry;
+                return Found::no_entry();
             };
             view.holders()
                 .iter()
                 .map(|&x| Holder::from_raw(x))
-                .filter(|x| eligible(&reg, x.replica(), scope_id, candidates, fresh_since_ms))
+                .filter(|x| eligible(reg, x.replica(), scope_id, candidates, fresh_since_ms))
                 .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
                 .collect()
         };
-        if matches.is_empty() {
-            return LookupOutcome::NoEntry;
-        }
-        ranked(&reg, scope_id, &matches)
+        ranked(reg, scope_id, &matches)
     }
 }

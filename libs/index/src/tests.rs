@@ -57,6 +57,52 @@ fn matches(outcome: LookupOutcome) -> Vec<(String, u32, Tier)> {
 }
 
 #[test]
+fn borrowed_answers_match_the_owned_ones() {
+    let ix = index();
+    let chain: Vec<u64> = (1..=6).collect();
+    put(&ix, "t", "a", &[stored(0, &chain, Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &chain[..3], Tier::T2)]);
+    let view = |fps: &[u64], scope: &Scope| {
+        ix.lookup_with(scope, fps, None, None, |v| match v {
+            LookupView::Matches(m) => m
+                .iter()
+                .map(|m| {
+                    (
+                        m.replica.replica_id.clone(),
+                        m.address.to_owned(),
+                        m.matched_tokens(),
+                    )
+                })
+                .collect(),
+            LookupView::NoEntry => vec![("no entry".into(), String::new(), 0)],
+            LookupView::UnknownScope => vec![("unknown".into(), String::new(), 0)],
+        })
+    };
+    assert_eq!(
+        view(&chain, &scope("t")),
+        [
+            ("a".to_string(), "a:8000".to_string(), 96),
+            ("b".to_string(), "b:8000".to_string(), 48)
+        ]
+    );
+    assert_eq!(
+        view(&[99], &scope("t")),
+        [("no entry".into(), String::new(), 0)]
+    );
+    assert_eq!(
+        view(&chain, &scope("u")),
+        [("unknown".into(), String::new(), 0)]
+    );
+    for fps in [&chain[..], &chain[..2], &[99][..]] {
+        let owned = ix.lookup(&scope("t"), fps, None, None);
+        let borrowed = ix.lookup_with(&scope("t"), fps, None, None, |v| v.to_outcome());
+        assert_eq!(owned, borrowed);
+    }
+    let prefix = ix.lookup_prefix_hash_with(&scope("t"), chain[2], None, None, |v| v.to_outcome());
+    assert_eq!(matches(prefix).len(), 2);
+}
+
+#[test]
 fn blocks_reported_one_at_a_time_and_interleaved_are_found() {
     // Three requests decoding side by side on replica a: each block
     // arrives in its own event, so a chain's records are three apart (and

@@ -103,6 +103,65 @@ impl Candidate {
     }
 }
 
+/// One replica's match, borrowed from the index while a
+/// [`crate::Index::lookup_with`] callback runs (no copies of names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Match<'a> {
+    /// Which replica.
+    pub replica: &'a ReplicaKey,
+    /// Its serving address.
+    pub address: &'a str,
+    /// Consecutive blocks matched from the start of the prompt.
+    pub matched_blocks: u32,
+    /// Tokens per block of the match.
+    pub block_size: u32,
+    /// The coldest tier among the matched blocks.
+    pub tier: Tier,
+}
+
+impl Match<'_> {
+    /// Matched tokens.
+    pub fn matched_tokens(&self) -> u64 {
+        u64::from(self.matched_blocks) * u64::from(self.block_size)
+    }
+
+    /// An owned copy.
+    pub fn to_candidate(&self) -> Candidate {
+        Candidate {
+            replica: self.replica.clone(),
+            address: self.address.to_owned(),
+            matched_blocks: self.matched_blocks,
+            block_size: self.block_size,
+            tier: self.tier,
+        }
+    }
+}
+
+/// What a lookup found, borrowed from the index while a
+/// [`crate::Index::lookup_with`] callback runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LookupView<'a> {
+    /// Replicas holding a prefix, best first (as in [`LookupOutcome`]).
+    Matches(&'a [Match<'a>]),
+    /// No replica in scope holds the first block.
+    NoEntry,
+    /// Nothing was ever reported for this scope.
+    UnknownScope,
+}
+
+impl LookupView<'_> {
+    /// An owned copy.
+    pub fn to_outcome(self) -> LookupOutcome {
+        match self {
+            LookupView::Matches(m) => {
+                LookupOutcome::Matches(m.iter().map(Match::to_candidate).collect())
+            }
+            LookupView::NoEntry => LookupOutcome::NoEntry,
+            LookupView::UnknownScope => LookupOutcome::UnknownScope,
+        }
+    }
+}
+
 /// What a lookup found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LookupOutcome {

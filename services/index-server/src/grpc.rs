@@ -1,10 +1,11 @@
 //! The `IndexService` gRPC handlers: thin adapters over [`ic_index::Index`].
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use ic_index::{Candidate, Index, LookupOutcome, Tier};
+use ic_index::{Index, LookupView, Match, Tier};
 use ic_kvevents::chain_fingerprints;
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
@@ -62,11 +63,19 @@ fn no_hint(
     }
 }
 
-fn score(c: &Candidate) -> pb::CandidateScore {
+/// What a LookupRoute looks up.
+enum Query<'a> {
+    /// The replicas holding one block (and so its whole prefix).
+    Prefix(u64),
+    /// The longest prefix of a prompt's blocks.
+    Blocks(Cow<'a, [u64]>),
+}
+
+fn score(c: &Match<'_>) -> pb::CandidateScore {
     pb::CandidateScore {
         replica: Some(pb::ReplicaRef {
             replica_id: c.replica.replica_id.clone(),
-            address: c.address.clone(),
+            address: c.address.to_owned(),
         }),
         matched_blocks: c.matched_blocks,
         matched_tokens: u32::try_from(c.matched_tokens()).unwrap_or(u32::MAX),
@@ -116,28 +125,20 @@ impl IndexServer {
         let fresh_since = Some(now_ms().saturating_sub(stale_ms));
 
         use pb::lookup_route_request::Key;
-        let (outcome, prompt_blocks) = match &req.key {
+        let (query, prompt_blocks) = match &req.key {
             None => {
                 return Err(Status::invalid_argument(
                     "key: one of prefix_hash, block_hashes, token_ids, prompt_text is required",
                 ));
             }
-            Some(Key::PrefixHash(fp)) => (
-                self.index
-                    .lookup_prefix_hash(&scope, *fp, candidates.as_ref(), fresh_since),
-                0,
-            ),
+            Some(Key::PrefixHash(fp)) => (Query::Prefix(*fp), 0),
             Some(Key::BlockHashes(b)) => {
                 if b.hashes.len() > MAX_PROMPT_BLOCKS {
                     return Err(Status::invalid_argument(format!(
                         "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
                     )));
                 }
-                (
-                    self.index
-                        .lookup(&scope, &b.hashes, candidates.as_ref(), fresh_since),
-                    b.hashes.len(),
-                )
+                (Query::Blocks(Cow::Borrowed(&b.hashes)), b.hashes.len())
             }
             Some(Key::TokenIds(t)) => {
                 if t.ids.len() > MAX_PROMPT_TOKENS {
@@ -146,11 +147,8 @@ impl IndexServer {
                     )));
                 }
                 let fps = chain_fingerprints(None, &t.ids, block_size as usize);
-                (
-                    self.index
-                        .lookup(&scope, &fps, candidates.as_ref(), fresh_since),
-                    fps.len(),
-                )
+                let n = fps.len();
+                (Query::Blocks(Cow::Owned(fps)), n)
             }
             Some(Key::PromptText(text)) => {
                 let ids = self
@@ -163,16 +161,15 @@ impl IndexServer {
                         }
                     })?;
                 let fps = chain_fingerprints(None, &ids, block_size as usize);
-                (
-                    self.index
-                        .lookup(&scope, &fps, candidates.as_ref(), fresh_since),
-                    fps.len(),
-                )
+                let n = fps.len();
+                (Query::Blocks(Cow::Owned(fps)), n)
             }
         };
         let prompt_blocks = u32::try_from(prompt_blocks).unwrap_or(u32::MAX);
-        let mut response = match outcome {
-            LookupOutcome::UnknownScope => no_hint(
+        let by_prefix = matches!(query, Query::Prefix(_));
+        // Built while the index lends the replicas' names (no copy of its own).
+        let respond = |view: LookupView<'_>| match view {
+            LookupView::UnknownScope => no_hint(
                 pb::NoHintReason::UnknownModel,
                 format!(
                     "no events seen for tenant {:?} model {:?} ({})",
@@ -183,27 +180,21 @@ impl IndexServer {
                 block_size,
                 prompt_blocks,
             ),
-            LookupOutcome::NoEntry
-                if prompt_blocks == 0 && !matches!(req.key, Some(Key::PrefixHash(_))) =>
-            {
-                no_hint(
-                    pb::NoHintReason::PromptTooShort,
-                    format!("the prompt has no full block of {block_size} tokens"),
-                    block_size,
-                    prompt_blocks,
-                )
-            }
-            LookupOutcome::NoEntry => no_hint(
+            LookupView::NoEntry if prompt_blocks == 0 && !by_prefix => no_hint(
+                pb::NoHintReason::PromptTooShort,
+                format!("the prompt has no full block of {block_size} tokens"),
+                block_size,
+                prompt_blocks,
+            ),
+            LookupView::NoEntry => no_hint(
                 pb::NoHintReason::NoEntry,
                 "no replica holds the first block".into(),
                 block_size,
                 prompt_blocks,
             ),
-            LookupOutcome::Matches(mut matches) => {
-                if !policy.allow_tier2_matches {
-                    matches.retain(|c| c.tier == Tier::T1);
-                }
-                match matches.first() {
+            LookupView::Matches(all) => {
+                let allowed = |c: &&Match<'_>| policy.allow_tier2_matches || c.tier == Tier::T1;
+                match all.iter().find(allowed) {
                     None => no_hint(
                         pb::NoHintReason::NoEntry,
                         "only tier-2 matches, which this namespace's policy excludes".into(),
@@ -223,12 +214,23 @@ impl IndexServer {
                     Some(best) => pb::LookupRouteResponse {
                         outcome: pb::LookupOutcome::PrefixMatch as i32,
                         best: Some(score(best)),
-                        candidates: matches.iter().map(score).collect(),
+                        candidates: all.iter().filter(allowed).map(score).collect(),
                         block_size,
                         prompt_blocks,
                         ..Default::default()
                     },
                 }
+            }
+        };
+        let candidates = candidates.as_ref();
+        let mut response = match &query {
+            Query::Prefix(fp) => {
+                self.index
+                    .lookup_prefix_hash_with(&scope, *fp, candidates, fresh_since, respond)
+            }
+            Query::Blocks(fps) => {
+                self.index
+                    .lookup_with(&scope, fps, candidates, fresh_since, respond)
             }
         };
         if started.elapsed() > policy.lookup_timeout {
