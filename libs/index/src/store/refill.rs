@@ -33,9 +33,12 @@ const PICK_SCAN: usize = 64;
 
 impl Store {
     /// Queues pages to refill if dead records are over their share and the
-    /// slots queued last time are used up.
+    /// slots queued last time are running out (before they are gone, so
+    /// that a chain rarely finds the queue empty halfway and appends its
+    /// rest).
     pub(super) fn pick_refills(&self, place: &mut Placement) {
-        if (place.queued > 0 && !place.refill.is_empty())
+        let goal = (place.records / REFILL_BATCH).max(PAGE_RECORDS);
+        if (place.queued * 4 >= goal && !place.refill.is_empty())
             || place.dead <= place.pick_after
             || place.dead * REFILL_LIMIT <= place.records
         {
@@ -56,7 +59,6 @@ impl Store {
             }
         }
         pages.sort_unstable();
-        let goal = (place.records / REFILL_BATCH).max(PAGE_RECORDS / 2);
         let mut found = 0;
         place.refill.clear();
         let dir = self.pages.read();

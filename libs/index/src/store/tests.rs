@@ -294,3 +294,39 @@ fn holes_left_by_random_evictions_are_refilled_without_copying() {
         }
     }
 }
+
+#[test]
+fn holes_left_by_evicting_chain_tails_are_refilled_too() {
+    // Engines evict a chain's last blocks first: each eviction leaves a
+    // run at the end of a chain, long enough to take new records.
+    let store = Store::new(4, 2);
+    let mut resident: Vec<Vec<Block>> = (0..200u64)
+        .map(|c| store_numbered_chain(&store, c, 6))
+        .collect();
+    let mut rng = 0x2545_f491_u64;
+    for c in 200..2000u64 {
+        rng = rng.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        let slot = usize::try_from(rng >> 33).unwrap() % resident.len();
+        // Its last three blocks, then the rest later (a whole chain goes
+        // in two steps).
+        if resident[slot].len() == 6 {
+            let tail = resident[slot].split_off(3);
+            store.remove(&tail, |_| true, |_| {});
+        } else {
+            store.remove(&resident[slot], |_| true, |_| {});
+            resident[slot] = store_numbered_chain(&store, c, 6);
+        }
+        store.compact();
+        let (len, live) = store.record_counts();
+        assert!((len - live) * 4 <= len, "{len} records, {live} live");
+    }
+    assert_eq!(store.relocations(), 0);
+    assert_eq!(store.counted(), store.record_counts());
+    let dir = store.directory();
+    let mut reader = store.reader(&dir);
+    for chain in &resident {
+        for b in chain {
+            assert!(reader.find(b.key, b.h).is_some());
+        }
+    }
+}
