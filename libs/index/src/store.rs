@@ -13,8 +13,9 @@
 //! records (at most [`WRITE_BATCH`]), rarely one small table's growth or
 //! a sweep of one shard's tables.
 //!
-//! Consistency without a global lock: a new record is appended before its
-//! key is published, and a dead record is marked dead before its key is
+//! Consistency without a global lock: a new record is written (appended,
+//! or into a dead slot whose key was withdrawn) before its key is
+//! published, and a dead record is marked dead before its key is
 //! withdrawn, so a reader that reaches a record through a stale key or a
 //! neighbouring record checks that it is live and carries the key it wants.
 
