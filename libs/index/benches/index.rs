@@ -289,6 +289,8 @@ fn bench_lookup(c: &mut Criterion) {
         bytes,
         bytes as f64 / index.len() as f64
     );
+    // What the `memory_bytes` gauge would report, beside the allocator.
+    eprintln!("Index::memory: {:?}", index.memory());
     latency_distribution(&index, entries, if benching { 20_000 } else { 50 });
     let scope = scope();
     let mut group = c.benchmark_group(format!("lookup_{}k_entries", entries / 1000));
@@ -308,6 +310,8 @@ fn bench_lookup(c: &mut Criterion) {
     group.bench_function("128_blocks_8_candidates", |b| {
         b.iter(|| black_box(index.lookup_with(&scope, &fps, Some(&candidates), None, best)));
     });
+    // One `/metrics` scrape's memory count (walks every page).
+    group.bench_function("memory_scrape", |b| b.iter(|| black_box(index.memory())));
     group.finish();
 }
 

@@ -226,6 +226,22 @@ impl Page {
         self.live
     }
 
+    /// Bytes this page holds on the heap: its record array, its holder
+    /// lists (those past four holders live in their own allocation) and
+    /// the list of reusable list slots.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let spilled: usize = self
+            .spill
+            .iter()
+            .filter(|l| l.spilled())
+            .map(|l| l.capacity() * size_of::<u32>())
+            .sum();
+        self.records.capacity() * size_of::<Record>()
+            + self.spill.capacity() * size_of::<HolderList>()
+            + spilled
+            + self.free_spill.capacity() * size_of::<u32>()
+    }
+
     /// Room for `n` more records.
     pub(crate) fn room(&self) -> usize {
         PAGE_RECORDS - self.records.len()

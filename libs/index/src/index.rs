@@ -31,7 +31,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::arena::{EPOCHS, EpochSet, Holder, MAX_DEPTH, MAX_REPLICAS, Stored, add_epoch};
 use crate::store::{Block, Store};
-use crate::types::{Change, ContentError, Fingerprint, ReplicaKey, ReplicaSnapshot, Scope, Tier};
+use crate::types::{
+    Change, ContentError, Fingerprint, IndexMemory, ReplicaKey, ReplicaSnapshot, Scope, Tier,
+};
 
 /// Registry maps are read on every lookup: a fast hasher, seeded per
 /// process so crafted keys cannot aim at collisions.
@@ -86,6 +88,51 @@ pub(crate) struct Registry {
     by_key: FastMap<ReplicaKey, ReplicaIdx>,
 }
 
+/// Heap bytes of a hash map with room for `capacity` entries of type `T`
+/// (hashbrown: a power-of-two bucket count at 7/8 load, one control byte
+/// per bucket plus a group's worth).
+fn map_bytes<T>(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = (capacity * 8).div_ceil(7).next_power_of_two();
+    buckets * (size_of::<T>() + 1) + 16
+}
+
+fn scope_bytes(scope: &Scope) -> usize {
+    scope.tenant.capacity() + scope.model.capacity() + scope.adapter.capacity()
+}
+
+fn replica_key_bytes(key: &ReplicaKey) -> usize {
+    key.tenant.capacity() + key.replica_id.capacity()
+}
+
+impl Registry {
+    fn heap_bytes(&self) -> usize {
+        // Each scope is kept twice: as a map key and in the list.
+        let scopes: usize = self.scope_list.iter().map(|s| 2 * scope_bytes(s)).sum();
+        let replicas: usize = self
+            .replicas
+            .iter()
+            .flatten()
+            .map(|m| {
+                // The Arc's counts, the meta, and the key again in `by_key`.
+                2 * size_of::<usize>()
+                    + size_of::<ReplicaMeta>()
+                    + m.address.capacity()
+                    + 2 * replica_key_bytes(&m.key)
+            })
+            .sum();
+        map_bytes::<(Scope, ScopeId)>(self.scopes.capacity())
+            + self.scope_list.capacity() * size_of::<Scope>()
+            + scopes
+            + map_bytes::<(ScopeId, u32)>(self.block_sizes.capacity())
+            + self.replicas.capacity() * size_of::<Option<Arc<ReplicaMeta>>>()
+            + map_bytes::<(ReplicaKey, ReplicaIdx)>(self.by_key.capacity())
+            + replicas
+    }
+}
+
 /// Writer-side facts about a replica slot.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
@@ -112,6 +159,12 @@ struct Writer {
 }
 
 impl Writer {
+    fn heap_bytes(&self) -> usize {
+        self.counts.capacity() * size_of::<Counts>()
+            + self.free_slots.capacity() * size_of::<ReplicaIdx>()
+            + self.epoch_entries.capacity() * size_of::<u64>()
+    }
+
     fn counts(&mut self, idx: ReplicaIdx) -> &mut Counts {
         let i = idx as usize;
         if self.counts.len() <= i {
@@ -187,6 +240,20 @@ impl Index {
     /// Records moved by compaction (of pages under half live), since start.
     pub fn records_relocated(&self) -> u64 {
         self.store.relocations()
+    }
+
+    /// Heap bytes held by the index, counted from what its structures
+    /// allocated (exact for records and key tables; hash maps estimated
+    /// from their capacity). Walks every page and key shard, taking one
+    /// lock at a time: meant for metric scrapes, not per request.
+    pub fn memory(&self) -> IndexMemory {
+        let (records, key_tables) = self.store.heap_bytes();
+        let replicas = self.registry.read().heap_bytes() + self.writer.lock().heap_bytes();
+        IndexMemory {
+            records: records as u64,
+            key_tables: key_tables as u64,
+            replicas: replicas as u64,
+        }
     }
 
     /// Entries evicted to stay within capacity, since start.

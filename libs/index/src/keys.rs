@@ -177,6 +177,12 @@ impl KeyTable {
         self.len
     }
 
+    /// Bytes this table holds on the heap.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.buckets.capacity() * size_of::<Bucket>()
+            + self.overflow.capacity() * size_of::<KeySlot>()
+    }
+
     /// Reads both buckets of hash `h`, so their cache lines are on their
     /// way before [`KeyTable::find`] needs them; pass the value to
     /// `std::hint::black_box`.

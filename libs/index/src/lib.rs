@@ -22,8 +22,8 @@ mod types;
 
 pub use index::{Index, IndexConfig};
 pub use types::{
-    Candidate, Change, ContentError, Fingerprint, HashScheme, LookupOutcome, LookupView, Match,
-    ReplicaKey, ReplicaSnapshot, Scope, Tier,
+    Candidate, Change, ContentError, Fingerprint, HashScheme, IndexMemory, LookupOutcome,
+    LookupView, Match, ReplicaKey, ReplicaSnapshot, Scope, Tier,
 };
 
 #[cfg(test)]

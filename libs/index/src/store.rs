@@ -697,6 +697,39 @@ impl Store {
         self.relocations.load(Ordering::Relaxed)
     }
 
+    /// Heap bytes of the record pages (with the page directory and the
+    /// writer's page lists) and of the key tables. Walks every page and
+    /// shard, one lock at a time: for scrapes, not for the write path.
+    pub(crate) fn heap_bytes(&self) -> (usize, usize) {
+        let lists = {
+            let place = self.place.lock();
+            [&place.ready, &place.free, &place.emptied, &place.refill]
+                .iter()
+                .map(|l| l.capacity() * size_of::<usize>())
+                .sum::<usize>()
+        };
+        let records = {
+            let dir = self.pages.read();
+            let pages: usize = dir
+                .iter()
+                .flatten()
+                .map(|p| size_of::<RwLock<Page>>() + p.read().heap_bytes())
+                .sum();
+            dir.capacity() * size_of::<Option<Box<RwLock<Page>>>>() + pages
+        };
+        let keys = self
+            .keys
+            .iter()
+            .map(|shard| {
+                let shard = shard.read();
+                shard.len() * size_of::<KeyTable>()
+                    + shard.iter().map(KeyTable::heap_bytes).sum::<usize>()
+            })
+            .sum::<usize>()
+            + self.keys.len() * size_of::<RwLock<KeyShard>>();
+        (records + lists, keys)
+    }
+
     /// Keys published.
     pub(crate) fn key_count(&self) -> usize {
         self.keys

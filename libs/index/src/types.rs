@@ -216,3 +216,21 @@ pub struct ReplicaSnapshot {
     /// Cumulative tier-2 counters `(hits, queries)` when the engine exports them.
     pub tier2: Option<(u64, u64)>,
 }
+
+/// Heap bytes the index holds, by part (see [`crate::Index::memory`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexMemory {
+    /// Record pages, with their holder lists and the page directory.
+    pub records: u64,
+    /// Key tables (block key → record).
+    pub key_tables: u64,
+    /// Scopes, replicas and their per-replica counts.
+    pub replicas: u64,
+}
+
+impl IndexMemory {
+    /// All parts.
+    pub fn total(&self) -> u64 {
+        self.records + self.key_tables + self.replicas
+    }
+}

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{ProbeAuth, TokenReviewer};
 use crate::grpc::IndexServer;
-use crate::metrics::Metrics;
+use crate::metrics::{IndexMemoryCollector, Metrics};
 use crate::probe::Prober;
 use crate::tokenize::Tokenizers;
 
@@ -169,6 +169,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         capacity_entries: config.capacity_entries,
         ..IndexConfig::default()
     }));
+    IndexMemoryCollector::register(&registry, index.clone());
     let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
     service.tokenizers = Arc::new(tokenizers);
     let http_state = http::HttpState {

@@ -1,14 +1,16 @@
 //! The index server's Prometheus metrics (prefixed `inferencecache_index_`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ic_index::Index;
 use ic_proto::index_v1 as pb;
 use ic_telemetry::MetricsRegistry;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 /// Lookup outcome labels (fixed set).
@@ -199,5 +201,42 @@ impl Metrics {
             .set(i64::try_from(index.capacity_evictions()).unwrap_or(i64::MAX));
         self.records_relocated
             .set(i64::try_from(index.records_relocated()).unwrap_or(i64::MAX));
+    }
+}
+
+/// Reports the index's heap bytes, by part, when `/metrics` is scraped
+/// (`inferencecache_index_memory_bytes{part=…}`). Counting walks every
+/// record page, so it runs per scrape rather than per ingest batch.
+#[derive(Debug)]
+pub struct IndexMemoryCollector(pub Arc<Index>);
+
+impl IndexMemoryCollector {
+    /// Registers a collector for `index`.
+    pub fn register(registry: &MetricsRegistry, index: Arc<Index>) {
+        registry.register_with(|r| {
+            r.sub_registry_with_prefix("index")
+                .register_collector(Box::new(Self(index)));
+        });
+    }
+}
+
+impl Collector for IndexMemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let memory = self.0.memory();
+        let gauge = |bytes: u64| ConstGauge::new(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let mut family = encoder.encode_descriptor(
+            "memory_bytes",
+            "Heap bytes held by the index: record pages, key tables and replica bookkeeping",
+            None,
+            gauge(0).metric_type(),
+        )?;
+        for (part, bytes) in [
+            ("records", memory.records),
+            ("key_tables", memory.key_tables),
+            ("replicas", memory.replicas),
+        ] {
+            gauge(bytes).encode(family.encode_family(&[("part", part)])?)?;
+        }
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
 use ic_index_server::grpc::IndexServer;
-use ic_index_server::metrics::Metrics;
+use ic_index_server::metrics::{IndexMemoryCollector, Metrics};
 use ic_index_server::policy::Policies;
 use ic_index_server::tokenize::Tokenizers;
 use ic_kvevents::chain_fingerprints;
@@ -285,6 +285,39 @@ fn bad_tokenizer_files_fail_at_load() {
         let e = Tokenizers::load(&[spec]).unwrap_err().to_string();
         assert!(e.starts_with("--tokenizer m="), "{e}");
     }
+}
+
+#[test]
+fn memory_gauge_reports_each_part_of_the_index() {
+    let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
+    let s = IndexServer::new(
+        Arc::new(Index::new(IndexConfig::default())),
+        16,
+        Metrics::register(&registry),
+    );
+    IndexMemoryCollector::register(&registry, s.index.clone());
+    let gauge = |text: &str, part: &str| -> u64 {
+        let name = format!("inferencecache_index_memory_bytes{{part=\"{part}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    let empty = registry.encode();
+    assert!(
+        empty.contains("# TYPE inferencecache_index_memory_bytes gauge"),
+        "{empty}"
+    );
+    assert_eq!(gauge(&empty, "records"), 0);
+    hold(&s, "a", 4, Tier::T1);
+    // Read at scrape time: the new page shows without any refresh call.
+    let held = registry.encode();
+    let memory = s.index.memory();
+    assert!(memory.records > 0);
+    assert_eq!(gauge(&held, "records"), memory.records);
+    assert_eq!(gauge(&held, "key_tables"), memory.key_tables);
+    assert_eq!(gauge(&held, "replicas"), memory.replicas);
 }
 
 #[tokio::test]

@@ -224,6 +224,10 @@ async fn static_token_guards_probe_and_bad_bodies_are_refused() {
             .contains(r#"inferencecache_index_probe_stages_total{stage="routing",outcome="ok"} 1"#),
         "{metrics}"
     );
+    assert!(
+        metrics.contains(r#"inferencecache_index_memory_bytes{part="key_tables"} "#),
+        "{metrics}"
+    );
     assert!(p.stop().success());
 }
 

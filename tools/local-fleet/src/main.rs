@@ -105,6 +105,8 @@ struct Report {
     block_events_per_second: f64,
     index_batches_applied: f64,
     index_entries: u64,
+    /// Heap bytes the index holds at the end (its `memory_bytes` gauge).
+    index_memory_bytes: f64,
     index_agrees_with_engines: bool,
     wall_seconds: f64,
 }
@@ -119,6 +121,8 @@ fn binary(dir: &std::path::Path, name: &str) -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
+
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -284,6 +288,7 @@ async fn main() -> anyhow::Result<()> {
             "inferencecache_index_ingest_batches_total{result=\"applied\"}",
         ),
         index_entries: entries,
+        index_memory_bytes: metric(&index_metrics, "inferencecache_index_memory_bytes"),
         index_agrees_with_engines: agrees,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
@@ -306,6 +311,7 @@ async fn main() -> anyhow::Result<()> {
         lookup_p50_us: report.lookup_p50_us,
         lookup_p99_us: report.lookup_p99_us,
         index_entries: report.index_entries,
+        index_memory_bytes: report.index_memory_bytes,
         index_agrees: report.index_agrees_with_engines,
         wall_seconds: report.wall_seconds,
     };
@@ -411,8 +417,9 @@ fn print_table(r: &Report) {
         r.engine_block_events, r.block_events_per_second
     );
     println!(
-        "index size                 {} entries; matches every engine's cache: {}",
+        "index size                 {} entries in {:.1} MiB; matches every engine's cache: {}",
         r.index_entries,
+        r.index_memory_bytes / MIB,
         if r.index_agrees_with_engines {
             "yes"
         } else {

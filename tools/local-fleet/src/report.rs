@@ -109,6 +109,8 @@ pub struct RunFacts {
     pub lookup_p99_us: u128,
     /// Index entries at the end.
     pub index_entries: u64,
+    /// Heap bytes the index held at the end.
+    pub index_memory_bytes: f64,
     /// Whether the index matched every engine.
     pub index_agrees: bool,
     /// Wall time.
@@ -153,8 +155,9 @@ pub fn markdown(facts: &RunFacts, policies: &[PolicyResult], chart: &str) -> Str
     );
     let _ = writeln!(
         out,
-        "* index at the end: {} entries; matches every engine's cache: {}",
+        "* index at the end: {} entries in {:.1} MiB of index memory; matches every engine's cache: {}",
         facts.index_entries,
+        facts.index_memory_bytes / (1024.0 * 1024.0),
         if facts.index_agrees { "yes" } else { "NO" }
     );
     let _ = writeln!(out, "* wall time: {:.1} s", facts.wall_seconds);
@@ -203,6 +206,7 @@ mod tests {
             lookup_p50_us: 100,
             lookup_p99_us: 900,
             index_entries: 20,
+            index_memory_bytes: 3.5 * 1024.0 * 1024.0,
             index_agrees: true,
             wall_seconds: 1.5,
         };
@@ -211,5 +215,6 @@ mod tests {
         assert!(md.contains("| lookup-route | 0 | 0.0% |"));
         assert!(md.contains("![hit ratio over the replay](hit-ratio.svg)"));
         assert!(md.contains("matches every engine's cache: yes"));
+        assert!(md.contains("20 entries in 3.5 MiB of index memory"), "{md}");
     }
 }

@@ -51,6 +51,9 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["index_agrees_with_engines"], true, "{report}");
     assert_eq!(report["requests"], 400);
+    // The index's memory gauge is scraped: every part is counted.
+    let memory = report["index_memory_bytes"].as_f64().unwrap();
+    assert!(memory > 0.0, "{report}");
     let ratio = |name: &str| {
         let p = report["policies"]
             .as_array()

@@ -1,0 +1,104 @@
+//! `Index::memory` against what the allocator saw: the figure operators
+//! read off `/metrics` must be the memory the index really holds.
+
+use std::alloc::System;
+
+use ic_index::{Change, HashScheme, Index, IndexConfig, IndexMemory, ReplicaKey, Scope, Tier};
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+const BLOCKS: u64 = 32;
+
+fn scope(tenant: &str) -> Scope {
+    Scope {
+        tenant: tenant.into(),
+        model: "meta-llama/Llama-3.1-8B-Instruct".into(),
+        hash_scheme: HashScheme::Vllm,
+        adapter: String::new(),
+    }
+}
+
+fn replica(tenant: &str, r: u64) -> ReplicaKey {
+    ReplicaKey {
+        tenant: tenant.into(),
+        replica_id: format!("vllm-{r}"),
+        dp_rank: 0,
+    }
+}
+
+fn fingerprints(family: u64) -> Vec<u64> {
+    (0..BLOCKS)
+        .map(|d| (family << 20 | d).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect()
+}
+
+/// Allocator bytes held now, since `region` began.
+fn held(region: &Region<'_, System>) -> i64 {
+    let stats = region.change();
+    i64::try_from(stats.bytes_allocated).unwrap_or(i64::MAX)
+        - i64::try_from(stats.bytes_deallocated).unwrap_or(i64::MAX)
+}
+
+fn assert_close(index: &Index, region: &Region<'_, System>, when: &str) -> IndexMemory {
+    let reported = index.memory();
+    let held = held(region);
+    let total = i64::try_from(reported.total()).unwrap_or(i64::MAX);
+    // The test's own live allocations are a few hundred bytes; hash map
+    // sizes are estimated.
+    let slack = held / 100 + 1024;
+    assert!(
+        (total - held).abs() <= slack,
+        "{when}: index reports {reported:?} = {total} B, the allocator holds {held} B"
+    );
+    eprintln!("{when}: reported {reported:?}, allocator {held} B");
+    reported
+}
+
+#[test]
+fn reported_memory_matches_the_allocator() {
+    let region = Region::new(GLOBAL);
+    let index = Index::new(IndexConfig {
+        capacity_entries: 120_000,
+        ..IndexConfig::default()
+    });
+    assert_close(&index, &region, "empty");
+
+    // Families held by one to six replicas of two tenants: shared blocks
+    // spill their holder lists, and past four holders onto the heap.
+    let tenants = ["team-a", "team-b"];
+    let mut family = 0u64;
+    while index.capacity_evictions() == 0 {
+        family += 1;
+        let tenant = tenants[usize::from(family.is_multiple_of(7))];
+        let fps = fingerprints(family);
+        for r in 0..=(family % 6) {
+            let change = Change::Stored {
+                start_depth: 0,
+                fingerprints: fps.clone(),
+                block_size: 16,
+                tier: if r == 5 { Tier::T2 } else { Tier::T1 },
+            };
+            let key = replica(tenant, (family + r * 13) % 40);
+            index.apply(&key, &scope(tenant), "10.0.0.7:8000", &[change], 1);
+        }
+    }
+    assert!(index.len() > 100_000, "{} entries", index.len());
+    let full = assert_close(&index, &region, "at capacity");
+    assert!(full.records > 0 && full.key_tables > 0 && full.replicas > 0);
+
+    // Engines evict a third of the chains, and a few replicas go away.
+    for f in (1..family).filter(|f| f.is_multiple_of(3)) {
+        let tenant = tenants[usize::from(f.is_multiple_of(7))];
+        let evicted = Change::Evicted {
+            fingerprints: fingerprints(f),
+        };
+        let key = replica(tenant, f % 40);
+        index.apply(&key, &scope(tenant), "10.0.0.7:8000", &[evicted], 2);
+    }
+    for r in 0..5 {
+        index.remove_replica(&replica("team-a", r));
+    }
+    assert_close(&index, &region, "after evictions");
+}
