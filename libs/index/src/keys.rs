@@ -25,6 +25,7 @@
 //! also read.
 
 use crate::arena::RecId;
+use crate::prefetch::prefetch;
 
 const MAX_LOAD_NUM: usize = 9;
 const MAX_LOAD_DEN: usize = 10;
@@ -183,15 +184,15 @@ impl KeyTable {
             + self.overflow.capacity() * size_of::<KeySlot>()
     }
 
-    /// Reads both buckets of hash `h`, so their cache lines are on their
-    /// way before [`KeyTable::find`] needs them; pass the value to
-    /// `std::hint::black_box`.
-    pub(crate) fn touch(&self, h: u64) -> u32 {
+    /// Starts loading both buckets of hash `h`, so that their cache lines
+    /// are on their way before [`KeyTable::find`] needs them.
+    pub(crate) fn prefetch(&self, h: u64) {
         if self.buckets.is_empty() {
-            return 0;
+            return;
         }
         let [a, b] = self.buckets_of(tag(h));
-        u32::from(self.buckets[a].used) ^ u32::from(self.buckets[b].used)
+        prefetch(&self.buckets[a]);
+        prefetch(&self.buckets[b]);
     }
 
     /// The first slot of hash `h` that `wanted` accepts.

@@ -17,6 +17,7 @@ mod arena;
 mod index;
 mod keys;
 mod lookup;
+mod prefetch;
 mod store;
 mod types;
 
