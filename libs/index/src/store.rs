@@ -38,6 +38,8 @@ use withdraw::Doomed;
 
 /// Most records written under one page lock.
 const WRITE_BATCH: usize = 16;
+/// Pages counted per directory read lock by [`Store::heap_bytes`].
+const SCRAPE_PAGES: usize = 16;
 /// Key slots the writer prefetches before probing them.
 const PREFETCH_BATCH: usize = 16;
 /// Page read guards a reader keeps at once.
@@ -703,6 +705,8 @@ impl Store {
     /// Heap bytes of the record pages (with the page directory and the
     /// writer's page lists) and of the key tables. Walks every page and
     /// shard, one lock at a time: for scrapes, not for the write path.
+    /// Exact when no writes run meanwhile; otherwise off by the pages that
+    /// changed during the walk.
     pub(crate) fn heap_bytes(&self) -> (usize, usize) {
         let lists = {
             let place = self.place.lock();
@@ -711,15 +715,29 @@ impl Store {
                 .map(|l| l.capacity() * size_of::<usize>())
                 .sum::<usize>()
         };
-        let records = {
+        // A few pages per directory read lock: a writer queued for the
+        // directory's write lock (to add or free a page) holds up new
+        // readers, lookups included, for as long as this walk keeps it.
+        let mut records = 0;
+        let mut next = 0;
+        loop {
             let dir = self.pages.read();
-            let pages: usize = dir
+            if next == 0 {
+                records += dir.capacity() * size_of::<Option<Box<RwLock<Page>>>>();
+            }
+            let end = (next + SCRAPE_PAGES).min(dir.len());
+            records += dir
+                .get(next..end)
+                .unwrap_or_default()
                 .iter()
                 .flatten()
                 .map(|p| size_of::<RwLock<Page>>() + p.read().heap_bytes())
-                .sum();
-            dir.capacity() * size_of::<Option<Box<RwLock<Page>>>>() + pages
-        };
+                .sum::<usize>();
+            next = end;
+            if next >= dir.len() {
+                break;
+            }
+        }
         let keys = self
             .keys
             .iter()
