@@ -409,7 +409,7 @@ fn print_table(r: &Report) {
         r.routed_by_hint, r.requests
     );
     println!(
-        "engine batches → index     {} published, {} applied",
+        "engine batches → index     {} published, {} applied (with each subscriber's opening resync)",
         r.engine_batches_published, r.index_batches_applied
     );
     println!(
