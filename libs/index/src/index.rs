@@ -248,7 +248,11 @@ impl Index {
     /// lock at a time: meant for metric scrapes, not per request.
     pub fn memory(&self) -> IndexMemory {
         let (records, key_tables) = self.store.heap_bytes();
-        let replicas = self.registry.read().heap_bytes() + self.writer.lock().heap_bytes();
+        // One lock at a time: the writer takes its mutex before the
+        // registry, so holding the registry while waiting for the writer
+        // could deadlock.
+        let registry = self.registry.read().heap_bytes();
+        let replicas = registry + self.writer.lock().heap_bytes();
         IndexMemory {
             records: records as u64,
             key_tables: key_tables as u64,

@@ -566,3 +566,37 @@ mod model {
         }
     }
 }
+
+#[test]
+fn counting_memory_while_new_replicas_register_never_deadlocks() {
+    // The writer takes its mutex, then the registry; a memory count must
+    // not hold the registry while it waits for the writer.
+    let ix = std::sync::Arc::new(index());
+    let (done, finished) = std::sync::mpsc::channel();
+    let counter = {
+        let ix = ix.clone();
+        std::thread::spawn(move || {
+            for _ in 0..5_000 {
+                std::hint::black_box(ix.memory());
+            }
+        })
+    };
+    let writer = {
+        let ix = ix.clone();
+        std::thread::spawn(move || {
+            for r in 0..5_000u64 {
+                put(&ix, "t", &format!("r{r}"), &[stored(0, &[r], Tier::T1)]);
+                if r % 2 == 0 {
+                    ix.remove_replica(&key("t", &format!("r{r}")));
+                }
+            }
+        })
+    };
+    std::thread::spawn(move || {
+        let ok = counter.join().is_ok() && writer.join().is_ok();
+        let _ = done.send(ok);
+    });
+    // Generous: the loops take well under a second when nothing blocks.
+    let result = finished.recv_timeout(std::time::Duration::from_secs(60));
+    assert_eq!(result, Ok(true), "memory count and writer deadlocked");
+}
