@@ -8,6 +8,7 @@ use ic_proto::index_v1 as pb;
 use ic_telemetry::MetricsRegistry;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
@@ -228,7 +229,7 @@ impl Collector for IndexMemoryCollector {
             "memory_bytes",
             "Heap bytes held by the index: record pages, key tables and replica bookkeeping",
             None,
-            gauge(0).metric_type(),
+            MetricType::Gauge,
         )?;
         for (part, bytes) in [
             ("records", memory.records),
