@@ -155,6 +155,12 @@ fn buckets_for(len: usize) -> usize {
     (len * MAX_LOAD_DEN * 5 / (MAX_LOAD_NUM * 4 * BUCKET_SLOTS) + 1).max(MIN_BUCKETS)
 }
 
+/// The bucket of 16-bit hash `u` among `n`: its share of the range, so
+/// that a bucket's keys go to neighbouring buckets in a table of another size.
+fn scaled(u: u16, n: usize) -> usize {
+    (usize::from(u) * n) >> 16
+}
+
 /// Where a key sits: bucket and slot, or overflow list index.
 #[derive(Clone, Copy, Debug)]
 enum At {
@@ -166,7 +172,7 @@ impl KeyTable {
     /// The two buckets of `tag`.
     fn buckets_of(&self, tag: u16) -> [usize; 2] {
         let n = self.buckets.len();
-        [(tag as usize * n) >> 16, (other(tag) as usize * n) >> 16]
+        [scaled(tag, n), scaled(other(tag), n)]
     }
 
     fn capacity(&self) -> usize {
@@ -349,13 +355,28 @@ impl KeyTable {
         }
     }
 
+    /// Moves every key into a table of `buckets` buckets: into its first
+    /// bucket while that has room, otherwise placed as an insert would be.
+    /// Bucket numbers scale with the table, so the keys of old bucket `i`
+    /// go to the new buckets around `i * buckets / old`: the writes walk the
+    /// new table in order. It also leaves the buckets' counts spread rather
+    /// than all near the mean, so later inserts find an emptier choice more
+    /// often: sampled on the way to 2,000 keys, 2.4% of buckets were full,
+    /// against 10.1% when each key was re-placed in the emptier of its two.
     fn rebuild(&mut self, buckets: usize) {
         let old = std::mem::replace(&mut self.buckets, vec![EMPTY; buckets]);
         let overflow = std::mem::take(&mut self.overflow);
-        let slots = old
-            .iter()
-            .flat_map(|b| b.occupied().map(move |i| b.slot(i)));
-        for s in slots.chain(overflow) {
+        for bucket in &old {
+            for s in bucket.occupied() {
+                let slot = bucket.slot(s);
+                let first = &mut self.buckets[scaled(slot.tag, buckets)];
+                match first.free() {
+                    Some(free) => first.put(free, slot),
+                    None => self.place(slot),
+                }
+            }
+        }
+        for s in overflow {
             self.place(s);
         }
     }
@@ -441,6 +462,26 @@ mod tests {
         for k in 0..5000 {
             assert_eq!(t.find(h(k), |r| r == k), Some(k));
         }
+    }
+
+    #[test]
+    fn growing_keeps_few_buckets_full() {
+        // Full buckets make inserts move keys. Sampled every 50 keys on the
+        // way to 2,000 keys (through every rebuild), in 100 tables.
+        let (mut full, mut buckets) = (0, 0);
+        for table in 0..100u64 {
+            let mut t = KeyTable::default();
+            for k in 0..2000u32 {
+                t.insert(crate::store::hash(table << 32 | u64::from(k)), k);
+                if k % 50 == 49 {
+                    full += t.buckets.iter().filter(|b| b.used == FULL).count();
+                    buckets += t.buckets.len();
+                }
+            }
+            assert!(t.overflow.is_empty());
+        }
+        let share = full as f64 / buckets as f64;
+        assert!(share < 0.03, "{:.1}% of buckets full", share * 100.0);
     }
 
     proptest! {
