@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -128,14 +128,28 @@ async fn ready(State(state): State<AdminState>) -> impl IntoResponse {
     }
 }
 
-async fn render_metrics(State(state): State<AdminState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
+async fn render_metrics(State(state): State<AdminState>) -> Response {
+    // Collectors computed at scrape time may walk large structures (the
+    // index server counts its index's memory, up to ~10 ms): on the blocking
+    // pool, so that a scrape never holds up a runtime worker.
+    match tokio::task::spawn_blocking(move || state.metrics.encode()).await {
+        Ok(body) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            body,
+        )
+            .into_response(),
+        Err(error) => {
+            tracing::error!(%error, "encoding metrics failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding metrics failed\n",
+            )
+                .into_response()
+        }
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +158,7 @@ mod tests {
     use axum::body::Body;
     use axum::http::Request;
     use http_body_util::BodyExt;
+    use std::time::Duration;
     use tower::ServiceExt;
 
     async fn get_status(app: Router, path: &str) -> (StatusCode, String) {
@@ -173,5 +188,73 @@ mod tests {
         let (status, body) = get_status(app, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(body.contains("inferencecache_build_info"), "{body}");
+    }
+
+    /// A collector that holds its scrape until the test lets it go (or,
+    /// were the scrape stuck on the runtime's only thread, until 10 s pass).
+    #[derive(Debug)]
+    struct HeldCollector {
+        entered: std::sync::mpsc::Sender<()>,
+        release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        timed_out: Arc<AtomicBool>,
+    }
+
+    impl prometheus_client::collector::Collector for HeldCollector {
+        fn encode(
+            &self,
+            mut encoder: prometheus_client::encoding::DescriptorEncoder,
+        ) -> Result<(), std::fmt::Error> {
+            use prometheus_client::encoding::EncodeMetric;
+            let _ = self.entered.send(());
+            let released = self
+                .release
+                .lock()
+                .map(|r| r.recv_timeout(Duration::from_secs(10)).is_ok())
+                .unwrap_or(false);
+            self.timed_out.store(!released, Ordering::SeqCst);
+            let mut family = encoder.encode_descriptor(
+                "held",
+                "Held until released",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            prometheus_client::metrics::gauge::ConstGauge::new(1i64)
+                .encode(family.encode_family(&[("part", "all")])?)
+        }
+    }
+
+    // One runtime thread: a scrape encoded on it would leave nothing to
+    // answer `/live` until the collector gave up.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_scrape_does_not_hold_up_the_runtime() {
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let metrics = MetricsRegistry::new("inferencecache", "ic-test");
+        metrics.register_with(|r| {
+            r.register_collector(Box::new(HeldCollector {
+                entered: entered_tx,
+                release: std::sync::Mutex::new(release_rx),
+                timed_out: timed_out.clone(),
+            }));
+        });
+        let app = router(Health::new(), metrics);
+        let scrape = tokio::spawn(get_status(app.clone(), "/metrics"));
+        // Wait (yielding to the runtime) until the collector is running.
+        while entered.try_recv().is_err() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(get_status(app, "/live").await.0, StatusCode::OK);
+        release.send(()).unwrap();
+        let (status, body) = scrape.await.unwrap();
+        assert!(
+            !timed_out.load(Ordering::SeqCst),
+            "/live waited for the scrape"
+        );
+        assert_eq!(status, StatusCode::OK);
+        assert!(
+            body.contains("inferencecache_held{part=\"all\"} 1"),
+            "{body}"
+        );
     }
 }
