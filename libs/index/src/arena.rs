@@ -1,8 +1,8 @@
 //! Block records, kept in the order they were first stored.
 //!
 //! A record is 14 bytes: the block's table key, its depth and one holder
-//! inline (or, when several replicas hold the block, an index into the
-//! page's own holder lists). Records live in fixed-size pages and are
+//! inline (or, when several replicas hold the block, a handle into the
+//! page's own holder lists, see [`crate::holders`]). Records live in fixed-size pages and are
 //! appended, so the blocks of a chain an engine reported in one event sit
 //! next to each other: a lookup walking a prompt reads consecutive records
 //! (a cache line holds four and a half) instead of one random location per
@@ -13,8 +13,7 @@
 //! it lies in a long enough run of dead ones, or reclaimed by compaction
 //! (see [`crate::store`]).
 
-use smallvec::SmallVec;
-
+use crate::holders::{HolderLists, Left};
 use crate::types::Tier;
 
 /// Records per page (28 KiB pages; tiny under test so that page
@@ -109,11 +108,8 @@ pub(crate) enum Stored {
     Refreshed(Holder),
 }
 
-/// Four inline holders cost no more than three (the heap form is as big).
-type HolderList = SmallVec<[u32; 4]>;
-
 /// Key, meta (depth | SPILLED, or DEAD) and payload (a holder or a holder
-/// list index), as little-endian bytes: byte arrays have no alignment, so a
+/// list handle), as little-endian bytes: byte arrays have no alignment, so a
 /// record takes 14 bytes rather than 16, and each field is still one load.
 #[derive(Clone, Copy, Debug)]
 struct Record {
@@ -172,8 +168,7 @@ fn stored_depth(depth: u32) -> u16 {
 #[derive(Debug)]
 pub(crate) struct Page {
     records: Vec<Record>,
-    spill: Vec<HolderList>,
-    free_spill: Vec<u32>,
+    lists: HolderLists,
     live: usize,
     /// Every epoch a holder on this page may carry (a superset: bits are
     /// added on store and recomputed by [`Page::recount_epochs`]), so an
@@ -185,8 +180,7 @@ impl Default for Page {
     fn default() -> Self {
         Self {
             records: Vec::with_capacity(PAGE_RECORDS),
-            spill: Vec::new(),
-            free_spill: Vec::new(),
+            lists: HolderLists::default(),
             live: 0,
             epochs: [0; (EPOCHS / 64) as usize],
         }
@@ -226,20 +220,10 @@ impl Page {
         self.live
     }
 
-    /// Bytes this page holds on the heap: its record array, its holder
-    /// lists (those past four holders live in their own allocation) and
-    /// the list of reusable list slots.
+    /// Bytes this page holds on the heap: its record array and its holder
+    /// lists.
     pub(crate) fn heap_bytes(&self) -> usize {
-        let spilled: usize = self
-            .spill
-            .iter()
-            .filter(|l| l.spilled())
-            .map(|l| l.capacity() * size_of::<u32>())
-            .sum();
-        self.records.capacity() * size_of::<Record>()
-            + self.spill.capacity() * size_of::<HolderList>()
-            + spilled
-            + self.free_spill.capacity() * size_of::<u32>()
+        self.records.capacity() * size_of::<Record>() + self.lists.heap_bytes()
     }
 
     /// Room for `n` more records.
@@ -251,9 +235,7 @@ impl Page {
     pub(crate) fn view(&self, offset: usize) -> Option<View<'_>> {
         let r = self.records.get(offset).filter(|r| r.live())?;
         let list = if r.spilled() {
-            self.spill
-                .get(r.payload() as usize)
-                .map_or(&[][..], |l| l.as_slice())
+            self.lists.get(r.payload())
         } else {
             &[]
         };
@@ -284,9 +266,7 @@ impl Page {
             let holders = if r.meta() & SPILLED == 0 {
                 std::slice::from_ref(&payload)
             } else {
-                self.spill
-                    .get(payload as usize)
-                    .map_or(&[][..], |l| l.as_slice())
+                self.lists.get(payload)
             };
             n += 1;
             if !visit(holders) {
@@ -302,26 +282,6 @@ impl Page {
             .get(offset)
             .filter(|r| r.live())
             .map(Record::key)
-    }
-
-    fn new_spill(&mut self, list: HolderList) -> u32 {
-        match self.free_spill.pop() {
-            Some(i) => {
-                self.spill[i as usize] = list;
-                i
-            }
-            None => {
-                self.spill.push(list);
-                u32::try_from(self.spill.len() - 1).unwrap_or(u32::MAX)
-            }
-        }
-    }
-
-    fn release_spill(&mut self, index: u32) {
-        if let Some(list) = self.spill.get_mut(index as usize) {
-            *list = HolderList::new();
-            self.free_spill.push(index);
-        }
     }
 
     /// Whether a holder on this page may carry an epoch of `set`.
@@ -413,10 +373,7 @@ impl Page {
         }
         match holders {
             [one] => Record::new(key, depth, *one),
-            many => {
-                let list = self.new_spill(SmallVec::from_slice(many));
-                Record::new(key, depth | SPILLED, list)
-            }
+            many => Record::new(key, depth | SPILLED, self.lists.insert(many)),
         }
     }
 
@@ -445,24 +402,22 @@ impl Page {
                 return Ok(Stored::Refreshed(current));
             }
             // A second holder: move both to a list.
-            let index = self.new_spill(SmallVec::from_slice(&[current.0, holder.0]));
+            let list = self.lists.insert(&[current.0, holder.0]);
             let r = &mut self.records[offset];
             r.set_meta(r.meta() | SPILLED);
-            r.set_payload(index);
+            r.set_payload(list);
             return Ok(Stored::Added);
         }
-        let list = &mut self.spill[record.payload() as usize];
-        match list.iter_mut().find(|x| Holder(**x).replica() == replica) {
-            Some(x) => {
-                let previous = Holder(*x);
-                *x = holder.0;
-                Ok(Stored::Refreshed(previous))
-            }
-            None => {
-                list.push(holder.0);
-                Ok(Stored::Added)
-            }
+        let list = record.payload();
+        let known = self.lists.get_mut(list);
+        if let Some(x) = known.iter_mut().find(|x| Holder(**x).replica() == replica) {
+            let previous = Holder(*x);
+            *x = holder.0;
+            return Ok(Stored::Refreshed(previous));
         }
+        let moved = self.lists.push(list, holder.0);
+        self.records[offset].set_payload(moved);
+        Ok(Stored::Added)
     }
 
     /// Drops holders of the record at `offset` for which `drop` is true,
@@ -485,30 +440,33 @@ impl Page {
             self.kill(offset);
             return true;
         }
-        let list = &mut self.spill[record.payload() as usize];
-        list.retain(|x| {
-            let h = Holder(*x);
+        let left = self.lists.retain(record.payload(), |x| {
+            let h = Holder(x);
             let gone = drop(h);
             if gone {
                 removed(h);
             }
             !gone
         });
-        match list.len() {
-            0 => {
+        match left {
+            Left::None => {
+                // The list is gone already: kill the record as unspilled.
+                let r = &mut self.records[offset];
+                r.set_meta(r.meta() & !SPILLED);
                 self.kill(offset);
                 true
             }
-            1 => {
+            Left::One(last) => {
                 // Back to a single inline holder.
-                let last = list[0];
-                self.release_spill(record.payload());
                 let r = &mut self.records[offset];
                 r.set_meta(r.meta() & !SPILLED);
                 r.set_payload(last);
                 false
             }
-            _ => false,
+            Left::List(list) => {
+                self.records[offset].set_payload(list);
+                false
+            }
         }
     }
 
@@ -518,13 +476,12 @@ impl Page {
             return;
         };
         if record.spilled() {
-            self.release_spill(record.payload());
+            self.lists.release(record.payload());
         }
         self.records[offset].set_meta(DEAD);
         self.live -= 1;
         if self.live == 0 {
-            self.spill = Vec::new();
-            self.free_spill = Vec::new();
+            self.lists = HolderLists::default();
         }
     }
 
@@ -600,7 +557,7 @@ mod tests {
         let mut n = 0;
         assert!(!p.remove_holders(at, &mut |h| h.replica() != 3, &mut |_| n += 1));
         assert_eq!((n, replicas(&p, at)), (2, vec![3]));
-        assert_eq!(p.free_spill.len(), 1, "the list was released");
+        assert_eq!(p.lists.in_use(), 0, "the list was released");
         assert!(p.remove_holders(at, &mut |_| true, &mut |_| {}));
         assert!(p.view(at).is_none() && p.live() == 0);
     }

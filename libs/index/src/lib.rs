@@ -14,6 +14,7 @@
 //! mostly for a few records, so lookups do not wait for ingest batches.
 
 mod arena;
+mod holders;
 mod index;
 mod keys;
 mod lookup;

@@ -102,3 +102,37 @@ fn reported_memory_matches_the_allocator() {
     }
     assert_close(&index, &region, "after evictions");
 }
+
+/// Bytes per resident entry once full, for chains held by `holders` replicas.
+fn bytes_per_entry_when_full(holders: u64) -> f64 {
+    let index = Index::new(IndexConfig {
+        capacity_entries: 200_000,
+        ..IndexConfig::default()
+    });
+    let mut family = 0u64;
+    while index.capacity_evictions() == 0 {
+        family += 1;
+        for h in 0..holders {
+            let change = Change::Stored {
+                start_depth: 0,
+                fingerprints: fingerprints(family),
+                block_size: 16,
+                tier: Tier::T1,
+            };
+            let key = replica("team-a", (family * 7 + h * 31) % 256);
+            index.apply(&key, &scope("team-a"), "10.0.0.7:8000", &[change], 1);
+        }
+    }
+    index.memory().total() as f64 / index.len() as f64
+}
+
+#[test]
+fn every_degree_of_sharing_stays_within_24_bytes_per_entry() {
+    // Two holders used to be the costliest case (a 24-byte list header per
+    // block shared by only two entries).
+    for holders in 1..=8 {
+        let bytes = bytes_per_entry_when_full(holders);
+        eprintln!("{holders} holders: {bytes:.1} B per entry");
+        assert!(bytes <= 24.0, "{holders} holders: {bytes:.1} B per entry");
+    }
+}
