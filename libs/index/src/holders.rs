@@ -1,30 +1,55 @@
 //! The holder lists of a page's shared blocks (held by two replicas or
-//! more), sized by their exact length.
+//! more).
 //!
-//! Lists of two, three and four holders live in pools of fixed-size arrays
-//! (8, 12 and 16 bytes each), so a block two replicas share costs its
-//! record plus 8 bytes, not plus a 24-byte small-vector header. Longer
-//! lists get their own allocation. A list that grows or shrinks moves to
-//! the pool of its new length; its handle changes with it.
+//! Lists of two to four holders share a pool of 16-byte slots and lists of
+//! five to eight a pool of 32-byte slots, their length kept in the handle:
+//! a block two to four replicas share costs its record plus 16 bytes,
+//! where a small vector would take 24 (and 24 more on the heap past four).
+//! A list that gains or loses a holder stays in its slot until it crosses
+//! a pool's bounds; a pool per exact length would strand a slot at every
+//! step as sharing grows. Longer lists get their own allocation.
 
-/// A list's handle: its pool in the top bits, its slot in the rest.
+/// A list's handle: a 3-bit tag (the length of a pooled list minus two, or
+/// [`LONG`]) and a slot number.
 pub(crate) type Handle = u32;
 
-const POOL_SHIFT: u32 = 29;
-const SLOT_MASK: u32 = (1 << POOL_SHIFT) - 1;
-const TWO: u32 = 0;
-const THREE: u32 = 1;
-const FOUR: u32 = 2;
-const MANY: u32 = 3;
+const TAG_SHIFT: u32 = 29;
+const SLOT_MASK: u32 = (1 << TAG_SHIFT) - 1;
+/// Tag of a list of more than [`EIGHT`] holders.
+const LONG: u32 = 7;
+const FOUR: usize = 4;
+const EIGHT: usize = 8;
 
-fn handle(pool: u32, slot: usize) -> Handle {
+fn handle(tag: u32, slot: usize) -> Handle {
     // A page holds far fewer than 2^29 lists.
-    let slot = u32::try_from(slot).unwrap_or(SLOT_MASK) & SLOT_MASK;
-    pool << POOL_SHIFT | slot
+    tag << TAG_SHIFT | (u32::try_from(slot).unwrap_or(SLOT_MASK) & SLOT_MASK)
 }
 
-fn split(handle: Handle) -> (u32, usize) {
-    (handle >> POOL_SHIFT, (handle & SLOT_MASK) as usize)
+/// The handle of a pooled list of `len` (2 to 8) holders.
+fn pooled(len: usize, slot: usize) -> Handle {
+    handle(u32::try_from(len.saturating_sub(2)).unwrap_or(0), slot)
+}
+
+/// Where a list is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum At {
+    /// In the pool of four, with this many holders, in this slot.
+    Four(usize, usize),
+    /// In the pool of eight.
+    Eight(usize, usize),
+    /// A long list.
+    Long(usize),
+}
+
+fn at(handle: Handle) -> At {
+    let tag = handle >> TAG_SHIFT;
+    let slot = (handle & SLOT_MASK) as usize;
+    let len = tag as usize + 2;
+    match tag {
+        LONG => At::Long(slot),
+        _ if len <= FOUR => At::Four(len, slot),
+        _ => At::Eight(len, slot),
+    }
 }
 
 /// Slots of one element type, with the freed ones reused first.
@@ -71,10 +96,9 @@ impl<T> Pool<T> {
 /// A page's holder lists.
 #[derive(Debug, Default)]
 pub(crate) struct HolderLists {
-    two: Pool<[u32; 2]>,
-    three: Pool<[u32; 3]>,
-    four: Pool<[u32; 4]>,
-    many: Pool<Vec<u32>>,
+    four: Pool<[u32; FOUR]>,
+    eight: Pool<[u32; EIGHT]>,
+    long: Pool<Vec<u32>>,
 }
 
 /// What is left of a list after [`HolderLists::retain`].
@@ -91,103 +115,126 @@ pub(crate) enum Left {
 impl HolderLists {
     /// Stores a list of at least two holders.
     pub(crate) fn insert(&mut self, holders: &[u32]) -> Handle {
-        match *holders {
-            [a, b] => handle(TWO, self.two.put([a, b])),
-            [a, b, c] => handle(THREE, self.three.put([a, b, c])),
-            [a, b, c, d] => handle(FOUR, self.four.put([a, b, c, d])),
-            _ => handle(MANY, self.many.put(holders.to_vec())),
+        let len = holders.len();
+        if len <= FOUR {
+            let mut slot = [0; FOUR];
+            slot[..len].copy_from_slice(holders);
+            pooled(len, self.four.put(slot))
+        } else if len <= EIGHT {
+            let mut slot = [0; EIGHT];
+            slot[..len].copy_from_slice(holders);
+            pooled(len, self.eight.put(slot))
+        } else {
+            handle(LONG, self.long.put(holders.to_vec()))
         }
     }
 
     /// The holders under `handle` (empty for a handle not in use).
     #[inline]
     pub(crate) fn get(&self, handle: Handle) -> &[u32] {
-        let (pool, slot) = split(handle);
-        match pool {
-            TWO => self.two.slots.get(slot).map(|l| &l[..]),
-            THREE => self.three.slots.get(slot).map(|l| &l[..]),
-            FOUR => self.four.slots.get(slot).map(|l| &l[..]),
-            _ => self.many.slots.get(slot).map(|l| &l[..]),
+        match at(handle) {
+            At::Four(len, slot) => self.four.slots.get(slot).map(|l| &l[..len]),
+            At::Eight(len, slot) => self.eight.slots.get(slot).map(|l| &l[..len]),
+            At::Long(slot) => self.long.slots.get(slot).map(|l| &l[..]),
         }
         .unwrap_or(&[])
     }
 
     /// The holders under `handle`, to overwrite in place.
     pub(crate) fn get_mut(&mut self, handle: Handle) -> &mut [u32] {
-        let (pool, slot) = split(handle);
-        match pool {
-            TWO => self.two.slots.get_mut(slot).map(|l| &mut l[..]),
-            THREE => self.three.slots.get_mut(slot).map(|l| &mut l[..]),
-            FOUR => self.four.slots.get_mut(slot).map(|l| &mut l[..]),
-            _ => self.many.slots.get_mut(slot).map(|l| &mut l[..]),
+        match at(handle) {
+            At::Four(len, slot) => self.four.slots.get_mut(slot).map(|l| &mut l[..len]),
+            At::Eight(len, slot) => self.eight.slots.get_mut(slot).map(|l| &mut l[..len]),
+            At::Long(slot) => self.long.slots.get_mut(slot).map(|l| &mut l[..]),
         }
         .unwrap_or(&mut [])
     }
 
     /// Adds `holder` to the list; returns the list's handle now.
     pub(crate) fn push(&mut self, handle: Handle, holder: u32) -> Handle {
-        let (pool, slot) = split(handle);
-        if pool == MANY
-            && let Some(list) = self.many.slots.get_mut(slot)
-        {
-            list.push(holder);
-            return handle;
+        match at(handle) {
+            At::Four(len, slot) if len < FOUR => {
+                if let Some(l) = self.four.slots.get_mut(slot) {
+                    l[len] = holder;
+                }
+                pooled(len + 1, slot)
+            }
+            At::Eight(len, slot) if len < EIGHT => {
+                if let Some(l) = self.eight.slots.get_mut(slot) {
+                    l[len] = holder;
+                }
+                pooled(len + 1, slot)
+            }
+            At::Long(slot) => {
+                if let Some(l) = self.long.slots.get_mut(slot) {
+                    l.push(holder);
+                }
+                handle
+            }
+            At::Four(..) | At::Eight(..) => {
+                // Full: on to the next pool.
+                let mut longer: smallvec::SmallVec<[u32; 9]> = self.get(handle).into();
+                longer.push(holder);
+                self.release(handle);
+                self.insert(&longer)
+            }
         }
-        let mut longer: smallvec::SmallVec<[u32; 5]> = self.get(handle).into();
-        longer.push(holder);
-        self.release(handle);
-        self.insert(&longer)
     }
 
     /// Keeps the holders for which `keep` is true.
     pub(crate) fn retain(&mut self, handle: Handle, mut keep: impl FnMut(u32) -> bool) -> Left {
-        let (pool, slot) = split(handle);
         let kept: smallvec::SmallVec<[u32; 8]> = self
             .get(handle)
             .iter()
             .copied()
             .filter(|&h| keep(h))
             .collect();
-        match kept.len() {
-            0 => {
-                self.release(handle);
-                Left::None
+        let n = kept.len();
+        if n < 2 {
+            self.release(handle);
+            return kept.first().map_or(Left::None, |&h| Left::One(h));
+        }
+        match at(handle) {
+            At::Four(_, slot) => {
+                if let Some(l) = self.four.slots.get_mut(slot) {
+                    l[..n].copy_from_slice(&kept);
+                }
+                Left::List(pooled(n, slot))
             }
-            1 => {
-                self.release(handle);
-                Left::One(kept[0])
+            At::Eight(_, slot) if n > FOUR => {
+                if let Some(l) = self.eight.slots.get_mut(slot) {
+                    l[..n].copy_from_slice(&kept);
+                }
+                Left::List(pooled(n, slot))
             }
-            n if pool == MANY && n > 4 => {
-                if let Some(list) = self.many.slots.get_mut(slot) {
-                    list.clear();
-                    list.extend_from_slice(&kept);
+            At::Long(slot) if n > EIGHT => {
+                if let Some(l) = self.long.slots.get_mut(slot) {
+                    l.clear();
+                    l.extend_from_slice(&kept);
                     // A list most of whose holders left gives the room back.
-                    if list.capacity() > 2 * n {
-                        list.shrink_to_fit();
+                    if l.capacity() > 2 * n {
+                        l.shrink_to_fit();
                     }
                 }
                 Left::List(handle)
             }
-            n if n == self.get(handle).len() => Left::List(handle),
-            _ => {
+            At::Eight(..) | At::Long(_) => {
+                // Down to a smaller pool.
                 self.release(handle);
                 Left::List(self.insert(&kept))
             }
         }
     }
 
-    /// Gives the list's slot back (a list past four holders frees its
-    /// allocation).
+    /// Gives the list's slot back (a long list frees its allocation).
     pub(crate) fn release(&mut self, handle: Handle) {
-        let (pool, slot) = split(handle);
-        match pool {
-            TWO => self.two.release(slot),
-            THREE => self.three.release(slot),
-            FOUR => self.four.release(slot),
-            _ => {
-                if let Some(list) = self.many.slots.get_mut(slot) {
-                    *list = Vec::new();
-                    self.many.release(slot);
+        match at(handle) {
+            At::Four(_, slot) => self.four.release(slot),
+            At::Eight(_, slot) => self.eight.release(slot),
+            At::Long(slot) => {
+                if let Some(l) = self.long.slots.get_mut(slot) {
+                    *l = Vec::new();
+                    self.long.release(slot);
                 }
             }
         }
@@ -196,16 +243,12 @@ impl HolderLists {
     /// Bytes held on the heap: the pools and the long lists' allocations.
     pub(crate) fn heap_bytes(&self) -> usize {
         let long: usize = self
-            .many
+            .long
             .slots
             .iter()
             .map(|l| l.capacity() * size_of::<u32>())
             .sum();
-        self.two.heap_bytes()
-            + self.three.heap_bytes()
-            + self.four.heap_bytes()
-            + self.many.heap_bytes()
-            + long
+        self.four.heap_bytes() + self.eight.heap_bytes() + self.long.heap_bytes() + long
     }
 
     /// Lists in use.
@@ -214,7 +257,7 @@ impl HolderLists {
         fn used<T>(p: &Pool<T>) -> usize {
             p.slots.len() - p.free.len()
         }
-        used(&self.two) + used(&self.three) + used(&self.four) + used(&self.many)
+        used(&self.four) + used(&self.eight) + used(&self.long)
     }
 }
 
@@ -223,30 +266,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lists_move_between_pools_as_they_grow_and_shrink() {
+    fn lists_stay_in_their_slot_within_a_pool_and_move_across_pools() {
         let mut lists = HolderLists::default();
         let mut h = lists.insert(&[1, 2]);
-        assert_eq!(split(h).0, TWO);
-        for (next, pool) in [(3, THREE), (4, FOUR), (5, MANY), (6, MANY)] {
+        let mut places = vec![at(h)];
+        for next in 3..=12 {
             h = lists.push(h, next);
-            assert_eq!(split(h).0, pool);
+            places.push(at(h));
             assert_eq!(lists.in_use(), 1);
         }
-        assert_eq!(lists.get(h), [1, 2, 3, 4, 5, 6]);
-        for next in 7..=20 {
+        use At::{Eight, Four, Long};
+        assert_eq!(
+            places,
+            [
+                Four(2, 0),
+                Four(3, 0),
+                Four(4, 0),
+                Eight(5, 0),
+                Eight(6, 0),
+                Eight(7, 0),
+                Eight(8, 0),
+                Long(0),
+                Long(0),
+                Long(0),
+                Long(0)
+            ]
+        );
+        assert_eq!(lists.get(h), (1..=12).collect::<Vec<_>>());
+        for next in 13..=40 {
             assert_eq!(lists.push(h, next), h, "long lists grow in place");
         }
-        assert_eq!(lists.retain(h, |x| x <= 6), Left::List(h));
-        assert!(
-            lists.many.slots[split(h).1].capacity() <= 12,
-            "room given back"
-        );
-        assert_eq!(lists.retain(h, |x| x != 6), Left::List(h), "stays long");
+        assert_eq!(lists.retain(h, |x| x <= 10), Left::List(h));
+        assert!(lists.long.slots[0].capacity() <= 20, "room given back");
+        let Left::List(h) = lists.retain(h, |x| x <= 6) else {
+            panic!("six are left")
+        };
+        assert_eq!(at(h), Eight(6, 0));
         let Left::List(h) = lists.retain(h, |x| x % 2 == 1) else {
             panic!("three are left")
         };
-        assert_eq!((split(h).0, lists.get(h)), (THREE, &[1, 3, 5][..]));
+        assert_eq!((at(h), lists.get(h)), (Four(3, 0), &[1, 3, 5][..]));
         lists.get_mut(h)[1] = 7;
+        let Left::List(h) = lists.retain(h, |x| x != 5) else {
+            panic!("two are left")
+        };
+        assert_eq!(lists.get(h), [1, 7]);
         assert_eq!(lists.retain(h, |x| x == 7), Left::One(7));
         assert_eq!(lists.in_use(), 0);
         let h = lists.insert(&[8, 9]);
@@ -257,13 +321,13 @@ mod tests {
     #[test]
     fn released_slots_are_reused() {
         let mut lists = HolderLists::default();
-        let a = lists.insert(&[1, 2]);
+        let a = lists.insert(&[1, 2, 3]);
         let b = lists.insert(&[3, 4]);
         lists.release(a);
         let c = lists.insert(&[5, 6]);
-        assert_eq!(c, a);
+        assert_eq!((at(a), at(c)), (At::Four(3, 0), At::Four(2, 0)));
         assert_eq!((lists.get(b), lists.get(c)), (&[3, 4][..], &[5, 6][..]));
-        assert!(lists.get(handle(FOUR, 9)).is_empty(), "unknown handle");
+        assert!(lists.get(handle(LONG, 9)).is_empty(), "unknown handle");
     }
 
     #[test]
@@ -272,7 +336,10 @@ mod tests {
         assert_eq!(lists.heap_bytes(), 0);
         lists.insert(&[1, 2]);
         lists.insert(&[1, 2, 3, 4, 5]);
-        let pools = lists.two.slots.capacity() * 8 + lists.many.slots.capacity() * 24;
-        assert_eq!(lists.heap_bytes(), pools + 5 * 4);
+        lists.insert(&(0..9).collect::<Vec<_>>());
+        let pools = lists.four.slots.capacity() * 16
+            + lists.eight.slots.capacity() * 32
+            + lists.long.slots.capacity() * 24;
+        assert_eq!(lists.heap_bytes(), pools + 9 * 4);
     }
 }

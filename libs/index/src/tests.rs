@@ -500,10 +500,10 @@ mod model {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            5 => (0u8..7, 0u32..6, 1u32..4, any::<bool>()).prop_map(|(replica, start, len, t2)| Op::Store { replica, start, len, t2 }),
-            3 => (0u8..7, 0u32..8).prop_map(|(replica, block)| Op::Evict { replica, block }),
-            1 => (0u8..7, any::<bool>()).prop_map(|(replica, t2)| Op::Clear { replica, t2 }),
-            1 => (0u8..7).prop_map(|replica| Op::Remove { replica }),
+            5 => (0u8..10, 0u32..6, 1u32..4, any::<bool>()).prop_map(|(replica, start, len, t2)| Op::Store { replica, start, len, t2 }),
+            3 => (0u8..10, 0u32..8).prop_map(|(replica, block)| Op::Evict { replica, block }),
+            1 => (0u8..10, any::<bool>()).prop_map(|(replica, t2)| Op::Clear { replica, t2 }),
+            1 => (0u8..10).prop_map(|replica| Op::Remove { replica }),
         ]
     }
 
@@ -561,7 +561,7 @@ mod model {
                 let total: usize = model.values().map(BTreeMap::len).sum();
                 prop_assert_eq!(ix.len(), total as u64);
                 let names: BTreeSet<String> = ix.snapshot().into_iter().map(|s| s.key.replica_id).collect();
-                prop_assert!(names.len() <= 7);
+                prop_assert!(names.len() <= 10);
             }
         }
     }

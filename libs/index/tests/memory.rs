@@ -130,7 +130,7 @@ fn bytes_per_entry_when_full(holders: u64) -> f64 {
 fn every_degree_of_sharing_stays_within_24_bytes_per_entry() {
     // Two holders used to be the costliest case (a 24-byte list header per
     // block shared by only two entries).
-    for holders in 1..=8 {
+    for holders in [1, 2, 3, 4, 5, 6, 7, 8, 12, 32] {
         let bytes = bytes_per_entry_when_full(holders);
         eprintln!("{holders} holders: {bytes:.1} B per entry");
         assert!(bytes <= 24.0, "{holders} holders: {bytes:.1} B per entry");

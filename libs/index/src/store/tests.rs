@@ -34,9 +34,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u32..7, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
-        3 => (0u32..7, 0u64..80, 1u64..6, any::<bool>()).prop_map(|(replica, start, len, reversed)| Op::Remove { replica, start, len, reversed }),
-        1 => (0u32..7).prop_map(|replica| Op::Drop { replica }),
+        4 => (0u32..10, 0u64..60, 1u64..20, 0u32..3).prop_map(|(replica, start, len, epoch)| Op::Store { replica, start, len, epoch }),
+        3 => (0u32..10, 0u64..80, 1u64..6, any::<bool>()).prop_map(|(replica, start, len, reversed)| Op::Remove { replica, start, len, reversed }),
+        1 => (0u32..10).prop_map(|replica| Op::Drop { replica }),
         1 => (0u32..3).prop_map(|epoch| Op::Evict { epoch }),
         1 => Just(Op::Compact),
     ]
