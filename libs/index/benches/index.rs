@@ -206,15 +206,22 @@ fn bench_apply(c: &mut Criterion) {
             store_next(b, index, family);
         });
     }
-    // An engine's steady state: it stores a chain and evicts an older one
+    // An engine's steady state: it stores a chain and evicts as many blocks
     // itself, so the index stays below capacity (two block events per
     // block). Engines evict mostly in the order they stored (`oldest`); a
     // random resident chain (`random`) is the hardest case for reclaiming
-    // record space.
+    // record space. vLLM frees a finished request's blocks tail first, so
+    // its evictions take a chain's tail and, later, its head (`tail_first`:
+    // each step evicts the tail half of a random whole chain and the head
+    // half of the chain whose tail went longest ago).
     let blocks = 64u32;
+    let half = blocks / 2;
     group.throughput(Throughput::Elements(2 * u64::from(blocks)));
     let resident = capacity / u64::from(blocks);
-    for order in ["oldest", "random"] {
+    // Chains down to their head half when `tail_first` starts.
+    let headless_at_start = resident / 4;
+    for order in ["oldest", "random", "tail_first"] {
+        let tail_first = order == "tail_first";
         let region = Region::new(GLOBAL);
         // Filled on first use (see above).
         let mut filled: Option<Index> = None;
@@ -232,11 +239,27 @@ fn bench_apply(c: &mut Criterion) {
                     1,
                 );
             }
+            if tail_first {
+                for family in resident + 1..=resident + headless_at_start {
+                    let head = chain(family, half);
+                    index.apply(replica(family), &scope, "10.0.0.1:8000", &[head], 1);
+                }
+            }
             index
         };
-        // The resident families, and the next one to store.
+        // The resident whole chains, the head-only ones (oldest first), and
+        // the next family to store.
         let mut families: Vec<u64> = (1..=resident).collect();
-        let mut next = resident;
+        let mut heads: std::collections::VecDeque<u64> = if tail_first {
+            (resident + 1..=resident + headless_at_start).collect()
+        } else {
+            std::collections::VecDeque::new()
+        };
+        let mut next = if tail_first {
+            resident + headless_at_start
+        } else {
+            resident
+        };
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         group.bench_function(format!("store_and_evict_64_block_chains_{order}"), |b| {
             let index = filled.get_or_insert_with(fill);
@@ -253,15 +276,34 @@ fn bench_apply(c: &mut Criterion) {
                     };
                     let slot = usize::try_from(slot).unwrap_or(0);
                     let old = std::mem::replace(&mut families[slot], next);
-                    let evicted = Change::Evicted {
-                        fingerprints: (0..blocks).map(|d| fp(old, d)).collect(),
+                    let evicted = |family: u64, depths: std::ops::Range<u32>| Change::Evicted {
+                        fingerprints: depths.map(|d| fp(family, d)).collect(),
                     };
-                    ([evicted, chain(next, blocks)], old, next)
-                },
-                |(changes, old, f)| {
                     // Each chain's own replica evicts or stores it.
-                    black_box(index.apply(replica(old), &scope, "10.0.0.1:8000", &changes[..1], 1));
-                    black_box(index.apply(replica(f), &scope, "10.0.0.1:8000", &changes[1..], 1))
+                    let mut steps = Vec::with_capacity(3);
+                    if tail_first {
+                        steps.push((old, evicted(old, half..blocks)));
+                        heads.push_back(old);
+                        if let Some(headless) = heads.pop_front() {
+                            steps.push((headless, evicted(headless, 0..half)));
+                        }
+                    } else {
+                        steps.push((old, evicted(old, 0..blocks)));
+                    }
+                    steps.push((next, chain(next, blocks)));
+                    steps
+                },
+                |steps| {
+                    for (family, change) in &steps {
+                        black_box(index.apply(
+                            replica(*family),
+                            &scope,
+                            "10.0.0.1:8000",
+                            std::slice::from_ref(change),
+                            1,
+                        ));
+                    }
+                    steps
                 },
                 criterion::BatchSize::SmallInput,
             );
@@ -270,7 +312,8 @@ fn bench_apply(c: &mut Criterion) {
             // Filtered out.
             continue;
         };
-        let stored = (next - resident) * u64::from(blocks);
+        let stored =
+            (next - resident - if tail_first { headless_at_start } else { 0 }) * u64::from(blocks);
         // The fill stores each chain once: nothing to relocate yet.
         let relocated = index.records_relocated();
         // Criterion's own allocations in the region are a few KB: noise.
