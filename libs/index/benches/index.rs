@@ -218,10 +218,10 @@ fn bench_apply(c: &mut Criterion) {
     let half = blocks / 2;
     group.throughput(Throughput::Elements(2 * u64::from(blocks)));
     let resident = capacity / u64::from(blocks);
-    // Chains down to their head half when `tail_first` starts.
-    let headless_at_start = resident / 4;
     for order in ["oldest", "random", "tail_first"] {
         let tail_first = order == "tail_first";
+        // Chains down to their head half at the start (after the whole ones).
+        let headless = if tail_first { resident / 4 } else { 0 };
         let region = Region::new(GLOBAL);
         // Filled on first use (see above).
         let mut filled: Option<Index> = None;
@@ -239,27 +239,18 @@ fn bench_apply(c: &mut Criterion) {
                     1,
                 );
             }
-            if tail_first {
-                for family in resident + 1..=resident + headless_at_start {
-                    let head = chain(family, half);
-                    index.apply(replica(family), &scope, "10.0.0.1:8000", &[head], 1);
-                }
+            for family in resident + 1..=resident + headless {
+                let head = chain(family, half);
+                index.apply(replica(family), &scope, "10.0.0.1:8000", &[head], 1);
             }
             index
         };
         // The resident whole chains, the head-only ones (oldest first), and
         // the next family to store.
         let mut families: Vec<u64> = (1..=resident).collect();
-        let mut heads: std::collections::VecDeque<u64> = if tail_first {
-            (resident + 1..=resident + headless_at_start).collect()
-        } else {
-            std::collections::VecDeque::new()
-        };
-        let mut next = if tail_first {
-            resident + headless_at_start
-        } else {
-            resident
-        };
+        let mut heads: std::collections::VecDeque<u64> =
+            (resident + 1..=resident + headless).collect();
+        let mut next = resident + headless;
         let mut rng = 0x2545_f491_4f6c_dd1d_u64;
         group.bench_function(format!("store_and_evict_64_block_chains_{order}"), |b| {
             let index = filled.get_or_insert_with(fill);
@@ -312,8 +303,7 @@ fn bench_apply(c: &mut Criterion) {
             // Filtered out.
             continue;
         };
-        let stored =
-            (next - resident - if tail_first { headless_at_start } else { 0 }) * u64::from(blocks);
+        let stored = (next - resident - headless) * u64::from(blocks);
         // The fill stores each chain once: nothing to relocate yet.
         let relocated = index.records_relocated();
         // Criterion's own allocations in the region are a few KB: noise.

@@ -2,11 +2,11 @@
 //!
 //! A record is 14 bytes: the block's table key, its depth and one holder
 //! inline (or, when several replicas hold the block, a handle into the
-//! page's own holder lists, see [`crate::holders`]). Records live in fixed-size pages and are
-//! appended, so the blocks of a chain an engine reported in one event sit
-//! next to each other: a lookup walking a prompt reads consecutive records
-//! (a cache line holds four and a half) instead of one random location per
-//! block.
+//! page's own holder lists, see [`crate::holders`]). Records live in
+//! fixed-size pages and are appended, so the blocks of a chain an engine
+//! reported in one event sit next to each other: a lookup walking a prompt
+//! reads consecutive records (a cache line holds four and a half) instead
+//! of one random location per block.
 //!
 //! A removed record is marked dead in place. Its slot is given back with
 //! the page when every record on it died, refilled with new records when

@@ -41,6 +41,17 @@ enum At {
     Long(usize),
 }
 
+impl At {
+    /// Whether a list of `len` holders belongs where this one is.
+    fn fits(self, len: usize) -> bool {
+        match self {
+            At::Four(..) => (2..=FOUR).contains(&len),
+            At::Eight(..) => (FOUR + 1..=EIGHT).contains(&len),
+            At::Long(_) => len > EIGHT,
+        }
+    }
+}
+
 fn at(handle: Handle) -> At {
     let tag = handle >> TAG_SHIFT;
     let slot = (handle & SLOT_MASK) as usize;
@@ -143,24 +154,26 @@ impl HolderLists {
     /// The holders under `handle`, to overwrite in place.
     pub(crate) fn get_mut(&mut self, handle: Handle) -> &mut [u32] {
         match at(handle) {
-            At::Four(len, slot) => self.four.slots.get_mut(slot).map(|l| &mut l[..len]),
-            At::Eight(len, slot) => self.eight.slots.get_mut(slot).map(|l| &mut l[..len]),
+            At::Four(len, _) | At::Eight(len, _) => self.pooled_slot(handle).map(|l| &mut l[..len]),
             At::Long(slot) => self.long.slots.get_mut(slot).map(|l| &mut l[..]),
         }
         .unwrap_or(&mut [])
     }
 
+    /// The whole slot (used or not) of a pooled list.
+    fn pooled_slot(&mut self, handle: Handle) -> Option<&mut [u32]> {
+        match at(handle) {
+            At::Four(_, slot) => self.four.slots.get_mut(slot).map(|l| &mut l[..]),
+            At::Eight(_, slot) => self.eight.slots.get_mut(slot).map(|l| &mut l[..]),
+            At::Long(_) => None,
+        }
+    }
+
     /// Adds `holder` to the list; returns the list's handle now.
     pub(crate) fn push(&mut self, handle: Handle, holder: u32) -> Handle {
         match at(handle) {
-            At::Four(len, slot) if len < FOUR => {
-                if let Some(l) = self.four.slots.get_mut(slot) {
-                    l[len] = holder;
-                }
-                pooled(len + 1, slot)
-            }
-            At::Eight(len, slot) if len < EIGHT => {
-                if let Some(l) = self.eight.slots.get_mut(slot) {
+            place @ (At::Four(len, slot) | At::Eight(len, slot)) if place.fits(len + 1) => {
+                if let Some(l) = self.pooled_slot(handle) {
                     l[len] = holder;
                 }
                 pooled(len + 1, slot)
@@ -195,19 +208,14 @@ impl HolderLists {
             return kept.first().map_or(Left::None, |&h| Left::One(h));
         }
         match at(handle) {
-            At::Four(_, slot) => {
-                if let Some(l) = self.four.slots.get_mut(slot) {
+            // Still within its pool's bounds: rewritten in place.
+            place @ (At::Four(_, slot) | At::Eight(_, slot)) if place.fits(n) => {
+                if let Some(l) = self.pooled_slot(handle) {
                     l[..n].copy_from_slice(&kept);
                 }
                 Left::List(pooled(n, slot))
             }
-            At::Eight(_, slot) if n > FOUR => {
-                if let Some(l) = self.eight.slots.get_mut(slot) {
-                    l[..n].copy_from_slice(&kept);
-                }
-                Left::List(pooled(n, slot))
-            }
-            At::Long(slot) if n > EIGHT => {
+            place @ At::Long(slot) if place.fits(n) => {
                 if let Some(l) = self.long.slots.get_mut(slot) {
                     l.clear();
                     l.extend_from_slice(&kept);
@@ -218,7 +226,7 @@ impl HolderLists {
                 }
                 Left::List(handle)
             }
-            At::Eight(..) | At::Long(_) => {
+            _ => {
                 // Down to a smaller pool.
                 self.release(handle);
                 Left::List(self.insert(&kept))
