@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use ic_api::CacheBackend;
 use ic_api::cachebackend::IntegrationMode;
-use ic_api::consts::{annotations, is_truthy};
+use ic_api::consts::{annotations, is_truthy, labels};
 use ic_api::validate::FieldError;
 
 use crate::binding::{self, Protocol};
@@ -17,7 +17,7 @@ use crate::runtime::{InjectContext, RuntimeAdapter, engine_port, find_engine_con
 use crate::sidecars::{
     self, KERNEL_CHECK_CONTAINER, KernelCheckMode, SUBSCRIBER_CONTAINER, SubscriberPlan,
 };
-use crate::{overrides, validation};
+use crate::{kv_events, overrides, validation};
 
 /// Webhook-level settings the injection needs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -136,6 +136,7 @@ pub fn admit_pod(pod: &Pod, backends: &[CacheBackend], config: &InjectionConfig)
                 annotations::LMCACHE_KERNEL_CHECK_MODE,
             ],
         );
+        strip_wired_label(&mut out);
         out.metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
@@ -164,6 +165,7 @@ pub fn admit_pod(pod: &Pod, backends: &[CacheBackend], config: &InjectionConfig)
 pub fn fail_open(pod: &Pod, reason: FailOpenReason) -> PodAdmission {
     let mut out = pod.clone();
     strip(&mut out, &DECISION_ANNOTATIONS);
+    strip_wired_label(&mut out);
     PodAdmission {
         pod: out,
         outcome: PodOutcome::FailOpen(reason),
@@ -210,6 +212,13 @@ fn strip(pod: &mut Pod, keys: &[&str]) {
     }
 }
 
+/// Removes the wired label from a pod admitted unwired.
+fn strip_wired_label(pod: &mut Pod) {
+    if let Some(l) = pod.metadata.labels.as_mut() {
+        l.remove(labels::WIRED);
+    }
+}
+
 fn backend_id(backend: &CacheBackend, pod: &Pod) -> String {
     let ns = backend
         .metadata
@@ -223,7 +232,24 @@ fn backend_id(backend: &CacheBackend, pod: &Pod) -> String {
     )
 }
 
+/// Admission warnings for an engine whose KV events the subscriber will not hear.
+fn silent_publisher_warnings(problems: &[String]) -> Vec<String> {
+    problems
+        .iter()
+        .map(|p| {
+            format!(
+                "InferenceCache wired this pod, but its kvevent-subscriber will hear no KV events: {p}; \
+                 LookupRoute has no routing hints for this pod until the engine publishes them"
+            )
+        })
+        .collect()
+}
+
 fn stamp_injected(pod: &mut Pod, backend: &CacheBackend, id: &str) {
+    pod.metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(labels::WIRED.to_owned(), "true".to_owned());
     let a = pod.metadata.annotations.get_or_insert_with(BTreeMap::new);
     a.insert(annotations::INJECTED_BY.to_owned(), id.to_owned());
     match backend.metadata.uid.as_deref() {
@@ -290,6 +316,7 @@ fn wire(
         sidecars::check_squatting(pod_spec, SUBSCRIBER_CONTAINER).map_err(rejected)?;
         let mut out = pod.clone();
         let out_spec = out.spec.get_or_insert_with(Default::default);
+        let events = kv_events::read(&out_spec.containers[engine], spec.runtime);
         let plan = SubscriberPlan {
             model_id: model.to_owned(),
             hash_scheme: adapter.hash_scheme(),
@@ -297,6 +324,7 @@ fn wire(
             ignore_block_removed: false,
             engine_port: engine_port(&out_spec.containers[engine], adapter.default_engine_port()),
             engine_metrics_url: None,
+            publisher: events.publisher,
         };
         let guaranteed = sidecars::is_guaranteed(pod_spec);
         let container =
@@ -312,7 +340,7 @@ fn wire(
         return Ok(PodAdmission {
             pod: out,
             outcome: PodOutcome::EventsOnly { backend: id },
-            warnings: Vec::new(),
+            warnings: silent_publisher_warnings(&events.problems),
         });
     }
 
@@ -376,6 +404,8 @@ fn wire(
     let guaranteed = sidecars::is_guaranteed(pod_spec);
     let subscriber_container = subscriber.map(|(image, model)| {
         let port = engine_port(&out_spec.containers[engine], adapter.default_engine_port());
+        let events = kv_events::read(&out_spec.containers[engine], spec.runtime);
+        warnings.extend(silent_publisher_warnings(&events.problems));
         let plan = SubscriberPlan {
             model_id: model.to_owned(),
             hash_scheme: adapter.hash_scheme(),
@@ -384,6 +414,7 @@ fn wire(
             engine_metrics_url: adapter
                 .exports_tier2_metrics()
                 .then(|| format!("http://127.0.0.1:{port}/metrics")),
+            publisher: events.publisher,
         };
         sidecars::subscriber_container(image, &config.index_server, &plan, guaranteed)
     });
@@ -393,9 +424,14 @@ fn wire(
         subscriber_container,
     );
     let kernel_container = match (&engine_image, kernel_mode) {
-        (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => Some(
-            sidecars::kernel_check_container(image, kernel_mode, guaranteed),
-        ),
+        (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => {
+            Some(sidecars::kernel_check_container(
+                &out_spec.containers[engine],
+                image,
+                kernel_mode,
+                guaranteed,
+            ))
+        }
         _ => None,
     };
     sidecars::converge_opt(

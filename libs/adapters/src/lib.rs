@@ -18,6 +18,7 @@
 
 pub mod admission;
 pub mod binding;
+pub mod kv_events;
 pub mod merge;
 pub mod overrides;
 pub mod providers;

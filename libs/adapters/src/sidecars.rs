@@ -11,7 +11,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec, ResourceRequirements,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -28,6 +29,12 @@ pub const SUBSCRIBER_CONTAINER: &str = ic_api::consts::injected::SUBSCRIBER_CONT
 pub const KERNEL_CHECK_CONTAINER: &str = kernel_check::CONTAINER_NAME;
 /// Env telling the kernel check which mode it runs in.
 pub const KERNEL_CHECK_MODE_ENV: &str = "LMCACHE_KERNEL_CHECK_MODE";
+/// The subscriber's admin port (`/live`, `/ready`, `/metrics`).
+pub const SUBSCRIBER_ADMIN_PORT: i32 = 8083;
+/// Name of that port, which the chart's PodMonitor scrapes.
+pub const SUBSCRIBER_METRICS_PORT_NAME: &str = "ic-metrics";
+/// The non-root user the subscriber image runs as.
+pub const SUBSCRIBER_UID: i64 = 65532;
 
 /// What the subscriber is told.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,6 +49,8 @@ pub struct SubscriberPlan {
     pub engine_port: i32,
     /// `--engine-metrics-url` (vLLM offload: tier-2 hit counters).
     pub engine_metrics_url: Option<String>,
+    /// Where the engine publishes (from its `--kv-events-config`).
+    pub publisher: crate::kv_events::Publisher,
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -120,6 +129,13 @@ pub fn subscriber_container(
     if !index_server.trim().is_empty() {
         args.push(format!("--index-server={}", index_server.trim()));
     }
+    args.push(format!("--engine-endpoint={}", plan.publisher.endpoint));
+    if let Some(replay) = &plan.publisher.replay_endpoint {
+        args.push(format!("--replay-endpoint={replay}"));
+    }
+    if !plan.publisher.topic.is_empty() {
+        args.push(format!("--topic={}", plan.publisher.topic));
+    }
     args.push(format!("--engine-port={}", plan.engine_port));
     if plan.ignore_block_removed {
         args.push("--ignore-block-removed=true".to_owned());
@@ -137,8 +153,71 @@ pub fn subscriber_container(
             field_env("POD_NAMESPACE", "metadata.namespace"),
             field_env("POD_IP", "status.podIP"),
         ]),
+        ports: Some(vec![ContainerPort {
+            name: Some(SUBSCRIBER_METRICS_PORT_NAME.to_owned()),
+            container_port: SUBSCRIBER_ADMIN_PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
         resources: Some(sidecar_resources("50m", "64Mi", guaranteed)),
+        security_context: Some(subscriber_security_context()),
         ..Container::default()
+    }
+}
+
+/// The subscriber's security context: everything the restricted Pod
+/// Security level asks for, so wiring never turns an admissible pod into a
+/// rejected one. The image holds one binary and runs as 65532.
+pub fn subscriber_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".to_owned()]),
+        }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        run_as_user: Some(SUBSCRIBER_UID),
+        run_as_group: Some(SUBSCRIBER_UID),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// The security context of a container we add in the engine's image (the
+/// kernel check, the SGLang MP worker): no privilege escalation, no
+/// capabilities but those the engine itself adds (`keep_engine_caps`, for a
+/// worker that does the engine's memory work), the engine's seccomp profile
+/// or RuntimeDefault, and the engine's user, since the image's files are
+/// laid out for it. It passes the restricted level whenever the engine
+/// container does.
+pub fn engine_image_security_context(
+    engine: &Container,
+    keep_engine_caps: bool,
+) -> SecurityContext {
+    let theirs = engine.security_context.clone().unwrap_or_default();
+    let added = theirs
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.clone())
+        .filter(|a| keep_engine_caps && !a.is_empty());
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            add: added,
+            drop: Some(vec!["ALL".to_owned()]),
+        }),
+        run_as_non_root: theirs.run_as_non_root,
+        run_as_user: theirs.run_as_user,
+        run_as_group: theirs.run_as_group,
+        seccomp_profile: Some(theirs.seccomp_profile.unwrap_or(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        })),
+        ..SecurityContext::default()
     }
 }
 
@@ -239,10 +318,16 @@ except BaseException as e:
 /// The kernel-check init container, in the engine's own image. Small
 /// requests and no limits (the shape least likely to trip a LimitRange),
 /// unless the pod is Guaranteed.
-pub fn kernel_check_container(image: &str, mode: KernelCheckMode, guaranteed: bool) -> Container {
+pub fn kernel_check_container(
+    engine: &Container,
+    image: &str,
+    mode: KernelCheckMode,
+    guaranteed: bool,
+) -> Container {
     Container {
         name: KERNEL_CHECK_CONTAINER.to_owned(),
         image: Some(image.to_owned()),
+        security_context: Some(engine_image_security_context(engine, false)),
         command: Some(vec![
             "python3".to_owned(),
             "-c".to_owned(),

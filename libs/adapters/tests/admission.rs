@@ -546,3 +546,165 @@ fn success_warns_on_fail_closed() {
             .any(|e| e.name == "INFERENCECACHE_FAIL_OPEN" && e.value.as_deref() == Some("false"))
     );
 }
+
+// === the engine's KV-event publisher, security contexts, the wired label ===
+
+fn subscriber_args(a: &ic_adapters::admission::PodAdmission) -> Vec<String> {
+    a.pod
+        .spec
+        .as_ref()
+        .expect("spec")
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .and_then(|c| c.args.clone())
+        .expect("a subscriber")
+}
+
+#[test]
+fn the_subscriber_listens_where_the_engine_publishes() {
+    let engine = engine_pod(json!({"args": ["--model", "m", "--kv-events-config",
+        r#"{"enable_kv_cache_events":true,"endpoint":"tcp://*:6200","replay_endpoint":"tcp://*:6201","topic":"kv"}"#]}));
+    let a = admit_pod(&engine, &[backend("cb", json!({}))], &config());
+    let args = subscriber_args(&a);
+    for want in [
+        "--engine-endpoint=tcp://127.0.0.1:6200",
+        "--replay-endpoint=tcp://127.0.0.1:6201",
+        "--topic=kv",
+    ] {
+        assert!(
+            args.iter().any(|a| a == want),
+            "{want} missing from {args:?}"
+        );
+    }
+    assert!(a.warnings.is_empty(), "{:?}", a.warnings);
+}
+
+#[test]
+fn an_engine_without_a_publisher_is_wired_with_a_warning() {
+    let silent = engine_pod(json!({"args": ["--model", "m"]}));
+    for b in [
+        backend("cb", json!({})),
+        backend("cb", json!({"integration": {"mode": "EventsOnly"}})),
+    ] {
+        let a = admit_pod(&silent, &[b], &config());
+        assert!(
+            a.pod
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key("inferencecache.io/wired")
+        );
+        assert_eq!(a.warnings.len(), 1, "{:?}", a.warnings);
+        assert!(
+            a.warnings[0].contains("will hear no KV events"),
+            "{}",
+            a.warnings[0]
+        );
+        assert!(
+            a.warnings[0].contains("--kv-events-config"),
+            "{}",
+            a.warnings[0]
+        );
+        // Defaults: the engines' own endpoint, no replay, no topic.
+        let args = subscriber_args(&a);
+        assert!(args.contains(&"--engine-endpoint=tcp://127.0.0.1:5557".to_owned()));
+        assert!(!args.iter().any(|a| a.starts_with("--replay-endpoint")));
+    }
+}
+
+#[test]
+fn injected_containers_pass_the_restricted_pod_security_level() {
+    // A pod that passes the restricted level on its own.
+    let restricted = json!({
+        "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [{
+            "name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+            "args": ["--model-path", "m", "--kv-events-config", common::SGLANG_KV_EVENTS],
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            "securityContext": {"allowPrivilegeEscalation": false, "runAsUser": 1000,
+                                "capabilities": {"drop": ["ALL"]}},
+        }],
+    });
+    let vllm = patched(
+        &engine_pod(json!({
+            "resources": {"limits": {"nvidia.com/gpu": "1"}},
+            "securityContext": {"allowPrivilegeEscalation": false, "runAsUser": 1000,
+                                "capabilities": {"drop": ["ALL"]}},
+        })),
+        json!({"spec": {"securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}}}}),
+    );
+    let cases = [
+        (pod(restricted), backend("cb", json!({"runtime": "SGLang"}))),
+        (vllm, backend("cb", json!({}))),
+    ];
+    for (engine, b) in cases {
+        let a = admit_pod(&engine, &[b], &config());
+        let spec = a.pod.spec.as_ref().expect("spec");
+        let injected: Vec<_> = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .filter(|c| ic_adapters::runtime::is_injected(c))
+            .collect();
+        assert!(
+            injected.len() >= 2,
+            "{:?}",
+            injected.iter().map(|c| &c.name).collect::<Vec<_>>()
+        );
+        for c in injected {
+            let sc = c
+                .security_context
+                .as_ref()
+                .unwrap_or_else(|| panic!("{} has no securityContext", c.name));
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(
+                sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+                Some(vec!["ALL".to_owned()]),
+                "{}",
+                c.name
+            );
+            assert!(
+                sc.capabilities
+                    .as_ref()
+                    .and_then(|c| c.add.as_ref())
+                    .is_none_or(|a| a.is_empty()),
+                "{}",
+                c.name
+            );
+            assert_eq!(
+                sc.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+                Some("RuntimeDefault"),
+                "{}",
+                c.name
+            );
+            assert_ne!(sc.run_as_user, Some(0), "{}", c.name);
+            assert!(sc.privileged != Some(true), "{}", c.name);
+            if c.name == "kvevent-subscriber" {
+                assert_eq!(sc.run_as_non_root, Some(true));
+                assert_eq!(sc.read_only_root_filesystem, Some(true));
+            } else {
+                // Engine-image containers run as the engine's user.
+                assert_eq!(sc.run_as_user, Some(1000), "{}", c.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn unwired_pods_lose_a_stale_wired_label() {
+    let stale = patched(
+        &engine_pod(json!({})),
+        json!({"metadata": {"labels": {"inferencecache.io/wired": "true"}}}),
+    );
+    let a = admit_pod(&stale, &[], &config());
+    assert!(
+        !a.pod
+            .metadata
+            .labels
+            .as_ref()
+            .unwrap()
+            .contains_key("inferencecache.io/wired")
+    );
+}

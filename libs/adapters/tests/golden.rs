@@ -30,7 +30,7 @@ fn sglang_pod() -> Pod {
     pod(json!({"containers": [{
         "name": "sglang",
         "image": "lmsysorg/sglang:v0.5.4",
-        "args": ["--model-path", "Qwen/Qwen3-8B", "--port", "30000"],
+        "args": ["--model-path", "Qwen/Qwen3-8B", "--port", "30000", "--kv-events-config", SGLANG_KV_EVENTS],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
     }]}))
 }

@@ -83,6 +83,9 @@ pub mod labels {
     pub const NAME: &str = "app.kubernetes.io/name";
     /// Standard instance label.
     pub const INSTANCE: &str = "app.kubernetes.io/instance";
+    /// On every pod the webhook wired (value `true`): what the chart's
+    /// PodMonitor and NetworkPolicies select engine pods by.
+    pub const WIRED: &str = "inferencecache.io/wired";
 }
 
 /// Condition types.

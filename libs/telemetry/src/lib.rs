@@ -15,5 +15,5 @@ pub mod shutdown;
 pub use admin::{AdminServer, Health};
 pub use logging::{LogArgs, LogFormat};
 pub use metrics::MetricsRegistry;
-pub use process::run_service;
+pub use process::{CHECK_ARGS_ENV, check_args_requested, run_service};
 pub use shutdown::shutdown_token;

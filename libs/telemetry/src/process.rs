@@ -8,9 +8,22 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{LogArgs, shutdown_token};
 
+/// Environment variable that turns every binary into a flag checker: with
+/// it set to a true value the binary parses its command line and environment
+/// as usual, prints that they were accepted and exits 0 without starting (a
+/// parse error still exits 2 with clap's message). Deployment tests feed
+/// each chart container's args through it.
+pub const CHECK_ARGS_ENV: &str = "IC_CHECK_ARGS";
+
+/// Whether [`CHECK_ARGS_ENV`] asks for a parse-only run.
+pub fn check_args_requested() -> bool {
+    std::env::var(CHECK_ARGS_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
 /// Initialises logging from `log`, installs the SIGTERM/SIGINT handlers, runs
 /// the service and maps its outcome to an exit code: 0 after a clean
-/// shutdown, 1 when the service failed, 2 for unusable logging flags.
+/// shutdown, 1 when the service failed, 2 for unusable logging flags. With
+/// [`CHECK_ARGS_ENV`] set it only checks the logging flags and returns 0.
 pub async fn run_service<F, Fut, E>(log: &LogArgs, service: F) -> ExitCode
 where
     F: FnOnce(CancellationToken) -> Fut,
@@ -20,6 +33,10 @@ where
     if let Err(error) = log.init() {
         eprintln!("{error}");
         return ExitCode::from(2);
+    }
+    if check_args_requested() {
+        println!("arguments accepted");
+        return ExitCode::SUCCESS;
     }
     let shutdown = match shutdown_token() {
         Ok(token) => token,

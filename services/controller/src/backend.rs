@@ -521,6 +521,14 @@ async fn reconcile_inner(
         }
         ctx.cascades.lock().record(&key, now);
     }
+    let degraded = decision
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == ic_api::consts::conditions::DEGRADED && c.status == "True")
+        .map(|c| c.reason.as_str());
+    ctx.metrics
+        .set_backend_degraded(&format!("{ns}/{name}"), degraded);
     if status::status_changed(backend.status.as_ref(), &decision.status) {
         let mut body = serde_json::to_value(&decision.status).unwrap_or_default();
         if let Some(m) = body.as_object_mut() {

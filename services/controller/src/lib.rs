@@ -306,6 +306,10 @@ pub async fn run_while_leading(
         }
         term.cancel();
         while loops.join_next().await.is_some() {}
+        // Only the leader reports backends; a follower exports none.
+        shared
+            .metrics
+            .retain_degraded_backends(&std::collections::BTreeSet::new());
         tracing::info!("controllers stopped");
         if shutdown.is_cancelled() {
             return;

@@ -8,7 +8,11 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+
+use parking_lot::Mutex;
 
 use ic_telemetry::MetricsRegistry;
 
@@ -44,6 +48,15 @@ pub struct BackendLabel {
     pub backend: String,
 }
 
+/// `{backend, reason}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackendReasonLabels {
+    /// `namespace/name` of the CacheBackend.
+    pub backend: String,
+    /// The Degraded condition's reason (`NoKVEventsObserved`, ...).
+    pub reason: String,
+}
+
 /// Every metric the controller exports.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -58,6 +71,12 @@ pub struct Metrics {
     pub queue_depth: Family<ControllerLabel, Gauge>,
     /// Query-weighted tier-2 hit rate per backend (from /snapshot).
     pub backend_t2_hit_rate: Family<BackendLabel, Gauge<f64, AtomicU64>>,
+    /// 1 per CacheBackend whose Degraded condition is True, labelled with its
+    /// reason (CR status is not scraped; alerts need a series).
+    pub backend_degraded: Family<BackendReasonLabels, Gauge>,
+    /// The reason each backend is exported with, so a changed or cleared
+    /// reason removes the old series.
+    degraded_reasons: Arc<Mutex<HashMap<String, String>>>,
     /// 1 while this instance holds the leader lease.
     pub leader: Gauge,
     /// Scrapes of /snapshot by result.
@@ -77,6 +96,8 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(duration_histogram),
             queue_depth: Family::default(),
             backend_t2_hit_rate: Family::default(),
+            backend_degraded: Family::default(),
+            degraded_reasons: Arc::default(),
             leader: Gauge::default(),
             snapshot_scrapes: Family::default(),
         };
@@ -105,6 +126,11 @@ impl Metrics {
                 "backend_t2_hit_rate",
                 "Query-weighted tier-2 reload hit rate per CacheBackend, in [0,1]; absent until tier 2 is queried",
                 metrics.backend_t2_hit_rate.clone(),
+            );
+            r.register(
+                "backend_degraded",
+                "1 per CacheBackend whose Degraded condition is True, by its reason; absent otherwise",
+                metrics.backend_degraded.clone(),
             );
             r.register(
                 "controller_leader",
@@ -145,6 +171,50 @@ impl Metrics {
         self.observe(controller, result.is_ok(), started.elapsed().as_secs_f64());
         if let Err(e) = result {
             self.error(controller, reason(e));
+        }
+    }
+
+    /// Exports `backend`'s Degraded condition: `Some(reason)` while it is
+    /// True, `None` when it is False, absent or the backend is gone.
+    pub fn set_backend_degraded(&self, backend: &str, degraded: Option<&str>) {
+        let mut reasons = self.degraded_reasons.lock();
+        let previous = reasons.get(backend).map(String::as_str);
+        if previous == degraded {
+            return;
+        }
+        if let Some(old) = previous {
+            self.backend_degraded.remove(&BackendReasonLabels {
+                backend: backend.to_owned(),
+                reason: old.to_owned(),
+            });
+        }
+        match degraded {
+            Some(reason) => {
+                self.backend_degraded
+                    .get_or_create(&BackendReasonLabels {
+                        backend: backend.to_owned(),
+                        reason: reason.to_owned(),
+                    })
+                    .set(1);
+                reasons.insert(backend.to_owned(), reason.to_owned());
+            }
+            None => {
+                reasons.remove(backend);
+            }
+        }
+    }
+
+    /// Drops the Degraded series of every backend not in `live`.
+    pub fn retain_degraded_backends(&self, live: &std::collections::BTreeSet<String>) {
+        let gone: Vec<String> = self
+            .degraded_reasons
+            .lock()
+            .keys()
+            .filter(|b| !live.contains(*b))
+            .cloned()
+            .collect();
+        for backend in gone {
+            self.set_backend_degraded(&backend, None);
         }
     }
 

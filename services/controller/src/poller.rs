@@ -256,6 +256,7 @@ impl Poller {
             });
         }
         exported.clone_from(live);
+        self.metrics.retain_degraded_backends(live);
     }
 
     /// Writes every CacheIndex's status. An index whose `serverURL` is the

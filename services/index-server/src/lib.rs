@@ -165,6 +165,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let auth = probe_auth(&config).await?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
+    metrics
+        .capacity_entries
+        .set(i64::try_from(config.capacity_entries).unwrap_or(i64::MAX));
     let index = Arc::new(Index::new(IndexConfig {
         capacity_entries: config.capacity_entries,
         ..IndexConfig::default()

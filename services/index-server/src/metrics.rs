@@ -67,6 +67,9 @@ pub struct Metrics {
     pub entries: Gauge,
     /// Entries evicted by the capacity bound.
     pub capacity_evictions: Gauge,
+    /// The configured bound on resident entries (`--capacity-entries`), so
+    /// "near capacity" is one ratio of two series.
+    pub capacity_entries: Gauge,
     /// Records moved by compaction of sparse pages.
     pub records_relocated: Gauge,
     /// Functional-probe stages run, by stage and outcome.
@@ -91,6 +94,7 @@ impl Metrics {
             content_errors: Counter::default(),
             entries: Gauge::default(),
             capacity_evictions: Gauge::default(),
+            capacity_entries: Gauge::default(),
             records_relocated: Gauge::default(),
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
@@ -138,6 +142,11 @@ impl Metrics {
                 "capacity_evictions",
                 "Entries evicted by the capacity bound",
                 m.capacity_evictions.clone(),
+            );
+            r.register(
+                "capacity_entries",
+                "Most resident entries the index keeps (--capacity-entries)",
+                m.capacity_entries.clone(),
             );
             r.register(
                 "records_relocated",

@@ -278,6 +278,7 @@ async fn scrape_tier2(
         }
     };
     let mut tick = tokio::time::interval(interval);
+    let mut last = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -295,6 +296,10 @@ async fn scrape_tier2(
         match text {
             Ok(text) => {
                 let counters = tier2::parse_tier2(&text);
+                if let Some(now) = counters {
+                    metrics.record_tier2(last, now);
+                    last = Some(now);
+                }
                 outbox::lock(&outbox).tier2 = counters;
             }
             Err(error) => {

@@ -1,6 +1,8 @@
 //! The subscriber's Prometheus metrics (all prefixed `inferencecache_subscriber_`).
 
 use ic_kvevents::ApplyStats;
+
+use crate::outbox::Tier2Counters;
 use ic_telemetry::MetricsRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -81,6 +83,11 @@ pub struct Metrics {
     pub tier2_scrape_failures: Counter,
     /// LoRA-adapter blocks not indexed.
     pub adapter_blocks_skipped: Counter,
+    /// The engine's tier-2 (external prefix cache) queries, mirrored from
+    /// its own counter so a per-pod alert can see a tier that stopped hitting.
+    pub tier2_queries: Counter,
+    /// The engine's tier-2 hits, mirrored likewise.
+    pub tier2_hits: Counter,
 }
 
 impl Metrics {
@@ -221,6 +228,30 @@ impl Metrics {
             "LoRA-adapter blocks not indexed",
             self.adapter_blocks_skipped.clone(),
         );
+        r.register(
+            "tier2_queries",
+            "Tier-2 (external prefix cache) queries the engine reported",
+            self.tier2_queries.clone(),
+        );
+        r.register(
+            "tier2_hits",
+            "Tier-2 (external prefix cache) hits the engine reported",
+            self.tier2_hits.clone(),
+        );
+    }
+
+    /// Mirrors one scrape of the engine's tier-2 counters: adds what they
+    /// grew by since `previous`, or their whole value when they went
+    /// backwards (the engine restarted and its counters started over).
+    pub fn record_tier2(&self, previous: Option<Tier2Counters>, now: Tier2Counters) {
+        let grown = |before: Option<u64>, after: u64| match before {
+            Some(b) if after >= b => after - b,
+            _ => after,
+        };
+        self.tier2_queries
+            .inc_by(grown(previous.map(|p| p.queries), now.queries));
+        self.tier2_hits
+            .inc_by(grown(previous.map(|p| p.hits), now.hits));
     }
 
     /// Adds what applying a batch did.
@@ -244,5 +275,25 @@ impl Metrics {
         self.batches_failed
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counters(hits: u64, queries: u64) -> Tier2Counters {
+        Tier2Counters { hits, queries }
+    }
+
+    #[test]
+    fn tier2_mirror_follows_growth_and_engine_restarts() {
+        let m = Metrics::default();
+        m.record_tier2(None, counters(3, 10));
+        m.record_tier2(Some(counters(3, 10)), counters(5, 14));
+        assert_eq!((m.tier2_hits.get(), m.tier2_queries.get()), (5, 14));
+        // The engine restarted: its counters start over from zero.
+        m.record_tier2(Some(counters(5, 14)), counters(1, 2));
+        assert_eq!((m.tier2_hits.get(), m.tier2_queries.get()), (6, 16));
     }
 }

@@ -89,7 +89,13 @@ fn engine_shm_mount(engine: &Container) -> Option<&VolumeMount> {
 }
 
 impl SglangLmCache {
-    fn worker(&self, ctx: &InjectContext<'_>, image: String, shm_volume: &str) -> Container {
+    fn worker(
+        &self,
+        ctx: &InjectContext<'_>,
+        engine: &Container,
+        image: String,
+        shm_volume: &str,
+    ) -> Container {
         let port = ctx.worker_port();
         let chunk = ctx.chunk_size();
         let l1 = ctx.host_memory_gib();
@@ -137,6 +143,9 @@ impl SglangLmCache {
                 failure_threshold: Some(150),
                 ..Probe::default()
             }),
+            // The worker pins host memory for the engine: it keeps the
+            // capabilities the engine adds, nothing more.
+            security_context: Some(crate::sidecars::engine_image_security_context(engine, true)),
             ..Container::default()
         }
     }
@@ -327,7 +336,7 @@ impl RuntimeAdapter for SglangLmCache {
                 ..VolumeMount::default()
             },
         );
-        let worker = self.worker(ctx, image, &shm_volume);
+        let worker = self.worker(ctx, &spec.containers[engine], image, &shm_volume);
         upsert_container(spec.init_containers.get_or_insert_with(Vec::new), worker);
         Ok(())
     }

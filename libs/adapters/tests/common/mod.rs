@@ -48,12 +48,18 @@ pub fn merge(base: &mut Value, patch: Value) {
     }
 }
 
+/// The KV-event publisher the test engines run with (the replay socket and
+/// topic included, so the golden files show the subscriber following them).
+pub const VLLM_KV_EVENTS: &str = r#"{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}"#;
+/// The same for SGLang, which has no master switch.
+pub const SGLANG_KV_EVENTS: &str = r#"{"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558","topic":"kv-events"}"#;
+
 /// A one-container engine pod labelled `app: engine` in `team-a`.
 pub fn engine_pod(container: Value) -> Pod {
     let mut c = json!({
         "name": "server",
         "image": "vllm/vllm-openai:v0.11.0",
-        "args": ["--model", "Qwen/Qwen3-8B"],
+        "args": ["--model", "Qwen/Qwen3-8B", "--kv-events-config", VLLM_KV_EVENTS],
         "ports": [{"containerPort": 8000, "name": "http"}],
     });
     merge(&mut c, container);

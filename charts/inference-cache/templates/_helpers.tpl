@@ -1,0 +1,140 @@
+{{/*
+Names. The Services carry the DNS names the binaries use by default
+(inferencecache-index-server.<namespace>:9090 and :8081, ...), so every
+object name is fixed rather than derived from the release name: one
+InferenceCache per cluster (its webhook configurations are cluster-wide).
+*/}}
+{{- define "ic.name.controller" -}}inferencecache-controller{{- end -}}
+{{- define "ic.name.webhook" -}}inferencecache-webhook{{- end -}}
+{{- define "ic.name.indexServer" -}}inferencecache-index-server{{- end -}}
+{{- define "ic.name.coordinator" -}}inferencecache-coordinator{{- end -}}
+
+{{- define "ic.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" . "component" "controller"). */}}
+{{- define "ic.selectorLabels" -}}
+app.kubernetes.io/name: inference-cache
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every label of one component's objects. */}}
+{{- define "ic.labels" -}}
+{{ include "ic.selectorLabels" . }}
+app.kubernetes.io/part-of: inference-cache
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ include "ic.chart" .ctx }}
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference: (dict "ctx" . "image" .Values.controller.image). */}}
+{{- define "ic.image" -}}
+{{- $registry := .ctx.Values.image.registry | trimSuffix "/" -}}
+{{- $name := .image.name -}}
+{{- $ref := ternary $name (printf "%s/%s" $registry $name) (empty $registry) -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $ref .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $ref (.image.tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The subscriber image the webhook injects (empty when disabled). */}}
+{{- define "ic.subscriberImage" -}}
+{{- if .Values.subscriber.enabled -}}
+{{ include "ic.image" (dict "ctx" . "image" .Values.subscriber.image) }}
+{{- end -}}
+{{- end -}}
+
+{{/* In-cluster URLs of the index server and the coordinator. */}}
+{{- define "ic.url.indexGrpc" -}}
+http://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:9090
+{{- end -}}
+{{- define "ic.url.indexHttp" -}}
+http://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:8081
+{{- end -}}
+{{- define "ic.url.coordinator" -}}
+http://{{ include "ic.name.coordinator" . }}.{{ .Release.Namespace }}:9300
+{{- end -}}
+
+{{/* Pod-level fields every pod of the chart shares: (dict "ctx" . "values" .Values.controller). */}}
+{{- define "ic.podCommon" -}}
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+securityContext:
+  {{- toYaml .ctx.Values.pods.securityContext | nindent 2 }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Topology spread for a component with several replicas: the configured
+constraints, or by default across nodes and zones (best effort).
+(dict "ctx" . "values" .Values.webhook "component" "webhook")
+*/}}
+{{- define "ic.topologySpread" -}}
+{{- if gt (int .values.replicas) 1 }}
+topologySpreadConstraints:
+{{- if .values.topologySpreadConstraints }}
+  {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
+{{- else }}
+  {{- range list "kubernetes.io/hostname" "topology.kubernetes.io/zone" }}
+  - maxSkew: 1
+    topologyKey: {{ . }}
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- include "ic.selectorLabels" (dict "ctx" $.ctx "component" $.component) | nindent 8 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The flags every binary takes. */}}
+{{- define "ic.logArgs" -}}
+- --log-level={{ .Values.pods.logLevel }}
+- --log-format={{ .Values.pods.logFormat }}
+{{- end -}}
+
+{{/* Liveness and readiness on an admin port name. */}}
+{{- define "ic.probes" -}}
+livenessProbe:
+  httpGet: {path: /live, port: {{ . }}}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet: {path: /ready, port: {{ . }}}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end -}}
+
+{{/* Whether a monitoring object renders: (dict "ctx" . "values" .Values.monitoring.serviceMonitors "api" "monitoring.coreos.com/v1/ServiceMonitor"). */}}
+{{- define "ic.monitoringEnabled" -}}
+{{- if and .values.enabled (or .values.force (.ctx.Capabilities.APIVersions.Has .api)) -}}
+true
+{{- end -}}
+{{- end -}}

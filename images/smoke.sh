@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Smoke-runs every image archive in DIR with podman: `--help` answers, each
+# server starts, answers /live on loopback, and exits 0 within its grace
+# period after SIGTERM. Prints one line per image with its archive size.
+#
+# usage: smoke.sh [DIR]   (default target/images)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+dir=${1:-$root/target/images}
+grace=${IC_SMOKE_GRACE_SECONDS:-10}
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
+work=$(mktemp -d)
+cleanup() {
+  # Servers run in $(...) subshells, so find them by the name prefix.
+  podman ps -aq --filter "name=^ic-smoke-$$-" | xargs -r podman rm -f >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "smoke: $*" >&2; exit 1; }
+
+free_port() {
+  local p
+  for _ in $(seq 1 200); do
+    p=$(( (RANDOM % 30000) + 20000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+  done
+  fail "no free loopback port"
+}
+
+# HTTP GET over bash's /dev/tcp (no curl needed); prints the status code.
+http_status() {
+  local port=$1 path=$2 line
+  exec 3<>"/dev/tcp/127.0.0.1/$port" || return 1
+  printf 'GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' "$path" >&3
+  IFS= read -r line <&3 || true
+  exec 3<&- 3>&-
+  echo "$line" | awk '{print $2}'
+}
+
+wait_live() {
+  local name=$1 port=$2 deadline=$((SECONDS + 60))
+  while [ $SECONDS -lt $deadline ]; do
+    if [ "$(http_status "$port" /live 2>/dev/null || true)" = 200 ]; then return 0; fi
+    if [ "$(podman inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
+      podman logs "$name" >&2 || true
+      fail "$name exited before answering /live"
+    fi
+    sleep 0.2
+  done
+  podman logs "$name" >&2 || true
+  fail "$name did not answer /live on 127.0.0.1:$port within 60 s"
+}
+
+# A serving certificate for the webhook's file mode.
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
+  -keyout "$work/tls.key" -out "$work/tls.crt" >/dev/null 2>&1 \
+  || fail "openssl is needed to make the webhook's test certificate"
+chmod 0644 "$work/tls.key" "$work/tls.crt"
+# A kubeconfig that points nowhere: the binaries build their clients lazily.
+cat >"$work/kubeconfig" <<KUBE
+apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: none, user: {token: none}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+KUBE
+chmod 0644 "$work/kubeconfig"
+
+run_server() { # image port args...
+  local image=$1 port=$2; shift 2
+  local name="ic-smoke-$$-$image"
+  podman run -q -d --name "$name" --network host -v "$work:/smoke:ro" \
+    "$ref" "$@" >/dev/null
+  wait_live "$name" "$port"
+  local start=$SECONDS
+  podman stop -t "$grace" "$name" >/dev/null
+  local took=$((SECONDS - start)) code
+  code=$(podman inspect -f '{{.State.ExitCode}}' "$name")
+  [ "$code" = 0 ] || { podman logs "$name" >&2 || true; fail "$image exited $code after SIGTERM (want 0)"; }
+  [ "$took" -lt "$grace" ] || fail "$image took ${took}s to stop (grace ${grace}s)"
+  podman rm "$name" >/dev/null
+  echo "stopped on SIGTERM in ${took}s, exit 0"
+}
+
+count=0
+for archive in "$dir"/*.tar; do
+  [ -e "$archive" ] || fail "no image archives in $dir"
+  image=$(basename "$archive" .tar)
+  size=$(du -h "$archive" | cut -f1)
+  ref=$(podman load -q -i "$archive" | sed -n 's/^Loaded image[^:]*: //p' | tail -n 1)
+  [ -n "$ref" ] || fail "podman could not load $archive"
+  user=$(podman image inspect -f '{{.Config.User}}' "$ref")
+  [ "$user" = 65532:65532 ] || fail "$image runs as '$user' (want 65532:65532)"
+  podman run -q --rm --network host "$ref" --help >"$work/help" || fail "$image --help failed"
+  grep -qi usage "$work/help" || fail "$image --help printed no usage"
+  p=$(free_port)
+  case "$image" in
+    ic-controller)
+      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --leader-election=false) ;;
+    ic-webhook)
+      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --https-addr "127.0.0.1:$(free_port)" \
+        --tls-cert /smoke/tls.crt --tls-key /smoke/tls.key --kubeconfig /smoke/kubeconfig) ;;
+    ic-index-server)
+      podman run -q --rm --network host --entrypoint /usr/local/bin/icctl "$ref" --help >/dev/null \
+        || fail "icctl --help failed in $image"
+      result=$(run_server "$image" "$p" --http-addr "127.0.0.1:$p" --grpc-addr "127.0.0.1:$(free_port)") ;;
+    ic-kvevent-subscriber)
+      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --model-id smoke --replica-id smoke-0 \
+        --tenant smoke --index-server http://127.0.0.1:9 --engine-endpoint "tcp://127.0.0.1:$(free_port)") ;;
+    ic-coordinator)
+      result=$(run_server "$image" "$p" --host 127.0.0.1 --port "$p") ;;
+    *) fail "no smoke run is defined for image $image" ;;
+  esac
+  printf '%-24s %6s  user %s, --help ok, /live ok, %s\n' "$image" "$size" "$user" "$result"
+  count=$((count + 1))
+done
+echo "smoke: $count images passed"
