@@ -3,9 +3,9 @@
 //!
 //! Layout: [`poller`] (CacheIndex + indexParticipation), [`policy`]
 //! (CachePolicy → SetPolicies), [`tenant`] (CacheTenant → coordinator),
-//! [`leader`] (Lease elector), [`metrics`], [`kubeutil`] (SSA helpers), and
-//! [`testing`] (an in-memory fake API server for tests). The decisions live
-//! in `ic-controller-core`; this crate does the I/O.
+//! [`leader`] (Lease elector), [`metrics`] and [`kubeutil`] (SSA helpers).
+//! The decisions live in `ic-controller-core`; this crate does the I/O.
+//! Tests drive it against `ic-fake-apiserver`.
 
 pub mod backend;
 pub mod enginepod;
@@ -15,7 +15,6 @@ pub mod metrics;
 pub mod policy;
 pub mod poller;
 pub mod tenant;
-pub mod testing;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

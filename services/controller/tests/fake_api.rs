@@ -7,7 +7,7 @@ mod common;
 
 use ic_api::cachebackend::{CacheBackend, IndexParticipation};
 use ic_controller::kubeutil;
-use ic_controller::testing::FakeApi;
+use ic_fake_apiserver::FakeApi;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

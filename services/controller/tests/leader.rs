@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ic_controller::leader::LeaderElector;
-use ic_controller::testing::FakeApi;
 use ic_controller_core::clock::{Clock, ManualClock};
+use ic_fake_apiserver::FakeApi;
 use k8s_openapi::api::coordination::v1::Lease;
 
 fn elector(fake: &FakeApi, id: &str, clock: &Arc<ManualClock>) -> LeaderElector {

@@ -9,7 +9,7 @@ use ic_api::cachebackend::CacheBackend;
 use ic_api::cacheindex::{CacheIndex, CacheIndexSpec};
 use ic_api::consts::annotations;
 use ic_controller::poller::Poller;
-use ic_controller::testing::FakeApi;
+use ic_fake_apiserver::FakeApi;
 use serde_json::json;
 
 const V: &str = "inferencecache.io/v1alpha1";

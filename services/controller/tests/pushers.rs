@@ -10,7 +10,7 @@ use ic_api::cachepolicy::{CachePolicy, CachePolicySpec};
 use ic_api::cachetenant::{CacheTenant, CacheTenantSpec, TenantPin, TenantQuota};
 use ic_controller::policy::PolicyPusher;
 use ic_controller::tenant::TenantPusher;
-use ic_controller::testing::FakeApi;
+use ic_fake_apiserver::FakeApi;
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;

@@ -8,6 +8,7 @@
 //! shared one from `ic-telemetry`.
 
 pub mod cachebackend;
+pub mod certs;
 pub mod metrics;
 pub mod pod;
 pub mod review;
@@ -24,6 +25,7 @@ use ic_adapters::admission::InjectionConfig;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
 use tokio_util::sync::CancellationToken;
 
+use crate::certs::{ManagedCertificates, ManagedConfig};
 use crate::metrics::Metrics;
 use crate::pod::KubeBackends;
 use crate::server::{AppState, HttpsServer};
@@ -44,6 +46,13 @@ pub struct Config {
     /// HTTPS listen address for AdmissionReview requests.
     #[arg(long, env = "IC_HTTPS_ADDR", default_value = "0.0.0.0:9443")]
     pub https_addr: SocketAddr,
+    /// Where the serving certificate comes from: `files` (--tls-cert and
+    /// --tls-key, reloaded when they change: cert-manager or your own
+    /// Secret) or `managed` (the webhook keeps its own CA and certificate in
+    /// --cert-secret, renews them and writes the CA into its webhook
+    /// configurations).
+    #[arg(long, env = "IC_CERTIFICATES", value_enum, default_value_t = CertificateMode::Files)]
+    pub certificates: CertificateMode,
     /// PEM certificate chain (reloaded on rotation).
     #[arg(long, env = "IC_TLS_CERT", default_value = "/tls/tls.crt")]
     pub tls_cert: PathBuf,
@@ -53,6 +62,63 @@ pub struct Config {
     /// How often the certificate files are checked for rotation, seconds.
     #[arg(long, env = "IC_TLS_RELOAD_INTERVAL_SECONDS", default_value_t = 5)]
     pub tls_reload_interval_seconds: u64,
+    /// Managed mode: the Secret holding the CA and serving certificate.
+    #[arg(
+        long,
+        env = "IC_CERT_SECRET",
+        default_value = "inferencecache-webhook-tls"
+    )]
+    pub cert_secret: String,
+    /// Managed mode: the Secret's namespace (the webhook's own).
+    #[arg(
+        long,
+        env = "IC_CERT_NAMESPACE",
+        default_value = "inferencecache-system"
+    )]
+    pub cert_namespace: String,
+    /// Managed mode: the webhook Service the certificate is for (its DNS
+    /// names in --cert-namespace go into the certificate).
+    #[arg(
+        long,
+        env = "IC_CERT_SERVICE",
+        default_value = "inferencecache-webhook"
+    )]
+    pub cert_service: String,
+    /// Managed mode: the cluster's DNS domain.
+    #[arg(long, env = "IC_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+    /// Managed mode: MutatingWebhookConfigurations to write the CA into
+    /// (comma-separated or repeated).
+    #[arg(
+        long,
+        env = "IC_MUTATING_WEBHOOK_CONFIGURATION",
+        value_delimiter = ',',
+        default_value = "inferencecache-webhook"
+    )]
+    pub mutating_webhook_configuration: Vec<String>,
+    /// Managed mode: ValidatingWebhookConfigurations to write the CA into.
+    #[arg(
+        long,
+        env = "IC_VALIDATING_WEBHOOK_CONFIGURATION",
+        value_delimiter = ',',
+        default_value = "inferencecache-webhook"
+    )]
+    pub validating_webhook_configuration: Vec<String>,
+    /// Managed mode: lifetime of a serving certificate, seconds (renewed
+    /// with a third left).
+    #[arg(long, env = "IC_SERVING_CERT_VALIDITY_SECONDS", default_value_t = 90 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(60..))]
+    pub serving_cert_validity_seconds: u64,
+    /// Managed mode: lifetime of the CA, seconds (renewed with a third left;
+    /// the old CA stays trusted until it expires).
+    #[arg(long, env = "IC_CA_VALIDITY_SECONDS", default_value_t = 10 * 365 * 24 * 3600,
+          value_parser = clap::value_parser!(u64).range(60..))]
+    pub ca_validity_seconds: u64,
+    /// Managed mode: seconds between checks of the Secret and the webhook
+    /// configurations.
+    #[arg(long, env = "IC_CERT_CHECK_INTERVAL_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub cert_check_interval_seconds: u64,
     /// Image of the kvevent-subscriber sidecar; unset injects no subscriber.
     #[arg(long, env = "IC_KVEVENT_SUBSCRIBER_IMAGE")]
     pub kvevent_subscriber_image: Option<String>,
@@ -79,6 +145,15 @@ pub struct Config {
     pub list_timeout_ms: u64,
 }
 
+/// Where the serving certificate comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertificateMode {
+    /// PEM files, reloaded when they change.
+    Files,
+    /// The webhook's own CA and certificate, kept in a Secret.
+    Managed,
+}
+
 async fn kube_client(config: &Config) -> anyhow::Result<kube::Client> {
     let kube_config = match &config.kubeconfig {
         Some(path) => {
@@ -96,24 +171,104 @@ async fn kube_client(config: &Config) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(kube_config).context("building the Kubernetes client")
 }
 
+fn managed_config(config: &Config) -> ManagedConfig {
+    ManagedConfig {
+        secret: config.cert_secret.clone(),
+        namespace: config.cert_namespace.clone(),
+        mutating: config.mutating_webhook_configuration.clone(),
+        validating: config.validating_webhook_configuration.clone(),
+        settings: certs::Settings {
+            service: config.cert_service.clone(),
+            namespace: config.cert_namespace.clone(),
+            cluster_domain: config.cluster_domain.clone(),
+            serving_validity: Duration::from_secs(config.serving_cert_validity_seconds),
+            ca_validity: Duration::from_secs(config.ca_validity_seconds),
+        },
+    }
+}
+
 /// Runs the webhook until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     let health = Health::new();
+    // The admin server answers /live from the start; /ready waits for a
+    // serving certificate and the HTTPS listener.
+    let admin = AdminServer::bind(
+        config.admin_addr,
+        health.clone(),
+        registry,
+        axum::Router::new(),
+    )
+    .await
+    .context("starting admin server")?;
+    let admin = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let result = admin.serve(shutdown.clone()).await;
+            // Whichever server stops first (an error, or the signal) stops the other.
+            shutdown.cancel();
+            result
+        }
+    });
+    let served = serve_admissions(&config, &metrics, &health, &shutdown).await;
+    health.set_ready(false);
+    shutdown.cancel();
+    let admin = admin.await.context("admin server task")?;
+    served?;
+    admin.context("admin server")?;
+    tracing::info!("webhook stopped");
+    Ok(())
+}
 
-    let certs = Arc::new(
-        CertStore::load(&config.tls_cert, &config.tls_key).with_context(|| {
-            format!(
-                "loading the serving certificate (--tls-cert {}, --tls-key {})",
-                config.tls_cert.display(),
-                config.tls_key.display()
-            )
-        })?,
-    );
+/// Sets up the serving certificate, then serves admission requests until
+/// `shutdown`.
+async fn serve_admissions(
+    config: &Config,
+    metrics: &Metrics,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    // A broken certificate file is reported before anything else.
+    let files = match config.certificates {
+        CertificateMode::Files => Some(
+            CertStore::load(&config.tls_cert, &config.tls_key).with_context(|| {
+                format!(
+                    "loading the serving certificate (--tls-cert {}, --tls-key {})",
+                    config.tls_cert.display(),
+                    config.tls_key.display()
+                )
+            })?,
+        ),
+        CertificateMode::Managed => None,
+    };
+    let client = kube_client(config).await?;
+    let (certs, managed) = match files {
+        Some(store) => (Arc::new(store), None),
+        None => {
+            let store = Arc::new(CertStore::empty());
+            let managed = ManagedCertificates::new(
+                client.clone(),
+                managed_config(config),
+                store.clone(),
+                metrics.clone(),
+            );
+            // Serve nothing until a certificate is in place.
+            let report = managed
+                .first_sync(shutdown)
+                .await
+                .context("setting up the managed webhook certificates")?;
+            tracing::info!(
+                secret = %format!("{}/{}", config.cert_namespace, config.cert_secret),
+                renewed = report.renewed.map(|r| r.label()),
+                ca_bundles_written = report.ca_bundles_written,
+                missing_configurations = ?report.missing_configurations,
+                "managed webhook certificates in place"
+            );
+            (store, Some(managed))
+        }
+    };
     let tls = certs.server_config()?;
-    let client = kube_client(&config).await?;
-
     let state = Arc::new(AppState {
         metrics: metrics.clone(),
         backends: Arc::new(KubeBackends::new(
@@ -131,38 +286,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let https = HttpsServer::bind(config.https_addr, tls, server::router(state))
         .await
         .with_context(|| format!("binding --https-addr {}", config.https_addr))?;
-    let admin = AdminServer::bind(
-        config.admin_addr,
-        health.clone(),
-        registry,
-        axum::Router::new(),
-    )
-    .await
-    .context("starting admin server")?;
-
-    let watcher = tokio::spawn(certs.watch(
-        Duration::from_secs(config.tls_reload_interval_seconds.max(1)),
-        metrics,
-        shutdown.clone(),
-    ));
+    let watcher = match managed {
+        Some(managed) => tokio::spawn(managed.run(
+            Duration::from_secs(config.cert_check_interval_seconds),
+            shutdown.clone(),
+        )),
+        None => tokio::spawn(certs.watch(
+            Duration::from_secs(config.tls_reload_interval_seconds.max(1)),
+            metrics.clone(),
+            shutdown.clone(),
+        )),
+    };
     health.set_ready(true);
-    // Whichever server stops first (an error, or the signal) stops the other.
-    let https = async {
-        let result = https.serve(shutdown.clone()).await;
-        shutdown.cancel();
-        result
-    };
-    let admin = async {
-        let result = admin.serve(shutdown.clone()).await;
-        shutdown.cancel();
-        result
-    };
-    let (https, admin) = tokio::join!(https, admin);
-    health.set_ready(false);
+    let served = https.serve(shutdown.clone()).await;
     shutdown.cancel();
     let _ = watcher.await;
-    https.context("admission server")?;
-    admin.context("admin server")?;
-    tracing::info!("webhook stopped");
-    Ok(())
+    served.context("admission server")
 }

@@ -6,6 +6,7 @@ use ic_telemetry::MetricsRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 
 /// Which admission endpoint (fixed set).
@@ -62,6 +63,14 @@ pub struct RejectLabel {
     pub reason: &'static str,
 }
 
+/// Labels of the managed-certificate metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabel {
+    /// `created`, `ca` or `serving` (renewals); `ca` or `serving` (expiry);
+    /// the failed step (errors).
+    pub what: &'static str,
+}
+
 /// Latency buckets, seconds: sub-millisecond resolution where admission
 /// normally lands, up to the API server's 10 s webhook timeout.
 const LATENCY_BUCKETS: [f64; 16] = [
@@ -86,6 +95,14 @@ pub struct Metrics {
     pub rejected_requests: Family<RejectLabel, Counter>,
     /// Time to list a namespace's CacheBackends from the API server.
     pub list_latency: Histogram,
+    /// Managed mode: certificates this replica issued, by what was renewed.
+    pub certificate_renewals: Family<CertLabel, Counter>,
+    /// Managed mode: when the stored certificates expire (Unix seconds).
+    pub certificate_expiry: Family<CertLabel, Gauge>,
+    /// Managed mode: failed certificate checks, by the step that failed.
+    pub certificate_errors: Family<CertLabel, Counter>,
+    /// Managed mode: webhook configurations whose caBundle was written.
+    pub ca_bundle_writes: Counter,
 }
 
 impl Metrics {
@@ -97,6 +114,10 @@ impl Metrics {
             tls_reloads: Family::default(),
             rejected_requests: Family::default(),
             list_latency: latency_histogram(),
+            certificate_renewals: Family::default(),
+            certificate_expiry: Family::default(),
+            certificate_errors: Family::default(),
+            ca_bundle_writes: Counter::default(),
         }
     }
 
@@ -130,6 +151,26 @@ impl Metrics {
                 "Time to list a namespace's CacheBackends (pod admission), failures included",
                 m.list_latency.clone(),
             );
+            r.register(
+                "certificate_renewals",
+                "Managed certificates issued by this replica, by what was renewed",
+                m.certificate_renewals.clone(),
+            );
+            r.register(
+                "certificate_expiry_timestamp_seconds",
+                "When the managed certificates expire (Unix time), by certificate",
+                m.certificate_expiry.clone(),
+            );
+            r.register(
+                "certificate_errors",
+                "Failed managed-certificate checks, by the step that failed",
+                m.certificate_errors.clone(),
+            );
+            r.register(
+                "ca_bundle_writes",
+                "Webhook configurations whose caBundle this replica updated",
+                m.ca_bundle_writes.clone(),
+            );
         });
         m
     }
@@ -157,6 +198,39 @@ impl Metrics {
         self.rejected_requests
             .get_or_create(&RejectLabel { reason })
             .inc();
+    }
+
+    /// Counts an issued certificate.
+    pub fn certificate_renewed(&self, what: &'static str) {
+        self.certificate_renewals
+            .get_or_create(&CertLabel { what })
+            .inc();
+    }
+
+    /// Exports when a certificate expires (`None`: unreadable, not exported).
+    pub fn set_certificate_expiry(&self, what: &'static str, unix: Option<i64>) {
+        match unix {
+            Some(t) => {
+                self.certificate_expiry
+                    .get_or_create(&CertLabel { what })
+                    .set(t);
+            }
+            None => {
+                self.certificate_expiry.remove(&CertLabel { what });
+            }
+        }
+    }
+
+    /// Counts a failed certificate check.
+    pub fn certificate_error(&self, step: &'static str) {
+        self.certificate_errors
+            .get_or_create(&CertLabel { what: step })
+            .inc();
+    }
+
+    /// Counts caBundle writes.
+    pub fn ca_bundles_written(&self, count: usize) {
+        self.ca_bundle_writes.inc_by(count as u64);
     }
 
     /// Counts a TLS reload.

@@ -109,13 +109,16 @@ pub enum ReloadOutcome {
     Failed(String),
 }
 
-/// The certificate currently served, re-read from disk on change.
+/// The certificate currently served: re-read from disk on change (files
+/// mode), or installed from the managed Secret ([`CertStore::install_pem`]).
 #[derive(Debug)]
 pub struct CertStore {
-    cert_path: PathBuf,
-    key_path: PathBuf,
+    /// `(cert, key)` paths in files mode.
+    files: Option<(PathBuf, PathBuf)>,
     provider: Arc<CryptoProvider>,
-    current: RwLock<Arc<CertifiedKey>>,
+    /// `None` until a first pair is installed (managed mode before its
+    /// first sync): handshakes fail rather than serve nothing valid.
+    current: RwLock<Option<Arc<CertifiedKey>>>,
     /// The file contents last tried (served or rejected), so an unchanged
     /// broken pair is reported once, not on every poll.
     last_seen: Mutex<Option<(Vec<u8>, Vec<u8>)>>,
@@ -129,12 +132,21 @@ impl CertStore {
         let key_pem = read(key_path)?;
         let key = parse_pair(&cert_pem, &key_pem, cert_path, key_path, &provider)?;
         Ok(Self {
-            cert_path: cert_path.to_owned(),
-            key_path: key_path.to_owned(),
+            files: Some((cert_path.to_owned(), key_path.to_owned())),
             provider,
-            current: RwLock::new(Arc::new(key)),
+            current: RwLock::new(Some(Arc::new(key))),
             last_seen: Mutex::new(Some((cert_pem, key_pem))),
         })
+    }
+
+    /// A store with nothing to serve yet, filled by [`CertStore::install_pem`].
+    pub fn empty() -> Self {
+        Self {
+            files: None,
+            provider: provider(),
+            current: RwLock::new(None),
+            last_seen: Mutex::new(None),
+        }
     }
 
     /// The end-entity certificate currently served (DER).
@@ -142,14 +154,44 @@ impl CertStore {
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .cert
-            .first()
-            .cloned()
+            .as_ref()
+            .and_then(|k| k.cert.first().cloned())
     }
 
-    /// Re-reads the files and swaps in a new pair when they changed.
+    /// Serves `cert_pem`/`key_pem` from now on unless they are what is
+    /// served already; a pair that does not parse or match keeps the old one.
+    /// `origin` names where the pair came from, for errors.
+    pub fn install_pem(&self, cert_pem: &[u8], key_pem: &[u8], origin: &str) -> ReloadOutcome {
+        let mut last = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last
+            .as_ref()
+            .is_some_and(|(c, k)| c.as_slice() == cert_pem && k.as_slice() == key_pem)
+        {
+            return ReloadOutcome::Unchanged;
+        }
+        let cert_label = PathBuf::from(format!("{origin} tls.crt"));
+        let key_label = PathBuf::from(format!("{origin} tls.key"));
+        let parsed = parse_pair(cert_pem, key_pem, &cert_label, &key_label, &self.provider);
+        *last = Some((cert_pem.to_vec(), key_pem.to_vec()));
+        match parsed {
+            Ok(key) => {
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(key));
+                ReloadOutcome::Reloaded
+            }
+            Err(error) => ReloadOutcome::Failed(error.to_string()),
+        }
+    }
+
+    /// Re-reads the files and swaps in a new pair when they changed (files
+    /// mode; a managed store is never changed here).
     pub fn reload_if_changed(&self) -> ReloadOutcome {
-        let pair = read(&self.cert_path).and_then(|c| Ok((c, read(&self.key_path)?)));
+        let Some((cert_path, key_path)) = &self.files else {
+            return ReloadOutcome::Unchanged;
+        };
+        let pair = read(cert_path).and_then(|c| Ok((c, read(key_path)?)));
         let mut last = self
             .last_seen
             .lock()
@@ -170,17 +212,11 @@ impl CertStore {
         {
             return ReloadOutcome::Unchanged;
         }
-        let parsed = parse_pair(
-            &cert_pem,
-            &key_pem,
-            &self.cert_path,
-            &self.key_path,
-            &self.provider,
-        );
+        let parsed = parse_pair(&cert_pem, &key_pem, cert_path, key_path, &self.provider);
         *last = Some((cert_pem, key_pem));
         match parsed {
             Ok(key) => {
-                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(key);
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(key));
                 ReloadOutcome::Reloaded
             }
             Err(error) => ReloadOutcome::Failed(error.to_string()),
@@ -199,13 +235,17 @@ impl CertStore {
         Ok(config)
     }
 
-    /// Polls the files every `interval` until `shutdown`.
+    /// Polls the files every `interval` until `shutdown` (returns at once
+    /// for a managed store).
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
         metrics: Metrics,
         shutdown: CancellationToken,
     ) {
+        let Some((cert_path, _)) = self.files.clone() else {
+            return;
+        };
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticker.tick().await;
@@ -222,11 +262,11 @@ impl CertStore {
                 ReloadOutcome::Unchanged => {}
                 ReloadOutcome::Reloaded => {
                     metrics.tls_reload(true);
-                    tracing::info!(cert = %self.cert_path.display(), "serving certificate reloaded");
+                    tracing::info!(cert = %cert_path.display(), "serving certificate reloaded");
                 }
                 ReloadOutcome::Failed(error) => {
                     metrics.tls_reload(false);
-                    tracing::error!(%error, cert = %self.cert_path.display(), "serving certificate reload failed; keeping the previous certificate");
+                    tracing::error!(%error, cert = %cert_path.display(), "serving certificate reload failed; keeping the previous certificate");
                 }
             }
         }
@@ -235,12 +275,10 @@ impl CertStore {
 
 impl ResolvesServerCert for CertStore {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            self.current
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
-        )
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 

@@ -1,0 +1,87 @@
+//! The fake over HTTP on loopback, for real binaries, and a kubeconfig that
+//! points at it.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use http_body_util::BodyExt;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::FakeApi;
+
+/// A fake served on a socket; dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct Served {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeApi {
+    /// Serves this fake over plain HTTP/1.1 on `addr` (port 0 picks one).
+    ///
+    /// # Errors
+    /// When the address cannot be bound.
+    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<Served> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let fake = self.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let fake = fake.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                        let fake = fake.clone();
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let bytes = body
+                                .collect()
+                                .await
+                                .map(http_body_util::Collected::to_bytes)
+                                .unwrap_or_default();
+                            Ok::<_, Infallible>(fake.respond(&parts, &bytes))
+                        }
+                    });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Ok(Served { addr, task })
+    }
+}
+
+/// Writes a kubeconfig for the fake at `addr` into `dir` (bearer `token`,
+/// default namespace `namespace`) and returns its path.
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_kubeconfig(
+    dir: &Path,
+    addr: SocketAddr,
+    token: &str,
+    namespace: &str,
+) -> std::io::Result<PathBuf> {
+    let path = dir.join(format!("kubeconfig-{}", addr.port()));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{addr}\n\
+             users:\n- name: fake\n  user:\n    token: {token}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {namespace}\n\
+             current-context: fake\n"
+        ),
+    )?;
+    Ok(path)
+}
