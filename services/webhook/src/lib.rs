@@ -107,12 +107,12 @@ pub struct Config {
     /// Managed mode: lifetime of a serving certificate, seconds (renewed
     /// with a third left).
     #[arg(long, env = "IC_SERVING_CERT_VALIDITY_SECONDS", default_value_t = 90 * 24 * 3600,
-          value_parser = clap::value_parser!(u64).range(60..))]
+          value_parser = clap::value_parser!(u64).range(10..))]
     pub serving_cert_validity_seconds: u64,
     /// Managed mode: lifetime of the CA, seconds (renewed with a third left;
     /// the old CA stays trusted until it expires).
     #[arg(long, env = "IC_CA_VALIDITY_SECONDS", default_value_t = 10 * 365 * 24 * 3600,
-          value_parser = clap::value_parser!(u64).range(60..))]
+          value_parser = clap::value_parser!(u64).range(10..))]
     pub ca_validity_seconds: u64,
     /// Managed mode: seconds between checks of the Secret and the webhook
     /// configurations.
@@ -254,10 +254,12 @@ async fn serve_admissions(
                 metrics.clone(),
             );
             // Serve nothing until a certificate is in place.
-            let report = managed
-                .first_sync(shutdown)
-                .await
-                .context("setting up the managed webhook certificates")?;
+            let report = match managed.first_sync(shutdown).await {
+                Ok(report) => report,
+                // Stopped while waiting for the API server: a clean stop.
+                Err(_) if shutdown.is_cancelled() => return Ok(()),
+                Err(e) => return Err(e).context("setting up the managed webhook certificates"),
+            };
             tracing::info!(
                 secret = %format!("{}/{}", config.cert_namespace, config.cert_secret),
                 renewed = report.renewed.map(|r| r.label()),
