@@ -162,6 +162,27 @@ pub enum Command {
         #[arg(long, default_value_t = 1.0)]
         speed: f64,
     },
+    /// Check that an installation answers: the index server (HTTP, gRPC
+    /// health, a LookupRoute), the coordinator and the webhook's HTTPS
+    /// certificate. Exits 1 when any check fails.
+    Check {
+        /// Do not check the coordinator.
+        #[arg(long)]
+        skip_coordinator: bool,
+        /// The webhook's HTTPS URL (`https://<service>.<namespace>.svc:443`);
+        /// omitted: not checked.
+        #[arg(long)]
+        webhook: Option<String>,
+        /// PEM file of the CA the webhook's certificate must verify against.
+        #[arg(long, requires = "webhook")]
+        webhook_ca: Option<PathBuf>,
+        /// The same CA as base64 PEM (a webhook configuration's caBundle).
+        #[arg(long, requires = "webhook", conflicts_with = "webhook_ca")]
+        webhook_ca_base64: Option<String>,
+        /// Seconds each check may take.
+        #[arg(long, default_value_t = 10)]
+        timeout_seconds: u64,
+    },
     /// Coordinator: delete a prompt's chunks from an instance.
     Delete {
         /// MP server instance id.
@@ -322,6 +343,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
             } else {
                 index::response_text(&r)
             })
+        }
+        Command::Check {
+            skip_coordinator,
+            webhook,
+            webhook_ca,
+            webhook_ca_base64,
+            timeout_seconds,
+        } => {
+            let webhook_ca = match (webhook_ca, webhook_ca_base64) {
+                (Some(path), _) => Some(
+                    std::fs::read_to_string(path)
+                        .with_context(|| format!("reading --webhook-ca {}", path.display()))?,
+                ),
+                (None, Some(b64)) => {
+                    use base64::Engine as _;
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(b64.trim())
+                        .context("--webhook-ca-base64 is not base64")?;
+                    Some(String::from_utf8(bytes).context("--webhook-ca-base64 is not PEM text")?)
+                }
+                (None, None) => None,
+            };
+            let targets = crate::check::CheckTargets {
+                index_grpc: cli.index_grpc.clone(),
+                index_http: cli.index_http.clone(),
+                coordinator: (!skip_coordinator).then(|| cli.coordinator.clone()),
+                webhook: webhook.clone(),
+                webhook_ca,
+                timeout: std::time::Duration::from_secs((*timeout_seconds).max(1)),
+            };
+            crate::check::run(&targets, json).await
         }
         Command::Snapshot => render(
             index::snapshot(&cli.index_http).await?,
