@@ -1,16 +1,13 @@
 //! The functional probe: its stages in process (including failures), and
 //! `POST /probe` on the real binary with static-token and TokenReview
-//! authentication (the TokenReview API served by a real HTTP server on
-//! loopback standing in for the Kubernetes API server).
+//! authentication (TokenReviews answered by the fake API server over HTTP on
+//! loopback, standing in for the Kubernetes API server).
 
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::Json;
-use axum::extract::State;
-use axum::routing::post;
 use ic_e2e::ServiceProcess;
 use ic_index::{Index, IndexConfig};
 use ic_index_server::grpc::IndexServer;
@@ -18,7 +15,6 @@ use ic_index_server::metrics::Metrics;
 use ic_index_server::policy::Policies;
 use ic_index_server::probe::{ProbeRequest, Prober, StageOutcome};
 use ic_proto::index_v1 as pb;
-use parking_lot::Mutex;
 use serde_json::{Value, json};
 
 fn server(capacity_entries: u64) -> IndexServer {
@@ -246,72 +242,32 @@ async fn probe_is_disabled_without_auth_configured() {
 }
 
 /// A kubeconfig pointing at an API server on `addr` (plain HTTP).
-fn write_kubeconfig(dir: &std::path::Path, addr: &str) -> std::path::PathBuf {
-    let path = dir.join("kubeconfig");
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\n\
-             users:\n- name: u\n  user:\n    token: index-server-sa-token\n\
-             contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
-    path
-}
-
-/// Reviews seen by the fake API server: (token, audiences).
-type Reviews = Arc<Mutex<Vec<(String, Vec<String>)>>>;
-
-async fn token_review(State(seen): State<Reviews>, Json(review): Json<Value>) -> Json<Value> {
-    let token = review["spec"]["token"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let audiences: Vec<String> = review["spec"]["audiences"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    seen.lock().push((token.clone(), audiences.clone()));
-    // The controller's projected token is valid for the "inferencecache"
-    // audience only; another service's token is valid for none of ours.
-    let status = match token.as_str() {
-        "controller-token" if audiences == ["inferencecache"] => json!({
-            "authenticated": true,
-            "user": {"username": "system:serviceaccount:ic-system:ic-controller"},
-            "audiences": ["inferencecache"],
-        }),
-        "other-audience-token" => json!({"authenticated": true, "audiences": []}),
-        _ => json!({"authenticated": false, "error": "invalid bearer token"}),
-    };
-    Json(json!({
-        "apiVersion": "authentication.k8s.io/v1",
-        "kind": "TokenReview",
-        "metadata": {"creationTimestamp": null},
-        "spec": review["spec"],
-        "status": status,
-    }))
+fn write_kubeconfig(dir: &std::path::Path, addr: SocketAddr) -> std::path::PathBuf {
+    ic_fake_apiserver::write_kubeconfig(dir, addr, "index-server-sa-token", "default").unwrap()
 }
 
 #[tokio::test]
 async fn token_review_authenticates_against_the_audience() {
-    let seen: Reviews = Arc::default();
-    let app = axum::Router::new()
-        .route(
-            "/apis/authentication.k8s.io/v1/tokenreviews",
-            post(token_review),
-        )
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-
+    // The controller's projected token is valid for the "inferencecache"
+    // audience only; another service's token is valid for another audience.
+    let fake = ic_fake_apiserver::FakeApi::new();
+    fake.add_token(
+        "controller-token",
+        ic_fake_apiserver::TokenIdentity {
+            username: "system:serviceaccount:ic-system:ic-controller".into(),
+            audiences: vec!["inferencecache".into()],
+        },
+    );
+    fake.add_token(
+        "other-audience-token",
+        ic_fake_apiserver::TokenIdentity {
+            username: "system:serviceaccount:x:other".into(),
+            audiences: vec!["some-other-service".into()],
+        },
+    );
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = write_kubeconfig(dir.path(), &api.to_string());
+    let kubeconfig = write_kubeconfig(dir.path(), served.addr);
     let (mut p, addr) = start(
         &["--probe-audience", "inferencecache"],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
@@ -342,7 +298,26 @@ async fn token_review_authenticates_against_the_audience() {
     );
     assert_eq!(post_probe(addr, None, GOOD).await.0, 401);
 
-    let seen = seen.lock().clone();
+    let seen: Vec<(String, Vec<String>)> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/tokenreviews"))
+        .map(|r| {
+            let token = r.body["spec"]["token"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let audiences = r.body["spec"]["audiences"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (token, audiences)
+        })
+        .collect();
     assert_eq!(
         seen,
         [
@@ -358,13 +333,23 @@ async fn token_review_authenticates_against_the_audience() {
         ]
     );
     assert!(p.stop().success());
+    // What the index server called is what the chart grants it.
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/inference-cache/rbac/ic-index-server.txt");
+    ic_fake_apiserver::rbac::check_contract(
+        &file,
+        "ic-index-server",
+        "services/index-server/tests/probe.rs",
+        &ic_fake_apiserver::rbac::permissions(&fake.requests()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test]
 async fn unreachable_api_server_is_a_503_not_a_pass() {
     let dir = tempfile::tempdir().unwrap();
     let dead = ic_e2e::free_port();
-    let kubeconfig = write_kubeconfig(dir.path(), &format!("127.0.0.1:{dead}"));
+    let kubeconfig = write_kubeconfig(dir.path(), format!("127.0.0.1:{dead}").parse().unwrap());
     let (mut p, addr) = start(
         &["--probe-audience", "inferencecache"],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],

@@ -80,10 +80,12 @@ fn ca_bundle(fake: &FakeApi) -> Option<String> {
         .then(|| String::from_utf8(first).unwrap())
 }
 
-/// Connects to `addr` trusting only `bundle`, as the API server does for the
-/// Service's DNS name, and returns the served leaf certificate, or the TLS
-/// error.
-async fn served_leaf(addr: SocketAddr, bundle: &str) -> Result<Vec<u8>, String> {
+/// Connects to `addr` trusting only `bundle`, for the Service's DNS name, as
+/// the API server does.
+async fn tls(
+    addr: SocketAddr,
+    bundle: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
         roots.add(cert.unwrap()).unwrap();
@@ -100,12 +102,35 @@ async fn served_leaf(addr: SocketAddr, bundle: &str) -> Result<Vec<u8>, String> 
         .await
         .map_err(|e| e.to_string())?;
     let name = ServerName::try_from(format!("{SERVICE}.{NAMESPACE}.svc")).unwrap();
-    let tls = connector
+    connector
         .connect(name, tcp)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+async fn served_leaf(addr: SocketAddr, bundle: &str) -> Result<Vec<u8>, String> {
+    let tls = tls(addr, bundle).await?;
     let (_, session) = tls.get_ref();
     Ok(session.peer_certificates().unwrap()[0].to_vec())
+}
+
+/// POSTs `body` to `path` over a verified TLS connection; returns the status line.
+async fn post(addr: SocketAddr, bundle: &str, path: &str, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = tls(addr, bundle).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {SERVICE}.{NAMESPACE}.svc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(body).await.unwrap();
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).await.ok();
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 struct Replica {
@@ -301,4 +326,67 @@ async fn without_the_api_the_webhook_is_live_but_never_ready() {
         process.stop().success(),
         "stops cleanly on SIGTERM while waiting"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_calls_exactly_what_its_rbac_file_grants() {
+    let fake = FakeApi::new();
+    seed_configurations(&fake);
+    fake.insert(
+        &json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+        "metadata": {"name": "cb", "namespace": "team-a", "uid": "uid-cb"},
+        "spec": {"runtime": "VLLM", "engineSelector": {"matchLabels": {"app": "engine"}},
+                 "observation": {"modelID": "m"}}}),
+    );
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), served.addr, "webhook-sa", NAMESPACE).unwrap();
+    let mut webhook = start_replica(&kubeconfig, 3600, 7200);
+    let bundle = wait_for("the CA bundle", Duration::from_secs(10), async || {
+        ca_bundle(&fake)
+    })
+    .await;
+    // One pod admission (which lists the namespace's CacheBackends).
+    let review = serde_json::to_vec(&common_fixture("pod-create-vllm.json")).unwrap();
+    let status = post(webhook.https, &bundle, "/mutate-pod", &review).await;
+    assert!(status.contains(" 200"), "{status}");
+    // A Secret broken from outside is repaired on the next check (an update).
+    let mut secret: Secret = fake.get("v1", "secrets", NAMESPACE, "webhook-tls").unwrap();
+    secret
+        .data
+        .as_mut()
+        .unwrap()
+        .insert("tls.key".into(), k8s_openapi::ByteString(b"junk".to_vec()));
+    fake.insert(&secret);
+    wait_for(
+        "the Secret to be repaired",
+        Duration::from_secs(10),
+        async || {
+            let secret: Secret = fake.get("v1", "secrets", NAMESPACE, "webhook-tls")?;
+            (secret.data?["tls.key"].0 != b"junk").then_some(())
+        },
+    )
+    .await;
+    assert!(
+        served_leaf(webhook.https, &bundle).await.is_ok(),
+        "still serving a verified certificate"
+    );
+    assert!(webhook.process.stop().success());
+    let recorded = ic_fake_apiserver::rbac::permissions(&fake.requests());
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/inference-cache/rbac/ic-webhook.txt");
+    ic_fake_apiserver::rbac::check_contract(
+        &file,
+        "ic-webhook",
+        "services/webhook/tests/managed_certs.rs",
+        &recorded,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn common_fixture(name: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }

@@ -197,3 +197,134 @@ mod tests {
         assert_eq!(got, want);
     }
 }
+
+/// One line of an RBAC contract file: `verb group/resource  # note`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ContractLine {
+    /// What is granted.
+    pub permission: Permission,
+    /// Why, when the line says (`not reached: ...` exempts it from being
+    /// recorded; other notes inform).
+    pub note: String,
+}
+
+impl ContractLine {
+    /// Whether the recording is not expected to contain this line.
+    pub fn not_reached(&self) -> bool {
+        self.note.starts_with("not reached")
+    }
+}
+
+/// Reads a contract file (`#` comments; `core` names the core group).
+///
+/// # Errors
+/// When the file cannot be read or a line is not `verb group/resource`.
+pub fn read_contract(path: &std::path::Path) -> Result<Vec<ContractLine>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|l| {
+            let (rule, note) = l.split_once('#').map_or((l, ""), |(r, n)| (r, n.trim()));
+            let mut words = rule.split_whitespace();
+            let (Some(verb), Some(target), None) = (words.next(), words.next(), words.next())
+            else {
+                return Err(format!(
+                    "{}: {l:?} is not `verb group/resource`",
+                    path.display()
+                ));
+            };
+            let (group, resource) = target
+                .split_once('/')
+                .ok_or_else(|| format!("{}: {target:?} is not group/resource", path.display()))?;
+            let group = if group == "core" { "" } else { group };
+            Ok(ContractLine {
+                permission: Permission::new(group, resource, verb),
+                note: note.to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// Checks `recorded` (what `binary` called in the test `recorded_by`)
+/// against the contract file at `path`: nothing recorded may be missing from
+/// it, and everything in it must have been recorded unless marked `not
+/// reached`. With `UPDATE_RBAC` set, rewrites the file from the recording
+/// instead (keeping the notes of lines that stay).
+///
+/// # Errors
+/// What differs, for the test to fail with.
+pub fn check_contract(
+    path: &std::path::Path,
+    binary: &str,
+    recorded_by: &str,
+    recorded: &BTreeSet<Permission>,
+) -> Result<(), String> {
+    let existing = if path.exists() {
+        read_contract(path)?
+    } else {
+        Vec::new()
+    };
+    if std::env::var_os("UPDATE_RBAC").is_some() {
+        let mut lines: Vec<ContractLine> = recorded
+            .iter()
+            .map(|p| ContractLine {
+                permission: p.clone(),
+                note: existing
+                    .iter()
+                    .find(|l| l.permission == *p && !l.not_reached())
+                    .map(|l| l.note.clone())
+                    .unwrap_or_default(),
+            })
+            .collect();
+        lines.extend(
+            existing
+                .into_iter()
+                .filter(|l| l.not_reached() && !recorded.contains(&l.permission)),
+        );
+        lines.sort_by(|a, b| {
+            (
+                &a.permission.group,
+                &a.permission.resource,
+                &a.permission.verb,
+            )
+                .cmp(&(
+                    &b.permission.group,
+                    &b.permission.resource,
+                    &b.permission.verb,
+                ))
+        });
+        let mut text = format!(
+            "# What {binary} calls, recorded by {recorded_by} from the real binary against\n\
+             # the fake API server (UPDATE_RBAC=1 rewrites it). Lines marked \"not reached\" are\n\
+             # calls the scenario cannot make, with the code path that makes them. The chart's\n\
+             # RBAC must grant exactly these (e2e/tests/chart_contract.rs checks it).\n"
+        );
+        for l in lines {
+            if l.note.is_empty() {
+                text.push_str(&format!("{}\n", l.permission));
+            } else {
+                text.push_str(&format!("{}  # {}\n", l.permission, l.note));
+            }
+        }
+        return std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()));
+    }
+    let granted: BTreeSet<&Permission> = existing.iter().map(|l| &l.permission).collect();
+    let missing: Vec<String> = recorded
+        .iter()
+        .filter(|p| !granted.contains(p))
+        .map(ToString::to_string)
+        .collect();
+    let unused: Vec<String> = existing
+        .iter()
+        .filter(|l| !l.not_reached() && !recorded.contains(&l.permission))
+        .map(|l| l.permission.to_string())
+        .collect();
+    if missing.is_empty() && unused.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{binary}'s calls differ from {}: called but not granted {missing:?}; granted but never called {unused:?} \
+         (run the test with UPDATE_RBAC=1 to record, then review the diff and the chart's RBAC)",
+        path.display()
+    ))
+}
