@@ -41,6 +41,29 @@ generate:
 generate-check:
     cargo run --quiet -p ic-api --bin crdgen -- --check
 
+# Build release binaries, package one FROM-scratch OCI image per binary into
+# target/images/<image>.tar (no registry needed), and smoke-run each with podman.
+images:
+    cargo build --release --workspace --bins
+    images/build-local.sh --profile release
+    images/smoke.sh target/images
+
+# The chart tests: lint, golden renders, strict validation, contracts with the code.
+chart:
+    cargo build --workspace --bins
+    cargo nextest run -p ic-e2e --test chart --test chart_contract
+
+# Rewrite the chart's golden renders (review the diff before committing).
+chart-golden:
+    UPDATE_GOLDEN=1 cargo nextest run -p ic-e2e --test chart -E 'test(renders_match_their_golden_files)'
+
+# The cluster suite (not part of `test`): installs the chart into the cluster
+# KUBECONFIG names, wires an engine pod and checks a Ready backend and a
+# LookupRoute hit. Push the images first and set IC_CLUSTER_IMAGE_REGISTRY.
+cluster-test:
+    cargo build --workspace --bins
+    cargo nextest run -p ic-e2e --features cluster --test cluster --no-capture
+
 # Run the criterion benchmarks.
 bench *ARGS:
     cargo bench --workspace {{ARGS}}

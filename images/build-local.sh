@@ -4,11 +4,12 @@
 # images.list, and writes each as an OCI archive <out>/<image>.tar. The root
 # filesystem is laid out by rootfs.sh, the same script the Dockerfile runs.
 #
-# usage: build-local.sh [--profile release|debug] [--out DIR] [--tag TAG] [IMAGE...]
+# usage: build-local.sh [--profile release|debug] [--bin-dir DIR] [--out DIR] [--tag TAG] [IMAGE...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 profile=release
+bin_dir=""
 out=""
 tag=""
 want=()
@@ -16,8 +17,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --bin-dir) bin_dir=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     -*) echo "build-local.sh: unknown flag $1" >&2; exit 2 ;;
     *) want+=("$1"); shift ;;
   esac
@@ -29,12 +31,12 @@ if [ -z "$out" ]; then
   out="$root/target/images"
   [ "$profile" = release ] || out="$out/$profile"
 fi
-bin_dir="$root/target/$profile"
+[ -n "$bin_dir" ] || bin_dir="${CARGO_TARGET_DIR:-$root/target}/$profile"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 mkdir -p "$out"
 # buildah mount needs root, or a user namespace that buildah unshare provides.
 if [ "$(id -u)" -ne 0 ] && [ -z "${_IC_IN_UNSHARE:-}" ]; then
-  _IC_IN_UNSHARE=1 exec buildah unshare "$0" --profile "$profile" --out "$out" --tag "$tag" ${want[@]+"${want[@]}"}
+  _IC_IN_UNSHARE=1 exec buildah unshare "$0" --profile "$profile" --bin-dir "$bin_dir" --out "$out" --tag "$tag" ${want[@]+"${want[@]}"}
 fi
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 work=$(mktemp -d)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lays out the root filesystem of one InferenceCache image in DIR: the
 # binaries, exactly the shared libraries `ldd` says they load (and the dynamic
-# loader), and passwd/group entries for the non-root user 65532. No shell, no
-# package manager, nothing else. Used by both recipes: the Dockerfile's build
+# loader), the CA certificate bundle (TLS clients load the system roots), and
+# passwd/group entries for the non-root user 65532. No shell, no package
+# manager, nothing else. Used by both recipes: the Dockerfile's build
 # stage and the registry-free local build (build-local.sh), so the two images
 # hold the same files.
 #
@@ -23,6 +24,10 @@ for bin in "$@"; do
     cp -L "$lib" "$dir$lib"
   done
 done
+ca=/etc/ssl/certs/ca-certificates.crt
+[ -f "$ca" ] || { echo "rootfs.sh: $ca is missing (install ca-certificates)" >&2; exit 1; }
+mkdir -p "$dir/etc/ssl/certs"
+cp -L "$ca" "$dir/etc/ssl/certs/ca-certificates.crt"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' >"$dir/etc/passwd"
 printf 'root:x:0:\nnonroot:x:65532:\n' >"$dir/etc/group"
 chown 65532:65532 "$dir/home/nonroot" 2>/dev/null || true

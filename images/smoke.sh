@@ -11,6 +11,8 @@ dir=${1:-$root/target/images}
 grace=${IC_SMOKE_GRACE_SECONDS:-10}
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 work=$(mktemp -d)
+# The images run as 65532: let them read the certificate and kubeconfig.
+chmod 0755 "$work"
 cleanup() {
   # Servers run in $(...) subshells, so find them by the name prefix.
   podman ps -aq --filter "name=^ic-smoke-$$-" | xargs -r podman rm -f >/dev/null 2>&1 || true
@@ -74,14 +76,16 @@ run_server() { # image port args...
   podman run -q -d --name "$name" --network host -v "$work:/smoke:ro" \
     "$ref" "$@" >/dev/null
   wait_live "$name" "$port"
-  local start=$SECONDS
+  local start end took code
+  start=$(date +%s%N)
   podman stop -t "$grace" "$name" >/dev/null
-  local took=$((SECONDS - start)) code
+  end=$(date +%s%N)
+  took=$(( (end - start) / 1000000 ))
   code=$(podman inspect -f '{{.State.ExitCode}}' "$name")
   [ "$code" = 0 ] || { podman logs "$name" >&2 || true; fail "$image exited $code after SIGTERM (want 0)"; }
-  [ "$took" -lt "$grace" ] || fail "$image took ${took}s to stop (grace ${grace}s)"
+  [ "$took" -lt $((grace * 1000)) ] || fail "$image took ${took} ms to stop (grace ${grace} s)"
   podman rm "$name" >/dev/null
-  echo "stopped on SIGTERM in ${took}s, exit 0"
+  echo "stopped on SIGTERM in ${took} ms, exit 0"
 }
 
 count=0
@@ -92,6 +96,7 @@ for archive in "$dir"/*.tar; do
   ref=$(podman load -q -i "$archive" | sed -n 's/^Loaded image[^:]*: //p' | tail -n 1)
   [ -n "$ref" ] || fail "podman could not load $archive"
   user=$(podman image inspect -f '{{.Config.User}}' "$ref")
+  unpacked=$(podman image inspect -f '{{.Size}}' "$ref" | awk '{printf "%.1f MB", $1 / 1e6}')
   [ "$user" = 65532:65532 ] || fail "$image runs as '$user' (want 65532:65532)"
   podman run -q --rm --network host "$ref" --help >"$work/help" || fail "$image --help failed"
   grep -qi usage "$work/help" || fail "$image --help printed no usage"
@@ -113,7 +118,7 @@ for archive in "$dir"/*.tar; do
       result=$(run_server "$image" "$p" --host 127.0.0.1 --port "$p") ;;
     *) fail "no smoke run is defined for image $image" ;;
   esac
-  printf '%-24s %6s  user %s, --help ok, /live ok, %s\n' "$image" "$size" "$user" "$result"
+  printf '%-24s archive %5s, image %9s, user %s, --help ok, /live ok, %s\n' "$image" "$size" "$unpacked" "$user" "$result"
   count=$((count + 1))
 done
 echo "smoke: $count images passed"
