@@ -4,12 +4,14 @@
 # images.list, and writes each as an OCI archive <out>/<image>.tar. The root
 # filesystem is laid out by rootfs.sh, the same script the Dockerfile runs.
 #
-# usage: build-local.sh [--profile release|debug] [--bin-dir DIR] [--out DIR] [--tag TAG] [IMAGE...]
+# usage: build-local.sh [--profile release|debug] [--bin-dir DIR] [--out DIR] [--tag TAG]
+#                       [--list FILE] [IMAGE...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 profile=release
 bin_dir=""
+list=""
 out=""
 tag=""
 want=()
@@ -18,6 +20,7 @@ while [ $# -gt 0 ]; do
     --profile) profile=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --bin-dir) bin_dir=$2; shift 2 ;;
+    --list) list=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
     -h|--help) sed -n '2,8p' "$0"; exit 0 ;;
     -*) echo "build-local.sh: unknown flag $1" >&2; exit 2 ;;
@@ -31,12 +34,13 @@ if [ -z "$out" ]; then
   out="$root/target/images"
   [ "$profile" = release ] || out="$out/$profile"
 fi
+[ -n "$list" ] || list="$here/images.list"
 [ -n "$bin_dir" ] || bin_dir="${CARGO_TARGET_DIR:-$root/target}/$profile"
 export CONTAINERS_CONF="${CONTAINERS_CONF:-$here/containers.conf}"
 mkdir -p "$out"
 # buildah mount needs root, or a user namespace that buildah unshare provides.
 if [ "$(id -u)" -ne 0 ] && [ -z "${_IC_IN_UNSHARE:-}" ]; then
-  _IC_IN_UNSHARE=1 exec buildah unshare "$0" --profile "$profile" --bin-dir "$bin_dir" --out "$out" --tag "$tag" ${want[@]+"${want[@]}"}
+  _IC_IN_UNSHARE=1 exec buildah unshare "$0" --profile "$profile" --bin-dir "$bin_dir" --list "$list" --out "$out" --tag "$tag" ${want[@]+"${want[@]}"}
 fi
 revision=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
 work=$(mktemp -d)
@@ -69,5 +73,5 @@ while read -r image bins; do
   buildah push -q "$ref" "oci-archive:$out/$image.tar:$ref"
   printf '%-24s %s (%s)\n' "$image" "$out/$image.tar" "$(du -h "$out/$image.tar" | cut -f1)"
   built=$((built + 1))
-done <"$here/images.list"
+done <"$list"
 [ "$built" -gt 0 ] || { echo "build-local.sh: no image matched ${want[*]}" >&2; exit 2; }

@@ -340,3 +340,86 @@ fn replicas_bring_disruption_budgets_and_spread_and_the_stateful_stay_single() {
     let single = objects(&render(CHART, &[]));
     assert!(of_kind(&single, "PodDisruptionBudget").is_empty());
 }
+
+/// Leaf paths of `values` (a map the schema gives no properties is a leaf).
+fn value_paths(
+    values: &serde_json::Value,
+    schema: &serde_json::Value,
+    prefix: &str,
+    out: &mut Vec<String>,
+) {
+    let props = schema.get("properties");
+    match (values.as_object(), props) {
+        (Some(map), Some(props)) if !map.is_empty() => {
+            for (k, v) in map {
+                let path = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                value_paths(
+                    v,
+                    props.get(k).unwrap_or(&serde_json::Value::Null),
+                    &path,
+                    out,
+                );
+            }
+        }
+        _ => out.push(prefix.to_owned()),
+    }
+}
+
+#[test]
+fn the_install_guide_lists_every_value_and_the_schema_describes_it() {
+    let values: serde_json::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(chart_dir(CHART).join("values.yaml")).unwrap(),
+    )
+    .unwrap();
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir(CHART).join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let guide =
+        std::fs::read_to_string(ic_e2e::chart::repo_root().join("docs/install.md")).unwrap();
+    let mut paths = Vec::new();
+    value_paths(&values, &schema, "", &mut paths);
+    // The subchart's value is described by its own schema.
+    paths.retain(|p| p != "inference-cache-crds");
+    paths.push("inference-cache-crds.keep".into());
+    assert!(paths.len() > 100, "{paths:?}");
+    let missing: Vec<&String> = paths
+        .iter()
+        .filter(|p| !guide.contains(&format!("| `{p}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/install.md does not list {missing:?}"
+    );
+    // Every key of values.yaml has a description in the schema.
+    fn described(
+        values: &serde_json::Value,
+        schema: &serde_json::Value,
+        path: &str,
+        bad: &mut Vec<String>,
+    ) {
+        let Some(map) = values.as_object() else {
+            return;
+        };
+        for (k, v) in map {
+            let sub = &schema["properties"][k];
+            if k != "inference-cache-crds" && sub["description"].as_str().is_none_or(str::is_empty)
+            {
+                bad.push(format!("{path}{k}"));
+            }
+            if sub.get("properties").is_some() {
+                described(v, sub, &format!("{path}{k}."), bad);
+            }
+        }
+    }
+    let mut bad = Vec::new();
+    described(&values, &schema, "", &mut bad);
+    assert!(
+        bad.is_empty(),
+        "values.schema.json has no description for {bad:?}"
+    );
+}

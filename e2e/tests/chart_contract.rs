@@ -399,7 +399,7 @@ fn services_carry_the_names_and_ports_the_binaries_dial_by_default() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|p| p["port"].to_string() == port),
+                .any(|p| p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)),
             "Service {service} has no port {port} ({binary} {flag})"
         );
         // With the default namespace the chart passes exactly the default.

@@ -21,7 +21,10 @@ const IMAGES: [&str; 5] = [
 #[test]
 fn every_image_builds_from_scratch_and_passes_its_smoke_run() {
     let root = ic_e2e::chart::repo_root();
-    let bin_dir = ic_e2e::workspace_binary("ic-controller").parent().unwrap().to_owned();
+    let bin_dir = ic_e2e::workspace_binary("ic-controller")
+        .parent()
+        .unwrap()
+        .to_owned();
     let out = tempfile::tempdir().unwrap();
     let tag = format!("test-{}", std::process::id());
     let build = Command::new(root.join("images/build-local.sh"))
@@ -32,25 +35,45 @@ fn every_image_builds_from_scratch_and_passes_its_smoke_run() {
     let cleanup = || {
         for image in IMAGES {
             let _ = Command::new("podman")
-                .args(["rmi", "-f", &format!("localhost/inferencecache/{image}:{tag}")])
+                .args([
+                    "rmi",
+                    "-f",
+                    &format!("localhost/inferencecache/{image}:{tag}"),
+                ])
                 .output();
         }
     };
-    let log = String::from_utf8_lossy(&build.stdout).into_owned() + &String::from_utf8_lossy(&build.stderr);
+    let log = String::from_utf8_lossy(&build.stdout).into_owned()
+        + &String::from_utf8_lossy(&build.stderr);
     if !build.status.success() {
         cleanup();
-        panic!("images/build-local.sh failed (buildah installed? `./dev.sh test` installs it):\n{log}");
+        panic!(
+            "images/build-local.sh failed (buildah installed? `./dev.sh test` installs it):\n{log}"
+        );
     }
     for image in IMAGES {
-        assert!(out.path().join(format!("{image}.tar")).is_file(), "{image}.tar missing:\n{log}");
+        assert!(
+            out.path().join(format!("{image}.tar")).is_file(),
+            "{image}.tar missing:\n{log}"
+        );
     }
-    let smoke = Command::new(root.join("images/smoke.sh")).arg(out.path()).output().unwrap();
+    let smoke = Command::new(root.join("images/smoke.sh"))
+        .arg(out.path())
+        .output()
+        .unwrap();
     cleanup();
-    let text = String::from_utf8_lossy(&smoke.stdout).into_owned() + &String::from_utf8_lossy(&smoke.stderr);
+    let text = String::from_utf8_lossy(&smoke.stdout).into_owned()
+        + &String::from_utf8_lossy(&smoke.stderr);
     assert!(smoke.status.success(), "images/smoke.sh failed:\n{text}");
     assert!(text.contains("smoke: 5 images passed"), "{text}");
     for image in IMAGES {
-        let line = text.lines().find(|l| l.starts_with(image)).unwrap_or_else(|| panic!("{image} not smoke-run:\n{text}"));
-        assert!(line.contains("user 65532:65532") && line.contains("exit 0"), "{line}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(image))
+            .unwrap_or_else(|| panic!("{image} not smoke-run:\n{text}"));
+        assert!(
+            line.contains("user 65532:65532") && line.contains("exit 0"),
+            "{line}"
+        );
     }
 }

@@ -3,6 +3,8 @@
 //! generate. On failure run `just generate` (or
 //! `cargo run -p ic-api --bin crdgen`) and commit the result.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 fn yaml_files(dir: &Path) -> Vec<String> {

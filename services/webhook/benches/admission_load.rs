@@ -244,10 +244,7 @@ fn main() {
         for (report, ((p50, p99), (l50, l99))) in reports.iter().zip(server) {
             println!("| {} | {p50} | {p99} | {l50} / {l99} |", report.name);
         }
-        println!(
-            "fake API lists served: {}",
-            api.lists.load(std::sync::atomic::Ordering::Relaxed)
-        );
+        println!("fake API lists served: {}", api.lists());
         let metrics = webhook.metrics();
         for line in metrics
             .lines()

@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 
 use common::{FakeApi, INDEX_SERVER, SUBSCRIBER_IMAGE, Webhook, fixture};
 use ic_adapters::admission::{InjectionConfig, PodOutcome, admit_pod};
@@ -165,7 +164,7 @@ async fn cachebackend_defaulting_and_validation() {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
     // CacheBackend admission never reads the API.
-    assert_eq!(api.lists.load(Ordering::Relaxed), 0);
+    assert_eq!(api.lists(), 0);
     assert!(webhook.process.stop().success());
 }
 
@@ -223,7 +222,7 @@ async fn pod_patch_matches_the_adapters_decision() {
         serde_json::from_value(answer["response"]["warnings"].clone()).unwrap_or_default();
     assert_eq!(warnings, expected.warnings);
     // Listed live, once per admission.
-    assert_eq!(api.lists.load(Ordering::Relaxed), 1);
+    assert_eq!(api.lists(), 1);
     assert!(webhook.process.stop().success());
 }
 
@@ -375,7 +374,7 @@ async fn unwired_pods_are_always_admitted() {
     assert_eq!(answer["response"]["status"]["reason"], "decode", "{answer}");
 
     // Lists were live: one per CREATE that decoded (no match + list failure).
-    assert_eq!(api.lists.load(Ordering::Relaxed), 2);
+    assert_eq!(api.lists(), 2);
 
     let metrics = webhook.metrics();
     for line in [

@@ -1,19 +1,13 @@
 //! Shared by the HTTPS tests and the load bench: a test CA and serving
 //! certificates, an HTTPS client trusting the CA, a fake Kubernetes API
-//! serving CacheBackend lists, and the real `ic-webhook` binary started
+//! (the shared ic-fake-apiserver over HTTP), and the real `ic-webhook` binary started
 //! against them.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -156,68 +150,54 @@ impl Client {
 
 // === fake Kubernetes API ===
 
-/// What the fake API serves: CacheBackends by namespace, namespaces whose
+/// The shared fake API server (`ic-fake-apiserver`) over HTTP, with the
+/// helpers these tests use: CacheBackends by namespace, namespaces whose
 /// list fails with 500, and how many lists it answered.
 #[derive(Clone, Default)]
 pub struct FakeApi {
-    pub backends: Arc<Mutex<HashMap<String, Vec<Value>>>>,
-    pub failing: Arc<Mutex<Vec<String>>>,
-    pub lists: Arc<AtomicUsize>,
-}
-
-async fn list_backends(
-    State(api): State<FakeApi>,
-    UrlPath(namespace): UrlPath<String>,
-) -> axum::response::Response {
-    api.lists.fetch_add(1, Ordering::Relaxed);
-    if api.failing.lock().unwrap().contains(&namespace) {
-        let status = json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "message": "etcdserver: request timed out",
-            "reason": "InternalError", "code": 500,
-        });
-        return (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(status)).into_response();
-    }
-    let items = api
-        .backends
-        .lock()
-        .unwrap()
-        .get(&namespace)
-        .cloned()
-        .unwrap_or_default();
-    axum::Json(json!({
-        "apiVersion": "inferencecache.io/v1alpha1",
-        "kind": "CacheBackendList",
-        "metadata": {"resourceVersion": "4242"},
-        "items": items,
-    }))
-    .into_response()
+    pub api: ic_fake_apiserver::FakeApi,
+    served: Arc<Mutex<Vec<ic_fake_apiserver::Served>>>,
 }
 
 impl FakeApi {
-    /// Serves on a loopback port; returns its address.
+    /// Serves on a loopback port (until this value and its clones drop);
+    /// returns its address.
     pub async fn serve(&self) -> SocketAddr {
-        let app = axum::Router::new()
-            .route(
-                "/apis/inferencecache.io/v1alpha1/namespaces/{namespace}/cachebackends",
-                get(list_backends),
-            )
-            .with_state(self.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let served = self
+            .api
+            .serve("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let addr = served.addr;
+        self.served.lock().unwrap().push(served);
         addr
     }
 
+    /// Stores `items` (CacheBackend objects) in `namespace`.
     pub fn set(&self, namespace: &str, items: Vec<Value>) {
-        self.backends
-            .lock()
-            .unwrap()
-            .insert(namespace.to_owned(), items);
+        for mut item in items {
+            item["metadata"]["namespace"] = json!(namespace);
+            self.api.insert(&item);
+        }
     }
 
+    /// Every CacheBackend list in `namespace` fails with 500 from now on.
     pub fn fail(&self, namespace: &str) {
-        self.failing.lock().unwrap().push(namespace.to_owned());
+        self.api.fail(
+            http::Method::GET,
+            &format!("/namespaces/{namespace}/cachebackends"),
+            500,
+            usize::MAX,
+        );
+    }
+
+    /// How many CacheBackend lists were answered.
+    pub fn lists(&self) -> usize {
+        self.api
+            .requests()
+            .iter()
+            .filter(|r| r.method == http::Method::GET && r.path.ends_with("/cachebackends"))
+            .count()
     }
 }
 
