@@ -603,3 +603,35 @@ fn the_probe_token_audience_is_the_one_the_index_server_checks() {
         }
     }
 }
+
+#[test]
+fn every_wired_pod_of_the_adapters_golden_files_passes_strict_validation() {
+    // What the webhook admits (the adapters' golden pods: every runtime ×
+    // binding × mode) must be a valid Pod for the API server.
+    let dir = ic_e2e::chart::repo_root().join("libs/adapters/tests/fixtures");
+    let mut docs = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let golden: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let mut pod = golden["pod"].clone();
+        let name = path
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .replace('_', "-");
+        pod["metadata"]["name"] = json!(name);
+        // JSON is YAML, and keeps strings such as `off` strings for YAML 1.1 readers.
+        docs.push(serde_json::to_string(&pod).unwrap() + "\n");
+    }
+    assert!(docs.len() >= 15, "{} golden pods", docs.len());
+    let out = tempfile::tempdir().unwrap();
+    let path = out.path().join("pods.yaml");
+    std::fs::write(&path, docs.join("---\n")).unwrap();
+    for version in ["1.29.0", "1.33.0"] {
+        let problems = ic_e2e::chart::kubernetes_validate(&path, version);
+        assert!(problems.is_empty(), "{version}:\n{}", problems.join("\n"));
+    }
+}

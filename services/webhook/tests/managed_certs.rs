@@ -261,7 +261,7 @@ async fn managed_certificates_are_created_served_and_renewed_without_a_restart()
         .map(Result::unwrap)
         .collect();
     assert_eq!(new_cas[1], old_ca[0], "the old CA stays trusted");
-    let new_ca_only = String::from_utf8(pem_of(&new_cas[0])).unwrap();
+    let new_ca_only = ic_webhook::certs::authority::pem_of(&new_cas[0]);
     wait_for(
         "a certificate signed by the new CA",
         Duration::from_secs(10),
@@ -281,18 +281,6 @@ async fn managed_certificates_are_created_served_and_renewed_without_a_restart()
     }
     assert!(one.process.stop().success());
     assert!(two.process.stop().success());
-}
-
-fn pem_of(der: &CertificateDer<'_>) -> Vec<u8> {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
-    for chunk in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(chunk).unwrap());
-        out.push('\n');
-    }
-    out.push_str("-----END CERTIFICATE-----\n");
-    out.into_bytes()
 }
 
 #[tokio::test]

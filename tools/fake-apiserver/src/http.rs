@@ -5,7 +5,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -42,15 +41,7 @@ impl FakeApi {
                 tokio::spawn(async move {
                     let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                         let fake = fake.clone();
-                        async move {
-                            let (parts, body) = req.into_parts();
-                            let bytes = body
-                                .collect()
-                                .await
-                                .map(http_body_util::Collected::to_bytes)
-                                .unwrap_or_default();
-                            Ok::<_, Infallible>(fake.respond(&parts, &bytes))
-                        }
+                        async move { Ok::<_, Infallible>(fake.respond_to(req).await) }
                     });
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service)

@@ -156,19 +156,22 @@ impl FakeApi {
         let this = self.clone();
         tower::service_fn(move |req: Request<kube::client::Body>| {
             let this = this.clone();
-            async move {
-                let (parts, body) = req.into_parts();
-                let bytes = body
-                    .collect()
-                    .await
-                    .map(http_body_util::Collected::to_bytes)
-                    .unwrap_or_default();
-                Ok(this.respond(&parts, &bytes))
-            }
+            async move { Ok(this.respond_to(req).await) }
         })
     }
 
-    /// Answers one request (shared by the in-process service and HTTP).
+    /// Reads `req`'s body and answers it (the in-process service and HTTP).
+    async fn respond_to<B: hyper::body::Body>(&self, req: Request<B>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let bytes = body
+            .collect()
+            .await
+            .map(http_body_util::Collected::to_bytes)
+            .unwrap_or_default();
+        self.respond(&parts, &bytes)
+    }
+
+    /// Answers one request.
     fn respond(&self, parts: &::http::request::Parts, body: &[u8]) -> Response<Body> {
         match self.handle(parts, body) {
             Answer::Json(code, value) => json_response(code, &value),

@@ -5,14 +5,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::process::Command;
 
 use ic_e2e::{ServiceProcess, workspace_binary};
 use serde_json::Value;
 
 struct Installation {
-    _index: ServiceProcess,
-    _coordinator: ServiceProcess,
+    _fleet: common::Fleet,
     _webhook: ServiceProcess,
     grpc: String,
     http: String,
@@ -54,20 +55,12 @@ fn start() -> Installation {
     )
     .unwrap();
 
-    let mut index = ServiceProcess::start(
-        &workspace_binary("ic-index-server"),
-        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+    let fleet = common::start();
+    let (grpc, http, coordinator_url) = (
+        fleet.grpc.clone(),
+        fleet.http.clone(),
+        fleet.coordinator_url.clone(),
     );
-    let grpc = index.wait_for_log("grpc server listening")["fields"]["addr"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let http = index.admin_addr().to_string();
-    let mut coordinator = ServiceProcess::start(
-        &workspace_binary("ic-coordinator"),
-        &["--host", "127.0.0.1", "--port", "0"],
-    );
-    let coordinator_url = format!("http://{}", coordinator.admin_addr());
     let mut webhook = ServiceProcess::start(
         &workspace_binary("ic-webhook"),
         &[
@@ -90,8 +83,7 @@ fn start() -> Installation {
         .parse()
         .unwrap();
     Installation {
-        _index: index,
-        _coordinator: coordinator,
+        _fleet: fleet,
         _webhook: webhook,
         grpc,
         http,

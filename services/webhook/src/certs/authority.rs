@@ -319,7 +319,8 @@ fn rolled_bundle(new_ca: &str, old_bundle: &str, now: i64) -> String {
     out
 }
 
-fn pem_of(der: &[u8]) -> String {
+/// PEM text of one DER certificate.
+pub fn pem_of(der: &[u8]) -> String {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);
     let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
@@ -329,6 +330,23 @@ fn pem_of(der: &[u8]) -> String {
     }
     out.push_str("-----END CERTIFICATE-----\n");
     out
+}
+
+/// A bundle of the CA (`ca_crt` may hold older CAs after it) and a new
+/// serving certificate it signs.
+fn with_serving(
+    settings: &Settings,
+    ca_crt: String,
+    ca_key: String,
+    now: SystemTime,
+) -> Result<Bundle, AuthorityError> {
+    let (tls_crt, tls_key) = issue_serving(settings, &ca_crt, &ca_key, now)?;
+    Ok(Bundle {
+        tls_crt,
+        tls_key,
+        ca_crt,
+        ca_key,
+    })
 }
 
 /// What to store instead of `current` at `now`, and why; `None` when the
@@ -341,44 +359,27 @@ pub fn renew(
     let at = unix(now);
     let Some(current) = current else {
         let (ca_crt, ca_key) = issue_ca(settings, now)?;
-        let (tls_crt, tls_key) = issue_serving(settings, &ca_crt, &ca_key, now)?;
-        return Ok(Some((
-            Bundle {
-                tls_crt,
-                tls_key,
-                ca_crt,
-                ca_key,
-            },
-            Renewal::Created,
-            "no certificates yet",
-        )));
+        let bundle = with_serving(settings, ca_crt, ca_key, now)?;
+        return Ok(Some((bundle, Renewal::Created, "no certificates yet")));
     };
     if let Some(why) = ca_problem(current, at) {
         let (ca, ca_key) = issue_ca(settings, now)?;
-        let ca_crt = rolled_bundle(&ca, &current.ca_crt, at);
-        let (tls_crt, tls_key) = issue_serving(settings, &ca_crt, &ca_key, now)?;
-        return Ok(Some((
-            Bundle {
-                tls_crt,
-                tls_key,
-                ca_crt,
-                ca_key,
-            },
-            Renewal::Ca,
-            why,
-        )));
+        let bundle = with_serving(
+            settings,
+            rolled_bundle(&ca, &current.ca_crt, at),
+            ca_key,
+            now,
+        )?;
+        return Ok(Some((bundle, Renewal::Ca, why)));
     }
     if let Some(why) = serving_problem(current, settings, at) {
-        let (tls_crt, tls_key) = issue_serving(settings, &current.ca_crt, &current.ca_key, now)?;
-        return Ok(Some((
-            Bundle {
-                tls_crt,
-                tls_key,
-                ..current.clone()
-            },
-            Renewal::Serving,
-            why,
-        )));
+        let bundle = with_serving(
+            settings,
+            current.ca_crt.clone(),
+            current.ca_key.clone(),
+            now,
+        )?;
+        return Ok(Some((bundle, Renewal::Serving, why)));
     }
     Ok(None)
 }
