@@ -125,6 +125,16 @@ ensure_containers() {
   sudo_apt buildah podman runc openssl
 }
 
+ensure_conformance_venv() {
+  # The real LMCache, vLLM, SGLang and Mooncake packages the conformance
+  # tier (e2e/tests/conformance.rs) feeds our wiring to; ~8 GB, built once
+  # per machine into $TOOLS_CACHE.
+  local venv
+  venv=$(IC_TOOLS_CACHE="$TOOLS_CACHE" bash e2e/conformance/setup.sh) \
+    || { echo "could not build the conformance venv (e2e/conformance/setup.sh)" >&2; exit 1; }
+  export IC_CONFORMANCE_VENV="$venv"
+}
+
 ensure_rust_components() {
   # rust-toolchain.toml pins the toolchain; make sure its components exist.
   if command -v rustup >/dev/null 2>&1; then
@@ -137,7 +147,8 @@ shift || true
 ensure_just
 case "$recipe" in
   test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
-    ensure_helm; ensure_chart_validators; ensure_containers ;;
+    ensure_helm; ensure_chart_validators; ensure_containers; ensure_conformance_venv ;;
+  conformance) ensure_nextest; ensure_kafka_build_deps; ensure_conformance_venv ;;
   images) ensure_kafka_build_deps; ensure_containers ;;
   chart|chart-golden) ensure_nextest; ensure_helm; ensure_chart_validators ;;
   cluster-test) ensure_nextest; ensure_kafka_build_deps; ensure_helm ;;

@@ -57,6 +57,11 @@ chart:
 chart-golden:
     UPDATE_GOLDEN=1 cargo nextest run -p ic-e2e --test chart -E 'test(renders_match_their_golden_files)'
 
+# The conformance tier: our wiring fed to the real LMCache, vLLM, SGLang,
+# Mooncake and Redis (the venv comes from e2e/conformance/setup.sh).
+conformance:
+    cargo nextest run -p ic-e2e --test conformance
+
 # The cluster suite (not part of `test`): installs the chart into the cluster
 # KUBECONFIG names, wires an engine pod and checks a Ready backend and a
 # LookupRoute hit. Push the images first and set IC_CLUSTER_IMAGE_REGISTRY.

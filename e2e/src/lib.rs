@@ -16,6 +16,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 pub mod chart;
+pub mod conformance;
 pub mod engine;
 
 /// Path of a workspace binary next to the running test (in `target/<profile>/`).

@@ -430,6 +430,7 @@ fn wire(
                 image,
                 kernel_mode,
                 guaranteed,
+                binding.as_ref().map(|b| b.protocol),
             ))
         }
         _ => None,
@@ -485,6 +486,7 @@ fn inject(
         &mut spec.containers[engine],
         engine_overrides,
         adapter,
+        ctx.binding.map(|b| b.protocol),
     );
     adapter.inject_pod(ctx, spec, engine)
 }

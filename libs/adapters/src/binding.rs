@@ -64,6 +64,30 @@ impl Binding {
     pub fn url(&self) -> String {
         format!("{}://{}", self.protocol.scheme(), self.endpoint)
     }
+
+    /// The host as written in the endpoint (IPv6 keeps its brackets).
+    pub fn host(&self) -> &str {
+        self.endpoint
+            .rsplit_once(':')
+            .map_or(self.endpoint.as_str(), |(host, _)| host)
+    }
+
+    /// The host as a bare name or address (IPv6 without brackets), the form
+    /// JSON configs that take `host` and `port` apart expect.
+    pub fn bare_host(&self) -> &str {
+        let host = self.host();
+        host.strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host)
+    }
+
+    /// The port ([`parse_endpoint`] guarantees one in 1-65535).
+    pub fn port(&self) -> u16 {
+        self.endpoint
+            .rsplit_once(':')
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or_default()
+    }
 }
 
 /// Why a required binding could not be built.
@@ -190,6 +214,26 @@ pub fn resolve(backend: &CacheBackend) -> Result<Option<Binding>, BindingError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_and_port_of_an_endpoint() {
+        let v4 = Binding {
+            protocol: Protocol::Resp,
+            endpoint: "r.ns.svc:6379".into(),
+        };
+        assert_eq!(
+            (v4.host(), v4.bare_host(), v4.port()),
+            ("r.ns.svc", "r.ns.svc", 6379)
+        );
+        let v6 = Binding {
+            protocol: Protocol::MooncakeStore,
+            endpoint: "[fd00::1]:50051".into(),
+        };
+        assert_eq!(
+            (v6.host(), v6.bare_host(), v6.port()),
+            ("[fd00::1]", "fd00::1", 50051)
+        );
+    }
 
     #[test]
     fn shapes_per_provider() {

@@ -26,6 +26,7 @@ use k8s_openapi::api::core::v1::{Container, EnvVar};
 
 use ic_api::cachebackend::EngineOverrides;
 
+use crate::binding::Protocol;
 use crate::merge::{flag_token, flag_tokens, parse_args, remove_env, replace_flag, upsert_env};
 use crate::runtime::RuntimeAdapter;
 
@@ -101,6 +102,7 @@ pub fn apply(
     engine: &mut Container,
     overrides: Option<&EngineOverrides>,
     adapter: &dyn RuntimeAdapter,
+    protocol: Option<Protocol>,
 ) -> AdapterOwned {
     let owned = adapter_owned(before, engine);
     let Some(ov) = overrides else {
@@ -109,7 +111,7 @@ pub fn apply(
     let before_args = before.args.clone().unwrap_or_default();
     let template_flags = flags(&before_args);
     let reserved_args = adapter.reserved_args();
-    let reserved_env = adapter.reserved_env();
+    let reserved_env = adapter.reserved_env(protocol);
 
     let mut args = engine.args.take().unwrap_or_default();
     for entry in &ov.args {
@@ -162,7 +164,6 @@ pub fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::binding::Protocol;
     use crate::merge::{env, upsert_arg_pair};
     use crate::runtime::InjectContext;
     use ic_api::cachebackend::{CacheType, Runtime};
@@ -184,8 +185,8 @@ mod tests {
         fn reserved_args(&self) -> &'static [&'static str] {
             &["--r"]
         }
-        fn reserved_env(&self) -> &'static [&'static str] {
-            &["R"]
+        fn reserved_env(&self, _: Option<Protocol>) -> Vec<&'static str> {
+            vec!["R"]
         }
         fn supports_binding(&self, _: Option<Protocol>) -> bool {
             true
@@ -249,7 +250,7 @@ mod tests {
             suppress_env: vec!["X".into(), "R".into()],
             ..EngineOverrides::default()
         };
-        apply(&before, &mut after, Some(&ov), &Converging);
+        apply(&before, &mut after, Some(&ov), &Converging, None);
         // Reserved entries stay injected; the others revert to the template.
         assert_eq!(
             after.args.unwrap(),
@@ -274,7 +275,7 @@ mod tests {
             env: vec![env("X", "override"), env("R", "override")],
             ..EngineOverrides::default()
         };
-        apply(&before, &mut after, Some(&ov), &Converging);
+        apply(&before, &mut after, Some(&ov), &Converging, None);
         assert_eq!(
             after.args.unwrap(),
             ["--x=override", "--r", "adapter", "--new", "1"].map(String::from)

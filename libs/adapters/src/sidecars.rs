@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ic_api::CacheBackend;
 use ic_api::consts::{annotations, kernel_check};
 
+use crate::binding::Protocol;
 use crate::merge::{env, upsert_container};
 use crate::quantity;
 use crate::runtime::{is_injected, is_ours, marker};
@@ -278,15 +279,70 @@ pub fn kernel_check_mode(backend: &CacheBackend, engine: &Container) -> KernelCh
     }
 }
 
-/// Python run by the kernel check. It loads `lmcache.c_ops` straight from
-/// its shared object, because a plain import falls back to a shim on failure
-/// and would always "succeed". The verdict goes to the termination message
-/// as `LMCACHE_KERNELS=ok|failed` with the cause on the next line (the
-/// format the controller parses). Report-only always exits 0.
-const KERNEL_CHECK_SCRIPT: &str = r#"import glob, importlib.machinery, importlib.util, os, sys
+/// Python run by the kernel check. A small parent (no torch) runs the load
+/// in a child process and writes the verdict, so a child that is killed
+/// (OOM at the container's limit) or hangs is still reported, as
+/// `inconclusive` rather than as a kernel failure. The child imports torch
+/// (the extension links against it), then loads LMCache's compiled CUDA
+/// extension straight from its shared object — a plain import falls back to
+/// a shim on failure and would always "succeed". The extension's name
+/// depends on the LMCache version: `cuda_ops` from 0.5, `c_ops` before.
+/// With `LMCACHE_KERNEL_CHECK_REMOTE=mooncakestore` it also imports the
+/// Mooncake client LMCache's connector needs (LMCache only logs a warning
+/// when it is missing, and tier 2 silently does nothing).
+///
+/// The verdicts go to the termination message (the format the controller
+/// parses): `LMCACHE_KERNELS=ok|failed|inconclusive` with the cause on the
+/// next line, then, when asked, `LMCACHE_REMOTE=ok|failed` and its cause.
+/// Report-only always exits 0; strict exits 1 unless everything is ok.
+pub const KERNEL_CHECK_SCRIPT: &str = r#"import json, os, subprocess, sys
 strict = os.environ.get("LMCACHE_KERNEL_CHECK_MODE") == "strict"
-def finish(ok, detail):
-    text = "LMCACHE_KERNELS=" + ("ok" if ok else "failed") + "\n" + detail + "\n"
+timeout = float(os.environ.get("LMCACHE_KERNEL_CHECK_TIMEOUT_SECONDS") or "240")
+CHILD = """
+import glob, importlib, importlib.machinery, importlib.util, json, os, sys
+out = {}
+def kernels():
+    import torch
+    from importlib import metadata
+    try:
+        version = metadata.version("lmcache")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    pkg = importlib.util.find_spec("lmcache")
+    if pkg is None or not pkg.submodule_search_locations:
+        return ["failed", "lmcache is not importable"]
+    for name in ("cuda_ops", "c_ops"):
+        objects = []
+        for d in pkg.submodule_search_locations:
+            objects += sorted(glob.glob(os.path.join(d, name + "*.so")))
+        if objects:
+            break
+    if not objects:
+        return ["failed", "lmcache %s ships no compiled CUDA extension (lmcache/cuda_ops*.so or lmcache/c_ops*.so): a CPU-only or source build" % version]
+    full = "lmcache." + name
+    loader = importlib.machinery.ExtensionFileLoader(full, objects[0])
+    spec = importlib.util.spec_from_file_location(full, objects[0], loader=loader)
+    loader.exec_module(importlib.util.module_from_spec(spec))
+    return ["ok", "lmcache %s: loaded %s (torch %s)" % (version, objects[0], torch.__version__)]
+for key, run in (("kernels", kernels),):
+    try:
+        out[key] = run()
+    except MemoryError:
+        out[key] = ["inconclusive", "out of memory while loading torch and the extension: raise the check's memory"]
+    except BaseException as e:
+        out[key] = ["failed", "%s: %s" % (type(e).__name__, e)]
+if os.environ.get("LMCACHE_KERNEL_CHECK_REMOTE") == "mooncakestore":
+    try:
+        importlib.import_module("mooncake.store")
+        out["remote"] = ["ok", "mooncake.store imports"]
+    except BaseException as e:
+        out["remote"] = ["failed", "the Mooncake client LMCache's mooncakestore connector needs does not import in the engine image (%s: %s); install mooncake-transfer-engine" % (type(e).__name__, e)]
+print(json.dumps(out))
+"""
+def finish(kernels, remote=None):
+    text = "LMCACHE_KERNELS=%s\n%s\n" % (kernels[0], kernels[1].strip())
+    if remote:
+        text += "LMCACHE_REMOTE=%s\n%s\n" % (remote[0], remote[1].strip())
     sys.stdout.write(text)
     sys.stdout.flush()
     try:
@@ -294,36 +350,59 @@ def finish(ok, detail):
             f.write(text)
     except OSError:
         pass
+    ok = kernels[0] == "ok" and (remote is None or remote[0] == "ok")
     sys.exit(0 if ok or not strict else 1)
 try:
-    import torch
-    pkg = importlib.util.find_spec("lmcache")
-    if pkg is None or not pkg.submodule_search_locations:
-        finish(False, "lmcache is not importable")
-    objects = []
-    for d in pkg.submodule_search_locations:
-        objects += glob.glob(os.path.join(d, "c_ops*.so"))
-    if not objects:
-        finish(False, "no compiled lmcache.c_ops extension (CPU or pure-python build)")
-    loader = importlib.machinery.ExtensionFileLoader("lmcache.c_ops", objects[0])
-    spec = importlib.util.spec_from_file_location("lmcache.c_ops", objects[0], loader=loader)
-    loader.exec_module(importlib.util.module_from_spec(spec))
-    finish(True, "loaded " + objects[0])
-except SystemExit:
-    raise
-except BaseException as e:
-    finish(False, "%s: %s" % (type(e).__name__, e))
+    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=timeout)
+except subprocess.TimeoutExpired:
+    finish(["inconclusive", "the check timed out after %gs loading torch and the lmcache extension" % timeout])
+if run.returncode < 0:
+    sig = -run.returncode
+    cause = "most likely OOM-killed at the container's memory limit" if sig == 9 else "killed"
+    finish(["inconclusive", "the check process died of signal %d (%s)" % (sig, cause)])
+try:
+    result = json.loads((run.stdout.strip().splitlines() or ["{}"])[-1])
+    kernels = result["kernels"]
+except (ValueError, KeyError, TypeError):
+    tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
+    finish(["inconclusive", "the check process exited %d: %s" % (run.returncode, tail[0])])
+finish(kernels, result.get("remote"))
 "#;
 
-/// The kernel-check init container, in the engine's own image. Small
-/// requests and no limits (the shape least likely to trip a LimitRange),
-/// unless the pod is Guaranteed.
+/// Env naming the remote connector whose client the kernel check imports.
+pub const KERNEL_CHECK_REMOTE_ENV: &str = "LMCACHE_KERNEL_CHECK_REMOTE";
+
+/// Memory the kernel check is given: importing torch and the extension
+/// peaks near 640 MiB, so 1 GiB leaves headroom. As an init container it
+/// adds nothing to the pod's effective request once the engine asks for
+/// more (engines ask for many GiB).
+pub const KERNEL_CHECK_MEMORY: &str = "1Gi";
+/// CPU the kernel check is given: importing torch takes seconds of CPU, so
+/// a throttled tenth of a core (a Guaranteed pod's limit) would take
+/// minutes; the engine's request subsumes a whole core.
+pub const KERNEL_CHECK_CPU: &str = "1";
+
+/// The kernel-check init container, in the engine's own image: requests
+/// sized for importing torch and no limits (the shape least likely to trip
+/// a LimitRange), unless the pod is Guaranteed. A Mooncake binding also
+/// has it check that the engine image carries the Mooncake client.
 pub fn kernel_check_container(
     engine: &Container,
     image: &str,
     mode: KernelCheckMode,
     guaranteed: bool,
+    remote: Option<Protocol>,
 ) -> Container {
+    let mut env_list = vec![
+        marker(KERNEL_CHECK_CONTAINER),
+        env(KERNEL_CHECK_MODE_ENV, mode.as_str()),
+    ];
+    if remote == Some(Protocol::MooncakeStore) {
+        env_list.push(env(
+            KERNEL_CHECK_REMOTE_ENV,
+            Protocol::MooncakeStore.scheme(),
+        ));
+    }
     Container {
         name: KERNEL_CHECK_CONTAINER.to_owned(),
         image: Some(image.to_owned()),
@@ -333,11 +412,12 @@ pub fn kernel_check_container(
             "-c".to_owned(),
             KERNEL_CHECK_SCRIPT.to_owned(),
         ]),
-        env: Some(vec![
-            marker(KERNEL_CHECK_CONTAINER),
-            env(KERNEL_CHECK_MODE_ENV, mode.as_str()),
-        ]),
-        resources: Some(sidecar_resources("100m", "256Mi", guaranteed)),
+        env: Some(env_list),
+        resources: Some(sidecar_resources(
+            KERNEL_CHECK_CPU,
+            KERNEL_CHECK_MEMORY,
+            guaranteed,
+        )),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         ..Container::default()
     }
@@ -394,10 +474,17 @@ mod tests {
 
     #[test]
     fn kernel_check_speaks_the_controllers_result_format() {
-        for verdict in [kernel_check::RESULT_OK, kernel_check::RESULT_FAILED] {
-            assert!(KERNEL_CHECK_SCRIPT.contains(verdict));
+        for verdict in [
+            kernel_check::RESULT_OK,
+            kernel_check::RESULT_FAILED,
+            kernel_check::RESULT_INCONCLUSIVE,
+        ] {
+            assert!(KERNEL_CHECK_SCRIPT.contains(&format!("\"{verdict}\"")));
         }
-        assert!(KERNEL_CHECK_SCRIPT.contains(&format!("\"{}=\"", kernel_check::RESULT_KEY)));
+        for key in [kernel_check::RESULT_KEY, kernel_check::REMOTE_KEY] {
+            assert!(KERNEL_CHECK_SCRIPT.contains(&format!("\"{key}=%s")));
+        }
         assert!(KERNEL_CHECK_SCRIPT.contains(KERNEL_CHECK_MODE_ENV));
+        assert!(KERNEL_CHECK_SCRIPT.contains(KERNEL_CHECK_REMOTE_ENV));
     }
 }

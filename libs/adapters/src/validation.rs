@@ -213,7 +213,11 @@ fn reserved_overrides(b: &CacheBackend) -> Vec<FieldError> {
         ));
     };
     let reserved_args = adapter.reserved_args();
-    let reserved_env = adapter.reserved_env();
+    let protocol = spec
+        .remote_storage
+        .as_ref()
+        .map(|rs| Protocol::of(rs.provider));
+    let reserved_env = adapter.reserved_env(protocol);
     for (i, entry) in ov.args.iter().enumerate() {
         if let Some(flag) = override_flag(entry).filter(|f| reserved_args.contains(&f.as_str())) {
             reject(&mut out, format!("{base}.args[{i}]"), entry, "flag", &flag);

@@ -142,14 +142,52 @@ fn reserved_override_args_and_env_are_rejected() {
             "spec.integration.engineOverrides.env[1].name",
             "env PYTHONHASHSEED",
         ),
+    ];
+    let remote_cases = [
         (
+            "Redis",
             json!({"suppressEnv": ["LMCACHE_REMOTE_URL"]}),
             "spec.integration.engineOverrides.suppressEnv[0]",
             "env LMCACHE_REMOTE_URL",
         ),
+        (
+            "Mooncake",
+            json!({"env": [{"name": "LMCACHE_EXTRA_CONFIG", "value": "{}"}]}),
+            "spec.integration.engineOverrides.env[0].name",
+            "env LMCACHE_EXTRA_CONFIG",
+        ),
+        (
+            "Mooncake",
+            json!({"suppressEnv": ["INFERENCECACHE_POD_IP"]}),
+            "spec.integration.engineOverrides.suppressEnv[0]",
+            "env INFERENCECACHE_POD_IP",
+        ),
     ];
-    for (ov, field, needle) in cases {
-        let e = one(overrides("VLLM", ov), field, needle);
+    let with_remote = |provider: &str, ov: Value| {
+        json!({"runtime": "VLLM", "integration": {"engineOverrides": ov},
+               "remoteStorage": {"provider": provider, "ownership": "Managed"}})
+    };
+    // What only a binding injects is reserved only under that binding, and
+    // VLLM_USE_V1 (read by no supported vLLM) is not reserved at all.
+    clean(overrides(
+        "VLLM",
+        json!({"env": [{"name": "LMCACHE_EXTRA_CONFIG", "value": "{}"}, {"name": "VLLM_USE_V1", "value": "1"}],
+               "suppressEnv": ["LMCACHE_REMOTE_URL"]}),
+    ));
+    clean(with_remote(
+        "Redis",
+        json!({"env": [{"name": "LMCACHE_EXTRA_CONFIG", "value": "{}"}]}),
+    ));
+    let all = cases
+        .into_iter()
+        .map(|(ov, field, needle)| (overrides("VLLM", ov), field, needle))
+        .chain(
+            remote_cases
+                .into_iter()
+                .map(|(provider, ov, field, needle)| (with_remote(provider, ov), field, needle)),
+        );
+    for (spec, field, needle) in all {
+        let e = one(spec, field, needle);
         assert_eq!(e.kind, ErrorType::Forbidden);
         assert!(
             e.detail
@@ -172,11 +210,17 @@ fn reserved_override_args_and_env_are_rejected() {
     one(
         overrides(
             "SGLang",
-            json!({"env": [{"name": "LMCACHE_USE_EXPERIMENTAL", "value": "False"}]}),
+            json!({"env": [{"name": "INFERENCECACHE_FAIL_OPEN", "value": "true"}]}),
         ),
         "spec.integration.engineOverrides.env[0].name",
-        "env LMCACHE_USE_EXPERIMENTAL",
+        "env INFERENCECACHE_FAIL_OPEN",
     );
+    // LMCACHE_USE_EXPERIMENTAL was read only by LMCache 0.3.x: not injected,
+    // not reserved.
+    clean(overrides(
+        "SGLang",
+        json!({"env": [{"name": "LMCACHE_USE_EXPERIMENTAL", "value": "False"}]}),
+    ));
 }
 
 // === provider resources ===

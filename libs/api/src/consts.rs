@@ -55,6 +55,13 @@ pub mod kernel_check {
     pub const RESULT_OK: &str = "ok";
     /// Result value: the native kernels did not load.
     pub const RESULT_FAILED: &str = "failed";
+    /// Key of the optional second result line: whether the client library
+    /// of the bound remote tier imports in the engine image
+    /// (`LMCACHE_REMOTE=ok|failed`, the cause on the following lines).
+    pub const REMOTE_KEY: &str = "LMCACHE_REMOTE";
+    /// Result value: the check itself could not finish (killed at its
+    /// memory limit, timed out, out of memory); the cause follows.
+    pub const RESULT_INCONCLUSIVE: &str = "inconclusive";
 }
 
 /// Containers the pod webhook adds to engine pods, and the env marker that
@@ -170,6 +177,9 @@ pub mod reasons {
     // Engine compatibility.
     /// An injected engine container is in CrashLoopBackOff.
     pub const INJECTED_ENGINE_CRASH_LOOPING: &str = "InjectedEngineCrashLooping";
+    /// The engine image lacks the client library of the bound remote tier
+    /// (e.g. the `mooncake` package for a Mooncake binding).
+    pub const REMOTE_CLIENT_MISSING: &str = "RemoteClientMissing";
     // External ownership.
     /// Endpoint present and valid for the provider.
     pub const EXTERNAL_ENDPOINT_ACCEPTED: &str = "ExternalEndpointAccepted";

@@ -44,6 +44,10 @@ pub struct EnginePod {
     pub admitted_kernel_mode: Option<String>,
     /// The engine container is waiting in CrashLoopBackOff.
     pub engine_crash_looping: bool,
+    /// The kernel check's verdict on the remote tier's client library
+    /// (`Some(Err(cause))`: it does not import in the engine image), when
+    /// the pod's binding asked for one.
+    pub remote_client: Option<Result<(), String>>,
 }
 
 /// Identity of the backend a pod is compared against.
@@ -84,10 +88,11 @@ pub fn summarize_pod(pod: &Pod, backend: BackendRef<'_>) -> EnginePod {
         && !backend.uid.is_empty()
         && get(annotations::INJECTED_BY_UID) == Some(backend.uid);
     let status = pod.status.as_ref();
-    let kernel_check = status
+    let check_status = status
         .and_then(|s| s.init_container_statuses.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.name == kernel_check::CONTAINER_NAME))
-        .map(kernel_check_from_status);
+        .and_then(|cs| cs.iter().find(|c| c.name == kernel_check::CONTAINER_NAME));
+    let kernel_check = check_status.map(kernel_check_from_status);
+    let remote_client = check_status.and_then(remote_client_from_status);
     let engine_name = engine_container_name(pod);
     let engine_crash_looping = match (
         engine_name,
@@ -111,6 +116,7 @@ pub fn summarize_pod(pod: &Pod, backend: BackendRef<'_>) -> EnginePod {
         kernel_check,
         admitted_kernel_mode: get(annotations::LMCACHE_KERNEL_CHECK_MODE).map(str::to_owned),
         engine_crash_looping,
+        remote_client,
     }
 }
 
@@ -144,50 +150,89 @@ fn owner_deployment(pod: &Pod) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Classifies the kernel-check init container. A finished run (or, while the
-/// kubelet backs off a failing strict check, the last finished run) is read
-/// from its termination message's `LMCACHE_KERNELS=ok|failed` line.
-pub fn kernel_check_from_status(status: &ContainerStatus) -> KernelCheck {
+/// The last finished run of the kernel-check container: the current state,
+/// or, while the kubelet backs off a failing strict check, the last state.
+fn last_finished(status: &ContainerStatus) -> Option<ContainerStateTerminated> {
     let finished = |s: Option<&ContainerState>| s.and_then(|s| s.terminated.clone());
-    let terminated = finished(status.state.as_ref()).or_else(|| {
+    finished(status.state.as_ref()).or_else(|| {
         let waiting = status.state.as_ref().is_some_and(|s| s.waiting.is_some());
         if waiting {
             finished(status.last_state.as_ref())
         } else {
             None
         }
-    });
-    match terminated {
+    })
+}
+
+/// Classifies the kernel-check init container from its termination
+/// message's `LMCACHE_KERNELS=ok|failed|inconclusive` line.
+pub fn kernel_check_from_status(status: &ContainerStatus) -> KernelCheck {
+    match last_finished(status) {
         None => KernelCheck::Pending,
         Some(t) => classify_terminated(&t),
     }
 }
 
+/// The remote-client verdict (`LMCACHE_REMOTE=...`) of a finished check,
+/// when it reported one.
+pub fn remote_client_from_status(status: &ContainerStatus) -> Option<Result<(), String>> {
+    let t = last_finished(status)?;
+    let (verdict, cause) = result_section(t.message.as_deref()?, kernel_check::REMOTE_KEY)?;
+    Some(match verdict.as_str() {
+        kernel_check::RESULT_OK => Ok(()),
+        _ if cause.is_empty() => Err("the remote tier's client library does not import".into()),
+        _ => Err(cause),
+    })
+}
+
+/// The value of `key=` in a check's termination message and the cause
+/// lines under it (up to the next result line), joined with "; ".
+fn result_section(message: &str, key: &str) -> Option<(String, String)> {
+    fn result_line(line: &str) -> Option<(&'static str, &str)> {
+        [kernel_check::RESULT_KEY, kernel_check::REMOTE_KEY]
+            .into_iter()
+            .find_map(|k| {
+                line.strip_prefix(k)
+                    .and_then(|r| r.strip_prefix('='))
+                    .map(|v| (k, v.trim()))
+            })
+    }
+    let mut lines = message.lines().map(str::trim);
+    let verdict = lines.by_ref().find_map(|line| match result_line(line) {
+        Some((k, v)) if k == key => Some(v.to_owned()),
+        _ => None,
+    })?;
+    let cause: Vec<&str> = lines
+        .take_while(|line| result_line(line).is_none())
+        .filter(|line| !line.is_empty())
+        .collect();
+    Some((verdict, cause.join("; ")))
+}
+
 fn classify_terminated(t: &ContainerStateTerminated) -> KernelCheck {
     let message = t.message.as_deref().unwrap_or_default();
-    let mut lines = message.lines();
-    let mut verdict = None;
-    let mut cause = Vec::new();
-    for line in lines.by_ref() {
-        let trimmed = line.trim();
-        if verdict.is_none()
-            && let Some(value) = trimmed
-                .strip_prefix(kernel_check::RESULT_KEY)
-                .and_then(|r| r.strip_prefix('='))
-        {
-            verdict = Some(value.trim().to_owned());
-        } else if !trimmed.is_empty() {
-            cause.push(trimmed);
-        }
-    }
-    let cause = cause.join("; ");
+    let (verdict, cause) = result_section(message, kernel_check::RESULT_KEY).unzip();
+    let cause = cause.unwrap_or_default();
     match verdict.as_deref() {
         Some(kernel_check::RESULT_OK) => KernelCheck::Healthy,
         Some(kernel_check::RESULT_FAILED) => KernelCheck::Failed(if cause.is_empty() {
-            "lmcache native kernels (lmcache.c_ops) failed to load".to_owned()
+            "lmcache native kernels failed to load".to_owned()
         } else {
             cause
         }),
+        Some(kernel_check::RESULT_INCONCLUSIVE) => KernelCheck::Error(format!(
+            "kernel check inconclusive: {}",
+            if cause.is_empty() {
+                "no cause given"
+            } else {
+                &cause
+            }
+        )),
+        // The whole container was killed before the check could write.
+        _ if t.reason.as_deref() == Some("OOMKilled") => KernelCheck::Error(format!(
+            "kernel check was OOM-killed at its memory limit (exit {}); it needs about 640 MiB to import torch",
+            t.exit_code
+        )),
         _ => KernelCheck::Error(format!(
             "kernel check exited {} without a recognised result{}",
             t.exit_code,
@@ -292,13 +337,30 @@ pub fn engine_kernels(pods: &[EnginePod]) -> (Option<Verdict>, Option<String>) {
 }
 
 /// EngineCompatibility: False/InjectedEngineCrashLooping while an engine this
-/// backend injected is in CrashLoopBackOff; `None` (absent) otherwise.
+/// backend injected is in CrashLoopBackOff, else False/RemoteClientMissing
+/// while an injected engine image lacks the bound remote tier's client;
+/// `None` (absent) otherwise.
 pub fn engine_compatibility(pods: &[EnginePod]) -> Option<Verdict> {
     let looping: Vec<&str> = pods
         .iter()
         .filter(|p| p.injected_by_this && p.engine_crash_looping)
         .map(|p| p.name.as_str())
         .collect();
+    let missing: Vec<String> = pods
+        .iter()
+        .filter(|p| p.injected_by_this)
+        .filter_map(|p| match &p.remote_client {
+            Some(Err(cause)) => Some(format!("{}: {cause}", p.name)),
+            _ => None,
+        })
+        .collect();
+    if looping.is_empty() && !missing.is_empty() {
+        return Some((
+            "False",
+            reasons::REMOTE_CLIENT_MISSING,
+            format!("tier 2 does nothing on {}", missing.join("; ")),
+        ));
+    }
     (!looping.is_empty()).then(|| {
         (
             "False",

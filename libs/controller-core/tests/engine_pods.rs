@@ -121,11 +121,82 @@ fn kernel_check_states() {
         observe::kernel_check_from_status(&running),
         KernelCheck::Pending
     );
-    let garbage =
-        status(json!({"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}));
+    let oom = status(json!({"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}));
     assert!(
-        matches!(observe::kernel_check_from_status(&garbage), KernelCheck::Error(m) if m.contains("137"))
+        matches!(observe::kernel_check_from_status(&oom), KernelCheck::Error(m) if m.contains("OOM-killed") && m.contains("137")),
+        "{:?}",
+        observe::kernel_check_from_status(&oom)
     );
+    let garbage = status(json!({"state": {"terminated": {"exitCode": 2, "reason": "Error"}}}));
+    assert!(
+        matches!(observe::kernel_check_from_status(&garbage), KernelCheck::Error(m) if m.contains("exited 2") && m.contains("Error"))
+    );
+    let inconclusive = status(json!({"state": {"terminated": {"exitCode": 0,
+        "message": "LMCACHE_KERNELS=inconclusive\nthe check timed out after 240s loading torch and the lmcache extension\n"}}}));
+    assert_eq!(
+        observe::kernel_check_from_status(&inconclusive),
+        KernelCheck::Error(
+            "kernel check inconclusive: the check timed out after 240s loading torch and the lmcache extension"
+                .into()
+        )
+    );
+}
+
+#[test]
+fn remote_client_verdict_from_the_check_and_its_condition() {
+    let status = |message: &str| -> k8s_openapi::api::core::v1::ContainerStatus {
+        serde_json::from_value(
+            json!({"name": "lmcache-kernel-check", "image": "i", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 0, "message": message}}}),
+        )
+        .unwrap()
+    };
+    let both = status(
+        "LMCACHE_KERNELS=ok\nlmcache 0.5.6: loaded cuda_ops\nLMCACHE_REMOTE=failed\nno module named mooncake\n",
+    );
+    assert_eq!(
+        observe::kernel_check_from_status(&both),
+        KernelCheck::Healthy
+    );
+    assert_eq!(
+        observe::remote_client_from_status(&both),
+        Some(Err("no module named mooncake".into()))
+    );
+    let kernels_only = status("LMCACHE_KERNELS=failed\nundefined symbol\n");
+    assert_eq!(observe::remote_client_from_status(&kernels_only), None);
+    assert_eq!(
+        observe::kernel_check_from_status(&kernels_only),
+        KernelCheck::Failed("undefined symbol".into())
+    );
+    let fine = status("LMCACHE_KERNELS=ok\nx\nLMCACHE_REMOTE=ok\nmooncake.store imports\n");
+    assert_eq!(observe::remote_client_from_status(&fine), Some(Ok(())));
+
+    let pod = |name: &str, remote: Option<Result<(), String>>, looping: bool| observe::EnginePod {
+        name: name.into(),
+        injected_by_this: true,
+        remote_client: remote,
+        engine_crash_looping: looping,
+        ..observe::EnginePod::default()
+    };
+    assert_eq!(
+        observe::engine_compatibility(&[pod("a", Some(Ok(())), false)]),
+        None
+    );
+    let (st, reason, msg) = observe::engine_compatibility(&[
+        pod("a", Some(Ok(())), false),
+        pod("b", Some(Err("no module named mooncake".into())), false),
+    ])
+    .expect("a verdict");
+    assert_eq!((st, reason), ("False", "RemoteClientMissing"));
+    assert!(msg.contains("b: no module named mooncake"), "{msg}");
+    // A crash loop is the louder problem and wins.
+    let (_, reason, _) = observe::engine_compatibility(&[
+        pod("b", Some(Err("x".into())), false),
+        pod("c", None, true),
+    ])
+    .expect("a verdict");
+    assert_eq!(reason, "InjectedEngineCrashLooping");
 }
 
 fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {

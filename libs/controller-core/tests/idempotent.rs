@@ -93,6 +93,11 @@ fn arb_pod() -> impl Strategy<Value = EnginePod> {
             },
             admitted_kernel_mode: Some(if strict { "strict" } else { "report-only" }.into()),
             engine_crash_looping: looping,
+            remote_client: match check {
+                0 | 1 => None,
+                2 => Some(Ok(())),
+                _ => Some(Err("no module named mooncake".into())),
+            },
         })
 }
 

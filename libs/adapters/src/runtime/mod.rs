@@ -109,8 +109,10 @@ pub trait RuntimeAdapter: std::fmt::Debug + Sync {
     fn pair(&self) -> (Runtime, CacheType);
     /// Leading flags engineOverrides may not override or suppress.
     fn reserved_args(&self) -> &'static [&'static str];
-    /// Env names engineOverrides may not override or suppress.
-    fn reserved_env(&self) -> &'static [&'static str];
+    /// Env names engineOverrides may not override or suppress under a
+    /// binding of `protocol` (`None` = host-only): exactly the names the
+    /// adapter injects for it and the engine reads.
+    fn reserved_env(&self, protocol: Option<Protocol>) -> Vec<&'static str>;
     /// Whether the engine wire accepts `protocol` (`None` = host-only).
     fn supports_binding(&self, protocol: Option<Protocol>) -> bool;
     /// `--hash-scheme` of the injected subscriber.

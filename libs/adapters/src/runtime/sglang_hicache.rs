@@ -216,8 +216,8 @@ impl RuntimeAdapter for SglangHiCache {
         RESERVED_ARGS
     }
 
-    fn reserved_env(&self) -> &'static [&'static str] {
-        &[]
+    fn reserved_env(&self, _protocol: Option<Protocol>) -> Vec<&'static str> {
+        Vec::new()
     }
 
     fn supports_binding(&self, protocol: Option<Protocol>) -> bool {

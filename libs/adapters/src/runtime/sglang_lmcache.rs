@@ -24,9 +24,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use ic_api::cachebackend::{CacheType, Runtime};
 
 use super::{FAIL_OPEN_ENV, InjectContext, RuntimeAdapter, is_ours, marker};
-use crate::binding::Protocol;
+use crate::binding::{Binding, Protocol};
 use crate::merge::{
-    env, flag_items, upsert_arg_pair, upsert_container, upsert_env, upsert_flag,
+    env, flag_items, remove_env, upsert_arg_pair, upsert_container, upsert_env, upsert_flag,
     upsert_mount_by_name, upsert_volume,
 };
 
@@ -49,7 +49,13 @@ pub const ENABLE_LMCACHE: &str = "--enable-lmcache";
 pub const LMCACHE_CONFIG_FILE: &str = "--lmcache-config-file";
 
 const RESERVED_ARGS: &[&str] = &[ENABLE_LMCACHE, LMCACHE_CONFIG_FILE];
-const RESERVED_ENV: &[&str] = &["LMCACHE_USE_EXPERIMENTAL", FAIL_OPEN_ENV];
+/// `INFERENCECACHE_FAIL_OPEN` is the pod's record of
+/// `spec.integration.failOpen`. (`LMCACHE_USE_EXPERIMENTAL` is not injected:
+/// only LMCache 0.3.x read it, and SGLang's MP path never did.)
+const RESERVED_ENV: &[&str] = &[FAIL_OPEN_ENV];
+/// L1 eviction policy of the MP worker (LMCache requires one with
+/// `--l1-size-gb`).
+pub const WORKER_EVICTION_POLICY: &str = "LRU";
 
 /// The SGLang+LMCache (MP mode) adapter.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,13 +104,7 @@ impl SglangLmCache {
     ) -> Container {
         let port = ctx.worker_port();
         let chunk = ctx.chunk_size();
-        let l1 = ctx.host_memory_gib();
-        let mut server = format!(
-            "exec python3 -m lmcache.v1.multiprocess.server --host 127.0.0.1 --port {port} --chunk-size {chunk} --cpu-buffer-size {l1}"
-        );
-        if let Some(binding) = ctx.binding {
-            server.push_str(&format!(" --l2-adapter '{}'", binding.url()));
-        }
+        let server = worker_command_line(ctx);
         let script = format!(
             "set -e\nprintf '%s\\n' 'chunk_size: {chunk}' 'mp_host: 127.0.0.1' 'mp_port: {port}' > {CONFIG_FILE}\n{server}\n"
         );
@@ -158,6 +158,38 @@ impl SglangLmCache {
     }
 }
 
+/// The MP server's launch line, in the form LMCache's own parser takes:
+/// L1 sized from the backend's host memory, an eviction policy, and the L2
+/// adapter as the JSON object `--l2-adapter` expects. Hosts and ports are
+/// validated endpoint parts, so single quotes are enough for the shell.
+pub fn worker_command_line(ctx: &InjectContext<'_>) -> String {
+    let mut line = format!(
+        "exec python3 -m lmcache.v1.multiprocess.server --host 127.0.0.1 --port {} --chunk-size {} --l1-size-gb {} --eviction-policy {WORKER_EVICTION_POLICY}",
+        ctx.worker_port(),
+        ctx.chunk_size(),
+        ctx.host_memory_gib()
+    );
+    if let Some(adapter) = ctx.binding.and_then(l2_adapter) {
+        line.push_str(&format!(" --l2-adapter '{adapter}'"));
+    }
+    line
+}
+
+/// `--l2-adapter` JSON for a binding the MP path runs.
+pub fn l2_adapter(binding: &Binding) -> Option<String> {
+    match binding.protocol {
+        Protocol::Resp => Some(
+            serde_json::json!({
+                "type": "resp",
+                "host": binding.bare_host(),
+                "port": binding.port(),
+            })
+            .to_string(),
+        ),
+        Protocol::Lm | Protocol::MooncakeStore => None,
+    }
+}
+
 impl RuntimeAdapter for SglangLmCache {
     fn id(&self) -> &'static str {
         "sglang-lmcache"
@@ -175,12 +207,14 @@ impl RuntimeAdapter for SglangLmCache {
         RESERVED_ARGS
     }
 
-    fn reserved_env(&self) -> &'static [&'static str] {
-        RESERVED_ENV
+    fn reserved_env(&self, _protocol: Option<Protocol>) -> Vec<&'static str> {
+        RESERVED_ENV.to_vec()
     }
 
     fn supports_binding(&self, protocol: Option<Protocol>) -> bool {
-        // lm:// is not an MP --l2-adapter type; Mooncake is wired for vLLM only.
+        // The MP server has no L2 adapter for an LMCache server, and its
+        // `mooncake_store` adapter needs a native extension the published
+        // LMCache wheels do not build; RESP is the one remote it runs.
         matches!(protocol, None | Some(Protocol::Resp))
     }
 
@@ -274,7 +308,7 @@ impl RuntimeAdapter for SglangLmCache {
         let args = engine.args.get_or_insert_with(Vec::new);
         upsert_flag(args, ENABLE_LMCACHE);
         upsert_arg_pair(args, LMCACHE_CONFIG_FILE, CONFIG_FILE);
-        upsert_env(engine, env("LMCACHE_USE_EXPERIMENTAL", "True"));
+        remove_env(engine, "LMCACHE_USE_EXPERIMENTAL");
         upsert_env(engine, env(FAIL_OPEN_ENV, ctx.fail_open().to_string()));
         Ok(())
     }
