@@ -3,7 +3,7 @@
 # engine-side packages in (LMCache, vLLM, SGLang, Mooncake; about 8 GB, most
 # of it torch and its CUDA libraries, which load without a GPU), and prints
 # its path. The venv's name carries a hash of the requirement lists and the
-# engine versions, so a change to them builds a new one and removes the old.
+# engine versions, so a change to them builds a new one beside the old.
 #
 # vLLM and SGLang are installed without their dependency trees (GPU kernels,
 # a second torch): the tier runs their argument parsers, whose imports
@@ -17,32 +17,32 @@ SGLANG_VERSION=0.5.23
 
 log() { printf '\033[1;34m[conformance]\033[0m %s\n' "$*" >&2; }
 
-# System pieces: redis-server for the RESP provider, and the RDMA/NUMA
-# libraries Mooncake's transfer engine links (loaded even for TCP).
-need_apt=()
-command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
-libs=$(ldconfig -p)
-for lib in libibverbs.so.1:libibverbs1 librdmacm.so.1:librdmacm1 libnuma.so.1:libnuma1; do
-  [[ "$libs" == *"${lib%%:*}"* ]] || need_apt+=("${lib##*:}")
-done
-python3 -m venv --help >/dev/null 2>&1 || need_apt+=(python3-venv)
-if [ "${#need_apt[@]}" -gt 0 ]; then
-  log "installing ${need_apt[*]}"
-  run=""; [ "$(id -u)" -ne 0 ] && run="sudo"
-  $run apt-get update -qq >&2 && $run apt-get install -y -qq "${need_apt[@]}" >&2
-fi
-
 # The key covers what is installed, not how: the lists and the versions.
 key=$( (cat "$here/requirements.txt" "$here/constraints.txt"; echo "$VLLM_VERSIONS $SGLANG_VERSION") | sha256sum | cut -c1-12)
 venv="$cache/conformance-$key"
-if [ -f "$venv/.complete" ]; then
+
+system_ready() {
+  # redis-server for the RESP provider, and the RDMA/NUMA libraries
+  # Mooncake's transfer engine links (loaded even for TCP).
+  local libs
+  libs=$(/sbin/ldconfig -p 2>/dev/null || true)
+  command -v redis-server >/dev/null 2>&1 \
+    && [[ "$libs" == *libibverbs.so.1* && "$libs" == *librdmacm.so.1* && "$libs" == *libnuma.so.1* ]]
+}
+
+if [ -f "$venv/.complete" ] && system_ready; then
   echo "$venv"
   exit 0
 fi
-# Parallel tests may all ask at once: one builds, the others wait for it.
+# Parallel tests may all ask at once: one installs, the others wait for it.
 mkdir -p "$cache"
 exec 9>"$cache/conformance.lock"
 flock 9
+if ! system_ready; then
+  log "installing redis-server, libibverbs1, librdmacm1, libnuma1"
+  run=""; [ "$(id -u)" -ne 0 ] && run="sudo -n"
+  $run apt-get update -qq >&2 && $run apt-get install -y -qq redis-server libibverbs1 librdmacm1 libnuma1 python3-venv >&2
+fi
 if [ -f "$venv/.complete" ]; then
   echo "$venv"
   exit 0
@@ -61,7 +61,7 @@ done
 # A smoke import of each piece, so a broken venv fails here, not in a test.
 "$venv/bin/python" -c 'import lmcache, mooncake.store, redis, sglang.srt.server_args' >&2
 touch "$venv/.complete"
-for old in "$cache"/conformance-*; do
-  [ "$old" = "$venv" ] || rm -rf "$old"
-done
+# Venvs of other requirement lists are left to whoever may still use them
+# (another checkout); those unused for two weeks are removed.
+find "$cache" -maxdepth 1 -name 'conformance-*' -type d ! -path "$venv" -mtime +14 -exec rm -rf {} + 2>/dev/null || true
 echo "$venv"

@@ -149,7 +149,8 @@ impl Drop for Redis {
 
 /// The engine env as the kubelet hands it to the process: literal values,
 /// `fieldRef`s from `fields` (e.g. `status.podIP`), and `$(VAR)` references
-/// to variables defined earlier expanded (unknown ones stay as written).
+/// to variables defined earlier expanded in one pass (`$$` escapes a `$`;
+/// unknown references stay as written).
 pub fn expand_env(env: &[Value], fields: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for var in env {
@@ -162,12 +163,65 @@ pub fn expand_env(env: &[Value], fields: &[(&str, &str)]) -> Vec<(String, String
             },
             _ => continue,
         };
-        let mut value = raw;
-        for (known, v) in &out {
-            value = value.replace(&format!("$({known})"), v);
-        }
+        let value = expand_once(&raw, &out);
         out.retain(|(n, _)| *n != name);
         out.push((name, value));
     }
     out
+}
+
+fn expand_once(raw: &str, defined: &[(String, String)]) -> String {
+    let mut value = String::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some(at) = rest.find('$') {
+        value.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("$$") {
+            value.push('$');
+            rest = after;
+        } else if let Some((reference, after)) =
+            tail.strip_prefix("$(").and_then(|t| t.split_once(')'))
+        {
+            match defined.iter().find(|(n, _)| n == reference) {
+                Some((_, v)) => value.push_str(v),
+                None => {
+                    value.push_str("$(");
+                    value.push_str(reference);
+                    value.push(')');
+                }
+            }
+            rest = after;
+        } else {
+            value.push('$');
+            rest = &tail[1..];
+        }
+    }
+    value.push_str(rest);
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn env_expands_like_the_kubelet() {
+        let env = [
+            json!({"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+            json!({"name": "A", "value": "$(B)"}),
+            json!({"name": "B", "value": "x"}),
+            json!({"name": "C", "value": "$(IP):$(A)/$$(IP)/$(NOPE)"}),
+        ];
+        let out = expand_env(&env, &[("status.podIP", "10.0.0.1")]);
+        assert_eq!(
+            out,
+            [
+                ("IP".to_owned(), "10.0.0.1".to_owned()),
+                ("A".to_owned(), "$(B)".to_owned()),
+                ("B".to_owned(), "x".to_owned()),
+                ("C".to_owned(), "10.0.0.1:$(B)/$(IP)/$(NOPE)".to_owned()),
+            ]
+        );
+    }
 }

@@ -311,7 +311,6 @@ fn localize_worker(
 
 #[test]
 fn the_lmcache_mp_worker_starts_as_injected() {
-    let redis = Redis::start();
     let mut started = 0;
     for (name, pod) in golden_pods() {
         if !injected_by_us(&pod) {
@@ -341,6 +340,8 @@ fn the_lmcache_mp_worker_starts_as_injected() {
         );
         assert_eq!(parsed["eviction_policy"], "LRU", "{name}");
 
+        // A Redis of its own, so only this worker's L2 can connect to it.
+        let redis = Redis::start();
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let (local, probe, config_file, resp) =
@@ -477,7 +478,20 @@ fn the_kernel_check_loads_the_real_lmcache_extension() {
         "raise ImportError('no mooncake here')",
     )
     .unwrap();
-    let cases: [FailureCase<'_>; 4] = [
+    // A torch that takes the loading process down: a crash (the ABI-mismatch
+    // symptom) is a kernel failure; a SIGKILL (what an OOM kill looks like
+    // from the parent) is inconclusive.
+    let crash = dir.path().join("crash");
+    std::fs::create_dir_all(crash.join("torch")).unwrap();
+    std::fs::write(crash.join("torch/__init__.py"), "import os\nos.abort()\n").unwrap();
+    let killed = dir.path().join("killed");
+    std::fs::create_dir_all(killed.join("torch")).unwrap();
+    std::fs::write(
+        killed.join("torch/__init__.py"),
+        "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    )
+    .unwrap();
+    let cases: [FailureCase<'_>; 6] = [
         (
             "broken",
             &broken,
@@ -496,6 +510,18 @@ fn the_kernel_check_loads_the_real_lmcache_extension() {
             &no_mooncake,
             &[("LMCACHE_KERNEL_CHECK_REMOTE", "mooncakestore")],
             "LMCACHE_REMOTE=failed\nthe Mooncake client",
+        ),
+        (
+            "crash",
+            &crash,
+            &[],
+            "LMCACHE_KERNELS=failed\nloading the extension crashed with signal 6",
+        ),
+        (
+            "killed",
+            &killed,
+            &[],
+            "LMCACHE_KERNELS=inconclusive\nthe check process was killed (SIGKILL",
         ),
     ];
     for (what, path, env, needle) in cases {
@@ -516,7 +542,7 @@ fn the_kernel_check_loads_the_real_lmcache_extension() {
         let verdict = ic_controller_core::observe::kernel_check_from_status(&status);
         let remote = ic_controller_core::observe::remote_client_from_status(&status);
         match what {
-            "timeout" => assert!(
+            "timeout" | "killed" => assert!(
                 matches!(verdict, ic_controller_core::observe::KernelCheck::Error(_)),
                 "{verdict:?}"
             ),

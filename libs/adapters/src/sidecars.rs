@@ -297,7 +297,6 @@ pub fn kernel_check_mode(backend: &CacheBackend, engine: &Container) -> KernelCh
 /// Report-only always exits 0; strict exits 1 unless everything is ok.
 pub const KERNEL_CHECK_SCRIPT: &str = r#"import json, os, subprocess, sys
 strict = os.environ.get("LMCACHE_KERNEL_CHECK_MODE") == "strict"
-timeout = float(os.environ.get("LMCACHE_KERNEL_CHECK_TIMEOUT_SECONDS") or "240")
 CHILD = """
 import glob, importlib, importlib.machinery, importlib.util, json, os, sys
 out = {}
@@ -352,28 +351,40 @@ def finish(kernels, remote=None):
         pass
     ok = kernels[0] == "ok" and (remote is None or remote[0] == "ok")
     sys.exit(0 if ok or not strict else 1)
+def tail(text):
+    return (text or "").strip().splitlines()[-1:] or ["no output"]
 try:
-    run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=timeout)
-except subprocess.TimeoutExpired:
-    finish(["inconclusive", "the check timed out after %gs loading torch and the lmcache extension" % timeout])
-if run.returncode < 0:
-    sig = -run.returncode
-    cause = "most likely OOM-killed at the container's memory limit" if sig == 9 else "killed"
-    finish(["inconclusive", "the check process died of signal %d (%s)" % (sig, cause)])
-try:
-    result = json.loads((run.stdout.strip().splitlines() or ["{}"])[-1])
-    kernels = result["kernels"]
-except (ValueError, KeyError, TypeError):
-    tail = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["no output"]
-    finish(["inconclusive", "the check process exited %d: %s" % (run.returncode, tail[0])])
-finish(kernels, result.get("remote"))
+    try:
+        timeout = float(os.environ.get("LMCACHE_KERNEL_CHECK_TIMEOUT_SECONDS") or "240")
+    except ValueError:
+        timeout = 240.0
+    try:
+        run = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        finish(["inconclusive", "the check timed out after %gs loading torch and the lmcache extension" % timeout])
+    if run.returncode == -9:
+        finish(["inconclusive", "the check process was killed (SIGKILL: most likely OOM-killed at the container's memory limit)"])
+    if run.returncode < 0:
+        # A crash while loading the extension (SIGSEGV, SIGABRT) is the
+        # kernels failing, not the check.
+        finish(["failed", "loading the extension crashed with signal %d: %s" % (-run.returncode, tail(run.stderr)[0])])
+    try:
+        result = json.loads(tail(run.stdout)[0])
+        kernels = result["kernels"]
+    except (ValueError, KeyError, TypeError):
+        finish(["inconclusive", "the check process exited %d: %s" % (run.returncode, tail(run.stderr or run.stdout)[0])])
+    finish(kernels, result.get("remote"))
+except SystemExit:
+    raise
+except BaseException as e:
+    finish(["inconclusive", "the check itself failed: %s: %s" % (type(e).__name__, e)])
 "#;
 
 /// Env naming the remote connector whose client the kernel check imports.
 pub const KERNEL_CHECK_REMOTE_ENV: &str = "LMCACHE_KERNEL_CHECK_REMOTE";
 
 /// Memory the kernel check is given: importing torch and the extension
-/// peaks near 640 MiB, so 1 GiB leaves headroom. As an init container it
+/// peaks near 690 MiB, so 1 GiB leaves headroom. As an init container it
 /// adds nothing to the pod's effective request once the engine asks for
 /// more (engines ask for many GiB).
 pub const KERNEL_CHECK_MEMORY: &str = "1Gi";

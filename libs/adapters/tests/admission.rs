@@ -207,6 +207,63 @@ fn mooncake_without_endpoint_gets_no_host_network() {
 }
 
 #[test]
+fn mooncake_merges_a_json_extra_config_and_refuses_one_it_cannot_merge() {
+    let b = backend_with(
+        "cb",
+        json!({"remoteStorage": {"provider": "Mooncake", "ownership": "External", "endpoint": "m:50051"}}),
+        json!({}),
+    );
+    let theirs = engine_pod(json!({"env": [
+        {"name": "LMCACHE_EXTRA_CONFIG", "value": "{\"nixl_backend\":\"UCX\",\"mooncake_protocol\":\"rdma\"}"}
+    ]}));
+    let admitted = admit_pod(&theirs, std::slice::from_ref(&b), &config());
+    let env = admitted.pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let extra = env
+        .iter()
+        .find(|e| e.name == "LMCACHE_EXTRA_CONFIG")
+        .unwrap();
+    let extra: Value = serde_json::from_str(extra.value.as_deref().unwrap()).unwrap();
+    assert_eq!(extra["nixl_backend"], "UCX", "their own keys are kept");
+    assert_eq!(
+        extra["mooncake_protocol"], "tcp",
+        "the binding's settings win"
+    );
+    assert_eq!(extra["mooncake_master_server_addr"], "m:50051");
+    assert_eq!(
+        extra["mooncake_metadata_server"], "P2PHANDSHAKE",
+        "External: no metadata server"
+    );
+    let ip = env
+        .iter()
+        .position(|e| e.name == "INFERENCECACHE_POD_IP")
+        .unwrap();
+    let cfg = env
+        .iter()
+        .position(|e| e.name == "LMCACHE_EXTRA_CONFIG")
+        .unwrap();
+    assert!(
+        ip < cfg,
+        "$(INFERENCECACHE_POD_IP) must be defined before it is used"
+    );
+
+    for bad in [
+        json!({"name": "LMCACHE_EXTRA_CONFIG", "value": "nixl_backend=UCX"}),
+        json!({"name": "LMCACHE_EXTRA_CONFIG", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}),
+    ] {
+        let pod = engine_pod(json!({"env": [bad]}));
+        assert_fail_open(
+            &pod,
+            std::slice::from_ref(&b),
+            &config(),
+            "adapter_rejected",
+        );
+    }
+}
+
+#[test]
 fn unregistered_pair_fails_open() {
     let b = backend(
         "cb",

@@ -36,6 +36,9 @@ const ENV_POOL: &[(&str, &str)] = &[
     ("LMCACHE_LOCAL_CPU", "False"),
     ("INFERENCECACHE_FAIL_OPEN", "maybe"),
     ("HF_HOME", "/models"),
+    ("VLLM_USE_V1", "1"),
+    ("LMCACHE_USE_EXPERIMENTAL", "True"),
+    ("LMCACHE_EXTRA_CONFIG", "{\"nixl_backend\":\"UCX\"}"),
 ];
 
 const OVERRIDE_ARGS: &[&str] = &[
@@ -52,6 +55,9 @@ const OVERRIDE_ENV: &[&str] = &[
     "LMCACHE_SAVE_UNFULL_CHUNK",
     "HF_HOME",
     "PYTHONHASHSEED",
+    "VLLM_USE_V1",
+    "LMCACHE_USE_EXPERIMENTAL",
+    "LMCACHE_EXTRA_CONFIG",
 ];
 
 fn subset<T: Clone + std::fmt::Debug>(pool: &'static [T]) -> impl Strategy<Value = Vec<T>> {

@@ -230,7 +230,7 @@ fn classify_terminated(t: &ContainerStateTerminated) -> KernelCheck {
         )),
         // The whole container was killed before the check could write.
         _ if t.reason.as_deref() == Some("OOMKilled") => KernelCheck::Error(format!(
-            "kernel check was OOM-killed at its memory limit (exit {}); it needs about 640 MiB to import torch",
+            "kernel check was OOM-killed at its memory limit (exit {}); it needs about 690 MiB to import torch",
             t.exit_code
         )),
         _ => KernelCheck::Error(format!(

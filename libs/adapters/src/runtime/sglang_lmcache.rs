@@ -26,7 +26,7 @@ use ic_api::cachebackend::{CacheType, Runtime};
 use super::{FAIL_OPEN_ENV, InjectContext, RuntimeAdapter, is_ours, marker};
 use crate::binding::{Binding, Protocol};
 use crate::merge::{
-    env, flag_items, remove_env, upsert_arg_pair, upsert_container, upsert_env, upsert_flag,
+    env, flag_items, upsert_arg_pair, upsert_container, upsert_env, upsert_flag,
     upsert_mount_by_name, upsert_volume,
 };
 
@@ -308,7 +308,6 @@ impl RuntimeAdapter for SglangLmCache {
         let args = engine.args.get_or_insert_with(Vec::new);
         upsert_flag(args, ENABLE_LMCACHE);
         upsert_arg_pair(args, LMCACHE_CONFIG_FILE, CONFIG_FILE);
-        remove_env(engine, "LMCACHE_USE_EXPERIMENTAL");
         upsert_env(engine, env(FAIL_OPEN_ENV, ctx.fail_open().to_string()));
         Ok(())
     }

@@ -116,9 +116,9 @@ impl RuntimeAdapter for VllmLmCache {
         );
 
         // Reserved env converges: the wiring cannot work with another value.
-        // (VLLM_USE_V1 is gone: 0.11 reads no such variable and 0.33 warns
-        // about it, refusing to start under --fail-on-environ-validation.)
-        remove_env(engine, "VLLM_USE_V1");
+        // (VLLM_USE_V1 is not injected: 0.11 reads no such variable and 0.33
+        // warns about it, refusing to start under --fail-on-environ-validation.
+        // A template's own stays the operator's.)
         upsert_env(engine, env("PYTHONHASHSEED", "0"));
         upsert_env(engine, env(FAIL_OPEN_ENV, ctx.fail_open().to_string()));
         // Tunables: the pod template's own values win.
@@ -148,7 +148,7 @@ impl RuntimeAdapter for VllmLmCache {
                     .remote_storage
                     .as_ref()
                     .is_some_and(|rs| rs.ownership == Ownership::Managed);
-                inject_mooncake_client(engine, binding, managed);
+                inject_mooncake_client(engine, binding, managed)?;
             }
         }
         Ok(())
@@ -195,15 +195,29 @@ pub fn mooncake_extra_config(binding: &Binding, managed: bool) -> Map<String, Va
 /// IP first (a `$(VAR)` reference only expands to a variable defined before
 /// it): in place when an earlier render already has them in that order, so
 /// re-admission changes nothing, else at the end. The template's own extra
-/// config keeps its other keys.
-fn inject_mooncake_client(engine: &mut Container, binding: &Binding, managed: bool) {
+/// config keeps its other keys; one that is not a literal JSON object
+/// (`valueFrom`, not JSON) cannot be merged, so the pod is refused (and
+/// admitted unwired) rather than losing it.
+fn inject_mooncake_client(
+    engine: &mut Container,
+    binding: &Binding,
+    managed: bool,
+) -> Result<(), String> {
     let list = engine.env.get_or_insert_with(Vec::new);
-    let theirs = list
-        .iter()
-        .find(|e| e.name == EXTRA_CONFIG_ENV)
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| serde_json::from_str::<Map<String, Value>>(v).ok())
-        .unwrap_or_default();
+    let theirs = match list.iter().find(|e| e.name == EXTRA_CONFIG_ENV) {
+        None => Map::new(),
+        Some(var) => var
+            .value
+            .as_deref()
+            .filter(|_| var.value_from.is_none())
+            .and_then(|v| serde_json::from_str::<Map<String, Value>>(v).ok())
+            .ok_or_else(|| {
+                format!(
+                    "the engine sets {EXTRA_CONFIG_ENV} to something other than a literal JSON object; \
+                     a Mooncake binding merges its client settings into it (write it as a JSON value)"
+                )
+            })?,
+    };
     let mut merged = theirs;
     merged.extend(mooncake_extra_config(binding, managed));
     let pod_ip = EnvVar {
@@ -233,4 +247,5 @@ fn inject_mooncake_client(engine: &mut Container, binding: &Binding, managed: bo
         list.push(pod_ip);
         list.push(extra);
     }
+    Ok(())
 }
