@@ -1,12 +1,13 @@
 //! Reading the decision inputs out of Kubernetes objects the service has
-//! already fetched (no I/O here): the provider Deployment's rollout state,
+//! already fetched (no I/O here): the provider workload's rollout state,
 //! cache-server pods for the cascade baseline, and the engine replica count
-//! a selector expects.
+//! a selector expects. The controller service calls these and nothing else
+//! to read those objects.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 
 use crate::cascade::ServerPod;
 use crate::observe::selector_matches;
@@ -31,12 +32,29 @@ pub fn workload_from_deployment(d: &Deployment) -> WorkloadState {
     }
 }
 
-/// Names of the containers on the Deployment's pod template: the cache
+/// The rollout state of the provider StatefulSet. It has no Available
+/// condition: available means every desired replica is available (and a
+/// StatefulSet scaled to zero is not).
+pub fn workload_from_statefulset(s: &StatefulSet) -> WorkloadState {
+    let status = s.status.as_ref();
+    let spec_replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let available_replicas = status.and_then(|s| s.available_replicas).unwrap_or(0);
+    WorkloadState {
+        spec_replicas,
+        ready_replicas: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        updated_replicas: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        available_replicas,
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        generation: s.metadata.generation.unwrap_or(0),
+        available: spec_replicas > 0 && available_replicas >= spec_replicas,
+    }
+}
+
+/// Names of the containers on a workload's pod template: the cache
 /// server's own containers (injected sidecars are not among them).
-pub fn template_containers(d: &Deployment) -> Vec<String> {
-    d.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
+pub fn template_containers(template: Option<&PodTemplateSpec>) -> Vec<String> {
+    template
+        .and_then(|t| t.spec.as_ref())
         .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
         .unwrap_or_default()
 }
@@ -64,21 +82,24 @@ pub fn server_pod(p: &Pod) -> ServerPod {
     }
 }
 
-/// The cascade input from the provider Deployment and its pods (pods being
-/// deleted are skipped: they are on their way out).
-pub fn server_pods(d: &Deployment, pods: &[Pod]) -> ServerPods {
+/// The cascade input from the provider workload's template containers and
+/// its pods. Pods being deleted are skipped: they are on their way out, and
+/// counting one would keep a replaced server's restart counts in the
+/// baseline after its successor is up.
+pub fn server_pods(own_containers: Vec<String>, pods: &[Pod]) -> ServerPods {
     ServerPods {
         pods: pods
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(server_pod)
             .collect(),
-        own_containers: template_containers(d),
+        own_containers,
     }
 }
 
 /// The desired replica sum of Deployments whose pod-template labels satisfy
-/// the selector; `None` when none does (engine pods are then expected).
+/// the selector (saturating: replicas are i32 and a sum could overflow);
+/// `None` when none does (engine pods are then expected).
 pub fn expected_engine_replicas(
     match_labels: Option<&BTreeMap<String, String>>,
     deployments: &[Deployment],
@@ -121,7 +142,70 @@ mod tests {
         );
         assert!(w.available);
         assert_eq!(w.generation, 3);
-        assert_eq!(template_containers(&d), vec!["server".to_owned()]);
+        assert_eq!(
+            template_containers(d.spec.as_ref().map(|s| &s.template)),
+            vec!["server".to_owned()]
+        );
+    }
+
+    #[test]
+    fn reads_statefulset_rollout_state() {
+        let s: StatefulSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"generation": 2},
+            "spec": {"replicas": 2, "selector": {}, "serviceName": "s", "template": {}},
+            "status": {"replicas": 2, "observedGeneration": 2, "readyReplicas": 2, "availableReplicas": 2},
+        }))
+        .unwrap_or_default();
+        let w = workload_from_statefulset(&s);
+        assert!(w.available);
+        assert_eq!(
+            (w.spec_replicas, w.available_replicas, w.generation),
+            (2, 2, 2)
+        );
+        let mut zero = s.clone();
+        zero.spec.as_mut().map(|spec| spec.replicas = Some(0));
+        assert!(
+            !workload_from_statefulset(&zero).available,
+            "scaled to zero is not available"
+        );
+    }
+
+    #[test]
+    fn terminating_server_pods_leave_the_baseline() {
+        let pod = |name: &str, terminating: bool| -> Pod {
+            let mut v = serde_json::json!({
+                "metadata": {"name": name, "uid": format!("uid-{name}")},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                           "containerStatuses": [{"name": "redis", "image": "r", "imageID": "", "ready": true, "restartCount": 3}]},
+            });
+            if terminating {
+                v["metadata"]["deletionTimestamp"] = serde_json::json!("2026-01-01T00:00:00Z");
+            }
+            serde_json::from_value(v).unwrap_or_default()
+        };
+        let got = server_pods(
+            vec!["redis".to_owned()],
+            &[pod("old", true), pod("new", false)],
+        );
+        let names: Vec<&str> = got.pods.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["new"]);
+        assert_eq!(got.pods[0].container_restarts, [("redis".to_owned(), 3)]);
+        assert_eq!(got.own_containers, ["redis"]);
+    }
+
+    #[test]
+    fn expected_replicas_saturate() {
+        let dep = |replicas: i32| {
+            deployment(serde_json::json!({
+                "spec": {"replicas": replicas, "selector": {},
+                         "template": {"metadata": {"labels": {"app": "vllm"}}, "spec": {"containers": []}}},
+            }))
+        };
+        let sel = BTreeMap::from([("app".to_owned(), "vllm".to_owned())]);
+        assert_eq!(
+            expected_engine_replicas(Some(&sel), &[dep(i32::MAX), dep(5)]),
+            Some(i32::MAX)
+        );
     }
 
     #[test]

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 
 use ic_adapters::providers::{self, ObjectRef, OwnedKind, Workload};
 use ic_api::cachebackend::CacheBackend;
-use ic_controller_core::cascade::{CascadeRateLimiter, ServerPod};
+use ic_controller_core::cascade::CascadeRateLimiter;
 use ic_controller_core::clock::Clock;
 use ic_controller_core::gates::{self, ProbeOutcome, ProbeRateLimiter};
+use ic_controller_core::k8s;
 use ic_controller_core::observe::{self, BackendRef};
 use ic_controller_core::status::{
     self, BackendShape, EngineObservation, EventType, Observed, ServerPods, WorkloadState,
@@ -237,57 +238,6 @@ async fn shed(
     Ok(())
 }
 
-fn deployment_state(d: &Deployment) -> WorkloadState {
-    let status = d.status.clone().unwrap_or_default();
-    WorkloadState {
-        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-        ready_replicas: status.ready_replicas.unwrap_or(0),
-        updated_replicas: status.updated_replicas.unwrap_or(0),
-        available_replicas: status.available_replicas.unwrap_or(0),
-        observed_generation: status.observed_generation.unwrap_or(0),
-        generation: d.metadata.generation.unwrap_or(0),
-        available: status
-            .conditions
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Available" && c.status == "True"),
-    }
-}
-
-fn statefulset_state(s: &StatefulSet) -> WorkloadState {
-    let status = s.status.clone().unwrap_or_default();
-    let spec_replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let available = status.available_replicas.unwrap_or(0);
-    WorkloadState {
-        spec_replicas,
-        ready_replicas: status.ready_replicas.unwrap_or(0),
-        updated_replicas: status.updated_replicas.unwrap_or(0),
-        available_replicas: available,
-        observed_generation: status.observed_generation.unwrap_or(0),
-        generation: s.metadata.generation.unwrap_or(0),
-        available: spec_replicas > 0 && available >= spec_replicas,
-    }
-}
-
-fn server_pod(pod: &Pod) -> ServerPod {
-    let status = pod.status.as_ref();
-    ServerPod {
-        name: pod.name_any(),
-        uid: pod.metadata.uid.clone().unwrap_or_default(),
-        ready: status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")),
-        container_restarts: status
-            .and_then(|s| s.container_statuses.as_ref())
-            .map(|cs| {
-                cs.iter()
-                    .map(|c| (c.name.clone(), c.restart_count))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
-}
-
 /// Applies the managed objects; returns the live workload, the Service
 /// endpoint and the cache-server pods.
 async fn provision(
@@ -307,15 +257,15 @@ async fn provision(
         Workload::Deployment(d) => {
             let live = apply(&Api::<Deployment>::namespaced(c.clone(), ns), d).await?;
             (
-                deployment_state(&live),
-                containers(d.spec.as_ref().map(|s| &s.template)),
+                k8s::workload_from_deployment(&live),
+                k8s::template_containers(d.spec.as_ref().map(|s| &s.template)),
             )
         }
         Workload::StatefulSet(s) => {
             let live = apply(&Api::<StatefulSet>::namespaced(c.clone(), ns), s).await?;
             (
-                statefulset_state(&live),
-                containers(s.spec.as_ref().map(|s| &s.template)),
+                k8s::workload_from_statefulset(&live),
+                k8s::template_containers(s.spec.as_ref().map(|s| &s.template)),
             )
         }
     };
@@ -336,10 +286,7 @@ async fn provision(
         .list(&ListParams::default().labels(&selector))
         .await
     {
-        Ok(list) => Some(ServerPods {
-            pods: list.items.iter().map(server_pod).collect(),
-            own_containers: template_containers,
-        }),
+        Ok(list) => Some(k8s::server_pods(template_containers, &list.items)),
         Err(e) => {
             tracing::warn!(error = %e, ns = %ns, name = %name, "listing cache-server pods failed; baseline kept");
             None
@@ -350,13 +297,6 @@ async fn provision(
         providers::service_endpoint(&service),
         server_pods,
     ))
-}
-
-fn containers(template: Option<&k8s_openapi::api::core::v1::PodTemplateSpec>) -> Vec<String> {
-    template
-        .and_then(|t| t.spec.as_ref())
-        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
-        .unwrap_or_default()
 }
 
 /// Engine pods of the namespace that match the selector or were injected by
@@ -398,22 +338,7 @@ async fn engines(
         .list(&ListParams::default())
         .await
     {
-        Ok(list) => {
-            let matching: Vec<i32> = list
-                .items
-                .iter()
-                .filter(|d| {
-                    let template_labels = d
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.template.metadata.as_ref())
-                        .and_then(|m| m.labels.as_ref());
-                    observe::selector_matches(labels, template_labels)
-                })
-                .map(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1))
-                .collect();
-            (!matching.is_empty()).then(|| matching.iter().sum())
-        }
+        Ok(list) => k8s::expected_engine_replicas(labels, &list.items),
         Err(_) => None,
     };
     Some(EngineObservation {
