@@ -14,6 +14,7 @@ pub mod cachepolicy;
 pub mod cachetenant;
 pub mod consts;
 pub mod defaults;
+pub mod snapshot;
 pub mod validate;
 
 pub use cachebackend::{CacheBackend, CacheBackendSpec, CacheBackendStatus};

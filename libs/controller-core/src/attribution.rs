@@ -23,69 +23,13 @@ use ic_api::consts::annotations;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use serde::Deserialize;
 
 // === the /snapshot wire ===
 
-/// The index server's `GET /snapshot` body (fields the controller reads).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Snapshot {
-    /// When the server built it (RFC 3339).
-    #[serde(default)]
-    pub generated_at: Option<String>,
-    /// Entries in the whole index.
-    #[serde(default)]
-    pub entries: u64,
-    /// One row per (tenant, replica, dp rank, scope).
-    #[serde(default)]
-    pub replicas: Vec<SnapshotReplica>,
-}
+pub use ic_api::snapshot::{Snapshot, SnapshotReplica};
 
-/// One `/snapshot` replica row.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct SnapshotReplica {
-    /// Engine pod namespace.
-    pub tenant: String,
-    /// Engine pod name.
-    pub replica_id: String,
-    /// Data-parallel rank.
-    #[serde(default)]
-    pub dp_rank: u32,
-    /// Engine serving address.
-    #[serde(default)]
-    pub address: String,
-    /// Model served.
-    #[serde(default)]
-    pub model: String,
-    /// Fingerprint domain.
-    #[serde(default)]
-    pub hash_scheme: String,
-    /// Distinct prefixes held.
-    #[serde(default)]
-    pub prefix_count: u64,
-    /// Latest KV event (RFC 3339), null before the first.
-    #[serde(default)]
-    pub last_event_at: Option<String>,
-    /// Engine KV memory, null until engines report it.
-    #[serde(default)]
-    pub cache_memory_bytes: Option<u64>,
-    /// Whether hit-rate statistics are reported.
-    #[serde(default)]
-    pub hit_rate_reported: bool,
-    /// Cumulative tier-2 hits, null when the engine exports none.
-    #[serde(default)]
-    pub tier2_hits: Option<u64>,
-    /// Cumulative tier-2 queries, null when the engine exports none.
-    #[serde(default)]
-    pub tier2_queries: Option<u64>,
-}
-
-impl SnapshotReplica {
-    fn last_event(&self) -> Option<Timestamp> {
-        self.last_event_at.as_deref().and_then(|s| s.parse().ok())
-    }
+fn last_event(row: &SnapshotReplica) -> Option<Timestamp> {
+    row.last_event_at.as_deref().and_then(|s| s.parse().ok())
 }
 
 // === attribution ===
@@ -219,7 +163,7 @@ pub fn attribute(snapshot: &Snapshot, pods: &[Pod], backends: &[CacheBackend]) -
         };
         let a = acc.entry(owner).or_default();
         a.prefix_count = a.prefix_count.saturating_add(row.prefix_count);
-        a.last_event = a.last_event.max(row.last_event());
+        a.last_event = a.last_event.max(last_event(row));
         if let (Some(hits), Some(queries)) = (row.tier2_hits, row.tier2_queries) {
             a.t2_hits = a.t2_hits.saturating_add(hits);
             a.t2_queries = a.t2_queries.saturating_add(queries);
@@ -309,7 +253,7 @@ pub fn cache_index_status(snapshot: &Snapshot, now: Timestamp) -> CacheIndexStat
         r.prefix_count = r
             .prefix_count
             .saturating_add(i64::try_from(row.prefix_count).unwrap_or(i64::MAX));
-        let last = row.last_event().map(whole_seconds);
+        let last = last_event(row).map(whole_seconds);
         if last > r.last_event_at {
             r.last_event_at = last;
         }
@@ -568,7 +512,7 @@ mod tests {
             &Snapshot {
                 replicas: rows,
                 entries: 13,
-                generated_at: None,
+                generated_at: String::new(),
             },
             now,
         );

@@ -163,7 +163,9 @@ mod tests {
             (2, 2, 2)
         );
         let mut zero = s.clone();
-        zero.spec.as_mut().map(|spec| spec.replicas = Some(0));
+        if let Some(spec) = zero.spec.as_mut() {
+            spec.replicas = Some(0);
+        }
         assert!(
             !workload_from_statefulset(&zero).available,
             "scaled to zero is not available"

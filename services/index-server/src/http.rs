@@ -28,7 +28,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use ic_index::Index;
-use serde::Serialize;
 
 use crate::auth::{AuthError, ProbeAuth};
 use crate::convert::PROBE_TENANT;
@@ -38,36 +37,8 @@ use crate::probe::{ProbeRequest, Prober};
 /// Largest `/probe` body accepted.
 pub const MAX_PROBE_BODY_BYTES: usize = 16 * 1024;
 
-/// One replica row.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaRow {
-    tenant: String,
-    replica_id: String,
-    dp_rank: u32,
-    address: String,
-    model: String,
-    hash_scheme: &'static str,
-    adapter: String,
-    prefix_count: u64,
-    t1_count: u64,
-    block_size: u32,
-    last_event_at: Option<String>,
-    last_seen_at: String,
-    cache_memory_bytes: Option<u64>,
-    hit_rate_reported: bool,
-    tier2_hits: Option<u64>,
-    tier2_queries: Option<u64>,
-}
-
-/// The `/snapshot` body.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Snapshot {
-    generated_at: String,
-    entries: u64,
-    replicas: Vec<ReplicaRow>,
-}
+/// The `/snapshot` body: the one wire type the controller and icctl read.
+pub use ic_api::snapshot::{Snapshot, SnapshotReplica};
 
 /// RFC 3339 UTC with second precision, from Unix milliseconds.
 pub fn rfc3339(ms: i64) -> String {
@@ -102,13 +73,13 @@ pub fn snapshot(index: &Index, now_ms: i64) -> Snapshot {
             .into_iter()
             // The functional probe's synthetic replicas are not real.
             .filter(|r| r.key.tenant != PROBE_TENANT)
-            .map(|r| ReplicaRow {
+            .map(|r| SnapshotReplica {
                 tenant: r.key.tenant,
                 replica_id: r.key.replica_id,
                 dp_rank: r.key.dp_rank,
                 address: r.address,
                 model: r.scope.model,
-                hash_scheme: r.scope.hash_scheme.as_str(),
+                hash_scheme: r.scope.hash_scheme.as_str().to_owned(),
                 adapter: r.scope.adapter,
                 prefix_count: r.prefix_count,
                 t1_count: r.t1_count,

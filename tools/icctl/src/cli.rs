@@ -375,10 +375,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
             };
             crate::check::run(&targets, json).await
         }
-        Command::Snapshot => render(
-            index::snapshot(&cli.index_http).await?,
-            index::snapshot_text,
-        ),
+        Command::Snapshot => {
+            let snapshot = index::snapshot(&cli.index_http).await?;
+            Ok(if json {
+                format!("{}\n", serde_json::to_string_pretty(&snapshot)?)
+            } else {
+                index::snapshot_text(&snapshot)
+            })
+        }
         Command::Fingerprint {
             tokens,
             tokens_file,

@@ -2,6 +2,7 @@
 //! `fingerprint` reference.
 
 use anyhow::{Context, bail};
+use ic_api::snapshot::Snapshot;
 use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::index_service_client::IndexServiceClient;
 use serde_json::{Value, json};
@@ -163,8 +164,9 @@ pub async fn lookup(grpc: &str, l: &Lookup) -> anyhow::Result<pb::LookupRouteRes
     }
 }
 
-/// Fetches `/snapshot`.
-pub async fn snapshot(http: &str) -> anyhow::Result<Value> {
+/// Fetches `/snapshot`, parsed as the one wire type the index server
+/// writes (a field it no longer sends is an error, not a zero).
+pub async fn snapshot(http: &str) -> anyhow::Result<Snapshot> {
     let url = format!("http://{http}/snapshot");
     let response = reqwest::get(&url).await.with_context(|| {
         format!("cannot reach the index server's HTTP port at {http}: is it running? (set --index-http or IC_INDEX_HTTP)")
@@ -176,48 +178,39 @@ pub async fn snapshot(http: &str) -> anyhow::Result<Value> {
     response
         .json()
         .await
-        .with_context(|| format!("GET {url}: not JSON"))
+        .with_context(|| format!("GET {url}: not a snapshot this icctl understands"))
 }
 
 /// The snapshot for people.
-pub fn snapshot_text(s: &Value) -> String {
-    let str_of = |v: &Value| match v {
-        Value::Null => "-".to_owned(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    let rows: Vec<Vec<String>> = s["replicas"]
-        .as_array()
-        .map(|rs| {
-            rs.iter()
-                .map(|r| {
-                    let t2 = match (r["tier2Hits"].as_u64(), r["tier2Queries"].as_u64()) {
-                        (Some(h), Some(q)) if q > 0 => {
-                            format!("{:.1}%", h as f64 * 100.0 / q as f64)
-                        }
-                        (Some(_), Some(_)) => "0 queries".into(),
-                        _ => "-".into(),
-                    };
-                    vec![
-                        str_of(&r["tenant"]),
-                        format!("{}/{}", str_of(&r["replicaId"]), str_of(&r["dpRank"])),
-                        str_of(&r["model"]),
-                        str_of(&r["hashScheme"]),
-                        str_of(&r["prefixCount"]),
-                        str_of(&r["t1Count"]),
-                        str_of(&r["blockSize"]),
-                        str_of(&r["lastEventAt"]),
-                        t2,
-                    ]
-                })
-                .collect()
+pub fn snapshot_text(s: &Snapshot) -> String {
+    let opt = |v: Option<&str>| v.unwrap_or("-").to_owned();
+    let rows: Vec<Vec<String>> = s
+        .replicas
+        .iter()
+        .map(|r| {
+            let t2 = match (r.tier2_hits, r.tier2_queries) {
+                (Some(h), Some(q)) if q > 0 => format!("{:.1}%", h as f64 * 100.0 / q as f64),
+                (Some(_), Some(_)) => "0 queries".into(),
+                _ => "-".into(),
+            };
+            vec![
+                r.tenant.clone(),
+                format!("{}/{}", r.replica_id, r.dp_rank),
+                r.model.clone(),
+                r.hash_scheme.clone(),
+                r.prefix_count.to_string(),
+                r.t1_count.to_string(),
+                r.block_size.to_string(),
+                opt(r.last_event_at.as_deref()),
+                t2,
+            ]
         })
-        .unwrap_or_default();
+        .collect();
     let mut out = format!(
         "{} entries over {} replicas (at {})\n\n",
-        str_of(&s["entries"]),
+        s.entries,
         rows.len(),
-        str_of(&s["generatedAt"])
+        s.generated_at
     );
     out.push_str(&render(
         &[
