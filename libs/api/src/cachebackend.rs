@@ -625,6 +625,13 @@ pub struct CacheBackendStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
+    /// The mode the controller last reconciled this backend in (Managed,
+    /// External, HostOnly, EventsOnly, HiCache, Unsupported). A restarted
+    /// controller compares it with the spec, so a mode change made while it
+    /// was down still re-anchors the KV-event gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_mode: Option<String>,
+
     /// Ready, Degraded, Progressing and the advisory conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

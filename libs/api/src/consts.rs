@@ -76,6 +76,14 @@ pub mod injected {
     pub const MARKER_ENV: &str = "INFERENCECACHE_INJECTED";
 }
 
+/// Finalizers the controller puts on objects.
+pub mod finalizers {
+    /// On every CacheTenant while the coordinator holds its quota and pins:
+    /// removed only after they are released, so a tenant deleted while the
+    /// controller is down is still released when it comes back.
+    pub const TENANT_RELEASE: &str = "inferencecache.io/coordinator-release";
+}
+
 /// Labels the controller puts on what it renders.
 pub mod labels {
     /// Name of the owning CacheBackend.

@@ -15,6 +15,7 @@
 //! cluster-wide CacheIndex). Several rows of one pod (data-parallel ranks,
 //! several models) add up.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ic_api::cachebackend::{CacheBackend, IndexParticipation};
@@ -82,10 +83,10 @@ pub struct Attribution {
 }
 
 /// The backend owning `pod`, among `backends` (any namespace).
-pub fn owner_of(pod: &Pod, backends: &[CacheBackend]) -> Option<BackendRef> {
+pub fn owner_of(pod: &Pod, backends: &[impl Borrow<CacheBackend>]) -> Option<BackendRef> {
     let pod_ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     let exists = |ns: &str, name: &str| {
-        backends.iter().any(|b| {
+        backends.iter().map(Borrow::borrow).any(|b: &CacheBackend| {
             b.metadata.namespace.as_deref() == Some(ns) && b.metadata.name.as_deref() == Some(name)
         })
     };
@@ -106,6 +107,7 @@ pub fn owner_of(pod: &Pod, backends: &[CacheBackend]) -> Option<BackendRef> {
     let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
     let mut candidates: Vec<&CacheBackend> = backends
         .iter()
+        .map(Borrow::borrow)
         .filter(|b| b.metadata.namespace.as_deref() == Some(pod_ns))
         .collect();
     candidates.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -131,9 +133,14 @@ struct Accumulator {
 
 /// Splits `snapshot` by owning backend. `pods` are the engine pods of the
 /// snapshot's tenants (any superset works); `backends` every CacheBackend.
-pub fn attribute(snapshot: &Snapshot, pods: &[Pod], backends: &[CacheBackend]) -> Attribution {
+pub fn attribute(
+    snapshot: &Snapshot,
+    pods: &[impl Borrow<Pod>],
+    backends: &[impl Borrow<CacheBackend>],
+) -> Attribution {
     let by_key: HashMap<(&str, &str), &Pod> = pods
         .iter()
+        .map(Borrow::borrow)
         .filter_map(|p| {
             Some((
                 (

@@ -4,10 +4,13 @@
 //! a selector expects. The controller service calls these and nothing else
 //! to read those objects.
 
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerStatus, Pod, PodSpec, PodStatus, PodTemplateSpec,
+};
 
 use crate::cascade::ServerPod;
 use crate::observe::selector_matches;
@@ -86,10 +89,11 @@ pub fn server_pod(p: &Pod) -> ServerPod {
 /// its pods. Pods being deleted are skipped: they are on their way out, and
 /// counting one would keep a replaced server's restart counts in the
 /// baseline after its successor is up.
-pub fn server_pods(own_containers: Vec<String>, pods: &[Pod]) -> ServerPods {
+pub fn server_pods(own_containers: Vec<String>, pods: &[impl Borrow<Pod>]) -> ServerPods {
     ServerPods {
         pods: pods
             .iter()
+            .map(Borrow::borrow)
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(server_pod)
             .collect(),
@@ -102,10 +106,11 @@ pub fn server_pods(own_containers: Vec<String>, pods: &[Pod]) -> ServerPods {
 /// `None` when none does (engine pods are then expected).
 pub fn expected_engine_replicas(
     match_labels: Option<&BTreeMap<String, String>>,
-    deployments: &[Deployment],
+    deployments: &[impl Borrow<Deployment>],
 ) -> Option<i32> {
     let matching: Vec<i32> = deployments
         .iter()
+        .map(Borrow::borrow)
         .filter_map(|d| {
             let spec = d.spec.as_ref()?;
             let labels = spec
@@ -117,6 +122,68 @@ pub fn expected_engine_replicas(
         })
         .collect();
     (!matching.is_empty()).then(|| matching.iter().fold(0i32, |a, n| a.saturating_add(*n)))
+}
+
+/// Reduces a watched Pod to the fields the controller reads (labels,
+/// annotations, owners, deletion, container names with only the injected
+/// marker env, readiness, container and init-container statuses, pod IP),
+/// so a cluster-wide Pod store costs a fraction of the full objects:
+/// managed fields, volumes, probes, commands and resources are dropped.
+pub fn trim_pod(pod: &mut Pod) {
+    trim_metadata(&mut pod.metadata);
+    if let Some(spec) = pod.spec.as_mut() {
+        let containers = std::mem::take(&mut spec.containers);
+        *spec = PodSpec {
+            containers: containers.into_iter().map(trim_container).collect(),
+            ..PodSpec::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = PodStatus {
+            conditions: status.conditions.take(),
+            container_statuses: status.container_statuses.take().map(trim_statuses),
+            init_container_statuses: status.init_container_statuses.take().map(trim_statuses),
+            phase: status.phase.take(),
+            pod_ip: status.pod_ip.take(),
+            ..PodStatus::default()
+        };
+    }
+}
+
+fn trim_container(c: Container) -> Container {
+    Container {
+        name: c.name,
+        env: c.env.map(|env| {
+            env.into_iter()
+                .filter(|e| e.name == ic_adapters::runtime::SIDECAR_MARKER_ENV)
+                .collect()
+        }),
+        ..Container::default()
+    }
+}
+
+fn trim_statuses(statuses: Vec<ContainerStatus>) -> Vec<ContainerStatus> {
+    statuses
+        .into_iter()
+        .map(|c| ContainerStatus {
+            name: c.name,
+            ready: c.ready,
+            restart_count: c.restart_count,
+            state: c.state,
+            last_state: c.last_state,
+            ..ContainerStatus::default()
+        })
+        .collect()
+}
+
+/// Drops what no reader of a watched object needs from any kind the
+/// controller stores: managed fields, and kubectl's last-applied copy of the
+/// whole object (usually the largest annotation).
+pub fn trim_metadata(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+    meta.managed_fields = None;
+    if let Some(ann) = meta.annotations.as_mut() {
+        ann.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +260,66 @@ mod tests {
         assert_eq!(names, ["new"]);
         assert_eq!(got.pods[0].container_restarts, [("redis".to_owned(), 3)]);
         assert_eq!(got.own_containers, ["redis"]);
+    }
+
+    #[test]
+    fn trimmed_pods_read_the_same() {
+        use crate::observe::{BackendRef, summarize_pod};
+        let full: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "llm-7d9-abc", "namespace": "ns", "uid": "u1",
+                "labels": {"app": "llm", "pod-template-hash": "7d9"},
+                "annotations": {"inferencecache.io/injected-by": "ns/cache",
+                                "inferencecache.io/injected-by-uid": "b1",
+                                "kubectl.kubernetes.io/last-applied-configuration": "{\"huge\": true}"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "llm-7d9", "uid": "rs", "controller": true}],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"volumes": [{"name": "v", "emptyDir": {}}],
+                "initContainers": [{"name": "lmcache-kernel-check", "image": "i", "command": ["sh", "-c", "long script"]}],
+                "containers": [
+                    {"name": "vllm", "image": "vllm", "args": ["serve", "m"], "env": [{"name": "A", "value": "1"}],
+                     "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "kvevent-subscriber", "image": "s",
+                     "env": [{"name": ic_adapters::runtime::SIDECAR_MARKER_ENV, "value": "kvevent-subscriber"}, {"name": "B", "value": "2"}]}]},
+            "status": {"phase": "Running", "podIP": "10.0.0.9", "hostIP": "10.1.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "initContainerStatuses": [{"name": "lmcache-kernel-check", "image": "i", "imageID": "x", "ready": false, "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 0, "message": "LMCACHE_KERNEL_CHECK=ok"}}}],
+                "containerStatuses": [{"name": "vllm", "image": "vllm", "imageID": "x", "ready": false, "restartCount": 4,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        }))
+        .unwrap_or_default();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        let labels = std::collections::BTreeMap::from([("app".to_owned(), "llm".to_owned())]);
+        let r = BackendRef {
+            namespace: "ns",
+            name: "cache",
+            uid: "b1",
+            match_labels: Some(&labels),
+        };
+        assert_eq!(summarize_pod(&trimmed, r), summarize_pod(&full, r));
+        assert_eq!(server_pod(&trimmed), server_pod(&full));
+        assert!(trimmed.metadata.managed_fields.is_none());
+        let spec = trimmed
+            .spec
+            .as_ref()
+            .map(|s| (s.volumes.is_none(), s.containers.len()));
+        assert_eq!(spec, Some((true, 2)));
+        let sidecar_env = trimmed
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[1].env.as_ref())
+            .map(Vec::len);
+        assert_eq!(sidecar_env, Some(1), "only the marker env is kept");
+        assert_eq!(
+            trimmed.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+            Some("10.0.0.9")
+        );
+        let (before, after) = (
+            serde_json::to_vec(&full).map(|v| v.len()).unwrap_or(0),
+            serde_json::to_vec(&trimmed).map(|v| v.len()).unwrap_or(0),
+        );
+        assert!(after < before, "{after} < {before}");
     }
 
     #[test]

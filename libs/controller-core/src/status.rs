@@ -61,6 +61,33 @@ pub enum BackendShape {
 }
 
 impl BackendShape {
+    /// Every shape, in declaration order.
+    pub const ALL: [Self; 6] = [
+        Self::Managed,
+        Self::External,
+        Self::HostOnly,
+        Self::EventsOnly,
+        Self::HiCache,
+        Self::Unsupported,
+    ];
+
+    /// The name written to `status.observedMode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Managed => "Managed",
+            Self::External => "External",
+            Self::HostOnly => "HostOnly",
+            Self::EventsOnly => "EventsOnly",
+            Self::HiCache => "HiCache",
+            Self::Unsupported => "Unsupported",
+        }
+    }
+
+    /// The shape named `name` (as [`Self::as_str`] writes it).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
     /// Whether the KV-event gate and the availability anchor apply.
     pub fn gated(self) -> bool {
         matches!(self, Self::Managed | Self::HostOnly | Self::EventsOnly)
@@ -218,6 +245,7 @@ pub fn status_changed(old: Option<&CacheBackendStatus>, new: &CacheBackendStatus
         || old.first_available_at != new.first_available_at
         || old.observed_server_instance != new.observed_server_instance
         || old.observed_generation != new.observed_generation
+        || old.observed_mode != new.observed_mode
         || !conditions::same(&old.conditions, &new.conditions)
 }
 
@@ -245,6 +273,7 @@ pub fn decide(backend: &CacheBackend, observed: &Observed) -> Decision {
         fail_open: Some(spec.fail_open()),
         observed_generation: generation,
         first_kv_event_observed_at: prev.first_kv_event_observed_at.clone(),
+        observed_mode: Some(shape.as_str().to_owned()),
         ..CacheBackendStatus::default()
     };
 
@@ -279,7 +308,13 @@ pub fn decide(backend: &CacheBackend, observed: &Observed) -> Decision {
     };
 
     // --- latches and the KV-event gate ---
-    let previous_shape = observed.previous_shape.or_else(|| infer_shape(prev));
+    // In-process memory first, then the mode the status recorded (exact,
+    // survives a controller restart), then an inference for statuses
+    // written before observedMode existed.
+    let previous_shape = observed
+        .previous_shape
+        .or_else(|| prev.observed_mode.as_deref().and_then(BackendShape::parse))
+        .or_else(|| infer_shape(prev));
     let reanchor = previous_shape.is_some_and(|s| s != shape && s.gated() && shape.gated());
     let phase = phase(spec, shape, observed.workload.as_ref());
     let up = phase == Phase::Up;

@@ -438,3 +438,43 @@ fn status_changed_ignores_condition_order_and_the_poller_field() {
     assert!(status::status_changed(Some(&d.status), &other));
     assert!(status::status_changed(None, &d.status));
 }
+
+#[test]
+fn observed_mode_reanchors_a_flip_the_status_alone_cannot_reveal() {
+    // A host-only backend that is Ready on KV events leaves nothing in its
+    // conditions that names its mode; only status.observedMode does.
+    let run = |keep_observed_mode: bool| {
+        let mut s = Sim::new(host_only());
+        s.obs.engines = engines(vec![engine("e-0")], Some(1));
+        s.step();
+        s.poller_last_event(true);
+        let d = s.step();
+        assert_eq!(d.status.observed_mode.as_deref(), Some("HostOnly"));
+        let anchor = d.status.first_available_at.clone();
+        assert!(anchor.is_some());
+        s.backend.spec.integration = Some(ic_api::cachebackend::IntegrationSpec {
+            mode: ic_api::cachebackend::IntegrationMode::EventsOnly,
+            ..Default::default()
+        });
+        s.obs.previous_shape = None; // restarted: no in-process memory
+        if !keep_observed_mode && let Some(st) = s.backend.status.as_mut() {
+            st.observed_mode = None;
+        }
+        s.advance(30);
+        let d = s.step();
+        assert_eq!(d.status.observed_mode.as_deref(), Some("EventsOnly"));
+        (anchor, d.status.first_available_at)
+    };
+    let (before, after) = run(true);
+    assert_ne!(before, after, "re-anchored at the flip");
+    let (before, after) = run(false);
+    assert_eq!(before, after, "without observedMode the flip goes unseen");
+}
+
+#[test]
+fn every_shape_round_trips_through_its_status_name() {
+    for shape in BackendShape::ALL {
+        assert_eq!(BackendShape::parse(shape.as_str()), Some(shape));
+    }
+    assert_eq!(BackendShape::parse("managed"), None);
+}

@@ -5,6 +5,9 @@
 //! probe outcome), then applies its decision: cascade restarts, the status
 //! (only when changed, without the poller-owned indexParticipation), Events,
 //! and the requeue hint.
+//!
+//! Reads come from the watch-fed [`Stores`] (read → decide → write); the
+//! only API calls a reconcile makes are the writes it decides on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,8 +25,8 @@ use ic_controller_core::status::{
 };
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
 use kube::{Resource, ResourceExt};
@@ -34,6 +37,8 @@ use serde_json::json;
 
 use crate::kubeutil::{self, MANAGER};
 use crate::metrics::{ControllerLabel, Metrics};
+use crate::stores::Stores;
+use kube::runtime::reflector::Store;
 
 /// Metric label of this controller.
 pub const CONTROLLER: &str = "cachebackend";
@@ -81,6 +86,8 @@ pub struct BackendContext {
     pub probe_token_path: std::path::PathBuf,
     /// `--kvevent-subscriber-image` is set.
     pub subscriber_image_configured: bool,
+    /// The watch-fed view of the cluster.
+    pub stores: Stores,
     probes: Mutex<ProbeRateLimiter>,
     cascades: Mutex<CascadeRateLimiter>,
     shapes: Mutex<HashMap<String, BackendShape>>,
@@ -106,6 +113,7 @@ impl BackendContext {
         probe_url: String,
         probe_token_path: std::path::PathBuf,
         subscriber_image_configured: bool,
+        stores: Stores,
     ) -> Self {
         Self {
             client,
@@ -116,6 +124,7 @@ impl BackendContext {
             probe_url,
             probe_token_path,
             subscriber_image_configured,
+            stores,
             probes: Mutex::new(ProbeRateLimiter::default()),
             cascades: Mutex::new(CascadeRateLimiter::default()),
             shapes: Mutex::new(HashMap::new()),
@@ -162,31 +171,32 @@ where
 }
 
 /// Deletes the objects of one kind named in `names` that this backend owns
-/// (a same-named object someone else created is left alone). One LIST of
-/// the namespace's controller-managed objects instead of a GET per name.
+/// (a same-named object someone else created is left alone), as the store
+/// shows them: controller-managed, in `ns`, owned by `owner_uid`.
 async fn shed_kind<K>(
     api: Api<K>,
+    store: &Store<K>,
+    ns: &str,
     names: &[&str],
     owner_uid: &str,
 ) -> Result<Vec<String>, kube::Error>
 where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + 'static,
 {
-    let managed = format!(
-        "{}={}",
-        ic_api::consts::labels::MANAGED_BY,
-        ic_api::consts::labels::MANAGED_BY_VALUE
-    );
-    let listed = api.list(&ListParams::default().labels(&managed)).await?;
     let mut deleted = Vec::new();
-    for object in listed.items {
-        let name = object.meta().name.clone().unwrap_or_default();
-        let owned = object
-            .meta()
+    for object in Stores::in_namespace(store, ns) {
+        let meta = object.meta();
+        let name = meta.name.clone().unwrap_or_default();
+        let managed = meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ic_api::consts::labels::MANAGED_BY))
+            .is_some_and(|v| v == ic_api::consts::labels::MANAGED_BY_VALUE);
+        let owned = meta
             .owner_references
             .as_ref()
             .is_some_and(|o| o.iter().any(|r| r.uid == owner_uid));
-        if !owned || !names.contains(&name.as_str()) {
+        if !managed || !owned || !names.contains(&name.as_str()) {
             continue;
         }
         match api.delete(&name, &DeleteParams::background()).await {
@@ -200,6 +210,7 @@ where
 
 async fn shed(
     client: &kube::Client,
+    stores: &Stores,
     ns: &str,
     uid: &str,
     refs: &[ObjectRef],
@@ -216,19 +227,20 @@ async fn shed(
         let c = client.clone();
         let deleted = match kind {
             OwnedKind::Deployment => {
-                shed_kind(Api::<Deployment>::namespaced(c, ns), &names, uid).await?
+                let api = Api::<Deployment>::namespaced(c, ns);
+                shed_kind(api, &stores.deployments, ns, &names, uid).await?
             }
             OwnedKind::StatefulSet => {
-                shed_kind(Api::<StatefulSet>::namespaced(c, ns), &names, uid).await?
+                let api = Api::<StatefulSet>::namespaced(c, ns);
+                shed_kind(api, &stores.statefulsets, ns, &names, uid).await?
             }
-            OwnedKind::Service => shed_kind(Api::<Service>::namespaced(c, ns), &names, uid).await?,
+            OwnedKind::Service => {
+                let api = Api::<Service>::namespaced(c, ns);
+                shed_kind(api, &stores.services, ns, &names, uid).await?
+            }
             OwnedKind::HorizontalPodAutoscaler => {
-                shed_kind(
-                    Api::<HorizontalPodAutoscaler>::namespaced(c, ns),
-                    &names,
-                    uid,
-                )
-                .await?
+                let api = Api::<HorizontalPodAutoscaler>::namespaced(c, ns);
+                shed_kind(api, &stores.hpas, ns, &names, uid).await?
             }
         };
         for name in deleted {
@@ -248,7 +260,7 @@ async fn provision(
 ) -> Result<(Option<WorkloadState>, Option<String>, Option<ServerPods>), ReconcileError> {
     let rendered = providers::render(backend)?;
     let uid = backend.metadata.uid.clone().unwrap_or_default();
-    shed(&ctx.client, ns, &uid, &rendered.shed).await?;
+    shed(&ctx.client, &ctx.stores, ns, &uid, &rendered.shed).await?;
     let Some(managed) = rendered.managed else {
         return Ok((None, None, None));
     };
@@ -277,21 +289,12 @@ async fn provision(
         )
         .await?;
     }
-    let selector = providers::selector_labels(name, managed.provider)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let server_pods = match Api::<Pod>::namespaced(c, ns)
-        .list(&ListParams::default().labels(&selector))
-        .await
-    {
-        Ok(list) => Some(k8s::server_pods(template_containers, &list.items)),
-        Err(e) => {
-            tracing::warn!(error = %e, ns = %ns, name = %name, "listing cache-server pods failed; baseline kept");
-            None
-        }
-    };
+    let selector = providers::selector_labels(name, managed.provider);
+    let pods: Vec<_> = Stores::in_namespace(&ctx.stores.pods, ns)
+        .into_iter()
+        .filter(|p| observe::selector_matches(Some(&selector), p.metadata.labels.as_ref()))
+        .collect();
+    let server_pods = Some(k8s::server_pods(template_containers, &pods));
     Ok((
         Some(state),
         providers::service_endpoint(&service),
@@ -301,11 +304,7 @@ async fn provision(
 
 /// Engine pods of the namespace that match the selector or were injected by
 /// this backend, plus the desired replicas of matching engine Deployments.
-async fn engines(
-    ctx: &BackendContext,
-    backend: &CacheBackend,
-    ns: &str,
-) -> Option<EngineObservation> {
+fn engines(ctx: &BackendContext, backend: &CacheBackend, ns: &str) -> EngineObservation {
     let uid = backend.metadata.uid.clone().unwrap_or_default();
     let name = backend.name_any();
     let labels = backend
@@ -319,32 +318,16 @@ async fn engines(
         uid: &uid,
         match_labels: labels,
     };
-    let pods = match Api::<Pod>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(l) => l.items,
-        Err(e) => {
-            tracing::warn!(error = %e, ns = %ns, name = %name, "listing engine pods failed; engine status kept");
-            return None;
-        }
-    };
-    let pods: Vec<_> = pods
+    let pods = Stores::in_namespace(&ctx.stores.pods, ns)
         .iter()
         .map(|p| observe::summarize_pod(p, r))
         .filter(|p| p.matches_selector || p.injected_by_this)
         .collect();
-    let expected_replicas = match Api::<Deployment>::namespaced(ctx.client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-    {
-        Ok(list) => k8s::expected_engine_replicas(labels, &list.items),
-        Err(_) => None,
-    };
-    Some(EngineObservation {
+    let deployments = Stores::in_namespace(&ctx.stores.deployments, ns);
+    EngineObservation {
         pods,
-        expected_replicas,
-    })
+        expected_replicas: k8s::expected_engine_replicas(labels, &deployments),
+    }
 }
 
 /// Calls `/probe` for one backend.
@@ -412,8 +395,13 @@ async fn reconcile_inner(
         return Err(ReconcileError::Unnamed);
     };
     let key = format!("{ns}/{name}");
+    // The CacheBackend store is ready before the first reconcile; the
+    // others may still be on their first LIST.
+    if ctx.stores.synced().await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let (workload, service_endpoint, server_pods) = provision(ctx, backend, &ns, &name).await?;
-    let engines = engines(ctx, backend, &ns).await;
+    let engines = Some(engines(ctx, backend, &ns));
     let now = ctx.clock.now();
     let mut observed = Observed {
         now,

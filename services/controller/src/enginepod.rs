@@ -2,7 +2,9 @@
 //! `InjectedByCacheBackend` (the pod's injected-by-uid matches the live
 //! CacheBackend) or `SkippedByOperator` (explicit opt-out plus the webhook's
 //! marker) on the pod, once per pod, as decided by
-//! `ic_controller_core::observe::engine_pod_event`.
+//! `ic_controller_core::observe::engine_pod_event`. The live backend comes
+//! from the CacheBackend store (a GET only when the store has not seen it
+//! yet); what was recorded is pruned to the pods the Pod store still holds.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
 
@@ -32,6 +35,7 @@ pub struct PodEventsContext {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Metrics,
+    backends: Store<CacheBackend>,
     recorded: Mutex<HashSet<(String, String)>>,
 }
 
@@ -43,13 +47,47 @@ impl std::fmt::Debug for PodEventsContext {
 
 impl PodEventsContext {
     /// A context that has recorded nothing yet.
-    pub fn new(client: kube::Client, recorder: Recorder, metrics: Metrics) -> Self {
+    pub fn new(
+        client: kube::Client,
+        recorder: Recorder,
+        metrics: Metrics,
+        backends: Store<CacheBackend>,
+    ) -> Self {
         Self {
             client,
             recorder,
             metrics,
+            backends,
             recorded: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// How many (pod, reason) Events this context remembers.
+    pub fn recorded(&self) -> usize {
+        self.recorded.lock().len()
+    }
+
+    /// Forgets the Events of pods `pods` no longer holds (deleted pods never
+    /// reach reconcile, so without this the set would only grow).
+    pub fn forget_deleted(&self, pods: &Store<Pod>) {
+        let live: HashSet<String> = pods
+            .state()
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap_or_else(|| p.name_any()))
+            .collect();
+        self.recorded.lock().retain(|(uid, _)| live.contains(uid));
+    }
+
+    /// The uid of the live CacheBackend `ns/name`.
+    async fn live_uid(&self, ns: &str, name: &str) -> Result<Option<String>, kube::Error> {
+        if let Some(b) = self.backends.get(&ObjectRef::new(name).within(ns)) {
+            return Ok(b.metadata.uid.clone());
+        }
+        // Created moments before the pod and not yet watched: ask once.
+        Ok(Api::<CacheBackend>::namespaced(self.client.clone(), ns)
+            .get_opt(name)
+            .await?
+            .and_then(|b| b.metadata.uid))
     }
 }
 
@@ -66,15 +104,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodEventsContext>) -> Result<Acti
 async fn reconcile_inner(pod: &Pod, ctx: &PodEventsContext) -> Result<Action, kube::Error> {
     let annotations = pod.metadata.annotations.as_ref();
     let live_uid = match observe::injected_by(annotations) {
-        Some((ns, name)) => {
-            match Api::<CacheBackend>::namespaced(ctx.client.clone(), &ns)
-                .get_opt(&name)
-                .await?
-            {
-                Some(b) => b.metadata.uid,
-                None => None,
-            }
-        }
+        Some((ns, name)) => ctx.live_uid(&ns, &name).await?,
         None => None,
     };
     let Some(decision) = observe::engine_pod_event(annotations, live_uid.as_deref()) else {

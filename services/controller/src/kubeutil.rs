@@ -79,3 +79,56 @@ pub async fn run_every<T, E, Fut>(
         }
     }
 }
+
+/// How long a pusher waits after a watch event before its pass, so a burst
+/// of edits (or the status writes of its own last pass) costs one pass.
+pub const CHANGE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Runs `pass` every `every` and shortly after each change signalled on
+/// `changes`, until `shutdown` (the pushers: event-driven, with the timer
+/// as a resync for remote state such as a restarted index server).
+pub async fn run_on_change<T, E, Fut>(
+    every: std::time::Duration,
+    changes: tokio::sync::watch::Receiver<u64>,
+    shutdown: tokio_util::sync::CancellationToken,
+    what: &'static str,
+    mut pass: impl FnMut() -> Fut,
+) where
+    Fut: std::future::Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut changes = Some(changes);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let changed = async {
+            match changes.as_mut() {
+                Some(rx) => rx.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+            open = changed => {
+                if !open {
+                    // The watch ended (shutdown is near): the timer remains.
+                    changes = None;
+                    continue;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(CHANGE_DEBOUNCE) => {}
+                }
+                if let Some(rx) = changes.as_mut() {
+                    rx.borrow_and_update();
+                }
+                tick.reset();
+            }
+        }
+        if let Err(e) = pass().await {
+            tracing::warn!(error = %e, pass = what, "sync pass failed");
+        }
+    }
+}

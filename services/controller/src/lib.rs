@@ -1,8 +1,10 @@
 //! `ic-controller`: CacheBackend reconciliation, the CacheIndex poller and
 //! the CachePolicy / CacheTenant pushers, behind Lease-based leader election.
 //!
-//! Layout: [`poller`] (CacheIndex + indexParticipation), [`policy`]
-//! (CachePolicy → SetPolicies), [`tenant`] (CacheTenant → coordinator),
+//! Layout: [`stores`] (the watch-fed view every loop reads), [`backend`]
+//! (CacheBackend reconciler), [`enginepod`] (engine-pod Events), [`poller`]
+//! (CacheIndex + indexParticipation), [`policy`] (CachePolicy →
+//! SetPolicies), [`tenant`] (CacheTenant → coordinator, with a finalizer),
 //! [`leader`] (Lease elector), [`metrics`] and [`kubeutil`] (SSA helpers).
 //! The decisions live in `ic-controller-core`; this crate does the I/O.
 //! Tests drive it against `ic-fake-apiserver`.
@@ -14,6 +16,7 @@ pub mod leader;
 pub mod metrics;
 pub mod policy;
 pub mod poller;
+pub mod stores;
 pub mod tenant;
 
 use std::net::SocketAddr;
@@ -32,7 +35,10 @@ use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::policy::PolicyPusher;
 use crate::poller::Poller;
+use crate::stores::{Feeds, Stores};
 use crate::tenant::TenantPusher;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 
 /// Binary name.
 pub const BINARY: &str = "ic-controller";
@@ -128,20 +134,24 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// Starts every loop of this build under `stop`; they end when it fires.
+/// Starts the watch-fed stores and every loop of this build under `stop`;
+/// they end when it fires. The poller and the pushers start once every
+/// store has synced; the reconcilers consume their feeds from the start
+/// (a subscriber that does not read would hold its watch back) and wait
+/// for the stores inside reconcile.
 pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -> JoinSet<()> {
     let mut set = JoinSet::new();
+    let (stores, feeds) = stores::start(&shared.client, &shared.metrics, &mut set, stop);
     let poller = Poller::new(
         shared.client.clone(),
         shared.http.clone(),
         config.snapshot_url.clone(),
         shared.metrics.clone(),
         shared.clock.clone(),
+        stores.clone(),
     );
-    set.spawn(poller.run(
-        Duration::from_secs(config.snapshot_interval_seconds.max(1)),
-        stop.clone(),
-    ));
+    let every = Duration::from_secs(config.snapshot_interval_seconds.max(1));
+    spawn_synced(&mut set, &stores, stop, poller.run(every, stop.clone()));
     let resync = Duration::from_secs(config.resync_interval_seconds.max(1));
     if !config.index_server_grpc.is_empty() {
         let pusher = PolicyPusher {
@@ -149,10 +159,16 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
             index_grpc: config.index_server_grpc.clone(),
             metrics: shared.metrics.clone(),
             clock: shared.clock.clone(),
+            stores: stores.clone(),
         };
-        set.spawn(pusher.run(resync, stop.clone()));
+        let changes = stores.changes.policies.clone();
+        spawn_synced(
+            &mut set,
+            &stores,
+            stop,
+            pusher.run(resync, changes, stop.clone()),
+        );
     }
-    spawn_reconcilers(config, shared, stop, &mut set);
     if let Some(url) = config.coordinator_url.clone().filter(|u| !u.is_empty()) {
         let pusher = TenantPusher::new(
             shared.client.clone(),
@@ -160,28 +176,55 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
             url,
             shared.metrics.clone(),
             shared.clock.clone(),
+            stores.clone(),
         );
-        set.spawn(pusher.run(resync, stop.clone()));
+        let changes = stores.changes.tenants.clone();
+        spawn_synced(
+            &mut set,
+            &stores,
+            stop,
+            pusher.run(resync, changes, stop.clone()),
+        );
     }
+    spawn_reconcilers(config, shared, &stores, feeds, stop, &mut set);
     set
 }
 
-/// The kube-runtime controllers: CacheBackends (owning the provider
-/// objects, woken by their injected engine pods) and engine-pod events.
+/// Runs `run` on `set` once `stores` have synced (never, if `stop` fires
+/// first).
+fn spawn_synced(
+    set: &mut JoinSet<()>,
+    stores: &Stores,
+    stop: &CancellationToken,
+    run: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let stores = stores.clone();
+    let stop = stop.clone();
+    set.spawn(async move {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            synced = stores.synced() => if synced.is_err() { return },
+        }
+        run.await;
+    });
+}
+
+/// The kube-runtime controllers, fed from the shared watches: CacheBackends
+/// (owning the provider objects, woken by their injected engine pods) and
+/// engine-pod events.
 fn spawn_reconcilers(
     config: &Config,
     shared: &Shared,
+    stores: &Stores,
+    feeds: Feeds,
     stop: &CancellationToken,
     set: &mut JoinSet<()>,
 ) {
     use futures::StreamExt;
-    use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-    use k8s_openapi::api::core::v1::{Pod, Service};
-    use kube::Api;
+    use kube::runtime::Controller;
     use kube::runtime::events::{Recorder, Reporter};
     use kube::runtime::reflector::ObjectRef;
-    use kube::runtime::{Controller, watcher};
 
     let client = shared.client.clone();
     let recorder = Recorder::new(
@@ -203,74 +246,50 @@ fn spawn_reconcilers(
             .kvevent_subscriber_image
             .as_deref()
             .is_some_and(|i| !i.is_empty()),
+        stores.clone(),
     ));
-    let owned = || {
-        watcher::Config::default().labels(&format!(
-            "{}={}",
-            ic_api::consts::labels::MANAGED_BY,
-            ic_api::consts::labels::MANAGED_BY_VALUE
-        ))
-    };
-    let backends = Controller::new(
-        Api::<ic_api::CacheBackend>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    // Deleted backends never reach reconcile: prune their limiter and shape
-    // entries against the controller's own cache every resync.
-    let store = backends.store();
-    let prune_ctx = ctx.clone();
-    let prune_stop = stop.clone();
+    let pod_ctx = Arc::new(enginepod::PodEventsContext::new(
+        client,
+        recorder,
+        shared.metrics.clone(),
+        stores.backends.clone(),
+    ));
+    // Deletions never reach reconcile: prune the per-object memory of both
+    // controllers against the stores every resync.
     let prune_every = Duration::from_secs(config.resync_interval_seconds.max(1));
-    set.spawn(async move {
-        // Until the first list completes the cache is empty, which would
-        // read as "everything was deleted".
-        tokio::select! {
-            () = prune_stop.cancelled() => return,
-            ready = store.wait_until_ready() => if ready.is_err() { return },
-        }
+    let (prune_ctx, prune_pods, prune_stores) = (ctx.clone(), pod_ctx.clone(), stores.clone());
+    let prune_stop = stop.clone();
+    spawn_synced(set, stores, stop, async move {
         let mut tick = tokio::time::interval(prune_every);
         loop {
             tokio::select! {
                 () = prune_stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            let live: std::collections::HashSet<String> = store
+            let live = prune_stores
+                .backends
                 .state()
                 .iter()
-                .map(|b| {
-                    format!(
-                        "{}/{}",
-                        b.metadata.namespace.as_deref().unwrap_or_default(),
-                        b.metadata.name.as_deref().unwrap_or_default()
-                    )
-                })
+                .map(|b| format!("{}/{}", b.namespace().unwrap_or_default(), b.name_any()))
                 .collect();
             prune_ctx.forget_deleted(&live);
+            prune_pods.forget_deleted(&prune_stores.pods);
         }
     });
-    let backends = backends
-        .owns(Api::<Deployment>::all(client.clone()), owned())
-        .owns(Api::<StatefulSet>::all(client.clone()), owned())
-        .owns(Api::<Service>::all(client.clone()), owned())
-        .owns(Api::<HorizontalPodAutoscaler>::all(client.clone()), owned())
-        .watches(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default(),
-            |pod: Pod| {
-                ic_controller_core::observe::injected_by(pod.metadata.annotations.as_ref())
-                    .map(|(ns, name)| ObjectRef::<ic_api::CacheBackend>::new(&name).within(&ns))
-            },
-        )
+    let backends = Controller::for_stream(feeds.backends, stores.backends.clone())
+        .owns_stream(feeds.deployments)
+        .owns_stream(feeds.statefulsets)
+        .owns_stream(feeds.services)
+        .owns_stream(feeds.hpas)
+        .watches_stream(feeds.backend_pods, |pod: Pod| {
+            ic_controller_core::observe::injected_by(pod.metadata.annotations.as_ref())
+                .map(|(ns, name)| ObjectRef::<ic_api::CacheBackend>::new(&name).within(&ns))
+        })
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(backend::reconcile, backend::error_policy, ctx);
     set.spawn(backends.for_each(|_| async {}));
 
-    let pod_ctx = Arc::new(enginepod::PodEventsContext::new(
-        client.clone(),
-        recorder,
-        shared.metrics.clone(),
-    ));
-    let pods = Controller::new(Api::<Pod>::all(client), watcher::Config::default())
+    let pods = Controller::for_stream(feeds.pods, stores.pods.clone())
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(enginepod::reconcile, enginepod::error_policy, pod_ctx);
     set.spawn(pods.for_each(|_| async {}));

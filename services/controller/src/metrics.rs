@@ -41,6 +41,13 @@ pub struct ReasonLabels {
     pub reason: &'static str,
 }
 
+/// `{kind}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// A watched kind (`Pod`, `CacheBackend`, ...).
+    pub kind: &'static str,
+}
+
 /// `{backend}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
@@ -81,6 +88,8 @@ pub struct Metrics {
     pub leader: Gauge,
     /// Scrapes of /snapshot by result.
     pub snapshot_scrapes: Family<ResultLabels, Counter>,
+    /// Objects held in the watch-fed stores, by kind.
+    pub watched_objects: Family<KindLabel, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -100,6 +109,7 @@ impl Metrics {
             degraded_reasons: Arc::default(),
             leader: Gauge::default(),
             snapshot_scrapes: Family::default(),
+            watched_objects: Family::default(),
         };
         registry.register_with(|r| {
             r.register(
@@ -141,6 +151,11 @@ impl Metrics {
                 "controller_snapshot_scrapes",
                 "Scrapes of the index server's /snapshot, by result",
                 metrics.snapshot_scrapes.clone(),
+            );
+            r.register(
+                "controller_watched_objects",
+                "Objects held in the controller's watch-fed stores, by kind",
+                metrics.watched_objects.clone(),
             );
         });
         metrics

@@ -4,7 +4,9 @@
 //! outcome on every CachePolicy's status (`Active`, `Pushed`).
 //!
 //! The push is the whole set every pass, so an index server that restarted
-//! (and lost its policies) converges on the next pass.
+//! (and lost its policies) converges on the next pass. A pass runs shortly
+//! after any CachePolicy watch event and on the resync timer; policies are
+//! read from the watch-fed store.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,11 +18,12 @@ use ic_controller_core::clock::{self, Clock};
 use ic_controller_core::conditions::Builder;
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
 use crate::kubeutil::{self, POLICY_MANAGER};
 use crate::metrics::Metrics;
+use crate::stores::{Stores, owned};
 
 const CONTROLLER: &str = "cachepolicy";
 /// Condition type: the index server accepted the namespace's resolved policy.
@@ -103,6 +106,8 @@ pub struct PolicyPusher {
     pub metrics: Metrics,
     /// Time source.
     pub clock: Arc<dyn Clock>,
+    /// The watch-fed view of the cluster.
+    pub stores: Stores,
 }
 
 impl std::fmt::Debug for PolicyPusher {
@@ -144,8 +149,7 @@ impl PolicyPusher {
     }
 
     async fn sync_inner(&self) -> Result<usize, PolicyError> {
-        let api_all = Api::<CachePolicy>::all(self.client.clone());
-        let policies = api_all.list(&ListParams::default()).await?.items;
+        let policies = owned(&Stores::all(&self.stores.policies));
         let resolved = resolve(&policies);
         let request = pb::SetPoliciesRequest {
             policies: resolved.values().map(|r| r.policy.clone()).collect(),
@@ -218,10 +222,19 @@ impl PolicyPusher {
         pushed.map(|_| resolved.len())
     }
 
-    /// Syncs every `every` until `shutdown`.
-    pub async fn run(self, every: Duration, shutdown: CancellationToken) {
+    /// Syncs after every CachePolicy change and every `every`, until
+    /// `shutdown`.
+    pub async fn run(
+        self,
+        every: Duration,
+        changes: tokio::sync::watch::Receiver<u64>,
+        shutdown: CancellationToken,
+    ) {
         let this = &self;
-        kubeutil::run_every(every, shutdown, "CachePolicy sync", || this.sync_once()).await;
+        kubeutil::run_on_change(every, changes, shutdown, "CachePolicy sync", || {
+            this.sync_once()
+        })
+        .await;
     }
 }
 

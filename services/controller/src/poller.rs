@@ -5,7 +5,8 @@
 //! whose `serverURL` names another server is scraped on its own, at most
 //! once per its `pollIntervalSeconds`, for its own status only. A failed
 //! scrape changes nothing but the CacheIndex `Available` condition:
-//! participation is soft state and survives a server blip.
+//! participation is soft state and survives a server blip. Backends, pods
+//! and CacheIndexes are read from the watch-fed stores.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -18,12 +19,13 @@ use ic_controller_core::attribution::{self, BackendRef, Snapshot};
 use ic_controller_core::clock::{self, Clock, Timestamp};
 use ic_controller_core::conditions::Builder;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::kubeutil::{self, POLLER_MANAGER};
 use crate::metrics::{BackendLabel, Metrics, ResultLabels};
+use crate::stores::Stores;
 
 const CONTROLLER: &str = "cacheindex";
 
@@ -56,6 +58,8 @@ pub struct Poller {
     pub metrics: Metrics,
     /// Time source.
     pub clock: Arc<dyn Clock>,
+    /// The watch-fed view of the cluster.
+    pub stores: Stores,
     /// Backends with an exported gauge series (prometheus-client cannot
     /// enumerate a family's label sets).
     exported: Arc<parking_lot::Mutex<BTreeSet<String>>>,
@@ -87,6 +91,7 @@ impl Poller {
         snapshot_url: String,
         metrics: Metrics,
         clock: Arc<dyn Clock>,
+        stores: Stores,
     ) -> Self {
         Self {
             client,
@@ -94,6 +99,7 @@ impl Poller {
             snapshot_url,
             metrics,
             clock,
+            stores,
             exported: Arc::default(),
             last_own_scrape: Arc::default(),
         }
@@ -169,26 +175,18 @@ impl Poller {
     }
 
     async fn write_backends(&self, snapshot: &Snapshot) -> Result<Vec<String>, PollError> {
-        let backends: Vec<CacheBackend> = Api::<CacheBackend>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
+        let backends = Stores::all(&self.stores.backends);
         let tenants: BTreeSet<&str> = snapshot
             .replicas
             .iter()
             .map(|r| r.tenant.as_str())
             .collect();
-        let mut pods: Vec<Pod> = Vec::new();
-        for ns in tenants {
-            // A namespace that cannot be read aborts the backend writes: a
-            // missing pod must mean "drained", never "could not look".
-            pods.extend(
-                Api::<Pod>::namespaced(self.client.clone(), ns)
-                    .list(&ListParams::default())
-                    .await?
-                    .items,
-            );
-        }
+        let pods: Vec<Arc<Pod>> = self.stores.pods.state_filter(|p| {
+            p.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| tenants.contains(ns))
+        });
         let split = attribution::attribute(snapshot, &pods, &backends);
         let mut written = Vec::new();
         let mut live = BTreeSet::new();
@@ -265,11 +263,12 @@ impl Poller {
     /// its own, at most once per its `pollIntervalSeconds`.
     async fn write_indexes(&self, main: Result<&Snapshot, &str>) -> Result<usize, PollError> {
         let api = Api::<CacheIndex>::all(self.client.clone());
-        let indexes = api.list(&ListParams::default()).await?.items;
+        let indexes = Stores::all(&self.stores.indexes);
         let now = self.clock.now();
         let mut written = 0;
         let mut seen = BTreeSet::new();
         for index in indexes {
+            let index = CacheIndex::clone(&index);
             let Some(name) = index.metadata.name.clone() else {
                 continue;
             };

@@ -10,24 +10,32 @@
 //! holds pins for the salt the pusher adopts the current spec as applied
 //! rather than pinning twice (a pin removed from the spec while the
 //! controller was down stays pinned until the tenant is edited again — a
-//! documented limitation). A deleted tenant is unpinned and its quota
-//! removed if this process saw it (no finalizer).
+//! documented limitation).
+//!
+//! Every tenant carries the `inferencecache.io/coordinator-release`
+//! finalizer while the pusher runs: a deleted tenant keeps existing (with a
+//! deletionTimestamp) until its pins are unpinned and its quota removed,
+//! even if the controller was down when it was deleted. Tenants are read
+//! from the watch-fed store; a pass runs after every CacheTenant change and
+//! on the resync timer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ic_api::cachetenant::{CacheTenant, CacheTenantStatus, TenantPin};
+use ic_api::consts::finalizers::TENANT_RELEASE;
 use ic_api::consts::{conditions as types, reasons};
 use ic_controller_core::clock::{self, Clock};
 use ic_controller_core::conditions::Builder;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, Patch, PatchParams};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::kubeutil::{self, TENANT_MANAGER};
 use crate::metrics::Metrics;
+use crate::stores::{Stores, owned};
 
 const CONTROLLER: &str = "cachetenant";
 
@@ -128,6 +136,8 @@ pub struct TenantPusher {
     pub metrics: Metrics,
     /// Time source.
     pub clock: Arc<dyn Clock>,
+    /// The watch-fed view of the cluster.
+    pub stores: Stores,
     applied: Arc<Mutex<HashMap<String, Applied>>>,
 }
 
@@ -145,6 +155,7 @@ impl TenantPusher {
         coordinator_url: String,
         metrics: Metrics,
         clock: Arc<dyn Clock>,
+        stores: Stores,
     ) -> Self {
         Self {
             client,
@@ -152,6 +163,7 @@ impl TenantPusher {
             coordinator_url: coordinator_url.trim_end_matches('/').to_owned(),
             metrics,
             clock,
+            stores,
             applied: Arc::default(),
         }
     }
@@ -326,11 +338,58 @@ impl TenantPusher {
         result
     }
 
+    /// Sets this pusher's finalizer on `tenant` (`present`) or removes it,
+    /// leaving any other finalizer alone. The resourceVersion makes the
+    /// write fail with a conflict (retried next pass) if someone changed the
+    /// list in between.
+    async fn set_finalizer(&self, tenant: &CacheTenant, present: bool) -> Result<(), TenantError> {
+        let (Some(ns), Some(name)) = (&tenant.metadata.namespace, &tenant.metadata.name) else {
+            return Ok(());
+        };
+        let mut list: Vec<String> = tenant
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != TENANT_RELEASE)
+            .collect();
+        if present {
+            list.push(TENANT_RELEASE.to_owned());
+        }
+        let patch = json!({"metadata": {
+            "finalizers": list,
+            "resourceVersion": tenant.metadata.resource_version,
+        }});
+        let api = Api::<CacheTenant>::namespaced(self.client.clone(), ns);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if kubeutil::is_not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Releases a tenant that is being deleted, then lets it go. What was
+    /// applied is this process's memory, or (after a restart) the spec.
+    async fn finalize(&self, uid: &str, tenant: &CacheTenant) -> Result<(), TenantError> {
+        let applied = self.applied.lock().get(uid).cloned();
+        let applied = applied.unwrap_or_else(|| Applied {
+            salt: tenant.spec.cache_salt.clone(),
+            pins: tenant.spec.pins.clone(),
+            had_quota: tenant.spec.quota.is_some(),
+        });
+        self.release(&applied).await?;
+        self.applied.lock().remove(uid);
+        self.set_finalizer(tenant, false).await?;
+        tracing::info!(salt = %applied.salt, "released a deleted CacheTenant's quota and pins");
+        Ok(())
+    }
+
     async fn sync_inner(&self) -> Result<usize, TenantError> {
-        let tenants = Api::<CacheTenant>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await?
-            .items;
+        let tenants = owned(&Stores::all(&self.stores.tenants));
         let live: BTreeMap<String, ()> = tenants
             .iter()
             .filter_map(|t| t.metadata.uid.clone().map(|u| (u, ())))
@@ -345,7 +404,7 @@ impl TenantPusher {
         for (uid, applied) in gone {
             self.release(&applied).await?;
             self.applied.lock().remove(&uid);
-            tracing::info!(salt = %applied.salt, "released a deleted CacheTenant's quota and pins");
+            tracing::info!(salt = %applied.salt, "released a CacheTenant deleted without its finalizer");
         }
         let mut first_error = None;
         let mut synced = 0;
@@ -357,6 +416,24 @@ impl TenantPusher {
             ) else {
                 continue;
             };
+            let ours = tenant
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.iter().any(|f| f == TENANT_RELEASE));
+            if tenant.metadata.deletion_timestamp.is_some() {
+                if ours && let Err(e) = self.finalize(uid, tenant).await {
+                    tracing::warn!(error = %e, ns = %ns, name = %name, "releasing a deleted CacheTenant failed; its finalizer stays");
+                    first_error.get_or_insert(e);
+                }
+                continue;
+            }
+            if !ours && let Err(e) = self.set_finalizer(tenant, true).await {
+                // Not pushed before the finalizer is on: a deletion in
+                // between would leave the quota behind.
+                first_error.get_or_insert(e);
+                continue;
+            }
             let outcome = self.push(uid, tenant).await;
             let now = self.clock.now();
             let previous = tenant.status.clone().unwrap_or_default();
@@ -410,10 +487,19 @@ impl TenantPusher {
         }
     }
 
-    /// Syncs every `every` until `shutdown`.
-    pub async fn run(self, every: Duration, shutdown: CancellationToken) {
+    /// Syncs after every CacheTenant change and every `every`, until
+    /// `shutdown`.
+    pub async fn run(
+        self,
+        every: Duration,
+        changes: tokio::sync::watch::Receiver<u64>,
+        shutdown: CancellationToken,
+    ) {
         let this = &self;
-        kubeutil::run_every(every, shutdown, "CacheTenant sync", || this.sync_once()).await;
+        kubeutil::run_on_change(every, changes, shutdown, "CacheTenant sync", || {
+            this.sync_once()
+        })
+        .await;
     }
 }
 

@@ -1,5 +1,7 @@
 //! Single passes against the tower-test mock API server: every request is
-//! asserted exactly (method, path, query, body), in order.
+//! asserted exactly (method, path, query, body), in order. The loops read
+//! the cluster from their stores, so a pass makes no LIST and no GET: the
+//! only requests are the writes it decides on.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,16 +17,8 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::json;
 
 #[tokio::test]
-async fn engine_pod_event_looks_up_the_backend_then_records_once() {
+async fn engine_pod_event_reads_the_backend_from_the_store_and_records_once() {
     let (client, task) = scenario(vec![
-        Exchange::new(
-            "GET",
-            "/apis/inferencecache.io/v1alpha1/namespaces/team-a/cachebackends/cache",
-            200,
-            json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
-                   "metadata": {"name": "cache", "namespace": "team-a", "uid": "u-1"},
-                   "spec": {"runtime": "VLLM"}}),
-        ),
         Exchange::new(
             "POST",
             "/apis/events.k8s.io/v1/namespaces/team-a/events?",
@@ -33,16 +27,20 @@ async fn engine_pod_event_looks_up_the_backend_then_records_once() {
                    "metadata": {"name": "e", "namespace": "team-a"}, "eventTime": null}),
         )
         .content_type("application/json"),
-        // The second reconcile of the same pod only looks the backend up again.
-        Exchange::new(
-            "GET",
-            "/apis/inferencecache.io/v1alpha1/namespaces/team-a/cachebackends/cache",
-            200,
-            json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
-                   "metadata": {"name": "cache", "namespace": "team-a", "uid": "u-1"},
-                   "spec": {"runtime": "VLLM"}}),
-        ),
+        // The second reconcile of the same pod sends nothing.
     ]);
+    let (stores, mut writers) = ic_controller::stores::detached();
+    ic_controller::stores::replace_all(
+        &mut writers.backends,
+        vec![
+            serde_json::from_value(
+                json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
+            "metadata": {"name": "cache", "namespace": "team-a", "uid": "u-1"},
+            "spec": {"runtime": "VLLM"}}),
+            )
+            .unwrap(),
+        ],
+    );
     let (_registry, metrics) = common::metrics();
     let recorder = Recorder::new(
         client.clone(),
@@ -51,7 +49,12 @@ async fn engine_pod_event_looks_up_the_backend_then_records_once() {
             instance: None,
         },
     );
-    let ctx = Arc::new(PodEventsContext::new(client, recorder, metrics));
+    let ctx = Arc::new(PodEventsContext::new(
+        client,
+        recorder,
+        metrics,
+        stores.backends.clone(),
+    ));
     let mut pod = common::pod(
         "team-a",
         "engine-0",
@@ -66,24 +69,30 @@ async fn engine_pod_event_looks_up_the_backend_then_records_once() {
     enginepod::reconcile(pod.clone(), ctx.clone())
         .await
         .unwrap();
-    enginepod::reconcile(pod, ctx).await.unwrap();
+    enginepod::reconcile(pod, ctx.clone()).await.unwrap();
     task.await.unwrap();
+    assert_eq!(ctx.recorded(), 1);
+    // The pod is deleted: what was recorded for it goes too.
+    ctx.forget_deleted(&stores.pods);
+    assert_eq!(ctx.recorded(), 0);
 }
 
 #[tokio::test]
 async fn failed_scrape_marks_cache_index_unavailable_and_nothing_else() {
+    let (stores, mut writers) = ic_controller::stores::detached();
+    ic_controller::stores::replace_all(
+        &mut writers.indexes,
+        vec![
+            serde_json::from_value(
+                json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
+            "metadata": {"name": "default", "generation": 2},
+            "spec": {"serverURL": "http://127.0.0.1:9"},
+            "status": {"replicaCount": 2, "prefixCount": 9}}),
+            )
+            .unwrap(),
+        ],
+    );
     let (client, task) = scenario(vec![
-        Exchange::new(
-            "GET",
-            "/apis/inferencecache.io/v1alpha1/cacheindexes?",
-            200,
-            json!({"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndexList",
-                   "metadata": {"resourceVersion": "5"},
-                   "items": [{"apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheIndex",
-                              "metadata": {"name": "default", "generation": 2},
-                              "spec": {"serverURL": "http://127.0.0.1:9"},
-                              "status": {"replicaCount": 2, "prefixCount": 9}}]}),
-        ),
         Exchange::new(
             "PATCH",
             "/apis/inferencecache.io/v1alpha1/cacheindexes/default/status?&force=true&fieldManager=ic-controller-index-poller",
@@ -117,18 +126,14 @@ async fn failed_scrape_marks_cache_index_unavailable_and_nothing_else() {
         "http://127.0.0.1:9/snapshot".into(),
         metrics,
         common::clock(),
+        stores,
     );
     assert!(poller.poll_once().await.is_err());
     task.await.unwrap();
 }
 
-fn empty_list(kind: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": []})
-}
-
 #[tokio::test]
 async fn one_events_only_backend_reconcile() {
-    let managed = "?&labelSelector=app.kubernetes.io%2Fmanaged-by%3Dinferencecache";
     let backend_json = json!({
         "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
         "metadata": {"name": "cache", "namespace": "team-a", "uid": "u-1", "generation": 1},
@@ -139,17 +144,6 @@ async fn one_events_only_backend_reconcile() {
     let event = json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
                        "metadata": {"name": "e", "namespace": "team-a"}, "eventTime": null});
     let (client, task) = scenario(vec![
-        Exchange::new("GET", format!("/apis/apps/v1/namespaces/team-a/deployments{managed}"), 200, empty_list("DeploymentList")),
-        Exchange::new("GET", format!("/apis/apps/v1/namespaces/team-a/statefulsets{managed}"), 200, empty_list("StatefulSetList")),
-        Exchange::new("GET", format!("/api/v1/namespaces/team-a/services{managed}"), 200, empty_list("ServiceList")),
-        Exchange::new(
-            "GET",
-            format!("/apis/autoscaling/v2/namespaces/team-a/horizontalpodautoscalers{managed}"),
-            200,
-            empty_list("HorizontalPodAutoscalerList"),
-        ),
-        Exchange::new("GET", "/api/v1/namespaces/team-a/pods?", 200, empty_list("PodList")),
-        Exchange::new("GET", "/apis/apps/v1/namespaces/team-a/deployments?", 200, empty_list("DeploymentList")),
         Exchange::new(
             "PATCH",
             "/apis/inferencecache.io/v1alpha1/namespaces/team-a/cachebackends/cache/status?&force=true&fieldManager=ic-controller",
@@ -177,6 +171,7 @@ async fn one_events_only_backend_reconcile() {
         String::new(),
         "/nonexistent".into(),
         true,
+        ic_controller::stores::detached().0,
     ));
     let backend: ic_api::CacheBackend = serde_json::from_value(backend_json).unwrap();
     let action = backend::reconcile(Arc::new(backend), ctx).await.unwrap();

@@ -49,13 +49,16 @@ async fn scrape_attributes_writes_only_changes_and_survives_outages() {
 
     let (registry, metrics) = common::metrics();
     let clock = common::clock();
+    let watched = common::watched(&fake, &metrics).await;
     let poller = Poller::new(
         fake.client(),
         reqwest::Client::new(),
         server.snapshot_url(),
         metrics,
         clock.clone(),
+        watched.stores.clone(),
     );
+    watched.settle(&fake).await;
     let report = poller.poll_once().await.unwrap();
     assert_eq!(report.backends_written, ["team-a/cache", "team-a/pinned"]);
     assert_eq!(report.indexes_written, 1);
@@ -124,6 +127,7 @@ async fn scrape_attributes_writes_only_changes_and_survives_outages() {
 
     // Nothing changed: no writes at all.
     fake.clear_requests();
+    watched.settle(&fake).await;
     let report = poller.poll_once().await.unwrap();
     assert!(report.backends_written.is_empty());
     assert_eq!(report.indexes_written, 0);
@@ -132,6 +136,7 @@ async fn scrape_attributes_writes_only_changes_and_survives_outages() {
     // The index server goes away: state is kept, only Available flips.
     let mut process = server.process;
     assert!(process.stop().success());
+    watched.settle(&fake).await;
     assert!(poller.poll_once().await.is_err());
     let cache: CacheBackend = fake.get(V, "cachebackends", "team-a", "cache").unwrap();
     assert_eq!(
@@ -161,13 +166,16 @@ async fn a_drained_backend_resets_to_zero() {
     fake.insert(&common::backend("team-b", "cache", &[("app", "llm")]));
     fake.insert(&common::pod("team-b", "engine-0", &[("app", "llm")], &[]));
     let (registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
     let poller = Poller::new(
         fake.client(),
         reqwest::Client::new(),
         server.snapshot_url(),
         metrics,
         common::clock(),
+        watched.stores.clone(),
     );
+    watched.settle(&fake).await;
     poller.poll_once().await.unwrap();
     let cache: CacheBackend = fake.get(V, "cachebackends", "team-b", "cache").unwrap();
     let ip = cache.status.unwrap().index_participation.unwrap();
@@ -180,6 +188,7 @@ async fn a_drained_backend_resets_to_zero() {
 
     // The pod is gone: its row no longer counts for the backend.
     assert!(fake.remove("v1", "pods", "team-b", "engine-0"));
+    watched.settle(&fake).await;
     poller.poll_once().await.unwrap();
     let raw: serde_json::Value = fake.get(V, "cachebackends", "team-b", "cache").unwrap();
     assert_eq!(
@@ -199,12 +208,14 @@ async fn an_index_naming_another_server_is_scraped_at_its_own_pace() {
     fake.insert(&cache_index("elsewhere", "http://127.0.0.1:1/snapshot", 60));
     let (_registry, metrics) = common::metrics();
     let clock = common::clock();
+    let watched = common::watched(&fake, &metrics).await;
     let poller = Poller::new(
         fake.client(),
         reqwest::Client::new(),
         server.snapshot_url(),
         metrics,
         clock.clone(),
+        watched.stores.clone(),
     );
     let available = |name: &str| {
         let index: CacheIndex = fake.get(V, "cacheindexes", "", name).unwrap();
@@ -215,6 +226,8 @@ async fn an_index_naming_another_server_is_scraped_at_its_own_pace() {
             st.conditions[0].message.clone(),
         )
     };
+
+    watched.settle(&fake).await;
 
     let report = poller.poll_once().await.unwrap();
     assert_eq!(report.indexes_written, 2);
@@ -229,6 +242,7 @@ async fn an_index_naming_another_server_is_scraped_at_its_own_pace() {
     server.ingest("team-c", "engine-1", 2, None).await;
     clock.advance(std::time::Duration::from_secs(30));
     fake.clear_requests();
+    watched.settle(&fake).await;
     let report = poller.poll_once().await.unwrap();
     assert_eq!(report.indexes_written, 1, "only the main index changed");
     assert_eq!(available("default").0, 2);

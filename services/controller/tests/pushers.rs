@@ -78,12 +78,15 @@ async fn policies_reach_the_index_server_and_report_back() {
     fake.insert(&policy("team-a", "strict", 10, 1_000_000));
     fake.insert(&policy("team-a", "later", 20, 0));
     let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
     let pusher = PolicyPusher {
         client: fake.client(),
         index_grpc: server.grpc_url(),
         metrics: metrics.clone(),
         clock: common::clock(),
+        stores: watched.stores.clone(),
     };
+    watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
     // The oldest policy is in force on the server.
@@ -112,11 +115,13 @@ async fn policies_reach_the_index_server_and_report_back() {
 
     // A steady pass re-pushes (a restarted server converges) but writes nothing.
     fake.clear_requests();
+    watched.settle(&fake).await;
     pusher.sync_once().await.unwrap();
     assert!(fake.writes().is_empty(), "{:?}", fake.writes());
 
     // Deleting the winner promotes the next one and the server follows.
     fake.remove(V, "cachepolicies", "team-a", "strict");
+    watched.settle(&fake).await;
     pusher.sync_once().await.unwrap();
     assert_eq!(
         lookup(&server).await.outcome,
@@ -133,6 +138,7 @@ async fn policies_reach_the_index_server_and_report_back() {
         index_grpc: format!("http://127.0.0.1:{}", ic_e2e::free_port()),
         ..pusher
     };
+    watched.settle(&fake).await;
     assert!(broken.sync_once().await.is_err());
     let later: CachePolicy = fake.get(V, "cachepolicies", "team-a", "later").unwrap();
     let pushed = later.status.unwrap();
@@ -189,13 +195,16 @@ async fn tenants_reach_the_coordinator_once() {
         vec![pin(512)],
     ));
     let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
     let pusher = TenantPusher::new(
         fake.client(),
         reqwest::Client::new(),
         base.clone(),
         metrics,
         common::clock(),
+        watched.stores.clone(),
     );
+    watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
     let quota = get(format!("{base}/quota/salt-a")).await;
@@ -219,6 +228,7 @@ async fn tenants_reach_the_coordinator_once() {
     assert!(st.synced_at.is_some());
 
     // A second pass pins nothing twice.
+    watched.settle(&fake).await;
     pusher.sync_once().await.unwrap();
     let pins = get(format!("{base}/cache/pins?cache_salt=salt-a")).await;
     assert!(
@@ -235,6 +245,7 @@ async fn tenants_reach_the_coordinator_once() {
     edited.spec.pins.clear();
     edited.spec.quota = None;
     fake.insert(&edited);
+    watched.settle(&fake).await;
     pusher.sync_once().await.unwrap();
     let pins = get(format!("{base}/cache/pins?cache_salt=salt-a")).await;
     assert_eq!(pins["total"], 0, "{pins}");
@@ -244,6 +255,7 @@ async fn tenants_reach_the_coordinator_once() {
     // Coordinator down: Synced=False/RemoteError and an error.
     let mut process = coordinator.process;
     assert!(process.stop().success());
+    watched.settle(&fake).await;
     assert!(pusher.sync_once().await.is_err());
     let t: CacheTenant = fake.get(V, "cachetenants", "team-a", "t").unwrap();
     let st = t.status.unwrap();
@@ -252,4 +264,64 @@ async fn tenants_reach_the_coordinator_once() {
         (synced.status.as_str(), synced.reason.as_str()),
         ("False", "RemoteError")
     );
+}
+
+#[tokio::test]
+async fn a_tenant_deleted_while_the_controller_was_down_is_still_released() {
+    let coordinator = common::Coordinator::start();
+    let base = coordinator.url();
+    let fake = FakeApi::new();
+    fake.insert(&tenant(
+        "team-a",
+        "t",
+        "salt-f",
+        Some("1Gi"),
+        vec![pin(256)],
+    ));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    let pusher = |metrics| {
+        TenantPusher::new(
+            fake.client(),
+            reqwest::Client::new(),
+            base.clone(),
+            metrics,
+            common::clock(),
+            watched.stores.clone(),
+        )
+    };
+    let first = pusher(metrics.clone());
+    watched.settle(&fake).await;
+    first.sync_once().await.unwrap();
+    let t: Value = fake.get(V, "cachetenants", "team-a", "t").unwrap();
+    assert_eq!(
+        t["metadata"]["finalizers"],
+        serde_json::json!(["inferencecache.io/coordinator-release"])
+    );
+    assert_eq!(
+        get(format!("{base}/quota/salt-f")).await["quota_exists"],
+        true
+    );
+    drop(first);
+
+    // Deleted while no controller runs: the finalizer holds it.
+    fake.remove(V, "cachetenants", "team-a", "t");
+    let t: Value = fake.get(V, "cachetenants", "team-a", "t").unwrap();
+    assert!(t["metadata"]["deletionTimestamp"].is_string(), "{t}");
+
+    // A fresh controller (no memory of what it applied) releases it.
+    let restarted = pusher(metrics);
+    watched.settle(&fake).await;
+    restarted.sync_once().await.unwrap();
+    assert!(
+        fake.get::<Value>(V, "cachetenants", "team-a", "t")
+            .is_none(),
+        "the finalizer was removed and the tenant went"
+    );
+    assert_eq!(
+        get(format!("{base}/quota/salt-f")).await["quota_exists"],
+        false
+    );
+    let pins = get(format!("{base}/cache/pins?cache_salt=salt-f")).await;
+    assert_eq!(pins["total"], 0, "{pins}");
 }

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ic_fake_apiserver::rbac::{Permission, permissions};
-use ic_fake_apiserver::{FakeApi, write_kubeconfig};
+use ic_fake_apiserver::{FakeApi, RecordedRequest, write_kubeconfig};
 use serde_json::{Value, json};
 
 const NS: &str = "team-a";
@@ -189,16 +189,87 @@ async fn the_controller_calls_exactly_what_its_rbac_file_grants() {
         if done {
             break;
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the controller did not finish its work: {:?}",
-            permissions(&fake.requests())
-        );
+        if start.elapsed() > Duration::from_secs(60) {
+            let logs = controller.logs().join("\n");
+            panic!(
+                "the controller did not finish its work: {:?}\n{logs}",
+                permissions(&fake.requests())
+            );
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Steady state: the loops keep running, on watch events and timers, and
+    // make no LIST (each kind was listed once, when its watch started).
+    let lists = |requests: &[RecordedRequest]| -> Vec<String> {
+        requests
+            .iter()
+            .filter(|r| {
+                permissions(std::slice::from_ref(*r))
+                    .iter()
+                    .any(|p| p.verb == "list")
+            })
+            .map(|r| r.path.clone())
+            .collect()
+    };
+    let initial = lists(&fake.requests());
+    assert!(
+        initial.len() <= 9,
+        "one LIST per watched kind at start: {initial:#?}"
+    );
+    let admin = controller.admin_addr();
+    let passes = |name: &str| -> f64 {
+        let (_, body) = ic_e2e::http_get(admin, "/metrics");
+        body.lines()
+            .filter(|l| {
+                l.starts_with("inferencecache_controller_reconciles_total{")
+                    && l.contains(&format!("controller=\"{name}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let loops = ["cachebackend", "cacheindex", "cachepolicy", "cachetenant"];
+    let before: Vec<f64> = loops.iter().map(|l| passes(l)).collect();
+    let mut all = fake.requests();
+    fake.clear_requests();
+    // Edits every loop reacts to: an engine pod relabelled (reconciles its
+    // backend), a policy and a tenant changed.
+    let mut pod: Value = fake.get("v1", "pods", NS, "engine-0").unwrap();
+    pod["metadata"]["labels"]["touched"] = json!("1");
+    fake.insert(&pod);
+    let mut policy: Value = fake
+        .get("inferencecache.io/v1alpha1", "cachepolicies", NS, "default")
+        .unwrap();
+    policy["spec"]["minimumPrefixTokens"] = json!(128);
+    fake.insert(&policy);
+    let mut tenant: Value = fake
+        .get("inferencecache.io/v1alpha1", "cachetenants", NS, "tenant")
+        .unwrap();
+    tenant["spec"]["quota"]["l2Limit"] = json!("2Gi");
+    fake.insert(&tenant);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after: Vec<f64> = loops.iter().map(|l| passes(l)).collect();
+    for ((name, b), a) in loops.iter().zip(&before).zip(&after) {
+        assert!(a > b, "{name} ran no pass in steady state ({b} -> {a})");
+    }
+    let steady = fake.requests();
+    assert_eq!(
+        lists(&steady),
+        Vec::<String>::new(),
+        "LISTs in steady state"
+    );
+    let policy: Value = fake
+        .get("inferencecache.io/v1alpha1", "cachepolicies", NS, "default")
+        .unwrap();
+    assert_eq!(
+        policy["status"]["observedGeneration"],
+        policy["metadata"]["generation"]
+    );
+
     assert!(controller.stop().success());
-    let recorded = permissions(&fake.requests());
+    all.extend(fake.requests());
+    let recorded = permissions(&all);
 
     ic_fake_apiserver::rbac::check_contract(
         &rbac_file(),

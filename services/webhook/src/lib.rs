@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod pod;
 pub mod review;
 pub mod server;
+pub mod store;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -29,6 +30,7 @@ use crate::certs::{ManagedCertificates, ManagedConfig};
 use crate::metrics::Metrics;
 use crate::pod::KubeBackends;
 use crate::server::{AppState, HttpsServer};
+use crate::store::StoreBackends;
 use crate::tls::CertStore;
 
 /// Binary name.
@@ -273,10 +275,15 @@ async fn serve_admissions(
     let tls = certs.server_config()?;
     let state = Arc::new(AppState {
         metrics: metrics.clone(),
-        backends: Arc::new(KubeBackends::new(
-            client,
-            Duration::from_millis(config.list_timeout_ms),
+        backends: Arc::new(StoreBackends::start(
+            client.clone(),
+            KubeBackends::new(
+                client,
+                Duration::from_millis(config.list_timeout_ms),
+                metrics.clone(),
+            ),
             metrics.clone(),
+            shutdown.clone(),
         )),
         injection: InjectionConfig {
             subscriber_image: config.kvevent_subscriber_image.clone(),

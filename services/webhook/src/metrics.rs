@@ -103,6 +103,18 @@ pub struct Metrics {
     pub certificate_errors: Family<CertLabel, Counter>,
     /// Managed mode: webhook configurations whose caBundle was written.
     pub ca_bundle_writes: Counter,
+    /// Pod admissions by where the namespace's CacheBackends came from
+    /// (`store`: the watch-fed store; `live`: a LIST, before it synced).
+    pub backend_lookups: Family<SourceLabel, Counter>,
+    /// 1 once the CacheBackend store has completed its first LIST.
+    pub backend_store_synced: Gauge,
+}
+
+/// `{source}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `store` or `live`.
+    pub source: &'static str,
 }
 
 impl Metrics {
@@ -118,6 +130,8 @@ impl Metrics {
             certificate_expiry: Family::default(),
             certificate_errors: Family::default(),
             ca_bundle_writes: Counter::default(),
+            backend_lookups: Family::default(),
+            backend_store_synced: Gauge::default(),
         }
     }
 
@@ -150,6 +164,16 @@ impl Metrics {
                 "backend_list_duration_seconds",
                 "Time to list a namespace's CacheBackends (pod admission), failures included",
                 m.list_latency.clone(),
+            );
+            r.register(
+                "backend_lookups",
+                "Pod admissions by where the namespace's CacheBackends were read (store or live)",
+                m.backend_lookups.clone(),
+            );
+            r.register(
+                "backend_store_synced",
+                "1 once the webhook's watch-fed CacheBackend store completed its first LIST",
+                m.backend_store_synced.clone(),
             );
             r.register(
                 "certificate_renewals",

@@ -1,4 +1,4 @@
-//! Engine Pod mutation: decode, list the namespace's CacheBackends live,
+//! Engine Pod mutation: decode, read the namespace's CacheBackends,
 //! let the adapters decide, answer with a JSON patch. Every path admits
 //! the pod; errors only mean it is admitted unwired.
 
@@ -53,9 +53,8 @@ pub trait BackendSource: Send + Sync + Debug {
     fn list<'a>(&'a self, namespace: &'a str) -> ListFuture<'a>;
 }
 
-/// Lists through the Kubernetes API on every call (no informer cache: a
-/// cache miss on a just-created backend would leave a pod unwired for its
-/// whole life, since pod CREATE is admitted once).
+/// Lists through the Kubernetes API on every call: what
+/// [`crate::store::StoreBackends`] falls back to until its store has synced.
 #[derive(Clone)]
 pub struct KubeBackends {
     client: kube::Client,

@@ -204,6 +204,7 @@ async fn pod_patch_matches_the_adapters_decision() {
     api.set("inference", backends());
     let api_addr = api.serve().await;
     let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    webhook.wait_store_synced().await;
     let mut client = webhook.client().await;
 
     let review = pod_review();
@@ -221,8 +222,9 @@ async fn pod_patch_matches_the_adapters_decision() {
     let warnings: Vec<String> =
         serde_json::from_value(answer["response"]["warnings"].clone()).unwrap_or_default();
     assert_eq!(warnings, expected.warnings);
-    // Listed live, once per admission.
-    assert_eq!(api.lists(), 1);
+    // Read from the watch-fed store: one cluster-wide LIST when the watch
+    // started, none per admission.
+    assert_eq!((api.cluster_lists(), api.lists()), (1, 0));
     assert!(webhook.process.stop().success());
 }
 
@@ -323,9 +325,9 @@ async fn matching_vllm_pod_is_wired_and_readmission_is_a_no_op() {
 async fn unwired_pods_are_always_admitted() {
     let api = FakeApi::default();
     api.set("inference", backends());
-    api.fail("flaky");
     let api_addr = api.serve().await;
     let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    webhook.wait_store_synced().await;
     let mut client = webhook.client().await;
 
     // No backend selects these labels: admitted, forged annotation stripped.
@@ -343,20 +345,6 @@ async fn unwired_pods_are_always_admitted() {
     let served: Pod = serde_json::from_value(pod).unwrap();
     assert_eq!(served, expected_admission(&review).pod);
 
-    // The API cannot list: admitted unchanged (bar stale markers), reason list_failed.
-    let mut review = pod_review();
-    review["request"]["namespace"] = json!("flaky");
-    review["request"]["object"]["metadata"]["namespace"] = json!("flaky");
-    let (_, answer) = client.review("/mutate-pod", &review).await;
-    let response = &answer["response"];
-    assert_eq!(response["allowed"], true);
-    assert_eq!(response["status"]["reason"], "list_failed", "{answer}");
-    if let Some(patch) = decoded_patch(response) {
-        let mut pod = review["request"]["object"].clone();
-        json_patch::patch(&mut pod, &patch).unwrap();
-        assert!(engine_args(&pod).iter().all(|a| !a.contains("kv-transfer")));
-    }
-
     // UPDATE is never wired.
     let mut update = pod_review();
     update["request"]["operation"] = json!("UPDATE");
@@ -373,19 +361,86 @@ async fn unwired_pods_are_always_admitted() {
     assert_eq!(answer["response"]["allowed"], true);
     assert_eq!(answer["response"]["status"]["reason"], "decode", "{answer}");
 
-    // Lists were live: one per CREATE that decoded (no match + list failure).
-    assert_eq!(api.lists(), 2);
+    // Nothing was listed per admission.
+    assert_eq!(api.lists(), 0);
 
     let metrics = webhook.metrics();
     for line in [
         r#"inferencecache_webhook_admissions_total{kind="pod",result="fail_open",reason="no_match"} 1"#,
-        r#"inferencecache_webhook_admissions_total{kind="pod",result="fail_open",reason="list_failed"} 1"#,
         r#"inferencecache_webhook_admissions_total{kind="pod",result="fail_open",reason="decode"} 1"#,
         r#"inferencecache_webhook_admissions_total{kind="pod",result="allowed",reason="operation"} 1"#,
-        r#"inferencecache_webhook_admission_duration_seconds_count{kind="pod"} 4"#,
+        r#"inferencecache_webhook_admission_duration_seconds_count{kind="pod"} 3"#,
+        r#"inferencecache_webhook_backend_lookups_total{source="store"} 1"#,
     ] {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
+    assert!(webhook.process.stop().success());
+}
+
+/// Before the store has synced (here: never, every CacheBackend request
+/// fails) admission lists the namespace live; a failed list admits the pod
+/// unwired with reason list_failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_the_store_syncs_admission_lists_live_and_fails_open() {
+    let api = FakeApi::default();
+    api.set("inference", backends());
+    api.fail_all();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    let mut client = webhook.client().await;
+    let review = pod_review();
+    let (_, answer) = client.review("/mutate-pod", &review).await;
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["status"]["reason"], "list_failed", "{answer}");
+    if let Some(patch) = decoded_patch(response) {
+        let mut pod = review["request"]["object"].clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert!(engine_args(&pod).iter().all(|a| !a.contains("kv-transfer")));
+    }
+    assert_eq!(api.lists(), 1, "listed live");
+    let metrics = webhook.metrics();
+    for line in [
+        r#"inferencecache_webhook_admissions_total{kind="pod",result="fail_open",reason="list_failed"} 1"#,
+        r#"inferencecache_webhook_backend_lookups_total{source="live"} 1"#,
+        "inferencecache_webhook_backend_store_synced 0",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(webhook.process.stop().success());
+}
+
+/// A CacheBackend created after the webhook started reaches admission
+/// through the watch, without a LIST.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_created_later_is_seen_through_the_watch() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    webhook.wait_store_synced().await;
+    let mut client = webhook.client().await;
+    let review = pod_review();
+    let (_, answer) = client.review("/mutate-pod", &review).await;
+    assert_eq!(
+        answer["response"]["status"]["reason"], "no_match",
+        "{answer}"
+    );
+    api.set("inference", backends());
+    let mut wired = false;
+    for _ in 0..100 {
+        let (_, answer) = client.review("/mutate-pod", &review).await;
+        if decoded_patch(&answer["response"]).is_some_and(|p| {
+            serde_json::to_string(&p)
+                .unwrap()
+                .contains("kv-transfer-config")
+        }) {
+            wired = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(wired, "the new backend never reached admission");
+    assert_eq!((api.cluster_lists(), api.lists()), (1, 0));
     assert!(webhook.process.stop().success());
 }
 

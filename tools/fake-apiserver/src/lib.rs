@@ -9,7 +9,9 @@
 //! change since a resourceVersion, or synthetic ADDED events first, ended
 //! after `timeoutSeconds`), POST, PUT (with `resourceVersion` preconditions,
 //! 409 on a stale one), PATCH, DELETE, the `status` subresource,
-//! `resourceVersion` and `generation` bookkeeping, for any
+//! `resourceVersion` and `generation` bookkeeping, finalizers (a DELETE of
+//! an object with finalizers sets its deletionTimestamp; it goes when the
+//! last one is removed), for any
 //! group/version/plural (Leases and Events included), and TokenReviews
 //! against tokens a test registers. Every request is logged with its answer
 //! for assertions (and [`rbac`] turns the log into the RBAC rules it needs),
@@ -271,7 +273,8 @@ impl FakeApi {
             .collect()
     }
 
-    /// Removes an object directly (no request logged).
+    /// Deletes an object directly (no request logged), honouring its
+    /// finalizers as a DELETE does.
     pub fn remove(&self, api_version: &str, plural: &str, namespace: &str, name: &str) -> bool {
         let key = ObjectKey {
             api: api_path_of(api_version),

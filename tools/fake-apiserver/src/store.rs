@@ -298,6 +298,15 @@ pub(crate) fn create(state: &mut State, target: &Target, mut body: Value) -> (u1
 /// Applies `next` as the new version of the stored object: keeps identity,
 /// bumps resourceVersion, and moves generation on spec changes.
 fn commit(state: &mut State, k: &ObjectKey, mut next: Value) -> Value {
+    if let Some(stored) = state.objects.get(k) {
+        let unchanged = without(&stored.object, &["metadata"]) == without(&next, &["metadata"])
+            && meta_without_version(&stored.object) == meta_without_version(&next);
+        if unchanged {
+            // As the API server does: a write that changes nothing keeps
+            // the resourceVersion and sends no watch event.
+            return stored.object.clone();
+        }
+    }
     state.resource_version += 1;
     let rv = state.resource_version;
     let Some(stored) = state.objects.get_mut(k) else {
@@ -328,15 +337,50 @@ fn commit(state: &mut State, k: &ObjectKey, mut next: Value) -> Value {
     }
     stored.object = next.clone();
     state.emit("MODIFIED", k, &next);
+    if next.pointer("/metadata/deletionTimestamp").is_some() && !has_finalizers(&next) {
+        // The last finalizer is gone from an object being deleted.
+        remove_now(state, k);
+    }
     next
 }
 
-/// Deletes the object at `k`, if any.
-pub(crate) fn delete(state: &mut State, k: &ObjectKey) -> Option<Value> {
+fn meta_without_version(object: &Value) -> Value {
+    let mut meta = object.get("metadata").cloned().unwrap_or(Value::Null);
+    if let Some(m) = meta.as_object_mut() {
+        m.remove("resourceVersion");
+        m.remove("generation");
+    }
+    meta
+}
+
+fn has_finalizers(object: &Value) -> bool {
+    object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty())
+}
+
+fn remove_now(state: &mut State, k: &ObjectKey) -> Option<Value> {
     let stored = state.objects.remove(k)?;
     state.resource_version += 1;
     state.emit("DELETED", k, &stored.object);
     Some(stored.object)
+}
+
+/// Deletes the object at `k`, if any. One with finalizers only gets its
+/// deletionTimestamp, as on a real API server; it goes when the last
+/// finalizer is removed.
+pub(crate) fn delete(state: &mut State, k: &ObjectKey) -> Option<Value> {
+    let object = state.objects.get(k)?.object.clone();
+    if !has_finalizers(&object) {
+        return remove_now(state, k);
+    }
+    if object.pointer("/metadata/deletionTimestamp").is_some() {
+        return Some(object);
+    }
+    let mut next = object;
+    next["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    Some(commit(state, k, next))
 }
 
 fn precondition(stored: &Value, body: &Value) -> Result<(), (u16, Value)> {

@@ -12,8 +12,10 @@ use std::sync::Arc;
 
 use ic_api::cachebackend::{CacheBackend, CacheBackendSpec, EngineSelector};
 use ic_controller::metrics::Metrics;
+use ic_controller::stores::{self, StoreWriters, Stores, replace_all};
 use ic_controller_core::clock::ManualClock;
 use ic_e2e::ServiceProcess;
+use ic_fake_apiserver::FakeApi;
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 use k8s_openapi::api::core::v1::Pod;
@@ -191,4 +193,89 @@ pub fn bin_exists(name: &str) -> bool {
     exe.parent()
         .and_then(Path::parent)
         .is_some_and(|d| d.join(name).exists())
+}
+
+/// Makes the hand-fed stores hold what the fake holds now (the watch-fed
+/// stores of a running controller converge to the same; the binary-level
+/// tests cover the watches themselves).
+pub fn refill(w: &mut StoreWriters, fake: &FakeApi) {
+    replace_all(&mut w.backends, fake.list("cachebackends"));
+    replace_all(&mut w.pods, fake.list("pods"));
+    replace_all(&mut w.deployments, fake.list("deployments"));
+    replace_all(&mut w.statefulsets, fake.list("statefulsets"));
+    replace_all(&mut w.services, fake.list("services"));
+    replace_all(&mut w.hpas, fake.list("horizontalpodautoscalers"));
+    replace_all(&mut w.policies, fake.list("cachepolicies"));
+    replace_all(&mut w.tenants, fake.list("cachetenants"));
+    replace_all(&mut w.indexes, fake.list("cacheindexes"));
+}
+
+/// Watch-fed stores on the fake, as a running controller has them.
+pub struct Watched {
+    pub stores: Stores,
+    _tasks: tokio::task::JoinSet<()>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Starts the stores on `fake` and waits for their first LIST.
+pub async fn watched(fake: &FakeApi, metrics: &Metrics) -> Watched {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    let (stores, _feeds) = stores::start(&fake.client(), metrics, &mut tasks, &stop);
+    stores.synced().await.unwrap();
+    Watched {
+        stores,
+        _tasks: tasks,
+        stop,
+    }
+}
+
+fn versions<K: kube::Resource>(
+    objects: impl IntoIterator<Item = K>,
+) -> std::collections::BTreeSet<(String, String, String)> {
+    objects
+        .into_iter()
+        .map(|o| {
+            let m = o.meta();
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+                m.resource_version.clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+fn caught_up<K>(store: &kube::runtime::reflector::Store<K>, fake: &FakeApi, plural: &str) -> bool
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+{
+    let stored = versions(store.state().iter().map(|o| K::clone(o)));
+    stored == versions(fake.list::<K>(plural))
+}
+
+impl Watched {
+    /// Waits until the stores of the kinds the pushers and the poller read
+    /// hold exactly what the fake holds.
+    pub async fn settle(&self, fake: &FakeApi) {
+        let s = &self.stores;
+        for _ in 0..500 {
+            if caught_up(&s.backends, fake, "cachebackends")
+                && caught_up(&s.pods, fake, "pods")
+                && caught_up(&s.policies, fake, "cachepolicies")
+                && caught_up(&s.tenants, fake, "cachetenants")
+                && caught_up(&s.indexes, fake, "cacheindexes")
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the watch-fed stores did not catch up with the fake API server in 5 s");
+    }
 }

@@ -191,12 +191,31 @@ impl FakeApi {
         );
     }
 
-    /// How many CacheBackend lists were answered.
+    /// Every CacheBackend request (lists, watches) fails with 500 from now
+    /// on: the webhook's store never syncs.
+    pub fn fail_all(&self) {
+        self.api
+            .fail(http::Method::GET, "/cachebackends", 500, usize::MAX);
+    }
+
+    /// How many namespaced CacheBackend LISTs were answered (the live
+    /// path of pod admission).
     pub fn lists(&self) -> usize {
+        self.cachebackend_gets(true)
+    }
+
+    /// How many cluster-wide CacheBackend LISTs were answered (the store's).
+    pub fn cluster_lists(&self) -> usize {
+        self.cachebackend_gets(false)
+    }
+
+    fn cachebackend_gets(&self, namespaced: bool) -> usize {
         self.api
             .requests()
             .iter()
             .filter(|r| r.method == http::Method::GET && r.path.ends_with("/cachebackends"))
+            .filter(|r| r.query.get("watch").is_none_or(|w| w != "true"))
+            .filter(|r| r.path.contains("/namespaces/") == namespaced)
             .count()
     }
 }
@@ -276,6 +295,21 @@ impl Webhook {
 
     pub async fn client(&self) -> Client {
         Client::connect(self.https, &self.connector()).await
+    }
+
+    /// Waits until the CacheBackend store has synced (admissions then read
+    /// it instead of listing).
+    pub async fn wait_store_synced(&self) {
+        for _ in 0..200 {
+            if self
+                .metrics()
+                .contains("inferencecache_webhook_backend_store_synced 1")
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        }
+        panic!("the webhook's CacheBackend store did not sync in 5 s");
     }
 
     /// The admin /metrics text.
