@@ -1,68 +1,32 @@
-//! Time, injectable: the reconciler asks a [`Clock`] for `now` once per
-//! reconcile and hands the instant to the pure decisions, so every gate with
-//! a timeout is testable by moving a [`ManualClock`] instead of sleeping.
+//! Time, injectable: the reconciler asks a [`Clock`] (the workspace's one
+//! clock, `ic-clock`) for `now` once per reconcile and hands the instant to
+//! the pure decisions, so every gate with a timeout is testable by moving a
+//! [`ManualClock`] instead of sleeping.
 //!
 //! Instants are [`Timestamp`] (jiff, as re-exported by k8s-openapi, the
 //! same type inside [`Time`]). Everything written into a status is truncated
 //! to whole seconds, because that is all the API server keeps: a decision
 //! fed its own status back after a round trip must compare equal.
 
-use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use k8s_openapi::jiff::Timestamp;
 
-/// A source of the current instant.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    /// The current instant.
+pub use ic_clock::{Clock, ManualClock, SystemClock};
+
+/// The current instant of a [`Clock`] as a [`Timestamp`] (the workspace's
+/// one clock, read the way statuses need it).
+pub trait ClockExt {
+    /// The current wall instant.
     fn now(&self) -> Timestamp;
 }
 
-/// The wall clock.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SystemClock;
-
-impl Clock for SystemClock {
+impl<C: Clock + ?Sized> ClockExt for C {
     fn now(&self) -> Timestamp {
-        Timestamp::now()
-    }
-}
-
-/// A clock that only moves when told to (tests, simulations).
-#[derive(Debug)]
-pub struct ManualClock {
-    now: Mutex<Timestamp>,
-}
-
-impl ManualClock {
-    /// A clock stopped at `at`.
-    pub fn new(at: Timestamp) -> Self {
-        Self {
-            now: Mutex::new(at),
-        }
-    }
-
-    /// A clock stopped at `seconds` after the Unix epoch.
-    pub fn at_second(seconds: i64) -> Self {
-        Self::new(Timestamp::from_second(seconds).unwrap_or(Timestamp::UNIX_EPOCH))
-    }
-
-    /// Moves the clock forward by `by`.
-    pub fn advance(&self, by: Duration) {
-        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        *now = add(*now, by);
-    }
-
-    /// Sets the clock to `at`.
-    pub fn set(&self, at: Timestamp) {
-        *self.now.lock().unwrap_or_else(PoisonError::into_inner) = at;
-    }
-}
-
-impl Clock for ManualClock {
-    fn now(&self) -> Timestamp {
-        *self.now.lock().unwrap_or_else(PoisonError::into_inner)
+        let wall = self.wall();
+        let nanos = i128::try_from(wall.as_nanos()).unwrap_or(i128::MAX);
+        Timestamp::from_nanosecond(nanos).unwrap_or(Timestamp::MAX)
     }
 }
 
@@ -89,6 +53,7 @@ pub fn truncate(at: Timestamp) -> Timestamp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ic_clock::ManualClock;
 
     #[test]
     fn manual_clock_moves_only_when_told() {

@@ -5,7 +5,6 @@
 //! (network I/O) lives in the service crate.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use crate::checkpoint::KafkaPositionSection;
 use crate::events::{Batch, EventsRequest, FieldError, WireBatch};
@@ -178,37 +177,8 @@ pub fn caught_up(max_lag: u64, lags: &[u64]) -> bool {
     !lags.is_empty() && lags.iter().all(|l| *l <= max_lag)
 }
 
-/// Exponential backoff between attempts to reach the broker, capped, reset
-/// after a success.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    initial: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// Starts at `initial`, doubles up to `max`.
-    pub fn new(initial: Duration, max: Duration) -> Self {
-        Self {
-            initial,
-            max,
-            next: initial,
-        }
-    }
-
-    /// Delay before the next attempt; each call doubles the following one.
-    pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
-        delay
-    }
-
-    /// Back to the initial delay after a success.
-    pub fn reset(&mut self) {
-        self.next = self.initial;
-    }
-}
+/// Backoff between attempts to reach the broker: the workspace's one.
+pub use ic_clock::Backoff;
 
 #[cfg(test)]
 mod tests {
@@ -287,16 +257,5 @@ mod tests {
         assert!(!caught_up(5, &[]));
         assert!(caught_up(5, &[0, 5]));
         assert!(!caught_up(5, &[0, 6]));
-    }
-
-    #[test]
-    fn backoff_doubles_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
-        assert_eq!(b.next_delay(), Duration::from_millis(200));
-        assert_eq!(b.next_delay(), Duration::from_millis(350));
-        assert_eq!(b.next_delay(), Duration::from_millis(350));
-        b.reset();
-        assert_eq!(b.next_delay(), Duration::from_millis(100));
     }
 }

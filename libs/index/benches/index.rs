@@ -118,7 +118,7 @@ fn best(view: LookupView<'_>) -> Option<(usize, u32)> {
                 b.matched_blocks,
             )
         }),
-        LookupView::NoEntry | LookupView::UnknownScope => None,
+        LookupView::NoEntry | LookupView::UnknownScope | LookupView::TimedOut => None,
     }
 }
 

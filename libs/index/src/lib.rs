@@ -1,5 +1,8 @@
 //! The prefix index: which replica holds which content-fingerprinted block,
-//! and which replica holds the longest prefix of a prompt. Pure: no I/O, no
+//! and which replica holds the longest prefix of a prompt; [`route`] turns a
+//! lookup into a routing decision under a namespace's policy, and
+//! [`ingest`] holds the stream protocol (resync and sequence) every ingest
+//! front end shares. Pure: no I/O, no
 //! clocks (callers pass times in), safe to share between threads.
 //!
 //! Entries are keyed by `(scope, fingerprint)`, where the scope is
@@ -16,16 +19,18 @@
 mod arena;
 mod holders;
 mod index;
+pub mod ingest;
 mod keys;
 mod lookup;
 mod prefetch;
+pub mod route;
 mod store;
 mod types;
 
 pub use index::{Index, IndexConfig};
 pub use types::{
-    Candidate, Change, ContentError, Fingerprint, HashScheme, IndexMemory, LookupOutcome,
-    LookupView, Match, ReplicaKey, ReplicaSnapshot, Scope, Tier,
+    Candidate, Change, ContentError, Deadline, Fingerprint, HashScheme, IndexMemory, LookupOutcome,
+    LookupView, Match, NoDeadline, ReplicaKey, ReplicaSnapshot, Scope, Tier,
 };
 
 #[cfg(test)]

@@ -14,7 +14,9 @@ use smallvec::SmallVec;
 use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
 use crate::store::{Block, hash};
-use crate::types::{Fingerprint, LookupOutcome, LookupView, Match, Scope, Tier};
+use crate::types::{
+    Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, Tier,
+};
 
 /// Whether replica `idx` may appear in an answer for `scope`.
 fn eligible(
@@ -36,25 +38,38 @@ fn eligible(
 /// eight).
 type Matches<'a> = SmallVec<[Match<'a>; 8]>;
 
-/// What a lookup found, borrowing the registry: `None` for a scope never
-/// reported, else the matches (none: no entry).
-struct Found<'a>(Option<Matches<'a>>);
+/// What a lookup found, borrowing the registry. One per lookup, on the
+/// stack: the inline matches are the point (boxing would allocate).
+#[allow(clippy::large_enum_variant)]
+enum Found<'a> {
+    /// A scope never reported.
+    UnknownScope,
+    /// The deadline passed before the walk ended.
+    TimedOut,
+    /// The matches (none: no entry).
+    Matches(Matches<'a>),
+}
 
 impl<'a> Found<'a> {
-    const UNKNOWN_SCOPE: Self = Found(None);
+    const UNKNOWN_SCOPE: Self = Found::UnknownScope;
 
     fn no_entry() -> Self {
-        Found(Some(SmallVec::new()))
+        Found::Matches(SmallVec::new())
     }
 
     fn view(&self) -> LookupView<'_> {
-        match &self.0 {
-            None => LookupView::UnknownScope,
-            Some(m) if m.is_empty() => LookupView::NoEntry,
-            Some(m) => LookupView::Matches(m),
+        match self {
+            Found::UnknownScope => LookupView::UnknownScope,
+            Found::TimedOut => LookupView::TimedOut,
+            Found::Matches(m) if m.is_empty() => LookupView::NoEntry,
+            Found::Matches(m) => LookupView::Matches(m),
         }
     }
 }
+
+/// Blocks walked between two looks at the deadline (a look is a clock
+/// read; a block is a few nanoseconds).
+const DEADLINE_EVERY: usize = 256;
 
 /// Orders matches best first: longest, then T1 before T2, then the replica
 /// heard from most recently, then by key (deterministic). Names are
@@ -85,7 +100,7 @@ fn ranked<'a>(reg: &'a Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Ti
             .then(b_seen.cmp(a_seen))
             .then(a.replica.cmp(b.replica))
     });
-    Found(Some(out.into_iter().map(|(m, _)| m).collect()))
+    Found::Matches(out.into_iter().map(|(m, _)| m).collect())
 }
 
 /// The running score of one lookup.
@@ -190,10 +205,39 @@ impl Index {
         fresh_since_ms: Option<i64>,
         answer: impl FnOnce(LookupView<'_>) -> R,
     ) -> R {
+        self.lookup_until(
+            scope,
+            fingerprints,
+            candidates,
+            fresh_since_ms,
+            &NoDeadline,
+            answer,
+        )
+    }
+
+    /// [`Index::lookup_with`] that gives up with [`LookupView::TimedOut`]
+    /// once `deadline` has passed, looking at it every few hundred blocks
+    /// while it walks (a long prompt never runs past its budget).
+    pub fn lookup_until<R>(
+        &self,
+        scope: &Scope,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        deadline: &dyn Deadline,
+        answer: impl FnOnce(LookupView<'_>) -> R,
+    ) -> R {
         // Held for the whole lookup: shared, and written only when replicas
         // join, leave or resync.
         let reg = self.registry.read();
-        let found = self.score(&reg, scope, fingerprints, candidates, fresh_since_ms);
+        let found = self.score(
+            &reg,
+            scope,
+            fingerprints,
+            candidates,
+            fresh_since_ms,
+            deadline,
+        );
         answer(found.view())
     }
 
@@ -204,6 +248,7 @@ impl Index {
         fingerprints: &[Fingerprint],
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
+        deadline: &dyn Deadline,
     ) -> Found<'a> {
         let Some(&scope_id) = reg.scopes.get(scope) else {
             return Found::UNKNOWN_SCOPE;
@@ -237,19 +282,34 @@ impl Index {
         // table: blocks of concurrent requests reported one at a time
         // (decode) interleave at a fairly steady stride.
         let mut stride = 0;
+        let mut since_look = 0;
         while next < rest.len() {
-            // Along the records stored right after the previous block...
+            if since_look >= DEADLINE_EVERY {
+                if deadline.expired() {
+                    return Found::TimedOut;
+                }
+                since_look = 0;
+            }
+            // Along the records stored right after the previous block (at
+            // most until the next look at the deadline)...
+            let until = rest.len().min(next + DEADLINE_EVERY - since_look);
             let walked = reader.walk(
                 prev,
-                rest[next..].iter().map(|&fp| entry_key(scope_id, fp)),
+                rest[next..until].iter().map(|&fp| entry_key(scope_id, fp)),
                 |holders| scoring.step(holders),
             );
+            since_look += walked.blocks.max(1);
             next += walked.blocks;
             if walked.blocks > 0 {
                 prev += u32::try_from(walked.blocks).unwrap_or(0);
             }
             if walked.stopped || next >= rest.len() {
                 break;
+            }
+            if next >= until {
+                // The window was walked to its end: look at the deadline,
+                // then walk on.
+                continue;
             }
             // ...at the last stride, or through the key table.
             let key = entry_key(scope_id, rest[next]);

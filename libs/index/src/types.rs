@@ -1,7 +1,7 @@
 //! The index's vocabulary.
 
 /// A block's content fingerprint (see docs/fingerprints.md).
-pub type Fingerprint = u64;
+pub use ic_kvevents::Fingerprint;
 
 /// Fingerprint domain of an engine family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,14 +22,9 @@ impl HashScheme {
     }
 }
 
-/// Cache tier of a held block. `T1` sorts before `T2` (hotter first).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Tier {
-    /// Accelerator memory.
-    T1,
-    /// Offload tier (host memory, remote store).
-    T2,
-}
+/// Cache tier of a held block: the subscriber's vocabulary, one type end to
+/// end. `T1` sorts before `T2` (hotter first).
+pub use ic_kvevents::Tier;
 
 /// The partition a replica and its entries belong to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -147,6 +142,8 @@ pub enum LookupView<'a> {
     NoEntry,
     /// Nothing was ever reported for this scope.
     UnknownScope,
+    /// The deadline passed before the lookup finished.
+    TimedOut,
 }
 
 impl LookupView<'_> {
@@ -158,6 +155,7 @@ impl LookupView<'_> {
             }
             LookupView::NoEntry => LookupOutcome::NoEntry,
             LookupView::UnknownScope => LookupOutcome::UnknownScope,
+            LookupView::TimedOut => LookupOutcome::TimedOut,
         }
     }
 }
@@ -172,6 +170,26 @@ pub enum LookupOutcome {
     NoEntry,
     /// Nothing was ever reported for this scope.
     UnknownScope,
+    /// The deadline passed before the lookup finished.
+    TimedOut,
+}
+
+/// When a lookup must give up. The index reads no clock itself: the caller
+/// decides what "expired" means (a monotonic instant in the server, a
+/// manual clock in tests).
+pub trait Deadline {
+    /// Whether the budget is spent.
+    fn expired(&self) -> bool;
+}
+
+/// A lookup that may take as long as it needs.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoDeadline;
+
+impl Deadline for NoDeadline {
+    fn expired(&self) -> bool {
+        false
+    }
 }
 
 /// A content-level inconsistency in a change (never panics; reported).

@@ -2,7 +2,8 @@
 //! `proto/inferencecache/index/v1/index.proto` at build time.
 //!
 //! The `.proto` file is the source of truth and documents every message and
-//! field; this crate only re-exports the generated types.
+//! field; this crate re-exports the generated types and holds the one set of
+//! conversions between them and the domain vocabulary ([`tier`]).
 
 #![allow(missing_docs, unreachable_pub, clippy::all)]
 
@@ -13,3 +14,27 @@ pub mod index_v1 {
 
 pub use index_v1::index_service_client::IndexServiceClient;
 pub use index_v1::index_service_server::{IndexService, IndexServiceServer};
+
+/// The cache tier between the domain ([`ic_kvevents::Tier`], which the
+/// index re-exports) and the wire.
+pub mod tier {
+    use super::index_v1 as pb;
+    use ic_kvevents::Tier;
+
+    /// A domain tier on the wire.
+    pub fn to_pb(tier: Tier) -> i32 {
+        match tier {
+            Tier::T1 => pb::Tier::T1 as i32,
+            Tier::T2 => pb::Tier::T2 as i32,
+        }
+    }
+
+    /// A wire tier, `None` when unspecified or unknown.
+    pub fn from_pb(tier: i32) -> Option<Tier> {
+        match pb::Tier::try_from(tier) {
+            Ok(pb::Tier::T1) => Some(Tier::T1),
+            Ok(pb::Tier::T2) => Some(Tier::T2),
+            _ => None,
+        }
+    }
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ic_adapters::providers::{self, ObjectRef, OwnedKind, Workload};
 use ic_api::cachebackend::CacheBackend;
 use ic_controller_core::cascade::CascadeRateLimiter;
-use ic_controller_core::clock::Clock;
+use ic_controller_core::clock::{Clock, ClockExt};
 use ic_controller_core::gates::{self, ProbeOutcome, ProbeRateLimiter};
 use ic_controller_core::k8s;
 use ic_controller_core::observe::{self, BackendRef};

@@ -362,7 +362,7 @@ async fn control(config: Config, metrics: Metrics, shutdown: CancellationToken) 
         client: client.clone(),
         http: reqwest::Client::new(),
         metrics: metrics.clone(),
-        clock: Arc::new(SystemClock),
+        clock: Arc::new(SystemClock::default()),
     };
     let (tx, rx) = watch::channel(false);
     let elector = if config.leader_election {

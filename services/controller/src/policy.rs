@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use ic_api::cachepolicy::{CachePolicy, CachePolicySpec, CachePolicyStatus};
 use ic_api::consts::{conditions as types, reasons};
-use ic_controller_core::clock::{self, Clock};
+use ic_controller_core::clock::{self, Clock, ClockExt};
 use ic_controller_core::conditions::Builder;
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;

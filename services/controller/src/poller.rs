@@ -16,7 +16,7 @@ use ic_api::cachebackend::CacheBackend;
 use ic_api::cacheindex::CacheIndex;
 use ic_api::consts::{conditions as types, reasons};
 use ic_controller_core::attribution::{self, BackendRef, Snapshot};
-use ic_controller_core::clock::{self, Clock, Timestamp};
+use ic_controller_core::clock::{self, Clock, ClockExt, Timestamp};
 use ic_controller_core::conditions::Builder;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;

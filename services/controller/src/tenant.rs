@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use ic_api::cachetenant::{CacheTenant, CacheTenantStatus, TenantPin};
 use ic_api::consts::finalizers::TENANT_RELEASE;
 use ic_api::consts::{conditions as types, reasons};
-use ic_controller_core::clock::{self, Clock};
+use ic_controller_core::clock::{self, Clock, ClockExt};
 use ic_controller_core::conditions::Builder;
 use kube::api::{Api, Patch, PatchParams};
 use parking_lot::Mutex;

@@ -13,7 +13,7 @@ use ic_api::cachebackend::CacheBackend;
 use ic_controller::backend::{self, BackendContext};
 use ic_controller::kubeutil;
 use ic_controller::stores::StoreWriters;
-use ic_controller_core::clock::{Clock, ManualClock};
+use ic_controller_core::clock::{Clock, ClockExt, ManualClock};
 use ic_fake_apiserver::FakeApi;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;

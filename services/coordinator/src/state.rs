@@ -390,7 +390,7 @@ impl Coordinator {
             .and_then(|bytes| persist::write_atomic(path, &bytes));
         match result {
             Ok(()) => {
-                let now = self.clock.wall();
+                let now = self.clock.unix_seconds();
                 *self.last_checkpoint.lock() = Some(now);
                 self.metrics.metrics.checkpoint_last_success.set(now);
                 inc(&self.metrics.metrics.checkpoint_writes, "ok");
@@ -470,7 +470,7 @@ impl Coordinator {
         for c in &self.controllers {
             c.save_metadata(&mut meta);
         }
-        let bytes = metadata::encode(&meta, self.clock.wall());
+        let bytes = metadata::encode(&meta, self.clock.unix_seconds());
         match persist::write_atomic(path, &bytes) {
             Ok(()) => inc(&self.metrics.metrics.metadata_writes, "ok"),
             Err(error) => {
@@ -520,11 +520,13 @@ impl Coordinator {
 
     /// Marks a loop pass.
     pub fn loop_pass(&self, name: &'static str) {
-        self.loop_passes.lock().insert(name, self.clock.wall());
+        self.loop_passes
+            .lock()
+            .insert(name, self.clock.unix_seconds());
         self.metrics
             .metrics
             .loop_last_pass
             .get_or_create(&crate::metrics::LoopLabel { r#loop: name })
-            .set(self.clock.wall());
+            .set(self.clock.unix_seconds());
     }
 }

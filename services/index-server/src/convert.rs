@@ -1,6 +1,6 @@
 //! Wire ↔ index vocabulary.
 
-use ic_index::{HashScheme, Scope, Tier};
+use ic_index::{HashScheme, Scope};
 use ic_proto::index_v1 as pb;
 
 /// Tenant of the functional probe's synthetic replicas: not a namespace
@@ -60,23 +60,6 @@ pub fn is_namespace_name(s: &str) -> bool {
         && b.first().is_some_and(edge)
         && b.last().is_some_and(edge)
         && b.iter().all(|c| edge(c) || *c == b'-')
-}
-
-/// A wire tier, `None` when unspecified or unknown.
-pub fn tier_from_pb(tier: i32) -> Option<Tier> {
-    match pb::Tier::try_from(tier) {
-        Ok(pb::Tier::T1) => Some(Tier::T1),
-        Ok(pb::Tier::T2) => Some(Tier::T2),
-        _ => None,
-    }
-}
-
-/// An index tier on the wire.
-pub fn tier_to_pb(tier: Tier) -> i32 {
-    match tier {
-        Tier::T1 => pb::Tier::T1 as i32,
-        Tier::T2 => pb::Tier::T2 as i32,
-    }
 }
 
 #[cfg(test)]

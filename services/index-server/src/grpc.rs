@@ -1,18 +1,19 @@
-//! The `IndexService` gRPC handlers: thin adapters over [`ic_index::Index`].
+//! The `IndexService` gRPC handlers: thin adapters that validate, call the
+//! routing core ([`ic_index::route`]) or the ingest protocol
+//! ([`ic_index::ingest`]) and convert.
 
-use std::borrow::Cow;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
-use ic_index::{Index, LookupView, Match, Tier};
-use ic_kvevents::chain_fingerprints;
+use ic_index::route::{NoHintReason, RouteDecision, RouteKey, RouteOutcome, RouteQuery, route};
+use ic_index::{Deadline, Index, Match};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use parking_lot::RwLock;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::convert::{scope_from_pb, tier_to_pb};
+use crate::convert::scope_from_pb;
 use crate::ingest::{IngestStream, Step};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
@@ -40,35 +41,13 @@ pub struct IndexServer {
     pub tokenizers: Arc<Tokenizers>,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+/// A lookup's budget on the monotonic clock.
+struct Until(Instant);
 
-fn no_hint(
-    reason: pb::NoHintReason,
-    detail: String,
-    block_size: u32,
-    prompt_blocks: u32,
-) -> pb::LookupRouteResponse {
-    pb::LookupRouteResponse {
-        outcome: pb::LookupOutcome::NoHint as i32,
-        no_hint_reason: reason as i32,
-        detail,
-        block_size,
-        prompt_blocks,
-        ..Default::default()
+impl Deadline for Until {
+    fn expired(&self) -> bool {
+        Instant::now() >= self.0
     }
-}
-
-/// What a LookupRoute looks up.
-enum Query<'a> {
-    /// The replicas holding one block (and so its whole prefix).
-    Prefix(u64),
-    /// The longest prefix of a prompt's blocks.
-    Blocks(Cow<'a, [u64]>),
 }
 
 fn score(c: &Match<'_>) -> pb::CandidateScore {
@@ -79,7 +58,40 @@ fn score(c: &Match<'_>) -> pb::CandidateScore {
         }),
         matched_blocks: c.matched_blocks,
         matched_tokens: u32::try_from(c.matched_tokens()).unwrap_or(u32::MAX),
-        tier: tier_to_pb(c.tier),
+        tier: ic_proto::tier::to_pb(c.tier),
+    }
+}
+
+fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
+    match reason {
+        NoHintReason::UnknownModel => pb::NoHintReason::UnknownModel,
+        NoHintReason::PromptTooShort => pb::NoHintReason::PromptTooShort,
+        NoHintReason::NoEntry => pb::NoHintReason::NoEntry,
+        NoHintReason::BelowMinimumPrefix => pb::NoHintReason::BelowMinimumPrefix,
+        NoHintReason::LookupTimeout => pb::NoHintReason::LookupTimeout,
+    }
+}
+
+/// The routing core's decision on the wire.
+fn response_of(decision: RouteDecision<'_>) -> pb::LookupRouteResponse {
+    let base = pb::LookupRouteResponse {
+        block_size: decision.block_size,
+        prompt_blocks: decision.prompt_blocks,
+        ..Default::default()
+    };
+    match decision.outcome {
+        RouteOutcome::Route(matches) => pb::LookupRouteResponse {
+            outcome: pb::LookupOutcome::PrefixMatch as i32,
+            best: matches.first().map(score),
+            candidates: matches.iter().map(score).collect(),
+            ..base
+        },
+        RouteOutcome::NoHint { reason, detail } => pb::LookupRouteResponse {
+            outcome: pb::LookupOutcome::NoHint as i32,
+            no_hint_reason: reason_to_pb(reason) as i32,
+            detail,
+            ..base
+        },
     }
 }
 
@@ -95,14 +107,15 @@ impl IndexServer {
         }
     }
 
-    /// The pure core of LookupRoute (tested without gRPC).
+    /// LookupRoute without gRPC: validate, route, convert.
     pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
         let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
         self.lookup_in(scope, req)
     }
 
     /// LookupRoute for an already validated scope; the functional probe
-    /// calls it directly for its own (otherwise unreachable) tenant.
+    /// calls it directly for its own (otherwise unreachable) tenant. The
+    /// budget starts now and covers tokenizing, fingerprinting and the walk.
     pub(crate) fn lookup_in(
         &self,
         scope: ic_index::Scope,
@@ -115,30 +128,25 @@ impl IndexServer {
             )));
         }
         let policy = self.policies.read().get(&scope.tenant);
-        let block_size = self
-            .index
-            .block_size(&scope)
-            .unwrap_or(self.default_block_size);
+        let deadline = Until(started + policy.lookup_timeout);
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
             .then(|| req.candidate_replicas.iter().cloned().collect());
-        let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
-        let fresh_since = Some(now_ms().saturating_sub(stale_ms));
-
         use pb::lookup_route_request::Key;
-        let (query, prompt_blocks) = match &req.key {
+        let tokens;
+        let key = match &req.key {
             None => {
                 return Err(Status::invalid_argument(
                     "key: one of prefix_hash, block_hashes, token_ids, prompt_text is required",
                 ));
             }
-            Some(Key::PrefixHash(fp)) => (Query::Prefix(*fp), 0),
+            Some(Key::PrefixHash(fp)) => RouteKey::PrefixHash(*fp),
             Some(Key::BlockHashes(b)) => {
                 if b.hashes.len() > MAX_PROMPT_BLOCKS {
                     return Err(Status::invalid_argument(format!(
                         "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
                     )));
                 }
-                (Query::Blocks(Cow::Borrowed(&b.hashes)), b.hashes.len())
+                RouteKey::Blocks(&b.hashes)
             }
             Some(Key::TokenIds(t)) => {
                 if t.ids.len() > MAX_PROMPT_TOKENS {
@@ -146,12 +154,10 @@ impl IndexServer {
                         "token_ids.ids: at most {MAX_PROMPT_TOKENS} tokens"
                     )));
                 }
-                let fps = chain_fingerprints(None, &t.ids, block_size as usize);
-                let n = fps.len();
-                (Query::Blocks(Cow::Owned(fps)), n)
+                RouteKey::Tokens(&t.ids)
             }
             Some(Key::PromptText(text)) => {
-                let ids = self
+                tokens = self
                     .tokenizers
                     .encode(&scope.model, text)
                     .map_err(|e| match e {
@@ -160,87 +166,23 @@ impl IndexServer {
                             Status::invalid_argument(e.to_string())
                         }
                     })?;
-                let fps = chain_fingerprints(None, &ids, block_size as usize);
-                let n = fps.len();
-                (Query::Blocks(Cow::Owned(fps)), n)
+                RouteKey::Tokens(&tokens)
             }
         };
-        let prompt_blocks = u32::try_from(prompt_blocks).unwrap_or(u32::MAX);
-        let by_prefix = matches!(query, Query::Prefix(_));
-        // Built while the index lends the replicas' names (no copy of its own).
-        let respond = |view: LookupView<'_>| match view {
-            LookupView::UnknownScope => no_hint(
-                pb::NoHintReason::UnknownModel,
-                format!(
-                    "no events seen for tenant {:?} model {:?} ({})",
-                    scope.tenant,
-                    scope.model,
-                    scope.hash_scheme.as_str()
-                ),
-                block_size,
-                prompt_blocks,
-            ),
-            LookupView::NoEntry if prompt_blocks == 0 && !by_prefix => no_hint(
-                pb::NoHintReason::PromptTooShort,
-                format!("the prompt has no full block of {block_size} tokens"),
-                block_size,
-                prompt_blocks,
-            ),
-            LookupView::NoEntry => no_hint(
-                pb::NoHintReason::NoEntry,
-                "no replica holds the first block".into(),
-                block_size,
-                prompt_blocks,
-            ),
-            LookupView::Matches(all) => {
-                let allowed = |c: &&Match<'_>| policy.allow_tier2_matches || c.tier == Tier::T1;
-                match all.iter().find(allowed) {
-                    None => no_hint(
-                        pb::NoHintReason::NoEntry,
-                        "only tier-2 matches, which this namespace's policy excludes".into(),
-                        block_size,
-                        prompt_blocks,
-                    ),
-                    Some(best) if best.matched_tokens() < policy.minimum_prefix_tokens => no_hint(
-                        pb::NoHintReason::BelowMinimumPrefix,
-                        format!(
-                            "best match is {} tokens, below the minimum of {}",
-                            best.matched_tokens(),
-                            policy.minimum_prefix_tokens
-                        ),
-                        block_size,
-                        prompt_blocks,
-                    ),
-                    Some(best) => pb::LookupRouteResponse {
-                        outcome: pb::LookupOutcome::PrefixMatch as i32,
-                        best: Some(score(best)),
-                        candidates: all.iter().filter(allowed).map(score).collect(),
-                        block_size,
-                        prompt_blocks,
-                        ..Default::default()
-                    },
-                }
-            }
+        let query = RouteQuery {
+            scope: &scope,
+            key,
+            candidates: candidates.as_ref(),
         };
-        let candidates = candidates.as_ref();
-        let mut response = match &query {
-            Query::Prefix(fp) => {
-                self.index
-                    .lookup_prefix_hash_with(&scope, *fp, candidates, fresh_since, respond)
-            }
-            Query::Blocks(fps) => {
-                self.index
-                    .lookup_with(&scope, fps, candidates, fresh_since, respond)
-            }
-        };
-        if started.elapsed() > policy.lookup_timeout {
-            response = no_hint(
-                pb::NoHintReason::LookupTimeout,
-                format!("lookup took longer than {:?}", policy.lookup_timeout),
-                block_size,
-                prompt_blocks,
-            );
-        }
+        let response = route(
+            &self.index,
+            &query,
+            &policy,
+            self.default_block_size,
+            ic_clock::unix_ms(),
+            &deadline,
+            response_of,
+        );
         self.metrics.record_lookup(&response, started.elapsed());
         Ok(response)
     }
@@ -326,7 +268,7 @@ impl IndexService for IndexServer {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
             })?;
-            if let Some(detail) = self.apply_step(step, now_ms()) {
+            if let Some(detail) = self.apply_step(step, ic_clock::unix_ms()) {
                 self.metrics.ingest_batch("resync_required");
                 tracing::info!(%detail, "asking a subscriber to resync");
                 return Ok(Response::new(pb::IngestAck {

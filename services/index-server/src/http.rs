@@ -108,13 +108,6 @@ pub struct HttpState {
     pub metrics: Metrics,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
 /// A JSON error body `{"error": "..."}`.
 fn error(status: StatusCode, message: String) -> Response {
     (status, Json(serde_json::json!({ "error": message }))).into_response()
@@ -167,7 +160,7 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
         return refuse(&state.metrics, "bad_request", StatusCode::BAD_REQUEST, e);
     }
     let prober = state.prober.clone();
-    match tokio::task::spawn_blocking(move || prober.run(&request, now_ms())).await {
+    match tokio::task::spawn_blocking(move || prober.run(&request, ic_clock::unix_ms())).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -183,7 +176,7 @@ pub fn router(state: HttpState) -> Router {
         .route(
             "/snapshot",
             get(|State(state): State<HttpState>| async move {
-                Json(snapshot(&state.index, now_ms()))
+                Json(snapshot(&state.index, ic_clock::unix_ms()))
             }),
         )
         .route(

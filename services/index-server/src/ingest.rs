@@ -1,69 +1,24 @@
-//! `IngestEvents`: applying one subscriber stream to the index.
-//!
-//! Each stream carries batches for one or more replica ranks. The first
-//! batch for a rank on a stream must open a resync (the subscriber always
-//! resyncs after connecting); after it, every batch must carry exactly the
-//! next sequence number. Anything else means the server's view may have a
-//! hole, so it ends the stream asking for a resync rather than guess.
+//! `IngestEvents`: decoding one subscriber stream's batches into the
+//! index's ingest protocol ([`ic_index::ingest`], which decides resyncs and
+//! sequence gaps). Only validation and conversion live here; every field
+//! that fails is named.
 
-use std::collections::HashMap;
-
-use ic_index::{Change, ReplicaKey, Scope, Tier};
+pub use ic_index::ingest::Step;
+use ic_index::ingest::{IngestBatch, IngestSession};
+use ic_index::{Change, ReplicaKey, Tier};
 use ic_proto::index_v1 as pb;
 
-use crate::convert::{checked_scope, tier_from_pb};
-
-/// What the stream handler should do with a batch.
-#[derive(Debug, PartialEq)]
-pub enum Step {
-    /// Apply these changes now.
-    Apply {
-        /// Replica.
-        key: ReplicaKey,
-        /// Its scope.
-        scope: Scope,
-        /// Its serving address.
-        address: String,
-        /// The changes.
-        changes: Vec<Change>,
-        /// Tier-2 counters, when reported.
-        tier2: Option<(u64, u64)>,
-    },
-    /// A resync completed: replace the replica's state with these changes.
-    Replace {
-        /// Replica.
-        key: ReplicaKey,
-        /// Its scope.
-        scope: Scope,
-        /// Its serving address.
-        address: String,
-        /// The whole state.
-        changes: Vec<Change>,
-        /// Tier-2 counters, when reported.
-        tier2: Option<(u64, u64)>,
-    },
-    /// Part of a resync was buffered; nothing to apply yet.
-    Buffered,
-    /// The server needs a resync; end the stream with this detail.
-    ResyncRequired(String),
-}
+use crate::convert::checked_scope;
 
 /// A batch that is not valid at all (the field is named).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{0}")]
 pub struct InvalidBatch(pub String);
 
-#[derive(Debug)]
-struct RankStream {
-    incarnation: u64,
-    last_seq: u64,
-    resync: Option<Vec<Change>>,
-}
-
 /// Per-stream ingest state.
 #[derive(Debug, Default)]
 pub struct IngestStream {
-    ranks: HashMap<ReplicaKey, RankStream>,
+    session: IngestSession,
     /// Set only for the functional probe's in-process stream.
     allow_probe_tenant: bool,
 }
@@ -72,12 +27,12 @@ impl IngestStream {
     /// The functional probe's stream: the same rules, plus its own tenant.
     pub(crate) fn for_probe() -> Self {
         Self {
-            ranks: HashMap::new(),
+            session: IngestSession::default(),
             allow_probe_tenant: true,
         }
     }
 
-    /// Classifies one batch.
+    /// Validates, decodes and classifies one batch.
     pub fn accept(&mut self, batch: pb::IngestBatch) -> Result<Step, InvalidBatch> {
         let replica = batch
             .replica
@@ -106,69 +61,17 @@ impl IngestStream {
             .tier2_stats
             .filter(|t| t.has_counters)
             .map(|t| (t.hits, t.queries));
-
-        if batch.resync_begin {
-            self.ranks.insert(
-                key.clone(),
-                RankStream {
-                    incarnation: replica.incarnation,
-                    last_seq: batch.seq,
-                    resync: Some(Vec::new()),
-                },
-            );
-        }
-        let Some(rank) = self.ranks.get_mut(&key) else {
-            return Ok(Step::ResyncRequired(format!(
-                "replica {}/{} rank {}: stream did not start with a resync",
-                key.tenant, key.replica_id, key.dp_rank
-            )));
-        };
-        if rank.incarnation != replica.incarnation {
-            return Ok(Step::ResyncRequired(format!(
-                "replica {}/{}: new subscriber incarnation without a resync",
-                key.tenant, key.replica_id
-            )));
-        }
-        if !batch.resync_begin {
-            if batch.seq != rank.last_seq.wrapping_add(1) {
-                return Ok(Step::ResyncRequired(format!(
-                    "replica {}/{} rank {}: expected seq {}, got {}",
-                    key.tenant,
-                    key.replica_id,
-                    key.dp_rank,
-                    rank.last_seq.wrapping_add(1),
-                    batch.seq
-                )));
-            }
-            rank.last_seq = batch.seq;
-        }
-        match rank.resync.as_mut() {
-            Some(buffer) => {
-                buffer.extend(changes);
-                if batch.resync_end {
-                    let changes = rank.resync.take().unwrap_or_default();
-                    Ok(Step::Replace {
-                        key,
-                        scope,
-                        address: replica.address,
-                        changes,
-                        tier2,
-                    })
-                } else {
-                    Ok(Step::Buffered)
-                }
-            }
-            None if batch.resync_end => Ok(Step::ResyncRequired(
-                "resync_end without resync_begin".into(),
-            )),
-            None => Ok(Step::Apply {
-                key,
-                scope,
-                address: replica.address,
-                changes,
-                tier2,
-            }),
-        }
+        Ok(self.session.accept(IngestBatch {
+            key,
+            scope,
+            address: replica.address,
+            incarnation: replica.incarnation,
+            seq: batch.seq,
+            resync_begin: batch.resync_begin,
+            resync_end: batch.resync_end,
+            changes,
+            tier2,
+        }))
     }
 }
 
@@ -179,7 +82,7 @@ fn change_from_pb(event: pb::IndexEvent, i: usize) -> Result<Change, InvalidBatc
             start_depth: s.start_depth,
             fingerprints: s.fingerprints,
             block_size: s.block_size,
-            tier: tier_from_pb(s.tier).ok_or_else(|| {
+            tier: ic_proto::tier::from_pb(s.tier).ok_or_else(|| {
                 InvalidBatch(format!("events[{i}].stored.tier: must be T1 or T2"))
             })?,
         }),
@@ -187,7 +90,7 @@ fn change_from_pb(event: pb::IndexEvent, i: usize) -> Result<Change, InvalidBatc
             fingerprints: e.fingerprints,
         }),
         Some(Kind::Cleared(c)) => Ok(Change::Cleared {
-            tier: tier_from_pb(c.tier).unwrap_or(Tier::T1),
+            tier: ic_proto::tier::from_pb(c.tier).unwrap_or(Tier::T1),
         }),
         None => Err(InvalidBatch(format!("events[{i}]: empty event"))),
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use ic_clock::{Clock, SystemClock};
 use ic_index::{Index, IndexConfig};
 use ic_proto::IndexServiceServer;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
@@ -125,10 +126,32 @@ async fn probe_auth(config: &Config) -> anyhow::Result<ProbeAuth> {
     }
 }
 
+/// Forgets every replica silent for longer than `after` at `now_ms`;
+/// returns how many went.
+pub fn forget_silent(index: &Index, metrics: &Metrics, now_ms: i64, after: Duration) -> usize {
+    let cutoff = now_ms.saturating_sub(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+    let mut forgotten = 0;
+    for key in index.replicas_silent_since(cutoff) {
+        if index.remove_replica(&key) {
+            forgotten += 1;
+            metrics.stale_replicas_removed.inc();
+            tracing::info!(
+                tenant = %key.tenant,
+                replica = %key.replica_id,
+                dp_rank = key.dp_rank,
+                "forgot a silent replica"
+            );
+        }
+    }
+    metrics.set_index_size(index);
+    forgotten
+}
+
 /// Periodically forgets replicas that fell silent.
 async fn collect_stale_replicas(
     index: Arc<Index>,
     metrics: Metrics,
+    clock: Arc<dyn Clock>,
     after: Duration,
     shutdown: CancellationToken,
 ) {
@@ -139,23 +162,7 @@ async fn collect_stale_replicas(
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        let cutoff = now.saturating_sub(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
-        for key in index.replicas_silent_since(cutoff) {
-            if index.remove_replica(&key) {
-                metrics.stale_replicas_removed.inc();
-                tracing::info!(
-                    tenant = %key.tenant,
-                    replica = %key.replica_id,
-                    dp_rank = key.dp_rank,
-                    "forgot a silent replica"
-                );
-            }
-        }
-        metrics.set_index_size(&index);
+        forget_silent(&index, &metrics, clock.unix_ms(), after);
     }
 }
 
@@ -198,6 +205,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tokio::spawn(collect_stale_replicas(
             index.clone(),
             metrics.clone(),
+            Arc::new(SystemClock::default()),
             Duration::from_secs(config.replica_gc_after_seconds),
             shutdown.clone(),
         ));
@@ -264,5 +272,44 @@ mod tests {
         assert!("llama".parse::<TokenizerSpec>().is_err());
         assert!("=x".parse::<TokenizerSpec>().is_err());
         assert!("x=".parse::<TokenizerSpec>().is_err());
+    }
+
+    use ic_clock::ManualClock;
+    use ic_index::{Change, HashScheme, ReplicaKey, Scope, Tier};
+
+    #[test]
+    fn silent_replicas_are_forgotten_as_the_clock_moves() {
+        let clock = ManualClock::at_second(1_700_000_000);
+        let index = Index::new(IndexConfig::default());
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let metrics = Metrics::register(&registry);
+        let scope = Scope {
+            tenant: "t".into(),
+            model: "m".into(),
+            hash_scheme: HashScheme::Vllm,
+            adapter: String::new(),
+        };
+        let key = ReplicaKey {
+            tenant: "t".into(),
+            replica_id: "pod".into(),
+            dp_rank: 0,
+        };
+        let stored = Change::Stored {
+            start_depth: 0,
+            fingerprints: vec![1, 2],
+            block_size: 16,
+            tier: Tier::T1,
+        };
+        index.apply(&key, &scope, "10.0.0.1:8000", &[stored], clock.unix_ms());
+        let after = Duration::from_secs(60);
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(forget_silent(&index, &metrics, clock.unix_ms(), after), 0);
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(forget_silent(&index, &metrics, clock.unix_ms(), after), 1);
+        assert!(index.replicas_silent_since(i64::MAX).is_empty());
+        assert!(
+            registry.encode().contains("stale_replicas_removed"),
+            "counted"
+        );
     }
 }

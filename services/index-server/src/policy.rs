@@ -6,29 +6,8 @@ use std::time::Duration;
 
 use ic_proto::index_v1 as pb;
 
-/// Routing policy of one namespace.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
-    /// Budget of one lookup.
-    pub lookup_timeout: Duration,
-    /// Matches shorter than this many tokens are not worth routing on.
-    pub minimum_prefix_tokens: u64,
-    /// Replicas silent for longer are left out.
-    pub replica_stale_after: Duration,
-    /// Whether a prefix held only at T2 may be returned.
-    pub allow_tier2_matches: bool,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            lookup_timeout: Duration::from_millis(20),
-            minimum_prefix_tokens: 0,
-            replica_stale_after: Duration::from_secs(120),
-            allow_tier2_matches: true,
-        }
-    }
-}
+/// Routing policy of one namespace: the routing core's own type.
+pub use ic_index::route::RoutePolicy as Policy;
 
 /// Why a pushed policy was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

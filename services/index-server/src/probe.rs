@@ -258,7 +258,7 @@ impl Prober {
             LookupOutcome::Matches(m) => m
                 .iter()
                 .any(|c| c.replica == *key && c.matched_blocks as usize == PROBE_BLOCKS),
-            LookupOutcome::NoEntry | LookupOutcome::UnknownScope => false,
+            LookupOutcome::NoEntry | LookupOutcome::UnknownScope | LookupOutcome::TimedOut => false,
         };
         if held {
             stage(

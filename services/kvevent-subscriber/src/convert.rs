@@ -4,10 +4,7 @@ use ic_kvevents::{IndexChange, Tier};
 use ic_proto::index_v1 as pb;
 
 fn tier(t: Tier) -> i32 {
-    match t {
-        Tier::T1 => pb::Tier::T1 as i32,
-        Tier::T2 => pb::Tier::T2 as i32,
-    }
+    ic_proto::tier::to_pb(t)
 }
 
 /// One change as a wire event.

@@ -36,34 +36,7 @@ pub struct Identity {
     pub incarnation: u64,
 }
 
-/// Exponential backoff between `min` and `max`.
-#[derive(Debug)]
-pub struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    /// A backoff starting at `min`.
-    pub fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max,
-            next: min,
-        }
-    }
-    /// The delay to wait now; doubles the next one.
-    pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.max);
-        d
-    }
-    /// Back to the minimum after a healthy period.
-    pub fn reset(&mut self) {
-        self.next = self.min;
-    }
-}
+pub use ic_clock::Backoff;
 
 /// Runs until `shutdown`.
 pub async fn run(
@@ -225,10 +198,7 @@ fn build(
         seqs.resize(index + 1, 0);
     }
     seqs[index] += 1;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0);
+    let now_ms = ic_clock::unix_ms();
     pb::IngestBatch {
         replica: Some(pb::ReplicaIdentity {
             scope: Some(identity.scope.clone()),
@@ -250,19 +220,5 @@ fn build(
             None => pb::Tier2Stats::default(),
         }),
         sent_at_unix_ms: now_ms,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_and_caps() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(350));
-        let got: Vec<u128> = (0..4).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(got, vec![100, 200, 350, 350]);
-        b.reset();
-        assert_eq!(b.next_delay().as_millis(), 100);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ic_api::cachebackend::{CacheBackend, CacheBackendSpec, IndexParticipation};
 use ic_controller_core::cascade::ServerPod;
-use ic_controller_core::clock::{self, Clock, ManualClock, Timestamp};
+use ic_controller_core::clock::{self, ClockExt, ManualClock, Timestamp};
 use ic_controller_core::gates::ProbeInput;
 use ic_controller_core::observe::EnginePod;
 use ic_controller_core::status::{

@@ -49,7 +49,7 @@ pub(crate) async fn register(
         instance_id: instance_id.clone(),
         ip: ip.to_owned(),
         http_port,
-        registration_time: app.clock.wall(),
+        registration_time: app.clock.unix_seconds(),
         metadata: req.metadata,
         p2p_advertised_url: req.p2p_advertised_url.trim().to_owned(),
         mq_port,
