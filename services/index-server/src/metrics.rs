@@ -9,7 +9,7 @@ use ic_telemetry::MetricsRegistry;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -65,13 +65,9 @@ pub struct Metrics {
     pub content_errors: Counter,
     /// Resident (replica, block) entries.
     pub entries: Gauge,
-    /// Entries evicted by the capacity bound.
-    pub capacity_evictions: Gauge,
     /// The configured bound on resident entries (`--capacity-entries`), so
     /// "near capacity" is one ratio of two series.
     pub capacity_entries: Gauge,
-    /// Records moved by compaction of sparse pages.
-    pub records_relocated: Gauge,
     /// Functional-probe stages run, by stage and outcome.
     pub probe_stages: Family<StageLabels, Counter>,
     /// Probe requests refused (authentication or bad request), by reason.
@@ -93,9 +89,7 @@ impl Metrics {
             resyncs: Counter::default(),
             content_errors: Counter::default(),
             entries: Gauge::default(),
-            capacity_evictions: Gauge::default(),
             capacity_entries: Gauge::default(),
-            records_relocated: Gauge::default(),
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
             stale_replicas_removed: Counter::default(),
@@ -139,19 +133,9 @@ impl Metrics {
                 m.entries.clone(),
             );
             r.register(
-                "capacity_evictions",
-                "Entries evicted by the capacity bound",
-                m.capacity_evictions.clone(),
-            );
-            r.register(
                 "capacity_entries",
                 "Most resident entries the index keeps (--capacity-entries)",
                 m.capacity_entries.clone(),
-            );
-            r.register(
-                "records_relocated",
-                "Records moved by compaction of sparse pages",
-                m.records_relocated.clone(),
             );
             r.register(
                 "probe_stages",
@@ -207,16 +191,15 @@ impl Metrics {
     pub fn set_index_size(&self, index: &Index) {
         self.entries
             .set(i64::try_from(index.len()).unwrap_or(i64::MAX));
-        self.capacity_evictions
-            .set(i64::try_from(index.capacity_evictions()).unwrap_or(i64::MAX));
-        self.records_relocated
-            .set(i64::try_from(index.records_relocated()).unwrap_or(i64::MAX));
     }
 }
 
-/// Reports the index's heap bytes, by part, when `/metrics` is scraped
-/// (`inferencecache_index_memory_bytes{part=…}`). Counting walks every
-/// record page, so it runs per scrape rather than per ingest batch.
+/// Reports, when `/metrics` is scraped, the index's heap bytes by part
+/// (`inferencecache_index_memory_bytes{part=…}`; counting walks every record
+/// page, so it runs per scrape rather than per ingest batch) and the
+/// index's own monotonic totals as counters (`…_capacity_evictions_total`,
+/// `…_records_relocated_total`), read where they are kept rather than
+/// copied into gauges.
 #[derive(Debug)]
 pub struct IndexMemoryCollector(pub Arc<Index>);
 
@@ -247,6 +230,42 @@ impl Collector for IndexMemoryCollector {
         ] {
             gauge(bytes).encode(family.encode_family(&[("part", part)])?)?;
         }
+        for (name, help, total) in [
+            (
+                "capacity_evictions",
+                "Entries evicted by the capacity bound",
+                self.0.capacity_evictions(),
+            ),
+            (
+                "records_relocated",
+                "Records moved by compaction of sparse pages",
+                self.0.records_relocated(),
+            ),
+        ] {
+            let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(total).encode(counter)?;
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ic_index::IndexConfig;
+
+    #[test]
+    fn index_totals_are_exported_as_counters() {
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        IndexMemoryCollector::register(&registry, Arc::new(Index::new(IndexConfig::default())));
+        let text = registry.encode();
+        for line in [
+            "# TYPE inferencecache_index_capacity_evictions counter",
+            "inferencecache_index_capacity_evictions_total 0",
+            "# TYPE inferencecache_index_records_relocated counter",
+            "inferencecache_index_records_relocated_total 0",
+        ] {
+            assert!(text.contains(line), "{line} not in\n{text}");
+        }
     }
 }

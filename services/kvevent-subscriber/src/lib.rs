@@ -129,6 +129,13 @@ pub struct Config {
     #[arg(long, env = "IC_QUEUE_CAPACITY", default_value_t = 100_000)]
     pub queue_capacity: usize,
 
+    /// Consecutive receive errors on the engine's publisher socket after
+    /// which the subscriber drops the socket and reconnects (each error
+    /// also waits, backing off from 10 ms to 1 s, so a broken socket never
+    /// spins).
+    #[arg(long, env = "IC_MAX_RECEIVE_ERRORS", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_receive_errors: u32,
+
     /// Blocks remembered per DP rank; beyond it the oldest tier-2-only blocks
     /// are forgotten.
     #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
@@ -208,6 +215,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         outbox: outbox.clone(),
         notify: notify.clone(),
         metrics: metrics.clone(),
+        max_receive_errors: config.max_receive_errors,
     };
     for rank in 0..config.dp_ranks {
         let events = offset_endpoint(&config.engine_endpoint, rank).with_context(|| {

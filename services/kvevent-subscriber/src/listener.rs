@@ -55,7 +55,14 @@ pub struct ListenerContext {
     pub notify: Arc<Notify>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Consecutive receive errors before the socket is replaced.
+    pub max_receive_errors: u32,
 }
+
+/// Backoff after one receive error (the socket may be broken for good; a
+/// tight loop would burn a core logging the same error).
+const RECV_ERROR_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(1));
 
 /// Runs one rank's listener until `shutdown`, reconnecting with backoff.
 pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: CancellationToken) {
@@ -80,18 +87,36 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
         }
         backoff.reset();
         tracing::info!(rank = endpoints.rank, endpoint = %endpoints.events, "subscribed to engine KV events");
+        let mut recv_backoff = Backoff::new(RECV_ERROR_BACKOFF.0, RECV_ERROR_BACKOFF.1);
+        let mut errors_in_a_row = 0u32;
         loop {
             let message = tokio::select! {
-                m = socket.recv() => m,
+                biased;
                 () = shutdown.cancelled() => return,
+                m = socket.recv() => m,
             };
             match message {
-                Ok(message) => handle(&endpoints, &ctx, &mut seq, message.into_vec()).await,
+                Ok(message) => {
+                    errors_in_a_row = 0;
+                    recv_backoff.reset();
+                    handle(&endpoints, &ctx, &mut seq, message.into_vec()).await;
+                }
                 Err(error) => {
-                    // The socket reconnects by itself; a receive error is one
-                    // broken peer connection, not the end of the stream.
+                    // The socket reconnects by itself, so one error is one
+                    // broken peer connection; many in a row mean the socket
+                    // itself is stuck, and a fresh one is the way out.
                     ctx.metrics.failed("recv_error");
-                    tracing::debug!(rank = endpoints.rank, %error, "receive error");
+                    errors_in_a_row += 1;
+                    tracing::debug!(rank = endpoints.rank, %error, errors_in_a_row, "receive error");
+                    if errors_in_a_row >= ctx.max_receive_errors {
+                        ctx.metrics.failed("recv_error_reconnect");
+                        tracing::warn!(rank = endpoints.rank, %error, errors_in_a_row, "receive keeps failing; reconnecting");
+                        break;
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(recv_backoff.next_delay()) => {}
+                        () = shutdown.cancelled() => return,
+                    }
                 }
             }
         }
