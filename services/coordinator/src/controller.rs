@@ -34,10 +34,6 @@ pub trait Controller: Send + Sync + Debug {
     /// Stable name, used by `disabled_controllers`.
     fn name(&self) -> &'static str;
 
-    /// The concrete controller, for callers that know its type (tests,
-    /// tools); controllers never reach each other this way.
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
-
     /// Whether [`Controller::consume`] should receive admitted batches.
     fn consumes_events(&self) -> bool {
         false

@@ -223,7 +223,8 @@ pub fn build_with(
 ) -> anyhow::Result<App> {
     let settings = config.settings()?;
     let extra = ExtraConfig::parse(config.extra_config.as_deref())?;
-    let mut all = controllers::builtins(&settings);
+    let builtins = controllers::builtins(&settings);
+    let mut all = builtins.all;
     all.extend(extra_controllers);
     let mut seen = std::collections::HashSet::new();
     if let Some(dup) = all.iter().find(|c| !seen.insert(c.name())) {
@@ -233,7 +234,16 @@ pub fn build_with(
     let names: Vec<&str> = controllers.iter().map(|c| c.name()).collect();
     tracing::info!(controllers = ?names, "controllers enabled");
     let metrics = MetricsSet::new(MetricsRegistry::new("inferencecache", BINARY));
-    let app = Arc::new(Coordinator::new(settings, clock, controllers, metrics));
+    let eviction = names
+        .contains(&controller::Controller::name(builtins.eviction.as_ref()))
+        .then_some(builtins.eviction);
+    let app = Arc::new(Coordinator::new(
+        settings,
+        clock,
+        controllers,
+        eviction,
+        metrics,
+    ));
     // Metadata first: it is operator intent and independent of events.
     app.restore_metadata();
     app.restore_checkpoint();

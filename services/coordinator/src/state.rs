@@ -134,6 +134,10 @@ pub struct Coordinator {
     pub registry: Mutex<Registry>,
     /// Enabled controllers, in registration order.
     pub controllers: Vec<Arc<dyn Controller>>,
+    /// The eviction controller by its type, when enabled (its state is
+    /// read by tests and `/status`-like tools; controllers never reach each
+    /// other through this).
+    pub eviction: Option<Arc<crate::controllers::FleetEvictionController>>,
     /// Metrics.
     pub metrics: MetricsSet,
     /// Client for MP-server calls.
@@ -154,6 +158,7 @@ impl Coordinator {
         settings: Settings,
         clock: Arc<dyn Clock>,
         controllers: Vec<Arc<dyn Controller>>,
+        eviction: Option<Arc<crate::controllers::FleetEvictionController>>,
         metrics: MetricsSet,
     ) -> Self {
         for c in &controllers {
@@ -172,6 +177,7 @@ impl Coordinator {
             views: Mutex::new(Views::default()),
             registry: Mutex::new(Registry::new()),
             controllers,
+            eviction,
             metrics,
             mp: MpClient::new(),
             metadata_lock: Mutex::new(()),

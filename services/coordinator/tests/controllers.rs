@@ -28,9 +28,6 @@ impl Controller for Reaper {
     fn name(&self) -> &'static str {
         "ReaperController"
     }
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
-    }
     fn consumes_events(&self) -> bool {
         true
     }
@@ -67,9 +64,6 @@ struct Broken {
 impl Controller for Broken {
     fn name(&self) -> &'static str {
         self.name
-    }
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
     }
     fn consumes_events(&self) -> bool {
         true
@@ -118,15 +112,7 @@ async fn failing_consumers_are_counted_and_do_not_stop_others() {
     assert_eq!(reaper.loop_started.load(Ordering::SeqCst), 1);
     assert_eq!(c.get("/directory/stats").await.1["num_keys"], 2);
     // The built-in eviction controller (before them) got the batches too.
-    let ctl = ic_coordinator::controllers::eviction::downcast(
-        c.app
-            .controllers
-            .iter()
-            .find(|x| x.name() == "FleetEvictionController")
-            .unwrap()
-            .clone(),
-    )
-    .unwrap();
+    let ctl = c.app.eviction.clone().unwrap();
     assert_eq!(ctl.state.lock().lru.bucket_len("t"), 2);
     let text = c.metrics_text().await;
     assert!(
@@ -177,9 +163,6 @@ struct Doomed;
 impl Controller for Doomed {
     fn name(&self) -> &'static str {
         "DoomedController"
-    }
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
     }
     fn run(self: Arc<Self>, _app: App, _shutdown: CancellationToken) -> Option<Task> {
         Some(Box::pin(async { panic!("loop bug") }))

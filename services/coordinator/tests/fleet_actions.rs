@@ -466,14 +466,7 @@ async fn eviction_sweep_deletes_lru_unpinned_keys() {
 fn eviction_controller(
     c: &Coord,
 ) -> std::sync::Arc<ic_coordinator::controllers::FleetEvictionController> {
-    let any = c
-        .app
-        .controllers
-        .iter()
-        .find(|ctl| ctl.name() == "FleetEvictionController")
-        .unwrap()
-        .clone();
-    ic_coordinator::controllers::eviction::downcast(any).unwrap()
+    c.app.eviction.clone().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -156,18 +156,9 @@ impl FleetEvictionController {
     }
 }
 
-/// The eviction controller behind a trait object, if that is what it is.
-pub fn downcast(c: Arc<dyn Controller>) -> Option<Arc<FleetEvictionController>> {
-    c.as_any().downcast::<FleetEvictionController>().ok()
-}
-
 impl Controller for FleetEvictionController {
     fn name(&self) -> &'static str {
         "FleetEvictionController"
-    }
-
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
     }
 
     fn consumes_events(&self) -> bool {

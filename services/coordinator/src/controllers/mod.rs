@@ -11,13 +11,25 @@ use crate::state::Settings;
 pub use eviction::FleetEvictionController;
 pub use prefetch::PrefetchManager;
 
-/// Every built-in controller, enabled by default.
-pub fn builtins(settings: &Settings) -> Vec<Arc<dyn Controller>> {
-    vec![
-        Arc::new(FleetEvictionController::new(
-            settings.eviction,
-            settings.eviction_check_interval,
-        )),
-        Arc::new(PrefetchManager),
-    ]
+/// The built-in controllers, enabled by default: as trait objects for the
+/// coordinator, and the eviction controller by its type as well (for the
+/// callers that need its state: tests, tools).
+#[derive(Debug)]
+pub struct Builtins {
+    /// The eviction controller.
+    pub eviction: Arc<FleetEvictionController>,
+    /// Every built-in, in registration order.
+    pub all: Vec<Arc<dyn Controller>>,
+}
+
+/// Every built-in controller.
+pub fn builtins(settings: &Settings) -> Builtins {
+    let eviction = Arc::new(FleetEvictionController::new(
+        settings.eviction,
+        settings.eviction_check_interval,
+    ));
+    Builtins {
+        all: vec![eviction.clone(), Arc::new(PrefetchManager)],
+        eviction,
+    }
 }

@@ -24,10 +24,6 @@ impl Controller for PrefetchManager {
         "PrefetchManager"
     }
 
-    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
-        self
-    }
-
     fn routes(self: Arc<Self>, app: App) -> Option<Router> {
         Some(
             Router::new()
