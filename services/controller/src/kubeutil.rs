@@ -56,37 +56,14 @@ pub fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(s) if s.code == 404)
 }
 
-/// Runs `pass` every `every` until `shutdown`, logging a failed pass as
-/// `what` (the periodic loops of the poller and the pushers).
-pub async fn run_every<T, E, Fut>(
-    every: std::time::Duration,
-    shutdown: tokio_util::sync::CancellationToken,
-    what: &'static str,
-    mut pass: impl FnMut() -> Fut,
-) where
-    Fut: std::future::Future<Output = Result<T, E>>,
-    E: std::fmt::Display,
-{
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        if let Err(e) = pass().await {
-            tracing::warn!(error = %e, pass = what, "periodic pass failed");
-        }
-    }
-}
-
 /// How long a pusher waits after a watch event before its pass, so a burst
 /// of edits (or the status writes of its own last pass) costs one pass.
 pub const CHANGE_DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Runs `pass` every `every` and shortly after each change signalled on
-/// `changes`, until `shutdown` (the pushers: event-driven, with the timer
-/// as a resync for remote state such as a restarted index server).
+/// `changes` (none once its sender is gone: then on the timer only), until
+/// `shutdown`. The pushers are event-driven with the timer as a resync for
+/// remote state (a restarted index server); the poller runs on the timer.
 pub async fn run_on_change<T, E, Fut>(
     every: std::time::Duration,
     changes: tokio::sync::watch::Receiver<u64>,

@@ -331,7 +331,12 @@ impl Poller {
     /// Polls every `every` until `shutdown`.
     pub async fn run(self, every: Duration, shutdown: CancellationToken) {
         let this = &self;
-        kubeutil::run_every(every, shutdown, "CacheIndex poll", || this.poll_once()).await;
+        // Paced by the timer alone: a scrape is remote state, not a watch.
+        let (_, timer_only) = tokio::sync::watch::channel(0);
+        kubeutil::run_on_change(every, timer_only, shutdown, "CacheIndex poll", || {
+            this.poll_once()
+        })
+        .await;
     }
 }
 

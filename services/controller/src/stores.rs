@@ -141,6 +141,11 @@ pub enum StoresError {
     Stopped,
 }
 
+/// Drops managed fields and the last-applied copy of any stored kind.
+fn trim_meta<K: Resource>(object: &mut K) {
+    k8s::trim_metadata(object.meta_mut());
+}
+
 fn managed() -> watcher::Config {
     watcher::Config::default().labels(&format!(
         "{}={}",
@@ -169,7 +174,7 @@ pub fn start(
         "CacheBackend",
         Api::all(c()),
         all(),
-        |b: &mut CacheBackend| k8s::trim_metadata(&mut b.metadata),
+        trim_meta::<CacheBackend>,
         &[Carries::Applied],
     );
     let (pods, mut pod_feeds, _) = w.watch(
@@ -183,49 +188,49 @@ pub fn start(
         "Deployment",
         Api::all(c()),
         all(),
-        |d: &mut Deployment| k8s::trim_metadata(&mut d.metadata),
+        trim_meta::<Deployment>,
         &[Carries::Touched],
     );
     let (statefulsets, mut statefulset_feeds, _) = w.watch(
         "StatefulSet",
         Api::all(c()),
         managed(),
-        |s: &mut StatefulSet| k8s::trim_metadata(&mut s.metadata),
+        trim_meta::<StatefulSet>,
         &[Carries::Touched],
     );
     let (services, mut service_feeds, _) = w.watch(
         "Service",
         Api::all(c()),
         managed(),
-        |s: &mut Service| k8s::trim_metadata(&mut s.metadata),
+        trim_meta::<Service>,
         &[Carries::Touched],
     );
     let (hpas, mut hpa_feeds, _) = w.watch(
         "HorizontalPodAutoscaler",
         Api::all(c()),
         managed(),
-        |h: &mut HorizontalPodAutoscaler| k8s::trim_metadata(&mut h.metadata),
+        trim_meta::<HorizontalPodAutoscaler>,
         &[Carries::Touched],
     );
     let (policies, _, policy_changes) = w.watch(
         "CachePolicy",
         Api::all(c()),
         all(),
-        |p: &mut CachePolicy| k8s::trim_metadata(&mut p.metadata),
+        trim_meta::<CachePolicy>,
         &[],
     );
     let (tenants, _, tenant_changes) = w.watch(
         "CacheTenant",
         Api::all(c()),
         all(),
-        |t: &mut CacheTenant| k8s::trim_metadata(&mut t.metadata),
+        trim_meta::<CacheTenant>,
         &[],
     );
     let (indexes, _, _) = w.watch(
         "CacheIndex",
         Api::all(c()),
         all(),
-        |i: &mut CacheIndex| k8s::trim_metadata(&mut i.metadata),
+        trim_meta::<CacheIndex>,
         &[],
     );
     let stores = Stores {
