@@ -78,6 +78,8 @@ pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct ServiceProcess {
     child: Child,
+    /// Holds the `--listen-report` file the binary writes its addresses to.
+    report_dir: tempfile::TempDir,
     logs: Receiver<String>,
     seen: Vec<String>,
 }
@@ -96,10 +98,14 @@ impl ServiceProcess {
     /// # Panics
     /// When the binary cannot be started (the test cannot proceed).
     pub fn start_with_env(binary: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let report_dir = tempfile::tempdir().expect("a temp dir for the listen report");
+        let report = report_dir.path().join("listening.json");
         let mut child = Command::new(binary)
             .args(args)
             .envs(env.iter().copied())
             .args(["--log-format", "json", "--log-level", "info"])
+            .arg("--listen-report")
+            .arg(&report)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -116,6 +122,7 @@ impl ServiceProcess {
         });
         Self {
             child,
+            report_dir,
             logs,
             seen: Vec::new(),
         }
@@ -163,11 +170,37 @@ impl ServiceProcess {
 
     /// Waits until the admin server is listening and returns its address.
     pub fn admin_addr(&mut self) -> SocketAddr {
-        let line = self.wait_for_log("admin server listening");
-        line["fields"]["addr"]
-            .as_str()
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("no addr field in {line}"))
+        self.addr("admin")
+    }
+
+    /// Waits until the server `name` (`admin`, `grpc`, `https`) is
+    /// listening and returns its address, from the binary's
+    /// `--listen-report` file (written once the socket is bound: no port
+    /// is guessed, no log line parsed).
+    ///
+    /// # Panics
+    /// When it does not listen within [`PROCESS_TIMEOUT`] (the panic
+    /// carries the logs seen so far).
+    pub fn addr(&mut self, name: &str) -> SocketAddr {
+        let path = self.report_dir.path().join("listening.json");
+        let deadline = Instant::now() + PROCESS_TIMEOUT;
+        loop {
+            if let Some(addr) = ic_telemetry::listening::read_report(&path)
+                .and_then(|report| report.get(name).copied())
+            {
+                return addr;
+            }
+            if Instant::now() > deadline {
+                while let Ok(line) = self.logs.try_recv() {
+                    self.seen.push(line);
+                }
+                panic!(
+                    "no {name} address reported within {PROCESS_TIMEOUT:?}; logs:\n{}",
+                    self.seen.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Sends `signal` to the process.

@@ -261,12 +261,7 @@ fn webhook_paths_and_ports_are_the_ones_the_webhook_serves() {
             dir.path().join("kubeconfig").to_str().unwrap(),
         ],
     );
-    let addr: std::net::SocketAddr =
-        webhook.wait_for_log("admission server listening")["fields"]["addr"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+    let addr: std::net::SocketAddr = webhook.addr("https");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     for hook in &hooks {
         let path = hook["clientConfig"]["service"]["path"].as_str().unwrap();

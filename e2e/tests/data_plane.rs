@@ -39,10 +39,7 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
         &workspace_binary("ic-index-server"),
         &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
     );
-    let grpc = server.wait_for_log("grpc server listening")["fields"]["addr"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let grpc = server.addr("grpc").to_string();
     let http = server.admin_addr();
 
     // Two engines; each gets its own sidecar.

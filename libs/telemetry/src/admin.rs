@@ -109,6 +109,7 @@ impl AdminServer {
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AdminError> {
         let addr = self.listener.local_addr().map_err(AdminError::Serve)?;
         tracing::info!(%addr, "admin server listening");
+        crate::listening::listening("admin", addr);
         axum::serve(self.listener, self.router)
             .with_graceful_shutdown(shutdown.cancelled_owned())
             .await

@@ -3,10 +3,12 @@
 //! Each service needs the same things around its real work: flags for logging,
 //! a tracing subscriber, a Prometheus registry, an admin HTTP server with
 //! `/live`, `/ready` and `/metrics`, and a shutdown signal that fires on
-//! SIGTERM/SIGINT. They live here once so every binary behaves the same way
-//! for the platform team operating it.
+//! SIGTERM/SIGINT, and a report of where it listens ([`listening`]). They
+//! live here once so every binary behaves the same way for the platform team
+//! operating it.
 
 pub mod admin;
+pub mod listening;
 pub mod logging;
 pub mod metrics;
 pub mod process;

@@ -1,4 +1,5 @@
-//! `--log-level` / `--log-format` flags and the tracing subscriber they configure.
+//! `--log-level` / `--log-format` (and `--listen-report`) flags and the
+//! tracing subscriber they configure.
 
 use clap::{Args, ValueEnum};
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
@@ -24,6 +25,12 @@ pub struct LogArgs {
     /// Log line format.
     #[arg(long, env = "IC_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain, global = true)]
     pub log_format: LogFormat,
+
+    /// Write the addresses this process listens on, as a JSON object by
+    /// server (`admin`, `grpc`, `https`), to this file once each is bound
+    /// (for supervisors and tests that bind port 0).
+    #[arg(long, env = "IC_LISTEN_REPORT", global = true)]
+    pub listen_report: Option<std::path::PathBuf>,
 }
 
 /// The `--log-level` value could not be parsed as a tracing filter.
@@ -39,6 +46,9 @@ impl LogArgs {
     /// Installs the global tracing subscriber. Logs go to stderr so stdout stays
     /// free for command output (tables, JSON) in the CLI tools.
     pub fn init(&self) -> Result<(), LogInitError> {
+        if let Some(path) = &self.listen_report {
+            crate::listening::report_to(path.clone());
+        }
         let filter = EnvFilter::try_new(&self.log_level).map_err(|source| LogInitError {
             value: self.log_level.clone(),
             source,
@@ -72,6 +82,7 @@ mod tests {
         let args = LogArgs {
             log_level: "info,=[".into(),
             log_format: LogFormat::Plain,
+            listen_report: None,
         };
         let err = args.init().unwrap_err();
         assert!(err.to_string().contains("--log-level"), "{err}");

@@ -290,6 +290,7 @@ pub async fn start_with(
         .with_context(|| format!("cannot bind {addr}"))?;
     let addr = listener.local_addr().context("local address")?;
     tracing::info!(%addr, "admin server listening");
+    ic_telemetry::listening::listening("admin", addr);
     let task = tokio::spawn(serve(app.clone(), listener, kafka_clients, shutdown));
     Ok(Running { addr, app, task })
 }

@@ -220,6 +220,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             tracing::info!(addr = %grpc_addr, "grpc server listening");
+            ic_telemetry::listening::listening("grpc", grpc_addr);
             tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_service(IndexServiceServer::new(service))
@@ -252,10 +253,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!("index server stopped");
     Ok(())
 }
-
-/// The address a `run` bound for gRPC is logged as `grpc server listening`
-/// (field `addr`), so callers passing port 0 can find it.
-pub const GRPC_LISTENING_LOG: &str = "grpc server listening";
 
 #[cfg(test)]
 mod tests {

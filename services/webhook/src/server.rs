@@ -222,6 +222,7 @@ impl HttpsServer {
     pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
         let addr = self.listener.local_addr()?;
         tracing::info!(%addr, "admission server listening");
+        ic_telemetry::listening::listening("https", addr);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder

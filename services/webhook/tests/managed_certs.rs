@@ -170,8 +170,7 @@ fn start_replica(kubeconfig: &std::path::Path, serving: u64, ca: u64) -> Replica
             "1",
         ],
     );
-    let line = process.wait_for_log("admission server listening");
-    let https = line["fields"]["addr"].as_str().unwrap().parse().unwrap();
+    let https = process.addr("https");
     Replica { process, https }
 }
 

@@ -76,12 +76,7 @@ fn start() -> Installation {
             path("kubeconfig").to_str().unwrap(),
         ],
     );
-    let https: std::net::SocketAddr = webhook.wait_for_log("admission server listening")["fields"]
-        ["addr"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let https: std::net::SocketAddr = webhook.addr("https");
     Installation {
         _fleet: fleet,
         _webhook: webhook,

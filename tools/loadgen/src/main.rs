@@ -280,10 +280,7 @@ async fn main() -> anyhow::Result<()> {
                     &capacity,
                 ],
             );
-            let addr = p.wait_for_log("grpc server listening")["fields"]["addr"]
-                .as_str()
-                .context("index server logged no gRPC address")?
-                .to_owned();
+            let addr = p.addr("grpc").to_string();
             server = Some(p);
             addr
         }

@@ -177,10 +177,7 @@ async fn main() -> anyhow::Result<()> {
         &binary(&bin_dir, "ic-index-server")?,
         &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
     );
-    let grpc = index.wait_for_log("grpc server listening")["fields"]["addr"]
-        .as_str()
-        .context("index server logged no gRPC address")?
-        .to_owned();
+    let grpc = index.addr("grpc").to_string();
     let index_http = index.admin_addr();
     let mut coordinator = ServiceProcess::start(
         &binary(&bin_dir, "ic-coordinator")?,

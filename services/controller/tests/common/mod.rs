@@ -47,8 +47,7 @@ impl IndexServer {
             ],
         );
         let http = process.admin_addr();
-        let line = process.wait_for_log("grpc server listening");
-        let grpc = line["fields"]["addr"].as_str().unwrap().parse().unwrap();
+        let grpc = process.addr("grpc");
         Self {
             process,
             http,

@@ -276,8 +276,7 @@ impl Webhook {
             &args,
             &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
         );
-        let line = process.wait_for_log("admission server listening");
-        let https = line["fields"]["addr"].as_str().unwrap().parse().unwrap();
+        let https = process.addr("https");
         let admin = process.admin_addr();
         Self {
             process,

@@ -20,10 +20,7 @@ pub fn start() -> Fleet {
         &workspace_binary("ic-index-server"),
         &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
     );
-    let grpc = index.wait_for_log("grpc server listening")["fields"]["addr"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let grpc = index.addr("grpc").to_string();
     let http = index.admin_addr().to_string();
     let mut coordinator = ServiceProcess::start(
         &workspace_binary("ic-coordinator"),
