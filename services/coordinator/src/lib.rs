@@ -12,6 +12,7 @@ pub mod controller;
 pub mod controllers;
 pub mod http;
 pub mod kafka;
+pub mod kafka_state;
 pub mod metrics;
 pub mod mp;
 pub mod persist;

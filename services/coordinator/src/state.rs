@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::clock::Clock;
 use crate::controller::Controller;
-use crate::kafka::{KafkaSettings, KafkaState, KafkaStatus};
+use crate::kafka_state::{KafkaSettings, KafkaState, KafkaStatus};
 use crate::metrics::{ConsumerLabel, MetricsSet, inc};
 use crate::mp::MpClient;
 use crate::persist;
