@@ -5,6 +5,11 @@
 //! sections), serve HTTP routes and run a background loop. Built-ins are
 //! registered by name; `--extra-config` disables them by name, and a name
 //! that matches nothing stops the coordinator at boot.
+//!
+//! Controllers see the coordinator through a [`Context`] of handles (views,
+//! registry, actions, metrics, loops, and a sink for operator intent), never
+//! through the coordinator itself: the coordinator depends on controllers,
+//! not the other way round.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -18,10 +23,55 @@ use ic_coordinator_core::metadata::Metadata;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::{App, Views};
+use crate::actions::Actions;
+use crate::clock::Clock;
+use crate::loops::LoopPasses;
+use crate::metrics::MetricsSet;
+use crate::registry::Instances;
+use crate::settings::Settings;
+use crate::views::{ViewStore, Views};
 
 /// A boxed background task.
 pub type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Told when a controller's operator intent (quotas, pins) changed, so the
+/// metadata file is rewritten. Blocking (it fsyncs): call it off the async
+/// workers.
+pub trait IntentSink: Send + Sync + Debug {
+    /// Persists every controller's intent now.
+    fn intent_changed(&self);
+}
+
+/// What a controller may use of the coordinator.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// Resolved flags.
+    pub settings: Arc<Settings>,
+    /// Time source.
+    pub clock: Arc<dyn Clock>,
+    /// The views (read-only to controllers).
+    pub views: Arc<ViewStore>,
+    /// Registered instances.
+    pub instances: Arc<Instances>,
+    /// Outbound calls to MP servers.
+    pub actions: Arc<Actions>,
+    /// Metrics.
+    pub metrics: Arc<MetricsSet>,
+    /// Loop pass bookkeeping.
+    pub loops: Arc<LoopPasses>,
+    /// Where intent changes are reported.
+    pub intent: Arc<dyn IntentSink>,
+}
+
+impl Context {
+    /// Persists operator intent off the async workers.
+    pub async fn persist_intent(&self) {
+        let intent = self.intent.clone();
+        if let Err(error) = tokio::task::spawn_blocking(move || intent.intent_changed()).await {
+            tracing::error!(%error, "metadata write task failed");
+        }
+    }
+}
 
 /// A controller failed to apply a batch.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +98,7 @@ pub trait Controller: Send + Sync + Debug {
     fn fence(&self, _instance_id: &str) {}
 
     /// HTTP routes this controller owns (they disappear when it is disabled).
-    fn routes(self: Arc<Self>, _app: App) -> Option<Router> {
+    fn routes(self: Arc<Self>, _ctx: Context) -> Option<Router> {
         None
     }
 
@@ -65,13 +115,13 @@ pub trait Controller: Send + Sync + Debug {
     fn restore_metadata(&self, _meta: &Metadata) {}
 
     /// Background work, started after boot and stopped by `shutdown`.
-    fn run(self: Arc<Self>, _app: App, _shutdown: CancellationToken) -> Option<Task> {
+    fn run(self: Arc<Self>, _ctx: Context, _shutdown: CancellationToken) -> Option<Task> {
         None
     }
 
     /// Brings its scrape-time gauges up to date (called on every
     /// `/metrics` scrape, without the views lock held).
-    fn refresh_metrics(&self, _app: &App) {}
+    fn refresh_metrics(&self, _ctx: &Context) {}
 
     /// A JSON snapshot for `/status`.
     fn status(&self) -> serde_json::Value {

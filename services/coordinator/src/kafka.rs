@@ -5,7 +5,7 @@
 //! [`Position`](ic_coordinator_core::kafka::Position), the same position the
 //! checkpoint carries. The consumer group is never asked where to start and
 //! nothing is committed to it, so the restored views and the resume point
-//! cannot disagree. Each record goes through [`Coordinator::ingest_record`],
+//! cannot disagree. Each record goes through [`Ingest::ingest_record`](crate::ingest::Ingest::ingest_record),
 //! which offers it to the gate and advances the position under the views
 //! lock; malformed records advance the position too, so one bad record never
 //! stalls its partition.
@@ -29,8 +29,9 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::ingest::RecordOutcome;
 use crate::metrics::{KindLabel, PartitionLabel, ResultLabel};
-use crate::state::{App, RecordOutcome};
+use crate::state::App;
 
 /// `client.id` the reference coordinator uses.
 pub const CLIENT_ID: &str = "lmcache-coordinator";
@@ -104,12 +105,18 @@ pub fn status_json(app: &App) -> Value {
         return Value::Null;
     };
     let status = state.status.lock();
-    let views = app.views.lock();
+    let lasts: Vec<Option<i64>> = app.views.read(|views| {
+        status
+            .assigned
+            .iter()
+            .map(|p| views.kafka.last_offset(&settings.topic, *p))
+            .collect()
+    });
     let partitions: Vec<Value> = status
         .assigned
         .iter()
-        .map(|p| {
-            let last = views.kafka.last_offset(&settings.topic, *p);
+        .zip(lasts)
+        .map(|(p, last)| {
             let marks = status.watermarks.get(p);
             json!({"partition": p, "last_offset": last,
                    "low_watermark": marks.map(|m| m.0), "high_watermark": marks.map(|m| m.1),
@@ -260,9 +267,14 @@ impl Session {
             // points cannot move before the assignment below. Buffered
             // records of a previous assignment are dropped by librdkafka and
             // read again from exactly here.
-            let views = self.app.views.lock();
-            for p in &partitions {
-                let offset = match views.kafka.resume_at(&self.topic, *p) {
+            let starts: Vec<kafka::StartAt> = self.app.views.read(|views| {
+                partitions
+                    .iter()
+                    .map(|p| views.kafka.resume_at(&self.topic, *p))
+                    .collect()
+            });
+            for (p, start) in partitions.iter().zip(starts) {
+                let offset = match start {
                     kafka::StartAt::Earliest => Offset::Beginning,
                     kafka::StartAt::Offset(o) => Offset::Offset(o),
                 };
@@ -292,13 +304,12 @@ impl Session {
                 .map_err(|e| Failure("watermarks", e.to_string()))?;
             marks.insert(*p, m);
         }
-        let lasts: Vec<Option<i64>> = {
-            let views = self.app.views.lock();
+        let lasts: Vec<Option<i64>> = self.app.views.read(|views| {
             marks
                 .keys()
                 .map(|p| views.kafka.last_offset(&self.topic, *p))
                 .collect()
-        };
+        });
         let lags: Vec<u64> = marks
             .values()
             .zip(&lasts)
@@ -351,9 +362,10 @@ impl Session {
                 "skipping malformed Kafka record"
             );
         }
-        let outcome = self
-            .app
-            .ingest_record(topic, partition, offset, decoded.as_ref().ok());
+        let outcome =
+            self.app
+                .ingest
+                .ingest_record(topic, partition, offset, decoded.as_ref().ok());
         let result = match outcome {
             RecordOutcome::AlreadyConsumed => "already_consumed",
             RecordOutcome::Malformed => "malformed",

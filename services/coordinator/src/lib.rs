@@ -7,17 +7,24 @@
 //! and the house `/live` and `/ready`. Pure logic lives in
 //! `ic-coordinator-core`; this crate adds locks, HTTP, timers and files.
 
+pub mod actions;
 pub mod clock;
 pub mod controller;
 pub mod controllers;
+pub mod error;
 pub mod http;
+pub mod ingest;
 pub mod kafka;
 pub mod kafka_state;
+pub mod loops;
 pub mod metrics;
 pub mod mp;
-pub mod persist;
+pub mod persistence;
+pub mod registry;
 pub mod replay;
+pub mod settings;
 pub mod state;
+pub mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -33,7 +40,8 @@ use tokio_util::sync::CancellationToken;
 use crate::clock::{Clock, SystemClock};
 use crate::controller::ExtraConfig;
 use crate::metrics::MetricsSet;
-use crate::state::{App, Coordinator, Settings};
+use crate::settings::Settings;
+use crate::state::{App, Coordinator};
 
 /// Binary name.
 pub const BINARY: &str = "ic-coordinator";
@@ -246,8 +254,8 @@ pub fn build_with(
         metrics,
     ));
     // Metadata first: it is operator intent and independent of events.
-    app.restore_metadata();
-    app.restore_checkpoint();
+    app.persistence.restore_metadata();
+    app.persistence.restore_checkpoint();
     Ok(app)
 }
 
@@ -323,8 +331,8 @@ async fn serve(
             loops.clone(),
         )));
     }
-    for c in &app.controllers {
-        if let Some(task) = c.clone().run(app.clone(), loops.clone()) {
+    for c in app.controllers.iter() {
+        if let Some(task) = c.clone().run(app.context(), loops.clone()) {
             tasks.push(tokio::spawn(watch_controller(
                 app.clone(),
                 c.name(),
@@ -343,8 +351,8 @@ async fn serve(
         let _ = t.await;
     }
     // Final checkpoint on a clean stop.
-    let app2 = app.clone();
-    let _ = tokio::task::spawn_blocking(move || app2.write_checkpoint()).await;
+    let persistence = app.persistence.clone();
+    let _ = tokio::task::spawn_blocking(move || persistence.write_checkpoint()).await;
     tracing::info!("coordinator stopped");
     result
 }
@@ -379,7 +387,7 @@ async fn health_loop(app: App, every: Duration, stop: CancellationToken) {
             () = tokio::time::sleep(every) => {}
         }
         app.sweep_liveness();
-        app.loop_pass("health");
+        app.loops.pass("health");
     }
 }
 
@@ -389,9 +397,9 @@ async fn checkpoint_loop(app: App, every: Duration, stop: CancellationToken) {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        let app2 = app.clone();
-        let _ = tokio::task::spawn_blocking(move || app2.write_checkpoint()).await;
-        app.loop_pass("checkpoint");
+        let persistence = app.persistence.clone();
+        let _ = tokio::task::spawn_blocking(move || persistence.write_checkpoint()).await;
+        app.loops.pass("checkpoint");
     }
 }
 

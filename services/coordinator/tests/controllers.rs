@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::Router;
 use axum::routing::get;
 use common::{Coord, batch, key};
-use ic_coordinator::controller::{ConsumeError, Controller, Task};
-use ic_coordinator::state::{App, Views};
+use ic_coordinator::controller::{ConsumeError, Context, Controller, Task};
+use ic_coordinator::views::Views;
 use ic_coordinator_core::events::Batch;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -37,7 +37,7 @@ impl Controller for Reaper {
         self.seen.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
-    fn routes(self: Arc<Self>, _app: App) -> Option<Router> {
+    fn routes(self: Arc<Self>, _ctx: Context) -> Option<Router> {
         Some(Router::new().route(
             "/acme/reaper",
             get(move || {
@@ -46,7 +46,7 @@ impl Controller for Reaper {
             }),
         ))
     }
-    fn run(self: Arc<Self>, _app: App, shutdown: CancellationToken) -> Option<Task> {
+    fn run(self: Arc<Self>, _ctx: Context, shutdown: CancellationToken) -> Option<Task> {
         Some(Box::pin(async move {
             self.loop_started.store(1, Ordering::SeqCst);
             shutdown.cancelled().await;
@@ -164,7 +164,7 @@ impl Controller for Doomed {
     fn name(&self) -> &'static str {
         "DoomedController"
     }
-    fn run(self: Arc<Self>, _app: App, _shutdown: CancellationToken) -> Option<Task> {
+    fn run(self: Arc<Self>, _ctx: Context, _shutdown: CancellationToken) -> Option<Task> {
         Some(Box::pin(async { panic!("loop bug") }))
     }
 }

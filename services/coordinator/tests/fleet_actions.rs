@@ -399,10 +399,10 @@ async fn eviction_sweep_deletes_lru_unpinned_keys() {
     let entries: Vec<(Value, u64)> = hashes.iter().map(|h| (key(h, "t"), 100)).collect();
     c.events(vec![batch("mp-a", 1, 1, "store", "l2", "fs", &entries)])
         .await;
-    assert_eq!(ctl.sweep(&c.app).await.selected, 0);
+    assert_eq!(ctl.sweep(&c.app.context()).await.selected, 0);
     // Over quota but nobody registered: selected, not sent.
     c.put("/quota/t", json!({"limit_gb": 0.0000001})).await;
-    let r = ctl.sweep(&c.app).await;
+    let r = ctl.sweep(&c.app.context()).await;
     // 1e-7 GiB is 107 bytes: 400 used, so int(4 × 0.5) keys are selected.
     assert_eq!((r.selected, r.target.clone()), (2, None));
     c.register("mp-a", mp.port).await;
@@ -424,7 +424,7 @@ async fn eviction_sweep_deletes_lru_unpinned_keys() {
             &serde_json::from_value(key("02", "t")).unwrap(),
         )
         .unwrap()]);
-    let r = ctl.sweep(&c.app).await;
+    let r = ctl.sweep(&c.app.context()).await;
     assert_eq!(r.target.as_deref(), Some("mp-a"));
     let sent = mp.received();
     assert_eq!(sent.len(), 1);
@@ -452,7 +452,7 @@ async fn eviction_sweep_deletes_lru_unpinned_keys() {
         &[(key("03", "t"), 0), (key("04", "t"), 0)],
     )])
     .await;
-    ctl.sweep(&c.app).await;
+    ctl.sweep(&c.app.context()).await;
     let sent = mp.received();
     let keys: Vec<&str> = sent[1].body["keys"]
         .as_array()

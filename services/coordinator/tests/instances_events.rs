@@ -394,7 +394,7 @@ async fn concurrent_ingest_reads_and_checkpoints_stay_consistent() {
                 }
                 let app = c.app.clone();
                 assert!(
-                    tokio::task::spawn_blocking(move || app.write_checkpoint())
+                    tokio::task::spawn_blocking(move || app.persistence.write_checkpoint())
                         .await
                         .unwrap()
                 );

@@ -321,7 +321,7 @@ async fn max_ready_lag_holds_readiness_until_caught_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn position_moves_with_the_views_and_the_checkpoint_carries_it() {
-    use ic_coordinator::state::{GateOutcome, RecordOutcome};
+    use ic_coordinator::ingest::{GateOutcome, RecordOutcome};
     use ic_coordinator_core::kafka::StartAt;
     // No broker needed: records are handed to the ingest path directly, the
     // consumer meanwhile retries against a dead address.
@@ -347,27 +347,27 @@ async fn position_moves_with_the_views_and_the_checkpoint_carries_it() {
     };
     let app = &c.app;
     assert_eq!(
-        app.ingest_record(TOPIC, 0, 0, Some(&batch(1))),
+        app.ingest.ingest_record(TOPIC, 0, 0, Some(&batch(1))),
         RecordOutcome::Offered(GateOutcome::Applied)
     );
     assert_eq!(
-        app.ingest_record(TOPIC, 0, 1, None),
+        app.ingest.ingest_record(TOPIC, 0, 1, None),
         RecordOutcome::Malformed
     );
     assert_eq!(
-        app.ingest_record(TOPIC, 0, 2, Some(&batch(1))),
+        app.ingest.ingest_record(TOPIC, 0, 2, Some(&batch(1))),
         RecordOutcome::Offered(GateOutcome::Duplicate)
     );
     // Re-read after a reassignment: not offered to the gate again.
     assert_eq!(
-        app.ingest_record(TOPIC, 0, 0, Some(&batch(2))),
+        app.ingest.ingest_record(TOPIC, 0, 0, Some(&batch(2))),
         RecordOutcome::AlreadyConsumed
     );
     assert_eq!(
-        app.ingest_record(TOPIC, 1, 5, Some(&batch(3))),
+        app.ingest.ingest_record(TOPIC, 1, 5, Some(&batch(3))),
         RecordOutcome::Offered(GateOutcome::Applied)
     );
-    assert_eq!(app.views.lock().gate.cursors()["mp-a"].last_seq, 3);
+    assert_eq!(app.views.read(|v| v.gate.cursors()["mp-a"].last_seq), 3);
     let keys = c.get("/directory/keys").await.1;
     c.stop().await;
 
@@ -379,11 +379,11 @@ async fn position_moves_with_the_views_and_the_checkpoint_carries_it() {
     );
     let c = Coord::start(&flags).await;
     assert_eq!(
-        c.app.views.lock().kafka.resume_at(TOPIC, 0),
+        c.app.views.read(|v| v.kafka.resume_at(TOPIC, 0)),
         StartAt::Offset(3)
     );
     assert_eq!(
-        c.app.views.lock().kafka.resume_at(TOPIC, 2),
+        c.app.views.read(|v| v.kafka.resume_at(TOPIC, 2)),
         StartAt::Earliest
     );
     assert_eq!(c.get("/directory/keys").await.1, keys);

@@ -192,14 +192,14 @@ async fn failed_checkpoint_write_is_retried() {
         &[(key("01", ""), 1)],
     )])
     .await;
-    assert!(!c.app.write_checkpoint());
+    assert!(!c.app.persistence.write_checkpoint());
     let text = c.metrics_text().await;
     assert!(
         text.contains(r#"lmcache_coordinator_checkpoint_writes_total{outcome="failed"} 1"#),
         "{text}"
     );
     std::fs::remove_file(&blocker).unwrap();
-    assert!(c.app.write_checkpoint());
+    assert!(c.app.persistence.write_checkpoint());
     assert!(ckpt.exists());
     assert!(!Path::new(&format!("{}.tmp", ckpt.display())).exists());
 }

@@ -17,9 +17,9 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::controller::{ConsumeError, Controller, Task};
+use crate::controller::{ConsumeError, Context, Controller, Task};
 use crate::metrics::{ReasonLabel, SaltLabel};
-use crate::state::{App, Views};
+use crate::views::Views;
 
 mod routes;
 
@@ -70,12 +70,11 @@ impl FleetEvictionController {
     /// One sweep: plan victims, then send them to one random registered
     /// instance. Fire-and-forget: an unanswered eviction is re-planned next
     /// sweep because the LRU clears only on the node's delete events.
-    pub async fn sweep(&self, app: &App) -> SweepReport {
-        let m = &app.metrics.metrics;
-        let plan: EvictionPlan = {
-            let views = app.views.lock();
+    pub async fn sweep(&self, ctx: &Context) -> SweepReport {
+        let m = &ctx.metrics.metrics;
+        let plan: EvictionPlan = ctx.views.read(|views| {
             let state = self.state.lock();
-            self.refresh_quota_gauges(app, &views, &state);
+            self.refresh_quota_gauges(ctx, views, &state);
             plan(
                 &state.lru,
                 &views.usage,
@@ -83,7 +82,7 @@ impl FleetEvictionController {
                 &state.pins,
                 self.settings,
             )
-        };
+        });
         m.eviction_sweeps.inc();
         m.eviction_skipped
             .get_or_create(&ReasonLabel { reason: "pinned" })
@@ -96,17 +95,7 @@ impl FleetEvictionController {
             return report;
         }
         m.eviction_selected.inc_by(plan.victims.len() as u64);
-        let target = {
-            let registry = app.registry.lock();
-            let records: Vec<_> = registry.records().collect();
-            if records.is_empty() {
-                None
-            } else {
-                let pick = records[fastrand::usize(..records.len())];
-                Some((pick.instance_id.clone(), pick.base_url()))
-            }
-        };
-        let Some((id, base)) = target else {
+        let Some((id, base)) = ctx.instances.pick_random() else {
             m.eviction_skipped
                 .get_or_create(&ReasonLabel {
                     reason: "no_instance",
@@ -120,23 +109,22 @@ impl FleetEvictionController {
         };
         for chunk in plan.victims.chunks(MAX_KEYS_PER_DELETE) {
             let keys: Vec<_> = chunk.iter().map(ObjectKey::to_wire).collect();
-            let ok = match app.mp.delete_objects(&base, &json!({ "keys": keys })).await {
-                Ok(_) => true,
-                Err(error) => {
-                    tracing::warn!(instance_id = %id, %error, keys = chunk.len(), "eviction delete failed");
-                    report.failed_requests += 1;
-                    false
-                }
-            };
-            app.count_mp("evict", ok);
+            if let Err(error) = ctx
+                .actions
+                .delete_objects("evict", &base, &json!({ "keys": keys }))
+                .await
+            {
+                tracing::warn!(instance_id = %id, %error, keys = chunk.len(), "eviction delete failed");
+                report.failed_requests += 1;
+            }
         }
         tracing::info!(instance_id = %id, keys = plan.victims.len(), "eviction sweep dispatched deletes");
         report.target = Some(id);
         report
     }
 
-    fn refresh_quota_gauges(&self, app: &App, views: &Views, state: &EvictionState) {
-        let m = &app.metrics.metrics;
+    fn refresh_quota_gauges(&self, ctx: &Context, views: &Views, state: &EvictionState) {
+        let m = &ctx.metrics.metrics;
         m.quota_used_bytes.clear();
         m.quota_limit_bytes.clear();
         for (salt, limit) in &state.quotas.limits {
@@ -170,8 +158,8 @@ impl Controller for FleetEvictionController {
         Ok(())
     }
 
-    fn routes(self: Arc<Self>, app: App) -> Option<Router> {
-        let state = (app, self);
+    fn routes(self: Arc<Self>, ctx: Context) -> Option<Router> {
+        let state = (ctx, self);
         Some(
             Router::new()
                 .route("/quota", get(routes::list_quotas))
@@ -220,7 +208,7 @@ impl Controller for FleetEvictionController {
         state.quotas = meta.quotas.clone();
     }
 
-    fn run(self: Arc<Self>, app: App, shutdown: CancellationToken) -> Option<Task> {
+    fn run(self: Arc<Self>, ctx: Context, shutdown: CancellationToken) -> Option<Task> {
         let interval = self.interval?;
         Some(Box::pin(async move {
             loop {
@@ -228,16 +216,17 @@ impl Controller for FleetEvictionController {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(interval) => {}
                 }
-                self.sweep(&app).await;
-                app.loop_pass("eviction");
+                self.sweep(&ctx).await;
+                ctx.loops.pass("eviction");
             }
         }))
     }
 
-    fn refresh_metrics(&self, app: &App) {
-        let views = app.views.lock();
-        let state = self.state.lock();
-        self.refresh_quota_gauges(app, &views, &state);
+    fn refresh_metrics(&self, ctx: &Context) {
+        ctx.views.read(|views| {
+            let state = self.state.lock();
+            self.refresh_quota_gauges(ctx, views, &state);
+        });
     }
 
     fn status(&self) -> serde_json::Value {

@@ -6,7 +6,7 @@ pub mod prefetch;
 use std::sync::Arc;
 
 use crate::controller::Controller;
-use crate::state::Settings;
+use crate::settings::Settings;
 
 pub use eviction::FleetEvictionController;
 pub use prefetch::PrefetchManager;

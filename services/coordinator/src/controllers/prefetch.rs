@@ -10,10 +10,10 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::controller::Controller;
-use crate::http::error::{ApiError, Body};
+use crate::actions::ActionError;
+use crate::controller::{Context, Controller};
+use crate::error::{ApiError, Body};
 use crate::metrics::inc;
-use crate::state::App;
 
 /// The prefetch controller (stateless: the node tracks its jobs).
 #[derive(Debug, Default)]
@@ -24,12 +24,12 @@ impl Controller for PrefetchManager {
         "PrefetchManager"
     }
 
-    fn routes(self: Arc<Self>, app: App) -> Option<Router> {
+    fn routes(self: Arc<Self>, ctx: Context) -> Option<Router> {
         Some(
             Router::new()
                 .route("/cache/prefetches", post(submit))
                 .route("/cache/prefetches/{instance_id}/{request_id}", get(status))
-                .with_state(app),
+                .with_state(ctx),
         )
     }
 }
@@ -45,31 +45,29 @@ struct PrefetchRequest {
     cache_salt: String,
 }
 
-/// The base URL of a registered instance, or the reference's 404.
-pub(crate) fn instance_url(app: &App, id: &str) -> Result<String, ApiError> {
-    app.registry
-        .lock()
-        .get(id)
-        .map(|r| r.base_url())
-        .ok_or_else(|| {
-            ApiError::NotFound(format!("no MP server registered with instance_id='{id}'"))
-        })
+/// An action error as the reference answers it: 404 for an unknown
+/// instance, 502 (with `what`) when the call failed.
+pub(crate) fn action_error(what: &str, instance_id: &str, error: ActionError) -> ApiError {
+    match error {
+        ActionError::UnknownInstance(_) => ApiError::NotFound(error.to_string()),
+        ActionError::Mp(error) => {
+            ApiError::BadGateway(format!("{what} '{instance_id}' failed: {error}"))
+        }
+    }
 }
 
 async fn submit(
-    State(app): State<App>,
+    State(ctx): State<Context>,
     Body(req): Body<PrefetchRequest>,
 ) -> Result<Json<Value>, ApiError> {
     if req.world_size < 1 {
         return Err(ApiError::body("world_size", "world_size must be >= 1"));
     }
-    let base = instance_url(&app, &req.instance_id)?;
     let body = json!({"model_name": req.model_name, "world_size": req.world_size,
                       "token_ids": req.token_ids, "cache_salt": req.cache_salt});
-    let m = &app.metrics.metrics;
-    match app.mp.submit_prefetch(&base, &body).await {
+    let m = &ctx.metrics.metrics;
+    match ctx.actions.submit_prefetch(&req.instance_id, &body).await {
         Ok(reply) => {
-            app.count_mp("prefetch_submit", true);
             inc(&m.prefetch_requests, "submitted");
             Ok(Json(json!({
                 "instance_id": req.instance_id,
@@ -79,27 +77,23 @@ async fn submit(
             })))
         }
         Err(error) => {
-            app.count_mp("prefetch_submit", false);
-            inc(&m.prefetch_requests, "failed");
-            tracing::warn!(instance_id = %req.instance_id, %error, "prefetch submit failed");
-            Err(ApiError::BadGateway(format!(
-                "prefetch submit to '{}' failed: {error}",
-                req.instance_id
-            )))
+            if matches!(error, ActionError::Mp(_)) {
+                inc(&m.prefetch_requests, "failed");
+                tracing::warn!(instance_id = %req.instance_id, %error, "prefetch submit failed");
+            }
+            Err(action_error("prefetch submit to", &req.instance_id, error))
         }
     }
 }
 
 async fn status(
-    State(app): State<App>,
+    State(ctx): State<Context>,
     Path((instance_id, request_id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let base = instance_url(&app, &instance_id)?;
-    match app.mp.prefetch_status(&base, &request_id).await {
+    match ctx.actions.prefetch_status(&instance_id, &request_id).await {
         Ok(relayed) => {
-            app.count_mp("prefetch_status", true);
             if relayed.body.get("status").and_then(Value::as_str) == Some("completed") {
-                let m = &app.metrics.metrics;
+                let m = &ctx.metrics.metrics;
                 m.prefetch_found_keys.inc_by(
                     relayed
                         .body
@@ -118,11 +112,6 @@ async fn status(
             let code = StatusCode::from_u16(relayed.status).unwrap_or(StatusCode::BAD_GATEWAY);
             Ok((code, Json(relayed.body)).into_response())
         }
-        Err(error) => {
-            app.count_mp("prefetch_status", false);
-            Err(ApiError::BadGateway(format!(
-                "prefetch status from '{instance_id}' failed: {error}"
-            )))
-        }
+        Err(error) => Err(action_error("prefetch status from", &instance_id, error)),
     }
 }

@@ -10,7 +10,7 @@ use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::error::{ApiError, Body, Query};
+use crate::error::{ApiError, Body, Query, default_limit, page_bounds};
 use crate::state::App;
 
 #[derive(Debug, Deserialize)]
@@ -68,20 +68,21 @@ pub(crate) async fn lookup(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let views = app.views.lock();
-            let d = &views.directory;
-            let results: Vec<Value> = wire_keys
-                .iter()
-                .zip(&parsed)
-                .map(|(wire, key)| {
-                    result_json(
-                        json!(wire),
-                        d.get(key)
-                            .map(|e| (e.placements.as_slice(), e.access_count)),
-                        d.tokens_for_hash(&key.chunk_hash),
-                    )
-                })
-                .collect();
+            let results: Vec<Value> = app.views.read(|views| {
+                let d = &views.directory;
+                wire_keys
+                    .iter()
+                    .zip(&parsed)
+                    .map(|(wire, key)| {
+                        result_json(
+                            json!(wire),
+                            d.get(key)
+                                .map(|e| (e.placements.as_slice(), e.access_count)),
+                            d.tokens_for_hash(&key.chunk_hash),
+                        )
+                    })
+                    .collect()
+            });
             Ok(Json(json!({"chunks": parsed.len(), "results": results})))
         }
         (None, Some(token_ids)) => {
@@ -99,21 +100,22 @@ pub(crate) async fn lookup(
             };
             let resolved = resolve(&query, app.settings.chunk_size)
                 .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            let views = app.views.lock();
-            let d = &views.directory;
-            let results: Vec<Value> = resolved
-                .keys
-                .iter()
-                .flat_map(|k| d.expand_groups(k))
-                .map(|key| {
-                    result_json(
-                        json!(key.to_wire()),
-                        d.get(&key)
-                            .map(|e| (e.placements.as_slice(), e.access_count)),
-                        d.tokens_for_hash(&key.chunk_hash),
-                    )
-                })
-                .collect();
+            let results: Vec<Value> = app.views.read(|views| {
+                let d = &views.directory;
+                resolved
+                    .keys
+                    .iter()
+                    .flat_map(|k| d.expand_groups(k))
+                    .map(|key| {
+                        result_json(
+                            json!(key.to_wire()),
+                            d.get(&key)
+                                .map(|e| (e.placements.as_slice(), e.access_count)),
+                            d.tokens_for_hash(&key.chunk_hash),
+                        )
+                    })
+                    .collect()
+            });
             Ok(Json(json!({"chunks": resolved.chunks, "results": results})))
         }
     }
@@ -138,21 +140,6 @@ pub(crate) struct KeysQuery {
     limit: i64,
 }
 
-pub(crate) fn default_limit() -> i64 {
-    1000
-}
-
-/// Checks `offset ≥ 0` and `limit` in 1..=10000.
-pub(crate) fn page_bounds(offset: i64, limit: i64) -> Result<(usize, usize), ApiError> {
-    let offset =
-        usize::try_from(offset).map_err(|_| ApiError::query("offset", "offset must be >= 0"))?;
-    let limit = usize::try_from(limit)
-        .ok()
-        .filter(|l| (1..=10_000).contains(l))
-        .ok_or_else(|| ApiError::query("limit", "limit must be in 1..10000"))?;
-    Ok((offset, limit))
-}
-
 pub(crate) async fn keys(
     State(app): State<App>,
     Query(q): Query<KeysQuery>,
@@ -163,20 +150,22 @@ pub(crate) async fn keys(
         instance_id: &q.instance_id,
         backend: &q.backend,
     };
-    let views = app.views.lock();
-    let (total, page) = views.directory.list(&filter, offset, limit);
-    let keys: Vec<Value> = page
-        .into_iter()
-        .map(|k| {
-            json!({"key": k.key.to_wire(), "placements": k.placements,
-                   "num_tokens": k.num_tokens, "access_count": k.access_count})
-        })
-        .collect();
+    let (total, keys) = app.views.read(|views| {
+        let (total, page) = views.directory.list(&filter, offset, limit);
+        let keys: Vec<Value> = page
+            .into_iter()
+            .map(|k| {
+                json!({"key": k.key.to_wire(), "placements": k.placements,
+                       "num_tokens": k.num_tokens, "access_count": k.access_count})
+            })
+            .collect();
+        (total, keys)
+    });
     Ok(Json(json!({"total": total, "keys": keys})))
 }
 
 pub(crate) async fn stats(State(app): State<App>) -> Json<Value> {
-    let s = app.views.lock().directory.stats();
+    let s = app.views.read(|v| v.directory.stats());
     Json(json!({
         "num_keys": s.num_keys,
         "num_placements": s.num_placements,

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::State;
 use ic_coordinator_core::events::{EventsRequest, EventsResponse};
 
-use super::error::{ApiError, Body};
+use crate::error::{ApiError, Body};
 use crate::state::App;
 
 pub(crate) async fn post_events(
@@ -26,7 +26,7 @@ pub(crate) async fn post_events(
     })?;
     // Applying takes the views lock; keep it off the async worker.
     let app2 = app.clone();
-    let resp = tokio::task::spawn_blocking(move || app2.ingest(&batches))
+    let resp = tokio::task::spawn_blocking(move || app2.ingest.ingest(&batches))
         .await
         .map_err(|e| ApiError::Internal(format!("ingest task failed: {e}")))?;
     Ok(Json(resp))

@@ -10,7 +10,7 @@ use ic_coordinator_core::registry::InstanceRecord;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::error::{ApiError, Body};
+use crate::error::{ApiError, Body};
 use crate::state::App;
 
 #[derive(Debug, Deserialize)]
@@ -54,8 +54,7 @@ pub(crate) async fn register(
         p2p_advertised_url: req.p2p_advertised_url.trim().to_owned(),
         mq_port,
     };
-    let now = app.clock.monotonic();
-    let re_registered = app.registry.lock().register(record, now);
+    let re_registered = app.instances.register(record);
     tracing::info!(instance_id = %instance_id, re_registered, "instance registered");
     Ok(Json(
         json!({"instance_id": instance_id, "re_registered": re_registered}),
@@ -66,8 +65,7 @@ pub(crate) async fn heartbeat(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let now = app.clock.monotonic();
-    if app.registry.lock().heartbeat(&id, now) {
+    if app.instances.heartbeat(&id) {
         Ok(Json(json!({"instance_id": id})))
     } else {
         Err(ApiError::UnknownInstance(format!(
@@ -80,36 +78,37 @@ pub(crate) async fn deregister(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> impl IntoResponse {
-    let was = app.registry.lock().deregister(&id);
-    app.drop_stream(&id, true);
+    let was = app.deregister(&id);
     tracing::info!(instance_id = %id, was_registered = was, "instance deregistered");
     StatusCode::NO_CONTENT
 }
 
 pub(crate) async fn list(State(app): State<App>) -> Json<Value> {
-    let registry = app.registry.lock();
-    let instances: Vec<&InstanceRecord> = registry.records().collect();
+    let instances: Vec<InstanceRecord> = app.instances.records();
     Json(json!({"instances": instances}))
 }
 
 pub(crate) async fn fleet_usage(State(app): State<App>) -> Json<Value> {
-    let registered = app.registered_ids();
-    let views = app.views.lock();
-    Json(json!(views.usage.fleet_usage(&registered, &views.capacity)))
+    let registered = app.instances.ids();
+    Json(
+        app.views
+            .read(|views| json!(views.usage.fleet_usage(&registered, &views.capacity))),
+    )
 }
 
 pub(crate) async fn instance_usage(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let registered = app.registry.lock().contains(&id);
-    let views = app.views.lock();
-    if !views.usage.knows(&id, registered, &views.capacity) {
-        return Err(ApiError::NotFound(format!("unknown instance '{id}'")));
-    }
-    Ok(Json(json!(views.usage.instance_usage(
-        &id,
-        registered,
-        &views.capacity
-    ))))
+    let registered = app.instances.contains(&id);
+    app.views.read(|views| {
+        if !views.usage.knows(&id, registered, &views.capacity) {
+            return Err(ApiError::NotFound(format!("unknown instance '{id}'")));
+        }
+        Ok(Json(json!(views.usage.instance_usage(
+            &id,
+            registered,
+            &views.capacity
+        ))))
+    })
 }

@@ -2,7 +2,6 @@
 //! metrics, status) plus the routes of each enabled controller.
 
 pub mod directory;
-pub mod error;
 pub mod events;
 pub mod instances;
 pub mod status;
@@ -47,8 +46,8 @@ pub fn router(app: App) -> Router {
         .route("/directory/stats", get(directory::stats))
         .route("/directory/blend-lookup", post(directory::blend_lookup))
         .with_state(app.clone());
-    for c in &app.controllers {
-        if let Some(routes) = c.clone().routes(app.clone()) {
+    for c in app.controllers.iter() {
+        if let Some(routes) = c.clone().routes(app.context()) {
             router = router.merge(routes);
         }
     }
@@ -151,28 +150,27 @@ async fn metrics(State(app): State<App>, headers: axum::http::HeaderMap) -> Resp
 /// families are rebuilt so departed instances disappear.
 fn refresh_gauges(app: &App) {
     let m = &app.metrics.metrics;
-    let now = app.clock.monotonic();
-    {
-        let registry = app.registry.lock();
-        m.instances
-            .set(i64::try_from(registry.len()).unwrap_or(i64::MAX));
-        m.heartbeat_age.clear();
-        for (id, age) in registry.heartbeat_ages(now) {
-            m.heartbeat_age
-                .get_or_create(&crate::metrics::InstanceLabel {
-                    instance_id: id.to_owned(),
-                })
-                .set(age.as_secs_f64());
-        }
+    let ages = app.instances.heartbeat_ages();
+    m.instances
+        .set(i64::try_from(ages.len()).unwrap_or(i64::MAX));
+    m.heartbeat_age.clear();
+    let mut registered = std::collections::BTreeSet::new();
+    for (id, age) in ages {
+        m.heartbeat_age
+            .get_or_create(&crate::metrics::InstanceLabel {
+                instance_id: id.clone(),
+            })
+            .set(age);
+        registered.insert(id);
     }
-    let registered = app.registered_ids();
-    let stats = app.views.lock().directory.stats();
+    let stats = app.views.read(|v| v.directory.stats());
     app.metrics.set_tier("l1", stats.l1.count, stats.l1.bytes);
     app.metrics.set_tier("l2", stats.l2.count, stats.l2.bytes);
     m.directory_keys
         .set(i64::try_from(stats.num_keys).unwrap_or(i64::MAX));
-    for c in &app.controllers {
-        c.refresh_metrics(app);
+    let ctx = app.context();
+    for c in app.controllers.iter() {
+        c.refresh_metrics(&ctx);
     }
     m.instance_l1_keys.clear();
     for (id, n) in stats.l1_keys_by_instance {

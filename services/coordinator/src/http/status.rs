@@ -13,35 +13,31 @@ use crate::state::App;
 
 /// The snapshot both renderings use.
 pub fn snapshot(app: &App) -> Value {
-    let now = app.clock.monotonic();
-    let registry = app.registry.lock();
-    let ages: std::collections::HashMap<&str, f64> = registry
-        .heartbeat_ages(now)
-        .map(|(id, a)| (id, a.as_secs_f64()))
-        .collect();
-    // Before the views lock: the Kafka section takes it itself.
+    let ages: std::collections::HashMap<String, f64> =
+        app.instances.heartbeat_ages().into_iter().collect();
+    let instances = ages.len();
     let kafka = crate::kafka::status_json(app);
-    let views = app.views.lock();
-    let gate = views.gate.stats();
-    let mut streams: Vec<Value> = views
-        .gate
-        .cursors()
-        .iter()
-        .map(|(id, c)| {
-            json!({"instance_id": id, "incarnation": c.incarnation, "last_seq": c.last_seq,
-                   "gap_detected": c.gap_detected, "registered": registry.contains(id),
-                   "heartbeat_age_seconds": ages.get(id.as_str())})
-        })
-        .collect();
+    let (gate, mut streams, dir) = app.views.read(|views| {
+        let streams: Vec<Value> = views
+            .gate
+            .cursors()
+            .iter()
+            .map(|(id, c)| {
+                json!({"instance_id": id, "incarnation": c.incarnation, "last_seq": c.last_seq,
+                       "gap_detected": c.gap_detected, "registered": ages.contains_key(id),
+                       "heartbeat_age_seconds": ages.get(id.as_str())})
+            })
+            .collect();
+        (views.gate.stats(), streams, views.directory.stats())
+    });
     streams.sort_by(|a, b| a["instance_id"].as_str().cmp(&b["instance_id"].as_str()));
-    let dir = views.directory.stats();
     let controllers: Vec<Value> = app
         .controllers
         .iter()
         .map(|c| json!({"name": c.name(), "consumes_events": c.consumes_events(), "status": c.status()}))
         .collect();
     json!({
-        "instances": registry.len(),
+        "instances": instances,
         "streams": streams,
         "gate": gate,
         "directory": {"num_keys": dir.num_keys, "num_placements": dir.num_placements,
@@ -49,9 +45,9 @@ pub fn snapshot(app: &App) -> Value {
         "controllers": controllers,
         "event_transport": if app.settings.kafka.is_some() { "kafka" } else { "http" },
         "kafka": kafka,
-        "loops": *app.loop_passes.lock(),
+        "loops": app.loops.snapshot(),
         "checkpoint": {"path": app.settings.checkpoint_path.as_ref().map(|p| p.display().to_string()),
-                       "last_success": *app.last_checkpoint.lock()},
+                       "last_success": app.persistence.last_checkpoint()},
     })
 }
 

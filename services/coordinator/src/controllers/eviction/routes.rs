@@ -13,21 +13,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::FleetEvictionController;
-use crate::controllers::prefetch::instance_url;
-use crate::http::directory::{default_limit, page_bounds};
-use crate::http::error::{ApiError, Body, Query};
-use crate::state::App;
+use crate::controller::Context;
+use crate::controllers::prefetch::action_error;
+use crate::error::{ApiError, Body, Query, default_limit, page_bounds};
 
-type Ctx = State<(App, Arc<FleetEvictionController>)>;
-
-/// Rewrites the metadata file before answering, off the async workers
-/// (it fsyncs).
-async fn persist_metadata(app: &App) {
-    let app = app.clone();
-    if let Err(error) = tokio::task::spawn_blocking(move || app.save_metadata()).await {
-        tracing::error!(%error, "metadata write task failed");
-    }
-}
+type Ctx = State<(Context, Arc<FleetEvictionController>)>;
 
 fn salt_of(path: &str) -> String {
     if path == "_default" {
@@ -75,7 +65,7 @@ pub(super) struct PutQuota {
 }
 
 pub(super) async fn put_quota(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Path(salt): Path<String>,
     Body(req): Body<PutQuota>,
 ) -> Result<Json<Value>, ApiError> {
@@ -89,15 +79,15 @@ pub(super) async fn put_quota(
         .quotas
         .limits
         .insert(salt.clone(), gb_to_bytes(req.limit_gb));
-    persist_metadata(&app).await;
+    ctx.persist_intent().await;
     tracing::info!(cache_salt = %salt, limit_gb = req.limit_gb, "quota set");
     Ok(Json(
         json!({"cache_salt": salt, "limit_gb": req.limit_gb, "status": "ok"}),
     ))
 }
 
-fn quota_row(app: &App, ctl: &FleetEvictionController, salt: &str, tier: Tier) -> Value {
-    let used = app.views.lock().usage.salt_bytes(tier, salt);
+fn quota_row(ctx: &Context, ctl: &FleetEvictionController, salt: &str, tier: Tier) -> Value {
+    let used = ctx.views.read(|v| v.usage.salt_bytes(tier, salt));
     let limit = match tier {
         Tier::L2 => ctl.state.lock().quotas.limits.get(salt).copied(),
         Tier::L1 => None,
@@ -107,16 +97,16 @@ fn quota_row(app: &App, ctl: &FleetEvictionController, salt: &str, tier: Tier) -
 }
 
 pub(super) async fn get_quota(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tier = usage_tier(q.tier)?;
-    Ok(Json(quota_row(&app, &ctl, &salt_of(&salt), tier)))
+    Ok(Json(quota_row(&ctx, &ctl, &salt_of(&salt), tier)))
 }
 
 async fn remove_quota(
-    app: &App,
+    ctx: &Context,
     ctl: &FleetEvictionController,
     salt: String,
     tier: TierFilter,
@@ -124,35 +114,35 @@ async fn remove_quota(
     l2_only(tier)?;
     let removed = ctl.state.lock().quotas.limits.remove(&salt).is_some();
     if removed {
-        persist_metadata(app).await;
+        ctx.persist_intent().await;
     }
     Ok(Json(json!({"cache_salt": salt, "limit_gb": 0.0,
                     "status": if removed { "removed" } else { "not_found" }})))
 }
 
 pub(super) async fn delete_quota(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Path(salt): Path<String>,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    remove_quota(&app, &ctl, salt_of(&salt), q.tier).await
+    remove_quota(&ctx, &ctl, salt_of(&salt), q.tier).await
 }
 
 /// `DELETE /quota/config` reaches the salt route in the reference (the
 /// config route has no DELETE), so it removes the salt named `config`.
 pub(super) async fn delete_config_salt(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    remove_quota(&app, &ctl, "config".to_owned(), q.tier).await
+    remove_quota(&ctx, &ctl, "config".to_owned(), q.tier).await
 }
 
 pub(super) async fn list_quotas(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let tier = usage_tier(q.tier)?;
-    let mut salts = app.views.lock().usage.salts(tier);
+    let mut salts = ctx.views.read(|v| v.usage.salts(tier));
     let total: u64 = salts.values().sum();
     if tier == Tier::L2 {
         for salt in ctl.state.lock().quotas.limits.keys() {
@@ -161,7 +151,7 @@ pub(super) async fn list_quotas(
     }
     let rows: Vec<Value> = salts
         .keys()
-        .map(|s| quota_row(&app, &ctl, s, tier))
+        .map(|s| quota_row(&ctx, &ctl, s, tier))
         .collect();
     Ok(Json(
         json!({"total_gb": bytes_to_gb(total), "by_cache_salt": rows}),
@@ -177,7 +167,7 @@ pub(super) struct PutDefault {
 }
 
 pub(super) async fn put_default(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Body(req): Body<PutDefault>,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(v) = req.default_limit_gb
@@ -190,12 +180,12 @@ pub(super) async fn put_default(
     }
     l2_only(req.tier)?;
     ctl.state.lock().quotas.default_limit = req.default_limit_gb.map(gb_to_bytes);
-    persist_metadata(&app).await;
+    ctx.persist_intent().await;
     Ok(Json(json!({"default_limit_gb": req.default_limit_gb})))
 }
 
 pub(super) async fn get_default(
-    State((_app, ctl)): Ctx,
+    State((_ctx, ctl)): Ctx,
     Query(q): Query<TierQuery>,
 ) -> Result<Json<Value>, ApiError> {
     l2_only(q.tier)?;
@@ -216,7 +206,7 @@ pub(super) struct PinRequest {
 }
 
 fn resolve_tokens(
-    app: &App,
+    ctx: &Context,
     model: &str,
     ws: i64,
     tokens: &[i64],
@@ -231,7 +221,7 @@ fn resolve_tokens(
         world_size: ws,
         cache_salt: salt,
     };
-    resolve(&query, app.settings.chunk_size).map_err(|e| ApiError::BadRequest(e.to_string()))
+    resolve(&query, ctx.settings.chunk_size).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 pub(super) async fn pin(ctx: Ctx, body: Body<PinRequest>) -> Result<Json<Value>, ApiError> {
@@ -244,12 +234,12 @@ pub(super) async fn unpin(ctx: Ctx, body: Body<PinRequest>) -> Result<Json<Value
 
 /// Pins or unpins a prompt's keys; the answer counts every resolved key.
 async fn change_pins(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Body(req): Body<PinRequest>,
     pin: bool,
 ) -> Result<Json<Value>, ApiError> {
     let r = resolve_tokens(
-        &app,
+        &ctx,
         &req.model_name,
         req.world_size,
         &req.token_ids,
@@ -263,7 +253,7 @@ async fn change_pins(
             state.pins.unpin(&r.keys);
         }
     }
-    persist_metadata(&app).await;
+    ctx.persist_intent().await;
     let status = if pin { "pinned" } else { "unpinned" };
     Ok(Json(
         json!({"requested": r.chunks, "affected": r.keys.len(), "status": status}),
@@ -283,7 +273,7 @@ pub(super) struct PinsQuery {
 }
 
 pub(super) async fn list_pins(
-    State((_app, ctl)): Ctx,
+    State((_ctx, ctl)): Ctx,
     Query(q): Query<PinsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let (offset, limit) = page_bounds(q.offset, q.limit)?;
@@ -327,15 +317,18 @@ pub(super) struct DeleteRequest {
 }
 
 pub(super) async fn delete(
-    State((app, ctl)): Ctx,
+    State((ctx, ctl)): Ctx,
     Body(req): Body<DeleteRequest>,
 ) -> Result<Json<Value>, ApiError> {
     if req.world_size < 1 {
         return Err(ApiError::body("world_size", "world_size must be >= 1"));
     }
-    let base = instance_url(&app, &req.instance_id)?;
+    let base = ctx
+        .actions
+        .base_url(&req.instance_id)
+        .map_err(|e| action_error("delete to", &req.instance_id, e))?;
     let r = resolve_tokens(
-        &app,
+        &ctx,
         &req.model_name,
         req.world_size,
         &req.token_ids,
@@ -348,11 +341,12 @@ pub(super) async fn delete(
         ));
     }
     let expanded: Vec<ObjectKey> = {
-        let views = app.views.lock();
-        r.keys
-            .iter()
-            .flat_map(|k| views.directory.expand_groups(k))
-            .collect()
+        ctx.views.read(|views| {
+            r.keys
+                .iter()
+                .flat_map(|k| views.directory.expand_groups(k))
+                .collect()
+        })
     };
     let (to_delete, pin_skipped) = if req.tier.touches_l2() && !req.force {
         let state = ctl.state.lock();
@@ -366,14 +360,12 @@ pub(super) async fn delete(
     if !to_delete.is_empty() {
         let keys: Vec<_> = to_delete.iter().map(ObjectKey::to_wire).collect();
         let body = json!({"keys": keys, "tier": req.tier.as_str(), "force": req.force});
-        match app.mp.delete_objects(&base, &body).await {
+        match ctx.actions.delete_objects("delete", &base, &body).await {
             Ok(reply) => {
-                app.count_mp("delete", true);
                 affected = reply.get("deleted").and_then(Value::as_i64).unwrap_or(0);
                 skipped = reply.get("skipped").and_then(Value::as_i64).unwrap_or(0);
             }
             Err(error) => {
-                app.count_mp("delete", false);
                 return Err(ApiError::BadGateway(format!(
                     "delete to '{}' failed: {error}",
                     req.instance_id
@@ -386,7 +378,7 @@ pub(super) async fn delete(
         if released > 0 {
             tracing::info!(instance_id = %req.instance_id, released, "forced delete released pins");
         }
-        persist_metadata(&app).await;
+        ctx.persist_intent().await;
     }
     Ok(Json(json!({
         "instance_id": req.instance_id,

@@ -152,3 +152,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
             })
     }
 }
+
+/// Default page size of listing endpoints.
+pub(crate) fn default_limit() -> i64 {
+    1000
+}
+
+/// Checks a page request: `offset ≥ 0` and `limit` in 1..=10000.
+pub(crate) fn page_bounds(offset: i64, limit: i64) -> Result<(usize, usize), ApiError> {
+    let offset =
+        usize::try_from(offset).map_err(|_| ApiError::query("offset", "offset must be >= 0"))?;
+    let limit = usize::try_from(limit)
+        .ok()
+        .filter(|l| (1..=10_000).contains(l))
+        .ok_or_else(|| ApiError::query("limit", "limit must be in 1..10000"))?;
+    Ok((offset, limit))
+}

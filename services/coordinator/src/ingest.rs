@@ -1,0 +1,209 @@
+//! The ingest handle: offers batches to the gate in order and broadcasts the
+//! admitted ones to the views and to every consuming controller. Both
+//! transports (`POST /events`, Kafka) go through here.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use ic_coordinator_core::events::{Batch, EventsResponse};
+use ic_coordinator_core::gate::Verdict;
+
+use crate::controller::Controller;
+use crate::metrics::{ConsumerLabel, MetricsSet, inc};
+use crate::views::{ViewStore, Views};
+
+/// What became of one Kafka record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// Its offset is at or below the position: the gate saw it already.
+    AlreadyConsumed,
+    /// It did not decode or validate; skipped, its offset still consumed.
+    Malformed,
+    /// Offered to the gate, with its verdict.
+    Offered(GateOutcome),
+}
+
+/// The gate's verdict on one batch, as counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateOutcome {
+    /// Admitted and broadcast.
+    Applied,
+    /// Seq at or below the cursor.
+    Duplicate,
+    /// Older incarnation.
+    Stale,
+}
+
+impl GateOutcome {
+    /// Metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Applied => "applied",
+            Self::Duplicate => "duplicate",
+            Self::Stale => "stale",
+        }
+    }
+}
+
+/// The write path into the views.
+#[derive(Debug)]
+pub struct Ingest {
+    views: Arc<ViewStore>,
+    controllers: Arc<[Arc<dyn Controller>]>,
+    metrics: Arc<MetricsSet>,
+}
+
+impl Ingest {
+    /// Writes into `views` and feeds `controllers`.
+    pub fn new(
+        views: Arc<ViewStore>,
+        controllers: Arc<[Arc<dyn Controller>]>,
+        metrics: Arc<MetricsSet>,
+    ) -> Self {
+        Self {
+            views,
+            controllers,
+            metrics,
+        }
+    }
+
+    /// Offers validated batches to the gate in order and broadcasts the
+    /// admitted ones.
+    pub fn ingest(&self, batches: &[Batch]) -> EventsResponse {
+        let mut out = EventsResponse::default();
+        self.views.write(|views| {
+            for batch in batches {
+                match self.offer(views, batch) {
+                    GateOutcome::Applied => out.applied += 1,
+                    GateOutcome::Duplicate => out.duplicates += 1,
+                    GateOutcome::Stale => out.stale += 1,
+                }
+            }
+        });
+        out
+    }
+
+    /// Offers one Kafka record's batch (`None` when it was malformed) to the
+    /// gate exactly as `POST /events` would, and advances the position in the
+    /// same critical section, so a checkpoint never holds one without the
+    /// other. A record at or below the position is not offered again.
+    pub fn ingest_record(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        batch: Option<&Batch>,
+    ) -> RecordOutcome {
+        self.views.write(|views| {
+            if !views.kafka.is_new(topic, partition, offset) {
+                return RecordOutcome::AlreadyConsumed;
+            }
+            let outcome = match batch {
+                Some(batch) => RecordOutcome::Offered(self.offer(views, batch)),
+                None => RecordOutcome::Malformed,
+            };
+            views.kafka.advance(topic, partition, offset);
+            outcome
+        })
+    }
+
+    /// Drops an instance's stream: fence, forget the cursor and, for an
+    /// explicit deregistration, its capacity declaration.
+    pub fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
+        self.views.write(|views| {
+            self.fence(views, instance_id);
+            views.gate.forget(instance_id);
+            if forget_capacity {
+                views.capacity.forget(instance_id);
+            }
+        });
+    }
+
+    /// The gate and broadcaster path both transports share.
+    fn offer(&self, views: &mut Views, batch: &Batch) -> GateOutcome {
+        let m = &self.metrics.metrics;
+        let verdict = views.gate.offer(
+            &batch.instance_id,
+            batch.incarnation,
+            batch.seq,
+            batch.dropped_events,
+        );
+        let outcome = match verdict {
+            Verdict::Admit { fence, gap } => {
+                if fence {
+                    tracing::info!(
+                        instance_id = %batch.instance_id,
+                        incarnation = batch.incarnation,
+                        "new incarnation; fencing L1 state"
+                    );
+                    m.event_fences.inc();
+                    self.fence(views, &batch.instance_id);
+                }
+                if gap {
+                    tracing::warn!(instance_id = %batch.instance_id, seq = batch.seq, "event sequence gap");
+                    m.event_gaps.inc();
+                }
+                if batch.dropped_events > 0 {
+                    tracing::warn!(
+                        instance_id = %batch.instance_id,
+                        dropped_events = batch.dropped_events,
+                        "emitter reports dropped events"
+                    );
+                    m.event_dropped.inc_by(batch.dropped_events);
+                }
+                self.broadcast(views, batch);
+                GateOutcome::Applied
+            }
+            Verdict::Duplicate => GateOutcome::Duplicate,
+            Verdict::Stale => GateOutcome::Stale,
+        };
+        inc(&m.event_batches, outcome.as_str());
+        outcome
+    }
+
+    /// Delivers one admitted batch to every consumer in order; a consumer
+    /// that fails is counted and the others still get the batch.
+    fn broadcast(&self, views: &mut Views, batch: &Batch) {
+        let Views {
+            directory,
+            usage,
+            capacity,
+            ..
+        } = views;
+        self.guard("key_directory", || directory.apply(batch));
+        self.guard("cache_usage", || usage.apply(batch));
+        self.guard("server_config", || capacity.apply(batch));
+        for c in self.controllers.iter().filter(|c| c.consumes_events()) {
+            let name = c.name();
+            self.guard(name, || {
+                if let Err(error) = c.consume(batch, views) {
+                    tracing::error!(controller = name, %error, "controller failed to apply a batch");
+                    self.count_failure(name);
+                }
+            });
+        }
+    }
+
+    fn guard(&self, consumer: &'static str, apply: impl FnOnce()) {
+        if catch_unwind(AssertUnwindSafe(apply)).is_err() {
+            tracing::error!(consumer, "consumer panicked while applying a batch");
+            self.count_failure(consumer);
+        }
+    }
+
+    fn count_failure(&self, consumer: &'static str) {
+        self.metrics
+            .metrics
+            .consumer_failures
+            .get_or_create(&ConsumerLabel { consumer })
+            .inc();
+    }
+
+    fn fence(&self, views: &mut Views, instance_id: &str) {
+        views.directory.fence(instance_id);
+        views.usage.fence(instance_id);
+        for c in self.controllers.iter() {
+            c.fence(instance_id);
+        }
+    }
+}
