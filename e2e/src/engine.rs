@@ -3,6 +3,12 @@
 //! era does, and a ZMQ ROUTER answering replay requests from its buffer.
 //! Tests can make the PUB socket "lose" batches (they stay in the replay
 //! buffer) and restart the engine (sequence numbers start over).
+//!
+//! The socket is an XPUB so the engine can see a subscriber's subscription
+//! arrive: `wait_for_subscriber` returns when the subscription to the topic
+//! has been registered, not after a guessed delay. (XPUB registers a
+//! subscription only when the application reads it, so every send first
+//! reads whatever subscriptions are pending.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -10,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt;
 use ic_kvevents::KvEvent;
 use ic_kvevents::encode::{Era, encode_batch};
 use zeromq::{Socket, SocketRecv, SocketSend};
@@ -20,7 +27,7 @@ use crate::free_port;
 // Holds sockets, which have no Debug.
 #[allow(missing_debug_implementations)]
 pub struct FakeEngine {
-    socket: zeromq::PubSocket,
+    socket: zeromq::XPubSocket,
     topic: Bytes,
     era: Era,
     next_seq: u64,
@@ -28,7 +35,6 @@ pub struct FakeEngine {
     pub events_port: u16,
     pub replay_port: u16,
     replay_task: tokio::task::JoinHandle<()>,
-    connected: futures::channel::mpsc::Receiver<zeromq::SocketEvent>,
     /// Reply to replay requests in the pre-0.26 framing.
     pub old_replay_framing: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -39,8 +45,7 @@ impl FakeEngine {
     }
 
     pub async fn start_on(era: Era, topic: &str, events_port: u16, replay_port: u16) -> Self {
-        let mut socket = zeromq::PubSocket::new();
-        let connected = socket.monitor();
+        let mut socket = zeromq::XPubSocket::new();
         socket
             .bind(&format!("tcp://127.0.0.1:{events_port}"))
             .await
@@ -97,7 +102,6 @@ impl FakeEngine {
             events_port,
             replay_port,
             replay_task,
-            connected,
             old_replay_framing,
         }
     }
@@ -145,19 +149,34 @@ impl FakeEngine {
         .collect()
     }
 
-    /// Waits until a subscriber has connected (and had time to subscribe).
+    /// Waits until a subscriber's subscription to this engine's topic has
+    /// been registered, so the next batch published reaches it.
     pub async fn wait_for_subscriber(&mut self) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
-            match tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut self.connected))
-                .await
-            {
-                Ok(Some(zeromq::SocketEvent::Accepted(..))) => break,
-                Ok(Some(_)) => continue,
-                Ok(None) | Err(_) => panic!("no subscriber connected"),
+            match tokio::time::timeout_at(deadline, self.socket.recv()).await {
+                Ok(Ok(message)) if self.subscribes_to_topic(&message) => return,
+                Ok(Ok(_)) => continue,
+                Ok(Err(error)) => {
+                    panic!("XPUB socket failed while waiting for a subscriber: {error}")
+                }
+                Err(_) => panic!("no subscriber subscribed to the topic within 30 s"),
             }
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    /// A subscribe message (`0x01` + prefix) whose prefix matches the topic.
+    fn subscribes_to_topic(&self, message: &zeromq::ZmqMessage) -> bool {
+        message.len() == 1
+            && message.get(0).is_some_and(|frame| {
+                frame.first() == Some(&1) && self.topic.starts_with(&frame[1..])
+            })
+    }
+
+    /// Registers subscriptions that arrived since the last read (a
+    /// subscriber that reconnected on its own), without waiting.
+    fn absorb_subscriptions(&mut self) {
+        while let Some(Ok(_)) = self.socket.recv().now_or_never() {}
     }
 
     fn next(&mut self, events: &[KvEvent]) -> (u64, Bytes) {
@@ -192,6 +211,7 @@ impl FakeEngine {
 
     /// Sends arbitrary frames (for malformed-input tests).
     pub async fn send_raw(&mut self, frames: Vec<Bytes>) {
+        self.absorb_subscriptions();
         self.socket
             .send(frames.try_into().unwrap())
             .await
@@ -208,5 +228,88 @@ impl FakeEngine {
 impl Drop for FakeEngine {
     fn drop(&mut self) {
         self.replay_task.abort();
+    }
+}
+
+/// A publisher that completes the ZMTP 3.0 handshake (NULL mechanism, as a
+/// PUB) and then sends a frame header whose length no reader can accept, on
+/// every connection: the subscriber's receive fails each time. Counts the
+/// connections it accepted.
+#[allow(missing_debug_implementations)]
+pub struct GarbagePublisher {
+    pub port: u16,
+    pub connections: Arc<std::sync::atomic::AtomicU64>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl GarbagePublisher {
+    pub fn start() -> Self {
+        use std::io::{Read, Write};
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, stopped) = (connections.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                let mut stream = match listener.accept() {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    }
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                stream.set_nonblocking(false).unwrap();
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .unwrap();
+                let mut greeting = [0u8; 64];
+                greeting[0] = 0xff;
+                greeting[9] = 0x7f;
+                greeting[10] = 3;
+                greeting[12..16].copy_from_slice(b"NULL");
+                let mut ready = vec![0x04, 0];
+                ready.push(5);
+                ready.extend_from_slice(b"READY");
+                ready.push(11);
+                ready.extend_from_slice(b"Socket-Type");
+                ready.extend_from_slice(&3u32.to_be_bytes());
+                ready.extend_from_slice(b"PUB");
+                ready[1] = u8::try_from(ready.len() - 2).unwrap();
+                // A long frame claiming u64::MAX bytes: a decode error.
+                let mut garbage = vec![0x02];
+                garbage.extend_from_slice(&u64::MAX.to_be_bytes());
+                let mut peer = [0u8; 64];
+                let _ = (|| -> std::io::Result<()> {
+                    stream.write_all(&greeting)?;
+                    stream.read_exact(&mut peer)?;
+                    stream.write_all(&ready)?;
+                    // The peer's READY (and perhaps its subscription).
+                    let mut buf = [0u8; 256];
+                    let _ = stream.read(&mut buf)?;
+                    stream.write_all(&garbage)?;
+                    std::thread::sleep(Duration::from_millis(20));
+                    Ok(())
+                })();
+            }
+        });
+        Self {
+            port,
+            connections,
+            stop,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("tcp://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for GarbagePublisher {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -237,6 +237,9 @@ pub struct SubscriberOptions {
     pub hash_scheme: &'static str,
     pub topic: String,
     pub engine_metrics_url: Option<String>,
+    /// Read events from here instead of the engine's PUB socket.
+    pub events_endpoint: Option<String>,
+    pub max_receive_errors: Option<u32>,
 }
 
 impl Default for SubscriberOptions {
@@ -249,6 +252,8 @@ impl Default for SubscriberOptions {
             hash_scheme: "vllm",
             topic: String::new(),
             engine_metrics_url: None,
+            events_endpoint: None,
+            max_receive_errors: None,
         }
     }
 }
@@ -265,7 +270,12 @@ impl Subscriber {
         let mut argv = vec![
             "ic-kvevent-subscriber".to_owned(),
             format!("--admin-addr=127.0.0.1:{admin_port}"),
-            format!("--engine-endpoint={}", engine.events_endpoint()),
+            format!(
+                "--engine-endpoint={}",
+                opts.events_endpoint
+                    .clone()
+                    .unwrap_or_else(|| engine.events_endpoint())
+            ),
             format!("--index-server={index_url}"),
             "--model-id=test/model".into(),
             "--replica-id=engine-0".into(),
@@ -281,6 +291,9 @@ impl Subscriber {
             argv.push(format!("--engine-metrics-url={url}"));
             argv.push("--tier2-scrape-interval-seconds=1".into());
         }
+        if let Some(n) = opts.max_receive_errors {
+            argv.push(format!("--max-receive-errors={n}"));
+        }
         if opts.replay {
             argv.push(format!("--replay-endpoint={}", engine.replay_endpoint()));
         }
@@ -291,6 +304,16 @@ impl Subscriber {
             admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
             stop,
             task,
+        }
+    }
+
+    /// Waits until the admin server accepts connections (the tests that
+    /// do not wait for an engine subscription first).
+    pub async fn wait_for_admin(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(self.admin).await.is_err() {
+            assert!(Instant::now() < deadline, "admin server never came up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
