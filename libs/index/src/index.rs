@@ -434,6 +434,31 @@ impl Index {
         true
     }
 
+    /// The replicas of `scope` a lookup may answer (in `candidates` when
+    /// given, seen since `fresh_since_ms` when given), with their serving
+    /// addresses, in registry order.
+    pub fn replicas_in(
+        &self,
+        scope: &Scope,
+        candidates: Option<&std::collections::HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> Vec<(ReplicaKey, String)> {
+        let reg = self.registry.read();
+        let Some(&scope_id) = reg.scopes.get(scope) else {
+            return Vec::new();
+        };
+        reg.replicas
+            .iter()
+            .flatten()
+            .filter(|m| {
+                m.scope == scope_id
+                    && candidates.is_none_or(|c| c.contains(&m.key.replica_id))
+                    && fresh_since_ms.is_none_or(|t| m.last_seen_ms.load(Ordering::Relaxed) >= t)
+            })
+            .map(|m| (m.key.clone(), m.address.clone()))
+            .collect()
+    }
+
     /// Replicas not heard from since `cutoff_ms` (Unix ms).
     pub fn replicas_silent_since(&self, cutoff_ms: i64) -> Vec<ReplicaKey> {
         self.registry

@@ -2,7 +2,8 @@
 //! and which replica holds the longest prefix of a prompt; [`route`] turns a
 //! lookup into a routing decision under a namespace's policy, and
 //! [`ingest`] holds the stream protocol (resync and sequence) every ingest
-//! front end shares. Pure: no I/O, no
+//! front end shares; [`pick`] scores the replicas by prefix and [`load`],
+//! counting recent picks as [`speculative`] holders. Pure: no I/O, no
 //! clocks (callers pass times in), safe to share between threads.
 //!
 //! Entries are keyed by `(scope, fingerprint)`, where the scope is
@@ -21,9 +22,12 @@ mod holders;
 mod index;
 pub mod ingest;
 mod keys;
+pub mod load;
 mod lookup;
+pub mod pick;
 mod prefetch;
 pub mod route;
+pub mod speculative;
 mod store;
 mod types;
 
@@ -33,5 +37,7 @@ pub use types::{
     LookupView, Match, NoDeadline, ReplicaKey, ReplicaSnapshot, Scope, Tier,
 };
 
+#[cfg(test)]
+mod route_tests;
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,8 @@
 //! longer than the policy's staleness bound are left out; the index scores
 //! the rest (within the deadline); tier-2-only matches are dropped when the
 //! policy excludes them; the best match must reach the minimum prefix.
+//! [`route_ranked`] then orders every eligible replica by prefix and load
+//! ([`crate::pick`]), counting recent picks as speculative holders.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -17,7 +19,10 @@ use std::time::Duration;
 use ic_kvevents::chain_fingerprints;
 
 use crate::Index;
-use crate::types::{Deadline, Fingerprint, LookupView, Match, Scope, Tier};
+use crate::load::{LoadBoard, ReplicaLoad};
+use crate::pick::{PickInput, ScoreWeights, Scored, rank};
+use crate::speculative::Speculation;
+use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, Scope, Tier};
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +84,9 @@ pub enum NoHintReason {
     BelowMinimumPrefix,
     /// The deadline passed before the lookup finished.
     LookupTimeout,
+    /// Every replica holding the prefix is over its load bound (or scored
+    /// below an idle one): route by load.
+    LoadBound,
 }
 
 /// A decision, with the replicas' names borrowed from the index.
@@ -202,5 +210,209 @@ pub fn route<R>(
         Some(fps) => {
             index.lookup_until(scope, fps, query.candidates, fresh_since, deadline, decide)
         }
+    }
+}
+
+/// The load-aware part of a decision: where the scoring sends the request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ranked {
+    /// Tokens per block in the scope.
+    pub block_size: u32,
+    /// Full blocks in the prompt (0 for a prefix-hash query).
+    pub prompt_blocks: u32,
+    /// Every eligible replica, best first (empty when the routing core had
+    /// nothing to score: unknown scope, short prompt, timeout, minimum).
+    pub ranked: Vec<Scored>,
+    /// Set when there is no routing hint, with why; `ranked` may still say
+    /// where load alone would send the request.
+    pub no_hint: Option<(NoHintReason, String)>,
+    /// The prompt's block fingerprints (for recording the pick).
+    pub blocks: Vec<Fingerprint>,
+}
+
+impl Ranked {
+    /// The recommended replica when there is a hint.
+    pub fn best(&self) -> Option<&Scored> {
+        self.no_hint
+            .is_none()
+            .then(|| self.ranked.first())
+            .flatten()
+    }
+}
+
+/// Where the load-aware scoring reads load and speculative holders. It is
+/// asked only after the index walk, so an implementation behind locks holds
+/// them briefly.
+pub trait ScoringSource {
+    /// Replicas speculatively holding `blocks` from the start, with the
+    /// blocks each holds.
+    fn speculative(
+        &self,
+        scope_tag: u64,
+        blocks: &[Fingerprint],
+        now_ms: i64,
+    ) -> Vec<(String, u32)>;
+    /// The load of each of `replica_ids`, in order.
+    fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad>;
+}
+
+/// A load board and a speculation table read directly (tests, simulations).
+#[derive(Clone, Copy, Debug)]
+pub struct Boards<'a> {
+    /// Load per replica.
+    pub load: &'a LoadBoard,
+    /// Speculative holders.
+    pub speculation: &'a Speculation,
+}
+
+impl ScoringSource for Boards<'_> {
+    fn speculative(
+        &self,
+        scope_tag: u64,
+        blocks: &[Fingerprint],
+        now_ms: i64,
+    ) -> Vec<(String, u32)> {
+        self.speculation.matched(scope_tag, blocks, now_ms)
+    }
+
+    fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
+        replica_ids
+            .iter()
+            .map(|id| self.load.load(id, now_ms))
+            .collect()
+    }
+}
+
+/// How a decision is scored.
+#[derive(Clone, Copy)]
+pub struct Scoring<'a> {
+    /// Score weights and the load bound.
+    pub weights: &'a ScoreWeights,
+    /// Load and speculative holders.
+    pub source: &'a dyn ScoringSource,
+    /// Tag of the query's scope in the speculation table.
+    pub scope_tag: u64,
+}
+
+impl std::fmt::Debug for Scoring<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scoring")
+            .field("weights", self.weights)
+            .field("scope_tag", &self.scope_tag)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stable tag of `scope` for the speculation table.
+pub fn scope_tag(scope: &Scope) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    scope.hash(&mut h);
+    h.finish()
+}
+
+/// [`route`], then the scoring: the prefix match (real or speculative),
+/// load and the load bound decide the order of every eligible replica.
+/// A hint is given when the best-ranked replica holds part of the prompt;
+/// when it holds none although some replica does (they are all over their
+/// load bound or outscored by load), the answer is no hint for
+/// [`NoHintReason::LoadBound`], with the ranking still saying where to go.
+#[allow(clippy::too_many_arguments)]
+pub fn route_ranked(
+    index: &Index,
+    query: &RouteQuery<'_>,
+    policy: &RoutePolicy,
+    default_block_size: u32,
+    now_ms: i64,
+    deadline: &dyn Deadline,
+    scoring: Scoring<'_>,
+) -> Ranked {
+    let block_size = index.block_size(query.scope).unwrap_or(default_block_size);
+    let blocks: Vec<Fingerprint> = match query.key {
+        RouteKey::PrefixHash(fp) => vec![fp],
+        RouteKey::Blocks(b) => b.to_vec(),
+        RouteKey::Tokens(t) => chain_fingerprints(None, t, block_size as usize),
+    };
+    // Fingerprint once: the walk and the speculation read the same blocks.
+    let query = &RouteQuery {
+        key: match query.key {
+            RouteKey::PrefixHash(fp) => RouteKey::PrefixHash(fp),
+            _ => RouteKey::Blocks(&blocks),
+        },
+        ..*query
+    };
+    let decided = route(
+        index,
+        query,
+        policy,
+        default_block_size,
+        now_ms,
+        deadline,
+        |d| {
+            let outcome = match d.outcome {
+                RouteOutcome::Route(m) => Ok(m.iter().map(Match::to_candidate).collect()),
+                RouteOutcome::NoHint { reason, detail } => Err((reason, detail)),
+            };
+            (d.block_size, d.prompt_blocks, outcome)
+        },
+    );
+    let (block_size, prompt_blocks, outcome) = decided;
+    let matches: Vec<Candidate> = match outcome {
+        Ok(m) => m,
+        Err((NoHintReason::NoEntry, _)) => Vec::new(),
+        Err(no_hint) => {
+            return Ranked {
+                block_size,
+                prompt_blocks,
+                ranked: Vec::new(),
+                no_hint: Some(no_hint),
+                blocks,
+            };
+        }
+    };
+    let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
+    let replicas = index.replicas_in(
+        query.scope,
+        query.candidates,
+        Some(now_ms.saturating_sub(stale_ms)),
+    );
+    let speculative = match query.key {
+        RouteKey::PrefixHash(_) => Vec::new(),
+        _ => scoring
+            .source
+            .speculative(scoring.scope_tag, &blocks, now_ms),
+    };
+    let ids: Vec<&str> = replicas
+        .iter()
+        .map(|(k, _)| k.replica_id.as_str())
+        .collect();
+    let loads = scoring.source.loads(&ids, now_ms);
+    let input = PickInput {
+        replicas: &replicas,
+        matches: &matches,
+        speculative: &speculative,
+        prompt_blocks,
+        block_size,
+        tie_seed: blocks.last().copied().unwrap_or(0),
+    };
+    let ranked = rank(&input, scoring.weights, &loads);
+    let no_hint = match ranked.first() {
+        Some(best) if best.matched_blocks > 0 => None,
+        _ if matches.is_empty() && speculative.is_empty() => Some((
+            NoHintReason::NoEntry,
+            "no replica holds the first block".to_owned(),
+        )),
+        _ => Some((
+            NoHintReason::LoadBound,
+            "the replicas holding the prefix are over their load bound or outscored by load"
+                .to_owned(),
+        )),
+    };
+    Ranked {
+        block_size,
+        prompt_blocks,
+        ranked,
+        no_hint,
+        blocks,
     }
 }

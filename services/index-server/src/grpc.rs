@@ -6,8 +6,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ic_index::route::{NoHintReason, RouteDecision, RouteKey, RouteOutcome, RouteQuery, route};
-use ic_index::{Deadline, Index, Match};
+use ic_index::pick::Scored;
+use ic_index::route::{NoHintReason, Ranked, RouteKey, RouteQuery, scope_tag};
+use ic_index::{Change, Deadline, Index};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use parking_lot::RwLock;
@@ -17,6 +18,7 @@ use crate::convert::scope_from_pb;
 use crate::ingest::{IngestStream, Step};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
+use crate::routing::Routing;
 use crate::tokenize::{EncodeError, Tokenizers};
 
 /// Largest prompt accepted, in blocks or tokens.
@@ -39,6 +41,8 @@ pub struct IndexServer {
     pub metrics: Metrics,
     /// Tokenizers for `prompt_text` lookups, by model.
     pub tokenizers: Arc<Tokenizers>,
+    /// Load board, speculative holders and scoring weights.
+    pub routing: Arc<Routing>,
 }
 
 /// A lookup's budget on the monotonic clock.
@@ -50,15 +54,18 @@ impl Deadline for Until {
     }
 }
 
-fn score(c: &Match<'_>) -> pb::CandidateScore {
+fn score(c: &Scored) -> pb::CandidateScore {
     pb::CandidateScore {
         replica: Some(pb::ReplicaRef {
             replica_id: c.replica.replica_id.clone(),
-            address: c.address.to_owned(),
+            address: c.address.clone(),
         }),
         matched_blocks: c.matched_blocks,
         matched_tokens: u32::try_from(c.matched_tokens()).unwrap_or(u32::MAX),
         tier: ic_proto::tier::to_pb(c.tier),
+        score: c.score,
+        speculative: c.speculative,
+        load: c.load.requests,
     }
 }
 
@@ -69,27 +76,41 @@ fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
         NoHintReason::NoEntry => pb::NoHintReason::NoEntry,
         NoHintReason::BelowMinimumPrefix => pb::NoHintReason::BelowMinimumPrefix,
         NoHintReason::LookupTimeout => pb::NoHintReason::LookupTimeout,
+        NoHintReason::LoadBound => pb::NoHintReason::LoadBound,
     }
 }
 
-/// The routing core's decision on the wire.
-fn response_of(decision: RouteDecision<'_>) -> pb::LookupRouteResponse {
+/// The routing core's decision on the wire: candidates are the replicas
+/// holding part of the prompt, best first.
+fn response_of(decision: &Ranked) -> pb::LookupRouteResponse {
+    let candidates: Vec<pb::CandidateScore> = decision
+        .ranked
+        .iter()
+        .filter(|s| s.matched_blocks > 0)
+        .map(score)
+        .collect();
     let base = pb::LookupRouteResponse {
         block_size: decision.block_size,
         prompt_blocks: decision.prompt_blocks,
+        candidates,
         ..Default::default()
     };
-    match decision.outcome {
-        RouteOutcome::Route(matches) => pb::LookupRouteResponse {
+    match (&decision.no_hint, decision.best()) {
+        (None, Some(best)) => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::PrefixMatch as i32,
-            best: matches.first().map(score),
-            candidates: matches.iter().map(score).collect(),
+            best: Some(score(best)),
             ..base
         },
-        RouteOutcome::NoHint { reason, detail } => pb::LookupRouteResponse {
+        (Some((reason, detail)), _) => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::NoHint as i32,
-            no_hint_reason: reason_to_pb(reason) as i32,
-            detail,
+            no_hint_reason: reason_to_pb(*reason) as i32,
+            detail: detail.clone(),
+            ..base
+        },
+        (None, None) => pb::LookupRouteResponse {
+            outcome: pb::LookupOutcome::NoHint as i32,
+            no_hint_reason: pb::NoHintReason::NoEntry as i32,
+            detail: "no replica to route to".into(),
             ..base
         },
     }
@@ -104,6 +125,7 @@ impl IndexServer {
             default_block_size,
             metrics,
             tokenizers: Arc::new(Tokenizers::default()),
+            routing: Arc::new(Routing::default()),
         }
     }
 
@@ -174,15 +196,26 @@ impl IndexServer {
             key,
             candidates: candidates.as_ref(),
         };
-        let response = route(
+        let now_ms = ic_clock::unix_ms();
+        let decision = self.routing.decide(
             &self.index,
             &query,
             &policy,
             self.default_block_size,
-            ic_clock::unix_ms(),
+            now_ms,
             &deadline,
-            response_of,
         );
+        let response = response_of(&decision);
+        // A gateway that follows `best` sends the request there: count it
+        // in the load and as a speculative holder of the prompt.
+        if let Some(best) = decision.best() {
+            let blocks: &[u64] = match query.key {
+                RouteKey::PrefixHash(_) => &[],
+                _ => &decision.blocks,
+            };
+            self.routing
+                .picked(scope_tag(&scope), &best.replica.replica_id, blocks, now_ms);
+        }
         self.metrics.record_lookup(&response, started.elapsed());
         Ok(response)
     }
@@ -205,6 +238,7 @@ impl IndexServer {
                 let errors = self.index.apply(&key, &scope, &address, &changes, now);
                 self.metrics.content_errors.inc_by(errors.len() as u64);
                 self.index.set_tier2(&key, tier2);
+                self.confirm_speculation(&scope, &key.replica_id, &changes);
             }
             Step::Replace {
                 key,
@@ -217,10 +251,21 @@ impl IndexServer {
                 self.metrics.content_errors.inc_by(errors.len() as u64);
                 self.index.set_tier2(&key, tier2);
                 self.metrics.resyncs.inc();
+                self.confirm_speculation(&scope, &key.replica_id, &changes);
             }
             Step::ResyncRequired(detail) => return Some(detail),
         }
         None
+    }
+
+    /// Stored blocks replace the replica's speculative holding of them.
+    fn confirm_speculation(&self, scope: &ic_index::Scope, replica_id: &str, changes: &[Change]) {
+        let tag = scope_tag(scope);
+        for change in changes {
+            if let Change::Stored { fingerprints, .. } = change {
+                self.routing.confirm(tag, replica_id, fingerprints);
+            }
+        }
     }
 }
 
@@ -264,6 +309,20 @@ impl IndexService for IndexServer {
         let _open = scopeguard(&self.metrics);
         while let Some(batch) = stream.message().await? {
             let seq = batch.seq;
+            let engine_load = batch.engine_load.zip(batch.replica.as_ref()).map(|(l, r)| {
+                (
+                    r.replica_id.clone(),
+                    ic_index::load::EngineLoad {
+                        waiting: l.waiting,
+                        running: l.running,
+                        kv_usage: if l.kv_usage.is_finite() {
+                            l.kv_usage.clamp(0.0, 1.0)
+                        } else {
+                            0.0
+                        },
+                    },
+                )
+            });
             let step = state.accept(batch).map_err(|e| {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
@@ -278,6 +337,10 @@ impl IndexService for IndexServer {
                 }));
             }
             self.metrics.ingest_batch("applied");
+            if let Some((replica_id, load)) = engine_load {
+                self.routing
+                    .report_engine(&replica_id, load, ic_clock::unix_ms());
+            }
             self.metrics.set_index_size(&self.index);
             last_applied_seq = seq;
         }

@@ -128,6 +128,7 @@ mod tests {
                 })),
             }],
             tier2_stats: None,
+            engine_load: None,
             sent_at_unix_ms: 0,
         }
     }

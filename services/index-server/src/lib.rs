@@ -12,6 +12,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod policy;
 pub mod probe;
+pub mod routing;
 pub mod tokenize;
 
 use std::net::SocketAddr;
@@ -99,6 +100,10 @@ pub struct Config {
     /// Subscribers heartbeat every 5 s, so only gone engines reach it.
     #[arg(long, env = "IC_REPLICA_GC_AFTER_SECONDS", default_value_t = 600)]
     pub replica_gc_after_seconds: u64,
+
+    /// Load-aware scoring.
+    #[command(flatten)]
+    pub scoring: routing::ScoringFlags,
 }
 
 /// How `/probe` authenticates, from the flags.
@@ -166,9 +171,43 @@ async fn collect_stale_replicas(
     }
 }
 
+/// Every few seconds: load and speculation of replicas gone from the index
+/// are dropped (they never outlive a replica), expired speculation goes,
+/// and the speculation metrics are refreshed.
+async fn routing_upkeep(
+    index: Arc<Index>,
+    routing: Arc<routing::Routing>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut dropped_seen = 0;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let present: std::collections::HashSet<String> = index
+            .replicas_silent_since(i64::MAX)
+            .into_iter()
+            .map(|k| k.replica_id)
+            .collect();
+        routing.retain(&present, ic_clock::unix_ms());
+        let (entries, dropped) = routing.speculation_stats();
+        metrics
+            .speculative_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        metrics
+            .speculative_dropped
+            .inc_by(dropped.saturating_sub(dropped_seen));
+        dropped_seen = dropped;
+    }
+}
+
 /// Runs the server until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
+    let routing = Arc::new(routing::Routing::from_flags(&config.scoring)?);
     let auth = probe_auth(&config).await?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
@@ -182,6 +221,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     IndexMemoryCollector::register(&registry, index.clone());
     let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
     service.tokenizers = Arc::new(tokenizers);
+    service.routing = routing.clone();
     let http_state = http::HttpState {
         index: index.clone(),
         prober: Prober::new(service.clone()),
@@ -210,6 +250,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             shutdown.clone(),
         ));
     }
+    tokio::spawn(routing_upkeep(
+        index.clone(),
+        routing.clone(),
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     // Standard grpc.health.v1 (Kubernetes gRPC probes, load balancers; the
     // load generator's empty-RPC baseline).
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -74,6 +74,10 @@ pub struct Metrics {
     pub probe_refusals: Family<ReasonLabel, Counter>,
     /// Replicas forgotten because they fell silent.
     pub stale_replicas_removed: Counter,
+    /// Speculative (block, replica) entries held.
+    pub speculative_entries: Gauge,
+    /// Speculative entries dropped to stay within --speculative-max-entries.
+    pub speculative_dropped: Counter,
 }
 
 impl Metrics {
@@ -93,6 +97,8 @@ impl Metrics {
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
             stale_replicas_removed: Counter::default(),
+            speculative_entries: Gauge::default(),
+            speculative_dropped: Counter::default(),
         };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
@@ -152,6 +158,16 @@ impl Metrics {
                 "Replicas forgotten after falling silent for longer than --replica-gc-after",
                 m.stale_replicas_removed.clone(),
             );
+            r.register(
+                "speculative_entries",
+                "Speculative (block, replica) holders: recent picks not yet confirmed by KV events",
+                m.speculative_entries.clone(),
+            );
+            r.register(
+                "speculative_dropped",
+                "Speculative entries dropped to stay within --speculative-max-entries",
+                m.speculative_dropped.clone(),
+            );
         });
         m
     }
@@ -172,6 +188,7 @@ impl Metrics {
                     Ok(pb::NoHintReason::LookupTimeout) => "lookup_timeout",
                     Ok(pb::NoHintReason::UnknownModel) => "unknown_model",
                     Ok(pb::NoHintReason::PromptTooShort) => "prompt_too_short",
+                    Ok(pb::NoHintReason::LoadBound) => "load_bound",
                     _ => "unspecified",
                 },
             }

@@ -231,6 +231,7 @@ impl Prober {
                 })),
             }],
             tier2_stats: None,
+            engine_load: None,
             sent_at_unix_ms: now_ms,
         };
         let step = match IngestStream::for_probe().accept(batch) {

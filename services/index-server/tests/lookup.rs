@@ -81,9 +81,6 @@ fn tokens() -> Key {
 
 #[test]
 fn every_key_form_finds_the_same_best_replica() {
-    let s = server();
-    hold(&s, "a", 4, Tier::T1);
-    hold(&s, "b", 2, Tier::T1);
     let fps = chain_fingerprints(None, &prompt(), 16);
     for key in [
         tokens(),
@@ -92,6 +89,11 @@ fn every_key_form_finds_the_same_best_replica() {
         }),
         Key::PrefixHash(fps[3]),
     ] {
+        // A fresh server each time: a pick counts as load, and a repeated
+        // prompt would be sent elsewhere by the load bound.
+        let s = server();
+        hold(&s, "a", 4, Tier::T1);
+        hold(&s, "b", 2, Tier::T1);
         let r = s.lookup(&request(key)).unwrap();
         assert_eq!(r.outcome, pb::LookupOutcome::PrefixMatch as i32);
         let best = r.best.unwrap();

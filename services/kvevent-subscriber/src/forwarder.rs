@@ -116,10 +116,10 @@ async fn stream_once(
     });
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     'pump: loop {
-        let (work, tier2, queued) = {
+        let (work, stats, queued) = {
             let mut ob = lock(outbox);
             let work = ob.take(CHUNK);
-            (work, ob.tier2, ob.queued())
+            (work, (ob.tier2, ob.engine_load), ob.queued())
         };
         metrics
             .queue_depth
@@ -130,7 +130,7 @@ async fn stream_once(
                 _ = heartbeat.tick() => {
                     for rank in 0..seqs.len().max(1) {
                         let rank = u32::try_from(rank).unwrap_or(0);
-                        let batch = build(identity, rank, seqs, Vec::new(), false, false, tier2);
+                        let batch = build(identity, rank, seqs, Vec::new(), false, false, stats);
                         if tx.send(batch).await.is_err() { break 'pump; }
                     }
                 }
@@ -157,13 +157,13 @@ async fn stream_once(
                         .into_iter()
                         .enumerate()
                         .map(|(i, events)| {
-                            build(identity, rank, seqs, events, i == 0, i == last, tier2)
+                            build(identity, rank, seqs, events, i == 0, i == last, stats)
                         })
                         .collect::<Vec<_>>()
                 }
                 Outgoing::Delta { rank, changes } => {
                     let events = changes.into_iter().map(convert::event).collect();
-                    vec![build(identity, rank, seqs, events, false, false, tier2)]
+                    vec![build(identity, rank, seqs, events, false, false, stats)]
                 }
             };
             for batch in batches {
@@ -191,7 +191,10 @@ fn build(
     events: Vec<pb::IndexEvent>,
     resync_begin: bool,
     resync_end: bool,
-    tier2: Option<crate::outbox::Tier2Counters>,
+    (tier2, load): (
+        Option<crate::outbox::Tier2Counters>,
+        Option<crate::tier2::EngineLoad>,
+    ),
 ) -> pb::IngestBatch {
     let index = rank as usize;
     if seqs.len() <= index {
@@ -220,5 +223,10 @@ fn build(
             None => pb::Tier2Stats::default(),
         }),
         sent_at_unix_ms: now_ms,
+        engine_load: load.map(|l| pb::EngineLoad {
+            waiting: l.waiting,
+            running: l.running,
+            kv_usage: l.kv_usage,
+        }),
     }
 }

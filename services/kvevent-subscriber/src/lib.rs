@@ -308,7 +308,10 @@ async fn scrape_tier2(
                     metrics.record_tier2(last, now);
                     last = Some(now);
                 }
-                outbox::lock(&outbox).tier2 = counters;
+                let load = tier2::parse_engine_load(&text);
+                let mut ob = outbox::lock(&outbox);
+                ob.tier2 = counters;
+                ob.engine_load = load;
             }
             Err(error) => {
                 metrics.tier2_scrape_failures.inc();

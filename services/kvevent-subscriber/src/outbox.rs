@@ -55,6 +55,8 @@ pub struct Outbox {
     queued: usize,
     /// Latest tier-2 counters; `None` while the engine exports none.
     pub tier2: Option<Tier2Counters>,
+    /// The engine's latest load, if scraped.
+    pub engine_load: Option<crate::tier2::EngineLoad>,
 }
 
 /// Locks the shared outbox. A panic elsewhere cannot leave it half-updated
@@ -80,6 +82,7 @@ impl Outbox {
             capacity: capacity.max(1),
             queued: 0,
             tier2: None,
+            engine_load: None,
         }
     }
 

@@ -128,6 +128,7 @@ fn preload_batches(fleet: &Fleet, replica: u32) -> Vec<pb::IngestBatch> {
                 })),
             }],
             tier2_stats: None,
+            engine_load: None,
             sent_at_unix_ms: 0,
         })
         .collect()

@@ -107,6 +107,7 @@ impl IndexServer {
                 queries,
             }),
             sent_at_unix_ms: now,
+            engine_load: None,
         };
         let ack = client
             .ingest_events(futures::stream::iter(vec![batch]))

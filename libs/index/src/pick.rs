@@ -1,0 +1,331 @@
+//! Scoring replicas by prefix match and load, with a load bound: the
+//! routing core's choice of *where* once [`crate::route`] has said *what is
+//! held where*.
+//!
+//! For each eligible replica `r` of the scope:
+//!
+//! ```text
+//! prefix(r) = matched_blocks(r) / prompt_blocks × (1 at T1, t2_credit at T2)
+//! load(r)   = requests(r) / max(1, max over replicas of requests)
+//! score(r)  = prefix_weight × prefix(r) − load_weight × load(r) − kv_weight × kv_usage(r)
+//! ```
+//!
+//! where `matched_blocks` is the longer of the index's match and the
+//! replica's speculative holding (a recent pick), and `requests` is the
+//! [`crate::load::LoadBoard`]'s estimate. With a load bound `c`, a replica is
+//! eligible only while `requests(r) + 1 ≤ c × (Σ requests + 1) / n` (its
+//! share of the fleet's load after this request); replicas over it are
+//! ranked after every replica within it. Equal scores go to the less loaded
+//! replica, then to a hash of (request, replica): never to "the most
+//! recently active", which is the one that just got the last request and
+//! would take every tie of a shared prefix.
+
+use crate::load::ReplicaLoad;
+use crate::types::{Candidate, ReplicaKey, Tier};
+
+/// The weights of the score and the load bound.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreWeights {
+    /// Weight of the prefix match (fraction of the prompt held).
+    pub prefix: f64,
+    /// Weight of the normalised request load.
+    pub load: f64,
+    /// Weight of the engine's KV-cache usage.
+    pub kv_usage: f64,
+    /// Credit of a block held only at T2, relative to T1.
+    pub t2_credit: f64,
+    /// Load bound factor (`None`: unbounded).
+    pub load_bound: Option<f64>,
+}
+
+impl Default for ScoreWeights {
+    fn default() -> Self {
+        Self {
+            prefix: 2.0,
+            load: 1.0,
+            kv_usage: 0.5,
+            t2_credit: 0.5,
+            load_bound: Some(1.25),
+        }
+    }
+}
+
+impl ScoreWeights {
+    /// Prefix match only, unbounded: the longest match wins, as before load
+    /// was scored (kept for comparisons).
+    pub fn prefix_only() -> Self {
+        Self {
+            prefix: 1.0,
+            load: 0.0,
+            kv_usage: 0.0,
+            t2_credit: 1.0,
+            load_bound: None,
+        }
+    }
+}
+
+/// One replica, scored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// Which replica.
+    pub replica: ReplicaKey,
+    /// Its serving address.
+    pub address: String,
+    /// Blocks matched from the start (real or speculative, the longer).
+    pub matched_blocks: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Coldest tier of the match (T1 for a speculative one).
+    pub tier: Tier,
+    /// Whether the match counted is a speculative holding.
+    pub speculative: bool,
+    /// Its load.
+    pub load: ReplicaLoad,
+    /// The score.
+    pub score: f64,
+    /// Over the load bound: ranked after every replica within it.
+    pub over_bound: bool,
+}
+
+impl Scored {
+    /// Matched tokens.
+    pub fn matched_tokens(&self) -> u64 {
+        u64::from(self.matched_blocks) * u64::from(self.block_size)
+    }
+}
+
+/// What to score: the scope's eligible replicas and what each holds.
+#[derive(Clone, Copy, Debug)]
+pub struct PickInput<'a> {
+    /// Every replica that may be answered, with its address.
+    pub replicas: &'a [(ReplicaKey, String)],
+    /// The index's matches (replicas holding at least the first block).
+    pub matches: &'a [Candidate],
+    /// Speculative holdings: replica id and blocks held from the start.
+    pub speculative: &'a [(String, u32)],
+    /// Blocks in the prompt (0 for a prefix-hash query: a match is whole).
+    pub prompt_blocks: u32,
+    /// Tokens per block of the scope.
+    pub block_size: u32,
+    /// Distinguishes requests for tie-breaking (e.g. the prompt's last
+    /// block fingerprint).
+    pub tie_seed: u64,
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64's finaliser: a cheap, well-spread hash.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn tie_rank(seed: u64, replica_id: &str) -> u64 {
+    let h = replica_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    mix(seed ^ h)
+}
+
+/// Scores every replica of `input` under `weights`, best first; `loads`
+/// holds each replica's load, in the order of `input.replicas` (a missing
+/// one reads as idle).
+pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]) -> Vec<Scored> {
+    let loads: Vec<ReplicaLoad> = (0..input.replicas.len())
+        .map(|i| loads.get(i).copied().unwrap_or_default())
+        .collect();
+    let max_requests = loads.iter().map(|l| l.requests).fold(1.0, f64::max);
+    let total: f64 = loads.iter().map(|l| l.requests).sum();
+    let n = input.replicas.len().max(1) as f64;
+    let bound = weights.load_bound.map(|c| c * (total + 1.0) / n);
+    let mut out: Vec<(Scored, u64)> = input
+        .replicas
+        .iter()
+        .zip(loads)
+        .map(|((key, address), load)| {
+            let real = input.matches.iter().find(|m| &m.replica == key);
+            let spec = input
+                .speculative
+                .iter()
+                .find(|(id, _)| *id == key.replica_id)
+                .map_or(0, |(_, b)| *b);
+            let (matched_blocks, tier, speculative) = match real {
+                Some(m) if m.matched_blocks >= spec => (m.matched_blocks, m.tier, false),
+                _ if spec > 0 => (spec, Tier::T1, true),
+                _ => (0, Tier::T1, false),
+            };
+            let held = if input.prompt_blocks == 0 {
+                f64::from(u8::from(matched_blocks > 0))
+            } else {
+                (f64::from(matched_blocks) / f64::from(input.prompt_blocks)).min(1.0)
+            };
+            let credit = if tier == Tier::T1 {
+                1.0
+            } else {
+                weights.t2_credit
+            };
+            let score = weights.prefix * held * credit
+                - weights.load * load.requests / max_requests
+                - weights.kv_usage * load.kv_usage;
+            let over_bound = bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9);
+            (
+                Scored {
+                    replica: key.clone(),
+                    address: address.clone(),
+                    matched_blocks,
+                    block_size: input.block_size,
+                    tier,
+                    speculative,
+                    load,
+                    score,
+                    over_bound,
+                },
+                tie_rank(input.tie_seed, &key.replica_id),
+            )
+        })
+        .collect();
+    out.sort_by(|(a, a_tie), (b, b_tie)| {
+        a.over_bound
+            .cmp(&b.over_bound)
+            .then(b.score.total_cmp(&a.score))
+            .then(a.load.requests.total_cmp(&b.load.requests))
+            .then(b_tie.cmp(a_tie))
+            .then(a.replica.cmp(&b.replica))
+    });
+    out.into_iter().map(|(s, _)| s).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> ReplicaKey {
+        ReplicaKey {
+            tenant: "t".into(),
+            replica_id: id.into(),
+            dp_rank: 0,
+        }
+    }
+
+    fn replicas(ids: &[&str]) -> Vec<(ReplicaKey, String)> {
+        ids.iter()
+            .map(|id| (key(id), format!("{id}:8000")))
+            .collect()
+    }
+
+    fn matched(id: &str, blocks: u32, tier: Tier) -> Candidate {
+        Candidate {
+            replica: key(id),
+            address: format!("{id}:8000"),
+            matched_blocks: blocks,
+            block_size: 16,
+            tier,
+        }
+    }
+
+    fn input<'a>(
+        replicas: &'a [(ReplicaKey, String)],
+        matches: &'a [Candidate],
+        speculative: &'a [(String, u32)],
+        seed: u64,
+    ) -> PickInput<'a> {
+        PickInput {
+            replicas,
+            matches,
+            speculative,
+            prompt_blocks: 10,
+            block_size: 16,
+            tie_seed: seed,
+        }
+    }
+
+    fn loads(r: &[(ReplicaKey, String)], f: impl Fn(&str) -> f64) -> Vec<ReplicaLoad> {
+        r.iter()
+            .map(|(k, _)| ReplicaLoad {
+                requests: f(&k.replica_id),
+                kv_usage: 0.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_longest_match_wins_when_loads_are_equal() {
+        let r = replicas(&["a", "b", "c"]);
+        let m = [matched("a", 4, Tier::T1), matched("b", 8, Tier::T1)];
+        let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
+        assert_eq!(ranked[0].replica.replica_id, "b");
+        assert_eq!(ranked[1].replica.replica_id, "a");
+        assert_eq!(ranked[2].matched_blocks, 0);
+    }
+
+    #[test]
+    fn t1_beats_t2_at_equal_length() {
+        let r = replicas(&["a", "b"]);
+        let m = [matched("a", 8, Tier::T2), matched("b", 8, Tier::T1)];
+        let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
+        assert_eq!(ranked[0].replica.replica_id, "b");
+    }
+
+    #[test]
+    fn equal_matches_spread_over_requests_instead_of_piling_up() {
+        // Every replica holds the shared first block only: the choice must
+        // depend on the request, not on which replica was active last.
+        let r = replicas(&["a", "b", "c", "d"]);
+        let m: Vec<Candidate> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| matched(id, 1, Tier::T1))
+            .collect();
+        let picks: std::collections::BTreeSet<String> = (0..64)
+            .map(|seed| {
+                rank(&input(&r, &m, &[], seed), &ScoreWeights::default(), &[])[0]
+                    .replica
+                    .replica_id
+                    .clone()
+            })
+            .collect();
+        assert_eq!(picks.len(), 4, "{picks:?}");
+    }
+
+    #[test]
+    fn a_replica_over_the_load_bound_is_passed_over() {
+        let r = replicas(&["a", "b", "c", "d"]);
+        let m = [matched("a", 10, Tier::T1)];
+        // a: 9 requests, the rest 1 each: fair share after this one is
+        // (12 + 1) / 4 = 3.25, the bound 1.25 × 3.25 ≈ 4.06 < 9 + 1.
+        let load = loads(&r, |id| if id == "a" { 9.0 } else { 1.0 });
+        let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &load);
+        assert_ne!(ranked[0].replica.replica_id, "a");
+        assert!(
+            ranked
+                .last()
+                .is_some_and(|s| s.over_bound && s.replica.replica_id == "a")
+        );
+        // Unbounded and prefix only, the full match wins regardless.
+        let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::prefix_only(), &load);
+        assert_eq!(ranked[0].replica.replica_id, "a");
+    }
+
+    #[test]
+    fn load_outweighs_a_small_prefix_difference() {
+        let r = replicas(&["a", "b"]);
+        let m = [matched("a", 6, Tier::T1), matched("b", 5, Tier::T1)];
+        let load = loads(&r, |id| if id == "a" { 4.0 } else { 0.0 });
+        let weights = ScoreWeights {
+            load_bound: None,
+            ..ScoreWeights::default()
+        };
+        let ranked = rank(&input(&r, &m, &[], 1), &weights, &load);
+        assert_eq!(ranked[0].replica.replica_id, "b");
+    }
+
+    #[test]
+    fn a_speculative_holding_counts_until_the_real_one_is_longer() {
+        let r = replicas(&["a", "b"]);
+        let spec = [("b".to_owned(), 10)];
+        let ranked = rank(&input(&r, &[], &spec, 1), &ScoreWeights::default(), &[]);
+        assert_eq!(ranked[0].replica.replica_id, "b");
+        assert!(ranked[0].speculative);
+        let m = [matched("b", 10, Tier::T1)];
+        let ranked = rank(&input(&r, &m, &spec, 1), &ScoreWeights::default(), &[]);
+        assert!(!ranked[0].speculative, "the real match replaces it");
+    }
+}

@@ -1,0 +1,250 @@
+//! Speculative holders: a pick is remembered as "this replica will hold the
+//! prompt's blocks" until the engine's own events say so, or a short TTL
+//! passes. Without it, requests sharing a new prefix that arrive before the
+//! first one's KV events scatter across the fleet (each sees no holder).
+//!
+//! Kept apart from the index: nothing here is a real holding, so `/snapshot`
+//! never shows it; a replica's speculations go when it leaves the index
+//! (`retain`) or its events confirm them (`confirm`); the number of
+//! remembered blocks is bounded, the oldest going first.
+
+use std::collections::{HashMap, VecDeque};
+
+use smallvec::SmallVec;
+
+use crate::types::Fingerprint;
+
+/// Bounds of the speculation table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpeculationSettings {
+    /// How long a pick stands in for the real events, ms (0 disables).
+    pub ttl_ms: i64,
+    /// Most (block, replica) entries remembered.
+    pub max_entries: usize,
+}
+
+impl Default for SpeculationSettings {
+    fn default() -> Self {
+        Self {
+            ttl_ms: 2_000,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+/// A block's speculative holders: replica id and expiry.
+type Holders = SmallVec<[(Box<str>, i64); 2]>;
+
+/// The speculation table. `scope` is a caller-chosen tag of the index scope
+/// (the same prompt in two scopes is two different things).
+#[derive(Debug, Default)]
+pub struct Speculation {
+    settings: SpeculationSettings,
+    blocks: HashMap<(u64, Fingerprint), Holders>,
+    /// Insertion order, for expiry and the size bound.
+    order: VecDeque<(u64, Fingerprint, i64)>,
+    entries: usize,
+    dropped_for_space: u64,
+}
+
+impl Speculation {
+    /// An empty table.
+    pub fn new(settings: SpeculationSettings) -> Self {
+        Self {
+            settings,
+            ..Self::default()
+        }
+    }
+
+    /// Whether speculation is on.
+    pub fn enabled(&self) -> bool {
+        self.settings.ttl_ms > 0 && self.settings.max_entries > 0
+    }
+
+    /// `replica_id` was picked for a prompt of `blocks` at `now_ms`.
+    pub fn record(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
+        if !self.enabled() {
+            return;
+        }
+        self.expire(now_ms);
+        let expires = now_ms.saturating_add(self.settings.ttl_ms);
+        for &fp in blocks {
+            let holders = self.blocks.entry((scope, fp)).or_default();
+            match holders.iter_mut().find(|(id, _)| &**id == replica_id) {
+                Some(h) => h.1 = expires,
+                None => {
+                    holders.push((replica_id.into(), expires));
+                    self.entries += 1;
+                }
+            }
+            self.order.push_back((scope, fp, expires));
+        }
+        while self.entries > self.settings.max_entries {
+            let Some((scope, fp, _)) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(holders) = self.blocks.remove(&(scope, fp)) {
+                self.entries -= holders.len();
+                self.dropped_for_space += holders.len() as u64;
+            }
+        }
+    }
+
+    /// Drops what expired by `now_ms`.
+    pub fn expire(&mut self, now_ms: i64) {
+        while let Some(&(scope, fp, expires)) = self.order.front() {
+            if expires > now_ms {
+                break;
+            }
+            self.order.pop_front();
+            if let Some(holders) = self.blocks.get_mut(&(scope, fp)) {
+                let before = holders.len();
+                holders.retain(|(_, e)| *e > now_ms);
+                self.entries -= before - holders.len();
+                if holders.is_empty() {
+                    self.blocks.remove(&(scope, fp));
+                }
+            }
+        }
+    }
+
+    /// The engine's events for `replica_id` now cover `blocks`: the real
+    /// holdings replace the speculation.
+    pub fn confirm(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint]) {
+        for &fp in blocks {
+            if let Some(holders) = self.blocks.get_mut(&(scope, fp)) {
+                let before = holders.len();
+                holders.retain(|(id, _)| &**id != replica_id);
+                self.entries -= before - holders.len();
+                if holders.is_empty() {
+                    self.blocks.remove(&(scope, fp));
+                }
+            }
+        }
+    }
+
+    /// Keeps only replicas `keep` accepts (those still in the index).
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        let mut removed = 0;
+        self.blocks.retain(|_, holders| {
+            let before = holders.len();
+            holders.retain(|(id, _)| keep(id));
+            removed += before - holders.len();
+            !holders.is_empty()
+        });
+        self.entries -= removed;
+    }
+
+    /// For each replica speculatively holding the prompt's first block, how
+    /// many of `blocks` it holds in a row from the start, at `now_ms`.
+    pub fn matched(&self, scope: u64, blocks: &[Fingerprint], now_ms: i64) -> Vec<(String, u32)> {
+        let mut active: Vec<(String, u32)> = Vec::new();
+        for (i, &fp) in blocks.iter().enumerate() {
+            let live = self
+                .blocks
+                .get(&(scope, fp))
+                .into_iter()
+                .flatten()
+                .filter(|(_, e)| *e > now_ms);
+            if i == 0 {
+                active = live.map(|(id, _)| (id.to_string(), 1)).collect();
+            } else {
+                let depth = u32::try_from(i).unwrap_or(u32::MAX);
+                let holders: Vec<&str> = live.map(|(id, _)| &**id).collect();
+                let mut any = false;
+                for (id, run) in &mut active {
+                    if *run == depth && holders.contains(&id.as_str()) {
+                        *run += 1;
+                        any = true;
+                    }
+                }
+                if !any {
+                    break;
+                }
+            }
+            if active.is_empty() {
+                break;
+            }
+        }
+        active
+    }
+
+    /// (block, replica) entries remembered.
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// Whether nothing is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// Entries dropped to stay within `max_entries`, since start.
+    pub fn dropped_for_space(&self) -> u64 {
+        self.dropped_for_space
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(ttl_ms: i64, max_entries: usize) -> Speculation {
+        Speculation::new(SpeculationSettings {
+            ttl_ms,
+            max_entries,
+        })
+    }
+
+    #[test]
+    fn a_pick_stands_in_until_its_ttl() {
+        let mut s = table(1_000, 100);
+        s.record(1, "a", &[10, 11, 12], 0);
+        assert_eq!(s.matched(1, &[10, 11, 12, 13], 500), vec![("a".into(), 3)]);
+        assert_eq!(s.matched(1, &[10, 99, 12], 500), vec![("a".into(), 1)]);
+        assert!(s.matched(2, &[10, 11], 500).is_empty(), "scopes are apart");
+        assert!(s.matched(1, &[10, 11], 1_000).is_empty(), "expired");
+        s.expire(1_000);
+        assert!(s.is_empty());
+    }
+
+    #[test]
+    fn runs_are_counted_per_replica_from_the_start() {
+        let mut s = table(1_000, 100);
+        s.record(1, "a", &[10, 11, 12], 0);
+        s.record(1, "b", &[10, 11], 0);
+        let mut m = s.matched(1, &[10, 11, 12], 1);
+        m.sort();
+        assert_eq!(m, vec![("a".into(), 3), ("b".into(), 2)]);
+    }
+
+    #[test]
+    fn real_events_and_departures_replace_it() {
+        let mut s = table(1_000, 100);
+        s.record(1, "a", &[10, 11], 0);
+        s.record(1, "b", &[10, 11], 0);
+        s.confirm(1, "a", &[10, 11]);
+        assert_eq!(s.matched(1, &[10, 11], 1), vec![("b".into(), 2)]);
+        s.retain(|id| id != "b");
+        assert!(s.is_empty());
+        assert!(s.matched(1, &[10, 11], 1).is_empty());
+    }
+
+    #[test]
+    fn the_table_is_bounded_oldest_first() {
+        let mut s = table(10_000, 4);
+        s.record(1, "a", &[1, 2, 3], 0);
+        s.record(1, "b", &[4, 5], 1);
+        assert_eq!(s.len(), 4);
+        assert_eq!(s.dropped_for_space(), 1);
+        assert!(s.matched(1, &[1], 2).is_empty(), "the oldest went first");
+        assert_eq!(s.matched(1, &[4, 5], 2), vec![("b".into(), 2)]);
+    }
+
+    #[test]
+    fn a_zero_ttl_disables_it() {
+        let mut s = table(0, 100);
+        s.record(1, "a", &[1], 0);
+        assert!(s.is_empty());
+    }
+}

@@ -1,0 +1,235 @@
+//! The server's load board and speculation table behind short locks, and the
+//! scoring flags. Every routing front end (LookupRoute, the endpoint picker)
+//! decides through [`Routing::decide`] and reports what it did with the
+//! answer through the methods here.
+
+use parking_lot::Mutex;
+
+use ic_index::load::{EngineLoad, LoadBoard, LoadSettings, ReplicaLoad};
+use ic_index::pick::ScoreWeights;
+use ic_index::route::{Ranked, RoutePolicy, RouteQuery, Scoring, ScoringSource, route_ranked};
+use ic_index::speculative::{Speculation, SpeculationSettings};
+use ic_index::{Deadline, Fingerprint, Index};
+
+/// Scoring flags (server-wide; docs/routing.md has the formula).
+#[derive(Clone, Debug, clap::Args)]
+pub struct ScoringFlags {
+    /// Weight of the prefix match (fraction of the prompt a replica holds).
+    #[arg(long, env = "IC_SCORE_PREFIX_WEIGHT", default_value_t = 2.0)]
+    pub score_prefix_weight: f64,
+    /// Weight of the replica's request load (normalised to the busiest).
+    #[arg(long, env = "IC_SCORE_LOAD_WEIGHT", default_value_t = 1.0)]
+    pub score_load_weight: f64,
+    /// Weight of the engine's KV-cache usage (0..1).
+    #[arg(long, env = "IC_SCORE_KV_USAGE_WEIGHT", default_value_t = 0.5)]
+    pub score_kv_usage_weight: f64,
+    /// Credit of a block held only at tier 2, relative to tier 1.
+    #[arg(long, env = "IC_SCORE_T2_CREDIT", default_value_t = 0.5)]
+    pub score_t2_credit: f64,
+    /// A replica above this multiple of its fair share of the load is passed
+    /// over (0 disables the bound).
+    #[arg(long, env = "IC_LOAD_BOUND", default_value_t = 1.25)]
+    pub load_bound: f64,
+    /// Half-life of a recommended pick in the load estimate, ms.
+    #[arg(long, env = "IC_PICK_HALF_LIFE_MS", default_value_t = 10_000)]
+    pub pick_half_life_ms: u32,
+    /// How long a pick counts as a speculative holder of the prompt's
+    /// blocks until the engine's events arrive, ms (0 disables).
+    #[arg(long, env = "IC_SPECULATIVE_TTL_MS", default_value_t = 2_000)]
+    pub speculative_ttl_ms: u32,
+    /// Most (block, replica) speculative entries kept.
+    #[arg(long, env = "IC_SPECULATIVE_MAX_ENTRIES", default_value_t = 1_000_000)]
+    pub speculative_max_entries: u32,
+}
+
+impl Default for ScoringFlags {
+    fn default() -> Self {
+        let w = ScoreWeights::default();
+        let l = LoadSettings::default();
+        let s = SpeculationSettings::default();
+        Self {
+            score_prefix_weight: w.prefix,
+            score_load_weight: w.load,
+            score_kv_usage_weight: w.kv_usage,
+            score_t2_credit: w.t2_credit,
+            load_bound: w.load_bound.unwrap_or(0.0),
+            pick_half_life_ms: u32::try_from(l.pick_half_life_ms).unwrap_or(u32::MAX),
+            speculative_ttl_ms: u32::try_from(s.ttl_ms).unwrap_or(u32::MAX),
+            speculative_max_entries: u32::try_from(s.max_entries).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+impl ScoringFlags {
+    /// Checks the values; the error names the flag.
+    pub fn weights(&self) -> anyhow::Result<ScoreWeights> {
+        for (flag, v) in [
+            ("--score-prefix-weight", self.score_prefix_weight),
+            ("--score-load-weight", self.score_load_weight),
+            ("--score-kv-usage-weight", self.score_kv_usage_weight),
+            ("--load-bound", self.load_bound),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                anyhow::bail!("{flag} must be a non-negative number (got {v})");
+            }
+        }
+        if !(0.0..=1.0).contains(&self.score_t2_credit) {
+            anyhow::bail!(
+                "--score-t2-credit must be in 0..=1 (got {})",
+                self.score_t2_credit
+            );
+        }
+        if self.load_bound > 0.0 && self.load_bound < 1.0 {
+            anyhow::bail!(
+                "--load-bound must be 0 (off) or at least 1 (got {}): below 1 no replica is ever within it",
+                self.load_bound
+            );
+        }
+        Ok(ScoreWeights {
+            prefix: self.score_prefix_weight,
+            load: self.score_load_weight,
+            kv_usage: self.score_kv_usage_weight,
+            t2_credit: self.score_t2_credit,
+            load_bound: (self.load_bound > 0.0).then_some(self.load_bound),
+        })
+    }
+}
+
+/// Load and speculation shared by the routing front ends.
+#[derive(Debug)]
+pub struct Routing {
+    weights: ScoreWeights,
+    load: Mutex<LoadBoard>,
+    speculation: Mutex<Speculation>,
+}
+
+impl Default for Routing {
+    fn default() -> Self {
+        Self::new(
+            ScoreWeights::default(),
+            LoadSettings::default(),
+            SpeculationSettings::default(),
+        )
+    }
+}
+
+impl ScoringSource for Routing {
+    fn speculative(
+        &self,
+        scope_tag: u64,
+        blocks: &[Fingerprint],
+        now_ms: i64,
+    ) -> Vec<(String, u32)> {
+        self.speculation.lock().matched(scope_tag, blocks, now_ms)
+    }
+
+    fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
+        let board = self.load.lock();
+        replica_ids
+            .iter()
+            .map(|id| board.load(id, now_ms))
+            .collect()
+    }
+}
+
+impl Routing {
+    /// A routing state with these weights and bounds.
+    pub fn new(
+        weights: ScoreWeights,
+        load: LoadSettings,
+        speculation: SpeculationSettings,
+    ) -> Self {
+        Self {
+            weights,
+            load: Mutex::new(LoadBoard::new(load)),
+            speculation: Mutex::new(Speculation::new(speculation)),
+        }
+    }
+
+    /// From the flags.
+    pub fn from_flags(flags: &ScoringFlags) -> anyhow::Result<Self> {
+        Ok(Self::new(
+            flags.weights()?,
+            LoadSettings {
+                pick_half_life_ms: i64::from(flags.pick_half_life_ms.max(1)),
+                ..LoadSettings::default()
+            },
+            SpeculationSettings {
+                ttl_ms: i64::from(flags.speculative_ttl_ms),
+                max_entries: flags.speculative_max_entries as usize,
+            },
+        ))
+    }
+
+    /// Routes and scores `query` (the locks are taken after the index walk).
+    pub fn decide(
+        &self,
+        index: &Index,
+        query: &RouteQuery<'_>,
+        policy: &RoutePolicy,
+        default_block_size: u32,
+        now_ms: i64,
+        deadline: &dyn Deadline,
+    ) -> Ranked {
+        route_ranked(
+            index,
+            query,
+            policy,
+            default_block_size,
+            now_ms,
+            deadline,
+            Scoring {
+                weights: &self.weights,
+                source: self,
+                scope_tag: ic_index::route::scope_tag(query.scope),
+            },
+        )
+    }
+
+    /// The request of `ranked` goes to `replica_id`: its load counts the
+    /// pick and it speculatively holds the prompt until its events arrive.
+    pub fn picked(&self, scope_tag: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
+        self.load.lock().picked(replica_id, now_ms);
+        self.speculation
+            .lock()
+            .record(scope_tag, replica_id, blocks, now_ms);
+    }
+
+    /// A request the endpoint picker sent to `replica_id` started.
+    pub fn started(&self, replica_id: &str) {
+        self.load.lock().started(replica_id);
+    }
+
+    /// A request the endpoint picker sent to `replica_id` ended.
+    pub fn finished(&self, replica_id: &str) {
+        self.load.lock().finished(replica_id);
+    }
+
+    /// The engine behind `replica_id` reported its load.
+    pub fn report_engine(&self, replica_id: &str, load: EngineLoad, now_ms: i64) {
+        self.load.lock().report_engine(replica_id, load, now_ms);
+    }
+
+    /// The engine's events now show `replica_id` holding `blocks`.
+    pub fn confirm(&self, scope_tag: u64, replica_id: &str, blocks: &[Fingerprint]) {
+        let mut s = self.speculation.lock();
+        if !s.is_empty() {
+            s.confirm(scope_tag, replica_id, blocks);
+        }
+    }
+
+    /// Drops the state of replicas gone from the index and expired
+    /// speculation.
+    pub fn retain(&self, present: &std::collections::HashSet<String>, now_ms: i64) {
+        self.load.lock().retain(|id| present.contains(id));
+        let mut s = self.speculation.lock();
+        s.expire(now_ms);
+        s.retain(|id| present.contains(id));
+    }
+
+    /// Speculative entries held and entries dropped for space.
+    pub fn speculation_stats(&self) -> (usize, u64) {
+        let s = self.speculation.lock();
+        (s.len(), s.dropped_for_space())
+    }
+}
