@@ -223,6 +223,9 @@ pub struct Ranked {
     /// Every eligible replica, best first (empty when the routing core had
     /// nothing to score: unknown scope, short prompt, timeout, minimum).
     pub ranked: Vec<Scored>,
+    /// Index in `ranked` of the hint: the best-ranked replica that holds
+    /// part of the prompt (see [`route_ranked`]).
+    pub hint: Option<usize>,
     /// Set when there is no routing hint, with why; `ranked` may still say
     /// where load alone would send the request.
     pub no_hint: Option<(NoHintReason, String)>,
@@ -231,12 +234,9 @@ pub struct Ranked {
 }
 
 impl Ranked {
-    /// The recommended replica when there is a hint.
+    /// The hinted replica, when there is a hint.
     pub fn best(&self) -> Option<&Scored> {
-        self.no_hint
-            .is_none()
-            .then(|| self.ranked.first())
-            .flatten()
+        self.hint.and_then(|i| self.ranked.get(i))
     }
 }
 
@@ -313,10 +313,13 @@ pub fn scope_tag(scope: &Scope) -> u64 {
 
 /// [`route`], then the scoring: the prefix match (real or speculative),
 /// load and the load bound decide the order of every eligible replica.
-/// A hint is given when the best-ranked replica holds part of the prompt;
-/// when it holds none although some replica does (they are all over their
-/// load bound or outscored by load), the answer is no hint for
-/// [`NoHintReason::LoadBound`], with the ranking still saying where to go.
+///
+/// The hint (what LookupRoute answers as `best`) is the best-ranked replica
+/// that holds part of the prompt and is within its load bound. When every
+/// holder is over its bound while some other replica is within it, there is
+/// no hint ([`NoHintReason::LoadBound`]): the gateway balances by load, and
+/// `ranked` still says where. A gateway calling LookupRoute may not follow a
+/// hint, so the server's view of load is partial: hints are only holders.
 #[allow(clippy::too_many_arguments)]
 pub fn route_ranked(
     index: &Index,
@@ -365,6 +368,7 @@ pub fn route_ranked(
                 block_size,
                 prompt_blocks,
                 ranked: Vec::new(),
+                hint: None,
                 no_hint: Some(no_hint),
                 blocks,
             };
@@ -396,22 +400,35 @@ pub fn route_ranked(
         tie_seed: blocks.last().copied().unwrap_or(0),
     };
     let ranked = rank(&input, scoring.weights, &loads);
-    let no_hint = match ranked.first() {
-        Some(best) if best.matched_blocks > 0 => None,
-        _ if matches.is_empty() && speculative.is_empty() => Some((
+    let holder_within = ranked
+        .iter()
+        .position(|s| s.matched_blocks > 0 && !s.over_bound);
+    let other_within = ranked
+        .iter()
+        .any(|s| s.matched_blocks == 0 && !s.over_bound);
+    let hint = holder_within.or_else(|| {
+        // Nobody is within the bound (too little load seen to tell): the
+        // best holder still gets the hint.
+        (!other_within)
+            .then(|| ranked.iter().position(|s| s.matched_blocks > 0))
+            .flatten()
+    });
+    let no_hint = match hint {
+        Some(_) => None,
+        None if matches.is_empty() && speculative.is_empty() => Some((
             NoHintReason::NoEntry,
             "no replica holds the first block".to_owned(),
         )),
-        _ => Some((
+        None => Some((
             NoHintReason::LoadBound,
-            "the replicas holding the prefix are over their load bound or outscored by load"
-                .to_owned(),
+            "every replica holding the prefix is over its load bound".to_owned(),
         )),
     };
     Ranked {
         block_size,
         prompt_blocks,
         ranked,
+        hint,
         no_hint,
         blocks,
     }

@@ -203,3 +203,32 @@ fn when_every_holder_is_over_its_bound_there_is_no_hint_but_a_ranking() {
     assert_eq!(ranked.ranked[0].replica.replica_id, "b");
     assert!(ranked.best().is_none());
 }
+
+#[test]
+fn debug_long_prompt_shared_block() {
+    let ids = ["a", "b", "c", "d", "e", "f", "g", "h"];
+    let mut fleet = Fleet::new(&ids, ScoreWeights::default());
+    for i in 0..200u64 {
+        let prompt: Vec<u64> = std::iter::once(1)
+            .chain(10_000 * i..10_000 * i + 30)
+            .collect();
+        let r = fleet.ask(&prompt, T0 + i as i64);
+        if r.best().is_none() {
+            panic!(
+                "{i}: {:?} {:#?}",
+                r.no_hint,
+                r.ranked
+                    .iter()
+                    .map(|s| (
+                        &s.replica.replica_id,
+                        s.matched_blocks,
+                        s.score,
+                        s.over_bound,
+                        s.load.requests
+                    ))
+                    .collect::<Vec<_>>()
+            );
+        }
+        fleet.route(&prompt, T0 + i as i64);
+    }
+}

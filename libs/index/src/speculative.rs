@@ -5,7 +5,7 @@
 //!
 //! Kept apart from the index: nothing here is a real holding, so `/snapshot`
 //! never shows it; a replica's speculations go when it leaves the index
-//! (`retain`) or its events confirm them (`confirm`); the number of
+//! (`retain`) or its events speak for those blocks (`confirm`); the number of
 //! remembered blocks is bounded, the oldest going first.
 
 use std::collections::{HashMap, VecDeque};
@@ -108,8 +108,8 @@ impl Speculation {
         }
     }
 
-    /// The engine's events for `replica_id` now cover `blocks`: the real
-    /// holdings replace the speculation.
+    /// The engine's events for `replica_id` now speak for `blocks` (stored:
+    /// the real holding replaces the speculation; evicted: it is gone).
     pub fn confirm(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint]) {
         for &fp in blocks {
             if let Some(holders) = self.blocks.get_mut(&(scope, fp)) {

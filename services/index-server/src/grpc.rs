@@ -258,12 +258,17 @@ impl IndexServer {
         None
     }
 
-    /// Stored blocks replace the replica's speculative holding of them.
+    /// The engine's own word replaces the replica's speculative holding:
+    /// stored blocks are now real, evicted ones are gone, a cleared tier
+    /// ends every speculation of the replica.
     fn confirm_speculation(&self, scope: &ic_index::Scope, replica_id: &str, changes: &[Change]) {
         let tag = scope_tag(scope);
         for change in changes {
-            if let Change::Stored { fingerprints, .. } = change {
-                self.routing.confirm(tag, replica_id, fingerprints);
+            match change {
+                Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
+                    self.routing.confirm(tag, replica_id, fingerprints);
+                }
+                Change::Cleared { .. } => self.routing.forget_speculation(replica_id),
             }
         }
     }

@@ -218,6 +218,11 @@ impl Routing {
         }
     }
 
+    /// Ends every speculation naming `replica_id` (its cache was cleared).
+    pub fn forget_speculation(&self, replica_id: &str) {
+        self.speculation.lock().retain(|id| id != replica_id);
+    }
+
     /// Drops the state of replicas gone from the index and expired
     /// speculation.
     pub fn retain(&self, present: &std::collections::HashSet<String>, now_ms: i64) {

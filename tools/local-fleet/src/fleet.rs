@@ -1,11 +1,16 @@
-//! Replaying a trace across a fleet of simulated engines, routed four ways.
+//! Replaying a trace across a fleet of simulated engines, routed several
+//! ways, each with the same engine timing model (crate::timing).
 //!
-//! * `lookup-route`: the real thing. Each engine publishes its cache changes
-//!   in the vLLM wire over ZMQ to its own `ic-kvevent-subscriber`, which
-//!   feeds the `ic-index-server`; a gateway loop asks `LookupRoute` (with
-//!   block hashes it computes itself) and falls back to the least-loaded
-//!   engine on NO_HINT.
+//! * `lookup-route …`: the real thing. Each engine publishes its cache
+//!   changes in the vLLM wire over ZMQ to its own `ic-kvevent-subscriber`,
+//!   which feeds the `ic-index-server`; a gateway loop asks `LookupRoute`
+//!   (with block hashes it computes itself), follows `best`, and falls back
+//!   to the engine with the least queued work on NO_HINT. Run once per
+//!   scoring variant (prefix only, prefix + load, + speculative holders).
 //! * `round-robin` and `random`: the same engines, simulated in-process.
+//! * `longest prefix (exact…)`: in-process references that know every
+//!   engine's cache exactly (no event delay), unbounded and with a 1.25×
+//!   fair-share load bound.
 //! * `oracle`: one unbounded cache, the ceiling no routing can beat.
 
 use std::time::{Duration, Instant};
@@ -19,6 +24,7 @@ use ic_proto::index_v1 as pb;
 use serde::Serialize;
 
 use crate::cache::{PrefixCache, Served};
+use crate::timing::{EngineQueues, TimingModel, percentile_ms};
 use crate::trace::TraceRequest;
 
 /// Tokens per simulated engine block (one per trace block id).
@@ -50,6 +56,12 @@ pub struct PolicyResult {
     pub prompt_tokens: u64,
     /// Hit ratio per window of requests: (requests so far, window ratio).
     pub timeline: Vec<(u64, f64)>,
+    /// Simulated time to first token, median, ms.
+    pub ttft_p50_ms: f64,
+    /// Simulated time to first token, 99th percentile, ms.
+    pub ttft_p99_ms: f64,
+    #[serde(skip)]
+    ttft_ms: Vec<f64>,
     #[serde(skip)]
     window: u64,
     #[serde(skip)]
@@ -69,6 +81,19 @@ impl PolicyResult {
             window: (total as u64 / TIMELINE_POINTS).max(1),
             ..Self::default()
         }
+    }
+
+    /// Counts one request served with `hit_blocks` cached and its TTFT.
+    pub fn record_served(&mut self, request: &TraceRequest, hit_blocks: usize, ttft_ms: f64) {
+        self.ttft_ms.push(ttft_ms);
+        self.record(request, hit_blocks);
+    }
+
+    /// Computes the TTFT percentiles once every request is recorded.
+    pub fn finish(mut self) -> Self {
+        self.ttft_p50_ms = percentile_ms(&self.ttft_ms, 50.0);
+        self.ttft_p99_ms = percentile_ms(&self.ttft_ms, 99.0);
+        self
     }
 
     fn record(&mut self, request: &TraceRequest, hit_blocks: usize) {
@@ -121,36 +146,113 @@ impl Rng {
     }
 }
 
-/// Routes the trace with round-robin, random and the oracle, in-process.
+/// Prompt tokens a request still has to prefill after `hit_blocks`.
+pub fn uncached_tokens(request: &TraceRequest, hit_blocks: usize) -> u64 {
+    request
+        .input_length
+        .saturating_sub(hit_blocks as u64 * TRACE_BLOCK_TOKENS)
+}
+
+/// One in-process policy: its result, its engines' caches and queues.
+struct Simulated {
+    result: PolicyResult,
+    caches: Vec<PrefixCache>,
+    queues: EngineQueues,
+    assigned: Vec<u64>,
+}
+
+impl Simulated {
+    fn new(name: &str, total: usize, engines: usize, capacity: usize, timing: TimingModel) -> Self {
+        Self {
+            result: PolicyResult::new(name, total),
+            caches: vec![PrefixCache::new(capacity); engines],
+            queues: EngineQueues::new(engines, timing),
+            assigned: vec![0; engines],
+        }
+    }
+
+    fn serve(&mut self, engine: usize, request: &TraceRequest) {
+        let served = self.caches[engine].serve(&request.hash_ids);
+        let ttft = self.queues.serve(
+            engine,
+            request.timestamp_ms as f64,
+            uncached_tokens(request, served.hit_blocks),
+        );
+        self.assigned[engine] += 1;
+        self.result.record_served(request, served.hit_blocks, ttft);
+    }
+
+    /// Exact longest-prefix routing: the engine whose cache holds the most
+    /// leading blocks, among those within `bound` × their fair share of
+    /// requests so far when bounded; ties to the fewest assigned.
+    fn longest_prefix(&self, request: &TraceRequest, bound: Option<f64>) -> usize {
+        let n = self.caches.len();
+        let total: u64 = self.assigned.iter().sum();
+        let fair = (total + 1) as f64 / n as f64;
+        (0..n)
+            .filter(|&e| bound.is_none_or(|c| (self.assigned[e] + 1) as f64 <= c * fair + 1e-9))
+            .max_by(|&a, &b| {
+                let (ha, hb) = (
+                    self.caches[a].peek_hits(&request.hash_ids),
+                    self.caches[b].peek_hits(&request.hash_ids),
+                );
+                ha.cmp(&hb).then(self.assigned[b].cmp(&self.assigned[a]))
+            })
+            .unwrap_or(0)
+    }
+}
+
+/// Routes the trace in-process: round-robin, random, exact longest-prefix
+/// (unbounded and load-bounded, the references) and the single-cache oracle.
 pub fn simulate_baselines(
     trace: &[TraceRequest],
     engines: usize,
     capacity: usize,
     seed: u64,
+    timing: TimingModel,
 ) -> Vec<PolicyResult> {
     let total = trace.len();
-    let mut rr = (
-        PolicyResult::new("round-robin", total),
-        vec![PrefixCache::new(capacity); engines],
+    let mut rr = Simulated::new("round-robin", total, engines, capacity, timing);
+    let mut random = Simulated::new("random", total, engines, capacity, timing);
+    let mut exact = Simulated::new(
+        "longest prefix (exact, unbounded)",
+        total,
+        engines,
+        capacity,
+        timing,
     );
-    let mut random = (
-        PolicyResult::new("random", total),
-        vec![PrefixCache::new(capacity); engines],
+    let mut bounded = Simulated::new(
+        "longest prefix (exact, 1.25x bound)",
+        total,
+        engines,
+        capacity,
+        timing,
     );
-    let mut oracle = (
-        PolicyResult::new("oracle (one unbounded cache)", total),
-        PrefixCache::new(usize::MAX),
+    let mut oracle = Simulated::new(
+        "oracle (one unbounded cache)",
+        total,
+        1,
+        usize::MAX,
+        TimingModel {
+            // One cache standing for the fleet: as fast as all engines.
+            prefill_tokens_per_second: timing.prefill_tokens_per_second * engines as f64,
+            ..timing
+        },
     );
     let mut rng = Rng::new(seed);
     for (i, request) in trace.iter().enumerate() {
-        let served = rr.1[i % engines].serve(&request.hash_ids);
-        rr.0.record(request, served.hit_blocks);
-        let served = random.1[rng.below(engines)].serve(&request.hash_ids);
-        random.0.record(request, served.hit_blocks);
-        let served = oracle.1.serve(&request.hash_ids);
-        oracle.0.record(request, served.hit_blocks);
+        rr.serve(i % engines, request);
+        random.serve(rng.below(engines), request);
+        let e = exact.longest_prefix(request, None);
+        exact.serve(e, request);
+        let e = bounded.longest_prefix(request, Some(1.25));
+        bounded.serve(e, request);
+        oracle.serve(0, request);
     }
-    vec![rr.0, random.0, oracle.0]
+    [rr, random, exact, bounded, oracle]
+        .into_iter()
+        .map(|s| s.result.finish())
+        .collect()
 }
 
 /// The engine-side batch for what serving a request changed.
@@ -208,6 +310,10 @@ pub struct RoutedConfig {
     pub model: String,
     /// Time compression of arrival times.
     pub speed: f64,
+    /// Name of the policy in the results.
+    pub policy: String,
+    /// Engine timing.
+    pub timing: TimingModel,
 }
 
 /// Replays the trace through the real index: engines publish over ZMQ, the
@@ -224,13 +330,16 @@ pub async fn run_routed(
         tenant,
         model,
         speed,
+        policy,
+        timing,
     } = config;
     let (capacity, speed) = (*capacity, *speed);
     let mut client = IndexServiceClient::connect(grpc_url.clone()).await?;
     let mut caches = vec![PrefixCache::new(capacity); engines.len()];
-    let mut load = vec![0u64; engines.len()];
+    let mut queues = EngineQueues::new(engines.len(), *timing);
+    let mut rng = Rng::new(0x5eed);
     let mut run = RoutedRun {
-        result: PolicyResult::new("lookup-route", trace.len()),
+        result: PolicyResult::new(policy, trace.len()),
         latencies: Vec::with_capacity(trace.len()),
         routed_by_hint: 0,
         caches: Vec::new(),
@@ -278,11 +387,17 @@ pub async fn run_routed(
                 run.routed_by_hint += 1;
                 e
             }
-            None => (0..engines.len()).min_by_key(|e| load[*e]).unwrap_or(0),
+            // As Envoy's least-request balancer: the less busy of two
+            // engines drawn at random.
+            None => queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
         };
-        load[target] += 1;
         let served = caches[target].serve(&request.hash_ids);
-        run.result.record(request, served.hit_blocks);
+        let ttft = queues.serve(
+            target,
+            request.timestamp_ms as f64,
+            uncached_tokens(request, served.hit_blocks),
+        );
+        run.result.record_served(request, served.hit_blocks, ttft);
         let events = events_for(&served);
         if !events.is_empty() {
             run.block_events_published += (served.stored.len() + served.evicted.len()) as u64;
@@ -293,16 +408,8 @@ pub async fn run_routed(
     }
     run.caches = caches;
     run.elapsed = start.elapsed();
+    run.result = std::mem::take(&mut run.result).finish();
     Ok(run)
-}
-
-/// Nearest-rank percentile.
-pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 #[cfg(test)]
@@ -341,7 +448,7 @@ mod tests {
     #[test]
     fn the_oracle_bounds_every_baseline() {
         let trace: Vec<TraceRequest> = (0..200).map(|i| req(&[0, 1, 2, 100 + i % 7])).collect();
-        let results = simulate_baselines(&trace, 4, 3, 7);
+        let results = simulate_baselines(&trace, 4, 3, 7, TimingModel::default());
         let oracle = results
             .iter()
             .find(|r| r.policy.starts_with("oracle"))
@@ -351,14 +458,6 @@ mod tests {
             assert_eq!(r.requests, 200);
         }
         assert!(oracle.hit_ratio() > 0.7);
-    }
-
-    #[test]
-    fn percentiles_use_nearest_rank() {
-        let d: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
-        assert_eq!(percentile(&d, 50.0), Duration::from_millis(50));
-        assert_eq!(percentile(&d, 99.0), Duration::from_millis(99));
-        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
     }
 
     #[test]

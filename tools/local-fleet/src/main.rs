@@ -10,6 +10,7 @@
 mod cache;
 mod fleet;
 mod report;
+mod timing;
 mod trace;
 
 use std::path::PathBuf;
@@ -22,7 +23,7 @@ use ic_e2e::{ServiceProcess, http_get};
 use ic_kvevents::encode::Era;
 use serde::Serialize;
 
-use crate::fleet::{PolicyResult, percentile};
+use crate::fleet::PolicyResult;
 
 const TENANT: &str = "demo";
 const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_synthetic_trace.jsonl";
@@ -43,9 +44,25 @@ struct Args {
     #[arg(long, default_value = DEFAULT_TRACE)]
     trace: PathBuf,
     /// Replay a synthetic chat workload (shared system prompts, multi-turn
-    /// sessions) instead of a trace file.
+    /// sessions) instead of a trace file (same as `--workload chat`).
     #[arg(long)]
     synthetic: bool,
+    /// What to replay: the trace file, a synthetic chat workload with 16
+    /// system prompts, or many multi-turn conversations behind one shared
+    /// first block with caches far smaller than the working set (where
+    /// prefix-only routing collapses).
+    #[arg(long, value_enum, default_value = "trace")]
+    workload: Workload,
+    /// Engine prefill speed of the timing model (TTFT), tokens per second.
+    #[arg(long, default_value_t = 30_000.0)]
+    prefill_tokens_per_second: f64,
+    /// Fixed per-request cost of the timing model, ms.
+    #[arg(long, default_value_t = 20.0)]
+    request_overhead_ms: f64,
+    /// Replay through the real index once per scoring variant (prefix only,
+    /// prefix + load, + speculative holders); otherwise only the default.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    compare_scoring: bool,
     /// Replay only the first N requests.
     #[arg(long)]
     requests: Option<usize>,
@@ -72,6 +89,45 @@ struct Args {
     #[arg(long, env = "IC_BIN_DIR")]
     bin_dir: Option<PathBuf>,
 }
+
+/// Workloads the fleet can replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// `--trace` (the Mooncake trace by default).
+    Trace,
+    /// 200 sessions × 12 turns over 16 shared system prompts.
+    Chat,
+    /// 12,000 requests of multi-turn conversations (1,000 open at a time, 20 turns of 3 blocks) behind one shared block.
+    SharedPrefixChat,
+}
+
+/// One way of running the real index: a name and its scoring flags.
+struct Variant {
+    name: &'static str,
+    flags: &'static [&'static str],
+}
+
+/// The scoring variants, the default (last) one included.
+const VARIANTS: [Variant; 3] = [
+    Variant {
+        name: "lookup-route, prefix only",
+        flags: &[
+            "--score-load-weight=0",
+            "--score-kv-usage-weight=0",
+            "--load-bound=0",
+            "--score-t2-credit=1",
+            "--speculative-ttl-ms=0",
+        ],
+    },
+    Variant {
+        name: "lookup-route, prefix + load",
+        flags: &["--speculative-ttl-ms=0"],
+    },
+    Variant {
+        name: "lookup-route (default: + speculative)",
+        flags: &[],
+    },
+];
 
 /// The vLLM KV-event encodings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,89 +187,82 @@ fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
-    if args.engines == 0 {
-        bail!("--engines must be at least 1");
-    }
-    let bin_dir = match &args.bin_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("binary has no directory")?
-            .to_path_buf(),
-    };
-    let use_synthetic = args.synthetic
-        || (args.trace == std::path::Path::new(DEFAULT_TRACE) && !args.trace.exists());
-    let mut trace = if use_synthetic {
-        if !args.synthetic && !args.json {
-            eprintln!(
-                "{DEFAULT_TRACE} not found (run from the repository root to use it); \
-                 replaying a synthetic chat workload instead"
-            );
-        }
-        trace::synthetic(200, 12, 16)
-    } else {
-        trace::read_trace(&args.trace).with_context(|| {
-            format!(
-                "reading the trace (run from the repository root, or pass --trace PATH): {}",
-                args.trace.display()
-            )
-        })?
-    };
-    if let Some(n) = args.requests {
-        trace.truncate(n);
-    }
-    let started = Instant::now();
-    let say = |msg: &str| {
-        if !args.json {
-            eprintln!("{msg}");
-        }
-    };
+/// What one routed variant left behind.
+struct VariantRun {
+    routed: fleet::RoutedRun,
+    agrees: bool,
+    entries: u64,
+    index_metrics: String,
+    /// The services, still running (stopped by the caller).
+    services: Services,
+}
 
-    say("starting index server and coordinator…");
-    let mut index = ServiceProcess::start(
-        &binary(&bin_dir, "ic-index-server")?,
-        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
-    );
+/// The processes of one variant.
+struct Services {
+    index: ServiceProcess,
+    subscribers: Vec<ServiceProcess>,
+    grpc: String,
+    index_http: std::net::SocketAddr,
+}
+
+impl Services {
+    /// Stops every process; the names of those that did not exit cleanly.
+    fn stop(mut self) -> Vec<String> {
+        let mut unclean = Vec::new();
+        for (name, process) in self
+            .subscribers
+            .iter_mut()
+            .map(|p| ("ic-kvevent-subscriber", p))
+            .chain([("ic-index-server", &mut self.index)])
+        {
+            let status = process.stop();
+            if !status.success() {
+                unclean.push(format!("{name} exited with {status}"));
+            }
+        }
+        unclean
+    }
+}
+
+/// Starts an index server with `variant`'s flags, the engines and their
+/// subscribers, replays the trace through LookupRoute, and checks that the
+/// index converged to what the engines hold.
+async fn run_variant(
+    args: &Args,
+    bin_dir: &std::path::Path,
+    trace: &[trace::TraceRequest],
+    variant: &Variant,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<VariantRun> {
+    let mut index_args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
+    index_args.extend(variant.flags);
+    let mut index = ServiceProcess::start(&binary(bin_dir, "ic-index-server")?, &index_args);
     let grpc = index.addr("grpc").to_string();
     let index_http = index.admin_addr();
-    let mut coordinator = ServiceProcess::start(
-        &binary(&bin_dir, "ic-coordinator")?,
-        &["--host", "127.0.0.1", "--port", "0"],
-    );
-    let coordinator_http = coordinator.admin_addr();
-
-    say(&format!(
-        "starting {} simulated engines and their subscribers…",
-        args.engines
-    ));
-    let subscriber_bin = binary(&bin_dir, "ic-kvevent-subscriber")?;
+    let subscriber_bin = binary(bin_dir, "ic-kvevent-subscriber")?;
     let mut engines = Vec::new();
     let mut subscribers = Vec::new();
     for i in 0..args.engines {
         let engine = FakeEngine::start(args.era.era(), "kv-events").await;
-        let args = engine.subscriber_args(
+        let sub_args = engine.subscriber_args(
             &format!("http://{grpc}"),
             &format!("engine-{i}"),
             TENANT,
             MODEL,
             &format!("127.0.0.{}:8000", i + 1),
         );
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        subscribers.push(ServiceProcess::start(&subscriber_bin, &args));
+        let sub_args: Vec<&str> = sub_args.iter().map(String::as_str).collect();
+        subscribers.push(ServiceProcess::start(&subscriber_bin, &sub_args));
         engines.push(engine);
     }
     for engine in &mut engines {
         engine.wait_for_subscriber().await;
     }
-
-    let mut policies = vec![];
     say(&format!(
-        "replaying {} requests ({}x speed)…",
+        "replaying {} requests ({}x speed) with {}…",
         trace.len(),
-        args.speed
+        args.speed,
+        variant.name
     ));
     let total = trace.len();
     let json = args.json;
@@ -223,9 +272,14 @@ async fn main() -> anyhow::Result<()> {
         tenant: TENANT.to_owned(),
         model: MODEL.to_owned(),
         speed: args.speed,
+        policy: variant.name.to_owned(),
+        timing: timing::TimingModel {
+            prefill_tokens_per_second: args.prefill_tokens_per_second,
+            overhead_ms: args.request_overhead_ms,
+        },
     };
-    let routed = fleet::run_routed(&trace, &mut engines, &routed_config, |done| {
-        if !json && (done % 50 == 0 || done == total) {
+    let routed = fleet::run_routed(trace, &mut engines, &routed_config, |done| {
+        if !json && (done % 200 == 0 || done == total) {
             let width = 30;
             let filled = done * width / total.max(1);
             eprint!(
@@ -239,14 +293,6 @@ async fn main() -> anyhow::Result<()> {
         }
     })
     .await?;
-    policies.push(routed.result.clone());
-    policies.extend(fleet::simulate_baselines(
-        &trace,
-        args.engines,
-        args.capacity_blocks,
-        args.seed,
-    ));
-
     // The index must end up holding exactly what the engines hold.
     let deadline = Instant::now() + Duration::from_secs(30);
     let (agrees, entries) = loop {
@@ -266,27 +312,150 @@ async fn main() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let (_, index_metrics) = http_get(index_http, "/metrics");
-    let mut latencies = routed.latencies.clone();
-    latencies.sort();
+    Ok(VariantRun {
+        routed,
+        agrees,
+        entries,
+        index_metrics,
+        services: Services {
+            index,
+            subscribers,
+            grpc,
+            index_http,
+        },
+    })
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.engines == 0 {
+        bail!("--engines must be at least 1");
+    }
+    if !(args.prefill_tokens_per_second.is_finite() && args.prefill_tokens_per_second > 0.0) {
+        bail!("--prefill-tokens-per-second must be a positive number");
+    }
+    if !(args.request_overhead_ms.is_finite() && args.request_overhead_ms >= 0.0) {
+        bail!("--request-overhead-ms must be a non-negative number");
+    }
+    let bin_dir = match &args.bin_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary has no directory")?
+            .to_path_buf(),
+    };
+    let workload = if args.synthetic {
+        Workload::Chat
+    } else if args.workload == Workload::Trace
+        && args.trace == std::path::Path::new(DEFAULT_TRACE)
+        && !args.trace.exists()
+    {
+        if !args.json {
+            eprintln!(
+                "{DEFAULT_TRACE} not found (run from the repository root to use it); \
+                 replaying a synthetic chat workload instead"
+            );
+        }
+        Workload::Chat
+    } else {
+        args.workload
+    };
+    let mut trace = match workload {
+        Workload::Chat => trace::synthetic(200, 12, 16),
+        Workload::SharedPrefixChat => trace::shared_prefix_chat(12_000, 1_000, 20, 3),
+        Workload::Trace => trace::read_trace(&args.trace).with_context(|| {
+            format!(
+                "reading the trace (run from the repository root, or pass --trace PATH): {}",
+                args.trace.display()
+            )
+        })?,
+    };
+    if let Some(n) = args.requests {
+        trace.truncate(n);
+    }
+    let started = Instant::now();
+    let json = args.json;
+    let say = move |msg: &str| {
+        if !json {
+            eprintln!("{msg}");
+        }
+    };
+
+    say("starting the coordinator…");
+    let mut coordinator = ServiceProcess::start(
+        &binary(&bin_dir, "ic-coordinator")?,
+        &["--host", "127.0.0.1", "--port", "0"],
+    );
+    let coordinator_http = coordinator.admin_addr();
+
+    say(&format!(
+        "each run: an index server, {} simulated engines and their subscribers",
+        args.engines
+    ));
+    let variants: Vec<&Variant> = if args.compare_scoring {
+        VARIANTS.iter().collect()
+    } else {
+        VARIANTS.last().into_iter().collect()
+    };
+    let mut policies = vec![];
+    let mut unclean = Vec::new();
+    let mut last = None;
+    for (i, variant) in variants.iter().enumerate() {
+        let run = run_variant(&args, &bin_dir, &trace, variant, &say).await?;
+        if !run.agrees {
+            unclean.extend(run.services.stop());
+            bail!(
+                "{}: the index did not converge to the engines' cache contents",
+                variant.name
+            );
+        }
+        policies.push(run.routed.result.clone());
+        if i + 1 == variants.len() {
+            last = Some(run);
+        } else {
+            unclean.extend(run.services.stop());
+        }
+    }
+    let Some(run) = last else {
+        bail!("no routed run");
+    };
+    let timing = timing::TimingModel {
+        prefill_tokens_per_second: args.prefill_tokens_per_second,
+        overhead_ms: args.request_overhead_ms,
+    };
+    policies.extend(fleet::simulate_baselines(
+        &trace,
+        args.engines,
+        args.capacity_blocks,
+        args.seed,
+        timing,
+    ));
+    let routed = &run.routed;
+    let latencies: Vec<f64> = routed
+        .latencies
+        .iter()
+        .map(|d| d.as_secs_f64() * 1e6)
+        .collect();
     let report = Report {
         engines: args.engines,
         capacity_blocks: args.capacity_blocks,
         requests: trace.len(),
         policies,
-        lookup_p50_us: percentile(&latencies, 50.0).as_micros(),
-        lookup_p99_us: percentile(&latencies, 99.0).as_micros(),
+        lookup_p50_us: timing::percentile_ms(&latencies, 50.0) as u128,
+        lookup_p99_us: timing::percentile_ms(&latencies, 99.0) as u128,
         routed_by_hint: routed.routed_by_hint,
         engine_batches_published: routed.batches_published,
         engine_block_events: routed.block_events_published,
         block_events_per_second: routed.block_events_published as f64
             / routed.elapsed.as_secs_f64().max(1e-9),
         index_batches_applied: metric(
-            &index_metrics,
+            &run.index_metrics,
             "inferencecache_index_ingest_batches_total{result=\"applied\"}",
         ),
-        index_entries: entries,
-        index_memory_bytes: metric(&index_metrics, "inferencecache_index_memory_bytes"),
-        index_agrees_with_engines: agrees,
+        index_entries: run.entries,
+        index_memory_bytes: metric(&run.index_metrics, "inferencecache_index_memory_bytes"),
+        index_agrees_with_engines: run.agrees,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
 
@@ -298,10 +467,12 @@ async fn main() -> anyhow::Result<()> {
     let chart = args.report.with_extension("svg");
     let facts = report::RunFacts {
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        workload: if use_synthetic {
-            "synthetic chat workload".to_owned()
-        } else {
-            format!("trace {}", args.trace.display())
+        workload: match workload {
+            Workload::Chat => "synthetic chat workload (16 system prompts)".to_owned(),
+            Workload::SharedPrefixChat => {
+                "multi-turn conversations behind one shared first block".to_owned()
+            }
+            Workload::Trace => format!("trace {}", args.trace.display()),
         },
         engines: report.engines,
         capacity_blocks: report.capacity_blocks,
@@ -311,6 +482,8 @@ async fn main() -> anyhow::Result<()> {
         index_memory_bytes: report.index_memory_bytes,
         index_agrees: report.index_agrees_with_engines,
         wall_seconds: report.wall_seconds,
+        timing: format!("1/{:.0} s", args.prefill_tokens_per_second),
+        overhead_ms: args.request_overhead_ms,
     };
     let chart_name = chart
         .file_name()
@@ -339,36 +512,30 @@ async fn main() -> anyhow::Result<()> {
         ),
     }
 
+    let mut services = run.services;
     if args.keep_running {
         println!("\nServices stay up; press Ctrl-C to stop them.");
-        println!("  index server gRPC     http://{grpc}  (LookupRoute)");
-        println!("  index server HTTP     http://{index_http}  (/snapshot, /metrics)");
+        println!(
+            "  index server gRPC     http://{}  (LookupRoute)",
+            services.grpc
+        );
+        println!(
+            "  index server HTTP     http://{}  (/snapshot, /metrics)",
+            services.index_http
+        );
         println!("  coordinator           http://{coordinator_http}");
-        for (i, s) in subscribers.iter_mut().enumerate() {
+        for (i, s) in services.subscribers.iter_mut().enumerate() {
             println!("  subscriber engine-{i}  http://{}/metrics", s.admin_addr());
         }
         wait_for_ctrl_c().await;
     }
-
-    let mut unclean = Vec::new();
-    for (name, process) in subscribers
-        .iter_mut()
-        .map(|p| ("ic-kvevent-subscriber", p))
-        .chain([
-            ("ic-index-server", &mut index),
-            ("ic-coordinator", &mut coordinator),
-        ])
-    {
-        let status = process.stop();
-        if !status.success() {
-            unclean.push(format!("{name} exited with {status}"));
-        }
+    unclean.extend(services.stop());
+    let status = coordinator.stop();
+    if !status.success() {
+        unclean.push(format!("ic-coordinator exited with {status}"));
     }
     if !unclean.is_empty() {
         bail!("unclean shutdown: {}", unclean.join("; "));
-    }
-    if !report.index_agrees_with_engines {
-        bail!("the index did not converge to the engines' cache contents");
     }
     Ok(())
 }
@@ -379,21 +546,22 @@ fn print_table(r: &Report) {
         r.requests, r.engines, r.capacity_blocks
     );
     println!(
-        "{:<30} {:>10} {:>10} {:>22}",
-        "ROUTING", "REQUESTS", "HIT RATIO", "PREFILL TOKENS SAVED"
+        "{:<40} {:>9} {:>22} {:>10} {:>10}",
+        "ROUTING", "HIT RATIO", "PREFILL TOKENS SAVED", "TTFT p50", "TTFT p99"
     );
     for p in &r.policies {
         println!(
-            "{:<30} {:>10} {:>9.1}% {:>14} ({:>4.1}%)",
+            "{:<40} {:>8.1}% {:>14} ({:>4.1}%) {:>8.0}ms {:>8.0}ms",
             p.policy,
-            p.requests,
             100.0 * p.hit_ratio(),
             p.prefill_tokens_saved,
             if p.prompt_tokens == 0 {
                 0.0
             } else {
                 100.0 * p.prefill_tokens_saved as f64 / p.prompt_tokens as f64
-            }
+            },
+            p.ttft_p50_ms,
+            p.ttft_p99_ms,
         );
     }
     println!();

@@ -115,6 +115,10 @@ pub struct RunFacts {
     pub index_agrees: bool,
     /// Wall time.
     pub wall_seconds: f64,
+    /// The timing model's per-token cost, in words.
+    pub timing: String,
+    /// The timing model's per-request cost, ms.
+    pub overhead_ms: f64,
 }
 
 /// The Markdown report; `chart` is the SVG's file name, relative to it.
@@ -129,9 +133,9 @@ pub fn markdown(facts: &RunFacts, policies: &[PolicyResult], chart: &str) -> Str
     );
     let _ = writeln!(
         out,
-        "| routing | requests | prefix hit ratio | prefill tokens saved |"
+        "| routing | requests | prefix hit ratio | prefill tokens saved | TTFT p50 | TTFT p99 |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
     for p in policies {
         let saved = if p.prompt_tokens == 0 {
             0.0
@@ -140,13 +144,21 @@ pub fn markdown(facts: &RunFacts, policies: &[PolicyResult], chart: &str) -> Str
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1}% | {} ({saved:.1}%) |",
+            "| {} | {} | {:.1}% | {} ({saved:.1}%) | {:.0} ms | {:.0} ms |",
             p.policy,
             p.requests,
             100.0 * p.hit_ratio(),
-            p.prefill_tokens_saved
+            p.prefill_tokens_saved,
+            p.ttft_p50_ms,
+            p.ttft_p99_ms,
         );
     }
+    let _ = writeln!(
+        out,
+        "\nTTFT is simulated: each engine prefills one request at a time, {} per uncached \
+         prompt token plus {} ms per request, first come first served.",
+        facts.timing, facts.overhead_ms
+    );
     let _ = writeln!(out, "\n![hit ratio over the replay]({chart})\n");
     let _ = writeln!(
         out,
@@ -209,10 +221,13 @@ mod tests {
             index_memory_bytes: 3.5 * 1024.0 * 1024.0,
             index_agrees: true,
             wall_seconds: 1.5,
+            timing: "1/30000 s".into(),
+            overhead_ms: 20.0,
         };
         let md = markdown(&facts, &[policy("lookup-route", &[])], "hit-ratio.svg");
         assert!(md.contains("ic-local-fleet --engines 2"));
         assert!(md.contains("| lookup-route | 0 | 0.0% |"));
+        assert!(md.contains("| 0 ms | 0 ms |"), "{md}");
         assert!(md.contains("![hit ratio over the replay](hit-ratio.svg)"));
         assert!(md.contains("matches every engine's cache: yes"));
         assert!(md.contains("20 entries in 3.5 MiB of index memory"), "{md}");

@@ -110,9 +110,76 @@ pub fn synthetic(sessions: u64, turns: u64, system_prompts: u64) -> Vec<TraceReq
     out
 }
 
+/// Many multi-turn conversations behind one fleet-wide system prompt: every
+/// request starts with the same first block, then its conversation so far;
+/// each turn adds `turn_blocks` blocks. Conversations start staggered
+/// (`concurrent` are open at a time, a finished one is replaced), and
+/// turns of the open ones interleave, so a conversation comes back after
+/// many others — with caches smaller than the working set, where routing
+/// decides whether its history is still there. Deterministic.
+pub fn shared_prefix_chat(
+    requests: usize,
+    concurrent: usize,
+    turns: u64,
+    turn_blocks: u64,
+) -> Vec<TraceRequest> {
+    const SHARED: u64 = 0;
+    let concurrent = concurrent.max(1);
+    let mut next_id = 1;
+    let mut open: Vec<(Vec<u64>, u64)> = Vec::new();
+    let mut out = Vec::with_capacity(requests);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut clock = 0;
+    while out.len() < requests {
+        while open.len() < concurrent {
+            open.push((vec![SHARED], 0));
+        }
+        // xorshift: pick which open conversation speaks next.
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let i = (rng % open.len() as u64) as usize;
+        let (ids, done) = &mut open[i];
+        ids.extend(next_id..next_id + turn_blocks);
+        next_id += turn_blocks;
+        *done += 1;
+        out.push(TraceRequest {
+            timestamp_ms: clock,
+            input_length: ids.len() as u64 * 512,
+            hash_ids: ids.clone(),
+        });
+        clock += 100;
+        if *done >= turns {
+            open.swap_remove(i);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_prefix_chat_shares_one_block_and_conversations_grow() {
+        let t = shared_prefix_chat(500, 20, 10, 3);
+        assert_eq!(t.len(), 500);
+        assert!(
+            t.iter().all(|r| r.hash_ids[0] == 0),
+            "one shared first block"
+        );
+        // A request either opens a conversation (1 + 3 blocks) or extends an
+        // earlier request by exactly one turn.
+        for (i, r) in t.iter().enumerate() {
+            let opens = r.hash_ids.len() == 4;
+            let extends = t[..i].iter().any(|e| {
+                r.hash_ids.starts_with(&e.hash_ids) && r.hash_ids.len() == e.hash_ids.len() + 3
+            });
+            assert!(opens || extends, "request {i}");
+        }
+        let longest = t.iter().map(|r| r.hash_ids.len()).max().unwrap();
+        assert_eq!(longest, 1 + 10 * 3, "a conversation ends after its turns");
+    }
 
     #[test]
     fn synthetic_sessions_share_system_prompts_and_grow() {

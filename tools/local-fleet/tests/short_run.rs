@@ -67,8 +67,74 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
     assert!(ratio("lookup-route") <= ratio("oracle") + 1e-9, "{report}");
     // The report page and its chart, one line per policy.
     let md = std::fs::read_to_string(&report_path).unwrap();
-    assert!(md.contains("| lookup-route | 400 |"), "{md}");
+    assert!(
+        md.contains("| lookup-route (default: + speculative) | 400 |"),
+        "{md}"
+    );
     assert!(md.contains("![hit ratio over the replay](run.svg)"), "{md}");
     let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    // Three routed variants and five in-process policies.
+    assert_eq!(svg.matches("<polyline").count(), 8, "{svg}");
+}
+
+/// The shared-prefix chat workload, short: prefix-only routing piles the
+/// conversations onto few engines (every request shares the first block);
+/// the default load-aware scoring stays near the exact load-bounded
+/// reference and ahead of round-robin in hit ratio and TTFT.
+#[test]
+fn on_shared_prefix_chat_load_aware_routing_beats_prefix_only() {
+    let index_server = ic_e2e::workspace_binary("ic-index-server");
+    let bin_dir = index_server.parent().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-local-fleet"))
+        .arg("--report")
+        .arg(dir.path().join("run.md"))
+        .args([
+            "--workload",
+            "shared-prefix-chat",
+            "--requests",
+            "3000",
+            "--engines",
+            "4",
+            "--capacity-blocks",
+            "1000",
+            "--speed",
+            "200",
+            "--json",
+        ])
+        .arg("--bin-dir")
+        .arg(bin_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "local fleet failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["index_agrees_with_engines"], true, "{report}");
+    let policy = |name: &str| {
+        report["policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["policy"].as_str().unwrap() == name)
+            .unwrap_or_else(|| panic!("no policy {name}: {report}"))
+            .clone()
+    };
+    let ratio = |p: &serde_json::Value| {
+        p["hit_blocks"].as_f64().unwrap() / p["prompt_blocks"].as_f64().unwrap()
+    };
+    let default = policy("lookup-route (default: + speculative)");
+    let prefix_only = policy("lookup-route, prefix only");
+    let reference = policy("longest prefix (exact, 1.25x bound)");
+    let rr = policy("round-robin");
+    assert!(ratio(&default) > ratio(&prefix_only), "{report}");
+    assert!(ratio(&default) > ratio(&rr), "{report}");
+    assert!(ratio(&default) >= 0.9 * ratio(&reference), "{report}");
+    assert!(
+        default["ttft_p99_ms"].as_f64().unwrap() < prefix_only["ttft_p99_ms"].as_f64().unwrap(),
+        "{report}"
+    );
 }
