@@ -13,7 +13,7 @@
 //! where `matched_blocks` is the longer of the index's match and the
 //! replica's speculative holding (a recent pick), and `requests` is the
 //! [`crate::load::LoadBoard`]'s estimate. With a load bound `c`, a replica is
-//! eligible only while `requests(r) + 1 ≤ c × (Σ requests + 1) / n` (its
+//! eligible only while `requests(r) + 1 ≤ ⌈c × (Σ requests + 1) / n⌉` (its
 //! share of the fleet's load after this request); replicas over it are
 //! ranked after every replica within it. Equal scores go to the less loaded
 //! replica, then to a hash of (request, replica): never to "the most
@@ -136,13 +136,29 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
     let max_requests = loads.iter().map(|l| l.requests).fold(1.0, f64::max);
     let total: f64 = loads.iter().map(|l| l.requests).sum();
     let n = input.replicas.len().max(1) as f64;
-    let bound = weights.load_bound.map(|c| c * (total + 1.0) / n);
+    // As consistent hashing with bounded loads: a whole number of requests
+    // per replica, so with little load a holder may still take the next one.
+    let bound = weights
+        .load_bound
+        .map(|c| (c * (total + 1.0) / n - 1e-9).ceil().max(1.0));
     let mut out: Vec<(Scored, u64)> = input
         .replicas
         .iter()
         .zip(loads)
         .map(|((key, address), load)| {
-            let real = input.matches.iter().find(|m| &m.replica == key);
+            // A pod's data-parallel ranks share its address: the best rank's
+            // match is the pod's.
+            let real = input
+                .matches
+                .iter()
+                .filter(|m| {
+                    m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant
+                })
+                .max_by(|a, b| {
+                    a.matched_blocks
+                        .cmp(&b.matched_blocks)
+                        .then(b.tier.cmp(&a.tier))
+                });
             let spec = input
                 .speculative
                 .iter()
@@ -290,7 +306,7 @@ mod tests {
         let r = replicas(&["a", "b", "c", "d"]);
         let m = [matched("a", 10, Tier::T1)];
         // a: 9 requests, the rest 1 each: fair share after this one is
-        // (12 + 1) / 4 = 3.25, the bound 1.25 × 3.25 ≈ 4.06 < 9 + 1.
+        // (12 + 1) / 4 = 3.25, the bound ⌈1.25 × 3.25⌉ = 5 < 9 + 1.
         let load = loads(&r, |id| if id == "a" { 9.0 } else { 1.0 });
         let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &load);
         assert_ne!(ranked[0].replica.replica_id, "a");

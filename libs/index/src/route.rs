@@ -22,7 +22,7 @@ use crate::Index;
 use crate::load::{LoadBoard, ReplicaLoad};
 use crate::pick::{PickInput, ScoreWeights, Scored, rank};
 use crate::speculative::Speculation;
-use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, Scope, Tier};
+use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, Tier};
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]
@@ -292,6 +292,10 @@ pub struct Scoring<'a> {
     pub source: &'a dyn ScoringSource,
     /// Tag of the query's scope in the speculation table.
     pub scope_tag: u64,
+    /// Score exactly these endpoints (replica and address) instead of the
+    /// scope's replicas: an endpoint picker's pool, where an endpoint the
+    /// index has not heard from yet is still a candidate.
+    pub pool: Option<&'a [(ReplicaKey, String)]>,
 }
 
 impl std::fmt::Debug for Scoring<'_> {
@@ -375,11 +379,14 @@ pub fn route_ranked(
         }
     };
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
-    let replicas = index.replicas_in(
-        query.scope,
-        query.candidates,
-        Some(now_ms.saturating_sub(stale_ms)),
-    );
+    let replicas = match scoring.pool {
+        Some(pool) => pool.to_vec(),
+        None => index.replicas_in(
+            query.scope,
+            query.candidates,
+            Some(now_ms.saturating_sub(stale_ms)),
+        ),
+    };
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),
         _ => scoring

@@ -81,6 +81,7 @@ impl Fleet {
                     speculation: &self.speculation,
                 },
                 scope_tag: scope_tag(&scope),
+                pool: None,
             },
         )
     }

@@ -46,7 +46,7 @@ pub struct IndexServer {
 }
 
 /// A lookup's budget on the monotonic clock.
-struct Until(Instant);
+pub(crate) struct Until(pub(crate) Instant);
 
 impl Deadline for Until {
     fn expired(&self) -> bool {
@@ -184,9 +184,10 @@ impl IndexServer {
                     .encode(&scope.model, text)
                     .map_err(|e| match e {
                         EncodeError::NoTokenizer(_) => Status::failed_precondition(e.to_string()),
-                        EncodeError::TooLong | EncodeError::Failed(_) => {
-                            Status::invalid_argument(e.to_string())
-                        }
+                        EncodeError::TooLong
+                        | EncodeError::Failed(_)
+                        | EncodeError::NoChatTemplate(_)
+                        | EncodeError::Template(_) => Status::invalid_argument(e.to_string()),
                     })?;
                 RouteKey::Tokens(&tokens)
             }
@@ -204,6 +205,7 @@ impl IndexServer {
             self.default_block_size,
             now_ms,
             &deadline,
+            None,
         );
         let response = response_of(&decision);
         // A gateway that follows `best` sends the request there: count it

@@ -6,10 +6,12 @@
 
 pub mod auth;
 pub mod convert;
+pub mod epp;
 pub mod grpc;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
+pub mod openai;
 pub mod policy;
 pub mod probe;
 pub mod routing;
@@ -104,6 +106,71 @@ pub struct Config {
     /// Load-aware scoring.
     #[command(flatten)]
     pub scoring: routing::ScoringFlags,
+
+    /// Serve the Gateway API endpoint picker (Envoy ext_proc, with
+    /// grpc.health.v1) on this address; off when unset.
+    #[arg(long, env = "IC_EPP_ADDR")]
+    pub epp_addr: Option<SocketAddr>,
+
+    /// Namespace of the endpoint picker's pool: the index tenant its
+    /// engines report under.
+    #[arg(long, env = "IC_EPP_TENANT")]
+    pub epp_tenant: Option<String>,
+
+    /// The pool's ready endpoints, `ip:port` (comma-separated or repeated).
+    #[arg(long = "epp-endpoint", env = "IC_EPP_ENDPOINTS", value_delimiter = ',')]
+    pub epp_endpoints: Vec<String>,
+
+    /// Fingerprint scheme of the pool's engines.
+    #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
+    pub epp_hash_scheme: EppHashScheme,
+}
+
+/// The engine family of the endpoint picker's pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EppHashScheme {
+    /// vLLM engines.
+    Vllm,
+    /// SGLang engines.
+    Sglang,
+}
+
+/// The endpoint picker's pool from the flags; `None` when it is off.
+fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
+    if config.epp_addr.is_none() {
+        if config.epp_tenant.is_some() || !config.epp_endpoints.is_empty() {
+            anyhow::bail!("--epp-tenant and --epp-endpoint need --epp-addr");
+        }
+        return Ok(None);
+    }
+    let tenant = config
+        .epp_tenant
+        .clone()
+        .filter(|t| !t.trim().is_empty())
+        .context("--epp-addr needs --epp-tenant (the namespace of the pool's engines)")?;
+    if config.epp_endpoints.is_empty() {
+        anyhow::bail!(
+            "--epp-addr needs --epp-endpoint ip:port for each ready engine (watching an \
+             InferencePool's pods is not built yet)"
+        );
+    }
+    let mut endpoints = Vec::new();
+    for e in &config.epp_endpoints {
+        let e = e.trim();
+        e.parse::<SocketAddr>()
+            .with_context(|| format!("--epp-endpoint {e:?}: expected ip:port"))?;
+        if !endpoints.iter().any(|x: &String| x == e) {
+            endpoints.push(e.to_owned());
+        }
+    }
+    Ok(Some(epp::PoolConfig {
+        tenant,
+        hash_scheme: match config.epp_hash_scheme {
+            EppHashScheme::Vllm => ic_index::HashScheme::Vllm,
+            EppHashScheme::Sglang => ic_index::HashScheme::Sglang,
+        },
+        endpoints,
+    }))
 }
 
 /// How `/probe` authenticates, from the flags.
@@ -204,9 +271,50 @@ async fn routing_upkeep(
     }
 }
 
+/// Binds the endpoint picker's port and serves ext_proc plus
+/// grpc.health.v1 (the `liveness` and `readiness` services the protocol
+/// names, and the server as a whole) until `shutdown`.
+async fn serve_epp(
+    addr: SocketAddr,
+    picker: epp::EndpointPicker,
+    shutdown: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
+    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot bind the endpoint picker to {addr}"))?;
+    let bound = listener.local_addr()?;
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for name in [
+        "",
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        reporter
+            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    tracing::info!(addr = %bound, "endpoint picker listening");
+    ic_telemetry::listening::listening("epp", bound);
+    Ok(tokio::spawn(async move {
+        // Keep the reporter alive as long as the server.
+        let _reporter = reporter;
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(ExternalProcessorServer::new(picker))
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                shutdown.cancelled_owned(),
+            )
+            .await
+    }))
+}
+
 /// Runs the server until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
+    let epp_pool = epp_pool(&config)?;
     let routing = Arc::new(routing::Routing::from_flags(&config.scoring)?);
     let auth = probe_auth(&config).await?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
@@ -262,6 +370,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     health_reporter
         .set_serving::<IndexServiceServer<IndexServer>>()
         .await;
+    let epp = match (config.epp_addr, epp_pool) {
+        (Some(addr), Some(pool)) => Some(
+            serve_epp(
+                addr,
+                epp::EndpointPicker::new(service.clone(), pool),
+                shutdown.clone(),
+            )
+            .await?,
+        ),
+        _ => None,
+    };
     let grpc = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -294,6 +413,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let served = admin.serve(shutdown.clone()).await;
     shutdown.cancel();
     let grpc_result = grpc.await.context("gRPC server task")?;
+    if let Some(epp) = epp {
+        epp.await
+            .context("endpoint picker task")?
+            .context("endpoint picker")?;
+    }
     served.context("HTTP server")?;
     grpc_result.context("gRPC server")?;
     tracing::info!("index server stopped");

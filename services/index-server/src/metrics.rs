@@ -78,6 +78,22 @@ pub struct Metrics {
     pub speculative_entries: Gauge,
     /// Speculative entries dropped to stay within --speculative-max-entries.
     pub speculative_dropped: Counter,
+    /// Endpoint-picker decisions, by what decided them (prefix, load).
+    pub epp_picks: Family<HowLabel, Counter>,
+    /// Endpoint-picker requests refused with a 503 (no endpoint).
+    pub epp_refusals: Counter,
+    /// Requests the picker could not read, by what failed (body,
+    /// tokenize, too_large); they are still routed, by load.
+    pub epp_unread: Family<ReasonLabel, Counter>,
+    /// Time to decide a pick, tokenizing included.
+    pub epp_decision_duration: Histogram,
+}
+
+/// What decided a pick.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HowLabel {
+    /// `prefix` (a replica held part of the prompt) or `load`.
+    pub by: &'static str,
 }
 
 impl Metrics {
@@ -99,6 +115,10 @@ impl Metrics {
             stale_replicas_removed: Counter::default(),
             speculative_entries: Gauge::default(),
             speculative_dropped: Counter::default(),
+            epp_picks: Family::default(),
+            epp_refusals: Counter::default(),
+            epp_unread: Family::default(),
+            epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
         };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
@@ -168,6 +188,27 @@ impl Metrics {
                 "Speculative entries dropped to stay within --speculative-max-entries",
                 m.speculative_dropped.clone(),
             );
+            let e = r.sub_registry_with_prefix("epp");
+            e.register(
+                "picks",
+                "Endpoint-picker decisions, by what decided them",
+                m.epp_picks.clone(),
+            );
+            e.register(
+                "refusals",
+                "Requests answered 503 because no endpoint could serve them",
+                m.epp_refusals.clone(),
+            );
+            e.register(
+                "unread",
+                "Requests routed by load because the picker could not read them, by reason",
+                m.epp_unread.clone(),
+            );
+            e.register(
+                "decision_duration_seconds",
+                "Time to pick an endpoint, tokenizing included",
+                m.epp_decision_duration.clone(),
+            );
         });
         m
     }
@@ -195,6 +236,22 @@ impl Metrics {
         };
         self.lookups.get_or_create(&labels).inc();
         self.lookup_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts one endpoint-picker decision.
+    pub fn epp_decided(&self, by: &'static str, took: Duration) {
+        self.epp_picks.get_or_create(&HowLabel { by }).inc();
+        self.epp_decision_duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a request the picker could not read.
+    pub fn epp_unread(&self, reason: &'static str) {
+        self.epp_unread.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts a 503.
+    pub fn epp_refused(&self) {
+        self.epp_refusals.inc();
     }
 
     /// Counts one ingest batch.

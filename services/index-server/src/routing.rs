@@ -161,7 +161,9 @@ impl Routing {
         ))
     }
 
-    /// Routes and scores `query` (the locks are taken after the index walk).
+    /// Routes and scores `query` (the locks are taken after the index walk);
+    /// `pool` restricts the scoring to an endpoint picker's endpoints.
+    #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
         index: &Index,
@@ -170,6 +172,7 @@ impl Routing {
         default_block_size: u32,
         now_ms: i64,
         deadline: &dyn Deadline,
+        pool: Option<&[(ic_index::ReplicaKey, String)]>,
     ) -> Ranked {
         route_ranked(
             index,
@@ -182,6 +185,7 @@ impl Routing {
                 weights: &self.weights,
                 source: self,
                 scope_tag: ic_index::route::scope_tag(query.scope),
+                pool,
             },
         )
     }
@@ -230,6 +234,26 @@ impl Routing {
         let mut s = self.speculation.lock();
         s.expire(now_ms);
         s.retain(|id| present.contains(id));
+    }
+
+    /// Ranks `pool` by load alone (no prompt to match): where a request
+    /// with nothing to route on goes.
+    pub fn rank_by_load(
+        &self,
+        pool: &[(ic_index::ReplicaKey, String)],
+        now_ms: i64,
+    ) -> Vec<ic_index::pick::Scored> {
+        let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
+        let loads = self.loads(&ids, now_ms);
+        let input = ic_index::pick::PickInput {
+            replicas: pool,
+            matches: &[],
+            speculative: &[],
+            prompt_blocks: 0,
+            block_size: 0,
+            tie_seed: u64::try_from(now_ms).unwrap_or_default(),
+        };
+        ic_index::pick::rank(&input, &self.weights, &loads)
     }
 
     /// Speculative entries held and entries dropped for space.

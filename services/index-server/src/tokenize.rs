@@ -1,6 +1,13 @@
-//! Tokenizers for `prompt_text` lookups: one Hugging Face `tokenizer.json`
-//! per model, loaded at startup (a bad file stops the server there, not on
-//! the first lookup).
+//! Tokenizers for `prompt_text` lookups and the endpoint picker: one Hugging
+//! Face `tokenizer.json` per model, and the chat template of the
+//! `tokenizer_config.json` beside it when there is one, loaded at startup (a
+//! bad file stops the server there, not on the first lookup).
+//!
+//! Chat messages are rendered the way `transformers`' `apply_chat_template`
+//! does (Jinja with `trim_blocks` and `lstrip_blocks`, Python string methods,
+//! `add_generation_prompt`, the BOS/EOS tokens, `raise_exception`), then
+//! tokenized without adding special tokens (the template placed them), as
+//! vLLM does for `/v1/chat/completions`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -34,12 +41,110 @@ pub enum EncodeError {
     /// The tokenizer rejected the text.
     #[error("prompt_text: cannot be tokenized: {0}")]
     Failed(String),
+    /// The model's tokenizer has no chat template.
+    #[error(
+        "model {0:?} has no chat template: put its tokenizer_config.json (with chat_template) \
+         beside its tokenizer.json"
+    )]
+    NoChatTemplate(String),
+    /// The chat template refused the messages (or failed).
+    #[error("messages: the chat template refused them: {0}")]
+    Template(String),
+}
+
+/// One chat message, as rendered by a template.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, …
+    pub role: String,
+    /// The text (content parts already joined).
+    pub content: String,
+}
+
+/// A model's chat template, compiled.
+struct ChatTemplate {
+    env: minijinja::Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+/// A model's tokenizer and, when it has one, its chat template.
+struct ModelTokenizer {
+    tokenizer: tokenizers::Tokenizer,
+    chat: Option<ChatTemplate>,
 }
 
 /// Tokenizers by model id.
 #[derive(Default)]
 pub struct Tokenizers {
-    by_model: HashMap<String, tokenizers::Tokenizer>,
+    by_model: HashMap<String, ModelTokenizer>,
+}
+
+/// A special token in `tokenizer_config.json`: a string, or an added-token
+/// object with its `content`.
+fn special_token(config: &serde_json::Value, name: &str) -> String {
+    match &config[name] {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(o) => o
+            .get("content")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        _ => String::new(),
+    }
+}
+
+/// The chat template of a `tokenizer_config.json`: a string, or a list of
+/// named templates of which `default` is the chat one.
+fn template_source(config: &serde_json::Value) -> Option<String> {
+    match &config["chat_template"] {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(list) => list
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn load_chat_template(dir: &std::path::Path) -> Result<Option<ChatTemplate>, String> {
+    let path = dir.join("tokenizer_config.json");
+    let raw = match std::fs::read_to_string(&path) {
+        Ok(raw) => raw,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let config: serde_json::Value =
+        serde_json::from_str(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
+    let Some(source) = template_source(&config) else {
+        return Ok(None);
+    };
+    let mut env = minijinja::Environment::new();
+    // As transformers compiles chat templates.
+    let syntax = minijinja::syntax::SyntaxConfig::builder()
+        .trim_blocks(true)
+        .lstrip_blocks(true)
+        .build()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    env.set_syntax(syntax);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message,
+            ))
+        },
+    );
+    env.add_template_owned("chat", source)
+        .map_err(|e| format!("{}: chat_template: {e}", path.display()))?;
+    Ok(Some(ChatTemplate {
+        env,
+        bos_token: special_token(&config, "bos_token"),
+        eos_token: special_token(&config, "eos_token"),
+    }))
 }
 
 impl std::fmt::Debug for Tokenizers {
@@ -67,7 +172,12 @@ impl Tokenizers {
             }
             let tokenizer =
                 tokenizers::Tokenizer::from_file(&spec.path).map_err(|e| fail(e.to_string()))?;
-            by_model.insert(spec.model.clone(), tokenizer);
+            let dir = spec
+                .path
+                .parent()
+                .unwrap_or_else(|| std::path::Path::new("."));
+            let chat = load_chat_template(dir).map_err(fail)?;
+            by_model.insert(spec.model.clone(), ModelTokenizer { tokenizer, chat });
         }
         Ok(Self { by_model })
     }
@@ -85,16 +195,66 @@ impl Tokenizers {
     /// Token ids of `text` as the engine sees the prompt (special tokens
     /// such as BOS added, as engines do for completion prompts).
     pub fn encode(&self, model: &str, text: &str) -> Result<Vec<u32>, EncodeError> {
-        let tokenizer = self
+        self.encode_with(model, text, true)
+    }
+
+    fn encode_with(
+        &self,
+        model: &str,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, EncodeError> {
+        let tokenizer = &self
             .by_model
             .get(model)
-            .ok_or_else(|| EncodeError::NoTokenizer(model.to_owned()))?;
+            .ok_or_else(|| EncodeError::NoTokenizer(model.to_owned()))?
+            .tokenizer;
         if text.len() > MAX_PROMPT_TEXT_BYTES {
             return Err(EncodeError::TooLong);
         }
         tokenizer
-            .encode(text, true)
+            .encode(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| EncodeError::Failed(e.to_string()))
+    }
+
+    /// `messages` rendered with the model's chat template (with the
+    /// generation prompt), as the engine renders a chat request.
+    pub fn render_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+    ) -> Result<String, EncodeError> {
+        let entry = self
+            .by_model
+            .get(model)
+            .ok_or_else(|| EncodeError::NoTokenizer(model.to_owned()))?;
+        let chat = entry
+            .chat
+            .as_ref()
+            .ok_or_else(|| EncodeError::NoChatTemplate(model.to_owned()))?;
+        let template = chat
+            .env
+            .get_template("chat")
+            .map_err(|e| EncodeError::Failed(e.to_string()))?;
+        template
+            .render(minijinja::context! {
+                messages => minijinja::Value::from(minijinja::value::Serde(messages)),
+                add_generation_prompt => true,
+                bos_token => chat.bos_token.as_str(),
+                eos_token => chat.eos_token.as_str(),
+            })
+            .map_err(|e| EncodeError::Template(e.to_string()))
+    }
+
+    /// Token ids of a chat request as the engine sees it: rendered with the
+    /// model's template, then tokenized without adding special tokens.
+    pub fn encode_chat(
+        &self,
+        model: &str,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>, EncodeError> {
+        let text = self.render_chat(model, messages)?;
+        self.encode_with(model, &text, false)
     }
 }

@@ -1,0 +1,247 @@
+//! The OpenAI request bodies the endpoint picker reads: `/v1/completions`
+//! (a prompt as text or token ids) and `/v1/chat/completions` (messages),
+//! as vLLM and SGLang accept them. Only what routing needs is read: the
+//! model and the prompt. Errors name the field.
+
+use serde_json::Value;
+
+use crate::tokenize::ChatMessage;
+
+/// Largest request body read, bytes (a 1 M-token prompt as JSON is ~8 MB).
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
+/// What the prompt is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Prompt {
+    /// Completion text (tokenized with special tokens, as the engine does).
+    Text(String),
+    /// Completion token ids, as sent.
+    Tokens(Vec<u32>),
+    /// Chat messages (rendered with the model's chat template).
+    Chat(Vec<ChatMessage>),
+}
+
+/// A request, as routing sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InferenceRequest {
+    /// The `model` field.
+    pub model: String,
+    /// The prompt; `None` when it carries non-text parts (images, audio):
+    /// their content is hashed into the engine's blocks in a way the index
+    /// cannot reproduce yet, so such requests are routed by load alone.
+    pub prompt: Option<Prompt>,
+}
+
+/// Why a body could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BodyError {
+    /// Not a JSON object.
+    #[error("request body is not a JSON object: {0}")]
+    NotJson(String),
+    /// A field is missing or has the wrong shape.
+    #[error("{field}: {reason}")]
+    Field {
+        /// The field, as a JSON path.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Neither a prompt nor messages.
+    #[error("{0}: not an OpenAI completions or chat completions request (no prompt, no messages)")]
+    Unsupported(String),
+}
+
+fn field(field: impl Into<String>, reason: impl Into<String>) -> BodyError {
+    BodyError::Field {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+fn token_ids(values: &[Value], at: &str) -> Result<Vec<u32>, BodyError> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .ok_or_else(|| field(format!("{at}[{i}]"), "expected a token id (0..2^32)"))
+        })
+        .collect()
+}
+
+fn completion_prompt(prompt: &Value) -> Result<Prompt, BodyError> {
+    match prompt {
+        Value::String(s) => Ok(Prompt::Text(s.clone())),
+        Value::Array(items) => match items.first() {
+            // A batch of prompts: the first decides (the engine serves the
+            // batch on the one replica picked).
+            Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+            Some(Value::Array(ids)) => Ok(Prompt::Tokens(token_ids(ids, "prompt[0]")?)),
+            Some(_) => Ok(Prompt::Tokens(token_ids(items, "prompt")?)),
+            None => Err(field("prompt", "must not be empty")),
+        },
+        _ => Err(field(
+            "prompt",
+            "expected a string, a list of strings, or token ids",
+        )),
+    }
+}
+
+/// The messages' text; `None` when a message has a non-text part.
+fn chat_messages(messages: &Value) -> Result<Option<Vec<ChatMessage>>, BodyError> {
+    let Value::Array(list) = messages else {
+        return Err(field("messages", "expected a list of messages"));
+    };
+    if list.is_empty() {
+        return Err(field("messages", "must not be empty"));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.iter().enumerate() {
+        let role = m["role"]
+            .as_str()
+            .ok_or_else(|| field(format!("messages[{i}].role"), "expected a string"))?;
+        let content = match &m["content"] {
+            Value::String(s) => s.clone(),
+            // An assistant turn with tool calls only.
+            Value::Null => String::new(),
+            Value::Array(parts) => {
+                let mut texts = Vec::new();
+                for (j, part) in parts.iter().enumerate() {
+                    match part["type"].as_str() {
+                        Some("text") => texts.push(part["text"].as_str().ok_or_else(|| {
+                            field(
+                                format!("messages[{i}].content[{j}].text"),
+                                "expected a string",
+                            )
+                        })?),
+                        Some(_) => return Ok(None),
+                        None => {
+                            return Err(field(
+                                format!("messages[{i}].content[{j}].type"),
+                                "expected a string",
+                            ));
+                        }
+                    }
+                }
+                // As vLLM joins text parts for string-content templates.
+                texts.join("\n")
+            }
+            _ => {
+                return Err(field(
+                    format!("messages[{i}].content"),
+                    "expected a string or a list of content parts",
+                ));
+            }
+        };
+        out.push(ChatMessage {
+            role: role.to_owned(),
+            content,
+        });
+    }
+    Ok(Some(out))
+}
+
+/// Reads a request body sent to `path` (query string allowed).
+pub fn parse(path: &str, body: &[u8]) -> Result<InferenceRequest, BodyError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| BodyError::NotJson(e.to_string()))?;
+    if !value.is_object() {
+        return Err(BodyError::NotJson("expected an object".into()));
+    }
+    let model = value["model"]
+        .as_str()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| field("model", "expected a non-empty string"))?
+        .to_owned();
+    let path = path.split('?').next().unwrap_or_default();
+    let chat = path.ends_with("/chat/completions")
+        || (!path.ends_with("/completions") && value.get("messages").is_some());
+    let prompt = if chat {
+        chat_messages(&value["messages"])?.map(Prompt::Chat)
+    } else if let Some(prompt) = value.get("prompt") {
+        Some(completion_prompt(prompt)?)
+    } else {
+        return Err(BodyError::Unsupported(path.to_owned()));
+    };
+    Ok(InferenceRequest { model, prompt })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(role: &str, content: &str) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn completions_in_every_prompt_form() {
+        let parse_body = |b: &str| parse("/v1/completions", b.as_bytes()).unwrap().prompt;
+        assert_eq!(
+            parse_body(r#"{"model":"m","prompt":"hi"}"#),
+            Some(Prompt::Text("hi".into()))
+        );
+        assert_eq!(
+            parse_body(r#"{"model":"m","prompt":["a","b"]}"#),
+            Some(Prompt::Text("a".into()))
+        );
+        assert_eq!(
+            parse_body(r#"{"model":"m","prompt":[1,2,3]}"#),
+            Some(Prompt::Tokens(vec![1, 2, 3]))
+        );
+        assert_eq!(
+            parse_body(r#"{"model":"m","prompt":[[4,5],[6]]}"#),
+            Some(Prompt::Tokens(vec![4, 5]))
+        );
+    }
+
+    #[test]
+    fn chat_messages_with_parts_and_tool_turns() {
+        let body = r#"{"model":"m","stream":true,"messages":[
+            {"role":"system","content":"be brief"},
+            {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+            {"role":"assistant","content":null,"tool_calls":[]}]}"#;
+        let r = parse("/v1/chat/completions?x=1", body.as_bytes()).unwrap();
+        assert_eq!(r.model, "m");
+        assert_eq!(
+            r.prompt,
+            Some(Prompt::Chat(vec![
+                msg("system", "be brief"),
+                msg("user", "a\nb"),
+                msg("assistant", "")
+            ]))
+        );
+    }
+
+    #[test]
+    fn images_mean_no_prompt_to_route_on() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":[
+            {"type":"text","text":"what is this"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
+        let r = parse("/v1/chat/completions", body.as_bytes()).unwrap();
+        assert_eq!(r.prompt, None);
+    }
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let err = |path: &str, b: &str| parse(path, b.as_bytes()).unwrap_err().to_string();
+        assert!(err("/v1/completions", "nope").starts_with("request body is not a JSON object"));
+        assert!(err("/v1/completions", r#"{"prompt":"x"}"#).starts_with("model:"));
+        assert!(err("/v1/completions", r#"{"model":"m","prompt":[-1]}"#).starts_with("prompt[0]:"));
+        assert!(err("/v1/completions", r#"{"model":"m","prompt":[]}"#).starts_with("prompt:"));
+        assert!(
+            err(
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"content":"x"}]}"#
+            )
+            .starts_with("messages[0].role:")
+        );
+        assert!(
+            err("/v1/chat/completions", r#"{"model":"m","messages":[]}"#).starts_with("messages:")
+        );
+        assert!(err("/v1/embeddings", r#"{"model":"m","input":"x"}"#).contains("not an OpenAI"));
+    }
+}

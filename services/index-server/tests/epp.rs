@@ -1,0 +1,439 @@
+//! The endpoint picker, driven through the real `ic-index-server` binary by
+//! a real ext_proc client built from Envoy's protos, with the message
+//! sequences Envoy sends: headers only, a buffered body, a full-duplex
+//! streamed body, the gateway's subset hint, and no endpoint to pick.
+//! The index is fed through the real IngestEvents stream; chat prompts are
+//! tokenized with the shipped fixture tokenizer and its chat template.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+    body_mutation, external_processor_client::ExternalProcessorClient, processing_request,
+    processing_response,
+};
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
+use ic_e2e::ServiceProcess;
+use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+
+const HOLDER: &str = "10.0.0.2:8000";
+const OTHER: &str = "10.0.0.1:8000";
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
+
+fn chat_body() -> serde_json::Value {
+    serde_json::json!({
+        "model": "tiny-chat",
+        "stream": true,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is a KV cache and why does prefix reuse matter for latency?"},
+        ],
+    })
+}
+
+/// The chat prompt's token ids, as the engine computes them.
+fn chat_tokens() -> Vec<u32> {
+    let tokenizers = Tokenizers::load(&[ic_index_server::TokenizerSpec {
+        model: "tiny-chat".into(),
+        path: Path::new(FIXTURES).join("tokenizer.json"),
+    }])
+    .unwrap();
+    let body = chat_body();
+    let messages: Vec<ChatMessage> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage {
+            role: m["role"].as_str().unwrap().into(),
+            content: m["content"].as_str().unwrap().into(),
+        })
+        .collect();
+    tokenizers.encode_chat("tiny-chat", &messages).unwrap()
+}
+
+struct Picker {
+    process: ServiceProcess,
+    epp: String,
+    grpc: String,
+}
+
+fn start() -> Picker {
+    let tokenizer = format!("tiny-chat={FIXTURES}/tokenizer.json");
+    let mut process = ServiceProcess::start(
+        Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--epp-addr",
+            "127.0.0.1:0",
+            "--epp-tenant",
+            "team-a",
+            "--epp-endpoint",
+            &format!("{OTHER},{HOLDER}"),
+            "--tokenizer",
+            &tokenizer,
+            "--engine-block-size",
+            "4",
+        ],
+    );
+    let epp = format!("http://{}", process.addr("epp"));
+    let grpc = format!("http://{}", process.addr("grpc"));
+    Picker { process, epp, grpc }
+}
+
+/// The engine at HOLDER reports holding the chat prompt's blocks.
+async fn feed_holder(grpc: &str) {
+    let tokens = chat_tokens();
+    let fps = ic_kvevents::chain_fingerprints(None, &tokens, 4);
+    assert!(fps.len() >= 8, "the prompt spans several blocks");
+    let batch = pb::IngestBatch {
+        replica: Some(pb::ReplicaIdentity {
+            scope: Some(pb::IndexScope {
+                tenant: "team-a".into(),
+                model: "tiny-chat".into(),
+                hash_scheme: pb::HashScheme::Vllm as i32,
+                adapter: String::new(),
+            }),
+            replica_id: "engine-holder".into(),
+            address: HOLDER.into(),
+            dp_rank: 0,
+            incarnation: 1,
+        }),
+        seq: 1,
+        resync_begin: true,
+        resync_end: true,
+        events: vec![pb::IndexEvent {
+            kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
+                parent_fingerprint: 0,
+                start_depth: 0,
+                fingerprints: fps,
+                block_size: 4,
+                tier: pb::Tier::T1 as i32,
+                at_unix_ms: 0,
+            })),
+        }],
+        tier2_stats: None,
+        sent_at_unix_ms: 0,
+        engine_load: None,
+    };
+    let mut client = IndexServiceClient::connect(grpc.to_owned()).await.unwrap();
+    let ack = client
+        .ingest_events(tokio_stream::iter(vec![batch]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ack.resync_required, "{ack:?}");
+}
+
+fn headers(path: &str, end_of_stream: bool) -> ProcessingRequest {
+    let header = |k: &str, v: &str| HeaderValue {
+        key: k.into(),
+        raw_value: v.as_bytes().to_vec(),
+        ..HeaderValue::default()
+    };
+    ProcessingRequest {
+        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    header(":method", "POST"),
+                    header(":path", path),
+                    header("content-type", "application/json"),
+                ],
+            }),
+            end_of_stream,
+            ..HttpHeaders::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+fn body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(processing_request::Request::RequestBody(HttpBody {
+            body: bytes.to_vec(),
+            end_of_stream,
+            ..HttpBody::default()
+        })),
+        ..ProcessingRequest::default()
+    }
+}
+
+fn with_mode(mut m: ProcessingRequest, mode: BodySendMode) -> ProcessingRequest {
+    m.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: mode as i32,
+        ..ProtocolConfiguration::default()
+    });
+    m
+}
+
+fn with_subset(mut m: ProcessingRequest, endpoints: &[&str]) -> ProcessingRequest {
+    let list = Value {
+        kind: Some(Kind::ListValue(ListValue {
+            values: endpoints
+                .iter()
+                .map(|e| Value {
+                    kind: Some(Kind::StringValue((*e).into())),
+                })
+                .collect(),
+        })),
+    };
+    m.metadata_context = Some(Metadata {
+        filter_metadata: [(
+            "envoy.lb.subset_hint".to_owned(),
+            Struct {
+                fields: [("x-gateway-destination-endpoint-subset".to_owned(), list)].into(),
+            },
+        )]
+        .into(),
+        ..Metadata::default()
+    });
+    m
+}
+
+/// Sends `messages` on one ext_proc stream and reads `expect` responses.
+async fn exchange(
+    epp: &str,
+    messages: Vec<ProcessingRequest>,
+    expect: usize,
+) -> Vec<ProcessingResponse> {
+    let mut client = ExternalProcessorClient::connect(epp.to_owned())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    for m in messages {
+        tx.send(m).await.unwrap();
+    }
+    let mut responses = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut out = Vec::new();
+    while out.len() < expect {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(10), responses.message())
+            .await
+            .expect("the picker answered in time")
+            .unwrap();
+        match next {
+            Some(r) => out.push(r),
+            None => break,
+        }
+    }
+    drop(tx);
+    out
+}
+
+/// The endpoint a response picked: its header and its `envoy.lb` metadata
+/// must agree.
+fn picked(r: &ProcessingResponse) -> Option<String> {
+    let common = match r.response.as_ref()? {
+        processing_response::Response::RequestHeaders(h) => h.response.as_ref()?,
+        processing_response::Response::RequestBody(b) => b.response.as_ref()?,
+        _ => return None,
+    };
+    let header = common
+        .header_mutation
+        .as_ref()?
+        .set_headers
+        .iter()
+        .find(|h| h.header.as_ref().unwrap().key == "x-gateway-destination-endpoint")?
+        .header
+        .as_ref()
+        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())?;
+    let lb = &r.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
+    let Some(Kind::StructValue(lb)) = &lb.kind else {
+        panic!("envoy.lb is not a struct: {lb:?}");
+    };
+    let Some(Kind::StringValue(meta)) = &lb.fields["x-gateway-destination-endpoint"].kind else {
+        panic!("no endpoint in envoy.lb");
+    };
+    assert_eq!(&header, meta, "header and metadata agree");
+    Some(header)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_message_sequences_get_the_endpoint_holding_the_prompt() {
+    let mut picker = start();
+    feed_holder(&picker.grpc).await;
+    let chat = serde_json::to_vec(&chat_body()).unwrap();
+
+    // Buffered body: headers continue, the body response carries the pick.
+    let r = exchange(
+        &picker.epp,
+        vec![
+            with_mode(
+                headers("/v1/chat/completions", false),
+                BodySendMode::Buffered,
+            ),
+            body(&chat, true),
+        ],
+        2,
+    )
+    .await;
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(picked(&r[0]), None, "headers pass without a pick");
+    assert_eq!(picked(&r[1]).as_deref(), Some(HOLDER), "{r:?}");
+
+    // Full-duplex streamed, three chunks: the headers response comes at the
+    // end with the pick, then the chunks in order, the last one ending.
+    let (a, rest) = chat.split_at(10);
+    let (b, c) = rest.split_at(rest.len() / 2);
+    let r = exchange(
+        &picker.epp,
+        vec![
+            with_mode(
+                headers("/v1/chat/completions", false),
+                BodySendMode::FullDuplexStreamed,
+            ),
+            body(a, false),
+            body(b, false),
+            body(c, true),
+        ],
+        4,
+    )
+    .await;
+    assert_eq!(r.len(), 4, "{r:?}");
+    assert!(matches!(
+        r[0].response,
+        Some(processing_response::Response::RequestHeaders(_))
+    ));
+    assert_eq!(picked(&r[0]).as_deref(), Some(HOLDER));
+    let mut echoed = Vec::new();
+    for (i, resp) in r[1..].iter().enumerate() {
+        let Some(processing_response::Response::RequestBody(b)) = &resp.response else {
+            panic!("expected a body response: {resp:?}");
+        };
+        let mutation = b.response.as_ref().unwrap().body_mutation.as_ref().unwrap();
+        let Some(body_mutation::Mutation::StreamedResponse(s)) = &mutation.mutation else {
+            panic!("expected a streamed body: {mutation:?}");
+        };
+        echoed.extend_from_slice(&s.body);
+        assert_eq!(s.end_of_stream, i == 2);
+    }
+    assert_eq!(echoed, chat, "the body goes on unchanged");
+
+    // The gateway's subset wins over the prefix.
+    let r = exchange(
+        &picker.epp,
+        vec![
+            with_subset(
+                with_mode(
+                    headers("/v1/chat/completions", false),
+                    BodySendMode::Buffered,
+                ),
+                &[OTHER],
+            ),
+            body(&chat, true),
+        ],
+        2,
+    )
+    .await;
+    assert_eq!(picked(&r[1]).as_deref(), Some(OTHER));
+
+    // Headers only: picked by load, at once.
+    let r = exchange(&picker.epp, vec![headers("/v1/models", true)], 1).await;
+    let endpoint = picked(&r[0]).unwrap();
+    assert!(endpoint == HOLDER || endpoint == OTHER);
+
+    // A subset with no endpoint of the pool: 503, as the protocol asks.
+    let r = exchange(
+        &picker.epp,
+        vec![with_subset(
+            headers("/v1/completions", true),
+            &["10.9.9.9:8000"],
+        )],
+        1,
+    )
+    .await;
+    let Some(processing_response::Response::ImmediateResponse(i)) = &r[0].response else {
+        panic!("expected an immediate response: {r:?}");
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 503);
+
+    // An unreadable body is still routed (by load), and counted.
+    let r = exchange(
+        &picker.epp,
+        vec![
+            with_mode(headers("/v1/completions", false), BodySendMode::Buffered),
+            body(b"{not json", true),
+        ],
+        2,
+    )
+    .await;
+    assert!(picked(&r[1]).is_some());
+
+    let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
+    for line in [
+        "inferencecache_index_epp_picks_total{by=\"prefix\"} 2",
+        "inferencecache_index_epp_refusals_total 1",
+        "inferencecache_index_epp_unread_total{reason=\"body\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_reports_liveness_and_readiness() {
+    let picker = start();
+    let channel = tonic::transport::Channel::from_shared(picker.epp.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["liveness", "readiness", ""] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service}"
+        );
+    }
+}
+
+#[test]
+fn the_picker_refuses_incomplete_flags() {
+    for (args, expect) in [
+        (vec!["--epp-addr", "127.0.0.1:0"], "--epp-tenant"),
+        (
+            vec!["--epp-addr", "127.0.0.1:0", "--epp-tenant", "t"],
+            "--epp-endpoint",
+        ),
+        (
+            vec![
+                "--epp-addr",
+                "127.0.0.1:0",
+                "--epp-tenant",
+                "t",
+                "--epp-endpoint",
+                "pod-a",
+            ],
+            "expected ip:port",
+        ),
+        (vec!["--epp-tenant", "t"], "need --epp-addr"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ic-index-server"))
+            .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+    }
+}
