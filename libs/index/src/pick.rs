@@ -13,8 +13,8 @@
 //! where `matched_blocks` is the longer of the index's match and the
 //! replica's speculative holding (a recent pick), and `requests` is the
 //! [`crate::load::LoadBoard`]'s estimate. With a load bound `c`, a replica is
-//! eligible only while `requests(r) + 1 ≤ ⌈c × (Σ requests + 1) / n⌉` (its
-//! share of the fleet's load after this request); replicas over it are
+//! eligible only while `requests(r) + 1 ≤ max(1, c × (Σ requests + 1) / n)`
+//! (its share of the fleet's load after this request); replicas over it are
 //! ranked after every replica within it. Equal scores go to the less loaded
 //! replica, then to a hash of (request, replica): never to "the most
 //! recently active", which is the one that just got the last request and
@@ -136,11 +136,10 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
     let max_requests = loads.iter().map(|l| l.requests).fold(1.0, f64::max);
     let total: f64 = loads.iter().map(|l| l.requests).sum();
     let n = input.replicas.len().max(1) as f64;
-    // As consistent hashing with bounded loads: a whole number of requests
-    // per replica, so with little load a holder may still take the next one.
+    // Never below one request: with nothing measured, nobody is over.
     let bound = weights
         .load_bound
-        .map(|c| (c * (total + 1.0) / n - 1e-9).ceil().max(1.0));
+        .map(|c| (c * (total + 1.0) / n).max(1.0));
     let mut out: Vec<(Scored, u64)> = input
         .replicas
         .iter()
@@ -306,7 +305,7 @@ mod tests {
         let r = replicas(&["a", "b", "c", "d"]);
         let m = [matched("a", 10, Tier::T1)];
         // a: 9 requests, the rest 1 each: fair share after this one is
-        // (12 + 1) / 4 = 3.25, the bound ⌈1.25 × 3.25⌉ = 5 < 9 + 1.
+        // (12 + 1) / 4 = 3.25, the bound 1.25 × 3.25 ≈ 4.06 < 9 + 1.
         let load = loads(&r, |id| if id == "a" { 9.0 } else { 1.0 });
         let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &load);
         assert_ne!(ranked[0].replica.replica_id, "a");

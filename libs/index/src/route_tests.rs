@@ -141,17 +141,30 @@ fn a_conversation_sticks_to_its_replica_until_it_is_overloaded() {
     assert!(ranked.best().is_some());
 }
 
-#[test]
-fn a_burst_sharing_a_prefix_lands_on_one_replica_before_its_events_arrive() {
+/// Eight requests of one new conversation, 1 ms apart, on a fleet busy
+/// with other traffic (20 recent requests each): which replicas they go to.
+fn burst(speculation: SpeculationSettings) -> (Fleet, Vec<String>) {
     let mut fleet = Fleet::new(&["a", "b", "c", "d"], ScoreWeights::default());
-    // Eight requests of one new conversation, 1 ms apart: no KV event yet.
+    fleet.speculation = Speculation::new(speculation);
+    for id in ["a", "b", "c", "d"] {
+        for i in 0..20 {
+            fleet.load.picked(id, T0 - 1_000 + i);
+        }
+    }
     let prompt = [1, 500, 501, 502];
-    let picks: Vec<String> = (0..8)
+    let picks = (0..8)
         .map(|i| fleet.route(&prompt, T0 + i).unwrap())
         .collect();
+    (fleet, picks)
+}
+
+#[test]
+fn a_burst_sharing_a_prefix_lands_on_one_replica_before_its_events_arrive() {
+    let prompt = [1, 500, 501, 502];
+    let (fleet, picks) = burst(SpeculationSettings::default());
     let first = &picks[0];
-    let ranked = fleet.ask(&prompt, T0 + 8);
     // The first pick speculatively holds all four blocks.
+    let ranked = fleet.ask(&prompt, T0 + 8);
     let held = ranked
         .ranked
         .iter()
@@ -159,10 +172,17 @@ fn a_burst_sharing_a_prefix_lands_on_one_replica_before_its_events_arrive() {
         .unwrap();
     assert!(held.speculative);
     assert_eq!(held.matched_blocks, 4);
-    // Most of the burst followed it (the load bound lets it take its share
-    // and then some; without speculation each would see only block 1).
+    // The burst follows it while the load bound allows; without
+    // speculation each request sees only the shared block and load
+    // spreads them.
     let followed = picks.iter().filter(|p| *p == first).count();
-    assert!(followed >= 3, "{picks:?}");
+    let (_, blind) = burst(SpeculationSettings {
+        ttl_ms: 0,
+        ..SpeculationSettings::default()
+    });
+    let blind_followed = blind.iter().filter(|p| **p == blind[0]).count();
+    assert!(followed >= 4, "{picks:?}");
+    assert!(followed > blind_followed, "{picks:?} vs {blind:?}");
     // Past the TTL, the speculation is gone.
     let later = fleet.ask(&prompt, T0 + 8 + 2_000);
     assert!(later.ranked.iter().all(|s| !s.speculative));

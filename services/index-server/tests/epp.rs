@@ -82,6 +82,9 @@ fn start() -> Picker {
             &tokenizer,
             "--engine-block-size",
             "4",
+            // Two endpoints and repeated prompts: the load bound would send
+            // every other request away from the holder (libs/index tests it).
+            "--load-bound=0",
         ],
     );
     let epp = format!("http://{}", process.addr("epp"));
@@ -227,7 +230,19 @@ async fn exchange(
             None => break,
         }
     }
+    // Half-close and read to the end, as Envoy does: the picker then ends
+    // the stream itself (a stream still open would hang here).
     drop(tx);
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let mut n = 0;
+        while let Ok(Some(_)) = responses.message().await {
+            n += 1;
+        }
+        n
+    })
+    .await
+    .expect("the picker ends the stream once the gateway half-closes");
+    assert_eq!(rest, 0, "no response beyond the expected ones");
     out
 }
 

@@ -297,6 +297,39 @@ pub struct RoutedRun {
     pub elapsed: Duration,
 }
 
+/// The engine index behind a simulated engine's address `127.0.0.{i+1}:8000`.
+pub fn engine_of(endpoint: &str) -> Option<usize> {
+    let ip: std::net::SocketAddr = endpoint.parse().ok()?;
+    match ip.ip() {
+        std::net::IpAddr::V4(v4) => usize::from(v4.octets()[3]).checked_sub(1),
+        std::net::IpAddr::V6(_) => None,
+    }
+}
+
+/// Serves `request` on engine `target`: its cache, its queue, its events.
+async fn serve_routed(
+    run: &mut RoutedRun,
+    caches: &mut [PrefixCache],
+    queues: &mut EngineQueues,
+    engines: &mut [FakeEngine],
+    target: usize,
+    request: &TraceRequest,
+) {
+    let served = caches[target].serve(&request.hash_ids);
+    let ttft = queues.serve(
+        target,
+        request.timestamp_ms as f64,
+        uncached_tokens(request, served.hit_blocks),
+    );
+    run.result.record_served(request, served.hit_blocks, ttft);
+    let events = events_for(&served);
+    if !events.is_empty() {
+        run.block_events_published += (served.stored.len() + served.evicted.len()) as u64;
+        engines[target].publish(&events).await;
+        run.batches_published += 1;
+    }
+}
+
 /// Where and how the routed replay runs.
 #[derive(Clone, Debug)]
 pub struct RoutedConfig {
@@ -314,6 +347,8 @@ pub struct RoutedConfig {
     pub policy: String,
     /// Engine timing.
     pub timing: TimingModel,
+    /// Route through the endpoint picker at this URL instead of LookupRoute.
+    pub epp_url: Option<String>,
 }
 
 /// Replays the trace through the real index: engines publish over ZMQ, the
@@ -332,7 +367,12 @@ pub async fn run_routed(
         speed,
         policy,
         timing,
+        epp_url,
     } = config;
+    let mut gateway = match epp_url {
+        Some(url) => Some(crate::epp_client::Gateway::connect(url.clone()).await?),
+        None => None,
+    };
     let (capacity, speed) = (*capacity, *speed);
     let mut client = IndexServiceClient::connect(grpc_url.clone()).await?;
     let mut caches = vec![PrefixCache::new(capacity); engines.len()];
@@ -359,8 +399,21 @@ pub async fn run_routed(
             .iter()
             .flat_map(|id| block_tokens(*id))
             .collect();
-        let hashes = chain_fingerprints(None, &tokens, ENGINE_BLOCK_TOKENS as usize);
         let asked = Instant::now();
+        if let Some(gateway) = gateway.as_mut() {
+            // The picker always names an endpoint; it decides prefix vs load.
+            let endpoint = gateway.pick(model, &tokens).await?;
+            run.latencies.push(asked.elapsed());
+            let target = engine_of(&endpoint)
+                .filter(|e| *e < engines.len())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("the picker named an unknown endpoint {endpoint}")
+                })?;
+            serve_routed(&mut run, &mut caches, &mut queues, engines, target, request).await;
+            progress(i + 1);
+            continue;
+        }
+        let hashes = chain_fingerprints(None, &tokens, ENGINE_BLOCK_TOKENS as usize);
         let answer = client
             .lookup_route(pb::LookupRouteRequest {
                 scope: Some(pb::IndexScope {
@@ -391,19 +444,7 @@ pub async fn run_routed(
             // engines drawn at random.
             None => queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
         };
-        let served = caches[target].serve(&request.hash_ids);
-        let ttft = queues.serve(
-            target,
-            request.timestamp_ms as f64,
-            uncached_tokens(request, served.hit_blocks),
-        );
-        run.result.record_served(request, served.hit_blocks, ttft);
-        let events = events_for(&served);
-        if !events.is_empty() {
-            run.block_events_published += (served.stored.len() + served.evicted.len()) as u64;
-            engines[target].publish(&events).await;
-            run.batches_published += 1;
-        }
+        serve_routed(&mut run, &mut caches, &mut queues, engines, target, request).await;
         progress(i + 1);
     }
     run.caches = caches;
@@ -458,6 +499,13 @@ mod tests {
             assert_eq!(r.requests, 200);
         }
         assert!(oracle.hit_ratio() > 0.7);
+    }
+
+    #[test]
+    fn endpoints_map_back_to_engines() {
+        assert_eq!(engine_of("127.0.0.1:8000"), Some(0));
+        assert_eq!(engine_of("127.0.0.8:8000"), Some(7));
+        assert_eq!(engine_of("pod-a"), None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! single-cache oracle, so the table shows what cache-aware routing buys.
 
 mod cache;
+mod epp_client;
 mod fleet;
 mod report;
 mod timing;
@@ -101,14 +102,17 @@ enum Workload {
     SharedPrefixChat,
 }
 
-/// One way of running the real index: a name and its scoring flags.
+/// One way of running the real index: a name, its scoring flags, and
+/// whether the gateway asks the endpoint picker instead of LookupRoute.
 struct Variant {
     name: &'static str,
     flags: &'static [&'static str],
+    epp: bool,
 }
 
-/// The scoring variants, the default (last) one included.
-const VARIANTS: [Variant; 3] = [
+/// The scoring variants; the default scoring through LookupRoute is last
+/// (its services are the ones `--keep-running` keeps).
+const VARIANTS: [Variant; 4] = [
     Variant {
         name: "lookup-route, prefix only",
         flags: &[
@@ -118,14 +122,22 @@ const VARIANTS: [Variant; 3] = [
             "--score-t2-credit=1",
             "--speculative-ttl-ms=0",
         ],
+        epp: false,
     },
     Variant {
         name: "lookup-route, prefix + load",
         flags: &["--speculative-ttl-ms=0"],
+        epp: false,
+    },
+    Variant {
+        name: "endpoint picker (ext_proc), default scoring",
+        flags: &[],
+        epp: true,
     },
     Variant {
         name: "lookup-route (default: + speculative)",
         flags: &[],
+        epp: false,
     },
 ];
 
@@ -234,11 +246,29 @@ async fn run_variant(
     variant: &Variant,
     say: &dyn Fn(&str),
 ) -> anyhow::Result<VariantRun> {
-    let mut index_args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
-    index_args.extend(variant.flags);
+    let mut index_args: Vec<String> = ["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"]
+        .iter()
+        .chain(variant.flags)
+        .map(|s| (*s).to_owned())
+        .collect();
+    if variant.epp {
+        let endpoints: Vec<String> = (0..args.engines)
+            .map(|i| format!("127.0.0.{}:8000", i + 1))
+            .collect();
+        index_args.extend([
+            "--epp-addr".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--epp-tenant".to_owned(),
+            TENANT.to_owned(),
+            "--epp-endpoint".to_owned(),
+            endpoints.join(","),
+        ]);
+    }
+    let index_args: Vec<&str> = index_args.iter().map(String::as_str).collect();
     let mut index = ServiceProcess::start(&binary(bin_dir, "ic-index-server")?, &index_args);
     let grpc = index.addr("grpc").to_string();
     let index_http = index.admin_addr();
+    let epp_url = variant.epp.then(|| format!("http://{}", index.addr("epp")));
     let subscriber_bin = binary(bin_dir, "ic-kvevent-subscriber")?;
     let mut engines = Vec::new();
     let mut subscribers = Vec::new();
@@ -277,6 +307,7 @@ async fn run_variant(
             prefill_tokens_per_second: args.prefill_tokens_per_second,
             overhead_ms: args.request_overhead_ms,
         },
+        epp_url,
     };
     let routed = fleet::run_routed(trace, &mut engines, &routed_config, |done| {
         if !json && (done % 200 == 0 || done == total) {
@@ -546,12 +577,12 @@ fn print_table(r: &Report) {
         r.requests, r.engines, r.capacity_blocks
     );
     println!(
-        "{:<40} {:>9} {:>22} {:>10} {:>10}",
+        "{:<44} {:>9} {:>22} {:>10} {:>10}",
         "ROUTING", "HIT RATIO", "PREFILL TOKENS SAVED", "TTFT p50", "TTFT p99"
     );
     for p in &r.policies {
         println!(
-            "{:<40} {:>8.1}% {:>14} ({:>4.1}%) {:>8.0}ms {:>8.0}ms",
+            "{:<44} {:>8.1}% {:>14} ({:>4.1}%) {:>8.0}ms {:>8.0}ms",
             p.policy,
             100.0 * p.hit_ratio(),
             p.prefill_tokens_saved,

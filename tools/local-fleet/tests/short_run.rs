@@ -73,8 +73,8 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
     );
     assert!(md.contains("![hit ratio over the replay](run.svg)"), "{md}");
     let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
-    // Three routed variants and five in-process policies.
-    assert_eq!(svg.matches("<polyline").count(), 8, "{svg}");
+    // Four routed variants and five in-process policies.
+    assert_eq!(svg.matches("<polyline").count(), 9, "{svg}");
 }
 
 /// The shared-prefix chat workload, short: prefix-only routing piles the
@@ -130,6 +130,9 @@ fn on_shared_prefix_chat_load_aware_routing_beats_prefix_only() {
     let prefix_only = policy("lookup-route, prefix only");
     let reference = policy("longest prefix (exact, 1.25x bound)");
     let rr = policy("round-robin");
+    let epp = policy("endpoint picker (ext_proc), default scoring");
+    assert!(ratio(&epp) > ratio(&prefix_only), "{report}");
+    assert!(ratio(&epp) >= 0.9 * ratio(&reference), "{report}");
     assert!(ratio(&default) > ratio(&prefix_only), "{report}");
     assert!(ratio(&default) > ratio(&rr), "{report}");
     assert!(ratio(&default) >= 0.9 * ratio(&reference), "{report}");
