@@ -541,6 +541,30 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
                 "{account} ({values:?}): grants {extra:?} beyond {binary}'s recorded calls and lacks {missing:?}"
             );
         }
+        // With the endpoint picker on, its pool's namespace grants what the
+        // picker's own test recorded, on top of the index server's calls.
+        let args: Vec<&str> = values.map_or_else(Vec::new, |v| vec!["--set", v]);
+        let with_epp = objects(&render(
+            CHART,
+            &[
+                args.as_slice(),
+                &[
+                    "--set",
+                    "indexServer.epp.enabled=true",
+                    "--set",
+                    "indexServer.epp.pool=chat",
+                ],
+            ]
+            .concat(),
+        ));
+        let epp_contract: BTreeSet<Permission> = read_contract(&rbac.join("ic-index-server.txt"))
+            .unwrap()
+            .into_iter()
+            .chain(read_contract(&rbac.join("ic-index-server-epp.txt")).unwrap())
+            .map(|l| l.permission)
+            .collect();
+        let got = granted(&with_epp, "inferencecache-index-server");
+        assert_eq!(got, epp_contract, "the index server with the endpoint picker");
         // The coordinator and the test pod call no API: no token at all.
         if managed {
             let sa = find(&all, "ServiceAccount", "inferencecache-coordinator").unwrap();

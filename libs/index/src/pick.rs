@@ -137,9 +137,7 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
     let total: f64 = loads.iter().map(|l| l.requests).sum();
     let n = input.replicas.len().max(1) as f64;
     // Never below one request: with nothing measured, nobody is over.
-    let bound = weights
-        .load_bound
-        .map(|c| (c * (total + 1.0) / n).max(1.0));
+    let bound = weights.load_bound.map(|c| (c * (total + 1.0) / n).max(1.0));
     let mut out: Vec<(Scored, u64)> = input
         .replicas
         .iter()

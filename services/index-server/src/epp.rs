@@ -62,8 +62,9 @@ pub struct PoolConfig {
     pub tenant: String,
     /// Fingerprint domain of its engines.
     pub hash_scheme: HashScheme,
-    /// Ready endpoints, `ip:port`.
-    pub endpoints: Vec<String>,
+    /// Ready endpoints, `ip:port` (static, or kept current by
+    /// [`crate::pool::watch_pool`]).
+    pub endpoints: crate::pool::Endpoints,
 }
 
 /// The endpoint picker service.
@@ -243,23 +244,21 @@ impl EndpointPicker {
     /// The endpoints this request may go to: the pool, narrowed by the
     /// gateway's subset when it sent one.
     fn eligible(&self, subset: Option<&[String]>) -> Result<Vec<String>, NoEndpoint> {
+        let endpoints = self.pool.endpoints.read();
         let eligible: Vec<String> = match subset {
-            None => self.pool.endpoints.clone(),
+            None => endpoints.clone(),
             Some(subset) => {
-                // The subset wins: the gateway knows which endpoints are
-                // healthy for it right now.
-                let pool: HashSet<&String> = self.pool.endpoints.iter().collect();
-                let mut in_pool: Vec<String> = subset
+                // The subset narrows the pool: the gateway knows which
+                // endpoints are healthy for it right now.
+                let pool: HashSet<&String> = endpoints.iter().collect();
+                subset
                     .iter()
                     .filter(|e| pool.contains(e))
                     .cloned()
-                    .collect();
-                if in_pool.is_empty() && self.pool.endpoints.is_empty() {
-                    in_pool = subset.to_vec();
-                }
-                in_pool
+                    .collect()
             }
         };
+        drop(endpoints);
         if eligible.is_empty() {
             return Err(NoEndpoint::Empty(match subset {
                 Some(_) => "no endpoint of the gateway's subset is in the pool".to_owned(),

@@ -13,6 +13,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
+pub mod pool;
 pub mod probe;
 pub mod routing;
 pub mod tokenize;
@@ -117,9 +118,15 @@ pub struct Config {
     #[arg(long, env = "IC_EPP_TENANT")]
     pub epp_tenant: Option<String>,
 
-    /// The pool's ready endpoints, `ip:port` (comma-separated or repeated).
+    /// The pool's ready endpoints, `ip:port` (comma-separated or repeated);
+    /// for local runs, instead of --epp-pool.
     #[arg(long = "epp-endpoint", env = "IC_EPP_ENDPOINTS", value_delimiter = ',')]
     pub epp_endpoints: Vec<String>,
+
+    /// The InferencePool (in --epp-tenant) whose ready pods are the
+    /// endpoints, watched through the Kubernetes API.
+    #[arg(long, env = "IC_EPP_POOL")]
+    pub epp_pool: Option<String>,
 
     /// Fingerprint scheme of the pool's engines.
     #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
@@ -138,8 +145,11 @@ pub enum EppHashScheme {
 /// The endpoint picker's pool from the flags; `None` when it is off.
 fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
     if config.epp_addr.is_none() {
-        if config.epp_tenant.is_some() || !config.epp_endpoints.is_empty() {
-            anyhow::bail!("--epp-tenant and --epp-endpoint need --epp-addr");
+        if config.epp_tenant.is_some()
+            || !config.epp_endpoints.is_empty()
+            || config.epp_pool.is_some()
+        {
+            anyhow::bail!("--epp-tenant, --epp-endpoint and --epp-pool need --epp-addr");
         }
         return Ok(None);
     }
@@ -148,11 +158,15 @@ fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
         .clone()
         .filter(|t| !t.trim().is_empty())
         .context("--epp-addr needs --epp-tenant (the namespace of the pool's engines)")?;
-    if config.epp_endpoints.is_empty() {
-        anyhow::bail!(
-            "--epp-addr needs --epp-endpoint ip:port for each ready engine (watching an \
-             InferencePool's pods is not built yet)"
-        );
+    match (&config.epp_pool, config.epp_endpoints.is_empty()) {
+        (Some(_), false) => anyhow::bail!(
+            "--epp-pool and --epp-endpoint are exclusive: watch a pool, or list endpoints"
+        ),
+        (None, true) => anyhow::bail!(
+            "--epp-addr needs --epp-pool NAME (an InferencePool in --epp-tenant) or \
+             --epp-endpoint ip:port for each ready engine"
+        ),
+        _ => {}
     }
     let mut endpoints = Vec::new();
     for e in &config.epp_endpoints {
@@ -169,7 +183,7 @@ fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
             EppHashScheme::Vllm => ic_index::HashScheme::Vllm,
             EppHashScheme::Sglang => ic_index::HashScheme::Sglang,
         },
-        endpoints,
+        endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
     }))
 }
 
@@ -371,14 +385,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .set_serving::<IndexServiceServer<IndexServer>>()
         .await;
     let epp = match (config.epp_addr, epp_pool) {
-        (Some(addr), Some(pool)) => Some(
-            serve_epp(
-                addr,
-                epp::EndpointPicker::new(service.clone(), pool),
-                shutdown.clone(),
-            )
-            .await?,
-        ),
+        (Some(addr), Some(pool)) => {
+            if let Some(name) = &config.epp_pool {
+                let client = kube::Client::try_default().await.context(
+                    "--epp-pool needs Kubernetes API credentials (in-cluster service account \
+                     or KUBECONFIG) to watch the InferencePool and its pods",
+                )?;
+                tokio::spawn(pool::watch_pool(
+                    client,
+                    pool.tenant.clone(),
+                    name.clone(),
+                    pool.endpoints.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            let picker = epp::EndpointPicker::new(service.clone(), pool);
+            Some(serve_epp(addr, picker, shutdown.clone()).await?)
+        }
         _ => None,
     };
     let grpc = {

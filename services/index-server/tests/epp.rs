@@ -452,3 +452,96 @@ fn the_picker_refuses_incomplete_flags() {
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
 }
+
+fn engine_pod(name: &str, ip: &str, ready: bool) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team-a", "labels": {"app": "vllm"}},
+        "status": {"podIP": ip, "conditions": [
+            {"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    })
+}
+
+/// Headers-only requests until one is picked (the pool's endpoints arrive
+/// through the watch): the endpoint.
+async fn first_pick(epp: &str, subset: Option<&[&str]>) -> String {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let mut m = headers("/v1/models", true);
+        if let Some(s) = subset {
+            m = with_subset(m, s);
+        }
+        let r = exchange(epp, vec![m], 1).await;
+        if let Some(endpoint) = picked(&r[0]) {
+            return endpoint;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no pick from the pool: {r:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inference_pool_s_ready_pods_are_the_endpoints() {
+    let fake = ic_fake_apiserver::FakeApi::new();
+    fake.insert(&serde_json::json!({
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": "chat", "namespace": "team-a"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": {"name": "inferencecache-epp", "port": {"number": 9002}},
+        },
+    }));
+    fake.insert(&engine_pod("vllm-0", "10.1.0.1", true));
+    fake.insert(&engine_pod("vllm-1", "10.1.0.2", false));
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = ic_fake_apiserver::write_kubeconfig(
+        dir.path(),
+        served.addr,
+        "index-server-token",
+        "default",
+    )
+    .unwrap();
+    let mut process = ServiceProcess::start_with_env(
+        Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--epp-addr",
+            "127.0.0.1:0",
+            "--epp-tenant",
+            "team-a",
+            "--epp-pool",
+            "chat",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let epp = format!("http://{}", process.addr("epp"));
+    // Only the ready pod, at the pool's target port.
+    assert_eq!(first_pick(&epp, None).await, "10.1.0.1:8000");
+    // The second pod becomes ready: the watch brings it in.
+    fake.insert(&engine_pod("vllm-1", "10.1.0.2", true));
+    assert_eq!(
+        first_pick(&epp, Some(&["10.1.0.2:8000"])).await,
+        "10.1.0.2:8000"
+    );
+    assert!(process.stop().success());
+    // What the picker called is what the chart grants it.
+    let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/inference-cache/rbac/ic-index-server-epp.txt");
+    ic_fake_apiserver::rbac::check_contract(
+        &file,
+        "ic-index-server (endpoint picker, --epp-pool)",
+        "services/index-server/tests/epp.rs",
+        &ic_fake_apiserver::rbac::permissions(&fake.requests()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
