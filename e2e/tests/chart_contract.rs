@@ -564,7 +564,10 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
             .map(|l| l.permission)
             .collect();
         let got = granted(&with_epp, "inferencecache-index-server");
-        assert_eq!(got, epp_contract, "the index server with the endpoint picker");
+        assert_eq!(
+            got, epp_contract,
+            "the index server with the endpoint picker"
+        );
         // The coordinator and the test pod call no API: no token at all.
         if managed {
             let sa = find(&all, "ServiceAccount", "inferencecache-coordinator").unwrap();

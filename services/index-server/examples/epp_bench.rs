@@ -1,0 +1,225 @@
+//! Endpoint-picker decision latency and throughput on loopback: the real
+//! `ic-index-server` binary (build it first, same profile), 8 replicas in
+//! its index, and concurrent gateways sending `/v1/chat/completions` bodies
+//! of about 2,000 tokens (rendered with the fixture chat template and
+//! tokenized by the picker) in BUFFERED mode, as Envoy does.
+//!
+//! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration,
+    external_processor_client::ExternalProcessorClient, processing_request,
+};
+use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
+const SENTENCES: [&str; 4] = [
+    "What is a KV cache and why does prefix reuse matter for latency? ",
+    "The key value cache stores attention keys and values for every token. ",
+    "Routing a prompt to the engine that already holds its prefix saves prefill. ",
+    "Summarize the conversation so far in three short sentences please. ",
+];
+
+fn messages(conversation: usize, tokenizers: &Tokenizers) -> Vec<ChatMessage> {
+    let mut user = format!("Conversation {conversation}. ");
+    loop {
+        let m = vec![
+            ChatMessage {
+                role: "system".into(),
+                content: "You are a helpful assistant.".into(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: user.clone(),
+            },
+        ];
+        if tokenizers.encode_chat("tiny-chat", &m).unwrap().len() >= 2_000 {
+            return m;
+        }
+        user.push_str(SENTENCES[user.len() % SENTENCES.len()]);
+    }
+}
+
+fn request(body: Vec<u8>) -> Vec<ProcessingRequest> {
+    let header = |k: &str, v: &str| HeaderValue {
+        key: k.into(),
+        raw_value: v.as_bytes().to_vec(),
+        ..HeaderValue::default()
+    };
+    vec![
+        ProcessingRequest {
+            request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
+                headers: Some(HeaderMap {
+                    headers: vec![
+                        header(":method", "POST"),
+                        header(":path", "/v1/chat/completions"),
+                    ],
+                }),
+                end_of_stream: false,
+                ..HttpHeaders::default()
+            })),
+            protocol_config: Some(ProtocolConfiguration {
+                request_body_mode: BodySendMode::Buffered as i32,
+                ..ProtocolConfiguration::default()
+            }),
+            ..ProcessingRequest::default()
+        },
+        ProcessingRequest {
+            request: Some(processing_request::Request::RequestBody(HttpBody {
+                body,
+                end_of_stream: true,
+                ..HttpBody::default()
+            })),
+            ..ProcessingRequest::default()
+        },
+    ]
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let concurrency: usize = args.get(1).map_or(8, |a| a.parse().unwrap());
+    let seconds: u64 = args.get(2).map_or(10, |a| a.parse().unwrap());
+    let tokenizers = Tokenizers::load(&[ic_index_server::TokenizerSpec {
+        model: "tiny-chat".into(),
+        path: Path::new(FIXTURES).join("tokenizer.json"),
+    }])
+    .unwrap();
+    let endpoints: Vec<String> = (1..=8).map(|i| format!("10.0.0.{i}:8000")).collect();
+    let tokenizer = format!("tiny-chat={FIXTURES}/tokenizer.json");
+    let mut process = ic_e2e::ServiceProcess::start(
+        &ic_e2e::workspace_binary("ic-index-server"),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--epp-addr",
+            "127.0.0.1:0",
+            "--epp-tenant",
+            "bench",
+            "--epp-endpoint",
+            &endpoints.join(","),
+            "--tokenizer",
+            &tokenizer,
+        ],
+    );
+    let epp = format!("http://{}", process.addr("epp"));
+    let grpc = format!("http://{}", process.addr("grpc"));
+    // Each replica holds 16 of the 64 conversations the gateways send.
+    let conversations: Vec<Vec<ChatMessage>> = (0..64).map(|c| messages(c, &tokenizers)).collect();
+    let mut index = IndexServiceClient::connect(grpc).await.unwrap();
+    for (r, address) in endpoints.iter().enumerate() {
+        let events = conversations
+            .iter()
+            .enumerate()
+            .filter(|(c, _)| c % endpoints.len() == r)
+            .map(|(_, m)| {
+                let tokens = tokenizers.encode_chat("tiny-chat", m).unwrap();
+                pb::IndexEvent {
+                    kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
+                        parent_fingerprint: 0,
+                        start_depth: 0,
+                        fingerprints: ic_kvevents::chain_fingerprints(None, &tokens, 16),
+                        block_size: 16,
+                        tier: pb::Tier::T1 as i32,
+                        at_unix_ms: 0,
+                    })),
+                }
+            })
+            .collect();
+        let batch = pb::IngestBatch {
+            replica: Some(pb::ReplicaIdentity {
+                scope: Some(pb::IndexScope {
+                    tenant: "bench".into(),
+                    model: "tiny-chat".into(),
+                    hash_scheme: pb::HashScheme::Vllm as i32,
+                    adapter: String::new(),
+                }),
+                replica_id: format!("engine-{r}"),
+                address: address.clone(),
+                dp_rank: 0,
+                incarnation: 1,
+            }),
+            seq: 1,
+            resync_begin: true,
+            resync_end: true,
+            events,
+            tier2_stats: None,
+            sent_at_unix_ms: 0,
+            engine_load: None,
+        };
+        index
+            .ingest_events(tokio_stream::iter(vec![batch]))
+            .await
+            .unwrap();
+    }
+    let bodies: Vec<Vec<u8>> = conversations
+        .iter()
+        .map(|m| {
+            serde_json::to_vec(
+                &serde_json::json!({"model": "tiny-chat", "messages": m, "stream": true}),
+            )
+            .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for g in 0..concurrency {
+        let epp = epp.clone();
+        let bodies = bodies.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut client = ExternalProcessorClient::connect(epp).await.unwrap();
+            let mut latencies = Vec::new();
+            let mut i = g;
+            while Instant::now() < deadline {
+                let started = Instant::now();
+                let mut responses = client
+                    .process(futures::stream::iter(request(
+                        bodies[i % bodies.len()].clone(),
+                    )))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let mut n = 0;
+                while let Some(_r) = responses.message().await.unwrap() {
+                    n += 1;
+                }
+                assert_eq!(n, 2, "headers and body answered");
+                latencies.push(started.elapsed());
+                i += concurrency;
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort();
+    let pct =
+        |p: f64| all[((p / 100.0 * all.len() as f64).ceil() as usize).clamp(1, all.len()) - 1];
+    let metrics = ic_e2e::http_get(process.admin_addr(), "/metrics").1;
+    let prefix = metrics
+        .lines()
+        .find(|l| l.starts_with("inferencecache_index_epp_picks_total{by=\"prefix\"}"))
+        .unwrap_or("none");
+    println!(
+        "{} picks in {seconds} s with {concurrency} gateways: {:.0} picks/s; per pick (ext_proc round trip, \
+         chat template + tokenizing ~2,000 tokens + lookup) p50 {} µs, p99 {} µs; {prefix}",
+        all.len(),
+        all.len() as f64 / seconds as f64,
+        pct(50.0).as_micros(),
+        pct(99.0).as_micros(),
+    );
+    assert!(process.stop().success());
+}
