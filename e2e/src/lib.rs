@@ -18,6 +18,7 @@ use nix::unistd::Pid;
 pub mod chart;
 pub mod conformance;
 pub mod engine;
+pub mod ext_proc;
 
 /// Path of a workspace binary next to the running test (in `target/<profile>/`).
 ///

@@ -30,6 +30,8 @@ fn by_tokens(tenant: &str, tokens: Vec<u32>) -> pb::LookupRouteRequest {
             ids: tokens,
         })),
         candidate_replicas: vec![],
+        // Polled and repeated: not requests a gateway routed.
+        observe_only: true,
     }
 }
 
@@ -111,6 +113,7 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
                 },
             )),
             candidate_replicas: vec![],
+            observe_only: true,
         })
         .await
         .unwrap()

@@ -52,6 +52,7 @@ async fn lookup(server: &common::IndexServer) -> pb::LookupRouteResponse {
                 },
             )),
             candidate_replicas: vec![],
+            observe_only: false,
         })
         .await
         .unwrap()

@@ -11,12 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
-use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration,
-    external_processor_client::ExternalProcessorClient, processing_request,
-};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
@@ -47,41 +42,6 @@ fn messages(conversation: usize, tokenizers: &Tokenizers) -> Vec<ChatMessage> {
         }
         user.push_str(SENTENCES[user.len() % SENTENCES.len()]);
     }
-}
-
-fn request(body: Vec<u8>) -> Vec<ProcessingRequest> {
-    let header = |k: &str, v: &str| HeaderValue {
-        key: k.into(),
-        raw_value: v.as_bytes().to_vec(),
-        ..HeaderValue::default()
-    };
-    vec![
-        ProcessingRequest {
-            request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-                headers: Some(HeaderMap {
-                    headers: vec![
-                        header(":method", "POST"),
-                        header(":path", "/v1/chat/completions"),
-                    ],
-                }),
-                end_of_stream: false,
-                ..HttpHeaders::default()
-            })),
-            protocol_config: Some(ProtocolConfiguration {
-                request_body_mode: BodySendMode::Buffered as i32,
-                ..ProtocolConfiguration::default()
-            }),
-            ..ProcessingRequest::default()
-        },
-        ProcessingRequest {
-            request: Some(processing_request::Request::RequestBody(HttpBody {
-                body,
-                end_of_stream: true,
-                ..HttpBody::default()
-            })),
-            ..ProcessingRequest::default()
-        },
-    ]
 }
 
 #[tokio::main]
@@ -184,8 +144,9 @@ async fn main() {
             while Instant::now() < deadline {
                 let started = Instant::now();
                 let mut responses = client
-                    .process(futures::stream::iter(request(
-                        bodies[i % bodies.len()].clone(),
+                    .process(futures::stream::iter(ic_e2e::ext_proc::buffered(
+                        "/v1/chat/completions",
+                        &bodies[i % bodies.len()],
                     )))
                     .await
                     .unwrap()

@@ -210,7 +210,7 @@ impl IndexServer {
         let response = response_of(&decision);
         // A gateway that follows `best` sends the request there: count it
         // in the load and as a speculative holder of the prompt.
-        if let Some(best) = decision.best() {
+        if let Some(best) = decision.best().filter(|_| !req.observe_only) {
             let blocks: &[u64] = match query.key {
                 RouteKey::PrefixHash(_) => &[],
                 _ => &decision.blocks,

@@ -285,6 +285,8 @@ impl Prober {
                 ids: tokens.to_vec(),
             })),
             candidate_replicas: vec![],
+            // The probe's own lookups must not count as routed requests.
+            observe_only: true,
         };
         let response = match self.server.lookup_in(scope.clone(), &request) {
             Ok(r) => r,

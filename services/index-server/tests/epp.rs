@@ -9,15 +9,15 @@
 
 use std::path::Path;
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
-    body_mutation, external_processor_client::ExternalProcessorClient, processing_request,
-    processing_response,
+    ProcessingRequest, ProcessingResponse, body_mutation,
+    external_processor_client::ExternalProcessorClient, processing_response,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 use ic_e2e::ServiceProcess;
+use ic_e2e::ext_proc::{body, headers, with_mode};
 use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
@@ -136,47 +136,6 @@ async fn feed_holder(grpc: &str) {
     assert!(!ack.resync_required, "{ack:?}");
 }
 
-fn headers(path: &str, end_of_stream: bool) -> ProcessingRequest {
-    let header = |k: &str, v: &str| HeaderValue {
-        key: k.into(),
-        raw_value: v.as_bytes().to_vec(),
-        ..HeaderValue::default()
-    };
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: vec![
-                    header(":method", "POST"),
-                    header(":path", path),
-                    header("content-type", "application/json"),
-                ],
-            }),
-            end_of_stream,
-            ..HttpHeaders::default()
-        })),
-        ..ProcessingRequest::default()
-    }
-}
-
-fn body(bytes: &[u8], end_of_stream: bool) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(processing_request::Request::RequestBody(HttpBody {
-            body: bytes.to_vec(),
-            end_of_stream,
-            ..HttpBody::default()
-        })),
-        ..ProcessingRequest::default()
-    }
-}
-
-fn with_mode(mut m: ProcessingRequest, mode: BodySendMode) -> ProcessingRequest {
-    m.protocol_config = Some(ProtocolConfiguration {
-        request_body_mode: mode as i32,
-        ..ProtocolConfiguration::default()
-    });
-    m
-}
-
 fn with_subset(mut m: ProcessingRequest, endpoints: &[&str]) -> ProcessingRequest {
     let list = Value {
         kind: Some(Kind::ListValue(ListValue {
@@ -249,20 +208,7 @@ async fn exchange(
 /// The endpoint a response picked: its header and its `envoy.lb` metadata
 /// must agree.
 fn picked(r: &ProcessingResponse) -> Option<String> {
-    let common = match r.response.as_ref()? {
-        processing_response::Response::RequestHeaders(h) => h.response.as_ref()?,
-        processing_response::Response::RequestBody(b) => b.response.as_ref()?,
-        _ => return None,
-    };
-    let header = common
-        .header_mutation
-        .as_ref()?
-        .set_headers
-        .iter()
-        .find(|h| h.header.as_ref().unwrap().key == "x-gateway-destination-endpoint")?
-        .header
-        .as_ref()
-        .map(|h| String::from_utf8(h.raw_value.clone()).unwrap())?;
+    let header = ic_e2e::ext_proc::destination(r)?;
     let lb = &r.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
     let Some(Kind::StructValue(lb)) = &lb.kind else {
         panic!("envoy.lb is not a struct: {lb:?}");

@@ -72,6 +72,7 @@ fn request(key: Key) -> pb::LookupRouteRequest {
         }),
         key: Some(key),
         candidate_replicas: vec![],
+        observe_only: false,
     }
 }
 
@@ -350,4 +351,29 @@ async fn set_policies_validates_the_whole_push() {
     let r = s.set_policies(tonic::Request::new(good)).await.unwrap();
     assert_eq!(r.into_inner().applied, 1);
     assert_eq!(s.policies.read().get("t").minimum_prefix_tokens, 128);
+}
+
+#[test]
+fn observing_lookups_do_not_count_as_routed_requests() {
+    let s = server();
+    hold(&s, "a", 4, Tier::T1);
+    hold(&s, "b", 2, Tier::T1);
+    let best = |observe_only| {
+        let r = s
+            .lookup(&pb::LookupRouteRequest {
+                observe_only,
+                ..request(tokens())
+            })
+            .unwrap();
+        r.best.unwrap().replica.unwrap().replica_id
+    };
+    // Asked again and again by a tool: the same answer, no load added.
+    for _ in 0..5 {
+        assert_eq!(best(true), "a");
+    }
+    // Routed: the holder takes the request; a second one in a row goes over
+    // its bound (two replicas, 1.25 × fair share), so the partial holder
+    // gets it.
+    assert_eq!(best(false), "a");
+    assert_eq!(best(false), "b");
 }

@@ -58,6 +58,8 @@ pub fn request(l: &Lookup) -> anyhow::Result<pb::LookupRouteRequest> {
             PromptKey::Hashes(h) => Key::BlockHashes(pb::BlockHashes { hashes: h.clone() }),
         }),
         candidate_replicas: l.candidates.clone(),
+        // An operator's question, not a routed request.
+        observe_only: true,
     })
 }
 

@@ -342,6 +342,7 @@ async fn main() -> anyhow::Result<()> {
                         pb::BlockHashes { hashes },
                     )),
                     candidate_replicas: vec![],
+                    observe_only: false,
                 })
                 .await?
                 .into_inner();

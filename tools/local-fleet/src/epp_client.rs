@@ -3,12 +3,10 @@
 //! headers, then the buffered OpenAI body — and the endpoint read back from
 //! `x-gateway-destination-endpoint`.
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration,
-    external_processor_client::ExternalProcessorClient, processing_request, processing_response,
+    external_processor_client::ExternalProcessorClient, processing_response,
 };
+use ic_e2e::ext_proc;
 use tonic::transport::Channel;
 
 /// An ext_proc client to the picker.
@@ -28,45 +26,17 @@ impl Gateway {
     /// Asks where a `/v1/completions` request for `model` with `tokens` as
     /// its prompt goes; the picked `ip:port`.
     pub async fn pick(&mut self, model: &str, tokens: &[u32]) -> anyhow::Result<String> {
-        let header = |k: &str, v: &str| HeaderValue {
-            key: k.into(),
-            raw_value: v.as_bytes().to_vec(),
-            ..HeaderValue::default()
-        };
-        let headers = ProcessingRequest {
-            request: Some(processing_request::Request::RequestHeaders(HttpHeaders {
-                headers: Some(HeaderMap {
-                    headers: vec![
-                        header(":method", "POST"),
-                        header(":path", "/v1/completions"),
-                        header("content-type", "application/json"),
-                    ],
-                }),
-                end_of_stream: false,
-                ..HttpHeaders::default()
-            })),
-            protocol_config: Some(ProtocolConfiguration {
-                request_body_mode: BodySendMode::Buffered as i32,
-                ..ProtocolConfiguration::default()
-            }),
-            ..ProcessingRequest::default()
-        };
         let body = serde_json::to_vec(&serde_json::json!({
             "model": model,
             "prompt": tokens,
             "max_tokens": 1,
         }))?;
-        let body = ProcessingRequest {
-            request: Some(processing_request::Request::RequestBody(HttpBody {
-                body,
-                end_of_stream: true,
-                ..HttpBody::default()
-            })),
-            ..ProcessingRequest::default()
-        };
         let mut responses = self
             .client
-            .process(futures::stream::iter([headers, body]))
+            .process(futures::stream::iter(ext_proc::buffered(
+                "/v1/completions",
+                &body,
+            )))
             .await?
             .into_inner();
         let mut picked = None;
@@ -76,21 +46,13 @@ impl Gateway {
             if picked.is_some() {
                 continue;
             }
-            let common = match response.response {
-                Some(processing_response::Response::RequestBody(b)) => b.response,
-                Some(processing_response::Response::ImmediateResponse(i)) => {
-                    anyhow::bail!("the picker refused the request: {}", i.details)
-                }
-                _ => continue,
+            if let Some(processing_response::Response::ImmediateResponse(i)) = &response.response {
+                anyhow::bail!("the picker refused the request: {}", i.details);
+            }
+            let Some(endpoint) = ext_proc::destination(&response) else {
+                continue;
             };
-            let endpoint = common
-                .and_then(|c| c.header_mutation)
-                .into_iter()
-                .flat_map(|m| m.set_headers)
-                .filter_map(|h| h.header)
-                .find(|h| h.key == "x-gateway-destination-endpoint")
-                .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned());
-            picked = Some(endpoint.ok_or_else(|| anyhow::anyhow!("the picker named no endpoint"))?);
+            picked = Some(endpoint);
         }
         picked.ok_or_else(|| anyhow::anyhow!("the picker closed the stream without a pick"))
     }

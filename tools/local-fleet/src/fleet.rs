@@ -426,6 +426,7 @@ pub async fn run_routed(
                     pb::BlockHashes { hashes },
                 )),
                 candidate_replicas: Vec::new(),
+                observe_only: false,
             })
             .await?
             .into_inner();
