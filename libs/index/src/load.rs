@@ -132,6 +132,11 @@ impl LoadBoard {
         }
     }
 
+    /// The load of each of `replica_ids` at `now_ms`, in order.
+    pub fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
+        replica_ids.iter().map(|id| self.load(id, now_ms)).collect()
+    }
+
     /// Keeps only the replicas `keep` accepts (those still in the index), so
     /// the board never outlives a replica.
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {

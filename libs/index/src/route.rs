@@ -276,10 +276,7 @@ impl ScoringSource for Boards<'_> {
     }
 
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
-        replica_ids
-            .iter()
-            .map(|id| self.load.load(id, now_ms))
-            .collect()
+        self.load.loads(replica_ids, now_ms)
     }
 }
 

@@ -124,11 +124,7 @@ impl ScoringSource for Routing {
     }
 
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
-        let board = self.load.lock();
-        replica_ids
-            .iter()
-            .map(|id| board.load(id, now_ms))
-            .collect()
+        self.load.lock().loads(replica_ids, now_ms)
     }
 }
 
