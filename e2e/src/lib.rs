@@ -19,6 +19,7 @@ pub mod chart;
 pub mod conformance;
 pub mod engine;
 pub mod ext_proc;
+pub mod ingest;
 
 /// Path of a workspace binary next to the running test (in `target/<profile>/`).
 ///

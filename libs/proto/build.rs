@@ -1,4 +1,4 @@
-//! Generates the IndexService code with a vendored `protoc`, so building the
+//! Generates the IndexService (and llm-d IndexerService) code with a vendored `protoc`, so building the
 //! workspace needs no system protobuf installation.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -8,11 +8,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.protoc_executable(protoc);
     let root = "../../proto";
-    let file = format!("{root}/inferencecache/index/v1/index.proto");
-    println!("cargo:rerun-if-changed={file}");
+    let files = [
+        format!("{root}/inferencecache/index/v1/index.proto"),
+        // llm-d's remote indexer API, wire-identical with llm-d-kv-cache.
+        format!("{root}/llmd/indexer.proto"),
+    ];
+    for file in &files {
+        println!("cargo:rerun-if-changed={file}");
+    }
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
-        .compile_with_config(config, &[file.as_str()], &[root])?;
+        .compile_with_config(config, &files, &[root.to_owned()])?;
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! lookup into a routing decision under a namespace's policy, and
 //! [`ingest`] holds the stream protocol (resync and sequence) every ingest
 //! front end shares; [`pick`] scores the replicas by prefix and [`load`],
-//! counting recent picks as [`speculative`] holders. Pure: no I/O, no
+//! counting recent picks as [`speculative`] holders; [`pod_scores`]
+//! answers llm-d's remote indexer API from the same matches. Pure: no I/O, no
 //! clocks (callers pass times in), safe to share between threads.
 //!
 //! Entries are keyed by `(scope, fingerprint)`, where the scope is
@@ -25,6 +26,7 @@ mod keys;
 pub mod load;
 mod lookup;
 pub mod pick;
+pub mod pod_scores;
 mod prefetch;
 pub mod route;
 pub mod speculative;

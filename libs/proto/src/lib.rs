@@ -12,6 +12,12 @@ pub mod index_v1 {
     tonic::include_proto!("inferencecache.index.v1");
 }
 
+/// `indexer.v1`: llm-d's remote indexer API (GetPodScores), wire-identical
+/// with llm-d-kv-cache's `indexer.proto`.
+pub mod llmd_indexer_v1 {
+    tonic::include_proto!("indexer.v1");
+}
+
 pub use index_v1::index_service_client::IndexServiceClient;
 pub use index_v1::index_service_server::{IndexService, IndexServiceServer};
 

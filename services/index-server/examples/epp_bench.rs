@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
 use ic_index_server::tokenize::{ChatMessage, Tokenizers};
-use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
@@ -77,7 +76,6 @@ async fn main() {
     let grpc = format!("http://{}", process.addr("grpc"));
     // Each replica holds 16 of the 64 conversations the gateways send.
     let conversations: Vec<Vec<ChatMessage>> = (0..64).map(|c| messages(c, &tokenizers)).collect();
-    let mut index = IndexServiceClient::connect(grpc).await.unwrap();
     for (r, address) in endpoints.iter().enumerate() {
         let events = conversations
             .iter()
@@ -85,43 +83,22 @@ async fn main() {
             .filter(|(c, _)| c % endpoints.len() == r)
             .map(|(_, m)| {
                 let tokens = tokenizers.encode_chat("tiny-chat", m).unwrap();
-                pb::IndexEvent {
-                    kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
-                        parent_fingerprint: 0,
-                        start_depth: 0,
-                        fingerprints: ic_kvevents::chain_fingerprints(None, &tokens, 16),
-                        block_size: 16,
-                        tier: pb::Tier::T1 as i32,
-                        at_unix_ms: 0,
-                    })),
-                }
+                ic_e2e::ingest::stored(
+                    ic_kvevents::chain_fingerprints(None, &tokens, 16),
+                    16,
+                    pb::Tier::T1,
+                )
             })
             .collect();
-        let batch = pb::IngestBatch {
-            replica: Some(pb::ReplicaIdentity {
-                scope: Some(pb::IndexScope {
-                    tenant: "bench".into(),
-                    model: "tiny-chat".into(),
-                    hash_scheme: pb::HashScheme::Vllm as i32,
-                    adapter: String::new(),
-                }),
-                replica_id: format!("engine-{r}"),
-                address: address.clone(),
-                dp_rank: 0,
-                incarnation: 1,
-            }),
-            seq: 1,
-            resync_begin: true,
-            resync_end: true,
-            events,
-            tier2_stats: None,
-            sent_at_unix_ms: 0,
-            engine_load: None,
+        let replica_id = format!("engine-{r}");
+        let replica = ic_e2e::ingest::Replica {
+            tenant: "bench",
+            model: "tiny-chat",
+            replica_id: &replica_id,
+            address,
+            dp_rank: 0,
         };
-        index
-            .ingest_events(tokio_stream::iter(vec![batch]))
-            .await
-            .unwrap();
+        ic_e2e::ingest::ingest(&grpc, ic_e2e::ingest::resync(&replica, events)).await;
     }
     let bodies: Vec<Vec<u8>> = conversations
         .iter()

@@ -1,8 +1,9 @@
 //! `ic-index-server`: the prefix index behind `LookupRoute`.
 //!
 //! Serves the gRPC `IndexService` (LookupRoute, IngestEvents, SetPolicies)
-//! over an [`ic_index::Index`], and `/snapshot` plus the admin endpoints on
-//! its HTTP port.
+//! over an [`ic_index::Index`] (and, when configured, llm-d's
+//! `IndexerService` beside it and the Gateway API endpoint picker on its
+//! own port), and `/snapshot` plus the admin endpoints on its HTTP port.
 
 pub mod auth;
 pub mod convert;
@@ -10,6 +11,7 @@ pub mod epp;
 pub mod grpc;
 pub mod http;
 pub mod ingest;
+pub mod llmd;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
@@ -130,16 +132,68 @@ pub struct Config {
 
     /// Fingerprint scheme of the pool's engines.
     #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
-    pub epp_hash_scheme: EppHashScheme,
+    pub epp_hash_scheme: EngineFamily,
+
+    /// Serve llm-d's remote indexer API (indexer.v1.IndexerService/
+    /// GetPodScores) on the gRPC port, scoring this namespace's engines;
+    /// off when unset.
+    #[arg(long, env = "IC_LLMD_INDEXER_TENANT")]
+    pub llmd_indexer_tenant: Option<String>,
+
+    /// Fingerprint scheme of the engines GetPodScores scores.
+    #[arg(
+        long,
+        env = "IC_LLMD_INDEXER_HASH_SCHEME",
+        value_enum,
+        default_value = "vllm"
+    )]
+    pub llmd_indexer_hash_scheme: EngineFamily,
+
+    /// GetPodScores: what a block held only at tier 2 (the engine's CPU or
+    /// offload tier) is worth, against 1.0 at tier 1 (llm-d's default 0.8).
+    #[arg(long, env = "IC_LLMD_T2_WEIGHT", default_value_t = 0.8)]
+    pub llmd_t2_weight: f64,
 }
 
-/// The engine family of the endpoint picker's pool.
+/// The engine family of a pool, which fixes its fingerprint scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum EppHashScheme {
+pub enum EngineFamily {
     /// vLLM engines.
     Vllm,
     /// SGLang engines.
     Sglang,
+}
+
+impl EngineFamily {
+    /// The family's fingerprint scheme.
+    pub fn hash_scheme(self) -> ic_index::HashScheme {
+        match self {
+            Self::Vllm => ic_index::HashScheme::Vllm,
+            Self::Sglang => ic_index::HashScheme::Sglang,
+        }
+    }
+}
+
+/// llm-d's remote indexer API from the flags; `None` when it is off.
+fn llmd_indexer(config: &Config) -> anyhow::Result<Option<llmd::IndexerConfig>> {
+    let weight = config.llmd_t2_weight;
+    if !(weight.is_finite() && (0.0..=1.0).contains(&weight)) {
+        anyhow::bail!("--llmd-t2-weight: expected a number from 0 to 1, got {weight}");
+    }
+    let Some(tenant) = &config.llmd_indexer_tenant else {
+        return Ok(None);
+    };
+    if tenant.trim().is_empty() {
+        anyhow::bail!("--llmd-indexer-tenant: must name a namespace");
+    }
+    Ok(Some(llmd::IndexerConfig {
+        tenant: tenant.trim().to_owned(),
+        hash_scheme: config.llmd_indexer_hash_scheme.hash_scheme(),
+        weights: ic_index::pod_scores::TierWeights {
+            t1: 1.0,
+            t2: weight,
+        },
+    }))
 }
 
 /// The endpoint picker's pool from the flags; `None` when it is off.
@@ -179,10 +233,7 @@ fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
     }
     Ok(Some(epp::PoolConfig {
         tenant,
-        hash_scheme: match config.epp_hash_scheme {
-            EppHashScheme::Vllm => ic_index::HashScheme::Vllm,
-            EppHashScheme::Sglang => ic_index::HashScheme::Sglang,
-        },
+        hash_scheme: config.epp_hash_scheme.hash_scheme(),
         endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
     }))
 }
@@ -329,6 +380,7 @@ async fn serve_epp(
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
     let epp_pool = epp_pool(&config)?;
+    let llmd_indexer = llmd_indexer(&config)?;
     let routing = Arc::new(routing::Routing::from_flags(&config.scoring)?);
     let auth = probe_auth(&config).await?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
@@ -404,6 +456,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
         _ => None,
     };
+    let llmd = match llmd_indexer {
+        Some(c) => {
+            use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerServiceServer;
+            tracing::info!(tenant = %c.tenant, "serving llm-d's GetPodScores");
+            health_reporter
+                .set_serving::<IndexerServiceServer<llmd::LlmdIndexer>>()
+                .await;
+            Some(IndexerServiceServer::new(llmd::LlmdIndexer::new(
+                service.clone(),
+                c,
+            )))
+        }
+        None => None,
+    };
     let grpc = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -411,6 +477,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             ic_telemetry::listening::listening("grpc", grpc_addr);
             tonic::transport::Server::builder()
                 .add_service(health_service)
+                .add_optional_service(llmd)
                 .add_service(IndexServiceServer::new(service))
                 .serve_with_incoming_shutdown(
                     // Small responses must not wait on Nagle's algorithm.

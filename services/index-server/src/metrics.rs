@@ -87,6 +87,18 @@ pub struct Metrics {
     pub epp_unread: Family<ReasonLabel, Counter>,
     /// Time to decide a pick, tokenizing included.
     pub epp_decision_duration: Histogram,
+    /// llm-d GetPodScores calls, by outcome (scored, no_match, timeout,
+    /// invalid, no_tokenizer).
+    pub llmd_pod_scores: Family<OutcomeLabel, Counter>,
+    /// Time to answer a GetPodScores call, tokenizing included.
+    pub llmd_pod_scores_duration: Histogram,
+}
+
+/// How a call ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// A fixed word per call site.
+    pub outcome: &'static str,
 }
 
 /// What decided a pick.
@@ -119,6 +131,8 @@ impl Metrics {
             epp_refusals: Counter::default(),
             epp_unread: Family::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            llmd_pod_scores: Family::default(),
+            llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
         };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
@@ -209,6 +223,17 @@ impl Metrics {
                 "Time to pick an endpoint, tokenizing included",
                 m.epp_decision_duration.clone(),
             );
+            let l = r.sub_registry_with_prefix("llmd");
+            l.register(
+                "pod_scores",
+                "llm-d GetPodScores calls, by outcome",
+                m.llmd_pod_scores.clone(),
+            );
+            l.register(
+                "pod_scores_duration_seconds",
+                "Time to answer a GetPodScores call, tokenizing included",
+                m.llmd_pod_scores_duration.clone(),
+            );
         });
         m
     }
@@ -247,6 +272,14 @@ impl Metrics {
     /// Counts a request the picker could not read.
     pub fn epp_unread(&self, reason: &'static str) {
         self.epp_unread.get_or_create(&ReasonLabel { reason }).inc();
+    }
+
+    /// Counts one GetPodScores call.
+    pub fn llmd_scored(&self, outcome: &'static str, took: Duration) {
+        self.llmd_pod_scores
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        self.llmd_pod_scores_duration.observe(took.as_secs_f64());
     }
 
     /// Counts a 503.

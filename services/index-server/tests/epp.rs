@@ -19,7 +19,6 @@ use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 use ic_e2e::ServiceProcess;
 use ic_e2e::ext_proc::{body, headers, with_mode};
 use ic_index_server::tokenize::{ChatMessage, Tokenizers};
-use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 
 const HOLDER: &str = "10.0.0.2:8000";
@@ -97,43 +96,15 @@ async fn feed_holder(grpc: &str) {
     let tokens = chat_tokens();
     let fps = ic_kvevents::chain_fingerprints(None, &tokens, 4);
     assert!(fps.len() >= 8, "the prompt spans several blocks");
-    let batch = pb::IngestBatch {
-        replica: Some(pb::ReplicaIdentity {
-            scope: Some(pb::IndexScope {
-                tenant: "team-a".into(),
-                model: "tiny-chat".into(),
-                hash_scheme: pb::HashScheme::Vllm as i32,
-                adapter: String::new(),
-            }),
-            replica_id: "engine-holder".into(),
-            address: HOLDER.into(),
-            dp_rank: 0,
-            incarnation: 1,
-        }),
-        seq: 1,
-        resync_begin: true,
-        resync_end: true,
-        events: vec![pb::IndexEvent {
-            kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
-                parent_fingerprint: 0,
-                start_depth: 0,
-                fingerprints: fps,
-                block_size: 4,
-                tier: pb::Tier::T1 as i32,
-                at_unix_ms: 0,
-            })),
-        }],
-        tier2_stats: None,
-        sent_at_unix_ms: 0,
-        engine_load: None,
+    let replica = ic_e2e::ingest::Replica {
+        tenant: "team-a",
+        model: "tiny-chat",
+        replica_id: "engine-holder",
+        address: HOLDER,
+        dp_rank: 0,
     };
-    let mut client = IndexServiceClient::connect(grpc.to_owned()).await.unwrap();
-    let ack = client
-        .ingest_events(tokio_stream::iter(vec![batch]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!ack.resync_required, "{ack:?}");
+    let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
+    ic_e2e::ingest::ingest(grpc, ic_e2e::ingest::resync(&replica, vec![event])).await;
 }
 
 fn with_subset(mut m: ProcessingRequest, endpoints: &[&str]) -> ProcessingRequest {

@@ -16,7 +16,6 @@ use ic_controller::stores::{self, StoreWriters, Stores, replace_all};
 use ic_controller_core::clock::ManualClock;
 use ic_e2e::ServiceProcess;
 use ic_fake_apiserver::FakeApi;
-use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -70,51 +69,28 @@ impl IndexServer {
     /// Reports `blocks` stored blocks (and optional tier-2 counters) for
     /// replica `pod` of `tenant`, as a subscriber would.
     pub async fn ingest(&self, tenant: &str, pod: &str, blocks: u64, tier2: Option<(u64, u64)>) {
-        let mut client = IndexServiceClient::connect(self.grpc_url()).await.unwrap();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_millis() as i64;
+        let replica = ic_e2e::ingest::Replica {
+            tenant,
+            model: "m",
+            replica_id: pod,
+            address: "10.0.0.1:8000",
+            dp_rank: 0,
+        };
+        let event = ic_e2e::ingest::stored((1..=blocks).collect(), 16, pb::Tier::T1);
         let batch = pb::IngestBatch {
-            replica: Some(pb::ReplicaIdentity {
-                scope: Some(pb::IndexScope {
-                    tenant: tenant.into(),
-                    model: "m".into(),
-                    hash_scheme: pb::HashScheme::Vllm as i32,
-                    adapter: String::new(),
-                }),
-                replica_id: pod.into(),
-                address: "10.0.0.1:8000".into(),
-                dp_rank: 0,
-                incarnation: 7,
-            }),
-            seq: 1,
-            resync_begin: true,
-            resync_end: true,
-            events: vec![pb::IndexEvent {
-                kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
-                    parent_fingerprint: 0,
-                    start_depth: 0,
-                    fingerprints: (1..=blocks).collect(),
-                    block_size: 16,
-                    tier: pb::Tier::T1 as i32,
-                    at_unix_ms: now,
-                })),
-            }],
             tier2_stats: tier2.map(|(hits, queries)| pb::Tier2Stats {
                 has_counters: true,
                 hits,
                 queries,
             }),
             sent_at_unix_ms: now,
-            engine_load: None,
+            ..ic_e2e::ingest::resync(&replica, vec![event])
         };
-        let ack = client
-            .ingest_events(futures::stream::iter(vec![batch]))
-            .await
-            .unwrap()
-            .into_inner();
-        assert!(!ack.resync_required, "{ack:?}");
+        ic_e2e::ingest::ingest(&self.grpc_url(), batch).await;
     }
 }
 
