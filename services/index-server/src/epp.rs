@@ -65,6 +65,9 @@ pub struct PoolConfig {
     /// Ready endpoints, `ip:port` (static, or kept current by
     /// [`crate::pool::watch_pool`]).
     pub endpoints: crate::pool::Endpoints,
+    /// Refuse a request with 429 when even the least busy eligible
+    /// endpoint has this many requests (in flight or queued); `None` never.
+    pub shed_at_requests: Option<f64>,
 }
 
 /// The endpoint picker service.
@@ -94,8 +97,10 @@ struct Pick {
 /// Why no endpoint was picked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum NoEndpoint {
-    /// The pool (or the gateway's subset of it) has no endpoint.
+    /// The pool (or the gateway's subset of it) has no endpoint: 503.
     Empty(String),
+    /// Every eligible endpoint is saturated: 429, the client may retry.
+    Saturated(String),
 }
 
 /// What one stream has seen so far.
@@ -224,13 +229,13 @@ fn body_response(pick: Option<&Pick>, streamed: Option<(Vec<u8>, bool)>) -> Proc
     }
 }
 
-fn unavailable(detail: &str) -> ProcessingResponse {
+/// An error answered by the gateway itself, as the protocol asks: 503 when
+/// nothing can serve, 429 when the pool is saturated.
+fn refusal(code: StatusCode, detail: &str) -> ProcessingResponse {
     ProcessingResponse {
         response: Some(processing_response::Response::ImmediateResponse(
             ImmediateResponse {
-                status: Some(HttpStatus {
-                    code: StatusCode::ServiceUnavailable as i32,
-                }),
+                status: Some(HttpStatus { code: code as i32 }),
                 body: format!("{{\"error\":{}}}", serde_json::Value::from(detail)).into_bytes(),
                 details: detail.to_owned(),
                 ..ImmediateResponse::default()
@@ -333,6 +338,16 @@ impl EndpointPicker {
         };
         let pool = self.scored_pool(&scope, &eligible);
         let now_ms = ic_clock::unix_ms();
+        if let Some(limit) = self.pool.shed_at_requests {
+            let least = self.server.routing.rank_by_load(&pool, now_ms);
+            if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
+                return Err(NoEndpoint::Saturated(format!(
+                    "every endpoint is saturated: the least busy has {:.0} requests \
+                     (--epp-shed-at-requests {limit})",
+                    least.load.requests
+                )));
+            }
+        }
         let tokens = request.as_ref().and_then(|r| self.tokens(r));
         let routing = &self.server.routing;
         let (best, blocks): (Option<Scored>, Vec<u64>) = match &tokens {
@@ -521,9 +536,14 @@ impl EndpointPicker {
                 Ok(pick)
             }
             Err(NoEndpoint::Empty(detail)) => {
-                self.server.metrics.epp_refused();
+                self.server.metrics.epp_refused("no_endpoint");
                 tracing::warn!(%detail, "no endpoint to pick");
-                Err(unavailable(&detail))
+                Err(refusal(StatusCode::ServiceUnavailable, &detail))
+            }
+            Err(NoEndpoint::Saturated(detail)) => {
+                self.server.metrics.epp_refused("saturated");
+                tracing::debug!(%detail, "request shed");
+                Err(refusal(StatusCode::TooManyRequests, &detail))
             }
         }
     }

@@ -134,6 +134,12 @@ pub struct Config {
     #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
     pub epp_hash_scheme: EngineFamily,
 
+    /// Answer 429 (shed the request) when even the least busy endpoint of
+    /// the pool is busy with this many requests, in flight through the
+    /// picker or reported by the engine (running + waiting); 0 never sheds.
+    #[arg(long, env = "IC_EPP_SHED_AT_REQUESTS", default_value_t = 0)]
+    pub epp_shed_at_requests: u32,
+
     /// Serve llm-d's remote indexer API (indexer.v1.IndexerService/
     /// GetPodScores) on the gRPC port, scoring this namespace's engines;
     /// off when unset.
@@ -235,6 +241,8 @@ fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
         tenant,
         hash_scheme: config.epp_hash_scheme.hash_scheme(),
         endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
+        shed_at_requests: (config.epp_shed_at_requests > 0)
+            .then_some(f64::from(config.epp_shed_at_requests)),
     }))
 }
 

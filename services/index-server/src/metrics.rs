@@ -80,8 +80,9 @@ pub struct Metrics {
     pub speculative_dropped: Counter,
     /// Endpoint-picker decisions, by what decided them (prefix, load).
     pub epp_picks: Family<HowLabel, Counter>,
-    /// Endpoint-picker requests refused with a 503 (no endpoint).
-    pub epp_refusals: Counter,
+    /// Endpoint-picker requests refused, by reason: `no_endpoint` (503),
+    /// `saturated` (429, --epp-shed-at-requests).
+    pub epp_refusals: Family<ReasonLabel, Counter>,
     /// Requests the picker could not read, by what failed (body,
     /// tokenize, too_large); they are still routed, by load.
     pub epp_unread: Family<ReasonLabel, Counter>,
@@ -128,7 +129,7 @@ impl Metrics {
             speculative_entries: Gauge::default(),
             speculative_dropped: Counter::default(),
             epp_picks: Family::default(),
-            epp_refusals: Counter::default(),
+            epp_refusals: Family::default(),
             epp_unread: Family::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             llmd_pod_scores: Family::default(),
@@ -210,7 +211,7 @@ impl Metrics {
             );
             e.register(
                 "refusals",
-                "Requests answered 503 because no endpoint could serve them",
+                "Requests refused by the gateway, by reason: no_endpoint (503), saturated (429)",
                 m.epp_refusals.clone(),
             );
             e.register(
@@ -282,9 +283,11 @@ impl Metrics {
         self.llmd_pod_scores_duration.observe(took.as_secs_f64());
     }
 
-    /// Counts a 503.
-    pub fn epp_refused(&self) {
-        self.epp_refusals.inc();
+    /// Counts a refusal (503 `no_endpoint`, 429 `saturated`).
+    pub fn epp_refused(&self, reason: &'static str) {
+        self.epp_refusals
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     /// Counts one ingest batch.

@@ -63,29 +63,34 @@ struct Picker {
 }
 
 fn start() -> Picker {
+    start_with(&[])
+}
+
+fn start_with(extra: &[&str]) -> Picker {
     let tokenizer = format!("tiny-chat={FIXTURES}/tokenizer.json");
-    let mut process = ServiceProcess::start(
-        Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--epp-addr",
-            "127.0.0.1:0",
-            "--epp-tenant",
-            "team-a",
-            "--epp-endpoint",
-            &format!("{OTHER},{HOLDER}"),
-            "--tokenizer",
-            &tokenizer,
-            "--engine-block-size",
-            "4",
-            // Two endpoints and repeated prompts: the load bound would send
-            // every other request away from the holder (libs/index tests it).
-            "--load-bound=0",
-        ],
-    );
+    let endpoints = format!("{OTHER},{HOLDER}");
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--epp-addr",
+        "127.0.0.1:0",
+        "--epp-tenant",
+        "team-a",
+        "--epp-endpoint",
+        &endpoints,
+        "--tokenizer",
+        &tokenizer,
+        "--engine-block-size",
+        "4",
+        // Two endpoints and repeated prompts: the load bound would send
+        // every other request away from the holder (libs/index tests it).
+        "--load-bound=0",
+    ];
+    args.extend_from_slice(extra);
+    let mut process =
+        ServiceProcess::start(Path::new(env!("CARGO_BIN_EXE_ic-index-server")), &args);
     let epp = format!("http://{}", process.addr("epp"));
     let grpc = format!("http://{}", process.addr("grpc"));
     Picker { process, epp, grpc }
@@ -305,7 +310,7 @@ async fn envoy_message_sequences_get_the_endpoint_holding_the_prompt() {
     let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
     for line in [
         "inferencecache_index_epp_picks_total{by=\"prefix\"} 2",
-        "inferencecache_index_epp_refusals_total 1",
+        "inferencecache_index_epp_refusals_total{reason=\"no_endpoint\"} 1",
         "inferencecache_index_epp_unread_total{reason=\"body\"} 1",
     ] {
         assert!(metrics.contains(line), "{line} missing:\n{metrics}");
@@ -461,4 +466,72 @@ async fn an_inference_pool_s_ready_pods_are_the_endpoints() {
         &ic_fake_apiserver::rbac::permissions(&fake.requests()),
     )
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Opens an ext_proc stream whose headers-only request is picked at once,
+/// and keeps it (the HTTP request) open: the pick stays in flight.
+async fn open_request(
+    epp: &str,
+) -> (
+    tokio::sync::mpsc::Sender<ProcessingRequest>,
+    ProcessingResponse,
+) {
+    let mut client = ExternalProcessorClient::connect(epp.to_owned())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(headers("/v1/completions", true)).await.unwrap();
+    let mut responses = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), responses.message())
+        .await
+        .expect("the picker answered in time")
+        .unwrap()
+        .expect("a response");
+    // Keep reading in the background so the stream stays healthy.
+    tokio::spawn(async move { while let Ok(Some(_)) = responses.message().await {} });
+    (tx, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_pool_sheds_with_429_until_a_request_ends() {
+    let mut picker = start_with(&["--epp-shed-at-requests", "1"]);
+    // One request in flight on each endpoint: the pool is saturated.
+    let (first, r1) = open_request(&picker.epp).await;
+    let (_second, r2) = open_request(&picker.epp).await;
+    let mut busy = [picked(&r1).unwrap(), picked(&r2).unwrap()];
+    busy.sort();
+    assert_eq!(busy, [OTHER, HOLDER], "one request on each endpoint");
+
+    let r = exchange(&picker.epp, vec![headers("/v1/completions", true)], 1).await;
+    let Some(processing_response::Response::ImmediateResponse(i)) = &r[0].response else {
+        panic!("expected a 429: {r:?}");
+    };
+    assert_eq!(i.status.as_ref().unwrap().code, 429);
+    assert!(i.details.contains("saturated"), "{i:?}");
+
+    // One request ends: its endpoint takes the next one.
+    let freed = picked(&r1).unwrap();
+    drop(first);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = exchange(&picker.epp, vec![headers("/v1/completions", true)], 1).await;
+        if let Some(endpoint) = picked(&r[0]) {
+            assert_eq!(endpoint, freed);
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the freed endpoint never took a request"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
+    assert!(
+        metrics.contains("inferencecache_index_epp_refusals_total{reason=\"saturated\"}"),
+        "{metrics}"
+    );
 }
