@@ -29,6 +29,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("hicache-config", hicache_config),
     ("reserved-overrides", reserved_overrides),
     ("provider-resources", provider_resources),
+    ("host-memory-capacity", host_memory_capacity),
     ("kernel-check-annotation", kernel_check_annotation),
 ];
 
@@ -282,6 +283,33 @@ fn provider_resources(b: &CacheBackend) -> Vec<FieldError> {
     resources.map_or_else(Vec::new, |res| {
         crate::resources::check(&format!("spec.remoteStorage.{name}.resources"), res)
     })
+}
+
+const HOST_MEMORY_FIELD: &str = "spec.lmCache.hostMemory.capacity";
+
+/// The host-memory budget must be a positive quantity: injection renders
+/// it in GiB, and a zero or negative one would silently become the default.
+fn host_memory_capacity(b: &CacheBackend) -> Vec<FieldError> {
+    let Some(capacity) = b
+        .spec
+        .lm_cache
+        .as_ref()
+        .and_then(|l| l.host_memory.as_ref())
+        .and_then(|h| h.capacity.as_ref())
+    else {
+        return Vec::new();
+    };
+    let detail = match crate::quantity::parse(&capacity.0) {
+        Ok(q) if q.is_positive() => return Vec::new(),
+        Ok(_) => "must be a positive quantity, e.g. 4Gi".to_owned(),
+        Err(e) => format!("not a quantity ({e}); e.g. 4Gi"),
+    };
+    vec![err(
+        ErrorType::Invalid,
+        HOST_MEMORY_FIELD,
+        Some(capacity.0.clone()),
+        detail,
+    )]
 }
 
 fn kernel_check_annotation(b: &CacheBackend) -> Vec<FieldError> {

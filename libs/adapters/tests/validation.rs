@@ -112,6 +112,27 @@ fn hicache_ratio_must_be_positive() {
     );
 }
 
+// === lmCache.hostMemory ===
+
+#[test]
+fn host_memory_capacity_must_be_a_positive_quantity() {
+    let with = |capacity: &str| {
+        json!({"runtime": "VLLM", "type": "LMCache",
+               "lmCache": {"hostMemory": {"capacity": capacity}}})
+    };
+    clean(with("4Gi"));
+    clean(with("512Mi"));
+    for (bad, needle) in [
+        ("0", "positive"),
+        ("-4Gi", "positive"),
+        ("lots", "not a quantity"),
+    ] {
+        let e = one(with(bad), "spec.lmCache.hostMemory.capacity", needle);
+        assert_eq!(e.kind, ErrorType::Invalid);
+        assert_eq!(e.bad_value.as_deref(), Some(bad));
+    }
+}
+
 // === reserved engineOverrides ===
 
 fn overrides(runtime: &str, ov: Value) -> Value {

@@ -13,6 +13,7 @@ pub mod cacheindex;
 pub mod cachepolicy;
 pub mod cachetenant;
 pub mod consts;
+pub mod decode;
 pub mod defaults;
 pub mod snapshot;
 pub mod validate;

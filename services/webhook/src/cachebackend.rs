@@ -32,20 +32,34 @@ impl Decision {
 
 const GROUP_RESOURCE: &str = "CacheBackend.inferencecache.io";
 
-fn decode(value: Option<&Value>, which: &str) -> Result<CacheBackend, String> {
-    let value = value.ok_or_else(|| format!("the request has no {which}"))?;
+/// Why a submitted object could not be read as a CacheBackend.
+enum Undecodable {
+    /// Not a CacheBackend at all (no object, another kind): a bad request.
+    NotABackend(String),
+    /// A CacheBackend our types refuse, at this field.
+    Field(FieldError),
+}
+
+fn decode(value: Option<&Value>, which: &str) -> Result<CacheBackend, Undecodable> {
+    let value =
+        value.ok_or_else(|| Undecodable::NotABackend(format!("the request has no {which}")))?;
     if let Some(kind) = value.get("kind").and_then(Value::as_str)
         && kind != "CacheBackend"
     {
-        return Err(format!("{which} is a {kind}, not a CacheBackend"));
+        return Err(Undecodable::NotABackend(format!(
+            "{which} is a {kind}, not a CacheBackend"
+        )));
     }
-    serde_json::from_value(value.clone())
-        .map_err(|e| format!("cannot decode {which} as a CacheBackend: {e}"))
+    ic_api::decode::decode(value).map_err(Undecodable::Field)
 }
 
-/// The CacheBackend a CREATE or UPDATE submits; other operations are
-/// allowed as they are, an undecodable object is a bad request.
-fn submitted(req: &AdmissionRequest) -> Result<CacheBackend, Box<Decision>> {
+/// The CacheBackend a CREATE or UPDATE submits. Other operations are
+/// allowed as they are; an object that is not a CacheBackend is a bad
+/// request; one our types refuse goes to `refused`, with the field.
+fn submitted(
+    req: &AdmissionRequest,
+    refused: impl FnOnce(FieldError) -> Decision,
+) -> Result<CacheBackend, Box<Decision>> {
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Err(Box::new(Decision::new(
             AdmissionResponse::allow(&req.uid),
@@ -53,13 +67,31 @@ fn submitted(req: &AdmissionRequest) -> Result<CacheBackend, Box<Decision>> {
             "operation",
         )));
     }
-    decode(req.object.as_ref(), "object").map_err(|message| {
-        Box::new(Decision::new(
-            AdmissionResponse::bad_request(&req.uid, message),
-            "error",
-            "decode",
-        ))
+    decode(req.object.as_ref(), "object").map_err(|e| {
+        Box::new(match e {
+            Undecodable::NotABackend(message) => Decision::new(
+                AdmissionResponse::bad_request(&req.uid, message),
+                "error",
+                "decode",
+            ),
+            Undecodable::Field(error) => refused(error),
+        })
     })
+}
+
+/// The object's name as the API server will report it.
+fn object_name(req: &AdmissionRequest) -> String {
+    let meta = req.object.as_ref().and_then(|o| o.get("metadata"));
+    let of = |k: &str| {
+        meta.and_then(|m| m.get(k))
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+    };
+    of("name")
+        .or_else(|| Some(req.name.clone()).filter(|n| !n.is_empty()))
+        .or_else(|| of("generateName"))
+        .unwrap_or_default()
 }
 
 // === defaulting ===
@@ -68,7 +100,14 @@ fn submitted(req: &AdmissionRequest) -> Result<CacheBackend, Box<Decision>> {
 /// CREATE and UPDATE and answers with a JSON patch when anything changed.
 #[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
 pub fn default(req: &AdmissionRequest) -> Decision {
-    let backend = match submitted(req) {
+    // Mutating admission runs before the schema: an object our types refuse
+    // passes unchanged, so the API server's schema validation (or, failing
+    // that, the validating webhook) names the field.
+    let backend = match submitted(req, |error| {
+        let mut response = AdmissionResponse::allow(&req.uid);
+        response.warnings = vec![format!("not defaulted: {}", error)];
+        Decision::new(response, "allowed", "undecodable")
+    }) {
         Ok(b) => b,
         Err(decision) => return *decision,
     };
@@ -110,7 +149,14 @@ pub fn default(req: &AdmissionRequest) -> Decision {
 /// violations an UPDATE introduces, nothing on DELETE/CONNECT.
 #[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
 pub fn validate(req: &AdmissionRequest) -> Decision {
-    let backend = match submitted(req) {
+    let backend = match submitted(req, |error| {
+        tracing::info!(uid = %req.uid, field = %error.field, "denied an undecodable CacheBackend");
+        Decision::new(
+            AdmissionResponse::deny(&req.uid, invalid_status(&object_name(req), &[error])),
+            "denied",
+            "undecodable",
+        )
+    }) {
         Ok(b) => b,
         Err(decision) => return *decision,
     };
@@ -122,8 +168,11 @@ pub fn validate(req: &AdmissionRequest) -> Decision {
             Ok(old) => {
                 errors = introduced(&ic_adapters::admission::validate_backend(&old), errors);
             }
-            Err(message) => {
+            Err(Undecodable::NotABackend(message)) => {
                 tracing::warn!(uid = %req.uid, name = %req.name, %message, "UPDATE without a readable oldObject");
+            }
+            Err(Undecodable::Field(error)) => {
+                tracing::warn!(uid = %req.uid, name = %req.name, %error, "UPDATE without a readable oldObject");
             }
         }
     }
@@ -132,14 +181,7 @@ pub fn validate(req: &AdmissionRequest) -> Decision {
         response.warnings = ic_adapters::admission::backend_warnings(&backend);
         return Decision::new(response, "allowed", "valid");
     }
-    let name = backend
-        .metadata
-        .name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .or_else(|| Some(req.name.clone()).filter(|n| !n.is_empty()))
-        .or_else(|| backend.metadata.generate_name.clone())
-        .unwrap_or_default();
+    let name = object_name(req);
     tracing::info!(uid = %req.uid, name = %name, namespace = ?req.namespace, violations = errors.len(), "denied CacheBackend");
     Decision::new(
         AdmissionResponse::deny(&req.uid, invalid_status(&name, &errors)),

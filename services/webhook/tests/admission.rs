@@ -168,6 +168,87 @@ async fn cachebackend_defaulting_and_validation() {
     assert!(webhook.process.stop().success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_object_our_types_refuse_is_denied_naming_the_field() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    let mut client = webhook.client().await;
+    let cases = [
+        // An enum value in the wrong case.
+        (
+            "runtime",
+            json!("vllm"),
+            "spec.runtime",
+            "FieldValueNotSupported",
+        ),
+        // A number where a string belongs.
+        ("type", json!(7), "spec.type", "FieldValueInvalid"),
+    ];
+    for (key, value, field, reason) in cases {
+        let mut review = fixture("cachebackend-create.json");
+        review["request"]["object"]["spec"][key] = value.clone();
+        // Defaulting passes it unchanged, so the schema can name the field.
+        let (status, answer) = client.review("/mutate-cachebackend", &review).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_review_envelope(&answer, &review["request"]["uid"]);
+        assert_eq!(answer["response"]["allowed"], true, "{answer}");
+        assert!(answer["response"].get("patch").is_none(), "{answer}");
+        assert!(
+            answer["response"]["warnings"][0]
+                .as_str()
+                .is_some_and(|w| w.contains(field)),
+            "{answer}"
+        );
+        // Validation denies it as Invalid, at the field.
+        let (status, answer) = client.review("/validate-cachebackend", &review).await;
+        assert_eq!(status, 200, "{answer}");
+        let st = &answer["response"]["status"];
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        assert_eq!(st["code"], 422, "{answer}");
+        assert_eq!(st["reason"], "Invalid");
+        assert_eq!(st["details"]["causes"][0]["field"], field, "{answer}");
+        assert_eq!(st["details"]["causes"][0]["reason"], reason, "{answer}");
+        assert!(st["message"].as_str().unwrap().contains(field), "{answer}");
+    }
+    // A missing required field, named with its path.
+    let mut review = fixture("cachebackend-create.json");
+    review["request"]["object"]["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("runtime");
+    let (_, answer) = client.review("/validate-cachebackend", &review).await;
+    let cause = &answer["response"]["status"]["details"]["causes"][0];
+    assert_eq!(cause["field"], "spec.runtime", "{answer}");
+    assert_eq!(cause["reason"], "FieldValueRequired", "{answer}");
+
+    // A zero or negative host-memory budget is no longer silently replaced.
+    for capacity in ["0", "-4Gi"] {
+        let mut review = fixture("cachebackend-create.json");
+        review["request"]["object"]["spec"]["lmCache"] =
+            json!({"hostMemory": {"capacity": capacity}});
+        let (_, answer) = client.review("/validate-cachebackend", &review).await;
+        assert_eq!(answer["response"]["allowed"], false, "{answer}");
+        let causes = answer["response"]["status"]["details"]["causes"]
+            .as_array()
+            .unwrap();
+        assert!(
+            causes
+                .iter()
+                .any(|c| c["field"] == "spec.lmCache.hostMemory.capacity"),
+            "{answer}"
+        );
+    }
+    let metrics = webhook.metrics();
+    for line in [
+        r#"inferencecache_webhook_admissions_total{kind="cachebackend_default",result="allowed",reason="undecodable"} 2"#,
+        r#"inferencecache_webhook_admissions_total{kind="cachebackend_validate",result="denied",reason="undecodable"} 3"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(webhook.process.stop().success());
+}
+
 // === Pod ===
 
 fn pod_review() -> Value {
