@@ -22,6 +22,13 @@
 //! Blocks whose parent is unknown (the subscriber joined mid-stream, or
 //! batches were lost) cannot be fingerprinted: their content hash depends on
 //! the whole prefix. They are counted and skipped rather than guessed.
+//!
+//! The index only ever holds whole prefixes: a block is reported while every
+//! block before it is held too (it is *rooted*). When a block leaves while
+//! blocks after it stay — a GPU reset that leaves a tail in the CPU tier, an
+//! offload tier dropping an old parent — those descendants are withdrawn
+//! from the index (the engine cannot reuse a block whose prefix it lacks)
+//! but remembered, and reported again if the missing block is stored anew.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -117,12 +124,21 @@ pub struct ApplyStats {
     /// Blocks stored for a LoRA adapter, not indexed yet: their content
     /// fingerprint would collide with the base model's.
     pub adapter_blocks_skipped: u64,
+    /// Blocks withdrawn from the index because a block before them left
+    /// (they stay remembered, and return if it is stored again).
+    pub unrooted_blocks: u64,
 }
 
 #[derive(Clone, Debug)]
 struct Block {
     fingerprint: Fingerprint,
     parent: Option<Fingerprint>,
+    /// The engine hash of the block before it (`None` at depth 0).
+    parent_hash: Option<EngineHash>,
+    /// Blocks held whose `parent_hash` is this block.
+    children: u32,
+    /// Every block before it is held: the index may report it.
+    rooted: bool,
     depth: u32,
     block_size: u32,
     gpu_refs: u32,
@@ -156,6 +172,11 @@ impl Block {
             None
         }
     }
+
+    /// The tier the index shows: none while the block's prefix is broken.
+    fn indexed(&self) -> Option<Tier> {
+        self.tier().filter(|_| self.rooted)
+    }
 }
 
 /// The state of one replica's (one DP rank's) event stream.
@@ -166,6 +187,14 @@ pub struct ReplicaState {
     /// Retained (T2-only) blocks in retention order, for capacity eviction.
     retained_order: VecDeque<(EngineHash, u64)>,
     next_gen: u64,
+    /// Engine hashes of gone blocks whose children are still held: storing
+    /// one of them again re-roots its descendants.
+    missing_parents: std::collections::HashSet<EngineHash>,
+    /// Children of blocks that left during the current event, by the gone
+    /// parent; any left at the event's end break a prefix.
+    orphaned: HashMap<EngineHash, u32>,
+    /// The current event stored a block some held blocks were missing.
+    reparented: bool,
 }
 
 /// Accumulates consecutive stored blocks into one [`IndexChange::Stored`].
@@ -200,6 +229,9 @@ impl ReplicaState {
     pub fn clear(&mut self) {
         self.blocks.clear();
         self.retained_order.clear();
+        self.missing_parents.clear();
+        self.orphaned.clear();
+        self.reparented = false;
     }
 
     /// The fingerprint and tier the index should hold for an engine hash.
@@ -232,10 +264,11 @@ impl ReplicaState {
         match event {
             KvEvent::BlockStored(stored) => self.store(stored, at_ms, out, stats),
             KvEvent::BlockRemoved(removed) => self.remove(removed, at_ms, out, stats),
-            KvEvent::AllBlocksCleared => self.clear_gpu(at_ms, out),
+            KvEvent::AllBlocksCleared => self.clear_gpu(at_ms, out, stats),
             KvEvent::Unknown(_) => stats.unknown_events += 1,
         }
         self.enforce_capacity(at_ms, out, stats);
+        self.settle_prefixes(at_ms, out, stats);
     }
 
     /// The full current state as index changes (one per block, parents
@@ -245,8 +278,96 @@ impl ReplicaState {
         blocks.sort_by_key(|b| (b.depth, b.fingerprint));
         blocks
             .into_iter()
-            .filter_map(|b| Some(b.stored_at(b.tier()?)))
+            .filter_map(|b| Some(b.stored_at(b.indexed()?)))
             .collect()
+    }
+
+    /// Takes block `hash` out of the map: its parent loses a child, and
+    /// children it still has are noted for [`Self::settle_prefixes`].
+    fn detach(&mut self, hash: EngineHash) -> Option<Block> {
+        let block = self.blocks.remove(&hash)?;
+        if let Some(parent) = block.parent_hash {
+            if let Some(p) = self.blocks.get_mut(&parent) {
+                p.children = p.children.saturating_sub(1);
+            } else if let Some(n) = self.orphaned.get_mut(&parent) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        if block.children > 0 {
+            self.orphaned.insert(hash, block.children);
+        }
+        Some(block)
+    }
+
+    /// At the end of an event: when a block left while blocks after it
+    /// stayed, or a missing block came back, recompute which blocks are
+    /// rooted and tell the index (withdrawn blocks evicted, re-rooted ones
+    /// stored).
+    fn settle_prefixes(&mut self, at_ms: i64, out: &mut Vec<IndexChange>, stats: &mut ApplyStats) {
+        let broken = self.orphaned.values().any(|&n| n > 0);
+        if !broken && !self.reparented {
+            self.orphaned.clear();
+            return;
+        }
+        let (mut withdrawn, mut restored) = (Vec::new(), Vec::new());
+        for hash in self.recompute_roots() {
+            let Some(block) = self.blocks.get(&hash) else {
+                continue;
+            };
+            let Some(tier) = block.tier() else { continue };
+            if block.rooted {
+                restored.push(block.stored_at(tier));
+            } else {
+                stats.unrooted_blocks += 1;
+                withdrawn.push(block.fingerprint);
+            }
+        }
+        if !withdrawn.is_empty() {
+            out.push(IndexChange::Evicted {
+                fingerprints: withdrawn,
+                at_ms,
+            });
+        }
+        out.extend(restored);
+    }
+
+    /// Recomputes every block's rootedness and children in depth order (a
+    /// full pass: it only runs when a prefix broke or mended) and returns
+    /// the blocks whose rootedness changed, shallowest first.
+    fn recompute_roots(&mut self) -> Vec<EngineHash> {
+        self.orphaned.clear();
+        self.reparented = false;
+        self.missing_parents.clear();
+        let mut order: Vec<(u32, EngineHash)> =
+            self.blocks.iter().map(|(h, b)| (b.depth, *h)).collect();
+        order.sort_unstable();
+        for block in self.blocks.values_mut() {
+            block.children = 0;
+        }
+        let mut changed = Vec::new();
+        for (_, hash) in order {
+            let parent_hash = self.blocks.get(&hash).and_then(|b| b.parent_hash);
+            let rooted = match parent_hash {
+                None => true,
+                Some(p) => match self.blocks.get_mut(&p) {
+                    Some(parent) => {
+                        parent.children += 1;
+                        parent.rooted
+                    }
+                    None => {
+                        self.missing_parents.insert(p);
+                        false
+                    }
+                },
+            };
+            if let Some(block) = self.blocks.get_mut(&hash)
+                && block.rooted != rooted
+            {
+                block.rooted = rooted;
+                changed.push(hash);
+            }
+        }
+        changed
     }
 
     fn store(
@@ -272,20 +393,22 @@ impl ReplicaState {
             return;
         }
         let gpu = ev.medium.is_gpu();
-        // (fingerprint, depth) of the previous block, or None when unresolved.
-        let mut prev: Option<(Option<Fingerprint>, u32)> = match ev.parent_block_hash {
-            None => Some((None, 0)),
-            Some(parent) => self
-                .blocks
-                .get(&parent)
-                .map(|b| (Some(b.fingerprint), b.depth + 1)),
-        };
+        // The previous block: (fingerprint, depth of the next, engine hash,
+        // rooted), or None when unresolved.
+        let mut prev: Option<(Option<Fingerprint>, u32, Option<EngineHash>, bool)> =
+            match ev.parent_block_hash {
+                None => Some((None, 0, None, true)),
+                Some(parent) => self
+                    .blocks
+                    .get(&parent)
+                    .map(|b| (Some(b.fingerprint), b.depth + 1, Some(parent), b.rooted)),
+            };
         let mut run: Option<Run> = None;
         for (i, &hash) in ev.block_hashes.iter().enumerate() {
             stats.stored_blocks += 1;
             let known = self.blocks.contains_key(&hash);
             if !known {
-                let Some((parent, depth)) = prev else {
+                let Some((parent, depth, parent_hash, rooted)) = prev else {
                     stats.unresolved_parent_blocks += 1;
                     flush(&mut run, at_ms, out);
                     continue;
@@ -298,11 +421,20 @@ impl ReplicaState {
                 }
                 let tokens = &ev.token_ids[i * block_size..(i + 1) * block_size];
                 let fingerprint = block_fingerprint(parent, tokens);
+                if let Some(p) = parent_hash.and_then(|p| self.blocks.get_mut(&p)) {
+                    p.children += 1;
+                }
+                // Held blocks were waiting for this one: re-root them at
+                // the end of the event.
+                self.reparented |= self.missing_parents.contains(&hash);
                 self.blocks.insert(
                     hash,
                     Block {
                         fingerprint,
                         parent,
+                        parent_hash,
+                        children: 0,
+                        rooted,
                         depth,
                         block_size: ev.block_size,
                         gpu_refs: 0,
@@ -316,7 +448,7 @@ impl ReplicaState {
             let Some(block) = self.blocks.get_mut(&hash) else {
                 continue;
             };
-            let before = block.tier();
+            let before = block.indexed();
             let refs = if gpu {
                 &mut block.gpu_refs
             } else {
@@ -329,14 +461,23 @@ impl ReplicaState {
             if gpu {
                 block.retained = false;
             }
-            let after = block.tier();
-            prev = Some((Some(block.fingerprint), block.depth + 1));
+            let after = block.indexed();
+            prev = Some((
+                Some(block.fingerprint),
+                block.depth + 1,
+                Some(hash),
+                block.rooted,
+            ));
             if before == after {
                 flush(&mut run, at_ms, out);
                 continue;
             }
             block.at_ms = at_ms;
-            let tier = after.unwrap_or(Tier::T1);
+            let Some(tier) = after else {
+                // Not reported: its prefix is broken.
+                flush(&mut run, at_ms, out);
+                continue;
+            };
             // Extend the run when this block directly follows its last block.
             let extends = run.as_ref().is_some_and(|r| {
                 r.tier == tier
@@ -379,7 +520,7 @@ impl ReplicaState {
                 stats.unknown_removals += 1;
                 continue;
             };
-            let before = block.tier();
+            let before = block.indexed();
             let refs = if gpu {
                 &mut block.gpu_refs
             } else {
@@ -400,14 +541,16 @@ impl ReplicaState {
                 // The offload tier itself dropped it.
                 block.retained = false;
             }
-            match (before, block.tier()) {
-                (Some(Tier::T1), Some(Tier::T2)) => {
+            match (before, block.tier(), block.indexed()) {
+                (Some(Tier::T1), _, Some(Tier::T2)) => {
                     block.at_ms = at_ms;
                     out.push(block.stored_at(Tier::T2));
                 }
-                (Some(_), None) => {
-                    evicted.push(block.fingerprint);
-                    self.blocks.remove(&hash);
+                (_, None, _) => {
+                    if before.is_some() {
+                        evicted.push(block.fingerprint);
+                    }
+                    self.detach(hash);
                 }
                 _ => {}
             }
@@ -420,28 +563,59 @@ impl ReplicaState {
         }
     }
 
-    fn clear_gpu(&mut self, at_ms: i64, out: &mut Vec<IndexChange>) {
+    fn clear_gpu(&mut self, at_ms: i64, out: &mut Vec<IndexChange>, stats: &mut ApplyStats) {
         out.push(IndexChange::Cleared {
             tier: Tier::T1,
             at_ms,
         });
-        let mut demoted = Vec::new();
-        self.blocks.retain(|_, block| {
-            let was_t1 = block.gpu_refs > 0;
-            block.gpu_refs = 0;
-            match block.tier() {
-                None => false,
-                Some(_) => {
-                    if was_t1 {
-                        // The index just dropped its T1 entry; the offload
-                        // medium still holds the block.
-                        block.at_ms = at_ms;
-                        demoted.push(block.stored_at(Tier::T2));
-                    }
-                    true
-                }
+        let mut was_t1 = std::collections::HashSet::new();
+        let mut gone = Vec::new();
+        for (&hash, block) in &mut self.blocks {
+            if block.gpu_refs > 0 {
+                was_t1.insert(hash);
             }
-        });
+            block.gpu_refs = 0;
+            if block.tier().is_none() {
+                gone.push(hash);
+            }
+        }
+        let broke = gone
+            .iter()
+            .any(|h| self.blocks.get(h).is_some_and(|b| b.children > 0));
+        for hash in gone {
+            self.detach(hash);
+        }
+        // Blocks left at T2 whose parent just went only on the GPU no
+        // longer hold a whole prefix.
+        let unrooted: std::collections::HashSet<EngineHash> = if broke {
+            self.recompute_roots().into_iter().collect()
+        } else {
+            self.orphaned.clear();
+            Default::default()
+        };
+        let mut withdrawn = Vec::new();
+        let mut demoted = Vec::new();
+        for (hash, block) in &mut self.blocks {
+            if was_t1.contains(hash) {
+                if block.rooted {
+                    // The index just dropped its T1 entry; the offload
+                    // medium still holds the block.
+                    block.at_ms = at_ms;
+                    demoted.push(block.stored_at(Tier::T2));
+                } else {
+                    stats.unrooted_blocks += 1;
+                }
+            } else if unrooted.contains(hash) {
+                stats.unrooted_blocks += 1;
+                withdrawn.push(block.fingerprint);
+            }
+        }
+        if !withdrawn.is_empty() {
+            out.push(IndexChange::Evicted {
+                fingerprints: withdrawn,
+                at_ms,
+            });
+        }
         demoted.sort_by_key(|c| match c {
             IndexChange::Stored { start_depth, .. } => *start_depth,
             _ => 0,
@@ -461,8 +635,10 @@ impl ReplicaState {
             if stale {
                 continue;
             }
-            if let Some(block) = self.blocks.remove(&hash) {
-                evicted.push(block.fingerprint);
+            if let Some(block) = self.detach(hash) {
+                if block.rooted {
+                    evicted.push(block.fingerprint);
+                }
                 stats.capacity_evictions += 1;
             }
         }

@@ -83,6 +83,8 @@ pub struct Metrics {
     pub tier2_scrape_failures: Counter,
     /// LoRA-adapter blocks not indexed.
     pub adapter_blocks_skipped: Counter,
+    /// Blocks withdrawn from the index because a block before them left.
+    pub unrooted_blocks: Counter,
     /// The engine's tier-2 (external prefix cache) queries, mirrored from
     /// its own counter so a per-pod alert can see a tier that stopped hitting.
     pub tier2_queries: Counter,
@@ -229,6 +231,11 @@ impl Metrics {
             self.adapter_blocks_skipped.clone(),
         );
         r.register(
+            "unrooted_blocks",
+            "Blocks withdrawn from the index because a block before them left (a prefix the engine cannot reuse)",
+            self.unrooted_blocks.clone(),
+        );
+        r.register(
             "tier2_queries",
             "Tier-2 (external prefix cache) queries the engine reported",
             self.tier2_queries.clone(),
@@ -268,6 +275,7 @@ impl Metrics {
         self.token_count_mismatches.inc_by(s.token_count_mismatches);
         self.capacity_evictions.inc_by(s.capacity_evictions);
         self.adapter_blocks_skipped.inc_by(s.adapter_blocks_skipped);
+        self.unrooted_blocks.inc_by(s.unrooted_blocks);
     }
 
     /// Counts a failure by reason.

@@ -131,6 +131,51 @@ async fn offload_mode_keeps_evicted_prefixes_at_t2() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_left_without_its_prefix_is_withdrawn_until_the_prefix_returns() {
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let sub = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    engine.wait_for_subscriber().await;
+    let fps = prompt_fps(3);
+    engine
+        .publish(&[gpu_store(vec![1, 2, 3], None, tokens(0, 48), 16)])
+        .await;
+    // Only the tail is offloaded to the CPU tier.
+    let ic_kvevents::KvEvent::BlockStored(mut tail) =
+        gpu_store(vec![3], Some(2), tokens(32, 16), 16)
+    else {
+        unreachable!()
+    };
+    tail.medium = Medium::Offload("CPU".into());
+    engine
+        .publish(&[ic_kvevents::KvEvent::BlockStored(tail)])
+        .await;
+    wait_until(WAIT, "the whole prompt at T1", || {
+        index.tiers("engine-0", 0) == expect(&[(fps[0], T1), (fps[1], T1), (fps[2], T1)])
+    })
+    .await;
+    // A GPU reset: the CPU tier keeps block 3, whose prefix is gone. The
+    // index must not claim the prompt at T2.
+    engine
+        .publish(&[ic_kvevents::KvEvent::AllBlocksCleared])
+        .await;
+    wait_metric(&sub, "inferencecache_subscriber_unrooted_blocks_total", 1.0).await;
+    wait_until(WAIT, "nothing held", || {
+        index.tiers("engine-0", 0).is_empty()
+    })
+    .await;
+    // The engine recomputes the prefix: the tail counts again, at T2.
+    engine
+        .publish(&[gpu_store(vec![1, 2], None, tokens(0, 32), 16)])
+        .await;
+    wait_until(WAIT, "the prefix and its tail", || {
+        index.tiers("engine-0", 0) == expect(&[(fps[0], T1), (fps[1], T1), (fps[2], T2)])
+    })
+    .await;
+    sub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_are_recovered_from_the_replay_buffer_in_both_framings() {
     for old_framing in [false, true] {
         let index = RecordingIndex::start().await;

@@ -247,15 +247,24 @@ fn token_count_mismatch_rejects_the_event() {
 #[test]
 fn all_blocks_cleared_drops_t1_and_keeps_what_offload_holds() {
     let mut h = Harness::new(false);
-    h.apply(stored(&[1, 2], None, Medium::Gpu));
-    h.apply(stored(&[2], Some(1), cpu()));
+    h.apply(stored(&[1, 2, 3], None, Medium::Gpu));
+    h.apply(stored(&[1, 2], None, cpu()));
     let out = h.apply(KvEvent::AllBlocksCleared);
-    let chain = fps(&[1, 2]);
+    let chain = fps(&[1, 2, 3]);
+    // The offloaded prefix stays, at T2, parents first.
     assert_eq!(
         out,
         vec![
             IndexChange::Cleared {
                 tier: Tier::T1,
+                at_ms: 1000
+            },
+            IndexChange::Stored {
+                parent: None,
+                start_depth: 0,
+                fingerprints: vec![chain[0]],
+                block_size: BS,
+                tier: Tier::T2,
                 at_ms: 1000
             },
             IndexChange::Stored {
@@ -268,7 +277,48 @@ fn all_blocks_cleared_drops_t1_and_keeps_what_offload_holds() {
             }
         ]
     );
-    assert_eq!(h.state.len(), 1);
+    assert_eq!(h.state.len(), 2);
+}
+
+#[test]
+fn a_tail_whose_prefix_is_gone_is_withdrawn_and_returns_with_it() {
+    let mut h = Harness::new(false);
+    h.apply(stored(&[1, 2, 3], None, Medium::Gpu));
+    // Only the tail was offloaded.
+    h.apply(stored(&[3], Some(2), cpu()));
+    // A GPU reset: blocks 1 and 2 are gone; 3 stays in the CPU tier but
+    // no request can reuse it without them.
+    let out = h.apply(KvEvent::AllBlocksCleared);
+    assert_eq!(
+        out,
+        vec![IndexChange::Cleared {
+            tier: Tier::T1,
+            at_ms: 1000
+        }],
+        "the tail is not re-reported at T2"
+    );
+    assert_eq!(h.stats.unrooted_blocks, 1);
+    assert!(h.state.snapshot().is_empty(), "a resync reports no prefix");
+    assert_eq!(h.state.len(), 1, "the tail is remembered");
+    // The engine recomputes the prefix: the tail is whole again.
+    let out = h.apply(stored(&[1, 2], None, Medium::Gpu));
+    let chain = fps(&[1, 2, 3]);
+    let mut index = HashMap::new();
+    replay(&out, &mut index);
+    assert_eq!(
+        index,
+        HashMap::from([
+            (chain[0], Tier::T1),
+            (chain[1], Tier::T1),
+            (chain[2], Tier::T2)
+        ])
+    );
+
+    // EventsOnly: the parent removed while its child stays withdraws the
+    // child too.
+    let out = h.apply(removed(&[2], Medium::Gpu));
+    replay(&out, &mut index);
+    assert_eq!(index, HashMap::from([(chain[0], Tier::T1)]));
 }
 
 #[test]
@@ -368,6 +418,14 @@ proptest! {
         }
         let mut expected = HashMap::new();
         replay(&state.snapshot(), &mut expected);
-        prop_assert_eq!(index, expected);
+        prop_assert_eq!(&index, &expected);
+        // Only whole prefixes: every indexed block's parent is indexed.
+        for block in state.blocks.values() {
+            if block.indexed().is_some()
+                && let Some(parent) = block.parent
+            {
+                prop_assert!(index.contains_key(&parent), "{:?} lacks its parent", block.fingerprint);
+            }
+        }
     }
 }
