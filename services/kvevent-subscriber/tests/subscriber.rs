@@ -76,9 +76,15 @@ async fn every_era_reaches_the_index_as_exact_fingerprints() {
         engine
             .publish(&[gpu_store(vec![h2], Some(h1), tokens(32, 16), 16)])
             .await;
-        engine.publish(&[removal(vec![h0], Medium::Gpu)]).await;
         let fps = prompt_fps(3);
-        let want = expect(&[(fps[1], T1), (fps[2], T1)]);
+        let all = expect(&[(fps[0], T1), (fps[1], T1), (fps[2], T1)]);
+        wait_until(WAIT, &format!("{era:?} whole prompt"), || {
+            index.tiers("engine-0", 0) == all
+        })
+        .await;
+        // The leaf leaves (a parent leaving would withdraw its descendants).
+        engine.publish(&[removal(vec![h2], Medium::Gpu)]).await;
+        let want = expect(&[(fps[0], T1), (fps[1], T1)]);
         wait_until(WAIT, &format!("{era:?} index view"), || {
             index.tiers("engine-0", 0) == want
         })
