@@ -322,12 +322,7 @@ impl ReplicaState {
                 withdrawn.push(block.fingerprint);
             }
         }
-        if !withdrawn.is_empty() {
-            out.push(IndexChange::Evicted {
-                fingerprints: withdrawn,
-                at_ms,
-            });
-        }
+        push_evicted(out, withdrawn, at_ms);
         out.extend(restored);
     }
 
@@ -555,12 +550,7 @@ impl ReplicaState {
                 _ => {}
             }
         }
-        if !evicted.is_empty() {
-            out.push(IndexChange::Evicted {
-                fingerprints: evicted,
-                at_ms,
-            });
-        }
+        push_evicted(out, evicted, at_ms);
     }
 
     fn clear_gpu(&mut self, at_ms: i64, out: &mut Vec<IndexChange>, stats: &mut ApplyStats) {
@@ -610,12 +600,7 @@ impl ReplicaState {
                 withdrawn.push(block.fingerprint);
             }
         }
-        if !withdrawn.is_empty() {
-            out.push(IndexChange::Evicted {
-                fingerprints: withdrawn,
-                at_ms,
-            });
-        }
+        push_evicted(out, withdrawn, at_ms);
         demoted.sort_by_key(|c| match c {
             IndexChange::Stored { start_depth, .. } => *start_depth,
             _ => 0,
@@ -651,12 +636,17 @@ impl ReplicaState {
                     .is_some_and(|b| b.retained && b.retained_gen == *generation)
             });
         }
-        if !evicted.is_empty() {
-            out.push(IndexChange::Evicted {
-                fingerprints: evicted,
-                at_ms,
-            });
-        }
+        push_evicted(out, evicted, at_ms);
+    }
+}
+
+/// Reports `fingerprints` gone, when there are any.
+fn push_evicted(out: &mut Vec<IndexChange>, fingerprints: Vec<Fingerprint>, at_ms: i64) {
+    if !fingerprints.is_empty() {
+        out.push(IndexChange::Evicted {
+            fingerprints,
+            at_ms,
+        });
     }
 }
 
