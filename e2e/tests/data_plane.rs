@@ -32,6 +32,7 @@ fn by_tokens(tenant: &str, tokens: Vec<u32>) -> pb::LookupRouteRequest {
         candidate_replicas: vec![],
         // Polled and repeated: not requests a gateway routed.
         observe_only: true,
+        ..Default::default()
     }
 }
 
@@ -114,6 +115,7 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
             )),
             candidate_replicas: vec![],
             observe_only: true,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -163,5 +165,255 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
     for mut sidecar in sidecars {
         assert!(sidecar.stop().success());
     }
+    assert!(server.stop().success());
+}
+
+/// Blocks an engine hashed with more than their tokens (a LoRA adapter,
+/// images, a cache salt, prompt embeddings), published with the engines'
+/// own msgspec structs, are found only by lookups that name the same keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_keyed_blocks_match_only_lookups_with_the_same_keys() {
+    let check = std::process::Command::new("python3")
+        .args(["-c", "import zmq, msgspec"])
+        .output()
+        .expect("python3 is required for this test");
+    assert!(
+        check.status.success(),
+        "this test needs pyzmq and msgspec (`./dev.sh test` installs them)"
+    );
+    let mut server = ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+    );
+    let grpc = server.addr("grpc").to_string();
+    let port = ic_e2e::free_port();
+    let mut sidecar = ServiceProcess::start(
+        &workspace_binary("ic-kvevent-subscriber"),
+        &[
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--engine-endpoint",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--index-server",
+            &format!("http://{grpc}"),
+            "--model-id",
+            "meta-llama/Llama-3.1-8B",
+            "--replica-id",
+            "llama-0",
+            "--tenant",
+            "team-a",
+            "--address",
+            "10.0.0.1:8000",
+        ],
+    );
+    let admin = sidecar.admin_addr();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../libs/kvevents/tests/fixtures/publish_extra_keys.py");
+    let publisher = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .args(["--port", &port.to_string()])
+            .output()
+            .expect("run publisher")
+    });
+    let prompt = |k: u32, n: u32| -> Vec<u32> { (1000 * k..1000 * k + n).collect() };
+    let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    // The plain block arrives last: once it is there, everything is.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while client
+        .lookup_route(by_tokens("team-a", prompt(7, 16)))
+        .await
+        .unwrap()
+        .into_inner()
+        .outcome
+        != pb::LookupOutcome::PrefixMatch as i32
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the publisher's blocks never arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = publisher.await.unwrap();
+    assert!(
+        out.status.success(),
+        "publisher failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let media = |id: &str, offset: u32, length: u32| pb::MediaItem {
+        identifier: id.into(),
+        offset,
+        length,
+    };
+    let digest = |b: Vec<u8>| pb::ExtraKeyValue {
+        kind: Some(pb::extra_key_value::Kind::Digest(b)),
+    };
+    let cases: Vec<(&str, pb::LookupRouteRequest, u32)> = vec![
+        (
+            "adapter blocks, base scope",
+            by_tokens("team-a", prompt(1, 32)),
+            0,
+        ),
+        (
+            "adapter blocks, adapter scope",
+            {
+                let mut r = by_tokens("team-a", prompt(1, 32));
+                r.scope.as_mut().unwrap().adapter = "sql-lora".into();
+                r
+            },
+            2,
+        ),
+        (
+            "adapter blocks, another adapter",
+            {
+                let mut r = by_tokens("team-a", prompt(1, 32));
+                r.scope.as_mut().unwrap().adapter = "chat-lora".into();
+                r
+            },
+            0,
+        ),
+        (
+            "base block, adapter scope",
+            {
+                let mut r = by_tokens("team-a", prompt(7, 16));
+                r.scope.as_mut().unwrap().adapter = "sql-lora".into();
+                r
+            },
+            0,
+        ),
+        (
+            "image blocks, no media",
+            by_tokens("team-a", prompt(2, 32)),
+            0,
+        ),
+        (
+            "image blocks, the image",
+            pb::LookupRouteRequest {
+                media: vec![media("img-a", 4, 20)],
+                ..by_tokens("team-a", prompt(2, 32))
+            },
+            2,
+        ),
+        (
+            "image blocks, another image",
+            pb::LookupRouteRequest {
+                media: vec![media("img-z", 4, 20)],
+                ..by_tokens("team-a", prompt(2, 32))
+            },
+            0,
+        ),
+        (
+            "image blocks, the image only in block 0",
+            pb::LookupRouteRequest {
+                media: vec![media("img-a", 4, 8)],
+                ..by_tokens("team-a", prompt(2, 32))
+            },
+            1,
+        ),
+        (
+            "salted block, no salt",
+            by_tokens("team-a", prompt(3, 16)),
+            0,
+        ),
+        (
+            "salted block, the salt",
+            pb::LookupRouteRequest {
+                cache_salt: "tenant-salt".into(),
+                ..by_tokens("team-a", prompt(3, 16))
+            },
+            1,
+        ),
+        (
+            "bare-identifier image",
+            pb::LookupRouteRequest {
+                media: vec![media("img-b", 0, 16)],
+                ..by_tokens("team-a", prompt(4, 16))
+            },
+            1,
+        ),
+        (
+            "SGLang salted store, the salt",
+            pb::LookupRouteRequest {
+                cache_salt: "s1".into(),
+                ..by_tokens("team-a", prompt(5, 16))
+            },
+            1,
+        ),
+        (
+            "SGLang salted store, another salt",
+            pb::LookupRouteRequest {
+                cache_salt: "s2".into(),
+                ..by_tokens("team-a", prompt(5, 16))
+            },
+            0,
+        ),
+        (
+            "embeddings block, no digest",
+            by_tokens("team-a", prompt(6, 16)),
+            0,
+        ),
+        (
+            "embeddings block, the digest",
+            pb::LookupRouteRequest {
+                block_extra_keys: vec![pb::BlockExtraKeys {
+                    keys: vec![digest((0..32).collect())],
+                }],
+                ..by_tokens("team-a", prompt(6, 16))
+            },
+            1,
+        ),
+        (
+            "plain block with a salt",
+            pb::LookupRouteRequest {
+                cache_salt: "tenant-salt".into(),
+                ..by_tokens("team-a", prompt(7, 16))
+            },
+            0,
+        ),
+    ];
+    for (what, request, want) in cases {
+        let r = client.lookup_route(request).await.unwrap().into_inner();
+        let got = r.best.map_or(0, |b| b.matched_blocks);
+        assert_eq!(got, want, "{what}: {}", r.detail);
+    }
+
+    // Extra keys with fingerprints the gateway computed are refused, by field.
+    let err = client
+        .lookup_route(pb::LookupRouteRequest {
+            scope: scope("team-a"),
+            key: Some(pb::lookup_route_request::Key::PrefixHash(1)),
+            cache_salt: "s".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().starts_with("cache_salt:"),
+        "{}",
+        err.message()
+    );
+    let err = client
+        .lookup_route(pb::LookupRouteRequest {
+            media: vec![media("", 0, 1)],
+            ..by_tokens("team-a", prompt(2, 32))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().starts_with("media[0].identifier:"),
+        "{}",
+        err.message()
+    );
+
+    let (_, metrics) = ic_e2e::http_get(admin, "/metrics");
+    assert!(
+        metrics.contains("inferencecache_subscriber_adapter_blocks{adapter=\"sql-lora\"} 2"),
+        "{metrics}"
+    );
+    assert!(sidecar.stop().success());
     assert!(server.stop().success());
 }

@@ -49,6 +49,7 @@ async fn main() {
         group_idx: None,
         kv_cache_spec_kind: None,
         cache_salt: None,
+        extra_keys: None,
     });
     loop {
         engine.publish(std::slice::from_ref(&stored)).await;

@@ -32,7 +32,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::arena::{EPOCHS, EpochSet, Holder, MAX_DEPTH, MAX_REPLICAS, Stored, add_epoch};
 use crate::store::{Block, Store};
 use crate::types::{
-    Change, ContentError, Fingerprint, IndexMemory, ReplicaKey, ReplicaSnapshot, Scope, Tier,
+    Change, ContentError, Fingerprint, HashScheme, IndexMemory, ReplicaKey, ReplicaSnapshot, Scope,
+    Tier,
 };
 
 /// Registry maps are read on every lookup: a fast hasher, seeded per
@@ -457,6 +458,17 @@ impl Index {
             })
             .map(|m| (m.key.clone(), m.address.clone()))
             .collect()
+    }
+
+    /// The scope of the replica serving at `address` in `tenant` under
+    /// `hash_scheme`, if the index has heard from one.
+    pub fn scope_at(&self, tenant: &str, hash_scheme: HashScheme, address: &str) -> Option<Scope> {
+        let reg = self.registry.read();
+        reg.replicas.iter().flatten().find_map(|m| {
+            let scope = reg.scope_list.get(m.scope as usize)?;
+            (m.address == address && scope.tenant == tenant && scope.hash_scheme == hash_scheme)
+                .then(|| scope.clone())
+        })
     }
 
     /// Replicas not heard from since `cutoff_ms` (Unix ms).

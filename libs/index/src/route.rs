@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use ic_kvevents::chain_fingerprints;
+use ic_kvevents::{PromptExtras, keyed_chain_fingerprints};
 
 use crate::Index;
 use crate::load::{LoadBoard, ReplicaLoad};
@@ -45,6 +45,49 @@ pub struct RouteQuery<'a> {
     pub key: RouteKey<'a>,
     /// Only these replica ids may be answered (`None`: any).
     pub candidates: Option<&'a HashSet<String>>,
+    /// What besides the tokens the engine hashes (multimodal items, cache
+    /// salt, per-block keys); used when the key is token ids.
+    pub extras: Option<&'a PromptExtras>,
+}
+
+impl RouteQuery<'_> {
+    /// The scope the index keeps the replicas in. A LoRA adapter is not a
+    /// replica scope of its own (a replica serves its base model and every
+    /// adapter it loads): it is a fingerprint domain inside the base
+    /// model's scope, so the lookup runs in the base scope.
+    pub fn replica_scope(&self) -> Cow<'_, Scope> {
+        if self.scope.adapter.is_empty() {
+            Cow::Borrowed(self.scope)
+        } else {
+            Cow::Owned(Scope {
+                adapter: String::new(),
+                ..self.scope.clone()
+            })
+        }
+    }
+
+    /// Fingerprints of the key's blocks: token ids are chained with
+    /// `block_size` in the domain of the scope's adapter and the extras.
+    fn blocks(&self, block_size: u32) -> Option<Cow<'_, [Fingerprint]>> {
+        match self.key {
+            RouteKey::PrefixHash(_) => None,
+            RouteKey::Blocks(b) => Some(Cow::Borrowed(b)),
+            RouteKey::Tokens(t) => {
+                let none = PromptExtras::default();
+                let extras = self.extras.unwrap_or(&none);
+                let fps = if self.scope.adapter.is_empty() || extras.adapter == self.scope.adapter {
+                    keyed_chain_fingerprints(t, block_size as usize, extras)
+                } else {
+                    let with_adapter = PromptExtras {
+                        adapter: self.scope.adapter.clone(),
+                        ..extras.clone()
+                    };
+                    keyed_chain_fingerprints(t, block_size as usize, &with_adapter)
+                };
+                Some(Cow::Owned(fps))
+            }
+        }
+    }
 }
 
 /// A namespace's routing policy (what a CachePolicy says).
@@ -132,15 +175,12 @@ pub fn route<R>(
     deadline: &dyn Deadline,
     answer: impl FnOnce(RouteDecision<'_>) -> R,
 ) -> R {
-    let scope = query.scope;
+    let replica_scope = query.replica_scope();
+    let scope: &Scope = &replica_scope;
     let block_size = index.block_size(scope).unwrap_or(default_block_size);
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
-    let blocks: Option<Cow<'_, [Fingerprint]>> = match query.key {
-        RouteKey::PrefixHash(_) => None,
-        RouteKey::Blocks(b) => Some(Cow::Borrowed(b)),
-        RouteKey::Tokens(t) => Some(Cow::Owned(chain_fingerprints(None, t, block_size as usize))),
-    };
+    let blocks = query.blocks(block_size);
     let prompt_blocks = blocks
         .as_ref()
         .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
@@ -331,11 +371,16 @@ pub fn route_ranked(
     deadline: &dyn Deadline,
     scoring: Scoring<'_>,
 ) -> Ranked {
-    let block_size = index.block_size(query.scope).unwrap_or(default_block_size);
+    let replica_scope = query.replica_scope().into_owned();
+    let block_size = index
+        .block_size(&replica_scope)
+        .unwrap_or(default_block_size);
     let blocks: Vec<Fingerprint> = match query.key {
         RouteKey::PrefixHash(fp) => vec![fp],
-        RouteKey::Blocks(b) => b.to_vec(),
-        RouteKey::Tokens(t) => chain_fingerprints(None, t, block_size as usize),
+        _ => query
+            .blocks(block_size)
+            .map(Cow::into_owned)
+            .unwrap_or_default(),
     };
     // Fingerprint once: the walk and the speculation read the same blocks.
     let query = &RouteQuery {
@@ -379,7 +424,7 @@ pub fn route_ranked(
     let replicas = match scoring.pool {
         Some(pool) => pool.to_vec(),
         None => index.replicas_in(
-            query.scope,
+            &replica_scope,
             query.candidates,
             Some(now_ms.saturating_sub(stale_ms)),
         ),

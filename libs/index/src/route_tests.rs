@@ -66,6 +66,7 @@ impl Fleet {
             scope: &scope,
             key: RouteKey::Blocks(blocks),
             candidates: None,
+            extras: None,
         };
         route_ranked(
             &self.index,

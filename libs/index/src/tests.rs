@@ -649,6 +649,7 @@ mod routing {
             scope: &s,
             key,
             candidates: None,
+            extras: None,
         };
         route(ix, &query, policy, 16, now_ms, deadline, |d| {
             let outcome = match d.outcome {
@@ -754,6 +755,7 @@ mod routing {
             scope: &other,
             key: blocks,
             candidates: None,
+            extras: None,
         };
         let unknown = route(
             &ix,

@@ -6,6 +6,7 @@
 //! defaults omitted), and SGLang ≤ 0.5.19 (short positional arrays, signed
 //! hashes). The outer batch is always the positional `[ts, events, rank]`.
 
+use crate::extra::ExtraKey;
 use crate::wire::{BlockRemoved, BlockStored, KvEvent, Medium};
 
 /// Which engine release's encoding to produce.
@@ -58,7 +59,7 @@ fn vllm_array(w: &mut Writer, event: &KvEvent) {
             w.opt_i64(s.lora_id);
             w.str(medium_name(&s.medium));
             w.opt_str(s.lora_name.as_deref());
-            w.nil(); // extra_keys
+            w.extra_keys(s.extra_keys.as_deref());
             w.opt_u32(s.group_idx);
             w.opt_str(s.kv_cache_spec_kind.as_deref());
             w.nil(); // sliding window
@@ -85,7 +86,8 @@ fn vllm_map(w: &mut Writer, event: &KvEvent) {
     match event {
         KvEvent::BlockStored(s) => {
             let optional = usize::from(s.group_idx.is_some_and(|g| g != 0))
-                + usize::from(s.kv_cache_spec_kind.is_some());
+                + usize::from(s.kv_cache_spec_kind.is_some())
+                + usize::from(s.extra_keys.is_some());
             w.map(8 + optional);
             w.str("type");
             w.str("BlockStored");
@@ -103,6 +105,10 @@ fn vllm_map(w: &mut Writer, event: &KvEvent) {
             w.str(medium_name(&s.medium));
             w.str("lora_name");
             w.opt_str(s.lora_name.as_deref());
+            if let Some(keys) = &s.extra_keys {
+                w.str("extra_keys");
+                w.extra_keys(Some(keys));
+            }
             if let Some(g) = s.group_idx.filter(|g| *g != 0) {
                 w.str("group_idx");
                 w.uint(u64::from(g));
@@ -142,7 +148,8 @@ fn vllm_map(w: &mut Writer, event: &KvEvent) {
 fn sglang_array(w: &mut Writer, event: &KvEvent) {
     match event {
         KvEvent::BlockStored(s) => {
-            w.array(7);
+            // A salted store (0.5.18+) carries an eighth element.
+            w.array(if s.cache_salt.is_some() { 8 } else { 7 });
             w.str("BlockStored");
             w.hashes(&s.block_hashes, true);
             w.opt_hash(s.parent_block_hash, true);
@@ -150,6 +157,11 @@ fn sglang_array(w: &mut Writer, event: &KvEvent) {
             w.uint(u64::from(s.block_size));
             w.opt_i64(s.lora_id);
             w.str(medium_name(&s.medium));
+            if let Some(salt) = &s.cache_salt {
+                w.map(1);
+                w.str("cache_salt");
+                w.str(salt);
+            }
         }
         KvEvent::BlockRemoved(BlockRemoved {
             block_hashes,
@@ -191,6 +203,7 @@ pub fn gpu_store(
         group_idx: None,
         kv_cache_spec_kind: None,
         cache_salt: None,
+        extra_keys: None,
     })
 }
 
@@ -312,6 +325,40 @@ impl Writer {
         self.array(hs.len());
         for &h in hs {
             self.hash(h, signed);
+        }
+    }
+    fn bin(&mut self, b: &[u8]) {
+        if let Ok(n) = u8::try_from(b.len()) {
+            self.buf.extend_from_slice(&[0xc4, n]);
+        } else if let Ok(n) = u16::try_from(b.len()) {
+            self.buf.push(0xc5);
+            self.buf.extend_from_slice(&n.to_be_bytes());
+        } else {
+            self.buf.push(0xc6);
+            self.buf
+                .extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_be_bytes());
+        }
+        self.buf.extend_from_slice(b);
+    }
+    /// vLLM's per-block tuples: nil for a block without keys.
+    fn extra_keys(&mut self, keys: Option<&[Vec<ExtraKey>]>) {
+        let Some(blocks) = keys else {
+            return self.nil();
+        };
+        self.array(blocks.len());
+        for block in blocks {
+            if block.is_empty() {
+                self.nil();
+                continue;
+            }
+            self.array(block.len());
+            for key in block {
+                match key {
+                    ExtraKey::Adapter(s) | ExtraKey::Key(s) => self.str(s),
+                    ExtraKey::Digest(b) => self.bin(b),
+                    ExtraKey::Opaque(raw) => self.buf.extend_from_slice(raw),
+                }
+            }
         }
     }
     fn tokens(&mut self, ts: &[u32]) {

@@ -4,11 +4,13 @@
 //! * [`frames`] — the three-frame ZMQ message and the replay replies.
 //! * [`wire`] — msgpack payloads of every vLLM and SGLang release.
 //! * [`fingerprint`] — the documented content-fingerprint scheme.
+//! * [`extra`] — extra keys (adapter, multimodal items, salt) in it.
 //! * [`seq`] — per-stream sequence tracking (gaps, duplicates, restarts).
 //! * [`replica`] — one replica's block state, turning engine events into
 //!   exact index changes (tiers, refcounts, parent resolution).
 
 pub mod encode;
+pub mod extra;
 pub mod fingerprint;
 pub mod frames;
 mod msgpack;
@@ -16,6 +18,9 @@ pub mod replica;
 pub mod seq;
 pub mod wire;
 
+pub use extra::{
+    ExtraKey, MediaSpan, PromptExtras, keyed_block_fingerprint, keyed_chain_fingerprints,
+};
 pub use fingerprint::{Fingerprint, block_fingerprint, chain_fingerprints};
 pub use replica::{ApplyStats, IndexChange, ReplicaConfig, ReplicaState, Tier};
 pub use seq::{SeqEvent, SeqTracker};

@@ -62,6 +62,19 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
+    /// A cursor over the same buffer at byte `pos` of it.
+    pub(crate) fn at(other: &Self, pos: usize) -> Self {
+        Self {
+            buf: other.buf,
+            pos: pos.min(other.buf.len()),
+        }
+    }
+
+    /// The bytes read since `start`.
+    pub(crate) fn since(&self, start: usize) -> &'a [u8] {
+        &self.buf[start.min(self.pos)..self.pos]
+    }
+
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }

@@ -16,8 +16,13 @@
 //! * duplicate stores and removes are refcounted per medium class, so the
 //!   index sees one transition, not one per duplicate.
 //!
-//! Blocks stored for a LoRA adapter are skipped (and counted) for now: the
-//! index keys adapters apart, which needs the adapter carried per change.
+//! A block's fingerprint covers its extra keys (see [`crate::extra`]): the
+//! LoRA adapter it was stored under (`lora_name`, else `lora_id` in
+//! decimal), vLLM's per-block `extra_keys` and SGLang's `cache_salt`, so
+//! adapters, images and salts each get their own fingerprint domain and
+//! never match a lookup that lacks them. At most
+//! [`ReplicaConfig::max_adapters`] adapters are held at once; blocks of
+//! further adapters are skipped and counted.
 //!
 //! Blocks whose parent is unknown (the subscriber joined mid-stream, or
 //! batches were lost) cannot be fingerprinted: their content hash depends on
@@ -31,8 +36,10 @@
 //! but remembered, and reported again if the missing block is stored anew.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
-use crate::fingerprint::{Fingerprint, block_fingerprint};
+use crate::extra::{ExtraKey, canonicalize, keyed_block_fingerprint};
+use crate::fingerprint::Fingerprint;
 use crate::wire::{BlockRemoved, BlockStored, DecodedBatch, EngineHash, KvEvent};
 
 /// Cache tier of a block on a replica.
@@ -85,6 +92,8 @@ pub struct ReplicaConfig {
     pub ignore_block_removed: bool,
     /// Most blocks remembered; beyond it the oldest T2-only blocks are evicted.
     pub max_blocks: usize,
+    /// Most LoRA adapters with blocks held at once.
+    pub max_adapters: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -92,6 +101,7 @@ impl Default for ReplicaConfig {
         Self {
             ignore_block_removed: false,
             max_blocks: 4_000_000,
+            max_adapters: 64,
         }
     }
 }
@@ -121,9 +131,11 @@ pub struct ApplyStats {
     pub unknown_events: u64,
     /// T2-only blocks dropped to stay within `max_blocks`.
     pub capacity_evictions: u64,
-    /// Blocks stored for a LoRA adapter, not indexed yet: their content
-    /// fingerprint would collide with the base model's.
+    /// Blocks of a LoRA adapter skipped because `max_adapters` other
+    /// adapters already have blocks held.
     pub adapter_blocks_skipped: u64,
+    /// Store events whose `extra_keys` do not have one entry per block.
+    pub extra_keys_mismatches: u64,
     /// Blocks withdrawn from the index because a block before them left
     /// (they stay remembered, and return if it is stored again).
     pub unrooted_blocks: u64,
@@ -148,6 +160,8 @@ struct Block {
     /// Generation stamp of the retention, to match `retained_order` entries.
     retained_gen: u64,
     at_ms: i64,
+    /// The LoRA adapter it was stored under.
+    adapter: Option<Arc<str>>,
 }
 
 impl Block {
@@ -195,6 +209,8 @@ pub struct ReplicaState {
     orphaned: HashMap<EngineHash, u32>,
     /// The current event stored a block some held blocks were missing.
     reparented: bool,
+    /// Blocks held per LoRA adapter.
+    adapters: HashMap<Arc<str>, u64>,
 }
 
 /// Accumulates consecutive stored blocks into one [`IndexChange::Stored`].
@@ -232,6 +248,12 @@ impl ReplicaState {
         self.missing_parents.clear();
         self.orphaned.clear();
         self.reparented = false;
+        self.adapters.clear();
+    }
+
+    /// Blocks held per LoRA adapter (adapters with none held are absent).
+    pub fn adapters(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.adapters.iter().map(|(name, n)| (&**name, *n))
     }
 
     /// The fingerprint and tier the index should hold for an engine hash.
@@ -295,6 +317,14 @@ impl ReplicaState {
         }
         if block.children > 0 {
             self.orphaned.insert(hash, block.children);
+        }
+        if let Some(adapter) = &block.adapter
+            && let Some(n) = self.adapters.get_mut(adapter)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.adapters.remove(adapter);
+            }
         }
         Some(block)
     }
@@ -377,8 +407,12 @@ impl ReplicaState {
             return;
         }
         let n = ev.block_hashes.len();
-        if ev.lora_id.is_some() || ev.lora_name.is_some() {
+        let Some(adapter) = self.adapter_of(ev) else {
             stats.adapter_blocks_skipped += n as u64;
+            return;
+        };
+        if ev.extra_keys.as_ref().is_some_and(|k| k.len() != n) {
+            stats.extra_keys_mismatches += 1;
             return;
         }
         let block_size = ev.block_size as usize;
@@ -415,7 +449,11 @@ impl ReplicaState {
                     continue;
                 }
                 let tokens = &ev.token_ids[i * block_size..(i + 1) * block_size];
-                let fingerprint = block_fingerprint(parent, tokens);
+                let keys = block_keys(ev, adapter.as_deref(), i, depth);
+                let fingerprint = keyed_block_fingerprint(parent, tokens, &keys);
+                if let Some(adapter) = &adapter {
+                    *self.adapters.entry(adapter.clone()).or_default() += 1;
+                }
                 if let Some(p) = parent_hash.and_then(|p| self.blocks.get_mut(&p)) {
                     p.children += 1;
                 }
@@ -437,6 +475,7 @@ impl ReplicaState {
                         retained: false,
                         retained_gen: 0,
                         at_ms,
+                        adapter: adapter.clone(),
                     },
                 );
             }
@@ -494,6 +533,25 @@ impl ReplicaState {
             }
         }
         flush(&mut run, at_ms, out);
+    }
+
+    /// The adapter a store is under: `Some(None)` for the base model,
+    /// `None` when it is a new adapter beyond `max_adapters`.
+    fn adapter_of(&self, ev: &BlockStored) -> Option<Option<Arc<str>>> {
+        let name: Option<Arc<str>> = match (&ev.lora_name, ev.lora_id) {
+            (Some(name), _) => Some(name.as_str().into()),
+            (None, Some(id)) => Some(id.to_string().into()),
+            (None, None) => None,
+        };
+        match name {
+            Some(name)
+                if !self.adapters.contains_key(&name)
+                    && self.adapters.len() >= self.config.max_adapters =>
+            {
+                None
+            }
+            name => Some(name),
+        }
     }
 
     fn remove(
@@ -638,6 +696,30 @@ impl ReplicaState {
         }
         push_evicted(out, evicted, at_ms);
     }
+}
+
+/// The canonical extra keys of block `i` of a store at prompt depth
+/// `depth`: the adapter, vLLM's keys for the block (without the adapter
+/// name vLLM repeats first) and SGLang's salt on a prompt's first block.
+fn block_keys(ev: &BlockStored, adapter: Option<&str>, i: usize, depth: u32) -> Vec<ExtraKey> {
+    let mut keys = Vec::new();
+    if let Some(adapter) = adapter {
+        keys.push(ExtraKey::Adapter(adapter.to_owned()));
+    }
+    if let Some(engine_keys) = ev.extra_keys.as_ref().and_then(|k| k.get(i)) {
+        let skip = usize::from(matches!(
+            (engine_keys.first(), &ev.lora_name),
+            (Some(ExtraKey::Key(first)), Some(name)) if first == name
+        ));
+        keys.extend(engine_keys[skip..].iter().cloned());
+    }
+    if depth == 0
+        && let Some(salt) = ev.cache_salt.as_deref().filter(|s| !s.is_empty())
+    {
+        keys.push(ExtraKey::Key(salt.to_owned()));
+    }
+    canonicalize(&mut keys);
+    keys
 }
 
 /// Reports `fingerprints` gone, when there are any.

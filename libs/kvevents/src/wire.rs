@@ -11,6 +11,7 @@
 //! returned in [`DecodedBatch::rejected`] so the caller can count it.
 
 use crate::WireError;
+use crate::extra::ExtraKey;
 use crate::msgpack::{Item, Reader};
 
 /// An engine's opaque block hash, normalised to 64 bits.
@@ -91,8 +92,11 @@ pub struct BlockStored {
     pub group_idx: Option<u32>,
     /// KV cache spec kind of the group (`full_attention`, `sliding_window`, …).
     pub kv_cache_spec_kind: Option<String>,
-    /// Salt SGLang 0.5.18–0.5.19 attaches to salted stores.
+    /// Salt SGLang attaches to salted stores (0.5.18+).
     pub cache_salt: Option<String>,
+    /// vLLM's per-block extra hash keys (0.17+), one entry per block (empty
+    /// for a block without any); `None` when the event has none.
+    pub extra_keys: Option<Vec<Vec<ExtraKey>>>,
 }
 
 /// `BlockRemoved`.
@@ -236,6 +240,7 @@ enum Field {
     GroupIdx,
     KvCacheSpecKind,
     CacheSalt,
+    ExtraKeys,
     Ignored,
 }
 
@@ -247,7 +252,7 @@ const STORED_LAYOUT: [Field; 10] = [
     Field::LoraId,
     Field::Medium,
     Field::LoraNameOrSalt,
-    Field::Ignored, // extra_keys
+    Field::ExtraKeys,
     Field::GroupIdx,
     Field::KvCacheSpecKind,
 ];
@@ -266,6 +271,7 @@ struct Fields {
     group_idx: Option<u32>,
     kv_cache_spec_kind: Option<String>,
     cache_salt: Option<String>,
+    extra_keys: Option<Vec<Vec<ExtraKey>>>,
 }
 
 /// The tag, or the unknown class name.
@@ -322,6 +328,7 @@ fn decode_event(r: &mut Reader<'_>) -> Result<KvEvent, WireError> {
                     Item::Str(b"group_idx") => Field::GroupIdx,
                     Item::Str(b"kv_cache_spec_kind") => Field::KvCacheSpecKind,
                     Item::Str(b"cache_salt") => Field::CacheSalt,
+                    Item::Str(b"extra_keys") => Field::ExtraKeys,
                     Item::Str(_) => Field::Ignored,
                     _ => {
                         // A non-string key (never sent by engines): skip it
@@ -355,6 +362,7 @@ fn build_event(tag: Result<Tag, String>, f: Fields) -> Result<KvEvent, WireError
             group_idx: f.group_idx,
             kv_cache_spec_kind: f.kv_cache_spec_kind,
             cache_salt: f.cache_salt,
+            extra_keys: f.extra_keys,
         })),
         Ok(Tag::Removed) => Ok(KvEvent::BlockRemoved(BlockRemoved {
             block_hashes: f
@@ -394,9 +402,69 @@ fn read_field(r: &mut Reader<'_>, field: Field, f: &mut Fields) -> Result<(), Wi
                 f.lora_name = read_opt_str(r, "lora_name")?;
             }
         }
+        Field::ExtraKeys => f.extra_keys = read_extra_keys(r)?,
         Field::Ignored => r.skip()?,
     }
     Ok(())
+}
+
+/// vLLM's `extra_keys`: nil, or one entry per block, each nil or a tuple
+/// of keys. Strings are adapter names, multimodal identifiers or the salt;
+/// `[identifier, offset]` pairs (vLLM 0.19+) are multimodal items whose
+/// offset is dropped (see [`crate::extra`]); binaries are digests; anything
+/// else is kept as its bytes.
+fn read_extra_keys(r: &mut Reader<'_>) -> Result<Option<Vec<Vec<ExtraKey>>>, WireError> {
+    let blocks = match r.next()? {
+        Item::Nil => return Ok(None),
+        Item::Array(n) => n,
+        other => return Err(WireError::type_mismatch("extra_keys", "array", other)),
+    };
+    let mut out = Vec::with_capacity(blocks.min(r.remaining()));
+    for _ in 0..blocks {
+        let start = r.position();
+        let keys = match r.next()? {
+            Item::Nil => Vec::new(),
+            Item::Array(n) => {
+                let mut keys = Vec::with_capacity(n.min(r.remaining()));
+                for _ in 0..n {
+                    keys.push(read_extra_key(r)?);
+                }
+                keys
+            }
+            _ => {
+                *r = Reader::at(r, start);
+                vec![read_extra_key(r)?]
+            }
+        };
+        out.push(keys);
+    }
+    Ok(Some(out))
+}
+
+fn read_extra_key(r: &mut Reader<'_>) -> Result<ExtraKey, WireError> {
+    let start = r.position();
+    let mut probe = r.clone();
+    let key = match probe.next()? {
+        Item::Str(s) => std::str::from_utf8(s)
+            .map(|s| ExtraKey::Key(s.to_owned()))
+            .map_err(|_| WireError::InvalidUtf8("extra_keys"))?,
+        Item::Bin(b) => ExtraKey::Digest(b.to_vec()),
+        Item::Array(2) => match (probe.next()?, probe.next()?) {
+            (Item::Str(s), Item::UInt(_) | Item::NegInt(_)) => std::str::from_utf8(s)
+                .map(|s| ExtraKey::Key(s.to_owned()))
+                .map_err(|_| WireError::InvalidUtf8("extra_keys"))?,
+            _ => {
+                r.skip()?;
+                return Ok(ExtraKey::Opaque(r.since(start).to_vec()));
+            }
+        },
+        _ => {
+            r.skip()?;
+            return Ok(ExtraKey::Opaque(r.since(start).to_vec()));
+        }
+    };
+    *r = probe;
+    Ok(key)
 }
 
 fn hash_of(item: Item<'_>, field: &'static str) -> Result<EngineHash, WireError> {

@@ -53,6 +53,7 @@ async fn lookup(server: &common::IndexServer) -> pb::LookupRouteResponse {
             )),
             candidate_replicas: vec![],
             observe_only: false,
+            ..Default::default()
         })
         .await
         .unwrap()

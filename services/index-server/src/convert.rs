@@ -1,6 +1,7 @@
 //! Wire ↔ index vocabulary.
 
 use ic_index::{HashScheme, Scope};
+use ic_kvevents::{ExtraKey, MediaSpan, PromptExtras};
 use ic_proto::index_v1 as pb;
 
 /// Tenant of the functional probe's synthetic replicas: not a namespace
@@ -48,6 +49,94 @@ pub(crate) fn checked_scope(
         hash_scheme,
         adapter: scope.adapter.clone(),
     })
+}
+
+/// Most multimodal items, and most per-block key entries, in one lookup.
+pub const MAX_EXTRA_ENTRIES: usize = 1 << 16;
+/// Longest identifier, salt or key, in bytes.
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// A lookup's extra keys, validated; `None` when it has none. They only
+/// apply to token keys: fingerprints sent by the gateway already have them.
+pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtras>, String> {
+    use pb::lookup_route_request::Key;
+    let any =
+        !req.cache_salt.is_empty() || !req.media.is_empty() || !req.block_extra_keys.is_empty();
+    if !any {
+        return Ok(None);
+    }
+    if matches!(req.key, Some(Key::PrefixHash(_) | Key::BlockHashes(_))) {
+        let field = if !req.cache_salt.is_empty() {
+            "cache_salt"
+        } else if !req.media.is_empty() {
+            "media"
+        } else {
+            "block_extra_keys"
+        };
+        return Err(format!(
+            "{field}: only with token_ids or prompt_text (prefix_hash and block_hashes are \
+             fingerprints, computed with the extra keys already; see docs/fingerprints.md)"
+        ));
+    }
+    let bounded = |field: String, s: &str| {
+        if s.len() > MAX_KEY_BYTES {
+            Err(format!("{field}: longer than {MAX_KEY_BYTES} bytes"))
+        } else {
+            Ok(())
+        }
+    };
+    bounded("cache_salt".into(), &req.cache_salt)?;
+    if req.media.len() > MAX_EXTRA_ENTRIES {
+        return Err(format!("media: at most {MAX_EXTRA_ENTRIES} items"));
+    }
+    let mut media = Vec::with_capacity(req.media.len());
+    for (i, m) in req.media.iter().enumerate() {
+        if m.identifier.is_empty() {
+            return Err(format!("media[{i}].identifier: required"));
+        }
+        bounded(format!("media[{i}].identifier"), &m.identifier)?;
+        if m.length == 0 {
+            return Err(format!("media[{i}].length: must be at least 1"));
+        }
+        media.push(MediaSpan {
+            identifier: m.identifier.clone(),
+            offset: u64::from(m.offset),
+            length: u64::from(m.length),
+        });
+    }
+    if req.block_extra_keys.len() > MAX_EXTRA_ENTRIES {
+        return Err(format!(
+            "block_extra_keys: at most {MAX_EXTRA_ENTRIES} blocks"
+        ));
+    }
+    let mut per_block = Vec::with_capacity(req.block_extra_keys.len());
+    for (i, block) in req.block_extra_keys.iter().enumerate() {
+        let mut keys = Vec::with_capacity(block.keys.len());
+        for (j, key) in block.keys.iter().enumerate() {
+            use pb::extra_key_value::Kind;
+            let field = format!("block_extra_keys[{i}].keys[{j}]");
+            keys.push(match &key.kind {
+                Some(Kind::Key(s)) => {
+                    bounded(field, s)?;
+                    ExtraKey::Key(s.clone())
+                }
+                Some(Kind::Digest(b)) => {
+                    if b.len() > MAX_KEY_BYTES {
+                        return Err(format!("{field}.digest: longer than {MAX_KEY_BYTES} bytes"));
+                    }
+                    ExtraKey::Digest(b.clone())
+                }
+                None => return Err(format!("{field}: one of key, digest is required")),
+            });
+        }
+        per_block.push(keys);
+    }
+    Ok(Some(PromptExtras {
+        adapter: String::new(),
+        media,
+        cache_salt: req.cache_salt.clone(),
+        per_block,
+    }))
 }
 
 /// Whether `s` is a valid namespace name (an RFC 1123 label). Tenants are

@@ -276,7 +276,11 @@ impl EndpointPicker {
     /// The pool as scored: each endpoint under its index replica's key, or
     /// under its address when the index has not heard from it.
     fn scored_pool(&self, scope: &Scope, eligible: &[String]) -> Vec<(ReplicaKey, String)> {
-        let known = self.server.index.replicas_in(scope, None, None);
+        let base = Scope {
+            adapter: String::new(),
+            ..scope.clone()
+        };
+        let known = self.server.index.replicas_in(&base, None, None);
         eligible
             .iter()
             .map(|address| {
@@ -294,13 +298,41 @@ impl EndpointPicker {
             .collect()
     }
 
+    /// The index scope of a request for `model`. vLLM serves each LoRA
+    /// adapter under its own model name: a name the index has no replicas
+    /// for, while the pool's endpoints report a base model, is an adapter
+    /// of that base model.
+    fn scope_of(&self, model: String, eligible: &[String]) -> Scope {
+        let scope = Scope {
+            tenant: self.pool.tenant.clone(),
+            model,
+            hash_scheme: self.pool.hash_scheme,
+            adapter: String::new(),
+        };
+        let index = &self.server.index;
+        if scope.model.is_empty() || index.block_size(&scope).is_some() {
+            return scope;
+        }
+        let base = eligible
+            .iter()
+            .find_map(|address| index.scope_at(&scope.tenant, scope.hash_scheme, address));
+        match base {
+            Some(base) if base.model != scope.model => Scope {
+                adapter: scope.model,
+                ..base
+            },
+            _ => scope,
+        }
+    }
+
     /// Token ids of the prompt as the engine will hash them.
-    fn tokens(&self, request: &InferenceRequest) -> Option<Vec<u32>> {
+    /// (An adapter shares its base `model`'s tokenizer.)
+    fn tokens(&self, model: &str, request: &InferenceRequest) -> Option<Vec<u32>> {
         let tokenizers = &self.server.tokenizers;
         let result = match request.prompt.as_ref()? {
             Prompt::Tokens(ids) => Ok(ids.clone()),
-            Prompt::Text(text) => tokenizers.encode(&request.model, text),
-            Prompt::Chat(messages) => tokenizers.encode_chat(&request.model, messages),
+            Prompt::Text(text) => tokenizers.encode(model, text),
+            Prompt::Chat(messages) => tokenizers.encode_chat(model, messages),
         };
         result
             .map_err(|error| {
@@ -330,12 +362,7 @@ impl EndpointPicker {
         let model = request
             .as_ref()
             .map_or_else(String::new, |r| r.model.clone());
-        let scope = Scope {
-            tenant: self.pool.tenant.clone(),
-            model,
-            hash_scheme: self.pool.hash_scheme,
-            adapter: String::new(),
-        };
+        let scope = self.scope_of(model, &eligible);
         let pool = self.scored_pool(&scope, &eligible);
         let now_ms = ic_clock::unix_ms();
         if let Some(limit) = self.pool.shed_at_requests {
@@ -348,16 +375,24 @@ impl EndpointPicker {
                 )));
             }
         }
-        let tokens = request.as_ref().and_then(|r| self.tokens(r));
+        let tokens = request.as_ref().and_then(|r| self.tokens(&scope.model, r));
         let routing = &self.server.routing;
         let (best, blocks): (Option<Scored>, Vec<u64>) = match &tokens {
             Some(tokens) => {
                 let policy = self.server.policies.read().get(&scope.tenant);
                 let deadline = crate::grpc::Until(started + policy.lookup_timeout);
+                let extras = request
+                    .as_ref()
+                    .filter(|r| !r.cache_salt.is_empty())
+                    .map(|r| ic_kvevents::PromptExtras {
+                        cache_salt: r.cache_salt.clone(),
+                        ..Default::default()
+                    });
                 let query = RouteQuery {
                     scope: &scope,
                     key: RouteKey::Tokens(tokens),
                     candidates: None,
+                    extras: extras.as_ref(),
                 };
                 let ranked = routing.decide(
                     &self.server.index,

@@ -151,6 +151,7 @@ impl IndexServer {
         }
         let policy = self.policies.read().get(&scope.tenant);
         let deadline = Until(started + policy.lookup_timeout);
+        let extras = crate::convert::extras_from_pb(req).map_err(Status::invalid_argument)?;
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
             .then(|| req.candidate_replicas.iter().cloned().collect());
         use pb::lookup_route_request::Key;
@@ -196,6 +197,7 @@ impl IndexServer {
             scope: &scope,
             key,
             candidates: candidates.as_ref(),
+            extras: extras.as_ref(),
         };
         let now_ms = ic_clock::unix_ms();
         let decision = self.routing.decide(

@@ -91,6 +91,7 @@ impl LlmdIndexer {
             scope: &scope,
             key: RouteKey::Tokens(&tokens),
             candidates: None,
+            extras: None,
         };
         let now_ms = ic_clock::unix_ms();
         let matches: Result<Vec<Candidate>, ic_index::route::NoHintReason> = route(

@@ -30,6 +30,9 @@ pub struct InferenceRequest {
     /// their content is hashed into the engine's blocks in a way the index
     /// cannot reproduce yet, so such requests are routed by load alone.
     pub prompt: Option<Prompt>,
+    /// The request's `cache_salt` (vLLM and SGLang): its blocks are
+    /// fingerprinted in the salt's domain. Empty for none.
+    pub cache_salt: String,
 }
 
 /// Why a body could not be read.
@@ -164,7 +167,16 @@ pub fn parse(path: &str, body: &[u8]) -> Result<InferenceRequest, BodyError> {
     } else {
         return Err(BodyError::Unsupported(path.to_owned()));
     };
-    Ok(InferenceRequest { model, prompt })
+    let cache_salt = match &value["cache_salt"] {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        _ => return Err(field("cache_salt", "expected a string")),
+    };
+    Ok(InferenceRequest {
+        model,
+        prompt,
+        cache_salt,
+    })
 }
 
 #[cfg(test)]

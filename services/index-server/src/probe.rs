@@ -287,6 +287,7 @@ impl Prober {
             candidate_replicas: vec![],
             // The probe's own lookups must not count as routed requests.
             observe_only: true,
+            ..Default::default()
         };
         let response = match self.server.lookup_in(scope.clone(), &request) {
             Ok(r) => r,

@@ -73,6 +73,7 @@ fn request(key: Key) -> pb::LookupRouteRequest {
         key: Some(key),
         candidate_replicas: vec![],
         observe_only: false,
+        ..Default::default()
     }
 }
 

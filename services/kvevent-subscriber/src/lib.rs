@@ -141,6 +141,11 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
     pub max_blocks: usize,
 
+    /// LoRA adapters with blocks held at once per DP rank; blocks of further
+    /// adapters are skipped (`adapter_blocks_skipped_total`).
+    #[arg(long, env = "IC_MAX_ADAPTERS", default_value_t = 64)]
+    pub max_adapters: usize,
+
     /// Transport to the index.
     #[arg(long, env = "IC_TRANSPORT", value_enum, default_value_t = TransportArg::Grpc)]
     pub transport: TransportArg,
@@ -177,6 +182,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ReplicaConfig {
             ignore_block_removed: config.ignore_block_removed,
             max_blocks: config.max_blocks,
+            max_adapters: config.max_adapters,
         },
     )));
     let notify = Arc::new(Notify::new());

@@ -275,12 +275,14 @@ fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {
         m.events.get_or_create(&KindLabel { kind }).inc();
     }
     let mut stats = ApplyStats::default();
-    let (dropped, queued, blocks) = {
+    let (dropped, queued, blocks, adapters) = {
         let mut outbox = lock(&ctx.outbox);
         let dropped = outbox.apply(rank, &batch, &mut stats);
-        (dropped, outbox.queued(), outbox.blocks())
+        let adapters = outbox.adapters();
+        (dropped, outbox.queued(), outbox.blocks(), adapters)
     };
     m.record_apply(&stats);
+    m.record_adapters(&adapters);
     if dropped > 0 {
         m.queue_dropped.inc_by(dropped as u64);
     }

@@ -24,6 +24,13 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// An `adapter` label: a LoRA adapter's name (bounded by --max-adapters).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdapterLabel {
+    /// The adapter.
+    pub adapter: String,
+}
+
 /// Every metric the subscriber exports.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -81,8 +88,12 @@ pub struct Metrics {
     pub capacity_evictions: Counter,
     /// Engine metrics scrapes that failed.
     pub tier2_scrape_failures: Counter,
-    /// LoRA-adapter blocks not indexed.
+    /// LoRA-adapter blocks not indexed: more adapters than --max-adapters.
     pub adapter_blocks_skipped: Counter,
+    /// Blocks held per LoRA adapter.
+    pub adapter_blocks: Family<AdapterLabel, Gauge>,
+    /// Stores whose extra keys did not have one entry per block.
+    pub extra_keys_mismatches: Counter,
     /// Blocks withdrawn from the index because a block before them left.
     pub unrooted_blocks: Counter,
     /// The engine's tier-2 (external prefix cache) queries, mirrored from
@@ -227,8 +238,18 @@ impl Metrics {
         );
         r.register(
             "adapter_blocks_skipped",
-            "LoRA-adapter blocks not indexed",
+            "LoRA-adapter blocks not indexed because --max-adapters other adapters hold blocks",
             self.adapter_blocks_skipped.clone(),
+        );
+        r.register(
+            "adapter_blocks",
+            "Blocks held per LoRA adapter (indexed in the adapter's fingerprint domain)",
+            self.adapter_blocks.clone(),
+        );
+        r.register(
+            "extra_keys_mismatches",
+            "Stores whose extra_keys do not have one entry per block",
+            self.extra_keys_mismatches.clone(),
         );
         r.register(
             "unrooted_blocks",
@@ -275,7 +296,20 @@ impl Metrics {
         self.token_count_mismatches.inc_by(s.token_count_mismatches);
         self.capacity_evictions.inc_by(s.capacity_evictions);
         self.adapter_blocks_skipped.inc_by(s.adapter_blocks_skipped);
+        self.extra_keys_mismatches.inc_by(s.extra_keys_mismatches);
         self.unrooted_blocks.inc_by(s.unrooted_blocks);
+    }
+
+    /// Sets the per-adapter gauges to `held`, dropping adapters gone since.
+    pub fn record_adapters(&self, held: &std::collections::BTreeMap<String, u64>) {
+        self.adapter_blocks.clear();
+        for (adapter, n) in held {
+            self.adapter_blocks
+                .get_or_create(&AdapterLabel {
+                    adapter: adapter.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Counts a failure by reason.

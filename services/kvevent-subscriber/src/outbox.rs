@@ -96,6 +96,17 @@ impl Outbox {
         self.ranks.iter().map(|r| r.replica.len()).sum()
     }
 
+    /// Blocks held per LoRA adapter, summed over the ranks.
+    pub fn adapters(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for rank in &self.ranks {
+            for (name, n) in rank.replica.adapters() {
+                *out.entry(name.to_owned()).or_default() += n;
+            }
+        }
+        out
+    }
+
     /// Applies a decoded batch to `rank` and queues the resulting changes.
     /// Returns how many queued changes had to be dropped to make room.
     pub fn apply(&mut self, rank: u32, batch: &DecodedBatch, stats: &mut ApplyStats) -> usize {
@@ -195,6 +206,7 @@ mod tests {
                 group_idx: None,
                 kv_cache_spec_kind: None,
                 cache_salt: None,
+                extra_keys: None,
             })],
             ..DecodedBatch::default()
         }

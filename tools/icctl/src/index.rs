@@ -60,6 +60,7 @@ pub fn request(l: &Lookup) -> anyhow::Result<pb::LookupRouteRequest> {
         candidate_replicas: l.candidates.clone(),
         // An operator's question, not a routed request.
         observe_only: true,
+        ..Default::default()
     })
 }
 

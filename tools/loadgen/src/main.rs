@@ -343,6 +343,7 @@ async fn main() -> anyhow::Result<()> {
                     )),
                     candidate_replicas: vec![],
                     observe_only: false,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner();

@@ -427,6 +427,7 @@ pub async fn run_routed(
                 )),
                 candidate_replicas: Vec::new(),
                 observe_only: false,
+                ..Default::default()
             })
             .await?
             .into_inner();

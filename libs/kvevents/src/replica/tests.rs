@@ -3,6 +3,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::extra::{PromptExtras, keyed_chain_fingerprints};
 use crate::fingerprint::chain_fingerprints;
 use crate::wire::Medium;
 
@@ -24,6 +25,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, medium: Medium) -> KvEvent {
         group_idx: None,
         kv_cache_spec_kind: None,
         cache_salt: None,
+        extra_keys: None,
     })
 }
 
@@ -50,6 +52,7 @@ impl Harness {
             state: ReplicaState::new(ReplicaConfig {
                 ignore_block_removed,
                 max_blocks: 1_000,
+                ..ReplicaConfig::default()
             }),
             stats: ApplyStats::default(),
         }
@@ -182,6 +185,7 @@ fn contentless_offload_stores_map_through_known_hashes() {
             group_idx: None,
             kv_cache_spec_kind: None,
             cache_salt: None,
+            extra_keys: None,
         })
     };
     assert!(h.apply(contentless(1)).is_empty());
@@ -220,17 +224,139 @@ fn non_main_attention_groups_are_ignored() {
     assert_eq!(h.stats.non_main_attention_events, 2);
 }
 
+fn stored_fps(changes: &[IndexChange]) -> Vec<u64> {
+    changes
+        .iter()
+        .flat_map(|c| match c {
+            IndexChange::Stored { fingerprints, .. } => fingerprints.clone(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn tokens_of(hashes: &[u64]) -> Vec<u32> {
+    hashes.iter().flat_map(|&h| tokens(h)).collect()
+}
+
 #[test]
-fn adapter_blocks_are_skipped_and_counted() {
+fn adapter_blocks_are_fingerprinted_in_the_adapters_domain() {
     let mut h = Harness::new(false);
     let mut ev = stored(&[1, 2], None, Medium::Gpu);
     if let KvEvent::BlockStored(s) = &mut ev {
         s.lora_name = Some("sql-lora".into());
         s.lora_id = Some(3);
+        // vLLM 0.17+ repeats the adapter's name first in every block's keys.
+        s.extra_keys = Some(vec![
+            vec![ExtraKey::Key("sql-lora".into())],
+            vec![ExtraKey::Key("sql-lora".into())],
+        ]);
+    }
+    let tokens = tokens_of(&[1, 2]);
+    let lora = PromptExtras {
+        adapter: "sql-lora".into(),
+        ..PromptExtras::default()
+    };
+    assert_eq!(
+        stored_fps(&h.apply(ev)),
+        keyed_chain_fingerprints(&tokens, BS as usize, &lora)
+    );
+    assert_ne!(
+        keyed_chain_fingerprints(&tokens, BS as usize, &lora),
+        chain_fingerprints(None, &tokens, BS as usize)
+    );
+    assert_eq!(h.state.adapters().collect::<Vec<_>>(), [("sql-lora", 2)]);
+    // Only an id (no name): the adapter is named by the id in decimal.
+    let mut ev = stored(&[10], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.lora_id = Some(7);
+    }
+    let by_id = PromptExtras {
+        adapter: "7".into(),
+        ..PromptExtras::default()
+    };
+    assert_eq!(
+        stored_fps(&h.apply(ev)),
+        keyed_chain_fingerprints(&tokens_of(&[10]), BS as usize, &by_id)
+    );
+    h.apply(removed(&[1, 2], Medium::Gpu));
+    assert_eq!(h.state.adapters().collect::<Vec<_>>(), [("7", 1)]);
+}
+
+#[test]
+fn adapters_beyond_the_bound_are_skipped_and_counted() {
+    let mut h = Harness {
+        state: ReplicaState::new(ReplicaConfig {
+            max_adapters: 1,
+            ..ReplicaConfig::default()
+        }),
+        stats: ApplyStats::default(),
+    };
+    let under = |hashes: &[u64], name: &str| {
+        let mut ev = stored(hashes, None, Medium::Gpu);
+        if let KvEvent::BlockStored(s) = &mut ev {
+            s.lora_name = Some(name.into());
+        }
+        ev
+    };
+    assert!(!h.apply(under(&[1], "a")).is_empty());
+    assert!(h.apply(under(&[2, 3], "b")).is_empty());
+    assert_eq!(h.stats.adapter_blocks_skipped, 2);
+    // Adapter a's blocks leave, so b fits now; the base model never counts.
+    h.apply(removed(&[1], Medium::Gpu));
+    assert!(!h.apply(under(&[2, 3], "b")).is_empty());
+    assert!(!h.apply(stored(&[20], None, Medium::Gpu)).is_empty());
+    assert_eq!(h.stats.adapter_blocks_skipped, 2);
+}
+
+#[test]
+fn extra_keys_and_salts_are_folded_into_the_fingerprint() {
+    let mut h = Harness::new(false);
+    let mut ev = stored(&[1, 2], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.extra_keys = Some(vec![
+            vec![ExtraKey::Key("img".into()), ExtraKey::Key("salt".into())],
+            vec![],
+        ]);
+    }
+    let tokens = tokens_of(&[1, 2]);
+    let extras = PromptExtras {
+        media: vec![crate::MediaSpan {
+            identifier: "img".into(),
+            offset: 1,
+            length: 2,
+        }],
+        cache_salt: "salt".into(),
+        ..PromptExtras::default()
+    };
+    assert_eq!(
+        stored_fps(&h.apply(ev)),
+        keyed_chain_fingerprints(&tokens, BS as usize, &extras)
+    );
+    // SGLang's salted store: the salt lands on the prompt's first block
+    // only, and every later block inherits it through its parent.
+    let mut h = Harness::new(false);
+    let mut ev = stored(&[1], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.cache_salt = Some("salt".into());
+    }
+    let mut next = stored(&[2], Some(1), Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut next {
+        s.cache_salt = Some("salt".into());
+    }
+    let salted = PromptExtras {
+        cache_salt: "salt".into(),
+        ..PromptExtras::default()
+    };
+    let mut got = stored_fps(&h.apply(ev));
+    got.extend(stored_fps(&h.apply(next)));
+    assert_eq!(got, keyed_chain_fingerprints(&tokens, BS as usize, &salted));
+    // A tuple per block is required: a short list rejects the event.
+    let mut ev = stored(&[5, 6], None, Medium::Gpu);
+    if let KvEvent::BlockStored(s) = &mut ev {
+        s.extra_keys = Some(vec![vec![]]);
     }
     assert!(h.apply(ev).is_empty());
-    assert_eq!(h.stats.adapter_blocks_skipped, 2);
-    assert!(h.state.is_empty());
+    assert_eq!(h.stats.extra_keys_mismatches, 1);
 }
 
 #[test]
@@ -327,6 +453,7 @@ fn capacity_evicts_oldest_retained_blocks() {
         state: ReplicaState::new(ReplicaConfig {
             ignore_block_removed: true,
             max_blocks: 2,
+            ..ReplicaConfig::default()
         }),
         stats: ApplyStats::default(),
     };
@@ -397,7 +524,7 @@ proptest! {
         offload in any::<bool>(),
         max_blocks in 3usize..20,
     ) {
-        let mut state = ReplicaState::new(ReplicaConfig { ignore_block_removed: offload, max_blocks });
+        let mut state = ReplicaState::new(ReplicaConfig { ignore_block_removed: offload, max_blocks, ..ReplicaConfig::default() });
         let mut stats = ApplyStats::default();
         let mut index = HashMap::new();
         for op in ops {
