@@ -136,6 +136,12 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_RECEIVE_ERRORS", default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_receive_errors: u32,
 
+    /// Largest forward sequence jump believed from one frame; a larger one
+    /// is refused (`batches_failed_total{reason="implausible_sequence"}`)
+    /// unless the next frame continues from it, which counts as a restart.
+    #[arg(long, env = "IC_MAX_SEQUENCE_JUMP", default_value_t = ic_kvevents::seq::DEFAULT_MAX_JUMP, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_sequence_jump: u64,
+
     /// Blocks remembered per DP rank; beyond it the oldest tier-2-only blocks
     /// are forgotten.
     #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
@@ -222,6 +228,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         notify: notify.clone(),
         metrics: metrics.clone(),
         max_receive_errors: config.max_receive_errors,
+        max_sequence_jump: config.max_sequence_jump,
     };
     for rank in 0..config.dp_ranks {
         let events = offset_endpoint(&config.engine_endpoint, rank).with_context(|| {

@@ -57,6 +57,8 @@ pub struct ListenerContext {
     pub metrics: Metrics,
     /// Consecutive receive errors before the socket is replaced.
     pub max_receive_errors: u32,
+    /// Largest forward sequence jump believed from one frame.
+    pub max_sequence_jump: u64,
 }
 
 /// Backoff after one receive error (the socket may be broken for good; a
@@ -67,7 +69,7 @@ const RECV_ERROR_BACKOFF: (Duration, Duration) =
 /// Runs one rank's listener until `shutdown`, reconnecting with backoff.
 pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut seq = SeqTracker::new();
+    let mut seq = SeqTracker::with_max_jump(ctx.max_sequence_jump);
     while !shutdown.is_cancelled() {
         let mut socket = zeromq::SubSocket::new();
         let connected = tokio::select! {
@@ -143,6 +145,17 @@ async fn handle(
         SeqEvent::Next => {}
         SeqEvent::Duplicate => {
             m.duplicate_batches.inc();
+            return;
+        }
+        SeqEvent::Implausible { last } => {
+            m.failed("implausible_sequence");
+            tracing::warn!(
+                rank = endpoints.rank,
+                last,
+                seq = message.seq,
+                max_jump = ctx.max_sequence_jump,
+                "sequence jumped too far ahead; frame refused unless the next one follows it"
+            );
             return;
         }
         SeqEvent::First => {

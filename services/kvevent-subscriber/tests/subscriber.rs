@@ -292,6 +292,60 @@ async fn an_engine_restart_clears_the_replica() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_frame_with_an_absurd_sequence_loses_nothing() {
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let sub = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    engine.wait_for_subscriber().await;
+    engine
+        .publish(&[gpu_store(vec![1, 2], None, tokens(0, 32), 16)])
+        .await;
+    let fps = prompt_fps(3);
+    wait_until(WAIT, "first batch", || {
+        index.tiers("engine-0", 0).len() == 2
+    })
+    .await;
+    // A forged (or corrupt) frame claiming sequence 2^62.
+    let payload = ic_kvevents::encode::encode_batch(
+        Era::VllmMap,
+        1.0,
+        &[gpu_store(vec![99], None, tokens(500, 16), 16)],
+        Some(0),
+    );
+    engine
+        .send_raw(vec![
+            bytes::Bytes::new(),
+            bytes::Bytes::copy_from_slice(&(1u64 << 62).to_be_bytes()),
+            payload.into(),
+        ])
+        .await;
+    engine
+        .publish(&[gpu_store(vec![3], Some(2), tokens(32, 16), 16)])
+        .await;
+    wait_until(WAIT, "the stream carries on", || {
+        index.tiers("engine-0", 0) == expect(&[(fps[0], T1), (fps[1], T1), (fps[2], T1)])
+    })
+    .await;
+    let failed = sub
+        .metric("inferencecache_subscriber_batches_failed_total{reason=\"implausible_sequence\"}")
+        .await;
+    assert_eq!(failed, 1.0);
+    for counter in [
+        "lost_batches_total",
+        "engine_resets_total",
+        "seq_gaps_total",
+    ] {
+        assert_eq!(
+            sub.metric(&format!("inferencecache_subscriber_{counter}"))
+                .await,
+            0.0,
+            "{counter}"
+        );
+    }
+    sub.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_counted_and_skipped_keeping_state() {
     let index = RecordingIndex::start().await;
     let mut engine = FakeEngine::start(Era::VllmMap, "").await;
