@@ -56,6 +56,7 @@ pub fn resync(replica: &Replica<'_>, events: Vec<pb::IndexEvent>) -> pb::IngestB
         tier2_stats: None,
         sent_at_unix_ms: 0,
         engine_load: None,
+        engine_cache: None,
     }
 }
 

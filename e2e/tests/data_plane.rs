@@ -417,3 +417,67 @@ async fn extra_keyed_blocks_match_only_lookups_with_the_same_keys() {
     assert!(sidecar.stop().success());
     assert!(server.stop().success());
 }
+
+/// The engine's KV cache size, scraped from its real Prometheus page by the
+/// subscriber, reaches the index server's /snapshot (which the controller
+/// copies into CacheIndex `replicas[].cacheMemoryBytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_cache_size_reaches_the_snapshot() {
+    // An SGLang 0.5.17+ page: two DP ranks of 1.5 GiB each.
+    let page = "# TYPE sglang:kv_cache_memory_usage_gb gauge\n\
+        sglang:kv_cache_memory_usage_gb{model_name=\"m\",dp_rank=\"0\"} 1.5\n\
+        sglang:kv_cache_memory_usage_gb{model_name=\"m\",dp_rank=\"1\"} 1.5\n\
+        sglang:max_total_num_tokens{model_name=\"m\"} 500000\n";
+    let app =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let mut server = ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+    );
+    let grpc = server.addr("grpc").to_string();
+    let http = server.admin_addr();
+    let mut engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+    let mut args = engine.subscriber_args(
+        &format!("http://{grpc}"),
+        "llama-0",
+        "team-a",
+        "meta-llama/Llama-3.1-8B",
+        "10.0.0.1:8000",
+    );
+    args.extend([
+        "--engine-metrics-url".to_owned(),
+        format!("http://{metrics_addr}/metrics"),
+        "--tier2-scrape-interval-seconds".to_owned(),
+        "1".to_owned(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut sidecar = ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args);
+    engine.wait_for_subscriber().await;
+    engine
+        .publish(&[gpu_store(vec![1], None, (0..16).collect(), 16)])
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let row = loop {
+        let (status, body) = ic_e2e::http_get(http, "/snapshot");
+        assert_eq!(status, 200, "{body}");
+        let snapshot: ic_api::snapshot::Snapshot = serde_json::from_str(&body).unwrap();
+        if let Some(row) = snapshot
+            .replicas
+            .into_iter()
+            .find(|r| r.cache_memory_bytes.is_some())
+        {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "no cache size in {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(row.replica_id, "llama-0");
+    assert_eq!(row.cache_memory_bytes, Some(3 << 30));
+    assert_eq!(row.cache_capacity_tokens, Some(500_000));
+    assert!(sidecar.stop().success());
+    assert!(server.stop().success());
+}

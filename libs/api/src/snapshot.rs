@@ -48,8 +48,13 @@ pub struct SnapshotReplica {
     pub last_event_at: Option<String>,
     /// Latest anything from the replica (RFC 3339).
     pub last_seen_at: String,
-    /// Engine KV memory, null until engines report it.
+    /// Engine KV memory in bytes, null when the engine does not export it
+    /// (the pod's total, on its rank-0 row).
     pub cache_memory_bytes: Option<u64>,
+    /// Tokens the engine's KV cache holds, null when not exported (the
+    /// pod's total, on its rank-0 row). Absent from older servers.
+    #[serde(default)]
+    pub cache_capacity_tokens: Option<u64>,
     /// Whether hit-rate statistics are reported.
     pub hit_rate_reported: bool,
     /// Cumulative tier-2 hits, null when the engine exports none.

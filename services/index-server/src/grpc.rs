@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use ic_index::pick::Scored;
 use ic_index::route::{NoHintReason, Ranked, RouteKey, RouteQuery, scope_tag};
-use ic_index::{Change, Deadline, Index};
+use ic_index::{Change, Deadline, Index, ReplicaKey};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use parking_lot::RwLock;
@@ -43,6 +43,30 @@ pub struct IndexServer {
     pub tokenizers: Arc<Tokenizers>,
     /// Load board, speculative holders and scoring weights.
     pub routing: Arc<Routing>,
+    /// Each replica's latest KV cache size, as its engine reports it.
+    pub engine_caches: Arc<EngineCaches>,
+}
+
+/// The latest KV cache size each replica's engine reported (for the
+/// snapshot; not routing state, so it lives beside the index).
+#[derive(Debug, Default)]
+pub struct EngineCaches(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, pb::EngineCache>>);
+
+impl EngineCaches {
+    /// Records `key`'s latest report.
+    pub fn report(&self, key: ReplicaKey, cache: pb::EngineCache) {
+        self.0.lock().insert(key, cache);
+    }
+
+    /// The latest reports of the replicas in `present`, forgetting the rest.
+    pub fn of_present(
+        &self,
+        present: &std::collections::HashSet<&ReplicaKey>,
+    ) -> std::collections::HashMap<ReplicaKey, pb::EngineCache> {
+        let mut map = self.0.lock();
+        map.retain(|k, _| present.contains(k));
+        map.clone()
+    }
 }
 
 /// A lookup's budget on the monotonic clock.
@@ -126,6 +150,7 @@ impl IndexServer {
             metrics,
             tokenizers: Arc::new(Tokenizers::default()),
             routing: Arc::new(Routing::default()),
+            engine_caches: Arc::new(EngineCaches::default()),
         }
     }
 
@@ -332,6 +357,20 @@ impl IndexService for IndexServer {
                     },
                 )
             });
+            let engine_cache = batch
+                .engine_cache
+                .zip(batch.replica.as_ref())
+                .and_then(|(c, r)| {
+                    let tenant = r.scope.as_ref()?.tenant.clone();
+                    Some((
+                        ReplicaKey {
+                            tenant,
+                            replica_id: r.replica_id.clone(),
+                            dp_rank: r.dp_rank,
+                        },
+                        c,
+                    ))
+                });
             let step = state.accept(batch).map_err(|e| {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
@@ -346,6 +385,9 @@ impl IndexService for IndexServer {
                 }));
             }
             self.metrics.ingest_batch("applied");
+            if let Some((key, cache)) = engine_cache {
+                self.engine_caches.report(key, cache);
+            }
             if let Some((replica_id, load)) = engine_load {
                 self.routing
                     .report_engine(&replica_id, load, ic_clock::unix_ms());

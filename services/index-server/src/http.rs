@@ -10,11 +10,13 @@
 //!                "address": "10.0.0.7:8000", "model": "m", "hashScheme": "vllm",
 //!                "adapter": "", "prefixCount": 100, "t1Count": 80,
 //!                "blockSize": 16, "lastEventAt": "…" | null, "lastSeenAt": "…",
-//!                "cacheMemoryBytes": null, "hitRateReported": false,
+//!                "cacheMemoryBytes": 3221225472 | null,
+//!                "cacheCapacityTokens": 500000 | null, "hitRateReported": false,
 //!                "tier2Hits": 3 | null, "tier2Queries": 10 | null}]}
 //! ```
 //!
-//! `cacheMemoryBytes` is null until engines report their KV memory;
+//! `cacheMemoryBytes`/`cacheCapacityTokens` are null unless the engine's
+//! metrics export them (on the pod's rank-0 row, for the whole pod);
 //! `tier2Hits`/`tier2Queries` are null when the engine exports no tier-2
 //! counters (absent is not zero).
 
@@ -31,6 +33,7 @@ use ic_index::Index;
 
 use crate::auth::{AuthError, ProbeAuth};
 use crate::convert::PROBE_TENANT;
+use crate::grpc::EngineCaches;
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::probe::{ProbeRequest, Prober};
 
@@ -64,32 +67,38 @@ pub fn rfc3339(ms: i64) -> String {
 }
 
 /// Builds the snapshot body.
-pub fn snapshot(index: &Index, now_ms: i64) -> Snapshot {
+pub fn snapshot(index: &Index, caches: &EngineCaches, now_ms: i64) -> Snapshot {
+    let rows = index.snapshot();
+    let present = rows.iter().map(|r| &r.key).collect();
+    let caches = caches.of_present(&present);
     Snapshot {
         generated_at: rfc3339(now_ms),
         entries: index.len(),
-        replicas: index
-            .snapshot()
+        replicas: rows
             .into_iter()
             // The functional probe's synthetic replicas are not real.
             .filter(|r| r.key.tenant != PROBE_TENANT)
-            .map(|r| SnapshotReplica {
-                tenant: r.key.tenant,
-                replica_id: r.key.replica_id,
-                dp_rank: r.key.dp_rank,
-                address: r.address,
-                model: r.scope.model,
-                hash_scheme: r.scope.hash_scheme.as_str().to_owned(),
-                adapter: r.scope.adapter,
-                prefix_count: r.prefix_count,
-                t1_count: r.t1_count,
-                block_size: r.block_size,
-                last_event_at: r.last_event_ms.map(rfc3339),
-                last_seen_at: rfc3339(r.last_seen_ms),
-                cache_memory_bytes: None,
-                hit_rate_reported: false,
-                tier2_hits: r.tier2.map(|t| t.0),
-                tier2_queries: r.tier2.map(|t| t.1),
+            .map(|r| {
+                let cache = caches.get(&r.key).copied().unwrap_or_default();
+                SnapshotReplica {
+                    tenant: r.key.tenant,
+                    replica_id: r.key.replica_id,
+                    dp_rank: r.key.dp_rank,
+                    address: r.address,
+                    model: r.scope.model,
+                    hash_scheme: r.scope.hash_scheme.as_str().to_owned(),
+                    adapter: r.scope.adapter,
+                    prefix_count: r.prefix_count,
+                    t1_count: r.t1_count,
+                    block_size: r.block_size,
+                    last_event_at: r.last_event_ms.map(rfc3339),
+                    last_seen_at: rfc3339(r.last_seen_ms),
+                    cache_memory_bytes: cache.memory_bytes,
+                    cache_capacity_tokens: cache.capacity_tokens,
+                    hit_rate_reported: false,
+                    tier2_hits: r.tier2.map(|t| t.0),
+                    tier2_queries: r.tier2.map(|t| t.1),
+                }
             })
             .collect(),
     }
@@ -106,6 +115,8 @@ pub struct HttpState {
     pub auth: Arc<ProbeAuth>,
     /// Metrics.
     pub metrics: Metrics,
+    /// Engine KV cache sizes for the snapshot.
+    pub engine_caches: Arc<EngineCaches>,
 }
 
 /// A JSON error body `{"error": "..."}`.
@@ -176,7 +187,11 @@ pub fn router(state: HttpState) -> Router {
         .route(
             "/snapshot",
             get(|State(state): State<HttpState>| async move {
-                Json(snapshot(&state.index, ic_clock::unix_ms()))
+                Json(snapshot(
+                    &state.index,
+                    &state.engine_caches,
+                    ic_clock::unix_ms(),
+                ))
             }),
         )
         .route(

@@ -129,6 +129,7 @@ mod tests {
             }],
             tier2_stats: None,
             engine_load: None,
+            engine_cache: None,
             sent_at_unix_ms: 0,
         }
     }

@@ -232,6 +232,7 @@ impl Prober {
             }],
             tier2_stats: None,
             engine_load: None,
+            engine_cache: None,
             sent_at_unix_ms: now_ms,
         };
         let step = match IngestStream::for_probe().accept(batch) {

@@ -119,7 +119,11 @@ async fn stream_once(
         let (work, stats, queued) = {
             let mut ob = lock(outbox);
             let work = ob.take(CHUNK);
-            (work, (ob.tier2, ob.engine_load), ob.queued())
+            (
+                work,
+                (ob.tier2, ob.engine_load, ob.engine_cache),
+                ob.queued(),
+            )
         };
         metrics
             .queue_depth
@@ -191,9 +195,10 @@ fn build(
     events: Vec<pb::IndexEvent>,
     resync_begin: bool,
     resync_end: bool,
-    (tier2, load): (
+    (tier2, load, cache): (
         Option<crate::outbox::Tier2Counters>,
         Option<crate::tier2::EngineLoad>,
+        Option<crate::tier2::EngineCache>,
     ),
 ) -> pb::IngestBatch {
     let index = rank as usize;
@@ -227,6 +232,11 @@ fn build(
             waiting: l.waiting,
             running: l.running,
             kv_usage: l.kv_usage,
+        }),
+        // The pod's whole cache, once: on rank 0's rows.
+        engine_cache: cache.filter(|_| rank == 0).map(|c| pb::EngineCache {
+            memory_bytes: c.memory_bytes,
+            capacity_tokens: c.capacity_tokens,
         }),
     }
 }

@@ -322,9 +322,11 @@ async fn scrape_tier2(
                     last = Some(now);
                 }
                 let load = tier2::parse_engine_load(&text);
+                let cache = tier2::parse_engine_cache(&text);
                 let mut ob = outbox::lock(&outbox);
                 ob.tier2 = counters;
                 ob.engine_load = load;
+                ob.engine_cache = cache;
             }
             Err(error) => {
                 metrics.tier2_scrape_failures.inc();

@@ -57,6 +57,8 @@ pub struct Outbox {
     pub tier2: Option<Tier2Counters>,
     /// The engine's latest load, if scraped.
     pub engine_load: Option<crate::tier2::EngineLoad>,
+    /// The engine's KV cache size, if scraped.
+    pub engine_cache: Option<crate::tier2::EngineCache>,
 }
 
 /// Locks the shared outbox. A panic elsewhere cannot leave it half-updated
@@ -83,6 +85,7 @@ impl Outbox {
             queued: 0,
             tier2: None,
             engine_load: None,
+            engine_cache: None,
         }
     }
 

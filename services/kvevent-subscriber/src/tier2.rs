@@ -107,9 +107,142 @@ pub fn parse_engine_load(text: &str) -> Option<EngineLoad> {
     })
 }
 
+/// The engine's KV cache size (see the `EngineCache` message).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineCache {
+    /// Accelerator bytes the KV cache occupies.
+    pub memory_bytes: Option<u64>,
+    /// Tokens it holds.
+    pub capacity_tokens: Option<u64>,
+}
+
+/// The label set of a sample line, unescaped (`None` when malformed).
+fn labels(line: &str) -> Option<Vec<(&str, String)>> {
+    let open = line.find('{')?;
+    let mut rest = &line[open + 1..];
+    let mut out = Vec::new();
+    loop {
+        rest = rest.trim_start_matches([',', ' ']);
+        if let Some(after) = rest.strip_prefix('}') {
+            let _ = after;
+            return Some(out);
+        }
+        let eq = rest.find('=')?;
+        let name = rest[..eq].trim();
+        rest = rest[eq + 1..].strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = rest.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (i, '"') => break i,
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                (_, c) => value.push(c),
+            }
+        };
+        out.push((name, value));
+        rest = &rest[end + 1..];
+    }
+}
+
+/// The engine's KV cache size: SGLang's `sglang:kv_cache_memory_usage_gb`
+/// (GiB, summed over ranks) and `sglang:max_total_num_tokens`; vLLM's
+/// `vllm:cache_config_info` labels (`num_gpu_blocks` × `block_size`, or
+/// `kv_cache_size_tokens` where present; `kv_cache_memory_bytes` when the
+/// operator set it), summed over engines. `None` when the page has none.
+pub fn parse_engine_cache(text: &str) -> Option<EngineCache> {
+    let (mut bytes, mut tokens) = (None::<f64>, None::<f64>);
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        if line.starts_with("vllm:cache_config_info{") {
+            let Some(labels) = labels(line) else { continue };
+            let num = |name: &str| {
+                labels
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .and_then(|(_, v)| v.parse::<f64>().ok())
+                    .filter(|v| v.is_finite() && *v > 0.0)
+            };
+            let capacity = num("kv_cache_size_tokens")
+                .or_else(|| Some(num("num_gpu_blocks")? * num("block_size")?));
+            if let Some(c) = capacity {
+                *tokens.get_or_insert(0.0) += c;
+            }
+            if let Some(b) = num("kv_cache_memory_bytes") {
+                *bytes.get_or_insert(0.0) += b;
+            }
+        }
+    }
+    for (name, value) in samples(text) {
+        if !(value.is_finite() && value > 0.0) {
+            continue;
+        }
+        match name {
+            "sglang:kv_cache_memory_usage_gb" => {
+                *bytes.get_or_insert(0.0) += value * f64::from(1u32 << 30);
+            }
+            "sglang:max_total_num_tokens" => *tokens.get_or_insert(0.0) += value,
+            _ => {}
+        }
+    }
+    if bytes.is_none() && tokens.is_none() {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let whole = |v: Option<f64>| v.map(|v| v.round().min(u64::MAX as f64) as u64);
+    Some(EngineCache {
+        memory_bytes: whole(bytes),
+        capacity_tokens: whole(tokens),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_cache_from_vllm_and_sglang_pages() {
+        // vLLM 0.11: no token label, no configured bytes (the label says None).
+        let vllm = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",kv_cache_memory_bytes=\"None\",num_gpu_blocks=\"27000\",prefix_caching_hash_algo=\"sha256\"} 1.0\n";
+        assert_eq!(
+            parse_engine_cache(vllm),
+            Some(EngineCache {
+                memory_bytes: None,
+                capacity_tokens: Some(432_000)
+            })
+        );
+        let configured = "vllm:cache_config_info{engine=\"0\",kv_cache_memory_bytes=\"8589934592\",kv_cache_size_tokens=\"100000\",num_gpu_blocks=\"1\",block_size=\"16\"} 1.0\n";
+        assert_eq!(
+            parse_engine_cache(configured),
+            Some(EngineCache {
+                memory_bytes: Some(8_589_934_592),
+                capacity_tokens: Some(100_000)
+            })
+        );
+        let sglang = "sglang:kv_cache_memory_usage_gb{model_name=\"m\",dp_rank=\"0\"} 1.5\n\
+sglang:kv_cache_memory_usage_gb{model_name=\"m\",dp_rank=\"1\"} 1.5\n\
+sglang:max_total_num_tokens{model_name=\"m\"} 500000\n";
+        assert_eq!(
+            parse_engine_cache(sglang),
+            Some(EngineCache {
+                memory_bytes: Some(3 << 30),
+                capacity_tokens: Some(500_000)
+            })
+        );
+        assert_eq!(parse_engine_cache("vllm:num_requests_running 3\n"), None);
+        assert_eq!(
+            parse_engine_cache(
+                "vllm:cache_config_info{num_gpu_blocks=\"x\",block_size=\"16\"} 1\n"
+            ),
+            None
+        );
+        assert_eq!(
+            labels("m{a=\"x\\\"y\",b=\"\"} 1").unwrap(),
+            [("a", "x\"y".to_owned()), ("b", String::new())]
+        );
+    }
 
     #[test]
     fn sums_label_sets_and_ignores_the_rest() {
