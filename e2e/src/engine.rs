@@ -218,6 +218,11 @@ impl FakeEngine {
             .expect("publish");
     }
 
+    /// The replay buffer rolled over: batches before `seq` are gone from it.
+    pub fn forget_before(&mut self, seq: u64) {
+        self.buffer.lock().unwrap().retain(|(s, _)| *s >= seq);
+    }
+
     /// The engine restarted: sequence numbers start over, the buffer is gone.
     pub fn restart(&mut self) {
         self.next_seq = 0;

@@ -57,6 +57,7 @@ pub fn resync(replica: &Replica<'_>, events: Vec<pb::IndexEvent>) -> pb::IngestB
         sent_at_unix_ms: 0,
         engine_load: None,
         engine_cache: None,
+        history_incomplete: false,
     }
 }
 

@@ -122,6 +122,11 @@ pub struct ReplicaIndexStatus {
     /// Whether the replica reports hit-rate statistics at all.
     #[serde(default)]
     pub hit_rate_reported: bool,
+    /// The subscriber started after the engine's replay buffer had rolled
+    /// over: blocks stored before are not in the index (the replica is
+    /// credited with less than it holds until its cache turns over).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_incomplete: bool,
 }
 
 /// One tenant's share of the index.

@@ -55,6 +55,11 @@ pub struct SnapshotReplica {
     /// pod's total, on its rank-0 row). Absent from older servers.
     #[serde(default)]
     pub cache_capacity_tokens: Option<u64>,
+    /// The subscriber's view misses batches at the start of the engine's
+    /// stream that no replay could deliver: the replica holds blocks the
+    /// index does not credit it with. Absent from older servers.
+    #[serde(default)]
+    pub history_incomplete: bool,
     /// Whether hit-rate statistics are reported.
     pub hit_rate_reported: bool,
     /// Cumulative tier-2 hits, null when the engine exports none.

@@ -269,6 +269,7 @@ pub fn cache_index_status(snapshot: &Snapshot, now: Timestamp) -> CacheIndexStat
                 .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX)),
         );
         r.hit_rate_reported |= row.hit_rate_reported;
+        r.history_incomplete |= row.history_incomplete;
     }
     let mut tenants: BTreeMap<String, TenantIndexStatus> = BTreeMap::new();
     for r in replicas.values() {
@@ -511,6 +512,7 @@ mod tests {
         rows[0].address = "10.0.0.1:8000".into();
         rows[0].model = "m".into();
         rows[0].cache_memory_bytes = Some(100);
+        rows[1].history_incomplete = true;
         rows[1].dp_rank = 1;
         rows[1].cache_memory_bytes = Some(50);
         rows[2].hit_rate_reported = true;
@@ -527,6 +529,10 @@ mod tests {
         assert_eq!(s.prefix_count, 13);
         assert_eq!(s.replicas[0].replica_id, "p0");
         assert_eq!(s.replicas[0].cache_memory_bytes, 150);
+        assert!(
+            s.replicas[0].history_incomplete,
+            "any rank's gap marks the pod"
+        );
         assert_eq!(s.replicas[0].prefix_count, 12);
         assert_eq!(s.replicas[0].address.as_deref(), Some("10.0.0.1:8000"));
         assert_eq!(

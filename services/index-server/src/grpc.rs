@@ -47,22 +47,42 @@ pub struct IndexServer {
     pub engine_caches: Arc<EngineCaches>,
 }
 
-/// The latest KV cache size each replica's engine reported (for the
-/// snapshot; not routing state, so it lives beside the index).
+/// What a replica's subscriber last said about the engine beside its
+/// blocks: its KV cache size and whether the view misses history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineReport {
+    /// The engine's KV cache size, when its metrics export it.
+    pub cache: Option<pb::EngineCache>,
+    /// The subscriber's view misses unrecoverable batches.
+    pub history_incomplete: bool,
+}
+
+/// Each replica's latest [`EngineReport`] (for the snapshot; not routing
+/// state, so it lives beside the index).
 #[derive(Debug, Default)]
-pub struct EngineCaches(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, pb::EngineCache>>);
+pub struct EngineCaches(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, EngineReport>>);
 
 impl EngineCaches {
-    /// Records `key`'s latest report.
-    pub fn report(&self, key: ReplicaKey, cache: pb::EngineCache) {
-        self.0.lock().insert(key, cache);
+    /// Records what `key`'s latest batch said.
+    pub fn report(
+        &self,
+        key: ReplicaKey,
+        cache: Option<pb::EngineCache>,
+        history_incomplete: bool,
+    ) {
+        let mut map = self.0.lock();
+        let entry = map.entry(key).or_default();
+        entry.history_incomplete = history_incomplete;
+        if cache.is_some() {
+            entry.cache = cache;
+        }
     }
 
     /// The latest reports of the replicas in `present`, forgetting the rest.
     pub fn of_present(
         &self,
         present: &std::collections::HashSet<&ReplicaKey>,
-    ) -> std::collections::HashMap<ReplicaKey, pb::EngineCache> {
+    ) -> std::collections::HashMap<ReplicaKey, EngineReport> {
         let mut map = self.0.lock();
         map.retain(|k, _| present.contains(k));
         map.clone()
@@ -357,20 +377,18 @@ impl IndexService for IndexServer {
                     },
                 )
             });
-            let engine_cache = batch
-                .engine_cache
-                .zip(batch.replica.as_ref())
-                .and_then(|(c, r)| {
-                    let tenant = r.scope.as_ref()?.tenant.clone();
-                    Some((
-                        ReplicaKey {
-                            tenant,
-                            replica_id: r.replica_id.clone(),
-                            dp_rank: r.dp_rank,
-                        },
-                        c,
-                    ))
-                });
+            let report = batch.replica.as_ref().and_then(|r| {
+                let tenant = r.scope.as_ref()?.tenant.clone();
+                Some((
+                    ReplicaKey {
+                        tenant,
+                        replica_id: r.replica_id.clone(),
+                        dp_rank: r.dp_rank,
+                    },
+                    batch.engine_cache,
+                    batch.history_incomplete,
+                ))
+            });
             let step = state.accept(batch).map_err(|e| {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
@@ -385,8 +403,8 @@ impl IndexService for IndexServer {
                 }));
             }
             self.metrics.ingest_batch("applied");
-            if let Some((key, cache)) = engine_cache {
-                self.engine_caches.report(key, cache);
+            if let Some((key, cache, incomplete)) = report {
+                self.engine_caches.report(key, cache, incomplete);
             }
             if let Some((replica_id, load)) = engine_load {
                 self.routing

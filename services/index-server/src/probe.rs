@@ -233,6 +233,7 @@ impl Prober {
             tier2_stats: None,
             engine_load: None,
             engine_cache: None,
+            history_incomplete: false,
             sent_at_unix_ms: now_ms,
         };
         let step = match IngestStream::for_probe().accept(batch) {

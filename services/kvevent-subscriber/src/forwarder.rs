@@ -116,13 +116,18 @@ async fn stream_once(
     });
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     'pump: loop {
-        let (work, stats, queued) = {
+        let (work, stats, queued, ready) = {
             let mut ob = lock(outbox);
             let work = ob.take(CHUNK);
+            let ready: Vec<(u32, bool)> = (0..ob.ranks())
+                .filter(|r| ob.is_ready(*r))
+                .map(|r| (r, ob.is_incomplete(r)))
+                .collect();
             (
                 work,
                 (ob.tier2, ob.engine_load, ob.engine_cache),
                 ob.queued(),
+                ready,
             )
         };
         metrics
@@ -132,9 +137,14 @@ async fn stream_once(
             tokio::select! {
                 () = notify.notified() => continue,
                 _ = heartbeat.tick() => {
-                    for rank in 0..seqs.len().max(1) {
-                        let rank = u32::try_from(rank).unwrap_or(0);
-                        let batch = build(identity, rank, seqs, Vec::new(), false, false, stats);
+                    // Only ranks that have resynced on this stream: a rank
+                    // still rebuilding sends nothing, so the index keeps
+                    // its view of the engine.
+                    for &(rank, incomplete) in &ready {
+                        if seqs.get(rank as usize).is_none_or(|s| *s == 0) {
+                            continue;
+                        }
+                        let batch = build(identity, rank, seqs, Vec::new(), false, false, stats, incomplete);
                         if tx.send(batch).await.is_err() { break 'pump; }
                     }
                 }
@@ -142,6 +152,7 @@ async fn stream_once(
             }
             continue;
         }
+        let incomplete = |rank: u32| ready.iter().any(|&(r, i)| r == rank && i);
         for item in work {
             let batches = match item {
                 Outgoing::Resync { rank, snapshot } => {
@@ -161,13 +172,31 @@ async fn stream_once(
                         .into_iter()
                         .enumerate()
                         .map(|(i, events)| {
-                            build(identity, rank, seqs, events, i == 0, i == last, stats)
+                            build(
+                                identity,
+                                rank,
+                                seqs,
+                                events,
+                                i == 0,
+                                i == last,
+                                stats,
+                                incomplete(rank),
+                            )
                         })
                         .collect::<Vec<_>>()
                 }
                 Outgoing::Delta { rank, changes } => {
                     let events = changes.into_iter().map(convert::event).collect();
-                    vec![build(identity, rank, seqs, events, false, false, stats)]
+                    vec![build(
+                        identity,
+                        rank,
+                        seqs,
+                        events,
+                        false,
+                        false,
+                        stats,
+                        incomplete(rank),
+                    )]
                 }
             };
             for batch in batches {
@@ -188,6 +217,7 @@ async fn stream_once(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build(
     identity: &Identity,
     rank: u32,
@@ -200,6 +230,7 @@ fn build(
         Option<crate::tier2::EngineLoad>,
         Option<crate::tier2::EngineCache>,
     ),
+    history_incomplete: bool,
 ) -> pb::IngestBatch {
     let index = rank as usize;
     if seqs.len() <= index {
@@ -233,6 +264,7 @@ fn build(
             running: l.running,
             kv_usage: l.kv_usage,
         }),
+        history_incomplete,
         // The pod's whole cache, once: on rank 0's rows.
         engine_cache: cache.filter(|_| rank == 0).map(|c| pb::EngineCache {
             memory_bytes: c.memory_bytes,

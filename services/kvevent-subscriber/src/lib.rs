@@ -142,6 +142,12 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_SEQUENCE_JUMP", default_value_t = ic_kvevents::seq::DEFAULT_MAX_JUMP, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sequence_jump: u64,
 
+    /// Seconds a rank waits at start-up for the engine's first batch when
+    /// its replay buffer gave nothing, before resyncing an empty replica;
+    /// meanwhile the index keeps its view of the engine.
+    #[arg(long, env = "IC_STARTUP_GRACE_SECONDS", default_value_t = 30)]
+    pub startup_grace_seconds: u64,
+
     /// Blocks remembered per DP rank; beyond it the oldest tier-2-only blocks
     /// are forgotten.
     #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
@@ -229,6 +235,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics: metrics.clone(),
         max_receive_errors: config.max_receive_errors,
         max_sequence_jump: config.max_sequence_jump,
+        startup_grace: Duration::from_secs(config.startup_grace_seconds),
     };
     for rank in 0..config.dp_ranks {
         let events = offset_endpoint(&config.engine_endpoint, rank).with_context(|| {

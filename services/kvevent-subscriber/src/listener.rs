@@ -5,16 +5,32 @@
 //! a replay endpoint is configured, otherwise count it as lost) and engine
 //! restarts (the sequence goes backwards: forget the rank's state). Malformed
 //! messages are counted and skipped; the state already built is kept.
+//!
+//! A restart does not always move the sequence backwards: the new engine may
+//! publish more batches before the subscriber reconnects than the old one
+//! ever did. The engine is on the pod's loopback, so its connection dropping
+//! means its process went away; after the socket reconnects, the first
+//! message is checked: with a replay endpoint the engine is asked for the
+//! last batch applied, and a different (or missing) payload means a new
+//! incarnation; without one, the reconnect itself counts as a restart.
+//!
+//! At start-up the rank first rebuilds what the engine's replay buffer
+//! still holds, before its first resync, so a restarted subscriber does not
+//! replace the index's view of an idle engine with an empty one. What the
+//! buffer no longer had is reported (`history_incomplete`).
 
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use futures::StreamExt;
 
 use bytes::Bytes;
 use ic_kvevents::frames::{ReplayReply, parse_event_message, parse_replay_reply, replay_request};
 use ic_kvevents::{ApplyStats, KvEvent, SeqEvent, SeqTracker, decode_batch};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use zeromq::{Socket, SocketRecv, SocketSend};
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend};
 
 use crate::forwarder::Backoff;
 use crate::metrics::{KindLabel, Metrics, ReasonLabel};
@@ -59,6 +75,26 @@ pub struct ListenerContext {
     pub max_receive_errors: u32,
     /// Largest forward sequence jump believed from one frame.
     pub max_sequence_jump: u64,
+    /// How long a rank without a replay buffer waits for its first batch
+    /// before resyncing what it has (nothing), keeping the index's view
+    /// of the engine meanwhile.
+    pub startup_grace: Duration,
+}
+
+/// What one rank's listener knows about its stream.
+#[derive(Debug)]
+struct Stream {
+    seq: SeqTracker,
+    /// Digest of the payload of the last batch applied, by its sequence.
+    last_digest: Option<(u64, u64)>,
+    /// The engine's connection dropped since the last message.
+    peer_lost: bool,
+}
+
+fn digest(payload: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    payload.hash(&mut h);
+    h.finish()
 }
 
 /// Backoff after one receive error (the socket may be broken for good; a
@@ -69,9 +105,24 @@ const RECV_ERROR_BACKOFF: (Duration, Duration) =
 /// Runs one rank's listener until `shutdown`, reconnecting with backoff.
 pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: CancellationToken) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
-    let mut seq = SeqTracker::with_max_jump(ctx.max_sequence_jump);
+    let mut stream = Stream {
+        seq: SeqTracker::with_max_jump(ctx.max_sequence_jump),
+        last_digest: None,
+        peer_lost: false,
+    };
+    let mut ready_by = Some(tokio::time::Instant::now() + ctx.startup_grace);
+    if endpoints.replay.is_some() {
+        tokio::select! {
+            () = rebuild_from_replay(&endpoints, &ctx, &mut stream) => {}
+            () = shutdown.cancelled() => return,
+        }
+        if stream.seq.last().is_some() || lock(&ctx.outbox).is_ready(endpoints.rank) {
+            ready_by = None;
+        }
+    }
     while !shutdown.is_cancelled() {
         let mut socket = zeromq::SubSocket::new();
+        let mut monitor = socket.monitor();
         let connected = tokio::select! {
             r = async {
                 socket.subscribe(&ctx.topic).await?;
@@ -92,16 +143,39 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
         let mut recv_backoff = Backoff::new(RECV_ERROR_BACKOFF.0, RECV_ERROR_BACKOFF.1);
         let mut errors_in_a_row = 0u32;
         loop {
+            let grace = async {
+                match ready_by {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             let message = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
+                Some(event) = monitor.next() => {
+                    if matches!(event, SocketEvent::Disconnected(_)) {
+                        stream.peer_lost = true;
+                        tracing::info!(rank = endpoints.rank, "engine connection lost");
+                    }
+                    continue;
+                }
+                () = grace => {
+                    // Nothing to rebuild from and nothing heard: the engine
+                    // is idle or gone; say what we know (nothing).
+                    ready_by = None;
+                    mark_ready(&endpoints, &ctx, false);
+                    continue;
+                }
                 m = socket.recv() => m,
             };
             match message {
                 Ok(message) => {
                     errors_in_a_row = 0;
                     recv_backoff.reset();
-                    handle(&endpoints, &ctx, &mut seq, message.into_vec()).await;
+                    handle(&endpoints, &ctx, &mut stream, message.into_vec()).await;
+                    if ready_by.take().is_some() {
+                        mark_ready(&endpoints, &ctx, false);
+                    }
                 }
                 Err(error) => {
                     // The socket reconnects by itself, so one error is one
@@ -125,10 +199,102 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
     }
 }
 
+/// The rank may resync now (its first view is as complete as it will
+/// get); `incomplete` says batches before it could not be recovered.
+fn mark_ready(endpoints: &RankEndpoints, ctx: &ListenerContext, incomplete: bool) {
+    if incomplete {
+        note_incomplete(endpoints, ctx, true);
+    }
+    let mut outbox = lock(&ctx.outbox);
+    if !outbox.is_ready(endpoints.rank) {
+        outbox.set_ready(endpoints.rank);
+        drop(outbox);
+        ctx.notify.notify_one();
+    }
+}
+
+/// Records whether the rank's view misses batches nobody can deliver any
+/// more (forwarded to the index, and a gauge for alerts).
+fn note_incomplete(endpoints: &RankEndpoints, ctx: &ListenerContext, incomplete: bool) {
+    lock(&ctx.outbox).set_incomplete(endpoints.rank, incomplete);
+    ctx.metrics
+        .history_incomplete
+        .get_or_create(&crate::metrics::RankLabel {
+            rank: endpoints.rank,
+        })
+        .set(i64::from(incomplete));
+}
+
+/// Start-up: applies everything the engine's replay buffer still holds, so
+/// the first resync carries the engine's state instead of an empty one.
+/// When the buffer starts after batch 0, the batches before it are gone
+/// for good: counted, and the rank is marked incomplete.
+async fn rebuild_from_replay(
+    endpoints: &RankEndpoints,
+    ctx: &ListenerContext,
+    stream: &mut Stream,
+) {
+    let Some(replay) = &endpoints.replay else {
+        return;
+    };
+    let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, 0, u64::MAX))
+        .await
+    {
+        Ok(Ok(batches)) => batches,
+        Ok(Err(error)) => {
+            ctx.metrics.replay_failures.inc();
+            tracing::info!(rank = endpoints.rank, %error, "no replay at start-up; waiting for the engine");
+            return;
+        }
+        Err(_) => {
+            ctx.metrics.replay_failures.inc();
+            tracing::info!(
+                rank = endpoints.rank,
+                "replay at start-up timed out; waiting for the engine"
+            );
+            return;
+        }
+    };
+    let first = batches.first().map(|(seq, _)| *seq);
+    for (seq, payload) in &batches {
+        stream.seq.observe(*seq);
+        apply_payload(endpoints.rank, ctx, payload);
+        ctx.metrics.replayed_batches.inc();
+        stream.last_digest = Some((*seq, digest(payload)));
+    }
+    let missing = first.unwrap_or(0);
+    if missing > 0 {
+        ctx.metrics.unreplayable_batches.inc_by(missing);
+    }
+    tracing::info!(
+        rank = endpoints.rank,
+        replayed = batches.len(),
+        missing,
+        "rebuilt from the engine's replay buffer"
+    );
+    mark_ready(endpoints, ctx, missing > 0);
+}
+
+/// After the engine's connection dropped: is the engine that answers now
+/// the one whose batches were applied? Asks its replay buffer for the last
+/// batch applied and compares payloads; without a replay endpoint the
+/// reconnect itself means a restart (the engine is on the pod's loopback).
+async fn same_incarnation(endpoints: &RankEndpoints, stream: &Stream) -> bool {
+    let (Some(replay), Some((last, want))) = (&endpoints.replay, stream.last_digest) else {
+        return stream.last_digest.is_none();
+    };
+    match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, last, last)).await {
+        Ok(Ok(batches)) => batches
+            .first()
+            .is_some_and(|(seq, payload)| *seq == last && digest(payload) == want),
+        _ => false,
+    }
+}
+
 async fn handle(
     endpoints: &RankEndpoints,
     ctx: &ListenerContext,
-    seq: &mut SeqTracker,
+    stream: &mut Stream,
     frames: Vec<Bytes>,
 ) {
     let m = &ctx.metrics;
@@ -141,6 +307,28 @@ async fn handle(
             return;
         }
     };
+    if std::mem::take(&mut stream.peer_lost)
+        && stream.seq.last().is_some()
+        && !same_incarnation(endpoints, stream).await
+    {
+        m.engine_resets.inc();
+        m.engine_restarts
+            .get_or_create(&crate::metrics::SignalLabel {
+                signal: "reconnect",
+            })
+            .inc();
+        tracing::info!(
+            rank = endpoints.rank,
+            previous = stream.seq.last(),
+            seq = message.seq,
+            "engine reconnected as a new incarnation; clearing replica state"
+        );
+        lock(&ctx.outbox).reset_rank(endpoints.rank);
+        note_incomplete(endpoints, ctx, false);
+        stream.seq.reset();
+        stream.last_digest = None;
+    }
+    let seq = &mut stream.seq;
     match seq.observe(message.seq) {
         SeqEvent::Next => {}
         SeqEvent::Duplicate => {
@@ -160,8 +348,8 @@ async fn handle(
         }
         SeqEvent::First => {
             // A subscriber that starts mid-stream recovers what the engine
-            // still buffers.
-            if message.seq > 0 && endpoints.replay.is_some() {
+            // still buffers; what it no longer has is reported.
+            if message.seq > 0 {
                 recover(endpoints, ctx, 0, message.seq - 1, false).await;
             }
         }
@@ -172,6 +360,9 @@ async fn handle(
         }
         SeqEvent::Reset { previous } => {
             m.engine_resets.inc();
+            m.engine_restarts
+                .get_or_create(&crate::metrics::SignalLabel { signal: "sequence" })
+                .inc();
             tracing::info!(
                 rank = endpoints.rank,
                 previous,
@@ -179,12 +370,14 @@ async fn handle(
                 "engine restarted; clearing replica state"
             );
             lock(&ctx.outbox).reset_rank(endpoints.rank);
+            note_incomplete(endpoints, ctx, false);
             if message.seq > 0 {
                 recover(endpoints, ctx, 0, message.seq - 1, false).await;
             }
         }
     }
     apply_payload(endpoints.rank, ctx, message.payload);
+    stream.last_digest = Some((message.seq, digest(message.payload)));
 }
 
 /// Replays batches `from ..= to` and applies them in order. With
@@ -220,10 +413,14 @@ async fn recover(
             }
         }
     }
+    let missing = wanted.saturating_sub(applied);
     if count_losses {
-        ctx.metrics
-            .lost_batches
-            .inc_by(wanted.saturating_sub(applied));
+        ctx.metrics.lost_batches.inc_by(missing);
+    } else if missing > 0 {
+        // The start of the engine's stream (before this subscriber's view,
+        // or of a new incarnation) is gone: blocks stored then are unknown.
+        ctx.metrics.unreplayable_batches.inc_by(missing);
+        note_incomplete(endpoints, ctx, true);
     }
 }
 

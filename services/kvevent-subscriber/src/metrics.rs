@@ -31,6 +31,21 @@ pub struct AdapterLabel {
     pub adapter: String,
 }
 
+/// A DP `rank` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RankLabel {
+    /// The rank.
+    pub rank: u32,
+}
+
+/// How an engine restart was noticed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabel {
+    /// `sequence` (it went backwards) or `reconnect` (the engine's
+    /// connection dropped and the engine answering is a new incarnation).
+    pub signal: &'static str,
+}
+
 /// Every metric the subscriber exports.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
@@ -54,8 +69,16 @@ pub struct Metrics {
     pub replay_failures: Counter,
     /// Batches lost for good (gap not covered by replay).
     pub lost_batches: Counter,
-    /// Engine restarts (sequence went backwards).
+    /// Engine restarts detected, by any signal.
     pub engine_resets: Counter,
+    /// Engine restarts by the signal that revealed them.
+    pub engine_restarts: Family<SignalLabel, Counter>,
+    /// Batches at the start of an engine's stream that no replay could
+    /// deliver any more (before this subscriber's view began).
+    pub unreplayable_batches: Counter,
+    /// 1 while a rank's view misses such batches (blocks stored in them are
+    /// absent from the index until the engine's cache turns over).
+    pub history_incomplete: Family<RankLabel, Gauge>,
     /// Index changes waiting to be forwarded.
     pub queue_depth: Gauge,
     /// Index changes dropped because the queue was full (recovered by resync).
@@ -159,6 +182,21 @@ impl Metrics {
             "engine_resets",
             "Engine restarts detected",
             self.engine_resets.clone(),
+        );
+        r.register(
+            "engine_restarts",
+            "Engine restarts detected, by signal (sequence went backwards, or the engine reconnected as a new incarnation)",
+            self.engine_restarts.clone(),
+        );
+        r.register(
+            "unreplayable_batches",
+            "Batches at the start of the engine's stream that no replay could deliver (before this subscriber's view began)",
+            self.unreplayable_batches.clone(),
+        );
+        r.register(
+            "history_incomplete",
+            "1 while a rank's view misses batches nobody can deliver any more",
+            self.history_incomplete.clone(),
         );
         r.register(
             "queue_depth",

@@ -45,6 +45,12 @@ struct Rank {
     replica: ReplicaState,
     pending: VecDeque<IndexChange>,
     needs_resync: bool,
+    /// The listener has rebuilt what it can: until then nothing is sent,
+    /// so the index keeps its view of the engine (a restarted subscriber
+    /// must not replace it with an empty resync).
+    ready: bool,
+    /// Batches before the rank's view could not be recovered.
+    incomplete: bool,
 }
 
 /// Per-rank state plus the bounded queue of changes to forward.
@@ -79,6 +85,8 @@ impl Outbox {
                     replica: ReplicaState::new(replica),
                     pending: VecDeque::new(),
                     needs_resync: true,
+                    ready: false,
+                    incomplete: false,
                 })
                 .collect(),
             capacity: capacity.max(1),
@@ -87,6 +95,35 @@ impl Outbox {
             engine_load: None,
             engine_cache: None,
         }
+    }
+
+    /// Number of ranks.
+    pub fn ranks(&self) -> u32 {
+        u32::try_from(self.ranks.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Whether `rank` may be forwarded.
+    pub fn is_ready(&self, rank: u32) -> bool {
+        self.ranks.get(rank as usize).is_some_and(|r| r.ready)
+    }
+
+    /// Lets `rank` be forwarded (its first resync goes next).
+    pub fn set_ready(&mut self, rank: u32) {
+        if let Some(r) = self.ranks.get_mut(rank as usize) {
+            r.ready = true;
+        }
+    }
+
+    /// Records whether `rank`'s view misses unrecoverable batches.
+    pub fn set_incomplete(&mut self, rank: u32, incomplete: bool) {
+        if let Some(r) = self.ranks.get_mut(rank as usize) {
+            r.incomplete = incomplete;
+        }
+    }
+
+    /// Whether `rank`'s view misses unrecoverable batches.
+    pub fn is_incomplete(&self, rank: u32) -> bool {
+        self.ranks.get(rank as usize).is_some_and(|r| r.incomplete)
     }
 
     /// Number of changes waiting to be forwarded.
@@ -169,6 +206,9 @@ impl Outbox {
         let mut out = Vec::new();
         for (rank, state) in self.ranks.iter_mut().enumerate() {
             let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+            if !state.ready {
+                continue;
+            }
             if state.needs_resync {
                 self.queued -= state.pending.len();
                 state.pending.clear();
@@ -220,6 +260,9 @@ mod tests {
         let mut outbox = Outbox::new(1, 10, ReplicaConfig::default());
         let mut stats = ApplyStats::default();
         outbox.apply(0, &batch(1), &mut stats);
+        // Nothing leaves before the listener has rebuilt what it can.
+        assert!(outbox.take(100).is_empty());
+        outbox.set_ready(0);
         let first = outbox.take(100);
         assert!(
             matches!(&first[..], [Outgoing::Resync { rank: 0, snapshot }] if snapshot.len() == 1)
@@ -234,6 +277,7 @@ mod tests {
     #[test]
     fn overflow_drops_oldest_and_resyncs_with_the_full_state() {
         let mut outbox = Outbox::new(1, 3, ReplicaConfig::default());
+        outbox.set_ready(0);
         let mut stats = ApplyStats::default();
         outbox.take(100);
         let mut dropped = 0;
@@ -253,6 +297,8 @@ mod tests {
     #[test]
     fn engine_reset_resyncs_to_empty() {
         let mut outbox = Outbox::new(2, 10, ReplicaConfig::default());
+        outbox.set_ready(0);
+        outbox.set_ready(1);
         let mut stats = ApplyStats::default();
         outbox.take(100);
         outbox.apply(1, &batch(1), &mut stats);

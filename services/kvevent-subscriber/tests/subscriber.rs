@@ -345,6 +345,191 @@ async fn one_frame_with_an_absurd_sequence_loses_nothing() {
     sub.stop().await;
 }
 
+/// One incarnation of an engine: a real process (Python, pyzmq + msgspec)
+/// publishing vLLM's wire and serving its replay protocol.
+fn incarnation(
+    port: u16,
+    replay: u16,
+    prompt: u32,
+    blocks: u32,
+    burst: u32,
+) -> std::process::Child {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../libs/kvevents/tests/fixtures/engine_incarnation.py");
+    let mut child = std::process::Command::new("python3")
+        .arg(script)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--replay-port",
+            &replay.to_string(),
+        ])
+        .args([
+            "--prompt",
+            &prompt.to_string(),
+            "--blocks",
+            &blocks.to_string(),
+        ])
+        .args(["--burst", &burst.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with pyzmq and msgspec is required (./dev.sh test installs them)");
+    // Wait until it has bound its sockets and published its burst.
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "ready", "the engine process did not start");
+    child
+}
+
+/// The engine process dies (kill -9) and a new one starts on the same ports
+/// and publishes a burst before the subscriber is back (it reaches no one
+/// live, only the new replay buffer), with a new incarnation longer than
+/// the old one, so the sequence never goes backwards: the reconnect gives
+/// it away, and the index converges to exactly the new engine's state. At
+/// several burst sizes, and without a replay buffer too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_the_sequence_hides_is_detected_at_reconnect() {
+    for (burst, replay) in [(1u32, true), (5, true), (40, true), (3, false)] {
+        let index = RecordingIndex::start().await;
+        let (port, replay_port) = (common::free_port(), common::free_port());
+        let events = format!("tcp://127.0.0.1:{port}");
+        let replay_at = format!("tcp://127.0.0.1:{replay_port}");
+        let mut old = incarnation(port, replay_port, 1, 2, 0);
+        let sub = Subscriber::start_at(
+            &events,
+            replay.then_some(replay_at.as_str()),
+            &index.url(),
+            SubscriberOptions::default(),
+        );
+        let old_fps = chain_fingerprints(None, &tokens(1000, 32), 16);
+        wait_until(WAIT, "the old incarnation", || {
+            index.tiers("engine-0", 0) == expect(&[(old_fps[0], T1), (old_fps[1], T1)])
+        })
+        .await;
+        old.kill().unwrap();
+        old.wait().unwrap();
+        // The new incarnation: `burst` blocks before anyone listens, then
+        // two live ones; its last sequence (burst + 1) is above the old
+        // incarnation's (1).
+        let blocks = burst + 2;
+        let mut new = incarnation(port, replay_port, 2, blocks, burst);
+        let fps = chain_fingerprints(None, &tokens(2000, 16 * blocks), 16);
+        let want: Vec<(u64, i32)> = if replay {
+            fps.iter().map(|f| (*f, T1)).collect()
+        } else {
+            // Without replay the burst is gone; the live blocks' parents
+            // with it: nothing can be fingerprinted, and nothing of the
+            // dead incarnation may stay.
+            Vec::new()
+        };
+        wait_until(WAIT, "exactly the new incarnation", || {
+            index.tiers("engine-0", 0) == expect(&want)
+        })
+        .await;
+        let restarts = "inferencecache_subscriber_engine_restarts_total{signal=\"reconnect\"}";
+        let deadline = std::time::Instant::now() + WAIT;
+        while sub.metric(restarts).await != 1.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "restart not counted (burst {burst})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if !replay {
+            assert!(
+                sub.metric("inferencecache_subscriber_unresolved_parent_blocks_total")
+                    .await
+                    >= 1.0
+            );
+        }
+        new.kill().unwrap();
+        new.wait().unwrap();
+        sub.stop().await;
+    }
+}
+
+/// A restarted subscriber (a rollout, an OOM kill) on an idle engine: the
+/// index keeps the replica's blocks, because the new subscriber rebuilds
+/// them from the engine's replay buffer before its first resync; when the
+/// buffer has rolled over, it says so instead of pretending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_subscriber_rebuilds_before_it_resyncs_and_reports_what_it_lacks() {
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let first = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    engine.wait_for_subscriber().await;
+    engine
+        .publish(&[gpu_store(vec![1, 2], None, tokens(0, 32), 16)])
+        .await;
+    engine
+        .publish(&[gpu_store(vec![3], Some(2), tokens(32, 16), 16)])
+        .await;
+    let fps = prompt_fps(3);
+    let whole = expect(&[(fps[0], T1), (fps[1], T1), (fps[2], T1)]);
+    wait_until(WAIT, "the engine's state", || {
+        index.tiers("engine-0", 0) == whole
+    })
+    .await;
+    first.stop().await;
+    let resyncs = index.resyncs();
+    // The engine stays idle: nothing new is published.
+    let second = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    wait_until(WAIT, "the new subscriber's resync", || {
+        index.resyncs() > resyncs
+    })
+    .await;
+    assert_eq!(
+        index.tiers("engine-0", 0),
+        whole,
+        "the view must not drop to empty"
+    );
+    assert_eq!(
+        second
+            .metric("inferencecache_subscriber_history_incomplete")
+            .await,
+        0.0
+    );
+    second.stop().await;
+
+    // The engine ran past its replay buffer: batch 0 is gone from it.
+    engine.forget_before(1);
+    let resyncs = index.resyncs();
+    let third = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    wait_until(WAIT, "the third subscriber's resync", || {
+        index.resyncs() > resyncs
+    })
+    .await;
+    // Block 3's parents were in batch 0: it cannot be fingerprinted, and the
+    // subscriber says its view is incomplete rather than staying silent.
+    assert_eq!(
+        third
+            .metric("inferencecache_subscriber_unreplayable_batches_total")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        third
+            .metric("inferencecache_subscriber_history_incomplete")
+            .await,
+        1.0
+    );
+    wait_until(WAIT, "batches flagged incomplete", || {
+        index
+            .recorded
+            .lock()
+            .unwrap()
+            .batches
+            .iter()
+            .any(|b| b.history_incomplete)
+    })
+    .await;
+    third.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_messages_are_counted_and_skipped_keeping_state() {
     let index = RecordingIndex::start().await;

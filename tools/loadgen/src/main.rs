@@ -130,6 +130,7 @@ fn preload_batches(fleet: &Fleet, replica: u32) -> Vec<pb::IngestBatch> {
             tier2_stats: None,
             engine_load: None,
             engine_cache: None,
+            history_incomplete: false,
             sent_at_unix_ms: 0,
         })
         .collect()

@@ -260,6 +260,22 @@ impl Default for SubscriberOptions {
 
 impl Subscriber {
     pub fn start(engine: &FakeEngine, index_url: &str, opts: SubscriberOptions) -> Self {
+        let events = opts
+            .events_endpoint
+            .clone()
+            .unwrap_or_else(|| engine.events_endpoint());
+        let replay = opts.replay.then(|| engine.replay_endpoint());
+        Self::start_at(&events, replay.as_deref(), index_url, opts)
+    }
+
+    /// A subscriber reading `events` (and replaying from `replay`), for
+    /// engines that are not a [`FakeEngine`] (a separate process).
+    pub fn start_at(
+        events: &str,
+        replay: Option<&str>,
+        index_url: &str,
+        opts: SubscriberOptions,
+    ) -> Self {
         use clap::Parser;
         #[derive(Parser)]
         struct Args {
@@ -270,12 +286,7 @@ impl Subscriber {
         let mut argv = vec![
             "ic-kvevent-subscriber".to_owned(),
             format!("--admin-addr=127.0.0.1:{admin_port}"),
-            format!(
-                "--engine-endpoint={}",
-                opts.events_endpoint
-                    .clone()
-                    .unwrap_or_else(|| engine.events_endpoint())
-            ),
+            format!("--engine-endpoint={events}"),
             format!("--index-server={index_url}"),
             "--model-id=test/model".into(),
             "--replica-id=engine-0".into(),
@@ -294,8 +305,8 @@ impl Subscriber {
         if let Some(n) = opts.max_receive_errors {
             argv.push(format!("--max-receive-errors={n}"));
         }
-        if opts.replay {
-            argv.push(format!("--replay-endpoint={}", engine.replay_endpoint()));
+        if let Some(replay) = replay {
+            argv.push(format!("--replay-endpoint={replay}"));
         }
         let config = Args::try_parse_from(argv).expect("flags").config;
         let stop = CancellationToken::new();
