@@ -535,3 +535,90 @@ async fn a_saturated_pool_sheds_with_429_until_a_request_ends() {
         "{metrics}"
     );
 }
+
+/// Sends a buffered chat request whose body is `body` and returns the pick.
+async fn pick_for(epp: &str, body_json: &serde_json::Value) -> Option<String> {
+    let chat = serde_json::to_vec(body_json).unwrap();
+    let r = exchange(
+        epp,
+        vec![
+            with_mode(
+                headers("/v1/chat/completions", false),
+                BodySendMode::Buffered,
+            ),
+            body(&chat, true),
+        ],
+        2,
+    )
+    .await;
+    picked(&r[1])
+}
+
+/// vLLM serves a LoRA adapter under its own model name: the picker takes a
+/// request for it as the adapter of the pool's base model, finds the blocks
+/// stored under the adapter, and never the base model's; a request's
+/// cache salt likewise selects the salted blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapter_and_salted_requests_go_to_their_own_caches() {
+    let mut picker = start();
+    let tokens = chat_tokens();
+    let domain = |adapter: &str, salt: &str| {
+        ic_kvevents::keyed_chain_fingerprints(
+            &tokens,
+            4,
+            &ic_kvevents::PromptExtras {
+                adapter: adapter.into(),
+                cache_salt: salt.into(),
+                ..Default::default()
+            },
+        )
+    };
+    let replica = |replica_id, address| ic_e2e::ingest::Replica {
+        tenant: "team-a",
+        model: "tiny-chat",
+        replica_id,
+        address,
+        dp_rank: 0,
+    };
+    // HOLDER has the prompt under the adapter and under a salt; OTHER has
+    // it for the base model only.
+    let holder = vec![
+        ic_e2e::ingest::stored(domain("sql-lora", ""), 4, pb::Tier::T1),
+        ic_e2e::ingest::stored(domain("", "tenant-a"), 4, pb::Tier::T1),
+    ];
+    ic_e2e::ingest::ingest(
+        &picker.grpc,
+        ic_e2e::ingest::resync(&replica("engine-holder", HOLDER), holder),
+    )
+    .await;
+    let base = vec![ic_e2e::ingest::stored(domain("", ""), 4, pb::Tier::T1)];
+    ic_e2e::ingest::ingest(
+        &picker.grpc,
+        ic_e2e::ingest::resync(&replica("engine-other", OTHER), base),
+    )
+    .await;
+
+    let mut request = chat_body();
+    assert_eq!(
+        pick_for(&picker.epp, &request).await.as_deref(),
+        Some(OTHER)
+    );
+    request["model"] = "sql-lora".into();
+    assert_eq!(
+        pick_for(&picker.epp, &request).await.as_deref(),
+        Some(HOLDER)
+    );
+    let mut salted = chat_body();
+    salted["cache_salt"] = "tenant-a".into();
+    assert_eq!(
+        pick_for(&picker.epp, &salted).await.as_deref(),
+        Some(HOLDER)
+    );
+    // Both decisions were prefix matches, not load.
+    let (_, metrics) = ic_e2e::http_get(picker.process.admin_addr(), "/metrics");
+    assert!(
+        metrics.contains("inferencecache_index_epp_picks_total{by=\"prefix\"} 3"),
+        "{metrics}"
+    );
+    assert!(picker.process.stop().success());
+}
