@@ -44,7 +44,7 @@ pub struct IndexServer {
     /// Load board, speculative holders and scoring weights.
     pub routing: Arc<Routing>,
     /// Each replica's latest KV cache size, as its engine reports it.
-    pub engine_caches: Arc<EngineCaches>,
+    pub engine_reports: Arc<EngineReports>,
 }
 
 /// What a replica's subscriber last said about the engine beside its
@@ -60,9 +60,9 @@ pub struct EngineReport {
 /// Each replica's latest [`EngineReport`] (for the snapshot; not routing
 /// state, so it lives beside the index).
 #[derive(Debug, Default)]
-pub struct EngineCaches(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, EngineReport>>);
+pub struct EngineReports(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, EngineReport>>);
 
-impl EngineCaches {
+impl EngineReports {
     /// Records what `key`'s latest batch said.
     pub fn report(
         &self,
@@ -170,7 +170,7 @@ impl IndexServer {
             metrics,
             tokenizers: Arc::new(Tokenizers::default()),
             routing: Arc::new(Routing::default()),
-            engine_caches: Arc::new(EngineCaches::default()),
+            engine_reports: Arc::new(EngineReports::default()),
         }
     }
 
@@ -404,7 +404,7 @@ impl IndexService for IndexServer {
             }
             self.metrics.ingest_batch("applied");
             if let Some((key, cache, incomplete)) = report {
-                self.engine_caches.report(key, cache, incomplete);
+                self.engine_reports.report(key, cache, incomplete);
             }
             if let Some((replica_id, load)) = engine_load {
                 self.routing

@@ -33,7 +33,7 @@ use ic_index::Index;
 
 use crate::auth::{AuthError, ProbeAuth};
 use crate::convert::PROBE_TENANT;
-use crate::grpc::EngineCaches;
+use crate::grpc::EngineReports;
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::probe::{ProbeRequest, Prober};
 
@@ -67,10 +67,10 @@ pub fn rfc3339(ms: i64) -> String {
 }
 
 /// Builds the snapshot body.
-pub fn snapshot(index: &Index, caches: &EngineCaches, now_ms: i64) -> Snapshot {
+pub fn snapshot(index: &Index, reports: &EngineReports, now_ms: i64) -> Snapshot {
     let rows = index.snapshot();
     let present = rows.iter().map(|r| &r.key).collect();
-    let caches = caches.of_present(&present);
+    let reports = reports.of_present(&present);
     Snapshot {
         generated_at: rfc3339(now_ms),
         entries: index.len(),
@@ -79,7 +79,7 @@ pub fn snapshot(index: &Index, caches: &EngineCaches, now_ms: i64) -> Snapshot {
             // The functional probe's synthetic replicas are not real.
             .filter(|r| r.key.tenant != PROBE_TENANT)
             .map(|r| {
-                let cache = caches.get(&r.key).copied().unwrap_or_default();
+                let report = reports.get(&r.key).copied().unwrap_or_default();
                 SnapshotReplica {
                     tenant: r.key.tenant,
                     replica_id: r.key.replica_id,
@@ -93,9 +93,9 @@ pub fn snapshot(index: &Index, caches: &EngineCaches, now_ms: i64) -> Snapshot {
                     block_size: r.block_size,
                     last_event_at: r.last_event_ms.map(rfc3339),
                     last_seen_at: rfc3339(r.last_seen_ms),
-                    cache_memory_bytes: cache.cache.and_then(|c| c.memory_bytes),
-                    cache_capacity_tokens: cache.cache.and_then(|c| c.capacity_tokens),
-                    history_incomplete: cache.history_incomplete,
+                    cache_memory_bytes: report.cache.and_then(|c| c.memory_bytes),
+                    cache_capacity_tokens: report.cache.and_then(|c| c.capacity_tokens),
+                    history_incomplete: report.history_incomplete,
                     hit_rate_reported: false,
                     tier2_hits: r.tier2.map(|t| t.0),
                     tier2_queries: r.tier2.map(|t| t.1),
@@ -116,8 +116,8 @@ pub struct HttpState {
     pub auth: Arc<ProbeAuth>,
     /// Metrics.
     pub metrics: Metrics,
-    /// Engine KV cache sizes for the snapshot.
-    pub engine_caches: Arc<EngineCaches>,
+    /// What the engines last reported beside their blocks, for the snapshot.
+    pub engine_reports: Arc<EngineReports>,
 }
 
 /// A JSON error body `{"error": "..."}`.
@@ -190,7 +190,7 @@ pub fn router(state: HttpState) -> Router {
             get(|State(state): State<HttpState>| async move {
                 Json(snapshot(
                     &state.index,
-                    &state.engine_caches,
+                    &state.engine_reports,
                     ic_clock::unix_ms(),
                 ))
             }),

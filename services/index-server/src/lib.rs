@@ -409,7 +409,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         prober: Prober::new(service.clone()),
         auth: Arc::new(auth),
         metrics: metrics.clone(),
-        engine_caches: service.engine_caches.clone(),
+        engine_reports: service.engine_reports.clone(),
     };
     let health = Health::new();
     let admin = AdminServer::bind(

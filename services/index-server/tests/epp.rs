@@ -203,18 +203,7 @@ async fn envoy_message_sequences_get_the_endpoint_holding_the_prompt() {
     let chat = serde_json::to_vec(&chat_body()).unwrap();
 
     // Buffered body: headers continue, the body response carries the pick.
-    let r = exchange(
-        &picker.epp,
-        vec![
-            with_mode(
-                headers("/v1/chat/completions", false),
-                BodySendMode::Buffered,
-            ),
-            body(&chat, true),
-        ],
-        2,
-    )
-    .await;
+    let r = buffered(&picker.epp, &chat).await;
     assert_eq!(r.len(), 2, "{r:?}");
     assert_eq!(picked(&r[0]), None, "headers pass without a pick");
     assert_eq!(picked(&r[1]).as_deref(), Some(HOLDER), "{r:?}");
@@ -536,21 +525,26 @@ async fn a_saturated_pool_sheds_with_429_until_a_request_ends() {
     );
 }
 
-/// Sends a buffered chat request whose body is `body` and returns the pick.
-async fn pick_for(epp: &str, body_json: &serde_json::Value) -> Option<String> {
-    let chat = serde_json::to_vec(body_json).unwrap();
-    let r = exchange(
+/// One chat request with a buffered body: the headers' and the body's
+/// responses.
+async fn buffered(epp: &str, chat: &[u8]) -> Vec<ProcessingResponse> {
+    exchange(
         epp,
         vec![
             with_mode(
                 headers("/v1/chat/completions", false),
                 BodySendMode::Buffered,
             ),
-            body(&chat, true),
+            body(chat, true),
         ],
         2,
     )
-    .await;
+    .await
+}
+
+/// The endpoint picked for a buffered chat request with body `body_json`.
+async fn pick_for(epp: &str, body_json: &serde_json::Value) -> Option<String> {
+    let r = buffered(epp, &serde_json::to_vec(body_json).unwrap()).await;
     picked(&r[1])
 }
 
