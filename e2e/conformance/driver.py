@@ -160,6 +160,7 @@ def sglang_args(case):
         "hicache_ratio",
         "hicache_size",
         "kv_events_config",
+        "enable_metrics",
         "port",
     ]
     out = {k: getattr(server_args, k, None) for k in keys}

@@ -231,6 +231,7 @@ fn lmcache_loads_every_injected_env_and_knows_every_remote() {
 #[test]
 fn sglang_parses_every_injected_command_line() {
     let mut lmcache = 0;
+    let mut metrics = 0;
     for (name, pod) in golden_pods() {
         let (c, sglang) = engine(&pod);
         if !sglang {
@@ -254,7 +255,28 @@ fn sglang_parses_every_injected_command_line() {
         if args.iter().any(|a| a == "--enable-hierarchical-cache") {
             assert_eq!(r["enable_hierarchical_cache"], true, "{name}");
         }
+        let url = pod["spec"]["containers"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == "kvevent-subscriber"))
+            .and_then(|c| {
+                strings(&c["args"])
+                    .into_iter()
+                    .find_map(|a| a.strip_prefix("--engine-metrics-url=").map(str::to_owned))
+            });
+        // SGLang serves /metrics only when told to: the subscriber is given a
+        // metrics URL exactly when the parsed engine serves one, on its port.
+        if r["enable_metrics"] == true {
+            assert_eq!(
+                url,
+                Some(format!("http://127.0.0.1:{}/metrics", r["port"])),
+                "{name}"
+            );
+            metrics += 1;
+        } else {
+            assert_eq!(url, None, "{name}: scrapes an engine without /metrics");
+        }
     }
+    assert!(metrics >= 3, "only {metrics} injected SGLang fixtures");
     assert!(
         lmcache >= 3,
         "only {lmcache} SGLang+LMCache fixtures parsed"

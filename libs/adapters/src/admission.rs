@@ -316,14 +316,18 @@ fn wire(
         sidecars::check_squatting(pod_spec, SUBSCRIBER_CONTAINER).map_err(rejected)?;
         let mut out = pod.clone();
         let out_spec = out.spec.get_or_insert_with(Default::default);
-        let events = kv_events::read(&out_spec.containers[engine], spec.runtime);
+        let engine_c = &out_spec.containers[engine];
+        let events = kv_events::read(engine_c, spec.runtime);
+        let port = engine_port(engine_c, adapter.default_engine_port());
         let plan = SubscriberPlan {
             model_id: model.to_owned(),
             hash_scheme: adapter.hash_scheme(),
             // No tier keeps an evicted block: a removal is a real eviction.
             ignore_block_removed: false,
-            engine_port: engine_port(&out_spec.containers[engine], adapter.default_engine_port()),
-            engine_metrics_url: None,
+            engine_port: port,
+            engine_metrics_url: adapter
+                .serves_metrics_as_written(engine_c.args.as_deref().unwrap_or_default())
+                .then(|| format!("http://127.0.0.1:{port}/metrics")),
             publisher: events.publisher,
         };
         let guaranteed = sidecars::is_guaranteed(pod_spec);
@@ -412,7 +416,7 @@ fn wire(
             ignore_block_removed: adapter.retains_evicted_blocks(),
             engine_port: port,
             engine_metrics_url: adapter
-                .exports_tier2_metrics()
+                .exports_engine_metrics()
                 .then(|| format!("http://127.0.0.1:{port}/metrics")),
             publisher: events.publisher,
         };

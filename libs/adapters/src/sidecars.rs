@@ -48,7 +48,8 @@ pub struct SubscriberPlan {
     pub ignore_block_removed: bool,
     /// `--engine-port`, for the reported serving address.
     pub engine_port: i32,
-    /// `--engine-metrics-url` (vLLM offload: tier-2 hit counters).
+    /// `--engine-metrics-url`: the engine's `/metrics` (tier-2 hits, load,
+    /// KV cache size).
     pub engine_metrics_url: Option<String>,
     /// Where the engine publishes (from its `--kv-events-config`).
     pub publisher: crate::kv_events::Publisher,

@@ -417,7 +417,8 @@ fn hicache_matching_values_are_kept_byte_for_byte() {
             .and_then(|s| s.containers[0].args.clone()),
         Some(vec![
             "--hicache-ratio=2".to_owned(),
-            "--enable-hierarchical-cache".to_owned()
+            "--enable-hierarchical-cache".to_owned(),
+            "--enable-metrics".to_owned()
         ])
     );
 }

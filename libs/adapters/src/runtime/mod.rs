@@ -124,9 +124,16 @@ pub trait RuntimeAdapter: std::fmt::Debug + Sync {
     fn retains_evicted_blocks(&self) -> bool {
         true
     }
-    /// Whether the engine exports tier-2 hit counters on `/metrics` for the
-    /// subscriber to scrape.
-    fn exports_tier2_metrics(&self) -> bool {
+    /// Whether the engine, as injected, serves Prometheus `/metrics` on its
+    /// serving port for the subscriber to scrape (tier-2 hits, load, cache
+    /// size).
+    fn exports_engine_metrics(&self) -> bool {
+        false
+    }
+    /// Whether the engine serves `/metrics` with `args` as the user wrote
+    /// them (EventsOnly pods, whose engine is not touched).
+    fn serves_metrics_as_written(&self, args: &[String]) -> bool {
+        let _ = args;
         false
     }
     /// Whether this adapter provides the lmcache-kernel-check init container.

@@ -13,10 +13,10 @@ use ic_api::cachebackend::{
     CacheType, HiCacheIoBackend, HiCacheMemoryLayout, HiCacheSpec, HiCacheWritePolicy, Runtime,
 };
 
-use super::sglang_lmcache::{ENABLE_LMCACHE, LMCACHE_CONFIG_FILE};
+use super::sglang_lmcache::{ENABLE_LMCACHE, ENABLE_METRICS, LMCACHE_CONFIG_FILE};
 use super::{InjectContext, RuntimeAdapter};
 use crate::binding::Protocol;
-use crate::merge::{ArgItem, flag_items};
+use crate::merge::{ArgItem, flag_items, upsert_flag};
 
 /// HiCache switch.
 pub const ENABLE_HICACHE: &str = "--enable-hierarchical-cache";
@@ -228,6 +228,14 @@ impl RuntimeAdapter for SglangHiCache {
         "sglang"
     }
 
+    fn exports_engine_metrics(&self) -> bool {
+        true
+    }
+
+    fn serves_metrics_as_written(&self, args: &[String]) -> bool {
+        !flag_items(args, ENABLE_METRICS).is_empty()
+    }
+
     fn default_engine_port(&self) -> i32 {
         30000
     }
@@ -251,6 +259,7 @@ impl RuntimeAdapter for SglangHiCache {
         for tokens in additions {
             args.extend(tokens);
         }
+        upsert_flag(args, ENABLE_METRICS);
         Ok(())
     }
 }

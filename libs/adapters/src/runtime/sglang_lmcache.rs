@@ -47,6 +47,9 @@ pub const SHM_PATH: &str = "/dev/shm";
 pub const ENABLE_LMCACHE: &str = "--enable-lmcache";
 /// SGLang's LMCache config-file flag.
 pub const LMCACHE_CONFIG_FILE: &str = "--lmcache-config-file";
+/// Prometheus `/metrics` on the serving port: off by default in SGLang, and
+/// the subscriber reads the KV cache size and load from it.
+pub const ENABLE_METRICS: &str = "--enable-metrics";
 
 const RESERVED_ARGS: &[&str] = &[ENABLE_LMCACHE, LMCACHE_CONFIG_FILE];
 /// `INFERENCECACHE_FAIL_OPEN` is the pod's record of
@@ -222,6 +225,14 @@ impl RuntimeAdapter for SglangLmCache {
         "sglang"
     }
 
+    fn exports_engine_metrics(&self) -> bool {
+        true
+    }
+
+    fn serves_metrics_as_written(&self, args: &[String]) -> bool {
+        !flag_items(args, ENABLE_METRICS).is_empty()
+    }
+
     fn default_engine_port(&self) -> i32 {
         30000
     }
@@ -308,6 +319,7 @@ impl RuntimeAdapter for SglangLmCache {
         let args = engine.args.get_or_insert_with(Vec::new);
         upsert_flag(args, ENABLE_LMCACHE);
         upsert_arg_pair(args, LMCACHE_CONFIG_FILE, CONFIG_FILE);
+        upsert_flag(args, ENABLE_METRICS);
         upsert_env(engine, env(FAIL_OPEN_ENV, ctx.fail_open().to_string()));
         Ok(())
     }

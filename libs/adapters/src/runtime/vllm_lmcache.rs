@@ -96,7 +96,12 @@ impl RuntimeAdapter for VllmLmCache {
         true
     }
 
-    fn exports_tier2_metrics(&self) -> bool {
+    fn exports_engine_metrics(&self) -> bool {
+        true
+    }
+
+    fn serves_metrics_as_written(&self, _args: &[String]) -> bool {
+        // vLLM's API server always mounts /metrics.
         true
     }
 
