@@ -658,6 +658,18 @@ pub struct IndexParticipation {
     /// queried. "0": queried, never hit (a silently broken offload tier).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub t2_hit_rate: Option<String>,
+    /// Replicas whose subscriber could not recover the engine's early
+    /// history (CacheIndex `replicas[].historyIncomplete`): they are
+    /// credited with fewer blocks than they hold until their cache turns
+    /// over. Absent means 0 (the spec's drained shape stays
+    /// `{prefixCount: 0}`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_incomplete_replicas: i64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if signature
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 impl CacheBackendSpec {

@@ -129,6 +129,7 @@ struct Accumulator {
     t2_hits: u64,
     t2_queries: u64,
     pods: BTreeSet<String>,
+    incomplete: BTreeSet<String>,
 }
 
 /// Splits `snapshot` by owning backend. `pods` are the engine pods of the
@@ -176,6 +177,9 @@ pub fn attribute(
             a.t2_queries = a.t2_queries.saturating_add(queries);
         }
         a.pods.insert(row.replica_id.clone());
+        if row.history_incomplete {
+            a.incomplete.insert(row.replica_id.clone());
+        }
     }
     for (backend, a) in acc {
         let t2_hit_rate = rate(a.t2_hits, a.t2_queries);
@@ -187,6 +191,8 @@ pub fn attribute(
                     last_event_at: a.last_event.map(whole_seconds),
                     hit_rate: None,
                     t2_hit_rate: t2_hit_rate.map(format_rate),
+                    history_incomplete_replicas: i64::try_from(a.incomplete.len())
+                        .unwrap_or(i64::MAX),
                 },
                 t2_hit_rate,
                 replicas: a.pods.len(),
@@ -423,6 +429,8 @@ mod tests {
             row("a", "drained", 3, None),
         ];
         rows[2].dp_rank = 1;
+        // One rank of p1 lacks early history: the pod counts once.
+        rows[2].history_incomplete = true;
         rows[0].tier2_hits = Some(1);
         rows[0].tier2_queries = Some(4);
         let a = attribute(
@@ -445,6 +453,7 @@ mod tests {
         assert_eq!(share.participation.hit_rate, None);
         assert_eq!(share.participation.t2_hit_rate.as_deref(), Some("0.25"));
         assert_eq!(share.t2_hit_rate, Some(0.25));
+        assert_eq!(share.participation.history_incomplete_replicas, 1);
     }
 
     #[test]
@@ -488,6 +497,7 @@ mod tests {
             last_event_at: Some(whole_seconds(Timestamp::UNIX_EPOCH)),
             hit_rate: None,
             t2_hit_rate: Some("0.5".into()),
+            history_incomplete_replicas: 1,
         };
         assert_eq!(
             next_participation(Some(&had), Some(&share))

@@ -148,6 +148,13 @@ pub struct Config {
     #[arg(long, env = "IC_STARTUP_GRACE_SECONDS", default_value_t = 30)]
     pub startup_grace_seconds: u64,
 
+    /// Tokens a rank whose history is incomplete must store, with no store
+    /// extending a block its view lacks, before it counts as complete again
+    /// (`history_incomplete` back to 0); 0 = the engine's reported KV
+    /// capacity (never while it reports none).
+    #[arg(long, env = "IC_HISTORY_TURNOVER_TOKENS", default_value_t = 0)]
+    pub history_turnover_tokens: u64,
+
     /// Blocks remembered per DP rank; beyond it the oldest tier-2-only blocks
     /// are forgotten.
     #[arg(long, env = "IC_MAX_BLOCKS", default_value_t = 4_000_000)]
@@ -188,15 +195,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await
     .context("starting admin server")?;
 
-    let outbox = Arc::new(Mutex::new(Outbox::new(
-        config.dp_ranks,
-        config.queue_capacity,
-        ReplicaConfig {
-            ignore_block_removed: config.ignore_block_removed,
-            max_blocks: config.max_blocks,
-            max_adapters: config.max_adapters,
-        },
-    )));
+    let outbox = Arc::new(Mutex::new(
+        Outbox::new(
+            config.dp_ranks,
+            config.queue_capacity,
+            ReplicaConfig {
+                ignore_block_removed: config.ignore_block_removed,
+                max_blocks: config.max_blocks,
+                max_adapters: config.max_adapters,
+            },
+        )
+        .with_history_turnover(config.history_turnover_tokens),
+    ));
     let notify = Arc::new(Notify::new());
     let identity = Identity {
         scope: pb::IndexScope {
@@ -333,7 +343,9 @@ async fn scrape_tier2(
                 let mut ob = outbox::lock(&outbox);
                 ob.tier2 = counters;
                 ob.engine_load = load;
-                ob.engine_cache = cache;
+                for rank in ob.set_engine_cache(cache) {
+                    metrics.history_completed(rank);
+                }
             }
             Err(error) => {
                 metrics.tier2_scrape_failures.inc();

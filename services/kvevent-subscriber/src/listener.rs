@@ -485,16 +485,26 @@ fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {
         m.events.get_or_create(&KindLabel { kind }).inc();
     }
     let mut stats = ApplyStats::default();
-    let (dropped, queued, blocks, adapters) = {
+    let (applied, queued, blocks, adapters) = {
         let mut outbox = lock(&ctx.outbox);
-        let dropped = outbox.apply(rank, &batch, &mut stats);
+        let applied = outbox.apply(rank, &batch, &mut stats);
         let adapters = outbox.adapters();
-        (dropped, outbox.queued(), outbox.blocks(), adapters)
+        (applied, outbox.queued(), outbox.blocks(), adapters)
     };
     m.record_apply(&stats);
     m.record_adapters(&adapters);
-    if dropped > 0 {
-        m.queue_dropped.inc_by(dropped as u64);
+    if applied.dropped > 0 {
+        m.queue_dropped.inc_by(applied.dropped as u64);
+    }
+    if applied.history_completed {
+        m.history_turnovers.inc();
+        m.history_incomplete
+            .get_or_create(&crate::metrics::RankLabel { rank })
+            .set(0);
+        tracing::info!(
+            rank,
+            "the engine's cache turned over; history complete again"
+        );
     }
     m.queue_depth.set(i64::try_from(queued).unwrap_or(i64::MAX));
     m.tracked_blocks

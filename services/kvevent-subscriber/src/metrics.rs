@@ -79,6 +79,8 @@ pub struct Metrics {
     /// 1 while a rank's view misses such batches (blocks stored in them are
     /// absent from the index until the engine's cache turns over).
     pub history_incomplete: Family<RankLabel, Gauge>,
+    /// Incomplete histories completed by the engine's cache turning over.
+    pub history_turnovers: Counter,
     /// Index changes waiting to be forwarded.
     pub queue_depth: Gauge,
     /// Index changes dropped because the queue was full (recovered by resync).
@@ -127,6 +129,18 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// `rank`'s incomplete history completed after a cache turnover.
+    pub fn history_completed(&self, rank: u32) {
+        self.history_turnovers.inc();
+        self.history_incomplete
+            .get_or_create(&RankLabel { rank })
+            .set(0);
+        tracing::info!(
+            rank,
+            "the engine's cache turned over; history complete again"
+        );
+    }
+
     /// Registers every metric.
     pub fn register(registry: &MetricsRegistry) -> Self {
         let m = Self::default();
@@ -197,6 +211,11 @@ impl Metrics {
             "history_incomplete",
             "1 while a rank's view misses batches nobody can deliver any more",
             self.history_incomplete.clone(),
+        );
+        r.register(
+            "history_turnovers",
+            "Incomplete histories counted complete again after the engine's cache turned over",
+            self.history_turnovers.clone(),
         );
         r.register(
             "queue_depth",

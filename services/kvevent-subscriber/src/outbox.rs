@@ -51,6 +51,19 @@ struct Rank {
     ready: bool,
     /// Batches before the rank's view could not be recovered.
     incomplete: bool,
+    /// Tokens stored since the last store whose parent the view lacked
+    /// (counts towards the turnover that completes the history again).
+    clean_tokens: u64,
+}
+
+/// What one [`Outbox::apply`] did besides updating the replica.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Queued changes dropped to make room (the rank resyncs instead).
+    pub dropped: usize,
+    /// The rank's history was incomplete and the engine's cache has now
+    /// turned over (see [`Outbox::with_history_turnover`]).
+    pub history_completed: bool,
 }
 
 /// Per-rank state plus the bounded queue of changes to forward.
@@ -65,6 +78,9 @@ pub struct Outbox {
     pub engine_load: Option<crate::tier2::EngineLoad>,
     /// The engine's KV cache size, if scraped.
     pub engine_cache: Option<crate::tier2::EngineCache>,
+    /// Clean tokens that complete an incomplete history; 0 = the engine's
+    /// reported KV capacity.
+    history_turnover_tokens: u64,
 }
 
 /// Locks the shared outbox. A panic elsewhere cannot leave it half-updated
@@ -87,6 +103,7 @@ impl Outbox {
                     needs_resync: true,
                     ready: false,
                     incomplete: false,
+                    clean_tokens: 0,
                 })
                 .collect(),
             capacity: capacity.max(1),
@@ -94,7 +111,19 @@ impl Outbox {
             tier2: None,
             engine_load: None,
             engine_cache: None,
+            history_turnover_tokens: 0,
         }
+    }
+
+    /// An incomplete history counts as complete again once the rank has
+    /// stored `tokens` tokens (0: the engine's reported KV capacity; never,
+    /// while it reports none) with no store extending a block the view
+    /// lacks. A block stored before the view began and still in use shows
+    /// up as such a parent; once a whole cache's worth has been stored
+    /// without one, what the view lacks has been evicted or is unused.
+    pub fn with_history_turnover(mut self, tokens: u64) -> Self {
+        self.history_turnover_tokens = tokens;
+        self
     }
 
     /// Number of ranks.
@@ -118,6 +147,7 @@ impl Outbox {
     pub fn set_incomplete(&mut self, rank: u32, incomplete: bool) {
         if let Some(r) = self.ranks.get_mut(rank as usize) {
             r.incomplete = incomplete;
+            r.clean_tokens = 0;
         }
     }
 
@@ -147,21 +177,57 @@ impl Outbox {
         out
     }
 
+    fn turnover_tokens(&self) -> Option<u64> {
+        match self.history_turnover_tokens {
+            0 => self.engine_cache.and_then(|c| c.capacity_tokens),
+            n => Some(n),
+        }
+    }
+
+    /// Records the engine's scraped cache size; returns the ranks whose
+    /// history it completes (enough clean tokens were already stored).
+    pub fn set_engine_cache(&mut self, cache: Option<crate::tier2::EngineCache>) -> Vec<u32> {
+        self.engine_cache = cache;
+        let turnover = self.turnover_tokens();
+        (0..self.ranks())
+            .filter(|&r| {
+                let state = &mut self.ranks[r as usize];
+                state.incomplete && state.complete_if_turned_over(turnover)
+            })
+            .collect()
+    }
+
     /// Applies a decoded batch to `rank` and queues the resulting changes.
-    /// Returns how many queued changes had to be dropped to make room.
-    pub fn apply(&mut self, rank: u32, batch: &DecodedBatch, stats: &mut ApplyStats) -> usize {
+    pub fn apply(&mut self, rank: u32, batch: &DecodedBatch, stats: &mut ApplyStats) -> Applied {
+        let turnover = self.turnover_tokens();
         let Some(state) = self.ranks.get_mut(rank as usize) else {
-            return 0;
+            return Applied::default();
         };
+        let unresolved_before = stats.unresolved_parent_blocks;
         let mut changes = Vec::new();
         state.replica.apply_batch(batch, &mut changes, stats);
+        let mut history_completed = false;
+        if state.incomplete {
+            if stats.unresolved_parent_blocks > unresolved_before {
+                state.clean_tokens = 0;
+            } else {
+                state.clean_tokens = state.clean_tokens.saturating_add(stored_tokens(batch));
+            }
+            history_completed = state.complete_if_turned_over(turnover);
+        }
         if state.needs_resync {
             // A resync is already owed: the snapshot will include these.
-            return 0;
+            return Applied {
+                dropped: 0,
+                history_completed,
+            };
         }
         self.queued += changes.len();
         state.pending.extend(changes);
-        self.enforce_capacity()
+        Applied {
+            dropped: self.enforce_capacity(),
+            history_completed,
+        }
     }
 
     fn enforce_capacity(&mut self) -> usize {
@@ -230,6 +296,31 @@ impl Outbox {
     }
 }
 
+impl Rank {
+    fn complete_if_turned_over(&mut self, turnover: Option<u64>) -> bool {
+        if turnover.is_some_and(|t| self.clean_tokens >= t) {
+            self.incomplete = false;
+            self.clean_tokens = 0;
+            return true;
+        }
+        false
+    }
+}
+
+/// Tokens the batch's stores cover.
+fn stored_tokens(batch: &DecodedBatch) -> u64 {
+    batch
+        .events
+        .iter()
+        .map(|e| match e {
+            ic_kvevents::KvEvent::BlockStored(s) => {
+                (s.block_hashes.len() as u64).saturating_mul(u64::from(s.block_size))
+            }
+            _ => 0,
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -282,7 +373,7 @@ mod tests {
         outbox.take(100);
         let mut dropped = 0;
         for h in 1..=5 {
-            dropped += outbox.apply(0, &batch(h), &mut stats);
+            dropped += outbox.apply(0, &batch(h), &mut stats).dropped;
         }
         assert!(dropped > 0);
         assert!(outbox.queued() <= 3);
@@ -311,5 +402,49 @@ mod tests {
             }]
         );
         assert_eq!(outbox.blocks(), 0);
+    }
+
+    fn child(hash: u64, parent: u64) -> DecodedBatch {
+        let mut b = batch(hash);
+        if let KvEvent::BlockStored(s) = &mut b.events[0] {
+            s.parent_block_hash = Some(parent);
+        }
+        b
+    }
+
+    #[test]
+    fn an_incomplete_history_completes_after_a_clean_turnover() {
+        let mut outbox = Outbox::new(1, 100, ReplicaConfig::default()).with_history_turnover(8);
+        outbox.set_ready(0);
+        outbox.set_incomplete(0, true);
+        let mut stats = ApplyStats::default();
+        // 4 clean tokens, then a store extending a block the view lacks:
+        // the old history is still in use, so the count starts again.
+        assert!(!outbox.apply(0, &batch(1), &mut stats).history_completed);
+        assert!(!outbox.apply(0, &child(2, 99), &mut stats).history_completed);
+        assert!(!outbox.apply(0, &batch(3), &mut stats).history_completed);
+        assert!(outbox.is_incomplete(0));
+        assert!(outbox.apply(0, &batch(4), &mut stats).history_completed);
+        assert!(!outbox.is_incomplete(0));
+        // A complete history stays complete.
+        assert!(!outbox.apply(0, &child(5, 98), &mut stats).history_completed);
+    }
+
+    #[test]
+    fn without_a_turnover_size_the_history_stays_incomplete_until_the_engine_reports_one() {
+        let mut outbox = Outbox::new(1, 100, ReplicaConfig::default());
+        outbox.set_ready(0);
+        outbox.set_incomplete(0, true);
+        let mut stats = ApplyStats::default();
+        for h in 1..=10 {
+            assert!(!outbox.apply(0, &batch(h), &mut stats).history_completed);
+        }
+        // The clean tokens so far count as soon as the size is known.
+        let cache = crate::tier2::EngineCache {
+            memory_bytes: None,
+            capacity_tokens: Some(8),
+        };
+        assert_eq!(outbox.set_engine_cache(Some(cache)), vec![0]);
+        assert!(!outbox.is_incomplete(0));
     }
 }

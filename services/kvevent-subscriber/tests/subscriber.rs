@@ -498,7 +498,17 @@ async fn a_restarted_subscriber_rebuilds_before_it_resyncs_and_reports_what_it_l
     // The engine ran past its replay buffer: batch 0 is gone from it.
     engine.forget_before(1);
     let resyncs = index.resyncs();
-    let third = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    let third = Subscriber::start(
+        &engine,
+        &index.url(),
+        SubscriberOptions {
+            engine_metrics_url: Some(
+                serve_metrics("vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"3\"} 1\n")
+                    .await,
+            ),
+            ..Default::default()
+        },
+    );
     wait_until(WAIT, "the third subscriber's resync", || {
         index.resyncs() > resyncs
     })
@@ -525,6 +535,59 @@ async fn a_restarted_subscriber_rebuilds_before_it_resyncs_and_reports_what_it_l
             .batches
             .iter()
             .any(|b| b.history_incomplete)
+    })
+    .await;
+
+    // The engine reports a 48-token cache. A store extending block 2 (which
+    // the view lacks) shows the old history is still in use; then 48 tokens
+    // of new prompts turn the cache over and the flag clears.
+    engine
+        .publish(&[gpu_store(vec![4], Some(2), tokens(48, 16), 16)])
+        .await;
+    engine
+        .publish(&[gpu_store(vec![10, 11], None, tokens(100, 32), 16)])
+        .await;
+    wait_until(WAIT, "two new blocks", || {
+        index.tiers("engine-0", 0).len() == 2
+    })
+    .await;
+    assert_eq!(
+        third
+            .metric("inferencecache_subscriber_history_incomplete")
+            .await,
+        1.0,
+        "32 clean tokens of a 48-token cache are not a turnover"
+    );
+    engine
+        .publish(&[gpu_store(vec![12], None, tokens(200, 16), 16)])
+        .await;
+    let mut turned_over = false;
+    for _ in 0..200 {
+        if third
+            .metric("inferencecache_subscriber_history_incomplete")
+            .await
+            == 0.0
+        {
+            turned_over = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(turned_over, "the history never completed after a turnover");
+    assert_eq!(
+        third
+            .metric("inferencecache_subscriber_history_turnovers_total")
+            .await,
+        1.0
+    );
+    wait_until(WAIT, "a batch without the flag", || {
+        index
+            .recorded
+            .lock()
+            .unwrap()
+            .batches
+            .last()
+            .is_some_and(|b| !b.history_incomplete)
     })
     .await;
     third.stop().await;
@@ -762,17 +825,24 @@ async fn each_dp_rank_is_its_own_stream() {
     sub.stop().await;
 }
 
+/// Serves `page` as an engine's Prometheus `/metrics` on loopback; returns
+/// its URL.
+async fn serve_metrics(page: &'static str) -> String {
+    let app =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/metrics")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tier2_counters_are_scraped_from_the_engine_and_forwarded() {
     // The engine's Prometheus endpoint, served for real on loopback.
     let page = "# TYPE vllm:external_prefix_cache_hits_total counter\n\
         vllm:external_prefix_cache_hits_total{engine=\"0\"} 30.0\n\
         vllm:external_prefix_cache_queries_total{engine=\"0\"} 120.0\n";
-    let app =
-        axum::Router::new().route("/metrics", axum::routing::get(move || async move { page }));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let metrics_url = serve_metrics(page).await;
 
     let index = RecordingIndex::start().await;
     let mut engine = FakeEngine::start(Era::VllmMap, "").await;
@@ -780,7 +850,7 @@ async fn tier2_counters_are_scraped_from_the_engine_and_forwarded() {
         &engine,
         &index.url(),
         SubscriberOptions {
-            engine_metrics_url: Some(format!("http://{metrics_addr}/metrics")),
+            engine_metrics_url: Some(metrics_url),
             ..Default::default()
         },
     );
