@@ -9,8 +9,108 @@
 //! resync rather than guess.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::types::{Change, ReplicaKey, Scope};
+
+/// What one stream may hold (each bound is a server flag).
+#[derive(Clone, Debug)]
+pub struct IngestLimits {
+    /// Replica ranks one stream may carry.
+    pub max_ranks: usize,
+    /// Blocks one stream may hold in unfinished resyncs.
+    pub max_stream_resync_blocks: u64,
+    /// Blocks all streams together may hold in unfinished resyncs.
+    pub budget: ResyncBudget,
+}
+
+impl Default for IngestLimits {
+    fn default() -> Self {
+        Self {
+            max_ranks: 1024,
+            max_stream_resync_blocks: 1 << 24,
+            budget: ResyncBudget::new(1 << 26),
+        }
+    }
+}
+
+/// Blocks buffered in unfinished resyncs, shared by every stream of a
+/// server, so many streams cannot together outgrow one stream's bound.
+#[derive(Clone, Debug)]
+pub struct ResyncBudget {
+    used: Arc<AtomicU64>,
+    limit: u64,
+}
+
+impl ResyncBudget {
+    /// A budget of `limit` blocks.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            used: Arc::new(AtomicU64::new(0)),
+            limit,
+        }
+    }
+
+    /// Blocks currently charged.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    fn try_charge(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|&total| total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: u64) {
+        // Never below zero, whatever a caller does.
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(n))
+            });
+    }
+}
+
+/// Which bound refused a batch (the stream ends; nothing it applied before
+/// is lost, and its unfinished resync is dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    /// [`IngestLimits::max_ranks`].
+    Ranks,
+    /// [`IngestLimits::max_stream_resync_blocks`].
+    StreamResync,
+    /// [`IngestLimits::budget`].
+    ResyncBudget,
+}
+
+impl Limit {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Ranks => "ranks_per_stream",
+            Self::StreamResync => "stream_resync_blocks",
+            Self::ResyncBudget => "resync_budget_blocks",
+        }
+    }
+}
+
+/// Blocks a change holds in a buffer (at least one per change, so empty
+/// changes cannot be buffered for free).
+fn weight(changes: &[Change]) -> u64 {
+    changes
+        .iter()
+        .map(|c| match c {
+            Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
+                fingerprints.len().max(1) as u64
+            }
+            Change::Cleared { .. } => 1,
+        })
+        .sum()
+}
 
 /// One decoded, validated batch.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,6 +168,8 @@ pub enum Step {
     Buffered,
     /// A resync is needed; end the stream with this detail.
     ResyncRequired(String),
+    /// A bound was reached; end the stream with this detail.
+    Refused(Limit, String),
 }
 
 #[derive(Debug)]
@@ -75,15 +177,40 @@ struct RankStream {
     incarnation: u64,
     last_seq: u64,
     resync: Option<Vec<Change>>,
+    /// Blocks `resync` holds (charged to the stream and the budget).
+    buffered: u64,
 }
 
 /// The protocol state of one stream.
 #[derive(Debug, Default)]
 pub struct IngestSession {
     ranks: HashMap<ReplicaKey, RankStream>,
+    limits: IngestLimits,
+    /// Blocks this stream holds in unfinished resyncs.
+    buffered: u64,
+}
+
+impl Drop for IngestSession {
+    fn drop(&mut self) {
+        self.limits.budget.release(self.buffered);
+    }
 }
 
 impl IngestSession {
+    /// A session bounded by `limits`.
+    pub fn with_limits(limits: IngestLimits) -> Self {
+        Self {
+            ranks: HashMap::new(),
+            limits,
+            buffered: 0,
+        }
+    }
+
+    fn uncharge(&mut self, n: u64) {
+        self.buffered = self.buffered.saturating_sub(n);
+        self.limits.budget.release(n);
+    }
+
     /// Classifies one batch.
     pub fn accept(&mut self, batch: IngestBatch) -> Step {
         let IngestBatch {
@@ -98,14 +225,27 @@ impl IngestSession {
             tier2,
         } = batch;
         if resync_begin {
-            self.ranks.insert(
+            if !self.ranks.contains_key(&key) && self.ranks.len() >= self.limits.max_ranks {
+                return Step::Refused(
+                    Limit::Ranks,
+                    format!(
+                        "replica {}/{} rank {}: this stream already carries {} ranks",
+                        key.tenant, key.replica_id, key.dp_rank, self.limits.max_ranks
+                    ),
+                );
+            }
+            let previous = self.ranks.insert(
                 key.clone(),
                 RankStream {
                     incarnation,
                     last_seq: seq,
                     resync: Some(Vec::new()),
+                    buffered: 0,
                 },
             );
+            if let Some(previous) = previous {
+                self.uncharge(previous.buffered);
+            }
         }
         let Some(rank) = self.ranks.get_mut(&key) else {
             return Step::ResyncRequired(format!(
@@ -131,11 +271,38 @@ impl IngestSession {
         }
         match rank.resync.as_mut() {
             Some(buffer) => {
-                buffer.extend(changes);
                 if !resync_end {
+                    let n = weight(&changes);
+                    if self.buffered.saturating_add(n) > self.limits.max_stream_resync_blocks {
+                        return Step::Refused(
+                            Limit::StreamResync,
+                            format!(
+                                "replica {}/{} rank {}: resync larger than {} blocks",
+                                key.tenant,
+                                key.replica_id,
+                                key.dp_rank,
+                                self.limits.max_stream_resync_blocks
+                            ),
+                        );
+                    }
+                    if !self.limits.budget.try_charge(n) {
+                        return Step::Refused(
+                            Limit::ResyncBudget,
+                            format!(
+                                "replica {}/{} rank {}: the server's resync buffer ({} blocks) is full",
+                                key.tenant, key.replica_id, key.dp_rank, self.limits.budget.limit
+                            ),
+                        );
+                    }
+                    buffer.extend(changes);
+                    rank.buffered += n;
+                    self.buffered += n;
                     return Step::Buffered;
                 }
+                buffer.extend(changes);
                 let changes = rank.resync.take().unwrap_or_default();
+                let freed = std::mem::take(&mut rank.buffered);
+                self.uncharge(freed);
                 Step::Replace {
                     key,
                     scope,
@@ -210,6 +377,85 @@ mod tests {
         assert!(matches!(
             s.accept(batch(13, false, false, 8)),
             Step::ResyncRequired(d) if d.contains("incarnation")
+        ));
+    }
+
+    fn limited(max_ranks: usize, stream: u64, budget: &ResyncBudget) -> IngestSession {
+        IngestSession::with_limits(IngestLimits {
+            max_ranks,
+            max_stream_resync_blocks: stream,
+            budget: budget.clone(),
+        })
+    }
+
+    fn for_rank(mut b: IngestBatch, rank: u32) -> IngestBatch {
+        b.key.dp_rank = rank;
+        b
+    }
+
+    #[test]
+    fn an_endless_resync_is_refused_at_the_stream_bound_and_releases_the_budget() {
+        let budget = ResyncBudget::new(100);
+        let mut s = limited(4, 3, &budget);
+        assert_eq!(s.accept(batch(1, true, false, 7)), Step::Buffered);
+        assert_eq!(s.accept(batch(2, false, false, 7)), Step::Buffered);
+        assert_eq!(s.accept(batch(3, false, false, 7)), Step::Buffered);
+        assert_eq!(budget.used(), 3);
+        assert!(matches!(
+            s.accept(batch(4, false, false, 7)),
+            Step::Refused(Limit::StreamResync, d) if d.contains("3 blocks")
+        ));
+        drop(s);
+        assert_eq!(budget.used(), 0, "a closed stream gives its buffer back");
+    }
+
+    #[test]
+    fn streams_share_one_resync_budget() {
+        let budget = ResyncBudget::new(3);
+        let mut a = limited(4, 10, &budget);
+        let mut b = limited(4, 10, &budget);
+        assert_eq!(a.accept(batch(1, true, false, 7)), Step::Buffered);
+        assert_eq!(a.accept(batch(2, false, false, 7)), Step::Buffered);
+        assert_eq!(b.accept(batch(1, true, false, 8)), Step::Buffered);
+        assert!(matches!(
+            b.accept(batch(2, false, false, 8)),
+            Step::Refused(Limit::ResyncBudget, _)
+        ));
+        // A finished resync frees its share: the other stream may go on.
+        assert!(matches!(
+            a.accept(batch(3, false, true, 7)),
+            Step::Replace { .. }
+        ));
+        assert_eq!(budget.used(), 1);
+        assert_eq!(b.accept(batch(3, false, false, 8)), Step::Buffered);
+        assert_eq!(budget.used(), 2);
+        // Restarting a resync releases the old buffer first.
+        assert_eq!(b.accept(batch(9, true, false, 8)), Step::Buffered);
+        assert_eq!(budget.used(), 1);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_stream_carries_a_bounded_number_of_ranks() {
+        let budget = ResyncBudget::new(100);
+        let mut s = limited(2, 10, &budget);
+        assert!(matches!(
+            s.accept(for_rank(batch(1, true, true, 7), 0)),
+            Step::Replace { .. }
+        ));
+        assert!(matches!(
+            s.accept(for_rank(batch(1, true, true, 7), 1)),
+            Step::Replace { .. }
+        ));
+        assert!(matches!(
+            s.accept(for_rank(batch(1, true, true, 7), 2)),
+            Step::Refused(Limit::Ranks, _)
+        ));
+        // A known rank may resync again.
+        assert!(matches!(
+            s.accept(for_rank(batch(5, true, true, 7), 1)),
+            Step::Replace { .. }
         ));
     }
 }

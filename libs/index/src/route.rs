@@ -16,7 +16,7 @@ use std::borrow::Cow;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use ic_kvevents::{PromptExtras, keyed_chain_fingerprints};
+use ic_kvevents::{PromptExtras, keyed_chain_fingerprints_from};
 
 use crate::Index;
 use crate::load::{LoadBoard, ReplicaLoad};
@@ -66,29 +66,69 @@ impl RouteQuery<'_> {
         }
     }
 
+    /// [`Self::blocks`] without a deadline, for tests.
+    #[cfg(test)]
+    pub(crate) fn blocks_for_test(&self, block_size: u32) -> Vec<Fingerprint> {
+        struct Never;
+        impl Deadline for Never {
+            fn expired(&self) -> bool {
+                false
+            }
+        }
+        self.blocks(block_size, &Never)
+            .map(Cow::into_owned)
+            .unwrap_or_default()
+    }
+
     /// Fingerprints of the key's blocks: token ids are chained with
     /// `block_size` in the domain of the scope's adapter and the extras.
-    fn blocks(&self, block_size: u32) -> Option<Cow<'_, [Fingerprint]>> {
+    /// A long prompt is fingerprinted a piece at a time, and stops (a
+    /// prefix only) once `deadline` expires: the budget bounds the work,
+    /// not just the answer.
+    fn blocks(&self, block_size: u32, deadline: &dyn Deadline) -> Option<Cow<'_, [Fingerprint]>> {
         match self.key {
             RouteKey::PrefixHash(_) => None,
             RouteKey::Blocks(b) => Some(Cow::Borrowed(b)),
             RouteKey::Tokens(t) => {
                 let none = PromptExtras::default();
                 let extras = self.extras.unwrap_or(&none);
-                let fps = if self.scope.adapter.is_empty() || extras.adapter == self.scope.adapter {
-                    keyed_chain_fingerprints(t, block_size as usize, extras)
-                } else {
-                    let with_adapter = PromptExtras {
-                        adapter: self.scope.adapter.clone(),
-                        ..extras.clone()
+                let with_adapter;
+                let extras =
+                    if self.scope.adapter.is_empty() || extras.adapter == self.scope.adapter {
+                        extras
+                    } else {
+                        with_adapter = PromptExtras {
+                            adapter: self.scope.adapter.clone(),
+                            ..extras.clone()
+                        };
+                        &with_adapter
                     };
-                    keyed_chain_fingerprints(t, block_size as usize, &with_adapter)
-                };
+                let bs = block_size as usize;
+                let mut fps = Vec::with_capacity(t.len() / bs.max(1));
+                if bs > 0 {
+                    for piece in t.chunks(bs * FINGERPRINT_PIECE_BLOCKS) {
+                        if deadline.expired() {
+                            break;
+                        }
+                        let prev = fps.last().copied();
+                        fps.extend(keyed_chain_fingerprints_from(
+                            prev,
+                            fps.len(),
+                            piece,
+                            bs,
+                            extras,
+                        ));
+                    }
+                }
                 Some(Cow::Owned(fps))
             }
         }
     }
 }
+
+/// Blocks fingerprinted between two looks at a lookup's deadline (about
+/// 50 µs of hashing at 16-token blocks).
+const FINGERPRINT_PIECE_BLOCKS: usize = 256;
 
 /// A namespace's routing policy (what a CachePolicy says).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,7 +220,7 @@ pub fn route<R>(
     let block_size = index.block_size(scope).unwrap_or(default_block_size);
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
-    let blocks = query.blocks(block_size);
+    let blocks = query.blocks(block_size, deadline);
     let prompt_blocks = blocks
         .as_ref()
         .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
@@ -378,7 +418,7 @@ pub fn route_ranked(
     let blocks: Vec<Fingerprint> = match query.key {
         RouteKey::PrefixHash(fp) => vec![fp],
         _ => query
-            .blocks(block_size)
+            .blocks(block_size, deadline)
             .map(Cow::into_owned)
             .unwrap_or_default(),
     };

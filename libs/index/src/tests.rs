@@ -691,9 +691,33 @@ mod routing {
         // A budget spent before the walk (fingerprinting) answers at once.
         let spent = ManualDeadline::new(10, 5);
         let tokens: Vec<u32> = (0..16 * 100).collect();
-        let (outcome, _) = decide(&ix, RouteKey::Tokens(&tokens), &policy, 1_000, &spent);
+        let (outcome, blocks) = decide(&ix, RouteKey::Tokens(&tokens), &policy, 1_000, &spent);
         assert_eq!(outcome, Err(NoHintReason::LookupTimeout));
-        assert_eq!(spent.looks.get(), 1);
+        assert_eq!(blocks, 0, "nothing fingerprinted past the deadline");
+        assert_eq!(spent.looks.get(), 2);
+    }
+
+    #[test]
+    fn the_deadline_stops_fingerprinting_a_huge_prompt() {
+        let ix = big_index(10);
+        let policy = RoutePolicy::default();
+        // 2 M tokens, 131 072 blocks; the budget lasts three looks, so only
+        // three pieces of 256 blocks are hashed before it gives up.
+        let tokens: Vec<u32> = (0..(1u32 << 21)).collect();
+        let deadline = ManualDeadline::new(1, 3);
+        let (outcome, blocks) = decide(&ix, RouteKey::Tokens(&tokens), &policy, 1_000, &deadline);
+        assert_eq!(outcome, Err(NoHintReason::LookupTimeout));
+        assert_eq!(blocks, 3 * 256);
+        // Piece by piece gives the same chain as all at once.
+        let whole = ic_kvevents::chain_fingerprints(None, &tokens[..16 * 1000], 16);
+        let s = scope("t");
+        let query = RouteQuery {
+            scope: &s,
+            key: RouteKey::Tokens(&tokens[..16 * 1000]),
+            candidates: None,
+            extras: None,
+        };
+        assert_eq!(query.blocks_for_test(16).as_slice(), whole.as_slice());
     }
 
     #[test]

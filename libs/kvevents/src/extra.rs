@@ -165,15 +165,29 @@ pub fn keyed_chain_fingerprints(
     block_size: usize,
     extras: &PromptExtras,
 ) -> Vec<Fingerprint> {
+    keyed_chain_fingerprints_from(None, 0, tokens, block_size, extras)
+}
+
+/// [`keyed_chain_fingerprints`] of a prompt's later part: `tokens` start at
+/// block `first_block`, whose parent is `prev`. Fingerprinting a long
+/// prompt piece by piece gives the same chain as all at once.
+pub fn keyed_chain_fingerprints_from(
+    prev: Option<Fingerprint>,
+    first_block: usize,
+    tokens: &[u32],
+    block_size: usize,
+    extras: &PromptExtras,
+) -> Vec<Fingerprint> {
     if block_size == 0 {
         return Vec::new();
     }
     if extras.is_empty() {
-        return crate::chain_fingerprints(None, tokens, block_size);
+        return crate::chain_fingerprints(prev, tokens, block_size);
     }
     let mut out = Vec::with_capacity(tokens.len() / block_size);
-    let mut prev = None;
-    for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+    let mut prev = prev;
+    for (j, block) in tokens.chunks_exact(block_size).enumerate() {
+        let i = first_block + j;
         let start = (i * block_size) as u64;
         let keys = extras.block_keys(i, start, start + block_size as u64);
         let fp = keyed_block_fingerprint(prev, block, &keys);

@@ -20,6 +20,7 @@ pub mod wire;
 
 pub use extra::{
     ExtraKey, MediaSpan, PromptExtras, keyed_block_fingerprint, keyed_chain_fingerprints,
+    keyed_chain_fingerprints_from,
 };
 pub use fingerprint::{Fingerprint, block_fingerprint, chain_fingerprints};
 pub use replica::{ApplyStats, IndexChange, ReplicaConfig, ReplicaState, Tier};

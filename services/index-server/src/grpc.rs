@@ -45,6 +45,8 @@ pub struct IndexServer {
     pub routing: Arc<Routing>,
     /// Each replica's latest KV cache size, as its engine reports it.
     pub engine_reports: Arc<EngineReports>,
+    /// IngestEvents stream bounds.
+    pub ingest: Arc<crate::streams::IngestControl>,
 }
 
 /// What a replica's subscriber last said about the engine beside its
@@ -87,6 +89,15 @@ impl EngineReports {
         map.retain(|k, _| present.contains(k));
         map.clone()
     }
+}
+
+/// Why an ingest stream must end after a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum StepEnd {
+    /// Ask the subscriber to resync, with this detail.
+    Resync(String),
+    /// A bound was reached.
+    Refused(ic_index::ingest::Limit, String),
 }
 
 /// A lookup's budget on the monotonic clock.
@@ -171,6 +182,7 @@ impl IndexServer {
             tokenizers: Arc::new(Tokenizers::default()),
             routing: Arc::new(Routing::default()),
             engine_reports: Arc::new(EngineReports::default()),
+            ingest: Arc::new(crate::streams::IngestControl::default()),
         }
     }
 
@@ -272,9 +284,9 @@ impl IndexServer {
 
 impl IndexServer {
     /// Applies one classified ingest batch to the index (the one path both
-    /// IngestEvents and the functional probe use). Returns the detail when
-    /// the stream must end asking for a resync.
-    pub(crate) fn apply_step(&self, step: Step, now: i64) -> Option<String> {
+    /// IngestEvents and the functional probe use). `Err` when the stream
+    /// must end.
+    pub(crate) fn apply_step(&self, step: Step, now: i64) -> Result<(), StepEnd> {
         match step {
             Step::Buffered => {}
             Step::Apply {
@@ -302,9 +314,10 @@ impl IndexServer {
                 self.metrics.resyncs.inc();
                 self.confirm_speculation(&scope, &key.replica_id, &changes);
             }
-            Step::ResyncRequired(detail) => return Some(detail),
+            Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
+            Step::Refused(limit, detail) => return Err(StepEnd::Refused(limit, detail)),
         }
-        None
+        Ok(())
     }
 
     /// The engine's own word replaces the replica's speculative holding:
@@ -356,12 +369,28 @@ impl IndexService for IndexServer {
         &self,
         request: Request<Streaming<pb::IngestBatch>>,
     ) -> Result<Response<pb::IngestAck>, Status> {
+        let client = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_owned(), |a| a.ip().to_string());
+        let _permit = self.ingest.admit(client).map_err(|refusal| {
+            self.metrics.ingest_refused(refusal.label());
+            Status::resource_exhausted(refusal.detail(&self.ingest))
+        })?;
         let mut stream = request.into_inner();
-        let mut state = IngestStream::default();
+        let mut state = IngestStream::with_limits(self.ingest.limits.clone());
         let mut last_applied_seq = 0;
         self.metrics.ingest_streams.inc();
         let _open = scopeguard(&self.metrics);
-        while let Some(batch) = stream.message().await? {
+        let idle = self.ingest.idle_timeout;
+        loop {
+            let Ok(next) = tokio::time::timeout(idle, stream.message()).await else {
+                self.metrics.ingest_refused("idle");
+                return Err(Status::deadline_exceeded(format!(
+                    "no batch for {} s (--ingest-idle-timeout-seconds)",
+                    idle.as_secs()
+                )));
+            };
+            let Some(batch) = next? else { break };
             let seq = batch.seq;
             let engine_load = batch.engine_load.zip(batch.replica.as_ref()).map(|(l, r)| {
                 (
@@ -393,14 +422,23 @@ impl IndexService for IndexServer {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
             })?;
-            if let Some(detail) = self.apply_step(step, ic_clock::unix_ms()) {
-                self.metrics.ingest_batch("resync_required");
-                tracing::info!(%detail, "asking a subscriber to resync");
-                return Ok(Response::new(pb::IngestAck {
-                    last_applied_seq,
-                    resync_required: true,
-                    detail,
-                }));
+            match self.apply_step(step, ic_clock::unix_ms()) {
+                Ok(()) => {}
+                Err(StepEnd::Resync(detail)) => {
+                    self.metrics.ingest_batch("resync_required");
+                    tracing::info!(%detail, "asking a subscriber to resync");
+                    return Ok(Response::new(pb::IngestAck {
+                        last_applied_seq,
+                        resync_required: true,
+                        detail,
+                    }));
+                }
+                Err(StepEnd::Refused(limit, detail)) => {
+                    self.metrics.ingest_batch("refused");
+                    self.metrics.ingest_refused(limit.label());
+                    tracing::warn!(%detail, limit = limit.label(), "ingest stream refused");
+                    return Err(Status::resource_exhausted(detail));
+                }
             }
             self.metrics.ingest_batch("applied");
             if let Some((key, cache, incomplete)) = report {

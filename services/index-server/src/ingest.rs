@@ -4,7 +4,7 @@
 //! that fails is named.
 
 pub use ic_index::ingest::Step;
-use ic_index::ingest::{IngestBatch, IngestSession};
+use ic_index::ingest::{IngestBatch, IngestLimits, IngestSession};
 use ic_index::{Change, ReplicaKey, Tier};
 use ic_proto::index_v1 as pb;
 
@@ -24,6 +24,14 @@ pub struct IngestStream {
 }
 
 impl IngestStream {
+    /// A stream bounded by `limits`.
+    pub fn with_limits(limits: IngestLimits) -> Self {
+        Self {
+            session: IngestSession::with_limits(limits),
+            allow_probe_tenant: false,
+        }
+    }
+
     /// The functional probe's stream: the same rules, plus its own tenant.
     pub(crate) fn for_probe() -> Self {
         Self {

@@ -18,6 +18,7 @@ pub mod policy;
 pub mod pool;
 pub mod probe;
 pub mod routing;
+pub mod streams;
 pub mod tokenize;
 
 use std::net::SocketAddr;
@@ -109,6 +110,35 @@ pub struct Config {
     /// Load-aware scoring.
     #[command(flatten)]
     pub scoring: routing::ScoringFlags,
+
+    /// IngestEvents streams open at once, in all; further streams are
+    /// refused (RESOURCE_EXHAUSTED, `ingest_refused_total{limit="streams"}`).
+    #[arg(long, env = "IC_MAX_INGEST_STREAMS", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ingest_streams: u64,
+
+    /// IngestEvents streams open at once per client (its authenticated
+    /// identity, or its IP address when callers are anonymous).
+    #[arg(long, env = "IC_MAX_INGEST_STREAMS_PER_CLIENT", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ingest_streams_per_client: u64,
+
+    /// Close an IngestEvents stream that sent no batch for this many seconds
+    /// (subscribers heartbeat every 5 s).
+    #[arg(long, env = "IC_INGEST_IDLE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ingest_idle_timeout_seconds: u64,
+
+    /// Replica ranks one IngestEvents stream may carry.
+    #[arg(long, env = "IC_MAX_RANKS_PER_STREAM", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ranks_per_stream: u64,
+
+    /// Blocks one stream may buffer in an unfinished resync (a subscriber
+    /// holds at most 4 M per rank by default).
+    #[arg(long, env = "IC_MAX_STREAM_RESYNC_BLOCKS", default_value_t = 1 << 24, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_stream_resync_blocks: u64,
+
+    /// Blocks all streams together may buffer in unfinished resyncs (8 bytes
+    /// each, plus overhead).
+    #[arg(long, env = "IC_RESYNC_BUDGET_BLOCKS", default_value_t = 1 << 25, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_budget_blocks: u64,
 
     /// Serve the Gateway API endpoint picker (Envoy ext_proc, with
     /// grpc.health.v1) on this address; off when unset.
@@ -244,6 +274,21 @@ fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
         shed_at_requests: (config.epp_shed_at_requests > 0)
             .then_some(f64::from(config.epp_shed_at_requests)),
     }))
+}
+
+/// The IngestEvents bounds from the flags.
+fn ingest_control(config: &Config) -> streams::IngestControl {
+    let usize_of = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+    streams::IngestControl::new(
+        ic_index::ingest::IngestLimits {
+            max_ranks: usize_of(config.max_ranks_per_stream),
+            max_stream_resync_blocks: config.max_stream_resync_blocks,
+            budget: ic_index::ingest::ResyncBudget::new(config.resync_budget_blocks),
+        },
+        usize_of(config.max_ingest_streams),
+        usize_of(config.max_ingest_streams_per_client),
+        Duration::from_secs(config.ingest_idle_timeout_seconds),
+    )
 }
 
 /// How `/probe` authenticates, from the flags.
@@ -402,6 +447,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }));
     IndexMemoryCollector::register(&registry, index.clone());
     let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
+    service.ingest = Arc::new(ingest_control(&config));
     service.tokenizers = Arc::new(tokenizers);
     service.routing = routing.clone();
     let http_state = http::HttpState {

@@ -59,6 +59,10 @@ pub struct Metrics {
     pub ingest_batches: Family<ResultLabel, Counter>,
     /// Open ingest streams.
     pub ingest_streams: Gauge,
+    /// Ingest streams ended or refused by a bound, by which (`streams`,
+    /// `streams_per_client`, `idle`, `ranks_per_stream`,
+    /// `stream_resync_blocks`, `resync_budget_blocks`).
+    pub ingest_refused: Family<ReasonLabel, Counter>,
     /// Completed resyncs.
     pub resyncs: Counter,
     /// Changes that contradicted the index (skipped).
@@ -119,6 +123,7 @@ impl Metrics {
             lookup_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             ingest_batches: Family::default(),
             ingest_streams: Gauge::default(),
+            ingest_refused: Family::default(),
             resyncs: Counter::default(),
             content_errors: Counter::default(),
             entries: Gauge::default(),
@@ -161,6 +166,11 @@ impl Metrics {
                 "ingest_streams",
                 "Open ingest streams",
                 m.ingest_streams.clone(),
+            );
+            r.register(
+                "ingest_refused",
+                "Ingest streams ended or refused by a bound, by which",
+                m.ingest_refused.clone(),
             );
             r.register("resyncs", "Completed replica resyncs", m.resyncs.clone());
             r.register(
@@ -290,7 +300,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one ingest batch.
+    /// Counts a stream a bound refused or ended.
+    pub fn ingest_refused(&self, limit: &'static str) {
+        self.ingest_refused
+            .get_or_create(&ReasonLabel { reason: limit })
+            .inc();
+    }
+
+    /// Counts an ingest batch by result.
     pub fn ingest_batch(&self, result: &'static str) {
         self.ingest_batches
             .get_or_create(&ResultLabel { result })

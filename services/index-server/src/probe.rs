@@ -246,11 +246,11 @@ impl Prober {
                 );
             }
         };
-        if let Some(detail) = self.server.apply_step(step, now_ms) {
+        if let Err(end) = self.server.apply_step(step, now_ms) {
             return stage(
                 "ingest",
                 StageOutcome::Failed,
-                format!("ingest path asked for a resync of a fresh stream: {detail}"),
+                format!("ingest path ended a fresh stream: {end:?}"),
             );
         }
         let held = match self

@@ -1,0 +1,212 @@
+//! Hostile IngestEvents clients against the real binary: every bound is
+//! reached, refused with RESOURCE_EXHAUSTED or DEADLINE_EXCEEDED naming its
+//! flag, counted in `ingest_refused_total{reason}`, and loses nothing the
+//! server had already accepted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use ic_e2e::ServiceProcess;
+use ic_e2e::ingest::{Replica, resync, stored};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+fn start(extra: &[&str]) -> (ServiceProcess, String, SocketAddr) {
+    let mut args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut p = ServiceProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &args,
+    );
+    let grpc = format!("http://{}", p.addr("grpc"));
+    let admin = p.admin_addr();
+    (p, grpc, admin)
+}
+
+async fn metrics(admin: SocketAddr) -> String {
+    reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn refused(admin: SocketAddr, reason: &str) -> f64 {
+    let line = format!("inferencecache_index_ingest_refused_total{{reason=\"{reason}\"}} ");
+    metrics(admin)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(&line).map(|v| v.parse().unwrap()))
+        .unwrap_or(0.0)
+}
+
+const GOOD: Replica<'static> = Replica {
+    tenant: "team-a",
+    model: "m",
+    replica_id: "good",
+    address: "10.0.0.1:8000",
+    dp_rank: 0,
+};
+
+/// A stream the test feeds by hand; the call's outcome arrives on the
+/// returned task.
+async fn open_stream(
+    grpc: &str,
+) -> (
+    mpsc::Sender<pb::IngestBatch>,
+    tokio::task::JoinHandle<Result<pb::IngestAck, tonic::Status>>,
+) {
+    let mut client = IndexServiceClient::connect(grpc.to_owned()).await.unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let call = tokio::spawn(async move {
+        client
+            .ingest_events(ReceiverStream::new(rx))
+            .await
+            .map(tonic::Response::into_inner)
+    });
+    (tx, call)
+}
+
+async fn prefix_count(admin: SocketAddr, replica: &str) -> Option<u64> {
+    let snapshot: serde_json::Value = reqwest::get(format!("http://{admin}/snapshot"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    snapshot["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["replicaId"] == replica)
+        .map(|r| r["prefixCount"].as_u64().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_that_never_ends_is_cut_at_its_bound_and_keeps_what_was_accepted() {
+    let (_p, grpc, admin) = start(&[
+        "--max-stream-resync-blocks=1000",
+        "--resync-budget-blocks=1500",
+    ]);
+    ic_e2e::ingest::ingest(
+        &grpc,
+        resync(&GOOD, vec![stored(vec![1, 2, 3], 16, pb::Tier::T1)]),
+    )
+    .await;
+
+    // Opens a resync and keeps sending 100-block batches without ending it.
+    let (tx, call) = open_stream(&grpc).await;
+    let hostile = Replica {
+        replica_id: "hostile",
+        ..GOOD
+    };
+    let mut first = resync(&hostile, vec![stored((0..100).collect(), 16, pb::Tier::T1)]);
+    first.resync_end = false;
+    tx.send(first.clone()).await.unwrap();
+    for seq in 2..=50u64 {
+        let mut next = first.clone();
+        next.seq = seq;
+        next.resync_begin = false;
+        let start = seq * 100;
+        next.events = vec![stored((start..start + 100).collect(), 16, pb::Tier::T1)];
+        if tx.send(next).await.is_err() {
+            break;
+        }
+    }
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("1000 blocks"), "{status:?}");
+    assert_eq!(refused(admin, "stream_resync_blocks").await, 1.0);
+    // Nothing of the unfinished resync was applied; the good replica is
+    // intact and the server still takes new streams.
+    assert_eq!(prefix_count(admin, "hostile").await, None);
+    assert_eq!(prefix_count(admin, "good").await, Some(3));
+    let other = Replica {
+        replica_id: "later",
+        ..GOOD
+    };
+    ic_e2e::ingest::ingest(
+        &grpc,
+        resync(&other, vec![stored(vec![7], 16, pb::Tier::T1)]),
+    )
+    .await;
+
+    // Two streams that each stay under their own bound still share the
+    // server's budget: the second is refused when the budget is spent.
+    let (tx_a, call_a) = open_stream(&grpc).await;
+    let (tx_b, call_b) = open_stream(&grpc).await;
+    let mut a = resync(
+        &Replica {
+            replica_id: "a",
+            ..GOOD
+        },
+        vec![stored((0..900).collect(), 16, pb::Tier::T1)],
+    );
+    a.resync_end = false;
+    tx_a.send(a).await.unwrap();
+    // Wait until the first buffer is charged before the second asks.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut b = resync(
+        &Replica {
+            replica_id: "b",
+            ..GOOD
+        },
+        vec![stored((0..900).collect(), 16, pb::Tier::T1)],
+    );
+    b.resync_end = false;
+    tx_b.send(b).await.unwrap();
+    let status = call_b.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("resync buffer"), "{status:?}");
+    assert_eq!(refused(admin, "resync_budget_blocks").await, 1.0);
+    drop(tx_a);
+    // The first stream ends without finishing its resync: nothing applied.
+    call_a.await.unwrap().unwrap();
+    assert_eq!(prefix_count(admin, "a").await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_streams_time_out_and_streams_are_capped_per_client() {
+    let (_p, grpc, admin) = start(&[
+        "--ingest-idle-timeout-seconds=1",
+        "--max-ingest-streams-per-client=2",
+    ]);
+    let (_tx1, call1) = open_stream(&grpc).await;
+    let (_tx2, call2) = open_stream(&grpc).await;
+    // Let both be admitted before the third arrives.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_tx3, call3) = open_stream(&grpc).await;
+    let third = call3.await.unwrap().unwrap_err();
+    assert_eq!(third.code(), tonic::Code::ResourceExhausted, "{third:?}");
+    assert!(
+        third.message().contains("--max-ingest-streams-per-client"),
+        "{third:?}"
+    );
+    // The two admitted streams never send: both are closed after a second.
+    for call in [call1, call2] {
+        let status = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .expect("an idle stream stayed open")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+        assert!(
+            status.message().contains("--ingest-idle-timeout-seconds"),
+            "{status:?}"
+        );
+    }
+    assert_eq!(refused(admin, "idle").await, 2.0);
+    assert_eq!(refused(admin, "streams_per_client").await, 1.0);
+    // Their slots are free again.
+    ic_e2e::ingest::ingest(
+        &grpc,
+        resync(&GOOD, vec![stored(vec![1], 16, pb::Tier::T1)]),
+    )
+    .await;
+    assert_eq!(prefix_count(admin, "good").await, Some(1));
+}
