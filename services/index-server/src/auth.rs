@@ -1,10 +1,12 @@
-//! Bearer-token authentication of `POST /probe`.
+//! Bearer tokens: TokenReview against an audience (cached), the static
+//! token of local mode, and `POST /probe`'s use of them.
 //!
 //! In a cluster the caller (the controller) presents a projected
 //! service-account token bound to an audience; the server asks the API
 //! server whether it is valid for that audience (TokenReview). Locally a
-//! static token is compared instead. With neither configured the endpoint
-//! is disabled rather than open.
+//! static token is compared instead. With neither configured `/probe` is
+//! disabled rather than open. [`crate::access`] builds the gRPC API's and
+//! `/snapshot`'s rules on the same reviewer.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -51,11 +53,28 @@ impl AuthError {
     }
 }
 
+/// Who the API server says a token belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReviewedUser {
+    /// `system:serviceaccount:<namespace>:<name>` for service accounts.
+    pub username: String,
+    /// UID of the user.
+    pub uid: String,
+    /// Groups (passed on to SubjectAccessReviews).
+    pub groups: Vec<String>,
+    /// Extra claims; a pod-bound token carries
+    /// `authentication.kubernetes.io/pod-name` and `…/pod-uid`.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// The extra claim naming the pod a bound token belongs to.
+pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
+
 /// Checks tokens with TokenReview, caching accepted ones briefly.
 pub struct TokenReviewer {
     client: kube::Client,
     audience: String,
-    accepted: Mutex<HashMap<[u8; 32], Instant>>,
+    accepted: Mutex<HashMap<[u8; 32], (Instant, ReviewedUser)>>,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -76,16 +95,19 @@ impl TokenReviewer {
         }
     }
 
-    async fn review(&self, token: &str) -> Result<(), AuthError> {
+    /// The API server's client (for SubjectAccessReviews).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Who `token` is, if the API server accepts it for the audience.
+    pub async fn review(&self, token: &str) -> Result<ReviewedUser, AuthError> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let now = Instant::now();
-        if self
-            .accepted
-            .lock()
-            .get(&digest)
-            .is_some_and(|until| *until > now)
+        if let Some((until, user)) = self.accepted.lock().get(&digest)
+            && *until > now
         {
-            return Ok(());
+            return Ok(user.clone());
         }
         let review = TokenReview {
             spec: TokenReviewSpec {
@@ -116,12 +138,19 @@ impl TokenReviewer {
                 self.audience
             )));
         }
+        let user = status.user.unwrap_or_default();
+        let user = ReviewedUser {
+            username: user.username.unwrap_or_default(),
+            uid: user.uid.unwrap_or_default(),
+            groups: user.groups.unwrap_or_default(),
+            extra: user.extra.unwrap_or_default().into_iter().collect(),
+        };
         let mut accepted = self.accepted.lock();
         if accepted.len() >= REVIEW_CACHE_MAX {
             accepted.clear();
         }
-        accepted.insert(digest, now + REVIEW_CACHE_TTL);
-        Ok(())
+        accepted.insert(digest, (now + REVIEW_CACHE_TTL, user.clone()));
+        Ok(user)
     }
 }
 
@@ -137,7 +166,7 @@ pub enum ProbeAuth {
 }
 
 /// Constant-time comparison (the token is a secret).
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
     let da = Sha256::digest(a);
     let db = Sha256::digest(b);
     da.iter()
@@ -172,7 +201,7 @@ impl ProbeAuth {
                     ))
                 }
             }
-            ProbeAuth::TokenReview(reviewer) => reviewer.review(token).await,
+            ProbeAuth::TokenReview(reviewer) => reviewer.review(token).await.map(|_| ()),
         }
     }
 }

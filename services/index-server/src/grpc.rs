@@ -14,6 +14,7 @@ use ic_proto::index_v1 as pb;
 use parking_lot::RwLock;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::access::{ApiAccess, Caller};
 use crate::convert::scope_from_pb;
 use crate::ingest::{IngestStream, Step};
 use crate::metrics::Metrics;
@@ -47,6 +48,8 @@ pub struct IndexServer {
     pub engine_reports: Arc<EngineReports>,
     /// IngestEvents stream bounds.
     pub ingest: Arc<crate::streams::IngestControl>,
+    /// Who may call what.
+    pub access: Arc<ApiAccess>,
 }
 
 /// What a replica's subscriber last said about the engine beside its
@@ -172,6 +175,29 @@ fn response_of(decision: &Ranked) -> pb::LookupRouteResponse {
 }
 
 impl IndexServer {
+    /// Who sent `request` (its `authorization` metadata); refusals are
+    /// counted under `path`.
+    pub(crate) async fn caller<T>(
+        &self,
+        request: &Request<T>,
+        path: &'static str,
+    ) -> Result<Caller, Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        self.access
+            .authenticate(authorization)
+            .await
+            .map_err(|d| self.refused(path, &d))
+    }
+
+    /// Counts `denied` and turns it into the call's status.
+    pub(crate) fn refused(&self, path: &'static str, denied: &crate::access::Denied) -> Status {
+        self.metrics.access_refused(path, denied);
+        denied.to_status()
+    }
+
     /// A server over `index` with default policies and no tokenizers.
     pub fn new(index: Arc<Index>, default_block_size: u32, metrics: Metrics) -> Self {
         Self {
@@ -183,6 +209,7 @@ impl IndexServer {
             routing: Arc::new(Routing::default()),
             engine_reports: Arc::new(EngineReports::default()),
             ingest: Arc::new(crate::streams::IngestControl::default()),
+            access: Arc::new(ApiAccess::Open),
         }
     }
 
@@ -342,6 +369,15 @@ impl IndexService for IndexServer {
         &self,
         request: Request<pb::LookupRouteRequest>,
     ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        let caller = self.caller(&request, "lookup").await?;
+        if let Some(scope) = &request.get_ref().scope
+            && !scope.tenant.is_empty()
+        {
+            self.access
+                .authorize_lookup(&caller, &scope.tenant)
+                .await
+                .map_err(|d| self.refused("lookup", &d))?;
+        }
         let is_text = matches!(
             request.get_ref().key,
             Some(pb::lookup_route_request::Key::PromptText(_))
@@ -369,9 +405,15 @@ impl IndexService for IndexServer {
         &self,
         request: Request<Streaming<pb::IngestBatch>>,
     ) -> Result<Response<pb::IngestAck>, Status> {
-        let client = request
-            .remote_addr()
-            .map_or_else(|| "unknown".to_owned(), |a| a.ip().to_string());
+        let caller = self.caller(&request, "ingest").await?;
+        let client = caller.client_key().map_or_else(
+            || {
+                request
+                    .remote_addr()
+                    .map_or_else(|| "unknown".to_owned(), |a| a.ip().to_string())
+            },
+            str::to_owned,
+        );
         let _permit = self.ingest.admit(client).map_err(|refusal| {
             self.metrics.ingest_refused(refusal.label());
             Status::resource_exhausted(refusal.detail(&self.ingest))
@@ -418,6 +460,11 @@ impl IndexService for IndexServer {
                     batch.history_incomplete,
                 ))
             });
+            if let Some(replica) = &batch.replica {
+                let tenant = replica.scope.as_ref().map_or("", |s| s.tenant.as_str());
+                ApiAccess::authorize_ingest(&caller, tenant, &replica.replica_id)
+                    .map_err(|d| self.refused("ingest", &d))?;
+            }
             let step = state.accept(batch).map_err(|e| {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
@@ -461,6 +508,8 @@ impl IndexService for IndexServer {
         &self,
         request: Request<pb::SetPoliciesRequest>,
     ) -> Result<Response<pb::SetPoliciesResponse>, Status> {
+        let caller = self.caller(&request, "set_policies").await?;
+        ApiAccess::authorize_set_policies(&caller).map_err(|d| self.refused("set_policies", &d))?;
         let policies = Policies::from_push(&request.get_ref().policies)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let applied = u32::try_from(policies.len()).unwrap_or(u32::MAX);

@@ -118,6 +118,8 @@ pub struct HttpState {
     pub metrics: Metrics,
     /// What the engines last reported beside their blocks, for the snapshot.
     pub engine_reports: Arc<EngineReports>,
+    /// Who may read `/snapshot`.
+    pub access: Arc<crate::access::ApiAccess>,
 }
 
 /// A JSON error body `{"error": "..."}`.
@@ -181,20 +183,44 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
     }
 }
 
+async fn get_snapshot(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    use crate::access::Denied;
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let allowed = match state.access.authenticate(authorization).await {
+        Ok(caller) => state.access.authorize_snapshot(&caller).await,
+        Err(denied) => Err(denied),
+    };
+    if let Err(denied) = allowed {
+        state.metrics.access_refused("snapshot", &denied);
+        let status = match denied {
+            Denied::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Denied::PermissionDenied(_) => StatusCode::FORBIDDEN,
+            Denied::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut response = error(status, denied.to_string());
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        return response;
+    }
+    Json(snapshot(
+        &state.index,
+        &state.engine_reports,
+        ic_clock::unix_ms(),
+    ))
+    .into_response()
+}
+
 /// The routes.
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/snapshot",
-            get(|State(state): State<HttpState>| async move {
-                Json(snapshot(
-                    &state.index,
-                    &state.engine_reports,
-                    ic_clock::unix_ms(),
-                ))
-            }),
-        )
+        .route("/snapshot", get(get_snapshot))
         .route(
             "/probe",
             post(probe).layer(DefaultBodyLimit::max(MAX_PROBE_BODY_BYTES)),

@@ -5,6 +5,7 @@
 //! `IndexerService` beside it and the Gateway API endpoint picker on its
 //! own port), and `/snapshot` plus the admin endpoints on its HTTP port.
 
+pub mod access;
 pub mod auth;
 pub mod convert;
 pub mod epp;
@@ -100,6 +101,20 @@ pub struct Config {
     /// Static bearer token for /probe in local mode (no cluster).
     #[arg(long, env = "IC_PROBE_STATIC_TOKEN", hide_env_values = true)]
     pub probe_static_token: Option<String>,
+
+    /// Audience a gRPC API or /snapshot bearer token must carry (Kubernetes
+    /// TokenReview); turns on Kubernetes access control (docs/security.md).
+    #[arg(long, env = "IC_API_AUDIENCE")]
+    pub api_audience: Option<String>,
+
+    /// Identities (TokenReview usernames) that may push policies and read
+    /// everything: the controller's service account (repeatable).
+    #[arg(long = "api-admin", env = "IC_API_ADMINS", value_delimiter = ',')]
+    pub api_admins: Vec<String>,
+
+    /// Static bearer token for the gRPC API and /snapshot in local mode.
+    #[arg(long, env = "IC_API_STATIC_TOKEN", hide_env_values = true)]
+    pub api_static_token: Option<String>,
 
     /// Forget a replica (and its entries) after this many seconds without
     /// any batch or heartbeat from it; 0 keeps silent replicas forever.
@@ -291,6 +306,41 @@ fn ingest_control(config: &Config) -> streams::IngestControl {
     )
 }
 
+/// Who may call the gRPC API and `/snapshot`, from the flags.
+async fn api_access(config: &Config) -> anyhow::Result<access::ApiAccess> {
+    match (&config.api_audience, &config.api_static_token) {
+        (Some(_), Some(_)) => anyhow::bail!(
+            "--api-audience and --api-static-token are exclusive: use the audience in a \
+             cluster, the static token locally"
+        ),
+        (Some(audience), None) => {
+            if audience.trim().is_empty() {
+                anyhow::bail!("--api-audience: must not be empty");
+            }
+            let client = kube::Client::try_default().await.context(
+                "--api-audience needs Kubernetes API credentials (in-cluster service account \
+                 or KUBECONFIG) to run TokenReviews and SubjectAccessReviews",
+            )?;
+            Ok(access::ApiAccess::Kubernetes(Box::new(
+                access::KubeAccess::new(
+                    TokenReviewer::new(client, audience.clone()),
+                    config.api_admins.clone(),
+                ),
+            )))
+        }
+        (None, Some(token)) if token.is_empty() => {
+            anyhow::bail!("--api-static-token: must not be empty")
+        }
+        (None, Some(token)) => Ok(access::ApiAccess::Static(token.clone())),
+        (None, None) => {
+            if !config.api_admins.is_empty() {
+                anyhow::bail!("--api-admin needs --api-audience");
+            }
+            Ok(access::ApiAccess::Open)
+        }
+    }
+}
+
 /// How `/probe` authenticates, from the flags.
 async fn probe_auth(config: &Config) -> anyhow::Result<ProbeAuth> {
     match (&config.probe_audience, &config.probe_static_token) {
@@ -436,6 +486,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = Arc::new(routing::Routing::from_flags(&config.scoring)?);
     let auth = probe_auth(&config).await?;
+    let access = Arc::new(api_access(&config).await?);
+    if matches!(*access, access::ApiAccess::Open) {
+        tracing::warn!(
+            "the gRPC API and /snapshot are open to anonymous callers (local mode): set \
+             --api-audience in a cluster"
+        );
+    }
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     metrics
@@ -448,6 +505,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     IndexMemoryCollector::register(&registry, index.clone());
     let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
     service.ingest = Arc::new(ingest_control(&config));
+    service.access = access.clone();
     service.tokenizers = Arc::new(tokenizers);
     service.routing = routing.clone();
     let http_state = http::HttpState {
@@ -456,6 +514,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         auth: Arc::new(auth),
         metrics: metrics.clone(),
         engine_reports: service.engine_reports.clone(),
+        access: access.clone(),
     };
     let health = Health::new();
     let admin = AdminServer::bind(
@@ -552,6 +611,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             (None, Some(_)) => "static_token",
             (None, None) => "disabled",
         },
+        api_access = access.mode(),
         "index server started"
     );
     health.set_ready(true);

@@ -135,6 +135,12 @@ impl IndexerService for LlmdIndexer {
         &self,
         request: Request<pb::GetPodScoresRequest>,
     ) -> Result<Response<pb::GetPodScoresResponse>, Status> {
+        let caller = self.server.caller(&request, "pod_scores").await?;
+        self.server
+            .access
+            .authorize_lookup(&caller, &self.config.tenant)
+            .await
+            .map_err(|d| self.server.refused("pod_scores", &d))?;
         let started = Instant::now();
         // Tokenizing is CPU work: keep it off the I/O threads.
         let me = self.clone();

@@ -46,6 +46,15 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Access refusal labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AccessLabels {
+    /// `ingest`, `lookup`, `pod_scores`, `set_policies`, `snapshot`.
+    pub path: &'static str,
+    /// `unauthenticated`, `permission_denied`, `unavailable`.
+    pub reason: &'static str,
+}
+
 /// Every metric of the index server.
 #[derive(Clone, Debug)]
 pub struct Metrics {
@@ -59,6 +68,8 @@ pub struct Metrics {
     pub ingest_batches: Family<ResultLabel, Counter>,
     /// Open ingest streams.
     pub ingest_streams: Gauge,
+    /// Calls refused by access control, by path and reason.
+    pub access_refusals: Family<AccessLabels, Counter>,
     /// Ingest streams ended or refused by a bound, by which (`streams`,
     /// `streams_per_client`, `idle`, `ranks_per_stream`,
     /// `stream_resync_blocks`, `resync_budget_blocks`).
@@ -124,6 +135,7 @@ impl Metrics {
             ingest_batches: Family::default(),
             ingest_streams: Gauge::default(),
             ingest_refused: Family::default(),
+            access_refusals: Family::default(),
             resyncs: Counter::default(),
             content_errors: Counter::default(),
             entries: Gauge::default(),
@@ -166,6 +178,11 @@ impl Metrics {
                 "ingest_streams",
                 "Open ingest streams",
                 m.ingest_streams.clone(),
+            );
+            r.register(
+                "access_refusals",
+                "Calls refused by access control, by path and reason",
+                m.access_refusals.clone(),
             );
             r.register(
                 "ingest_refused",
@@ -298,6 +315,17 @@ impl Metrics {
         self.epp_refusals
             .get_or_create(&ReasonLabel { reason })
             .inc();
+    }
+
+    /// Counts a call access control refused.
+    pub fn access_refused(&self, path: &'static str, denied: &crate::access::Denied) {
+        self.access_refusals
+            .get_or_create(&AccessLabels {
+                path,
+                reason: denied.reason(),
+            })
+            .inc();
+        tracing::info!(path, reason = denied.reason(), %denied, "call refused");
     }
 
     /// Counts a stream a bound refused or ended.

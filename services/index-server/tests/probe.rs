@@ -256,6 +256,7 @@ async fn token_review_authenticates_against_the_audience() {
         ic_fake_apiserver::TokenIdentity {
             username: "system:serviceaccount:ic-system:ic-controller".into(),
             audiences: vec!["inferencecache".into()],
+            ..Default::default()
         },
     );
     fake.add_token(
@@ -263,6 +264,7 @@ async fn token_review_authenticates_against_the_audience() {
         ic_fake_apiserver::TokenIdentity {
             username: "system:serviceaccount:x:other".into(),
             audiences: vec!["some-other-service".into()],
+            ..Default::default()
         },
     );
     let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();

@@ -84,12 +84,32 @@ struct Injected {
 }
 
 /// Who a bearer token is, for TokenReviews.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenIdentity {
     /// `system:serviceaccount:<ns>:<name>` or any user name.
     pub username: String,
     /// Audiences the token is bound to (empty: the API server's own).
     pub audiences: Vec<String>,
+    /// The pod a projected token is bound to (the
+    /// `authentication.kubernetes.io/pod-name` extra claim).
+    pub pod: Option<String>,
+}
+
+/// One RBAC-like permission SubjectAccessReviews grant: `user` may `verb`
+/// `resource` in `group` in `namespace` (`""`: in every namespace and
+/// cluster-wide).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The user name.
+    pub user: String,
+    /// The verb.
+    pub verb: String,
+    /// The API group.
+    pub group: String,
+    /// The resource.
+    pub resource: String,
+    /// The namespace, or `""` for all.
+    pub namespace: String,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +118,7 @@ struct Shared {
     requests: Vec<RecordedRequest>,
     injected: Vec<Injected>,
     tokens: BTreeMap<String, TokenIdentity>,
+    grants: Vec<Grant>,
 }
 
 /// The fake API server. Cheap to clone; clones share state.
@@ -179,6 +200,11 @@ impl FakeApi {
             Answer::Json(code, value) => json_response(code, &value),
             Answer::Watch(request) => watch::respond(self.clone(), request),
         }
+    }
+
+    /// Lets SubjectAccessReviews allow what `grant` says.
+    pub fn grant(&self, grant: Grant) {
+        self.shared.lock().grants.push(grant);
     }
 
     /// Registers a bearer token that TokenReviews accept.
@@ -390,6 +416,9 @@ impl FakeApi {
         if target.api == "apis/authentication.k8s.io/v1" && target.plural == "tokenreviews" {
             return Answer::Json(200, review_token(&shared.tokens, &body));
         }
+        if target.api == "apis/authorization.k8s.io/v1" && target.plural == "subjectaccessreviews" {
+            return Answer::Json(200, review_access(&shared.grants, &body));
+        }
         let state = &mut shared.store;
         if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
             return Answer::Watch(watch::WatchRequest::new(target, query, state));
@@ -421,6 +450,34 @@ impl FakeApi {
     }
 }
 
+/// The SubjectAccessReview answer for `review` against the grants (RBAC's
+/// rule: a namespaced grant covers its namespace only; an all-namespace
+/// grant covers every namespace and the cluster scope).
+fn review_access(grants: &[Grant], review: &Value) -> Value {
+    let field = |path: &str| {
+        review
+            .pointer(path)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let user = field("/spec/user");
+    let verb = field("/spec/resourceAttributes/verb");
+    let group = field("/spec/resourceAttributes/group");
+    let resource = field("/spec/resourceAttributes/resource");
+    let namespace = field("/spec/resourceAttributes/namespace");
+    let allowed = grants.iter().any(|g| {
+        g.user == user
+            && g.verb == verb
+            && g.group == group
+            && g.resource == resource
+            && (g.namespace.is_empty() || g.namespace == namespace)
+    });
+    json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+           "metadata": {"creationTimestamp": null}, "spec": review.get("spec").cloned().unwrap_or(Value::Null),
+           "status": {"allowed": allowed}})
+}
+
 /// The TokenReview answer for `review` against the registered tokens.
 fn review_token(tokens: &BTreeMap<String, TokenIdentity>, review: &Value) -> Value {
     let token = review
@@ -442,8 +499,15 @@ fn review_token(tokens: &BTreeMap<String, TokenIdentity>, review: &Value) -> Val
             if !wanted.is_empty() && shared.is_empty() {
                 json!({"authenticated": false, "error": "token audiences do not match"})
             } else {
-                json!({"authenticated": true, "audiences": shared,
-                       "user": {"username": id.username, "uid": format!("uid-{}", id.username)}})
+                let mut user = json!({"username": id.username, "uid": format!("uid-{}", id.username),
+                                      "groups": ["system:authenticated"]});
+                if let Some(pod) = &id.pod {
+                    user["extra"] = json!({
+                        "authentication.kubernetes.io/pod-name": [pod],
+                        "authentication.kubernetes.io/pod-uid": [format!("uid-{pod}")],
+                    });
+                }
+                json!({"authenticated": true, "audiences": shared, "user": user})
             }
         }
         None => json!({"authenticated": false, "error": "invalid bearer token"}),

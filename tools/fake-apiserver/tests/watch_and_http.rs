@@ -100,6 +100,7 @@ async fn served_over_http_with_a_kubeconfig_and_token_reviews() {
         TokenIdentity {
             username: "system:serviceaccount:ic:controller".into(),
             audiences: vec!["index".into()],
+            ..Default::default()
         },
     );
     let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();

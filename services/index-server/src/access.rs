@@ -1,0 +1,408 @@
+//! Who may call what on the gRPC API (IngestEvents, LookupRoute,
+//! GetPodScores, SetPolicies) and `GET /snapshot`.
+//!
+//! Three modes. **Open** (no flag): every caller may do everything — the
+//! local fleet and tests, logged as such at start. **Static** (local):
+//! callers present one shared token and may do everything. **Kubernetes**:
+//! callers present a service-account token bound to `--api-audience`,
+//! checked with a TokenReview, and then:
+//!
+//! * IngestEvents only with a *pod-bound* token (a projected token names its
+//!   pod), only for the tenant that is the pod's namespace, and only as the
+//!   replica that is the pod: a subscriber speaks for its own engine and
+//!   nothing else.
+//! * SetPolicies only from `--api-admin` identities (the controller).
+//! * LookupRoute / GetPodScores for tenant T if the caller may `get`
+//!   `routes.inferencecache.io` in namespace T (SubjectAccessReview), or is
+//!   an admin.
+//! * `/snapshot` if the caller may `list` `routes.inferencecache.io`
+//!   cluster-wide, or is an admin.
+//!
+//! Reviews and decisions are cached for a minute, so a steady caller costs
+//! the API server nothing per request.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
+
+use crate::auth::{AuthError, POD_NAME_CLAIM, ReviewedUser, TokenReviewer, bearer, same_secret};
+
+/// The API group of the virtual resource routes are authorized on.
+pub const ROUTES_GROUP: &str = "inferencecache.io";
+/// The virtual resource: `get` in a namespace reads its routing hints,
+/// `list` cluster-wide reads `/snapshot`.
+pub const ROUTES_RESOURCE: &str = "routes";
+
+const SA_PREFIX: &str = "system:serviceaccount:";
+const DECISION_TTL: Duration = Duration::from_secs(60);
+const DECISION_CACHE_MAX: usize = 4096;
+
+/// Why a call was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Denied {
+    /// No usable credentials.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// Authenticated, not allowed.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The API server could not be asked.
+    #[error("cannot check access with the Kubernetes API: {0}")]
+    Unavailable(String),
+}
+
+impl Denied {
+    /// Metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::PermissionDenied(_) => "permission_denied",
+            Self::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// The gRPC status.
+    pub fn to_status(&self) -> tonic::Status {
+        match self {
+            Self::Unauthenticated(m) => tonic::Status::unauthenticated(m.clone()),
+            Self::PermissionDenied(m) => tonic::Status::permission_denied(m.clone()),
+            Self::Unavailable(_) => tonic::Status::unavailable(self.to_string()),
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Open or static mode: may do everything.
+    Unrestricted,
+    /// A Kubernetes identity.
+    User {
+        /// What the TokenReview said.
+        user: ReviewedUser,
+        /// Listed in `--api-admin`.
+        admin: bool,
+    },
+}
+
+impl Caller {
+    /// The name streams are counted under per client.
+    pub fn client_key(&self) -> Option<&str> {
+        match self {
+            Self::Unrestricted => None,
+            Self::User { user, .. } => Some(&user.username),
+        }
+    }
+
+    fn unrestricted_or_admin(&self) -> bool {
+        matches!(self, Self::Unrestricted | Self::User { admin: true, .. })
+    }
+}
+
+/// The service account's namespace and name, from its username.
+pub fn service_account(username: &str) -> Option<(&str, &str)> {
+    username.strip_prefix(SA_PREFIX)?.split_once(':')
+}
+
+/// Whether a pod-bound service-account token may report `replica_id` in
+/// `tenant` (pure, so every refusal is a unit test).
+pub fn may_ingest(user: &ReviewedUser, tenant: &str, replica_id: &str) -> Result<(), Denied> {
+    let Some((namespace, _)) = service_account(&user.username) else {
+        return Err(Denied::PermissionDenied(format!(
+            "IngestEvents: {:?} is not a service account; only the subscriber in an engine pod \
+             may report that pod's cache",
+            user.username
+        )));
+    };
+    let Some(pod) = user.extra.get(POD_NAME_CLAIM).and_then(|v| v.first()) else {
+        return Err(Denied::PermissionDenied(format!(
+            "IngestEvents: the token of {:?} is not bound to a pod; present a projected \
+             service-account token",
+            user.username
+        )));
+    };
+    if tenant != namespace {
+        return Err(Denied::PermissionDenied(format!(
+            "replica.scope.tenant: {tenant:?} is not the caller's namespace {namespace:?}"
+        )));
+    }
+    if replica_id != pod {
+        return Err(Denied::PermissionDenied(format!(
+            "replica.replica_id: {replica_id:?} is not the caller's pod {pod:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// How the gRPC API and `/snapshot` check callers.
+#[derive(Debug)]
+pub enum ApiAccess {
+    /// Anyone may do anything.
+    Open,
+    /// Callers present this token.
+    Static(String),
+    /// Kubernetes identities, as the module documentation says.
+    Kubernetes(Box<KubeAccess>),
+}
+
+/// Kubernetes mode's reviewer, admins and decision cache.
+pub struct KubeAccess {
+    reviewer: TokenReviewer,
+    admins: Vec<String>,
+    decisions: Mutex<HashMap<DecisionKey, (Instant, bool)>>,
+}
+
+/// (username, verb, namespace) of a cached SubjectAccessReview.
+type DecisionKey = (String, &'static str, String);
+
+impl std::fmt::Debug for KubeAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeAccess")
+            .field("reviewer", &self.reviewer)
+            .field("admins", &self.admins)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeAccess {
+    /// Tokens checked by `reviewer`; `admins` may set policies and read
+    /// everything.
+    pub fn new(reviewer: TokenReviewer, admins: Vec<String>) -> Self {
+        Self {
+            reviewer,
+            admins,
+            decisions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `user` may `verb` routes in `namespace` ("" = cluster-wide).
+    async fn allowed(
+        &self,
+        user: &ReviewedUser,
+        verb: &'static str,
+        namespace: &str,
+    ) -> Result<bool, Denied> {
+        let key = (user.username.clone(), verb, namespace.to_owned());
+        let now = Instant::now();
+        if let Some((until, allowed)) = self.decisions.lock().get(&key)
+            && *until > now
+        {
+            return Ok(*allowed);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.username.clone()),
+                uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
+                groups: Some(user.groups.clone()),
+                extra: Some(user.extra.clone().into_iter().collect()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(ROUTES_GROUP.to_owned()),
+                    resource: Some(ROUTES_RESOURCE.to_owned()),
+                    verb: Some(verb.to_owned()),
+                    namespace: Some(namespace.to_owned()).filter(|n| !n.is_empty()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.reviewer.client().clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| Denied::Unavailable(e.to_string()))?;
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        let mut decisions = self.decisions.lock();
+        if decisions.len() >= DECISION_CACHE_MAX {
+            decisions.clear();
+        }
+        decisions.insert(key, (now + DECISION_TTL, allowed));
+        Ok(allowed)
+    }
+}
+
+impl ApiAccess {
+    /// Whether anyone may do anything (for the start-up log).
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Static(_) => "static_token",
+            Self::Kubernetes(_) => "kubernetes",
+        }
+    }
+
+    /// Who the caller is, from its `authorization` value.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Denied> {
+        let token = || {
+            bearer(authorization).ok_or_else(|| {
+                Denied::Unauthenticated(
+                    "missing bearer token: send 'authorization: Bearer <token>'".into(),
+                )
+            })
+        };
+        match self {
+            Self::Open => Ok(Caller::Unrestricted),
+            Self::Static(expected) => {
+                if same_secret(token()?.as_bytes(), expected.as_bytes()) {
+                    Ok(Caller::Unrestricted)
+                } else {
+                    Err(Denied::Unauthenticated(
+                        "bearer token rejected: does not match the configured token".into(),
+                    ))
+                }
+            }
+            Self::Kubernetes(k) => match k.reviewer.review(token()?).await {
+                Ok(user) => {
+                    let admin = k.admins.contains(&user.username);
+                    Ok(Caller::User { user, admin })
+                }
+                Err(AuthError::Unavailable(e)) => Err(Denied::Unavailable(e)),
+                Err(e) => Err(Denied::Unauthenticated(e.to_string())),
+            },
+        }
+    }
+
+    /// IngestEvents for `replica_id` in `tenant`.
+    pub fn authorize_ingest(caller: &Caller, tenant: &str, replica_id: &str) -> Result<(), Denied> {
+        match caller {
+            Caller::Unrestricted => Ok(()),
+            Caller::User { user, .. } => may_ingest(user, tenant, replica_id),
+        }
+    }
+
+    /// SetPolicies.
+    pub fn authorize_set_policies(caller: &Caller) -> Result<(), Denied> {
+        if caller.unrestricted_or_admin() {
+            return Ok(());
+        }
+        Err(Denied::PermissionDenied(
+            "SetPolicies: only the controller (an --api-admin identity) may push policies".into(),
+        ))
+    }
+
+    /// LookupRoute / GetPodScores for `tenant`.
+    pub async fn authorize_lookup(&self, caller: &Caller, tenant: &str) -> Result<(), Denied> {
+        self.authorize_routes(caller, "get", tenant).await
+    }
+
+    /// `GET /snapshot`.
+    pub async fn authorize_snapshot(&self, caller: &Caller) -> Result<(), Denied> {
+        self.authorize_routes(caller, "list", "").await
+    }
+
+    async fn authorize_routes(
+        &self,
+        caller: &Caller,
+        verb: &'static str,
+        namespace: &str,
+    ) -> Result<(), Denied> {
+        if caller.unrestricted_or_admin() {
+            return Ok(());
+        }
+        let (Self::Kubernetes(k), Caller::User { user, .. }) = (self, caller) else {
+            return Ok(());
+        };
+        if k.allowed(user, verb, namespace).await? {
+            return Ok(());
+        }
+        let scope = if namespace.is_empty() {
+            "cluster-wide".to_owned()
+        } else {
+            format!("in namespace {namespace:?}")
+        };
+        Err(Denied::PermissionDenied(format!(
+            "{:?} may not {verb} {ROUTES_RESOURCE}.{ROUTES_GROUP} {scope}",
+            user.username
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(namespace: &str, name: &str, pod: Option<&str>) -> ReviewedUser {
+        ReviewedUser {
+            username: format!("system:serviceaccount:{namespace}:{name}"),
+            extra: pod
+                .map(|p| (POD_NAME_CLAIM.to_owned(), vec![p.to_owned()]))
+                .into_iter()
+                .collect(),
+            ..ReviewedUser::default()
+        }
+    }
+
+    #[test]
+    fn a_subscriber_reports_only_its_own_pod_in_its_own_namespace() {
+        let me = sa("team-a", "default", Some("vllm-0"));
+        assert_eq!(may_ingest(&me, "team-a", "vllm-0"), Ok(()));
+        let other_tenant = may_ingest(&me, "kube-system", "vllm-0").unwrap_err();
+        assert!(other_tenant.to_string().contains("replica.scope.tenant"));
+        let other_pod = may_ingest(&me, "team-a", "vllm-1").unwrap_err();
+        assert!(other_pod.to_string().contains("replica.replica_id"));
+        let unbound = may_ingest(&sa("team-a", "default", None), "team-a", "vllm-0").unwrap_err();
+        assert!(unbound.to_string().contains("not bound to a pod"));
+        let person = ReviewedUser {
+            username: "alice".into(),
+            ..ReviewedUser::default()
+        };
+        assert!(matches!(
+            may_ingest(&person, "team-a", "vllm-0"),
+            Err(Denied::PermissionDenied(_))
+        ));
+    }
+
+    #[test]
+    fn only_admins_and_unrestricted_callers_set_policies() {
+        assert_eq!(
+            ApiAccess::authorize_set_policies(&Caller::Unrestricted),
+            Ok(())
+        );
+        let admin = Caller::User {
+            user: sa("ic", "controller", None),
+            admin: true,
+        };
+        assert_eq!(ApiAccess::authorize_set_policies(&admin), Ok(()));
+        let engine = Caller::User {
+            user: sa("team-a", "default", Some("vllm-0")),
+            admin: false,
+        };
+        assert!(ApiAccess::authorize_set_policies(&engine).is_err());
+    }
+
+    #[test]
+    fn service_account_names_parse() {
+        assert_eq!(
+            service_account("system:serviceaccount:ns:name"),
+            Some(("ns", "name"))
+        );
+        assert_eq!(service_account("system:node:x"), None);
+        assert_eq!(service_account("alice"), None);
+    }
+
+    #[tokio::test]
+    async fn static_mode_needs_the_token() {
+        let access = ApiAccess::Static("s3cret".into());
+        assert_eq!(
+            access.authenticate(Some("Bearer s3cret")).await,
+            Ok(Caller::Unrestricted)
+        );
+        assert!(matches!(
+            access.authenticate(Some("Bearer nope")).await,
+            Err(Denied::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            access.authenticate(None).await,
+            Err(Denied::Unauthenticated(_))
+        ));
+        assert_eq!(
+            ApiAccess::Open.authenticate(None).await,
+            Ok(Caller::Unrestricted)
+        );
+    }
+}

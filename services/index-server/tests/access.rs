@@ -1,0 +1,357 @@
+//! Access control of the gRPC API and `/snapshot` in Kubernetes mode, with
+//! the real binary asking the fake API server's TokenReview and
+//! SubjectAccessReview endpoints: every privileged path refuses anonymous
+//! and wrong-tenant callers, and the forgeries a hostile pod could make
+//! before are refused.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+
+use ic_e2e::ServiceProcess;
+use ic_e2e::ingest::{Replica, resync, stored};
+use ic_fake_apiserver::{FakeApi, Grant, TokenIdentity};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use tonic::Code;
+
+const AUDIENCE: &str = "inferencecache";
+const CONTROLLER: &str = "system:serviceaccount:ic-system:ic-controller";
+const GATEWAY: &str = "system:serviceaccount:gateway:envoy";
+
+struct World {
+    fake: FakeApi,
+    _served: ic_fake_apiserver::Served,
+    _dir: tempfile::TempDir,
+    _process: ServiceProcess,
+    grpc: String,
+    admin: SocketAddr,
+}
+
+fn token(fake: &FakeApi, token: &str, username: &str, pod: Option<&str>, audience: &str) {
+    fake.add_token(
+        token,
+        TokenIdentity {
+            username: username.into(),
+            audiences: vec![audience.into()],
+            pod: pod.map(str::to_owned),
+        },
+    );
+}
+
+async fn world() -> World {
+    let fake = FakeApi::new();
+    // The subscriber in engine pod team-a/vllm-0 (a projected, pod-bound
+    // token); a token of the same service account without a pod; a
+    // token for another audience; the gateway; the controller.
+    token(
+        &fake,
+        "sub-a",
+        "system:serviceaccount:team-a:default",
+        Some("vllm-0"),
+        AUDIENCE,
+    );
+    token(
+        &fake,
+        "unbound-a",
+        "system:serviceaccount:team-a:default",
+        None,
+        AUDIENCE,
+    );
+    token(
+        &fake,
+        "other-audience",
+        "system:serviceaccount:team-a:default",
+        Some("vllm-0"),
+        "vault",
+    );
+    token(&fake, "gateway", GATEWAY, None, AUDIENCE);
+    token(&fake, "controller", CONTROLLER, None, AUDIENCE);
+    token(
+        &fake,
+        "monitor",
+        "system:serviceaccount:obs:reader",
+        None,
+        AUDIENCE,
+    );
+    fake.grant(Grant {
+        user: GATEWAY.into(),
+        verb: "get".into(),
+        group: "inferencecache.io".into(),
+        resource: "routes".into(),
+        namespace: "team-a".into(),
+    });
+    fake.grant(Grant {
+        user: "system:serviceaccount:obs:reader".into(),
+        verb: "list".into(),
+        group: "inferencecache.io".into(),
+        resource: "routes".into(),
+        namespace: String::new(),
+    });
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig =
+        ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "index-server", "ic-system")
+            .unwrap();
+    let mut process = ServiceProcess::start_with_env(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--api-audience",
+            AUDIENCE,
+            "--api-admin",
+            CONTROLLER,
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let grpc = format!("http://{}", process.addr("grpc"));
+    let admin = process.admin_addr();
+    World {
+        fake,
+        _served: served,
+        _dir: dir,
+        _process: process,
+        grpc,
+        admin,
+    }
+}
+
+fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
+}
+
+impl World {
+    async fn client(&self) -> IndexServiceClient<tonic::transport::Channel> {
+        IndexServiceClient::connect(self.grpc.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn ingest(
+        &self,
+        token: Option<&str>,
+        batch: pb::IngestBatch,
+    ) -> Result<(), tonic::Status> {
+        let ack = self
+            .client()
+            .await
+            .ingest_events(with_token(futures::stream::iter(vec![batch]), token))
+            .await?
+            .into_inner();
+        assert!(!ack.resync_required, "{ack:?}");
+        Ok(())
+    }
+
+    async fn lookup(&self, token: Option<&str>, tenant: &str) -> Result<u32, tonic::Status> {
+        let request = pb::LookupRouteRequest {
+            scope: Some(pb::IndexScope {
+                tenant: tenant.into(),
+                model: "m".into(),
+                hash_scheme: pb::HashScheme::Vllm as i32,
+                adapter: String::new(),
+            }),
+            key: Some(pb::lookup_route_request::Key::BlockHashes(
+                pb::BlockHashes {
+                    hashes: vec![1, 2, 3],
+                },
+            )),
+            observe_only: true,
+            ..Default::default()
+        };
+        let answer = self
+            .client()
+            .await
+            .lookup_route(with_token(request, token))
+            .await?
+            .into_inner();
+        Ok(answer.best.map_or(0, |b| b.matched_blocks))
+    }
+
+    async fn set_policies(&self, token: Option<&str>) -> Result<(), tonic::Status> {
+        self.client()
+            .await
+            .set_policies(with_token(pb::SetPoliciesRequest::default(), token))
+            .await
+            .map(|_| ())
+    }
+
+    async fn snapshot(&self, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut request = reqwest::Client::new().get(format!("http://{}/snapshot", self.admin));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.admin))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+fn replica<'a>(tenant: &'a str, replica_id: &'a str, address: &'a str) -> Replica<'a> {
+    Replica {
+        tenant,
+        model: "m",
+        replica_id,
+        address,
+        dp_rank: 0,
+    }
+}
+
+fn holding(r: &Replica<'_>) -> pb::IngestBatch {
+    resync(r, vec![stored(vec![1, 2, 3], 16, pb::Tier::T1)])
+}
+
+fn code(result: Result<impl std::fmt::Debug, tonic::Status>) -> (Code, String) {
+    let status = result.unwrap_err();
+    (status.code(), status.message().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_speaks_only_for_the_callers_own_pod_in_its_own_namespace() {
+    let w = world().await;
+    let mine = replica("team-a", "vllm-0", "10.0.0.7:8000");
+    w.ingest(Some("sub-a"), holding(&mine)).await.unwrap();
+
+    assert_eq!(
+        code(w.ingest(None, holding(&mine)).await).0,
+        Code::Unauthenticated
+    );
+    let (c, m) = code(w.ingest(Some("stolen"), holding(&mine)).await);
+    assert_eq!(c, Code::Unauthenticated, "{m}");
+    let (c, m) = code(w.ingest(Some("other-audience"), holding(&mine)).await);
+    assert_eq!(c, Code::Unauthenticated, "{m}");
+    assert!(m.contains("audience"), "{m}");
+    // Writing into another tenant, kube-system included.
+    let (c, m) = code(
+        w.ingest(
+            Some("sub-a"),
+            holding(&replica("kube-system", "vllm-0", "10.0.0.7:8000")),
+        )
+        .await,
+    );
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("replica.scope.tenant"), "{m}");
+    // Claiming another (real) replica, or a phantom one, to send gateways
+    // elsewhere or win `best`.
+    let (c, m) = code(
+        w.ingest(
+            Some("sub-a"),
+            holding(&replica("team-a", "vllm-1", "10.6.6.6:8000")),
+        )
+        .await,
+    );
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("replica.replica_id"), "{m}");
+    // A token of the right service account that is not bound to a pod.
+    let (c, m) = code(w.ingest(Some("unbound-a"), holding(&mine)).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    // The controller is an admin, not a subscriber.
+    let (c, _) = code(w.ingest(Some("controller"), holding(&mine)).await);
+    assert_eq!(c, Code::PermissionDenied);
+
+    // Nothing refused reached the index: only the real replica is there.
+    let (status, snapshot) = w.snapshot(Some("controller")).await;
+    assert_eq!(status, 200);
+    let rows: Vec<(String, String)> = snapshot["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["tenant"].as_str().unwrap().to_owned(),
+                r["replicaId"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, vec![("team-a".to_owned(), "vllm-0".to_owned())]);
+    let metrics = w.metrics().await;
+    assert!(
+        metrics.contains(
+            "inferencecache_index_access_refusals_total{path=\"ingest\",reason=\"permission_denied\"} 4"
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_need_the_right_to_read_the_tenants_routes() {
+    let w = world().await;
+    let mine = replica("team-a", "vllm-0", "10.0.0.7:8000");
+    w.ingest(Some("sub-a"), holding(&mine)).await.unwrap();
+
+    assert_eq!(w.lookup(Some("gateway"), "team-a").await.unwrap(), 3);
+    assert_eq!(
+        code(w.lookup(None, "team-a").await).0,
+        Code::Unauthenticated
+    );
+    let (c, m) = code(w.lookup(Some("gateway"), "team-b").await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("routes.inferencecache.io"), "{m}");
+    assert!(m.contains("team-b"), "{m}");
+    // An engine pod's subscriber may not read its tenant's hints.
+    assert_eq!(
+        code(w.lookup(Some("sub-a"), "team-a").await).0,
+        Code::PermissionDenied
+    );
+    // The controller may (the probe and icctl read through it).
+    assert_eq!(w.lookup(Some("controller"), "team-a").await.unwrap(), 3);
+    // Decisions are cached: the gateway's repeated lookups ask once.
+    w.fake.clear_requests();
+    for _ in 0..5 {
+        assert_eq!(w.lookup(Some("gateway"), "team-a").await.unwrap(), 3);
+    }
+    let reviews = w
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.contains("subjectaccessreviews") || r.path.contains("tokenreviews"))
+        .count();
+    assert_eq!(reviews, 0, "cached reviews and decisions ask no one");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_controller_sets_policies_and_snapshot_readers_need_cluster_wide_list() {
+    let w = world().await;
+    assert_eq!(code(w.set_policies(None).await).0, Code::Unauthenticated);
+    let (c, m) = code(w.set_policies(Some("gateway")).await);
+    assert_eq!(c, Code::PermissionDenied, "{m}");
+    assert!(m.contains("--api-admin"), "{m}");
+    assert_eq!(
+        code(w.set_policies(Some("sub-a")).await).0,
+        Code::PermissionDenied
+    );
+    w.set_policies(Some("controller")).await.unwrap();
+
+    let (status, body) = w.snapshot(None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = w.snapshot(Some("gateway")).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("cluster-wide"),
+        "{body}"
+    );
+    assert_eq!(w.snapshot(Some("monitor")).await.0, 200);
+    assert_eq!(w.snapshot(Some("controller")).await.0, 200);
+    // Health stays open for probes and load balancers.
+    let healthz = reqwest::get(format!("http://{}/healthz", w.admin))
+        .await
+        .unwrap();
+    assert_eq!(healthz.status().as_u16(), 200);
+}
