@@ -330,17 +330,19 @@ fn engines(ctx: &BackendContext, backend: &CacheBackend, ns: &str) -> EngineObse
     }
 }
 
+/// The controller's token for the index server: a small projected-token
+/// file, read again on every call so the kubelet's rotation is picked up.
+pub fn read_token(path: &std::path::Path) -> Result<String, String> {
+    std::fs::read_to_string(path)
+        .map(|t| t.trim().to_owned())
+        .map_err(|e| format!("reading the token {}: {e}", path.display()))
+}
+
 /// Calls `/probe` for one backend.
 pub async fn call_probe(ctx: &BackendContext, ns: &str, name: &str) -> ProbeOutcome {
-    // A small projected-token file; re-read every call so rotation is picked up.
-    let token = match std::fs::read_to_string(&ctx.probe_token_path) {
-        Ok(t) => t.trim().to_owned(),
-        Err(e) => {
-            return ProbeOutcome::TransportError(format!(
-                "reading the probe token {}: {e}",
-                ctx.probe_token_path.display()
-            ));
-        }
+    let token = match read_token(&ctx.probe_token_path) {
+        Ok(t) => t,
+        Err(e) => return ProbeOutcome::TransportError(e),
     };
     let response = ctx
         .http

@@ -142,7 +142,7 @@ impl std::fmt::Debug for Shared {
 pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -> JoinSet<()> {
     let mut set = JoinSet::new();
     let (stores, feeds) = stores::start(&shared.client, &shared.metrics, &mut set, stop);
-    let poller = Poller::new(
+    let mut poller = Poller::new(
         shared.client.clone(),
         shared.http.clone(),
         config.snapshot_url.clone(),
@@ -150,6 +150,9 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
         shared.clock.clone(),
         stores.clone(),
     );
+    // The same audience-bound token as /probe: the index server's access
+    // control lets the controller (an --api-admin) read and push.
+    poller.token_path = Some(config.probe_token_path.clone());
     let every = Duration::from_secs(config.snapshot_interval_seconds.max(1));
     spawn_synced(&mut set, &stores, stop, poller.run(every, stop.clone()));
     let resync = Duration::from_secs(config.resync_interval_seconds.max(1));
@@ -157,6 +160,7 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
         let pusher = PolicyPusher {
             client: shared.client.clone(),
             index_grpc: config.index_server_grpc.clone(),
+            token_path: Some(config.probe_token_path.clone()),
             metrics: shared.metrics.clone(),
             clock: shared.clock.clone(),
             stores: stores.clone(),

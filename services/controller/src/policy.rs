@@ -102,6 +102,9 @@ pub struct PolicyPusher {
     pub client: kube::Client,
     /// Index server gRPC URL, e.g. `http://index:9090`.
     pub index_grpc: String,
+    /// Bearer token file presented to SetPolicies; unset or absent (local
+    /// runs) sends none.
+    pub token_path: Option<std::path::PathBuf>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time source.
@@ -128,6 +131,14 @@ impl PolicyPusher {
             .timeout(Duration::from_secs(10));
         let channel = endpoint.connect().await.map_err(|e| fail(e.to_string()))?;
         let mut client = IndexServiceClient::new(channel);
+        let mut request = tonic::Request::new(request);
+        if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {
+            let token = crate::backend::read_token(path).map_err(fail)?;
+            let value = format!("Bearer {token}")
+                .parse()
+                .map_err(|_| fail(format!("{}: not a token", path.display())))?;
+            request.metadata_mut().insert("authorization", value);
+        }
         client
             .set_policies(request)
             .await

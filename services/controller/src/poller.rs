@@ -54,6 +54,9 @@ pub struct Poller {
     pub http: reqwest::Client,
     /// `GET` target.
     pub snapshot_url: String,
+    /// Bearer token file for `/snapshot` (the index server's access
+    /// control); unset or absent (local runs) sends no token.
+    pub token_path: Option<std::path::PathBuf>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time source.
@@ -97,6 +100,7 @@ impl Poller {
             client,
             http,
             snapshot_url,
+            token_path: None,
             metrics,
             clock,
             stores,
@@ -116,10 +120,11 @@ impl Poller {
             url: url.to_owned(),
             message,
         };
-        let response = self
-            .http
-            .get(url)
-            .timeout(Duration::from_secs(10))
+        let mut request = self.http.get(url).timeout(Duration::from_secs(10));
+        if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {
+            request = request.bearer_auth(crate::backend::read_token(path).map_err(fail)?);
+        }
+        let response = request
             .send()
             .await
             .map_err(|e| fail(e.to_string()))?;

@@ -84,6 +84,7 @@ async fn policies_reach_the_index_server_and_report_back() {
     let pusher = PolicyPusher {
         client: fake.client(),
         index_grpc: server.grpc_url(),
+        token_path: None,
         metrics: metrics.clone(),
         clock: common::clock(),
         stores: watched.stores.clone(),
@@ -138,6 +139,7 @@ async fn policies_reach_the_index_server_and_report_back() {
     // An unreachable server is reported, not hidden.
     let broken = PolicyPusher {
         index_grpc: format!("http://127.0.0.1:{}", ic_e2e::free_port()),
+        token_path: None,
         ..pusher
     };
     watched.settle(&fake).await;
@@ -326,4 +328,46 @@ async fn a_tenant_deleted_while_the_controller_was_down_is_still_released() {
     );
     let pins = get(format!("{base}/cache/pins?cache_salt=salt-f")).await;
     assert_eq!(pins["total"], 0, "{pins}");
+}
+
+#[tokio::test]
+async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
+    let server = common::IndexServer::start_with(&["--api-static-token", "controller-secret"]);
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 1_000_000));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    watched.settle(&fake).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "controller-secret\n").unwrap();
+    let anonymous = PolicyPusher {
+        client: fake.client(),
+        index_grpc: server.grpc_url(),
+        token_path: None,
+        metrics: metrics.clone(),
+        clock: common::clock(),
+        stores: watched.stores.clone(),
+    };
+    let refused = anonymous.sync_once().await.unwrap_err().to_string();
+    assert!(refused.contains("missing bearer token"), "{refused}");
+    let pusher = PolicyPusher {
+        token_path: Some(token.clone()),
+        ..anonymous
+    };
+    assert_eq!(pusher.sync_once().await.unwrap(), 1);
+
+    let (_registry, metrics) = common::metrics();
+    let mut poller = ic_controller::poller::Poller::new(
+        fake.client(),
+        reqwest::Client::new(),
+        server.snapshot_url(),
+        metrics,
+        common::clock(),
+        watched.stores.clone(),
+    );
+    let refused = poller.scrape().await.unwrap_err().to_string();
+    assert!(refused.contains("401"), "{refused}");
+    poller.token_path = Some(token);
+    poller.scrape().await.unwrap();
 }

@@ -50,6 +50,9 @@ pub struct IndexServer {
     pub ingest: Arc<crate::streams::IngestControl>,
     /// Who may call what.
     pub access: Arc<ApiAccess>,
+    /// Cancelled when the server stops: open ingest streams end at once
+    /// (the subscribers reconnect elsewhere) instead of holding shutdown.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// What a replica's subscriber last said about the engine beside its
@@ -210,6 +213,7 @@ impl IndexServer {
             engine_reports: Arc::new(EngineReports::default()),
             ingest: Arc::new(crate::streams::IngestControl::default()),
             access: Arc::new(ApiAccess::Open),
+            shutdown: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -425,7 +429,13 @@ impl IndexService for IndexServer {
         let _open = scopeguard(&self.metrics);
         let idle = self.ingest.idle_timeout;
         loop {
-            let Ok(next) = tokio::time::timeout(idle, stream.message()).await else {
+            let next = tokio::select! {
+                next = tokio::time::timeout(idle, stream.message()) => next,
+                () = self.shutdown.cancelled() => {
+                    return Err(Status::unavailable("the index server is stopping; reconnect"));
+                }
+            };
+            let Ok(next) = next else {
                 self.metrics.ingest_refused("idle");
                 return Err(Status::deadline_exceeded(format!(
                     "no batch for {} s (--ingest-idle-timeout-seconds)",

@@ -506,6 +506,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
     service.ingest = Arc::new(ingest_control(&config));
     service.access = access.clone();
+    service.shutdown = shutdown.clone();
     service.tokenizers = Arc::new(tokenizers);
     service.routing = routing.clone();
     let http_state = http::HttpState {

@@ -38,9 +38,38 @@ pub struct Identity {
 
 pub use ic_clock::Backoff;
 
+/// Where batches go and how the subscriber proves who it is.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The index server's gRPC URL.
+    pub url: String,
+    /// Bearer token file, read on every (re)connect.
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+/// The `authorization` value from the token file, if one is configured.
+fn authorization(target: &Target) -> Result<Option<tonic::metadata::AsciiMetadataValue>, String> {
+    let Some(path) = &target.token_file else {
+        return Ok(None);
+    };
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| format!("--index-server-token-file {}: {e}", path.display()))?;
+    let token = token.trim();
+    if token.is_empty() {
+        return Err(format!(
+            "--index-server-token-file {}: the file is empty",
+            path.display()
+        ));
+    }
+    format!("Bearer {token}")
+        .parse()
+        .map(Some)
+        .map_err(|_| format!("--index-server-token-file {}: not a token", path.display()))
+}
+
 /// Runs until `shutdown`.
 pub async fn run(
-    url: String,
+    target: Target,
     identity: Identity,
     outbox: Arc<Mutex<Outbox>>,
     notify: Arc<Notify>,
@@ -49,15 +78,28 @@ pub async fn run(
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut seqs: Vec<u64> = Vec::new();
+    let url = target.url.clone();
     while !shutdown.is_cancelled() {
         let started = Instant::now();
-        match connect(&url).await {
-            Ok(client) => {
+        let token = authorization(&target);
+        if let Err(error) = &token {
+            metrics.forward_errors.inc();
+            tracing::warn!(%error, "cannot read the index server token");
+        }
+        let connected = match token {
+            Ok(token) => connect(&url)
+                .await
+                .map(|c| (c, token))
+                .map_err(|e| e.to_string()),
+            Err(error) => Err(error),
+        };
+        match connected {
+            Ok((client, token)) => {
                 metrics.forward_connects.inc();
                 tracing::info!(index_server = %url, "connected to index server");
                 lock(&outbox).mark_all_for_resync();
                 let outcome = stream_once(
-                    client, &identity, &outbox, &notify, &metrics, &mut seqs, &shutdown,
+                    client, token, &identity, &outbox, &notify, &metrics, &mut seqs, &shutdown,
                 )
                 .await;
                 match outcome {
@@ -98,8 +140,10 @@ async fn connect(
     Ok(IndexServiceClient::new(endpoint.connect().await?))
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn stream_once(
     mut client: IndexServiceClient<tonic::transport::Channel>,
+    token: Option<tonic::metadata::AsciiMetadataValue>,
     identity: &Identity,
     outbox: &Mutex<Outbox>,
     notify: &Notify,
@@ -108,9 +152,13 @@ async fn stream_once(
     shutdown: &CancellationToken,
 ) -> Result<pb::IngestAck, tonic::Status> {
     let (tx, rx) = mpsc::channel::<pb::IngestBatch>(16);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    if let Some(token) = token {
+        request.metadata_mut().insert("authorization", token);
+    }
     let call = tokio::spawn(async move {
         client
-            .ingest_events(ReceiverStream::new(rx))
+            .ingest_events(request)
             .await
             .map(tonic::Response::into_inner)
     });

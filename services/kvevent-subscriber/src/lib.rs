@@ -96,6 +96,12 @@ pub struct Config {
     #[arg(long, env = "IC_INDEX_SERVER", default_value = "http://127.0.0.1:9090")]
     pub index_server: String,
 
+    /// Bearer token file presented to the index server (a projected,
+    /// audience-bound service-account token); read again on every
+    /// (re)connect, so the kubelet's rotation needs no restart.
+    #[arg(long, env = "IC_INDEX_SERVER_TOKEN_FILE")]
+    pub index_server_token_file: Option<std::path::PathBuf>,
+
     /// Replica id (the pod name).
     #[arg(long, env = "POD_NAME")]
     pub replica_id: String,
@@ -271,7 +277,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ));
     }
     tasks.spawn(forwarder::run(
-        config.index_server.clone(),
+        forwarder::Target {
+            url: config.index_server.clone(),
+            token_file: config.index_server_token_file.clone(),
+        },
         identity,
         outbox.clone(),
         notify,

@@ -207,6 +207,11 @@ impl FakeApi {
         self.shared.lock().grants.push(grant);
     }
 
+    /// Makes TokenReviews refuse `token` from now on (a rotated-out token).
+    pub fn remove_token(&self, token: &str) {
+        self.shared.lock().tokens.remove(token);
+    }
+
     /// Registers a bearer token that TokenReviews accept.
     pub fn add_token(&self, token: &str, identity: TokenIdentity) {
         self.shared.lock().tokens.insert(token.to_owned(), identity);

@@ -32,19 +32,24 @@ pub struct IndexServer {
 
 impl IndexServer {
     pub fn start() -> Self {
-        let mut process = ServiceProcess::start(
-            &ic_e2e::workspace_binary("ic-index-server"),
-            &[
-                "--http-addr",
-                "127.0.0.1:0",
-                "--grpc-addr",
-                "127.0.0.1:0",
-                "--probe-static-token",
-                PROBE_TOKEN,
-                "--replica-gc-after-seconds",
-                "0",
-            ],
-        );
+        Self::start_with(&[])
+    }
+
+    /// With `extra` flags (access control, for instance).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut args = vec![
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--probe-static-token",
+            PROBE_TOKEN,
+            "--replica-gc-after-seconds",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let mut process =
+            ServiceProcess::start(&ic_e2e::workspace_binary("ic-index-server"), &args);
         let http = process.admin_addr();
         let grpc = process.addr("grpc");
         Self {
