@@ -135,7 +135,16 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
     let config = ic_adapters::admission::InjectionConfig {
         subscriber_image: Some(flag("kvevent-subscriber-image")),
         index_server: flag("index-server"),
+        index_server_audience: Some(flag("index-server-audience")),
     };
+    // The subscriber's token carries the audience the index server checks.
+    let index = &find(&all, "Deployment", "inferencecache-index-server").unwrap()["spec"]["template"]
+        ["spec"]["containers"][0];
+    assert!(
+        strings(&index["args"])
+            .contains(&format!("--api-audience={}", flag("index-server-audience"))),
+        "{index}"
+    );
     let backend: ic_api::CacheBackend = serde_json::from_value(json!({
         "apiVersion": "inferencecache.io/v1alpha1", "kind": "CacheBackend",
         "metadata": {"name": "cb", "namespace": "team-a", "uid": "u"},
@@ -158,6 +167,21 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
         .find(|c| c["name"] == "kvevent-subscriber")
         .unwrap();
     assert_eq!(subscriber["image"], flag("kvevent-subscriber-image"));
+    // It reads the token where the projected volume puts it.
+    let mount = subscriber["volumeMounts"][0]["mountPath"].as_str().unwrap();
+    let volume = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == subscriber["volumeMounts"][0]["name"])
+        .unwrap();
+    let projected = &volume["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(
+        projected["audience"].as_str(),
+        Some(flag("index-server-audience").as_str())
+    );
+    let path = format!("{mount}/{}", projected["path"].as_str().unwrap());
+    assert!(strings(&subscriber["args"]).contains(&format!("--index-server-token-file={path}")));
     let (ok, text) = check_args(
         "ic-kvevent-subscriber",
         &strings(&subscriber["args"]),
@@ -584,7 +608,16 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
     let controller = &find(&all, "Deployment", "inferencecache-controller").unwrap()["spec"]["template"]
         ["spec"]["containers"][0];
     assert!(strings(&controller["args"]).contains(&"--lease-name=ic-controller".to_owned()));
-    assert_eq!(of_kind(&all, "ClusterRole").len(), 3);
+    // The three binaries' roles, and the route reader tenants bind.
+    assert_eq!(of_kind(&all, "ClusterRole").len(), 4);
+    assert!(
+        find(
+            &all,
+            "ClusterRole",
+            "inferencecache-index-server-route-reader"
+        )
+        .is_some()
+    );
 }
 
 #[test]
@@ -656,4 +689,74 @@ fn every_wired_pod_of_the_adapters_golden_files_passes_strict_validation() {
         let problems = ic_e2e::chart::kubernetes_validate(&path, version);
         assert!(problems.is_empty(), "{version}:\n{}", problems.join("\n"));
     }
+}
+
+#[test]
+fn access_control_is_on_by_default_and_route_readers_are_bound() {
+    let args_of = |all: &[Value], deployment: &str| {
+        strings(
+            &find(all, "Deployment", deployment).unwrap()["spec"]["template"]["spec"]["containers"]
+                [0]["args"],
+        )
+    };
+    let all = objects(&render(
+        CHART,
+        &[
+            "--set",
+            "indexServer.api.routeReaders[0].kind=ServiceAccount",
+            "--set",
+            "indexServer.api.routeReaders[0].name=envoy",
+            "--set",
+            "indexServer.api.routeReaders[0].namespace=gateway",
+        ],
+    ));
+    let index = args_of(&all, "inferencecache-index-server");
+    assert!(index.iter().any(|a| a.starts_with("--api-audience=")));
+    let binding = find(
+        &all,
+        "ClusterRoleBinding",
+        "inferencecache-index-server-route-reader",
+    )
+    .unwrap();
+    assert_eq!(binding["subjects"][0]["name"], "envoy");
+    assert_eq!(binding["subjects"][0]["namespace"], "gateway");
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "inferencecache-index-server-route-reader"
+    );
+    // The admin named is the controller's own service account.
+    let controller_sa =
+        find(&all, "Deployment", "inferencecache-controller").unwrap()["spec"]["template"]["spec"]
+            ["serviceAccountName"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+    assert!(
+        index
+            .iter()
+            .any(|a| a.starts_with("--api-admin=") && a.ends_with(&format!(":{controller_sa}")))
+    );
+
+    let open = objects(&render(
+        CHART,
+        &["--set", "indexServer.api.accessControl=false"],
+    ));
+    assert!(
+        !args_of(&open, "inferencecache-index-server")
+            .iter()
+            .any(|a| a.starts_with("--api-"))
+    );
+    assert!(
+        !args_of(&open, "inferencecache-webhook")
+            .iter()
+            .any(|a| a.starts_with("--index-server-audience"))
+    );
+    assert!(
+        find(
+            &open,
+            "ClusterRole",
+            "inferencecache-index-server-route-reader"
+        )
+        .is_none()
+    );
 }

@@ -26,6 +26,9 @@ pub struct InjectionConfig {
     pub subscriber_image: Option<String>,
     /// Index server gRPC URL the injected subscriber dials.
     pub index_server: String,
+    /// Audience of the token the subscriber presents to the index server;
+    /// `None` mounts no token (an index server without access control).
+    pub index_server_audience: Option<String>,
 }
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label
@@ -331,12 +334,15 @@ fn wire(
             publisher: events.publisher,
         };
         let guaranteed = sidecars::is_guaranteed(pod_spec);
-        let container =
-            sidecars::subscriber_container(image, &config.index_server, &plan, guaranteed);
+        let container = sidecars::subscriber_container(image, config, &plan, guaranteed);
         sidecars::converge(
             &mut out_spec.containers,
             SUBSCRIBER_CONTAINER,
             Some(container),
+        );
+        sidecars::converge_token_volume(
+            &mut out_spec.volumes,
+            config.index_server_audience.as_deref(),
         );
         sidecars::converge_opt(&mut out_spec.init_containers, KERNEL_CHECK_CONTAINER, None);
         strip(&mut out, &[annotations::LMCACHE_KERNEL_CHECK_MODE]);
@@ -420,13 +426,18 @@ fn wire(
                 .then(|| format!("http://127.0.0.1:{port}/metrics")),
             publisher: events.publisher,
         };
-        sidecars::subscriber_container(image, &config.index_server, &plan, guaranteed)
+        sidecars::subscriber_container(image, config, &plan, guaranteed)
     });
+    let token_audience = config
+        .index_server_audience
+        .as_deref()
+        .filter(|_| subscriber_container.is_some());
     sidecars::converge(
         &mut out_spec.containers,
         SUBSCRIBER_CONTAINER,
         subscriber_container,
     );
+    sidecars::converge_token_volume(&mut out_spec.volumes, token_audience);
     let kernel_container = match (&engine_image, kernel_mode) {
         (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => {
             Some(sidecars::kernel_check_container(

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext,
+    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -120,16 +121,24 @@ pub fn is_guaranteed(spec: &PodSpec) -> bool {
 /// reads (`POD_NAME`, `POD_NAMESPACE`, `POD_IP`).
 pub fn subscriber_container(
     image: &str,
-    index_server: &str,
+    config: &crate::admission::InjectionConfig,
     plan: &SubscriberPlan,
     guaranteed: bool,
 ) -> Container {
+    use ic_api::consts::injected::{SUBSCRIBER_TOKEN_DIR, SUBSCRIBER_TOKEN_VOLUME};
+    let index_server = config.index_server.trim();
     let mut args = vec![
         format!("--model-id={}", plan.model_id),
         format!("--hash-scheme={}", plan.hash_scheme),
     ];
-    if !index_server.trim().is_empty() {
-        args.push(format!("--index-server={}", index_server.trim()));
+    if !index_server.is_empty() {
+        args.push(format!("--index-server={index_server}"));
+    }
+    let token = config.index_server_audience.is_some();
+    if token {
+        args.push(format!(
+            "--index-server-token-file={SUBSCRIBER_TOKEN_DIR}/token"
+        ));
     }
     args.push(format!("--engine-endpoint={}", plan.publisher.endpoint));
     if let Some(replay) = &plan.publisher.replay_endpoint {
@@ -163,7 +172,65 @@ pub fn subscriber_container(
         }]),
         resources: Some(sidecar_resources("50m", "64Mi", guaranteed)),
         security_context: Some(subscriber_security_context()),
+        volume_mounts: token.then(|| {
+            vec![VolumeMount {
+                name: SUBSCRIBER_TOKEN_VOLUME.to_owned(),
+                mount_path: SUBSCRIBER_TOKEN_DIR.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            }]
+        }),
         ..Container::default()
+    }
+}
+
+/// Seconds the subscriber's projected token is valid; the kubelet renews
+/// it at 80 % of that, and the subscriber re-reads it on every reconnect.
+pub const SUBSCRIBER_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+
+/// Puts the subscriber's projected token volume (bound to `audience`) on
+/// the pod, or takes ours away when `audience` is `None`. Only a volume of
+/// that name holding exactly one service-account token is ours.
+pub fn converge_token_volume(volumes: &mut Option<Vec<Volume>>, audience: Option<&str>) {
+    use ic_api::consts::injected::SUBSCRIBER_TOKEN_VOLUME;
+    let was_none = volumes.is_none();
+    let list = volumes.get_or_insert_with(Vec::new);
+    let before = list.len();
+    match audience {
+        Some(audience) => crate::merge::upsert_volume(
+            list,
+            Volume {
+                name: SUBSCRIBER_TOKEN_VOLUME.to_owned(),
+                // No mode: the kubelet gives a token file 0600 owned by the
+                // only container mounting it (the subscriber's user).
+                projected: Some(ProjectedVolumeSource {
+                    default_mode: None,
+                    sources: Some(vec![VolumeProjection {
+                        service_account_token: Some(ServiceAccountTokenProjection {
+                            audience: Some(audience.to_owned()),
+                            expiration_seconds: Some(SUBSCRIBER_TOKEN_EXPIRATION_SECONDS),
+                            path: "token".to_owned(),
+                        }),
+                        ..VolumeProjection::default()
+                    }]),
+                }),
+                ..Volume::default()
+            },
+        ),
+        None => list.retain(|v| {
+            let ours = v.name == SUBSCRIBER_TOKEN_VOLUME
+                && v.projected.as_ref().is_some_and(|p| {
+                    p.sources
+                        .as_ref()
+                        .is_some_and(|s| s.len() == 1 && s[0].service_account_token.is_some())
+                });
+            !ours
+        }),
+    }
+    // Empty because nothing was there, or because only ours was: no list
+    // (as before we added it).
+    if list.is_empty() && (was_none || before > 0) {
+        *volumes = None;
     }
 }
 

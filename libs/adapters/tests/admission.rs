@@ -766,3 +766,48 @@ fn unwired_pods_lose_a_stale_wired_label() {
             .contains_key("inferencecache.io/wired")
     );
 }
+
+#[test]
+fn the_subscriber_gets_a_projected_token_for_the_index_server_and_loses_it_with_the_audience() {
+    use ic_api::consts::injected::{SUBSCRIBER_TOKEN_DIR, SUBSCRIBER_TOKEN_VOLUME};
+    let engine = engine_pod(json!({"args": ["--model", "m"]}));
+    let b = backend("cb", json!({}));
+    let a = admit_pod(&engine, std::slice::from_ref(&b), &config());
+    let spec = a.pod.spec.as_ref().unwrap();
+    let volume = spec
+        .volumes
+        .as_ref()
+        .and_then(|v| v.iter().find(|v| v.name == SUBSCRIBER_TOKEN_VOLUME))
+        .expect("token volume");
+    let projection = volume.projected.as_ref().unwrap().sources.as_ref().unwrap();
+    let token = projection[0].service_account_token.as_ref().unwrap();
+    assert_eq!(token.audience.as_deref(), Some("inferencecache"));
+    assert_eq!(token.path, "token");
+    let sub = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .unwrap();
+    let mount = &sub.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(mount.mount_path, SUBSCRIBER_TOKEN_DIR);
+    assert_eq!(mount.read_only, Some(true));
+    let file = format!("--index-server-token-file={SUBSCRIBER_TOKEN_DIR}/token");
+    assert!(subscriber_args(&a).contains(&file));
+    // The engine does not see the token.
+    assert!(spec.containers[0].volume_mounts.is_none());
+    // Admitting again changes nothing; without an audience the volume goes.
+    let again = admit_pod(&a.pod, std::slice::from_ref(&b), &config());
+    assert_eq!(again.pod, a.pod);
+    let open = InjectionConfig {
+        index_server_audience: None,
+        ..config()
+    };
+    let without = admit_pod(&a.pod, std::slice::from_ref(&b), &open);
+    let spec = without.pod.spec.as_ref().unwrap();
+    assert!(
+        spec.volumes.as_ref().is_none_or(|v| v.is_empty()),
+        "{:?}",
+        spec.volumes
+    );
+    assert!(!subscriber_args(&without).contains(&file));
+}

@@ -69,6 +69,11 @@ pub mod kernel_check {
 pub mod injected {
     /// The kvevent-subscriber sidecar (a regular container).
     pub const SUBSCRIBER_CONTAINER: &str = "kvevent-subscriber";
+    /// The subscriber's projected, audience-bound service-account token for
+    /// the index server (a pod volume).
+    pub const SUBSCRIBER_TOKEN_VOLUME: &str = "inferencecache-index-token";
+    /// Where the subscriber reads that token (`token` inside).
+    pub const SUBSCRIBER_TOKEN_DIR: &str = "/var/run/secrets/inferencecache.io/index-server";
     /// The SGLang LMCache MP worker (a native-sidecar init container).
     pub const MP_WORKER_CONTAINER: &str = "lmcache-mp-worker";
     /// Env var set on every container the webhook renders, valued with the

@@ -124,10 +124,7 @@ impl Poller {
         if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {
             request = request.bearer_auth(crate::backend::read_token(path).map_err(fail)?);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        let response = request.send().await.map_err(|e| fail(e.to_string()))?;
         let status = response.status();
         if !status.is_success() {
             return Err(fail(format!("HTTP {status}")));

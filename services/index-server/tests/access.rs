@@ -327,6 +327,22 @@ async fn lookups_need_the_right_to_read_the_tenants_routes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_server_asks_the_api_is_what_the_chart_grants() {
+    let w = world().await;
+    // Every kind of call: a TokenReview and a SubjectAccessReview.
+    assert!(w.lookup(Some("gateway"), "team-a").await.is_ok());
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../charts/inference-cache/rbac/ic-index-server.txt");
+    ic_fake_apiserver::rbac::check_contract(
+        &file,
+        "ic-index-server",
+        "services/index-server/tests/access.rs",
+        &ic_fake_apiserver::rbac::permissions(&w.fake.requests()),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_controller_sets_policies_and_snapshot_readers_need_cluster_wide_list() {
     let w = world().await;
     assert_eq!(code(w.set_policies(None).await).0, Code::Unauthenticated);

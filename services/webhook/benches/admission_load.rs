@@ -344,6 +344,7 @@ fn in_process(body: &[u8]) {
     let config = ic_adapters::admission::InjectionConfig {
         subscriber_image: Some(common::SUBSCRIBER_IMAGE.to_owned()),
         index_server: common::INDEX_SERVER.to_owned(),
+        index_server_audience: Some(common::INDEX_SERVER_AUDIENCE.to_owned()),
     };
     let source = Fixed(backends.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -131,6 +131,11 @@ pub struct Config {
         default_value = "http://inferencecache-index-server.inferencecache-system:9090"
     )]
     pub index_server: String,
+    /// Audience of the projected service-account token the injected
+    /// subscriber presents to the index server (its --api-audience); unset
+    /// mounts no token.
+    #[arg(long, env = "IC_INDEX_SERVER_AUDIENCE")]
+    pub index_server_audience: Option<String>,
     /// Kubeconfig to list CacheBackends with. Unset: the in-cluster service
     /// account, or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "IC_KUBECONFIG")]
@@ -288,6 +293,10 @@ async fn serve_admissions(
         injection: InjectionConfig {
             subscriber_image: config.kvevent_subscriber_image.clone(),
             index_server: config.index_server.clone(),
+            index_server_audience: config
+                .index_server_audience
+                .clone()
+                .filter(|a| !a.trim().is_empty()),
         },
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),

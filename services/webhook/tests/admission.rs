@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{FakeApi, INDEX_SERVER, SUBSCRIBER_IMAGE, Webhook, fixture};
+use common::{FakeApi, INDEX_SERVER, INDEX_SERVER_AUDIENCE, SUBSCRIBER_IMAGE, Webhook, fixture};
 use ic_adapters::admission::{InjectionConfig, PodOutcome, admit_pod};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
@@ -273,6 +273,7 @@ fn expected_admission(review: &Value) -> ic_adapters::admission::PodAdmission {
         &InjectionConfig {
             subscriber_image: Some(SUBSCRIBER_IMAGE.to_owned()),
             index_server: INDEX_SERVER.to_owned(),
+            index_server_audience: Some(INDEX_SERVER_AUDIENCE.to_owned()),
         },
     )
 }

@@ -47,6 +47,11 @@ pub struct Cli {
         global = true
     )]
     pub coordinator: String,
+    /// Bearer token file presented to the index server's gRPC API and
+    /// /snapshot when its access control is on (e.g. a projected
+    /// service-account token, or a static token in local mode).
+    #[arg(long, env = "IC_TOKEN_FILE", global = true)]
+    pub token_file: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
@@ -334,7 +339,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
                 key: prompt_key(prompt, tokenizer.as_ref())?,
                 candidates: candidates.clone(),
             };
-            let r = index::lookup(&cli.index_grpc, &lookup).await?;
+            let token = index::read_token(cli.token_file.as_deref())?;
+            let r = index::lookup(&cli.index_grpc, &lookup, token.as_deref()).await?;
             Ok(if json {
                 format!(
                     "{}\n",
@@ -376,7 +382,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
             crate::check::run(&targets, json).await
         }
         Command::Snapshot => {
-            let snapshot = index::snapshot(&cli.index_http).await?;
+            let token = index::read_token(cli.token_file.as_deref())?;
+            let snapshot = index::snapshot(&cli.index_http, token.as_deref()).await?;
             Ok(if json {
                 format!("{}\n", serde_json::to_string_pretty(&snapshot)?)
             } else {

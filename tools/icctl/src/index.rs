@@ -149,9 +149,29 @@ pub fn response_text(r: &pb::LookupRouteResponse) -> String {
     out
 }
 
-/// Sends a lookup.
-pub async fn lookup(grpc: &str, l: &Lookup) -> anyhow::Result<pb::LookupRouteResponse> {
-    let req = request(l)?;
+/// The token in `--token-file`, if given.
+pub fn read_token(path: Option<&std::path::Path>) -> anyhow::Result<Option<String>> {
+    path.map(|p| {
+        std::fs::read_to_string(p)
+            .map(|t| t.trim().to_owned())
+            .with_context(|| format!("--token-file {}", p.display()))
+    })
+    .transpose()
+}
+
+/// Sends a lookup, with `token` as its bearer token.
+pub async fn lookup(
+    grpc: &str,
+    l: &Lookup,
+    token: Option<&str>,
+) -> anyhow::Result<pb::LookupRouteResponse> {
+    let mut req = tonic::Request::new(request(l)?);
+    if let Some(token) = token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .context("--token-file: not a token")?;
+        req.metadata_mut().insert("authorization", value);
+    }
     let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
         .await
         .with_context(|| {
@@ -169,9 +189,13 @@ pub async fn lookup(grpc: &str, l: &Lookup) -> anyhow::Result<pb::LookupRouteRes
 
 /// Fetches `/snapshot`, parsed as the one wire type the index server
 /// writes (a field it no longer sends is an error, not a zero).
-pub async fn snapshot(http: &str) -> anyhow::Result<Snapshot> {
+pub async fn snapshot(http: &str, token: Option<&str>) -> anyhow::Result<Snapshot> {
     let url = format!("http://{http}/snapshot");
-    let response = reqwest::get(&url).await.with_context(|| {
+    let mut request = reqwest::Client::new().get(&url);
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let response = request.send().await.with_context(|| {
         format!("cannot reach the index server's HTTP port at {http}: is it running? (set --index-http or IC_INDEX_HTTP)")
     })?;
     let status = response.status();

@@ -182,3 +182,45 @@ fn unreachable_servers_say_what_to_set() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("IC_INDEX_HTTP"), "{err}");
 }
+
+#[test]
+fn a_token_file_opens_an_access_controlled_index_server() {
+    let f = common::start_with(&["--api-static-token", "s3cret"]);
+    let lookup = [
+        "lookup", "--tenant", "demo", "--model", "m", "--tokens", TOKENS,
+    ];
+    let (ok, _, err) = f.icctl(&lookup);
+    assert!(!ok);
+    assert!(err.contains("Unauthenticated"), "{err}");
+    let (ok, _, err) = f.icctl(&["snapshot"]);
+    assert!(!ok);
+    assert!(err.contains("401"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let token = token.to_str().unwrap();
+    let mut with = vec!["--token-file", token];
+    with.extend(lookup);
+    assert!(f.ok(&with).starts_with("NO_HINT"));
+    assert!(
+        f.ok(&["--token-file", token, "snapshot"])
+            .starts_with("0 entries")
+    );
+    // `helm test` runs `check` with no token: a refusal is the server
+    // answering, and says access control is on.
+    let rows = f.json(&["check"]);
+    let lookup = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "index server LookupRoute")
+        .unwrap();
+    assert_eq!(lookup["ok"], true, "{rows}");
+    assert!(
+        lookup["detail"]
+            .as_str()
+            .unwrap()
+            .contains("access control is on"),
+        "{rows}"
+    );
+}

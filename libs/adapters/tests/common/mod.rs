@@ -84,11 +84,13 @@ pub fn patched(pod: &Pod, patch: Value) -> Pod {
     serde_json::from_value(v).expect("pod json")
 }
 
-/// The webhook config with a subscriber image.
+/// The webhook config with a subscriber image, as the chart renders it
+/// (the subscriber presents a token bound to the index server's audience).
 pub fn config() -> InjectionConfig {
     InjectionConfig {
         subscriber_image: Some("ghcr.io/inferencecache/kvevent-subscriber:0.1.0".into()),
         index_server: "http://ic-index-server.inferencecache-system:9090".into(),
+        index_server_audience: Some("inferencecache".into()),
     }
 }
 

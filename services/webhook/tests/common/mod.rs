@@ -239,6 +239,8 @@ pub fn write_kubeconfig(dir: &Path, addr: SocketAddr) -> PathBuf {
 
 pub const SUBSCRIBER_IMAGE: &str = "ghcr.io/inferencecache/kvevent-subscriber:test";
 pub const INDEX_SERVER: &str = "http://ic-index-server.inferencecache-system:9090";
+/// The audience the chart gives the index server's access control.
+pub const INDEX_SERVER_AUDIENCE: &str = "inferencecache";
 
 /// The real `ic-webhook` with a CA-signed serving pair in a temp dir.
 pub struct Webhook {
@@ -269,6 +271,8 @@ impl Webhook {
             SUBSCRIBER_IMAGE,
             "--index-server",
             INDEX_SERVER,
+            "--index-server-audience",
+            INDEX_SERVER_AUDIENCE,
         ];
         args.extend_from_slice(extra);
         let mut process = ic_e2e::ServiceProcess::start_with_env(

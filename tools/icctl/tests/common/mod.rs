@@ -16,10 +16,14 @@ pub struct Fleet {
 }
 
 pub fn start() -> Fleet {
-    let mut index = ServiceProcess::start(
-        &workspace_binary("ic-index-server"),
-        &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
-    );
+    start_with(&[])
+}
+
+/// With `extra` index-server flags.
+pub fn start_with(extra: &[&str]) -> Fleet {
+    let mut args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let mut index = ServiceProcess::start(&workspace_binary("ic-index-server"), &args);
     let grpc = index.addr("grpc").to_string();
     let http = index.admin_addr().to_string();
     let mut coordinator = ServiceProcess::start(
