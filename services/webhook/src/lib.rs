@@ -146,6 +146,11 @@ pub struct Config {
     /// Deadline for reading and answering one admission request, ms.
     #[arg(long, env = "IC_REQUEST_TIMEOUT_MS", default_value_t = 8000)]
     pub request_timeout_ms: u64,
+    /// Close an HTTPS connection that moved no bytes for this many seconds
+    /// (one that never sends a request, or an idle keep-alive or HTTP/2
+    /// connection; the API server reconnects when it needs to).
+    #[arg(long, env = "IC_CONNECTION_IDLE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub connection_idle_timeout_seconds: u64,
     /// Deadline for listing a namespace's CacheBackends, ms; beyond it the
     /// pod is admitted unwired (reason list_failed).
     #[arg(long, env = "IC_LIST_TIMEOUT_MS", default_value_t = 3000)]
@@ -301,7 +306,11 @@ async fn serve_admissions(
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),
     });
-    let https = HttpsServer::bind(config.https_addr, tls, server::router(state))
+    let idle = (
+        Duration::from_secs(config.connection_idle_timeout_seconds),
+        metrics.idle_connections_closed.clone(),
+    );
+    let https = HttpsServer::bind(config.https_addr, tls, server::router(state), idle)
         .await
         .with_context(|| format!("binding --https-addr {}", config.https_addr))?;
     let watcher = match managed {

@@ -108,6 +108,9 @@ pub struct Metrics {
     pub backend_lookups: Family<SourceLabel, Counter>,
     /// 1 once the CacheBackend store has completed its first LIST.
     pub backend_store_synced: Gauge,
+    /// Connections closed after `--connection-idle-timeout-seconds` without
+    /// traffic.
+    pub idle_connections_closed: Counter,
 }
 
 /// `{source}`.
@@ -132,6 +135,7 @@ impl Metrics {
             ca_bundle_writes: Counter::default(),
             backend_lookups: Family::default(),
             backend_store_synced: Gauge::default(),
+            idle_connections_closed: Counter::default(),
         }
     }
 
@@ -174,6 +178,11 @@ impl Metrics {
                 "backend_store_synced",
                 "1 once the webhook's watch-fed CacheBackend store completed its first LIST",
                 m.backend_store_synced.clone(),
+            );
+            r.register(
+                "idle_connections_closed",
+                "Connections closed after --connection-idle-timeout-seconds without traffic",
+                m.idle_connections_closed.clone(),
             );
             r.register(
                 "certificate_renewals",

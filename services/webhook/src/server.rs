@@ -188,6 +188,10 @@ pub struct HttpsServer {
     listener: TcpListener,
     acceptor: TlsAcceptor,
     router: Router,
+    /// A connection without traffic for this long is closed (one that
+    /// never sends a request, or an idle keep-alive or HTTP/2 connection),
+    /// and counted here.
+    idle: (Duration, prometheus_client::metrics::counter::Counter),
 }
 
 impl std::fmt::Debug for HttpsServer {
@@ -204,11 +208,13 @@ impl HttpsServer {
         addr: SocketAddr,
         tls: rustls::ServerConfig,
         router: Router,
+        idle: (Duration, prometheus_client::metrics::counter::Counter),
     ) -> std::io::Result<Self> {
         Ok(Self {
             listener: TcpListener::bind(addr).await?,
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             router,
+            idle,
         })
     }
 
@@ -245,6 +251,7 @@ impl HttpsServer {
             };
             let _ = stream.set_nodelay(true);
             let acceptor = self.acceptor.clone();
+            let idle = self.idle.clone();
             let service = TowerToHyperService::new(self.router.clone());
             let builder = builder.clone();
             let watcher = graceful.watcher();
@@ -261,6 +268,7 @@ impl HttpsServer {
                             return;
                         }
                     };
+                let tls = ic_telemetry::idle::IdleTimeout::new(tls, idle.0, Some(idle.1));
                 let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
                 if let Err(error) = watcher.watch(connection.into_owned()).await {
                     tracing::debug!(%error, %peer, "connection ended with an error");

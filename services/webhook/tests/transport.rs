@@ -171,6 +171,39 @@ async fn http2_is_negotiated_by_alpn() {
     assert!(webhook.process.stop().success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_send_a_request_are_closed() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &["--connection-idle-timeout-seconds", "1"],
+    );
+    // HTTP/1.1 with not a byte after the handshake; HTTP/2 with only the
+    // connection preface and an empty SETTINGS frame, then silence.
+    let h1 = tls_connect(webhook.https, &connector(&webhook.ca.pem(), &[b"http/1.1"])).await;
+    let mut h2 = tls_connect(webhook.https, &connector(&webhook.ca.pem(), &[b"h2"])).await;
+    assert_eq!(h2.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    for (name, mut tls) in [("http/1.1", h1), ("h2", h2)] {
+        // Read whatever the server sends (its SETTINGS, a GOAWAY) until it
+        // closes the connection; without the bound it never would.
+        let mut sink = Vec::new();
+        let closed =
+            tokio::time::timeout(Duration::from_secs(30), tls.read_to_end(&mut sink)).await;
+        assert!(closed.is_ok(), "{name}: an idle connection stayed open");
+    }
+    let metrics = webhook.metrics();
+    assert!(
+        metrics.contains("inferencecache_webhook_idle_connections_closed_total 2"),
+        "{metrics}"
+    );
+    assert!(webhook.process.stop().success());
+}
+
 /// The certificate served by a fresh handshake.
 async fn served_certificate(webhook: &Webhook) -> Vec<u8> {
     let tls = tls_connect(webhook.https, &webhook.connector()).await;
