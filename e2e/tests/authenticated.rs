@@ -99,13 +99,13 @@ async fn subscribers_authenticate_with_a_rotating_token_and_cannot_speak_for_oth
             pod: None,
         },
     );
-    fake.grant(Grant {
-        user: GATEWAY.into(),
-        verb: "get".into(),
-        group: "inferencecache.io".into(),
-        resource: "routes".into(),
-        namespace: "team-a".into(),
-    });
+    fake.grant(Grant::new(
+        GATEWAY,
+        "get",
+        "inferencecache.io",
+        "routes",
+        "team-a",
+    ));
     let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig =

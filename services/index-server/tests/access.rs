@@ -74,20 +74,20 @@ async fn world() -> World {
         None,
         AUDIENCE,
     );
-    fake.grant(Grant {
-        user: GATEWAY.into(),
-        verb: "get".into(),
-        group: "inferencecache.io".into(),
-        resource: "routes".into(),
-        namespace: "team-a".into(),
-    });
-    fake.grant(Grant {
-        user: "system:serviceaccount:obs:reader".into(),
-        verb: "list".into(),
-        group: "inferencecache.io".into(),
-        resource: "routes".into(),
-        namespace: String::new(),
-    });
+    fake.grant(Grant::new(
+        GATEWAY,
+        "get",
+        "inferencecache.io",
+        "routes",
+        "team-a",
+    ));
+    fake.grant(Grant::new(
+        "system:serviceaccount:obs:reader",
+        "list",
+        "inferencecache.io",
+        "routes",
+        "",
+    ));
     let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig =

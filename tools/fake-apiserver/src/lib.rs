@@ -112,6 +112,19 @@ pub struct Grant {
     pub namespace: String,
 }
 
+impl Grant {
+    /// `user` may `verb` `resource` of `group` in `namespace` (`""`: all).
+    pub fn new(user: &str, verb: &str, group: &str, resource: &str, namespace: &str) -> Self {
+        Self {
+            user: user.to_owned(),
+            verb: verb.to_owned(),
+            group: group.to_owned(),
+            resource: resource.to_owned(),
+            namespace: namespace.to_owned(),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shared {
     store: State,
