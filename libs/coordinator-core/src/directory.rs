@@ -118,6 +118,11 @@ pub struct KeyDirectory {
     bindings: FastMap<Vec<u8>, Binding>,
     l1_by_instance: FastMap<String, FastSet<SharedKey>>,
     totals: [TierTotals; 2],
+    /// Most keys held; a new key beyond it drops the oldest (`None`: no
+    /// bound).
+    max_keys: Option<usize>,
+    /// Keys dropped to stay within `max_keys`.
+    dropped_for_capacity: u64,
 }
 
 fn tier_index(tier: Tier) -> usize {
@@ -187,8 +192,47 @@ impl KeyDirectory {
         }
     }
 
+    /// Bounds the directory to `max` keys (`None`: unbounded), dropping the
+    /// oldest keys at once if it holds more. The directory is a hint: a
+    /// dropped key is only a lookup the coordinator cannot answer, and the
+    /// instance still holds (and evicts) the chunk itself.
+    pub fn set_max_keys(&mut self, max: Option<usize>) {
+        self.max_keys = max;
+        if let Some(max) = max {
+            while self.keys.len() > max {
+                self.drop_oldest();
+            }
+        }
+    }
+
+    /// The bound set by [`Self::set_max_keys`].
+    pub fn max_keys(&self) -> Option<usize> {
+        self.max_keys
+    }
+
+    /// Keys dropped to stay within the bound since start.
+    pub fn dropped_for_capacity(&self) -> u64 {
+        self.dropped_for_capacity
+    }
+
+    fn drop_oldest(&mut self) {
+        let Some((_, key)) = self.order.first_key_value() else {
+            return;
+        };
+        let key = key.clone();
+        self.remove_placement(&key, |_| true);
+        self.dropped_for_capacity += 1;
+    }
+
     /// Inserts or replaces one placement (restore uses it too).
     pub fn store(&mut self, key: &SharedKey, placement: Placement) {
+        if let Some(max) = self.max_keys
+            && !self.keys.contains_key(key)
+        {
+            while self.keys.len() >= max.max(1) {
+                self.drop_oldest();
+            }
+        }
         if placement.tier == Tier::L1 && !placement.shared {
             self.l1_by_instance
                 .entry(placement.instance_id.clone())

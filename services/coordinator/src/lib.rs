@@ -126,6 +126,11 @@ pub struct Config {
     /// this many records of its high watermark (unset: ready at once).
     #[arg(long, env = "IC_MAX_READY_LAG")]
     pub max_ready_lag: Option<u64>,
+    /// Most keys the directory holds; a new key beyond it drops the oldest
+    /// reported one (`key_directory_keys_dropped`). 0: no bound. Not an
+    /// LMCache flag: the reference coordinator's directory is unbounded.
+    #[arg(long, env = "IC_MAX_DIRECTORY_KEYS", default_value_t = 10_000_000)]
+    pub max_directory_keys: u64,
 }
 
 fn seconds(flag: &str, value: f64) -> anyhow::Result<Option<Duration>> {
@@ -213,6 +218,8 @@ impl Config {
             metadata_path: path(&self.metadata_path),
             disable_metrics: self.disable_metrics,
             kafka,
+            max_directory_keys: (self.max_directory_keys > 0)
+                .then(|| usize::try_from(self.max_directory_keys).unwrap_or(usize::MAX)),
         })
     }
 }

@@ -140,6 +140,10 @@ pub struct Metrics {
     pub placement_bytes: Family<TierLabel, Gauge>,
     /// Keys in the directory.
     pub directory_keys: Gauge,
+    /// Keys dropped to stay within `--max-directory-keys`, since start.
+    pub directory_keys_dropped: Gauge,
+    /// The configured `--max-directory-keys` (0: unbounded).
+    pub directory_max_keys: Gauge,
     /// Event batches by gate outcome.
     pub event_batches: Family<OutcomeLabel, Counter>,
     /// Sequence gaps seen.
@@ -240,6 +244,16 @@ impl MetricsSet {
             "key_directory_keys",
             "Keys in the key directory",
             m.directory_keys.clone(),
+        );
+        r.register(
+            "key_directory_keys_dropped",
+            "Keys dropped since start to stay within --max-directory-keys",
+            m.directory_keys_dropped.clone(),
+        );
+        r.register(
+            "key_directory_max_keys",
+            "The configured --max-directory-keys (0: unbounded)",
+            m.directory_max_keys.clone(),
         );
         r.register(
             "events_batches",

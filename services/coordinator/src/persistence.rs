@@ -133,7 +133,9 @@ impl Persistence {
                 views.gate = checkpoint::restore_gate(s);
             }
             if let Some(s) = &sections.key_directory {
+                let max = views.directory.max_keys();
                 views.directory = checkpoint::restore_directory(s);
+                views.directory.set_max_keys(max);
             }
             if let Some(s) = &sections.cache_usage {
                 views.usage = checkpoint::restore_usage(s);

@@ -31,6 +31,8 @@ pub struct Settings {
     pub disable_metrics: bool,
     /// Events come from Kafka instead of `POST /events`.
     pub kafka: Option<KafkaSettings>,
+    /// Bound on the directory's keys (`None`: unbounded).
+    pub max_directory_keys: Option<usize>,
 }
 
 impl Default for Settings {
@@ -46,6 +48,7 @@ impl Default for Settings {
             metadata_path: None,
             disable_metrics: false,
             kafka: None,
+            max_directory_keys: Some(10_000_000),
         }
     }
 }

@@ -84,6 +84,7 @@ impl Coordinator {
         let metrics = Arc::new(metrics);
         let controllers: Arc<[Arc<dyn Controller>]> = controllers.into();
         let views = Arc::new(ViewStore::default());
+        views.write(|v| v.directory.set_max_keys(settings.max_directory_keys));
         let instances = Arc::new(Instances::new(clock.clone()));
         let actions = Arc::new(Actions::new(instances.clone(), metrics.clone()));
         let ingest = Ingest::new(views.clone(), controllers.clone(), metrics.clone());

@@ -108,3 +108,30 @@ async fn garbage_never_yields_a_server_error() {
     assert_eq!(c.get("/healthz").await.0, 200);
     assert_eq!(c.get("/directory/stats").await.1["num_keys"], 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_flood_stays_within_the_directory_bound() {
+    use common::{batch, key};
+    let c = Coord::start(&["--max-directory-keys", "100"]).await;
+    // 10 batches of 50 distinct keys from one emitter: 500 keys offered.
+    for seq in 1..=10u64 {
+        let entries: Vec<(serde_json::Value, u64)> = (0..50)
+            .map(|i| (key(&format!("{:064x}", seq * 1000 + i), ""), 10))
+            .collect();
+        let applied = c
+            .events(vec![batch("mp-a", 1, seq, "store", "l1", "dram", &entries)])
+            .await;
+        assert_eq!(applied["applied"], 1, "{applied}");
+    }
+    let (_, stats) = c.get("/directory/stats").await;
+    assert_eq!(stats["num_keys"], 100, "{stats}");
+    let metrics = c.metrics_text().await;
+    assert!(
+        metrics.contains("lmcache_coordinator_key_directory_keys_dropped 400"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lmcache_coordinator_key_directory_max_keys 100"),
+        "{metrics}"
+    );
+}

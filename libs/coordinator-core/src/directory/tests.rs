@@ -304,3 +304,46 @@ fn group_expansion_sorted() {
     let expanded = d.expand_groups(&key(1, ""));
     assert_eq!(expanded, vec![key(1, ""), g1, g2]);
 }
+
+#[test]
+fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
+    let mut d = KeyDirectory::new();
+    d.set_max_keys(Some(3));
+    for n in 1..=5 {
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            Tier::L1,
+            "dram",
+            false,
+            &[(key(n, ""), 10)],
+        ));
+    }
+    assert_eq!(d.len(), 3);
+    assert_eq!(d.dropped_for_capacity(), 2);
+    assert!(d.get(&key(1, "")).is_none() && d.get(&key(2, "")).is_none());
+    assert!(d.get(&key(5, "")).is_some());
+    // Totals and the per-instance index follow the drops.
+    assert_eq!(
+        d.totals(Tier::L1),
+        TierTotals {
+            count: 3,
+            bytes: 30
+        }
+    );
+    assert_eq!(d.stats().l1_keys_by_instance["a"], 3);
+    // A known key is updated in place: nothing is dropped for it.
+    d.apply(&batch(
+        "b",
+        EventType::Store,
+        Tier::L1,
+        "dram",
+        false,
+        &[(key(5, ""), 7)],
+    ));
+    assert_eq!((d.len(), d.dropped_for_capacity()), (3, 2));
+    // Lowering the bound drops at once.
+    d.set_max_keys(Some(1));
+    assert_eq!(d.len(), 1);
+    assert!(d.get(&key(5, "")).is_some());
+}

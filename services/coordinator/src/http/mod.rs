@@ -168,6 +168,16 @@ fn refresh_gauges(app: &App) {
     app.metrics.set_tier("l2", stats.l2.count, stats.l2.bytes);
     m.directory_keys
         .set(i64::try_from(stats.num_keys).unwrap_or(i64::MAX));
+    let (dropped, max) = app.views.read(|v| {
+        (
+            v.directory.dropped_for_capacity(),
+            v.directory.max_keys().unwrap_or(0),
+        )
+    });
+    m.directory_keys_dropped
+        .set(i64::try_from(dropped).unwrap_or(i64::MAX));
+    m.directory_max_keys
+        .set(i64::try_from(max).unwrap_or(i64::MAX));
     let ctx = app.context();
     for c in app.controllers.iter() {
         c.refresh_metrics(&ctx);
