@@ -23,11 +23,7 @@ const GATEWAY: &str = "system:serviceaccount:gateway:envoy";
 fn pod_token(fake: &FakeApi, token: &str, pod: &str) {
     fake.add_token(
         token,
-        TokenIdentity {
-            username: "system:serviceaccount:team-a:default".into(),
-            audiences: vec![AUDIENCE.into()],
-            pod: Some(pod.into()),
-        },
+        TokenIdentity::new("system:serviceaccount:team-a:default", AUDIENCE, Some(pod)),
     );
 }
 
@@ -91,14 +87,7 @@ async fn subscribers_authenticate_with_a_rotating_token_and_cannot_speak_for_oth
     let fake = FakeApi::new();
     pod_token(&fake, "token-1", "llama-0");
     pod_token(&fake, "forger", "llama-1");
-    fake.add_token(
-        "gateway",
-        TokenIdentity {
-            username: GATEWAY.into(),
-            audiences: vec![AUDIENCE.into()],
-            pod: None,
-        },
-    );
+    fake.add_token("gateway", TokenIdentity::new(GATEWAY, AUDIENCE, None));
     fake.grant(Grant::new(
         GATEWAY,
         "get",

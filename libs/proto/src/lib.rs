@@ -21,6 +21,16 @@ pub mod llmd_indexer_v1 {
 pub use index_v1::index_service_client::IndexServiceClient;
 pub use index_v1::index_service_server::{IndexService, IndexServiceServer};
 
+/// Bearer tokens on calls to the index server (its access control reads
+/// `authorization: Bearer <token>`).
+pub mod bearer {
+    /// The `authorization` metadata value for `token`; `None` when it
+    /// cannot be a header value.
+    pub fn metadata(token: &str) -> Option<tonic::metadata::AsciiMetadataValue> {
+        format!("Bearer {}", token.trim()).parse().ok()
+    }
+}
+
 /// The cache tier between the domain ([`ic_kvevents::Tier`], which the
 /// index re-exports) and the wire.
 pub mod tier {

@@ -134,9 +134,8 @@ impl PolicyPusher {
         let mut request = tonic::Request::new(request);
         if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {
             let token = crate::backend::read_token(path).map_err(fail)?;
-            let value = format!("Bearer {token}")
-                .parse()
-                .map_err(|_| fail(format!("{}: not a token", path.display())))?;
+            let value = ic_proto::bearer::metadata(&token)
+                .ok_or_else(|| fail(format!("{}: not a token", path.display())))?;
             request.metadata_mut().insert("authorization", value);
         }
         client

@@ -29,14 +29,7 @@ struct World {
 }
 
 fn token(fake: &FakeApi, token: &str, username: &str, pod: Option<&str>, audience: &str) {
-    fake.add_token(
-        token,
-        TokenIdentity {
-            username: username.into(),
-            audiences: vec![audience.into()],
-            pod: pod.map(str::to_owned),
-        },
-    );
+    fake.add_token(token, TokenIdentity::new(username, audience, pod));
 }
 
 async fn world() -> World {

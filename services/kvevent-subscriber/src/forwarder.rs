@@ -61,10 +61,9 @@ fn authorization(target: &Target) -> Result<Option<tonic::metadata::AsciiMetadat
             path.display()
         ));
     }
-    format!("Bearer {token}")
-        .parse()
+    ic_proto::bearer::metadata(token)
         .map(Some)
-        .map_err(|_| format!("--index-server-token-file {}: not a token", path.display()))
+        .ok_or_else(|| format!("--index-server-token-file {}: not a token", path.display()))
 }
 
 /// Runs until `shutdown`.

@@ -131,10 +131,11 @@ pub struct Metrics {
 impl Metrics {
     /// `rank`'s incomplete history completed after a cache turnover.
     pub fn history_completed(&self, rank: u32) {
-        self.history_turnovers.inc();
+        // The gauge first: whoever sees the count sees the flag cleared.
         self.history_incomplete
             .get_or_create(&RankLabel { rank })
             .set(0);
+        self.history_turnovers.inc();
         tracing::info!(
             rank,
             "the engine's cache turned over; history complete again"

@@ -431,14 +431,8 @@ async fn an_engine_restart_the_sequence_hides_is_detected_at_reconnect() {
         })
         .await;
         let restarts = "inferencecache_subscriber_engine_restarts_total{signal=\"reconnect\"}";
-        let deadline = std::time::Instant::now() + WAIT;
-        while sub.metric(restarts).await != 1.0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "restart not counted (burst {burst})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_metric(&sub, restarts, 1.0).await;
+        assert_eq!(sub.metric(restarts).await, 1.0, "burst {burst}");
         if !replay {
             assert!(
                 sub.metric("inferencecache_subscriber_unresolved_parent_blocks_total")
@@ -561,19 +555,19 @@ async fn a_restarted_subscriber_rebuilds_before_it_resyncs_and_reports_what_it_l
     engine
         .publish(&[gpu_store(vec![12], None, tokens(200, 16), 16)])
         .await;
-    let mut turned_over = false;
-    for _ in 0..200 {
-        if third
+    wait_metric(
+        &third,
+        "inferencecache_subscriber_history_turnovers_total",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        third
             .metric("inferencecache_subscriber_history_incomplete")
-            .await
-            == 0.0
-        {
-            turned_over = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(turned_over, "the history never completed after a turnover");
+            .await,
+        0.0,
+        "the history never completed after a turnover"
+    );
     assert_eq!(
         third
             .metric("inferencecache_subscriber_history_turnovers_total")

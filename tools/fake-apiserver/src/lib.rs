@@ -95,6 +95,18 @@ pub struct TokenIdentity {
     pub pod: Option<String>,
 }
 
+impl TokenIdentity {
+    /// `username`'s token for `audience`, bound to `pod` when given (a
+    /// projected service-account token).
+    pub fn new(username: &str, audience: &str, pod: Option<&str>) -> Self {
+        Self {
+            username: username.to_owned(),
+            audiences: vec![audience.to_owned()],
+            pod: pod.map(str::to_owned),
+        }
+    }
+}
+
 /// One RBAC-like permission SubjectAccessReviews grant: `user` may `verb`
 /// `resource` in `group` in `namespace` (`""`: in every namespace and
 /// cluster-wide).

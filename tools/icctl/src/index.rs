@@ -167,9 +167,7 @@ pub async fn lookup(
 ) -> anyhow::Result<pb::LookupRouteResponse> {
     let mut req = tonic::Request::new(request(l)?);
     if let Some(token) = token {
-        let value = format!("Bearer {token}")
-            .parse()
-            .context("--token-file: not a token")?;
+        let value = ic_proto::bearer::metadata(token).context("--token-file: not a token")?;
         req.metadata_mut().insert("authorization", value);
     }
     let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
