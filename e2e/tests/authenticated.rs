@@ -160,3 +160,104 @@ async fn subscribers_authenticate_with_a_rotating_token_and_cannot_speak_for_oth
     assert_eq!(matched(&grpc, &prompt).await, 2);
     server.stop();
 }
+
+/// Blocks `replica` holds for `prompt`, asked over TLS (open access).
+async fn matched_over_tls(grpc: &str, ca_pem: &str, prompt: &[u32], replica: &str) -> u32 {
+    let endpoint = ic_proto::channel::endpoint(grpc, Some(ca_pem.as_bytes()), "test").unwrap();
+    let mut client = IndexServiceClient::new(endpoint.connect().await.unwrap());
+    let answer = client
+        .lookup_route(pb::LookupRouteRequest {
+            scope: Some(pb::IndexScope {
+                tenant: "team-a".into(),
+                model: MODEL.into(),
+                hash_scheme: pb::HashScheme::Vllm as i32,
+                adapter: String::new(),
+            }),
+            key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+                ids: prompt.to_vec(),
+            })),
+            observe_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    answer
+        .candidates
+        .iter()
+        .filter(|c| c.replica.as_ref().is_some_and(|r| r.replica_id == replica))
+        .map(|c| c.matched_blocks)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_stream_over_tls_and_refuse_a_server_they_do_not_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ic_e2e::tls::TestCa::new();
+    let (cert, key, _) = ca.write_loopback(dir.path());
+    let mut server = ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--tls-cert-file",
+            cert.to_str().unwrap(),
+            "--tls-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    let grpc = format!("https://127.0.0.1:{}", server.addr("grpc").port());
+
+    // The CA arrives inline, as the webhook injects it.
+    let mut engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+    let args = engine.subscriber_args(&grpc, "llama-0", "team-a", MODEL, "10.0.0.1:8000");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ca_pem = ca.pem();
+    let _sidecar = ServiceProcess::start_with_env(
+        &workspace_binary("ic-kvevent-subscriber"),
+        &args,
+        &[("IC_INDEX_SERVER_CA_PEM", ca_pem.as_str())],
+    );
+    // Another subscriber trusts a different CA: it must not stream.
+    let stranger = ic_e2e::tls::TestCa::new();
+    let stranger_file = dir.path().join("stranger.crt");
+    std::fs::write(&stranger_file, stranger.pem()).unwrap();
+    let mut other_engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
+    let mut args = other_engine.subscriber_args(&grpc, "llama-1", "team-a", MODEL, "10.0.0.2:8000");
+    args.push(format!(
+        "--index-server-ca-file={}",
+        stranger_file.display()
+    ));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut distrustful = ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args);
+    engine.wait_for_subscriber().await;
+    other_engine.wait_for_subscriber().await;
+
+    let prompt: Vec<u32> = (0..32).map(|t| 900 + t).collect();
+    engine
+        .publish(&[gpu_store(vec![1, 2], None, prompt.clone(), 16)])
+        .await;
+    other_engine
+        .publish(&[gpu_store(vec![3, 4], None, prompt.clone(), 16)])
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while matched_over_tls(&grpc, &ca_pem, &prompt, "llama-0").await != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the blocks never arrived over TLS"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = distrustful.wait_for_log("cannot connect to index server");
+    assert!(
+        refused.to_string().contains("certificate"),
+        "the refusal says why: {refused}"
+    );
+    assert_eq!(
+        matched_over_tls(&grpc, &ca_pem, &prompt, "llama-1").await,
+        0
+    );
+    server.stop();
+}

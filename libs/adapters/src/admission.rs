@@ -29,6 +29,10 @@ pub struct InjectionConfig {
     /// Audience of the token the subscriber presents to the index server;
     /// `None` mounts no token (an index server without access control).
     pub index_server_audience: Option<String>,
+    /// CA bundle (PEM) of an `https://` index server, handed to the
+    /// subscriber inline (`IC_INDEX_SERVER_CA_PEM`): a pod cannot mount a
+    /// Secret of the index server's namespace.
+    pub index_server_ca_pem: Option<String>,
 }
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label

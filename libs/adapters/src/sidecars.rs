@@ -158,12 +158,22 @@ pub fn subscriber_container(
         name: SUBSCRIBER_CONTAINER.to_owned(),
         image: Some(image.to_owned()),
         args: Some(args),
-        env: Some(vec![
-            marker(SUBSCRIBER_CONTAINER),
-            field_env("POD_NAME", "metadata.name"),
-            field_env("POD_NAMESPACE", "metadata.namespace"),
-            field_env("POD_IP", "status.podIP"),
-        ]),
+        env: Some({
+            let mut env = vec![
+                marker(SUBSCRIBER_CONTAINER),
+                field_env("POD_NAME", "metadata.name"),
+                field_env("POD_NAMESPACE", "metadata.namespace"),
+                field_env("POD_IP", "status.podIP"),
+            ];
+            if let Some(pem) = config.index_server_ca_pem.as_deref() {
+                env.push(EnvVar {
+                    name: "IC_INDEX_SERVER_CA_PEM".to_owned(),
+                    value: Some(pem.to_owned()),
+                    ..EnvVar::default()
+                });
+            }
+            env
+        }),
         ports: Some(vec![ContainerPort {
             name: Some(SUBSCRIBER_METRICS_PORT_NAME.to_owned()),
             container_port: SUBSCRIBER_ADMIN_PORT,

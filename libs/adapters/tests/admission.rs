@@ -811,3 +811,48 @@ fn the_subscriber_gets_a_projected_token_for_the_index_server_and_loses_it_with_
     );
     assert!(!subscriber_args(&without).contains(&file));
 }
+
+#[test]
+fn an_https_index_server_hands_the_subscriber_its_ca_inline_and_only_the_subscriber() {
+    let engine = engine_pod(json!({"args": ["--model", "m"]}));
+    let b = backend("cb", json!({}));
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let tls = InjectionConfig {
+        index_server: "https://ic-index-server.inferencecache-system:9090".into(),
+        index_server_ca_pem: Some(pem.into()),
+        ..config()
+    };
+    let a = admit_pod(&engine, std::slice::from_ref(&b), &tls);
+    let spec = a.pod.spec.as_ref().unwrap();
+    let ca_env = |c: &k8s_openapi::api::core::v1::Container| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "IC_INDEX_SERVER_CA_PEM")
+            .and_then(|e| e.value.clone())
+    };
+    let sub = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .unwrap();
+    assert_eq!(ca_env(sub).as_deref(), Some(pem));
+    assert!(
+        subscriber_args(&a)
+            .contains(&"--index-server=https://ic-index-server.inferencecache-system:9090".into())
+    );
+    assert_eq!(ca_env(&spec.containers[0]), None, "the engine is untouched");
+    // Admitting again is a no-op; a plaintext index server drops the CA.
+    assert_eq!(admit_pod(&a.pod, std::slice::from_ref(&b), &tls).pod, a.pod);
+    let plain = admit_pod(&a.pod, std::slice::from_ref(&b), &config());
+    let sub = plain
+        .pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .unwrap();
+    assert_eq!(ca_env(sub), None);
+}

@@ -31,6 +31,36 @@ pub mod bearer {
     }
 }
 
+/// Channels to the index server: plaintext for `http://` URLs, TLS
+/// trusting only the given CA for `https://` ones.
+pub mod channel {
+    use std::time::Duration;
+
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+
+    /// An endpoint for `url`; `ca_pem` is the CA bundle an `https://`
+    /// server must chain to (required there, refused for `http://`).
+    /// Errors name `flag`, the option the URL came from.
+    pub fn endpoint(url: &str, ca_pem: Option<&[u8]>, flag: &str) -> Result<Endpoint, String> {
+        let endpoint = Endpoint::from_shared(url.to_owned())
+            .map_err(|e| format!("{flag} {url}: {e}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true);
+        match (url.starts_with("https://"), ca_pem) {
+            (true, Some(pem)) => endpoint
+                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+                .map_err(|e| format!("{flag} {url}: {e}")),
+            (true, None) => Err(format!(
+                "{flag} {url}: an https:// index server needs its CA bundle (the --*-ca-file flag)"
+            )),
+            (false, Some(_)) => Err(format!(
+                "{flag} {url}: a CA bundle is set but the URL is not https://"
+            )),
+            (false, None) => Ok(endpoint),
+        }
+    }
+}
+
 /// The cache tier between the domain ([`ic_kvevents::Tier`], which the
 /// index re-exports) and the wire.
 pub mod tier {

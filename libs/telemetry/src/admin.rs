@@ -66,8 +66,15 @@ pub enum AdminError {
 /// A bound (but not yet serving) admin server.
 #[derive(Debug)]
 pub struct AdminServer {
-    listener: TcpListener,
+    listener: AdminListener,
     router: Router,
+}
+
+#[derive(Debug)]
+enum AdminListener {
+    Plain(TcpListener),
+    /// TLS and/or idle limits ([`crate::serving`]).
+    Serving(crate::serving::ServingListener),
 }
 
 /// Builds the admin router. Exposed so services can test routes with
@@ -95,25 +102,51 @@ impl AdminServer {
             .await
             .map_err(|source| AdminError::Bind { addr, source })?;
         Ok(Self {
-            listener,
+            listener: AdminListener::Plain(listener),
+            router: router(health, metrics).merge(extra),
+        })
+    }
+
+    /// Like [`AdminServer::bind`], serving with `options` (TLS, idle limit).
+    pub async fn bind_with(
+        addr: SocketAddr,
+        options: crate::serving::ServeOptions,
+        health: Arc<Health>,
+        metrics: MetricsRegistry,
+        extra: Router,
+    ) -> Result<Self, AdminError> {
+        let listener = crate::serving::ServingListener::bind(addr, options)
+            .await
+            .map_err(|source| AdminError::Bind { addr, source })?;
+        Ok(Self {
+            listener: AdminListener::Serving(listener),
             router: router(health, metrics).merge(extra),
         })
     }
 
     /// The address actually bound (resolves a requested port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        match &self.listener {
+            AdminListener::Plain(l) => l.local_addr(),
+            AdminListener::Serving(l) => Ok(l.local_addr()),
+        }
     }
 
     /// Serves until `shutdown` is cancelled, then finishes in-flight requests.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AdminError> {
-        let addr = self.listener.local_addr().map_err(AdminError::Serve)?;
+        let addr = self.local_addr().map_err(AdminError::Serve)?;
         tracing::info!(%addr, "admin server listening");
         crate::listening::listening("admin", addr);
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-            .map_err(AdminError::Serve)
+        match self.listener {
+            AdminListener::Plain(l) => axum::serve(l, self.router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+                .map_err(AdminError::Serve),
+            AdminListener::Serving(l) => axum::serve(l, self.router)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+                .map_err(AdminError::Serve),
+        }
     }
 }
 

@@ -13,7 +13,9 @@ pub mod listening;
 pub mod logging;
 pub mod metrics;
 pub mod process;
+pub mod serving;
 pub mod shutdown;
+pub mod tls;
 
 pub use admin::{AdminServer, Health};
 pub use logging::{LogArgs, LogFormat};

@@ -71,6 +71,9 @@ pub struct Config {
         default_value = "http://inferencecache-index-server.inferencecache-system:9090"
     )]
     pub index_server_grpc: String,
+    /// CA bundle (PEM file) of an `https://` --index-server-grpc.
+    #[arg(long, env = "IC_INDEX_SERVER_CA_FILE")]
+    pub index_server_ca_file: Option<PathBuf>,
     /// Coordinator base URL for CacheTenant quotas and pins; unset disables the pusher.
     #[arg(long, env = "IC_COORDINATOR_URL")]
     pub coordinator_url: Option<String>,
@@ -161,6 +164,7 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
             client: shared.client.clone(),
             index_grpc: config.index_server_grpc.clone(),
             token_path: Some(config.probe_token_path.clone()),
+            ca_path: config.index_server_ca_file.clone(),
             metrics: shared.metrics.clone(),
             clock: shared.clock.clone(),
             stores: stores.clone(),

@@ -105,6 +105,9 @@ pub struct PolicyPusher {
     /// Bearer token file presented to SetPolicies; unset or absent (local
     /// runs) sends none.
     pub token_path: Option<std::path::PathBuf>,
+    /// CA bundle (PEM file) an `https://` index server must chain to; read
+    /// on every push, so a rotated bundle needs no restart.
+    pub ca_path: Option<std::path::PathBuf>,
     /// Metrics.
     pub metrics: Metrics,
     /// Time source.
@@ -125,11 +128,23 @@ impl PolicyPusher {
             url: self.index_grpc.clone(),
             message,
         };
-        let endpoint = tonic::transport::Endpoint::from_shared(self.index_grpc.clone())
-            .map_err(|e| fail(e.to_string()))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(10));
-        let channel = endpoint.connect().await.map_err(|e| fail(e.to_string()))?;
+        let ca = match &self.ca_path {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| fail(format!("--index-server-ca-file {}: {e}", path.display())))?,
+            ),
+            None => None,
+        };
+        let endpoint =
+            ic_proto::channel::endpoint(&self.index_grpc, ca.as_deref(), "--index-server-grpc")
+                .map_err(fail)?
+                .timeout(Duration::from_secs(10));
+        let channel = endpoint.connect().await.map_err(|e| {
+            fail(
+                std::error::Error::source(&e)
+                    .map_or_else(|| e.to_string(), |s| format!("{e}: {s}")),
+            )
+        })?;
         let mut client = IndexServiceClient::new(channel);
         let mut request = tonic::Request::new(request);
         if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {

@@ -85,6 +85,7 @@ async fn policies_reach_the_index_server_and_report_back() {
         client: fake.client(),
         index_grpc: server.grpc_url(),
         token_path: None,
+        ca_path: None,
         metrics: metrics.clone(),
         clock: common::clock(),
         stores: watched.stores.clone(),
@@ -140,6 +141,7 @@ async fn policies_reach_the_index_server_and_report_back() {
     let broken = PolicyPusher {
         index_grpc: format!("http://127.0.0.1:{}", ic_e2e::free_port()),
         token_path: None,
+        ca_path: None,
         ..pusher
     };
     watched.settle(&fake).await;
@@ -345,6 +347,7 @@ async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
         client: fake.client(),
         index_grpc: server.grpc_url(),
         token_path: None,
+        ca_path: None,
         metrics: metrics.clone(),
         clock: common::clock(),
         stores: watched.stores.clone(),
@@ -353,6 +356,7 @@ async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
     assert!(refused.contains("missing bearer token"), "{refused}");
     let pusher = PolicyPusher {
         token_path: Some(token.clone()),
+        ca_path: None,
         ..anonymous
     };
     assert_eq!(pusher.sync_once().await.unwrap(), 1);

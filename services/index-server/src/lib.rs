@@ -7,6 +7,7 @@
 
 pub mod access;
 pub mod auth;
+pub mod conn;
 pub mod convert;
 pub mod epp;
 pub mod grpc;
@@ -30,6 +31,7 @@ use anyhow::Context;
 use ic_clock::{Clock, SystemClock};
 use ic_index::{Index, IndexConfig};
 use ic_proto::IndexServiceServer;
+use ic_telemetry::serving::{ServeOptions, ServingListener};
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
 use tokio_util::sync::CancellationToken;
 
@@ -204,6 +206,11 @@ pub struct Config {
     /// offload tier) is worth, against 1.0 at tier 1 (llm-d's default 0.8).
     #[arg(long, env = "IC_LLMD_T2_WEIGHT", default_value_t = 0.8)]
     pub llmd_t2_weight: f64,
+
+    /// TLS (served on the gRPC and endpoint-picker ports) and the
+    /// connection idle limit (every port).
+    #[command(flatten)]
+    pub serving: ic_telemetry::serving::ServingFlags,
 }
 
 /// The engine family of a pool, which fixes its fingerprint scheme.
@@ -444,14 +451,15 @@ async fn routing_upkeep(
 /// names, and the server as a whole) until `shutdown`.
 async fn serve_epp(
     addr: SocketAddr,
+    options: ServeOptions,
     picker: epp::EndpointPicker,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
     use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-    let listener = tokio::net::TcpListener::bind(addr)
+    let listener = ServingListener::bind(addr, options)
         .await
         .with_context(|| format!("cannot bind the endpoint picker to {addr}"))?;
-    let bound = listener.local_addr()?;
+    let bound = listener.local_addr();
     let (reporter, health) = tonic_health::server::health_reporter();
     for name in [
         "",
@@ -471,10 +479,7 @@ async fn serve_epp(
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(ExternalProcessorServer::new(picker))
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown.cancelled_owned(),
-            )
+            .serve_with_incoming_shutdown(conn::incoming(listener), shutdown.cancelled_owned())
             .await
     }))
 }
@@ -518,18 +523,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         access: access.clone(),
     };
     let health = Health::new();
-    let admin = AdminServer::bind(
+    let certs =
+        ic_telemetry::serving::certificates(&config.serving, &metrics.serving, shutdown.clone())
+            .context("loading --tls-cert-file/--tls-key-file")?;
+    let serve_options = |alpn: &[&[u8]]| {
+        config
+            .serving
+            .options(certs.as_ref(), alpn, &metrics.serving)
+    };
+    // The HTTP port (probes, /metrics, /snapshot, /probe) stays plaintext:
+    // the kubelet, Prometheus and the controller read it in-cluster, and
+    // the chart's NetworkPolicy limits who reaches it. It gets the idle
+    // limit all the same.
+    let admin = AdminServer::bind_with(
         config.http_addr,
+        config.serving.options(None, &[], &metrics.serving),
         health.clone(),
         registry,
         http::router(http_state),
     )
     .await
     .context("starting HTTP server")?;
-    let grpc_listener = tokio::net::TcpListener::bind(config.grpc_addr)
+    let grpc_listener = ServingListener::bind(config.grpc_addr, serve_options(&[b"h2"]))
         .await
         .with_context(|| format!("cannot bind gRPC server to {}", config.grpc_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
+    let grpc_addr = grpc_listener.local_addr();
     if config.replica_gc_after_seconds > 0 {
         tokio::spawn(collect_stale_replicas(
             index.clone(),
@@ -567,7 +585,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 ));
             }
             let picker = epp::EndpointPicker::new(service.clone(), pool);
-            Some(serve_epp(addr, picker, shutdown.clone()).await?)
+            Some(serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?)
         }
         _ => None,
     };
@@ -595,9 +613,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .add_optional_service(llmd)
                 .add_service(IndexServiceServer::new(service))
                 .serve_with_incoming_shutdown(
-                    // Small responses must not wait on Nagle's algorithm.
-                    tonic::transport::server::TcpIncoming::from(grpc_listener)
-                        .with_nodelay(Some(true)),
+                    conn::incoming(grpc_listener),
                     shutdown.cancelled_owned(),
                 )
                 .await
@@ -613,6 +629,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             (None, None) => "disabled",
         },
         api_access = access.mode(),
+        tls = certs.is_some(),
+        connection_idle_timeout_seconds = config.serving.connection_idle_timeout_seconds,
         "index server started"
     );
     health.set_ready(true);

@@ -58,6 +58,9 @@ pub struct AccessLabels {
 /// Every metric of the index server.
 #[derive(Clone, Debug)]
 pub struct Metrics {
+    /// TLS and idle-connection counters of the gRPC, endpoint-picker and
+    /// HTTP ports.
+    pub serving: ic_telemetry::serving::ServingMetrics,
     /// Lookups answered, by outcome and reason.
     pub lookups: Family<LookupLabels, Counter>,
     /// Lookups refused as invalid or unsupported.
@@ -128,6 +131,7 @@ impl Metrics {
     /// Registers every metric.
     pub fn register(registry: &MetricsRegistry) -> Self {
         let m = Self {
+            serving: ic_telemetry::serving::ServingMetrics::default(),
             lookups: Family::default(),
             lookup_errors: Counter::default(),
             // 1 µs .. ~16 s
@@ -152,6 +156,10 @@ impl Metrics {
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
         };
+        let serving = registry.register_with(|r| {
+            ic_telemetry::serving::ServingMetrics::register(r.sub_registry_with_prefix("index"))
+        });
+        let m = Self { serving, ..m };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
             r.register(

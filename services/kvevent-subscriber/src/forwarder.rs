@@ -45,6 +45,27 @@ pub struct Target {
     pub url: String,
     /// Bearer token file, read on every (re)connect.
     pub token_file: Option<std::path::PathBuf>,
+    /// The CA an `https://` index server must chain to.
+    pub ca: Option<Trust>,
+}
+
+/// Where the index server's CA bundle comes from.
+#[derive(Clone, Debug)]
+pub enum Trust {
+    /// A PEM file, read on every (re)connect.
+    File(std::path::PathBuf),
+    /// PEM text.
+    Pem(String),
+}
+
+impl Trust {
+    fn load(&self) -> Result<Vec<u8>, String> {
+        match self {
+            Self::File(path) => std::fs::read(path)
+                .map_err(|e| format!("--index-server-ca-file {}: {e}", path.display())),
+            Self::Pem(pem) => Ok(pem.as_bytes().to_vec()),
+        }
+    }
 }
 
 /// The `authorization` value from the token file, if one is configured.
@@ -86,10 +107,7 @@ pub async fn run(
             tracing::warn!(%error, "cannot read the index server token");
         }
         let connected = match token {
-            Ok(token) => connect(&url)
-                .await
-                .map(|c| (c, token))
-                .map_err(|e| e.to_string()),
+            Ok(token) => connect(&target).await.map(|c| (c, token)),
             Err(error) => Err(error),
         };
         match connected {
@@ -130,13 +148,14 @@ pub async fn run(
     }
 }
 
-async fn connect(
-    url: &str,
-) -> Result<IndexServiceClient<tonic::transport::Channel>, tonic::transport::Error> {
-    let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true);
-    Ok(IndexServiceClient::new(endpoint.connect().await?))
+async fn connect(target: &Target) -> Result<IndexServiceClient<tonic::transport::Channel>, String> {
+    let ca = target.ca.as_ref().map(Trust::load).transpose()?;
+    let endpoint = ic_proto::channel::endpoint(&target.url, ca.as_deref(), "--index-server")?;
+    // tonic's transport error says only "transport error"; its source says why.
+    let channel = endpoint.connect().await.map_err(|e| {
+        std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"))
+    })?;
+    Ok(IndexServiceClient::new(channel))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -102,6 +102,20 @@ pub struct Config {
     #[arg(long, env = "IC_INDEX_SERVER_TOKEN_FILE")]
     pub index_server_token_file: Option<std::path::PathBuf>,
 
+    /// CA bundle (PEM file) an `https://` index server must chain to; read
+    /// again on every (re)connect.
+    #[arg(
+        long,
+        env = "IC_INDEX_SERVER_CA_FILE",
+        conflicts_with = "index_server_ca_pem"
+    )]
+    pub index_server_ca_file: Option<std::path::PathBuf>,
+
+    /// The same CA bundle given inline (PEM text): the webhook injects it
+    /// this way, since a pod cannot mount a Secret of another namespace.
+    #[arg(long, env = "IC_INDEX_SERVER_CA_PEM", hide_env_values = true)]
+    pub index_server_ca_pem: Option<String>,
+
     /// Replica id (the pod name).
     #[arg(long, env = "POD_NAME")]
     pub replica_id: String,
@@ -280,6 +294,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         forwarder::Target {
             url: config.index_server.clone(),
             token_file: config.index_server_token_file.clone(),
+            ca: match (&config.index_server_ca_file, &config.index_server_ca_pem) {
+                (Some(path), _) => Some(forwarder::Trust::File(path.clone())),
+                (None, Some(pem)) => Some(forwarder::Trust::Pem(pem.clone())),
+                (None, None) => None,
+            },
         },
         identity,
         outbox.clone(),

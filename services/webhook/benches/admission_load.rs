@@ -345,6 +345,7 @@ fn in_process(body: &[u8]) {
         subscriber_image: Some(common::SUBSCRIBER_IMAGE.to_owned()),
         index_server: common::INDEX_SERVER.to_owned(),
         index_server_audience: Some(common::INDEX_SERVER_AUDIENCE.to_owned()),
+        index_server_ca_pem: None,
     };
     let source = Fixed(backends.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()

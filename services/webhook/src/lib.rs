@@ -14,7 +14,8 @@ pub mod pod;
 pub mod review;
 pub mod server;
 pub mod store;
-pub mod tls;
+/// The serving certificate store, shared with the index server.
+pub use ic_telemetry::tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -136,6 +137,11 @@ pub struct Config {
     /// mounts no token.
     #[arg(long, env = "IC_INDEX_SERVER_AUDIENCE")]
     pub index_server_audience: Option<String>,
+    /// CA bundle (PEM file) of an `https://` --index-server, injected into
+    /// each subscriber; read at start (a new CA needs a webhook restart,
+    /// and pods admitted before it keep the old one until they restart).
+    #[arg(long, env = "IC_INDEX_SERVER_CA_FILE")]
+    pub index_server_ca_file: Option<PathBuf>,
     /// Kubeconfig to list CacheBackends with. Unset: the in-cluster service
     /// account, or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "IC_KUBECONFIG")]
@@ -254,6 +260,16 @@ async fn serve_admissions(
         ),
         CertificateMode::Managed => None,
     };
+    let index_server_ca_pem = match &config.index_server_ca_file {
+        Some(path) => {
+            let pem = ic_telemetry::tls::read_ca_file(path)
+                .with_context(|| format!("--index-server-ca-file {}", path.display()))?;
+            Some(String::from_utf8(pem).with_context(|| {
+                format!("--index-server-ca-file {}: not PEM text", path.display())
+            })?)
+        }
+        None => None,
+    };
     let client = kube_client(config).await?;
     let (certs, managed) = match files {
         Some(store) => (Arc::new(store), None),
@@ -302,6 +318,7 @@ async fn serve_admissions(
                 .index_server_audience
                 .clone()
                 .filter(|a| !a.trim().is_empty()),
+            index_server_ca_pem,
         },
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),
@@ -318,11 +335,14 @@ async fn serve_admissions(
             Duration::from_secs(config.cert_check_interval_seconds),
             shutdown.clone(),
         )),
-        None => tokio::spawn(certs.watch(
-            Duration::from_secs(config.tls_reload_interval_seconds.max(1)),
-            metrics.clone(),
-            shutdown.clone(),
-        )),
+        None => {
+            let metrics = metrics.clone();
+            tokio::spawn(certs.watch(
+                Duration::from_secs(config.tls_reload_interval_seconds.max(1)),
+                move |ok| metrics.tls_reload(ok),
+                shutdown.clone(),
+            ))
+        }
     };
     health.set_ready(true);
     let served = https.serve(shutdown.clone()).await;

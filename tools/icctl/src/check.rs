@@ -21,6 +21,8 @@ use crate::table;
 pub struct CheckTargets {
     /// Index server gRPC `host:port`.
     pub index_grpc: String,
+    /// CA bundle of a TLS gRPC port.
+    pub index_ca_file: Option<std::path::PathBuf>,
     /// Index server HTTP `host:port`.
     pub index_http: String,
     /// Coordinator base URL, unless skipped.
@@ -80,15 +82,11 @@ async fn http_status(url: &str) -> anyhow::Result<String> {
     Ok(format!("{status}"))
 }
 
-async fn grpc_health(grpc: &str) -> anyhow::Result<String> {
+async fn grpc_health(grpc: &str, ca_file: Option<&std::path::Path>) -> anyhow::Result<String> {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
-    let channel = tonic::transport::Channel::from_shared(format!("http://{grpc}"))
-        .with_context(|| format!("{grpc:?} as a gRPC address"))?
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {grpc}"))?;
+    let channel = index::channel(grpc, ca_file).await?;
     let mut client = HealthClient::new(channel);
     let answer = client
         .check(HealthCheckRequest {
@@ -103,10 +101,14 @@ async fn grpc_health(grpc: &str) -> anyhow::Result<String> {
     }
 }
 
-async fn lookup_round_trip(grpc: &str) -> anyhow::Result<String> {
+async fn lookup_round_trip(
+    grpc: &str,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<String> {
     // Anonymous: with access control on, a refusal is the server answering.
     let answer = index::lookup(
         grpc,
+        ca_file,
         &Lookup {
             tenant: "icctl-check".into(),
             model: "icctl-check".into(),
@@ -204,14 +206,14 @@ pub async fn run(targets: &CheckTargets, json: bool) -> anyhow::Result<String> {
             "index server gRPC health",
             targets.index_grpc.clone(),
             limit,
-            grpc_health(&targets.index_grpc),
+            grpc_health(&targets.index_grpc, targets.index_ca_file.as_deref()),
         )
         .await,
         timed(
             "index server LookupRoute",
             targets.index_grpc.clone(),
             limit,
-            lookup_round_trip(&targets.index_grpc),
+            lookup_round_trip(&targets.index_grpc, targets.index_ca_file.as_deref()),
         )
         .await,
     ];

@@ -52,6 +52,10 @@ pub struct Cli {
     /// service-account token, or a static token in local mode).
     #[arg(long, env = "IC_TOKEN_FILE", global = true)]
     pub token_file: Option<std::path::PathBuf>,
+    /// CA bundle (PEM file) of an index server whose gRPC port serves TLS
+    /// (its --tls-cert-file); plaintext when unset.
+    #[arg(long, env = "IC_INDEX_CA_FILE", global = true)]
+    pub index_ca_file: Option<std::path::PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
@@ -340,7 +344,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
                 candidates: candidates.clone(),
             };
             let token = index::read_token(cli.token_file.as_deref())?;
-            let r = index::lookup(&cli.index_grpc, &lookup, token.as_deref()).await?;
+            let r = index::lookup(
+                &cli.index_grpc,
+                cli.index_ca_file.as_deref(),
+                &lookup,
+                token.as_deref(),
+            )
+            .await?;
             Ok(if json {
                 format!(
                     "{}\n",
@@ -373,6 +383,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<String> {
             };
             let targets = crate::check::CheckTargets {
                 index_grpc: cli.index_grpc.clone(),
+                index_ca_file: cli.index_ca_file.clone(),
                 index_http: cli.index_http.clone(),
                 coordinator: (!skip_coordinator).then(|| cli.coordinator.clone()),
                 webhook: webhook.clone(),

@@ -159,9 +159,32 @@ pub fn read_token(path: Option<&std::path::Path>) -> anyhow::Result<Option<Strin
     .transpose()
 }
 
+/// A channel to the index server's gRPC port at `grpc` (`host:port`):
+/// TLS trusting `ca_file` when one is given, plaintext otherwise.
+pub async fn channel(
+    grpc: &str,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<tonic::transport::Channel> {
+    let ca = ca_file
+        .map(|p| std::fs::read(p).with_context(|| format!("--index-ca-file {}", p.display())))
+        .transpose()?;
+    let scheme = if ca.is_some() { "https" } else { "http" };
+    let endpoint =
+        ic_proto::channel::endpoint(&format!("{scheme}://{grpc}"), ca.as_deref(), "--index-grpc")
+            .map_err(anyhow::Error::msg)?;
+    endpoint.connect().await.map_err(|e| {
+        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+        anyhow::anyhow!(
+            "cannot reach the index server's gRPC port at {grpc}: {why} (is it running? set \
+             --index-grpc or IC_INDEX_GRPC; --index-ca-file when it serves TLS)"
+        )
+    })
+}
+
 /// Sends a lookup, with `token` as its bearer token.
 pub async fn lookup(
     grpc: &str,
+    ca_file: Option<&std::path::Path>,
     l: &Lookup,
     token: Option<&str>,
 ) -> anyhow::Result<pb::LookupRouteResponse> {
@@ -170,11 +193,7 @@ pub async fn lookup(
         let value = ic_proto::bearer::metadata(token).context("--token-file: not a token")?;
         req.metadata_mut().insert("authorization", value);
     }
-    let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .with_context(|| {
-            format!("cannot reach the index server's gRPC port at {grpc}: is it running? (set --index-grpc or IC_INDEX_GRPC)")
-        })?;
+    let mut client = IndexServiceClient::new(channel(grpc, ca_file).await?);
     match client.lookup_route(req).await {
         Ok(r) => Ok(r.into_inner()),
         Err(status) => bail!(

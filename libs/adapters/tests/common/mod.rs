@@ -91,6 +91,7 @@ pub fn config() -> InjectionConfig {
         subscriber_image: Some("ghcr.io/inferencecache/kvevent-subscriber:0.1.0".into()),
         index_server: "http://ic-index-server.inferencecache-system:9090".into(),
         index_server_audience: Some("inferencecache".into()),
+        index_server_ca_pem: None,
     }
 }
 

@@ -1,8 +1,10 @@
-//! The serving certificate: loaded from the mounted PEM pair at start-up
-//! and re-read when the files change (cert-manager rotates the Secret, the
-//! kubelet swaps the mounted files). A broken new pair never replaces a
-//! working one: the old certificate keeps serving and the failure is logged
-//! and counted.
+//! Serving certificates and trust roots shared by every TLS server and
+//! client here.
+//!
+//! A serving pair is loaded from mounted PEM files at start-up and re-read
+//! when the files change (cert-manager rotates the Secret, the kubelet swaps
+//! the mounted files). A broken new pair never replaces a working one: the
+//! old certificate keeps serving and the failure is logged and reported.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -14,8 +16,6 @@ use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
-
-use crate::metrics::Metrics;
 
 /// Why a certificate pair cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -237,10 +237,12 @@ impl CertStore {
 
     /// Polls the files every `interval` until `shutdown` (returns at once
     /// for a managed store).
+    /// `reloaded` hears of every reload: `true` when a new pair is served,
+    /// `false` when a changed pair was refused.
     pub async fn watch(
         self: Arc<Self>,
         interval: Duration,
-        metrics: Metrics,
+        reloaded: impl Fn(bool) + Send + 'static,
         shutdown: CancellationToken,
     ) {
         let Some((cert_path, _)) = self.files.clone() else {
@@ -261,16 +263,58 @@ impl CertStore {
             match outcome {
                 ReloadOutcome::Unchanged => {}
                 ReloadOutcome::Reloaded => {
-                    metrics.tls_reload(true);
+                    reloaded(true);
                     tracing::info!(cert = %cert_path.display(), "serving certificate reloaded");
                 }
                 ReloadOutcome::Failed(error) => {
-                    metrics.tls_reload(false);
+                    reloaded(false);
                     tracing::error!(%error, cert = %cert_path.display(), "serving certificate reload failed; keeping the previous certificate");
                 }
             }
         }
     }
+}
+
+/// The CA certificates in `pem` (read from `origin`, named in errors).
+pub fn roots(pem: &[u8], origin: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem).filter_map(Result::ok) {
+        roots.add(cert).map_err(|source| TlsError::Mismatch {
+            cert: origin.to_owned(),
+            key: origin.to_owned(),
+            source,
+        })?;
+    }
+    if roots.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: origin.to_owned(),
+        });
+    }
+    Ok(roots)
+}
+
+/// Reads a CA bundle file (PEM), failing with the file named when it
+/// cannot be read or holds no certificate.
+pub fn read_ca_file(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let pem = read(path)?;
+    roots(&pem, path)?;
+    Ok(pem)
+}
+
+/// A client configuration trusting only the CAs in `ca_pem`, offering
+/// `alpn` (HTTP clients: `h2`, `http/1.1`; empty for none).
+pub fn client_config(
+    ca_pem: &[u8],
+    origin: &Path,
+    alpn: &[&[u8]],
+) -> Result<rustls::ClientConfig, TlsError> {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Config)?
+        .with_root_certificates(roots(ca_pem, origin)?)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(config)
 }
 
 impl ResolvesServerCert for CertStore {
