@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ic_telemetry::MetricsRegistry;
-use tokio::net::TcpListener;
+use ic_telemetry::serving::{ServeOptions, ServingListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +64,9 @@ pub struct Config {
     /// Listen port (REST API, /healthz, /metrics, /live, /ready).
     #[arg(long, env = "IC_PORT", default_value_t = 9300)]
     pub port: u16,
-    /// HTTP keep-alive timeout, seconds.
+    /// HTTP keep-alive timeout, seconds: a connection that moves no bytes
+    /// for this long is closed (one that never sends a request included);
+    /// 0 never closes.
     #[arg(long, env = "IC_TIMEOUT_KEEP_ALIVE", default_value_t = 10)]
     pub timeout_keep_alive: u64,
     /// Seconds without a heartbeat before an instance is dropped.
@@ -301,10 +303,16 @@ pub async fn start_with(
         .map(kafka::clients)
         .transpose()?;
     let addr = SocketAddr::new(config.host, config.port);
-    let listener = TcpListener::bind(addr)
+    let options = ServeOptions {
+        idle: (config.timeout_keep_alive > 0)
+            .then(|| std::time::Duration::from_secs(config.timeout_keep_alive)),
+        idle_closed: Some(app.metrics.metrics.idle_connections_closed.clone()),
+        ..ServeOptions::plain()
+    };
+    let listener = ServingListener::bind(addr, options)
         .await
         .with_context(|| format!("cannot bind {addr}"))?;
-    let addr = listener.local_addr().context("local address")?;
+    let addr = listener.local_addr();
     tracing::info!(%addr, "admin server listening");
     ic_telemetry::listening::listening("admin", addr);
     let task = tokio::spawn(serve(app.clone(), listener, kafka_clients, shutdown));
@@ -313,7 +321,7 @@ pub async fn start_with(
 
 async fn serve(
     app: App,
-    listener: TcpListener,
+    listener: ServingListener,
     kafka_clients: Option<kafka::Clients>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {

@@ -134,6 +134,9 @@ fn latency_histogram() -> Histogram {
 /// Every coordinator metric.
 #[derive(Clone, Debug, Default)]
 pub struct Metrics {
+    /// HTTP connections closed after `--timeout-keep-alive` without
+    /// traffic (house extension).
+    pub idle_connections_closed: prometheus_client::metrics::counter::Counter,
     /// Directory placements per tier.
     pub placements: Family<TierLabel, Gauge>,
     /// Directory bytes per tier.
@@ -230,6 +233,11 @@ impl MetricsSet {
     pub fn new(house: MetricsRegistry) -> Self {
         let m = Metrics::default();
         let mut r = Registry::with_prefix("lmcache_coordinator");
+        r.register(
+            "idle_connections_closed",
+            "HTTP connections closed after --timeout-keep-alive seconds without traffic",
+            m.idle_connections_closed.clone(),
+        );
         r.register(
             "key_directory_placements",
             "Placements in the key directory",

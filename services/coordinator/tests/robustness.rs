@@ -135,3 +135,28 @@ async fn a_store_flood_stays_within_the_directory_bound() {
         "{metrics}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_after_the_keep_alive_timeout() {
+    use tokio::io::AsyncReadExt as _;
+    let c = Coord::start(&["--timeout-keep-alive", "1"]).await;
+    // A client that connects and never sends a request.
+    let mut silent = tokio::net::TcpStream::connect(c.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(std::time::Duration::from_secs(15), silent.read(&mut buf))
+        .await
+        .expect("the silent connection was still open after 15 s");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    // Requests keep being answered, and the closure was counted.
+    let (status, _) = c.get("/directory/stats").await;
+    assert_eq!(status, 200);
+    let metrics = c.metrics_text().await;
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("lmcache_coordinator_idle_connections_closed_total ")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}
