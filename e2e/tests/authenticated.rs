@@ -44,7 +44,20 @@ fn index_server(grpc_port: u16, kubeconfig: &std::path::Path) -> ServiceProcess 
 
 /// Blocks the gateway is told `llama-0` holds for `prompt`.
 async fn matched(grpc: &str, prompt: &[u32]) -> u32 {
-    let mut client = IndexServiceClient::connect(grpc.to_owned()).await.unwrap();
+    matched_by(grpc, None, Some("gateway"), prompt, "llama-0").await
+}
+
+/// Blocks `replica` holds for `prompt`, asked over TLS trusting `ca_pem`
+/// when given, presenting `token` when given.
+async fn matched_by(
+    grpc: &str,
+    ca_pem: Option<&str>,
+    token: Option<&str>,
+    prompt: &[u32],
+    replica: &str,
+) -> u32 {
+    let endpoint = ic_proto::channel::endpoint(grpc, ca_pem.map(str::as_bytes), "test").unwrap();
+    let mut client = IndexServiceClient::new(endpoint.connect().await.unwrap());
     let mut request = tonic::Request::new(pb::LookupRouteRequest {
         scope: Some(pb::IndexScope {
             tenant: "team-a".into(),
@@ -58,18 +71,15 @@ async fn matched(grpc: &str, prompt: &[u32]) -> u32 {
         observe_only: true,
         ..Default::default()
     });
-    request
-        .metadata_mut()
-        .insert("authorization", "Bearer gateway".parse().unwrap());
+    if let Some(token) = token {
+        let value = ic_proto::bearer::metadata(token).unwrap();
+        request.metadata_mut().insert("authorization", value);
+    }
     let answer = client.lookup_route(request).await.unwrap().into_inner();
     answer
         .candidates
         .iter()
-        .filter(|c| {
-            c.replica
-                .as_ref()
-                .is_some_and(|r| r.replica_id == "llama-0")
-        })
+        .filter(|c| c.replica.as_ref().is_some_and(|r| r.replica_id == replica))
         .map(|c| c.matched_blocks)
         .sum()
 }
@@ -161,35 +171,6 @@ async fn subscribers_authenticate_with_a_rotating_token_and_cannot_speak_for_oth
     server.stop();
 }
 
-/// Blocks `replica` holds for `prompt`, asked over TLS (open access).
-async fn matched_over_tls(grpc: &str, ca_pem: &str, prompt: &[u32], replica: &str) -> u32 {
-    let endpoint = ic_proto::channel::endpoint(grpc, Some(ca_pem.as_bytes()), "test").unwrap();
-    let mut client = IndexServiceClient::new(endpoint.connect().await.unwrap());
-    let answer = client
-        .lookup_route(pb::LookupRouteRequest {
-            scope: Some(pb::IndexScope {
-                tenant: "team-a".into(),
-                model: MODEL.into(),
-                hash_scheme: pb::HashScheme::Vllm as i32,
-                adapter: String::new(),
-            }),
-            key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
-                ids: prompt.to_vec(),
-            })),
-            observe_only: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    answer
-        .candidates
-        .iter()
-        .filter(|c| c.replica.as_ref().is_some_and(|r| r.replica_id == replica))
-        .map(|c| c.matched_blocks)
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_stream_over_tls_and_refuse_a_server_they_do_not_trust() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,7 +224,7 @@ async fn subscribers_stream_over_tls_and_refuse_a_server_they_do_not_trust() {
         .publish(&[gpu_store(vec![3, 4], None, prompt.clone(), 16)])
         .await;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while matched_over_tls(&grpc, &ca_pem, &prompt, "llama-0").await != 2 {
+    while matched_by(&grpc, Some(&ca_pem), None, &prompt, "llama-0").await != 2 {
         assert!(
             Instant::now() < deadline,
             "the blocks never arrived over TLS"
@@ -256,7 +237,7 @@ async fn subscribers_stream_over_tls_and_refuse_a_server_they_do_not_trust() {
         "the refusal says why: {refused}"
     );
     assert_eq!(
-        matched_over_tls(&grpc, &ca_pem, &prompt, "llama-1").await,
+        matched_by(&grpc, Some(&ca_pem), None, &prompt, "llama-1").await,
         0
     );
     server.stop();

@@ -58,26 +58,31 @@ async fn health(grpc: SocketAddr, ca_pem: Option<&str>) -> Result<(), String> {
         .map_err(|s| format!("{s:?}"))
 }
 
+/// The real binary serving `cert`/`key`, plus `extra` flags.
+fn start(cert: &std::path::Path, key: &std::path::Path, extra: &[&str]) -> ServiceProcess {
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--tls-cert-file",
+        cert.to_str().unwrap(),
+        "--tls-key-file",
+        key.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    ServiceProcess::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
+        &args,
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_grpc_port_serves_tls_and_follows_a_rotated_certificate() {
     let dir = tempfile::tempdir().unwrap();
     let first = TestCa::new();
     let (cert, key, _) = first.write_loopback(dir.path());
-    let mut server = ServiceProcess::start(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-            "--tls-reload-interval-seconds",
-            "1",
-        ],
-    );
+    let mut server = start(&cert, &key, &["--tls-reload-interval-seconds", "1"]);
     let grpc = server.addr("grpc");
     let admin = server.admin_addr();
 
@@ -116,21 +121,7 @@ async fn silent_connections_are_closed_on_every_port() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new();
     let (cert, key, _) = ca.write_loopback(dir.path());
-    let mut server = ServiceProcess::start(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-            "--connection-idle-timeout-seconds",
-            "1",
-        ],
-    );
+    let mut server = start(&cert, &key, &["--connection-idle-timeout-seconds", "1"]);
     let grpc = server.addr("grpc");
     let admin = server.admin_addr();
 

@@ -298,7 +298,6 @@ async fn serve_admissions(
             (store, Some(managed))
         }
     };
-    let tls = certs.server_config()?;
     let state = Arc::new(AppState {
         metrics: metrics.clone(),
         backends: Arc::new(StoreBackends::start(
@@ -327,9 +326,14 @@ async fn serve_admissions(
         Duration::from_secs(config.connection_idle_timeout_seconds),
         metrics.idle_connections_closed.clone(),
     );
-    let https = HttpsServer::bind(config.https_addr, tls, server::router(state), idle)
-        .await
-        .with_context(|| format!("binding --https-addr {}", config.https_addr))?;
+    let https = HttpsServer::bind(
+        config.https_addr,
+        certs.clone(),
+        server::router(state),
+        idle,
+    )
+    .await
+    .with_context(|| format!("binding --https-addr {}", config.https_addr))?;
     let watcher = match managed {
         Some(managed) => tokio::spawn(managed.run(
             Duration::from_secs(config.cert_check_interval_seconds),

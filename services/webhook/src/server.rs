@@ -16,17 +16,15 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use ic_adapters::admission::InjectionConfig;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
+use ic_telemetry::serving::{ServeOptions, ServingListener};
 use tokio_util::sync::CancellationToken;
 
 use crate::cachebackend::{self, Decision};
 use crate::metrics::{AdmissionKind, Metrics};
 use crate::pod::{self, BackendSource};
 use crate::review::{AdmissionReview, ReviewError};
+use crate::tls::CertStore;
 
-/// How long a client may take to finish the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send request headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -185,13 +183,11 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, RequestErro
 
 /// A bound (not yet serving) HTTPS server.
 pub struct HttpsServer {
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
+    /// TLS handshakes (with their deadline) and the idle limit: a
+    /// connection without traffic for that long is closed (one that never
+    /// sends a request, or an idle keep-alive or HTTP/2 connection).
+    listener: ServingListener,
     router: Router,
-    /// A connection without traffic for this long is closed (one that
-    /// never sends a request, or an idle keep-alive or HTTP/2 connection),
-    /// and counted here.
-    idle: (Duration, prometheus_client::metrics::counter::Counter),
 }
 
 impl std::fmt::Debug for HttpsServer {
@@ -203,30 +199,36 @@ impl std::fmt::Debug for HttpsServer {
 }
 
 impl HttpsServer {
-    /// Binds `addr`; serving starts with [`HttpsServer::serve`].
+    /// Binds `addr`, serving `certs`; serving starts with [`HttpsServer::serve`].
+    /// `idle` is the idle limit and the counter of connections it closes.
     pub async fn bind(
         addr: SocketAddr,
-        tls: rustls::ServerConfig,
+        certs: Arc<CertStore>,
         router: Router,
         idle: (Duration, prometheus_client::metrics::counter::Counter),
     ) -> std::io::Result<Self> {
+        let options = ServeOptions {
+            tls: Some(certs),
+            alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            idle: Some(idle.0),
+            idle_closed: Some(idle.1),
+            handshake_failures: None,
+        };
         Ok(Self {
-            listener: TcpListener::bind(addr).await?,
-            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            listener: ServingListener::bind(addr, options).await?,
             router,
-            idle,
         })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
+        Ok(self.listener.local_addr())
     }
 
     /// Accepts connections until `shutdown`, then lets open connections
     /// finish their requests.
-    pub async fn serve(self, shutdown: CancellationToken) -> std::io::Result<()> {
-        let addr = self.listener.local_addr()?;
+    pub async fn serve(mut self, shutdown: CancellationToken) -> std::io::Result<()> {
+        let addr = self.listener.local_addr();
         tracing::info!(%addr, "admission server listening");
         ic_telemetry::listening::listening("https", addr);
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -237,40 +239,21 @@ impl HttpsServer {
             .header_read_timeout(HEADER_TIMEOUT);
         builder.http2().timer(TokioTimer::new());
         loop {
-            let (stream, peer) = tokio::select! {
+            let conn = tokio::select! {
                 () = shutdown.cancelled() => break,
-                accepted = self.listener.accept() => match accepted {
-                    Ok(pair) => pair,
-                    Err(error) => {
-                        // Out of file descriptors and the like: back off, keep serving.
-                        tracing::warn!(%error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
+                conn = self.listener.next() => match conn {
+                    Some(conn) => conn,
+                    None => break,
                 },
             };
-            let _ = stream.set_nodelay(true);
-            let acceptor = self.acceptor.clone();
-            let idle = self.idle.clone();
+            let peer = conn.remote_addr();
             let service = TowerToHyperService::new(self.router.clone());
-            let builder = builder.clone();
+            let connection = builder
+                .serve_connection_with_upgrades(TokioIo::new(conn), service)
+                .into_owned();
             let watcher = graceful.watcher();
             tokio::spawn(async move {
-                let tls =
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(error)) => {
-                            tracing::debug!(%error, %peer, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                let tls = ic_telemetry::idle::IdleTimeout::new(tls, idle.0, Some(idle.1));
-                let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                if let Err(error) = watcher.watch(connection.into_owned()).await {
+                if let Err(error) = watcher.watch(connection).await {
                     tracing::debug!(%error, %peer, "connection ended with an error");
                 }
             });
