@@ -146,7 +146,11 @@ recipe="${1:-demo}"
 shift || true
 ensure_just
 case "$recipe" in
-  test|ci) ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
+  test|ci)
+    # A whole-suite build from scratch gains nothing from incremental state,
+    # which would take more disk than the build itself.
+    export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+    ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
     ensure_helm; ensure_chart_validators; ensure_containers; ensure_conformance_venv ;;
   conformance) ensure_nextest; ensure_kafka_build_deps; ensure_conformance_venv ;;
   images) ensure_kafka_build_deps; ensure_containers ;;
