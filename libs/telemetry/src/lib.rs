@@ -13,6 +13,7 @@ pub mod listening;
 pub mod logging;
 pub mod metrics;
 pub mod process;
+pub mod process_metrics;
 pub mod serving;
 pub mod shutdown;
 pub mod tls;

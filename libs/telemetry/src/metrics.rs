@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -49,7 +49,8 @@ impl MetricsRegistry {
         register(&mut guard)
     }
 
-    /// Encodes every registered metric in the OpenMetrics text format.
+    /// Encodes every registered metric in the OpenMetrics text format,
+    /// followed by the process's own `process_*` series read now.
     pub fn encode(&self) -> String {
         let guard = self
             .inner
@@ -57,7 +58,11 @@ impl MetricsRegistry {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut out = String::new();
         // Encoding into a String cannot fail: fmt::Write for String is infallible.
-        let _ = encode(&mut out, &guard);
+        let _ = encode_registry(&mut out, &guard);
+        if let Some(stats) = crate::process_metrics::ProcessStats::read() {
+            let _ = encode_registry(&mut out, &stats.registry());
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }
@@ -80,5 +85,19 @@ mod tests {
         );
         assert!(text.contains("inferencecache_widgets_total 3"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+        // The standard process series, unprefixed, once each.
+        for series in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert_eq!(
+                text.matches(&format!("\n{series}")).count(),
+                1,
+                "{series}: {text}"
+            );
+        }
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
     }
 }
