@@ -136,6 +136,9 @@ fn the_values_schema_rejects_wrong_types_and_unknown_keys() {
         (&["--set", "controller.replicas=two"], "replicas"),
         (&["--set", "controller.replicaz=2"], "replicaz"),
         (&["--set", "webhook.certificates.mode=selfsigned"], "mode"),
+        // An unquoted `off` is YAML for false: the mode is a word.
+        (&["--set", "indexServer.tls.mode=off"], "mode"),
+        (&["--set", "indexServer.tls.mode=true"], "mode"),
         (&["--set", "indexServer.replicas=2"], "replicas"),
         (&["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
         (&["--set", "inference-cache-crds.bogus=1"], "bogus"),

@@ -593,7 +593,8 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
             got, epp_contract,
             "the index server with the endpoint picker"
         );
-        // The coordinator and the test pod call no API: no token at all.
+        // The coordinator (by default) and the test pod call no API: no
+        // token at all.
         if managed {
             let sa = find(&all, "ServiceAccount", "inferencecache-coordinator").unwrap();
             assert_eq!(sa["automountServiceAccountToken"], false);
@@ -601,6 +602,25 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
             let test = find(&all, "Pod", "inferencecache-test").unwrap();
             assert_eq!(test["spec"]["automountServiceAccountToken"], false);
         }
+        // With its operator endpoints guarded it reviews tokens, exactly.
+        let guarded = objects(&render(
+            CHART,
+            &[
+                args.as_slice(),
+                &["--set", "coordinator.api.accessControl=true"],
+            ]
+            .concat(),
+        ));
+        let contract: BTreeSet<Permission> = read_contract(&rbac.join("ic-coordinator.txt"))
+            .unwrap()
+            .into_iter()
+            .map(|l| l.permission)
+            .collect();
+        assert_eq!(
+            granted(&guarded, "inferencecache-coordinator"),
+            contract,
+            "the coordinator with coordinator.api.accessControl"
+        );
     }
     // Names in resourceNames are the ones the binaries are told to use.
     let all = objects(&render(CHART, &[]));
@@ -658,6 +678,56 @@ fn the_probe_token_audience_is_the_one_the_index_server_checks() {
             assert_eq!(checked, a);
         }
     }
+}
+
+/// With the coordinator's operator endpoints guarded, the controller's
+/// token is for the audience the coordinator checks, sits where the
+/// controller reads it, and belongs to an identity the coordinator admits.
+#[test]
+fn the_coordinator_admits_the_controllers_token() {
+    let all = objects(&render(
+        CHART,
+        &["--set", "coordinator.api.accessControl=true"],
+    ));
+    let coordinator = strings(
+        &find(&all, "Deployment", "inferencecache-coordinator").unwrap()["spec"]["template"]["spec"]
+            ["containers"][0]["args"],
+    );
+    let checked = coordinator
+        .iter()
+        .find_map(|a| a.strip_prefix("--api-audience="))
+        .unwrap();
+    assert!(
+        coordinator
+            .iter()
+            .any(|a| a.starts_with("--api-admin=system:serviceaccount:")
+                && a.ends_with(":inferencecache-controller")),
+        "{coordinator:?}"
+    );
+    let pod =
+        &find(&all, "Deployment", "inferencecache-controller").unwrap()["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "coordinator-token")
+        .unwrap();
+    let projected = &volume["projected"]["sources"][0]["serviceAccountToken"];
+    assert_eq!(projected["audience"].as_str(), Some(checked));
+    let mount = pod["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "coordinator-token")
+        .unwrap()["mountPath"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = format!("{mount}/{}", projected["path"].as_str().unwrap());
+    assert!(
+        strings(&pod["containers"][0]["args"])
+            .contains(&format!("--coordinator-token-path={path}"))
+    );
 }
 
 #[test]

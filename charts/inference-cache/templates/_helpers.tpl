@@ -53,8 +53,32 @@ helm.sh/chart: {{ include "ic.chart" .ctx }}
 
 {{/* In-cluster URLs of the index server and the coordinator. */}}
 {{- define "ic.url.indexGrpc" -}}
-http://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:9090
+{{ ternary "https" "http" (eq (include "ic.indexTls" .) "true") }}://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:9090
 {{- end -}}
+
+{{/* "true" when the index server's gRPC ports serve TLS. */}}
+{{- define "ic.indexTls" -}}
+{{- ne .Values.indexServer.tls.mode "disabled" -}}
+{{- end -}}
+
+{{/*
+The client side of the index server's TLS: a volume holding only the ca.crt
+of its Secret (never the key), and where it is mounted.
+*/}}
+{{- define "ic.indexCaVolume" -}}
+- name: index-server-ca
+  secret:
+    secretName: {{ .Values.indexServer.tls.secretName }}
+    items:
+      - key: ca.crt
+        path: ca.crt
+{{- end -}}
+{{- define "ic.indexCaMount" -}}
+- name: index-server-ca
+  mountPath: /index-server-ca
+  readOnly: true
+{{- end -}}
+{{- define "ic.indexCaFile" -}}/index-server-ca/ca.crt{{- end -}}
 {{- define "ic.url.indexHttp" -}}
 http://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:8081
 {{- end -}}

@@ -77,6 +77,10 @@ pub struct Config {
     /// Coordinator base URL for CacheTenant quotas and pins; unset disables the pusher.
     #[arg(long, env = "IC_COORDINATOR_URL")]
     pub coordinator_url: Option<String>,
+    /// Bearer token file presented to the coordinator's operator
+    /// endpoints (for a coordinator started with `--api-audience`).
+    #[arg(long, env = "IC_COORDINATOR_TOKEN_PATH")]
+    pub coordinator_token_path: Option<PathBuf>,
     /// kvevent-subscriber image the webhook injects (gates readiness expectations).
     #[arg(long, env = "IC_KVEVENT_SUBSCRIBER_IMAGE")]
     pub kvevent_subscriber_image: Option<String>,
@@ -185,7 +189,8 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
             shared.metrics.clone(),
             shared.clock.clone(),
             stores.clone(),
-        );
+        )
+        .with_token_path(config.coordinator_token_path.clone());
         let changes = stores.changes.tenants.clone();
         spawn_synced(
             &mut set,

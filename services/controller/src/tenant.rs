@@ -138,6 +138,10 @@ pub struct TenantPusher {
     pub clock: Arc<dyn Clock>,
     /// The watch-fed view of the cluster.
     pub stores: Stores,
+    /// Bearer token file presented to a coordinator started with
+    /// `--api-audience` (a projected token: read on every call, so the
+    /// kubelet's rotation needs no restart).
+    pub token_path: Option<std::path::PathBuf>,
     applied: Arc<Mutex<HashMap<String, Applied>>>,
 }
 
@@ -164,8 +168,15 @@ impl TenantPusher {
             metrics,
             clock,
             stores,
+            token_path: None,
             applied: Arc::default(),
         }
+    }
+
+    /// Presents the token in `path` on every call.
+    pub fn with_token_path(mut self, path: Option<std::path::PathBuf>) -> Self {
+        self.token_path = path;
+        self
     }
 
     async fn call(
@@ -191,6 +202,15 @@ impl TenantPusher {
             .timeout(Duration::from_secs(10));
         if let Some(b) = body {
             request = request.json(&b);
+        }
+        if let Some(token_path) = &self.token_path {
+            let token = std::fs::read_to_string(token_path).map_err(|e| {
+                fail(format!(
+                    "--coordinator-token-path {}: {e}",
+                    token_path.display()
+                ))
+            })?;
+            request = request.bearer_auth(token.trim());
         }
         let response = request.send().await.map_err(|e| fail(e.to_string()))?;
         let status = response.status();

@@ -272,6 +272,46 @@ async fn tenants_reach_the_coordinator_once() {
     );
 }
 
+/// A coordinator guarding its operator endpoints refuses a pusher without
+/// the token, and takes the one it reads from its token file.
+#[tokio::test]
+async fn the_pusher_presents_its_token_to_a_guarded_coordinator() {
+    let coordinator = common::Coordinator::start_with(&["--api-static-token", "s3cret"]);
+    let base = coordinator.url();
+    let fake = FakeApi::new();
+    fake.insert(&tenant(
+        "team-a",
+        "t",
+        "salt-a",
+        Some("1Gi"),
+        vec![pin(512)],
+    ));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    let pusher = TenantPusher::new(
+        fake.client(),
+        reqwest::Client::new(),
+        base.clone(),
+        metrics,
+        common::clock(),
+        watched.stores.clone(),
+    );
+    watched.settle(&fake).await;
+    let refused = pusher.sync_once().await.unwrap_err().to_string();
+    assert!(refused.contains("401"), "{refused}");
+    let quota = get(format!("{base}/quota/salt-a")).await;
+    assert_eq!(quota["quota_exists"], false, "{quota}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret\n").unwrap();
+    let pusher = pusher.with_token_path(Some(token));
+    watched.settle(&fake).await;
+    assert_eq!(pusher.sync_once().await.unwrap(), 1);
+    let quota = get(format!("{base}/quota/salt-a")).await;
+    assert_eq!(quota["quota_exists"], true, "{quota}");
+}
+
 #[tokio::test]
 async fn a_tenant_deleted_while_the_controller_was_down_is_still_released() {
     let coordinator = common::Coordinator::start();

@@ -69,6 +69,24 @@ pub struct Config {
     /// 0 never closes.
     #[arg(long, env = "IC_TIMEOUT_KEEP_ALIVE", default_value_t = 10)]
     pub timeout_keep_alive: u64,
+    /// Guard the operator endpoints (quotas, pins, delete, prefetch):
+    /// callers present a service-account token for this audience, checked
+    /// by TokenReview, and must be an `--api-admin` (house extension; unset,
+    /// as in LMCache, leaves them open).
+    #[arg(long, env = "IC_API_AUDIENCE")]
+    pub api_audience: Option<String>,
+    /// Usernames allowed to call the operator endpoints with
+    /// `--api-audience` (`system:serviceaccount:<namespace>:<name>`).
+    #[arg(long = "api-admin", env = "IC_API_ADMINS", value_delimiter = ',')]
+    pub api_admins: Vec<String>,
+    /// Local mode: operator endpoints need this bearer token.
+    #[arg(
+        long,
+        env = "IC_API_STATIC_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "api_audience"
+    )]
+    pub api_static_token: Option<String>,
     /// Seconds without a heartbeat before an instance is dropped.
     #[arg(long, env = "IC_INSTANCE_TIMEOUT", default_value_t = 30.0)]
     pub instance_timeout: f64,
@@ -315,14 +333,45 @@ pub async fn start_with(
     let addr = listener.local_addr();
     tracing::info!(%addr, "admin server listening");
     ic_telemetry::listening::listening("admin", addr);
-    let task = tokio::spawn(serve(app.clone(), listener, kafka_clients, shutdown));
+    let access = operator_access(config).await?;
+    tracing::info!(mode = access.mode(), "operator endpoint access");
+    let task = tokio::spawn(serve(
+        app.clone(),
+        listener,
+        kafka_clients,
+        access,
+        shutdown,
+    ));
     Ok(Running { addr, app, task })
+}
+
+/// The operator endpoints' guard the flags ask for.
+async fn operator_access(config: &Config) -> anyhow::Result<http::access::OperatorAccess> {
+    use http::access::OperatorAccess;
+    if let Some(token) = config.api_static_token.clone().filter(|t| !t.is_empty()) {
+        return Ok(OperatorAccess::Static(token));
+    }
+    let Some(audience) = config.api_audience.clone().filter(|a| !a.is_empty()) else {
+        return Ok(OperatorAccess::Open);
+    };
+    if config.api_admins.is_empty() {
+        bail!("--api-audience needs at least one --api-admin: nobody could change quotas or pins");
+    }
+    let client = kube::Client::try_default().await.context(
+        "--api-audience needs Kubernetes API access (in-cluster service account or KUBECONFIG) \
+         to run TokenReviews",
+    )?;
+    Ok(OperatorAccess::Kube {
+        reviewer: ic_kube_auth::TokenReviewer::new(client, audience),
+        admins: config.api_admins.clone(),
+    })
 }
 
 async fn serve(
     app: App,
     listener: ServingListener,
     kafka_clients: Option<kafka::Clients>,
+    access: http::access::OperatorAccess,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let loops = shutdown.child_token();
@@ -357,7 +406,7 @@ async fn serve(
         }
     }
     tracing::info!("coordinator started");
-    let result = axum::serve(listener, http::router(app.clone()))
+    let result = axum::serve(listener, http::router_with(app.clone(), access))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())
         .await
         .context("HTTP server");

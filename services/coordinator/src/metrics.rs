@@ -137,6 +137,8 @@ pub struct Metrics {
     /// HTTP connections closed after `--timeout-keep-alive` without
     /// traffic (house extension).
     pub idle_connections_closed: prometheus_client::metrics::counter::Counter,
+    /// Operator requests refused by access control (house extension).
+    pub access_refusals: Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
     /// Directory placements per tier.
     pub placements: Family<TierLabel, Gauge>,
     /// Directory bytes per tier.
@@ -237,6 +239,11 @@ impl MetricsSet {
             "idle_connections_closed",
             "HTTP connections closed after --timeout-keep-alive seconds without traffic",
             m.idle_connections_closed.clone(),
+        );
+        r.register(
+            "access_refusals",
+            "Operator requests (quotas, pins, delete, prefetch) refused by --api-audience or --api-static-token",
+            m.access_refusals.clone(),
         );
         r.register(
             "key_directory_placements",

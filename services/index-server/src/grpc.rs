@@ -314,6 +314,23 @@ impl IndexServer {
 }
 
 impl IndexServer {
+    /// Validates, classifies and applies one IngestEvents batch of
+    /// `stream`: the path every batch takes after transport and access
+    /// checks (the fuzz targets drive it directly). `Err` names why the
+    /// batch was refused or the stream would end.
+    pub fn apply_batch(
+        &self,
+        stream: &mut IngestStream,
+        batch: pb::IngestBatch,
+        now: i64,
+    ) -> Result<(), String> {
+        let step = stream.accept(batch).map_err(|e| e.0)?;
+        self.apply_step(step, now).map_err(|end| match end {
+            StepEnd::Resync(detail) => format!("resync required: {detail}"),
+            StepEnd::Refused(limit, detail) => format!("refused ({}): {detail}", limit.label()),
+        })
+    }
+
     /// Applies one classified ingest batch to the index (the one path both
     /// IngestEvents and the functional probe use). `Err` when the stream
     /// must end.

@@ -107,10 +107,13 @@ pub struct Coordinator {
 
 impl Coordinator {
     pub fn start() -> Self {
-        let mut process = ServiceProcess::start(
-            &ic_e2e::workspace_binary("ic-coordinator"),
-            &["--host", "127.0.0.1", "--port", "0"],
-        );
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        let mut args = vec!["--host", "127.0.0.1", "--port", "0"];
+        args.extend_from_slice(extra);
+        let mut process = ServiceProcess::start(&ic_e2e::workspace_binary("ic-coordinator"), &args);
         let addr = process.admin_addr();
         Self { process, addr }
     }

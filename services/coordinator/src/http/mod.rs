@@ -1,6 +1,7 @@
 //! The REST API: core routes (instances, events, directory, health,
 //! metrics, status) plus the routes of each enabled controller.
 
+pub mod access;
 pub mod directory;
 pub mod events;
 pub mod instances;
@@ -21,8 +22,15 @@ use crate::state::App;
 /// 8 MB of JSON; event batches are far smaller.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
-/// Builds the whole router.
+/// Builds the whole router with the operator endpoints open (LMCache's
+/// behaviour).
 pub fn router(app: App) -> Router {
+    router_with(app, access::OperatorAccess::Open)
+}
+
+/// Builds the whole router, the operator endpoints guarded by `access`.
+pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
+    let guard_state = (app.clone(), std::sync::Arc::new(access));
     let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/live", get(|| async { "ok\n" }))
@@ -52,6 +60,10 @@ pub fn router(app: App) -> Router {
         }
     }
     router
+        .route_layer(axum::middleware::from_fn_with_state(
+            guard_state,
+            access::guard,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(app, observe))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -1,0 +1,191 @@
+//! Bearer tokens checked the Kubernetes way: a TokenReview against an
+//! audience (accepted answers cached for a minute by token digest), plus the
+//! helpers every server that takes bearer tokens shares (header parsing,
+//! constant-time comparison of a static token). The index server builds its
+//! API and `/probe` rules on it, the coordinator its operator endpoints'.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+/// How long an accepted token is trusted without asking again.
+const REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
+/// Most cached review results (cleared wholesale beyond it).
+const REVIEW_CACHE_MAX: usize = 1024;
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum AuthError {
+    /// Neither a static token nor an audience is configured.
+    #[error(
+        "/probe is disabled: start the index server with --probe-audience (in a cluster) or \
+         --probe-static-token (local)"
+    )]
+    Disabled,
+    /// No `Authorization: Bearer` header.
+    #[error("missing bearer token: send 'Authorization: Bearer <token>'")]
+    Missing,
+    /// The static token did not match, or the API server rejected the token.
+    #[error("bearer token rejected: {0}")]
+    Rejected(String),
+    /// The API server could not be asked.
+    #[error("cannot verify the bearer token with the Kubernetes API: {0}")]
+    Unavailable(String),
+}
+
+impl AuthError {
+    /// Label for the refusal metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::Disabled => "disabled",
+            AuthError::Missing => "missing_token",
+            AuthError::Rejected(_) => "rejected_token",
+            AuthError::Unavailable(_) => "review_unavailable",
+        }
+    }
+}
+
+/// Who the API server says a token belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReviewedUser {
+    /// `system:serviceaccount:<namespace>:<name>` for service accounts.
+    pub username: String,
+    /// UID of the user.
+    pub uid: String,
+    /// Groups (passed on to SubjectAccessReviews).
+    pub groups: Vec<String>,
+    /// Extra claims; a pod-bound token carries
+    /// `authentication.kubernetes.io/pod-name` and `…/pod-uid`.
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+/// The extra claim naming the pod a bound token belongs to.
+pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
+
+/// Checks tokens with TokenReview, caching accepted ones briefly.
+pub struct TokenReviewer {
+    client: kube::Client,
+    audience: String,
+    accepted: Mutex<HashMap<[u8; 32], (Instant, ReviewedUser)>>,
+}
+
+impl std::fmt::Debug for TokenReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenReviewer")
+            .field("audience", &self.audience)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenReviewer {
+    /// A reviewer using `client`'s API server.
+    pub fn new(client: kube::Client, audience: String) -> Self {
+        Self {
+            client,
+            audience,
+            accepted: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The API server's client (for SubjectAccessReviews).
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// Who `token` is, if the API server accepts it for the audience.
+    pub async fn review(&self, token: &str) -> Result<ReviewedUser, AuthError> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some((until, user)) = self.accepted.lock().get(&digest)
+            && *until > now
+        {
+            return Ok(user.clone());
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: Some(vec![self.audience.clone()]),
+            },
+            ..Default::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let status = answer.status.unwrap_or_default();
+        if let Some(error) = status.error.filter(|e| !e.is_empty()) {
+            return Err(AuthError::Rejected(error));
+        }
+        if status.authenticated != Some(true) {
+            return Err(AuthError::Rejected("not authenticated".into()));
+        }
+        // An API server that ignores audiences returns none; one that checked
+        // them echoes the intersection.
+        if let Some(audiences) = status.audiences
+            && !audiences.contains(&self.audience)
+        {
+            return Err(AuthError::Rejected(format!(
+                "token is not valid for audience {:?}",
+                self.audience
+            )));
+        }
+        let user = status.user.unwrap_or_default();
+        let user = ReviewedUser {
+            username: user.username.unwrap_or_default(),
+            uid: user.uid.unwrap_or_default(),
+            groups: user.groups.unwrap_or_default(),
+            extra: user.extra.unwrap_or_default().into_iter().collect(),
+        };
+        let mut accepted = self.accepted.lock();
+        if accepted.len() >= REVIEW_CACHE_MAX {
+            accepted.clear();
+        }
+        accepted.insert(digest, (now + REVIEW_CACHE_TTL, user.clone()));
+        Ok(user)
+    }
+}
+
+/// Constant-time comparison (the token is a secret).
+pub fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let da = Sha256::digest(a);
+    let db = Sha256::digest(b);
+    da.iter()
+        .zip(db.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+/// The token of an `Authorization` header value, if it is a bearer one.
+pub fn bearer(header: Option<&str>) -> Option<&str> {
+    let value = header?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_bearer_headers() {
+        assert_eq!(bearer(Some("Bearer abc")), Some("abc"));
+        assert_eq!(bearer(Some("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer(Some("Basic abc")), None);
+        assert_eq!(bearer(Some("Bearer ")), None);
+        assert_eq!(bearer(Some("Bearer")), None);
+        assert_eq!(bearer(None), None);
+    }
+
+    #[test]
+    fn secrets_compare_by_content() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cret", b"s3cre"));
+        assert!(!same_secret(b"", b"x"));
+    }
+}
