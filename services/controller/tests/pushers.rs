@@ -8,6 +8,7 @@ mod common;
 
 use ic_api::cachepolicy::{CachePolicy, CachePolicySpec};
 use ic_api::cachetenant::{CacheTenant, CacheTenantSpec, TenantPin, TenantQuota};
+use ic_controller::metrics::Metrics;
 use ic_controller::policy::PolicyPusher;
 use ic_controller::tenant::TenantPusher;
 use ic_fake_apiserver::FakeApi;
@@ -184,6 +185,23 @@ fn pin(tokens: u32) -> TenantPin {
     }
 }
 
+/// A tenant pusher to the coordinator at `base`, over `watched`'s stores.
+fn pusher_to(
+    fake: &FakeApi,
+    base: &str,
+    metrics: Metrics,
+    watched: &common::Watched,
+) -> TenantPusher {
+    TenantPusher::new(
+        fake.client(),
+        reqwest::Client::new(),
+        base.to_owned(),
+        metrics,
+        common::clock(),
+        watched.stores.clone(),
+    )
+}
+
 async fn get(url: String) -> Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
@@ -202,14 +220,7 @@ async fn tenants_reach_the_coordinator_once() {
     ));
     let (_registry, metrics) = common::metrics();
     let watched = common::watched(&fake, &metrics).await;
-    let pusher = TenantPusher::new(
-        fake.client(),
-        reqwest::Client::new(),
-        base.clone(),
-        metrics,
-        common::clock(),
-        watched.stores.clone(),
-    );
+    let pusher = pusher_to(&fake, &base, metrics, &watched);
     watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
@@ -288,14 +299,7 @@ async fn the_pusher_presents_its_token_to_a_guarded_coordinator() {
     ));
     let (_registry, metrics) = common::metrics();
     let watched = common::watched(&fake, &metrics).await;
-    let pusher = TenantPusher::new(
-        fake.client(),
-        reqwest::Client::new(),
-        base.clone(),
-        metrics,
-        common::clock(),
-        watched.stores.clone(),
-    );
+    let pusher = pusher_to(&fake, &base, metrics, &watched);
     watched.settle(&fake).await;
     let refused = pusher.sync_once().await.unwrap_err().to_string();
     assert!(refused.contains("401"), "{refused}");

@@ -53,6 +53,11 @@ async fn call(
     (status, response.json().await.unwrap_or(Value::Null))
 }
 
+async fn get(http: &reqwest::Client, base: &str, path: &str) -> Value {
+    let response = http.get(format!("{base}{path}")).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_endpoints_refuse_anyone_but_the_admins() {
     let fake = FakeApi::new();
@@ -108,18 +113,8 @@ async fn operator_endpoints_refuse_anyone_but_the_admins() {
         .await
         .unwrap();
     assert_eq!(events.status(), 200);
-    let stats = |http: reqwest::Client, base: String| async move {
-        let v: Value = http
-            .get(format!("{base}/directory/stats"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v["num_keys"].as_u64().unwrap()
-    };
-    assert_eq!(stats(http.clone(), base.clone()).await, 1);
+    let keys = |stats: Value| stats["num_keys"].as_u64().unwrap();
+    assert_eq!(keys(get(&http, &base, "/directory/stats").await), 1);
 
     let mut refused = 0;
     for op in operator_calls() {
@@ -141,16 +136,9 @@ async fn operator_endpoints_refuse_anyone_but_the_admins() {
     }
     // Nothing the refused calls asked for happened: no quota of 0, the key
     // still there.
-    let quota: Value = http
-        .get(format!("{base}/quota/config"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let quota = get(&http, &base, "/quota/config").await;
     assert!(quota["default_limit_gb"].is_null(), "{quota}");
-    assert_eq!(stats(http.clone(), base.clone()).await, 1);
+    assert_eq!(keys(get(&http, &base, "/directory/stats").await), 1);
 
     // The controller's token is accepted on every one of them.
     for op in operator_calls() {

@@ -1,0 +1,569 @@
+//! Fault injection with the real binaries on loopback: engines publishing
+//! the real vLLM wire, the real `ic-kvevent-subscriber` sidecars and the real
+//! `ic-index-server`, each killed, frozen, restarted or flooded while
+//! traffic flows. Every scenario ends with the index equal to what the
+//! engines hold (its `/snapshot` block count per replica and a full-length
+//! `LookupRoute` match on each engine's newest prompt).
+//!
+//! The times measured (convergence after an index-server restart, say) are
+//! printed as `fault figure:` lines for docs/reliability.md; nothing here
+//! asserts a duration beyond a generous "it converges at all" deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ic_e2e::engine::FakeEngine;
+use ic_e2e::{ServiceProcess, free_port, http_get, workspace_binary};
+use ic_kvevents::Medium;
+use ic_kvevents::encode::{Era, gpu_store, removal};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use nix::sys::signal::Signal;
+
+const TENANT: &str = "team-a";
+const MODEL: &str = "meta-llama/Llama-3.1-8B";
+const BLOCK: u32 = 16;
+/// How long any scenario may take to converge before the test fails.
+const CONVERGE: Duration = Duration::from_secs(90);
+
+/// One engine and what it holds: each prompt is a chain of blocks from the
+/// root, with block hashes and tokens no other chain shares.
+struct Engine {
+    engine: FakeEngine,
+    replica: String,
+    index: u64,
+    /// chain number → its blocks' engine hashes, in order.
+    chains: BTreeMap<u64, Vec<u64>>,
+    next_chain: u64,
+}
+
+impl Engine {
+    fn tokens(&self, chain: u64, blocks: u32) -> Vec<u32> {
+        let base = u32::try_from((self.index * 1_000_000 + chain * 1_000) % 4_000_000_000).unwrap();
+        (0..blocks * BLOCK).map(|t| base + t).collect()
+    }
+
+    /// Stores a new chain of `blocks` blocks.
+    async fn store(&mut self, blocks: u32) {
+        let chain = self.next_chain;
+        self.next_chain += 1;
+        let hashes: Vec<u64> = (0..u64::from(blocks))
+            .map(|b| (self.index << 40) | (chain << 8) | (b + 1))
+            .collect();
+        let tokens = self.tokens(chain, blocks);
+        self.engine
+            .publish(&[gpu_store(hashes.clone(), None, tokens, BLOCK)])
+            .await;
+        self.chains.insert(chain, hashes);
+    }
+
+    /// Evicts the last block of the oldest chain (the whole chain when it
+    /// has one block left).
+    async fn evict_one(&mut self) {
+        let Some((&chain, hashes)) = self.chains.iter_mut().next() else {
+            return;
+        };
+        let last = hashes.pop().unwrap();
+        if hashes.is_empty() {
+            self.chains.remove(&chain);
+        }
+        self.engine
+            .publish(&[removal(vec![last], Medium::Gpu)])
+            .await;
+    }
+
+    /// A round of traffic: two new prompts and one eviction.
+    async fn round(&mut self) {
+        self.store(4).await;
+        self.store(2).await;
+        self.evict_one().await;
+    }
+
+    fn blocks(&self) -> u64 {
+        self.chains.values().map(|c| c.len() as u64).sum()
+    }
+
+    /// The engine restarted: its cache is empty and sequence numbers start over.
+    fn restart(&mut self) {
+        self.engine.restart();
+        self.chains.clear();
+    }
+
+    fn newest(&self) -> Option<(Vec<u32>, u32)> {
+        let (&chain, hashes) = self.chains.iter().next_back()?;
+        let blocks = u32::try_from(hashes.len()).unwrap();
+        // A chain that lost tail blocks still starts with the same tokens.
+        Some((self.tokens(chain, blocks), blocks))
+    }
+}
+
+/// `n` rounds of traffic on every engine.
+async fn rounds(engines: &mut [Engine], n: usize) {
+    for _ in 0..n {
+        for engine in engines.iter_mut() {
+            engine.round().await;
+        }
+    }
+}
+
+/// Stops the sidecars and the server; each must exit cleanly.
+fn stop_all(sidecars: Vec<ServiceProcess>, mut server: ServiceProcess) {
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    assert!(server.stop().success());
+}
+
+/// An index server on a fixed gRPC port, so it can be restarted in place.
+fn index_server(grpc_port: u16, extra: &[&str]) -> ServiceProcess {
+    let grpc = format!("127.0.0.1:{grpc_port}");
+    let mut args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", &grpc];
+    args.extend_from_slice(extra);
+    let mut server = ServiceProcess::start(&workspace_binary("ic-index-server"), &args);
+    server.addr("grpc");
+    server
+}
+
+fn subscriber(engine: &Engine, grpc_port: u16, extra: &[&str]) -> ServiceProcess {
+    let mut args = engine.engine.subscriber_args(
+        &format!("http://127.0.0.1:{grpc_port}"),
+        &engine.replica,
+        TENANT,
+        MODEL,
+        &format!("10.0.0.{}:8000", engine.index),
+    );
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args)
+}
+
+/// `count` engines, each with its sidecar, all forwarding to `grpc_port`.
+async fn fleet(
+    count: u64,
+    grpc_port: u16,
+    sidecar_flags: &[&str],
+) -> (Vec<Engine>, Vec<ServiceProcess>) {
+    let mut engines = Vec::new();
+    let mut sidecars = Vec::new();
+    for index in 0..count {
+        let mut engine = Engine {
+            engine: FakeEngine::start(Era::VllmMap, "kv-events").await,
+            replica: format!("engine-{index}"),
+            index,
+            chains: BTreeMap::new(),
+            next_chain: 0,
+        };
+        sidecars.push(subscriber(&engine, grpc_port, sidecar_flags));
+        engine.engine.wait_for_subscriber().await;
+        engines.push(engine);
+    }
+    (engines, sidecars)
+}
+
+/// Block count per replica in the index server's `/snapshot`.
+fn snapshot_blocks(http: SocketAddr) -> Option<BTreeMap<String, u64>> {
+    let (status, body) = http_get(http, "/snapshot");
+    if status != 200 {
+        return None;
+    }
+    let snapshot: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some(
+        snapshot["replicas"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["replicaId"].as_str()?.to_owned(),
+                    r["prefixCount"].as_u64()?,
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// Whether the index holds exactly what the engines hold.
+async fn index_matches(grpc_port: u16, http: SocketAddr, engines: &[Engine]) -> Result<(), String> {
+    let want: BTreeMap<String, u64> = engines
+        .iter()
+        .filter(|e| e.blocks() > 0)
+        .map(|e| (e.replica.clone(), e.blocks()))
+        .collect();
+    let have = snapshot_blocks(http).ok_or("no snapshot")?;
+    let have: BTreeMap<String, u64> = have.into_iter().filter(|(_, n)| *n > 0).collect();
+    if have != want {
+        return Err(format!("snapshot {have:?}, engines hold {want:?}"));
+    }
+    let mut client = IndexServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    for engine in engines {
+        let Some((tokens, blocks)) = engine.newest() else {
+            continue;
+        };
+        let r = client
+            .lookup_route(pb::LookupRouteRequest {
+                scope: Some(pb::IndexScope {
+                    tenant: TENANT.into(),
+                    model: MODEL.into(),
+                    hash_scheme: pb::HashScheme::Vllm as i32,
+                    adapter: String::new(),
+                }),
+                key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+                    ids: tokens,
+                })),
+                observe_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let holder = r.candidates.iter().find(|c| {
+            c.replica
+                .as_ref()
+                .is_some_and(|id| id.replica_id == engine.replica)
+        });
+        if holder.map(|c| c.matched_blocks) != Some(blocks) {
+            return Err(format!(
+                "{}'s newest prompt ({blocks} blocks): {r:?}",
+                engine.replica
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the index equals the engines' state; returns how long it took.
+async fn converge(grpc_port: u16, http: SocketAddr, engines: &[Engine], what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        match index_matches(grpc_port, http, engines).await {
+            Ok(()) => return started.elapsed(),
+            Err(why) => assert!(
+                started.elapsed() < CONVERGE,
+                "{what}: the index did not converge within {CONVERGE:?}: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Reads one series (summing its label sets) from a `/metrics` page.
+fn metric(http: SocketAddr, name: &str) -> f64 {
+    let (_, text) = http_get(http, "/metrics");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn figure(scenario: &str, value: impl std::fmt::Display) {
+    eprintln!("fault figure: {scenario}: {value}");
+}
+
+/// kill -9 of the index server while engines publish; a new one on the
+/// same port starts empty and every subscriber resyncs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_index_server_killed_under_load_is_rebuilt_by_the_subscribers() {
+    let port = free_port();
+    let mut server = index_server(port, &[]);
+    let (mut engines, mut sidecars) = fleet(3, port, &[]).await;
+    rounds(&mut engines, 20).await;
+    let http = server.admin_addr();
+    converge(port, http, &engines, "before the kill").await;
+
+    server.signal(Signal::SIGKILL);
+    assert!(!server.wait_exit().success());
+    // The engines go on while no index server runs.
+    rounds(&mut engines, 20).await;
+    let mut restarted = index_server(port, &[]);
+    let http = restarted.admin_addr();
+    let started = Instant::now();
+    // ... and while the new one is being resynced.
+    for _ in 0..10 {
+        for engine in &mut engines {
+            engine.round().await;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    converge(port, http, &engines, "after the restart").await;
+    figure(
+        "index-server kill -9, 3 replicas",
+        format!(
+            "converged {} ms after the restart",
+            started.elapsed().as_millis()
+        ),
+    );
+    for sidecar in &mut sidecars {
+        let admin = sidecar.admin_addr();
+        assert!(metric(admin, "inferencecache_subscriber_forward_connects_total") >= 2.0);
+    }
+    stop_all(sidecars, restarted);
+}
+
+/// kill -9 of one sidecar: the index keeps the replica's blocks meanwhile;
+/// its replacement rebuilds the engine's state from the replay buffer, with
+/// what the engine did while no sidecar watched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_subscriber_is_replaced_and_the_replica_is_whole_again() {
+    let port = free_port();
+    let mut server = index_server(port, &[]);
+    let http = server.admin_addr();
+    let (mut engines, mut sidecars) = fleet(2, port, &[]).await;
+    rounds(&mut engines, 15).await;
+    converge(port, http, &engines, "before the kill").await;
+    let before = snapshot_blocks(http).unwrap();
+
+    sidecars[0].signal(Signal::SIGKILL);
+    assert!(!sidecars[0].wait_exit().success());
+    // The other replica's state is untouched and the dead sidecar's replica
+    // keeps its blocks (routing hints stay useful through a sidecar restart).
+    assert_eq!(snapshot_blocks(http).unwrap(), before);
+    rounds(&mut engines, 10).await;
+    sidecars[0] = subscriber(&engines[0], port, &[]);
+    engines[0].engine.wait_for_subscriber().await;
+    let took = converge(port, http, &engines, "after the replacement").await;
+    figure(
+        "subscriber kill -9",
+        format!(
+            "replica whole {} ms after the new sidecar subscribed",
+            took.as_millis()
+        ),
+    );
+    stop_all(sidecars, server);
+}
+
+/// The index server frozen (SIGSTOP) for longer than the sidecar's queue
+/// holds: the sidecar drops what does not fit and counts it, never blocks
+/// the engine, and after SIGCONT resyncs the full state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
+    let port = free_port();
+    let mut server = index_server(port, &[]);
+    let http = server.admin_addr();
+    let (mut engines, mut sidecars) = fleet(1, port, &["--queue-capacity", "32"]).await;
+    for _ in 0..5 {
+        engines[0].round().await;
+    }
+    converge(port, http, &engines, "before the freeze").await;
+    let admin = sidecars[0].admin_addr();
+
+    server.signal(Signal::SIGSTOP);
+    let frozen = Instant::now();
+    // Far more batches than the queue, HTTP/2 windows and socket buffers hold.
+    let rounds = 400;
+    for _ in 0..rounds {
+        engines[0].round().await;
+    }
+    let decoded_before = metric(admin, "inferencecache_subscriber_batches_decoded_total");
+    let deadline = Instant::now() + CONVERGE;
+    while metric(admin, "inferencecache_subscriber_queue_dropped_total") == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the sidecar never dropped while the index server was frozen (decoded {decoded_before})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped = metric(admin, "inferencecache_subscriber_queue_dropped_total");
+    assert!(metric(admin, "inferencecache_subscriber_queue_depth") <= 32.0);
+    server.signal(Signal::SIGCONT);
+    let thawed = Instant::now();
+    let took = converge(port, http, &engines, "after SIGCONT").await;
+    figure(
+        "index server SIGSTOP, queue 32",
+        format!(
+            "frozen {} ms, {dropped} batches dropped and counted, whole {} ms after SIGCONT",
+            thawed.duration_since(frozen).as_millis(),
+            took.as_millis()
+        ),
+    );
+    assert!(sidecars[0].stop().success());
+    assert!(server.stop().success());
+}
+
+/// An engine restarting mid-stream (its sequence starts over, its cache is
+/// empty): the index drops what the old process held and follows the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_restart_mid_stream_replaces_the_replicas_state() {
+    let port = free_port();
+    let mut server = index_server(port, &[]);
+    let http = server.admin_addr();
+    let (mut engines, sidecars) = fleet(2, port, &[]).await;
+    rounds(&mut engines, 10).await;
+    converge(port, http, &engines, "before the restart").await;
+    engines[1].restart();
+    rounds(&mut engines, 3).await;
+    let took = converge(port, http, &engines, "after the engine restart").await;
+    figure(
+        "engine restart mid-stream",
+        format!("index follows the new process in {} ms", took.as_millis()),
+    );
+    stop_all(sidecars, server);
+}
+
+/// Index entries (the `--capacity-entries` bound) and the index's own heap
+/// accounting summed over its parts.
+fn index_memory(http: SocketAddr) -> (f64, f64) {
+    (
+        metric(http, "inferencecache_index_entries"),
+        metric(http, "inferencecache_index_memory_bytes"),
+    )
+}
+
+fn memory_parts(http: SocketAddr) -> String {
+    let (_, text) = http_get(http, "/metrics");
+    text.lines()
+        .filter(|l| l.starts_with("inferencecache_index_memory_bytes{"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A flood of stored blocks twenty times the index's capacity, from ten
+/// engines' streams: resident entries stay at the bound, the index's memory within
+/// 10 % of what it holds when merely full, and lookups keep answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_answer() {
+    use ic_e2e::ingest::{Replica, ingest, resync, stored};
+    const CAPACITY: u64 = 100_000;
+    // Ten engines, each streaming a hundred batches of a thousand new blocks.
+    const FLOOD_REPLICAS: u64 = 10;
+    const BATCHES: u64 = 100;
+    const PER_BATCH: u64 = 2_000;
+    let port = free_port();
+    let capacity = CAPACITY.to_string();
+    let mut server = index_server(port, &["--capacity-entries", &capacity]);
+    let http = server.admin_addr();
+    let grpc = format!("http://127.0.0.1:{port}");
+    let fingerprints = |replica: u64, n: u64| -> Vec<u64> {
+        // Distinct, well-spread values (splitmix64 of a counter).
+        (0..n)
+            .map(|i| {
+                let mut z = (replica << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^ (z >> 31)
+            })
+            .collect()
+    };
+    fn replica(id: &str) -> Replica<'_> {
+        Replica {
+            tenant: TENANT,
+            model: MODEL,
+            replica_id: id,
+            address: "10.0.0.1:8000",
+            dp_rank: 0,
+        }
+    }
+    // Merely full: exactly the capacity, from one replica.
+    ingest(
+        &grpc,
+        resync(
+            &replica("full"),
+            vec![stored(fingerprints(1000, CAPACITY), BLOCK, pb::Tier::T1)],
+        ),
+    )
+    .await;
+    let (entries, full_bytes) = index_memory(http);
+    assert_eq!(entries, CAPACITY as f64);
+    let parts_full = memory_parts(http);
+    let rss_full = metric(http, "process_resident_memory_bytes");
+
+    // Lookups run throughout the flood.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lookups = tokio::spawn({
+        let (grpc, stop) = (grpc.clone(), stop.clone());
+        async move {
+            let mut client = IndexServiceClient::connect(grpc).await.unwrap();
+            let (mut answered, mut slowest) = (0u64, Duration::ZERO);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let started = Instant::now();
+                client
+                    .lookup_route(pb::LookupRouteRequest {
+                        scope: Some(pb::IndexScope {
+                            tenant: TENANT.into(),
+                            model: MODEL.into(),
+                            hash_scheme: pb::HashScheme::Vllm as i32,
+                            adapter: String::new(),
+                        }),
+                        key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+                            ids: (0..64 * BLOCK).collect(),
+                        })),
+                        observe_only: true,
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("a lookup failed during the flood: {e}"));
+                slowest = slowest.max(started.elapsed());
+                answered += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (answered, slowest)
+        }
+    });
+    let flood_started = Instant::now();
+    let mut client = IndexServiceClient::connect(grpc.clone()).await.unwrap();
+    for r in 0..FLOOD_REPLICAS {
+        let id = format!("flood-{r}");
+        let all = fingerprints(r, BATCHES * PER_BATCH);
+        let batches: Vec<pb::IngestBatch> = all
+            .chunks(PER_BATCH as usize)
+            .zip(1u64..)
+            .map(|(chunk, seq)| {
+                let mut batch = resync(
+                    &replica(&id),
+                    vec![stored(chunk.to_vec(), BLOCK, pb::Tier::T1)],
+                );
+                // The first batch is the stream's resync, the rest deltas.
+                batch.seq = seq;
+                batch.resync_begin = seq == 1;
+                batch.resync_end = seq == 1;
+                batch
+            })
+            .collect();
+        let ack = client
+            .ingest_events(futures::stream::iter(batches))
+            .await
+            .unwrap_or_else(|e| panic!("IngestEvents of {id} failed: {e}"))
+            .into_inner();
+        assert!(
+            !ack.resync_required && ack.last_applied_seq == BATCHES,
+            "{id}: {ack:?}"
+        );
+    }
+    let flood_took = flood_started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (answered, slowest) = lookups.await.unwrap();
+    assert!(answered > 0, "no lookup ran during the flood");
+
+    let (entries, flooded_bytes) = index_memory(http);
+    assert!(
+        entries <= CAPACITY as f64,
+        "{entries} entries resident, capacity {CAPACITY}"
+    );
+    assert!(
+        metric(http, "inferencecache_index_capacity_evictions_total")
+            >= (FLOOD_REPLICAS * BATCHES * PER_BATCH) as f64 - CAPACITY as f64,
+    );
+    assert!(
+        flooded_bytes <= full_bytes * 1.10,
+        "index memory {flooded_bytes} B after the flood, {full_bytes} B when merely full: {} / {parts_full}",
+        memory_parts(http)
+    );
+    let rss_flooded = metric(http, "process_resident_memory_bytes");
+    figure(
+        "flood into a bounded index",
+        format!(
+            "{} blocks ({FLOOD_REPLICAS} streams x {BATCHES} batches of {PER_BATCH}) into {CAPACITY} entries in {} ms; index memory {full_bytes} B full, {flooded_bytes} B after ({:.1} %); RSS {:.1} MiB -> {:.1} MiB; {answered} lookups answered meanwhile, slowest {} ms",
+            FLOOD_REPLICAS * BATCHES * PER_BATCH,
+            flood_took.as_millis(),
+            (flooded_bytes / full_bytes - 1.0) * 100.0,
+            rss_full / 1_048_576.0,
+            rss_flooded / 1_048_576.0,
+            slowest.as_millis()
+        ),
+    );
+    assert!(server.stop().success());
+}
