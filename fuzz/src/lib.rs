@@ -277,29 +277,17 @@ fn index_server() -> ic_index_server::grpc::IndexServer {
 /// A whole resync of `replica` holding the chain of the tokens 0..64·16.
 pub fn seed_resync(replica: &str) -> pb::IngestBatch {
     let tokens: Vec<u32> = (0..64 * 16).collect();
-    pb::IngestBatch {
-        replica: Some(pb::ReplicaIdentity {
-            scope: Some(scope_pb()),
-            replica_id: replica.into(),
-            address: "10.0.0.1:8000".into(),
+    let fingerprints = ic_kvevents::chain_fingerprints(None, &tokens, 16);
+    ic_e2e::ingest::resync(
+        &ic_e2e::ingest::Replica {
+            tenant: TENANT,
+            model: MODEL,
+            replica_id: replica,
+            address: "10.0.0.1:8000",
             dp_rank: 0,
-            incarnation: 1,
-        }),
-        seq: 1,
-        resync_begin: true,
-        resync_end: true,
-        events: vec![pb::IndexEvent {
-            kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
-                parent_fingerprint: 0,
-                start_depth: 0,
-                fingerprints: ic_kvevents::chain_fingerprints(None, &tokens, 16),
-                block_size: 16,
-                tier: pb::Tier::T1 as i32,
-                at_unix_ms: 0,
-            })),
-        }],
-        ..Default::default()
-    }
+        },
+        vec![ic_e2e::ingest::stored(fingerprints, 16, pb::Tier::T1)],
+    )
 }
 
 fn populated_index_server() -> &'static ic_index_server::grpc::IndexServer {

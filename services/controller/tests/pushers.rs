@@ -202,14 +202,9 @@ fn pusher_to(
     )
 }
 
-async fn get(url: String) -> Value {
-    reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
-#[tokio::test]
-async fn tenants_reach_the_coordinator_once() {
-    let coordinator = common::Coordinator::start();
-    let base = coordinator.url();
+/// Tenant team-a/t (salt-a: a 1Gi quota and one pin) in a fake API, and a
+/// pusher of it to `base`.
+async fn one_tenant_pushed_to(base: &str) -> (FakeApi, common::Watched, TenantPusher) {
     let fake = FakeApi::new();
     fake.insert(&tenant(
         "team-a",
@@ -220,7 +215,19 @@ async fn tenants_reach_the_coordinator_once() {
     ));
     let (_registry, metrics) = common::metrics();
     let watched = common::watched(&fake, &metrics).await;
-    let pusher = pusher_to(&fake, &base, metrics, &watched);
+    let pusher = pusher_to(&fake, base, metrics, &watched);
+    (fake, watched, pusher)
+}
+
+async fn get(url: String) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn tenants_reach_the_coordinator_once() {
+    let coordinator = common::Coordinator::start();
+    let base = coordinator.url();
+    let (fake, watched, pusher) = one_tenant_pushed_to(&base).await;
     watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
@@ -289,17 +296,7 @@ async fn tenants_reach_the_coordinator_once() {
 async fn the_pusher_presents_its_token_to_a_guarded_coordinator() {
     let coordinator = common::Coordinator::start_with(&["--api-static-token", "s3cret"]);
     let base = coordinator.url();
-    let fake = FakeApi::new();
-    fake.insert(&tenant(
-        "team-a",
-        "t",
-        "salt-a",
-        Some("1Gi"),
-        vec![pin(512)],
-    ));
-    let (_registry, metrics) = common::metrics();
-    let watched = common::watched(&fake, &metrics).await;
-    let pusher = pusher_to(&fake, &base, metrics, &watched);
+    let (fake, watched, pusher) = one_tenant_pushed_to(&base).await;
     watched.settle(&fake).await;
     let refused = pusher.sync_once().await.unwrap_err().to_string();
     assert!(refused.contains("401"), "{refused}");
