@@ -159,6 +159,22 @@ ensure_conformance_venv() {
   export IC_CONFORMANCE_VENV="$venv"
 }
 
+ensure_otlp_receiver() {
+  # The OTLP/gRPC receiver the telemetry tests export to (e2e/otlp): gRPC's
+  # server and the OpenTelemetry project's protobuf classes, a small venv.
+  local key venv
+  key=$(sha256sum e2e/otlp/requirements.txt | cut -c1-12)
+  venv="$TOOLS_CACHE/otlp-receiver-$key"
+  if ! [ -f "$venv/.complete" ]; then
+    log "installing the OTLP receiver's packages into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv" 2>/dev/null || { sudo_apt python3-venv && python3 -m venv "$venv"; }
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r e2e/otlp/requirements.txt
+    touch "$venv/.complete"
+  fi
+  export IC_OTLP_RECEIVER_PYTHON="$venv/bin/python"
+}
+
 ensure_rust_components() {
   # rust-toolchain.toml pins the toolchain; make sure its components exist.
   if command -v rustup >/dev/null 2>&1; then
@@ -175,7 +191,7 @@ case "$recipe" in
     # which would take more disk than the build itself.
     export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
     ensure_nextest; ensure_rust_components; ensure_python_test_deps; ensure_kafka_build_deps; ensure_tansu
-    ensure_cargo_deny
+    ensure_cargo_deny; ensure_otlp_receiver
     ensure_helm; ensure_chart_validators; ensure_containers; ensure_conformance_venv ;;
   conformance) ensure_nextest; ensure_kafka_build_deps; ensure_conformance_venv ;;
   images) ensure_kafka_build_deps; ensure_containers ;;

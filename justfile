@@ -32,8 +32,11 @@ clippy:
     cargo clippy --workspace --all-targets -- -D warnings
 
 # Licences, duplicate versions (each allowed one with its reason) and sources
-# of every dependency (deny.toml); offline.
+# of every dependency (deny.toml); offline, once every platform's crates are
+# fetched (cargo deny reads the whole graph, which a build for this platform
+# alone does not download).
 deny:
+    cargo fetch --locked --quiet
     cargo deny --offline check --deny warnings licenses bans sources
 
 # RustSec advisories for every dependency: fetches the advisory database

@@ -58,6 +58,7 @@ pub fn resync(replica: &Replica<'_>, events: Vec<pb::IndexEvent>) -> pb::IngestB
         engine_load: None,
         engine_cache: None,
         history_incomplete: false,
+        trace_context: std::collections::HashMap::new(),
     }
 }
 
@@ -73,4 +74,22 @@ pub async fn ingest(grpc: &str, batch: pb::IngestBatch) {
         .unwrap_or_else(|e| panic!("IngestEvents failed: {e}"))
         .into_inner();
     assert!(!ack.resync_required, "batch not applied: {ack:?}");
+}
+
+/// An observe-only `LookupRoute` for `tokens` in `tenant`'s `model` (vLLM
+/// hashing): asks who holds the prompt without counting a pick.
+pub fn token_lookup(tenant: &str, model: &str, tokens: Vec<u32>) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        scope: Some(pb::IndexScope {
+            tenant: tenant.into(),
+            model: model.into(),
+            hash_scheme: pb::HashScheme::Vllm as i32,
+            adapter: String::new(),
+        }),
+        key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+            ids: tokens,
+        })),
+        observe_only: true,
+        ..Default::default()
+    }
 }

@@ -20,6 +20,7 @@ pub mod conformance;
 pub mod engine;
 pub mod ext_proc;
 pub mod ingest;
+pub mod otlp;
 pub mod tls;
 
 /// Path of a workspace binary next to the running test (in `target/<profile>/`).

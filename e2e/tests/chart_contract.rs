@@ -137,6 +137,7 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
         index_server: flag("index-server"),
         index_server_audience: Some(flag("index-server-audience")),
         index_server_ca_pem: None,
+        subscriber_otlp_endpoint: None,
     };
     // The subscriber's token carries the audience the index server checks.
     let index = &find(&all, "Deployment", "inferencecache-index-server").unwrap()["spec"]["template"]

@@ -204,19 +204,7 @@ async fn index_matches(grpc_port: u16, http: SocketAddr, engines: &[Engine]) -> 
             continue;
         };
         let r = client
-            .lookup_route(pb::LookupRouteRequest {
-                scope: Some(pb::IndexScope {
-                    tenant: TENANT.into(),
-                    model: MODEL.into(),
-                    hash_scheme: pb::HashScheme::Vllm as i32,
-                    adapter: String::new(),
-                }),
-                key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
-                    ids: tokens,
-                })),
-                observe_only: true,
-                ..Default::default()
-            })
+            .lookup_route(ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens))
             .await
             .map_err(|e| e.to_string())?
             .into_inner();
@@ -481,19 +469,11 @@ async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_a
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let started = Instant::now();
                 client
-                    .lookup_route(pb::LookupRouteRequest {
-                        scope: Some(pb::IndexScope {
-                            tenant: TENANT.into(),
-                            model: MODEL.into(),
-                            hash_scheme: pb::HashScheme::Vllm as i32,
-                            adapter: String::new(),
-                        }),
-                        key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
-                            ids: (0..64 * BLOCK).collect(),
-                        })),
-                        observe_only: true,
-                        ..Default::default()
-                    })
+                    .lookup_route(ic_e2e::ingest::token_lookup(
+                        TENANT,
+                        MODEL,
+                        (0..64 * BLOCK).collect(),
+                    ))
                     .await
                     .unwrap_or_else(|e| panic!("a lookup failed during the flood: {e}"));
                 slowest = slowest.max(started.elapsed());

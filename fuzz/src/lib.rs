@@ -139,6 +139,7 @@ pub fn pod_review(data: &[u8]) {
         index_server_ca_pem: Some(
             "-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n".into(),
         ),
+        subscriber_otlp_endpoint: Some("http://$(HOST_IP):4317".into()),
     };
     let decision = runtime().block_on(ic_webhook::pod::mutate(&request, fixed_backends(), &config));
     let _ = decision.response.into_review();

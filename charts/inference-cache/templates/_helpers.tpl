@@ -140,6 +140,11 @@ topologySpreadConstraints:
 {{- define "ic.logArgs" -}}
 - --log-level={{ .Values.pods.logLevel }}
 - --log-format={{ .Values.pods.logFormat }}
+{{- with .Values.otlp.endpoint }}
+- --otlp-endpoint={{ . }}
+- --otlp-export-interval-seconds={{ $.Values.otlp.exportIntervalSeconds }}
+- --otlp-trace-ratio={{ $.Values.otlp.traceRatio }}
+{{- end }}
 {{- end -}}
 
 {{/* Liveness and readiness on an admin port name. */}}

@@ -33,6 +33,10 @@ pub struct InjectionConfig {
     /// subscriber inline (`IC_INDEX_SERVER_CA_PEM`): a pod cannot mount a
     /// Secret of the index server's namespace.
     pub index_server_ca_pem: Option<String>,
+    /// OTLP collector the subscriber exports traces and metrics to (its
+    /// `--otlp-endpoint`); `$(HOST_IP)` in it names the node, for a
+    /// collector agent on every node. `None`: the sidecar exports nothing.
+    pub subscriber_otlp_endpoint: Option<String>,
 }
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label

@@ -154,6 +154,10 @@ pub fn subscriber_container(
     if let Some(url) = &plan.engine_metrics_url {
         args.push(format!("--engine-metrics-url={url}"));
     }
+    let otlp = config.subscriber_otlp_endpoint.as_deref();
+    if let Some(endpoint) = otlp {
+        args.push(format!("--otlp-endpoint={endpoint}"));
+    }
     Container {
         name: SUBSCRIBER_CONTAINER.to_owned(),
         image: Some(image.to_owned()),
@@ -165,6 +169,10 @@ pub fn subscriber_container(
                 field_env("POD_NAMESPACE", "metadata.namespace"),
                 field_env("POD_IP", "status.podIP"),
             ];
+            if otlp.is_some() {
+                // Kubernetes expands $(HOST_IP) in args from this variable.
+                env.push(field_env("HOST_IP", "status.hostIP"));
+            }
             if let Some(pem) = config.index_server_ca_pem.as_deref() {
                 env.push(EnvVar {
                     name: "IC_INDEX_SERVER_CA_PEM".to_owned(),

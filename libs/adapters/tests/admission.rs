@@ -856,3 +856,54 @@ fn an_https_index_server_hands_the_subscriber_its_ca_inline_and_only_the_subscri
         .unwrap();
     assert_eq!(ca_env(sub), None);
 }
+
+#[test]
+fn a_configured_collector_reaches_the_subscriber_with_the_nodes_address() {
+    let engine = engine_pod(json!({"args": ["--model", "m"]}));
+    let b = backend("cb", json!({}));
+    let traced = InjectionConfig {
+        subscriber_otlp_endpoint: Some("http://$(HOST_IP):4317".into()),
+        ..config()
+    };
+    let a = admit_pod(&engine, std::slice::from_ref(&b), &traced);
+    assert!(subscriber_args(&a).contains(&"--otlp-endpoint=http://$(HOST_IP):4317".into()));
+    let spec = a.pod.spec.as_ref().unwrap();
+    let sub = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .unwrap();
+    let host_ip = sub
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "HOST_IP")
+        .unwrap();
+    let field = host_ip
+        .value_from
+        .as_ref()
+        .unwrap()
+        .field_ref
+        .as_ref()
+        .unwrap();
+    assert_eq!(field.field_path, "status.hostIP");
+    assert!(
+        spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .all(|e| e.name != "HOST_IP"),
+        "the engine is untouched"
+    );
+    // Admitting again is a no-op; without a collector nothing is added.
+    assert_eq!(
+        admit_pod(&a.pod, std::slice::from_ref(&b), &traced).pod,
+        a.pod
+    );
+    let plain = admit_pod(&engine, std::slice::from_ref(&b), &config());
+    assert!(
+        !subscriber_args(&plain)
+            .iter()
+            .any(|a| a.starts_with("--otlp-endpoint"))
+    );
+}

@@ -68,6 +68,7 @@ pub enum AdminError {
 pub struct AdminServer {
     listener: AdminListener,
     router: Router,
+    metrics: MetricsRegistry,
 }
 
 #[derive(Debug)]
@@ -103,7 +104,8 @@ impl AdminServer {
             .map_err(|source| AdminError::Bind { addr, source })?;
         Ok(Self {
             listener: AdminListener::Plain(listener),
-            router: router(health, metrics).merge(extra),
+            router: router(health, metrics.clone()).merge(extra),
+            metrics,
         })
     }
 
@@ -120,7 +122,8 @@ impl AdminServer {
             .map_err(|source| AdminError::Bind { addr, source })?;
         Ok(Self {
             listener: AdminListener::Serving(listener),
-            router: router(health, metrics).merge(extra),
+            router: router(health, metrics.clone()).merge(extra),
+            metrics,
         })
     }
 
@@ -132,9 +135,16 @@ impl AdminServer {
         }
     }
 
-    /// Serves until `shutdown` is cancelled, then finishes in-flight requests.
+    /// Serves until `shutdown` is cancelled, then finishes in-flight
+    /// requests. With `--otlp-endpoint` set, the same metrics are also
+    /// pushed over OTLP for as long.
     pub async fn serve(self, shutdown: CancellationToken) -> Result<(), AdminError> {
         let addr = self.local_addr().map_err(AdminError::Serve)?;
+        let metrics = self.metrics.clone();
+        crate::otel::push::spawn(
+            std::sync::Arc::new(move || metrics.encode()),
+            shutdown.clone(),
+        );
         tracing::info!(%addr, "admin server listening");
         crate::listening::listening("admin", addr);
         match self.listener {

@@ -12,6 +12,7 @@ pub mod idle;
 pub mod listening;
 pub mod logging;
 pub mod metrics;
+pub mod otel;
 pub mod process;
 pub mod process_metrics;
 pub mod serving;

@@ -2,7 +2,7 @@
 //! tracing subscriber they configure.
 
 use clap::{Args, ValueEnum};
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing_subscriber::{EnvFilter, Layer as _, fmt, prelude::*};
 
 /// How log lines are rendered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -14,7 +14,8 @@ pub enum LogFormat {
     Plain,
 }
 
-/// Logging flags shared by every binary (flatten into the binary's own args).
+/// Logging and telemetry-export flags shared by every binary (flatten into
+/// the binary's own args).
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
     /// Log filter: a level (`info`, `debug`, …) or a full `tracing` directive
@@ -31,44 +32,62 @@ pub struct LogArgs {
     /// (for supervisors and tests that bind port 0).
     #[arg(long, env = "IC_LISTEN_REPORT", global = true)]
     pub listen_report: Option<std::path::PathBuf>,
+
+    /// OTLP export (`--otlp-endpoint` and its limits).
+    #[command(flatten)]
+    pub otlp: crate::otel::OtlpArgs,
 }
 
-/// The `--log-level` value could not be parsed as a tracing filter.
+/// The logging or export flags could not be used.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid --log-level {value:?}: {source}")]
-pub struct LogInitError {
-    value: String,
-    #[source]
-    source: tracing_subscriber::filter::ParseError,
+pub enum LogInitError {
+    /// `--log-level` is not a tracing filter.
+    #[error("invalid --log-level {value:?}: {source}")]
+    Level {
+        /// What was given.
+        value: String,
+        /// Why it does not parse.
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// The OTLP pipeline could not be built.
+    #[error(transparent)]
+    Otlp(#[from] crate::otel::InstallError),
 }
 
 impl LogArgs {
-    /// Installs the global tracing subscriber. Logs go to stderr so stdout stays
-    /// free for command output (tables, JSON) in the CLI tools.
-    pub fn init(&self) -> Result<(), LogInitError> {
+    /// Installs the global tracing subscriber, and the OTLP pipeline of
+    /// `service` (the binary's name) when `--otlp-endpoint` is set (which
+    /// needs the tokio runtime). Logs go to stderr so stdout stays free for
+    /// command output (tables, JSON) in the CLI tools.
+    pub fn init(&self, service: &str) -> Result<(), LogInitError> {
         if let Some(path) = &self.listen_report {
             crate::listening::report_to(path.clone());
         }
-        let filter = EnvFilter::try_new(&self.log_level).map_err(|source| LogInitError {
+        let filter = EnvFilter::try_new(&self.log_level).map_err(|source| LogInitError::Level {
             value: self.log_level.clone(),
             source,
         })?;
-        let registry = tracing_subscriber::registry().with(filter);
-        // A second init (tests that run several services in one process) is harmless.
-        let _ = match self.log_format {
-            LogFormat::Json => registry
-                .with(
-                    fmt::layer()
-                        .json()
-                        .flatten_event(false)
-                        .with_current_span(false)
-                        .with_writer(std::io::stderr),
-                )
-                .try_init(),
-            LogFormat::Plain => registry
-                .with(fmt::layer().with_writer(std::io::stderr))
-                .try_init(),
+        crate::otel::install(service, &self.otlp)?;
+        // The log filter applies to log lines only: the OTLP layer has its own.
+        let fmt_layer = match self.log_format {
+            LogFormat::Json => fmt::layer()
+                .json()
+                .flatten_event(false)
+                .with_current_span(false)
+                .with_writer(std::io::stderr)
+                .with_filter(filter)
+                .boxed(),
+            LogFormat::Plain => fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter)
+                .boxed(),
         };
+        // A second init (tests that run several services in one process) is harmless.
+        let _ = tracing_subscriber::registry()
+            .with(fmt_layer)
+            .with(crate::otel::layer())
+            .try_init();
         Ok(())
     }
 }
@@ -83,8 +102,9 @@ mod tests {
             log_level: "info,=[".into(),
             log_format: LogFormat::Plain,
             listen_report: None,
+            otlp: crate::otel::OtlpArgs::default(),
         };
-        let err = args.init().unwrap_err();
+        let err = args.init("ic-test").unwrap_err();
         assert!(err.to_string().contains("--log-level"), "{err}");
     }
 }

@@ -35,6 +35,7 @@ impl MetricsRegistry {
             "Build information of the running binary",
             build_info,
         );
+        crate::otel::register(&mut registry);
         Self {
             inner: Arc::new(RwLock::new(registry)),
         }

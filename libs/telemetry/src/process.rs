@@ -20,17 +20,17 @@ pub fn check_args_requested() -> bool {
     std::env::var(CHECK_ARGS_ENV).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
 }
 
-/// Initialises logging from `log`, installs the SIGTERM/SIGINT handlers, runs
+/// Initialises logging (and OTLP export) of binary `name` from `log`, installs the SIGTERM/SIGINT handlers, runs
 /// the service and maps its outcome to an exit code: 0 after a clean
 /// shutdown, 1 when the service failed, 2 for unusable logging flags. With
 /// [`CHECK_ARGS_ENV`] set it only checks the logging flags and returns 0.
-pub async fn run_service<F, Fut, E>(log: &LogArgs, service: F) -> ExitCode
+pub async fn run_service<F, Fut, E>(name: &str, log: &LogArgs, service: F) -> ExitCode
 where
     F: FnOnce(CancellationToken) -> Fut,
     Fut: Future<Output = Result<(), E>>,
     E: Display,
 {
-    if let Err(error) = log.init() {
+    if let Err(error) = log.init(name) {
         eprintln!("{error}");
         return ExitCode::from(2);
     }
@@ -45,7 +45,11 @@ where
             return ExitCode::FAILURE;
         }
     };
-    match service(shutdown).await {
+    let outcome = service(shutdown).await;
+    // Spans still queued and a last metrics push, bounded so a dead
+    // collector cannot hold up the exit.
+    crate::otel::shutdown(std::time::Duration::from_secs(5)).await;
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // `{:#}` prints an anyhow error with its whole cause chain.

@@ -385,7 +385,7 @@ pub async fn reconcile(
     result
 }
 
-#[tracing::instrument(skip_all, fields(ns = backend.namespace().unwrap_or_default(), name = %backend.name_any()))]
+#[tracing::instrument(name = "reconcile", skip_all, fields(controller = CONTROLLER, ns = backend.namespace().unwrap_or_default(), name = %backend.name_any()))]
 async fn reconcile_inner(
     backend: &CacheBackend,
     ctx: &BackendContext,

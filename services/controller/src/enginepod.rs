@@ -101,6 +101,7 @@ pub async fn reconcile(pod: Arc<Pod>, ctx: Arc<PodEventsContext>) -> Result<Acti
     result
 }
 
+#[tracing::instrument(name = "reconcile", level = "debug", skip_all, fields(controller = CONTROLLER, ns = pod.metadata.namespace.as_deref().unwrap_or_default(), name = pod.metadata.name.as_deref().unwrap_or_default()))]
 async fn reconcile_inner(pod: &Pod, ctx: &PodEventsContext) -> Result<Action, kube::Error> {
     let annotations = pod.metadata.annotations.as_ref();
     let live_uid = match observe::injected_by(annotations) {

@@ -18,5 +18,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let Args { log, config } = Args::parse();
-    ic_telemetry::run_service(&log, |shutdown| ic_controller::run(config, shutdown)).await
+    ic_telemetry::run_service(ic_controller::BINARY, &log, |shutdown| {
+        ic_controller::run(config, shutdown)
+    })
+    .await
 }

@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
 
 use ic_api::cachepolicy::{CachePolicy, CachePolicySpec, CachePolicyStatus};
 use ic_api::consts::{conditions as types, reasons};
@@ -153,6 +154,7 @@ impl PolicyPusher {
                 .ok_or_else(|| fail(format!("{}: not a token", path.display())))?;
             request.metadata_mut().insert("authorization", value);
         }
+        ic_telemetry::otel::inject_metadata(&tracing::Span::current(), request.metadata_mut());
         client
             .set_policies(request)
             .await
@@ -164,7 +166,8 @@ impl PolicyPusher {
     /// statuses (Pushed=False) and is returned as the error.
     pub async fn sync_once(&self) -> Result<usize, PolicyError> {
         let started = Instant::now();
-        let result = self.sync_inner().await;
+        let span = tracing::debug_span!("push_policies", controller = CONTROLLER);
+        let result = self.sync_inner().instrument(span).await;
         self.metrics
             .pass(CONTROLLER, started, &result, |e| match e {
                 PolicyError::Kube(k) => kubeutil::reason(k),

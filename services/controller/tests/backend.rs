@@ -529,3 +529,28 @@ async fn one_events_only_reconcile_makes_only_its_writes() {
     );
     assert!(status.body["status"].get("endpoint").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_reconcile_is_a_span_when_export_is_on() {
+    let receiver = ic_e2e::otlp::Receiver::start();
+    common::export_to(&receiver);
+    let story = Story::new("", "/nonexistent".into());
+    story.fake.insert(&managed_backend());
+    story.reconcile().await;
+    // What run_service does at exit: export what is queued.
+    ic_telemetry::otel::shutdown(Duration::from_secs(10)).await;
+    let span = receiver.wait_for("the reconcile span", Duration::from_secs(30), |r| {
+        r["service"] == "ic-controller" && r["name"] == "reconcile"
+    });
+    assert_eq!(
+        span["attributes"]["controller"],
+        backend::CONTROLLER,
+        "{span}"
+    );
+    assert_eq!(span["attributes"]["ns"], NS, "{span}");
+    assert_eq!(span["attributes"]["name"], "cache", "{span}");
+    assert_eq!(
+        span["parent_span_id"], "",
+        "a reconcile starts its trace: {span}"
+    );
+}

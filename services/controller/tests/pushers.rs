@@ -61,6 +61,24 @@ async fn lookup(server: &common::IndexServer) -> pb::LookupRouteResponse {
         .into_inner()
 }
 
+/// A policy pusher reading `watched` and pushing anonymously to `server`.
+fn policy_pusher(
+    fake: &FakeApi,
+    watched: &common::Watched,
+    metrics: &Metrics,
+    server: &common::IndexServer,
+) -> PolicyPusher {
+    PolicyPusher {
+        client: fake.client(),
+        index_grpc: server.grpc_url(),
+        token_path: None,
+        ca_path: None,
+        metrics: metrics.clone(),
+        clock: common::clock(),
+        stores: watched.stores.clone(),
+    }
+}
+
 fn condition<'a>(
     conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     t: &str,
@@ -82,15 +100,7 @@ async fn policies_reach_the_index_server_and_report_back() {
     fake.insert(&policy("team-a", "later", 20, 0));
     let (_registry, metrics) = common::metrics();
     let watched = common::watched(&fake, &metrics).await;
-    let pusher = PolicyPusher {
-        client: fake.client(),
-        index_grpc: server.grpc_url(),
-        token_path: None,
-        ca_path: None,
-        metrics: metrics.clone(),
-        clock: common::clock(),
-        stores: watched.stores.clone(),
-    };
+    let pusher = policy_pusher(&fake, &watched, &metrics, &server);
     watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
@@ -384,15 +394,7 @@ async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "controller-secret\n").unwrap();
-    let anonymous = PolicyPusher {
-        client: fake.client(),
-        index_grpc: server.grpc_url(),
-        token_path: None,
-        ca_path: None,
-        metrics: metrics.clone(),
-        clock: common::clock(),
-        stores: watched.stores.clone(),
-    };
+    let anonymous = policy_pusher(&fake, &watched, &metrics, &server);
     let refused = anonymous.sync_once().await.unwrap_err().to_string();
     assert!(refused.contains("missing bearer token"), "{refused}");
     let pusher = PolicyPusher {
@@ -415,4 +417,31 @@ async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
     assert!(refused.contains("401"), "{refused}");
     poller.token_path = Some(token);
     poller.scrape().await.unwrap();
+}
+
+/// The policy push is one trace across the two processes: the controller's
+/// `push_policies` span is the parent of the index server's `SetPolicies`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_push_is_traced_into_the_index_server() {
+    let receiver = ic_e2e::otlp::Receiver::start();
+    let endpoint = receiver.endpoint();
+    common::export_to(&receiver);
+    let server = common::IndexServer::start_with(&["--otlp-endpoint", &endpoint]);
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 64));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    let pusher = policy_pusher(&fake, &watched, &metrics, &server);
+    watched.settle(&fake).await;
+    assert_eq!(pusher.sync_once().await.unwrap(), 1);
+    ic_telemetry::otel::shutdown(std::time::Duration::from_secs(10)).await;
+    let wait = std::time::Duration::from_secs(30);
+    let push = receiver.wait_for("the controller's push span", wait, |r| {
+        r["service"] == "ic-controller" && r["name"] == "push_policies"
+    });
+    let applied = receiver.wait_for("the index server's SetPolicies span", wait, |r| {
+        r["service"] == "ic-index-server" && r["name"] == "SetPolicies"
+    });
+    assert_eq!(applied["trace_id"], push["trace_id"], "{applied}");
+    assert_eq!(applied["parent_span_id"], push["span_id"], "{applied}");
 }

@@ -335,6 +335,15 @@ pub async fn start_with(
     ic_telemetry::listening::listening("admin", addr);
     let access = operator_access(config).await?;
     tracing::info!(mode = access.mode(), "operator endpoint access");
+    if !app.settings.disable_metrics {
+        // Like LMCache's coordinator: with --otlp-endpoint the metrics are
+        // pushed (and /metrics answers 404).
+        let source = app.clone();
+        ic_telemetry::otel::push::spawn(
+            Arc::new(move || http::metrics_text(&source)),
+            shutdown.clone(),
+        );
+    }
     let task = tokio::spawn(serve(
         app.clone(),
         listener,

@@ -31,10 +31,13 @@ async fn main() -> ExitCode {
     } = Args::parse();
     match command {
         None => {
-            ic_telemetry::run_service(&log, |shutdown| ic_coordinator::run(config, shutdown)).await
+            ic_telemetry::run_service(ic_coordinator::BINARY, &log, |shutdown| {
+                ic_coordinator::run(config, shutdown)
+            })
+            .await
         }
         Some(Command::Replay(args)) => {
-            ic_telemetry::run_service(&log, |_shutdown| async move {
+            ic_telemetry::run_service(ic_coordinator::BINARY, &log, |_shutdown| async move {
                 let report = ic_coordinator::replay::replay(&args).await?;
                 tracing::info!(
                     frames = report.frames,

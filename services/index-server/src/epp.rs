@@ -44,6 +44,7 @@ use ic_index::route::{RouteKey, RouteQuery, scope_tag};
 use ic_index::{HashScheme, ReplicaKey, Scope};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::grpc::IndexServer;
 use crate::openai::{self, InferenceRequest, MAX_BODY_BYTES, Prompt};
@@ -107,6 +108,9 @@ enum NoEndpoint {
 #[derive(Debug, Default)]
 struct Exchange {
     path: String,
+    /// The trace the pick's span joins: the gateway's ext_proc call (its
+    /// gRPC metadata) or else the client request's own headers.
+    trace_context: std::collections::HashMap<String, String>,
     subset: Option<Vec<String>>,
     mode: Option<BodySendMode>,
     body: Vec<u8>,
@@ -470,11 +474,22 @@ impl ExternalProcessor for EndpointPicker {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
+        let stream_context: std::collections::HashMap<String, String> =
+            ["traceparent", "tracestate"]
+                .into_iter()
+                .filter_map(|k| {
+                    let v = request.metadata().get(k)?.to_str().ok()?;
+                    Some((k.to_owned(), v.to_owned()))
+                })
+                .collect();
         let mut incoming = request.into_inner();
         let picker = self.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
         tokio::spawn(async move {
-            let mut ex = Exchange::default();
+            let mut ex = Exchange {
+                trace_context: stream_context,
+                ..Exchange::default()
+            };
             let mut in_flight = InFlight {
                 picker: picker.clone(),
                 replica_id: None,
@@ -562,11 +577,33 @@ impl EndpointPicker {
         body: Option<Vec<u8>>,
         in_flight: &mut InFlight,
     ) -> Result<Pick, ProcessingResponse> {
-        match self
+        let span = tracing::debug_span!(
+            "pick_endpoint",
+            otel.kind = "server",
+            path = %ex.path,
+            replica = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        ic_telemetry::otel::adopt(
+            &span,
+            ic_telemetry::otel::parent_from_map(&ex.trace_context),
+        );
+        let decided = self
             .decide_off_thread(ex.path.clone(), body, ex.subset.clone())
-            .await
-        {
+            .instrument(span.clone())
+            .await;
+        span.record(
+            "outcome",
+            match &decided {
+                Ok(_) => "picked",
+                Err(NoEndpoint::Empty(_)) => "no_endpoint",
+                Err(NoEndpoint::Saturated(_)) => "saturated",
+            },
+        );
+        let _entered = span.enter();
+        match decided {
             Ok(pick) => {
+                span.record("replica", pick.replica_id.as_str());
                 in_flight.replica_id = Some(pick.replica_id.clone());
                 Ok(pick)
             }
@@ -590,6 +627,13 @@ impl EndpointPicker {
         in_flight: &mut InFlight,
     ) -> Vec<ProcessingResponse> {
         ex.path = header(h, ":path").unwrap_or_default();
+        if !ex.trace_context.contains_key("traceparent") {
+            for key in ["traceparent", "tracestate"] {
+                if let Some(value) = header(h, key) {
+                    ex.trace_context.insert(key.to_owned(), value);
+                }
+            }
+        }
         let by_headers = h.end_of_stream || ex.mode == Some(BodySendMode::Streamed);
         if by_headers {
             // No body will come in time: pick now, by load.

@@ -13,6 +13,7 @@ use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use parking_lot::RwLock;
 use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use crate::access::{ApiAccess, Caller};
 use crate::convert::scope_from_pb;
@@ -390,6 +391,70 @@ impl IndexService for IndexServer {
         &self,
         request: Request<pb::LookupRouteRequest>,
     ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        let scope = request.get_ref().scope.clone().unwrap_or_default();
+        let span = tracing::debug_span!(
+            "LookupRoute",
+            otel.kind = "server",
+            rpc.system = "grpc",
+            tenant = %scope.tenant,
+            model = %scope.model,
+            outcome = tracing::field::Empty,
+            best = tracing::field::Empty,
+            matched_blocks = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        ic_telemetry::otel::adopt(
+            &span,
+            ic_telemetry::otel::parent_from_metadata(request.metadata()),
+        );
+        let result = self
+            .lookup_route_checked(request)
+            .instrument(span.clone())
+            .await;
+        match &result {
+            Ok(response) => {
+                let r = response.get_ref();
+                span.record("outcome", r.outcome().as_str_name());
+                if let Some(best) = &r.best {
+                    span.record("matched_blocks", i64::from(best.matched_blocks));
+                    if let Some(replica) = &best.replica {
+                        span.record("best", replica.replica_id.as_str());
+                    }
+                }
+            }
+            Err(status) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("outcome", status.code().description());
+            }
+        }
+        result
+    }
+
+    async fn ingest_events(
+        &self,
+        request: Request<Streaming<pb::IngestBatch>>,
+    ) -> Result<Response<pb::IngestAck>, Status> {
+        self.ingest_stream(request).await
+    }
+
+    async fn set_policies(
+        &self,
+        request: Request<pb::SetPoliciesRequest>,
+    ) -> Result<Response<pb::SetPoliciesResponse>, Status> {
+        let span = tracing::debug_span!("SetPolicies", otel.kind = "server", rpc.system = "grpc");
+        ic_telemetry::otel::adopt(
+            &span,
+            ic_telemetry::otel::parent_from_metadata(request.metadata()),
+        );
+        self.replace_policies(request).instrument(span).await
+    }
+}
+
+impl IndexServer {
+    async fn lookup_route_checked(
+        &self,
+        request: Request<pb::LookupRouteRequest>,
+    ) -> Result<Response<pb::LookupRouteResponse>, Status> {
         let caller = self.caller(&request, "lookup").await?;
         if let Some(scope) = &request.get_ref().scope
             && !scope.tenant.is_empty()
@@ -422,7 +487,7 @@ impl IndexService for IndexServer {
         }
     }
 
-    async fn ingest_events(
+    async fn ingest_stream(
         &self,
         request: Request<Streaming<pb::IngestBatch>>,
     ) -> Result<Response<pb::IngestAck>, Status> {
@@ -460,6 +525,28 @@ impl IndexService for IndexServer {
                 )));
             };
             let Some(batch) = next? else { break };
+            // Only batches the subscriber traced (it sends a context with
+            // deltas and resyncs, not heartbeats) get a span here.
+            let span = if batch.trace_context.is_empty() {
+                tracing::Span::none()
+            } else {
+                let span = tracing::debug_span!(
+                    "ingest_batch",
+                    otel.kind = "consumer",
+                    replica = batch.replica.as_ref().map_or("", |r| r.replica_id.as_str()),
+                    seq = i64::try_from(batch.seq).unwrap_or(i64::MAX),
+                    events = i64::try_from(batch.events.len()).unwrap_or(i64::MAX),
+                    resync_begin = batch.resync_begin,
+                    resync_end = batch.resync_end,
+                    outcome = tracing::field::Empty,
+                );
+                ic_telemetry::otel::adopt(
+                    &span,
+                    ic_telemetry::otel::parent_from_map(&batch.trace_context),
+                );
+                span
+            };
+            let _entered = span.enter();
             let seq = batch.seq;
             let engine_load = batch.engine_load.zip(batch.replica.as_ref()).map(|(l, r)| {
                 (
@@ -496,7 +583,16 @@ impl IndexService for IndexServer {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
             })?;
-            match self.apply_step(step, ic_clock::unix_ms()) {
+            let applied = self.apply_step(step, ic_clock::unix_ms());
+            span.record(
+                "outcome",
+                match &applied {
+                    Ok(()) => "applied",
+                    Err(StepEnd::Resync(_)) => "resync_required",
+                    Err(StepEnd::Refused(..)) => "refused",
+                },
+            );
+            match applied {
                 Ok(()) => {}
                 Err(StepEnd::Resync(detail)) => {
                     self.metrics.ingest_batch("resync_required");
@@ -531,7 +627,7 @@ impl IndexService for IndexServer {
         }))
     }
 
-    async fn set_policies(
+    async fn replace_policies(
         &self,
         request: Request<pb::SetPoliciesRequest>,
     ) -> Result<Response<pb::SetPoliciesResponse>, Status> {

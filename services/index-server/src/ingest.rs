@@ -140,6 +140,7 @@ mod tests {
             engine_cache: None,
             history_incomplete: false,
             sent_at_unix_ms: 0,
+            trace_context: std::collections::HashMap::new(),
         }
     }
 

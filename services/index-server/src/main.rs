@@ -17,5 +17,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let Args { log, config } = Args::parse();
-    ic_telemetry::run_service(&log, |shutdown| ic_index_server::run(config, shutdown)).await
+    ic_telemetry::run_service(ic_index_server::BINARY, &log, |shutdown| {
+        ic_index_server::run(config, shutdown)
+    })
+    .await
 }

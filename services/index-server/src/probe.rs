@@ -235,6 +235,7 @@ impl Prober {
             engine_cache: None,
             history_incomplete: false,
             sent_at_unix_ms: now_ms,
+            trace_context: std::collections::HashMap::new(),
         };
         let step = match IngestStream::for_probe().accept(batch) {
             Ok(step) => step,

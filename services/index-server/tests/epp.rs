@@ -9,11 +9,11 @@
 
 use std::path::Path;
 
-use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, Metadata};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingRequest, ProcessingResponse, body_mutation,
-    external_processor_client::ExternalProcessorClient, processing_response,
+    external_processor_client::ExternalProcessorClient, processing_request, processing_response,
 };
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 use ic_e2e::ServiceProcess;
@@ -615,4 +615,48 @@ async fn adapter_and_salted_requests_go_to_their_own_caches() {
         "{metrics}"
     );
     assert!(picker.process.stop().success());
+}
+
+/// A gateway that traces its requests: the pick's span joins the client
+/// request's trace (its `traceparent` header), or the ext_proc call's own
+/// span when the gateway sends one in the stream's metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pick_joins_the_gateways_trace() {
+    let receiver = ic_e2e::otlp::Receiver::start();
+    let endpoint = receiver.endpoint();
+    let picker = start_with(&[
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-export-interval-seconds",
+        "1",
+    ]);
+    feed_holder(&picker.grpc).await;
+    let trace = "0af7651916cd43dd8448eb211c80319c";
+    let client_span = "b7ad6b7169203331";
+    let mut request = headers("/v1/chat/completions", false);
+    if let Some(processing_request::Request::RequestHeaders(h)) = &mut request.request {
+        h.headers.as_mut().unwrap().headers.push(HeaderValue {
+            key: "traceparent".into(),
+            raw_value: ic_e2e::otlp::traceparent(trace, client_span).into_bytes(),
+            ..HeaderValue::default()
+        });
+    }
+    let chat = serde_json::to_vec(&chat_body()).unwrap();
+    let r = exchange(
+        &picker.epp,
+        vec![
+            with_mode(request, BodySendMode::Buffered),
+            body(&chat, true),
+        ],
+        2,
+    )
+    .await;
+    assert_eq!(picked(&r[1]).as_deref(), Some(HOLDER));
+    let span = receiver.wait_for("the pick's span", std::time::Duration::from_secs(30), |r| {
+        r["service"] == "ic-index-server" && r["name"] == "pick_endpoint" && r["trace_id"] == trace
+    });
+    assert_eq!(span["parent_span_id"], client_span, "{span}");
+    assert_eq!(span["attributes"]["outcome"], "picked", "{span}");
+    assert_eq!(span["attributes"]["replica"], "engine-holder", "{span}");
+    assert_eq!(span["attributes"]["path"], "/v1/chat/completions", "{span}");
 }

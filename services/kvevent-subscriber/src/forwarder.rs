@@ -13,6 +13,7 @@ use ic_proto::index_v1 as pb;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::convert;
 use crate::metrics::Metrics;
@@ -220,6 +221,22 @@ async fn stream_once(
         }
         let incomplete = |rank: u32| ready.iter().any(|&(r, i)| r == rank && i);
         for item in work {
+            // One span per delta or resync, sampled like any root span; its
+            // context rides in each batch so the index server's span for
+            // the batch joins the same trace.
+            let (kind, rank, events) = match &item {
+                Outgoing::Resync { rank, snapshot } => ("resync", *rank, snapshot.len()),
+                Outgoing::Delta { rank, changes } => ("delta", *rank, changes.len()),
+            };
+            let span = tracing::debug_span!(
+                "forward_batch",
+                otel.kind = "producer",
+                kind,
+                dp_rank = i64::from(rank),
+                events = i64::try_from(events).unwrap_or(i64::MAX),
+                replica = %identity.replica_id,
+            );
+            let trace_context = ic_telemetry::otel::context_of(&span);
             let batches = match item {
                 Outgoing::Resync { rank, snapshot } => {
                     metrics.resyncs.inc();
@@ -265,12 +282,21 @@ async fn stream_once(
                     )]
                 }
             };
-            for batch in batches {
-                if tx.send(batch).await.is_err() {
-                    // The server ended the call; its answer says why.
-                    break 'pump;
+            let sent = async {
+                for mut batch in batches {
+                    batch.trace_context.clone_from(&trace_context);
+                    if tx.send(batch).await.is_err() {
+                        return false;
+                    }
+                    metrics.forwarded_batches.inc();
                 }
-                metrics.forwarded_batches.inc();
+                true
+            }
+            .instrument(span)
+            .await;
+            if !sent {
+                // The server ended the call; its answer says why.
+                break 'pump;
             }
         }
     }
@@ -331,6 +357,7 @@ fn build(
             kv_usage: l.kv_usage,
         }),
         history_incomplete,
+        trace_context: std::collections::HashMap::new(),
         // The pod's whole cache, once: on rank 0's rows.
         engine_cache: cache.filter(|_| rank == 0).map(|c| pb::EngineCache {
             memory_bytes: c.memory_bytes,

@@ -17,7 +17,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let Args { log, config } = Args::parse();
-    ic_telemetry::run_service(&log, |shutdown| {
+    ic_telemetry::run_service(ic_kvevent_subscriber::BINARY, &log, |shutdown| {
         ic_kvevent_subscriber::run(config, shutdown)
     })
     .await

@@ -142,6 +142,11 @@ pub struct Config {
     /// and pods admitted before it keep the old one until they restart).
     #[arg(long, env = "IC_INDEX_SERVER_CA_FILE")]
     pub index_server_ca_file: Option<PathBuf>,
+    /// OTLP collector the injected subscribers export to (their
+    /// --otlp-endpoint), e.g. `http://$(HOST_IP):4317` for a collector agent
+    /// on each node; unset, sidecars export nothing.
+    #[arg(long, env = "IC_SUBSCRIBER_OTLP_ENDPOINT")]
+    pub subscriber_otlp_endpoint: Option<String>,
     /// Kubeconfig to list CacheBackends with. Unset: the in-cluster service
     /// account, or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "IC_KUBECONFIG")]
@@ -318,6 +323,10 @@ async fn serve_admissions(
                 .clone()
                 .filter(|a| !a.trim().is_empty()),
             index_server_ca_pem,
+            subscriber_otlp_endpoint: config
+                .subscriber_otlp_endpoint
+                .clone()
+                .filter(|e| !e.trim().is_empty()),
         },
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),

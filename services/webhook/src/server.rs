@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
 
 use axum::Router;
 use axum::body::Body;
@@ -124,9 +125,22 @@ async fn mutate_pod(State(state): State<Arc<AppState>>, request: Request) -> Res
 /// Reads, decides, answers, and records the metrics, within the deadline.
 async fn admit(state: Arc<AppState>, kind: AdmissionKind, request: Request) -> Response {
     let started = Instant::now();
+    // The API server sends its trace context to webhooks when its tracing
+    // is on (APIServerTracing): the review joins the write's trace.
+    let span = tracing::debug_span!(
+        "admission",
+        otel.kind = "server",
+        kind = kind.label(),
+        result = tracing::field::Empty,
+        reason = tracing::field::Empty,
+    );
+    ic_telemetry::otel::adopt(
+        &span,
+        ic_telemetry::otel::parent_from_headers(request.headers()),
+    );
     let outcome = match tokio::time::timeout(
         state.request_timeout,
-        decide(&state, kind, request.into_body()),
+        decide(&state, kind, request.into_body()).instrument(span.clone()),
     )
     .await
     {
@@ -134,6 +148,8 @@ async fn admit(state: Arc<AppState>, kind: AdmissionKind, request: Request) -> R
         Err(_) => Err(RequestError::Timeout(state.request_timeout)),
     };
     let response = outcome.and_then(|decision| {
+        span.record("result", decision.result);
+        span.record("reason", decision.reason);
         state
             .metrics
             .admission(kind, decision.result, decision.reason);
@@ -149,6 +165,8 @@ async fn admit(state: Arc<AppState>, kind: AdmissionKind, request: Request) -> R
         )
             .into_response(),
         Err(error) => {
+            span.record("result", "error");
+            span.record("reason", error.label());
             state.metrics.rejected(error.label());
             state.metrics.admission(kind, "error", error.label());
             tracing::warn!(%error, kind = kind.label(), "admission request refused");

@@ -140,20 +140,28 @@ async fn hostile_input_gets_clean_errors_and_the_server_keeps_serving() {
     assert!(webhook.process.stop().success());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http2_is_negotiated_by_alpn() {
-    let api = FakeApi::default();
-    let api_addr = api.serve().await;
-    let mut webhook = Webhook::start(binary(), api_addr, &[]);
+/// An HTTP/2 connection to `webhook`, negotiated by ALPN.
+async fn h2_sender(
+    webhook: &Webhook,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>> {
     let tls = tls_connect(webhook.https, &connector(&webhook.ca.pem(), &[b"h2"])).await;
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+    let (sender, connection) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
         hyper_util::rt::TokioIo::new(tls),
     )
     .await
     .unwrap();
     tokio::spawn(connection);
+    sender
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_is_negotiated_by_alpn() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(binary(), api_addr, &[]);
+    let mut sender = h2_sender(&webhook).await;
     let review = fixture("cachebackend-create.json");
     let request = hyper::Request::post("https://localhost/mutate-cachebackend")
         .header("content-type", "application/json")
@@ -284,4 +292,52 @@ fn unreadable_certificate_fails_start_up() {
         logs.contains("--tls-cert") && logs.contains("missing.crt"),
         "{logs}"
     );
+}
+
+/// With tracing on, the API server sends webhooks its `traceparent`: the
+/// review's span continues the write's trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_joins_the_api_servers_trace() {
+    let receiver = ic_e2e::otlp::Receiver::start();
+    let endpoint = receiver.endpoint();
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &[
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-export-interval-seconds",
+            "1",
+        ],
+    );
+    let mut sender = h2_sender(&webhook).await;
+    let trace = "5b8aa5a2d2c872e8321cf37308d69df2";
+    let apiserver_span = "051581bf3cb55c13";
+    let request = hyper::Request::post("https://localhost/validate-cachebackend")
+        .header("content-type", "application/json")
+        .header(
+            "traceparent",
+            ic_e2e::otlp::traceparent(trace, apiserver_span),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            serde_json::to_vec(&fixture("cachebackend-create.json")).unwrap(),
+        )))
+        .unwrap();
+    assert_eq!(sender.send_request(request).await.unwrap().status(), 200);
+    let span = receiver.wait_for("the admission span", Duration::from_secs(30), |r| {
+        r["service"] == "ic-webhook" && r["name"] == "admission" && r["trace_id"] == trace
+    });
+    assert_eq!(span["parent_span_id"], apiserver_span, "{span}");
+    assert_eq!(span["kind"], 2, "SPAN_KIND_SERVER: {span}");
+    assert_eq!(
+        span["attributes"]["kind"], "cachebackend_validate",
+        "{span}"
+    );
+    assert_eq!(span["attributes"]["result"], "allowed", "{span}");
+    receiver.wait_for("the webhook's metrics", Duration::from_secs(30), |r| {
+        r["service"] == "ic-webhook" && r["name"] == "inferencecache_webhook_admissions"
+    });
+    assert!(webhook.process.stop().success());
 }

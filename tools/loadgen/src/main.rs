@@ -132,6 +132,7 @@ fn preload_batches(fleet: &Fleet, replica: u32) -> Vec<pb::IngestBatch> {
             engine_cache: None,
             history_incomplete: false,
             sent_at_unix_ms: 0,
+            trace_context: std::collections::HashMap::new(),
         })
         .collect()
 }

@@ -92,6 +92,7 @@ pub fn config() -> InjectionConfig {
         index_server: "http://ic-index-server.inferencecache-system:9090".into(),
         index_server_audience: Some("inferencecache".into()),
         index_server_ca_pem: None,
+        subscriber_otlp_endpoint: None,
     }
 }
 

@@ -263,3 +263,18 @@ impl Watched {
         panic!("the watch-fed stores did not catch up with the fake API server in 5 s");
     }
 }
+
+/// Turns on OTLP export in this test process (nextest runs each test in a
+/// process of its own), as `--otlp-endpoint` does in the binary.
+pub fn export_to(receiver: &ic_e2e::otlp::Receiver) {
+    let args = ic_telemetry::LogArgs {
+        log_level: "warn".into(),
+        log_format: ic_telemetry::LogFormat::Plain,
+        listen_report: None,
+        otlp: ic_telemetry::otel::OtlpArgs {
+            otlp_endpoint: Some(receiver.endpoint()),
+            ..ic_telemetry::otel::OtlpArgs::default()
+        },
+    };
+    args.init("ic-controller").unwrap();
+}

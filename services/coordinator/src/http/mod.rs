@@ -140,10 +140,9 @@ async fn method_not_allowed() -> Response {
 }
 
 async fn metrics(State(app): State<App>, headers: axum::http::HeaderMap) -> Response {
-    if app.settings.disable_metrics {
+    if app.settings.disable_metrics || ic_telemetry::otel::enabled() {
         return not_found().await;
     }
-    refresh_gauges(&app);
     // Prometheus asks for OpenMetrics; other clients get the reference's
     // text/plain type (the body parses as either).
     let openmetrics = headers
@@ -155,7 +154,14 @@ async fn metrics(State(app): State<App>, headers: axum::http::HeaderMap) -> Resp
     } else {
         "text/plain; version=0.0.4; charset=utf-8"
     };
-    ([(header::CONTENT_TYPE, content_type)], app.metrics.render()).into_response()
+    ([(header::CONTENT_TYPE, content_type)], metrics_text(&app)).into_response()
+}
+
+/// The exposition, with the scrape-time gauges set first (what `/metrics`
+/// serves and what OTLP pushes).
+pub(crate) fn metrics_text(app: &App) -> String {
+    refresh_gauges(app);
+    app.metrics.render()
 }
 
 /// Sets scrape-time gauges from counters the views keep; per-instance
