@@ -416,10 +416,11 @@ fn memory_parts(http: SocketAddr) -> String {
 async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_answer() {
     use ic_e2e::ingest::{Replica, ingest, resync, stored};
     const CAPACITY: u64 = 100_000;
-    // Ten engines, each streaming a hundred batches of a thousand new blocks.
+    // Ten engines, each streaming 200 k new blocks (a hundred batches of 2 k).
     const FLOOD_REPLICAS: u64 = 10;
     const BATCHES: u64 = 100;
     const PER_BATCH: u64 = 2_000;
+    const RESYNC_BEYOND_CAPACITY: u64 = CAPACITY + CAPACITY / 5;
     let port = free_port();
     let capacity = CAPACITY.to_string();
     let mut server = index_server(port, &["--capacity-entries", &capacity]);
@@ -488,28 +489,42 @@ async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_a
     for r in 0..FLOOD_REPLICAS {
         let id = format!("flood-{r}");
         let all = fingerprints(r, BATCHES * PER_BATCH);
-        let batches: Vec<pb::IngestBatch> = all
-            .chunks(PER_BATCH as usize)
+        // Each stream opens with a resync, the rest deltas. The first
+        // stream's resync is larger than the whole index (in batches of
+        // 20 k); the others' is one batch.
+        let (resync_blocks, resync_batch) = if r == 0 {
+            (RESYNC_BEYOND_CAPACITY, 20_000)
+        } else {
+            (PER_BATCH, PER_BATCH)
+        };
+        let (opening, rest) = all.split_at(resync_blocks as usize);
+        let chunks: Vec<&[u64]> = opening
+            .chunks(resync_batch as usize)
+            .chain(rest.chunks(PER_BATCH as usize))
+            .collect();
+        let resync_batches = resync_blocks.div_ceil(resync_batch);
+        let batches: Vec<pb::IngestBatch> = chunks
+            .iter()
             .zip(1u64..)
             .map(|(chunk, seq)| {
                 let mut batch = resync(
                     &replica(&id),
                     vec![stored(chunk.to_vec(), BLOCK, pb::Tier::T1)],
                 );
-                // The first batch is the stream's resync, the rest deltas.
                 batch.seq = seq;
                 batch.resync_begin = seq == 1;
-                batch.resync_end = seq == 1;
+                batch.resync_end = seq == resync_batches;
                 batch
             })
             .collect();
+        let sent = batches.len() as u64;
         let ack = client
             .ingest_events(futures::stream::iter(batches))
             .await
             .unwrap_or_else(|e| panic!("IngestEvents of {id} failed: {e}"))
             .into_inner();
         assert!(
-            !ack.resync_required && ack.last_applied_seq == BATCHES,
+            !ack.resync_required && ack.last_applied_seq == sent,
             "{id}: {ack:?}"
         );
     }
@@ -536,7 +551,7 @@ async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_a
     figure(
         "flood into a bounded index",
         format!(
-            "{} blocks ({FLOOD_REPLICAS} streams x {BATCHES} batches of {PER_BATCH}) into {CAPACITY} entries in {} ms; index memory {full_bytes} B full, {flooded_bytes} B after ({:.1} %); RSS {:.1} MiB -> {:.1} MiB; {answered} lookups answered meanwhile, slowest {} ms",
+            "{} blocks ({FLOOD_REPLICAS} streams of {BATCHES} x {PER_BATCH}, one opening with a {RESYNC_BEYOND_CAPACITY}-block resync) into {CAPACITY} entries in {} ms; index memory {full_bytes} B full, {flooded_bytes} B after ({:.1} %); RSS {:.1} MiB -> {:.1} MiB; {answered} lookups answered meanwhile, slowest {} ms",
             FLOOD_REPLICAS * BATCHES * PER_BATCH,
             flood_took.as_millis(),
             (flooded_bytes / full_bytes - 1.0) * 100.0,

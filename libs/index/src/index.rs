@@ -515,15 +515,17 @@ impl Index {
                         let mut reg = self.registry.write();
                         reg.block_sizes.insert(scope, *block_size);
                     }
-                    self.store_chain(
-                        writer,
-                        scope,
-                        idx,
-                        *start_depth,
-                        fingerprints,
-                        *tier,
-                        &mut errors,
-                    );
+                    // In chunks, evicting between them: a batch (or a
+                    // resync) larger than the room left never takes the
+                    // index past capacity by more than one chunk, so the
+                    // key tables do not grow for a moment's excess.
+                    let chunk = usize::try_from(writer.epoch_size).unwrap_or(usize::MAX);
+                    let mut depth = *start_depth;
+                    for part in fingerprints.chunks(chunk.max(1)) {
+                        self.store_chain(writer, scope, idx, depth, part, *tier, &mut errors);
+                        self.evict_excess(writer);
+                        depth = depth.saturating_add(u32::try_from(part.len()).unwrap_or(u32::MAX));
+                    }
                 }
                 Change::Evicted { fingerprints } => {
                     let blocks: Vec<Block> = fingerprints
@@ -686,11 +688,16 @@ impl Index {
     /// Evicts beyond capacity, then lets the store reclaim emptied and
     /// sparse pages.
     fn enforce_capacity(&self, writer: &mut Writer) {
+        self.evict_excess(writer);
+        self.store.compact();
+    }
+
+    /// Evicts beyond capacity.
+    fn evict_excess(&self, writer: &mut Writer) {
         if self.len() > self.config.capacity_entries {
             let excess = self.len() - self.config.capacity_entries;
             self.evict_oldest(writer, excess);
         }
-        self.store.compact();
     }
 
     /// Evicts whole epochs, oldest first, until at least `at_least` entries

@@ -172,6 +172,16 @@ pub enum Step {
     Refused(Limit, String),
 }
 
+impl Step {
+    /// Blocks the step applies (its cost to the index).
+    pub fn weight(&self) -> u64 {
+        match self {
+            Self::Apply { changes, .. } | Self::Replace { changes, .. } => weight(changes),
+            Self::Buffered | Self::ResyncRequired(_) | Self::Refused(..) => 0,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct RankStream {
     incarnation: u64,

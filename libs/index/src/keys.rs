@@ -29,6 +29,9 @@ use crate::prefetch::prefetch;
 
 const MAX_LOAD_NUM: usize = 9;
 const MAX_LOAD_DEN: usize = 10;
+/// Below this load a table is rebuilt smaller (at 72%, like a grown one).
+const SHRINK_LOAD_NUM: usize = 3;
+const SHRINK_LOAD_DEN: usize = 5;
 /// Slots per bucket: ten 2-byte tags and ten 4-byte ids, plus a 2-byte
 /// mask, fill a 64-byte line.
 const BUCKET_SLOTS: usize = 10;
@@ -349,7 +352,7 @@ impl KeyTable {
             return;
         }
         if self.buckets.len() > MIN_BUCKETS
-            && self.len * MAX_LOAD_DEN * 4 < self.capacity() * MAX_LOAD_NUM
+            && self.len * SHRINK_LOAD_DEN < self.capacity() * SHRINK_LOAD_NUM
         {
             self.rebuild(buckets_for(self.len));
         }

@@ -136,3 +136,68 @@ fn every_degree_of_sharing_stays_within_24_bytes_per_entry() {
         assert!(bytes <= 24.0, "{holders} holders: {bytes:.1} B per entry");
     }
 }
+
+/// Distinct, well-spread fingerprints: splitmix64 of (stream, position).
+fn spread(stream: u64, i: u64) -> u64 {
+    let mut z = (stream << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn chain(stream: u64, from: u64, n: u64) -> Vec<Change> {
+    vec![Change::Stored {
+        start_depth: 0,
+        fingerprints: (from..from + n).map(|i| spread(stream, i)).collect(),
+        block_size: 16,
+        tier: Tier::T1,
+    }]
+}
+
+#[test]
+fn a_flood_and_a_resync_beyond_capacity_stay_within_a_tenth_of_a_full_index() {
+    const CAPACITY: u64 = 50_000;
+    const PER_BATCH: u64 = 1_000;
+    let region = Region::new(GLOBAL);
+    let index = Index::new(IndexConfig {
+        capacity_entries: CAPACITY,
+        shards: 32,
+    });
+    let s = scope("flood");
+    index.replace(
+        &replica("flood", 1000),
+        &s,
+        "a",
+        &chain(1000, 0, CAPACITY),
+        1,
+    );
+    let full = assert_close(&index, &region, "merely full").total();
+    let budget = full + full / 10;
+    let mut peak = 0;
+    // Ten engines flood ten times the capacity; each opens with a resync
+    // larger than the whole index, then streams new blocks.
+    for r in 0..10 {
+        let resync = CAPACITY + CAPACITY / 5;
+        index.replace(&replica("flood", r), &s, "a", &chain(r, 0, resync), 1);
+        assert!(index.len() <= CAPACITY, "{} entries", index.len());
+        peak = peak.max(index.memory().total());
+        let mut from = resync;
+        while from < resync + CAPACITY {
+            index.apply(&replica("flood", r), &s, "a", &chain(r, from, PER_BATCH), 1);
+            from += PER_BATCH;
+            peak = peak.max(index.memory().total());
+        }
+        // An eviction pass takes whole epochs, at least an eighth.
+        assert!(
+            (CAPACITY * 7 / 8..=CAPACITY).contains(&index.len()),
+            "{}",
+            index.len()
+        );
+    }
+    let after = assert_close(&index, &region, "after the flood").total();
+    assert!(index.capacity_evictions() >= 10 * CAPACITY);
+    assert!(
+        peak <= budget && after <= budget,
+        "full {full} B, peak {peak} B, after {after} B: over {budget} B"
+    );
+}

@@ -23,6 +23,9 @@ use crate::policy::Policies;
 use crate::routing::Routing;
 use crate::tokenize::{EncodeError, Tokenizers};
 
+/// Ingest steps of more blocks than this run on the blocking pool.
+const BLOCKING_STEP_BLOCKS: u64 = 4096;
+
 /// Largest prompt accepted, in blocks or tokens.
 pub const MAX_PROMPT_BLOCKS: usize = 1 << 16;
 /// Largest prompt accepted as token ids.
@@ -583,7 +586,17 @@ impl IndexServer {
                 self.metrics.ingest_batch("invalid");
                 Status::invalid_argument(e.0)
             })?;
-            let applied = self.apply_step(step, ic_clock::unix_ms());
+            let applied = if step.weight() > BLOCKING_STEP_BLOCKS {
+                // A resync or a large batch is milliseconds of CPU: off the
+                // runtime's I/O threads, so that lookups sharing a worker
+                // are not held behind it.
+                let server = self.clone();
+                tokio::task::spawn_blocking(move || server.apply_step(step, ic_clock::unix_ms()))
+                    .await
+                    .map_err(|e| Status::internal(format!("ingest task failed: {e}")))?
+            } else {
+                self.apply_step(step, ic_clock::unix_ms())
+            };
             span.record(
                 "outcome",
                 match &applied {
