@@ -1,13 +1,17 @@
 //! Bearer tokens checked the Kubernetes way: a TokenReview against an
 //! audience (accepted answers cached for a minute by token digest), plus the
 //! helpers every server that takes bearer tokens shares (header parsing,
-//! constant-time comparison of a static token). The index server builds its
-//! API and `/probe` rules on it, the coordinator its operator endpoints'.
+//! constant-time comparison of a static token), and SubjectAccessReviews
+//! with their answers cached ([`AccessReviewer`]). The index server builds
+//! its API and `/probe` rules on it, the coordinator its operator endpoints'.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -16,16 +20,18 @@ use sha2::{Digest, Sha256};
 const REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
 /// Most cached review results (cleared wholesale beyond it).
 const REVIEW_CACHE_MAX: usize = 1024;
+/// How long a SubjectAccessReview's answer (either way) is reused.
+const DECISION_TTL: Duration = Duration::from_secs(60);
+/// Most cached access decisions (cleared wholesale beyond it).
+const DECISION_CACHE_MAX: usize = 4096;
 
 /// Why a request was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
-    /// Neither a static token nor an audience is configured.
-    #[error(
-        "/probe is disabled: start the index server with --probe-audience (in a cluster) or \
-         --probe-static-token (local)"
-    )]
-    Disabled,
+    /// Neither a static token nor an audience is configured; the text
+    /// names the flags that would enable the endpoint.
+    #[error("{0}")]
+    Disabled(&'static str),
     /// No `Authorization: Bearer` header.
     #[error("missing bearer token: send 'Authorization: Bearer <token>'")]
     Missing,
@@ -41,7 +47,7 @@ impl AuthError {
     /// Label for the refusal metric.
     pub fn reason(&self) -> &'static str {
         match self {
-            AuthError::Disabled => "disabled",
+            AuthError::Disabled(_) => "disabled",
             AuthError::Missing => "missing_token",
             AuthError::Rejected(_) => "rejected_token",
             AuthError::Unavailable(_) => "review_unavailable",
@@ -147,6 +153,109 @@ impl TokenReviewer {
         }
         accepted.insert(digest, (now + REVIEW_CACHE_TTL, user.clone()));
         Ok(user)
+    }
+}
+
+/// One question for RBAC: may the user `verb` `group/resource[/subresource]`
+/// in `namespace` ("" = cluster-wide)?
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Access<'a> {
+    /// API group.
+    pub group: &'static str,
+    /// Resource (plural).
+    pub resource: &'static str,
+    /// Subresource, or "".
+    pub subresource: &'static str,
+    /// Verb.
+    pub verb: &'static str,
+    /// Namespace, or "" for the cluster scope.
+    pub namespace: &'a str,
+}
+
+/// (username, group, resource, subresource, verb, namespace) of a cached
+/// decision.
+type DecisionKey = (
+    String,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    String,
+);
+
+/// Asks the API server SubjectAccessReviews, caching each answer for a
+/// minute (refusals too, so a denied caller cannot load the API server).
+pub struct AccessReviewer {
+    client: kube::Client,
+    decisions: Mutex<HashMap<DecisionKey, (Instant, bool)>>,
+}
+
+impl std::fmt::Debug for AccessReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AccessReviewer").finish_non_exhaustive()
+    }
+}
+
+impl AccessReviewer {
+    /// A reviewer using `client`'s API server.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            decisions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether RBAC lets `user` do `access`.
+    pub async fn allowed(
+        &self,
+        user: &ReviewedUser,
+        access: Access<'_>,
+    ) -> Result<bool, AuthError> {
+        let key = (
+            user.username.clone(),
+            access.group,
+            access.resource,
+            access.subresource,
+            access.verb,
+            access.namespace.to_owned(),
+        );
+        let now = Instant::now();
+        if let Some((until, allowed)) = self.decisions.lock().get(&key)
+            && *until > now
+        {
+            return Ok(*allowed);
+        }
+        let filled = |s: &str| Some(s.to_owned()).filter(|s| !s.is_empty());
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.username.clone()),
+                uid: filled(&user.uid),
+                groups: Some(user.groups.clone()),
+                extra: Some(user.extra.clone().into_iter().collect()),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(access.group.to_owned()),
+                    resource: Some(access.resource.to_owned()),
+                    subresource: filled(access.subresource),
+                    verb: Some(access.verb.to_owned()),
+                    namespace: filled(access.namespace),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        let mut decisions = self.decisions.lock();
+        if decisions.len() >= DECISION_CACHE_MAX {
+            decisions.clear();
+        }
+        decisions.insert(key, (now + DECISION_TTL, allowed));
+        Ok(allowed)
     }
 }
 

@@ -71,12 +71,15 @@ pub struct Config {
     pub timeout_keep_alive: u64,
     /// Guard the operator endpoints (quotas, pins, delete, prefetch):
     /// callers present a service-account token for this audience, checked
-    /// by TokenReview, and must be an `--api-admin` (house extension; unset,
-    /// as in LMCache, leaves them open).
+    /// by TokenReview, and must be an `--api-admin` or be allowed the
+    /// endpoint's subresource of `coordinators.inferencecache.io` by RBAC
+    /// (SubjectAccessReview; house extension; unset, as in LMCache, leaves
+    /// them open).
     #[arg(long, env = "IC_API_AUDIENCE")]
     pub api_audience: Option<String>,
-    /// Usernames allowed to call the operator endpoints with
-    /// `--api-audience` (`system:serviceaccount:<namespace>:<name>`).
+    /// Usernames always allowed to call the operator endpoints with
+    /// `--api-audience`, without asking RBAC
+    /// (`system:serviceaccount:<namespace>:<name>`).
     #[arg(long = "api-admin", env = "IC_API_ADMINS", value_delimiter = ',')]
     pub api_admins: Vec<String>,
     /// Local mode: operator endpoints need this bearer token.
@@ -363,17 +366,17 @@ async fn operator_access(config: &Config) -> anyhow::Result<http::access::Operat
     let Some(audience) = config.api_audience.clone().filter(|a| !a.is_empty()) else {
         return Ok(OperatorAccess::Open);
     };
-    if config.api_admins.is_empty() {
-        bail!("--api-audience needs at least one --api-admin: nobody could change quotas or pins");
-    }
     let client = kube::Client::try_default().await.context(
         "--api-audience needs Kubernetes API access (in-cluster service account or KUBECONFIG) \
-         to run TokenReviews",
+         to run TokenReviews and SubjectAccessReviews",
     )?;
-    Ok(OperatorAccess::Kube {
-        reviewer: ic_kube_auth::TokenReviewer::new(client, audience),
-        admins: config.api_admins.clone(),
-    })
+    Ok(OperatorAccess::Kube(Box::new(
+        http::access::KubeOperators {
+            access: ic_kube_auth::AccessReviewer::new(client.clone()),
+            reviewer: ic_kube_auth::TokenReviewer::new(client, audience),
+            admins: config.api_admins.clone(),
+        },
+    )))
 }
 
 async fn serve(

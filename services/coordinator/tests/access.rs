@@ -1,16 +1,18 @@
 //! The real binary with `--api-audience`: the operator endpoints (quotas,
 //! pins, delete, prefetch) refuse anonymous callers, tokens for another
-//! audience and identities that are not `--api-admin`, with tokens checked
-//! by TokenReview against the stateful fake API server; everything LMCache's
-//! workers call stays open.
+//! audience and identities that are neither `--api-admin` nor allowed the
+//! endpoint by RBAC, with tokens checked by TokenReview and RBAC asked by
+//! SubjectAccessReview against the stateful fake API server; everything
+//! LMCache's workers call stays open.
 #![allow(clippy::unwrap_used)]
 
 use ic_e2e::ServiceProcess;
-use ic_fake_apiserver::{FakeApi, TokenIdentity};
+use ic_fake_apiserver::{FakeApi, Grant, TokenIdentity};
 use serde_json::{Value, json};
 
 const AUDIENCE: &str = "inferencecache-coordinator";
 const CONTROLLER: &str = "system:serviceaccount:ic-system:inferencecache-controller";
+const PIN_OPERATOR: &str = "system:serviceaccount:ops:pinner";
 
 /// Every operator mutation, with a body it accepts.
 fn operator_calls() -> Vec<(reqwest::Method, &'static str, Value)> {
@@ -59,7 +61,7 @@ async fn get(http: &reqwest::Client, base: &str, path: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operator_endpoints_refuse_anyone_but_the_admins() {
+async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
     let fake = FakeApi::new();
     fake.add_token("controller", TokenIdentity::new(CONTROLLER, AUDIENCE, None));
     fake.add_token(
@@ -70,6 +72,32 @@ async fn operator_endpoints_refuse_anyone_but_the_admins() {
         "other-audience",
         TokenIdentity::new(CONTROLLER, "vault", None),
     );
+    // RBAC lets the pinner create and delete pins, and nothing else (a
+    // grant on the resource itself does not cover its subresources).
+    fake.add_token("pinner", TokenIdentity::new(PIN_OPERATOR, AUDIENCE, None));
+    for verb in ["create", "delete"] {
+        fake.grant(Grant::new(
+            PIN_OPERATOR,
+            verb,
+            "inferencecache.io",
+            "coordinators/pins",
+            "",
+        ));
+    }
+    fake.grant(Grant::new(
+        PIN_OPERATOR,
+        "update",
+        "inferencecache.io",
+        "coordinators",
+        "",
+    ));
+    fake.grant(Grant::new(
+        "system:serviceaccount:team-b:default",
+        "delete",
+        "inferencecache.io",
+        "coordinators/entries",
+        "team-b",
+    ));
     let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig =
@@ -126,13 +154,33 @@ async fn operator_endpoints_refuse_anyone_but_the_admins() {
         );
         let (status, body) = call(&http, &base, &op, Some("other-audience")).await;
         assert_eq!(status, 401, "wrong audience {} {}: {body}", op.0, op.1);
+        // A namespaced grant does not cover the cluster-wide endpoints.
         let (status, body) = call(&http, &base, &op, Some("intruder")).await;
         assert_eq!(status, 403, "non-admin {} {}: {body}", op.0, op.1);
+        let detail = body["detail"].as_str().unwrap();
         assert!(
-            body["detail"].as_str().unwrap().contains("team-b"),
+            detail.contains("team-b") && detail.contains("coordinators/"),
             "{body}"
         );
         refused += 3;
+        if op.1 != "/cache/pins" {
+            let (status, body) = call(&http, &base, &op, Some("pinner")).await;
+            assert_eq!(status, 403, "pinner {} {}: {body}", op.0, op.1);
+            refused += 1;
+        }
+    }
+    // What RBAC grants it, the pinner may do.
+    for op in operator_calls()
+        .into_iter()
+        .filter(|op| op.1 == "/cache/pins")
+    {
+        let (status, body) = call(&http, &base, &op, Some("pinner")).await;
+        assert!(
+            status != 401 && status != 403,
+            "pinner {} {} refused: {status} {body}",
+            op.0,
+            op.1
+        );
     }
     // Nothing the refused calls asked for happened: no quota of 0, the key
     // still there.

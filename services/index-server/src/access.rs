@@ -21,16 +21,10 @@
 //! Reviews and decisions are cached for a minute, so a steady caller costs
 //! the API server nothing per request.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
-
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+use crate::auth::{
+    Access, AccessReviewer, AuthError, POD_NAME_CLAIM, ReviewedUser, TokenReviewer, bearer,
+    same_secret,
 };
-use kube::api::{Api, PostParams};
-use parking_lot::Mutex;
-
-use crate::auth::{AuthError, POD_NAME_CLAIM, ReviewedUser, TokenReviewer, bearer, same_secret};
 
 /// The API group of the virtual resource routes are authorized on.
 pub const ROUTES_GROUP: &str = "inferencecache.io";
@@ -39,8 +33,6 @@ pub const ROUTES_GROUP: &str = "inferencecache.io";
 pub const ROUTES_RESOURCE: &str = "routes";
 
 const SA_PREFIX: &str = "system:serviceaccount:";
-const DECISION_TTL: Duration = Duration::from_secs(60);
-const DECISION_CACHE_MAX: usize = 4096;
 
 /// Why a call was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -150,33 +142,23 @@ pub enum ApiAccess {
     Kubernetes(Box<KubeAccess>),
 }
 
-/// Kubernetes mode's reviewer, admins and decision cache.
+/// Kubernetes mode's token reviewer, admins and access reviews.
+#[derive(Debug)]
 pub struct KubeAccess {
     reviewer: TokenReviewer,
     admins: Vec<String>,
-    decisions: Mutex<HashMap<DecisionKey, (Instant, bool)>>,
-}
-
-/// (username, verb, namespace) of a cached SubjectAccessReview.
-type DecisionKey = (String, &'static str, String);
-
-impl std::fmt::Debug for KubeAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeAccess")
-            .field("reviewer", &self.reviewer)
-            .field("admins", &self.admins)
-            .finish_non_exhaustive()
-    }
+    access: AccessReviewer,
 }
 
 impl KubeAccess {
     /// Tokens checked by `reviewer`; `admins` may set policies and read
     /// everything.
     pub fn new(reviewer: TokenReviewer, admins: Vec<String>) -> Self {
+        let access = AccessReviewer::new(reviewer.client().clone());
         Self {
             reviewer,
             admins,
-            decisions: Mutex::new(HashMap::new()),
+            access,
         }
     }
 
@@ -187,42 +169,20 @@ impl KubeAccess {
         verb: &'static str,
         namespace: &str,
     ) -> Result<bool, Denied> {
-        let key = (user.username.clone(), verb, namespace.to_owned());
-        let now = Instant::now();
-        if let Some((until, allowed)) = self.decisions.lock().get(&key)
-            && *until > now
-        {
-            return Ok(*allowed);
-        }
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(user.username.clone()),
-                uid: Some(user.uid.clone()).filter(|u| !u.is_empty()),
-                groups: Some(user.groups.clone()),
-                extra: Some(user.extra.clone().into_iter().collect()),
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(ROUTES_GROUP.to_owned()),
-                    resource: Some(ROUTES_RESOURCE.to_owned()),
-                    verb: Some(verb.to_owned()),
-                    namespace: Some(namespace.to_owned()).filter(|n| !n.is_empty()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
+        let access = Access {
+            group: ROUTES_GROUP,
+            resource: ROUTES_RESOURCE,
+            subresource: "",
+            verb,
+            namespace,
         };
-        let api: Api<SubjectAccessReview> = Api::all(self.reviewer.client().clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
+        self.access
+            .allowed(user, access)
             .await
-            .map_err(|e| Denied::Unavailable(e.to_string()))?;
-        let allowed = answer.status.is_some_and(|s| s.allowed);
-        let mut decisions = self.decisions.lock();
-        if decisions.len() >= DECISION_CACHE_MAX {
-            decisions.clear();
-        }
-        decisions.insert(key, (now + DECISION_TTL, allowed));
-        Ok(allowed)
+            .map_err(|e| match e {
+                AuthError::Unavailable(e) => Denied::Unavailable(e),
+                other => Denied::Unavailable(other.to_string()),
+            })
     }
 }
 

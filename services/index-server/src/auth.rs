@@ -8,6 +8,12 @@
 
 pub use ic_kube_auth::*;
 
+/// Why `/probe` refuses everything.
+pub const PROBE_DISABLED: AuthError = AuthError::Disabled(
+    "/probe is disabled: start the index server with --probe-audience (in a cluster) or \
+     --probe-static-token (local)",
+);
+
 /// How `/probe` callers are authenticated.
 #[derive(Debug)]
 pub enum ProbeAuth {
@@ -23,11 +29,11 @@ impl ProbeAuth {
     /// Authenticates a request by its `Authorization` header.
     pub async fn check(&self, authorization: Option<&str>) -> Result<(), AuthError> {
         if matches!(self, ProbeAuth::Disabled) {
-            return Err(AuthError::Disabled);
+            return Err(PROBE_DISABLED);
         }
         let token = bearer(authorization).ok_or(AuthError::Missing)?;
         match self {
-            ProbeAuth::Disabled => Err(AuthError::Disabled),
+            ProbeAuth::Disabled => Err(PROBE_DISABLED),
             ProbeAuth::Static(expected) => {
                 if same_secret(token.as_bytes(), expected.as_bytes()) {
                     Ok(())
@@ -57,7 +63,7 @@ mod tests {
         assert_eq!(auth.check(None).await, Err(AuthError::Missing));
         assert_eq!(
             ProbeAuth::Disabled.check(Some("Bearer s3cret")).await,
-            Err(AuthError::Disabled)
+            Err(PROBE_DISABLED)
         );
     }
 }

@@ -148,7 +148,7 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
     if let Err(e) = state.auth.check(authorization).await {
         let status = match e {
             AuthError::Missing | AuthError::Rejected(_) => StatusCode::UNAUTHORIZED,
-            AuthError::Disabled | AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AuthError::Disabled(_) | AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut response = refuse(&state.metrics, e.reason(), status, e.to_string());
         if status == StatusCode::UNAUTHORIZED {

@@ -118,7 +118,7 @@ pub struct Grant {
     pub verb: String,
     /// The API group.
     pub group: String,
-    /// The resource.
+    /// The resource (`resource/subresource` for a subresource, `*` for all).
     pub resource: String,
     /// The namespace, or `""` for all.
     pub namespace: String,
@@ -496,11 +496,25 @@ fn review_access(grants: &[Grant], review: &Value) -> Value {
     let group = field("/spec/resourceAttributes/group");
     let resource = field("/spec/resourceAttributes/resource");
     let namespace = field("/spec/resourceAttributes/namespace");
+    let subresource = field("/spec/resourceAttributes/subresource");
+    // RBAC names a subresource `resource/subresource`; `resource/*` covers
+    // every subresource and `*` everything, while `resource` alone covers
+    // none of its subresources.
+    let wanted = if subresource.is_empty() {
+        resource.clone()
+    } else {
+        format!("{resource}/{subresource}")
+    };
+    let covers = |granted: &str| {
+        granted == "*"
+            || granted == wanted
+            || (!subresource.is_empty() && granted == format!("{resource}/*"))
+    };
     let allowed = grants.iter().any(|g| {
         g.user == user
             && g.verb == verb
             && g.group == group
-            && g.resource == resource
+            && covers(&g.resource)
             && (g.namespace.is_empty() || g.namespace == namespace)
     });
     json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",

@@ -4,12 +4,15 @@
 //!
 //! Off by default, as in LMCache's coordinator, whose clients send no
 //! credentials. With `--api-audience` a caller presents a service-account
-//! token bound to that audience (TokenReview, cached a minute), and must be
-//! one of the `--api-admin` identities (the chart names the controller's
-//! service account, which pushes CacheTenant quotas and pins).
-//! `--api-static-token` is the local-mode equivalent. Reads, instance
-//! registration, heartbeats and `/events` stay open: LMCache's MP workers
-//! call them and send no credentials.
+//! token bound to that audience (TokenReview, cached a minute), and is
+//! allowed if it is one of the `--api-admin` identities (the chart names
+//! the controller's service account, which pushes CacheTenant quotas and
+//! pins) or if RBAC lets it (a SubjectAccessReview, cached a minute) use
+//! the virtual subresource of `coordinators.inferencecache.io` the endpoint
+//! touches, cluster-wide ([`operator_action`]). `--api-static-token` is the
+//! local-mode equivalent. Reads, instance registration, heartbeats and
+//! `/events` stay open: LMCache's MP workers call them and send no
+//! credentials.
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use ic_kube_auth::{AuthError, TokenReviewer, bearer, same_secret};
+use ic_kube_auth::{Access, AccessReviewer, AuthError, TokenReviewer, bearer, same_secret};
 use serde_json::json;
 
 use crate::state::App;
@@ -30,21 +33,65 @@ pub enum OperatorAccess {
     /// Callers present this token.
     Static(String),
     /// Callers present a token the API server accepts for the audience and
-    /// are one of these usernames.
-    Kube {
-        /// Reviews tokens for the audience.
-        reviewer: TokenReviewer,
-        /// Usernames allowed (`system:serviceaccount:<ns>:<name>`).
-        admins: Vec<String>,
-    },
+    /// are one of the admins, or RBAC allows them the endpoint.
+    Kube(Box<KubeOperators>),
 }
 
-/// Whether `method path` is an operator endpoint that changes state.
-pub fn is_operator_mutation(method: &Method, path: &str) -> bool {
+/// Kubernetes mode's reviewers and admins.
+#[derive(Debug)]
+pub struct KubeOperators {
+    /// Reviews tokens for the audience.
+    pub reviewer: TokenReviewer,
+    /// Asks RBAC about callers that are not admins.
+    pub access: AccessReviewer,
+    /// Usernames always allowed (`system:serviceaccount:<ns>:<name>`).
+    pub admins: Vec<String>,
+}
+
+/// The API group of the virtual resource operator endpoints are authorized on.
+pub const OPERATOR_GROUP: &str = "inferencecache.io";
+/// The virtual resource; each kind of endpoint is a subresource of it.
+pub const OPERATOR_RESOURCE: &str = "coordinators";
+
+/// What an operator endpoint asks RBAC for: (verb, subresource of
+/// `coordinators.inferencecache.io`), or `None` for the endpoints that stay
+/// open (reads, registration, heartbeats, events, lookups).
+///
+/// | endpoint | verb | subresource |
+/// |---|---|---|
+/// | `PUT /quota/…` | update | quotas |
+/// | `DELETE /quota/…` | delete | quotas |
+/// | `POST /cache/pins` | create | pins |
+/// | `DELETE /cache/pins` | delete | pins |
+/// | `POST /cache/delete` | delete | entries |
+/// | `POST /cache/prefetches` | create | prefetches |
+pub fn operator_action(method: &Method, path: &str) -> Option<(&'static str, &'static str)> {
     if *method == Method::GET || *method == Method::HEAD {
-        return false;
+        return None;
     }
-    path == "/quota" || path.starts_with("/quota/") || path.starts_with("/cache/")
+    let verb = if *method == Method::DELETE {
+        "delete"
+    } else if *method == Method::POST {
+        "create"
+    } else if *method == Method::PATCH {
+        "patch"
+    } else {
+        "update"
+    };
+    if path == "/quota" || path.starts_with("/quota/") {
+        // Quotas are set whether the request is a PUT or a POST.
+        let verb = if verb == "delete" { "delete" } else { "update" };
+        return Some((verb, "quotas"));
+    }
+    match path {
+        "/cache/pins" => Some((verb, "pins")),
+        "/cache/delete" => Some(("delete", "entries")),
+        "/cache/prefetches" => Some((verb, "prefetches")),
+        // Any other mutation under /cache/ is guarded as a change of
+        // cached entries (none exists today; it 404s once through).
+        p if p.starts_with("/cache/") => Some((verb, "entries")),
+        _ => None,
+    }
 }
 
 /// A refusal: the status and why.
@@ -64,12 +111,17 @@ impl OperatorAccess {
         match self {
             OperatorAccess::Open => "open",
             OperatorAccess::Static(_) => "static",
-            OperatorAccess::Kube { .. } => "kubernetes",
+            OperatorAccess::Kube(_) => "kubernetes",
         }
     }
 
-    /// Decides a request by its `Authorization` header.
-    pub async fn check(&self, authorization: Option<&str>) -> Result<(), Refusal> {
+    /// Decides `action` (from [`operator_action`]) by the request's
+    /// `Authorization` header.
+    pub async fn check(
+        &self,
+        authorization: Option<&str>,
+        (verb, subresource): (&'static str, &'static str),
+    ) -> Result<(), Refusal> {
         let token = match self {
             OperatorAccess::Open => return Ok(()),
             _ => bearer(authorization).ok_or_else(|| refusal(&AuthError::Missing))?,
@@ -85,21 +137,39 @@ impl OperatorAccess {
                     )))
                 }
             }
-            OperatorAccess::Kube { reviewer, admins } => {
+            OperatorAccess::Kube(kube) => {
+                let KubeOperators {
+                    reviewer,
+                    access,
+                    admins,
+                } = kube.as_ref();
                 let user = reviewer.review(token).await.map_err(|e| refusal(&e))?;
                 if admins.contains(&user.username) {
-                    Ok(())
-                } else {
-                    Err(Refusal {
-                        status: StatusCode::FORBIDDEN,
-                        reason: "not_an_admin",
-                        detail: format!(
-                            "{} may not change quotas, pins or cached data: only --api-admin \
-                             identities may",
-                            user.username
-                        ),
-                    })
+                    return Ok(());
                 }
+                let question = Access {
+                    group: OPERATOR_GROUP,
+                    resource: OPERATOR_RESOURCE,
+                    subresource,
+                    verb,
+                    namespace: "",
+                };
+                if access
+                    .allowed(&user, question)
+                    .await
+                    .map_err(|e| refusal(&e))?
+                {
+                    return Ok(());
+                }
+                Err(Refusal {
+                    status: StatusCode::FORBIDDEN,
+                    reason: "forbidden",
+                    detail: format!(
+                        "{} may not {verb} {OPERATOR_RESOURCE}/{subresource}.{OPERATOR_GROUP} \
+                         (cluster-wide): grant it with RBAC, or list it in --api-admin",
+                        user.username
+                    ),
+                })
             }
         }
     }
@@ -124,16 +194,15 @@ pub async fn guard(
     req: Request,
     next: Next,
 ) -> Response {
-    if matches!(*access, OperatorAccess::Open)
-        || !is_operator_mutation(req.method(), req.uri().path())
-    {
-        return next.run(req).await;
-    }
+    let action = match operator_action(req.method(), req.uri().path()) {
+        Some(action) if !matches!(*access, OperatorAccess::Open) => action,
+        _ => return next.run(req).await,
+    };
     let authorization = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    match access.check(authorization).await {
+    match access.check(authorization, action).await {
         Ok(()) => next.run(req).await,
         Err(refused) => {
             app.metrics
@@ -163,17 +232,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_operator_mutations_are_guarded() {
-        for (method, path) in [
-            (Method::PUT, "/quota/t"),
-            (Method::DELETE, "/quota/t"),
-            (Method::PUT, "/quota/config"),
-            (Method::POST, "/cache/pins"),
-            (Method::DELETE, "/cache/pins"),
-            (Method::POST, "/cache/delete"),
-            (Method::POST, "/cache/prefetches"),
+    fn each_operator_mutation_names_its_verb_and_subresource() {
+        for (method, path, action) in [
+            (Method::PUT, "/quota/t", ("update", "quotas")),
+            (Method::DELETE, "/quota/t", ("delete", "quotas")),
+            (Method::PUT, "/quota/config", ("update", "quotas")),
+            (Method::POST, "/quota", ("update", "quotas")),
+            (Method::POST, "/cache/pins", ("create", "pins")),
+            (Method::DELETE, "/cache/pins", ("delete", "pins")),
+            (Method::POST, "/cache/delete", ("delete", "entries")),
+            (Method::POST, "/cache/prefetches", ("create", "prefetches")),
+            (Method::PATCH, "/cache/other", ("patch", "entries")),
         ] {
-            assert!(is_operator_mutation(&method, path), "{method} {path}");
+            assert_eq!(
+                operator_action(&method, path),
+                Some(action),
+                "{method} {path}"
+            );
         }
         for (method, path) in [
             (Method::GET, "/quota/t"),
@@ -183,21 +258,22 @@ mod tests {
             (Method::POST, "/events"),
             (Method::POST, "/directory/lookup"),
         ] {
-            assert!(!is_operator_mutation(&method, path), "{method} {path}");
+            assert_eq!(operator_action(&method, path), None, "{method} {path}");
         }
     }
 
     #[tokio::test]
     async fn static_tokens_are_compared() {
         let access = OperatorAccess::Static("s3cret".into());
-        assert_eq!(access.check(Some("Bearer s3cret")).await, Ok(()));
-        let wrong = access.check(Some("Bearer nope")).await.unwrap_err();
+        let pin = ("create", "pins");
+        assert_eq!(access.check(Some("Bearer s3cret"), pin).await, Ok(()));
+        let wrong = access.check(Some("Bearer nope"), pin).await.unwrap_err();
         assert_eq!(
             (wrong.status, wrong.reason),
             (StatusCode::UNAUTHORIZED, "rejected_token")
         );
-        let missing = access.check(None).await.unwrap_err();
+        let missing = access.check(None, pin).await.unwrap_err();
         assert_eq!(missing.reason, "missing_token");
-        assert_eq!(OperatorAccess::Open.check(None).await, Ok(()));
+        assert_eq!(OperatorAccess::Open.check(None, pin).await, Ok(()));
     }
 }
