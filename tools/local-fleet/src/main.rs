@@ -89,6 +89,21 @@ struct Args {
     /// Directory holding the service binaries (default: next to this one).
     #[arg(long, env = "IC_BIN_DIR")]
     bin_dir: Option<PathBuf>,
+    /// OTLP/gRPC collector (`http://host:port`) every service of the fleet
+    /// pushes its traces and metrics to (their `--otlp-endpoint`).
+    #[arg(long, env = "IC_OTLP_ENDPOINT")]
+    otlp_endpoint: Option<String>,
+}
+
+impl Args {
+    /// Environment for every service the fleet starts.
+    fn service_env(&self) -> Vec<(&'static str, &str)> {
+        self.otlp_endpoint
+            .as_deref()
+            .map(|e| ("IC_OTLP_ENDPOINT", e))
+            .into_iter()
+            .collect()
+    }
 }
 
 /// Workloads the fleet can replay.
@@ -265,7 +280,9 @@ async fn run_variant(
         ]);
     }
     let index_args: Vec<&str> = index_args.iter().map(String::as_str).collect();
-    let mut index = ServiceProcess::start(&binary(bin_dir, "ic-index-server")?, &index_args);
+    let env = args.service_env();
+    let mut index =
+        ServiceProcess::start_with_env(&binary(bin_dir, "ic-index-server")?, &index_args, &env);
     let grpc = index.addr("grpc").to_string();
     let index_http = index.admin_addr();
     let epp_url = variant.epp.then(|| format!("http://{}", index.addr("epp")));
@@ -282,7 +299,11 @@ async fn run_variant(
             &format!("127.0.0.{}:8000", i + 1),
         );
         let sub_args: Vec<&str> = sub_args.iter().map(String::as_str).collect();
-        subscribers.push(ServiceProcess::start(&subscriber_bin, &sub_args));
+        subscribers.push(ServiceProcess::start_with_env(
+            &subscriber_bin,
+            &sub_args,
+            &env,
+        ));
         engines.push(engine);
     }
     for engine in &mut engines {
@@ -414,9 +435,10 @@ async fn main() -> anyhow::Result<()> {
     };
 
     say("starting the coordinator…");
-    let mut coordinator = ServiceProcess::start(
+    let mut coordinator = ServiceProcess::start_with_env(
         &binary(&bin_dir, "ic-coordinator")?,
         &["--host", "127.0.0.1", "--port", "0"],
+        &args.service_env(),
     );
     let coordinator_http = coordinator.admin_addr();
 

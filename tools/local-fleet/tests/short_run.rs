@@ -141,3 +141,53 @@ fn on_shared_prefix_chat_load_aware_routing_beats_prefix_only() {
         "{report}"
     );
 }
+
+/// `--otlp-endpoint` reaches every service the fleet starts: the index
+/// server's LookupRoute spans, the subscribers' batch spans and the
+/// coordinator's metrics arrive at a real OTLP/gRPC receiver.
+#[test]
+fn every_service_of_the_fleet_exports_to_the_collector() {
+    let receiver = ic_e2e::otlp::Receiver::start();
+    let index_server = ic_e2e::workspace_binary("ic-index-server");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-local-fleet"))
+        .arg("--report")
+        .arg(dir.path().join("run.md"))
+        .args([
+            "--workload",
+            "chat",
+            "--requests",
+            "60",
+            "--engines",
+            "2",
+            "--compare-scoring",
+            "false",
+            "--speed",
+            "400",
+            "--json",
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+        ])
+        .arg("--bin-dir")
+        .arg(index_server.parent().unwrap())
+        .env("IC_OTLP_EXPORT_INTERVAL_SECONDS", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "local fleet failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let timeout = std::time::Duration::from_secs(20);
+    receiver.wait_for("a LookupRoute span", timeout, |r| {
+        r["signal"] == "span" && r["service"] == "ic-index-server" && r["name"] == "LookupRoute"
+    });
+    receiver.wait_for("a subscriber batch span", timeout, |r| {
+        r["signal"] == "span"
+            && r["service"] == "ic-kvevent-subscriber"
+            && r["name"] == "forward_batch"
+    });
+    receiver.wait_for("a coordinator metric", timeout, |r| {
+        r["signal"] == "metric" && r["service"] == "ic-coordinator"
+    });
+}
