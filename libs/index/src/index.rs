@@ -38,7 +38,7 @@ use crate::types::{
 
 /// Registry maps are read on every lookup: a fast hasher, seeded per
 /// process so crafted keys cannot aim at collisions.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 pub(crate) type ScopeId = u32;
 pub(crate) type ReplicaIdx = u32;

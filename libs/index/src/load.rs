@@ -12,7 +12,7 @@
 //! The load of a replica is the largest of the three; the KV-cache usage
 //! comes from the engine alone. Times are Unix milliseconds passed in.
 
-use std::collections::HashMap;
+use crate::index::FastMap;
 
 /// What an engine last reported about itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -64,7 +64,7 @@ struct Entry {
 #[derive(Clone, Debug, Default)]
 pub struct LoadBoard {
     settings: LoadSettings,
-    entries: HashMap<String, Entry>,
+    entries: FastMap<String, Entry>,
 }
 
 impl LoadBoard {
@@ -72,7 +72,7 @@ impl LoadBoard {
     pub fn new(settings: LoadSettings) -> Self {
         Self {
             settings,
-            entries: HashMap::new(),
+            entries: FastMap::default(),
         }
     }
 

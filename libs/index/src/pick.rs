@@ -126,23 +126,32 @@ fn tie_rank(seed: u64, replica_id: &str) -> u64 {
     mix(seed ^ h)
 }
 
-/// Scores every replica of `input` under `weights`, best first; `loads`
-/// holds each replica's load, in the order of `input.replicas` (a missing
-/// one reads as idle).
+/// Replicas holding none of the prompt that [`rank`] returns, at most: the
+/// best of them is a fallback, the rest only cost copies.
+pub const OTHERS_RANKED: usize = 8;
+
+/// Scores every replica of `input` under `weights`, best first, and returns
+/// every replica that holds part of the prompt and the best
+/// [`OTHERS_RANKED`] of the rest; `loads` holds each replica's load, in the
+/// order of `input.replicas` (a missing one reads as idle).
 pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]) -> Vec<Scored> {
-    let loads: Vec<ReplicaLoad> = (0..input.replicas.len())
-        .map(|i| loads.get(i).copied().unwrap_or_default())
-        .collect();
-    let max_requests = loads.iter().map(|l| l.requests).fold(1.0, f64::max);
-    let total: f64 = loads.iter().map(|l| l.requests).sum();
+    let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
+    let max_requests = (0..input.replicas.len())
+        .map(|i| load_of(i).requests)
+        .fold(1.0, f64::max);
+    let total: f64 = (0..input.replicas.len()).map(|i| load_of(i).requests).sum();
     let n = input.replicas.len().max(1) as f64;
     // Never below one request: with nothing measured, nobody is over.
     let bound = weights.load_bound.map(|c| (c * (total + 1.0) / n).max(1.0));
-    let mut out: Vec<(Scored, u64)> = input
+    // Scored in place and sorted as small keys; names and addresses are
+    // copied once, in the final order (a scope may hold hundreds of
+    // replicas, and every lookup ranks them all).
+    let mut order: Vec<RankKey> = input
         .replicas
         .iter()
-        .zip(loads)
-        .map(|((key, address), load)| {
+        .enumerate()
+        .map(|(i, (key, _))| {
+            let load = load_of(i);
             // A pod's data-parallel ranks share its address: the best rank's
             // match is the pod's.
             let real = input
@@ -179,32 +188,61 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
             let score = weights.prefix * held * credit
                 - weights.load * load.requests / max_requests
                 - weights.kv_usage * load.kv_usage;
-            let over_bound = bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9);
-            (
-                Scored {
-                    replica: key.clone(),
-                    address: address.clone(),
-                    matched_blocks,
-                    block_size: input.block_size,
-                    tier,
-                    speculative,
-                    load,
-                    score,
-                    over_bound,
-                },
-                tie_rank(input.tie_seed, &key.replica_id),
-            )
+            RankKey {
+                index: i,
+                over_bound: bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9),
+                score,
+                requests: load.requests,
+                tie: tie_rank(input.tie_seed, &key.replica_id),
+                matched_blocks,
+                tier,
+                speculative,
+            }
         })
         .collect();
-    out.sort_by(|(a, a_tie), (b, b_tie)| {
+    let key_of = |k: &RankKey| &input.replicas[k.index].0;
+    order.sort_unstable_by(|a, b| {
         a.over_bound
             .cmp(&b.over_bound)
             .then(b.score.total_cmp(&a.score))
-            .then(a.load.requests.total_cmp(&b.load.requests))
-            .then(b_tie.cmp(a_tie))
-            .then(a.replica.cmp(&b.replica))
+            .then(a.requests.total_cmp(&b.requests))
+            .then(b.tie.cmp(&a.tie))
+            .then_with(|| key_of(a).cmp(key_of(b)))
     });
-    out.into_iter().map(|(s, _)| s).collect()
+    let mut others = 0;
+    order.retain(|k| {
+        others += usize::from(k.matched_blocks == 0);
+        k.matched_blocks > 0 || others <= OTHERS_RANKED
+    });
+    order
+        .into_iter()
+        .map(|k| {
+            let (replica, address) = &input.replicas[k.index];
+            Scored {
+                replica: replica.clone(),
+                address: address.clone(),
+                matched_blocks: k.matched_blocks,
+                block_size: input.block_size,
+                tier: k.tier,
+                speculative: k.speculative,
+                load: load_of(k.index),
+                score: k.score,
+                over_bound: k.over_bound,
+            }
+        })
+        .collect()
+}
+
+/// What [`rank`] sorts by, and what it computed on the way.
+struct RankKey {
+    index: usize,
+    over_bound: bool,
+    score: f64,
+    requests: f64,
+    tie: u64,
+    matched_blocks: u32,
+    tier: Tier,
+    speculative: bool,
 }
 
 #[cfg(test)]

@@ -300,8 +300,10 @@ pub struct Ranked {
     pub block_size: u32,
     /// Full blocks in the prompt (0 for a prefix-hash query).
     pub prompt_blocks: u32,
-    /// Every eligible replica, best first (empty when the routing core had
-    /// nothing to score: unknown scope, short prompt, timeout, minimum).
+    /// Every eligible replica holding part of the prompt and the best
+    /// [`crate::pick::OTHERS_RANKED`] others, best first (empty when the
+    /// routing core had nothing to score: unknown scope, short prompt,
+    /// timeout, minimum).
     pub ranked: Vec<Scored>,
     /// Index in `ranked` of the hint: the best-ranked replica that holds
     /// part of the prompt (see [`route_ranked`]).

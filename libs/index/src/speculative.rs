@@ -8,7 +8,9 @@
 //! (`retain`) or its events speak for those blocks (`confirm`); the number of
 //! remembered blocks is bounded, the oldest going first.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::index::FastMap;
 
 use smallvec::SmallVec;
 
@@ -40,7 +42,7 @@ type Holders = SmallVec<[(Box<str>, i64); 2]>;
 #[derive(Debug, Default)]
 pub struct Speculation {
     settings: SpeculationSettings,
-    blocks: HashMap<(u64, Fingerprint), Holders>,
+    blocks: FastMap<(u64, Fingerprint), Holders>,
     /// Insertion order, for expiry and the size bound.
     order: VecDeque<(u64, Fingerprint, i64)>,
     entries: usize,
