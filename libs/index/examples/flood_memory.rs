@@ -1,23 +1,11 @@
 //! Index memory under a flood, against the memory of a merely full index:
 //! `cargo run --release -p ic-index --example flood_memory -- CAPACITY PER_BATCH RESYNC`.
 
-use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
+use ic_index::{HashScheme, Index, IndexConfig, ReplicaKey, Scope};
 
-fn spread(replica: u64, i: u64) -> u64 {
-    let mut z = (replica << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn stored(replica: u64, from: u64, n: u64) -> Vec<Change> {
-    vec![Change::Stored {
-        start_depth: 0,
-        fingerprints: (from..from + n).map(|i| spread(replica, i)).collect(),
-        block_size: 16,
-        tier: Tier::T1,
-    }]
-}
+#[path = "../tests/support/flood.rs"]
+mod flood;
+use flood::chain as stored;
 
 fn main() {
     let arg = |i: usize, d: u64| {

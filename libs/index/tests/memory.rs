@@ -5,6 +5,11 @@ use std::alloc::System;
 
 use ic_index::{Change, HashScheme, Index, IndexConfig, IndexMemory, ReplicaKey, Scope, Tier};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+use support::flood::chain;
+
+mod support {
+    pub mod flood;
+}
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -135,23 +140,6 @@ fn every_degree_of_sharing_stays_within_24_bytes_per_entry() {
         eprintln!("{holders} holders: {bytes:.1} B per entry");
         assert!(bytes <= 24.0, "{holders} holders: {bytes:.1} B per entry");
     }
-}
-
-/// Distinct, well-spread fingerprints: splitmix64 of (stream, position).
-fn spread(stream: u64, i: u64) -> u64 {
-    let mut z = (stream << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-fn chain(stream: u64, from: u64, n: u64) -> Vec<Change> {
-    vec![Change::Stored {
-        start_depth: 0,
-        fingerprints: (from..from + n).map(|i| spread(stream, i)).collect(),
-        block_size: 16,
-        tier: Tier::T1,
-    }]
 }
 
 #[test]
