@@ -78,6 +78,20 @@ pub(crate) struct ReplicaMeta {
     pub(crate) last_seen_ms: AtomicI64,
 }
 
+impl ReplicaMeta {
+    /// Whether a lookup limited to `candidates` (when given), answering
+    /// only replicas seen since `fresh_since_ms` (when given), may answer
+    /// this replica.
+    pub(crate) fn answers(
+        &self,
+        candidates: Option<&std::collections::HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+    ) -> bool {
+        candidates.is_none_or(|c| c.contains(&self.key.replica_id))
+            && fresh_since_ms.is_none_or(|t| self.last_seen_ms.load(Ordering::Relaxed) >= t)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     pub(crate) scopes: FastMap<Scope, ScopeId>,
@@ -87,7 +101,14 @@ pub(crate) struct Registry {
     /// Visible replicas by slot; a slot being built (resync) or purged is `None`.
     pub(crate) replicas: Vec<Option<Arc<ReplicaMeta>>>,
     by_key: FastMap<ReplicaKey, ReplicaIdx>,
+    /// Each scope's visible replicas in slot order, rebuilt when one joins,
+    /// leaves or moves: a lookup ranks every replica of its scope, and one
+    /// shared list is cheaper than copying hundreds of names per lookup.
+    members: FastMap<ScopeId, Members>,
 }
+
+/// A scope's visible replicas, shared by the lookups that rank them.
+pub(crate) type Members = Arc<[Arc<ReplicaMeta>]>;
 
 /// Heap bytes of a hash map with room for `capacity` entries of type `T`
 /// (hashbrown: a power-of-two bucket count at 7/8 load, one control byte
@@ -109,6 +130,31 @@ fn replica_key_bytes(key: &ReplicaKey) -> usize {
 }
 
 impl Registry {
+    /// Puts `meta` in slot `idx` (`None` empties it) and rebuilds the member
+    /// lists of the scopes it left and joined.
+    fn set_replica(&mut self, idx: ReplicaIdx, meta: Option<Arc<ReplicaMeta>>) {
+        let joined = meta.as_ref().map(|m| m.scope);
+        let left = std::mem::replace(&mut self.replicas[idx as usize], meta).map(|m| m.scope);
+        for scope in [left, joined].into_iter().flatten() {
+            self.rebuild_members(scope);
+        }
+    }
+
+    fn rebuild_members(&mut self, scope: ScopeId) {
+        let members: Members = self
+            .replicas
+            .iter()
+            .flatten()
+            .filter(|m| m.scope == scope)
+            .cloned()
+            .collect();
+        if members.is_empty() {
+            self.members.remove(&scope);
+        } else {
+            self.members.insert(scope, members);
+        }
+    }
+
     fn heap_bytes(&self) -> usize {
         // Each scope is kept twice: as a map key and in the list.
         let scopes: usize = self.scope_list.iter().map(|s| 2 * scope_bytes(s)).sum();
@@ -130,6 +176,12 @@ impl Registry {
             + map_bytes::<(ScopeId, u32)>(self.block_sizes.capacity())
             + self.replicas.capacity() * size_of::<Option<Arc<ReplicaMeta>>>()
             + map_bytes::<(ReplicaKey, ReplicaIdx)>(self.by_key.capacity())
+            + map_bytes::<(ScopeId, Members)>(self.members.capacity())
+            + self
+                .members
+                .values()
+                .map(|m| 2 * size_of::<usize>() + m.len() * size_of::<Arc<ReplicaMeta>>())
+                .sum::<usize>()
             + replicas
     }
 }
@@ -340,12 +392,15 @@ impl Index {
             }
         };
         let changed_scope = old_scope != Some(scope_id);
-        reg.replicas[idx as usize] = Some(Arc::new(ReplicaMeta {
-            key: key.clone(),
-            scope: scope_id,
-            address: address.to_owned(),
-            last_seen_ms: AtomicI64::new(now_ms),
-        }));
+        reg.set_replica(
+            idx,
+            Some(Arc::new(ReplicaMeta {
+                key: key.clone(),
+                scope: scope_id,
+                address: address.to_owned(),
+                last_seen_ms: AtomicI64::new(now_ms),
+            })),
+        );
         drop(reg);
         if changed_scope && old_scope.is_some() {
             // Its entries were filed under the old scope.
@@ -405,8 +460,9 @@ impl Index {
         let errors = self.apply_locked(&mut writer, fresh, scope_id, changes, now_ms);
         {
             let mut reg = self.registry.write();
-            let meta = reg.replicas[old as usize].take();
-            reg.replicas[fresh as usize] = meta;
+            let meta = reg.replicas[old as usize].clone();
+            reg.set_replica(old, None);
+            reg.set_replica(fresh, meta);
             reg.by_key.insert(key.clone(), fresh);
         }
         // The old slot is invisible now; purge it and free it.
@@ -425,7 +481,7 @@ impl Index {
             let Some(idx) = reg.by_key.remove(key) else {
                 return false;
             };
-            reg.replicas[idx as usize] = None;
+            reg.set_replica(idx, None);
             idx
         };
         self.drop_where(&mut writer, idx, None);
@@ -444,20 +500,22 @@ impl Index {
         candidates: Option<&std::collections::HashSet<String>>,
         fresh_since_ms: Option<i64>,
     ) -> Vec<(ReplicaKey, String)> {
-        let reg = self.registry.read();
-        let Some(&scope_id) = reg.scopes.get(scope) else {
+        let Some(members) = self.members(scope) else {
             return Vec::new();
         };
-        reg.replicas
+        members
             .iter()
-            .flatten()
-            .filter(|m| {
-                m.scope == scope_id
-                    && candidates.is_none_or(|c| c.contains(&m.key.replica_id))
-                    && fresh_since_ms.is_none_or(|t| m.last_seen_ms.load(Ordering::Relaxed) >= t)
-            })
+            .filter(|m| m.answers(candidates, fresh_since_ms))
             .map(|m| (m.key.clone(), m.address.clone()))
             .collect()
+    }
+
+    /// The visible replicas of `scope`, in registry order, without copying
+    /// them.
+    pub(crate) fn members(&self, scope: &Scope) -> Option<Members> {
+        let reg = self.registry.read();
+        let scope_id = reg.scopes.get(scope)?;
+        reg.members.get(scope_id).cloned()
     }
 
     /// The scope of the replica serving at `address` in `tenant` under

@@ -29,9 +29,7 @@ fn eligible(
     let Some(Some(meta)) = reg.replicas.get(idx as usize) else {
         return false;
     };
-    meta.scope == scope
-        && candidates.is_none_or(|c| c.contains(&meta.key.replica_id))
-        && fresh_since_ms.is_none_or(|t| meta.last_seen_ms.load(Ordering::Relaxed) >= t)
+    meta.scope == scope && meta.answers(candidates, fresh_since_ms)
 }
 
 /// Matches as a lookup hands them to its callback (no allocation for up to

@@ -98,7 +98,7 @@ impl Scored {
 #[derive(Clone, Copy, Debug)]
 pub struct PickInput<'a> {
     /// Every replica that may be answered, with its address.
-    pub replicas: &'a [(ReplicaKey, String)],
+    pub replicas: &'a [(&'a ReplicaKey, &'a str)],
     /// The index's matches (replicas holding at least the first block).
     pub matches: &'a [Candidate],
     /// Speculative holdings: replica id and blocks held from the start.
@@ -119,11 +119,33 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-fn tie_rank(seed: u64, replica_id: &str) -> u64 {
-    let h = replica_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+/// FNV-1a of a replica id: the tie-break's input, and how the replicas
+/// are matched to the (few) holders without comparing every name.
+fn id_hash(replica_id: &str) -> u64 {
+    replica_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    mix(seed ^ h)
+    })
+}
+
+/// Positions in `items` sorted by the hash of their replica id, so each
+/// replica finds its entries by binary search.
+fn by_id_hash<T>(items: &[T], id: impl Fn(&T) -> &str) -> Vec<(u64, usize)> {
+    let mut hashed: Vec<(u64, usize)> = items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (id_hash(id(item)), i))
+        .collect();
+    hashed.sort_unstable();
+    hashed
+}
+
+/// The entries of `hashed` whose hash is `h`.
+fn with_hash(hashed: &[(u64, usize)], h: u64) -> impl Iterator<Item = usize> + '_ {
+    let from = hashed.partition_point(|(x, _)| *x < h);
+    hashed[from..]
+        .iter()
+        .take_while(move |(x, _)| *x == h)
+        .map(|(_, i)| *i)
 }
 
 /// Replicas holding none of the prompt that [`rank`] returns, at most: the
@@ -143,20 +165,22 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
     let n = input.replicas.len().max(1) as f64;
     // Never below one request: with nothing measured, nobody is over.
     let bound = weights.load_bound.map(|c| (c * (total + 1.0) / n).max(1.0));
-    // Scored in place and sorted as small keys; names and addresses are
-    // copied once, in the final order (a scope may hold hundreds of
-    // replicas, and every lookup ranks them all).
-    let mut order: Vec<RankKey> = input
+    let matches = by_id_hash(input.matches, |m| &m.replica.replica_id);
+    let speculative = by_id_hash(input.speculative, |(id, _)| id);
+    // Scored in place as small keys; names and addresses are copied once,
+    // for the replicas returned (a scope may hold hundreds of replicas, and
+    // every lookup scores them all).
+    let (mut order, mut others): (Vec<RankKey>, Vec<RankKey>) = input
         .replicas
         .iter()
         .enumerate()
         .map(|(i, (key, _))| {
             let load = load_of(i);
+            let h = id_hash(&key.replica_id);
             // A pod's data-parallel ranks share its address: the best rank's
             // match is the pod's.
-            let real = input
-                .matches
-                .iter()
+            let real = with_hash(&matches, h)
+                .map(|j| &input.matches[j])
                 .filter(|m| {
                     m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant
                 })
@@ -165,9 +189,8 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
                         .cmp(&b.matched_blocks)
                         .then(b.tier.cmp(&a.tier))
                 });
-            let spec = input
-                .speculative
-                .iter()
+            let spec = with_hash(&speculative, h)
+                .map(|j| &input.speculative[j])
                 .find(|(id, _)| *id == key.replica_id)
                 .map_or(0, |(_, b)| *b);
             let (matched_blocks, tier, speculative) = match real {
@@ -193,34 +216,37 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
                 over_bound: bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9),
                 score,
                 requests: load.requests,
-                tie: tie_rank(input.tie_seed, &key.replica_id),
+                tie: mix(input.tie_seed ^ h),
                 matched_blocks,
                 tier,
                 speculative,
             }
         })
-        .collect();
-    let key_of = |k: &RankKey| &input.replicas[k.index].0;
-    order.sort_unstable_by(|a, b| {
+        .partition(|k| k.matched_blocks > 0);
+    let key_of = |k: &RankKey| input.replicas[k.index].0;
+    let better = |a: &RankKey, b: &RankKey| {
         a.over_bound
             .cmp(&b.over_bound)
             .then(b.score.total_cmp(&a.score))
             .then(a.requests.total_cmp(&b.requests))
             .then(b.tie.cmp(&a.tie))
             .then_with(|| key_of(a).cmp(key_of(b)))
-    });
-    let mut others = 0;
-    order.retain(|k| {
-        others += usize::from(k.matched_blocks == 0);
-        k.matched_blocks > 0 || others <= OTHERS_RANKED
-    });
+    };
+    // Only the best few of the rest are returned: select them in linear
+    // time rather than sorting them all.
+    if others.len() > OTHERS_RANKED {
+        others.select_nth_unstable_by(OTHERS_RANKED - 1, better);
+        others.truncate(OTHERS_RANKED);
+    }
+    order.append(&mut others);
+    order.sort_unstable_by(better);
     order
         .into_iter()
         .map(|k| {
-            let (replica, address) = &input.replicas[k.index];
+            let (replica, address) = input.replicas[k.index];
             Scored {
                 replica: replica.clone(),
-                address: address.clone(),
+                address: address.to_owned(),
                 matched_blocks: k.matched_blocks,
                 block_size: input.block_size,
                 tier: k.tier,
@@ -263,6 +289,10 @@ mod tests {
             .collect()
     }
 
+    fn refs(r: &[(ReplicaKey, String)]) -> Vec<(&ReplicaKey, &str)> {
+        r.iter().map(|(k, a)| (k, a.as_str())).collect()
+    }
+
     fn matched(id: &str, blocks: u32, tier: Tier) -> Candidate {
         Candidate {
             replica: key(id),
@@ -274,7 +304,7 @@ mod tests {
     }
 
     fn input<'a>(
-        replicas: &'a [(ReplicaKey, String)],
+        replicas: &'a [(&'a ReplicaKey, &'a str)],
         matches: &'a [Candidate],
         speculative: &'a [(String, u32)],
         seed: u64,
@@ -289,7 +319,7 @@ mod tests {
         }
     }
 
-    fn loads(r: &[(ReplicaKey, String)], f: impl Fn(&str) -> f64) -> Vec<ReplicaLoad> {
+    fn loads(r: &[(&ReplicaKey, &str)], f: impl Fn(&str) -> f64) -> Vec<ReplicaLoad> {
         r.iter()
             .map(|(k, _)| ReplicaLoad {
                 requests: f(&k.replica_id),
@@ -301,6 +331,7 @@ mod tests {
     #[test]
     fn the_longest_match_wins_when_loads_are_equal() {
         let r = replicas(&["a", "b", "c"]);
+        let r = refs(&r);
         let m = [matched("a", 4, Tier::T1), matched("b", 8, Tier::T1)];
         let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
         assert_eq!(ranked[0].replica.replica_id, "b");
@@ -311,6 +342,7 @@ mod tests {
     #[test]
     fn t1_beats_t2_at_equal_length() {
         let r = replicas(&["a", "b"]);
+        let r = refs(&r);
         let m = [matched("a", 8, Tier::T2), matched("b", 8, Tier::T1)];
         let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
         assert_eq!(ranked[0].replica.replica_id, "b");
@@ -321,6 +353,7 @@ mod tests {
         // Every replica holds the shared first block only: the choice must
         // depend on the request, not on which replica was active last.
         let r = replicas(&["a", "b", "c", "d"]);
+        let r = refs(&r);
         let m: Vec<Candidate> = ["a", "b", "c", "d"]
             .iter()
             .map(|id| matched(id, 1, Tier::T1))
@@ -339,6 +372,7 @@ mod tests {
     #[test]
     fn a_replica_over_the_load_bound_is_passed_over() {
         let r = replicas(&["a", "b", "c", "d"]);
+        let r = refs(&r);
         let m = [matched("a", 10, Tier::T1)];
         // a: 9 requests, the rest 1 each: fair share after this one is
         // (12 + 1) / 4 = 3.25, the bound 1.25 × 3.25 ≈ 4.06 < 9 + 1.
@@ -358,6 +392,7 @@ mod tests {
     #[test]
     fn load_outweighs_a_small_prefix_difference() {
         let r = replicas(&["a", "b"]);
+        let r = refs(&r);
         let m = [matched("a", 6, Tier::T1), matched("b", 5, Tier::T1)];
         let load = loads(&r, |id| if id == "a" { 4.0 } else { 0.0 });
         let weights = ScoreWeights {
@@ -371,6 +406,7 @@ mod tests {
     #[test]
     fn a_speculative_holding_counts_until_the_real_one_is_longer() {
         let r = replicas(&["a", "b"]);
+        let r = refs(&r);
         let spec = [("b".to_owned(), 10)];
         let ranked = rank(&input(&r, &[], &spec, 1), &ScoreWeights::default(), &[]);
         assert_eq!(ranked[0].replica.replica_id, "b");
@@ -378,5 +414,37 @@ mod tests {
         let m = [matched("b", 10, Tier::T1)];
         let ranked = rank(&input(&r, &m, &spec, 1), &ScoreWeights::default(), &[]);
         assert!(!ranked[0].speculative, "the real match replaces it");
+    }
+
+    #[test]
+    fn every_holder_and_only_the_least_loaded_others_are_returned_in_order() {
+        let ids: Vec<String> = (0..40).map(|i| format!("r{i:02}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let r = replicas(&names);
+        let r = refs(&r);
+        // Two holders, the second heavily loaded; the others loaded in
+        // reverse order of their names, so the least loaded come last.
+        let m = [matched("r00", 10, Tier::T1), matched("r01", 10, Tier::T1)];
+        let load = loads(&r, |id| match id {
+            "r00" => 0.0,
+            "r01" => 50.0,
+            _ => f64::from(40 - id[1..].parse::<u8>().unwrap_or(0)),
+        });
+        let weights = ScoreWeights {
+            load_bound: None,
+            ..ScoreWeights::default()
+        };
+        let ranked = rank(&input(&r, &m, &[], 1), &weights, &load);
+        let got: Vec<&str> = ranked
+            .iter()
+            .map(|s| s.replica.replica_id.as_str())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "r00", "r01", "r39", "r38", "r37", "r36", "r35", "r34", "r33", "r32"
+            ]
+        );
+        assert_eq!(ranked.len(), 2 + OTHERS_RANKED);
     }
 }

@@ -463,13 +463,21 @@ pub fn route_ranked(
         }
     };
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
-    let replicas = match scoring.pool {
-        Some(pool) => pool.to_vec(),
-        None => index.replicas_in(
-            &replica_scope,
-            query.candidates,
-            Some(now_ms.saturating_sub(stale_ms)),
-        ),
+    // Borrowed from the pool or the scope's shared member list: nothing
+    // per replica is copied before the ranking has chosen.
+    let members = match scoring.pool {
+        Some(_) => None,
+        None => index.members(&replica_scope),
+    };
+    let fresh_since = Some(now_ms.saturating_sub(stale_ms));
+    let replicas: Vec<(&ReplicaKey, &str)> = match (scoring.pool, &members) {
+        (Some(pool), _) => pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
+        (None, Some(members)) => members
+            .iter()
+            .filter(|m| m.answers(query.candidates, fresh_since))
+            .map(|m| (&m.key, m.address.as_str()))
+            .collect(),
+        (None, None) => Vec::new(),
     };
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),

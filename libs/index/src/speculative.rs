@@ -140,31 +140,32 @@ impl Speculation {
     /// For each replica speculatively holding the prompt's first block, how
     /// many of `blocks` it holds in a row from the start, at `now_ms`.
     pub fn matched(&self, scope: u64, blocks: &[Fingerprint], now_ms: i64) -> Vec<(String, u32)> {
-        let mut active: Vec<(String, u32)> = Vec::new();
-        for (i, &fp) in blocks.iter().enumerate() {
-            let live = self
-                .blocks
+        let live = |fp: Fingerprint| {
+            self.blocks
                 .get(&(scope, fp))
-                .into_iter()
-                .flatten()
-                .filter(|(_, e)| *e > now_ms);
-            if i == 0 {
-                active = live.map(|(id, _)| (id.to_string(), 1)).collect();
-            } else {
-                let depth = u32::try_from(i).unwrap_or(u32::MAX);
-                let holders: Vec<&str> = live.map(|(id, _)| &**id).collect();
-                let mut any = false;
-                for (id, run) in &mut active {
-                    if *run == depth && holders.contains(&id.as_str()) {
-                        *run += 1;
-                        any = true;
-                    }
-                }
-                if !any {
-                    break;
+                .map_or(&[][..], |h| h.as_slice())
+                .iter()
+                .filter(move |(_, e)| *e > now_ms)
+        };
+        let Some((&first, rest)) = blocks.split_first() else {
+            return Vec::new();
+        };
+        let mut active: Vec<(String, u32)> =
+            live(first).map(|(id, _)| (id.to_string(), 1)).collect();
+        for (depth, &fp) in (1u32..).zip(rest) {
+            if active.is_empty() {
+                break;
+            }
+            // Compared in place: a prompt walks one block per step, and
+            // nothing here should allocate per block.
+            let mut any = false;
+            for (id, run) in &mut active {
+                if *run == depth && live(fp).any(|(holder, _)| **holder == **id) {
+                    *run += 1;
+                    any = true;
                 }
             }
-            if active.is_empty() {
+            if !any {
                 break;
             }
         }

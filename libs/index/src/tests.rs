@@ -801,3 +801,50 @@ mod routing {
         assert!(unknown);
     }
 }
+
+#[test]
+fn a_scope_lists_exactly_its_replicas_through_joins_moves_resyncs_and_removals() {
+    let ix = index();
+    let listed = |tenant: &str| -> Vec<(String, String)> {
+        ix.replicas_in(&scope(tenant), None, None)
+            .into_iter()
+            .map(|(k, a)| (k.replica_id, a))
+            .collect()
+    };
+    let pair = |id: &str, address: &str| (id.to_owned(), address.to_owned());
+    put(&ix, "t", "a", &[stored(0, &[1], Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &[2], Tier::T1)]);
+    put(&ix, "u", "c", &[stored(0, &[3], Tier::T1)]);
+    assert_eq!(listed("t"), [pair("a", "a:8000"), pair("b", "b:8000")]);
+    assert_eq!(listed("u"), [pair("c", "c:8000")]);
+    // A new address replaces the old one in place.
+    ix.touch(&key("t", "a"), &scope("t"), "a:9000", 2_000);
+    assert_eq!(listed("t"), [pair("a", "a:9000"), pair("b", "b:8000")]);
+    // A resync moves the replica to a fresh slot: listed once, still there.
+    let errors = ix.replace(
+        &key("t", "b"),
+        &scope("t"),
+        "b:8000",
+        &[stored(0, &[4], Tier::T1)],
+        3_000,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let mut t = listed("t");
+    t.sort();
+    assert_eq!(t, [pair("a", "a:9000"), pair("b", "b:8000")]);
+    // Moving to another model leaves the first scope's list.
+    let other = Scope {
+        model: "n".into(),
+        ..scope("t")
+    };
+    ix.touch(&key("t", "a"), &other, "a:9000", 4_000);
+    assert_eq!(listed("t"), [pair("b", "b:8000")]);
+    assert_eq!(ix.replicas_in(&other, None, None).len(), 1);
+    assert!(ix.remove_replica(&key("t", "b")));
+    assert!(listed("t").is_empty());
+    assert_eq!(listed("u"), [pair("c", "c:8000")]);
+    // Freshness and candidate filters still apply to the shared list.
+    assert!(ix.replicas_in(&scope("u"), None, Some(1_001)).is_empty());
+    let only_d: HashSet<String> = ["d".to_owned()].into();
+    assert!(ix.replicas_in(&scope("u"), Some(&only_d), None).is_empty());
+}

@@ -241,8 +241,10 @@ impl Routing {
     ) -> Vec<ic_index::pick::Scored> {
         let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
         let loads = self.loads(&ids, now_ms);
+        let replicas: Vec<(&ic_index::ReplicaKey, &str)> =
+            pool.iter().map(|(k, a)| (k, a.as_str())).collect();
         let input = ic_index::pick::PickInput {
-            replicas: pool,
+            replicas: &replicas,
             matches: &[],
             speculative: &[],
             prompt_blocks: 0,
