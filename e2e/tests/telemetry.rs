@@ -7,6 +7,8 @@
 //! * An engine's batch is one trace from the sidecar's `forward_batch` span
 //!   to the index server's `ingest_batch` span (context carried in the
 //!   batch).
+//! * An icctl command is a trace: its `icctl` span is the parent of the
+//!   index server's LookupRoute span.
 //! * Every binary's registry is pushed as OTLP metrics, `process_*`
 //!   included; the coordinator, like LMCache's, then answers 404 on
 //!   `/metrics`.
@@ -175,6 +177,47 @@ async fn a_gateway_request_and_an_engine_batch_are_traced_across_processes() {
 
     // SIGTERM flushes and exits cleanly.
     assert!(sidecar.stop().success());
+    assert!(server.stop().success());
+}
+
+#[test]
+fn an_icctl_command_is_one_trace_with_the_lookup_it_sends() {
+    let receiver = Receiver::start();
+    let mut server_args: Vec<String> = ["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"]
+        .map(String::from)
+        .to_vec();
+    server_args.extend(otlp_flags(&receiver));
+    let mut server = start("ic-index-server", &server_args);
+    let grpc = server.addr("grpc").to_string();
+    let out = std::process::Command::new(workspace_binary("icctl"))
+        .args([
+            "--index-grpc",
+            &grpc,
+            "--otlp-endpoint",
+            &receiver.endpoint(),
+        ])
+        .args(["lookup", "--tenant", TENANT, "--model", MODEL])
+        .args(["--block-hashes", "1,2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The command's span is the root; the server's span is its child.
+    let root = receiver.wait_for("icctl's span", WAIT, |r| {
+        r["service"] == "icctl" && r["name"] == "icctl"
+    });
+    assert_eq!(root["attributes"]["command"], "lookup", "{root}");
+    assert_eq!(root["parent_span_id"], "", "{root}");
+    let served = receiver.wait_for("the LookupRoute span icctl caused", WAIT, |r| {
+        r["service"] == "ic-index-server"
+            && r["name"] == "LookupRoute"
+            && r["trace_id"] == root["trace_id"]
+    });
+    assert_eq!(served["parent_span_id"], root["span_id"], "{served}");
+    assert_eq!(served["attributes"]["tenant"], TENANT, "{served}");
     assert!(server.stop().success());
 }
 

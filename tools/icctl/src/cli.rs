@@ -59,6 +59,10 @@ pub struct Cli {
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
+    /// OTLP export: with `--otlp-endpoint`, each command is a trace (an
+    /// `icctl` span) whose context every request carries.
+    #[command(flatten)]
+    pub otlp: ic_telemetry::otel::OtlpArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -315,7 +319,34 @@ fn prompt_key(prompt: &PromptArgs, tokenizer: Option<&PathBuf>) -> anyhow::Resul
 }
 
 /// Runs one command; returns what to print.
+impl Command {
+    /// The subcommand as typed (the `command` attribute of the span).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Lookup { .. } => "lookup",
+            Self::Snapshot => "snapshot",
+            Self::Fingerprint { .. } => "fingerprint",
+            Self::Instances => "instances",
+            Self::Usage { .. } => "usage",
+            Self::Quota(_) => "quota",
+            Self::Pins(_) => "pins",
+            Self::Prefetch(_) => "prefetch",
+            Self::Replay { .. } => "replay",
+            Self::Check { .. } => "check",
+            Self::Delete { .. } => "delete",
+        }
+    }
+}
+
+/// Runs the command inside its `icctl` span (exported with
+/// `--otlp-endpoint`).
 pub async fn run(cli: Cli) -> anyhow::Result<String> {
+    use tracing::Instrument as _;
+    let span = tracing::info_span!("icctl", command = cli.command.name());
+    dispatch(cli).instrument(span).await
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<String> {
     let json = cli.output == Output::Json;
     let render = |v: Value, text: fn(&Value) -> String| -> anyhow::Result<String> {
         Ok(if json {

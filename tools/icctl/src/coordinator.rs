@@ -69,7 +69,10 @@ impl Coordinator {
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
         let url = format!("{}{path}", self.base);
-        let mut req = self.http.request(method.clone(), &url);
+        let mut req = self
+            .http
+            .request(method.clone(), &url)
+            .headers(crate::trace_headers());
         if let Some(b) = body {
             req = req.json(&b);
         }

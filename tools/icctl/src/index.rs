@@ -189,6 +189,7 @@ pub async fn lookup(
     token: Option<&str>,
 ) -> anyhow::Result<pb::LookupRouteResponse> {
     let mut req = tonic::Request::new(request(l)?);
+    ic_telemetry::otel::inject_metadata(&tracing::Span::current(), req.metadata_mut());
     if let Some(token) = token {
         let value = ic_proto::bearer::metadata(token).context("--token-file: not a token")?;
         req.metadata_mut().insert("authorization", value);
@@ -208,7 +209,9 @@ pub async fn lookup(
 /// writes (a field it no longer sends is an error, not a zero).
 pub async fn snapshot(http: &str, token: Option<&str>) -> anyhow::Result<Snapshot> {
     let url = format!("http://{http}/snapshot");
-    let mut request = reqwest::Client::new().get(&url);
+    let mut request = reqwest::Client::new()
+        .get(&url)
+        .headers(crate::trace_headers());
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
