@@ -537,8 +537,9 @@ async fn each_reconcile_is_a_span_when_export_is_on() {
     let story = Story::new("", "/nonexistent".into());
     story.fake.insert(&managed_backend());
     story.reconcile().await;
-    // What run_service does at exit: export what is queued.
-    ic_telemetry::otel::shutdown(Duration::from_secs(10)).await;
+    // Exported as it ends, which can be a moment after reconcile returns (a
+    // span ends when the last task holding it lets go): flushing at once
+    // (what run_service does at exit) could close the queue before it.
     let span = receiver.wait_for("the reconcile span", Duration::from_secs(30), |r| {
         r["service"] == "ic-controller" && r["name"] == "reconcile"
     });
@@ -553,4 +554,5 @@ async fn each_reconcile_is_a_span_when_export_is_on() {
         span["parent_span_id"], "",
         "a reconcile starts its trace: {span}"
     );
+    ic_telemetry::otel::shutdown(Duration::from_secs(10)).await;
 }

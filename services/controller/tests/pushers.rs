@@ -434,7 +434,8 @@ async fn a_policy_push_is_traced_into_the_index_server() {
     let pusher = policy_pusher(&fake, &watched, &metrics, &server);
     watched.settle(&fake).await;
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
-    ic_telemetry::otel::shutdown(std::time::Duration::from_secs(10)).await;
+    // Exported as it ends (not flushed at once: a span can end a moment
+    // after the call returns, and a flush closes the queue).
     let wait = std::time::Duration::from_secs(30);
     let push = receiver.wait_for("the controller's push span", wait, |r| {
         r["service"] == "ic-controller" && r["name"] == "push_policies"
@@ -444,4 +445,5 @@ async fn a_policy_push_is_traced_into_the_index_server() {
     });
     assert_eq!(applied["trace_id"], push["trace_id"], "{applied}");
     assert_eq!(applied["parent_span_id"], push["span_id"], "{applied}");
+    ic_telemetry::otel::shutdown(std::time::Duration::from_secs(10)).await;
 }
