@@ -40,9 +40,19 @@ fn otlp_flags(receiver: &Receiver) -> Vec<String> {
     ]
 }
 
-fn start(binary: &str, args: &[String]) -> ServiceProcess {
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+fn start(binary: &str, args: &[impl AsRef<str>]) -> ServiceProcess {
+    let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
     ServiceProcess::start(&workspace_binary(binary), &args)
+}
+
+const SERVER_ADDRS: &[&str] = &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"];
+const COORDINATOR_ADDRS: &[&str] = &["--host", "127.0.0.1", "--port", "0"];
+
+/// `binary` on `addrs`, exporting to `receiver`.
+fn start_exporting(binary: &str, addrs: &[&str], receiver: &Receiver) -> ServiceProcess {
+    let mut args: Vec<String> = addrs.iter().map(|a| (*a).to_owned()).collect();
+    args.extend(otlp_flags(receiver));
+    start(binary, &args)
 }
 
 fn metric_point(receiver: &Receiver, service: &str, name: &str) -> Value {
@@ -65,11 +75,7 @@ async fn lookup(grpc: &str, tokens: Vec<u32>, parent: Option<&str>) -> pb::Looku
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_request_and_an_engine_batch_are_traced_across_processes() {
     let receiver = Receiver::start();
-    let mut server_args: Vec<String> = ["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"]
-        .map(String::from)
-        .to_vec();
-    server_args.extend(otlp_flags(&receiver));
-    let mut server = start("ic-index-server", &server_args);
+    let mut server = start_exporting("ic-index-server", SERVER_ADDRS, &receiver);
     let grpc = format!("http://{}", server.addr("grpc"));
 
     let mut engine = FakeEngine::start(Era::VllmMap, "kv-events").await;
@@ -183,11 +189,7 @@ async fn a_gateway_request_and_an_engine_batch_are_traced_across_processes() {
 #[test]
 fn an_icctl_command_is_one_trace_with_the_lookup_it_sends() {
     let receiver = Receiver::start();
-    let mut server_args: Vec<String> = ["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"]
-        .map(String::from)
-        .to_vec();
-    server_args.extend(otlp_flags(&receiver));
-    let mut server = start("ic-index-server", &server_args);
+    let mut server = start_exporting("ic-index-server", SERVER_ADDRS, &receiver);
     let grpc = server.addr("grpc").to_string();
     let out = std::process::Command::new(workspace_binary("icctl"))
         .args([
@@ -224,11 +226,7 @@ fn an_icctl_command_is_one_trace_with_the_lookup_it_sends() {
 #[test]
 fn the_coordinator_pushes_its_metrics_over_otlp_like_the_reference() {
     let receiver = Receiver::start();
-    let mut args: Vec<String> = ["--host", "127.0.0.1", "--port", "0"]
-        .map(String::from)
-        .to_vec();
-    args.extend(otlp_flags(&receiver));
-    let mut coordinator = start("ic-coordinator", &args);
+    let mut coordinator = start_exporting("ic-coordinator", COORDINATOR_ADDRS, &receiver);
     let addr = coordinator.admin_addr();
     // LMCache's coordinator serves no /metrics once it pushes.
     assert_eq!(http_get(addr, "/metrics").0, 404);
@@ -243,10 +241,7 @@ fn the_coordinator_pushes_its_metrics_over_otlp_like_the_reference() {
     assert!(coordinator.stop().success());
 
     // Without the flag it scrapes as before.
-    let mut plain = start(
-        "ic-coordinator",
-        &["--host", "127.0.0.1", "--port", "0"].map(String::from),
-    );
+    let mut plain = start("ic-coordinator", COORDINATOR_ADDRS);
     assert_eq!(http_get(plain.admin_addr(), "/metrics").0, 200);
     assert!(plain.stop().success());
 }
