@@ -14,30 +14,11 @@ use ic_api::validate::FieldError;
 use crate::binding::{self, Protocol};
 use crate::registry::Registry;
 use crate::runtime::{InjectContext, RuntimeAdapter, engine_port, find_engine_container};
+pub use crate::sidecars::InjectionConfig;
 use crate::sidecars::{
     self, KERNEL_CHECK_CONTAINER, KernelCheckMode, SUBSCRIBER_CONTAINER, SubscriberPlan,
 };
 use crate::{kv_events, overrides, validation};
-
-/// Webhook-level settings the injection needs.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct InjectionConfig {
-    /// Image of the kvevent-subscriber sidecar; `None` injects no subscriber.
-    pub subscriber_image: Option<String>,
-    /// Index server gRPC URL the injected subscriber dials.
-    pub index_server: String,
-    /// Audience of the token the subscriber presents to the index server;
-    /// `None` mounts no token (an index server without access control).
-    pub index_server_audience: Option<String>,
-    /// CA bundle (PEM) of an `https://` index server, handed to the
-    /// subscriber inline (`IC_INDEX_SERVER_CA_PEM`): a pod cannot mount a
-    /// Secret of the index server's namespace.
-    pub index_server_ca_pem: Option<String>,
-    /// OTLP collector the subscriber exports traces and metrics to (its
-    /// `--otlp-endpoint`); `$(HOST_IP)` in it names the node, for a
-    /// collector agent on every node. `None`: the sidecar exports nothing.
-    pub subscriber_otlp_endpoint: Option<String>,
-}
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label
 /// of the webhook's admission metrics, so they are stable identifiers.

@@ -23,7 +23,7 @@ use ic_api::consts::{annotations, kernel_check};
 use crate::binding::Protocol;
 use crate::merge::{env, upsert_container};
 use crate::quantity;
-use crate::runtime::{is_injected, is_ours, marker};
+use crate::runtime::{engine_image_security_context, is_injected, is_ours, marker};
 
 /// Subscriber sidecar container name.
 pub const SUBSCRIBER_CONTAINER: &str = ic_api::consts::injected::SUBSCRIBER_CONTAINER;
@@ -37,6 +37,26 @@ pub const SUBSCRIBER_ADMIN_PORT: i32 = 8083;
 pub const SUBSCRIBER_METRICS_PORT_NAME: &str = "ic-metrics";
 /// The non-root user the subscriber image runs as.
 pub const SUBSCRIBER_UID: i64 = 65532;
+
+/// Webhook-level settings the injection needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InjectionConfig {
+    /// Image of the kvevent-subscriber sidecar; `None` injects no subscriber.
+    pub subscriber_image: Option<String>,
+    /// Index server gRPC URL the injected subscriber dials.
+    pub index_server: String,
+    /// Audience of the token the subscriber presents to the index server;
+    /// `None` mounts no token (an index server without access control).
+    pub index_server_audience: Option<String>,
+    /// CA bundle (PEM) of an `https://` index server, handed to the
+    /// subscriber inline (`IC_INDEX_SERVER_CA_PEM`): a pod cannot mount a
+    /// Secret of the index server's namespace.
+    pub index_server_ca_pem: Option<String>,
+    /// OTLP collector the subscriber exports traces and metrics to (its
+    /// `--otlp-endpoint`); `$(HOST_IP)` in it names the node, for a
+    /// collector agent on every node. `None`: the sidecar exports nothing.
+    pub subscriber_otlp_endpoint: Option<String>,
+}
 
 /// What the subscriber is told.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +141,7 @@ pub fn is_guaranteed(spec: &PodSpec) -> bool {
 /// reads (`POD_NAME`, `POD_NAMESPACE`, `POD_IP`).
 pub fn subscriber_container(
     image: &str,
-    config: &crate::admission::InjectionConfig,
+    config: &InjectionConfig,
     plan: &SubscriberPlan,
     guaranteed: bool,
 ) -> Container {
@@ -270,40 +290,6 @@ pub fn subscriber_security_context() -> SecurityContext {
             type_: "RuntimeDefault".to_owned(),
             localhost_profile: None,
         }),
-        ..SecurityContext::default()
-    }
-}
-
-/// The security context of a container we add in the engine's image (the
-/// kernel check, the SGLang MP worker): no privilege escalation, no
-/// capabilities but those the engine itself adds (`keep_engine_caps`, for a
-/// worker that does the engine's memory work), the engine's seccomp profile
-/// or RuntimeDefault, and the engine's user, since the image's files are
-/// laid out for it. It passes the restricted level whenever the engine
-/// container does.
-pub fn engine_image_security_context(
-    engine: &Container,
-    keep_engine_caps: bool,
-) -> SecurityContext {
-    let theirs = engine.security_context.clone().unwrap_or_default();
-    let added = theirs
-        .capabilities
-        .as_ref()
-        .and_then(|c| c.add.clone())
-        .filter(|a| keep_engine_caps && !a.is_empty());
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        capabilities: Some(Capabilities {
-            add: added,
-            drop: Some(vec!["ALL".to_owned()]),
-        }),
-        run_as_non_root: theirs.run_as_non_root,
-        run_as_user: theirs.run_as_user,
-        run_as_group: theirs.run_as_group,
-        seccomp_profile: Some(theirs.seccomp_profile.unwrap_or(SeccompProfile {
-            type_: "RuntimeDefault".to_owned(),
-            localhost_profile: None,
-        })),
         ..SecurityContext::default()
     }
 }

@@ -318,7 +318,7 @@ fn build(
     resync_begin: bool,
     resync_end: bool,
     (tier2, load, cache): (
-        Option<crate::outbox::Tier2Counters>,
+        Option<crate::tier2::Tier2Counters>,
         Option<crate::tier2::EngineLoad>,
         Option<crate::tier2::EngineCache>,
     ),

@@ -2,7 +2,7 @@
 
 use ic_kvevents::ApplyStats;
 
-use crate::outbox::Tier2Counters;
+use crate::tier2::Tier2Counters;
 use ic_telemetry::MetricsRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

@@ -12,14 +12,7 @@ use std::collections::VecDeque;
 
 use ic_kvevents::{ApplyStats, DecodedBatch, IndexChange, ReplicaConfig, ReplicaState};
 
-/// Cumulative tier-2 counters scraped from the engine.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Tier2Counters {
-    /// `vllm:external_prefix_cache_hits_total`.
-    pub hits: u64,
-    /// `vllm:external_prefix_cache_queries_total`.
-    pub queries: u64,
-}
+use crate::tier2::{EngineCache, EngineLoad, Tier2Counters};
 
 /// Work for the forwarder.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,9 +68,9 @@ pub struct Outbox {
     /// Latest tier-2 counters; `None` while the engine exports none.
     pub tier2: Option<Tier2Counters>,
     /// The engine's latest load, if scraped.
-    pub engine_load: Option<crate::tier2::EngineLoad>,
+    pub engine_load: Option<EngineLoad>,
     /// The engine's KV cache size, if scraped.
-    pub engine_cache: Option<crate::tier2::EngineCache>,
+    pub engine_cache: Option<EngineCache>,
     /// Clean tokens that complete an incomplete history; 0 = the engine's
     /// reported KV capacity.
     history_turnover_tokens: u64,
@@ -186,7 +179,7 @@ impl Outbox {
 
     /// Records the engine's scraped cache size; returns the ranks whose
     /// history it completes (enough clean tokens were already stored).
-    pub fn set_engine_cache(&mut self, cache: Option<crate::tier2::EngineCache>) -> Vec<u32> {
+    pub fn set_engine_cache(&mut self, cache: Option<EngineCache>) -> Vec<u32> {
         self.engine_cache = cache;
         let turnover = self.turnover_tokens();
         (0..self.ranks())
@@ -440,7 +433,7 @@ mod tests {
             assert!(!outbox.apply(0, &batch(h), &mut stats).history_completed);
         }
         // The clean tokens so far count as soon as the size is known.
-        let cache = crate::tier2::EngineCache {
+        let cache = EngineCache {
             memory_bytes: None,
             capacity_tokens: Some(8),
         };

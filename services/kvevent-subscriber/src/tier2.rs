@@ -1,10 +1,17 @@
 //! What the subscriber reads from the engine's Prometheus endpoint: tier-2
 //! hit counters and the engine's load gauges.
 
-use crate::outbox::Tier2Counters;
-
 const HITS: &str = "vllm:external_prefix_cache_hits_total";
 const QUERIES: &str = "vllm:external_prefix_cache_queries_total";
+
+/// Cumulative tier-2 counters scraped from the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tier2Counters {
+    /// `vllm:external_prefix_cache_hits_total`.
+    pub hits: u64,
+    /// `vllm:external_prefix_cache_queries_total`.
+    pub queries: u64,
+}
 
 /// Every sample of a Prometheus text page: metric name (without labels)
 /// and value. Comments and unparsable lines are skipped.

@@ -6,7 +6,9 @@
 //! sequence: check the original pod, inject the engine container, apply
 //! engineOverrides against the before/after diff, then the pod-level parts.
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, Pod, PodSpec, SeccompProfile, SecurityContext,
+};
 
 use ic_api::CacheBackend;
 use ic_api::cachebackend::{CacheType, IntegrationRole, LmCacheSpec, Runtime};
@@ -25,6 +27,19 @@ pub const SIDECAR_MARKER_ENV: &str = ic_api::consts::injected::MARKER_ENV;
 
 /// The fail-open mirror env every LMCache adapter injects.
 pub const FAIL_OPEN_ENV: &str = "INFERENCECACHE_FAIL_OPEN";
+
+// === SGLang flags both SGLang adapters read ===
+// (LMCache MP and HiCache are exclusive: each refuses the other's switch.)
+
+/// SGLang's LMCache switch.
+pub const ENABLE_LMCACHE: &str = "--enable-lmcache";
+/// SGLang's LMCache config-file flag.
+pub const LMCACHE_CONFIG_FILE: &str = "--lmcache-config-file";
+/// Prometheus `/metrics` on the serving port: off by default in SGLang, and
+/// the subscriber reads the KV cache size and load from it.
+pub const ENABLE_METRICS: &str = "--enable-metrics";
+/// SGLang's HiCache switch.
+pub const ENABLE_HICACHE: &str = "--enable-hierarchical-cache";
 
 /// Defaults of the typed LMCache settings.
 pub const DEFAULT_CHUNK_SIZE: i32 = 256;
@@ -176,6 +191,40 @@ pub fn is_ours(container: &Container, component: &str) -> bool {
 /// The marker env entry for `component`.
 pub fn marker(component: &str) -> EnvVar {
     crate::merge::env(SIDECAR_MARKER_ENV, component)
+}
+
+/// The security context of a container we add in the engine's image (the
+/// kernel check, the SGLang MP worker): no privilege escalation, no
+/// capabilities but those the engine itself adds (`keep_engine_caps`, for a
+/// worker that does the engine's memory work), the engine's seccomp profile
+/// or RuntimeDefault, and the engine's user, since the image's files are
+/// laid out for it. It passes the restricted level whenever the engine
+/// container does.
+pub fn engine_image_security_context(
+    engine: &Container,
+    keep_engine_caps: bool,
+) -> SecurityContext {
+    let theirs = engine.security_context.clone().unwrap_or_default();
+    let added = theirs
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.clone())
+        .filter(|a| keep_engine_caps && !a.is_empty());
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            add: added,
+            drop: Some(vec!["ALL".to_owned()]),
+        }),
+        run_as_non_root: theirs.run_as_non_root,
+        run_as_user: theirs.run_as_user,
+        run_as_group: theirs.run_as_group,
+        seccomp_profile: Some(theirs.seccomp_profile.unwrap_or(SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        })),
+        ..SecurityContext::default()
+    }
 }
 
 /// The canonical engine-container name of a runtime in multi-container pods.

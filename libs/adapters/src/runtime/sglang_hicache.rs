@@ -13,13 +13,13 @@ use ic_api::cachebackend::{
     CacheType, HiCacheIoBackend, HiCacheMemoryLayout, HiCacheSpec, HiCacheWritePolicy, Runtime,
 };
 
-use super::sglang_lmcache::{ENABLE_LMCACHE, ENABLE_METRICS, LMCACHE_CONFIG_FILE};
-use super::{InjectContext, RuntimeAdapter};
+use super::{
+    ENABLE_HICACHE, ENABLE_LMCACHE, ENABLE_METRICS, InjectContext, LMCACHE_CONFIG_FILE,
+    RuntimeAdapter,
+};
 use crate::binding::Protocol;
 use crate::merge::{ArgItem, flag_items, upsert_flag};
 
-/// HiCache switch.
-pub const ENABLE_HICACHE: &str = "--enable-hierarchical-cache";
 /// Host cache as a multiple of the device cache.
 pub const HICACHE_RATIO: &str = "--hicache-ratio";
 /// Host cache size in GB.

@@ -23,7 +23,10 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use ic_api::cachebackend::{CacheType, Runtime};
 
-use super::{FAIL_OPEN_ENV, InjectContext, RuntimeAdapter, is_ours, marker};
+use super::{
+    ENABLE_HICACHE, ENABLE_LMCACHE, ENABLE_METRICS, FAIL_OPEN_ENV, InjectContext,
+    LMCACHE_CONFIG_FILE, RuntimeAdapter, engine_image_security_context, is_ours, marker,
+};
 use crate::binding::{Binding, Protocol};
 use crate::merge::{
     env, flag_items, upsert_arg_pair, upsert_container, upsert_env, upsert_flag,
@@ -42,14 +45,6 @@ pub const CONFIG_DIR: &str = "/etc/lmcache";
 pub const CONFIG_FILE: &str = "/etc/lmcache/lmcache.yaml";
 /// Shared-memory mount path.
 pub const SHM_PATH: &str = "/dev/shm";
-
-/// SGLang's LMCache switch.
-pub const ENABLE_LMCACHE: &str = "--enable-lmcache";
-/// SGLang's LMCache config-file flag.
-pub const LMCACHE_CONFIG_FILE: &str = "--lmcache-config-file";
-/// Prometheus `/metrics` on the serving port: off by default in SGLang, and
-/// the subscriber reads the KV cache size and load from it.
-pub const ENABLE_METRICS: &str = "--enable-metrics";
 
 const RESERVED_ARGS: &[&str] = &[ENABLE_LMCACHE, LMCACHE_CONFIG_FILE];
 /// `INFERENCECACHE_FAIL_OPEN` is the pod's record of
@@ -148,7 +143,7 @@ impl SglangLmCache {
             }),
             // The worker pins host memory for the engine: it keeps the
             // capabilities the engine adds, nothing more.
-            security_context: Some(crate::sidecars::engine_image_security_context(engine, true)),
+            security_context: Some(engine_image_security_context(engine, true)),
             ..Container::default()
         }
     }
@@ -296,7 +291,7 @@ impl RuntimeAdapter for SglangLmCache {
             }
         }
         let args = engine_c.args.as_deref().unwrap_or_default();
-        if !flag_items(args, super::sglang_hicache::ENABLE_HICACHE).is_empty() {
+        if !flag_items(args, ENABLE_HICACHE).is_empty() {
             return Err(
                 "the engine already enables SGLang HiCache; LMCache MP and HiCache are exclusive"
                     .into(),
