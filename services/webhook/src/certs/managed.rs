@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ic_clock::Backoff;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
@@ -295,18 +296,18 @@ impl ManagedCertificates {
         &self,
         shutdown: &CancellationToken,
     ) -> Result<SyncReport, ManagedError> {
-        let mut delay = Duration::from_millis(200);
+        let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         loop {
             match self.sync_once().await {
                 Ok(report) => return Ok(report),
                 Err(e) => {
                     self.metrics.certificate_error(e.step());
+                    let delay = backoff.next_delay();
                     tracing::warn!(error = %e, retry_in_ms = delay.as_millis(), "cannot set up the webhook certificates yet");
                     tokio::select! {
                         () = shutdown.cancelled() => return Err(e),
                         () = tokio::time::sleep(delay) => {}
                     }
-                    delay = (delay * 2).min(Duration::from_secs(10));
                 }
             }
         }
