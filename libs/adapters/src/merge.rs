@@ -142,16 +142,6 @@ pub fn upsert_flag(args: &mut Vec<String>, flag: &str) {
     replace_flag(args, flag, &tokens);
 }
 
-/// Removes every item of `flag`.
-pub fn remove_flag(args: &mut Vec<String>, flag: &str) {
-    replace_flag(args, flag, &[]);
-}
-
-/// The env entry named `name`.
-pub fn env_get<'a>(env: &'a [EnvVar], name: &str) -> Option<&'a EnvVar> {
-    env.iter().find(|e| e.name == name)
-}
-
 /// Ensures exactly one `var.name` entry equal to `var`, keeping the
 /// position of the first existing one.
 pub fn upsert_env(container: &mut Container, var: EnvVar) {

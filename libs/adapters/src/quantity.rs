@@ -79,11 +79,6 @@ impl ParsedQuantity {
         self.nanos % NANO == 0
     }
 
-    /// Whole units, rounded toward zero.
-    pub fn whole_units(self) -> i128 {
-        self.nanos / NANO
-    }
-
     /// `self` is a whole multiple of `unit` (which must be positive).
     pub fn is_multiple_of(self, unit: Self) -> bool {
         unit.nanos > 0 && self.nanos % unit.nanos == 0
@@ -343,11 +338,6 @@ impl ExactQuantity<'_> {
             }
         }
     }
-
-    /// The value in whole units, rounded down (bytes for memory).
-    pub fn floor_units(&self) -> Result<u128, QuantityError> {
-        self.floor_scaled(1, 1)
-    }
 }
 
 #[cfg(test)]
@@ -435,7 +425,7 @@ mod tests {
 
     fn units(s: &str) -> u128 {
         parse_exact(s)
-            .and_then(|q| q.floor_units())
+            .and_then(|q| q.floor_scaled(1, 1))
             .unwrap_or_else(|e| panic!("{s}: {e}"))
     }
 
@@ -485,11 +475,11 @@ mod tests {
         assert!(!zero.is_positive() && !zero.is_negative());
         let neg_zero = parse_exact("-0m").unwrap();
         assert!(!neg_zero.is_positive() && !neg_zero.is_negative());
-        assert_eq!(neg_zero.floor_units(), Ok(0));
+        assert_eq!(neg_zero.floor_scaled(1, 1), Ok(0));
         let neg = parse_exact("-250m").unwrap();
         assert!(neg.is_negative());
         assert_eq!(
-            neg.floor_units(),
+            neg.floor_scaled(1, 1),
             Err(QuantityError::Negative("-250m".into()))
         );
         assert!(parse_exact("250m").unwrap().is_positive());
@@ -534,7 +524,10 @@ mod tests {
         assert_eq!(units("0e100"), 0);
         assert_eq!(units("1e-128"), 0);
         let big = parse_exact("999999999999999999999999Ei").unwrap();
-        assert!(matches!(big.floor_units(), Err(QuantityError::TooLarge(_))));
+        assert!(matches!(
+            big.floor_scaled(1, 1),
+            Err(QuantityError::TooLarge(_))
+        ));
         assert!(matches!(
             parse_exact("1").unwrap().floor_scaled(1, 0),
             Err(QuantityError::TooLarge(_))

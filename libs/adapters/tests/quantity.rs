@@ -26,7 +26,7 @@ const SUFFIXES: [(&str, u128, u128); 13] = [
 
 fn units(s: &str) -> u128 {
     parse_exact(s)
-        .and_then(|q| q.floor_units())
+        .and_then(|q| q.floor_scaled(1, 1))
         .unwrap_or_else(|e| panic!("{s}: {e}"))
 }
 

@@ -271,8 +271,9 @@ impl AdmissionResponse {
         Ok(self)
     }
 
-    /// Decodes the patch (tests and tools).
-    pub fn decoded_patch(&self) -> Option<json_patch::Patch> {
+    /// Decodes the patch (unit tests).
+    #[cfg(test)]
+    pub(crate) fn decoded_patch(&self) -> Option<json_patch::Patch> {
         let raw = base64::engine::general_purpose::STANDARD
             .decode(self.patch.as_deref()?)
             .ok()?;
