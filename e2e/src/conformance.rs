@@ -4,13 +4,14 @@
 //! `e2e/conformance/driver.py`.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+use crate::free_port;
 
 /// The conformance venv: `$IC_CONFORMANCE_VENV` (set by `./dev.sh test`),
 /// else whatever `setup.sh` builds or finds.
@@ -97,17 +98,6 @@ pub fn expect_ok(what: &str, case: &Value, pythonpath: Option<&str>) -> Value {
         result["traceback"].as_str().unwrap_or_default()
     );
     result
-}
-
-/// A free loopback port (bound and released: fine for a test's own servers).
-///
-/// # Panics
-/// When nothing can be bound on loopback.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind loopback")
-        .port()
 }
 
 /// A `redis-server` on loopback, killed on drop.

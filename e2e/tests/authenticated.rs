@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use ic_e2e::engine::FakeEngine;
-use ic_e2e::{ServiceProcess, free_port, workspace_binary};
+use ic_e2e::{ServiceProcess, workspace_binary};
 use ic_fake_apiserver::{FakeApi, Grant, TokenIdentity};
 use ic_kvevents::encode::{Era, gpu_store};
 use ic_proto::IndexServiceClient;
@@ -109,8 +109,9 @@ async fn subscribers_authenticate_with_a_rotating_token_and_cannot_speak_for_oth
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig =
         ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "index-server", "ic").unwrap();
-    let port = free_port();
-    let mut server = index_server(port, &kubeconfig);
+    let mut server = index_server(0, &kubeconfig);
+    // The restart below reuses the port the first server bound.
+    let port = server.addr("grpc").port();
     let grpc = format!("http://{}", server.addr("grpc"));
 
     let token_file = dir.path().join("token");

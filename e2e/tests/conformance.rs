@@ -13,7 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
-use ic_e2e::conformance::{Redis, expand_env, expect_ok, free_port, venv};
+use ic_e2e::conformance::{Redis, expand_env, expect_ok, venv};
+use ic_e2e::free_port;
 use serde_json::{Value, json};
 
 const VLLM_VERSIONS: [&str; 2] = ["0.11.2", "0.33.0"];

@@ -464,7 +464,7 @@ async fn the_engines_cache_size_reaches_the_snapshot() {
     let row = loop {
         let (status, body) = ic_e2e::http_get(http, "/snapshot");
         assert_eq!(status, 200, "{body}");
-        let snapshot: ic_api::snapshot::Snapshot = serde_json::from_str(&body).unwrap();
+        let snapshot: ic_index_http::Snapshot = serde_json::from_str(&body).unwrap();
         if let Some(row) = snapshot
             .replicas
             .into_iter()

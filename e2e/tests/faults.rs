@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use ic_e2e::engine::FakeEngine;
-use ic_e2e::{ServiceProcess, free_port, http_get, workspace_binary};
+use ic_e2e::{ServiceProcess, http_get, workspace_binary};
 use ic_kvevents::Medium;
 use ic_kvevents::encode::{Era, gpu_store, removal};
 use ic_proto::IndexServiceClient;
@@ -117,7 +117,8 @@ fn stop_all(sidecars: Vec<ServiceProcess>, mut server: ServiceProcess) {
     assert!(server.stop().success());
 }
 
-/// An index server on a fixed gRPC port, so it can be restarted in place.
+/// An index server on `grpc_port` (0: the OS picks; read it back with
+/// `addr("grpc")`), so a restart can take the port the first one bound.
 fn index_server(grpc_port: u16, extra: &[&str]) -> ServiceProcess {
     let grpc = format!("127.0.0.1:{grpc_port}");
     let mut args = vec!["--http-addr", "127.0.0.1:0", "--grpc-addr", &grpc];
@@ -256,8 +257,8 @@ fn figure(scenario: &str, value: impl std::fmt::Display) {
 /// same port starts empty and every subscriber resyncs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_server_killed_under_load_is_rebuilt_by_the_subscribers() {
-    let port = free_port();
-    let mut server = index_server(port, &[]);
+    let mut server = index_server(0, &[]);
+    let port = server.addr("grpc").port();
     let (mut engines, mut sidecars) = fleet(3, port, &[]).await;
     rounds(&mut engines, 20).await;
     let http = server.admin_addr();
@@ -297,8 +298,8 @@ async fn an_index_server_killed_under_load_is_rebuilt_by_the_subscribers() {
 /// what the engine did while no sidecar watched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_subscriber_is_replaced_and_the_replica_is_whole_again() {
-    let port = free_port();
-    let mut server = index_server(port, &[]);
+    let mut server = index_server(0, &[]);
+    let port = server.addr("grpc").port();
     let http = server.admin_addr();
     let (mut engines, mut sidecars) = fleet(2, port, &[]).await;
     rounds(&mut engines, 15).await;
@@ -329,8 +330,8 @@ async fn a_killed_subscriber_is_replaced_and_the_replica_is_whole_again() {
 /// the engine, and after SIGCONT resyncs the full state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
-    let port = free_port();
-    let mut server = index_server(port, &[]);
+    let mut server = index_server(0, &[]);
+    let port = server.addr("grpc").port();
     let http = server.admin_addr();
     let (mut engines, mut sidecars) = fleet(1, port, &["--queue-capacity", "32"]).await;
     for _ in 0..5 {
@@ -376,8 +377,8 @@ async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
 /// empty): the index drops what the old process held and follows the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_restart_mid_stream_replaces_the_replicas_state() {
-    let port = free_port();
-    let mut server = index_server(port, &[]);
+    let mut server = index_server(0, &[]);
+    let port = server.addr("grpc").port();
     let http = server.admin_addr();
     let (mut engines, sidecars) = fleet(2, port, &[]).await;
     rounds(&mut engines, 10).await;
@@ -421,9 +422,9 @@ async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_a
     const BATCHES: u64 = 100;
     const PER_BATCH: u64 = 2_000;
     const RESYNC_BEYOND_CAPACITY: u64 = CAPACITY + CAPACITY / 5;
-    let port = free_port();
     let capacity = CAPACITY.to_string();
-    let mut server = index_server(port, &["--capacity-entries", &capacity]);
+    let mut server = index_server(0, &["--capacity-entries", &capacity]);
+    let port = server.addr("grpc").port();
     let http = server.admin_addr();
     let grpc = format!("http://127.0.0.1:{port}");
     let fingerprints = |replica: u64, n: u64| -> Vec<u64> {

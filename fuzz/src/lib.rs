@@ -282,15 +282,15 @@ fn index_server() -> ic_index_server::grpc::IndexServer {
 pub fn seed_resync(replica: &str) -> pb::IngestBatch {
     let tokens: Vec<u32> = (0..64 * 16).collect();
     let fingerprints = ic_kvevents::chain_fingerprints(None, &tokens, 16);
-    ic_e2e::ingest::resync(
-        &ic_e2e::ingest::Replica {
+    ic_sim::ingest::resync(
+        &ic_sim::ingest::Replica {
             tenant: TENANT,
             model: MODEL,
             replica_id: replica,
             address: "10.0.0.1:8000",
             dp_rank: 0,
         },
-        vec![ic_e2e::ingest::stored(fingerprints, 16, pb::Tier::T1)],
+        vec![ic_sim::ingest::stored(fingerprints, 16, pb::Tier::T1)],
     )
 }
 

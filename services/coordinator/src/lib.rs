@@ -21,7 +21,6 @@ pub mod metrics;
 pub mod mp;
 pub mod persistence;
 pub mod registry;
-pub mod replay;
 pub mod settings;
 pub mod state;
 pub mod views;

@@ -19,7 +19,7 @@ struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum Command {
     /// Replay a recorded `.lct` event trace into a running coordinator.
-    Replay(ic_coordinator::replay::ReplayArgs),
+    Replay(ic_coordinator_client::replay::ReplayArgs),
 }
 
 #[tokio::main]
@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
         }
         Some(Command::Replay(args)) => {
             ic_telemetry::run_service(ic_coordinator::BINARY, &log, |_shutdown| async move {
-                let report = ic_coordinator::replay::replay(&args).await?;
+                let report = ic_coordinator_client::replay::replay(&args).await?;
                 tracing::info!(
                     frames = report.frames,
                     applied = report.applied,

@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Coord;
-use ic_coordinator::replay::{ReplayArgs, ReplayReport, replay};
+use ic_coordinator_client::replay::{ReplayArgs, ReplayReport, replay};
 use ic_coordinator_core::trace::{Header, Record, TraceWriter};
 use serde_json::{Map, Value, json};
 

@@ -41,7 +41,7 @@ use crate::probe::{ProbeRequest, Prober};
 pub const MAX_PROBE_BODY_BYTES: usize = 16 * 1024;
 
 /// The `/snapshot` body: the one wire type the controller and icctl read.
-pub use ic_api::snapshot::{Snapshot, SnapshotReplica};
+pub use ic_index_http::{Snapshot, SnapshotReplica};
 
 /// RFC 3339 UTC with second precision, from Unix milliseconds.
 pub fn rfc3339(ms: i64) -> String {

@@ -506,12 +506,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<String> {
             ),
         },
         Command::Replay { file, speed } => {
-            let report = ic_coordinator::replay::replay(&ic_coordinator::replay::ReplayArgs {
+            let args = ic_coordinator_client::replay::ReplayArgs {
                 file: file.clone(),
                 url: cli.coordinator.clone(),
                 speed: *speed,
-            })
-            .await?;
+            };
+            let report = ic_coordinator_client::replay::replay(&args).await?;
             render(serde_json::to_value(report)?, coordinator::object_text)
         }
         Command::Delete {

@@ -2,7 +2,7 @@
 //! `fingerprint` reference.
 
 use anyhow::{Context, bail};
-use ic_api::snapshot::Snapshot;
+use ic_index_http::Snapshot;
 use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::index_service_client::IndexServiceClient;
 use serde_json::{Value, json};

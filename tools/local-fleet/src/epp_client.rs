@@ -6,7 +6,7 @@
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     external_processor_client::ExternalProcessorClient, processing_response,
 };
-use ic_e2e::ext_proc;
+use ic_sim::ext_proc;
 use tonic::transport::Channel;
 
 /// An ext_proc client to the picker.

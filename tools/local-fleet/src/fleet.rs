@@ -15,15 +15,16 @@
 
 use std::time::{Duration, Instant};
 
-use ic_e2e::engine::FakeEngine;
 use ic_kvevents::Medium;
 use ic_kvevents::chain_fingerprints;
 use ic_kvevents::encode::{gpu_store, removal};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
+use ic_sim::engine::FakeEngine;
 use serde::Serialize;
 
 use crate::cache::{PrefixCache, Served};
+use crate::rng::Rng;
 use crate::timing::{EngineQueues, TimingModel, percentile_ms};
 use crate::trace::TraceRequest;
 
@@ -124,25 +125,6 @@ impl PolicyResult {
         } else {
             self.hit_blocks as f64 / self.prompt_blocks as f64
         }
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*), so runs are reproducible.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// Seeded generator.
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-    /// Uniform in `0..n`.
-    pub fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let v = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        (v % n.max(1) as u64) as usize
     }
 }
 

@@ -11,6 +11,7 @@ mod cache;
 mod epp_client;
 mod fleet;
 mod report;
+mod rng;
 mod timing;
 mod trace;
 
@@ -19,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ic_e2e::engine::FakeEngine;
-use ic_e2e::{ServiceProcess, http_get};
 use ic_kvevents::encode::Era;
+use ic_sim::engine::FakeEngine;
+use ic_sim::{ServiceProcess, http_get};
 use serde::Serialize;
 
 use crate::fleet::PolicyResult;

@@ -4,6 +4,8 @@
 //! a time per prompt token not found in the engine's cache. TTFT is the
 //! time queued plus the prefill. Times are the trace's milliseconds.
 
+use crate::rng::Rng;
+
 /// Cost of a prefill.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TimingModel {
@@ -63,7 +65,7 @@ impl EngineQueues {
     /// The engine with less queued work at `now_ms` of two drawn at random
     /// (power of two choices, as a least-request load balancer does; always
     /// taking the least loaded would send every tie to the same engine).
-    pub fn less_loaded_of_two(&self, now_ms: f64, rng: &mut crate::fleet::Rng) -> usize {
+    pub fn less_loaded_of_two(&self, now_ms: f64, rng: &mut Rng) -> usize {
         let n = self.free_at_ms.len();
         let a = rng.below(n);
         let b = rng.below(n);
@@ -100,7 +102,7 @@ mod tests {
         assert_eq!(q.serve(0, 0.0, 1_000), 1_010.0);
         // Arrives while engine 0 is busy: waits for it.
         assert_eq!(q.serve(0, 10.0, 0), 1_010.0);
-        let mut rng = crate::fleet::Rng::new(3);
+        let mut rng = Rng::new(3);
         for _ in 0..20 {
             // Whenever engine 1 is drawn it wins: it is idle.
             let pick = q.less_loaded_of_two(10.0, &mut rng);

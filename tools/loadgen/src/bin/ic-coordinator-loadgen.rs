@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ic_e2e::ServiceProcess;
 use ic_loadgen::{PhaseStats, summarize};
+use ic_sim::ServiceProcess;
 use serde::Serialize;
 use serde_json::{Value, json};
 

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use ic_e2e::engine::FakeEngine;
 use ic_kvevents::KvEvent;
 use ic_kvevents::encode::Era;
 use ic_kvevents::wire::{BlockStored, Medium};
+use ic_sim::engine::FakeEngine;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Tokens of the prompt the engine reports holding.

@@ -19,9 +19,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use ic_kvevents::KvEvent;
 use ic_kvevents::encode::{Era, encode_batch};
-use zeromq::{Socket, SocketRecv, SocketSend};
-
-use crate::free_port;
+use zeromq::{Endpoint, Socket, SocketRecv, SocketSend};
 
 /// One engine DP rank: PUB on `events_port`, replay ROUTER on `replay_port`.
 // Holds sockets, which have no Debug.
@@ -40,23 +38,29 @@ pub struct FakeEngine {
 }
 
 impl FakeEngine {
+    /// An engine on ports the OS picks (read them back from the fields).
     pub async fn start(era: Era, topic: &str) -> Self {
-        Self::start_on(era, topic, free_port(), free_port()).await
+        Self::start_on(era, topic, 0, 0).await
     }
 
+    /// An engine on the given ports; 0 lets the OS pick.
     pub async fn start_on(era: Era, topic: &str, events_port: u16, replay_port: u16) -> Self {
         let mut socket = zeromq::XPubSocket::new();
-        socket
-            .bind(&format!("tcp://127.0.0.1:{events_port}"))
-            .await
-            .expect("bind PUB");
+        let events_port = bound_port(
+            socket
+                .bind(&format!("tcp://127.0.0.1:{events_port}"))
+                .await
+                .expect("bind PUB"),
+        );
         let buffer: Arc<Mutex<Vec<(u64, Bytes)>>> = Arc::default();
         let old_replay_framing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut router = zeromq::RouterSocket::new();
-        router
-            .bind(&format!("tcp://127.0.0.1:{replay_port}"))
-            .await
-            .expect("bind ROUTER");
+        let replay_port = bound_port(
+            router
+                .bind(&format!("tcp://127.0.0.1:{replay_port}"))
+                .await
+                .expect("bind ROUTER"),
+        );
         let replay_buffer = buffer.clone();
         let topic_bytes = Bytes::copy_from_slice(topic.as_bytes());
         let old = old_replay_framing.clone();
@@ -227,6 +231,14 @@ impl FakeEngine {
     pub fn restart(&mut self) {
         self.next_seq = 0;
         self.buffer.lock().unwrap().clear();
+    }
+}
+
+/// The port a TCP bind ended up on (zeromq resolves port 0).
+fn bound_port(endpoint: Endpoint) -> u16 {
+    match endpoint {
+        Endpoint::Tcp(_, port) => port,
+        other => panic!("a tcp:// bind answered {other}"),
     }
 }
 

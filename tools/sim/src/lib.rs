@@ -1,0 +1,20 @@
+//! `ic-sim`: what runs the InferenceCache data plane without real engines,
+//! shared by the tools (`ic-local-fleet`, `ic-loadgen`) and the tests
+//! (`ic-e2e` re-exports it):
+//!
+//! * [`engine`]: a stand-in engine speaking the real KV-event wire (ZMQ
+//!   PUB and replay ROUTER), and a publisher of garbage frames;
+//! * [`process`]: the real binaries as child processes, with the addresses
+//!   they bound read back from their `--listen-report` file;
+//! * [`ext_proc`]: what a gateway sends an endpoint picker;
+//! * [`ingest`]: IngestEvents batches as a subscriber sends them.
+//!
+//! The helpers panic on failure: their callers are tests and tools whose
+//! run cannot go on without the process or socket they asked for.
+
+pub mod engine;
+pub mod ext_proc;
+pub mod ingest;
+pub mod process;
+
+pub use process::{PROCESS_TIMEOUT, ServiceProcess, http_get};
