@@ -301,7 +301,7 @@ fn populated_index_server() -> &'static ic_index_server::grpc::IndexServer {
         for replica in ["engine-0", "engine-1"] {
             let mut stream = ic_index_server::ingest::IngestStream::with_limits(Default::default());
             server
-                .apply_batch(&mut stream, seed_resync(replica), ic_clock::unix_ms())
+                .apply_batch(&mut stream, seed_resync(replica))
                 .unwrap_or_else(|e| panic!("seeding the fuzz index: {e}"));
         }
         server
@@ -333,10 +333,7 @@ pub fn ingest_events(data: &[u8]) {
         else {
             break;
         };
-        if server
-            .apply_batch(&mut stream, batch, ic_clock::unix_ms())
-            .is_err()
-        {
+        if server.apply_batch(&mut stream, batch).is_err() {
             break;
         }
     }

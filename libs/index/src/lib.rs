@@ -28,6 +28,7 @@ mod lookup;
 pub mod pick;
 pub mod pod_scores;
 mod prefetch;
+mod registry;
 pub mod route;
 pub mod speculative;
 mod store;

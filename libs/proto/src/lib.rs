@@ -12,7 +12,7 @@ pub mod index_v1 {
     tonic::include_proto!("inferencecache.index.v1");
 }
 
-/// `indexer.v1`: llm-d's remote indexer API (GetPodScores), wire-identical
+/// `indexer.v1`: llm-d's remote indexer API (GetPodScores), byte-compatible
 /// with llm-d-kv-cache's `indexer.proto`.
 pub mod llmd_indexer_v1 {
     tonic::include_proto!("indexer.v1");
@@ -62,12 +62,12 @@ pub mod channel {
 }
 
 /// The cache tier between the domain ([`ic_kvevents::Tier`], which the
-/// index re-exports) and the wire.
+/// index re-exports) and the protobuf contract.
 pub mod tier {
     use super::index_v1 as pb;
     use ic_kvevents::Tier;
 
-    /// A domain tier on the wire.
+    /// A domain tier in the protobuf contract.
     pub fn to_pb(tier: Tier) -> i32 {
         match tier {
             Tier::T1 => pb::Tier::T1 as i32,
@@ -75,7 +75,7 @@ pub mod tier {
         }
     }
 
-    /// A wire tier, `None` when unspecified or unknown.
+    /// A protobuf tier, `None` when unspecified or unknown.
     pub fn from_pb(tier: i32) -> Option<Tier> {
         match pb::Tier::try_from(tier) {
             Ok(pb::Tier::T1) => Some(Tier::T1),

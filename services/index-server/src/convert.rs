@@ -1,11 +1,11 @@
-//! Wire ↔ index vocabulary.
+//! Protobuf contract ↔ index vocabulary.
 
 use ic_index::{HashScheme, Scope};
 use ic_kvevents::{ExtraKey, MediaSpan, PromptExtras};
 use ic_proto::index_v1 as pb;
 
 /// Tenant of the functional probe's synthetic replicas: not a namespace
-/// name, so no request from the wire can name it.
+/// name, so no request can name it.
 pub const PROBE_TENANT: &str = "~probe";
 
 /// A request scope, validated; the error names the offending field under `path`.
@@ -141,7 +141,7 @@ pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtra
 
 /// Whether `s` is a valid namespace name (an RFC 1123 label). Tenants are
 /// namespaces; enforcing it also keeps the functional probe's own tenant
-/// unreachable from the wire.
+/// unreachable from any request.
 pub fn is_namespace_name(s: &str) -> bool {
     let b = s.as_bytes();
     let edge = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();

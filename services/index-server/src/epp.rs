@@ -1,10 +1,10 @@
 //! The Gateway API Inference Extension endpoint picker: Envoy's
 //! `envoy.service.ext_proc.v3.ExternalProcessor/Process`, one gRPC stream
 //! per HTTP request. A thin adapter: it reads the request (headers, the
-//! gateway's endpoint subset, the OpenAI body), tokenizes the prompt as the
-//! engine will (chat messages through the model's chat template), asks the
-//! routing core ([`crate::routing::Routing::decide`]) over the pool's
-//! endpoints, and answers with `x-gateway-destination-endpoint` (header and
+//! gateway's endpoint subset, the OpenAI body), asks the core
+//! ([`IndexCore::route`], which tokenizes the prompt as the engine will —
+//! chat messages through the model's chat template — sheds, decides over
+//! the pool's endpoints and falls back by load), and answers with `x-gateway-destination-endpoint` (header and
 //! `envoy.lb` dynamic metadata), or a 503 when no endpoint can serve.
 //!
 //! Message sequences handled, as Envoy sends them:
@@ -39,15 +39,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use futures::Stream;
-use ic_index::pick::Scored;
-use ic_index::route::{RouteKey, RouteQuery, scope_tag};
 use ic_index::{HashScheme, ReplicaKey, Scope};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use crate::grpc::IndexServer;
-use crate::openai::{self, InferenceRequest, MAX_BODY_BYTES, Prompt};
+use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
+use crate::openai::{self, MAX_BODY_BYTES, Prompt as BodyPrompt};
 
 /// The header (and `envoy.lb` metadata key) naming the picked endpoint.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
@@ -74,15 +72,15 @@ pub struct PoolConfig {
 /// The endpoint picker service.
 #[derive(Clone, Debug)]
 pub struct EndpointPicker {
-    server: IndexServer,
+    core: Arc<IndexCore>,
     pool: Arc<PoolConfig>,
 }
 
 impl EndpointPicker {
-    /// A picker over `server`'s index choosing among `pool`'s endpoints.
-    pub fn new(server: IndexServer, pool: PoolConfig) -> Self {
+    /// A picker over `core` choosing among `pool`'s endpoints.
+    pub fn new(core: Arc<IndexCore>, pool: PoolConfig) -> Self {
         Self {
-            server,
+            core,
             pool: Arc::new(pool),
         }
     }
@@ -284,7 +282,7 @@ impl EndpointPicker {
             adapter: String::new(),
             ..scope.clone()
         };
-        let known = self.server.index.replicas_in(&base, None, None);
+        let known = self.core.index().replicas_in(&base, None, None);
         eligible
             .iter()
             .map(|address| {
@@ -313,7 +311,7 @@ impl EndpointPicker {
             hash_scheme: self.pool.hash_scheme,
             adapter: String::new(),
         };
-        let index = &self.server.index;
+        let index = self.core.index();
         if scope.model.is_empty() || index.block_size(&scope).is_some() {
             return scope;
         }
@@ -329,37 +327,21 @@ impl EndpointPicker {
         }
     }
 
-    /// Token ids of the prompt as the engine will hash them.
-    /// (An adapter shares its base `model`'s tokenizer.)
-    fn tokens(&self, model: &str, request: &InferenceRequest) -> Option<Vec<u32>> {
-        let tokenizers = &self.server.tokenizers;
-        let result = match request.prompt.as_ref()? {
-            Prompt::Tokens(ids) => Ok(ids.clone()),
-            Prompt::Text(text) => tokenizers.encode(model, text),
-            Prompt::Chat(messages) => tokenizers.encode_chat(model, messages),
-        };
-        result
-            .map_err(|error| {
-                tracing::debug!(model = %request.model, %error, "prompt not tokenized; routing by load");
-                self.server.metrics.epp_unread("tokenize");
-            })
-            .ok()
-    }
-
-    /// Decides where a request goes (CPU work: run off the I/O threads).
+    /// Decides where a request goes (CPU work: run off the I/O threads):
+    /// read the body, narrow the pool, ask the core, convert.
     fn decide(
         &self,
         path: &str,
         body: Option<&[u8]>,
         subset: Option<&[String]>,
     ) -> Result<Pick, NoEndpoint> {
-        let started = Instant::now();
+        let received = Instant::now();
         let eligible = self.eligible(subset)?;
         let request = body.and_then(|b| match openai::parse(path, b) {
             Ok(r) => Some(r),
             Err(error) => {
                 tracing::debug!(%error, "request body not read; routing by load");
-                self.server.metrics.epp_unread("body");
+                self.core.metrics().epp_unread("body");
                 None
             }
         });
@@ -368,73 +350,48 @@ impl EndpointPicker {
             .map_or_else(String::new, |r| r.model.clone());
         let scope = self.scope_of(model, &eligible);
         let pool = self.scored_pool(&scope, &eligible);
-        let now_ms = ic_clock::unix_ms();
-        if let Some(limit) = self.pool.shed_at_requests {
-            let least = self.server.routing.rank_by_load(&pool, now_ms);
-            if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
-                return Err(NoEndpoint::Saturated(format!(
-                    "every endpoint is saturated: the least busy has {:.0} requests \
-                     (--epp-shed-at-requests {limit})",
-                    least.load.requests
-                )));
-            }
-        }
-        let tokens = request.as_ref().and_then(|r| self.tokens(&scope.model, r));
-        let routing = &self.server.routing;
-        let (best, blocks): (Option<Scored>, Vec<u64>) = match &tokens {
-            Some(tokens) => {
-                let policy = self.server.policies.read().get(&scope.tenant);
-                let deadline = crate::grpc::Until(started + policy.lookup_timeout);
-                let extras = request
-                    .as_ref()
-                    .filter(|r| !r.cache_salt.is_empty())
-                    .map(|r| ic_kvevents::PromptExtras {
-                        cache_salt: r.cache_salt.clone(),
-                        ..Default::default()
-                    });
-                let query = RouteQuery {
-                    scope: &scope,
-                    key: RouteKey::Tokens(tokens),
-                    candidates: None,
-                    extras: extras.as_ref(),
-                };
-                let ranked = routing.decide(
-                    &self.server.index,
-                    &query,
-                    &policy,
-                    self.server.default_block_size,
-                    now_ms,
-                    &deadline,
-                    Some(&pool),
-                );
-                let by_load = || routing.rank_by_load(&pool, now_ms).into_iter().next();
-                (
-                    ranked.ranked.first().cloned().or_else(by_load),
-                    ranked.blocks,
-                )
-            }
-            None => (
-                routing.rank_by_load(&pool, now_ms).into_iter().next(),
-                Vec::new(),
-            ),
+        let extras = request
+            .as_ref()
+            .filter(|r| !r.cache_salt.is_empty())
+            .map(|r| ic_kvevents::PromptExtras {
+                cache_salt: r.cache_salt.clone(),
+                ..Default::default()
+            });
+        // An adapter shares its base `model`'s tokenizer (the scope's model).
+        let prompt = match request.as_ref().and_then(|r| r.prompt.as_ref()) {
+            Some(BodyPrompt::Tokens(ids)) => Prompt::Tokens(ids),
+            Some(BodyPrompt::Text(text)) => Prompt::Text(text),
+            Some(BodyPrompt::Chat(messages)) => Prompt::Chat(messages),
+            None => Prompt::Unknown,
         };
-        let Some(best) = best else {
-            return Err(NoEndpoint::Empty("the pool has no ready endpoint".into()));
-        };
-        routing.picked(scope_tag(&scope), &best.replica.replica_id, &blocks, now_ms);
-        routing.started(&best.replica.replica_id);
-        self.server.metrics.epp_decided(
-            if best.matched_blocks > 0 {
-                "prefix"
-            } else {
-                "load"
+        let routed = self.core.route(&RouteRequest {
+            scope: &scope,
+            prompt,
+            candidates: None,
+            extras: extras.as_ref(),
+            received,
+            purpose: Purpose::Endpoint {
+                pool: &pool,
+                shed_at_requests: self.pool.shed_at_requests,
             },
-            started.elapsed(),
-        );
-        Ok(Pick {
-            endpoint: best.address,
-            replica_id: best.replica.replica_id,
-        })
+        });
+        match routed {
+            Ok(Routed::Endpoint { pick, by_prefix }) => {
+                self.core.metrics().epp_decided(
+                    if by_prefix { "prefix" } else { "load" },
+                    received.elapsed(),
+                );
+                Ok(Pick {
+                    endpoint: pick.address,
+                    replica_id: pick.replica.replica_id,
+                })
+            }
+            Err(RouteError::Saturated(detail)) => Err(NoEndpoint::Saturated(detail)),
+            Err(other) => Err(NoEndpoint::Empty(other.to_string())),
+            Ok(_) => Err(NoEndpoint::Empty(
+                "the core answered another purpose".into(),
+            )),
+        }
     }
 
     async fn decide_off_thread(
@@ -459,7 +416,7 @@ struct InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         if let Some(id) = self.replica_id.take() {
-            self.picker.server.routing.finished(&id);
+            self.picker.core.finished(&id);
         }
     }
 }
@@ -608,12 +565,12 @@ impl EndpointPicker {
                 Ok(pick)
             }
             Err(NoEndpoint::Empty(detail)) => {
-                self.server.metrics.epp_refused("no_endpoint");
+                self.core.metrics().epp_refused("no_endpoint");
                 tracing::warn!(%detail, "no endpoint to pick");
                 Err(refusal(StatusCode::ServiceUnavailable, &detail))
             }
             Err(NoEndpoint::Saturated(detail)) => {
-                self.server.metrics.epp_refused("saturated");
+                self.core.metrics().epp_refused("saturated");
                 tracing::debug!(%detail, "request shed");
                 Err(refusal(StatusCode::TooManyRequests, &detail))
             }
@@ -680,7 +637,7 @@ impl EndpointPicker {
         }
         let body = (!ex.too_large).then(|| std::mem::take(&mut ex.body));
         if ex.too_large {
-            self.server.metrics.epp_unread("too_large");
+            self.core.metrics().epp_unread("too_large");
         }
         let pick = match self.pick_or_refuse(ex, body, in_flight).await {
             Ok(pick) => pick,

@@ -1,27 +1,26 @@
-//! The `IndexService` gRPC handlers: thin adapters that validate, call the
-//! routing core ([`ic_index::route`]) or the ingest protocol
-//! ([`ic_index::ingest`]) and convert.
+//! The `IndexService` gRPC handlers: thin adapters that check the caller,
+//! validate, call the core ([`IndexCore::route`], [`IndexCore::ingest`])
+//! and convert.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use ic_index::Index;
 use ic_index::pick::Scored;
-use ic_index::route::{NoHintReason, Ranked, RouteKey, RouteQuery, scope_tag};
-use ic_index::{Change, Deadline, Index, ReplicaKey};
+use ic_index::route::{NoHintReason, Ranked};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
-use parking_lot::RwLock;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
 use crate::access::{ApiAccess, Caller};
 use crate::convert::scope_from_pb;
-use crate::ingest::{IngestStream, Step};
+use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed, StepEnd};
+use crate::ingest::{IngestStream, engine_facts};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
-use crate::routing::Routing;
-use crate::tokenize::{EncodeError, Tokenizers};
+use crate::tokenize::EncodeError;
 
 /// Ingest steps of more blocks than this run on the blocking pool.
 const BLOCKING_STEP_BLOCKS: u64 = 4096;
@@ -33,23 +32,11 @@ pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
 /// Largest candidate list accepted.
 pub const MAX_CANDIDATES: usize = 4096;
 
-/// Shared state of the handlers.
+/// The gRPC front end: the core, plus what only this transport needs
+/// (who may call, the IngestEvents stream bounds, shutdown).
 #[derive(Clone, Debug)]
 pub struct IndexServer {
-    /// The index.
-    pub index: Arc<Index>,
-    /// Resolved policies.
-    pub policies: Arc<RwLock<Policies>>,
-    /// Block size for token-id lookups in scopes without learned events.
-    pub default_block_size: u32,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Tokenizers for `prompt_text` lookups, by model.
-    pub tokenizers: Arc<Tokenizers>,
-    /// Load board, speculative holders and scoring weights.
-    pub routing: Arc<Routing>,
-    /// Each replica's latest KV cache size, as its engine reports it.
-    pub engine_reports: Arc<EngineReports>,
+    core: Arc<IndexCore>,
     /// IngestEvents stream bounds.
     pub ingest: Arc<crate::streams::IngestControl>,
     /// Who may call what.
@@ -57,66 +44,6 @@ pub struct IndexServer {
     /// Cancelled when the server stops: open ingest streams end at once
     /// (the subscribers reconnect elsewhere) instead of holding shutdown.
     pub shutdown: tokio_util::sync::CancellationToken,
-}
-
-/// What a replica's subscriber last said about the engine beside its
-/// blocks: its KV cache size and whether the view misses history.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineReport {
-    /// The engine's KV cache size, when its metrics export it.
-    pub cache: Option<pb::EngineCache>,
-    /// The subscriber's view misses unrecoverable batches.
-    pub history_incomplete: bool,
-}
-
-/// Each replica's latest [`EngineReport`] (for the snapshot; not routing
-/// state, so it lives beside the index).
-#[derive(Debug, Default)]
-pub struct EngineReports(parking_lot::Mutex<std::collections::HashMap<ReplicaKey, EngineReport>>);
-
-impl EngineReports {
-    /// Records what `key`'s latest batch said.
-    pub fn report(
-        &self,
-        key: ReplicaKey,
-        cache: Option<pb::EngineCache>,
-        history_incomplete: bool,
-    ) {
-        let mut map = self.0.lock();
-        let entry = map.entry(key).or_default();
-        entry.history_incomplete = history_incomplete;
-        if cache.is_some() {
-            entry.cache = cache;
-        }
-    }
-
-    /// The latest reports of the replicas in `present`, forgetting the rest.
-    pub fn of_present(
-        &self,
-        present: &std::collections::HashSet<&ReplicaKey>,
-    ) -> std::collections::HashMap<ReplicaKey, EngineReport> {
-        let mut map = self.0.lock();
-        map.retain(|k, _| present.contains(k));
-        map.clone()
-    }
-}
-
-/// Why an ingest stream must end after a batch.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum StepEnd {
-    /// Ask the subscriber to resync, with this detail.
-    Resync(String),
-    /// A bound was reached.
-    Refused(ic_index::ingest::Limit, String),
-}
-
-/// A lookup's budget on the monotonic clock.
-pub(crate) struct Until(pub(crate) Instant);
-
-impl Deadline for Until {
-    fn expired(&self) -> bool {
-        Instant::now() >= self.0
-    }
 }
 
 fn score(c: &Scored) -> pb::CandidateScore {
@@ -134,7 +61,8 @@ fn score(c: &Scored) -> pb::CandidateScore {
     }
 }
 
-fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
+/// A NO_HINT reason in the protobuf contract.
+pub(crate) fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
     match reason {
         NoHintReason::UnknownModel => pb::NoHintReason::UnknownModel,
         NoHintReason::PromptTooShort => pb::NoHintReason::PromptTooShort,
@@ -145,7 +73,7 @@ fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
     }
 }
 
-/// The routing core's decision on the wire: candidates are the replicas
+/// The core's decision as a protobuf answer: candidates are the replicas
 /// holding part of the prompt, best first.
 fn response_of(decision: &Ranked) -> pb::LookupRouteResponse {
     let candidates: Vec<pb::CandidateScore> = decision
@@ -201,67 +129,64 @@ impl IndexServer {
 
     /// Counts `denied` and turns it into the call's status.
     pub(crate) fn refused(&self, path: &'static str, denied: &crate::access::Denied) -> Status {
-        self.metrics.access_refused(path, denied);
+        self.core.metrics().access_refused(path, denied);
         denied.to_status()
     }
 
     /// A server over `index` with default policies and no tokenizers.
     pub fn new(index: Arc<Index>, default_block_size: u32, metrics: Metrics) -> Self {
+        Self::over(Arc::new(IndexCore::new(index, default_block_size, metrics)))
+    }
+
+    /// The gRPC front end of `core`, open to anyone, with default stream
+    /// bounds.
+    pub fn over(core: Arc<IndexCore>) -> Self {
         Self {
-            index,
-            policies: Arc::new(RwLock::new(Policies::default())),
-            default_block_size,
-            metrics,
-            tokenizers: Arc::new(Tokenizers::default()),
-            routing: Arc::new(Routing::default()),
-            engine_reports: Arc::new(EngineReports::default()),
+            core,
             ingest: Arc::new(crate::streams::IngestControl::default()),
             access: Arc::new(ApiAccess::Open),
             shutdown: tokio_util::sync::CancellationToken::new(),
         }
     }
 
-    /// LookupRoute without gRPC: validate, route, convert.
-    pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
-        let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
-        self.lookup_in(scope, req)
+    /// The core this front end adapts.
+    pub fn core(&self) -> &Arc<IndexCore> {
+        &self.core
     }
 
-    /// LookupRoute for an already validated scope; the functional probe
-    /// calls it directly for its own (otherwise unreachable) tenant. The
-    /// budget starts now and covers tokenizing, fingerprinting and the walk.
-    pub(crate) fn lookup_in(
-        &self,
-        scope: ic_index::Scope,
-        req: &pb::LookupRouteRequest,
-    ) -> Result<pb::LookupRouteResponse, Status> {
-        let started = Instant::now();
+    /// The index.
+    pub fn index(&self) -> &Arc<Index> {
+        self.core.index()
+    }
+
+    /// LookupRoute without gRPC: validate, route, convert. The budget
+    /// starts now and covers tokenizing, fingerprinting and the walk.
+    pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
+        let received = Instant::now();
+        let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
         if req.candidate_replicas.len() > MAX_CANDIDATES {
             return Err(Status::invalid_argument(format!(
                 "candidate_replicas: at most {MAX_CANDIDATES} entries"
             )));
         }
-        let policy = self.policies.read().get(&scope.tenant);
-        let deadline = Until(started + policy.lookup_timeout);
         let extras = crate::convert::extras_from_pb(req).map_err(Status::invalid_argument)?;
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
             .then(|| req.candidate_replicas.iter().cloned().collect());
         use pb::lookup_route_request::Key;
-        let tokens;
-        let key = match &req.key {
+        let prompt = match &req.key {
             None => {
                 return Err(Status::invalid_argument(
                     "key: one of prefix_hash, block_hashes, token_ids, prompt_text is required",
                 ));
             }
-            Some(Key::PrefixHash(fp)) => RouteKey::PrefixHash(*fp),
+            Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(*fp),
             Some(Key::BlockHashes(b)) => {
                 if b.hashes.len() > MAX_PROMPT_BLOCKS {
                     return Err(Status::invalid_argument(format!(
                         "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
                     )));
                 }
-                RouteKey::Blocks(&b.hashes)
+                Prompt::Blocks(&b.hashes)
             }
             Some(Key::TokenIds(t)) => {
                 if t.ids.len() > MAX_PROMPT_TOKENS {
@@ -269,50 +194,32 @@ impl IndexServer {
                         "token_ids.ids: at most {MAX_PROMPT_TOKENS} tokens"
                     )));
                 }
-                RouteKey::Tokens(&t.ids)
+                Prompt::Tokens(&t.ids)
             }
-            Some(Key::PromptText(text)) => {
-                tokens = self
-                    .tokenizers
-                    .encode(&scope.model, text)
-                    .map_err(|e| match e {
-                        EncodeError::NoTokenizer(_) => Status::failed_precondition(e.to_string()),
-                        EncodeError::TooLong
-                        | EncodeError::Failed(_)
-                        | EncodeError::NoChatTemplate(_)
-                        | EncodeError::Template(_) => Status::invalid_argument(e.to_string()),
-                    })?;
-                RouteKey::Tokens(&tokens)
-            }
+            Some(Key::PromptText(text)) => Prompt::Text(text),
         };
-        let query = RouteQuery {
+        let routed = self.core.route(&RouteRequest {
             scope: &scope,
-            key,
+            prompt,
             candidates: candidates.as_ref(),
             extras: extras.as_ref(),
+            received,
+            purpose: Purpose::Hint {
+                record_pick: !req.observe_only,
+            },
+        });
+        let decision = match routed {
+            Ok(Routed::Hint(decision)) => decision,
+            Ok(_) => return Err(Status::internal("the core answered another purpose")),
+            Err(RouteError::Tokenize(e @ EncodeError::NoTokenizer(_))) => {
+                return Err(Status::failed_precondition(e.to_string()));
+            }
+            Err(e) => return Err(Status::invalid_argument(e.to_string())),
         };
-        let now_ms = ic_clock::unix_ms();
-        let decision = self.routing.decide(
-            &self.index,
-            &query,
-            &policy,
-            self.default_block_size,
-            now_ms,
-            &deadline,
-            None,
-        );
         let response = response_of(&decision);
-        // A gateway that follows `best` sends the request there: count it
-        // in the load and as a speculative holder of the prompt.
-        if let Some(best) = decision.best().filter(|_| !req.observe_only) {
-            let blocks: &[u64] = match query.key {
-                RouteKey::PrefixHash(_) => &[],
-                _ => &decision.blocks,
-            };
-            self.routing
-                .picked(scope_tag(&scope), &best.replica.replica_id, blocks, now_ms);
-        }
-        self.metrics.record_lookup(&response, started.elapsed());
+        self.core
+            .metrics()
+            .record_lookup(&response, received.elapsed());
         Ok(response)
     }
 }
@@ -326,65 +233,13 @@ impl IndexServer {
         &self,
         stream: &mut IngestStream,
         batch: pb::IngestBatch,
-        now: i64,
     ) -> Result<(), String> {
+        let facts = engine_facts(&batch);
         let step = stream.accept(batch).map_err(|e| e.0)?;
-        self.apply_step(step, now).map_err(|end| match end {
+        self.core.ingest(step, facts).map_err(|end| match end {
             StepEnd::Resync(detail) => format!("resync required: {detail}"),
             StepEnd::Refused(limit, detail) => format!("refused ({}): {detail}", limit.label()),
         })
-    }
-
-    /// Applies one classified ingest batch to the index (the one path both
-    /// IngestEvents and the functional probe use). `Err` when the stream
-    /// must end.
-    pub(crate) fn apply_step(&self, step: Step, now: i64) -> Result<(), StepEnd> {
-        match step {
-            Step::Buffered => {}
-            Step::Apply {
-                key,
-                scope,
-                address,
-                changes,
-                tier2,
-            } => {
-                let errors = self.index.apply(&key, &scope, &address, &changes, now);
-                self.metrics.content_errors.inc_by(errors.len() as u64);
-                self.index.set_tier2(&key, tier2);
-                self.confirm_speculation(&scope, &key.replica_id, &changes);
-            }
-            Step::Replace {
-                key,
-                scope,
-                address,
-                changes,
-                tier2,
-            } => {
-                let errors = self.index.replace(&key, &scope, &address, &changes, now);
-                self.metrics.content_errors.inc_by(errors.len() as u64);
-                self.index.set_tier2(&key, tier2);
-                self.metrics.resyncs.inc();
-                self.confirm_speculation(&scope, &key.replica_id, &changes);
-            }
-            Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
-            Step::Refused(limit, detail) => return Err(StepEnd::Refused(limit, detail)),
-        }
-        Ok(())
-    }
-
-    /// The engine's own word replaces the replica's speculative holding:
-    /// stored blocks are now real, evicted ones are gone, a cleared tier
-    /// ends every speculation of the replica.
-    fn confirm_speculation(&self, scope: &ic_index::Scope, replica_id: &str, changes: &[Change]) {
-        let tag = scope_tag(scope);
-        for change in changes {
-            match change {
-                Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
-                    self.routing.confirm(tag, replica_id, fingerprints);
-                }
-                Change::Cleared { .. } => self.routing.forget_speculation(replica_id),
-            }
-        }
     }
 }
 
@@ -484,7 +339,7 @@ impl IndexServer {
         match result {
             Ok(response) => Ok(Response::new(response)),
             Err(status) => {
-                self.metrics.lookup_errors.inc();
+                self.core.metrics().lookup_errors.inc();
                 Err(status)
             }
         }
@@ -503,15 +358,16 @@ impl IndexServer {
             },
             str::to_owned,
         );
+        let metrics = self.core.metrics();
         let _permit = self.ingest.admit(client).map_err(|refusal| {
-            self.metrics.ingest_refused(refusal.label());
+            metrics.ingest_refused(refusal.label());
             Status::resource_exhausted(refusal.detail(&self.ingest))
         })?;
         let mut stream = request.into_inner();
         let mut state = IngestStream::with_limits(self.ingest.limits.clone());
         let mut last_applied_seq = 0;
-        self.metrics.ingest_streams.inc();
-        let _open = scopeguard(&self.metrics);
+        metrics.ingest_streams.inc();
+        let _open = StreamGuard(metrics);
         let idle = self.ingest.idle_timeout;
         loop {
             let next = tokio::select! {
@@ -521,123 +377,109 @@ impl IndexServer {
                 }
             };
             let Ok(next) = next else {
-                self.metrics.ingest_refused("idle");
+                metrics.ingest_refused("idle");
                 return Err(Status::deadline_exceeded(format!(
                     "no batch for {} s (--ingest-idle-timeout-seconds)",
                     idle.as_secs()
                 )));
             };
             let Some(batch) = next? else { break };
-            // Only batches the subscriber traced (it sends a context with
-            // deltas and resyncs, not heartbeats) get a span here.
-            let span = if batch.trace_context.is_empty() {
-                tracing::Span::none()
-            } else {
-                let span = tracing::debug_span!(
-                    "ingest_batch",
-                    otel.kind = "consumer",
-                    replica = batch.replica.as_ref().map_or("", |r| r.replica_id.as_str()),
-                    seq = i64::try_from(batch.seq).unwrap_or(i64::MAX),
-                    events = i64::try_from(batch.events.len()).unwrap_or(i64::MAX),
-                    resync_begin = batch.resync_begin,
-                    resync_end = batch.resync_end,
-                    outcome = tracing::field::Empty,
-                );
-                ic_telemetry::otel::adopt(
-                    &span,
-                    ic_telemetry::otel::parent_from_map(&batch.trace_context),
-                );
-                span
-            };
-            let _entered = span.enter();
             let seq = batch.seq;
-            let engine_load = batch.engine_load.zip(batch.replica.as_ref()).map(|(l, r)| {
-                (
-                    r.replica_id.clone(),
-                    ic_index::load::EngineLoad {
-                        waiting: l.waiting,
-                        running: l.running,
-                        kv_usage: if l.kv_usage.is_finite() {
-                            l.kv_usage.clamp(0.0, 1.0)
-                        } else {
-                            0.0
-                        },
-                    },
-                )
-            });
-            let report = batch.replica.as_ref().and_then(|r| {
-                let tenant = r.scope.as_ref()?.tenant.clone();
-                Some((
-                    ReplicaKey {
-                        tenant,
-                        replica_id: r.replica_id.clone(),
-                        dp_rank: r.dp_rank,
-                    },
-                    batch.engine_cache,
-                    batch.history_incomplete,
-                ))
-            });
-            if let Some(replica) = &batch.replica {
-                let tenant = replica.scope.as_ref().map_or("", |s| s.tenant.as_str());
-                ApiAccess::authorize_ingest(&caller, tenant, &replica.replica_id)
-                    .map_err(|d| self.refused("ingest", &d))?;
-            }
-            let step = state.accept(batch).map_err(|e| {
-                self.metrics.ingest_batch("invalid");
-                Status::invalid_argument(e.0)
-            })?;
-            let applied = if step.weight() > BLOCKING_STEP_BLOCKS {
-                // A resync or a large batch is milliseconds of CPU: off the
-                // runtime's I/O threads, so that lookups sharing a worker
-                // are not held behind it.
-                let server = self.clone();
-                tokio::task::spawn_blocking(move || server.apply_step(step, ic_clock::unix_ms()))
-                    .await
-                    .map_err(|e| Status::internal(format!("ingest task failed: {e}")))?
-            } else {
-                self.apply_step(step, ic_clock::unix_ms())
-            };
-            span.record(
-                "outcome",
-                match &applied {
-                    Ok(()) => "applied",
-                    Err(StepEnd::Resync(_)) => "resync_required",
-                    Err(StepEnd::Refused(..)) => "refused",
-                },
-            );
-            match applied {
-                Ok(()) => {}
-                Err(StepEnd::Resync(detail)) => {
-                    self.metrics.ingest_batch("resync_required");
-                    tracing::info!(%detail, "asking a subscriber to resync");
+            match self.ingest_one(&caller, &mut state, batch).await? {
+                Ok(()) => last_applied_seq = seq,
+                Err(detail) => {
                     return Ok(Response::new(pb::IngestAck {
                         last_applied_seq,
                         resync_required: true,
                         detail,
                     }));
                 }
-                Err(StepEnd::Refused(limit, detail)) => {
-                    self.metrics.ingest_batch("refused");
-                    self.metrics.ingest_refused(limit.label());
-                    tracing::warn!(%detail, limit = limit.label(), "ingest stream refused");
-                    return Err(Status::resource_exhausted(detail));
-                }
             }
-            self.metrics.ingest_batch("applied");
-            if let Some((key, cache, incomplete)) = report {
-                self.engine_reports.report(key, cache, incomplete);
-            }
-            if let Some((replica_id, load)) = engine_load {
-                self.routing
-                    .report_engine(&replica_id, load, ic_clock::unix_ms());
-            }
-            self.metrics.set_index_size(&self.index);
-            last_applied_seq = seq;
         }
         Ok(Response::new(pb::IngestAck {
             last_applied_seq,
             ..Default::default()
         }))
+    }
+
+    /// One batch of a stream: check the caller may write the replica,
+    /// convert, hand it to the core. `Ok(Err(detail))` asks the subscriber
+    /// to resync; `Err` ends the stream.
+    async fn ingest_one(
+        &self,
+        caller: &Caller,
+        state: &mut IngestStream,
+        batch: pb::IngestBatch,
+    ) -> Result<Result<(), String>, Status> {
+        let metrics = self.core.metrics();
+        // Only batches the subscriber traced (it sends a context with
+        // deltas and resyncs, not heartbeats) get a span here.
+        let span = if batch.trace_context.is_empty() {
+            tracing::Span::none()
+        } else {
+            let span = tracing::debug_span!(
+                "ingest_batch",
+                otel.kind = "consumer",
+                replica = batch.replica.as_ref().map_or("", |r| r.replica_id.as_str()),
+                seq = i64::try_from(batch.seq).unwrap_or(i64::MAX),
+                events = i64::try_from(batch.events.len()).unwrap_or(i64::MAX),
+                resync_begin = batch.resync_begin,
+                resync_end = batch.resync_end,
+                outcome = tracing::field::Empty,
+            );
+            ic_telemetry::otel::adopt(
+                &span,
+                ic_telemetry::otel::parent_from_map(&batch.trace_context),
+            );
+            span
+        };
+        let _entered = span.enter();
+        if let Some(replica) = &batch.replica {
+            let tenant = replica.scope.as_ref().map_or("", |s| s.tenant.as_str());
+            ApiAccess::authorize_ingest(caller, tenant, &replica.replica_id)
+                .map_err(|d| self.refused("ingest", &d))?;
+        }
+        let facts = engine_facts(&batch);
+        let step = state.accept(batch).map_err(|e| {
+            metrics.ingest_batch("invalid");
+            Status::invalid_argument(e.0)
+        })?;
+        let applied = if step.weight() > BLOCKING_STEP_BLOCKS {
+            // A resync or a large batch is milliseconds of CPU: off the
+            // runtime's I/O threads, so that lookups sharing a worker
+            // are not held behind it.
+            let core = self.core.clone();
+            tokio::task::spawn_blocking(move || core.ingest(step, facts))
+                .await
+                .map_err(|e| Status::internal(format!("ingest task failed: {e}")))?
+        } else {
+            self.core.ingest(step, facts)
+        };
+        span.record(
+            "outcome",
+            match &applied {
+                Ok(()) => "applied",
+                Err(StepEnd::Resync(_)) => "resync_required",
+                Err(StepEnd::Refused(..)) => "refused",
+            },
+        );
+        match applied {
+            Ok(()) => {
+                metrics.ingest_batch("applied");
+                Ok(Ok(()))
+            }
+            Err(StepEnd::Resync(detail)) => {
+                metrics.ingest_batch("resync_required");
+                tracing::info!(%detail, "asking a subscriber to resync");
+                Ok(Err(detail))
+            }
+            Err(StepEnd::Refused(limit, detail)) => {
+                metrics.ingest_batch("refused");
+                metrics.ingest_refused(limit.label());
+                tracing::warn!(%detail, limit = limit.label(), "ingest stream refused");
+                Err(Status::resource_exhausted(detail))
+            }
+        }
     }
 
     async fn replace_policies(
@@ -649,7 +491,7 @@ impl IndexServer {
         let policies = Policies::from_push(&request.get_ref().policies)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let applied = u32::try_from(policies.len()).unwrap_or(u32::MAX);
-        *self.policies.write() = policies;
+        self.core.set_policies(policies);
         tracing::info!(namespaces = applied, "routing policies replaced");
         Ok(Response::new(pb::SetPoliciesResponse { applied }))
     }
@@ -662,8 +504,4 @@ impl Drop for StreamGuard<'_> {
     fn drop(&mut self) {
         self.0.ingest_streams.dec();
     }
-}
-
-fn scopeguard(metrics: &Metrics) -> StreamGuard<'_> {
-    StreamGuard(metrics)
 }

@@ -33,37 +33,25 @@ use ic_index::Index;
 
 use crate::auth::{AuthError, ProbeAuth};
 use crate::convert::PROBE_TENANT;
-use crate::grpc::EngineReports;
+use crate::index_core::{EngineReports, IndexCore};
 use crate::metrics::{Metrics, ReasonLabel};
 use crate::probe::{ProbeRequest, Prober};
 
 /// Largest `/probe` body accepted.
 pub const MAX_PROBE_BODY_BYTES: usize = 16 * 1024;
 
-/// The `/snapshot` body: the one wire type the controller and icctl read.
+/// The `/snapshot` body: the one definition the controller and icctl read.
 pub use ic_index_http::{Snapshot, SnapshotReplica};
 
 /// RFC 3339 UTC with second precision, from Unix milliseconds.
 pub fn rfc3339(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let seconds = ms.div_euclid(1000).clamp(
+        jiff::Timestamp::MIN.as_second(),
+        jiff::Timestamp::MAX.as_second(),
+    );
+    jiff::Timestamp::from_second(seconds)
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        .to_string()
 }
 
 /// Builds the snapshot body.
@@ -108,16 +96,12 @@ pub fn snapshot(index: &Index, reports: &EngineReports, now_ms: i64) -> Snapshot
 /// What the HTTP handlers share.
 #[derive(Clone, Debug)]
 pub struct HttpState {
-    /// The index.
-    pub index: Arc<Index>,
+    /// The index, its metrics and the engines' reports.
+    pub core: Arc<IndexCore>,
     /// Runs functional probes.
     pub prober: Prober,
     /// Authenticates `/probe`.
     pub auth: Arc<ProbeAuth>,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// What the engines last reported beside their blocks, for the snapshot.
-    pub engine_reports: Arc<EngineReports>,
     /// Who may read `/snapshot`.
     pub access: Arc<crate::access::ApiAccess>,
 }
@@ -150,7 +134,7 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
             AuthError::Missing | AuthError::Rejected(_) => StatusCode::UNAUTHORIZED,
             AuthError::Disabled(_) | AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
-        let mut response = refuse(&state.metrics, e.reason(), status, e.to_string());
+        let mut response = refuse(state.core.metrics(), e.reason(), status, e.to_string());
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -163,7 +147,7 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
         Ok(r) => r,
         Err(e) => {
             return refuse(
-                &state.metrics,
+                state.core.metrics(),
                 "bad_request",
                 StatusCode::BAD_REQUEST,
                 format!("body must be JSON {{\"namespace\": \"...\", \"backend\": \"...\"}}: {e}"),
@@ -171,10 +155,16 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
         }
     };
     if let Err(e) = request.validate() {
-        return refuse(&state.metrics, "bad_request", StatusCode::BAD_REQUEST, e);
+        return refuse(
+            state.core.metrics(),
+            "bad_request",
+            StatusCode::BAD_REQUEST,
+            e,
+        );
     }
     let prober = state.prober.clone();
-    match tokio::task::spawn_blocking(move || prober.run(&request, ic_clock::unix_ms())).await {
+    let now_ms = state.core.now_ms();
+    match tokio::task::spawn_blocking(move || prober.run(&request, now_ms)).await {
         Ok(report) => Json(report).into_response(),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -193,7 +183,7 @@ async fn get_snapshot(State(state): State<HttpState>, headers: HeaderMap) -> Res
         Err(denied) => Err(denied),
     };
     if let Err(denied) = allowed {
-        state.metrics.access_refused("snapshot", &denied);
+        state.core.metrics().access_refused("snapshot", &denied);
         let status = match denied {
             Denied::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Denied::PermissionDenied(_) => StatusCode::FORBIDDEN,
@@ -209,9 +199,9 @@ async fn get_snapshot(State(state): State<HttpState>, headers: HeaderMap) -> Res
         return response;
     }
     Json(snapshot(
-        &state.index,
-        &state.engine_reports,
-        ic_clock::unix_ms(),
+        state.core.index(),
+        state.core.reports(),
+        state.core.now_ms(),
     ))
     .into_response()
 }
@@ -237,5 +227,6 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_700_000_000_250), "2023-11-14T22:13:20Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59Z");
     }
 }

@@ -5,8 +5,11 @@
 
 pub use ic_index::ingest::Step;
 use ic_index::ingest::{IngestBatch, IngestLimits, IngestSession};
+use ic_index::load::EngineLoad;
 use ic_index::{Change, ReplicaKey, Tier};
 use ic_proto::index_v1 as pb;
+
+use crate::index_core::EngineFacts;
 
 use crate::convert::checked_scope;
 
@@ -81,6 +84,32 @@ impl IngestStream {
             tier2,
         }))
     }
+}
+
+/// What `batch` says about its engine beside the blocks (the engine's
+/// queue, KV-cache usage and size), its usage clamped to 0..=1; `None` when
+/// the batch names no replica scope (such a batch is refused anyway).
+pub fn engine_facts(batch: &pb::IngestBatch) -> Option<EngineFacts> {
+    let replica = batch.replica.as_ref()?;
+    let tenant = replica.scope.as_ref()?.tenant.clone();
+    Some(EngineFacts {
+        key: ReplicaKey {
+            tenant,
+            replica_id: replica.replica_id.clone(),
+            dp_rank: replica.dp_rank,
+        },
+        load: batch.engine_load.map(|l| EngineLoad {
+            waiting: l.waiting,
+            running: l.running,
+            kv_usage: if l.kv_usage.is_finite() {
+                l.kv_usage.clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
+        }),
+        cache: batch.engine_cache,
+        history_incomplete: batch.history_incomplete,
+    })
 }
 
 fn change_from_pb(event: pb::IndexEvent, i: usize) -> Result<Change, InvalidBatch> {

@@ -12,6 +12,7 @@ pub mod convert;
 pub mod epp;
 pub mod grpc;
 pub mod http;
+pub mod index_core;
 pub mod ingest;
 pub mod llmd;
 pub mod metrics;
@@ -28,7 +29,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ic_clock::{Clock, SystemClock};
 use ic_index::{Index, IndexConfig};
 use ic_proto::IndexServiceServer;
 use ic_telemetry::serving::{ServeOptions, ServingListener};
@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{ProbeAuth, TokenReviewer};
 use crate::grpc::IndexServer;
+use crate::index_core::IndexCore;
 use crate::metrics::{IndexMemoryCollector, Metrics};
 use crate::probe::Prober;
 use crate::tokenize::Tokenizers;
@@ -373,32 +374,9 @@ async fn probe_auth(config: &Config) -> anyhow::Result<ProbeAuth> {
     }
 }
 
-/// Forgets every replica silent for longer than `after` at `now_ms`;
-/// returns how many went.
-pub fn forget_silent(index: &Index, metrics: &Metrics, now_ms: i64, after: Duration) -> usize {
-    let cutoff = now_ms.saturating_sub(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
-    let mut forgotten = 0;
-    for key in index.replicas_silent_since(cutoff) {
-        if index.remove_replica(&key) {
-            forgotten += 1;
-            metrics.stale_replicas_removed.inc();
-            tracing::info!(
-                tenant = %key.tenant,
-                replica = %key.replica_id,
-                dp_rank = key.dp_rank,
-                "forgot a silent replica"
-            );
-        }
-    }
-    metrics.set_index_size(index);
-    forgotten
-}
-
 /// Periodically forgets replicas that fell silent.
 async fn collect_stale_replicas(
-    index: Arc<Index>,
-    metrics: Metrics,
-    clock: Arc<dyn Clock>,
+    core: Arc<IndexCore>,
     after: Duration,
     shutdown: CancellationToken,
 ) {
@@ -409,19 +387,12 @@ async fn collect_stale_replicas(
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        forget_silent(&index, &metrics, clock.unix_ms(), after);
+        core.forget_silent(after);
     }
 }
 
-/// Every few seconds: load and speculation of replicas gone from the index
-/// are dropped (they never outlive a replica), expired speculation goes,
-/// and the speculation metrics are refreshed.
-async fn routing_upkeep(
-    index: Arc<Index>,
-    routing: Arc<routing::Routing>,
-    metrics: Metrics,
-    shutdown: CancellationToken,
-) {
+/// Every few seconds, [`IndexCore::routing_upkeep`].
+async fn routing_upkeep(core: Arc<IndexCore>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(Duration::from_secs(2));
     let mut dropped_seen = 0;
     loop {
@@ -429,20 +400,7 @@ async fn routing_upkeep(
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let present: std::collections::HashSet<String> = index
-            .replicas_silent_since(i64::MAX)
-            .into_iter()
-            .map(|k| k.replica_id)
-            .collect();
-        routing.retain(&present, ic_clock::unix_ms());
-        let (entries, dropped) = routing.speculation_stats();
-        metrics
-            .speculative_entries
-            .set(i64::try_from(entries).unwrap_or(i64::MAX));
-        metrics
-            .speculative_dropped
-            .inc_by(dropped.saturating_sub(dropped_seen));
-        dropped_seen = dropped;
+        dropped_seen = core.routing_upkeep(dropped_seen);
     }
 }
 
@@ -489,7 +447,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
     let epp_pool = epp_pool(&config)?;
     let llmd_indexer = llmd_indexer(&config)?;
-    let routing = Arc::new(routing::Routing::from_flags(&config.scoring)?);
+    let routing = routing::Routing::from_flags(&config.scoring)?;
     let auth = probe_auth(&config).await?;
     let access = Arc::new(api_access(&config).await?);
     if matches!(*access, access::ApiAccess::Open) {
@@ -508,18 +466,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ..IndexConfig::default()
     }));
     IndexMemoryCollector::register(&registry, index.clone());
-    let mut service = IndexServer::new(index.clone(), config.engine_block_size, metrics.clone());
+    let core = Arc::new(
+        IndexCore::new(index.clone(), config.engine_block_size, metrics.clone())
+            .with_tokenizers(tokenizers)
+            .with_routing(routing),
+    );
+    let mut service = IndexServer::over(core.clone());
     service.ingest = Arc::new(ingest_control(&config));
     service.access = access.clone();
     service.shutdown = shutdown.clone();
-    service.tokenizers = Arc::new(tokenizers);
-    service.routing = routing.clone();
     let http_state = http::HttpState {
-        index: index.clone(),
-        prober: Prober::new(service.clone()),
+        core: core.clone(),
+        prober: Prober::new(core.clone()),
         auth: Arc::new(auth),
-        metrics: metrics.clone(),
-        engine_reports: service.engine_reports.clone(),
         access: access.clone(),
     };
     let health = Health::new();
@@ -550,19 +509,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let grpc_addr = grpc_listener.local_addr();
     if config.replica_gc_after_seconds > 0 {
         tokio::spawn(collect_stale_replicas(
-            index.clone(),
-            metrics.clone(),
-            Arc::new(SystemClock::default()),
+            core.clone(),
             Duration::from_secs(config.replica_gc_after_seconds),
             shutdown.clone(),
         ));
     }
-    tokio::spawn(routing_upkeep(
-        index.clone(),
-        routing.clone(),
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+    tokio::spawn(routing_upkeep(core.clone(), shutdown.clone()));
     // Standard grpc.health.v1 (Kubernetes gRPC probes, load balancers; the
     // load generator's empty-RPC baseline).
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -584,7 +536,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                     shutdown.clone(),
                 ));
             }
-            let picker = epp::EndpointPicker::new(service.clone(), pool);
+            let picker = epp::EndpointPicker::new(core.clone(), pool);
             Some(serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?)
         }
         _ => None,
@@ -665,15 +617,17 @@ mod tests {
         assert!("x=".parse::<TokenizerSpec>().is_err());
     }
 
-    use ic_clock::ManualClock;
+    use ic_clock::{Clock, ManualClock};
     use ic_index::{Change, HashScheme, ReplicaKey, Scope, Tier};
 
     #[test]
     fn silent_replicas_are_forgotten_as_the_clock_moves() {
-        let clock = ManualClock::at_second(1_700_000_000);
-        let index = Index::new(IndexConfig::default());
+        let clock = Arc::new(ManualClock::at_second(1_700_000_000));
         let registry = MetricsRegistry::new("inferencecache", "test");
         let metrics = Metrics::register(&registry);
+        let core = IndexCore::new(Arc::new(Index::new(IndexConfig::default())), 16, metrics)
+            .with_clock(clock.clone());
+        let index = core.index();
         let scope = Scope {
             tenant: "t".into(),
             model: "m".into(),
@@ -694,9 +648,9 @@ mod tests {
         index.apply(&key, &scope, "10.0.0.1:8000", &[stored], clock.unix_ms());
         let after = Duration::from_secs(60);
         clock.advance(Duration::from_secs(60));
-        assert_eq!(forget_silent(&index, &metrics, clock.unix_ms(), after), 0);
+        assert_eq!(core.forget_silent(after), 0);
         clock.advance(Duration::from_millis(1));
-        assert_eq!(forget_silent(&index, &metrics, clock.unix_ms(), after), 1);
+        assert_eq!(core.forget_silent(after), 1);
         assert!(index.replicas_silent_since(i64::MAX).is_empty());
         assert!(
             registry.encode().contains("stale_replicas_removed"),

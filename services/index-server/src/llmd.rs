@@ -1,9 +1,9 @@
 //! llm-d's remote indexer API, `indexer.v1.IndexerService/GetPodScores`,
 //! on the gRPC port: an llm-d router that scores remotely (its precise
 //! prefix-cache scorer pointed at a remote indexer) reads our index. A thin
-//! adapter: it validates, tokenizes the prompt with the model's tokenizer,
-//! asks the routing core ([`ic_index::route::route`], under the tenant's
-//! policy) and converts with [`ic_index::pod_scores`].
+//! adapter: it validates, asks the core for the prefix matches
+//! ([`IndexCore::route`] with [`Purpose::Scores`]: the model's tokenizer,
+//! the tenant's policy) and converts with [`ic_index::pod_scores`].
 //!
 //! The scores are prefix scores only, as llm-d's indexer gives them: the
 //! router weighs them against its own load scorers, and the call is not a
@@ -13,13 +13,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ic_index::pod_scores::{TierWeights, pod_scores};
-use ic_index::route::{RouteKey, RouteOutcome, RouteQuery, route};
-use ic_index::{Candidate, HashScheme, Match, Scope};
+use ic_index::{HashScheme, Scope};
 use ic_proto::llmd_indexer_v1 as pb;
 use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerService;
 use tonic::{Request, Response, Status};
 
-use crate::grpc::{IndexServer, MAX_CANDIDATES, Until};
+use crate::grpc::{IndexServer, MAX_CANDIDATES};
+use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
 use crate::tokenize::EncodeError;
 
 /// Whose engines the API scores.
@@ -37,14 +37,18 @@ pub struct IndexerConfig {
 /// The `IndexerService` implementation.
 #[derive(Clone, Debug)]
 pub struct LlmdIndexer {
+    /// The gRPC front end whose callers this API shares (access control).
     server: IndexServer,
+    core: Arc<IndexCore>,
     config: Arc<IndexerConfig>,
 }
 
 impl LlmdIndexer {
-    /// The API over `server`'s index for `config`'s tenant.
+    /// The API beside `server` (its core and access control) for
+    /// `config`'s tenant.
     pub fn new(server: IndexServer, config: IndexerConfig) -> Self {
         Self {
+            core: server.core().clone(),
             server,
             config: Arc::new(config),
         }
@@ -74,44 +78,36 @@ impl LlmdIndexer {
             hash_scheme: self.config.hash_scheme,
             adapter: String::new(),
         };
-        let policy = self.server.policies.read().get(&scope.tenant);
-        let deadline = Until(started + policy.lookup_timeout);
-        let tokens = self
-            .server
-            .tokenizers
-            .encode(&scope.model, &req.prompt)
-            .map_err(|e| match e {
-                EncodeError::NoTokenizer(_) => (
-                    Status::failed_precondition(format!("model_name: {e}")),
-                    "no_tokenizer",
-                ),
-                _ => invalid(format!("prompt: {e}")),
-            })?;
-        let query = RouteQuery {
+        let routed = self.core.route(&RouteRequest {
             scope: &scope,
-            key: RouteKey::Tokens(&tokens),
+            prompt: Prompt::Text(&req.prompt),
             candidates: None,
             extras: None,
+            received: started,
+            purpose: Purpose::Scores,
+        });
+        let matches = match routed {
+            Ok(Routed::Scores(matches)) => matches,
+            Ok(_) => {
+                return Err((
+                    Status::internal("the core answered another purpose"),
+                    "invalid",
+                ));
+            }
+            Err(RouteError::Tokenize(e @ EncodeError::NoTokenizer(_))) => {
+                return Err((
+                    Status::failed_precondition(format!("model_name: {e}")),
+                    "no_tokenizer",
+                ));
+            }
+            Err(e) => return Err(invalid(format!("prompt: {e}"))),
         };
-        let now_ms = ic_clock::unix_ms();
-        let matches: Result<Vec<Candidate>, ic_index::route::NoHintReason> = route(
-            &self.server.index,
-            &query,
-            &policy,
-            self.server.default_block_size,
-            now_ms,
-            &deadline,
-            |d| match d.outcome {
-                RouteOutcome::Route(m) => Ok(m.iter().map(Match::to_candidate).collect()),
-                RouteOutcome::NoHint { reason, .. } => Err(reason),
-            },
-        );
         let (matches, outcome) = match matches {
             Ok(m) => (m, "scored"),
             Err(ic_index::route::NoHintReason::LookupTimeout) => (Vec::new(), "timeout"),
             Err(_) => (Vec::new(), "no_match"),
         };
-        let known = self.server.index.replicas_in(&scope, None, None);
+        let known = self.core.index().replicas_in(&scope, None, None);
         let scores = pod_scores(&known, &matches, &req.pod_identifiers, self.config.weights)
             .into_iter()
             .map(|s| pb::PodScore {
@@ -151,7 +147,7 @@ impl IndexerService for LlmdIndexer {
             Ok((response, outcome)) => (outcome, Ok(Response::new(response))),
             Err((status, outcome)) => (outcome, Err(status)),
         };
-        self.server.metrics.llmd_scored(outcome, started.elapsed());
+        self.core.metrics().llmd_scored(outcome, started.elapsed());
         result
     }
 }

@@ -4,7 +4,7 @@
 //! path) is caught.
 //!
 //! The synthetic replica lives under [`PROBE_TENANT`], which no request
-//! from the wire can name, and is removed when the probe ends: it never
+//! can name, and is removed when the probe ends: it never
 //! affects real lookups or `/snapshot`.
 
 use std::sync::Arc;
@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::convert::{PROBE_TENANT, is_namespace_name};
-use crate::grpc::IndexServer;
+use crate::grpc::reason_to_pb;
+use crate::index_core::{IndexCore, Prompt, Purpose, RouteRequest, Routed};
 use crate::ingest::IngestStream;
 use crate::metrics::StageLabels;
 
@@ -114,7 +115,7 @@ pub struct ProbeReport {
 /// Runs probes against a server's in-process ingest and routing paths.
 #[derive(Clone, Debug)]
 pub struct Prober {
-    server: IndexServer,
+    core: Arc<IndexCore>,
     runs: Arc<AtomicU64>,
 }
 
@@ -127,10 +128,10 @@ fn stage(stage: &'static str, outcome: StageOutcome, message: impl Into<String>)
 }
 
 impl Prober {
-    /// A prober over `server`.
-    pub fn new(server: IndexServer) -> Self {
+    /// A prober over `core`.
+    pub fn new(core: Arc<IndexCore>) -> Self {
         Self {
-            server,
+            core,
             runs: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -162,7 +163,7 @@ impl Prober {
             )
         };
         // Always leave nothing behind, whatever failed.
-        self.server.index.remove_replica(&key);
+        self.core.index().remove_replica(&key);
         let t2 = stage(
             "t2",
             StageOutcome::Skipped,
@@ -170,8 +171,8 @@ impl Prober {
         );
         let stages = vec![ingest, routing, t2];
         for s in &stages {
-            self.server
-                .metrics
+            self.core
+                .metrics()
                 .probe_stages
                 .get_or_create(&StageLabels {
                     stage: s.stage,
@@ -247,7 +248,7 @@ impl Prober {
                 );
             }
         };
-        if let Err(end) = self.server.apply_step(step, now_ms) {
+        if let Err(end) = self.core.ingest(step, None) {
             return stage(
                 "ingest",
                 StageOutcome::Failed,
@@ -255,8 +256,8 @@ impl Prober {
             );
         }
         let held = match self
-            .server
-            .index
+            .core
+            .index()
             .lookup_prefix_hash(scope, last, None, None)
         {
             LookupOutcome::Matches(m) => m
@@ -279,40 +280,38 @@ impl Prober {
         }
     }
 
-    /// Routes the synthetic prompt (as token ids, through LookupRoute's own
+    /// Routes the synthetic prompt (as token ids, through the core's own
     /// key derivation) and expects the synthetic replica back.
     fn routing_stage(&self, scope: &Scope, key: &ReplicaKey, tokens: &[u32]) -> StageReport {
-        let request = pb::LookupRouteRequest {
-            scope: Some(scope_pb(scope)),
-            key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
-                ids: tokens.to_vec(),
-            })),
-            candidate_replicas: vec![],
+        let routed = self.core.route(&RouteRequest {
+            scope,
+            prompt: Prompt::Tokens(tokens),
+            candidates: None,
+            extras: None,
+            received: Instant::now(),
             // The probe's own lookups must not count as routed requests.
-            observe_only: true,
-            ..Default::default()
-        };
-        let response = match self.server.lookup_in(scope.clone(), &request) {
-            Ok(r) => r,
-            Err(status) => {
+            purpose: Purpose::Hint { record_pick: false },
+        });
+        let decision = match routed {
+            Ok(Routed::Hint(decision)) => decision,
+            Ok(_) => {
                 return stage(
                     "routing",
                     StageOutcome::Failed,
-                    format!(
-                        "LookupRoute refused the synthetic prompt: {}",
-                        status.message()
-                    ),
+                    "the core answered another purpose",
+                );
+            }
+            Err(e) => {
+                return stage(
+                    "routing",
+                    StageOutcome::Failed,
+                    format!("LookupRoute refused the synthetic prompt: {e}"),
                 );
             }
         };
-        let best = response
-            .best
-            .as_ref()
-            .filter(|_| response.outcome == pb::LookupOutcome::PrefixMatch as i32);
-        match best {
-            Some(b)
-                if b.replica.as_ref().map(|r| r.replica_id.as_str())
-                    == Some(key.replica_id.as_str())
+        match (&decision.no_hint, decision.best()) {
+            (None, Some(b))
+                if b.replica.replica_id == key.replica_id
                     && b.matched_blocks as usize == PROBE_BLOCKS =>
             {
                 stage(
@@ -321,28 +320,31 @@ impl Prober {
                     format!("LookupRoute matched all {PROBE_BLOCKS} synthetic blocks"),
                 )
             }
-            Some(b) => stage(
+            (None, Some(b)) => stage(
                 "routing",
                 StageOutcome::Failed,
                 format!(
                     "LookupRoute matched {} of {PROBE_BLOCKS} blocks on {:?}: routing or key \
                      derivation disagrees with ingest",
                     b.matched_blocks,
-                    b.replica.as_ref().map(|r| r.replica_id.as_str())
+                    Some(b.replica.replica_id.as_str())
                 ),
             ),
-            None => stage(
-                "routing",
-                StageOutcome::Failed,
-                format!(
-                    "LookupRoute answered NO_HINT ({}: {}) for a prompt the index holds: \
-                     routing or key derivation is broken",
-                    pb::NoHintReason::try_from(response.no_hint_reason)
-                        .map(|r| r.as_str_name())
-                        .unwrap_or("UNKNOWN"),
-                    response.detail
-                ),
-            ),
+            (no_hint, _) => {
+                let (reason, detail) = no_hint
+                    .as_ref()
+                    .map_or(("NO_ENTRY", "no replica to route to"), |(r, d)| {
+                        (reason_to_pb(*r).as_str_name(), d.as_str())
+                    });
+                stage(
+                    "routing",
+                    StageOutcome::Failed,
+                    format!(
+                        "LookupRoute answered NO_HINT ({reason}: {detail}) for a prompt the \
+                         index holds: routing or key derivation is broken"
+                    ),
+                )
+            }
         }
     }
 }

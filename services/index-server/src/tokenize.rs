@@ -27,7 +27,7 @@ pub struct LoadError {
 }
 
 /// Why a text could not be tokenized.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EncodeError {
     /// No tokenizer is configured for the model.
     #[error(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
 use ic_index_server::grpc::IndexServer;
+use ic_index_server::index_core::IndexCore;
 use ic_index_server::metrics::{IndexMemoryCollector, Metrics};
 use ic_index_server::policy::Policies;
 use ic_index_server::tokenize::Tokenizers;
@@ -56,7 +57,7 @@ fn hold(s: &IndexServer, id: &str, blocks: usize, tier: Tier) {
         tier,
     };
     assert!(
-        s.index
+        s.index()
             .apply(&key, &scope, &format!("{id}:8000"), &[change], now_ms())
             .is_empty()
     );
@@ -138,13 +139,15 @@ fn no_hint_reasons() {
         replica_stale_after_seconds: 0,
         allow_tier2_matches,
     };
-    *s.policies.write() = Policies::from_push(&[push(32, true)]).unwrap();
+    s.core()
+        .set_policies(Policies::from_push(&[push(32, true)]).unwrap());
     assert_eq!(
         reason(s.lookup(&request(tokens())).unwrap()),
         pb::NoHintReason::BelowMinimumPrefix
     );
     hold(&s, "cold", 4, Tier::T2);
-    *s.policies.write() = Policies::from_push(&[push(0, false)]).unwrap();
+    s.core()
+        .set_policies(Policies::from_push(&[push(0, false)]).unwrap());
     let r = s.lookup(&request(tokens())).unwrap();
     assert_eq!(
         r.best.unwrap().replica.unwrap().replica_id,
@@ -214,15 +217,21 @@ fn invalid_requests_name_the_field() {
 }
 
 fn with_tokenizer() -> IndexServer {
-    let mut s = server();
     let spec: ic_index_server::TokenizerSpec = format!(
         "m={}/tests/fixtures/tokenizer.json",
         env!("CARGO_MANIFEST_DIR")
     )
     .parse()
     .unwrap();
-    s.tokenizers = Arc::new(Tokenizers::load(&[spec]).unwrap());
-    s
+    let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
+    IndexServer::over(Arc::new(
+        IndexCore::new(
+            Arc::new(Index::new(IndexConfig::default())),
+            16,
+            Metrics::register(&registry),
+        )
+        .with_tokenizers(Tokenizers::load(&[spec]).unwrap()),
+    ))
 }
 
 #[test]
@@ -251,7 +260,7 @@ fn prompt_text_is_tokenized_like_the_engine() {
         block_size: 16,
         tier: Tier::T1,
     };
-    s.index.apply(&key, &scope, "a:8000", &[change], now_ms());
+    s.index().apply(&key, &scope, "a:8000", &[change], now_ms());
     let r = s
         .lookup(&request(Key::PromptText(words.join(" "))))
         .unwrap();
@@ -299,7 +308,7 @@ fn memory_gauge_reports_each_part_of_the_index() {
         16,
         Metrics::register(&registry),
     );
-    IndexMemoryCollector::register(&registry, s.index.clone());
+    IndexMemoryCollector::register(&registry, s.index().clone());
     let gauge = |text: &str, part: &str| -> u64 {
         let name = format!("inferencecache_index_memory_bytes{{part=\"{part}\"}} ");
         text.lines()
@@ -317,7 +326,7 @@ fn memory_gauge_reports_each_part_of_the_index() {
     hold(&s, "a", 4, Tier::T1);
     // Read at scrape time: the new page shows without any refresh call.
     let held = registry.encode();
-    let memory = s.index.memory();
+    let memory = s.index().memory();
     assert!(memory.records > 0);
     assert_eq!(gauge(&held, "records"), memory.records);
     assert_eq!(gauge(&held, "key_tables"), memory.key_tables);
@@ -351,7 +360,7 @@ async fn set_policies_validates_the_whole_push() {
     };
     let r = s.set_policies(tonic::Request::new(good)).await.unwrap();
     assert_eq!(r.into_inner().applied, 1);
-    assert_eq!(s.policies.read().get("t").minimum_prefix_tokens, 128);
+    assert_eq!(s.core().policy("t").minimum_prefix_tokens, 128);
 }
 
 #[test]

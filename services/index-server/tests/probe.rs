@@ -50,7 +50,7 @@ fn outcomes(report: &ic_index_server::probe::ProbeReport) -> Vec<(&'static str, 
 #[test]
 fn healthy_server_passes_and_leaves_nothing_behind() {
     let s = server(1000);
-    let prober = Prober::new(s.clone());
+    let prober = Prober::new(s.core().clone());
     for _ in 0..3 {
         let report = prober.run(&request(), now_ms());
         assert!(report.ok, "{report:?}");
@@ -63,14 +63,14 @@ fn healthy_server_passes_and_leaves_nothing_behind() {
             ]
         );
     }
-    assert_eq!(s.index.len(), 0);
-    assert!(s.index.snapshot().is_empty());
+    assert_eq!(s.index().len(), 0);
+    assert!(s.index().snapshot().is_empty());
 }
 
 #[test]
 fn broken_ingest_fails_the_ingest_stage_and_skips_routing() {
     // An index that can hold nothing: the synthesized event never lands.
-    let report = Prober::new(server(0)).run(&request(), now_ms());
+    let report = Prober::new(server(0).core().clone()).run(&request(), now_ms());
     assert!(!report.ok);
     assert_eq!(
         outcomes(&report),
@@ -91,15 +91,17 @@ fn broken_ingest_fails_the_ingest_stage_and_skips_routing() {
 fn broken_routing_fails_the_routing_stage() {
     // Routing that refuses every match of the probe's size.
     let s = server(1000);
-    *s.policies.write() = Policies::from_push(&[pb::NamespacePolicy {
-        namespace: "~probe".into(),
-        lookup_timeout_ms: 20,
-        minimum_prefix_tokens: 1_000_000,
-        replica_stale_after_seconds: 120,
-        allow_tier2_matches: true,
-    }])
-    .unwrap();
-    let report = Prober::new(s.clone()).run(&request(), now_ms());
+    s.core().set_policies(
+        Policies::from_push(&[pb::NamespacePolicy {
+            namespace: "~probe".into(),
+            lookup_timeout_ms: 20,
+            minimum_prefix_tokens: 1_000_000,
+            replica_stale_after_seconds: 120,
+            allow_tier2_matches: true,
+        }])
+        .unwrap(),
+    );
+    let report = Prober::new(s.core().clone()).run(&request(), now_ms());
     assert!(!report.ok);
     assert_eq!(report.stages[0].outcome, StageOutcome::Ok);
     assert_eq!(report.stages[1].outcome, StageOutcome::Failed);
@@ -108,7 +110,7 @@ fn broken_routing_fails_the_routing_stage() {
         "{}",
         report.stages[1].message
     );
-    assert_eq!(s.index.len(), 0, "the failed probe still cleaned up");
+    assert_eq!(s.index().len(), 0, "the failed probe still cleaned up");
 }
 
 // === the real binary ===

@@ -7,7 +7,7 @@ fn tier(t: Tier) -> i32 {
     ic_proto::tier::to_pb(t)
 }
 
-/// One change as a wire event.
+/// One change as a protobuf event.
 pub fn event(change: IndexChange) -> pb::IndexEvent {
     let kind = match change {
         IndexChange::Stored {

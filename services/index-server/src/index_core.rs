@@ -1,0 +1,545 @@
+//! The index server's core: its state (the index, the namespaces' policies,
+//! the load board and speculative holders, tokenizers, the engines' reports)
+//! and its two entries, [`IndexCore::route`] and [`IndexCore::ingest`].
+//!
+//! Every front end — LookupRoute and IngestEvents on gRPC ([`crate::grpc`]),
+//! the endpoint picker ([`crate::epp`]), llm-d's GetPodScores
+//! ([`crate::llmd`]) and the functional probe ([`crate::probe`]) — is an
+//! adapter: it validates its protocol's input, calls one of the two entries
+//! and converts the answer. Policy, the lookup budget, tokenizing, the
+//! decision, falling back by load, shedding and the feedback a pick leaves
+//! in the load board are decided here once, on the core's clock.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use ic_clock::{Clock, SystemClock};
+use ic_index::ingest::{Limit, Step};
+use ic_index::load::EngineLoad;
+use ic_index::pick::Scored;
+use ic_index::route::{NoHintReason, Ranked, RouteKey, RouteOutcome, RouteQuery, scope_tag};
+use ic_index::{Candidate, Change, Deadline, Fingerprint, Index, Match, ReplicaKey, Scope};
+use ic_kvevents::PromptExtras;
+use ic_proto::index_v1 as pb;
+use parking_lot::{Mutex, RwLock};
+
+use crate::metrics::Metrics;
+use crate::policy::{Policies, Policy};
+use crate::routing::Routing;
+use crate::tokenize::{ChatMessage, EncodeError, Tokenizers};
+
+/// A lookup's budget: the instant on the monotonic clock when it ends.
+#[derive(Clone, Copy, Debug)]
+pub struct InstantDeadline(pub Instant);
+
+impl Deadline for InstantDeadline {
+    fn expired(&self) -> bool {
+        Instant::now() >= self.0
+    }
+}
+
+/// What a replica's subscriber last said about the engine beside its
+/// blocks: its KV cache size and whether the view misses history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineReport {
+    /// The engine's KV cache size, when its metrics export it.
+    pub cache: Option<pb::EngineCache>,
+    /// The subscriber's view misses unrecoverable batches.
+    pub history_incomplete: bool,
+}
+
+/// Each replica's latest [`EngineReport`] (for the snapshot; not routing
+/// state, so it lives beside the index).
+#[derive(Debug, Default)]
+pub struct EngineReports(Mutex<std::collections::HashMap<ReplicaKey, EngineReport>>);
+
+impl EngineReports {
+    /// Records what `key`'s latest batch said.
+    pub fn report(
+        &self,
+        key: ReplicaKey,
+        cache: Option<pb::EngineCache>,
+        history_incomplete: bool,
+    ) {
+        let mut map = self.0.lock();
+        let entry = map.entry(key).or_default();
+        entry.history_incomplete = history_incomplete;
+        if cache.is_some() {
+            entry.cache = cache;
+        }
+    }
+
+    /// The latest reports of the replicas in `present`, forgetting the rest.
+    pub fn of_present(
+        &self,
+        present: &HashSet<&ReplicaKey>,
+    ) -> std::collections::HashMap<ReplicaKey, EngineReport> {
+        let mut map = self.0.lock();
+        map.retain(|k, _| present.contains(k));
+        map.clone()
+    }
+}
+
+/// What a batch said about its engine besides blocks, already checked.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineFacts {
+    /// The replica the facts are about.
+    pub key: ReplicaKey,
+    /// The engine's queue and KV-cache usage, when the subscriber read them.
+    pub load: Option<EngineLoad>,
+    /// The engine's KV cache size, when its metrics export it.
+    pub cache: Option<pb::EngineCache>,
+    /// The subscriber's view misses unrecoverable batches.
+    pub history_incomplete: bool,
+}
+
+/// Why an ingest stream must end after a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StepEnd {
+    /// Ask the subscriber to resync, with this detail.
+    Resync(String),
+    /// A bound was reached.
+    Refused(Limit, String),
+}
+
+/// What to route on, as the front end received it.
+#[derive(Clone, Copy, Debug)]
+pub enum Prompt<'a> {
+    /// The fingerprint of the prompt's last full block.
+    PrefixHash(Fingerprint),
+    /// The prompt's block fingerprints, in order.
+    Blocks(&'a [Fingerprint]),
+    /// The prompt's token ids.
+    Tokens(&'a [u32]),
+    /// Completion text, tokenized with the scope model's tokenizer.
+    Text(&'a str),
+    /// Chat messages, rendered with the scope model's chat template.
+    Chat(&'a [ChatMessage]),
+    /// Nothing to match on (an endpoint pick of an unreadable body): load
+    /// alone decides.
+    Unknown,
+}
+
+/// Who asks, which decides what is answered and what is counted.
+#[derive(Clone, Copy, Debug)]
+pub enum Purpose<'a> {
+    /// A routing hint (LookupRoute): the best holder of the prompt within
+    /// its load bound, or none. A gateway that follows the hint sends the
+    /// request there, so it counts as a pick unless `record_pick` is off.
+    Hint {
+        /// Count the hint in the load board and as a speculative holder.
+        record_pick: bool,
+    },
+    /// An endpoint of `pool`, always (the endpoint picker): by prefix and
+    /// load, else by load alone; counted as a pick and as in flight until
+    /// the caller reports [`IndexCore::finished`].
+    Endpoint {
+        /// The endpoints (their index replica and address).
+        pool: &'a [(ReplicaKey, String)],
+        /// Refuse when even the least busy endpoint has this many requests.
+        shed_at_requests: Option<f64>,
+    },
+    /// Prefix matches only (llm-d's scores): nothing is counted.
+    Scores,
+}
+
+/// One routing question to the core.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// Whose index to look in (validated by the front end).
+    pub scope: &'a Scope,
+    /// What to route on.
+    pub prompt: Prompt<'a>,
+    /// Only these replica ids may be answered (`None`: any).
+    pub candidates: Option<&'a HashSet<String>>,
+    /// What besides the tokens the engine hashes.
+    pub extras: Option<&'a PromptExtras>,
+    /// When the front end received the request: the namespace's lookup
+    /// budget runs from here, so tokenizing is inside it.
+    pub received: Instant,
+    /// What to answer.
+    pub purpose: Purpose<'a>,
+}
+
+/// The core's answer, by purpose.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Routed {
+    /// [`Purpose::Hint`]: the ranking, its hint or why there is none.
+    Hint(Ranked),
+    /// [`Purpose::Endpoint`]: the endpoint the request goes to.
+    Endpoint {
+        /// The picked replica (its address is the endpoint).
+        pick: Scored,
+        /// Whether the prompt's prefix decided (else load alone).
+        by_prefix: bool,
+    },
+    /// [`Purpose::Scores`]: the replicas holding a prefix worth routing
+    /// on, best first, or why there are none.
+    Scores(Result<Vec<Candidate>, NoHintReason>),
+}
+
+/// Why the core gave no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// The prompt could not be tokenized (hints and scores; an endpoint
+    /// pick falls back to load instead).
+    #[error(transparent)]
+    Tokenize(#[from] EncodeError),
+    /// The pool (or the gateway's subset of it) has no endpoint.
+    #[error("{0}")]
+    NoEndpoint(String),
+    /// Every eligible endpoint is saturated.
+    #[error("{0}")]
+    Saturated(String),
+}
+
+/// A hint's answer when the prompt gives nothing to match on.
+fn nothing_to_match() -> Ranked {
+    Ranked {
+        block_size: 0,
+        prompt_blocks: 0,
+        ranked: Vec::new(),
+        hint: None,
+        no_hint: Some((
+            NoHintReason::NoEntry,
+            "the prompt has nothing to match on".into(),
+        )),
+        blocks: Vec::new(),
+    }
+}
+
+/// The index server's state and its request and ingest entries.
+#[derive(Debug)]
+pub struct IndexCore {
+    index: Arc<Index>,
+    policies: RwLock<Policies>,
+    default_block_size: u32,
+    tokenizers: Tokenizers,
+    routing: Routing,
+    reports: EngineReports,
+    metrics: Metrics,
+    clock: Arc<dyn Clock>,
+}
+
+impl IndexCore {
+    /// A core over `index` with default policies and scoring, no
+    /// tokenizers and the system clock; `default_block_size` fingerprints
+    /// token ids in scopes that reported no block size yet.
+    pub fn new(index: Arc<Index>, default_block_size: u32, metrics: Metrics) -> Self {
+        Self {
+            index,
+            policies: RwLock::new(Policies::default()),
+            default_block_size,
+            tokenizers: Tokenizers::default(),
+            routing: Routing::default(),
+            reports: EngineReports::default(),
+            metrics,
+            clock: Arc::new(SystemClock::default()),
+        }
+    }
+
+    /// With these tokenizers for text and chat prompts.
+    #[must_use]
+    pub fn with_tokenizers(self, tokenizers: Tokenizers) -> Self {
+        Self { tokenizers, ..self }
+    }
+
+    /// With this scoring and load state.
+    #[must_use]
+    pub fn with_routing(self, routing: Routing) -> Self {
+        Self { routing, ..self }
+    }
+
+    /// With this clock for every decision's time.
+    #[must_use]
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// The index.
+    pub fn index(&self) -> &Arc<Index> {
+        &self.index
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The load board and speculative holders.
+    pub fn routing(&self) -> &Routing {
+        &self.routing
+    }
+
+    /// What the engines last reported beside their blocks.
+    pub fn reports(&self) -> &EngineReports {
+        &self.reports
+    }
+
+    /// Now, on the core's clock (Unix ms).
+    pub fn now_ms(&self) -> i64 {
+        self.clock.unix_ms()
+    }
+
+    /// The policy of namespace `tenant`.
+    pub fn policy(&self, tenant: &str) -> Policy {
+        self.policies.read().get(tenant)
+    }
+
+    /// Replaces every namespace's policy at once.
+    pub fn set_policies(&self, policies: Policies) {
+        *self.policies.write() = policies;
+    }
+
+    /// The one request path: the namespace's policy, the lookup budget from
+    /// `received`, the prompt's tokens, the decision for the purpose, and
+    /// the feedback the answer leaves in the load board.
+    pub fn route(&self, request: &RouteRequest<'_>) -> Result<Routed, RouteError> {
+        let policy = self.policy(&request.scope.tenant);
+        let deadline = InstantDeadline(request.received + policy.lookup_timeout);
+        let now_ms = self.now_ms();
+        if let Purpose::Endpoint {
+            pool,
+            shed_at_requests: Some(limit),
+        } = request.purpose
+        {
+            // Shed before tokenizing: a saturated pool spends nothing.
+            let least = self.routing.rank_by_load(pool, now_ms);
+            if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
+                return Err(RouteError::Saturated(format!(
+                    "every endpoint is saturated: the least busy has {:.0} requests \
+                     (--epp-shed-at-requests {limit})",
+                    least.load.requests
+                )));
+            }
+        }
+        let tokens = match self.tokens(request) {
+            Ok(tokens) => tokens,
+            Err(error) if matches!(request.purpose, Purpose::Endpoint { .. }) => {
+                tracing::debug!(model = %request.scope.model, %error, "prompt not tokenized; routing by load");
+                self.metrics.epp_unread("tokenize");
+                None
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let key = match (request.prompt, &tokens) {
+            (_, Some(tokens)) => Some(RouteKey::Tokens(tokens)),
+            (Prompt::Tokens(ids), None) => Some(RouteKey::Tokens(ids)),
+            (Prompt::PrefixHash(fp), None) => Some(RouteKey::PrefixHash(fp)),
+            (Prompt::Blocks(blocks), None) => Some(RouteKey::Blocks(blocks)),
+            (Prompt::Text(_) | Prompt::Chat(_) | Prompt::Unknown, None) => None,
+        };
+        let query = key.map(|key| RouteQuery {
+            scope: request.scope,
+            key,
+            candidates: request.candidates,
+            extras: request.extras,
+        });
+        let tag = scope_tag(request.scope);
+        match request.purpose {
+            Purpose::Scores => {
+                let Some(query) = query else {
+                    return Ok(Routed::Scores(Err(NoHintReason::NoEntry)));
+                };
+                let matches = ic_index::route::route(
+                    &self.index,
+                    &query,
+                    &policy,
+                    self.default_block_size,
+                    now_ms,
+                    &deadline,
+                    |d| match d.outcome {
+                        RouteOutcome::Route(m) => Ok(m.iter().map(Match::to_candidate).collect()),
+                        RouteOutcome::NoHint { reason, .. } => Err(reason),
+                    },
+                );
+                Ok(Routed::Scores(matches))
+            }
+            Purpose::Hint { record_pick } => {
+                let Some(query) = query else {
+                    return Ok(Routed::Hint(nothing_to_match()));
+                };
+                let decision = self.routing.decide(
+                    &self.index,
+                    &query,
+                    &policy,
+                    self.default_block_size,
+                    now_ms,
+                    &deadline,
+                    None,
+                );
+                if let Some(best) = decision.best().filter(|_| record_pick) {
+                    // A prefix hash names no blocks to hold speculatively.
+                    let blocks: &[Fingerprint] = match query.key {
+                        RouteKey::PrefixHash(_) => &[],
+                        _ => &decision.blocks,
+                    };
+                    self.routing
+                        .picked(tag, &best.replica.replica_id, blocks, now_ms);
+                }
+                Ok(Routed::Hint(decision))
+            }
+            Purpose::Endpoint { pool, .. } => {
+                let (best, blocks) = match &query {
+                    Some(query) => {
+                        let ranked = self.routing.decide(
+                            &self.index,
+                            query,
+                            &policy,
+                            self.default_block_size,
+                            now_ms,
+                            &deadline,
+                            Some(pool),
+                        );
+                        let best =
+                            ranked.ranked.first().cloned().or_else(|| {
+                                self.routing.rank_by_load(pool, now_ms).into_iter().next()
+                            });
+                        (best, ranked.blocks)
+                    }
+                    None => (
+                        self.routing.rank_by_load(pool, now_ms).into_iter().next(),
+                        Vec::new(),
+                    ),
+                };
+                let Some(pick) = best else {
+                    return Err(RouteError::NoEndpoint(
+                        "the pool has no ready endpoint".into(),
+                    ));
+                };
+                self.routing
+                    .picked(tag, &pick.replica.replica_id, &blocks, now_ms);
+                self.routing.started(&pick.replica.replica_id);
+                let by_prefix = pick.matched_blocks > 0;
+                Ok(Routed::Endpoint { pick, by_prefix })
+            }
+        }
+    }
+
+    /// A request an endpoint pick counted as in flight on `replica_id`
+    /// ended.
+    pub fn finished(&self, replica_id: &str) {
+        self.routing.finished(replica_id);
+    }
+
+    /// The token ids of a text or chat prompt (`None` for the other forms,
+    /// which need no tokenizer).
+    fn tokens(&self, request: &RouteRequest<'_>) -> Result<Option<Vec<u32>>, EncodeError> {
+        let model = &request.scope.model;
+        match request.prompt {
+            Prompt::Text(text) => self.tokenizers.encode(model, text).map(Some),
+            Prompt::Chat(messages) => self.tokenizers.encode_chat(model, messages).map(Some),
+            Prompt::Tokens(_) | Prompt::PrefixHash(_) | Prompt::Blocks(_) | Prompt::Unknown => {
+                Ok(None)
+            }
+        }
+    }
+
+    /// The one ingest path: applies one classified batch of a stream (from
+    /// IngestEvents or the functional probe) and what it said about its
+    /// engine. `Err` when the stream must end.
+    pub fn ingest(&self, step: Step, facts: Option<EngineFacts>) -> Result<(), StepEnd> {
+        let now = self.now_ms();
+        match step {
+            Step::Buffered => {}
+            Step::Apply {
+                key,
+                scope,
+                address,
+                changes,
+                tier2,
+            } => {
+                let errors = self.index.apply(&key, &scope, &address, &changes, now);
+                self.metrics.content_errors.inc_by(errors.len() as u64);
+                self.index.set_tier2(&key, tier2);
+                self.confirm_speculation(&scope, &key.replica_id, &changes);
+            }
+            Step::Replace {
+                key,
+                scope,
+                address,
+                changes,
+                tier2,
+            } => {
+                let errors = self.index.replace(&key, &scope, &address, &changes, now);
+                self.metrics.content_errors.inc_by(errors.len() as u64);
+                self.index.set_tier2(&key, tier2);
+                self.metrics.resyncs.inc();
+                self.confirm_speculation(&scope, &key.replica_id, &changes);
+            }
+            Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
+            Step::Refused(limit, detail) => return Err(StepEnd::Refused(limit, detail)),
+        }
+        if let Some(facts) = facts {
+            if let Some(load) = facts.load {
+                self.routing
+                    .report_engine(&facts.key.replica_id, load, self.now_ms());
+            }
+            self.reports
+                .report(facts.key, facts.cache, facts.history_incomplete);
+        }
+        self.metrics.set_index_size(&self.index);
+        Ok(())
+    }
+
+    /// The engine's own word replaces the replica's speculative holding:
+    /// stored blocks are now real, evicted ones are gone, a cleared tier
+    /// ends every speculation of the replica.
+    fn confirm_speculation(&self, scope: &Scope, replica_id: &str, changes: &[Change]) {
+        let tag = scope_tag(scope);
+        for change in changes {
+            match change {
+                Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
+                    self.routing.confirm(tag, replica_id, fingerprints);
+                }
+                Change::Cleared { .. } => self.routing.forget_speculation(replica_id),
+            }
+        }
+    }
+
+    /// Forgets every replica silent for longer than `after`; returns how
+    /// many went.
+    pub fn forget_silent(&self, after: std::time::Duration) -> usize {
+        let cutoff = self
+            .now_ms()
+            .saturating_sub(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+        let mut forgotten = 0;
+        for key in self.index.replicas_silent_since(cutoff) {
+            if self.index.remove_replica(&key) {
+                forgotten += 1;
+                self.metrics.stale_replicas_removed.inc();
+                tracing::info!(
+                    tenant = %key.tenant,
+                    replica = %key.replica_id,
+                    dp_rank = key.dp_rank,
+                    "forgot a silent replica"
+                );
+            }
+        }
+        self.metrics.set_index_size(&self.index);
+        forgotten
+    }
+
+    /// Load and speculation of replicas gone from the index are dropped
+    /// (they never outlive a replica), expired speculation goes, and the
+    /// speculation metrics are refreshed; returns the entries dropped for
+    /// space so far (the caller counts the difference).
+    pub fn routing_upkeep(&self, dropped_seen: u64) -> u64 {
+        let present: HashSet<String> = self
+            .index
+            .replicas_silent_since(i64::MAX)
+            .into_iter()
+            .map(|k| k.replica_id)
+            .collect();
+        self.routing.retain(&present, self.now_ms());
+        let (entries, dropped) = self.routing.speculation_stats();
+        self.metrics
+            .speculative_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.metrics
+            .speculative_dropped
+            .inc_by(dropped.saturating_sub(dropped_seen));
+        dropped
+    }
+}
