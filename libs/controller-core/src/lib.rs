@@ -10,6 +10,7 @@ pub mod cascade;
 pub mod clock;
 pub mod conditions;
 pub mod endpoint;
+pub mod event;
 pub mod gates;
 pub mod k8s;
 pub mod narrate;

@@ -7,7 +7,7 @@ use ic_api::consts::{conditions as types, events, reasons};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::conditions::find;
-use crate::status::{EventToRecord, EventType};
+use crate::event::{EventToRecord, EventType};
 
 /// Ready=False reasons a return to Ready=True counts as a recovery from.
 const RECOVERABLE: [&str; 7] = [

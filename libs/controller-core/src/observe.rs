@@ -11,7 +11,7 @@ use ic_api::cachebackend::Runtime;
 use ic_api::consts::{annotations, events, is_truthy, kernel_check, reasons};
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod};
 
-use crate::status::{EventToRecord, EventType};
+use crate::event::{EventToRecord, EventType};
 
 /// The kernel-check result of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -25,12 +25,12 @@ use ic_api::cachebackend::{
     Runtime,
 };
 use ic_api::consts::{annotations, conditions as types, is_truthy, reasons};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use crate::cascade::{self, CascadePlan, ServerPod, ServerRollout};
 use crate::clock::{self, Timestamp};
 use crate::conditions::{self, Builder};
 use crate::endpoint;
+use crate::event::EventToRecord;
 use crate::gates::{self, KvGateInput, KvGateVerdict, ProbeInput};
 use crate::observe::{self, EnginePod, T2Verdict};
 
@@ -180,37 +180,6 @@ pub struct Observed {
 }
 
 // === outputs ===
-
-/// Kubernetes Event type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    /// Normal.
-    Normal,
-    /// Warning.
-    Warning,
-}
-
-impl EventType {
-    /// `Normal` / `Warning`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Normal => "Normal",
-            Self::Warning => "Warning",
-        }
-    }
-}
-
-/// An Event to record on the CacheBackend (or, from
-/// [`observe::engine_pod_event`], on a pod).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EventToRecord {
-    /// Normal or Warning.
-    pub type_: EventType,
-    /// One of `ic_api::consts::events`.
-    pub reason: String,
-    /// Human-readable note.
-    pub message: String,
-}
 
 /// What to do after one reconcile.
 #[derive(Debug, Clone, PartialEq)]
@@ -726,12 +695,4 @@ pub fn infer_shape(prev: &CacheBackendStatus) -> Option<BackendShape> {
         return Some(BackendShape::Managed);
     }
     None
-}
-
-/// The previous condition of `type_`, for callers composing their own checks.
-pub fn previous_condition<'a>(backend: &'a CacheBackend, type_: &str) -> Option<&'a Condition> {
-    backend
-        .status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, type_))
 }

@@ -13,7 +13,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ic_index::{Change, HashScheme, Index, IndexConfig, LookupView, ReplicaKey, Scope, Tier};
+use ic_index::{
+    Change, Fingerprint, HashScheme, Index, IndexConfig, LookupView, ReplicaKey, Scope, Tier,
+};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]
@@ -51,8 +53,8 @@ fn sharing() -> u32 {
 
 /// Fingerprint of block `depth` of prompt family `family` (stand-ins: any
 /// distinct u64s behave the same in the index).
-fn fp(family: u64, depth: u32) -> u64 {
-    (family << 20 | u64::from(depth)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+fn fp(family: u64, depth: u32) -> Fingerprint {
+    Fingerprint((family << 20 | u64::from(depth)).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 /// Fills an index with `entries` (replica, block) entries: each replica
@@ -351,7 +353,7 @@ fn bench_lookup(c: &mut Criterion) {
     let mut group = c.benchmark_group(format!("lookup_{}k_entries", entries / 1000));
     for prompt in [16u32, 128, 1024] {
         // Replica group 0's first family: a full-length match on 4 replicas.
-        let fps: Vec<u64> = (0..prompt).map(|d| fp(0, d)).collect();
+        let fps: Vec<Fingerprint> = (0..prompt).map(|d| fp(0, d)).collect();
         group.bench_with_input(
             BenchmarkId::from_parameter(format!("{prompt}_blocks")),
             &fps,
@@ -361,7 +363,7 @@ fn bench_lookup(c: &mut Criterion) {
         );
     }
     let candidates: HashSet<String> = (0..8).map(|r| format!("engine-{r}")).collect();
-    let fps: Vec<u64> = (0..128).map(|d| fp(0, d)).collect();
+    let fps: Vec<Fingerprint> = (0..128).map(|d| fp(0, d)).collect();
     group.bench_function("128_blocks_8_candidates", |b| {
         b.iter(|| black_box(index.lookup_with(&scope, &fps, Some(&candidates), None, best)));
     });
@@ -379,7 +381,7 @@ fn latency_distribution(index: &Index, entries: u64, samples: usize) {
     let scope = scope();
     for prompt in [16u32, 128, 1024] {
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let prompts: Vec<Vec<u64>> = (0..1024)
+        let prompts: Vec<Vec<Fingerprint>> = (0..1024)
             .map(|_| {
                 x ^= x << 13;
                 x ^= x >> 7;

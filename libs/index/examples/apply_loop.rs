@@ -1,7 +1,7 @@
 //! A fixed amount of ingest work for instruction counting with callgrind:
 //! `valgrind --tool=callgrind target/release/examples/apply_loop 2000`.
 
-use ic_index::{Change, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
+use ic_index::{Change, Fingerprint, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
 
 fn main() {
     let n: u64 = std::env::args()
@@ -31,7 +31,7 @@ fn main() {
         let change = Change::Stored {
             start_depth: 0,
             fingerprints: (0..64u64)
-                .map(|d| (family << 20 | d).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .map(|d| Fingerprint((family << 20 | d).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
                 .collect(),
             block_size: 16,
             tier: Tier::T1,

@@ -59,7 +59,7 @@ fn tables_per_shard(capacity: u64, shards: usize) -> usize {
 /// scope is also checked on every answer, so a cross-scope key collision
 /// could never leak a replica).
 pub(crate) fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
-    fp ^ u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
+    fp.0 ^ u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
 }
 
 /// Writer-side facts about a replica slot.

@@ -336,7 +336,7 @@ impl IngestSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{HashScheme, Tier};
+    use crate::types::{Fingerprint, HashScheme, Tier};
 
     fn batch(seq: u64, begin: bool, end: bool, incarnation: u64) -> IngestBatch {
         IngestBatch {
@@ -358,7 +358,7 @@ mod tests {
             resync_end: end,
             changes: vec![Change::Stored {
                 start_depth: 0,
-                fingerprints: vec![seq],
+                fingerprints: vec![Fingerprint(seq)],
                 block_size: 16,
                 tier: Tier::T1,
             }],

@@ -496,7 +496,7 @@ pub fn route_ranked(
         speculative: &speculative,
         prompt_blocks,
         block_size,
-        tie_seed: blocks.last().copied().unwrap_or(0),
+        tie_seed: blocks.last().map_or(0, |f| f.0),
     };
     let ranked = rank(&input, scoring.weights, &loads);
     let holder_within = ranked

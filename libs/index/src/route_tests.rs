@@ -20,7 +20,11 @@ fn scope() -> Scope {
     }
 }
 
-fn hold(ix: &Index, id: &str, fps: &[u64]) {
+fn fps(v: &[u64]) -> Vec<Fingerprint> {
+    Fingerprint::from_raw(v.to_vec())
+}
+
+fn hold(ix: &Index, id: &str, fps: &[Fingerprint]) {
     let key = ReplicaKey {
         tenant: "t".into(),
         replica_id: id.into(),
@@ -50,7 +54,7 @@ impl Fleet {
         let index = Index::new(IndexConfig::default());
         for id in ids {
             // Every replica holds the fleet-wide system prompt (block 1).
-            hold(&index, id, &[1]);
+            hold(&index, id, &fps(&[1]));
         }
         Self {
             index,
@@ -60,7 +64,7 @@ impl Fleet {
         }
     }
 
-    fn ask(&self, blocks: &[u64], now_ms: i64) -> Ranked {
+    fn ask(&self, blocks: &[Fingerprint], now_ms: i64) -> Ranked {
         let scope = scope();
         let query = RouteQuery {
             scope: &scope,
@@ -88,7 +92,7 @@ impl Fleet {
     }
 
     /// Routes like a gateway following `best`, recording the pick.
-    fn route(&mut self, blocks: &[u64], now_ms: i64) -> Option<String> {
+    fn route(&mut self, blocks: &[Fingerprint], now_ms: i64) -> Option<String> {
         let ranked = self.ask(blocks, now_ms);
         let best = ranked.best()?.replica.replica_id.clone();
         self.load.picked(&best, now_ms);
@@ -107,7 +111,7 @@ fn a_shared_first_block_does_not_send_everything_to_one_replica() {
         for session in 0..40u64 {
             // A new conversation: the system prompt, then its own turn.
             let best = fleet
-                .route(&[1, 1_000 + session], T0 + session as i64)
+                .route(&fps(&[1, 1_000 + session]), T0 + session as i64)
                 .unwrap();
             *per_replica.entry(best).or_default() += 1;
         }
@@ -123,15 +127,18 @@ fn a_shared_first_block_does_not_send_everything_to_one_replica() {
 #[test]
 fn a_conversation_sticks_to_its_replica_until_it_is_overloaded() {
     let mut fleet = Fleet::new(&["a", "b", "c", "d"], ScoreWeights::default());
-    hold(&fleet.index, "c", &[1, 10, 11, 12]);
+    hold(&fleet.index, "c", &fps(&[1, 10, 11, 12]));
     // The conversation's next turn goes where its history is.
-    assert_eq!(fleet.route(&[1, 10, 11, 12, 13], T0).as_deref(), Some("c"));
+    assert_eq!(
+        fleet.route(&fps(&[1, 10, 11, 12, 13]), T0).as_deref(),
+        Some("c")
+    );
     // c is then picked over and over by other traffic: past its bound the
     // turn goes elsewhere, with no hint (nobody else holds its history).
     for i in 0..20 {
         fleet.load.picked("c", T0 + i);
     }
-    let ranked = fleet.ask(&[1, 10, 11, 12, 13, 14], T0 + 30);
+    let ranked = fleet.ask(&fps(&[1, 10, 11, 12, 13, 14]), T0 + 30);
     assert_eq!(
         ranked.ranked.last().map(|s| s.replica.replica_id.as_str()),
         Some("c")
@@ -152,7 +159,7 @@ fn burst(speculation: SpeculationSettings) -> (Fleet, Vec<String>) {
             fleet.load.picked(id, T0 - 1_000 + i);
         }
     }
-    let prompt = [1, 500, 501, 502];
+    let prompt = fps(&[1, 500, 501, 502]);
     let picks = (0..8)
         .map(|i| fleet.route(&prompt, T0 + i).unwrap())
         .collect();
@@ -161,7 +168,7 @@ fn burst(speculation: SpeculationSettings) -> (Fleet, Vec<String>) {
 
 #[test]
 fn a_burst_sharing_a_prefix_lands_on_one_replica_before_its_events_arrive() {
-    let prompt = [1, 500, 501, 502];
+    let prompt = fps(&[1, 500, 501, 502]);
     let (fleet, picks) = burst(SpeculationSettings::default());
     let first = &picks[0];
     // The first pick speculatively holds all four blocks.
@@ -192,7 +199,7 @@ fn a_burst_sharing_a_prefix_lands_on_one_replica_before_its_events_arrive() {
 #[test]
 fn speculation_never_outlives_its_replica_nor_shows_as_a_holding() {
     let mut fleet = Fleet::new(&["a", "b"], ScoreWeights::default());
-    let best = fleet.route(&[1, 7, 8], T0).unwrap();
+    let best = fleet.route(&fps(&[1, 7, 8]), T0).unwrap();
     // Not a real holding: the index and its snapshot know nothing of 7, 8.
     let entries: u64 = fleet.index.snapshot().iter().map(|r| r.prefix_count).sum();
     assert_eq!(entries, 2, "only the two system-prompt blocks");
@@ -204,7 +211,7 @@ fn speculation_never_outlives_its_replica_nor_shows_as_a_holding() {
     };
     assert!(fleet.index.remove_replica(&key));
     fleet.speculation.retain(|id| id != best);
-    let ranked = fleet.ask(&[1, 7, 8], T0 + 1);
+    let ranked = fleet.ask(&fps(&[1, 7, 8]), T0 + 1);
     assert!(ranked.ranked.iter().all(|s| s.replica.replica_id != best));
 }
 
@@ -213,11 +220,11 @@ fn when_every_holder_is_over_its_bound_there_is_no_hint_but_a_ranking() {
     let mut fleet = Fleet::new(&["a", "b"], ScoreWeights::default());
     // Only "a" holds a long private prefix; "b" holds only the system
     // prompt, which this prompt does not start with.
-    hold(&fleet.index, "a", &[40, 41, 42]);
+    hold(&fleet.index, "a", &fps(&[40, 41, 42]));
     for i in 0..10 {
         fleet.load.picked("a", T0 + i);
     }
-    let ranked = fleet.ask(&[40, 41, 42], T0 + 10);
+    let ranked = fleet.ask(&fps(&[40, 41, 42]), T0 + 10);
     assert_eq!(
         ranked.no_hint.as_ref().map(|(r, _)| *r),
         Some(NoHintReason::LoadBound)
@@ -231,8 +238,9 @@ fn debug_long_prompt_shared_block() {
     let ids = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let mut fleet = Fleet::new(&ids, ScoreWeights::default());
     for i in 0..200u64 {
-        let prompt: Vec<u64> = std::iter::once(1)
+        let prompt: Vec<Fingerprint> = std::iter::once(1)
             .chain(10_000 * i..10_000 * i + 30)
+            .map(Fingerprint)
             .collect();
         let r = fleet.ask(&prompt, T0 + i as i64);
         if r.best().is_none() {

@@ -199,14 +199,27 @@ mod tests {
         })
     }
 
+    fn fps(v: &[u64]) -> Vec<Fingerprint> {
+        Fingerprint::from_raw(v.to_vec())
+    }
+
     #[test]
     fn a_pick_stands_in_until_its_ttl() {
         let mut s = table(1_000, 100);
-        s.record(1, "a", &[10, 11, 12], 0);
-        assert_eq!(s.matched(1, &[10, 11, 12, 13], 500), vec![("a".into(), 3)]);
-        assert_eq!(s.matched(1, &[10, 99, 12], 500), vec![("a".into(), 1)]);
-        assert!(s.matched(2, &[10, 11], 500).is_empty(), "scopes are apart");
-        assert!(s.matched(1, &[10, 11], 1_000).is_empty(), "expired");
+        s.record(1, "a", &fps(&[10, 11, 12]), 0);
+        assert_eq!(
+            s.matched(1, &fps(&[10, 11, 12, 13]), 500),
+            vec![("a".into(), 3)]
+        );
+        assert_eq!(
+            s.matched(1, &fps(&[10, 99, 12]), 500),
+            vec![("a".into(), 1)]
+        );
+        assert!(
+            s.matched(2, &fps(&[10, 11]), 500).is_empty(),
+            "scopes are apart"
+        );
+        assert!(s.matched(1, &fps(&[10, 11]), 1_000).is_empty(), "expired");
         s.expire(1_000);
         assert!(s.is_empty());
     }
@@ -214,9 +227,9 @@ mod tests {
     #[test]
     fn runs_are_counted_per_replica_from_the_start() {
         let mut s = table(1_000, 100);
-        s.record(1, "a", &[10, 11, 12], 0);
-        s.record(1, "b", &[10, 11], 0);
-        let mut m = s.matched(1, &[10, 11, 12], 1);
+        s.record(1, "a", &fps(&[10, 11, 12]), 0);
+        s.record(1, "b", &fps(&[10, 11]), 0);
+        let mut m = s.matched(1, &fps(&[10, 11, 12]), 1);
         m.sort();
         assert_eq!(m, vec![("a".into(), 3), ("b".into(), 2)]);
     }
@@ -224,30 +237,33 @@ mod tests {
     #[test]
     fn real_events_and_departures_replace_it() {
         let mut s = table(1_000, 100);
-        s.record(1, "a", &[10, 11], 0);
-        s.record(1, "b", &[10, 11], 0);
-        s.confirm(1, "a", &[10, 11]);
-        assert_eq!(s.matched(1, &[10, 11], 1), vec![("b".into(), 2)]);
+        s.record(1, "a", &fps(&[10, 11]), 0);
+        s.record(1, "b", &fps(&[10, 11]), 0);
+        s.confirm(1, "a", &fps(&[10, 11]));
+        assert_eq!(s.matched(1, &fps(&[10, 11]), 1), vec![("b".into(), 2)]);
         s.retain(|id| id != "b");
         assert!(s.is_empty());
-        assert!(s.matched(1, &[10, 11], 1).is_empty());
+        assert!(s.matched(1, &fps(&[10, 11]), 1).is_empty());
     }
 
     #[test]
     fn the_table_is_bounded_oldest_first() {
         let mut s = table(10_000, 4);
-        s.record(1, "a", &[1, 2, 3], 0);
-        s.record(1, "b", &[4, 5], 1);
+        s.record(1, "a", &fps(&[1, 2, 3]), 0);
+        s.record(1, "b", &fps(&[4, 5]), 1);
         assert_eq!(s.len(), 4);
         assert_eq!(s.dropped_for_space(), 1);
-        assert!(s.matched(1, &[1], 2).is_empty(), "the oldest went first");
-        assert_eq!(s.matched(1, &[4, 5], 2), vec![("b".into(), 2)]);
+        assert!(
+            s.matched(1, &fps(&[1]), 2).is_empty(),
+            "the oldest went first"
+        );
+        assert_eq!(s.matched(1, &fps(&[4, 5]), 2), vec![("b".into(), 2)]);
     }
 
     #[test]
     fn a_zero_ttl_disables_it() {
         let mut s = table(0, 100);
-        s.record(1, "a", &[1], 0);
+        s.record(1, "a", &fps(&[1]), 0);
         assert!(s.is_empty());
     }
 }

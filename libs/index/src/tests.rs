@@ -19,7 +19,11 @@ fn key(tenant: &str, id: &str) -> ReplicaKey {
     }
 }
 
-fn stored(start_depth: u32, fps: &[u64], tier: Tier) -> Change {
+fn fps(v: &[u64]) -> Vec<Fingerprint> {
+    Fingerprint::from_raw(v.to_vec())
+}
+
+fn stored(start_depth: u32, fps: &[Fingerprint], tier: Tier) -> Change {
     Change::Stored {
         start_depth,
         fingerprints: fps.to_vec(),
@@ -59,10 +63,10 @@ fn matches(outcome: LookupOutcome) -> Vec<(String, u32, Tier)> {
 #[test]
 fn borrowed_answers_match_the_owned_ones() {
     let ix = index();
-    let chain: Vec<u64> = (1..=6).collect();
+    let chain: Vec<Fingerprint> = (1..=6).map(Fingerprint).collect();
     put(&ix, "t", "a", &[stored(0, &chain, Tier::T1)]);
     put(&ix, "t", "b", &[stored(0, &chain[..3], Tier::T2)]);
-    let view = |fps: &[u64], scope: &Scope| {
+    let view = |fps: &[Fingerprint], scope: &Scope| {
         ix.lookup_with(scope, fps, None, None, |v| match v {
             LookupView::Matches(m) => m
                 .iter()
@@ -87,14 +91,14 @@ fn borrowed_answers_match_the_owned_ones() {
         ]
     );
     assert_eq!(
-        view(&[99], &scope("t")),
+        view(&fps(&[99]), &scope("t")),
         [("no entry".into(), String::new(), 0)]
     );
     assert_eq!(
         view(&chain, &scope("u")),
         [("unknown".into(), String::new(), 0)]
     );
-    for fps in [&chain[..], &chain[..2], &[99][..]] {
+    for fps in [&chain[..], &chain[..2], &[Fingerprint(99)][..]] {
         let owned = ix.lookup(&scope("t"), fps, None, None);
         let borrowed = ix.lookup_with(&scope("t"), fps, None, None, |v| v.to_outcome());
         assert_eq!(owned, borrowed);
@@ -109,7 +113,8 @@ fn blocks_reported_one_at_a_time_and_interleaved_are_found() {
     // arrives in its own event, so a chain's records are three apart (and
     // cross pages). Replica b holds the first ten blocks of chain x.
     let ix = index();
-    let chain = |base: u64| -> Vec<u64> { (0..20).map(|d| base + d).collect() };
+    let chain =
+        |base: u64| -> Vec<Fingerprint> { (0..20).map(|d| Fingerprint(base + d)).collect() };
     let (x, y, z) = (chain(1000), chain(2000), chain(3000));
     for d in 0..20 {
         for c in [&x, &y, &z] {
@@ -137,7 +142,7 @@ fn blocks_reported_one_at_a_time_and_interleaved_are_found() {
     );
     // Jumping between chains: scoring is by held fingerprints, wherever
     // their records lie (y's first block, then x's).
-    let mixed: Vec<u64> = y[..1].iter().chain(&x[1..]).copied().collect();
+    let mixed: Vec<Fingerprint> = y[..1].iter().chain(&x[1..]).copied().collect();
     assert_eq!(
         matches(ix.lookup(&scope("t"), &mixed, None, None)),
         [("a".into(), 15, Tier::T1)]
@@ -147,9 +152,9 @@ fn blocks_reported_one_at_a_time_and_interleaved_are_found() {
 #[test]
 fn longest_consecutive_prefix_wins() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
-    put(&ix, "t", "b", &[stored(0, &[1, 2], Tier::T1)]);
-    let got = matches(ix.lookup(&scope("t"), &[1, 2, 3, 4], None, None));
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
+    let got = matches(ix.lookup(&scope("t"), &fps(&[1, 2, 3, 4]), None, None));
     assert_eq!(
         got,
         vec![("a".into(), 3, Tier::T1), ("b".into(), 2, Tier::T1)]
@@ -164,10 +169,13 @@ fn a_gap_in_the_chain_ends_the_match() {
         &ix,
         "t",
         "a",
-        &[stored(0, &[1], Tier::T1), stored(2, &[3], Tier::T1)],
+        &[
+            stored(0, &fps(&[1]), Tier::T1),
+            stored(2, &fps(&[3]), Tier::T1),
+        ],
     );
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[1, 2, 3], None, None)),
+        matches(ix.lookup(&scope("t"), &fps(&[1, 2, 3]), None, None)),
         vec![("a".into(), 1, Tier::T1)]
     );
 }
@@ -179,11 +187,14 @@ fn t1_beats_t2_at_equal_length_and_tier_is_the_coldest_block() {
         &ix,
         "t",
         "cold",
-        &[stored(0, &[1], Tier::T1), stored(1, &[2], Tier::T2)],
+        &[
+            stored(0, &fps(&[1]), Tier::T1),
+            stored(1, &fps(&[2]), Tier::T2),
+        ],
     );
-    put(&ix, "t", "hot", &[stored(0, &[1, 2], Tier::T1)]);
+    put(&ix, "t", "hot", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[1, 2], None, None)),
+        matches(ix.lookup(&scope("t"), &fps(&[1, 2]), None, None)),
         vec![("hot".into(), 2, Tier::T1), ("cold".into(), 2, Tier::T2)]
     );
 }
@@ -191,16 +202,16 @@ fn t1_beats_t2_at_equal_length_and_tier_is_the_coldest_block() {
 #[test]
 fn candidates_restrict_the_answer() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
-    put(&ix, "t", "b", &[stored(0, &[1], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &fps(&[1]), Tier::T1)]);
     let only_b: HashSet<String> = ["b".to_owned()].into();
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[1, 2], Some(&only_b), None)),
+        matches(ix.lookup(&scope("t"), &fps(&[1, 2]), Some(&only_b), None)),
         vec![("b".into(), 1, Tier::T1)]
     );
     let nobody: HashSet<String> = ["z".to_owned()].into();
     assert_eq!(
-        ix.lookup(&scope("t"), &[1, 2], Some(&nobody), None),
+        ix.lookup(&scope("t"), &fps(&[1, 2]), Some(&nobody), None),
         LookupOutcome::NoEntry
     );
 }
@@ -208,27 +219,27 @@ fn candidates_restrict_the_answer() {
 #[test]
 fn tenants_never_see_each_other() {
     let ix = index();
-    put(&ix, "red", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    put(&ix, "red", "a", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
     // Same fingerprints, another tenant: invisible, whatever the candidates say.
     assert_eq!(
-        ix.lookup(&scope("blue"), &[1, 2], None, None),
+        ix.lookup(&scope("blue"), &fps(&[1, 2]), None, None),
         LookupOutcome::UnknownScope
     );
-    put(&ix, "blue", "b", &[stored(0, &[9], Tier::T1)]);
+    put(&ix, "blue", "b", &[stored(0, &fps(&[9]), Tier::T1)]);
     let everyone: HashSet<String> = ["a".to_owned(), "b".to_owned()].into();
     assert_eq!(
-        ix.lookup(&scope("blue"), &[1, 2], Some(&everyone), None),
+        ix.lookup(&scope("blue"), &fps(&[1, 2]), Some(&everyone), None),
         LookupOutcome::NoEntry
     );
     assert_eq!(
-        ix.lookup_prefix_hash(&scope("blue"), 2, Some(&everyone), None),
+        ix.lookup_prefix_hash(&scope("blue"), Fingerprint(2), Some(&everyone), None),
         LookupOutcome::NoEntry
     );
     // Other scope dimensions isolate too.
     let mut sglang = scope("red");
     sglang.hash_scheme = HashScheme::Sglang;
     assert_eq!(
-        ix.lookup(&sglang, &[1, 2], None, None),
+        ix.lookup(&sglang, &fps(&[1, 2]), None, None),
         LookupOutcome::UnknownScope
     );
 }
@@ -236,9 +247,9 @@ fn tenants_never_see_each_other() {
 #[test]
 fn prefix_hash_reports_the_recorded_depth() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
     assert_eq!(
-        matches(ix.lookup_prefix_hash(&scope("t"), 3, None, None)),
+        matches(ix.lookup_prefix_hash(&scope("t"), Fingerprint(3), None, None)),
         vec![("a".into(), 3, Tier::T1)]
     );
 }
@@ -250,7 +261,10 @@ fn evictions_clears_and_removal() {
         &ix,
         "t",
         "a",
-        &[stored(0, &[1, 2], Tier::T1), stored(2, &[3], Tier::T2)],
+        &[
+            stored(0, &fps(&[1, 2]), Tier::T1),
+            stored(2, &fps(&[3]), Tier::T2),
+        ],
     );
     assert_eq!(ix.len(), 3);
     put(
@@ -258,11 +272,11 @@ fn evictions_clears_and_removal() {
         "t",
         "a",
         &[Change::Evicted {
-            fingerprints: vec![2],
+            fingerprints: vec![Fingerprint(2)],
         }],
     );
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[1, 2], None, None)),
+        matches(ix.lookup(&scope("t"), &fps(&[1, 2]), None, None)),
         vec![("a".into(), 1, Tier::T1)]
     );
     put(&ix, "t", "a", &[Change::Cleared { tier: Tier::T1 }]);
@@ -270,7 +284,7 @@ fn evictions_clears_and_removal() {
     assert!(ix.remove_replica(&key("t", "a")));
     assert!(ix.is_empty());
     assert_eq!(
-        ix.lookup(&scope("t"), &[1], None, None),
+        ix.lookup(&scope("t"), &fps(&[1]), None, None),
         LookupOutcome::NoEntry
     );
 }
@@ -278,20 +292,20 @@ fn evictions_clears_and_removal() {
 #[test]
 fn replace_swaps_the_whole_state() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
     ix.replace(
         &key("t", "a"),
         &scope("t"),
         "a:8000",
-        &[stored(0, &[7], Tier::T2)],
+        &[stored(0, &fps(&[7]), Tier::T2)],
         2_000,
     );
     assert_eq!(
-        ix.lookup(&scope("t"), &[1], None, None),
+        ix.lookup(&scope("t"), &fps(&[1]), None, None),
         LookupOutcome::NoEntry
     );
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[7], None, None)),
+        matches(ix.lookup(&scope("t"), &fps(&[7]), None, None)),
         vec![("a".into(), 1, Tier::T2)]
     );
     assert_eq!(ix.len(), 1);
@@ -304,18 +318,18 @@ fn stale_replicas_are_left_out() {
         &key("t", "old"),
         &scope("t"),
         "x",
-        &[stored(0, &[1], Tier::T1)],
+        &[stored(0, &fps(&[1]), Tier::T1)],
         1_000,
     );
     ix.apply(
         &key("t", "new"),
         &scope("t"),
         "y",
-        &[stored(0, &[1], Tier::T1)],
+        &[stored(0, &fps(&[1]), Tier::T1)],
         5_000,
     );
     assert_eq!(
-        matches(ix.lookup(&scope("t"), &[1], None, Some(4_000))),
+        matches(ix.lookup(&scope("t"), &fps(&[1]), None, Some(4_000))),
         vec![("new".into(), 1, Tier::T1)]
     );
 }
@@ -326,13 +340,13 @@ fn capacity_evicts_the_least_recently_stored() {
         capacity_entries: 3,
         shards: 4,
     });
-    put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
-    put(&ix, "t", "a", &[stored(3, &[4], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
+    put(&ix, "t", "a", &[stored(3, &fps(&[4]), Tier::T1)]);
     assert_eq!(ix.len(), 3);
     assert_eq!(ix.capacity_evictions(), 1);
     // Block 1 went first, so nothing matches from the prompt start.
     assert_eq!(
-        ix.lookup(&scope("t"), &[1, 2], None, None),
+        ix.lookup(&scope("t"), &fps(&[1, 2]), None, None),
         LookupOutcome::NoEntry
     );
     assert_eq!(ix.snapshot()[0].prefix_count, 3);
@@ -341,18 +355,18 @@ fn capacity_evicts_the_least_recently_stored() {
 #[test]
 fn depth_conflicts_are_reported_not_applied() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1, 2], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2]), Tier::T1)]);
     let errors = ix.apply(
         &key("t", "b"),
         &scope("t"),
         "b",
-        &[stored(5, &[2], Tier::T1)],
+        &[stored(5, &fps(&[2]), Tier::T1)],
         1,
     );
     assert_eq!(
         errors,
         vec![ContentError::DepthMismatch {
-            fingerprint: 2,
+            fingerprint: Fingerprint(2),
             known: 1,
             reported: 5
         }]
@@ -366,7 +380,10 @@ fn snapshot_counts_per_replica_and_learns_block_size() {
         &ix,
         "t",
         "a",
-        &[stored(0, &[1, 2], Tier::T1), stored(2, &[3], Tier::T2)],
+        &[
+            stored(0, &fps(&[1, 2]), Tier::T1),
+            stored(2, &fps(&[3]), Tier::T2),
+        ],
     );
     ix.set_tier2(&key("t", "a"), Some((3, 10)));
     let snap = ix.snapshot();
@@ -381,18 +398,18 @@ fn snapshot_counts_per_replica_and_learns_block_size() {
 #[test]
 fn moving_a_replica_to_another_scope_drops_its_old_entries() {
     let ix = index();
-    put(&ix, "t", "a", &[stored(0, &[1], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1]), Tier::T1)]);
     let mut other = scope("t");
     other.model = "m2".into();
     ix.apply(
         &key("t", "a"),
         &other,
         "a:8000",
-        &[stored(0, &[5], Tier::T1)],
+        &[stored(0, &fps(&[5]), Tier::T1)],
         2_000,
     );
     assert_eq!(
-        ix.lookup(&scope("t"), &[1], None, None),
+        ix.lookup(&scope("t"), &fps(&[1]), None, None),
         LookupOutcome::NoEntry
     );
     assert_eq!(ix.len(), 1);
@@ -410,7 +427,9 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
     // up. Pages hold 8 records under test: this moves records constantly.
     const ROUNDS: u64 = 150;
     const LEN: u64 = 24;
-    let chain = |k: u64| -> Vec<u64> { (0..LEN).map(|d| (k + 1) * 1_000 + d).collect() };
+    let chain = |k: u64| -> Vec<Fingerprint> {
+        (0..LEN).map(|d| Fingerprint((k + 1) * 1_000 + d)).collect()
+    };
     let ix = Arc::new(Index::new(IndexConfig {
         capacity_entries: 1_000_000,
         shards: 4,
@@ -442,8 +461,8 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
         .collect();
     for k in 0..ROUNDS {
         // Two fillers per block: a page keeps under half its records.
-        let fillers: Vec<u64> = (0..2 * LEN)
-            .map(|d| 1_000_000_000 + k * 1_000 + d)
+        let fillers: Vec<Fingerprint> = (0..2 * LEN)
+            .map(|d| Fingerprint(1_000_000_000 + k * 1_000 + d))
             .collect();
         for (d, &b) in chain(k).iter().enumerate() {
             put(&ix, "t", "stable", &[stored(d as u32, &[b], Tier::T1)]);
@@ -509,8 +528,8 @@ mod model {
     }
 
     // Block i of the single prompt has fingerprint 100 + i.
-    fn fp(block: u32) -> u64 {
-        100 + u64::from(block)
+    fn fp(block: u32) -> Fingerprint {
+        Fingerprint(100 + u64::from(block))
     }
 
     proptest! {
@@ -524,7 +543,7 @@ mod model {
                 match op {
                     Op::Store { replica, start, len, t2 } => {
                         let tier = if t2 { Tier::T2 } else { Tier::T1 };
-                        let fps: Vec<u64> = (start..start + len).map(fp).collect();
+                        let fps: Vec<Fingerprint> = (start..start + len).map(fp).collect();
                         put(&ix, "t", &name(replica), &[stored(start, &fps, tier)]);
                         for b in start..start + len {
                             model.entry(replica).or_default().insert(b, tier);
@@ -544,7 +563,7 @@ mod model {
                         model.remove(&replica);
                     }
                 }
-                let prompt: Vec<u64> = (0..8).map(fp).collect();
+                let prompt: Vec<Fingerprint> = (0..8).map(fp).collect();
                 let mut want: Vec<(String, u32, Tier)> = model
                     .iter()
                     .filter_map(|(r, blocks)| {
@@ -586,7 +605,12 @@ fn counting_memory_while_new_replicas_register_never_deadlocks() {
         let ix = ix.clone();
         std::thread::spawn(move || {
             for r in 0..5_000u64 {
-                put(&ix, "t", &format!("r{r}"), &[stored(0, &[r], Tier::T1)]);
+                put(
+                    &ix,
+                    "t",
+                    &format!("r{r}"),
+                    &[stored(0, &[Fingerprint(r)], Tier::T1)],
+                );
                 if r % 2 == 0 {
                     ix.remove_replica(&key("t", &format!("r{r}")));
                 }
@@ -668,7 +692,7 @@ mod routing {
             capacity_entries: 200_000,
             shards: 8,
         });
-        let chain: Vec<u64> = (1..=blocks).collect();
+        let chain: Vec<Fingerprint> = (1..=blocks).map(Fingerprint).collect();
         put(&ix, "t", "a", &[stored(0, &chain, Tier::T1)]);
         ix
     }
@@ -676,7 +700,7 @@ mod routing {
     #[test]
     fn the_deadline_stops_a_long_walk_midway() {
         let ix = big_index(50_000);
-        let chain: Vec<u64> = (1..=50_000).collect();
+        let chain: Vec<Fingerprint> = (1..=50_000).map(Fingerprint).collect();
         let policy = RoutePolicy::default();
         // Unlimited: the whole chain matches.
         let (all, _) = decide(&ix, RouteKey::Blocks(&chain), &policy, 1_000, &NoDeadline);
@@ -724,7 +748,7 @@ mod routing {
     fn stale_replicas_drop_out_as_the_clock_moves() {
         let ix = index();
         // put() reports at 1_000 ms.
-        put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T1)]);
+        put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
         let policy = RoutePolicy {
             replica_stale_after: Duration::from_secs(120),
             ..RoutePolicy::default()
@@ -732,7 +756,7 @@ mod routing {
         let at = |now_ms| {
             decide(
                 &ix,
-                RouteKey::Blocks(&[1, 2, 3]),
+                RouteKey::Blocks(&fps(&[1, 2, 3])),
                 &policy,
                 now_ms,
                 &NoDeadline,
@@ -746,12 +770,12 @@ mod routing {
     #[test]
     fn policy_rules_in_order() {
         let ix = index();
-        put(&ix, "t", "a", &[stored(0, &[1, 2, 3], Tier::T2)]);
-        put(&ix, "t", "b", &[stored(0, &[1], Tier::T1)]);
+        put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T2)]);
+        put(&ix, "t", "b", &[stored(0, &fps(&[1]), Tier::T1)]);
         let run = |policy: RoutePolicy, key: RouteKey<'_>| {
             decide(&ix, key, &policy, 1_000, &NoDeadline).0
         };
-        let blocks = RouteKey::Blocks(&[1, 2, 3]);
+        let blocks = RouteKey::Blocks(&fps(&[1, 2, 3]));
         assert_eq!(
             run(RoutePolicy::default(), blocks),
             Ok(vec![("a".into(), 3), ("b".into(), 1)])
@@ -812,9 +836,9 @@ fn a_scope_lists_exactly_its_replicas_through_joins_moves_resyncs_and_removals()
             .collect()
     };
     let pair = |id: &str, address: &str| (id.to_owned(), address.to_owned());
-    put(&ix, "t", "a", &[stored(0, &[1], Tier::T1)]);
-    put(&ix, "t", "b", &[stored(0, &[2], Tier::T1)]);
-    put(&ix, "u", "c", &[stored(0, &[3], Tier::T1)]);
+    put(&ix, "t", "a", &[stored(0, &fps(&[1]), Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &fps(&[2]), Tier::T1)]);
+    put(&ix, "u", "c", &[stored(0, &fps(&[3]), Tier::T1)]);
     assert_eq!(listed("t"), [pair("a", "a:8000"), pair("b", "b:8000")]);
     assert_eq!(listed("u"), [pair("c", "c:8000")]);
     // A new address replaces the old one in place.
@@ -825,7 +849,7 @@ fn a_scope_lists_exactly_its_replicas_through_joins_moves_resyncs_and_removals()
         &key("t", "b"),
         &scope("t"),
         "b:8000",
-        &[stored(0, &[4], Tier::T1)],
+        &[stored(0, &fps(&[4]), Tier::T1)],
         3_000,
     );
     assert!(errors.is_empty(), "{errors:?}");

@@ -3,7 +3,9 @@
 
 use std::alloc::System;
 
-use ic_index::{Change, HashScheme, Index, IndexConfig, IndexMemory, ReplicaKey, Scope, Tier};
+use ic_index::{
+    Change, Fingerprint, HashScheme, Index, IndexConfig, IndexMemory, ReplicaKey, Scope, Tier,
+};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use support::flood::chain;
 
@@ -33,9 +35,9 @@ fn replica(tenant: &str, r: u64) -> ReplicaKey {
     }
 }
 
-fn fingerprints(family: u64) -> Vec<u64> {
+fn fingerprints(family: u64) -> Vec<Fingerprint> {
     (0..BLOCKS)
-        .map(|d| (family << 20 | d).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .map(|d| Fingerprint((family << 20 | d).wrapping_mul(0x9e37_79b9_7f4a_7c15)))
         .collect()
 }
 

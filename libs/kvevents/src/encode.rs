@@ -7,7 +7,7 @@
 //! hashes). The outer batch is always the positional `[ts, events, rank]`.
 
 use crate::extra::ExtraKey;
-use crate::wire::{BlockRemoved, BlockStored, KvEvent, Medium};
+use crate::wire::{BlockRemoved, BlockStored, EngineHash, KvEvent, Medium};
 
 /// Which engine release's encoding to produce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,7 +185,8 @@ fn sglang_array(w: &mut Writer, event: &KvEvent) {
 }
 
 /// A new `BlockStored` on the GPU with no adapter (a convenience for engines
-/// simulated in tests and the local fleet).
+/// simulated in tests and the local fleet, which number their blocks with
+/// plain integers).
 pub fn gpu_store(
     block_hashes: Vec<u64>,
     parent_block_hash: Option<u64>,
@@ -193,8 +194,8 @@ pub fn gpu_store(
     block_size: u32,
 ) -> KvEvent {
     KvEvent::BlockStored(BlockStored {
-        block_hashes,
-        parent_block_hash,
+        block_hashes: block_hashes.into_iter().map(EngineHash).collect(),
+        parent_block_hash: parent_block_hash.map(EngineHash),
         token_ids,
         block_size,
         lora_id: None,
@@ -210,7 +211,7 @@ pub fn gpu_store(
 /// A `BlockRemoved` from `medium`.
 pub fn removal(block_hashes: Vec<u64>, medium: Medium) -> KvEvent {
     KvEvent::BlockRemoved(BlockRemoved {
-        block_hashes,
+        block_hashes: block_hashes.into_iter().map(EngineHash).collect(),
         medium,
         group_idx: None,
     })
@@ -315,16 +316,16 @@ impl Writer {
             self.uint(h);
         }
     }
-    fn opt_hash(&mut self, h: Option<u64>, signed: bool) {
+    fn opt_hash(&mut self, h: Option<EngineHash>, signed: bool) {
         match h {
-            Some(h) => self.hash(h, signed),
+            Some(h) => self.hash(h.0, signed),
             None => self.nil(),
         }
     }
-    fn hashes(&mut self, hs: &[u64], signed: bool) {
+    fn hashes(&mut self, hs: &[EngineHash], signed: bool) {
         self.array(hs.len());
         for &h in hs {
-            self.hash(h, signed);
+            self.hash(h.0, signed);
         }
     }
     fn bin(&mut self, b: &[u8]) {

@@ -85,12 +85,12 @@ pub fn keyed_block_fingerprint(
     }
     let mut outer = Sha256::new();
     outer.update([0x78]);
-    outer.update(base.to_be_bytes());
+    outer.update(base.0.to_be_bytes());
     outer.update(extras.finalize());
     let digest = outer.finalize();
     let mut head = [0u8; 8];
     head.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(head)
+    Fingerprint(u64::from_be_bytes(head))
 }
 
 /// A multimodal item of a prompt: its identifier and the token positions
@@ -216,7 +216,7 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &adapter),
-            [0xb200_ba7d_d178_51a8, 0x359e_f5c8_c4c1_0a66]
+            [Fingerprint(0xb200_ba7d_d178_51a8), Fingerprint(0x359e_f5c8_c4c1_0a66)]
         );
         let salted = PromptExtras {
             cache_salt: "tenant-a".into(),
@@ -224,7 +224,7 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &salted),
-            [0x1d16_6f43_a915_eaa7, 0xde7f_723b_7a36_5a66]
+            [Fingerprint(0x1d16_6f43_a915_eaa7), Fingerprint(0xde7f_723b_7a36_5a66)]
         );
         let image = PromptExtras {
             media: vec![MediaSpan {
@@ -236,7 +236,7 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &image),
-            [0x949c_7a65_1738_3181, 0x1200_3890_1691_f46b]
+            [Fingerprint(0x949c_7a65_1738_3181), Fingerprint(0x1200_3890_1691_f46b)]
         );
     }
 
@@ -248,8 +248,8 @@ mod tests {
             crate::chain_fingerprints(None, &tokens, 16)
         );
         assert_eq!(
-            keyed_block_fingerprint(Some(7), &tokens[..16], &[]),
-            block_fingerprint(Some(7), &tokens[..16])
+            keyed_block_fingerprint(Some(Fingerprint(7)), &tokens[..16], &[]),
+            block_fingerprint(Some(Fingerprint(7)), &tokens[..16])
         );
     }
 

@@ -17,15 +17,40 @@
 
 use sha2::{Digest, Sha256};
 
-/// A block's content fingerprint.
-pub type Fingerprint = u64;
+/// A block's content fingerprint: what the index is keyed by. A type of
+/// its own, so that an engine's block hash ([`crate::EngineHash`]) can never
+/// be used as one by mistake; `.0` and `Fingerprint(n)` convert at the
+/// edges (the protobuf contract carries plain `uint64`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct Fingerprint(pub u64);
+
+impl Fingerprint {
+    /// Fingerprints from their raw `u64`s (the protobuf form), reusing the
+    /// allocation.
+    pub fn from_raw(values: Vec<u64>) -> Vec<Fingerprint> {
+        values.into_iter().map(Fingerprint).collect()
+    }
+
+    /// Fingerprints as raw `u64`s (the protobuf form), reusing the
+    /// allocation.
+    pub fn to_raw(values: Vec<Fingerprint>) -> Vec<u64> {
+        values.into_iter().map(|f| f.0).collect()
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
 
 /// Fingerprint of one block given its parent's fingerprint (`None` for the
 /// first block of a prompt).
 pub fn block_fingerprint(parent: Option<Fingerprint>, tokens: &[u32]) -> Fingerprint {
     let mut hasher = Sha256::new();
     if let Some(parent) = parent {
-        hasher.update(parent.to_be_bytes());
+        hasher.update(parent.0.to_be_bytes());
     }
     // Hash the tokens in stack-sized chunks: one update per token would cost
     // more than the compression itself on 16-token blocks.
@@ -39,7 +64,7 @@ pub fn block_fingerprint(parent: Option<Fingerprint>, tokens: &[u32]) -> Fingerp
     let digest = hasher.finalize();
     let mut head = [0u8; 8];
     head.copy_from_slice(&digest[..8]);
-    u64::from_be_bytes(head)
+    Fingerprint(u64::from_be_bytes(head))
 }
 
 /// Fingerprints of every full block of `tokens`, continuing the chain after
@@ -104,7 +129,10 @@ mod tests {
             ),
         ];
         for (tokens, block_size, want) in cases {
-            assert_eq!(chain_fingerprints(None, tokens, block_size), want);
+            assert_eq!(
+                Fingerprint::to_raw(chain_fingerprints(None, tokens, block_size)),
+                want
+            );
         }
     }
 

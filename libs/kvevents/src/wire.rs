@@ -19,8 +19,12 @@ use crate::msgpack::{Item, Reader};
 /// vLLM sends unsigned integers (often ≥ 2^63), SGLang and TensorRT-LLM
 /// signed ones (reinterpreted bit for bit here), and vLLM with integer hashes
 /// disabled the raw digest, folded to its last 8 bytes read big-endian (what
-/// vLLM's integer mode sends for the same block).
-pub type EngineHash = u64;
+/// vLLM's integer mode sends for the same block). Meaningful only inside
+/// one engine process: a type of its own, so it is never taken for a
+/// [`crate::Fingerprint`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(transparent)]
+pub struct EngineHash(pub u64);
 
 /// One decoded batch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -469,13 +473,13 @@ fn read_extra_key(r: &mut Reader<'_>) -> Result<ExtraKey, WireError> {
 
 fn hash_of(item: Item<'_>, field: &'static str) -> Result<EngineHash, WireError> {
     match item {
-        Item::UInt(u) => Ok(u),
-        Item::NegInt(i) => Ok(u64::from_ne_bytes(i.to_ne_bytes())),
+        Item::UInt(u) => Ok(EngineHash(u)),
+        Item::NegInt(i) => Ok(EngineHash(u64::from_ne_bytes(i.to_ne_bytes()))),
         Item::Bin(bytes) | Item::Str(bytes) if !bytes.is_empty() => {
             let tail = &bytes[bytes.len().saturating_sub(8)..];
             let mut buf = [0u8; 8];
             buf[8 - tail.len()..].copy_from_slice(tail);
-            Ok(u64::from_be_bytes(buf))
+            Ok(EngineHash(u64::from_be_bytes(buf)))
         }
         other => Err(WireError::type_mismatch(field, "hash", other)),
     }

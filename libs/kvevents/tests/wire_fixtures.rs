@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use ic_kvevents::{KvEvent, Medium, decode_batch};
+use ic_kvevents::{EngineHash, KvEvent, Medium, decode_batch};
 use serde_json::Value;
 
 fn medium_of(v: &Value) -> Medium {
@@ -25,13 +25,17 @@ fn u64s(v: &Value) -> Vec<u64> {
         .collect()
 }
 
+fn hashes(v: &Value) -> Vec<EngineHash> {
+    u64s(v).into_iter().map(EngineHash).collect()
+}
+
 fn check_event(got: &KvEvent, want: &Value, ctx: &str) {
     match (got, want["type"].as_str().unwrap()) {
         (KvEvent::BlockStored(s), "BlockStored") => {
-            assert_eq!(s.block_hashes, u64s(&want["block_hashes"]), "{ctx}");
+            assert_eq!(s.block_hashes, hashes(&want["block_hashes"]), "{ctx}");
             assert_eq!(
                 s.parent_block_hash,
-                want["parent_block_hash"].as_u64(),
+                want["parent_block_hash"].as_u64().map(EngineHash),
                 "{ctx}"
             );
             let tokens: Vec<u32> = u64s(&want["token_ids"])
@@ -63,7 +67,7 @@ fn check_event(got: &KvEvent, want: &Value, ctx: &str) {
             );
         }
         (KvEvent::BlockRemoved(r), "BlockRemoved") => {
-            assert_eq!(r.block_hashes, u64s(&want["block_hashes"]), "{ctx}");
+            assert_eq!(r.block_hashes, hashes(&want["block_hashes"]), "{ctx}");
             assert_eq!(r.medium, medium_of(&want["medium"]), "{ctx}");
             assert_eq!(
                 r.group_idx.map(u64::from),

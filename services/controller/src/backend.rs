@@ -17,11 +17,12 @@ use ic_adapters::providers::{self, ObjectRef, OwnedKind, Workload};
 use ic_api::cachebackend::CacheBackend;
 use ic_controller_core::cascade::CascadeRateLimiter;
 use ic_controller_core::clock::{Clock, ClockExt};
+use ic_controller_core::event::EventType;
 use ic_controller_core::gates::{self, ProbeOutcome, ProbeRateLimiter};
 use ic_controller_core::k8s;
 use ic_controller_core::observe::{self, BackendRef};
 use ic_controller_core::status::{
-    self, BackendShape, EngineObservation, EventType, Observed, ServerPods, WorkloadState,
+    self, BackendShape, EngineObservation, Observed, ServerPods, WorkloadState,
 };
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;

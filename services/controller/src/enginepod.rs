@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ic_api::cachebackend::CacheBackend;
+use ic_controller_core::event::EventType;
 use ic_controller_core::observe;
-use ic_controller_core::status::EventType;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::controller::Action;

@@ -342,21 +342,6 @@ impl Poller {
     }
 }
 
-/// Per-backend participation currently exported, for tests and debugging.
-pub fn exported_rates(metrics: &Metrics, backends: &[String]) -> BTreeMap<String, f64> {
-    backends
-        .iter()
-        .filter_map(|b| {
-            let label = BackendLabel { backend: b.clone() };
-            // get_or_create would add a series; only read existing ones.
-            metrics
-                .backend_t2_hit_rate
-                .get(&label)
-                .map(|g| (b.clone(), g.get()))
-        })
-        .collect()
-}
-
 /// The `/snapshot` URL of an index server given by its base URL.
 pub fn snapshot_url_of(server_url: &str) -> String {
     format!("{}/snapshot", server_url.trim().trim_end_matches('/'))

@@ -1,13 +1,13 @@
 //! Flood inputs shared by `tests/memory.rs` and `examples/flood_memory.rs`.
 
-use ic_index::{Change, Tier};
+use ic_index::{Change, Fingerprint, Tier};
 
 /// Distinct, well-spread fingerprints: splitmix64 of (stream, position).
-pub fn spread(stream: u64, i: u64) -> u64 {
+pub fn spread(stream: u64, i: u64) -> Fingerprint {
     let mut z = (stream << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    Fingerprint(z ^ (z >> 31))
 }
 
 /// One stored chain of `n` new blocks of `stream`, from position `from`.

@@ -15,8 +15,8 @@ fn tokens(block: u64) -> Vec<u32> {
 
 fn stored(hashes: &[u64], parent: Option<u64>, medium: Medium) -> KvEvent {
     KvEvent::BlockStored(BlockStored {
-        block_hashes: hashes.to_vec(),
-        parent_block_hash: parent,
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
+        parent_block_hash: parent.map(EngineHash),
         token_ids: hashes.iter().flat_map(|&h| tokens(h)).collect(),
         block_size: BS,
         lora_id: None,
@@ -31,7 +31,7 @@ fn stored(hashes: &[u64], parent: Option<u64>, medium: Medium) -> KvEvent {
 
 fn removed(hashes: &[u64], medium: Medium) -> KvEvent {
     KvEvent::BlockRemoved(BlockRemoved {
-        block_hashes: hashes.to_vec(),
+        block_hashes: hashes.iter().copied().map(EngineHash).collect(),
         medium,
         group_idx: None,
     })
@@ -144,7 +144,7 @@ fn offload_mode_re_reports_evictions_at_t2_and_restores_to_t1() {
             at_ms: 1000
         }]
     );
-    assert_eq!(h.state.lookup(2), Some((chain[1], Tier::T2)));
+    assert_eq!(h.state.lookup(EngineHash(2)), Some((chain[1], Tier::T2)));
     let out = h.apply(stored(&[2], Some(1), Medium::Gpu));
     assert!(matches!(
         &out[..],
@@ -188,8 +188,8 @@ fn contentless_offload_stores_map_through_known_hashes() {
             extra_keys: None,
         })
     };
-    assert!(h.apply(contentless(1)).is_empty());
-    assert!(h.apply(contentless(77)).is_empty());
+    assert!(h.apply(contentless(EngineHash(1))).is_empty());
+    assert!(h.apply(contentless(EngineHash(77))).is_empty());
     assert_eq!(h.stats.contentless_unknown_blocks, 1);
     let out = h.apply(removed(&[1], Medium::Gpu));
     assert!(matches!(
@@ -216,7 +216,7 @@ fn non_main_attention_groups_are_ignored() {
     }
     assert!(h.apply(ev).is_empty());
     let removal = KvEvent::BlockRemoved(BlockRemoved {
-        block_hashes: vec![1],
+        block_hashes: vec![EngineHash(1)],
         medium: Medium::Gpu,
         group_idx: Some(1),
     });
@@ -224,7 +224,7 @@ fn non_main_attention_groups_are_ignored() {
     assert_eq!(h.stats.non_main_attention_events, 2);
 }
 
-fn stored_fps(changes: &[IndexChange]) -> Vec<u64> {
+fn stored_fps(changes: &[IndexChange]) -> Vec<Fingerprint> {
     changes
         .iter()
         .flat_map(|c| match c {
