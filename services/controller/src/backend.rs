@@ -6,8 +6,10 @@
 //! (only when changed, without the poller-owned indexParticipation), Events,
 //! and the requeue hint.
 //!
-//! Reads come from the watch-fed [`Stores`] (read → decide → write); the
-//! only API calls a reconcile makes are the writes it decides on.
+//! Reads come from the watch-fed [`Stores`] (read → decide → write): pods
+//! and Deployments from their namespace- and label-keyed index, shed
+//! candidates by name. The only API calls a reconcile makes are the writes
+//! it decides on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -39,7 +41,7 @@ use serde_json::json;
 use crate::kubeutil::{self, MANAGER};
 use crate::metrics::{ControllerLabel, Metrics};
 use crate::stores::Stores;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store};
 
 /// Metric label of this controller.
 pub const CONTROLLER: &str = "cachebackend";
@@ -171,9 +173,45 @@ where
     .await
 }
 
-/// Deletes the objects of one kind named in `names` that this backend owns
-/// (a same-named object someone else created is left alone), as the store
-/// shows them: controller-managed, in `ns`, owned by `owner_uid`.
+/// The objects of one kind named in `names` that this backend owns (a
+/// same-named object someone else created is left alone), as the store
+/// shows them: controller-managed, in `ns`, owned by `owner_uid`; sorted by
+/// name. Looked up by name: the names are all a backend could own.
+pub fn shed_candidates<K>(
+    store: &Store<K>,
+    ns: &str,
+    names: &[&str],
+    owner_uid: &str,
+) -> Vec<String>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter(|name| {
+            let Some(object) = store.get(&reflector::ObjectRef::new(name).within(ns)) else {
+                return false;
+            };
+            let meta = object.meta();
+            let managed = meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(ic_api::consts::labels::MANAGED_BY))
+                .is_some_and(|v| v == ic_api::consts::labels::MANAGED_BY_VALUE);
+            let owned = meta
+                .owner_references
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|r| r.uid == owner_uid));
+            managed && owned
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Deletes the [`shed_candidates`] of one kind.
 async fn shed_kind<K>(
     api: Api<K>,
     store: &Store<K>,
@@ -185,21 +223,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + 'static,
 {
     let mut deleted = Vec::new();
-    for object in Stores::in_namespace(store, ns) {
-        let meta = object.meta();
-        let name = meta.name.clone().unwrap_or_default();
-        let managed = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(ic_api::consts::labels::MANAGED_BY))
-            .is_some_and(|v| v == ic_api::consts::labels::MANAGED_BY_VALUE);
-        let owned = meta
-            .owner_references
-            .as_ref()
-            .is_some_and(|o| o.iter().any(|r| r.uid == owner_uid));
-        if !managed || !owned || !names.contains(&name.as_str()) {
-            continue;
-        }
+    for name in shed_candidates(store, ns, names, owner_uid) {
         match api.delete(&name, &DeleteParams::background()).await {
             Ok(_) => deleted.push(name),
             Err(e) if kubeutil::is_not_found(&e) => {}
@@ -291,10 +315,7 @@ async fn provision(
         .await?;
     }
     let selector = providers::selector_labels(name, managed.provider);
-    let pods: Vec<_> = Stores::in_namespace(&ctx.stores.pods, ns)
-        .into_iter()
-        .filter(|p| observe::selector_matches(Some(&selector), p.metadata.labels.as_ref()))
-        .collect();
+    let pods = ctx.stores.index.pods.matching(ns, Some(&selector));
     let server_pods = Some(k8s::server_pods(template_containers, &pods));
     Ok((
         Some(state),
@@ -305,7 +326,7 @@ async fn provision(
 
 /// Engine pods of the namespace that match the selector or were injected by
 /// this backend, plus the desired replicas of matching engine Deployments.
-fn engines(ctx: &BackendContext, backend: &CacheBackend, ns: &str) -> EngineObservation {
+pub fn engines(stores: &Stores, backend: &CacheBackend, ns: &str) -> EngineObservation {
     let uid = backend.metadata.uid.clone().unwrap_or_default();
     let name = backend.name_any();
     let labels = backend
@@ -319,12 +340,16 @@ fn engines(ctx: &BackendContext, backend: &CacheBackend, ns: &str) -> EngineObse
         uid: &uid,
         match_labels: labels,
     };
-    let pods = Stores::in_namespace(&ctx.stores.pods, ns)
+    let injected_by = format!("{ns}/{name}");
+    let pods = stores
+        .index
+        .pods
+        .matching_or_injected(ns, labels, &injected_by)
         .iter()
         .map(|p| observe::summarize_pod(p, r))
         .filter(|p| p.matches_selector || p.injected_by_this)
         .collect();
-    let deployments = Stores::in_namespace(&ctx.stores.deployments, ns);
+    let deployments = stores.index.deployments.matching(ns, labels);
     EngineObservation {
         pods,
         expected_replicas: k8s::expected_engine_replicas(labels, &deployments),
@@ -404,7 +429,7 @@ async fn reconcile_inner(
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let (workload, service_endpoint, server_pods) = provision(ctx, backend, &ns, &name).await?;
-    let engines = Some(engines(ctx, backend, &ns));
+    let engines = Some(engines(&ctx.stores, backend, &ns));
     let now = ctx.clock.now();
     let mut observed = Observed {
         now,

@@ -1,7 +1,8 @@
 //! `ic-controller`: CacheBackend reconciliation, the CacheIndex poller and
 //! the CachePolicy / CacheTenant pushers, behind Lease-based leader election.
 //!
-//! Layout: [`stores`] (the watch-fed view every loop reads), [`backend`]
+//! Layout: [`stores`] (the watch-fed view every loop reads) and [`index`]
+//! (its Pods and Deployments by namespace and labels), [`backend`]
 //! (CacheBackend reconciler), [`enginepod`] (engine-pod Events), [`poller`]
 //! (CacheIndex + indexParticipation), [`policy`] (CachePolicy →
 //! SetPolicies), [`tenant`] (CacheTenant → coordinator, with a finalizer),
@@ -11,6 +12,7 @@
 
 pub mod backend;
 pub mod enginepod;
+pub mod index;
 pub mod kubeutil;
 pub mod leader;
 pub mod metrics;

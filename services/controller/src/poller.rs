@@ -183,12 +183,10 @@ impl Poller {
             .iter()
             .map(|r| r.tenant.as_str())
             .collect();
-        let pods: Vec<Arc<Pod>> = self.stores.pods.state_filter(|p| {
-            p.metadata
-                .namespace
-                .as_deref()
-                .is_some_and(|ns| tenants.contains(ns))
-        });
+        let pods: Vec<Arc<Pod>> = tenants
+            .iter()
+            .flat_map(|ns| self.stores.index.pods.in_namespace(ns))
+            .collect();
         let split = attribution::attribute(snapshot, &pods, &backends);
         let mut written = Vec::new();
         let mut live = BTreeSet::new();

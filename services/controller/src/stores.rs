@@ -13,6 +13,11 @@
 //! watched unfiltered since engine Deployments set the expected replica
 //! count.
 //!
+//! The Pod and Deployment stores are also indexed by namespace and labels
+//! ([`crate::index`], [`Stores::index`]), the index following each event
+//! after the store applied it, so a reconcile reads its own namespace's
+//! matching objects instead of filtering the whole store.
+//!
 //! The two kube-runtime controllers (CacheBackend and engine pods) are fed
 //! from the same watches through [`Feeds`]; the pushers wake on
 //! [`Stores::changes`]. One watch per kind per process, whoever reads it.
@@ -38,6 +43,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::index::{ApplyEvent, IndexedWriter, Indexes};
 use crate::metrics::Metrics;
 
 /// Objects a feed buffers for a slow controller before its watch waits.
@@ -64,6 +70,8 @@ pub struct Stores {
     pub tenants: Store<CacheTenant>,
     /// Every CacheIndex.
     pub indexes: Store<CacheIndex>,
+    /// The Pod and Deployment stores by namespace and labels.
+    pub index: Indexes,
     /// Bumped on every CachePolicy and CacheTenant change.
     pub changes: Changes,
     /// How many kinds have completed their first LIST.
@@ -170,12 +178,15 @@ pub fn start(
     };
     let c = || client.clone();
     let all = watcher::Config::default;
+    let index = Indexes::default();
+    let (pod_index, deployment_index) = (index.pods.clone(), index.deployments.clone());
     let (backends, mut backend_feeds, _) = w.watch(
         "CacheBackend",
         Api::all(c()),
         all(),
         trim_meta::<CacheBackend>,
         &[Carries::Applied],
+        unindexed,
     );
     let (pods, mut pod_feeds, _) = w.watch(
         "Pod",
@@ -183,6 +194,7 @@ pub fn start(
         all(),
         k8s::trim_pod,
         &[Carries::Touched, Carries::Applied],
+        move |event, store| pod_index.apply_watcher_event(event, store),
     );
     let (deployments, mut deployment_feeds, _) = w.watch(
         "Deployment",
@@ -190,6 +202,7 @@ pub fn start(
         all(),
         trim_meta::<Deployment>,
         &[Carries::Touched],
+        move |event, store| deployment_index.apply_watcher_event(event, store),
     );
     let (statefulsets, mut statefulset_feeds, _) = w.watch(
         "StatefulSet",
@@ -197,6 +210,7 @@ pub fn start(
         managed(),
         trim_meta::<StatefulSet>,
         &[Carries::Touched],
+        unindexed,
     );
     let (services, mut service_feeds, _) = w.watch(
         "Service",
@@ -204,6 +218,7 @@ pub fn start(
         managed(),
         trim_meta::<Service>,
         &[Carries::Touched],
+        unindexed,
     );
     let (hpas, mut hpa_feeds, _) = w.watch(
         "HorizontalPodAutoscaler",
@@ -211,6 +226,7 @@ pub fn start(
         managed(),
         trim_meta::<HorizontalPodAutoscaler>,
         &[Carries::Touched],
+        unindexed,
     );
     let (policies, _, policy_changes) = w.watch(
         "CachePolicy",
@@ -218,6 +234,7 @@ pub fn start(
         all(),
         trim_meta::<CachePolicy>,
         &[],
+        unindexed,
     );
     let (tenants, _, tenant_changes) = w.watch(
         "CacheTenant",
@@ -225,6 +242,7 @@ pub fn start(
         all(),
         trim_meta::<CacheTenant>,
         &[],
+        unindexed,
     );
     let (indexes, _, _) = w.watch(
         "CacheIndex",
@@ -232,6 +250,7 @@ pub fn start(
         all(),
         trim_meta::<CacheIndex>,
         &[],
+        unindexed,
     );
     let stores = Stores {
         backends,
@@ -243,6 +262,7 @@ pub fn start(
         policies,
         tenants,
         indexes,
+        index,
         changes: Changes {
             policies: policy_changes,
             tenants: tenant_changes,
@@ -268,9 +288,15 @@ struct Watches<'a> {
     synced: Arc<watch::Sender<usize>>,
 }
 
+/// The `on_event` of a kind nothing indexes.
+fn unindexed<K: Resource<DynamicType = ()> + Clone + 'static>(_: &watcher::Event<K>, _: &Store<K>) {
+}
+
 impl Watches<'_> {
     /// One reflector for `K`: its store, one feed per entry of `feeds`, and
-    /// a change counter.
+    /// a change counter. `on_event` sees every event once the store has
+    /// applied it, before anyone is told (a first `InitDone` marks the
+    /// kind synced).
     fn watch<K>(
         &mut self,
         kind: &'static str,
@@ -278,6 +304,7 @@ impl Watches<'_> {
         config: watcher::Config,
         trim: impl FnMut(&mut K) + Send + 'static,
         feeds: &[Carries],
+        mut on_event: impl FnMut(&watcher::Event<K>, &Store<K>) + Send + 'static,
     ) -> (Store<K>, Vec<Feed<K>>, watch::Receiver<u64>)
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -320,6 +347,7 @@ impl Watches<'_> {
                     }
                     None => return,
                 };
+                on_event(&event, &store);
                 objects.set(i64::try_from(store.len()).unwrap_or(i64::MAX));
                 changed_tx.send_modify(|n| *n = n.wrapping_add(1));
                 let (object, deleted) = match &event {
@@ -367,17 +395,6 @@ impl Stores {
             .map_err(|_| StoresError::Stopped)
     }
 
-    /// The stored objects of `store` in namespace `ns`, sorted by name (a
-    /// store iterates in hash order; decisions want a stable one).
-    pub fn in_namespace<K>(store: &Store<K>, ns: &str) -> Vec<Arc<K>>
-    where
-        K: Resource<DynamicType = ()> + Clone + 'static,
-    {
-        let mut out = store.state_filter(|o| o.meta().namespace.as_deref() == Some(ns));
-        out.sort_by_key(|o| o.name_any());
-        out
-    }
-
     /// Every stored object of `store`, sorted by namespace and name.
     pub fn all<K>(store: &Store<K>) -> Vec<Arc<K>>
     where
@@ -400,10 +417,10 @@ pub fn owned<K: Clone>(objects: &[Arc<K>]) -> Vec<K> {
 pub struct StoreWriters {
     /// CacheBackends.
     pub backends: Writer<CacheBackend>,
-    /// Pods.
-    pub pods: Writer<Pod>,
-    /// Deployments.
-    pub deployments: Writer<Deployment>,
+    /// Pods (and their index).
+    pub pods: IndexedWriter<Pod>,
+    /// Deployments (and their index).
+    pub deployments: IndexedWriter<Deployment>,
     /// StatefulSets.
     pub statefulsets: Writer<StatefulSet>,
     /// Services.
@@ -442,6 +459,9 @@ pub fn detached() -> (Stores, StoreWriters) {
     let (backends, backends_w) = one();
     let (pods, pods_w) = one();
     let (deployments, deployments_w) = one();
+    let index = Indexes::default();
+    let pods_w = IndexedWriter::new(pods_w, index.pods.clone());
+    let deployments_w = IndexedWriter::new(deployments_w, index.deployments.clone());
     let (statefulsets, statefulsets_w) = one();
     let (services, services_w) = one();
     let (hpas, hpas_w) = one();
@@ -461,6 +481,7 @@ pub fn detached() -> (Stores, StoreWriters) {
         policies,
         tenants,
         indexes,
+        index,
         changes: Changes {
             policies: policies_rx,
             tenants: tenants_rx,
@@ -484,14 +505,12 @@ pub fn detached() -> (Stores, StoreWriters) {
     (stores, writers)
 }
 
-/// Makes `writer`'s store hold exactly `objects` (as a watch's re-list does).
-pub fn replace_all<K>(writer: &mut Writer<K>, objects: Vec<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    writer.apply_watcher_event(&watcher::Event::Init);
+/// Makes `writer`'s store (and index) hold exactly `objects` (as a watch's
+/// re-list does).
+pub fn replace_all<W: ApplyEvent>(writer: &mut W, objects: Vec<W::Object>) {
+    writer.apply_event(&watcher::Event::Init);
     for object in objects {
-        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        writer.apply_event(&watcher::Event::InitApply(object));
     }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
+    writer.apply_event(&watcher::Event::InitDone);
 }
