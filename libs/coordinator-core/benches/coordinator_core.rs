@@ -4,7 +4,7 @@
 //! Run: `cargo bench -p ic-coordinator-core --bench coordinator_core`
 
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use ic_coordinator_core::Tier;
+use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::directory::KeyDirectory;
 use ic_coordinator_core::events::{Batch, Entry, EventType};
 use ic_coordinator_core::eviction::{EvictionSettings, Lru, Quotas, plan};
@@ -32,7 +32,7 @@ fn store_batch(seq: u64, first: u64, n: u64) -> Batch {
         incarnation: 1,
         seq,
         event_type: EventType::Store,
-        tier: Tier::L2,
+        tier: StorageLevel::L2,
         backend: "fs".into(),
         entries: (first..first + n)
             .map(|i| Entry {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::events::{Batch, EventType};
 
 /// One declared compartment.
@@ -22,7 +22,7 @@ pub struct Declaration {
     /// `(incarnation, revision)` that produced it.
     pub stamp: (u64, u64),
     /// Compartments by (tier, backend).
-    pub compartments: BTreeMap<(Tier, String), Compartment>,
+    pub compartments: BTreeMap<(StorageLevel, String), Compartment>,
 }
 
 /// All declarations.
@@ -71,7 +71,7 @@ impl CapacityRegistry {
     }
 
     /// An instance's compartments.
-    pub fn compartments(&self, id: &str) -> Option<&BTreeMap<(Tier, String), Compartment>> {
+    pub fn compartments(&self, id: &str) -> Option<&BTreeMap<(StorageLevel, String), Compartment>> {
         self.declarations.get(id).map(|d| &d.compartments)
     }
 
@@ -91,7 +91,7 @@ impl CapacityRegistry {
     }
 
     /// Capacity of a shared pool: what its declarers agree on, else 0.
-    pub fn shared_capacity(&self, tier: Tier, backend: &str) -> u64 {
+    pub fn shared_capacity(&self, tier: StorageLevel, backend: &str) -> u64 {
         let mut agreed: Option<u64> = None;
         for decl in self.declarations.values() {
             if let Some(c) = decl.compartments.get(&(tier, backend.to_owned()))
@@ -117,7 +117,7 @@ mod tests {
         id: &str,
         inc: u64,
         rev: u64,
-        tier: Tier,
+        tier: StorageLevel,
         backend: &str,
         cap: u64,
         shared: bool,
@@ -132,16 +132,16 @@ mod tests {
     #[test]
     fn stamps_replace_add_or_ignore() {
         let mut c = CapacityRegistry::new();
-        c.apply(&config("a", 1, 0, Tier::L1, "dram", 10, false));
-        c.apply(&config("a", 1, 0, Tier::L2, "fs", 20, false));
+        c.apply(&config("a", 1, 0, StorageLevel::L1, "dram", 10, false));
+        c.apply(&config("a", 1, 0, StorageLevel::L2, "fs", 20, false));
         assert_eq!(c.compartments("a").unwrap().len(), 2);
-        c.apply(&config("a", 1, 1, Tier::L1, "dram", 11, false));
+        c.apply(&config("a", 1, 1, StorageLevel::L1, "dram", 11, false));
         assert_eq!(
             c.compartments("a").unwrap().len(),
             1,
             "newer stamp replaces"
         );
-        c.apply(&config("a", 1, 0, Tier::L2, "fs", 99, false));
+        c.apply(&config("a", 1, 0, StorageLevel::L2, "fs", 99, false));
         assert_eq!(c.compartments("a").unwrap().len(), 1, "older stamp ignored");
         c.forget("a");
         assert!(c.compartments("a").is_none());
@@ -150,10 +150,10 @@ mod tests {
     #[test]
     fn shared_capacity_requires_agreement() {
         let mut c = CapacityRegistry::new();
-        c.apply(&config("a", 1, 0, Tier::L2, "s3", 100, true));
-        c.apply(&config("b", 1, 0, Tier::L2, "s3", 100, true));
-        assert_eq!(c.shared_capacity(Tier::L2, "s3"), 100);
-        c.apply(&config("c", 1, 0, Tier::L2, "s3", 50, true));
-        assert_eq!(c.shared_capacity(Tier::L2, "s3"), 0);
+        c.apply(&config("a", 1, 0, StorageLevel::L2, "s3", 100, true));
+        c.apply(&config("b", 1, 0, StorageLevel::L2, "s3", 100, true));
+        assert_eq!(c.shared_capacity(StorageLevel::L2, "s3"), 100);
+        c.apply(&config("c", 1, 0, StorageLevel::L2, "s3", 50, true));
+        assert_eq!(c.shared_capacity(StorageLevel::L2, "s3"), 0);
     }
 }

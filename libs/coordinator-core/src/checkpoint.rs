@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use serde_bytes::ByteBuf;
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::capacity::{CapacityRegistry, Compartment, Declaration};
 use crate::directory::{Binding, KeyDirectory, Placement};
 use crate::eviction::Lru;
@@ -41,9 +41,9 @@ pub enum CheckpointError {
 /// `[chunk_hash bytes, model_name, kv_rank, object_group_id, cache_salt]`.
 pub type KeyTuple = (ByteBuf, String, i64, i64, String);
 /// `[instance_id, incarnation, tier, backend, size_bytes, shared]`.
-pub type PlacementTuple = (String, u64, Tier, String, u64, bool);
+pub type PlacementTuple = (String, u64, StorageLevel, String, u64, bool);
 /// `[tier, backend, capacity, shared]`.
-pub type CompartmentTuple = (Tier, String, u64, bool);
+pub type CompartmentTuple = (StorageLevel, String, u64, bool);
 /// `[instance_id, incarnation, revision, [compartment…]]`.
 pub type DeclarationTuple = (String, u64, u64, Vec<CompartmentTuple>);
 
@@ -119,7 +119,7 @@ pub struct DirectorySection {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct UsageSection {
     /// Placements.
-    pub placements: Vec<(Tier, KeyTuple, String, String, u64)>,
+    pub placements: Vec<(StorageLevel, KeyTuple, String, String, u64)>,
 }
 
 /// `{"declarations": [[id, incarnation, revision, [[tier, backend, capacity, shared]]]]}`.
@@ -463,7 +463,7 @@ mod tests {
         let mut store = batch(
             "a",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, "t"), 10), (key(2, ""), 5)],
@@ -473,12 +473,12 @@ mod tests {
         let l1 = batch(
             "a",
             EventType::Store,
-            Tier::L1,
+            StorageLevel::L1,
             "dram",
             false,
             &[(key(2, ""), 3)],
         );
-        let mut cfg = batch("a", EventType::Config, Tier::L1, "dram", false, &[]);
+        let mut cfg = batch("a", EventType::Config, StorageLevel::L1, "dram", false, &[]);
         cfg.capacity_bytes = 1000;
         for b in [&store, &l1, &cfg] {
             gate.offer(&b.instance_id, b.incarnation, b.seq, 0);
@@ -507,7 +507,7 @@ mod tests {
         assert_eq!(dir2.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
         assert_eq!(capture_directory(&dir2), capture_directory(&dir));
         let usage2 = restore_usage(back.cache_usage.as_ref().unwrap());
-        assert_eq!(usage2.salt_bytes(Tier::L2, "t"), 10);
+        assert_eq!(usage2.salt_bytes(StorageLevel::L2, "t"), 10);
         assert_eq!(
             capture_capacity(&restore_capacity(back.server_config.as_ref().unwrap())),
             capture_capacity(&caps)

@@ -4,8 +4,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use serde::Serialize;
 
-use crate::Tier;
-use crate::TierFilter;
+use crate::LevelFilter;
+use crate::StorageLevel;
 use crate::events::{Batch, EventType};
 use crate::key::{ObjectKey, SharedKey};
 use crate::{FastMap, FastSet};
@@ -17,8 +17,8 @@ pub struct Placement {
     pub instance_id: String,
     /// Reporter's incarnation.
     pub incarnation: u64,
-    /// Tier.
-    pub tier: Tier,
+    /// StorageLevel.
+    pub tier: StorageLevel,
     /// Backend.
     pub backend: String,
     /// Reported size.
@@ -30,7 +30,13 @@ pub struct Placement {
 impl Placement {
     /// Whether `self` is the placement an event for (instance, tier, backend,
     /// shared) addresses. A shared placement is identified without its owner.
-    fn same_identity(&self, instance_id: &str, tier: Tier, backend: &str, shared: bool) -> bool {
+    fn same_identity(
+        &self,
+        instance_id: &str,
+        tier: StorageLevel,
+        backend: &str,
+        shared: bool,
+    ) -> bool {
         self.tier == tier
             && self.backend == backend
             && self.shared == shared
@@ -100,8 +106,8 @@ pub struct ListedKey {
 /// Filters of `GET /directory/keys`.
 #[derive(Clone, Debug, Default)]
 pub struct KeyFilter<'a> {
-    /// Tier selector.
-    pub tier: TierFilter,
+    /// StorageLevel selector.
+    pub tier: LevelFilter,
     /// Owner, empty for any.
     pub instance_id: &'a str,
     /// Backend, empty for any.
@@ -125,10 +131,10 @@ pub struct KeyDirectory {
     dropped_for_capacity: u64,
 }
 
-fn tier_index(tier: Tier) -> usize {
+fn tier_index(tier: StorageLevel) -> usize {
     match tier {
-        Tier::L1 => 0,
-        Tier::L2 => 1,
+        StorageLevel::L1 => 0,
+        StorageLevel::L2 => 1,
     }
 }
 
@@ -233,7 +239,7 @@ impl KeyDirectory {
                 self.drop_oldest();
             }
         }
-        if placement.tier == Tier::L1 && !placement.shared {
+        if placement.tier == StorageLevel::L1 && !placement.shared {
             self.l1_by_instance
                 .entry(placement.instance_id.clone())
                 .or_default()
@@ -288,7 +294,7 @@ impl KeyDirectory {
                 let t = &mut self.totals[tier_index(p.tier)];
                 t.count -= 1;
                 t.bytes -= p.size_bytes;
-                if p.tier == Tier::L1 && !p.shared {
+                if p.tier == StorageLevel::L1 && !p.shared {
                     removed_private_l1.insert(p.instance_id.clone());
                 }
                 false
@@ -300,7 +306,7 @@ impl KeyDirectory {
             let still_there = entry
                 .placements
                 .iter()
-                .any(|p| p.tier == Tier::L1 && !p.shared && p.instance_id == instance);
+                .any(|p| p.tier == StorageLevel::L1 && !p.shared && p.instance_id == instance);
             if !still_there && let Some(set) = self.l1_by_instance.get_mut(&instance) {
                 set.remove(key);
             }
@@ -332,7 +338,7 @@ impl KeyDirectory {
         };
         for key in keys {
             self.remove_placement(&key, |p| {
-                p.tier == Tier::L1 && !p.shared && p.instance_id == instance_id
+                p.tier == StorageLevel::L1 && !p.shared && p.instance_id == instance_id
             });
         }
         // remove_placement may not recreate it, but be explicit.
@@ -400,7 +406,7 @@ impl KeyDirectory {
     pub fn has_l2(&self, key: &ObjectKey) -> bool {
         self.keys
             .get(key)
-            .is_some_and(|e| e.placements.iter().any(|p| p.tier == Tier::L2))
+            .is_some_and(|e| e.placements.iter().any(|p| p.tier == StorageLevel::L2))
     }
 
     /// A page of keys with at least one placement matching `filter`, and the
@@ -476,7 +482,7 @@ impl KeyDirectory {
     }
 
     /// Totals of one tier.
-    pub fn totals(&self, tier: Tier) -> TierTotals {
+    pub fn totals(&self, tier: StorageLevel) -> TierTotals {
         self.totals[tier_index(tier)]
     }
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::key::{ObjectKey, SharedKey, WireKey};
 
 /// What a batch reports.
@@ -51,8 +51,8 @@ pub struct WireBatch {
     pub seq: i64,
     /// Kind of event.
     pub event_type: EventType,
-    /// Tier the entries live in.
-    pub tier: Tier,
+    /// StorageLevel the entries live in.
+    pub tier: StorageLevel,
     /// Backend name.
     pub backend: String,
     /// Affected keys.
@@ -107,8 +107,8 @@ pub struct Batch {
     pub seq: u64,
     /// Kind of event.
     pub event_type: EventType,
-    /// Tier.
-    pub tier: Tier,
+    /// StorageLevel.
+    pub tier: StorageLevel,
     /// Backend (may be empty for `access`).
     pub backend: String,
     /// Entries.

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::directory::KeyDirectory;
 use crate::events::{Batch, EventType};
 use crate::key::{ObjectKey, SharedKey};
@@ -66,7 +66,7 @@ impl Lru {
     /// delete drops a key only once no L2 copy is left anywhere).
     pub fn apply(&mut self, batch: &Batch, directory: &KeyDirectory) {
         match (batch.event_type, batch.tier) {
-            (EventType::Store, Tier::L2) => {
+            (EventType::Store, StorageLevel::L2) => {
                 for e in &batch.entries {
                     self.register(&e.key);
                 }
@@ -76,7 +76,7 @@ impl Lru {
                     self.touch(&e.key);
                 }
             }
-            (EventType::Delete, Tier::L2) => {
+            (EventType::Delete, StorageLevel::L2) => {
                 for e in &batch.entries {
                     if !directory.has_l2(&e.key) {
                         self.remove(&e.key);
@@ -190,7 +190,7 @@ pub fn plan(
 ) -> EvictionPlan {
     let mut out = EvictionPlan::default();
     for (salt, bucket) in &lru.buckets {
-        let used = usage.salt_bytes(Tier::L2, salt);
+        let used = usage.salt_bytes(StorageLevel::L2, salt);
         if used == 0 {
             continue;
         }
@@ -240,7 +240,7 @@ mod tests {
             let b = batch(
                 "a",
                 EventType::Store,
-                Tier::L2,
+                StorageLevel::L2,
                 "fs",
                 false,
                 &[(key(h, "t"), size)],
@@ -329,7 +329,7 @@ mod tests {
         let access = batch(
             "a",
             EventType::Access,
-            Tier::L2,
+            StorageLevel::L2,
             "",
             false,
             &[(key(0, "t"), 0)],
@@ -345,7 +345,7 @@ mod tests {
         let del = batch(
             "a",
             EventType::Delete,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, "t"), 0)],

@@ -33,45 +33,48 @@ pub type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomS
 /// Hash set companion of [`FastMap`].
 pub type FastSet<T> = std::collections::HashSet<T, foldhash::fast::RandomState>;
 
-/// A cache tier as events name it. `all` exists only as a filter ([`TierFilter`]).
+/// An LMCache storage level as its events name it (their `tier` field):
+/// `l1` memory, `l2` storage. Not an engine replica's tier
+/// (T1/T2); `all` exists only as a filter ([`LevelFilter`]).
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase", try_from = "String")]
-pub enum Tier {
+pub enum StorageLevel {
     /// Process memory of a node (`dram`, `devdax`, `gds`).
     L1,
     /// Storage behind a node (`fs`, `s3`, ...), possibly shared.
     L2,
 }
 
-impl TryFrom<String> for Tier {
+impl TryFrom<String> for StorageLevel {
     type Error = String;
 
     // Through a string so every serde format (JSON, msgpack values) reads it.
     fn try_from(s: String) -> Result<Self, Self::Error> {
         match s.as_str() {
-            "l1" => Ok(Tier::L1),
-            "l2" => Ok(Tier::L2),
+            "l1" => Ok(StorageLevel::L1),
+            "l2" => Ok(StorageLevel::L2),
             other => Err(format!("unknown tier {other:?}; expected 'l1' or 'l2'")),
         }
     }
 }
 
-impl Tier {
+impl StorageLevel {
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
-            Tier::L1 => "l1",
-            Tier::L2 => "l2",
+            StorageLevel::L1 => "l1",
+            StorageLevel::L2 => "l2",
         }
     }
 }
 
-/// A tier selector in queries: one tier or both.
+/// A level selector in queries (the API's `tier` parameter): one level
+/// or both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum TierFilter {
+pub enum LevelFilter {
     /// Only L1.
     L1,
     /// Only L2.
@@ -81,27 +84,27 @@ pub enum TierFilter {
     All,
 }
 
-impl TierFilter {
+impl LevelFilter {
     /// Whether `tier` passes the filter.
-    pub fn matches(self, tier: Tier) -> bool {
+    pub fn matches(self, tier: StorageLevel) -> bool {
         match self {
-            TierFilter::All => true,
-            TierFilter::L1 => tier == Tier::L1,
-            TierFilter::L2 => tier == Tier::L2,
+            LevelFilter::All => true,
+            LevelFilter::L1 => tier == StorageLevel::L1,
+            LevelFilter::L2 => tier == StorageLevel::L2,
         }
     }
 
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
-            TierFilter::L1 => "l1",
-            TierFilter::L2 => "l2",
-            TierFilter::All => "all",
+            LevelFilter::L1 => "l1",
+            LevelFilter::L2 => "l2",
+            LevelFilter::All => "all",
         }
     }
 
     /// Whether the filter includes L2.
     pub fn touches_l2(self) -> bool {
-        self != TierFilter::L1
+        self != LevelFilter::L1
     }
 }

@@ -1,6 +1,6 @@
 //! Builders shared by the unit tests.
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::events::{Batch, Entry, EventType};
 use crate::key::ObjectKey;
 
@@ -17,7 +17,7 @@ pub(crate) fn key(hash: u8, salt: &str) -> ObjectKey {
 pub(crate) fn batch(
     instance: &str,
     event: EventType,
-    tier: Tier,
+    tier: StorageLevel,
     backend: &str,
     shared: bool,
     entries: &[(ObjectKey, u64)],

@@ -7,23 +7,23 @@ use crate::{FastMap, FastSet};
 
 use serde::Serialize;
 
-use crate::Tier;
+use crate::StorageLevel;
 use crate::capacity::CapacityRegistry;
 use crate::events::{Batch, EventType};
 use crate::key::SharedKey;
 
-fn tier_index(tier: Tier) -> usize {
+fn tier_index(tier: StorageLevel) -> usize {
     match tier {
-        Tier::L1 => 0,
-        Tier::L2 => 1,
+        StorageLevel::L1 => 0,
+        StorageLevel::L2 => 1,
     }
 }
 
 /// Identity of a byte count: shared placements have the owner `""`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct UsageKey {
-    /// Tier.
-    pub tier: Tier,
+    /// StorageLevel.
+    pub tier: StorageLevel,
     /// Key.
     pub key: SharedKey,
     /// Owner, `""` for a shared pool.
@@ -47,8 +47,8 @@ pub struct UsageView {
 /// One compartment of `GET /instances/usage`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ModuleStatus {
-    /// Tier.
-    pub tier: Tier,
+    /// StorageLevel.
+    pub tier: StorageLevel,
     /// Backend.
     pub backend: String,
     /// Shared pool.
@@ -62,7 +62,7 @@ pub struct ModuleStatus {
 }
 
 impl ModuleStatus {
-    fn new(tier: Tier, backend: &str, shared: bool, used: u64, capacity: u64) -> Self {
+    fn new(tier: StorageLevel, backend: &str, shared: bool, used: u64, capacity: u64) -> Self {
         Self {
             tier,
             backend: backend.to_owned(),
@@ -131,7 +131,14 @@ impl UsageView {
     }
 
     /// Sets the bytes of one placement (restore uses it too).
-    pub fn set(&mut self, tier: Tier, key: &SharedKey, owner: &str, backend: &str, size: u64) {
+    pub fn set(
+        &mut self,
+        tier: StorageLevel,
+        key: &SharedKey,
+        owner: &str,
+        backend: &str,
+        size: u64,
+    ) {
         let ukey = UsageKey {
             tier,
             key: key.clone(),
@@ -139,7 +146,7 @@ impl UsageView {
             backend: backend.to_owned(),
         };
         let old = self.placements.insert(ukey, size).unwrap_or(0);
-        if tier == Tier::L1 && !owner.is_empty() {
+        if tier == StorageLevel::L1 && !owner.is_empty() {
             self.l1_by_owner
                 .entry(owner.to_owned())
                 .or_default()
@@ -150,7 +157,7 @@ impl UsageView {
 
     fn remove(&mut self, ukey: &UsageKey) {
         if let Some(old) = self.placements.remove(ukey) {
-            if ukey.tier == Tier::L1
+            if ukey.tier == StorageLevel::L1
                 && let Some(set) = self.l1_by_owner.get_mut(&ukey.owner)
             {
                 set.remove(&(ukey.key.clone(), ukey.backend.clone()));
@@ -169,7 +176,15 @@ impl UsageView {
         }
     }
 
-    fn adjust(&mut self, tier: Tier, salt: &str, owner: &str, backend: &str, old: u64, new: u64) {
+    fn adjust(
+        &mut self,
+        tier: StorageLevel,
+        salt: &str,
+        owner: &str,
+        backend: &str,
+        old: u64,
+        new: u64,
+    ) {
         // Look up by borrowed keys first: allocate only for a new entry.
         let t = tier_index(tier);
         let salts = &mut self.by_salt[t];
@@ -200,13 +215,15 @@ impl UsageView {
     }
 
     /// An owner's bytes per (tier, backend), sorted.
-    fn modules_of(&self, owner: &str) -> impl Iterator<Item = (Tier, &String, u64)> {
+    fn modules_of(&self, owner: &str) -> impl Iterator<Item = (StorageLevel, &String, u64)> {
         self.by_module.get(owner).into_iter().flat_map(|tiers| {
-            [Tier::L1, Tier::L2].into_iter().flat_map(move |tier| {
-                tiers[tier_index(tier)]
-                    .iter()
-                    .map(move |(b, used)| (tier, b, *used))
-            })
+            [StorageLevel::L1, StorageLevel::L2]
+                .into_iter()
+                .flat_map(move |tier| {
+                    tiers[tier_index(tier)]
+                        .iter()
+                        .map(move |(b, used)| (tier, b, *used))
+                })
         })
     }
 
@@ -217,7 +234,7 @@ impl UsageView {
         };
         for (key, backend) in doomed {
             self.remove(&UsageKey {
-                tier: Tier::L1,
+                tier: StorageLevel::L1,
                 key,
                 owner: owner.to_owned(),
                 backend,
@@ -226,7 +243,7 @@ impl UsageView {
     }
 
     /// Bytes of one tenant on one tier.
-    pub fn salt_bytes(&self, tier: Tier, salt: &str) -> u64 {
+    pub fn salt_bytes(&self, tier: StorageLevel, salt: &str) -> u64 {
         self.by_salt[tier_index(tier)]
             .get(salt)
             .copied()
@@ -234,7 +251,7 @@ impl UsageView {
     }
 
     /// Tenants with bytes on `tier`, sorted, with their bytes.
-    pub fn salts(&self, tier: Tier) -> BTreeMap<String, u64> {
+    pub fn salts(&self, tier: StorageLevel) -> BTreeMap<String, u64> {
         self.by_salt[tier_index(tier)]
             .iter()
             .map(|(s, b)| (s.clone(), *b))
@@ -268,7 +285,7 @@ impl UsageView {
         capacity: &CapacityRegistry,
     ) -> InstanceUsage {
         let declared = capacity.compartments(id);
-        let mut modules: BTreeMap<(Tier, String), ModuleStatus> = BTreeMap::new();
+        let mut modules: BTreeMap<(StorageLevel, String), ModuleStatus> = BTreeMap::new();
         for (tier, backend, used) in self.modules_of(id) {
             let cap = declared
                 .and_then(|d| d.get(&(tier, backend.clone())))
@@ -342,7 +359,7 @@ mod tests {
         u.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, "t"), 100), (key(2, "t"), 50)],
@@ -350,30 +367,30 @@ mod tests {
         u.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, "t"), 70)],
         ));
-        assert_eq!(u.salt_bytes(Tier::L2, "t"), 120);
+        assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 120);
         u.apply(&batch(
             "a",
             EventType::Delete,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(2, "t"), 0)],
         ));
-        assert_eq!(u.salt_bytes(Tier::L2, "t"), 70);
+        assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 70);
         u.apply(&batch(
             "a",
             EventType::Delete,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, "t"), 0)],
         ));
-        assert!(u.salts(Tier::L2).is_empty());
+        assert!(u.salts(StorageLevel::L2).is_empty());
         assert!(u.owners().is_empty());
     }
 
@@ -383,7 +400,7 @@ mod tests {
         u.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "s3",
             true,
             &[(key(1, ""), 100)],
@@ -391,7 +408,7 @@ mod tests {
         u.apply(&batch(
             "b",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "s3",
             true,
             &[(key(1, ""), 100)],
@@ -399,15 +416,15 @@ mod tests {
         u.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L1,
+            StorageLevel::L1,
             "dram",
             false,
             &[(key(1, ""), 10)],
         ));
-        assert_eq!(u.salt_bytes(Tier::L2, ""), 100);
+        assert_eq!(u.salt_bytes(StorageLevel::L2, ""), 100);
         u.fence("a");
-        assert_eq!(u.salt_bytes(Tier::L1, ""), 0);
-        assert_eq!(u.salt_bytes(Tier::L2, ""), 100);
+        assert_eq!(u.salt_bytes(StorageLevel::L1, ""), 0);
+        assert_eq!(u.salt_bytes(StorageLevel::L2, ""), 100);
         let fleet = u.fleet_usage(&BTreeSet::new(), &CapacityRegistry::new());
         assert!(fleet.instances.is_empty());
         assert_eq!(fleet.shared_modules.len(), 1);
@@ -419,16 +436,16 @@ mod tests {
     fn fleet_usage_joins_capacity() {
         let mut u = UsageView::new();
         let mut caps = CapacityRegistry::new();
-        let mut cfg = batch("a", EventType::Config, Tier::L1, "dram", false, &[]);
+        let mut cfg = batch("a", EventType::Config, StorageLevel::L1, "dram", false, &[]);
         cfg.capacity_bytes = 2_097_152;
         caps.apply(&cfg);
-        let mut cfg = batch("a", EventType::Config, Tier::L2, "fs", false, &[]);
+        let mut cfg = batch("a", EventType::Config, StorageLevel::L2, "fs", false, &[]);
         cfg.capacity_bytes = 33_554_432;
         caps.apply(&cfg);
         u.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L1,
+            StorageLevel::L1,
             "dram",
             false,
             &[(key(1, ""), 300)],
@@ -436,7 +453,7 @@ mod tests {
         u.apply(&batch(
             "ghost",
             EventType::Store,
-            Tier::L2,
+            StorageLevel::L2,
             "fs",
             false,
             &[(key(1, ""), 8)],

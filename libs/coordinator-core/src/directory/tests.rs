@@ -9,7 +9,7 @@ fn store_upserts_private_placements_and_counts() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(1, ""), 10)],
@@ -17,7 +17,7 @@ fn store_upserts_private_placements_and_counts() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(1, ""), 30)],
@@ -25,7 +25,7 @@ fn store_upserts_private_placements_and_counts() {
     d.apply(&batch(
         "b",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(1, ""), 5)],
@@ -34,7 +34,7 @@ fn store_upserts_private_placements_and_counts() {
     assert_eq!(e.placements.len(), 2);
     assert_eq!(e.placements[0].size_bytes, 30, "re-store replaces the size");
     assert_eq!(
-        d.totals(Tier::L1),
+        d.totals(StorageLevel::L1),
         TierTotals {
             count: 2,
             bytes: 35
@@ -49,7 +49,7 @@ fn shared_placement_has_no_owner_identity() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "s3",
         true,
         &[(key(1, ""), 10)],
@@ -57,7 +57,7 @@ fn shared_placement_has_no_owner_identity() {
     d.apply(&batch(
         "b",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "s3",
         true,
         &[(key(1, ""), 12)],
@@ -69,13 +69,13 @@ fn shared_placement_has_no_owner_identity() {
     d.apply(&batch(
         "c",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "s3",
         true,
         &[(key(1, ""), 0)],
     ));
     assert!(d.get(&key(1, "")).is_none());
-    assert_eq!(d.totals(Tier::L2), TierTotals::default());
+    assert_eq!(d.totals(StorageLevel::L2), TierTotals::default());
 }
 
 #[test]
@@ -84,7 +84,7 @@ fn delete_of_other_owner_or_backend_is_noop() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 10)],
@@ -92,7 +92,7 @@ fn delete_of_other_owner_or_backend_is_noop() {
     d.apply(&batch(
         "b",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 0)],
@@ -100,7 +100,7 @@ fn delete_of_other_owner_or_backend_is_noop() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "s3",
         false,
         &[(key(1, ""), 0)],
@@ -108,7 +108,7 @@ fn delete_of_other_owner_or_backend_is_noop() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(9, ""), 0)],
@@ -117,7 +117,7 @@ fn delete_of_other_owner_or_backend_is_noop() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 0)],
@@ -131,7 +131,7 @@ fn access_counts_known_keys_only() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 10)],
@@ -139,7 +139,7 @@ fn access_counts_known_keys_only() {
     d.apply(&batch(
         "a",
         EventType::Access,
-        Tier::L2,
+        StorageLevel::L2,
         "",
         false,
         &[(key(1, ""), 0), (key(2, ""), 0)],
@@ -154,7 +154,7 @@ fn fence_drops_private_l1_only() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(1, ""), 10), (key(2, ""), 10)],
@@ -162,7 +162,7 @@ fn fence_drops_private_l1_only() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 20)],
@@ -170,19 +170,32 @@ fn fence_drops_private_l1_only() {
     d.apply(&batch(
         "b",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(2, ""), 7)],
     ));
     d.fence("a");
     assert_eq!(d.get(&key(1, "")).unwrap().placements.len(), 1);
-    assert_eq!(d.get(&key(1, "")).unwrap().placements[0].tier, Tier::L2);
+    assert_eq!(
+        d.get(&key(1, "")).unwrap().placements[0].tier,
+        StorageLevel::L2
+    );
     assert_eq!(d.get(&key(2, "")).unwrap().placements[0].instance_id, "b");
     assert!(!d.stats().l1_keys_by_instance.contains_key("a"));
-    assert_eq!(d.totals(Tier::L1), TierTotals { count: 1, bytes: 7 });
+    assert_eq!(
+        d.totals(StorageLevel::L1),
+        TierTotals { count: 1, bytes: 7 }
+    );
     // Any later batch brings the index entry back at 0.
-    d.apply(&batch("a", EventType::Config, Tier::L2, "fs", false, &[]));
+    d.apply(&batch(
+        "a",
+        EventType::Config,
+        StorageLevel::L2,
+        "fs",
+        false,
+        &[],
+    ));
     assert_eq!(d.stats().l1_keys_by_instance["a"], 0);
 }
 
@@ -192,7 +205,7 @@ fn bindings_follow_hash_and_leave_with_last_key() {
     let mut b = batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, "x"), 1)],
@@ -202,7 +215,7 @@ fn bindings_follow_hash_and_leave_with_last_key() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, "y"), 1)],
@@ -212,7 +225,7 @@ fn bindings_follow_hash_and_leave_with_last_key() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, "x"), 0)],
@@ -221,7 +234,7 @@ fn bindings_follow_hash_and_leave_with_last_key() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, "y"), 0)],
@@ -233,7 +246,11 @@ fn bindings_follow_hash_and_leave_with_last_key() {
 fn list_filters_pages_and_orders_by_first_store() {
     let mut d = KeyDirectory::new();
     for h in 1..=5u8 {
-        let tier = if h % 2 == 0 { Tier::L1 } else { Tier::L2 };
+        let tier = if h % 2 == 0 {
+            StorageLevel::L1
+        } else {
+            StorageLevel::L2
+        };
         d.apply(&batch(
             "a",
             EventType::Store,
@@ -247,7 +264,7 @@ fn list_filters_pages_and_orders_by_first_store() {
     d.apply(&batch(
         "a",
         EventType::Delete,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 0)],
@@ -255,7 +272,7 @@ fn list_filters_pages_and_orders_by_first_store() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(key(1, ""), 1)],
@@ -267,7 +284,7 @@ fn list_filters_pages_and_orders_by_first_store() {
     assert_eq!(order, vec![2, 3, 4, 5, 1]);
     let (total, page) = d.list(
         &KeyFilter {
-            tier: TierFilter::L2,
+            tier: LevelFilter::L2,
             ..all.clone()
         },
         1,
@@ -296,7 +313,7 @@ fn group_expansion_sorted() {
     d.apply(&batch(
         "a",
         EventType::Store,
-        Tier::L2,
+        StorageLevel::L2,
         "fs",
         false,
         &[(g2.clone(), 1), (g1.clone(), 1)],
@@ -313,7 +330,7 @@ fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
         d.apply(&batch(
             "a",
             EventType::Store,
-            Tier::L1,
+            StorageLevel::L1,
             "dram",
             false,
             &[(key(n, ""), 10)],
@@ -325,7 +342,7 @@ fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
     assert!(d.get(&key(5, "")).is_some());
     // Totals and the per-instance index follow the drops.
     assert_eq!(
-        d.totals(Tier::L1),
+        d.totals(StorageLevel::L1),
         TierTotals {
             count: 3,
             bytes: 30
@@ -336,7 +353,7 @@ fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
     d.apply(&batch(
         "b",
         EventType::Store,
-        Tier::L1,
+        StorageLevel::L1,
         "dram",
         false,
         &[(key(5, ""), 7)],

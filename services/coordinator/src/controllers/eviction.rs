@@ -131,7 +131,9 @@ impl FleetEvictionController {
             let label = SaltLabel {
                 cache_salt: salt.clone(),
             };
-            let used = views.usage.salt_bytes(ic_coordinator_core::Tier::L2, salt);
+            let used = views
+                .usage
+                .salt_bytes(ic_coordinator_core::StorageLevel::L2, salt);
             m.quota_used_bytes
                 .get_or_create(&label)
                 .set(i64::try_from(used).unwrap_or(i64::MAX));

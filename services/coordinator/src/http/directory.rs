@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use base64::Engine;
-use ic_coordinator_core::TierFilter;
+use ic_coordinator_core::LevelFilter;
 use ic_coordinator_core::directory::{KeyFilter, Placement};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
@@ -129,7 +129,7 @@ fn result_json(key: Value, entry: Option<(&[Placement], u64)>, tokens: &[u32]) -
 #[derive(Debug, Deserialize)]
 pub(crate) struct KeysQuery {
     #[serde(default)]
-    tier: TierFilter,
+    tier: LevelFilter,
     #[serde(default)]
     instance_id: String,
     #[serde(default)]

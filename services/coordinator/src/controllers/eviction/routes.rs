@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use ic_coordinator_core::Tier;
-use ic_coordinator_core::TierFilter;
+use ic_coordinator_core::LevelFilter;
+use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::eviction::{bytes_to_gb, gb_to_bytes};
 use ic_coordinator_core::key::ObjectKey;
 use ic_coordinator_core::resolve::{Resolved, TokenQuery, resolve};
@@ -27,9 +27,9 @@ fn salt_of(path: &str) -> String {
     }
 }
 
-fn l2_only(tier: TierFilter) -> Result<(), ApiError> {
+fn l2_only(tier: LevelFilter) -> Result<(), ApiError> {
     match tier {
-        TierFilter::L2 => Ok(()),
+        LevelFilter::L2 => Ok(()),
         other => Err(ApiError::BadRequest(format!(
             "quotas apply to tier 'l2' only, not '{}'",
             other.as_str()
@@ -37,31 +37,31 @@ fn l2_only(tier: TierFilter) -> Result<(), ApiError> {
     }
 }
 
-fn usage_tier(tier: TierFilter) -> Result<Tier, ApiError> {
+fn usage_tier(tier: LevelFilter) -> Result<StorageLevel, ApiError> {
     match tier {
-        TierFilter::L1 => Ok(Tier::L1),
-        TierFilter::L2 => Ok(Tier::L2),
-        TierFilter::All => Err(ApiError::BadRequest(
+        LevelFilter::L1 => Ok(StorageLevel::L1),
+        LevelFilter::L2 => Ok(StorageLevel::L2),
+        LevelFilter::All => Err(ApiError::BadRequest(
             "tier 'all' has no usage accounting; only 'l1', 'l2'".into(),
         )),
     }
 }
 
-fn l2() -> TierFilter {
-    TierFilter::L2
+fn l2() -> LevelFilter {
+    LevelFilter::L2
 }
 
 #[derive(Debug, Deserialize)]
 pub(super) struct TierQuery {
     #[serde(default = "l2")]
-    tier: TierFilter,
+    tier: LevelFilter,
 }
 
 #[derive(Debug, Deserialize)]
 pub(super) struct PutQuota {
     limit_gb: f64,
     #[serde(default = "l2")]
-    tier: TierFilter,
+    tier: LevelFilter,
 }
 
 pub(super) async fn put_quota(
@@ -86,11 +86,16 @@ pub(super) async fn put_quota(
     ))
 }
 
-fn quota_row(ctx: &Context, ctl: &FleetEvictionController, salt: &str, tier: Tier) -> Value {
+fn quota_row(
+    ctx: &Context,
+    ctl: &FleetEvictionController,
+    salt: &str,
+    tier: StorageLevel,
+) -> Value {
     let used = ctx.views.read(|v| v.usage.salt_bytes(tier, salt));
     let limit = match tier {
-        Tier::L2 => ctl.state.lock().quotas.limits.get(salt).copied(),
-        Tier::L1 => None,
+        StorageLevel::L2 => ctl.state.lock().quotas.limits.get(salt).copied(),
+        StorageLevel::L1 => None,
     };
     json!({"cache_salt": salt, "quota_limit_gb": limit.map_or(0.0, bytes_to_gb),
            "quota_exists": limit.is_some(), "usage_gb": bytes_to_gb(used)})
@@ -109,7 +114,7 @@ async fn remove_quota(
     ctx: &Context,
     ctl: &FleetEvictionController,
     salt: String,
-    tier: TierFilter,
+    tier: LevelFilter,
 ) -> Result<Json<Value>, ApiError> {
     l2_only(tier)?;
     let removed = ctl.state.lock().quotas.limits.remove(&salt).is_some();
@@ -144,7 +149,7 @@ pub(super) async fn list_quotas(
     let tier = usage_tier(q.tier)?;
     let mut salts = ctx.views.read(|v| v.usage.salts(tier));
     let total: u64 = salts.values().sum();
-    if tier == Tier::L2 {
+    if tier == StorageLevel::L2 {
         for salt in ctl.state.lock().quotas.limits.keys() {
             salts.entry(salt.clone()).or_insert(0);
         }
@@ -163,7 +168,7 @@ pub(super) struct PutDefault {
     #[serde(default)]
     default_limit_gb: Option<f64>,
     #[serde(default = "l2")]
-    tier: TierFilter,
+    tier: LevelFilter,
 }
 
 pub(super) async fn put_default(
@@ -297,8 +302,8 @@ pub(super) async fn list_pins(
 
 // === targeted delete ===
 
-fn all() -> TierFilter {
-    TierFilter::All
+fn all() -> LevelFilter {
+    LevelFilter::All
 }
 
 #[derive(Debug, Deserialize)]
@@ -311,7 +316,7 @@ pub(super) struct DeleteRequest {
     #[serde(default)]
     cache_salt: String,
     #[serde(default = "all")]
-    tier: TierFilter,
+    tier: LevelFilter,
     #[serde(default)]
     force: bool,
 }
