@@ -110,7 +110,7 @@ async fn engine_events_route_a_prompt_to_the_replica_holding_it() {
             scope: scope("team-a"),
             key: Some(pb::lookup_route_request::Key::BlockHashes(
                 pb::BlockHashes {
-                    hashes: fps.clone(),
+                    hashes: ic_kvevents::Fingerprint::to_raw(fps.clone()),
                 },
             )),
             candidate_replicas: vec![],

@@ -194,7 +194,9 @@ fn main() {
                 scope: scope.clone(),
                 key: Some(pb::lookup_route_request::Key::BlockHashes(
                     pb::BlockHashes {
-                        hashes: ic_kvevents::chain_fingerprints(None, &tokens, 16),
+                        hashes: ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(
+                            None, &tokens, 16,
+                        )),
                     },
                 )),
                 candidate_replicas: vec!["engine-1".into()],
@@ -222,7 +224,9 @@ fn main() {
     follow.resync_end = false;
     follow.events = vec![pb::IndexEvent {
         kind: Some(pb::index_event::Kind::Evicted(pb::BlocksEvicted {
-            fingerprints: ic_kvevents::chain_fingerprints(None, &tokens, 16)[60..].to_vec(),
+            fingerprints: ic_kvevents::Fingerprint::to_raw(
+                ic_kvevents::chain_fingerprints(None, &tokens, 16)[60..].to_vec(),
+            ),
             at_unix_ms: 0,
         })),
     }];

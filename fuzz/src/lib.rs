@@ -290,7 +290,11 @@ pub fn seed_resync(replica: &str) -> pb::IngestBatch {
             address: "10.0.0.1:8000",
             dp_rank: 0,
         },
-        vec![ic_sim::ingest::stored(fingerprints, 16, pb::Tier::T1)],
+        vec![ic_sim::ingest::stored(
+            ic_kvevents::Fingerprint::to_raw(fingerprints),
+            16,
+            pb::Tier::T1,
+        )],
     )
 }
 

@@ -216,7 +216,10 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &adapter),
-            [Fingerprint(0xb200_ba7d_d178_51a8), Fingerprint(0x359e_f5c8_c4c1_0a66)]
+            [
+                Fingerprint(0xb200_ba7d_d178_51a8),
+                Fingerprint(0x359e_f5c8_c4c1_0a66)
+            ]
         );
         let salted = PromptExtras {
             cache_salt: "tenant-a".into(),
@@ -224,7 +227,10 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &salted),
-            [Fingerprint(0x1d16_6f43_a915_eaa7), Fingerprint(0xde7f_723b_7a36_5a66)]
+            [
+                Fingerprint(0x1d16_6f43_a915_eaa7),
+                Fingerprint(0xde7f_723b_7a36_5a66)
+            ]
         );
         let image = PromptExtras {
             media: vec![MediaSpan {
@@ -236,7 +242,10 @@ mod tests {
         };
         assert_eq!(
             keyed_chain_fingerprints(&tokens, 4, &image),
-            [Fingerprint(0x949c_7a65_1738_3181), Fingerprint(0x1200_3890_1691_f46b)]
+            [
+                Fingerprint(0x949c_7a65_1738_3181),
+                Fingerprint(0x1200_3890_1691_f46b)
+            ]
         );
     }
 

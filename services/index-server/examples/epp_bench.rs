@@ -84,7 +84,9 @@ async fn main() {
             .map(|(_, m)| {
                 let tokens = tokenizers.encode_chat("tiny-chat", m).unwrap();
                 ic_e2e::ingest::stored(
-                    ic_kvevents::chain_fingerprints(None, &tokens, 16),
+                    ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(
+                        None, &tokens, 16,
+                    )),
                     16,
                     pb::Tier::T1,
                 )

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ic_index::Index;
 use ic_index::pick::Scored;
 use ic_index::route::{NoHintReason, Ranked};
+use ic_index::{Fingerprint, Index};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
 use tonic::{Request, Response, Status, Streaming};
@@ -173,20 +173,22 @@ impl IndexServer {
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
             .then(|| req.candidate_replicas.iter().cloned().collect());
         use pb::lookup_route_request::Key;
+        let blocks: Vec<Fingerprint>;
         let prompt = match &req.key {
             None => {
                 return Err(Status::invalid_argument(
                     "key: one of prefix_hash, block_hashes, token_ids, prompt_text is required",
                 ));
             }
-            Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(*fp),
+            Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(Fingerprint(*fp)),
             Some(Key::BlockHashes(b)) => {
                 if b.hashes.len() > MAX_PROMPT_BLOCKS {
                     return Err(Status::invalid_argument(format!(
                         "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
                     )));
                 }
-                Prompt::Blocks(&b.hashes)
+                blocks = b.hashes.iter().copied().map(Fingerprint).collect();
+                Prompt::Blocks(&blocks)
             }
             Some(Key::TokenIds(t)) => {
                 if t.ids.len() > MAX_PROMPT_TOKENS {

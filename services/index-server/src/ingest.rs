@@ -6,7 +6,7 @@
 pub use ic_index::ingest::Step;
 use ic_index::ingest::{IngestBatch, IngestLimits, IngestSession};
 use ic_index::load::EngineLoad;
-use ic_index::{Change, ReplicaKey, Tier};
+use ic_index::{Change, Fingerprint, ReplicaKey, Tier};
 use ic_proto::index_v1 as pb;
 
 use crate::index_core::EngineFacts;
@@ -117,14 +117,14 @@ fn change_from_pb(event: pb::IndexEvent, i: usize) -> Result<Change, InvalidBatc
     match event.kind {
         Some(Kind::Stored(s)) => Ok(Change::Stored {
             start_depth: s.start_depth,
-            fingerprints: s.fingerprints,
+            fingerprints: Fingerprint::from_raw(s.fingerprints),
             block_size: s.block_size,
             tier: ic_proto::tier::from_pb(s.tier).ok_or_else(|| {
                 InvalidBatch(format!("events[{i}].stored.tier: must be T1 or T2"))
             })?,
         }),
         Some(Kind::Evicted(e)) => Ok(Change::Evicted {
-            fingerprints: e.fingerprints,
+            fingerprints: Fingerprint::from_raw(e.fingerprints),
         }),
         Some(Kind::Cleared(c)) => Ok(Change::Cleared {
             tier: ic_proto::tier::from_pb(c.tier).unwrap_or(Tier::T1),

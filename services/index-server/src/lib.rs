@@ -641,7 +641,7 @@ mod tests {
         };
         let stored = Change::Stored {
             start_depth: 0,
-            fingerprints: vec![1, 2],
+            fingerprints: vec![ic_index::Fingerprint(1), ic_index::Fingerprint(2)],
             block_size: 16,
             tier: Tier::T1,
         };

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use ic_index::{HashScheme, LookupOutcome, ReplicaKey, Scope};
+use ic_index::{Fingerprint, HashScheme, LookupOutcome, ReplicaKey, Scope};
 use ic_kvevents::chain_fingerprints;
 use ic_proto::index_v1 as pb;
 use serde::{Deserialize, Serialize};
@@ -225,7 +225,7 @@ impl Prober {
                 kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
                     parent_fingerprint: 0,
                     start_depth: 0,
-                    fingerprints,
+                    fingerprints: Fingerprint::to_raw(fingerprints),
                     block_size: PROBE_BLOCK_SIZE,
                     tier: pb::Tier::T1 as i32,
                     at_unix_ms: now_ms,

@@ -99,7 +99,7 @@ fn start_with(extra: &[&str]) -> Picker {
 /// The engine at HOLDER reports holding the chat prompt's blocks.
 async fn feed_holder(grpc: &str) {
     let tokens = chat_tokens();
-    let fps = ic_kvevents::chain_fingerprints(None, &tokens, 4);
+    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, &tokens, 4));
     assert!(fps.len() >= 8, "the prompt spans several blocks");
     let replica = ic_e2e::ingest::Replica {
         tenant: "team-a",
@@ -557,7 +557,7 @@ async fn adapter_and_salted_requests_go_to_their_own_caches() {
     let mut picker = start();
     let tokens = chat_tokens();
     let domain = |adapter: &str, salt: &str| {
-        ic_kvevents::keyed_chain_fingerprints(
+        ic_kvevents::Fingerprint::to_raw(ic_kvevents::keyed_chain_fingerprints(
             &tokens,
             4,
             &ic_kvevents::PromptExtras {
@@ -565,7 +565,7 @@ async fn adapter_and_salted_requests_go_to_their_own_caches() {
                 cache_salt: salt.into(),
                 ..Default::default()
             },
-        )
+        ))
     };
     let replica = |replica_id, address| ic_e2e::ingest::Replica {
         tenant: "team-a",

@@ -26,7 +26,7 @@ fn prompt_blocks() -> Vec<u64> {
     }])
     .unwrap();
     let tokens = tokenizers.encode("tiny-chat", PROMPT).unwrap();
-    let fps = ic_kvevents::chain_fingerprints(None, &tokens, 4);
+    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, &tokens, 4));
     assert!(fps.len() >= 8, "the prompt spans several blocks");
     fps
 }

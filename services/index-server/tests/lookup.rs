@@ -84,7 +84,7 @@ fn tokens() -> Key {
 
 #[test]
 fn every_key_form_finds_the_same_best_replica() {
-    let fps = chain_fingerprints(None, &prompt(), 16);
+    let fps = ic_kvevents::Fingerprint::to_raw(chain_fingerprints(None, &prompt(), 16));
     for key in [
         tokens(),
         Key::BlockHashes(pb::BlockHashes {

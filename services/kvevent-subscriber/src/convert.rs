@@ -1,6 +1,6 @@
 //! Domain index changes → `inferencecache.index.v1` messages.
 
-use ic_kvevents::{IndexChange, Tier};
+use ic_kvevents::{Fingerprint, IndexChange, Tier};
 use ic_proto::index_v1 as pb;
 
 fn tier(t: Tier) -> i32 {
@@ -18,9 +18,9 @@ pub fn event(change: IndexChange) -> pb::IndexEvent {
             tier: t,
             at_ms,
         } => pb::index_event::Kind::Stored(pb::BlocksStored {
-            parent_fingerprint: parent.unwrap_or(0),
+            parent_fingerprint: parent.map_or(0, |p| p.0),
             start_depth,
-            fingerprints,
+            fingerprints: Fingerprint::to_raw(fingerprints),
             block_size,
             tier: tier(t),
             at_unix_ms: at_ms,
@@ -29,7 +29,7 @@ pub fn event(change: IndexChange) -> pb::IndexEvent {
             fingerprints,
             at_ms,
         } => pb::index_event::Kind::Evicted(pb::BlocksEvicted {
-            fingerprints,
+            fingerprints: Fingerprint::to_raw(fingerprints),
             at_unix_ms: at_ms,
         }),
         IndexChange::Cleared { tier: t, at_ms } => {

@@ -323,7 +323,7 @@ mod tests {
         DecodedBatch {
             ts: 1.0,
             events: vec![KvEvent::BlockStored(BlockStored {
-                block_hashes: vec![hash],
+                block_hashes: vec![ic_kvevents::EngineHash(hash)],
                 parent_block_hash: None,
                 token_ids: vec![hash as u32; 4],
                 block_size: 4,
@@ -400,7 +400,7 @@ mod tests {
     fn child(hash: u64, parent: u64) -> DecodedBatch {
         let mut b = batch(hash);
         if let KvEvent::BlockStored(s) = &mut b.events[0] {
-            s.parent_block_hash = Some(parent);
+            s.parent_block_hash = Some(ic_kvevents::EngineHash(parent));
         }
         b
     }

@@ -60,7 +60,11 @@ async fn a_msgspec_publisher_is_read_exactly_by_the_real_binary() {
             .expect("run publisher")
     });
 
-    let fps = chain_fingerprints(None, &(0..96).collect::<Vec<u32>>(), 16);
+    let fps = ic_kvevents::Fingerprint::to_raw(chain_fingerprints(
+        None,
+        &(0..96).collect::<Vec<u32>>(),
+        16,
+    ));
     let (t1, t2) = (pb::Tier::T1 as i32, pb::Tier::T2 as i32);
     let want: BTreeMap<u64, i32> = [
         (fps[0], t1),

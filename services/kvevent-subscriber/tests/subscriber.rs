@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{FakeEngine, RecordingIndex, Subscriber, SubscriberOptions, metric, wait_until};
 use ic_kvevents::encode::{Era, gpu_store, removal};
-use ic_kvevents::{Medium, chain_fingerprints};
+use ic_kvevents::{Fingerprint, Medium, chain_fingerprints};
 use ic_proto::index_v1 as pb;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -25,7 +25,12 @@ fn tokens(from: u32, n: u32) -> Vec<u32> {
 
 /// Fingerprints of the prompt `tokens(0, 16*n)` in 16-token blocks.
 fn prompt_fps(n: u32) -> Vec<u64> {
-    chain_fingerprints(None, &tokens(0, 16 * n), 16)
+    raw_chain(&tokens(0, 16 * n), 16)
+}
+
+/// Fingerprints of `tokens` as the index's protobuf contract carries them.
+fn raw_chain(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    Fingerprint::to_raw(chain_fingerprints(None, tokens, block_size))
 }
 
 /// Polls the subscriber's /metrics until `name` reaches `value`.
@@ -405,7 +410,7 @@ async fn an_engine_restart_the_sequence_hides_is_detected_at_reconnect() {
             &index.url(),
             SubscriberOptions::default(),
         );
-        let old_fps = chain_fingerprints(None, &tokens(1000, 32), 16);
+        let old_fps = raw_chain(&tokens(1000, 32), 16);
         wait_until(WAIT, "the old incarnation", || {
             index.tiers("engine-0", 0) == expect(&[(old_fps[0], T1), (old_fps[1], T1)])
         })
@@ -417,7 +422,7 @@ async fn an_engine_restart_the_sequence_hides_is_detected_at_reconnect() {
         // incarnation's (1).
         let blocks = burst + 2;
         let mut new = incarnation(port, replay_port, 2, blocks, burst);
-        let fps = chain_fingerprints(None, &tokens(2000, 16 * blocks), 16);
+        let fps = raw_chain(&tokens(2000, 16 * blocks), 16);
         let want: Vec<(u64, i32)> = if replay {
             fps.iter().map(|f| (*f, T1)).collect()
         } else {
@@ -810,7 +815,7 @@ async fn each_dp_rank_is_its_own_stream() {
         .publish(&[gpu_store(vec![7], None, tokens(0, 32), 32)])
         .await;
     let fp0 = prompt_fps(1)[0];
-    let fp1 = chain_fingerprints(None, &tokens(0, 32), 32)[0];
+    let fp1 = raw_chain(&tokens(0, 32), 32)[0];
     wait_until(WAIT, "both ranks", || {
         index.tiers("engine-0", 0) == expect(&[(fp0, T1)])
             && index.tiers("engine-0", 1) == expect(&[(fp1, T1)])

@@ -278,7 +278,11 @@ pub fn snapshot_text(s: &Snapshot) -> String {
 
 /// Fingerprints of the full blocks of `tokens` (docs/fingerprints.md).
 pub fn fingerprint_json(tokens: &[u32], block_size: usize, parent: Option<u64>) -> Value {
-    let fps = ic_kvevents::chain_fingerprints(parent, tokens, block_size);
+    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(
+        parent.map(ic_kvevents::Fingerprint),
+        tokens,
+        block_size,
+    ));
     json!({
         "blockSize": block_size,
         "fullBlocks": fps.len(),

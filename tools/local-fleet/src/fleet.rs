@@ -395,7 +395,11 @@ pub async fn run_routed(
             progress(i + 1);
             continue;
         }
-        let hashes = chain_fingerprints(None, &tokens, ENGINE_BLOCK_TOKENS as usize);
+        let hashes = ic_kvevents::Fingerprint::to_raw(chain_fingerprints(
+            None,
+            &tokens,
+            ENGINE_BLOCK_TOKENS as usize,
+        ));
         let answer = client
             .lookup_route(pb::LookupRouteRequest {
                 scope: Some(pb::IndexScope {
