@@ -17,14 +17,6 @@ pub mod decode;
 pub mod defaults;
 pub mod validate;
 
-/// The index server's `/snapshot` body, which lives in `ic-index-http`.
-/// Kept here only so `ic-controller-core` (which imports it from this path)
-/// builds until it imports `ic_index_http` itself; nothing in this crate
-/// uses it.
-pub mod snapshot {
-    pub use ic_index_http::{Snapshot, SnapshotReplica};
-}
-
 pub use cachebackend::{CacheBackend, CacheBackendSpec, CacheBackendStatus};
 pub use cacheindex::{CacheIndex, CacheIndexSpec, CacheIndexStatus};
 pub use cachepolicy::{CachePolicy, CachePolicySpec, CachePolicyStatus};

@@ -27,7 +27,7 @@ use k8s_openapi::jiff::Timestamp;
 
 // === the /snapshot wire ===
 
-pub use ic_api::snapshot::{Snapshot, SnapshotReplica};
+pub use ic_index_http::{Snapshot, SnapshotReplica};
 
 fn last_event(row: &SnapshotReplica) -> Option<Timestamp> {
     row.last_event_at.as_deref().and_then(|s| s.parse().ok())
