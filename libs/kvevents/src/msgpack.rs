@@ -7,7 +7,22 @@
 //! values iteratively with a depth limit, so no input can make it panic,
 //! allocate without bound or overflow the stack.
 
-use crate::WireError;
+use crate::error::WireError;
+
+// Here rather than beside `WireError`: only the decoder names msgpack items.
+impl WireError {
+    pub(crate) fn type_mismatch(
+        field: &'static str,
+        expected: &'static str,
+        found: Item<'_>,
+    ) -> Self {
+        Self::TypeMismatch {
+            field,
+            expected,
+            found: found.kind(),
+        }
+    }
+}
 
 /// Deepest nesting a skipped value may have. Real payloads nest four deep.
 const MAX_SKIP_DEPTH: usize = 64;

@@ -10,7 +10,7 @@
 //! sound batch with one bad event keeps its other events; the bad one is
 //! returned in [`DecodedBatch::rejected`] so the caller can count it.
 
-use crate::WireError;
+use crate::error::WireError;
 use crate::extra::ExtraKey;
 use crate::msgpack::{Item, Reader};
 

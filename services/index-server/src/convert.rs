@@ -1,5 +1,6 @@
 //! Protobuf contract ↔ index vocabulary.
 
+use ic_index::route::NoHintReason;
 use ic_index::{HashScheme, Scope};
 use ic_kvevents::{ExtraKey, MediaSpan, PromptExtras};
 use ic_proto::index_v1 as pb;
@@ -149,6 +150,18 @@ pub fn is_namespace_name(s: &str) -> bool {
         && b.first().is_some_and(edge)
         && b.last().is_some_and(edge)
         && b.iter().all(|c| edge(c) || *c == b'-')
+}
+
+/// A NO_HINT reason in the protobuf contract.
+pub(crate) fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
+    match reason {
+        NoHintReason::UnknownModel => pb::NoHintReason::UnknownModel,
+        NoHintReason::PromptTooShort => pb::NoHintReason::PromptTooShort,
+        NoHintReason::NoEntry => pb::NoHintReason::NoEntry,
+        NoHintReason::BelowMinimumPrefix => pb::NoHintReason::BelowMinimumPrefix,
+        NoHintReason::LookupTimeout => pb::NoHintReason::LookupTimeout,
+        NoHintReason::LoadBound => pb::NoHintReason::LoadBound,
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ic_index::pick::Scored;
-use ic_index::route::{NoHintReason, Ranked};
+use ic_index::route::Ranked;
 use ic_index::{Fingerprint, Index};
 use ic_proto::IndexService;
 use ic_proto::index_v1 as pb;
@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
 use crate::access::{ApiAccess, Caller};
-use crate::convert::scope_from_pb;
+use crate::convert::{reason_to_pb, scope_from_pb};
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed, StepEnd};
 use crate::ingest::{IngestStream, engine_facts};
 use crate::metrics::Metrics;
@@ -58,18 +58,6 @@ fn score(c: &Scored) -> pb::CandidateScore {
         score: c.score,
         speculative: c.speculative,
         load: c.load.requests,
-    }
-}
-
-/// A NO_HINT reason in the protobuf contract.
-pub(crate) fn reason_to_pb(reason: NoHintReason) -> pb::NoHintReason {
-    match reason {
-        NoHintReason::UnknownModel => pb::NoHintReason::UnknownModel,
-        NoHintReason::PromptTooShort => pb::NoHintReason::PromptTooShort,
-        NoHintReason::NoEntry => pb::NoHintReason::NoEntry,
-        NoHintReason::BelowMinimumPrefix => pb::NoHintReason::BelowMinimumPrefix,
-        NoHintReason::LookupTimeout => pb::NoHintReason::LookupTimeout,
-        NoHintReason::LoadBound => pb::NoHintReason::LoadBound,
     }
 }
 

@@ -24,6 +24,8 @@ pub mod routing;
 pub mod streams;
 pub mod tokenize;
 
+pub use tokenize::TokenizerSpec;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,28 +46,6 @@ use crate::tokenize::Tokenizers;
 
 /// Binary name, as deployment manifests reference it.
 pub const BINARY: &str = "ic-index-server";
-
-/// A `--tokenizer MODEL=PATH` pair.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenizerSpec {
-    /// Model id as lookups name it.
-    pub model: String,
-    /// Path to a Hugging Face `tokenizer.json`.
-    pub path: std::path::PathBuf,
-}
-
-impl std::str::FromStr for TokenizerSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.split_once('=') {
-            Some((model, path)) if !model.is_empty() && !path.is_empty() => Ok(Self {
-                model: model.to_owned(),
-                path: path.into(),
-            }),
-            _ => Err(format!("expected MODEL=PATH, got {s:?}")),
-        }
-    }
-}
 
 /// Index server flags.
 #[derive(Clone, Debug, clap::Args)]

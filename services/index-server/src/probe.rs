@@ -17,8 +17,8 @@ use ic_proto::index_v1 as pb;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::convert::reason_to_pb;
 use crate::convert::{PROBE_TENANT, is_namespace_name};
-use crate::grpc::reason_to_pb;
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteRequest, Routed};
 use crate::ingest::IngestStream;
 use crate::metrics::StageLabels;

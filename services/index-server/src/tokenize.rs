@@ -12,7 +12,27 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::TokenizerSpec;
+/// A `--tokenizer MODEL=PATH` pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerSpec {
+    /// Model id as lookups name it.
+    pub model: String,
+    /// Path to a Hugging Face `tokenizer.json`.
+    pub path: std::path::PathBuf,
+}
+
+impl std::str::FromStr for TokenizerSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('=') {
+            Some((model, path)) if !model.is_empty() && !path.is_empty() => Ok(Self {
+                model: model.to_owned(),
+                path: path.into(),
+            }),
+            _ => Err(format!("expected MODEL=PATH, got {s:?}")),
+        }
+    }
+}
 
 /// Largest prompt text accepted, in bytes.
 pub const MAX_PROMPT_TEXT_BYTES: usize = 4 << 20;
