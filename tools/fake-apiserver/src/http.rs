@@ -10,8 +10,6 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::FakeApi;
-
 /// A fake served on a socket; dropping it stops accepting connections.
 #[derive(Debug)]
 pub struct Served {
@@ -26,31 +24,29 @@ impl Drop for Served {
     }
 }
 
-impl FakeApi {
-    /// Serves this fake over plain HTTP/1.1 on `addr` (port 0 picks one).
-    ///
-    /// # Errors
-    /// When the address cannot be bound.
-    pub async fn serve(&self, addr: SocketAddr) -> std::io::Result<Served> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let fake = self.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let fake = fake.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        let fake = fake.clone();
-                        async move { Ok::<_, Infallible>(fake.respond_to(req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+/// Serves `handler` over plain HTTP/1.1 on `addr` (port 0 picks one).
+pub(crate) async fn serve<F, Fut>(addr: SocketAddr, handler: F) -> std::io::Result<Served>
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ::http::Response<crate::body::Body>> + Send + 'static,
+{
+    let listener = TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let handler = handler.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(handler(req).await) }
                 });
-            }
-        });
-        Ok(Served { addr, task })
-    }
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok(Served { addr, task })
 }
 
 /// Writes a kubeconfig for the fake at `addr` into `dir` (bearer `token`,

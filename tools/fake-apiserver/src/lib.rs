@@ -32,6 +32,7 @@
 //!   garbage collection, no field selectors, no bookmarks; a watch never
 //!   answers 410 Gone (the whole change log is kept).
 
+mod body;
 mod http;
 mod paths;
 pub mod rbac;
@@ -44,17 +45,14 @@ use std::sync::Arc;
 
 use ::http::{Method, Request, Response, StatusCode};
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
+pub use crate::body::Body;
 pub use crate::http::{Served, write_kubeconfig};
 pub use crate::store::{ObjectKey, merge_patch, plural_of};
 use crate::store::{State, Stored, api_path_of, parse_path, status_error};
-
-/// The body of every answer (a JSON document, or a watch's stream of lines).
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 
 /// One request the fake received.
 #[derive(Clone, Debug, PartialEq)]
@@ -219,11 +217,37 @@ impl FakeApi {
         self.respond(&parts, &bytes)
     }
 
+    /// The change log's events `request` has not seen yet, oldest first.
+    fn events_for(&self, request: &watch::WatchRequest) -> Vec<(u64, Value)> {
+        let shared = self.shared.lock();
+        request.unseen(&shared.store)
+    }
+
+    /// Serves this fake over plain HTTP/1.1 on `addr` (port 0 picks one).
+    ///
+    /// # Errors
+    /// When the address cannot be bound.
+    pub async fn serve(&self, addr: std::net::SocketAddr) -> std::io::Result<Served> {
+        let fake = self.clone();
+        http::serve(addr, move |req| {
+            let fake = fake.clone();
+            async move { fake.respond_to(req).await }
+        })
+        .await
+    }
+
     /// Answers one request.
     fn respond(&self, parts: &::http::request::Parts, body: &[u8]) -> Response<Body> {
         match self.handle(parts, body) {
             Answer::Json(code, value) => json_response(code, &value),
-            Answer::Watch(request) => watch::respond(self.clone(), request),
+            Answer::Watch(request) => {
+                let fake = self.clone();
+                watch::respond(
+                    move |request: &watch::WatchRequest| fake.events_for(request),
+                    self.changes.subscribe(),
+                    request,
+                )
+            }
         }
     }
 

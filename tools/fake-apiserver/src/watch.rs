@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use serde_json::{Value, json};
 
+use crate::body::Body;
 use crate::store::{State, Target, matches_selector};
-use crate::{Body, FakeApi};
 
 /// Longest a watch stays open (clients re-watch from where they were).
 const MAX_WATCH: Duration = Duration::from_secs(290);
@@ -71,40 +71,55 @@ fn line(event: &Value) -> Bytes {
     Bytes::from(text)
 }
 
-/// The streaming answer to `request`.
-pub(crate) fn respond(fake: FakeApi, request: WatchRequest) -> Response<Body> {
+impl WatchRequest {
+    /// Events of `state`'s change log after this request's position that
+    /// it watches, oldest first.
+    pub(crate) fn unseen(&self, state: &State) -> Vec<(u64, Value)> {
+        state
+            .events
+            .iter()
+            .filter(|e| e.rv > self.from && self.target.holds(&e.key))
+            .filter(|e| matches_selector(&e.object, &self.selector))
+            .map(|e| (e.rv, json!({"type": e.kind, "object": e.object})))
+            .collect()
+    }
+}
+
+/// The streaming answer to `request`: its initial events, then whatever
+/// `unseen` returns each time `changes` moves, until its timeout.
+pub(crate) fn respond<F>(
+    unseen: F,
+    changes: tokio::sync::watch::Receiver<u64>,
+    request: WatchRequest,
+) -> Response<Body>
+where
+    F: Fn(&WatchRequest) -> Vec<(u64, Value)> + Send + Sync + 'static,
+{
     let deadline = tokio::time::Instant::now() + request.timeout;
     let initial: Vec<Bytes> = request.initial.iter().map(line).collect();
-    let state = (fake, request, initial.into_iter(), deadline);
+    let unseen = std::sync::Arc::new(unseen);
+    let state = (unseen, changes, request, initial.into_iter(), deadline);
     let stream = futures::stream::unfold(
         state,
-        |(fake, mut request, mut initial, deadline)| async move {
+        |(unseen, mut changes, mut request, mut initial, deadline)| async move {
             if let Some(first) = initial.next() {
-                return Some((first, (fake, request, initial, deadline)));
+                return Some((first, (unseen, changes, request, initial, deadline)));
             }
-            let mut changes = fake.changes.subscribe();
             loop {
                 // Mark the current change seen before reading the log, so a
                 // change made after the read still wakes us.
                 changes.borrow_and_update();
-                let next: Vec<(u64, Value)> = {
-                    let shared = fake.shared.lock();
-                    shared
-                        .store
-                        .events
-                        .iter()
-                        .filter(|e| e.rv > request.from && request.target.holds(&e.key))
-                        .filter(|e| matches_selector(&e.object, &request.selector))
-                        .map(|e| (e.rv, json!({"type": e.kind, "object": e.object})))
-                        .collect()
-                };
+                let next = unseen(&request);
                 if !next.is_empty() {
                     request.from = next.last().map_or(request.from, |(rv, _)| *rv);
                     let mut chunk = Vec::new();
                     for (_, event) in &next {
                         chunk.extend_from_slice(&line(event));
                     }
-                    return Some((Bytes::from(chunk), (fake, request, initial, deadline)));
+                    return Some((
+                        Bytes::from(chunk),
+                        (unseen, changes, request, initial, deadline),
+                    ));
                 }
                 tokio::select! {
                     () = tokio::time::sleep_until(deadline) => return None,
