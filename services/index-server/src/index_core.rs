@@ -441,6 +441,7 @@ impl IndexCore {
     /// engine. `Err` when the stream must end.
     pub fn ingest(&self, step: Step, facts: Option<EngineFacts>) -> Result<(), StepEnd> {
         let now = self.now_ms();
+        let resync = matches!(step, Step::Replace { .. });
         match step {
             Step::Buffered => {}
             Step::Apply {
@@ -449,23 +450,25 @@ impl IndexCore {
                 address,
                 changes,
                 tier2,
-            } => {
-                let errors = self.index.apply(&key, &scope, &address, &changes, now);
-                self.metrics.content_errors.inc_by(errors.len() as u64);
-                self.index.set_tier2(&key, tier2);
-                self.confirm_speculation(&scope, &key.replica_id, &changes);
             }
-            Step::Replace {
+            | Step::Replace {
                 key,
                 scope,
                 address,
                 changes,
                 tier2,
             } => {
-                let errors = self.index.replace(&key, &scope, &address, &changes, now);
+                // A resync swaps the replica's whole state in at once.
+                let errors = if resync {
+                    self.index.replace(&key, &scope, &address, &changes, now)
+                } else {
+                    self.index.apply(&key, &scope, &address, &changes, now)
+                };
                 self.metrics.content_errors.inc_by(errors.len() as u64);
                 self.index.set_tier2(&key, tier2);
-                self.metrics.resyncs.inc();
+                if resync {
+                    self.metrics.resyncs.inc();
+                }
                 self.confirm_speculation(&scope, &key.replica_id, &changes);
             }
             Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
