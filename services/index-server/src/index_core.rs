@@ -337,6 +337,18 @@ impl IndexCore {
             extras: request.extras,
         });
         let tag = scope_tag(request.scope);
+        // The load-aware ranking, over the scope's replicas or a pool.
+        let rank = |query: &RouteQuery<'_>, pool| {
+            self.routing.decide(
+                &self.index,
+                query,
+                &policy,
+                self.default_block_size,
+                now_ms,
+                &deadline,
+                pool,
+            )
+        };
         match request.purpose {
             Purpose::Scores => {
                 let Some(query) = query else {
@@ -360,15 +372,7 @@ impl IndexCore {
                 let Some(query) = query else {
                     return Ok(Routed::Hint(nothing_to_match()));
                 };
-                let decision = self.routing.decide(
-                    &self.index,
-                    &query,
-                    &policy,
-                    self.default_block_size,
-                    now_ms,
-                    &deadline,
-                    None,
-                );
+                let decision = rank(&query, None);
                 if let Some(best) = decision.best().filter(|_| record_pick) {
                     // A prefix hash names no blocks to hold speculatively.
                     let blocks: &[Fingerprint] = match query.key {
@@ -383,15 +387,7 @@ impl IndexCore {
             Purpose::Endpoint { pool, .. } => {
                 let (best, blocks) = match &query {
                     Some(query) => {
-                        let ranked = self.routing.decide(
-                            &self.index,
-                            query,
-                            &policy,
-                            self.default_block_size,
-                            now_ms,
-                            &deadline,
-                            Some(pool),
-                        );
+                        let ranked = rank(query, Some(pool));
                         let best =
                             ranked.ranked.first().cloned().or_else(|| {
                                 self.routing.rank_by_load(pool, now_ms).into_iter().next()
