@@ -42,13 +42,36 @@ pub mod channel {
     /// server must chain to (required there, refused for `http://`).
     /// Errors name `flag`, the option the URL came from.
     pub fn endpoint(url: &str, ca_pem: Option<&[u8]>, flag: &str) -> Result<Endpoint, String> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
+        endpoint_at(url, None, ca_pem, flag)
+    }
+
+    /// Like [`endpoint`], but connecting to `addr` (one address the URL's
+    /// host resolved to, such as one pod behind a headless Service) while
+    /// TLS still verifies the certificate against the URL's host name.
+    pub fn endpoint_at(
+        url: &str,
+        addr: Option<std::net::SocketAddr>,
+        ca_pem: Option<&[u8]>,
+        flag: &str,
+    ) -> Result<Endpoint, String> {
+        let uri: tonic::codegen::http::Uri =
+            url.parse().map_err(|e| format!("{flag} {url}: {e}"))?;
+        let host = uri.host().unwrap_or_default().to_owned();
+        let target = match addr {
+            Some(addr) => format!("{}://{addr}", uri.scheme_str().unwrap_or("http")),
+            None => url.to_owned(),
+        };
+        let endpoint = Endpoint::from_shared(target)
             .map_err(|e| format!("{flag} {url}: {e}"))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true);
         match (url.starts_with("https://"), ca_pem) {
             (true, Some(pem)) => endpoint
-                .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)))
+                .tls_config(
+                    ClientTlsConfig::new()
+                        .ca_certificate(Certificate::from_pem(pem))
+                        .domain_name(host.trim_start_matches('[').trim_end_matches(']')),
+                )
                 .map_err(|e| format!("{flag} {url}: {e}")),
             (true, None) => Err(format!(
                 "{flag} {url}: an https:// index server needs its CA bundle (the --*-ca-file flag)"

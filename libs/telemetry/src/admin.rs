@@ -21,6 +21,7 @@ use crate::MetricsRegistry;
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    draining: AtomicBool,
 }
 
 impl Health {
@@ -29,9 +30,22 @@ impl Health {
         Arc::new(Self::default())
     }
 
-    /// Marks the service ready (or not, e.g. while draining on shutdown).
+    /// Marks the service ready (or not). Once draining, it stays not
+    /// ready whatever a readiness check later decides.
     pub fn set_ready(&self, ready: bool) {
+        let ready = ready && !self.is_draining();
         self.ready.store(ready, Ordering::Release);
+    }
+
+    /// The process is stopping ([`crate::drain`]): not ready from now on.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.ready.store(false, Ordering::Release);
+    }
+
+    /// Whether a drain has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Whether `/ready` currently answers 200.

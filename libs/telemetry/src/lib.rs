@@ -8,6 +8,7 @@
 //! operating it.
 
 pub mod admin;
+pub mod drain;
 pub mod idle;
 pub mod listening;
 pub mod logging;
