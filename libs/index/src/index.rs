@@ -672,6 +672,13 @@ impl Index {
             .fetch_add(evicted, Ordering::Relaxed);
     }
 
+    // === dump ===
+
+    /// Holds every write off (for a consistent [`crate::dump::Dump`]).
+    pub(crate) fn hold_writes(&self) -> WritesHeld<'_> {
+        WritesHeld(self.writer.lock())
+    }
+
     // === snapshot ===
 
     /// Every replica with its counts, sorted by key.
@@ -700,5 +707,18 @@ impl Index {
             .collect();
         out.sort_by(|a, b| a.key.cmp(&b.key));
         out
+    }
+}
+
+/// The writer lock, held while a dump reads the store.
+pub(crate) struct WritesHeld<'a>(parking_lot::MutexGuard<'a, Writer>);
+
+impl WritesHeld<'_> {
+    /// Slot `idx`'s block size and tier-2 counters.
+    pub(crate) fn slot_facts(&self, idx: usize) -> (u32, Option<(u64, u64)>) {
+        self.0
+            .counts
+            .get(idx)
+            .map_or((0, None), |c| (c.block_size, c.tier2))
     }
 }

@@ -52,6 +52,11 @@ impl ResyncBudget {
         }
     }
 
+    /// The budget, in blocks.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Blocks currently charged.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
@@ -206,6 +211,19 @@ impl Drop for IngestSession {
     }
 }
 
+/// One rank of an [`IngestSession`], as a snapshot keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankState {
+    /// Which rank.
+    pub key: ReplicaKey,
+    /// The subscriber process its sequence belongs to.
+    pub incarnation: u64,
+    /// The last sequence number accepted.
+    pub last_seq: u64,
+    /// An unfinished resync's changes so far.
+    pub resync: Option<Vec<Change>>,
+}
+
 impl IngestSession {
     /// A session bounded by `limits`.
     pub fn with_limits(limits: IngestLimits) -> Self {
@@ -219,6 +237,70 @@ impl IngestSession {
     fn uncharge(&mut self, n: u64) {
         self.buffered = self.buffered.saturating_sub(n);
         self.limits.budget.release(n);
+    }
+
+    /// Every rank's state (for a snapshot), sorted by key.
+    pub fn export(&self) -> Vec<RankState> {
+        let mut out: Vec<RankState> = self
+            .ranks
+            .iter()
+            .map(|(key, r)| RankState {
+                key: key.clone(),
+                incarnation: r.incarnation,
+                last_seq: r.last_seq,
+                resync: r.resync.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
+    }
+
+    /// Takes up ranks a snapshot kept, charging their unfinished resyncs
+    /// to the budget; a rank that does not fit is left out (its batches
+    /// wait for its next resync) and returned.
+    pub fn import(&mut self, ranks: Vec<RankState>) -> Vec<ReplicaKey> {
+        let mut left_out = Vec::new();
+        for rank in ranks {
+            let n = rank.resync.as_deref().map_or(0, weight);
+            let fits = self.ranks.len() < self.limits.max_ranks
+                && self.buffered.saturating_add(n) <= self.limits.max_stream_resync_blocks
+                && self.limits.budget.try_charge(n);
+            if !fits {
+                left_out.push(rank.key);
+                continue;
+            }
+            self.buffered += n;
+            let previous = self.ranks.insert(
+                rank.key,
+                RankStream {
+                    incarnation: rank.incarnation,
+                    last_seq: rank.last_seq,
+                    resync: rank.resync,
+                    buffered: n,
+                },
+            );
+            if let Some(previous) = previous {
+                self.uncharge(previous.buffered);
+            }
+        }
+        left_out
+    }
+
+    /// Forgets a rank (its unfinished resync is dropped): its next batches
+    /// are refused until it resyncs. Returns whether it was known.
+    pub fn forget(&mut self, key: &ReplicaKey) -> bool {
+        match self.ranks.remove(key) {
+            Some(rank) => {
+                self.uncharge(rank.buffered);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the session knows the rank (it has seen its resync begin).
+    pub fn knows(&self, key: &ReplicaKey) -> bool {
+        self.ranks.contains_key(key)
     }
 
     /// Classifies one batch.

@@ -19,6 +19,7 @@
 //! mostly for a few records, so lookups do not wait for ingest batches.
 
 mod arena;
+pub mod dump;
 mod holders;
 mod index;
 pub mod ingest;
