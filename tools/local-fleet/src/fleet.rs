@@ -3,10 +3,11 @@
 //!
 //! * `lookup-route …`: the real thing. Each engine publishes its cache
 //!   changes in the vLLM wire over ZMQ to its own `ic-kvevent-subscriber`,
-//!   which feeds the `ic-index-server`; a gateway loop asks `LookupRoute`
-//!   (with block hashes it computes itself), follows `best`, and falls back
-//!   to the engine with the least queued work on NO_HINT. Run once per
-//!   scoring variant (prefix only, prefix + load, + speculative holders).
+//!   which feeds the `ic-index-server` (every replica of it); a gateway
+//!   loop asks `LookupRoute` (with block hashes it computes itself) of the
+//!   replicas in turn, follows `best`, and falls back to the engine with
+//!   the least queued work on NO_HINT. Run once per scoring variant
+//!   (prefix only, prefix + load, + speculative holders).
 //! * `round-robin` and `random`: the same engines, simulated in-process.
 //! * `longest prefix (exact…)`: in-process references that know every
 //!   engine's cache exactly (no event delay), unbounded and with a 1.25×
@@ -16,10 +17,8 @@
 use std::time::{Duration, Instant};
 
 use ic_kvevents::Medium;
-use ic_kvevents::chain_fingerprints;
 use ic_kvevents::encode::{gpu_store, removal};
 use ic_proto::IndexServiceClient;
-use ic_proto::index_v1 as pb;
 use ic_sim::engine::FakeEngine;
 use serde::Serialize;
 
@@ -317,8 +316,9 @@ async fn serve_routed(
 pub struct RoutedConfig {
     /// Blocks per engine cache.
     pub capacity: usize,
-    /// Index server gRPC URL.
-    pub grpc_url: String,
+    /// gRPC URL of every index-server replica; request `i` asks replica
+    /// `i mod n` (round-robin, as a Kubernetes Service spreads requests).
+    pub grpc_urls: Vec<String>,
     /// Tenant of the engines.
     pub tenant: String,
     /// Model the engines serve.
@@ -329,12 +329,14 @@ pub struct RoutedConfig {
     pub policy: String,
     /// Engine timing.
     pub timing: TimingModel,
-    /// Route through the endpoint picker at this URL instead of LookupRoute.
-    pub epp_url: Option<String>,
+    /// Route through the endpoint pickers at these URLs (one per replica,
+    /// in turn) instead of LookupRoute; empty: LookupRoute.
+    pub epp_urls: Vec<String>,
 }
 
 /// Replays the trace through the real index: engines publish over ZMQ, the
-/// gateway routes with LookupRoute.
+/// gateway routes with LookupRoute (or the endpoint picker), each request
+/// asking the next index-server replica.
 pub async fn run_routed(
     trace: &[TraceRequest],
     engines: &mut [FakeEngine],
@@ -343,20 +345,26 @@ pub async fn run_routed(
 ) -> anyhow::Result<RoutedRun> {
     let RoutedConfig {
         capacity,
-        grpc_url,
+        grpc_urls,
         tenant,
         model,
         speed,
         policy,
         timing,
-        epp_url,
+        epp_urls,
     } = config;
-    let mut gateway = match epp_url {
-        Some(url) => Some(crate::epp_client::Gateway::connect(url.clone()).await?),
-        None => None,
-    };
+    let mut gateways = Vec::with_capacity(epp_urls.len());
+    for url in epp_urls {
+        gateways.push(crate::epp_client::Gateway::connect(url.clone()).await?);
+    }
     let (capacity, speed) = (*capacity, *speed);
-    let mut client = IndexServiceClient::connect(grpc_url.clone()).await?;
+    let mut clients = Vec::with_capacity(grpc_urls.len());
+    for url in grpc_urls {
+        clients.push(IndexServiceClient::connect(url.clone()).await?);
+    }
+    if clients.is_empty() {
+        anyhow::bail!("no index-server replica to route through");
+    }
     let mut caches = vec![PrefixCache::new(capacity); engines.len()];
     let mut queues = EngineQueues::new(engines.len(), *timing);
     let mut rng = Rng::new(0x5eed);
@@ -382,7 +390,9 @@ pub async fn run_routed(
             .flat_map(|id| block_tokens(*id))
             .collect();
         let asked = Instant::now();
-        if let Some(gateway) = gateway.as_mut() {
+        if !gateways.is_empty() {
+            let n = gateways.len();
+            let gateway = &mut gateways[i % n];
             // The picker always names an endpoint; it decides prefix vs load.
             let endpoint = gateway.pick(model, &tokens).await?;
             run.latencies.push(asked.elapsed());
@@ -395,26 +405,11 @@ pub async fn run_routed(
             progress(i + 1);
             continue;
         }
-        let hashes = ic_kvevents::Fingerprint::to_raw(chain_fingerprints(
-            None,
-            &tokens,
-            ENGINE_BLOCK_TOKENS as usize,
-        ));
-        let answer = client
-            .lookup_route(pb::LookupRouteRequest {
-                scope: Some(pb::IndexScope {
-                    tenant: tenant.clone(),
-                    model: model.clone(),
-                    hash_scheme: pb::HashScheme::Vllm as i32,
-                    adapter: String::new(),
-                }),
-                key: Some(pb::lookup_route_request::Key::BlockHashes(
-                    pb::BlockHashes { hashes },
-                )),
-                candidate_replicas: Vec::new(),
-                observe_only: false,
-                ..Default::default()
-            })
+        let n = clients.len();
+        let answer = clients[i % n]
+            .lookup_route(crate::replicas::lookup_request(
+                tenant, model, &tokens, false,
+            ))
             .await?
             .into_inner();
         run.latencies.push(asked.elapsed());

@@ -1,15 +1,18 @@
 //! `ic-local-fleet`: the InferenceCache data plane on one machine.
 //!
-//! Starts the real `ic-index-server` and `ic-coordinator` binaries, N
-//! simulated engines that publish their KV-cache changes in the vLLM wire
-//! over ZMQ, and one real `ic-kvevent-subscriber` per engine. A trace is then
-//! replayed with LookupRoute routing through the real index, and — on
-//! identical simulated engines — with round-robin and random routing and the
-//! single-cache oracle, so the table shows what cache-aware routing buys.
+//! Starts the real `ic-index-server` (one or more replicas, all active) and
+//! `ic-coordinator` binaries, N simulated engines that publish their
+//! KV-cache changes in the vLLM wire over ZMQ, and one real
+//! `ic-kvevent-subscriber` per engine streaming to every index replica. A
+//! trace is then replayed with LookupRoute routing through the real index,
+//! and — on identical simulated engines — with round-robin and random
+//! routing and the single-cache oracle, so the table shows what cache-aware
+//! routing buys.
 
 mod cache;
 mod epp_client;
 mod fleet;
+mod replicas;
 mod report;
 mod rng;
 mod timing;
@@ -26,6 +29,7 @@ use ic_sim::{ServiceProcess, http_get};
 use serde::Serialize;
 
 use crate::fleet::PolicyResult;
+use crate::replicas::{AlikeCheck, IndexReplicas, SnapshotCounts};
 
 const TENANT: &str = "demo";
 const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_synthetic_trace.jsonl";
@@ -38,6 +42,10 @@ struct Args {
     /// Simulated engines (each with its own subscriber).
     #[arg(long, default_value_t = 8)]
     engines: usize,
+    /// Index-server replicas, all active: every subscriber streams to each,
+    /// and the gateways ask them in turn (round-robin per request).
+    #[arg(long, default_value_t = 1)]
+    index_replicas: usize,
     /// Blocks each engine's KV cache holds (the HBM budget).
     #[arg(long, default_value_t = 1500)]
     capacity_blocks: usize,
@@ -124,6 +132,9 @@ struct Variant {
     name: &'static str,
     flags: &'static [&'static str],
     epp: bool,
+    /// Ranks by prefix alone (no load in the score, no bound): replicas
+    /// must then name the same `best` for a prompt with one longest holder.
+    prefix_decides: bool,
 }
 
 /// The scoring variants; the default scoring through LookupRoute is last
@@ -139,21 +150,25 @@ const VARIANTS: [Variant; 4] = [
             "--speculative-ttl-ms=0",
         ],
         epp: false,
+        prefix_decides: true,
     },
     Variant {
         name: "lookup-route, prefix + load",
         flags: &["--speculative-ttl-ms=0"],
         epp: false,
+        prefix_decides: false,
     },
     Variant {
         name: "endpoint picker (ext_proc), default scoring",
         flags: &[],
         epp: true,
+        prefix_decides: false,
     },
     Variant {
         name: "lookup-route (default: + speculative)",
         flags: &[],
         epp: false,
+        prefix_decides: false,
     },
 ];
 
@@ -178,6 +193,7 @@ impl WireEra {
 #[derive(Debug, Serialize)]
 struct Report {
     engines: usize,
+    index_replicas: usize,
     capacity_blocks: usize,
     requests: usize,
     policies: Vec<PolicyResult>,
@@ -192,6 +208,8 @@ struct Report {
     /// Heap bytes the index holds at the end (its `memory_bytes` gauge).
     index_memory_bytes: f64,
     index_agrees_with_engines: bool,
+    /// Per routed variant: whether the index replicas answered alike.
+    replicas_alike: Vec<AlikeCheck>,
     wall_seconds: f64,
 }
 
@@ -220,6 +238,8 @@ struct VariantRun {
     routed: fleet::RoutedRun,
     agrees: bool,
     entries: u64,
+    alike: AlikeCheck,
+    /// The first replica's /metrics (each replica holds the whole index).
     index_metrics: String,
     /// The services, still running (stopped by the caller).
     services: Services,
@@ -227,34 +247,40 @@ struct VariantRun {
 
 /// The processes of one variant.
 struct Services {
-    index: ServiceProcess,
+    index: IndexReplicas,
     subscribers: Vec<ServiceProcess>,
-    grpc: String,
-    index_http: std::net::SocketAddr,
 }
 
 impl Services {
     /// Stops every process; the names of those that did not exit cleanly.
     fn stop(mut self) -> Vec<String> {
         let mut unclean = Vec::new();
-        for (name, process) in self
-            .subscribers
-            .iter_mut()
-            .map(|p| ("ic-kvevent-subscriber", p))
-            .chain([("ic-index-server", &mut self.index)])
-        {
+        for process in &mut self.subscribers {
             let status = process.stop();
             if !status.success() {
-                unclean.push(format!("{name} exited with {status}"));
+                unclean.push(format!("ic-kvevent-subscriber exited with {status}"));
             }
         }
+        unclean.extend(self.index.stop());
         unclean
     }
 }
 
-/// Starts an index server with `variant`'s flags, the engines and their
-/// subscribers, replays the trace through LookupRoute, and checks that the
-/// index converged to what the engines hold.
+impl AlikeCheck {
+    /// Whether the replicas answered alike (always, with one replica).
+    fn alike(&self) -> bool {
+        self.snapshots_identical && self.holders_differ == 0 && self.best_differ == 0
+    }
+}
+
+/// Prompts asked of every replica after the replay: the last requests of
+/// the trace, whose blocks the engines most likely still hold.
+const ALIKE_PROBES: usize = 200;
+
+/// Starts the index replicas with `variant`'s flags, the engines and their
+/// subscribers, replays the trace through LookupRoute, and checks that
+/// every replica converged to what the engines hold and that they answer
+/// alike.
 async fn run_variant(
     args: &Args,
     bin_dir: &std::path::Path,
@@ -282,18 +308,20 @@ async fn run_variant(
     }
     let index_args: Vec<&str> = index_args.iter().map(String::as_str).collect();
     let env = args.service_env();
-    let mut index =
-        ServiceProcess::start_with_env(&binary(bin_dir, "ic-index-server")?, &index_args, &env);
-    let grpc = index.addr("grpc").to_string();
-    let index_http = index.admin_addr();
-    let epp_url = variant.epp.then(|| format!("http://{}", index.addr("epp")));
+    let index = IndexReplicas::start(
+        &binary(bin_dir, "ic-index-server")?,
+        &index_args,
+        &env,
+        args.index_replicas,
+        variant.epp,
+    );
     let subscriber_bin = binary(bin_dir, "ic-kvevent-subscriber")?;
     let mut engines = Vec::new();
     let mut subscribers = Vec::new();
     for i in 0..args.engines {
         let engine = FakeEngine::start(args.era.era(), "kv-events").await;
         let sub_args = engine.subscriber_args(
-            &format!("http://{grpc}"),
+            &index.subscriber_target(),
             &format!("engine-{i}"),
             TENANT,
             MODEL,
@@ -320,7 +348,7 @@ async fn run_variant(
     let json = args.json;
     let routed_config = fleet::RoutedConfig {
         capacity: args.capacity_blocks,
-        grpc_url: format!("http://{grpc}"),
+        grpc_urls: index.grpc_urls.clone(),
         tenant: TENANT.to_owned(),
         model: MODEL.to_owned(),
         speed: args.speed,
@@ -329,7 +357,7 @@ async fn run_variant(
             prefill_tokens_per_second: args.prefill_tokens_per_second,
             overhead_ms: args.request_overhead_ms,
         },
-        epp_url,
+        epp_urls: index.epp_urls.clone(),
     };
     let routed = fleet::run_routed(trace, &mut engines, &routed_config, |done| {
         if !json && (done % 200 == 0 || done == total) {
@@ -346,36 +374,59 @@ async fn run_variant(
         }
     })
     .await?;
-    // The index must end up holding exactly what the engines hold.
+    // Every replica must end up holding exactly what the engines hold.
+    let held: Vec<usize> = routed.caches.iter().map(|c| c.len()).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (agrees, entries) = loop {
-        let (_, body) = http_get(index_http, "/snapshot");
-        let snapshot: serde_json::Value = serde_json::from_str(&body)?;
-        let entries = snapshot["entries"].as_u64().unwrap_or(0);
-        let rows = snapshot["replicas"].as_array().cloned().unwrap_or_default();
-        let agrees = routed.caches.iter().enumerate().all(|(i, cache)| {
-            rows.iter().any(|r| {
-                r["replicaId"] == format!("engine-{i}")
-                    && r["prefixCount"].as_u64() == Some(cache.len() as u64)
-            })
-        });
-        if agrees || Instant::now() > deadline {
-            break (agrees, entries);
+    let counts = loop {
+        let counts = index
+            .http
+            .iter()
+            .map(|addr| SnapshotCounts::read(*addr))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if counts.iter().all(|c| c.matches_engines(&held)) || Instant::now() > deadline {
+            break counts;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let (_, index_metrics) = http_get(index_http, "/metrics");
+    let agrees = counts.iter().all(|c| c.matches_engines(&held));
+    let entries = counts.first().map_or(0, |c| c.entries);
+    let probes: Vec<Vec<u32>> = trace
+        .iter()
+        .rev()
+        .take(ALIKE_PROBES)
+        .map(|r| {
+            r.hash_ids
+                .iter()
+                .flat_map(|id| fleet::block_tokens(*id))
+                .collect()
+        })
+        .collect();
+    let compared = replicas::compare_answers(
+        &index.grpc_urls,
+        TENANT,
+        MODEL,
+        &probes,
+        variant.prefix_decides,
+    )
+    .await?;
+    let alike = AlikeCheck {
+        variant: variant.name.to_owned(),
+        replicas: index.http.len(),
+        snapshots_identical: counts.windows(2).all(|w| w[0] == w[1]),
+        probes: probes.len(),
+        probes_matched: compared.matched,
+        holders_differ: compared.holders_differ,
+        best_checked: compared.best_checked,
+        best_differ: compared.best_differ,
+    };
+    let (_, index_metrics) = http_get(index.http[0], "/metrics");
     Ok(VariantRun {
         routed,
         agrees,
         entries,
+        alike,
         index_metrics,
-        services: Services {
-            index,
-            subscribers,
-            grpc,
-            index_http,
-        },
+        services: Services { index, subscribers },
     })
 }
 
@@ -384,6 +435,9 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.engines == 0 {
         bail!("--engines must be at least 1");
+    }
+    if args.index_replicas == 0 {
+        bail!("--index-replicas must be at least 1");
     }
     if !(args.prefill_tokens_per_second.is_finite() && args.prefill_tokens_per_second > 0.0) {
         bail!("--prefill-tokens-per-second must be a positive number");
@@ -444,8 +498,8 @@ async fn main() -> anyhow::Result<()> {
     let coordinator_http = coordinator.admin_addr();
 
     say(&format!(
-        "each run: an index server, {} simulated engines and their subscribers",
-        args.engines
+        "each run: {} index-server replica(s), {} simulated engines and their subscribers",
+        args.index_replicas, args.engines
     ));
     let variants: Vec<&Variant> = if args.compare_scoring {
         VARIANTS.iter().collect()
@@ -453,6 +507,7 @@ async fn main() -> anyhow::Result<()> {
         VARIANTS.last().into_iter().collect()
     };
     let mut policies = vec![];
+    let mut alike = vec![];
     let mut unclean = Vec::new();
     let mut last = None;
     for (i, variant) in variants.iter().enumerate() {
@@ -464,6 +519,15 @@ async fn main() -> anyhow::Result<()> {
                 variant.name
             );
         }
+        if !run.alike.alike() {
+            unclean.extend(run.services.stop());
+            bail!(
+                "{}: the index replicas did not answer alike: {:?}",
+                variant.name,
+                run.alike
+            );
+        }
+        alike.push(run.alike.clone());
         policies.push(run.routed.result.clone());
         if i + 1 == variants.len() {
             last = Some(run);
@@ -493,6 +557,7 @@ async fn main() -> anyhow::Result<()> {
         .collect();
     let report = Report {
         engines: args.engines,
+        index_replicas: args.index_replicas,
         capacity_blocks: args.capacity_blocks,
         requests: trace.len(),
         policies,
@@ -510,6 +575,7 @@ async fn main() -> anyhow::Result<()> {
         index_entries: run.entries,
         index_memory_bytes: metric(&run.index_metrics, "inferencecache_index_memory_bytes"),
         index_agrees_with_engines: run.agrees,
+        replicas_alike: alike,
         wall_seconds: started.elapsed().as_secs_f64(),
     };
 
@@ -530,6 +596,7 @@ async fn main() -> anyhow::Result<()> {
         },
         engines: report.engines,
         capacity_blocks: report.capacity_blocks,
+        index_replicas: report.index_replicas,
         lookup_p50_us: report.lookup_p50_us,
         lookup_p99_us: report.lookup_p99_us,
         index_entries: report.index_entries,
@@ -569,14 +636,16 @@ async fn main() -> anyhow::Result<()> {
     let mut services = run.services;
     if args.keep_running {
         println!("\nServices stay up; press Ctrl-C to stop them.");
-        println!(
-            "  index server gRPC     http://{}  (LookupRoute)",
-            services.grpc
-        );
-        println!(
-            "  index server HTTP     http://{}  (/snapshot, /metrics)",
-            services.index_http
-        );
+        for (i, (grpc, http)) in services
+            .index
+            .grpc_urls
+            .iter()
+            .zip(&services.index.http)
+            .enumerate()
+        {
+            println!("  index server #{i} gRPC  {grpc}  (LookupRoute)");
+            println!("  index server #{i} HTTP  http://{http}  (/snapshot, /metrics)");
+        }
         println!("  coordinator           http://{coordinator_http}");
         for (i, s) in services.subscribers.iter_mut().enumerate() {
             println!("  subscriber engine-{i}  http://{}/metrics", s.admin_addr());
@@ -596,8 +665,8 @@ async fn main() -> anyhow::Result<()> {
 
 fn print_table(r: &Report) {
     println!(
-        "\n{} requests, {} engines × {} blocks of KV cache\n",
-        r.requests, r.engines, r.capacity_blocks
+        "\n{} requests, {} engines × {} blocks of KV cache, {} index replica(s)\n",
+        r.requests, r.engines, r.capacity_blocks, r.index_replicas
     );
     println!(
         "{:<44} {:>9} {:>22} {:>10} {:>10}",
@@ -645,6 +714,20 @@ fn print_table(r: &Report) {
             "NO"
         }
     );
+    if r.index_replicas > 1 {
+        for a in &r.replicas_alike {
+            println!(
+                "replicas alike             {}: snapshots identical {}, {} of {} probes matched, holders differ on {}, best differs on {} of {}",
+                a.variant,
+                a.snapshots_identical,
+                a.probes_matched,
+                a.probes,
+                a.holders_differ,
+                a.best_differ,
+                a.best_checked
+            );
+        }
+    }
     println!("wall time                  {:.1} s", r.wall_seconds);
 }
 

@@ -103,6 +103,8 @@ pub struct RunFacts {
     pub engines: usize,
     /// Blocks per engine.
     pub capacity_blocks: usize,
+    /// Index-server replicas the gateways spread their requests over.
+    pub index_replicas: usize,
     /// LookupRoute round-trip percentiles, µs.
     pub lookup_p50_us: u128,
     /// LookupRoute round-trip percentiles, µs.
@@ -128,8 +130,8 @@ pub fn markdown(facts: &RunFacts, policies: &[PolicyResult], chart: &str) -> Str
     let _ = writeln!(out, "```\n{}\n```\n", facts.command);
     let _ = writeln!(
         out,
-        "{} on {} simulated engines × {} KV blocks each.\n",
-        facts.workload, facts.engines, facts.capacity_blocks
+        "{} on {} simulated engines × {} KV blocks each, {} index-server replica(s).\n",
+        facts.workload, facts.engines, facts.capacity_blocks, facts.index_replicas
     );
     let _ = writeln!(
         out,
@@ -215,6 +217,7 @@ mod tests {
             workload: "trace x".into(),
             engines: 2,
             capacity_blocks: 10,
+            index_replicas: 3,
             lookup_p50_us: 100,
             lookup_p99_us: 900,
             index_entries: 20,
@@ -226,6 +229,10 @@ mod tests {
         };
         let md = markdown(&facts, &[policy("lookup-route", &[])], "hit-ratio.svg");
         assert!(md.contains("ic-local-fleet --engines 2"));
+        assert!(
+            md.contains("× 10 KV blocks each, 3 index-server replica(s)."),
+            "{md}"
+        );
         assert!(md.contains("| lookup-route | 0 | 0.0% |"));
         assert!(md.contains("| 0 ms | 0 ms |"), "{md}");
         assert!(md.contains("![hit ratio over the replay](hit-ratio.svg)"));
