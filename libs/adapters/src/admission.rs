@@ -14,10 +14,10 @@ use ic_api::validate::FieldError;
 use crate::binding::{self, Protocol};
 use crate::registry::Registry;
 use crate::runtime::{InjectContext, RuntimeAdapter, engine_port, find_engine_container};
-pub use crate::sidecars::InjectionConfig;
 use crate::sidecars::{
     self, KERNEL_CHECK_CONTAINER, KernelCheckMode, SUBSCRIBER_CONTAINER, SubscriberPlan,
 };
+pub use crate::sidecars::{IndexServerDiscovery, InjectionConfig};
 use crate::{kv_events, overrides, validation};
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label

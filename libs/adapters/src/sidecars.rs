@@ -56,6 +56,31 @@ pub struct InjectionConfig {
     /// `--otlp-endpoint`); `$(HOST_IP)` in it names the node, for a
     /// collector agent on every node. `None`: the sidecar exports nothing.
     pub subscriber_otlp_endpoint: Option<String>,
+    /// How the subscriber finds the index-server replicas behind
+    /// `index_server` (its `--index-server-discovery`).
+    pub index_server_discovery: IndexServerDiscovery,
+}
+
+/// How a subscriber turns its `--index-server` URL into destinations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IndexServerDiscovery {
+    /// One destination per URL: the subscriber's own default, so nothing
+    /// is injected (pods wired before replicas existed keep their args).
+    #[default]
+    Static,
+    /// The URL's host is a headless Service, re-resolved: one destination
+    /// per replica address.
+    Dns,
+}
+
+impl IndexServerDiscovery {
+    /// The flag's value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Static => "static",
+            Self::Dns => "dns",
+        }
+    }
 }
 
 /// What the subscriber is told.
@@ -153,6 +178,12 @@ pub fn subscriber_container(
     ];
     if !index_server.is_empty() {
         args.push(format!("--index-server={index_server}"));
+        if config.index_server_discovery != IndexServerDiscovery::Static {
+            args.push(format!(
+                "--index-server-discovery={}",
+                config.index_server_discovery.as_str()
+            ));
+        }
     }
     let token = config.index_server_audience.is_some();
     if token {

@@ -347,6 +347,7 @@ fn in_process(body: &[u8]) {
         index_server_audience: Some(common::INDEX_SERVER_AUDIENCE.to_owned()),
         index_server_ca_pem: None,
         subscriber_otlp_endpoint: None,
+        index_server_discovery: Default::default(),
     };
     let source = Fixed(backends.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()

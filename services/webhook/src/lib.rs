@@ -5,7 +5,9 @@
 //! `/mutate-pod`; the decisions themselves are pure functions here
 //! ([`cachebackend`], [`pod`]) over the rules in `ic-api` and the adapters in
 //! `ic-adapters`. The admin server (`/live`, `/ready`, `/metrics`) is the
-//! shared one from `ic-telemetry`.
+//! shared one from `ic-telemetry`. On SIGTERM the webhook drains
+//! (`ic_telemetry::drain`): not ready at once, still answering for
+//! `--drain-seconds`, then it stops.
 
 pub mod cachebackend;
 pub mod certs;
@@ -23,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ic_adapters::admission::InjectionConfig;
+use ic_adapters::admission::{IndexServerDiscovery, InjectionConfig};
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
 use tokio_util::sync::CancellationToken;
 
@@ -132,6 +134,12 @@ pub struct Config {
         default_value = "http://inferencecache-index-server.inferencecache-system:9090"
     )]
     pub index_server: String,
+    /// How the injected subscribers find the index-server replicas
+    /// (their --index-server-discovery): `static` streams to the
+    /// --index-server URL as one destination; `dns` re-resolves its host (a
+    /// headless Service) and streams to every replica address.
+    #[arg(long, env = "IC_INDEX_SERVER_DISCOVERY", value_enum, default_value_t = Discovery::Static)]
+    pub index_server_discovery: Discovery,
     /// Audience of the projected service-account token the injected
     /// subscriber presents to the index server (its --api-audience); unset
     /// mounts no token.
@@ -166,6 +174,29 @@ pub struct Config {
     /// pod is admitted unwired (reason list_failed).
     #[arg(long, env = "IC_LIST_TIMEOUT_MS", default_value_t = 3000)]
     pub list_timeout_ms: u64,
+    /// After SIGTERM: /ready fails at once and admissions are answered for
+    /// this long (the API server calls a terminating replica until it sees
+    /// the endpoint go), then the servers stop.
+    #[command(flatten)]
+    pub drain: ic_telemetry::drain::DrainFlags,
+}
+
+/// `--index-server-discovery`, as the subscriber spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Discovery {
+    /// The URL is one destination.
+    Static,
+    /// The URL's host is re-resolved; every address is a destination.
+    Dns,
+}
+
+impl From<Discovery> for IndexServerDiscovery {
+    fn from(d: Discovery) -> Self {
+        match d {
+            Discovery::Static => Self::Static,
+            Discovery::Dns => Self::Dns,
+        }
+    }
 }
 
 /// Where the serving certificate comes from.
@@ -210,11 +241,16 @@ fn managed_config(config: &Config) -> ManagedConfig {
     }
 }
 
-/// Runs the webhook until `shutdown` is cancelled.
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs the webhook until `signal` (SIGTERM) is cancelled and the drain
+/// period after it has passed.
+pub async fn run(config: Config, signal: CancellationToken) -> anyhow::Result<()> {
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     let health = Health::new();
+    // The servers stop on this: `--drain-seconds` after the signal, with
+    // /ready failing from the signal on.
+    let shutdown =
+        ic_telemetry::drain::drain(signal.clone(), health.clone(), config.drain.period());
     // The admin server answers /live from the start; /ready waits for a
     // serving certificate and the HTTPS listener.
     let admin = AdminServer::bind(
@@ -234,7 +270,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             result
         }
     });
-    let served = serve_admissions(&config, &metrics, &health, &shutdown).await;
+    let served = serve_admissions(&config, &metrics, &health, &signal, &shutdown).await;
     health.set_ready(false);
     shutdown.cancel();
     let admin = admin.await.context("admin server task")?;
@@ -245,11 +281,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 }
 
 /// Sets up the serving certificate, then serves admission requests until
-/// `shutdown`.
+/// `shutdown`. A `signal` before anything is served stops it at once:
+/// there is nothing to drain.
 async fn serve_admissions(
     config: &Config,
     metrics: &Metrics,
     health: &Health,
+    signal: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     // A broken certificate file is reported before anything else.
@@ -287,10 +325,10 @@ async fn serve_admissions(
                 metrics.clone(),
             );
             // Serve nothing until a certificate is in place.
-            let report = match managed.first_sync(shutdown).await {
+            let report = match managed.first_sync(signal).await {
                 Ok(report) => report,
                 // Stopped while waiting for the API server: a clean stop.
-                Err(_) if shutdown.is_cancelled() => return Ok(()),
+                Err(_) if signal.is_cancelled() => return Ok(()),
                 Err(e) => return Err(e).context("setting up the managed webhook certificates"),
             };
             tracing::info!(
@@ -327,6 +365,7 @@ async fn serve_admissions(
                 .subscriber_otlp_endpoint
                 .clone()
                 .filter(|e| !e.trim().is_empty()),
+            index_server_discovery: config.index_server_discovery.into(),
         },
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),

@@ -276,6 +276,7 @@ fn expected_admission(review: &Value) -> ic_adapters::admission::PodAdmission {
             index_server_audience: Some(INDEX_SERVER_AUDIENCE.to_owned()),
             index_server_ca_pem: None,
             subscriber_otlp_endpoint: None,
+            index_server_discovery: Default::default(),
         },
     )
 }

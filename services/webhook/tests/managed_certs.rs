@@ -168,6 +168,8 @@ fn start_replica(kubeconfig: &std::path::Path, serving: u64, ca: u64) -> Replica
             &ca,
             "--cert-check-interval-seconds",
             "1",
+            "--drain-seconds",
+            "0",
         ],
     );
     let https = process.addr("https");

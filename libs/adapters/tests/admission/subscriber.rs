@@ -1,4 +1,4 @@
-//! What the injected subscriber sidecar is given: its listen address, token, CA, collector, and the pod security it runs under.
+//! What the injected subscriber sidecar is given: its listen address, index-server discovery, token, CA, collector, and the pod security it runs under.
 
 use super::*;
 
@@ -300,5 +300,42 @@ fn a_configured_collector_reaches_the_subscriber_with_the_nodes_address() {
         !subscriber_args(&plain)
             .iter()
             .any(|a| a.starts_with("--otlp-endpoint"))
+    );
+}
+
+#[test]
+fn dns_discovery_reaches_the_subscriber_with_the_headless_url_and_static_adds_nothing() {
+    let engine = engine_pod(json!({"args": ["--model", "m"]}));
+    let b = backend("cb", json!({}));
+    let headless = "http://ic-index-server-headless.inferencecache-system:9090";
+    let replicated = InjectionConfig {
+        index_server: headless.into(),
+        index_server_discovery: ic_adapters::admission::IndexServerDiscovery::Dns,
+        ..config()
+    };
+    let a = admit_pod(&engine, std::slice::from_ref(&b), &replicated);
+    let args = subscriber_args(&a);
+    assert!(
+        args.contains(&format!("--index-server={headless}")),
+        "{args:?}"
+    );
+    assert!(
+        args.contains(&"--index-server-discovery=dns".to_owned()),
+        "{args:?}"
+    );
+    // Admitting again is a no-op.
+    assert_eq!(
+        admit_pod(&a.pod, std::slice::from_ref(&b), &replicated).pod,
+        a.pod
+    );
+    // Static is the subscriber's own default: pods wired without replicas
+    // keep exactly the args they had.
+    let plain = admit_pod(&engine, std::slice::from_ref(&b), &config());
+    assert!(
+        !subscriber_args(&plain)
+            .iter()
+            .any(|a| a.starts_with("--index-server-discovery")),
+        "{:?}",
+        subscriber_args(&plain)
     );
 }

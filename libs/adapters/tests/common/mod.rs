@@ -93,6 +93,7 @@ pub fn config() -> InjectionConfig {
         index_server_audience: Some("inferencecache".into()),
         index_server_ca_pem: None,
         subscriber_otlp_endpoint: None,
+        index_server_discovery: Default::default(),
     }
 }
 

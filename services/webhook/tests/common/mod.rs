@@ -274,6 +274,10 @@ impl Webhook {
             "--index-server-audience",
             INDEX_SERVER_AUDIENCE,
         ];
+        // Stop at once on SIGTERM unless a test is about the drain.
+        if !extra.iter().any(|a| a.starts_with("--drain-seconds")) {
+            args.extend_from_slice(&["--drain-seconds", "0"]);
+        }
         args.extend_from_slice(extra);
         let mut process = ic_e2e::ServiceProcess::start_with_env(
             binary,
