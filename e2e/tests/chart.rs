@@ -5,7 +5,11 @@
 //! its cert-manager and Prometheus-operator objects checked against their
 //! projects' CRD schemas; the values schema rejects wrong types and unknown
 //! keys; monitoring objects render only when their CRDs are served or when
-//! forced; the CRDs keep on uninstall and can be left out.
+//! forced; the CRDs keep on uninstall and can be left out; replicated
+//! components get disruption budgets and spread; the index server rolls
+//! out new pods before stopping old ones, is reachable replica by replica
+//! through a headless Service (on its certificate too), and every draining
+//! server has a termination grace above its drain.
 
 #![allow(clippy::unwrap_used)]
 
@@ -139,7 +143,9 @@ fn the_values_schema_rejects_wrong_types_and_unknown_keys() {
         // An unquoted `off` is YAML for false: the mode is a word.
         (&["--set", "indexServer.tls.mode=off"], "mode"),
         (&["--set", "indexServer.tls.mode=true"], "mode"),
-        (&["--set", "indexServer.replicas=2"], "replicas"),
+        (&["--set", "indexServer.replicas=0"], "replicas"),
+        (&["--set", "indexServer.drainSeconds=-1"], "drainSeconds"),
+        (&["--set", "webhook.drainSeconds=soon"], "drainSeconds"),
         (&["--set", "webhook.timeoutSeconds=60"], "timeoutSeconds"),
         (&["--set", "inference-cache-crds.bogus=1"], "bogus"),
         (&["--set", "pods.logFormat=xml"], "logFormat"),
@@ -321,19 +327,39 @@ fn every_workload_passes_the_restricted_pod_security_level() {
 }
 
 #[test]
-fn replicas_bring_disruption_budgets_and_spread_and_the_stateful_stay_single() {
+fn replicas_bring_disruption_budgets_and_spread_and_the_coordinator_stays_single() {
     let ha = objects(&render_set(&chart_dir(CHART).join("values-ha.yaml")));
-    for name in ["inferencecache-controller", "inferencecache-webhook"] {
-        assert!(find(&ha, "PodDisruptionBudget", name).is_some(), "{name}");
-        let spread = &find(&ha, "Deployment", name).unwrap()["spec"]["template"]["spec"]["topologySpreadConstraints"];
-        assert_eq!(spread.as_array().unwrap().len(), 2, "{name}");
-    }
-    for name in ["inferencecache-index-server", "inferencecache-coordinator"] {
+    for (name, replicas) in [
+        ("inferencecache-controller", 2),
+        ("inferencecache-webhook", 2),
+        ("inferencecache-index-server", 3),
+    ] {
         let d = find(&ha, "Deployment", name).unwrap();
-        assert_eq!(d["spec"]["replicas"], 1, "{name}");
-        assert_eq!(d["spec"]["strategy"]["type"], "Recreate", "{name}");
+        assert_eq!(d["spec"]["replicas"], replicas, "{name}");
+        let selector = &d["spec"]["selector"]["matchLabels"];
+        let pdb = find(&ha, "PodDisruptionBudget", name)
+            .unwrap_or_else(|| panic!("{name} has no PodDisruptionBudget"));
+        assert_eq!(pdb["spec"]["maxUnavailable"], 1, "{name}");
+        assert_eq!(&pdb["spec"]["selector"]["matchLabels"], selector, "{name}");
+        let spread = d["spec"]["template"]["spec"]["topologySpreadConstraints"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} is not spread"));
+        let keys: Vec<&str> = spread
+            .iter()
+            .map(|c| c["topologyKey"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            ["kubernetes.io/hostname", "topology.kubernetes.io/zone"],
+            "{name}"
+        );
+        for c in spread {
+            assert_eq!(&c["labelSelector"]["matchLabels"], selector, "{name}");
+        }
     }
     let coordinator = find(&ha, "Deployment", "inferencecache-coordinator").unwrap();
+    assert_eq!(coordinator["spec"]["replicas"], 1);
+    assert_eq!(coordinator["spec"]["strategy"]["type"], "Recreate");
     let volumes = &coordinator["spec"]["template"]["spec"]["volumes"];
     assert_eq!(
         volumes[0]["persistentVolumeClaim"]["claimName"],
@@ -342,6 +368,190 @@ fn replicas_bring_disruption_budgets_and_spread_and_the_stateful_stay_single() {
     assert!(find(&ha, "PersistentVolumeClaim", "inferencecache-coordinator").is_some());
     let single = objects(&render(CHART, &[]));
     assert!(of_kind(&single, "PodDisruptionBudget").is_empty());
+    // Replicas are a count, no longer pinned to one.
+    let five = objects(&render(CHART, &["--set", "indexServer.replicas=5"]));
+    let d = find(&five, "Deployment", "inferencecache-index-server").unwrap();
+    assert_eq!(d["spec"]["replicas"], 5);
+}
+
+/// The value of `--flag=` in a container's args.
+fn arg<'a>(container: &'a serde_json::Value, flag: &str) -> Option<&'a str> {
+    container["args"]
+        .as_array()?
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix(&format!("--{flag}=")))
+}
+
+#[test]
+fn the_index_server_starts_a_new_pod_before_stopping_an_old_one_at_any_replica_count() {
+    let ha = chart_dir(CHART).join("values-ha.yaml");
+    for (values, replicas) in [(vec![], 1), (vec!["-f", ha.to_str().unwrap()], 3)] {
+        let all = objects(&render(CHART, &values));
+        let d = find(&all, "Deployment", "inferencecache-index-server").unwrap();
+        assert_eq!(d["spec"]["replicas"], replicas);
+        let strategy = &d["spec"]["strategy"];
+        assert_eq!(strategy["type"], "RollingUpdate", "{replicas}: {strategy}");
+        assert_eq!(
+            strategy["rollingUpdate"]["maxUnavailable"], 0,
+            "{replicas}: {strategy}"
+        );
+        assert_eq!(
+            strategy["rollingUpdate"]["maxSurge"], 1,
+            "{replicas}: {strategy}"
+        );
+        // Ready means what the server says on /ready (warm-up and the
+        // subscribers' resyncs done, not draining), on the HTTP port.
+        let container = &d["spec"]["template"]["spec"]["containers"][0];
+        let probe = &container["readinessProbe"]["httpGet"];
+        assert_eq!(probe["path"], "/ready", "{container}");
+        let http_port = arg(container, "http-addr")
+            .and_then(|a| a.rsplit(':').next())
+            .unwrap();
+        let named = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == probe["port"])
+            .unwrap_or_else(|| panic!("no container port {}", probe["port"]));
+        assert_eq!(named["containerPort"].to_string(), http_port);
+    }
+}
+
+#[test]
+fn every_draining_server_gets_a_termination_grace_above_its_drain() {
+    let checks = |all: &[serde_json::Value], want: &[(&str, u64)]| {
+        for (name, drain) in want {
+            let pod = &find(all, "Deployment", name).unwrap()["spec"]["template"]["spec"];
+            let container = &pod["containers"][0];
+            assert_eq!(
+                arg(container, "drain-seconds"),
+                Some(drain.to_string().as_str()),
+                "{name}"
+            );
+            let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+            // In-flight streams still finish after the drain, before SIGKILL.
+            assert!(
+                grace >= drain + 10,
+                "{name}: grace {grace} for a drain of {drain}"
+            );
+        }
+    };
+    checks(
+        &objects(&render(CHART, &[])),
+        &[
+            ("inferencecache-index-server", 15),
+            ("inferencecache-webhook", 10),
+        ],
+    );
+    checks(
+        &objects(&render(
+            CHART,
+            &[
+                "--set",
+                "indexServer.drainSeconds=45",
+                "--set",
+                "webhook.drainSeconds=0",
+            ],
+        )),
+        &[
+            ("inferencecache-index-server", 45),
+            ("inferencecache-webhook", 0),
+        ],
+    );
+}
+
+#[test]
+fn subscribers_reach_every_index_replica_through_a_headless_service_and_gateways_the_service() {
+    for (tls, values) in [
+        (false, vec![]),
+        (true, vec!["--set", "indexServer.tls.mode=certManager"]),
+    ] {
+        let all = objects(&render(CHART, &values));
+        let scheme = if tls { "https" } else { "http" };
+        let d = find(&all, "Deployment", "inferencecache-index-server").unwrap();
+        let headless = find(&all, "Service", "inferencecache-index-server-headless")
+            .expect("a headless Service");
+        let spec = &headless["spec"];
+        assert_eq!(spec["clusterIP"], "None");
+        // A replica that is not ready yet must receive the resyncs that
+        // make it ready.
+        assert_eq!(spec["publishNotReadyAddresses"], true);
+        assert_eq!(spec["selector"], d["spec"]["selector"]["matchLabels"]);
+        assert_eq!(
+            spec["ports"],
+            serde_json::json!([if tls {
+                serde_json::json!({"name": "grpc", "port": 9090, "targetPort": "grpc", "protocol": "TCP"})
+            } else {
+                serde_json::json!({"name": "grpc", "port": 9090, "targetPort": "grpc", "protocol": "TCP",
+                    "appProtocol": "kubernetes.io/h2c"})
+            }])
+        );
+        let webhook = &find(&all, "Deployment", "inferencecache-webhook").unwrap()["spec"]["template"]
+            ["spec"]["containers"][0];
+        assert_eq!(
+            arg(webhook, "index-server"),
+            Some(
+                format!(
+                    "{scheme}://inferencecache-index-server-headless.inferencecache-system:9090"
+                )
+                .as_str()
+            )
+        );
+        assert_eq!(arg(webhook, "index-server-discovery"), Some("dns"));
+        // The controller (SetPolicies, /snapshot, /probe) and gateways keep
+        // the load-balanced Service.
+        let controller = &find(&all, "Deployment", "inferencecache-controller").unwrap()["spec"]["template"]
+            ["spec"]["containers"][0];
+        assert_eq!(
+            arg(controller, "index-server-grpc"),
+            Some(
+                format!("{scheme}://inferencecache-index-server.inferencecache-system:9090")
+                    .as_str()
+            )
+        );
+        assert_eq!(
+            find(&all, "Service", "inferencecache-index-server").unwrap()["spec"]["type"],
+            "ClusterIP"
+        );
+    }
+}
+
+#[test]
+fn the_index_servers_certificate_names_the_headless_service_too() {
+    let all = objects(&render(
+        CHART,
+        &["--set", "indexServer.tls.mode=certManager"],
+    ));
+    let cert = find(&all, "Certificate", "inferencecache-index-server").unwrap();
+    let names: Vec<&str> = cert["spec"]["dnsNames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for service in [
+        "inferencecache-index-server",
+        "inferencecache-index-server-headless",
+    ] {
+        for suffix in ["", ".svc", ".svc.cluster.local"] {
+            let name = format!("{service}.inferencecache-system{suffix}");
+            assert!(
+                names.contains(&name.as_str()),
+                "{name} missing from {names:?}"
+            );
+        }
+    }
+    // The subscribers verify each replica against the host of the URL
+    // the webhook injects: that host is on the certificate.
+    let webhook = &find(&all, "Deployment", "inferencecache-webhook").unwrap()["spec"]["template"]
+        ["spec"]["containers"][0];
+    let url = arg(webhook, "index-server").unwrap();
+    let host = url
+        .trim_start_matches("https://")
+        .rsplit_once(':')
+        .unwrap()
+        .0;
+    assert!(names.contains(&host), "{host} missing from {names:?}");
 }
 
 /// Leaf paths of `values` (a map the schema gives no properties is a leaf).

@@ -1,7 +1,8 @@
 //! Contract tests that catch the chart drifting from the code:
 //! * every container's args (and env) are accepted by that binary's own flag
 //!   parser (the real binary in its `IC_CHECK_ARGS` parse-only mode), and so
-//!   is the subscriber sidecar the webhook injects with the chart's flags;
+//!   is the subscriber sidecar the webhook injects with the chart's flags
+//!   (streaming to every index replica through the headless Service);
 //! * the webhook configurations' paths are the ones the real webhook serves,
 //!   on the Service port that reaches its HTTPS port;
 //! * the Services carry the names and ports the binaries dial by default;
@@ -141,6 +142,11 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
         index_server_audience: Some(flag("index-server-audience")),
         index_server_ca_pem: None,
         subscriber_otlp_endpoint: None,
+        index_server_discovery: match flag("index-server-discovery").as_str() {
+            "dns" => ic_adapters::admission::IndexServerDiscovery::Dns,
+            "static" => ic_adapters::admission::IndexServerDiscovery::Static,
+            other => panic!("--index-server-discovery={other}"),
+        },
     };
     // The subscriber's token carries the audience the index server checks.
     let index = &find(&all, "Deployment", "inferencecache-index-server").unwrap()["spec"]["template"]
@@ -172,6 +178,13 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
         .find(|c| c["name"] == "kvevent-subscriber")
         .unwrap();
     assert_eq!(subscriber["image"], flag("kvevent-subscriber-image"));
+    // It streams to every index replica behind the headless Service.
+    for want in [
+        format!("--index-server={}", flag("index-server")),
+        "--index-server-discovery=dns".to_owned(),
+    ] {
+        assert!(strings(&subscriber["args"]).contains(&want), "{want}");
+    }
     // It reads the token where the projected volume puts it.
     let mount = subscriber["volumeMounts"][0]["mountPath"].as_str().unwrap();
     let volume = spec["volumes"]
@@ -426,13 +439,32 @@ fn services_carry_the_names_and_ports_the_binaries_dial_by_default() {
                 .any(|p| p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)),
             "Service {service} has no port {port} ({binary} {flag})"
         );
-        // With the default namespace the chart passes exactly the default.
+        // With the default namespace the chart passes exactly the default,
+        // except to the webhook, which hands the subscribers the headless
+        // Service of the same replicas on the same port.
         let deployment = format!("inferencecache-{}", binary.trim_start_matches("ic-"));
         let container = &find(&all, "Deployment", &deployment).unwrap()["spec"]["template"]["spec"]
             ["containers"][0];
+        let want = if binary == "ic-webhook" {
+            url.replace(service, &format!("{service}-headless"))
+        } else {
+            url.clone()
+        };
         assert!(
-            strings(&container["args"]).contains(&format!("{flag}={url}")),
-            "{binary} {flag}"
+            strings(&container["args"]).contains(&format!("{flag}={want}")),
+            "{binary} {flag}={want}"
+        );
+        let served = find(&all, "Service", &format!("{service}-headless"))
+            .filter(|_| binary == "ic-webhook")
+            .unwrap_or(svc);
+        assert_eq!(served["spec"]["selector"], svc["spec"]["selector"]);
+        assert!(
+            served["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["port"].as_u64().map(|n| n.to_string()).as_deref() == Some(port)),
+            "{want}"
         );
     }
     // Each server's listening ports are its container ports and its Service's.

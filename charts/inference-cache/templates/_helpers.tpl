@@ -56,6 +56,28 @@ helm.sh/chart: {{ include "ic.chart" .ctx }}
 {{ ternary "https" "http" (eq (include "ic.indexTls" .) "true") }}://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:9090
 {{- end -}}
 
+{{/*
+The headless Service the subscribers resolve to reach every index-server
+replica (the webhook injects it with --index-server-discovery=dns).
+*/}}
+{{- define "ic.url.indexGrpcHeadless" -}}
+{{ ternary "https" "http" (eq (include "ic.indexTls" .) "true") }}://{{ include "ic.name.indexServer" . }}-headless.{{ .Release.Namespace }}:9090
+{{- end -}}
+
+{{/*
+The names the index server's certificate carries: its Service (gateways,
+the controller) and its headless Service (subscribers verify each replica
+against that name), short and qualified.
+*/}}
+{{- define "ic.indexServerDnsNames" -}}
+{{- $name := include "ic.name.indexServer" . -}}
+{{- range $svc := list $name (printf "%s-headless" $name) }}
+- {{ $svc }}.{{ $.Release.Namespace }}
+- {{ $svc }}.{{ $.Release.Namespace }}.svc
+- {{ $svc }}.{{ $.Release.Namespace }}.svc.{{ $.Values.clusterDomain }}
+{{- end }}
+{{- end -}}
+
 {{/* "true" when the index server's gRPC ports serve TLS. */}}
 {{- define "ic.indexTls" -}}
 {{- ne .Values.indexServer.tls.mode "disabled" -}}
