@@ -1,0 +1,691 @@
+//! `--transport kafka`: this replica consumes every partition of the topic
+//! on its own (manual assignment: no consumer group, no shared commits)
+//! and feeds each batch through the same ingest path as IngestEvents
+//! ([`IngestStream::accept`], then [`IndexCore::ingest`]), with one
+//! ingest session per partition, since a partition carries many replicas.
+//!
+//! A batch of a rank the session does not know (no resync seen since this
+//! replica started, or its sequence broke) is skipped and counted until the
+//! rank's next resync, which every subscriber sends periodically
+//! (`--kafka-resync-interval-seconds`). Snapshots ([`crate::snapshot`])
+//! let a restarted replica replay only the log's tail; without one it
+//! reads from the earliest retained offset. A position the log no longer
+//! holds (retention passed it, or the broker lost the log) goes back to
+//! the earliest offset, counted. Ready when the lag over all partitions is
+//! at most `--kafka-ready-lag-messages`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use ic_index::ReplicaKey;
+use ic_index::ingest::{IngestLimits, Step};
+use ic_proto::index_v1 as pb;
+use ic_telemetry::MetricsRegistry;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message as _;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::index_core::{IndexCore, StepEnd};
+use crate::ingest::{IngestStream, engine_facts};
+use crate::snapshot::{self, Snapshot};
+
+/// The index server's Kafka flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct KafkaFlags {
+    /// Brokers, topic, TLS and SASL (shared with the subscriber).
+    #[command(flatten)]
+    pub client: ic_kafka_client::KafkaFlags,
+
+    /// Directory (a volume) for snapshots of the index and the consumed
+    /// offsets; without it a restart replays the whole retained log.
+    #[arg(long, env = "IC_KAFKA_SNAPSHOT_DIR")]
+    pub kafka_snapshot_dir: Option<PathBuf>,
+
+    /// Seconds between snapshots.
+    #[arg(long, env = "IC_KAFKA_SNAPSHOT_INTERVAL_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub kafka_snapshot_interval_seconds: u64,
+
+    /// Ready only while the consumer is at most this many messages behind
+    /// the end of the topic (all partitions together).
+    #[arg(long, env = "IC_KAFKA_READY_LAG_MESSAGES", default_value_t = 1000)]
+    pub kafka_ready_lag_messages: u64,
+}
+
+const CLIENT_ID: &str = "ic-index-server";
+/// How long a poll waits for a record.
+const POLL: Duration = Duration::from_millis(100);
+/// Records handled between the loop's other duties.
+const BURST: usize = 1000;
+/// How often the lag (and the broker) is checked.
+const WATERMARKS_EVERY: Duration = Duration::from_secs(1);
+/// How often the topic's partitions are looked up.
+const METADATA_EVERY: Duration = Duration::from_secs(30);
+/// A broker call's timeout.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Batch outcome labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    /// `applied`, `buffered`, `skipped_unknown`, `skipped_gap`,
+    /// `refused`, `invalid`, `undecodable`.
+    outcome: &'static str,
+}
+
+/// Snapshot outcome labels (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SnapshotLabel {
+    /// `written`, `failed`, `loaded`, `load_skipped`, `busy`.
+    outcome: &'static str,
+}
+
+/// The consumer's metrics (prefixed `inferencecache_index_kafka_`).
+#[derive(Clone, Debug, Default)]
+struct KafkaMetrics {
+    lag: Gauge,
+    ready: Gauge,
+    batches: Family<OutcomeLabel, Counter>,
+    offset_resets: Counter,
+    errors: Counter,
+    snapshots: Family<SnapshotLabel, Counter>,
+    snapshot_age: Gauge,
+    snapshot_duration_ms: Gauge,
+    snapshot_bytes: Gauge,
+    snapshot_entries: Gauge,
+}
+
+impl KafkaMetrics {
+    fn register(registry: &MetricsRegistry) -> Self {
+        let m = Self::default();
+        registry.register_with(|r| {
+            let r = r.sub_registry_with_prefix("index_kafka");
+            r.register(
+                "consumer_lag_messages",
+                "Messages between this replica's positions and the ends of the topic's partitions, summed",
+                m.lag.clone(),
+            );
+            r.register(
+                "consumer_ready",
+                "1 while the lag is within --kafka-ready-lag-messages",
+                m.ready.clone(),
+            );
+            r.register(
+                "batches",
+                "Batches read from the topic, by outcome",
+                m.batches.clone(),
+            );
+            r.register(
+                "offset_resets",
+                "Partitions whose position the log no longer held (retention or a lost log), restarted from the earliest offset",
+                m.offset_resets.clone(),
+            );
+            r.register(
+                "consumer_errors",
+                "Errors talking to the brokers",
+                m.errors.clone(),
+            );
+            r.register(
+                "snapshots",
+                "Snapshots written or loaded, by outcome",
+                m.snapshots.clone(),
+            );
+            r.register(
+                "snapshot_age_seconds",
+                "Seconds since the newest snapshot written or loaded was taken (-1: none)",
+                m.snapshot_age.clone(),
+            );
+            r.register(
+                "snapshot_duration_milliseconds",
+                "How long the last snapshot took: dump, encode and write",
+                m.snapshot_duration_ms.clone(),
+            );
+            r.register(
+                "snapshot_bytes",
+                "Size of the last snapshot file written or loaded",
+                m.snapshot_bytes.clone(),
+            );
+            r.register(
+                "snapshot_entries",
+                "Index entries in the last snapshot written or loaded",
+                m.snapshot_entries.clone(),
+            );
+        });
+        m.snapshot_age.set(-1);
+        m
+    }
+
+    fn batch(&self, outcome: &'static str) {
+        self.batches.get_or_create(&OutcomeLabel { outcome }).inc();
+    }
+
+    fn snapshot(&self, outcome: &'static str) {
+        self.snapshots
+            .get_or_create(&SnapshotLabel { outcome })
+            .inc();
+    }
+}
+
+/// The consumer's settings, checked.
+#[derive(Debug)]
+pub struct Settings {
+    client: rdkafka::ClientConfig,
+    topic: String,
+    snapshot_dir: Option<PathBuf>,
+    snapshot_every: Duration,
+    ready_lag: u64,
+}
+
+impl KafkaFlags {
+    /// The checked settings, or `None` with `--transport grpc`.
+    pub fn settings(&self) -> Result<Option<Settings>, ic_kafka_client::ConfigError> {
+        if !self.client.enabled() {
+            return Ok(None);
+        }
+        let mut client = self.client.client_config(CLIENT_ID)?;
+        // Every replica reads every partition from its own positions: a
+        // group id is required by librdkafka, but nothing is committed and
+        // partitions are assigned, never balanced.
+        client
+            .set("group.id", format!("{CLIENT_ID}-{}", std::process::id()))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            // A position the log no longer holds is reported, so it is
+            // counted and handled here instead of silently moved.
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false")
+            .set(
+                "fetch.message.max.bytes",
+                ic_kafka_client::MAX_MESSAGE_BYTES.to_string(),
+            );
+        Ok(Some(Settings {
+            client,
+            topic: self.client.kafka_topic.clone(),
+            snapshot_dir: self.kafka_snapshot_dir.clone(),
+            snapshot_every: Duration::from_secs(self.kafka_snapshot_interval_seconds),
+            ready_lag: self.kafka_ready_lag_messages,
+        }))
+    }
+}
+
+/// A partition's ingest session bounds, from IngestEvents': a partition
+/// carries many replicas' ranks, so it may hold as many as the index and
+/// buffer as much unfinished resync as the whole server (the shared budget
+/// still bounds every stream and partition together).
+pub fn limits(grpc: &IngestLimits) -> IngestLimits {
+    IngestLimits {
+        max_ranks: usize::MAX,
+        max_stream_resync_blocks: grpc.budget.limit(),
+        budget: grpc.budget.clone(),
+    }
+}
+
+/// One partition's position and ingest session.
+#[derive(Debug)]
+struct Partition {
+    /// Next offset to read; `None`: the earliest retained.
+    next: Option<i64>,
+    session: IngestStream,
+    /// Latest (low, high) watermarks.
+    marks: Option<(i64, i64)>,
+}
+
+/// The running consumer (one blocking thread).
+#[allow(missing_debug_implementations)] // rdkafka clients are not Debug.
+pub struct KafkaConsumer {
+    core: Arc<IndexCore>,
+    consumer: BaseConsumer,
+    probe: BaseConsumer,
+    settings: Settings,
+    limits: IngestLimits,
+    partitions: BTreeMap<i32, Partition>,
+    metrics: KafkaMetrics,
+    ready: watch::Sender<bool>,
+    /// When the newest snapshot written or loaded was taken (Unix ms; 0: none).
+    snapshot_taken_ms: Arc<AtomicI64>,
+    writing: Option<std::thread::JoinHandle<()>>,
+    next_snapshot: Instant,
+    next_watermarks: Instant,
+    next_metadata: Instant,
+}
+
+/// What [`start`] hands back.
+#[derive(Debug)]
+pub struct Started {
+    /// Whether the consumer is caught up (lag within the threshold).
+    pub ready: watch::Receiver<bool>,
+    /// The consumer thread; it ends after `shutdown`.
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+/// Creates the clients (a bad configuration fails here; nothing connects
+/// yet) and starts consuming on a blocking thread until `shutdown`. The
+/// newest snapshot is loaded first, on that thread.
+pub fn start(
+    settings: Settings,
+    core: Arc<IndexCore>,
+    limits: IngestLimits,
+    registry: &MetricsRegistry,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Started> {
+    use anyhow::Context as _;
+    let consumer: BaseConsumer = settings
+        .client
+        .create()
+        .context("cannot create the Kafka consumer")?;
+    let probe: BaseConsumer = settings
+        .client
+        .create()
+        .context("cannot create the Kafka metadata client")?;
+    let (ready, ready_rx) = watch::channel(false);
+    let now = Instant::now();
+    let mut this = KafkaConsumer {
+        core,
+        consumer,
+        probe,
+        next_snapshot: now + settings.snapshot_every,
+        settings,
+        limits,
+        partitions: BTreeMap::new(),
+        metrics: KafkaMetrics::register(registry),
+        ready,
+        snapshot_taken_ms: Arc::new(AtomicI64::new(0)),
+        writing: None,
+        next_watermarks: now,
+        next_metadata: now,
+    };
+    let task = tokio::task::spawn_blocking(move || {
+        this.load_snapshot();
+        this.run(&shutdown);
+        if let Some(w) = this.writing.take() {
+            let _ = w.join();
+        }
+    });
+    Ok(Started {
+        ready: ready_rx,
+        task,
+    })
+}
+
+/// The replica rank a batch is about (`None` when it names none; the
+/// ingest path refuses such a batch anyway).
+fn rank_of(batch: &pb::IngestBatch) -> Option<ReplicaKey> {
+    let replica = batch.replica.as_ref()?;
+    Some(ReplicaKey {
+        tenant: replica.scope.as_ref()?.tenant.clone(),
+        replica_id: replica.replica_id.clone(),
+        dp_rank: replica.dp_rank,
+    })
+}
+
+impl KafkaConsumer {
+    fn new_session(&self) -> IngestStream {
+        IngestStream::with_limits(self.limits.clone())
+    }
+
+    /// Loads the newest valid snapshot, if any: the index, the sessions
+    /// and the positions to resume from.
+    fn load_snapshot(&mut self) {
+        let Some(dir) = self.settings.snapshot_dir.clone() else {
+            return;
+        };
+        let started = Instant::now();
+        let metrics = self.metrics.clone();
+        let loaded = snapshot::load_newest(&dir, &self.settings.topic, |error| {
+            metrics.snapshot("load_skipped");
+            tracing::warn!(%error, "snapshot not used");
+        });
+        let Some((snap, path, bytes)) = loaded else {
+            tracing::info!(dir = %dir.display(), "no snapshot: reading the topic from its earliest offset");
+            return;
+        };
+        let errors = self.core.index().restore(&snap.index, self.core.now_ms());
+        self.core.metrics().set_index_size(self.core.index());
+        for (partition, next) in &snap.offsets {
+            let session = self.new_session();
+            self.partitions.insert(
+                *partition,
+                Partition {
+                    next: Some(*next),
+                    session,
+                    marks: None,
+                },
+            );
+        }
+        let mut left_out = 0;
+        for (partition, ranks) in snap.sessions {
+            let mut session = self.new_session();
+            left_out += session.session_mut().import(ranks).len();
+            self.partitions
+                .entry(partition)
+                .or_insert(Partition {
+                    next: None,
+                    session: IngestStream::default(),
+                    marks: None,
+                })
+                .session = session;
+        }
+        self.snapshot_taken_ms
+            .store(snap.taken_unix_ms, Ordering::Relaxed);
+        self.metrics.snapshot("loaded");
+        self.metrics
+            .snapshot_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.metrics
+            .snapshot_entries
+            .set(i64::try_from(snap.index.entries()).unwrap_or(i64::MAX));
+        tracing::info!(
+            path = %path.display(),
+            bytes,
+            entries = snap.index.entries(),
+            replicas = snap.index.replicas.len(),
+            content_errors = errors.len(),
+            ranks_left_out = left_out,
+            load_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            "snapshot loaded; replaying the topic from its offsets"
+        );
+    }
+
+    fn run(&mut self, shutdown: &CancellationToken) {
+        let mut backoff =
+            ic_clock::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+        while !shutdown.is_cancelled() {
+            match self.step() {
+                Ok(()) => backoff.reset(),
+                Err(error) => {
+                    self.metrics.errors.inc();
+                    let delay = backoff.next_delay();
+                    tracing::warn!(%error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "Kafka consumer");
+                    let until = Instant::now() + delay;
+                    while Instant::now() < until && !shutdown.is_cancelled() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One round: partitions, lag, a burst of records, a snapshot when due.
+    fn step(&mut self) -> Result<(), String> {
+        let now = Instant::now();
+        if self.partitions.is_empty() || now >= self.next_metadata {
+            self.refresh_partitions()?;
+            self.next_metadata = now + METADATA_EVERY;
+        }
+        if now >= self.next_watermarks {
+            self.next_watermarks = now + WATERMARKS_EVERY;
+            self.refresh_watermarks()?;
+        }
+        let mut timeout = POLL;
+        for _ in 0..BURST {
+            match self.consumer.poll(timeout) {
+                None => break,
+                Some(Ok(msg)) => {
+                    let (partition, offset) = (msg.partition(), msg.offset());
+                    let batch = ic_kafka_client::decode(msg.payload());
+                    drop(msg);
+                    self.handle(partition, offset, batch);
+                    timeout = Duration::ZERO;
+                }
+                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
+                    // The log does not hold a position: find which now.
+                    self.next_watermarks = Instant::now();
+                    return Ok(());
+                }
+                Some(Err(error)) => return Err(format!("consume: {error}")),
+            }
+        }
+        if Instant::now() >= self.next_snapshot {
+            self.next_snapshot = Instant::now() + self.settings.snapshot_every;
+            self.take_snapshot();
+        }
+        Ok(())
+    }
+
+    /// Assigns every partition of the topic at its position.
+    fn refresh_partitions(&mut self) -> Result<(), String> {
+        let topic = self.settings.topic.clone();
+        let metadata = self
+            .probe
+            .fetch_metadata(Some(&topic), BROKER_TIMEOUT)
+            .map_err(|e| format!("metadata: {e}"))?;
+        let t = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .ok_or_else(|| format!("metadata: topic {topic:?} not found"))?;
+        if let Some(error) = t.error() {
+            return Err(format!(
+                "metadata: topic {topic:?}: {}",
+                RDKafkaErrorCode::from(error)
+            ));
+        }
+        let ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
+        if ids.is_empty() {
+            return Err(format!("metadata: topic {topic:?} has no partitions"));
+        }
+        let known: Vec<i32> = self.partitions.keys().copied().collect();
+        let assigned = self.consumer.assignment().map(|a| a.count()).unwrap_or(0);
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        if sorted == known && assigned == known.len() {
+            return Ok(());
+        }
+        for id in &ids {
+            if !self.partitions.contains_key(id) {
+                let session = self.new_session();
+                self.partitions.insert(
+                    *id,
+                    Partition {
+                        next: None,
+                        session,
+                        marks: None,
+                    },
+                );
+            }
+        }
+        self.assign()?;
+        tracing::info!(topic = %topic, partitions = ?sorted, "Kafka partitions assigned");
+        Ok(())
+    }
+
+    /// (Re)assigns every partition at its position.
+    fn assign(&mut self) -> Result<(), String> {
+        let mut list = TopicPartitionList::new();
+        for (id, p) in &self.partitions {
+            let offset = p.next.map_or(Offset::Beginning, Offset::Offset);
+            list.add_partition_offset(&self.settings.topic, *id, offset)
+                .map_err(|e| format!("assign: {e}"))?;
+        }
+        self.consumer
+            .assign(&list)
+            .map_err(|e| format!("assign: {e}"))
+    }
+
+    /// Reads the watermarks: the lag, readiness, and positions the log no
+    /// longer holds.
+    fn refresh_watermarks(&mut self) -> Result<(), String> {
+        let mut lag: u64 = 0;
+        let mut reset = Vec::new();
+        for (id, p) in &mut self.partitions {
+            let (low, high) = self
+                .probe
+                .fetch_watermarks(&self.settings.topic, *id, BROKER_TIMEOUT)
+                .map_err(|e| format!("watermarks of partition {id}: {e}"))?;
+            p.marks = Some((low, high));
+            let position = p.next.unwrap_or(low);
+            if position < low || position > high {
+                reset.push((*id, position, low, high));
+            }
+            lag += u64::try_from(high - position.clamp(low, high)).unwrap_or(0);
+        }
+        for (id, position, low, high) in &reset {
+            self.metrics.offset_resets.inc();
+            tracing::warn!(
+                partition = id,
+                position,
+                low,
+                high,
+                "the log no longer holds this position (retention passed it, or the broker lost the log): reading from the earliest offset"
+            );
+            if let Some(p) = self.partitions.get_mut(id) {
+                p.next = None;
+                lag += u64::try_from(high - low).unwrap_or(0);
+            }
+        }
+        if !reset.is_empty() {
+            self.assign()?;
+        }
+        self.metrics.lag.set(i64::try_from(lag).unwrap_or(i64::MAX));
+        let ready = lag <= self.settings.ready_lag;
+        self.metrics.ready.set(i64::from(ready));
+        self.ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
+        let taken = self.snapshot_taken_ms.load(Ordering::Relaxed);
+        if taken > 0 {
+            let age = (self.core.now_ms() - taken).max(0) / 1000;
+            self.metrics.snapshot_age.set(age);
+        }
+        Ok(())
+    }
+
+    /// One record: through the ingest path, or skipped and counted.
+    fn handle(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        batch: Result<pb::IngestBatch, ic_kafka_client::DecodeError>,
+    ) {
+        let core = self.core.clone();
+        let metrics = self.metrics.clone();
+        let session = self.new_session();
+        let p = self.partitions.entry(partition).or_insert(Partition {
+            next: None,
+            session,
+            marks: None,
+        });
+        p.next = Some(offset + 1);
+        let batch = match batch {
+            Ok(batch) => batch,
+            Err(error) => {
+                metrics.batch("undecodable");
+                tracing::warn!(partition, offset, %error, "skipping a record");
+                return;
+            }
+        };
+        let rank = rank_of(&batch);
+        let facts = engine_facts(&batch);
+        let step = match p.session.accept(batch) {
+            Ok(step) => step,
+            Err(error) => {
+                metrics.batch("invalid");
+                core.metrics().ingest_batch("invalid");
+                tracing::warn!(partition, offset, error = %error.0, "skipping an invalid batch");
+                return;
+            }
+        };
+        let buffered = matches!(step, Step::Buffered);
+        match core.ingest(step, facts) {
+            Ok(()) => {
+                metrics.batch(if buffered { "buffered" } else { "applied" });
+                if !buffered {
+                    core.metrics().ingest_batch("applied");
+                }
+            }
+            Err(StepEnd::Resync(detail)) => {
+                // Unknown rank, broken sequence or a new incarnation
+                // without its resync: wait for the rank's next resync.
+                let known = rank
+                    .as_ref()
+                    .is_some_and(|r| p.session.session_mut().forget(r));
+                metrics.batch(if known {
+                    "skipped_gap"
+                } else {
+                    "skipped_unknown"
+                });
+                tracing::debug!(partition, offset, %detail, "skipping until the replica resyncs");
+            }
+            Err(StepEnd::Refused(limit, detail)) => {
+                if let Some(r) = &rank {
+                    p.session.session_mut().forget(r);
+                }
+                metrics.batch("refused");
+                core.metrics().ingest_refused(limit.label());
+                tracing::warn!(partition, offset, %detail, limit = limit.label(), "a resync over the bounds was dropped; waiting for the next");
+            }
+        }
+    }
+
+    /// Dumps the index, the sessions and the positions at this point of
+    /// the log (ingest waits meanwhile, lookups do not), and writes the
+    /// file on another thread.
+    fn take_snapshot(&mut self) {
+        let Some(dir) = self.settings.snapshot_dir.clone() else {
+            return;
+        };
+        if self.writing.as_ref().is_some_and(|w| !w.is_finished()) {
+            self.metrics.snapshot("busy");
+            return;
+        }
+        if let Some(w) = self.writing.take() {
+            let _ = w.join();
+        }
+        let started = Instant::now();
+        let taken_unix_ms = self.core.now_ms();
+        let snap = Snapshot {
+            topic: self.settings.topic.clone(),
+            taken_unix_ms,
+            offsets: self
+                .partitions
+                .iter()
+                .filter_map(|(id, p)| p.next.map(|n| (*id, n)))
+                .collect(),
+            sessions: self
+                .partitions
+                .iter_mut()
+                .map(|(id, p)| (*id, p.session.session_mut().export()))
+                .collect(),
+            index: self.core.index().dump(),
+        };
+        let metrics = self.metrics.clone();
+        let taken = self.snapshot_taken_ms.clone();
+        self.writing = Some(std::thread::spawn(move || {
+            let bytes = snap.encode();
+            match snapshot::write(&dir, taken_unix_ms, &bytes) {
+                Ok(path) => {
+                    let ms = started.elapsed().as_millis();
+                    metrics.snapshot("written");
+                    metrics
+                        .snapshot_duration_ms
+                        .set(i64::try_from(ms).unwrap_or(i64::MAX));
+                    metrics
+                        .snapshot_bytes
+                        .set(i64::try_from(bytes.len()).unwrap_or(i64::MAX));
+                    metrics
+                        .snapshot_entries
+                        .set(i64::try_from(snap.index.entries()).unwrap_or(i64::MAX));
+                    taken.store(taken_unix_ms, Ordering::Relaxed);
+                    tracing::info!(
+                        path = %path.display(),
+                        bytes = bytes.len(),
+                        entries = snap.index.entries(),
+                        duration_ms = u64::try_from(ms).unwrap_or(u64::MAX),
+                        "snapshot written"
+                    );
+                }
+                Err(error) => {
+                    metrics.snapshot("failed");
+                    tracing::warn!(%error, "snapshot not written");
+                }
+            }
+        }));
+    }
+}
