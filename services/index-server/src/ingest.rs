@@ -43,6 +43,12 @@ impl IngestStream {
         }
     }
 
+    /// The protocol state (the Kafka consumer snapshots and restores it,
+    /// and forgets a rank that must resync).
+    pub fn session_mut(&mut self) -> &mut IngestSession {
+        &mut self.session
+    }
+
     /// Validates, decodes and classifies one batch.
     pub fn accept(&mut self, batch: pb::IngestBatch) -> Result<Step, InvalidBatch> {
         let replica = batch
