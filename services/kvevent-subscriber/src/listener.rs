@@ -28,13 +28,12 @@ use futures::StreamExt;
 use bytes::Bytes;
 use ic_kvevents::frames::{ReplayReply, parse_event_message, parse_replay_reply, replay_request};
 use ic_kvevents::{ApplyStats, KvEvent, SeqEvent, SeqTracker, decode_batch};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend};
 
 use crate::forwarder::Backoff;
 use crate::metrics::{KindLabel, Metrics, ReasonLabel};
-use crate::outbox::{Outbox, lock};
+use crate::outbox::{Outbox, Wakers, lock};
 
 /// How long one replay may take before the rest of the gap counts as lost.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -67,8 +66,8 @@ pub struct ListenerContext {
     pub topic: String,
     /// Where decoded changes go.
     pub outbox: Arc<Mutex<Outbox>>,
-    /// Wakes the forwarder.
-    pub notify: Arc<Notify>,
+    /// Wakes the forwarders.
+    pub wakers: Arc<Wakers>,
     /// Metrics.
     pub metrics: Metrics,
     /// Consecutive receive errors before the socket is replaced.
@@ -209,7 +208,7 @@ fn mark_ready(endpoints: &RankEndpoints, ctx: &ListenerContext, incomplete: bool
     if !outbox.is_ready(endpoints.rank) {
         outbox.set_ready(endpoints.rank);
         drop(outbox);
-        ctx.notify.notify_one();
+        ctx.wakers.wake_all();
     }
 }
 
@@ -496,6 +495,9 @@ fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {
     if applied.dropped > 0 {
         m.queue_dropped.inc_by(applied.dropped as u64);
     }
+    if applied.overflowed > 0 {
+        m.forward_overflow_resyncs.inc_by(applied.overflowed as u64);
+    }
     if applied.history_completed {
         m.history_turnovers.inc();
         m.history_incomplete
@@ -513,7 +515,7 @@ fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {
         #[allow(clippy::cast_possible_truncation)]
         m.last_event_timestamp_seconds.set(batch.ts as i64);
     }
-    ctx.notify.notify_one();
+    ctx.wakers.wake_all();
 }
 
 #[cfg(test)]

@@ -85,6 +85,14 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     /// Index changes dropped because the queue was full (recovered by resync).
     pub queue_dropped: Counter,
+    /// Destinations that fell so far behind that the queue dropped their
+    /// backlog: each resyncs instead, alone.
+    pub forward_overflow_resyncs: Counter,
+    /// Index-server replicas (or topics) the changes currently go to.
+    pub forward_destinations: Gauge,
+    /// Failed look-ups of the index servers' addresses (the last set is
+    /// kept).
+    pub discovery_failures: Counter,
     /// Connections (re)established to the index server.
     pub forward_connects: Counter,
     /// Failed connection attempts or broken streams.
@@ -227,6 +235,21 @@ impl Metrics {
             "queue_dropped",
             "Index changes dropped on a full queue",
             self.queue_dropped.clone(),
+        );
+        r.register(
+            "forward_overflow_resyncs",
+            "Destinations whose backlog overflowed the queue and resynced instead",
+            self.forward_overflow_resyncs.clone(),
+        );
+        r.register(
+            "forward_destinations",
+            "Index-server replicas or topics the changes go to",
+            self.forward_destinations.clone(),
+        );
+        r.register(
+            "discovery_failures",
+            "Failed look-ups of the index servers' addresses",
+            self.discovery_failures.clone(),
         );
         r.register(
             "forward_connects",
