@@ -224,6 +224,7 @@ fn monitoring_objects_render_only_when_their_crds_are_served_or_forced() {
         "InferenceCacheWebhookFailOpen",
         "InferenceCacheSubscriberLostBatches",
         "InferenceCacheSubscriberReplayFailing",
+        "InferenceCacheSubscriberReplicaOverflowing",
         "InferenceCacheIndexNearCapacity",
         "InferenceCacheCoordinatorEventLoss",
         "InferenceCacheCoordinatorViewGaps",
