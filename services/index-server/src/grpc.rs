@@ -44,6 +44,8 @@ pub struct IndexServer {
     /// Cancelled when the server stops: open ingest streams end at once
     /// (the subscribers reconnect elsewhere) instead of holding shutdown.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Readiness: a resync under way on a stream holds it back.
+    pub readiness: Arc<crate::readiness::Readiness>,
 }
 
 fn score(c: &Scored) -> pb::CandidateScore {
@@ -134,6 +136,7 @@ impl IndexServer {
             ingest: Arc::new(crate::streams::IngestControl::default()),
             access: Arc::new(ApiAccess::Open),
             shutdown: tokio_util::sync::CancellationToken::new(),
+            readiness: crate::readiness::Readiness::new(std::time::Duration::ZERO),
         }
     }
 
@@ -359,6 +362,8 @@ impl IndexServer {
         metrics.ingest_streams.inc();
         let _open = StreamGuard(metrics);
         let idle = self.ingest.idle_timeout;
+        // Held from a resync's first batch to its last (or the stream's end).
+        let mut resync = None;
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, stream.message()) => next,
@@ -375,8 +380,17 @@ impl IndexServer {
             };
             let Some(batch) = next? else { break };
             let seq = batch.seq;
+            let resync_end = batch.resync_end;
+            if batch.resync_begin && resync.is_none() {
+                resync = Some(self.readiness.resync_begun());
+            }
             match self.ingest_one(&caller, &mut state, batch).await? {
-                Ok(()) => last_applied_seq = seq,
+                Ok(()) => {
+                    last_applied_seq = seq;
+                    if resync_end {
+                        resync = None;
+                    }
+                }
                 Err(detail) => {
                     return Ok(Response::new(pb::IngestAck {
                         last_applied_seq,

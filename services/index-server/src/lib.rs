@@ -14,13 +14,16 @@ pub mod grpc;
 pub mod http;
 pub mod index_core;
 pub mod ingest;
+pub mod kafka;
 pub mod llmd;
 pub mod metrics;
 pub mod openai;
 pub mod policy;
 pub mod pool;
 pub mod probe;
+pub mod readiness;
 pub mod routing;
+pub mod snapshot;
 pub mod streams;
 pub mod tokenize;
 
@@ -192,6 +195,21 @@ pub struct Config {
     /// connection idle limit (every port).
     #[command(flatten)]
     pub serving: ic_telemetry::serving::ServingFlags,
+
+    /// Seconds after start before the replica may report ready: by then
+    /// every live subscriber has found it and begun its resync
+    /// (subscribers resolve the index servers every 5 s and reconnect
+    /// within 5 s); after it, readiness waits for resyncs under way.
+    #[arg(long, env = "IC_READY_WARMUP_SECONDS", default_value_t = 10)]
+    pub ready_warmup_seconds: u64,
+
+    /// What happens between SIGTERM and exit.
+    #[command(flatten)]
+    pub drain: ic_telemetry::drain::DrainFlags,
+
+    /// The Kafka transport: consume the topic beside IngestEvents.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaConsumerFlags,
 }
 
 /// The engine family of a pool, which fixes its fingerprint scheme.
@@ -392,42 +410,60 @@ async fn serve_epp(
     options: ServeOptions,
     picker: epp::EndpointPicker,
     shutdown: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>> {
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    tonic_health::server::HealthReporter,
+)> {
     use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
     let listener = ServingListener::bind(addr, options)
         .await
         .with_context(|| format!("cannot bind the endpoint picker to {addr}"))?;
     let bound = listener.local_addr();
     let (reporter, health) = tonic_health::server::health_reporter();
-    for name in [
-        "",
-        "liveness",
-        "readiness",
-        "envoy.service.ext_proc.v3.ExternalProcessor",
-    ] {
+    // Live from the start; ready when the replica is (see readiness).
+    reporter
+        .set_service_status("liveness", tonic_health::ServingStatus::Serving)
+        .await;
+    for name in EPP_READY_SERVICES {
         reporter
-            .set_service_status(name, tonic_health::ServingStatus::Serving)
+            .set_service_status(name, tonic_health::ServingStatus::NotServing)
             .await;
     }
     tracing::info!(addr = %bound, "endpoint picker listening");
     ic_telemetry::listening::listening("epp", bound);
-    Ok(tokio::spawn(async move {
-        // Keep the reporter alive as long as the server.
-        let _reporter = reporter;
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(ExternalProcessorServer::new(picker))
-            .serve_with_incoming_shutdown(conn::incoming(listener), shutdown.cancelled_owned())
-            .await
-    }))
+    let kept = reporter.clone();
+    Ok((
+        tokio::spawn(async move {
+            // Keep the reporter alive as long as the server.
+            let _reporter = kept;
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .add_service(ExternalProcessorServer::new(picker))
+                .serve_with_incoming_shutdown(conn::incoming(listener), shutdown.cancelled_owned())
+                .await
+        }),
+        reporter,
+    ))
 }
+
+/// The endpoint picker's grpc.health.v1 services that follow readiness.
+const EPP_READY_SERVICES: [&str; 3] = [
+    "",
+    "readiness",
+    "envoy.service.ext_proc.v3.ExternalProcessor",
+];
 
 /// Runs the server until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let health = Health::new();
+    // SIGTERM: not ready at once, serve on for the drain period, then stop.
+    let shutdown = ic_telemetry::drain::drain(shutdown, health.clone(), config.drain.period());
+    let readiness = readiness::Readiness::new(Duration::from_secs(config.ready_warmup_seconds));
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
     let epp_pool = epp_pool(&config)?;
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;
+    let kafka_settings = config.kafka.settings()?;
     let auth = probe_auth(&config).await?;
     let access = Arc::new(api_access(&config).await?);
     if matches!(*access, access::ApiAccess::Open) {
@@ -455,13 +491,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     service.ingest = Arc::new(ingest_control(&config));
     service.access = access.clone();
     service.shutdown = shutdown.clone();
+    service.readiness = readiness.clone();
+    let kafka = kafka_settings
+        .map(|settings| {
+            let limits = kafka::limits(&service.ingest.limits);
+            kafka::start(settings, core.clone(), limits, &registry, shutdown.clone())
+        })
+        .transpose()?;
     let http_state = http::HttpState {
         core: core.clone(),
         prober: Prober::new(core.clone()),
         auth: Arc::new(auth),
         access: access.clone(),
     };
-    let health = Health::new();
     let certs =
         ic_telemetry::serving::certificates(&config.serving, &metrics.serving, shutdown.clone())
             .context("loading --tls-cert-file/--tls-key-file")?;
@@ -499,8 +541,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // load generator's empty-RPC baseline).
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
-        .set_serving::<IndexServiceServer<IndexServer>>()
+        .set_not_serving::<IndexServiceServer<IndexServer>>()
         .await;
+    health_reporter
+        .set_service_status("", tonic_health::ServingStatus::NotServing)
+        .await;
+    let mut reporters = vec![(
+        health_reporter.clone(),
+        vec![
+            "",
+            <IndexServiceServer<IndexServer> as tonic::server::NamedService>::NAME,
+        ],
+    )];
     let epp = match (config.epp_addr, epp_pool) {
         (Some(addr), Some(pool)) => {
             if let Some(name) = &config.epp_pool {
@@ -517,7 +569,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 ));
             }
             let picker = epp::EndpointPicker::new(core.clone(), pool);
-            Some(serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?)
+            let (task, reporter) =
+                serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?;
+            reporters.push((reporter, EPP_READY_SERVICES.to_vec()));
+            Some(task)
         }
         _ => None,
     };
@@ -526,8 +581,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerServiceServer;
             tracing::info!(tenant = %c.tenant, "serving llm-d's GetPodScores");
             health_reporter
-                .set_serving::<IndexerServiceServer<llmd::LlmdIndexer>>()
+                .set_not_serving::<IndexerServiceServer<llmd::LlmdIndexer>>()
                 .await;
+            reporters.push((
+                health_reporter.clone(),
+                vec![
+                    <IndexerServiceServer<llmd::LlmdIndexer> as tonic::server::NamedService>::NAME,
+                ],
+            ));
             Some(IndexerServiceServer::new(llmd::LlmdIndexer::new(
                 service.clone(),
                 c,
@@ -565,7 +626,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         connection_idle_timeout_seconds = config.serving.connection_idle_timeout_seconds,
         "index server started"
     );
-    health.set_ready(true);
+    if let Some(mut ready) = kafka.as_ref().map(|k| k.ready.clone()) {
+        // Ready only once the consumer has caught up with the topic.
+        let gate = readiness.gate("kafka");
+        tokio::spawn(async move {
+            loop {
+                gate.set(*ready.borrow_and_update());
+                if ready.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    tokio::spawn(readiness::publish(
+        readiness,
+        health.clone(),
+        readiness::HealthReporters { reporters },
+        shutdown.clone(),
+    ));
     let served = admin.serve(shutdown.clone()).await;
     shutdown.cancel();
     let grpc_result = grpc.await.context("gRPC server task")?;
@@ -576,6 +654,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     served.context("HTTP server")?;
     grpc_result.context("gRPC server")?;
+    if let Some(kafka) = kafka {
+        kafka.task.await.context("Kafka consumer task")?;
+    }
     tracing::info!("index server stopped");
     Ok(())
 }

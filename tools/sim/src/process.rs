@@ -28,7 +28,8 @@ pub struct ServiceProcess {
 }
 
 impl ServiceProcess {
-    /// Starts `binary` with `args` plus JSON logging.
+    /// Starts `binary` with `args` plus JSON logging, with no drain period
+    /// or readiness warm-up unless `args` set them.
     ///
     /// # Panics
     /// When the binary cannot be started (the test cannot proceed).
@@ -45,6 +46,11 @@ impl ServiceProcess {
         let report = report_dir.path().join("listening.json");
         let mut child = Command::new(binary)
             .args(args)
+            // A test's process stops at SIGTERM and is ready once serving,
+            // unless the test asks for a drain or a warm-up (a flag, or
+            // these variables in `env`).
+            .env("IC_DRAIN_SECONDS", "0")
+            .env("IC_READY_WARMUP_SECONDS", "0")
             .envs(env.iter().copied())
             .args(["--log-format", "json", "--log-level", "info"])
             .arg("--listen-report")

@@ -1,0 +1,201 @@
+//! When a replica may take gateway traffic.
+//!
+//! A replica that has just started holds an empty index: picks made from
+//! it are blind. It is ready only once
+//! * the warm-up is over (`--ready-warmup-seconds`): by then every live
+//!   subscriber has found it (they resolve the headless Service every few
+//!   seconds and reconnect with at most 5 s of backoff) and begun its resync;
+//! * no ingest stream is in the middle of a resync it began (the replica
+//!   is still filling in what some engine holds);
+//! * every gate another part registered is open (the Kafka consumer's:
+//!   its lag is small);
+//! * and it is not draining (SIGTERM: [`ic_telemetry::drain`]).
+//!
+//! `/ready` (the kubelet's probe, so the Service's endpoints) and the
+//! grpc.health.v1 status of the gRPC and endpoint-picker ports follow it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ic_telemetry::Health;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+/// How often readiness is evaluated.
+const EVERY: Duration = Duration::from_millis(200);
+
+/// The replica's readiness conditions.
+#[derive(Debug)]
+pub struct Readiness {
+    started: Instant,
+    warmup: Duration,
+    resyncs_under_way: AtomicUsize,
+    gates: Mutex<Vec<(&'static str, Arc<AtomicBool>)>>,
+}
+
+/// One named condition; closed until set.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<AtomicBool>);
+
+impl Gate {
+    /// Opens (`true`) or closes the gate.
+    pub fn set(&self, ok: bool) {
+        self.0.store(ok, Ordering::Release);
+    }
+}
+
+/// Why a replica is not ready, for the log and `/ready`'s callers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotReady {
+    /// The warm-up is not over.
+    WarmingUp,
+    /// This many ingest streams are in the middle of a resync.
+    Resyncing(usize),
+    /// This gate is closed.
+    Gate(&'static str),
+}
+
+impl Readiness {
+    /// Conditions for a replica started now with this warm-up.
+    pub fn new(warmup: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            started: Instant::now(),
+            warmup,
+            resyncs_under_way: AtomicUsize::new(0),
+            gates: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Registers a condition, closed until its [`Gate::set`] opens it.
+    pub fn gate(&self, name: &'static str) -> Gate {
+        let flag = Arc::new(AtomicBool::new(false));
+        self.gates.lock().push((name, flag.clone()));
+        Gate(flag)
+    }
+
+    /// Marks a resync under way until the returned guard drops.
+    pub fn resync_begun(self: &Arc<Self>) -> ResyncUnderWay {
+        self.resyncs_under_way.fetch_add(1, Ordering::AcqRel);
+        ResyncUnderWay(self.clone())
+    }
+
+    /// `Ok` when the replica may take traffic (drain aside).
+    pub fn check(&self) -> Result<(), NotReady> {
+        if self.started.elapsed() < self.warmup {
+            return Err(NotReady::WarmingUp);
+        }
+        match self.resyncs_under_way.load(Ordering::Acquire) {
+            0 => {}
+            n => return Err(NotReady::Resyncing(n)),
+        }
+        if let Some((name, _)) = self
+            .gates
+            .lock()
+            .iter()
+            .find(|(_, ok)| !ok.load(Ordering::Acquire))
+        {
+            return Err(NotReady::Gate(name));
+        }
+        Ok(())
+    }
+}
+
+/// A resync some stream began; dropping it (the resync ended, or the
+/// stream did) no longer holds readiness back.
+#[derive(Debug)]
+pub struct ResyncUnderWay(Arc<Readiness>);
+
+impl Drop for ResyncUnderWay {
+    fn drop(&mut self) {
+        self.0.resyncs_under_way.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The grpc.health.v1 services whose status follows readiness.
+#[derive(Clone)]
+pub struct HealthReporters {
+    /// Reporter and service names.
+    pub reporters: Vec<(tonic_health::server::HealthReporter, Vec<&'static str>)>,
+}
+
+impl std::fmt::Debug for HealthReporters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.reporters.iter().map(|(_, names)| names))
+            .finish()
+    }
+}
+
+/// Keeps `/ready` and the gRPC health statuses equal to
+/// [`Readiness::check`] (and not ready once draining) until `stop`.
+pub async fn publish(
+    readiness: Arc<Readiness>,
+    health: Arc<Health>,
+    grpc: HealthReporters,
+    stop: CancellationToken,
+) {
+    let mut last: Option<Result<(), NotReady>> = None;
+    let mut tick = tokio::time::interval(EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = stop.cancelled() => return,
+        }
+        let now = if health.is_draining() {
+            Err(NotReady::Gate("draining"))
+        } else {
+            readiness.check()
+        };
+        if last.as_ref() == Some(&now) {
+            continue;
+        }
+        match &now {
+            Ok(()) => tracing::info!(
+                after_seconds = readiness.started.elapsed().as_secs_f64(),
+                "ready: taking traffic"
+            ),
+            Err(why) => tracing::info!(reason = ?why, "not ready"),
+        }
+        health.set_ready(now.is_ok());
+        let status = if now.is_ok() {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for (reporter, names) in &grpc.reporters {
+            for name in names {
+                reporter.set_service_status(*name, status).await;
+            }
+        }
+        last = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_after_the_warm_up_with_no_resync_under_way_and_every_gate_open() {
+        let readiness = Readiness::new(Duration::ZERO);
+        assert_eq!(readiness.check(), Ok(()));
+        let one = readiness.resync_begun();
+        let two = readiness.resync_begun();
+        assert_eq!(readiness.check(), Err(NotReady::Resyncing(2)));
+        drop(one);
+        drop(two);
+        let kafka = readiness.gate("kafka");
+        assert_eq!(readiness.check(), Err(NotReady::Gate("kafka")));
+        kafka.set(true);
+        assert_eq!(readiness.check(), Ok(()));
+        kafka.set(false);
+        assert_eq!(readiness.check(), Err(NotReady::Gate("kafka")));
+    }
+
+    #[test]
+    fn not_ready_while_warming_up() {
+        let readiness = Readiness::new(Duration::from_secs(3600));
+        assert_eq!(readiness.check(), Err(NotReady::WarmingUp));
+    }
+}
