@@ -307,29 +307,48 @@ async fn envoy_message_sequences_get_the_endpoint_holding_the_prompt() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_picker_reports_liveness_and_readiness() {
-    let picker = start();
+async fn the_picker_is_live_at_once_ready_after_its_warm_up_and_not_ready_while_draining() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let picker = start_with(&["--ready-warmup-seconds", "2", "--drain-seconds", "30"]);
     let channel = tonic::transport::Channel::from_shared(picker.epp.clone())
         .unwrap()
         .connect()
         .await
         .unwrap();
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    for service in ["liveness", "readiness", ""] {
-        let status = health
+    let mut status = async |service: &str| {
+        health
             .check(tonic_health::pb::HealthCheckRequest {
                 service: service.into(),
             })
             .await
             .unwrap()
             .into_inner()
-            .status;
-        assert_eq!(
-            status,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
-            "{service}"
-        );
+            .status
+    };
+    assert_eq!(status("liveness").await, ServingStatus::Serving as i32);
+    // An empty index makes blind picks: not ready during the warm-up.
+    assert_eq!(status("readiness").await, ServingStatus::NotServing as i32);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for service in ["readiness", ""] {
+        while status(service).await != ServingStatus::Serving as i32 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{service} never ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
+    // SIGTERM: not ready at once, still live and answering while it drains.
+    picker.process.signal(nix::sys::signal::Signal::SIGTERM);
+    while status("readiness").await != ServingStatus::NotServing as i32 {
+        assert!(std::time::Instant::now() < deadline, "readiness never fell");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status("liveness").await, ServingStatus::Serving as i32);
+    assert_eq!(status("").await, ServingStatus::NotServing as i32);
+    let r = buffered(&picker.epp, b"{not json").await;
+    assert!(picked(&r[1]).is_some(), "picks are still answered: {r:?}");
 }
 
 #[test]
