@@ -11,103 +11,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ic_e2e::engine::FakeEngine;
 use ic_e2e::{ServiceProcess, http_get, workspace_binary};
-use ic_kvevents::Medium;
-use ic_kvevents::encode::{Era, gpu_store, removal};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 use nix::sys::signal::Signal;
 
-const TENANT: &str = "team-a";
-const MODEL: &str = "meta-llama/Llama-3.1-8B";
-const BLOCK: u32 = 16;
-/// How long any scenario may take to converge before the test fails.
-const CONVERGE: Duration = Duration::from_secs(90);
+#[path = "support/fleet.rs"]
+mod fleet;
 
-/// One engine and what it holds: each prompt is a chain of blocks from the
-/// root, with block hashes and tokens no other chain shares.
-struct Engine {
-    engine: FakeEngine,
-    replica: String,
-    index: u64,
-    /// chain number → its blocks' engine hashes, in order.
-    chains: BTreeMap<u64, Vec<u64>>,
-    next_chain: u64,
-}
-
-impl Engine {
-    fn tokens(&self, chain: u64, blocks: u32) -> Vec<u32> {
-        let base = u32::try_from((self.index * 1_000_000 + chain * 1_000) % 4_000_000_000).unwrap();
-        (0..blocks * BLOCK).map(|t| base + t).collect()
-    }
-
-    /// Stores a new chain of `blocks` blocks.
-    async fn store(&mut self, blocks: u32) {
-        let chain = self.next_chain;
-        self.next_chain += 1;
-        let hashes: Vec<u64> = (0..u64::from(blocks))
-            .map(|b| (self.index << 40) | (chain << 8) | (b + 1))
-            .collect();
-        let tokens = self.tokens(chain, blocks);
-        self.engine
-            .publish(&[gpu_store(hashes.clone(), None, tokens, BLOCK)])
-            .await;
-        self.chains.insert(chain, hashes);
-    }
-
-    /// Evicts the last block of the oldest chain (the whole chain when it
-    /// has one block left).
-    async fn evict_one(&mut self) {
-        let Some((&chain, hashes)) = self.chains.iter_mut().next() else {
-            return;
-        };
-        let last = hashes.pop().unwrap();
-        if hashes.is_empty() {
-            self.chains.remove(&chain);
-        }
-        self.engine
-            .publish(&[removal(vec![last], Medium::Gpu)])
-            .await;
-    }
-
-    /// A round of traffic: two new prompts and one eviction.
-    async fn round(&mut self) {
-        self.store(4).await;
-        self.store(2).await;
-        self.evict_one().await;
-    }
-
-    fn blocks(&self) -> u64 {
-        self.chains.values().map(|c| c.len() as u64).sum()
-    }
-
-    /// The engine restarted: its cache is empty and sequence numbers start over.
-    fn restart(&mut self) {
-        self.engine.restart();
-        self.chains.clear();
-    }
-
-    fn newest(&self) -> Option<(Vec<u32>, u32)> {
-        let (&chain, hashes) = self.chains.iter().next_back()?;
-        let blocks = u32::try_from(hashes.len()).unwrap();
-        // A chain that lost tail blocks still starts with the same tokens.
-        Some((self.tokens(chain, blocks), blocks))
-    }
-}
-
-/// `n` rounds of traffic on every engine.
-async fn rounds(engines: &mut [Engine], n: usize) {
-    for _ in 0..n {
-        for engine in engines.iter_mut() {
-            engine.round().await;
-        }
-    }
-}
+use fleet::{
+    BLOCK, CONVERGE, MODEL, TENANT, converge, figure, metric, rounds, snapshot_blocks, subscriber,
+};
 
 /// Stops the sidecars and the server; each must exit cleanly.
 fn stop_all(sidecars: Vec<ServiceProcess>, mut server: ServiceProcess) {
@@ -128,138 +45,13 @@ fn index_server(grpc_port: u16, extra: &[&str]) -> ServiceProcess {
     server
 }
 
-fn subscriber(engine: &Engine, grpc_port: u16, extra: &[&str]) -> ServiceProcess {
-    let mut args = engine.engine.subscriber_args(
-        &format!("http://127.0.0.1:{grpc_port}"),
-        &engine.replica,
-        TENANT,
-        MODEL,
-        &format!("10.0.0.{}:8000", engine.index),
-    );
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args)
-}
-
-/// `count` engines, each with its sidecar, all forwarding to `grpc_port`.
-async fn fleet(
-    count: u64,
-    grpc_port: u16,
-    sidecar_flags: &[&str],
-) -> (Vec<Engine>, Vec<ServiceProcess>) {
-    let mut engines = Vec::new();
-    let mut sidecars = Vec::new();
-    for index in 0..count {
-        let mut engine = Engine {
-            engine: FakeEngine::start(Era::VllmMap, "kv-events").await,
-            replica: format!("engine-{index}"),
-            index,
-            chains: BTreeMap::new(),
-            next_chain: 0,
-        };
-        sidecars.push(subscriber(&engine, grpc_port, sidecar_flags));
-        engine.engine.wait_for_subscriber().await;
-        engines.push(engine);
-    }
-    (engines, sidecars)
-}
-
-/// Block count per replica in the index server's `/snapshot`.
-fn snapshot_blocks(http: SocketAddr) -> Option<BTreeMap<String, u64>> {
-    let (status, body) = http_get(http, "/snapshot");
-    if status != 200 {
-        return None;
-    }
-    let snapshot: serde_json::Value = serde_json::from_str(&body).ok()?;
-    Some(
-        snapshot["replicas"]
-            .as_array()?
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r["replicaId"].as_str()?.to_owned(),
-                    r["prefixCount"].as_u64()?,
-                ))
-            })
-            .collect(),
-    )
-}
-
-/// Whether the index holds exactly what the engines hold.
-async fn index_matches(grpc_port: u16, http: SocketAddr, engines: &[Engine]) -> Result<(), String> {
-    let want: BTreeMap<String, u64> = engines
-        .iter()
-        .filter(|e| e.blocks() > 0)
-        .map(|e| (e.replica.clone(), e.blocks()))
-        .collect();
-    let have = snapshot_blocks(http).ok_or("no snapshot")?;
-    let have: BTreeMap<String, u64> = have.into_iter().filter(|(_, n)| *n > 0).collect();
-    if have != want {
-        return Err(format!("snapshot {have:?}, engines hold {want:?}"));
-    }
-    let mut client = IndexServiceClient::connect(format!("http://127.0.0.1:{grpc_port}"))
-        .await
-        .map_err(|e| e.to_string())?;
-    for engine in engines {
-        let Some((tokens, blocks)) = engine.newest() else {
-            continue;
-        };
-        let r = client
-            .lookup_route(ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens))
-            .await
-            .map_err(|e| e.to_string())?
-            .into_inner();
-        let holder = r.candidates.iter().find(|c| {
-            c.replica
-                .as_ref()
-                .is_some_and(|id| id.replica_id == engine.replica)
-        });
-        if holder.map(|c| c.matched_blocks) != Some(blocks) {
-            return Err(format!(
-                "{}'s newest prompt ({blocks} blocks): {r:?}",
-                engine.replica
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Waits until the index equals the engines' state; returns how long it took.
-async fn converge(grpc_port: u16, http: SocketAddr, engines: &[Engine], what: &str) -> Duration {
-    let started = Instant::now();
-    loop {
-        match index_matches(grpc_port, http, engines).await {
-            Ok(()) => return started.elapsed(),
-            Err(why) => assert!(
-                started.elapsed() < CONVERGE,
-                "{what}: the index did not converge within {CONVERGE:?}: {why}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// Reads one series (summing its label sets) from a `/metrics` page.
-fn metric(http: SocketAddr, name: &str) -> f64 {
-    let (_, text) = http_get(http, "/metrics");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-fn figure(scenario: &str, value: impl std::fmt::Display) {
-    eprintln!("fault figure: {scenario}: {value}");
-}
-
 /// kill -9 of the index server while engines publish; a new one on the
 /// same port starts empty and every subscriber resyncs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_index_server_killed_under_load_is_rebuilt_by_the_subscribers() {
     let mut server = index_server(0, &[]);
     let port = server.addr("grpc").port();
-    let (mut engines, mut sidecars) = fleet(3, port, &[]).await;
+    let (mut engines, mut sidecars) = fleet::fleet(3, &fleet::url(port), &[]).await;
     rounds(&mut engines, 20).await;
     let http = server.admin_addr();
     converge(port, http, &engines, "before the kill").await;
@@ -301,7 +93,7 @@ async fn a_killed_subscriber_is_replaced_and_the_replica_is_whole_again() {
     let mut server = index_server(0, &[]);
     let port = server.addr("grpc").port();
     let http = server.admin_addr();
-    let (mut engines, mut sidecars) = fleet(2, port, &[]).await;
+    let (mut engines, mut sidecars) = fleet::fleet(2, &fleet::url(port), &[]).await;
     rounds(&mut engines, 15).await;
     converge(port, http, &engines, "before the kill").await;
     let before = snapshot_blocks(http).unwrap();
@@ -312,7 +104,7 @@ async fn a_killed_subscriber_is_replaced_and_the_replica_is_whole_again() {
     // keeps its blocks (routing hints stay useful through a sidecar restart).
     assert_eq!(snapshot_blocks(http).unwrap(), before);
     rounds(&mut engines, 10).await;
-    sidecars[0] = subscriber(&engines[0], port, &[]);
+    sidecars[0] = subscriber(&engines[0], &fleet::url(port), &[]);
     engines[0].engine.wait_for_subscriber().await;
     let took = converge(port, http, &engines, "after the replacement").await;
     figure(
@@ -333,7 +125,8 @@ async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
     let mut server = index_server(0, &[]);
     let port = server.addr("grpc").port();
     let http = server.admin_addr();
-    let (mut engines, mut sidecars) = fleet(1, port, &["--queue-capacity", "32"]).await;
+    let (mut engines, mut sidecars) =
+        fleet::fleet(1, &fleet::url(port), &["--queue-capacity", "32"]).await;
     for _ in 0..5 {
         engines[0].round().await;
     }
@@ -380,7 +173,7 @@ async fn an_engine_restart_mid_stream_replaces_the_replicas_state() {
     let mut server = index_server(0, &[]);
     let port = server.addr("grpc").port();
     let http = server.admin_addr();
-    let (mut engines, sidecars) = fleet(2, port, &[]).await;
+    let (mut engines, sidecars) = fleet::fleet(2, &fleet::url(port), &[]).await;
     rounds(&mut engines, 10).await;
     converge(port, http, &engines, "before the restart").await;
     engines[1].restart();

@@ -294,13 +294,15 @@ impl Link<'_> {
         if let Some(token) = token {
             request.metadata_mut().insert("authorization", token);
         }
-        let call = tokio::spawn(async move {
+        let mut call = tokio::spawn(async move {
             client
                 .ingest_events(request)
                 .await
                 .map(tonic::Response::into_inner)
         });
         let mut heartbeat = tokio::time::interval(HEARTBEAT);
+        // The call's outcome when the server ended it while we waited.
+        let mut ended = None;
         'pump: loop {
             let (work, stats, queued, ready) = {
                 let mut ob = lock(self.outbox);
@@ -322,6 +324,13 @@ impl Link<'_> {
             if work.is_empty() {
                 tokio::select! {
                     () = self.notify.notified() => continue,
+                    // The server ended the call (it is draining, say): find
+                    // out now, not at the next send, so the reconnect (and
+                    // the resync a replacement waits for) starts at once.
+                    outcome = &mut call => {
+                        ended = Some(outcome);
+                        break 'pump;
+                    }
                     _ = heartbeat.tick() => {
                         // Only ranks that have resynced on this stream: a
                         // rank still rebuilding sends nothing, so the index
@@ -379,7 +388,11 @@ impl Link<'_> {
             }
         }
         drop(tx);
-        match call.await {
+        let outcome = match ended {
+            Some(outcome) => outcome,
+            None => call.await,
+        };
+        match outcome {
             Ok(result) => result,
             Err(join) => Err(tonic::Status::internal(format!(
                 "ingest task failed: {join}"
