@@ -362,6 +362,8 @@ async fn a_rolling_restart_of_every_replica_fails_no_pick() {
         gateway.wait_ready(i, "before the roll").await;
     }
     let started = Instant::now();
+    // Index, not iterator: each step replaces the replica in place.
+    #[allow(clippy::needless_range_loop)]
     for i in 0..replicas.len() {
         let (before, _) = gateway.counts();
         replicas[i].process.signal(Signal::SIGTERM);
