@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use ic_kvevents::Medium;
 use ic_kvevents::encode::{gpu_store, removal};
 use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
 use ic_sim::engine::FakeEngine;
 use serde::Serialize;
 
@@ -259,6 +260,35 @@ pub fn events_for(served: &Served) -> Vec<ic_kvevents::KvEvent> {
     events
 }
 
+/// The LookupRoute request for a prompt of `tokens`, with the block hashes
+/// a gateway computes itself.
+pub fn lookup_request(
+    tenant: &str,
+    model: &str,
+    tokens: &[u32],
+    observe_only: bool,
+) -> pb::LookupRouteRequest {
+    let hashes = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(
+        None,
+        tokens,
+        ENGINE_BLOCK_TOKENS as usize,
+    ));
+    pb::LookupRouteRequest {
+        scope: Some(pb::IndexScope {
+            tenant: tenant.to_owned(),
+            model: model.to_owned(),
+            hash_scheme: pb::HashScheme::Vllm as i32,
+            adapter: String::new(),
+        }),
+        key: Some(pb::lookup_route_request::Key::BlockHashes(
+            pb::BlockHashes { hashes },
+        )),
+        candidate_replicas: Vec::new(),
+        observe_only,
+        ..Default::default()
+    }
+}
+
 /// Outcome of the routed replay.
 #[derive(Debug)]
 pub struct RoutedRun {
@@ -407,9 +437,7 @@ pub async fn run_routed(
         }
         let n = clients.len();
         let answer = clients[i % n]
-            .lookup_route(crate::replicas::lookup_request(
-                tenant, model, &tokens, false,
-            ))
+            .lookup_route(lookup_request(tenant, model, &tokens, false))
             .await?
             .into_inner();
         run.latencies.push(asked.elapsed());

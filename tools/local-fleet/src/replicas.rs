@@ -14,6 +14,8 @@ use ic_proto::index_v1 as pb;
 use ic_sim::{ServiceProcess, http_get};
 use serde::Serialize;
 
+use crate::fleet::lookup_request;
+
 /// The running index-server replicas, in start order.
 #[derive(Debug)]
 pub struct IndexReplicas {
@@ -115,35 +117,6 @@ impl SnapshotCounts {
         blocks.iter().enumerate().all(|(i, &held)| {
             self.prefix_counts.get(&format!("engine-{i}")) == Some(&(held as u64))
         })
-    }
-}
-
-/// The LookupRoute request for a prompt of `tokens`, with the block hashes
-/// a gateway computes itself.
-pub fn lookup_request(
-    tenant: &str,
-    model: &str,
-    tokens: &[u32],
-    observe_only: bool,
-) -> pb::LookupRouteRequest {
-    let hashes = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(
-        None,
-        tokens,
-        crate::fleet::ENGINE_BLOCK_TOKENS as usize,
-    ));
-    pb::LookupRouteRequest {
-        scope: Some(pb::IndexScope {
-            tenant: tenant.to_owned(),
-            model: model.to_owned(),
-            hash_scheme: pb::HashScheme::Vllm as i32,
-            adapter: String::new(),
-        }),
-        key: Some(pb::lookup_route_request::Key::BlockHashes(
-            pb::BlockHashes { hashes },
-        )),
-        candidate_replicas: Vec::new(),
-        observe_only,
-        ..Default::default()
     }
 }
 
