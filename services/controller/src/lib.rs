@@ -5,12 +5,13 @@
 //! (its Pods and Deployments by namespace and labels), [`backend`]
 //! (CacheBackend reconciler), [`enginepod`] (engine-pod Events), [`poller`]
 //! (CacheIndex + indexParticipation), [`policy`] (CachePolicy →
-//! SetPolicies), [`tenant`] (CacheTenant → coordinator, with a finalizer),
+//! SetPolicies on every index server [`discovery`] finds), [`tenant`] (CacheTenant → coordinator, with a finalizer),
 //! [`leader`] (Lease elector), [`metrics`] and [`kubeutil`] (SSA helpers).
 //! The decisions live in `ic-controller-core`; this crate does the I/O.
 //! Tests drive it against `ic-fake-apiserver`.
 
 pub mod backend;
+pub mod discovery;
 pub mod enginepod;
 pub mod index;
 pub mod kubeutil;
@@ -33,6 +34,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::discovery::DiscoveryMode;
 use crate::leader::LeaderElector;
 use crate::metrics::Metrics;
 use crate::policy::PolicyPusher;
@@ -65,14 +67,31 @@ pub struct Config {
         default_value = "http://inferencecache-index-server.inferencecache-system:8081/snapshot"
     )]
     pub snapshot_url: String,
-    /// Index server gRPC URL the CachePolicy pusher calls SetPolicies on;
-    /// empty disables the pusher.
+    /// Index server gRPC URL(s), comma-separated, the CachePolicy pusher
+    /// calls SetPolicies on (every replica needs the policies: list each,
+    /// or name a headless Service with --index-server-discovery=dns); empty
+    /// disables the pusher.
     #[arg(
         long,
         env = "IC_INDEX_SERVER_GRPC",
         default_value = "http://inferencecache-index-server.inferencecache-system:9090"
     )]
     pub index_server_grpc: String,
+    /// How --index-server-grpc's URLs become index servers: `static` (each
+    /// URL is one) or `dns` (each URL's host is resolved every
+    /// --index-server-resolve-seconds and every address is pushed to).
+    #[arg(
+        long,
+        env = "IC_INDEX_SERVER_DISCOVERY",
+        value_enum,
+        default_value_t = DiscoveryMode::Static
+    )]
+    pub index_server_discovery: DiscoveryMode,
+    /// Seconds between resolutions of --index-server-grpc (dns) and pushes
+    /// to the index servers that lack the current policies (new ones, or
+    /// ones whose last push failed).
+    #[arg(long, env = "IC_INDEX_SERVER_RESOLVE_SECONDS", default_value_t = 5)]
+    pub index_server_resolve_seconds: u64,
     /// CA bundle (PEM file) of an `https://` --index-server-grpc.
     #[arg(long, env = "IC_INDEX_SERVER_CA_FILE")]
     pub index_server_ca_file: Option<PathBuf>,
@@ -165,16 +184,22 @@ pub fn spawn_loops(config: &Config, shared: &Shared, stop: &CancellationToken) -
     let every = Duration::from_secs(config.snapshot_interval_seconds.max(1));
     spawn_synced(&mut set, &stores, stop, poller.run(every, stop.clone()));
     let resync = Duration::from_secs(config.resync_interval_seconds.max(1));
-    if !config.index_server_grpc.is_empty() {
-        let pusher = PolicyPusher {
-            client: shared.client.clone(),
-            index_grpc: config.index_server_grpc.clone(),
-            token_path: Some(config.probe_token_path.clone()),
-            ca_path: config.index_server_ca_file.clone(),
-            metrics: shared.metrics.clone(),
-            clock: shared.clock.clone(),
-            stores: stores.clone(),
-        };
+    // Validated in `run`; a bad list here (a test's Config) pushes nowhere.
+    let urls = discovery::parse_urls(&config.index_server_grpc).unwrap_or_default();
+    if !urls.is_empty() {
+        let pusher = PolicyPusher::new(
+            shared.client.clone(),
+            urls,
+            shared.metrics.clone(),
+            shared.clock.clone(),
+            stores.clone(),
+        )
+        .with_discovery(
+            config.index_server_discovery,
+            Duration::from_secs(config.index_server_resolve_seconds.max(1)),
+        )
+        .with_token_path(Some(config.probe_token_path.clone()))
+        .with_ca_path(config.index_server_ca_file.clone());
         let changes = stores.changes.policies.clone();
         spawn_synced(
             &mut set,
@@ -413,6 +438,7 @@ async fn control(config: Config, metrics: Metrics, shutdown: CancellationToken) 
 
 /// Runs the controller until `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    discovery::parse_urls(&config.index_server_grpc).map_err(anyhow::Error::msg)?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     let health = Health::new();
@@ -426,6 +452,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .context("starting admin server")?;
     tracing::info!(
         snapshot_url = %config.snapshot_url,
+        index_server_grpc = %config.index_server_grpc,
+        index_server_discovery = ?config.index_server_discovery,
         leader_election = config.leader_election,
         "controller started"
     );

@@ -48,6 +48,13 @@ pub struct KindLabel {
     pub kind: &'static str,
 }
 
+/// `{state}`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    /// A fixed state name.
+    pub state: &'static str,
+}
+
 /// `{backend}`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackendLabel {
@@ -90,6 +97,9 @@ pub struct Metrics {
     pub snapshot_scrapes: Family<ResultLabels, Counter>,
     /// Objects held in the watch-fed stores, by kind.
     pub watched_objects: Family<KindLabel, Gauge>,
+    /// Index servers the CachePolicy pusher pushes to: `current` (they
+    /// accepted the current policies) or `behind`.
+    pub policy_index_servers: Family<StateLabel, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -110,6 +120,7 @@ impl Metrics {
             leader: Gauge::default(),
             snapshot_scrapes: Family::default(),
             watched_objects: Family::default(),
+            policy_index_servers: Family::default(),
         };
         registry.register_with(|r| {
             r.register(
@@ -156,6 +167,11 @@ impl Metrics {
                 "controller_watched_objects",
                 "Objects held in the controller's watch-fed stores, by kind",
                 metrics.watched_objects.clone(),
+            );
+            r.register(
+                "controller_policy_index_servers",
+                "Index servers the CachePolicy pusher pushes to, by state: current (holding the current policies) or behind",
+                metrics.policy_index_servers.clone(),
             );
         });
         metrics

@@ -1,14 +1,22 @@
 //! The CachePolicy pusher: resolves one policy per namespace (the oldest
 //! CachePolicy wins, ties broken by name; the rest are Superseded), pushes
-//! the complete set to the index server with `SetPolicies`, and reports the
-//! outcome on every CachePolicy's status (`Active`, `Pushed`).
+//! the complete set to every index server with `SetPolicies`, and reports
+//! the outcome on every CachePolicy's status (`Active`, `Pushed`).
 //!
-//! The push is the whole set every pass, so an index server that restarted
-//! (and lost its policies) converges on the next pass. A pass runs shortly
-//! after any CachePolicy watch event and on the resync timer; policies are
-//! read from the watch-fed store.
+//! Index-server replicas are all active and each holds its own policies, so
+//! the pusher pushes to each of them ([`crate::discovery`]: a static list, or
+//! every address of a headless Service) and tracks each push on its own. The
+//! push is the whole set, so an index server that restarted (and lost its
+//! policies) converges on the next full pass. A full pass runs shortly after
+//! any CachePolicy watch event and on the resync timer; between them, every
+//! `--index-server-resolve-seconds`, a catch-up resolves the index servers
+//! again and pushes only to those that do not hold the current set yet (one
+//! that just appeared, or whose last push failed). Policies are read from
+//! the watch-fed store. `Pushed` is True only when every index server holds
+//! the set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::Instrument as _;
@@ -22,8 +30,9 @@ use ic_proto::index_v1 as pb;
 use kube::api::Api;
 use tokio_util::sync::CancellationToken;
 
+use crate::discovery::{Destination, Discovery, DiscoveryMode, FLAG};
 use crate::kubeutil::{self, POLICY_MANAGER};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StateLabel};
 use crate::stores::{Stores, owned};
 
 const CONTROLLER: &str = "cachepolicy";
@@ -36,14 +45,28 @@ pub enum PolicyError {
     /// The API server refused a read or write.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
-    /// The index server could not be reached or refused the push.
-    #[error("SetPolicies on {url}: {message}")]
+    /// An index server could not be reached or refused the push.
+    #[error("SetPolicies on {destination}: {message}")]
     Push {
-        /// gRPC URL.
-        url: String,
+        /// The index server (URL, and the address dialled with dns
+        /// discovery).
+        destination: String,
         /// What went wrong.
         message: String,
     },
+    /// Some of several index servers do not hold the current policies.
+    #[error("{behind} of {total} index servers do not hold the current policies; {first}")]
+    Incomplete {
+        /// Index servers whose push failed.
+        behind: usize,
+        /// Index servers known.
+        total: usize,
+        /// The first failure.
+        first: Box<PolicyError>,
+    },
+    /// Discovery found no index server to push to.
+    #[error("no index server to push to: {0}")]
+    NoIndexServer(String),
 }
 
 /// A namespace's resolved policy: the winner and who it supersedes.
@@ -96,99 +119,303 @@ pub fn resolve(policies: &[CachePolicy]) -> BTreeMap<String, Resolved> {
     out
 }
 
-/// Pushes CachePolicies to the index server.
+/// What the pusher knows of one index server.
+#[derive(Debug, Default)]
+struct Held {
+    /// The set it last accepted; `None` until a push succeeds and after one
+    /// fails (a failure may be a restart that lost everything).
+    accepted: Option<pb::SetPoliciesRequest>,
+    /// Why the last push failed.
+    error: Option<String>,
+}
+
+/// Pushes CachePolicies to every index server.
 #[derive(Clone)]
 pub struct PolicyPusher {
-    /// API client.
-    pub client: kube::Client,
-    /// Index server gRPC URL, e.g. `http://index:9090`.
-    pub index_grpc: String,
-    /// Bearer token file presented to SetPolicies; unset or absent (local
-    /// runs) sends none.
-    pub token_path: Option<std::path::PathBuf>,
-    /// CA bundle (PEM file) an `https://` index server must chain to; read
-    /// on every push, so a rotated bundle needs no restart.
-    pub ca_path: Option<std::path::PathBuf>,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// Time source.
-    pub clock: Arc<dyn Clock>,
-    /// The watch-fed view of the cluster.
-    pub stores: Stores,
+    client: kube::Client,
+    discovery: Discovery,
+    resolve_every: Duration,
+    token_path: Option<PathBuf>,
+    ca_path: Option<PathBuf>,
+    metrics: Metrics,
+    clock: Arc<dyn Clock>,
+    stores: Stores,
+    /// Per index server; the lock also keeps passes from overlapping.
+    held: Arc<tokio::sync::Mutex<BTreeMap<Destination, Held>>>,
 }
 
 impl std::fmt::Debug for PolicyPusher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PolicyPusher").finish_non_exhaustive()
+        f.debug_struct("PolicyPusher")
+            .field("discovery", &self.discovery)
+            .finish_non_exhaustive()
     }
 }
 
+/// Token and CA bundle, read once per pass (both may rotate on disk).
+struct Credentials {
+    ca: Option<Vec<u8>>,
+    token: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
 impl PolicyPusher {
-    async fn push(&self, request: pb::SetPoliciesRequest) -> Result<u32, PolicyError> {
-        let fail = |message: String| PolicyError::Push {
-            url: self.index_grpc.clone(),
-            message,
-        };
+    /// A pusher to the index servers at `urls` (the parsed
+    /// `--index-server-grpc`), each one index server (static discovery)
+    /// until [`Self::with_discovery`] says otherwise.
+    pub fn new(
+        client: kube::Client,
+        urls: Vec<String>,
+        metrics: Metrics,
+        clock: Arc<dyn Clock>,
+        stores: Stores,
+    ) -> Self {
+        Self {
+            client,
+            discovery: Discovery {
+                urls,
+                mode: DiscoveryMode::Static,
+            },
+            resolve_every: Duration::from_secs(5),
+            token_path: None,
+            ca_path: None,
+            metrics,
+            clock,
+            stores,
+            held: Arc::default(),
+        }
+    }
+
+    /// How the URLs become index servers, and how often they are resolved
+    /// again (and lagging index servers caught up).
+    #[must_use]
+    pub fn with_discovery(mut self, mode: DiscoveryMode, resolve_every: Duration) -> Self {
+        self.discovery.mode = mode;
+        self.resolve_every = resolve_every.max(Duration::from_millis(50));
+        self
+    }
+
+    /// Bearer token file presented to SetPolicies; unset or absent (local
+    /// runs) sends none.
+    #[must_use]
+    pub fn with_token_path(mut self, path: Option<PathBuf>) -> Self {
+        self.token_path = path;
+        self
+    }
+
+    /// CA bundle (PEM file) an `https://` index server must chain to; read
+    /// on every pass, so a rotated bundle needs no restart.
+    #[must_use]
+    pub fn with_ca_path(mut self, path: Option<PathBuf>) -> Self {
+        self.ca_path = path;
+        self
+    }
+
+    /// Every index server the last pass knew, with why it does not hold
+    /// the policies of that pass (`Err`) or `Ok`.
+    pub async fn index_servers(&self) -> Vec<(Destination, Result<(), String>)> {
+        self.held
+            .lock()
+            .await
+            .iter()
+            .map(|(d, h)| {
+                let state = match (&h.accepted, &h.error) {
+                    (Some(_), _) => Ok(()),
+                    (None, Some(e)) => Err(e.clone()),
+                    (None, None) => Err("not pushed yet".to_owned()),
+                };
+                (d.clone(), state)
+            })
+            .collect()
+    }
+
+    fn credentials(&self) -> Result<Credentials, String> {
         let ca = match &self.ca_path {
             Some(path) => Some(
                 std::fs::read(path)
-                    .map_err(|e| fail(format!("--index-server-ca-file {}: {e}", path.display())))?,
+                    .map_err(|e| format!("--index-server-ca-file {}: {e}", path.display()))?,
             ),
             None => None,
         };
-        let endpoint =
-            ic_proto::channel::endpoint(&self.index_grpc, ca.as_deref(), "--index-server-grpc")
-                .map_err(fail)?
-                .timeout(Duration::from_secs(10));
-        let channel = endpoint.connect().await.map_err(|e| {
-            fail(
-                std::error::Error::source(&e)
-                    .map_or_else(|| e.to_string(), |s| format!("{e}: {s}")),
-            )
-        })?;
-        let mut client = IndexServiceClient::new(channel);
-        let mut request = tonic::Request::new(request);
-        if let Some(path) = self.token_path.as_ref().filter(|p| p.exists()) {
-            let token = crate::backend::read_token(path).map_err(fail)?;
-            let value = ic_proto::bearer::metadata(&token)
-                .ok_or_else(|| fail(format!("{}: not a token", path.display())))?;
-            request.metadata_mut().insert("authorization", value);
-        }
-        ic_telemetry::otel::inject_metadata(&tracing::Span::current(), request.metadata_mut());
-        client
-            .set_policies(request)
-            .await
-            .map(|r| r.into_inner().applied)
-            .map_err(|s| fail(format!("{}: {}", s.code(), s.message())))
+        let token = match self.token_path.as_ref().filter(|p| p.exists()) {
+            Some(path) => {
+                let token = crate::backend::read_token(path)?;
+                Some(
+                    ic_proto::bearer::metadata(&token)
+                        .ok_or_else(|| format!("{}: not a token", path.display()))?,
+                )
+            }
+            None => None,
+        };
+        Ok(Credentials { ca, token })
     }
 
-    /// One pass: resolve, push, write statuses. A failed push still writes
-    /// statuses (Pushed=False) and is returned as the error.
+    /// Pushes `request` to each of `due`, all at once (a slow or dead index
+    /// server delays the pass by its timeout, not the others by theirs).
+    async fn push_all(
+        &self,
+        due: &[Destination],
+        request: &pb::SetPoliciesRequest,
+    ) -> Vec<Result<u32, String>> {
+        match self.credentials() {
+            Ok(credentials) => {
+                let credentials = &credentials;
+                futures::future::join_all(
+                    due.iter()
+                        .map(|d| push_one(d, credentials, request.clone())),
+                )
+                .await
+            }
+            Err(message) => due.iter().map(|_| Err(message.clone())).collect(),
+        }
+    }
+
+    /// One full pass: resolve, push to every index server, write statuses.
+    /// A failed push still writes statuses (Pushed=False) and is returned
+    /// as the error.
     pub async fn sync_once(&self) -> Result<usize, PolicyError> {
         let started = Instant::now();
         let span = tracing::debug_span!("push_policies", controller = CONTROLLER);
-        let result = self.sync_inner().instrument(span).await;
-        self.metrics
-            .pass(CONTROLLER, started, &result, |e| match e {
-                PolicyError::Kube(k) => kubeutil::reason(k),
-                PolicyError::Push { .. } => "remote",
-            });
+        let result = self.sync_inner(true).instrument(span).await;
+        // Some: a full pass always does its work.
+        let result = result.unwrap_or(Ok(0));
+        self.count(started, &result);
         result
     }
 
-    async fn sync_inner(&self) -> Result<usize, PolicyError> {
+    /// One catch-up: resolve, push only to the index servers that do not
+    /// hold the current policies (new, or failed last time), and write
+    /// statuses if that or the set of index servers changed anything.
+    /// `None` when there was nothing to do.
+    pub async fn catch_up(&self) -> Option<Result<usize, PolicyError>> {
+        let started = Instant::now();
+        let span = tracing::debug_span!("push_policies", controller = CONTROLLER);
+        let result = self.sync_inner(false).instrument(span).await?;
+        self.count(started, &result);
+        Some(result)
+    }
+
+    fn count(&self, started: Instant, result: &Result<usize, PolicyError>) {
+        self.metrics
+            .observe(CONTROLLER, result.is_ok(), started.elapsed().as_secs_f64());
+        // Push failures are counted per index server as they happen.
+        if let Err(PolicyError::Kube(k)) = result {
+            self.metrics.error(CONTROLLER, kubeutil::reason(k));
+        }
+    }
+
+    async fn sync_inner(&self, all: bool) -> Option<Result<usize, PolicyError>> {
+        let mut held = self.held.lock().await;
+        let known: BTreeSet<Destination> = held.keys().cloned().collect();
+        let found = self.discovery.destinations(&known).await;
+        for failure in &found.failures {
+            self.metrics.error(CONTROLLER, "discovery");
+            tracing::warn!(error = %failure, "cannot resolve the index servers");
+        }
+        held.retain(|d, _| {
+            let keep = found.destinations.contains(d);
+            if !keep {
+                tracing::info!(index_server = %d, "index server gone");
+            }
+            keep
+        });
+        for d in &found.destinations {
+            held.entry(d.clone()).or_insert_with(|| {
+                tracing::info!(index_server = %d, "index server found");
+                Held::default()
+            });
+        }
+
         let policies = owned(&Stores::all(&self.stores.policies));
         let resolved = resolve(&policies);
         let request = pb::SetPoliciesRequest {
             policies: resolved.values().map(|r| r.policy.clone()).collect(),
         };
-        let pushed = self.push(request).await;
-        match &pushed {
-            Ok(applied) => tracing::debug!(applied, "policies pushed"),
-            Err(e) => tracing::warn!(error = %e, "policy push failed"),
+        let due: Vec<Destination> = held
+            .iter()
+            .filter(|(_, h)| all || h.accepted.as_ref() != Some(&request))
+            .map(|(d, _)| d.clone())
+            .collect();
+        if !all && due.is_empty() && known == found.destinations {
+            return None;
         }
+
+        let results = self.push_all(&due, &request).await;
+        for (d, result) in due.iter().zip(results) {
+            let Some(h) = held.get_mut(d) else { continue };
+            match result {
+                Ok(applied) => {
+                    tracing::debug!(index_server = %d, applied, "policies pushed");
+                    h.accepted = Some(request.clone());
+                    h.error = None;
+                }
+                Err(message) => {
+                    self.metrics.error(CONTROLLER, "remote");
+                    // Warn once per new failure, not on every retry.
+                    if h.error.as_ref() != Some(&message) {
+                        tracing::warn!(index_server = %d, error = %message, "policy push failed");
+                    }
+                    h.accepted = None;
+                    h.error = Some(message);
+                }
+            }
+        }
+
+        let behind: Vec<(&Destination, &Held)> = held
+            .iter()
+            .filter(|(_, h)| h.accepted.as_ref() != Some(&request))
+            .collect();
+        let total = held.len();
+        self.set_gauges(total - behind.len(), behind.len());
+        let pushed = match behind.first() {
+            _ if total == 0 => Err(PolicyError::NoIndexServer(if found.failures.is_empty() {
+                "no address resolved".to_owned()
+            } else {
+                found.failures.join("; ")
+            })),
+            None => Ok(()),
+            Some((d, h)) => {
+                let first = PolicyError::Push {
+                    destination: d.to_string(),
+                    message: h.error.clone().unwrap_or_else(|| "not pushed yet".into()),
+                };
+                Err(if total == 1 {
+                    first
+                } else {
+                    PolicyError::Incomplete {
+                        behind: behind.len(),
+                        total,
+                        first: Box::new(first),
+                    }
+                })
+            }
+        };
+        // Statuses are written under the lock too: passes never interleave.
+        let written = self.write_statuses(&policies, &resolved, &pushed).await;
+        Some(match (written, pushed) {
+            (Err(e), _) => Err(e.into()),
+            (Ok(()), pushed) => pushed.map(|()| resolved.len()),
+        })
+    }
+
+    fn set_gauges(&self, current: usize, behind: usize) {
+        for (state, n) in [("current", current), ("behind", behind)] {
+            self.metrics
+                .policy_index_servers
+                .get_or_create(&StateLabel { state })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// `Active` and `Pushed` on every CachePolicy, written only when
+    /// changed.
+    async fn write_statuses(
+        &self,
+        policies: &[CachePolicy],
+        resolved: &BTreeMap<String, Resolved>,
+        pushed: &Result<(), PolicyError>,
+    ) -> Result<(), kube::Error> {
         let now = self.clock.now();
-        for policy in &policies {
+        for policy in policies {
             let (Some(ns), Some(name)) = (&policy.metadata.namespace, &policy.metadata.name) else {
                 continue;
             };
@@ -208,8 +435,8 @@ impl PolicyPusher {
                     reasons::POLICY_ACTIVE,
                     format!("resolved policy of namespace {ns}"),
                 );
-                match &pushed {
-                    Ok(_) => {
+                match pushed {
+                    Ok(()) => {
                         let was_pushed = previous
                             .conditions
                             .iter()
@@ -221,7 +448,7 @@ impl PolicyPusher {
                             PUSHED,
                             "True",
                             reasons::PUSHED,
-                            "accepted by the index server",
+                            "accepted by every index server",
                         );
                     }
                     Err(e) => conditions.set(PUSHED, "False", reasons::REMOTE_ERROR, e.to_string()),
@@ -243,15 +470,15 @@ impl PolicyPusher {
                 match kubeutil::apply_status(&api, name, POLICY_MANAGER, &next).await {
                     Ok(_) => {}
                     Err(e) if kubeutil::is_not_found(&e) => {}
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(e),
                 }
             }
         }
-        pushed.map(|_| resolved.len())
+        Ok(())
     }
 
-    /// Syncs after every CachePolicy change and every `every`, until
-    /// `shutdown`.
+    /// Full passes after every CachePolicy change and every `every`, and
+    /// catch-ups every resolve period in between, until `shutdown`.
     pub async fn run(
         self,
         every: Duration,
@@ -259,11 +486,61 @@ impl PolicyPusher {
         shutdown: CancellationToken,
     ) {
         let this = &self;
-        kubeutil::run_on_change(every, changes, shutdown, "CachePolicy sync", || {
-            this.sync_once()
-        })
-        .await;
+        let passes =
+            kubeutil::run_on_change(every, changes, shutdown.clone(), "CachePolicy sync", || {
+                this.sync_once()
+            });
+        let catch_ups = async {
+            let period = this.resolve_every;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                if let Some(Err(e)) = this.catch_up().await {
+                    // Each failing index server was warned of as it failed.
+                    tracing::debug!(error = %e, "policy catch-up incomplete");
+                }
+            }
+        };
+        tokio::join!(passes, catch_ups);
     }
+}
+
+/// One `SetPolicies` to one index server: the number of policies applied,
+/// or why not. Dialled by address with dns discovery, TLS verifying the
+/// URL's host name.
+async fn push_one(
+    destination: &Destination,
+    credentials: &Credentials,
+    request: pb::SetPoliciesRequest,
+) -> Result<u32, String> {
+    let endpoint = ic_proto::channel::endpoint_at(
+        &destination.url,
+        destination.addr,
+        credentials.ca.as_deref(),
+        FLAG,
+    )?
+    .timeout(Duration::from_secs(10));
+    let channel = endpoint.connect().await.map_err(|e| {
+        std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| format!("{e}: {s}"))
+    })?;
+    let mut client = IndexServiceClient::new(channel);
+    let mut request = tonic::Request::new(request);
+    if let Some(token) = &credentials.token {
+        request
+            .metadata_mut()
+            .insert("authorization", token.clone());
+    }
+    ic_telemetry::otel::inject_metadata(&tracing::Span::current(), request.metadata_mut());
+    client
+        .set_policies(request)
+        .await
+        .map(|r| r.into_inner().applied)
+        .map_err(|s| format!("{}: {}", s.code(), s.message()))
 }
 
 #[cfg(test)]

@@ -36,9 +36,18 @@ fn policy(ns: &str, name: &str, created: i64, min_prefix: i32) -> CachePolicy {
 }
 
 async fn lookup(server: &common::IndexServer) -> pb::LookupRouteResponse {
-    let mut client = IndexServiceClient::connect(server.grpc_url())
+    lookup_at(&server.grpc_url(), None).await
+}
+
+/// LookupRoute for team-a's first three blocks at `url` (`https://` trusting
+/// `ca`).
+async fn lookup_at(url: &str, ca: Option<&[u8]>) -> pb::LookupRouteResponse {
+    let channel = ic_proto::channel::endpoint(url, ca, "test")
+        .unwrap()
+        .connect()
         .await
         .unwrap();
+    let mut client = IndexServiceClient::new(channel);
     client
         .lookup_route(pb::LookupRouteRequest {
             scope: Some(pb::IndexScope {
@@ -68,15 +77,23 @@ fn policy_pusher(
     metrics: &Metrics,
     server: &common::IndexServer,
 ) -> PolicyPusher {
-    PolicyPusher {
-        client: fake.client(),
-        index_grpc: server.grpc_url(),
-        token_path: None,
-        ca_path: None,
-        metrics: metrics.clone(),
-        clock: common::clock(),
-        stores: watched.stores.clone(),
-    }
+    policy_pusher_to(fake, watched, metrics, vec![server.grpc_url()])
+}
+
+/// A policy pusher reading `watched` and pushing anonymously to `urls`.
+fn policy_pusher_to(
+    fake: &FakeApi,
+    watched: &common::Watched,
+    metrics: &Metrics,
+    urls: Vec<String>,
+) -> PolicyPusher {
+    PolicyPusher::new(
+        fake.client(),
+        urls,
+        metrics.clone(),
+        common::clock(),
+        watched.stores.clone(),
+    )
 }
 
 fn condition<'a>(
@@ -149,12 +166,12 @@ async fn policies_reach_the_index_server_and_report_back() {
     );
 
     // An unreachable server is reported, not hidden.
-    let broken = PolicyPusher {
-        index_grpc: format!("http://127.0.0.1:{}", ic_e2e::free_port()),
-        token_path: None,
-        ca_path: None,
-        ..pusher
-    };
+    let broken = policy_pusher_to(
+        &fake,
+        &watched,
+        &metrics,
+        vec![format!("http://127.0.0.1:{}", ic_e2e::free_port())],
+    );
     watched.settle(&fake).await;
     assert!(broken.sync_once().await.is_err());
     let later: CachePolicy = fake.get(V, "cachepolicies", "team-a", "later").unwrap();
@@ -397,11 +414,7 @@ async fn the_controller_presents_its_token_to_set_policies_and_snapshot() {
     let anonymous = policy_pusher(&fake, &watched, &metrics, &server);
     let refused = anonymous.sync_once().await.unwrap_err().to_string();
     assert!(refused.contains("missing bearer token"), "{refused}");
-    let pusher = PolicyPusher {
-        token_path: Some(token.clone()),
-        ca_path: None,
-        ..anonymous
-    };
+    let pusher = anonymous.with_token_path(Some(token.clone()));
     assert_eq!(pusher.sync_once().await.unwrap(), 1);
 
     let (_registry, metrics) = common::metrics();
@@ -446,4 +459,256 @@ async fn a_policy_push_is_traced_into_the_index_server() {
     assert_eq!(applied["trace_id"], push["trace_id"], "{applied}");
     assert_eq!(applied["parent_span_id"], push["span_id"], "{applied}");
     ic_telemetry::otel::shutdown(std::time::Duration::from_secs(10)).await;
+}
+
+// === Several index-server replicas ===
+
+/// Whether the index server at `url` enforces `strict` (a minimum prefix no
+/// lookup reaches) on team-a.
+async fn enforces_strict(url: &str, ca: Option<&[u8]>) -> bool {
+    lookup_at(url, ca).await.no_hint_reason == pb::NoHintReason::BelowMinimumPrefix as i32
+}
+
+/// Waits (up to 30 s) until `check` holds; panics naming `what` otherwise.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still not so after 30 s: {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn remote_errors(metrics: &Metrics) -> i64 {
+    let labels = ic_controller::metrics::ReasonLabels {
+        controller: "cachepolicy",
+        reason: "remote",
+    };
+    i64::try_from(metrics.errors.get_or_create(&labels).get()).unwrap()
+}
+
+fn index_servers_gauge(metrics: &Metrics, state: &'static str) -> i64 {
+    metrics
+        .policy_index_servers
+        .get_or_create(&ic_controller::metrics::StateLabel { state })
+        .get()
+}
+
+fn pushed_condition(fake: &FakeApi, name: &str) -> (String, String, String) {
+    let p: CachePolicy = fake.get(V, "cachepolicies", "team-a", name).unwrap();
+    let st = p.status.unwrap();
+    let c = condition(&st.conditions, "Pushed");
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+/// Three replicas listed statically, one of them not up yet: the pass
+/// pushes to each on its own, reports the missing one (counted once per
+/// failed push), and a catch-up pushes to that one alone once it is up.
+#[tokio::test]
+async fn every_listed_index_server_gets_the_policies_and_a_late_one_catches_up() {
+    let a = common::IndexServer::start();
+    let b = common::IndexServer::start();
+    let late_port = ic_e2e::free_port();
+    let late_url = format!("http://127.0.0.1:{late_port}");
+    for server in [&a, &b] {
+        server.ingest("team-a", "engine-0", 3, None).await;
+    }
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 1_000_000));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    let pusher = policy_pusher_to(
+        &fake,
+        &watched,
+        &metrics,
+        vec![a.grpc_url(), b.grpc_url(), late_url.clone()],
+    );
+    watched.settle(&fake).await;
+
+    let err = pusher.sync_once().await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("1 of 3 index servers do not hold the current policies; SetPolicies on http://127.0.0.1:"),
+        "{err}"
+    );
+    assert!(err.contains(&late_url), "{err}");
+    assert!(enforces_strict(&a.grpc_url(), None).await);
+    assert!(enforces_strict(&b.grpc_url(), None).await);
+    let (status, reason, message) = pushed_condition(&fake, "strict");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "RemoteError"));
+    assert!(message.contains(&late_url), "{message}");
+    assert_eq!(remote_errors(&metrics), 1);
+    assert_eq!(index_servers_gauge(&metrics, "current"), 2);
+    assert_eq!(index_servers_gauge(&metrics, "behind"), 1);
+    let states = pusher.index_servers().await;
+    assert_eq!(states.len(), 3);
+    for (destination, state) in &states {
+        assert_eq!(destination.addr, None);
+        assert_eq!(state.is_ok(), destination.url != late_url, "{destination}");
+    }
+
+    // A catch-up retries only the replica that lacks the policies: one
+    // more failure, not three.
+    watched.settle(&fake).await;
+    assert!(pusher.catch_up().await.unwrap().is_err());
+    assert_eq!(remote_errors(&metrics), 2);
+
+    // The replica comes up (empty, as a new pod does): the catch-up gives
+    // it the policies and every status turns Pushed=True.
+    let late = common::IndexServer::start_at(&format!("127.0.0.1:{late_port}"), &[]);
+    late.ingest("team-a", "engine-0", 3, None).await;
+    assert!(!enforces_strict(&late_url, None).await);
+    watched.settle(&fake).await;
+    assert_eq!(pusher.catch_up().await.unwrap().unwrap(), 1);
+    assert!(enforces_strict(&late_url, None).await);
+    assert_eq!(remote_errors(&metrics), 2);
+    assert_eq!(index_servers_gauge(&metrics, "current"), 3);
+    assert_eq!(index_servers_gauge(&metrics, "behind"), 0);
+    let (status, _, message) = pushed_condition(&fake, "strict");
+    assert_eq!(status, "True", "{message}");
+    assert!(pusher.index_servers().await.iter().all(|(_, s)| s.is_ok()));
+
+    // Nothing lags: a catch-up has nothing to do.
+    watched.settle(&fake).await;
+    assert!(pusher.catch_up().await.is_none());
+}
+
+/// The running pusher (change-driven passes, resync an hour away): a
+/// replica that appears after the first pass gets the policies from the
+/// periodic catch-up, and an edit reaches all three.
+#[tokio::test]
+async fn the_running_pusher_reaches_a_late_replica_and_every_replica_follows_an_edit() {
+    let a = common::IndexServer::start();
+    let b = common::IndexServer::start();
+    let late_port = ic_e2e::free_port();
+    let late_url = format!("http://127.0.0.1:{late_port}");
+    for server in [&a, &b] {
+        server.ingest("team-a", "engine-0", 3, None).await;
+    }
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 1_000_000));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    watched.settle(&fake).await;
+    let urls = vec![a.grpc_url(), b.grpc_url(), late_url.clone()];
+    let pusher = policy_pusher_to(&fake, &watched, &metrics, urls.clone()).with_discovery(
+        ic_controller::discovery::DiscoveryMode::Static,
+        std::time::Duration::from_millis(100),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(pusher.clone().run(
+        std::time::Duration::from_secs(3600),
+        watched.stores.changes.policies.clone(),
+        stop.clone(),
+    ));
+    eventually("the first two replicas enforce the policy", || async {
+        enforces_strict(&a.grpc_url(), None).await && enforces_strict(&b.grpc_url(), None).await
+    })
+    .await;
+
+    let late = common::IndexServer::start_at(&format!("127.0.0.1:{late_port}"), &[]);
+    late.ingest("team-a", "engine-0", 3, None).await;
+    eventually("the late replica enforces the policy", || {
+        enforces_strict(&late_url, None)
+    })
+    .await;
+    eventually("Pushed=True once every replica holds it", || async {
+        pushed_condition(&fake, "strict").0 == "True"
+    })
+    .await;
+
+    // An edit (no minimum prefix) reaches every replica.
+    let mut edited: CachePolicy = fake.get(V, "cachepolicies", "team-a", "strict").unwrap();
+    edited.spec.minimum_prefix_tokens = 0;
+    fake.insert(&edited);
+    for url in &urls {
+        eventually(&format!("{url} follows the edit"), || async {
+            lookup_at(url, None).await.outcome == pb::LookupOutcome::PrefixMatch as i32
+        })
+        .await;
+    }
+    stop.cancel();
+    running.await.unwrap();
+    assert!(pusher.index_servers().await.iter().all(|(_, s)| s.is_ok()));
+}
+
+/// dns discovery over TLS: the pusher resolves `localhost`, dials each
+/// address it names, and verifies the certificate against the name (it
+/// carries `localhost` only, no IP address).
+#[tokio::test]
+async fn dns_discovery_pushes_to_each_address_and_verifies_the_host_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = ic_e2e::tls::TestCa::new();
+    let (cert, key) = ca.issue(&["localhost"]);
+    let (cert_path, key_path, ca_path) = (
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+        dir.path().join("ca.crt"),
+    );
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    std::fs::write(&ca_path, ca.pem()).unwrap();
+    let server = common::IndexServer::start_with(&[
+        "--tls-cert-file",
+        cert_path.to_str().unwrap(),
+        "--tls-key-file",
+        key_path.to_str().unwrap(),
+    ]);
+    let port = server.grpc.port();
+    let url = format!("https://localhost:{port}");
+    let ca_pem = ca.pem();
+    // Ingest over TLS, as a subscriber would.
+    let channel = ic_proto::channel::endpoint(&url, Some(ca_pem.as_bytes()), "test")
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let ack = IndexServiceClient::new(channel)
+        .ingest_events(futures::stream::iter(vec![common::ingest_batch(
+            "team-a", "engine-0", 3, None,
+        )]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ack.resync_required, "{ack:?}");
+
+    let fake = FakeApi::new();
+    fake.insert(&policy("team-a", "strict", 10, 1_000_000));
+    let (_registry, metrics) = common::metrics();
+    let watched = common::watched(&fake, &metrics).await;
+    watched.settle(&fake).await;
+    let pusher = policy_pusher_to(&fake, &watched, &metrics, vec![url.clone()])
+        .with_discovery(
+            ic_controller::discovery::DiscoveryMode::Dns,
+            std::time::Duration::from_secs(5),
+        )
+        .with_ca_path(Some(ca_path));
+    let result = pusher.sync_once().await;
+
+    // `localhost` may also name ::1, where nothing listens here: that
+    // address is a destination of its own (and fails alone).
+    let states = pusher.index_servers().await;
+    let served: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert!(!states.is_empty());
+    for (destination, state) in &states {
+        assert_eq!(destination.url, url);
+        let addr = destination.addr.unwrap();
+        assert!(addr.ip().is_loopback() && addr.port() == port, "{addr}");
+        if addr == served {
+            assert_eq!(state, &Ok(()), "{destination}");
+        }
+    }
+    assert!(
+        states.iter().any(|(d, _)| d.addr == Some(served)),
+        "{states:?}"
+    );
+    if states.len() == 1 {
+        assert_eq!(result.unwrap(), 1);
+    }
+    assert!(enforces_strict(&url, Some(ca_pem.as_bytes())).await);
 }

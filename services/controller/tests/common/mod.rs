@@ -37,11 +37,17 @@ impl IndexServer {
 
     /// With `extra` flags (access control, for instance).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::start_at("127.0.0.1:0", extra)
+    }
+
+    /// With gRPC on `grpc_addr` (a port chosen ahead, for an index server
+    /// that appears after its clients were configured) and `extra` flags.
+    pub fn start_at(grpc_addr: &str, extra: &[&str]) -> Self {
         let mut args = vec![
             "--http-addr",
             "127.0.0.1:0",
             "--grpc-addr",
-            "127.0.0.1:0",
+            grpc_addr,
             "--probe-static-token",
             PROBE_TOKEN,
             "--replica-gc-after-seconds",
@@ -74,28 +80,38 @@ impl IndexServer {
     /// Reports `blocks` stored blocks (and optional tier-2 counters) for
     /// replica `pod` of `tenant`, as a subscriber would.
     pub async fn ingest(&self, tenant: &str, pod: &str, blocks: u64, tier2: Option<(u64, u64)>) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        let replica = ic_e2e::ingest::Replica {
-            tenant,
-            model: "m",
-            replica_id: pod,
-            address: "10.0.0.1:8000",
-            dp_rank: 0,
-        };
-        let event = ic_e2e::ingest::stored((1..=blocks).collect(), 16, pb::Tier::T1);
-        let batch = pb::IngestBatch {
-            tier2_stats: tier2.map(|(hits, queries)| pb::Tier2Stats {
-                has_counters: true,
-                hits,
-                queries,
-            }),
-            sent_at_unix_ms: now,
-            ..ic_e2e::ingest::resync(&replica, vec![event])
-        };
-        ic_e2e::ingest::ingest(&self.grpc_url(), batch).await;
+        ic_e2e::ingest::ingest(&self.grpc_url(), ingest_batch(tenant, pod, blocks, tier2)).await;
+    }
+}
+
+/// A resync batch of `blocks` stored blocks (and optional tier-2 counters)
+/// for replica `pod` of `tenant` in model `m`, as a subscriber sends it.
+pub fn ingest_batch(
+    tenant: &str,
+    pod: &str,
+    blocks: u64,
+    tier2: Option<(u64, u64)>,
+) -> pb::IngestBatch {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let replica = ic_e2e::ingest::Replica {
+        tenant,
+        model: "m",
+        replica_id: pod,
+        address: "10.0.0.1:8000",
+        dp_rank: 0,
+    };
+    let event = ic_e2e::ingest::stored((1..=blocks).collect(), 16, pb::Tier::T1);
+    pb::IngestBatch {
+        tier2_stats: tier2.map(|(hits, queries)| pb::Tier2Stats {
+            has_counters: true,
+            hits,
+            queries,
+        }),
+        sent_at_unix_ms: now,
+        ..ic_e2e::ingest::resync(&replica, vec![event])
     }
 }
 
