@@ -499,16 +499,24 @@ fn subscribers_reach_every_index_replica_through_a_headless_service_and_gateways
             )
         );
         assert_eq!(arg(webhook, "index-server-discovery"), Some("dns"));
-        // The controller (SetPolicies, /snapshot, /probe) and gateways keep
-        // the load-balanced Service.
+        // The controller's CachePolicies go to every replica too (each holds
+        // its own); its /snapshot and /probe, and gateways, keep the
+        // load-balanced Service.
         let controller = &find(&all, "Deployment", "inferencecache-controller").unwrap()["spec"]["template"]
             ["spec"]["containers"][0];
         assert_eq!(
             arg(controller, "index-server-grpc"),
             Some(
-                format!("{scheme}://inferencecache-index-server.inferencecache-system:9090")
-                    .as_str()
+                format!(
+                    "{scheme}://inferencecache-index-server-headless.inferencecache-system:9090"
+                )
+                .as_str()
             )
+        );
+        assert_eq!(arg(controller, "index-server-discovery"), Some("dns"));
+        assert_eq!(
+            arg(controller, "snapshot-url"),
+            Some("http://inferencecache-index-server.inferencecache-system:8081/snapshot")
         );
         assert_eq!(
             find(&all, "Service", "inferencecache-index-server").unwrap()["spec"]["type"],

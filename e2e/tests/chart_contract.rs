@@ -440,12 +440,14 @@ fn services_carry_the_names_and_ports_the_binaries_dial_by_default() {
             "Service {service} has no port {port} ({binary} {flag})"
         );
         // With the default namespace the chart passes exactly the default,
-        // except to the webhook, which hands the subscribers the headless
-        // Service of the same replicas on the same port.
+        // except where every replica must be reached (the webhook hands the
+        // subscribers, and the controller's CachePolicy pusher takes, the
+        // headless Service of the same replicas on the same port).
+        let headless = binary == "ic-webhook" || flag == "--index-server-grpc";
         let deployment = format!("inferencecache-{}", binary.trim_start_matches("ic-"));
         let container = &find(&all, "Deployment", &deployment).unwrap()["spec"]["template"]["spec"]
             ["containers"][0];
-        let want = if binary == "ic-webhook" {
+        let want = if headless {
             url.replace(service, &format!("{service}-headless"))
         } else {
             url.clone()
@@ -455,7 +457,7 @@ fn services_carry_the_names_and_ports_the_binaries_dial_by_default() {
             "{binary} {flag}={want}"
         );
         let served = find(&all, "Service", &format!("{service}-headless"))
-            .filter(|_| binary == "ic-webhook")
+            .filter(|_| headless)
             .unwrap_or(svc);
         assert_eq!(served["spec"]["selector"], svc["spec"]["selector"]);
         assert!(
