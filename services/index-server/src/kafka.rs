@@ -29,7 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -41,7 +41,7 @@ use crate::snapshot::{self, Snapshot};
 
 /// The index server's Kafka flags.
 #[derive(Clone, Debug, clap::Args)]
-pub struct KafkaFlags {
+pub struct KafkaConsumerFlags {
     /// Brokers, topic, TLS and SASL (shared with the subscriber).
     #[command(flatten)]
     pub client: ic_kafka_client::KafkaFlags,
@@ -184,7 +184,7 @@ pub struct Settings {
     ready_lag: u64,
 }
 
-impl KafkaFlags {
+impl KafkaConsumerFlags {
     /// The checked settings, or `None` with `--transport grpc`.
     pub fn settings(&self) -> Result<Option<Settings>, ic_kafka_client::ConfigError> {
         if !self.client.enabled() {
@@ -198,10 +198,14 @@ impl KafkaFlags {
             .set("group.id", format!("{CLIENT_ID}-{}", std::process::id()))
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
-            // A position the log no longer holds is reported, so it is
-            // counted and handled here instead of silently moved.
-            .set("auto.offset.reset", "error")
+            // A position the log no longer holds goes on from the
+            // earliest retained offset; `handle` counts the jump.
+            .set("auto.offset.reset", "earliest")
             .set("enable.partition.eof", "false")
+            // A broker that holds a fetch for its whole wait even when
+            // records arrive (tansu 0.6 does) would add this much to every
+            // event's way into the index.
+            .set("fetch.wait.max.ms", "100")
             .set(
                 "fetch.message.max.bytes",
                 ic_kafka_client::MAX_MESSAGE_BYTES.to_string(),
@@ -435,11 +439,6 @@ impl KafkaConsumer {
                     self.handle(partition, offset, batch);
                     timeout = Duration::ZERO;
                 }
-                Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset))) => {
-                    // The log does not hold a position: find which now.
-                    self.next_watermarks = Instant::now();
-                    return Ok(());
-                }
                 Some(Err(error)) => return Err(format!("consume: {error}")),
             }
         }
@@ -510,39 +509,21 @@ impl KafkaConsumer {
             .map_err(|e| format!("assign: {e}"))
     }
 
-    /// Reads the watermarks: the lag, readiness, and positions the log no
-    /// longer holds.
+    /// Reads the watermarks: the lag and readiness.
     fn refresh_watermarks(&mut self) -> Result<(), String> {
         let mut lag: u64 = 0;
-        let mut reset = Vec::new();
         for (id, p) in &mut self.partitions {
             let (low, high) = self
                 .probe
                 .fetch_watermarks(&self.settings.topic, *id, BROKER_TIMEOUT)
                 .map_err(|e| format!("watermarks of partition {id}: {e}"))?;
             p.marks = Some((low, high));
-            let position = p.next.unwrap_or(low);
-            if position < low || position > high {
-                reset.push((*id, position, low, high));
-            }
-            lag += u64::try_from(high - position.clamp(low, high)).unwrap_or(0);
-        }
-        for (id, position, low, high) in &reset {
-            self.metrics.offset_resets.inc();
-            tracing::warn!(
-                partition = id,
-                position,
-                low,
-                high,
-                "the log no longer holds this position (retention passed it, or the broker lost the log): reading from the earliest offset"
-            );
-            if let Some(p) = self.partitions.get_mut(id) {
-                p.next = None;
-                lag += u64::try_from(high - low).unwrap_or(0);
-            }
-        }
-        if !reset.is_empty() {
-            self.assign()?;
+            // Beyond the end counts as caught up: a broker may report a
+            // high watermark below the last record (tansu 0.6 reports the
+            // last batch's base offset + 1), and a lost log is noticed when
+            // its records arrive (see `handle`).
+            let position = p.next.unwrap_or(low).max(low);
+            lag += u64::try_from(high.saturating_sub(position)).unwrap_or(0);
         }
         self.metrics.lag.set(i64::try_from(lag).unwrap_or(i64::MAX));
         let ready = lag <= self.settings.ready_lag;
@@ -572,6 +553,21 @@ impl KafkaConsumer {
             session,
             marks: None,
         });
+        if let Some(next) = p.next
+            && offset != next
+        {
+            // The log no longer held our position (retention passed it, or
+            // the broker lost the log) and librdkafka went on from the
+            // earliest offset; ranks whose sequence broke wait for their
+            // next resync.
+            metrics.offset_resets.inc();
+            tracing::warn!(
+                partition,
+                expected = next,
+                offset,
+                "the log no longer held this position: reading on from the earliest offset"
+            );
+        }
         p.next = Some(offset + 1);
         let batch = match batch {
             Ok(batch) => batch,
@@ -687,5 +683,48 @@ impl KafkaConsumer {
                 }
             }
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use clap::{CommandFactory as _, Parser};
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kafka: KafkaConsumerFlags,
+    }
+
+    #[test]
+    fn the_flags_parse_and_check() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert!(cli.kafka.settings().unwrap().is_none(), "gRPC by default");
+        let cli = Cli::try_parse_from(["x", "--transport", "kafka"]).unwrap();
+        assert!(
+            cli.kafka
+                .settings()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--kafka-brokers: required")
+        );
+        let cli = Cli::try_parse_from([
+            "x",
+            "--transport",
+            "kafka",
+            "--kafka-brokers",
+            "127.0.0.1:9092",
+            "--kafka-snapshot-dir",
+            "/tmp/s",
+        ])
+        .unwrap();
+        let settings = cli.kafka.settings().unwrap().unwrap();
+        assert_eq!(settings.client.get("auto.offset.reset"), Some("earliest"));
+        assert_eq!(settings.client.get("enable.auto.commit"), Some("false"));
+        assert_eq!(settings.snapshot_every, Duration::from_secs(60));
     }
 }

@@ -1,0 +1,640 @@
+//! Active-active index servers over Kafka, with the real binaries on
+//! loopback and the real tansu broker: engines publishing the real vLLM
+//! wire, `ic-kvevent-subscriber --transport kafka` producing every batch to
+//! one topic, and `ic-index-server --transport kafka` replicas each
+//! consuming every partition on their own. Replicas are killed and
+//! restarted (from their snapshot plus the log's tail), started late
+//! (from the earliest offset), subscribers and the broker restarted; every
+//! scenario ends with every replica equal to what the engines hold (its
+//! `/snapshot` block count per replica and a full-length `LookupRoute`
+//! match on each engine's newest prompt) and all replicas giving the same
+//! LookupRoute answers.
+//!
+//! Times are printed as `kafka figure:` lines; nothing asserts a duration
+//! beyond the generous "it converges at all" deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ic_e2e::engine::FakeEngine;
+use ic_e2e::{ServiceProcess, http_get, workspace_binary};
+use ic_kvevents::Medium;
+use ic_kvevents::encode::{Era, gpu_store, removal};
+use ic_proto::IndexServiceClient;
+use ic_proto::index_v1 as pb;
+use nix::sys::signal::Signal;
+
+const TENANT: &str = "team-a";
+const MODEL: &str = "meta-llama/Llama-3.1-8B";
+const BLOCK: u32 = 16;
+const TOPIC: &str = "inferencecache.index-events";
+const PARTITIONS: u32 = 3;
+/// How long any scenario may take to converge before the test fails.
+const CONVERGE: Duration = Duration::from_secs(120);
+
+const INSTALL: &str = "install tansu 0.6.0 with `./dev.sh test` (into \
+     ~/.cache/inferencecache/tools) or point IC_TANSU_BIN at a tansu binary";
+
+/// The tansu binary: `IC_TANSU_BIN`, the dev.sh tool cache, then PATH. No
+/// broker is a failure, never a skip.
+fn tansu_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("IC_TANSU_BIN") {
+        let bin = PathBuf::from(bin);
+        assert!(
+            bin.is_file(),
+            "IC_TANSU_BIN={} does not exist; {INSTALL}",
+            bin.display()
+        );
+        return bin;
+    }
+    let mut candidates = Vec::new();
+    if let Some(home) = std::env::var_os("HOME") {
+        candidates.push(PathBuf::from(home).join(".cache/inferencecache/tools/bin/tansu"));
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|d| d.join("tansu")));
+    }
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("tansu (Kafka broker) not found; {INSTALL}"))
+}
+
+/// A tansu broker on a fixed loopback port (a restart takes the same one),
+/// in-memory storage, stopped on drop.
+struct Broker {
+    child: Child,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl Broker {
+    fn start_on(port: u16) -> Self {
+        let bin = tansu_bin();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(&bin)
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+                "--storage-engine",
+                "memory://tansu/",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL}", bin.display()));
+        let mut broker = Self { child, bin, port };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Ok(Some(status)) = broker.child.try_wait() {
+                panic!("tansu exited before listening on {addr}: {status}");
+            }
+            assert!(Instant::now() < deadline, "tansu did not listen on {addr}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        broker.create_topic();
+        broker
+    }
+
+    /// tansu does not create topics on its own.
+    fn create_topic(&self) {
+        let out = Command::new(&self.bin)
+            .args([
+                "topic",
+                "create",
+                "--broker",
+                &format!("tcp://127.0.0.1:{}", self.port),
+                "--partitions",
+                &PARTITIONS.to_string(),
+                TOPIC,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tansu topic create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// One engine and what it holds (as in faults.rs): each prompt a chain of
+/// blocks no other chain shares.
+struct Engine {
+    engine: FakeEngine,
+    replica: String,
+    index: u64,
+    chains: BTreeMap<u64, Vec<u64>>,
+    next_chain: u64,
+}
+
+impl Engine {
+    fn tokens(&self, chain: u64, blocks: u32) -> Vec<u32> {
+        let base = u32::try_from((self.index * 1_000_000 + chain * 1_000) % 4_000_000_000).unwrap();
+        (0..blocks * BLOCK).map(|t| base + t).collect()
+    }
+
+    async fn store(&mut self, blocks: u32) {
+        let chain = self.next_chain;
+        self.next_chain += 1;
+        let hashes: Vec<u64> = (0..u64::from(blocks))
+            .map(|b| (self.index << 40) | (chain << 8) | (b + 1))
+            .collect();
+        let tokens = self.tokens(chain, blocks);
+        self.engine
+            .publish(&[gpu_store(hashes.clone(), None, tokens, BLOCK)])
+            .await;
+        self.chains.insert(chain, hashes);
+    }
+
+    async fn evict_one(&mut self) {
+        let Some((&chain, hashes)) = self.chains.iter_mut().next() else {
+            return;
+        };
+        let last = hashes.pop().unwrap();
+        if hashes.is_empty() {
+            self.chains.remove(&chain);
+        }
+        self.engine
+            .publish(&[removal(vec![last], Medium::Gpu)])
+            .await;
+    }
+
+    async fn round(&mut self) {
+        self.store(4).await;
+        self.store(2).await;
+        self.evict_one().await;
+    }
+
+    fn blocks(&self) -> u64 {
+        self.chains.values().map(|c| c.len() as u64).sum()
+    }
+
+    fn newest(&self) -> Option<(Vec<u32>, u32)> {
+        let (&chain, hashes) = self.chains.iter().next_back()?;
+        let blocks = u32::try_from(hashes.len()).unwrap();
+        Some((self.tokens(chain, blocks), blocks))
+    }
+}
+
+async fn rounds(engines: &mut [Engine], n: usize) {
+    for _ in 0..n {
+        for engine in engines.iter_mut() {
+            engine.round().await;
+        }
+    }
+}
+
+/// One index-server replica consuming the topic.
+struct Replica {
+    process: ServiceProcess,
+    grpc: u16,
+    http: SocketAddr,
+}
+
+fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
+    let mut args: Vec<String> = [
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--transport",
+        "kafka",
+        "--kafka-brokers",
+        broker,
+        "--kafka-topic",
+        TOPIC,
+        "--kafka-ready-lag-messages",
+        "0",
+        "--kafka-snapshot-interval-seconds",
+        "1",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    if let Some(dir) = snapshots {
+        args.push("--kafka-snapshot-dir".into());
+        args.push(dir.display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut process = ServiceProcess::start(&workspace_binary("ic-index-server"), &args);
+    let grpc = process.addr("grpc").port();
+    let http = process.admin_addr();
+    Replica {
+        process,
+        grpc,
+        http,
+    }
+}
+
+fn subscriber(engine: &Engine, broker: &str) -> ServiceProcess {
+    let mut args = engine.engine.subscriber_args(
+        // Not dialled with --transport kafka.
+        "http://127.0.0.1:9",
+        &engine.replica,
+        TENANT,
+        MODEL,
+        &format!("10.0.0.{}:8000", engine.index),
+    );
+    for a in [
+        "--transport",
+        "kafka",
+        "--kafka-brokers",
+        broker,
+        "--kafka-topic",
+        TOPIC,
+        "--kafka-resync-interval-seconds",
+        "20",
+        "--kafka-delivery-timeout-ms",
+        "3000",
+    ] {
+        args.push(a.to_owned());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args)
+}
+
+async fn fleet(count: u64, broker: &str) -> (Vec<Engine>, Vec<ServiceProcess>) {
+    let mut engines = Vec::new();
+    let mut sidecars = Vec::new();
+    for index in 0..count {
+        let mut engine = Engine {
+            engine: FakeEngine::start(Era::VllmMap, "kv-events").await,
+            replica: format!("engine-{index}"),
+            index,
+            chains: BTreeMap::new(),
+            next_chain: 0,
+        };
+        sidecars.push(subscriber(&engine, broker));
+        engine.engine.wait_for_subscriber().await;
+        engines.push(engine);
+    }
+    (engines, sidecars)
+}
+
+/// GET from a replica; when it cannot answer, fail with its logs.
+fn get(r: &mut Replica, path: &str) -> (u16, String) {
+    let http = r.http;
+    match std::panic::catch_unwind(|| http_get(http, path)) {
+        Ok(answer) => answer,
+        Err(_) => {
+            // Let the last lines of its log arrive.
+            std::thread::sleep(Duration::from_secs(1));
+            let status = r.process.wait_exit();
+            panic!(
+                "GET {path}: the replica stopped serving ({status}); its logs:\n{}",
+                r.process.logs().join("\n")
+            );
+        }
+    }
+}
+
+fn snapshot_blocks(r: &mut Replica) -> Option<BTreeMap<String, u64>> {
+    let (status, body) = get(r, "/snapshot");
+    if status != 200 {
+        return None;
+    }
+    let snapshot: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some(
+        snapshot["replicas"]
+            .as_array()?
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["replicaId"].as_str()?.to_owned(),
+                    r["prefixCount"].as_u64()?,
+                ))
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+    )
+}
+
+/// What LookupRoute answers for each engine's newest prompt, observe-only
+/// (so asking leaves no pick behind): the outcome and each candidate's
+/// replica and matched blocks.
+type Answers = Vec<(i32, Vec<(String, u32)>)>;
+
+async fn answers(grpc: u16, engines: &[Engine]) -> Result<Answers, String> {
+    let mut client = IndexServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for engine in engines {
+        let Some((tokens, _)) = engine.newest() else {
+            continue;
+        };
+        let mut request = ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens);
+        request.observe_only = true;
+        let r = client
+            .lookup_route(request)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_inner();
+        let mut candidates: Vec<(String, u32)> = r
+            .candidates
+            .iter()
+            .map(|c| {
+                (
+                    c.replica
+                        .as_ref()
+                        .map_or(String::new(), |id| id.replica_id.clone()),
+                    c.matched_blocks,
+                )
+            })
+            .collect();
+        candidates.sort();
+        out.push((r.outcome, candidates));
+    }
+    Ok(out)
+}
+
+/// Whether one replica holds exactly what the engines hold.
+async fn matches_engines(r: &mut Replica, engines: &[Engine]) -> Result<Answers, String> {
+    let want: BTreeMap<String, u64> = engines
+        .iter()
+        .filter(|e| e.blocks() > 0)
+        .map(|e| (e.replica.clone(), e.blocks()))
+        .collect();
+    let have = snapshot_blocks(r).ok_or("no snapshot")?;
+    if have != want {
+        return Err(format!("snapshot {have:?}, engines hold {want:?}"));
+    }
+    let answers = answers(r.grpc, engines).await?;
+    for (engine, (outcome, candidates)) in engines
+        .iter()
+        .filter(|e| e.newest().is_some())
+        .zip(&answers)
+    {
+        let blocks = engine.newest().map(|(_, b)| b);
+        let held = candidates
+            .iter()
+            .find(|(id, _)| *id == engine.replica)
+            .map(|(_, n)| *n);
+        if *outcome != pb::LookupOutcome::PrefixMatch as i32 || held != blocks {
+            return Err(format!(
+                "{}'s newest prompt ({blocks:?} blocks): outcome {outcome}, {candidates:?}",
+                engine.replica
+            ));
+        }
+    }
+    Ok(answers)
+}
+
+/// Waits until every replica equals the engines, all answer alike and all
+/// are ready; returns how long it took.
+async fn converge(replicas: &mut [&mut Replica], engines: &[Engine], what: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut result = Ok(());
+        let mut first: Option<Answers> = None;
+        for (i, r) in replicas.iter_mut().enumerate() {
+            match matches_engines(r, engines).await {
+                Ok(a) => match &first {
+                    None => first = Some(a),
+                    Some(f) if *f != a => {
+                        result = Err(format!("replica {i} answers {a:?}, replica 0 {f:?}"));
+                        break;
+                    }
+                    Some(_) => {}
+                },
+                Err(why) => {
+                    result = Err(format!("replica {i}: {why}"));
+                    break;
+                }
+            }
+            let (status, _) = get(r, "/ready");
+            if status != 200 {
+                result = Err(format!("replica {i}: /ready {status}"));
+                break;
+            }
+        }
+        match result {
+            Ok(()) => return started.elapsed(),
+            Err(why) => assert!(
+                started.elapsed() < CONVERGE,
+                "{what}: the replicas did not converge within {CONVERGE:?}: {why}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Publishes `n` new prompts one at a time and measures, for each, how long
+/// until replica `grpc` answers it with a full match; (p50, p99).
+async fn event_to_visible(engine: &mut Engine, grpc: u16, n: usize) -> (Duration, Duration) {
+    let mut client = IndexServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+        .await
+        .unwrap();
+    let mut took = Vec::new();
+    for _ in 0..n {
+        engine.store(3).await;
+        let started = Instant::now();
+        let (tokens, blocks) = engine.newest().unwrap();
+        loop {
+            let mut request = ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens.clone());
+            request.observe_only = true;
+            let r = client.lookup_route(request).await.unwrap().into_inner();
+            if r.best.as_ref().is_some_and(|b| b.matched_blocks == blocks) {
+                took.push(started.elapsed());
+                break;
+            }
+            assert!(
+                started.elapsed() < CONVERGE,
+                "an event never became visible"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    took.sort();
+    let at = |q: f64| took[((took.len() as f64 * q) as usize).min(took.len() - 1)];
+    (at(0.5), at(0.99))
+}
+
+/// Reads one series (summing its label sets) from a `/metrics` page.
+fn metric(http: SocketAddr, name: &str) -> f64 {
+    let (_, text) = http_get(http, "/metrics");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn figure(scenario: &str, value: impl std::fmt::Display) {
+    eprintln!("kafka figure: {scenario}: {value}");
+}
+
+/// Two replicas consuming; one killed with -9 and restarted from its
+/// snapshot plus the tail; a third started late from the earliest offset;
+/// a subscriber killed and replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
+    let broker = Broker::start_on(ic_e2e::free_port());
+    let bootstrap = broker.bootstrap();
+    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let mut a = replica(&bootstrap, Some(dirs[0].path()));
+    let mut b = replica(&bootstrap, Some(dirs[1].path()));
+    let (mut engines, mut sidecars) = fleet(3, &bootstrap).await;
+    rounds(&mut engines, 20).await;
+    let took = converge(&mut [&mut a, &mut b], &engines, "two replicas").await;
+    figure(
+        "two replicas, 3 engines",
+        format!("converged in {} ms", took.as_millis()),
+    );
+
+    let (p50, p99) = event_to_visible(&mut engines[0], a.grpc, 40).await;
+    figure(
+        "event to visible in LookupRoute through Kafka, 40 events",
+        format!("p50 {} ms, p99 {} ms", p50.as_millis(), p99.as_millis()),
+    );
+
+    // kill -9 one replica once it has written a snapshot; the engines go on.
+    a.process.wait_for_log("snapshot written");
+    a.process.signal(Signal::SIGKILL);
+    assert!(!a.process.wait_exit().success());
+    rounds(&mut engines, 20).await;
+    let restarted_at = Instant::now();
+    let mut a = replica(&bootstrap, Some(dirs[0].path()));
+    let loaded = a
+        .process
+        .wait_for_log("snapshot loaded; replaying the topic from its offsets");
+    assert!(
+        loaded["fields"]["entries"].as_u64().unwrap_or(0) > 0,
+        "the restarted replica loaded a non-empty snapshot: {loaded}"
+    );
+    rounds(&mut engines, 5).await;
+    converge(&mut [&mut a, &mut b], &engines, "after kill -9 and restart").await;
+    figure(
+        "replica kill -9, restart from snapshot + tail",
+        format!(
+            "converged {} ms after the restart",
+            restarted_at.elapsed().as_millis()
+        ),
+    );
+    assert!(metric(a.http, "inferencecache_index_kafka_snapshots_total") >= 1.0);
+
+    // A replica started late reads the whole retained log.
+    let started = Instant::now();
+    let mut c = replica(&bootstrap, None);
+    converge(&mut [&mut a, &mut b, &mut c], &engines, "a late replica").await;
+    figure(
+        "replica started late (no snapshot)",
+        format!("converged {} ms after start", started.elapsed().as_millis()),
+    );
+    assert!(c.process.stop().success());
+
+    // A subscriber killed and replaced: the new one resyncs its engine.
+    sidecars[0].signal(Signal::SIGKILL);
+    assert!(!sidecars[0].wait_exit().success());
+    rounds(&mut engines, 5).await;
+    sidecars[0] = subscriber(&engines[0], &bootstrap);
+    engines[0].engine.wait_for_subscriber().await;
+    rounds(&mut engines, 5).await;
+    let took = converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        "after a subscriber restart",
+    )
+    .await;
+    figure(
+        "subscriber kill -9",
+        format!(
+            "converged {} ms after the new sidecar subscribed",
+            took.as_millis()
+        ),
+    );
+
+    for mut s in sidecars {
+        assert!(s.stop().success());
+    }
+    assert!(a.process.stop().success());
+    assert!(b.process.stop().success());
+}
+
+/// The broker stops answering for longer than the producers' delivery
+/// timeout (frozen with SIGSTOP: tansu here keeps its log in memory, so a
+/// frozen broker is an outage that keeps the log). The subscribers drop
+/// what does not reach it, count it and resync; the replicas keep serving
+/// their last view meanwhile and converge once the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_converge_after_a_broker_outage() {
+    let broker = Broker::start_on(ic_e2e::free_port());
+    let bootstrap = broker.bootstrap();
+    let mut a = replica(&bootstrap, None);
+    let mut b = replica(&bootstrap, None);
+    let (mut engines, mut sidecars) = fleet(3, &bootstrap).await;
+    rounds(&mut engines, 20).await;
+    converge(&mut [&mut a, &mut b], &engines, "before the outage").await;
+    let before = snapshot_blocks(&mut a).unwrap();
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(broker.child.id()).unwrap()),
+        Signal::SIGSTOP,
+    )
+    .unwrap();
+    rounds(&mut engines, 5).await;
+    // Longer than --kafka-delivery-timeout-ms: what was sent is dropped.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // The replicas kept their view and kept answering.
+    assert_eq!(snapshot_blocks(&mut a).unwrap(), before);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(broker.child.id()).unwrap()),
+        Signal::SIGCONT,
+    )
+    .unwrap();
+    let back = Instant::now();
+    rounds(&mut engines, 5).await;
+    converge(&mut [&mut a, &mut b], &engines, "after the outage").await;
+    figure(
+        "broker frozen 6 s (deliveries timed out)",
+        format!(
+            "converged {} ms after it came back",
+            back.elapsed().as_millis()
+        ),
+    );
+    let dropped: f64 = sidecars
+        .iter_mut()
+        .map(|s| {
+            let admin = s.admin_addr();
+            metric(
+                admin,
+                "inferencecache_subscriber_kafka_records_dropped_total",
+            )
+        })
+        .sum();
+    assert!(
+        dropped >= 1.0,
+        "the outage dropped records and counted them"
+    );
+    for mut s in sidecars {
+        assert!(s.stop().success());
+    }
+    assert!(a.process.stop().success());
+    assert!(b.process.stop().success());
+}
