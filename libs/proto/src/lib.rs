@@ -84,6 +84,102 @@ pub mod channel {
     }
 }
 
+/// Index-server URLs as the subscriber and the controller take them: a
+/// comma-separated list, each URL resolved to every address its host names
+/// when the index servers sit behind a headless Service.
+pub mod urls {
+    use std::net::SocketAddr;
+
+    /// `value` as a list of URLs: comma-separated, blanks trimmed,
+    /// duplicates dropped (possibly empty). Errors name `flag`.
+    pub fn parse_list(value: &str, flag: &str) -> Result<Vec<String>, String> {
+        let mut urls: Vec<String> = Vec::new();
+        for url in value.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            host_port(url, flag)?;
+            if !urls.iter().any(|u| u == url) {
+                urls.push(url.to_owned());
+            }
+        }
+        Ok(urls)
+    }
+
+    /// The host and port `url` names (the scheme's port when it names
+    /// none); only `http://` and `https://` URLs. Errors name `flag`.
+    pub fn host_port(url: &str, flag: &str) -> Result<(String, u16), String> {
+        let uri: tonic::codegen::http::Uri =
+            url.parse().map_err(|e| format!("{flag} {url}: {e}"))?;
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("{flag} {url}: no host"))?;
+        let port = match (uri.port_u16(), uri.scheme_str()) {
+            (Some(port), Some("http" | "https")) => port,
+            (None, Some("https")) => 443,
+            (None, Some("http")) => 80,
+            _ => return Err(format!("{flag} {url}: expected http:// or https://")),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        Ok((host.to_owned(), port))
+    }
+
+    /// Every address `url`'s host names, IPv4 and IPv6 alike (at least one).
+    pub async fn resolve(url: &str, flag: &str) -> Result<Vec<SocketAddr>, String> {
+        let (host, port) = host_port(url, flag)?;
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| format!("resolving {host}: {e}"))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(format!("{host} has no address"));
+        }
+        Ok(addrs)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn lists_are_split_trimmed_and_deduplicated() {
+            assert_eq!(
+                parse_list(" http://a:9090, https://b:9090 ,,http://a:9090", "--f").unwrap(),
+                vec!["http://a:9090".to_owned(), "https://b:9090".to_owned()]
+            );
+            assert!(parse_list(" , ", "--f").unwrap().is_empty());
+            let err = parse_list("http://:9090", "--f").unwrap_err();
+            assert!(err.starts_with("--f http://:9090"), "{err}");
+            let err = parse_list("index:9090", "--f").unwrap_err();
+            assert!(err.contains("--f index:9090"), "{err}");
+        }
+
+        #[test]
+        fn the_port_defaults_to_the_scheme() {
+            assert_eq!(
+                host_port("https://idx", "--f").unwrap(),
+                ("idx".into(), 443)
+            );
+            assert_eq!(host_port("http://idx", "--f").unwrap(), ("idx".into(), 80));
+            assert_eq!(
+                host_port("http://[::1]:9090", "--f").unwrap(),
+                ("::1".into(), 9090)
+            );
+        }
+
+        #[tokio::test]
+        async fn a_name_resolves_to_every_address() {
+            let addrs = resolve("http://localhost:9090", "--f").await.unwrap();
+            assert!(!addrs.is_empty());
+            assert!(
+                addrs
+                    .iter()
+                    .all(|a| a.port() == 9090 && a.ip().is_loopback())
+            );
+            let addrs = resolve("http://127.0.0.1:1", "--f").await.unwrap();
+            assert_eq!(addrs, vec!["127.0.0.1:1".parse().unwrap()]);
+        }
+    }
+}
+
 /// The cache tier between the domain ([`ic_kvevents::Tier`], which the
 /// index re-exports) and the protobuf contract.
 pub mod tier {

@@ -49,44 +49,7 @@ impl std::fmt::Display for Destination {
 /// The `--index-server-grpc` value as a list of URLs: comma-separated,
 /// blanks trimmed, duplicates dropped. Empty means no pusher.
 pub fn parse_urls(value: &str) -> Result<Vec<String>, String> {
-    let mut urls: Vec<String> = Vec::new();
-    for url in value.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        host_port(url)?;
-        if !urls.iter().any(|u| u == url) {
-            urls.push(url.to_owned());
-        }
-    }
-    Ok(urls)
-}
-
-/// The host and port a URL names (the scheme's port when it names none).
-fn host_port(url: &str) -> Result<(String, u16), String> {
-    let uri: tonic::codegen::http::Uri = url.parse().map_err(|e| format!("{FLAG} {url}: {e}"))?;
-    let host = uri
-        .host()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("{FLAG} {url}: no host"))?;
-    let port = match (uri.port_u16(), uri.scheme_str()) {
-        (Some(port), Some("http" | "https")) => port,
-        (None, Some("https")) => 443,
-        (None, Some("http")) => 80,
-        _ => return Err(format!("{FLAG} {url}: expected http:// or https://")),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    Ok((host.to_owned(), port))
-}
-
-/// Every address `url`'s host names, IPv4 and IPv6 alike.
-pub async fn resolve(url: &str) -> Result<Vec<SocketAddr>, String> {
-    let (host, port) = host_port(url)?;
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
-        .await
-        .map_err(|e| format!("resolving {host}: {e}"))?
-        .collect();
-    if addrs.is_empty() {
-        return Err(format!("{host} has no address"));
-    }
-    Ok(addrs)
+    ic_proto::urls::parse_list(value, FLAG)
 }
 
 /// Where the pusher pushes.
@@ -126,7 +89,7 @@ impl Discovery {
         }
         let mut seen = BTreeSet::new();
         for url in &self.urls {
-            let addrs = match resolve(url).await {
+            let addrs = match ic_proto::urls::resolve(url, FLAG).await {
                 Ok(addrs) => addrs,
                 Err(error) => {
                     found.failures.push(format!("{FLAG} {url}: {error}"));
@@ -169,16 +132,6 @@ mod tests {
         assert!(err.starts_with("--index-server-grpc http://:9090"), "{err}");
         let err = parse_urls("index:9090").unwrap_err();
         assert!(err.contains("--index-server-grpc index:9090"), "{err}");
-    }
-
-    #[test]
-    fn the_port_defaults_to_the_scheme() {
-        assert_eq!(host_port("https://idx").unwrap(), ("idx".into(), 443));
-        assert_eq!(host_port("http://idx").unwrap(), ("idx".into(), 80));
-        assert_eq!(
-            host_port("http://[::1]:9090").unwrap(),
-            ("::1".into(), 9090)
-        );
     }
 
     #[tokio::test]

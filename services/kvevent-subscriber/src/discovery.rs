@@ -43,46 +43,17 @@ pub struct Discovery {
     pub resolve_every: Duration,
 }
 
+/// The flag the URLs come from, named in every error about them.
+const FLAG: &str = "--index-server";
+
 /// The `--index-server` value as a list of URLs: comma-separated, blanks
 /// trimmed, duplicates dropped; an empty list is an error naming the flag.
 pub fn parse_urls(value: &str) -> Result<Vec<String>, String> {
-    let mut urls: Vec<String> = Vec::new();
-    for url in value.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        host_port(url)?;
-        if !urls.iter().any(|u| u == url) {
-            urls.push(url.to_owned());
-        }
-    }
+    let urls = ic_proto::urls::parse_list(value, FLAG)?;
     if urls.is_empty() {
-        return Err("--index-server: at least one URL is required".into());
+        return Err(format!("{FLAG}: at least one URL is required"));
     }
     Ok(urls)
-}
-
-/// The host and port a URL names (the scheme's port when it names none).
-fn host_port(url: &str) -> Result<(String, u16), String> {
-    let uri: tonic::codegen::http::Uri = url
-        .parse()
-        .map_err(|e| format!("--index-server {url}: {e}"))?;
-    let host = uri
-        .host()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| format!("--index-server {url}: no host"))?;
-    let port = match (uri.port_u16(), uri.scheme_str()) {
-        (Some(port), _) => port,
-        (None, Some("https")) => 443,
-        (None, Some("http")) => 80,
-        (None, _) => {
-            return Err(format!(
-                "--index-server {url}: expected http:// or https://"
-            ));
-        }
-    };
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_owned();
-    Ok((host, port))
 }
 
 /// Runs the forwarders until `shutdown`.
@@ -123,7 +94,7 @@ pub async fn run(
         }
         let mut wanted: BTreeSet<(usize, SocketAddr)> = BTreeSet::new();
         for (i, target) in discovery.targets.iter().enumerate() {
-            match resolve(&target.url).await {
+            match ic_proto::urls::resolve(&target.url, FLAG).await {
                 Ok(addrs) => wanted.extend(addrs.into_iter().map(|a| (i, a))),
                 Err(error) => {
                     // Keep what this URL resolved to last time: a DNS hiccup
@@ -164,19 +135,6 @@ pub async fn run(
     while tasks.join_next().await.is_some() {}
 }
 
-/// Every address `url`'s host names, IPv4 and IPv6 alike.
-async fn resolve(url: &str) -> Result<Vec<SocketAddr>, String> {
-    let (host, port) = host_port(url)?;
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), port))
-        .await
-        .map_err(|e| e.to_string())?
-        .collect();
-    if addrs.is_empty() {
-        return Err(format!("{host} has no address"));
-    }
-    Ok(addrs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,28 +159,5 @@ mod tests {
                 .unwrap_err()
                 .contains("a-host-only")
         );
-    }
-
-    #[test]
-    fn the_port_defaults_to_the_scheme() {
-        assert_eq!(host_port("https://idx").unwrap(), ("idx".into(), 443));
-        assert_eq!(host_port("http://idx").unwrap(), ("idx".into(), 80));
-        assert_eq!(
-            host_port("http://[::1]:9090").unwrap(),
-            ("::1".into(), 9090)
-        );
-    }
-
-    #[tokio::test]
-    async fn a_name_resolves_to_every_address() {
-        let addrs = resolve("http://localhost:9090").await.unwrap();
-        assert!(!addrs.is_empty());
-        assert!(
-            addrs
-                .iter()
-                .all(|a| a.port() == 9090 && a.ip().is_loopback())
-        );
-        let addrs = resolve("http://127.0.0.1:1").await.unwrap();
-        assert_eq!(addrs, vec!["127.0.0.1:1".parse().unwrap()]);
     }
 }
