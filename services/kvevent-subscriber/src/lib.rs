@@ -9,7 +9,9 @@
 //! turns into a resync instead of back-pressure.
 
 pub mod convert;
+pub mod discovery;
 pub mod forwarder;
+pub mod kafka;
 pub mod listener;
 pub mod metrics;
 pub mod outbox;
@@ -24,13 +26,12 @@ use anyhow::Context;
 use ic_kvevents::ReplicaConfig;
 use ic_proto::index_v1 as pb;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::forwarder::Identity;
 use crate::listener::{ListenerContext, RankEndpoints, offset_endpoint};
 use crate::metrics::Metrics;
-use crate::outbox::Outbox;
+use crate::outbox::{Outbox, Wakers};
 
 /// Binary name, as the webhook injects it.
 pub const BINARY: &str = "ic-kvevent-subscriber";
@@ -42,13 +43,6 @@ pub enum HashSchemeArg {
     Vllm,
     /// SGLang.
     Sglang,
-}
-
-/// Where index updates go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum TransportArg {
-    /// gRPC IngestEvents stream to the index server.
-    Grpc,
 }
 
 /// Subscriber flags (each with an env fallback; identity comes from the
@@ -92,9 +86,21 @@ pub struct Config {
     #[arg(long, env = "IC_IGNORE_BLOCK_REMOVED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub ignore_block_removed: bool,
 
-    /// Index server gRPC URL.
+    /// Index server gRPC URL; several (comma-separated) stream to each,
+    /// as do all the addresses of a host with `--index-server-discovery dns`.
     #[arg(long, env = "IC_INDEX_SERVER", default_value = "http://127.0.0.1:9090")]
     pub index_server: String,
+
+    /// How the index-server replicas are found: `static` streams to each
+    /// URL as given; `dns` resolves each URL's host again every
+    /// `--index-server-resolve-seconds` and streams to every address (a
+    /// headless Service: every replica, each with the whole index).
+    #[arg(long, env = "IC_INDEX_SERVER_DISCOVERY", value_enum, default_value_t = discovery::DiscoveryMode::Static)]
+    pub index_server_discovery: discovery::DiscoveryMode,
+
+    /// Seconds between look-ups of the index servers' addresses (dns).
+    #[arg(long, env = "IC_INDEX_SERVER_RESOLVE_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub index_server_resolve_seconds: u64,
 
     /// Bearer token file presented to the index server (a projected,
     /// audience-bound service-account token); read again on every
@@ -185,9 +191,10 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_ADAPTERS", default_value_t = 64)]
     pub max_adapters: usize,
 
-    /// Transport to the index.
-    #[arg(long, env = "IC_TRANSPORT", value_enum, default_value_t = TransportArg::Grpc)]
-    pub transport: TransportArg,
+    /// Transport to the index (`--transport grpc|kafka`) and the Kafka
+    /// producer's settings.
+    #[command(flatten)]
+    pub kafka: kafka::KafkaProducerFlags,
 }
 
 impl Config {
@@ -205,6 +212,10 @@ impl Config {
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
+    let kafka = config
+        .kafka
+        .settings()?
+        .map(|settings| (settings, kafka::KafkaMetrics::register(&registry)));
     let health = Health::new();
     let admin = AdminServer::bind(
         config.admin_addr,
@@ -227,7 +238,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         )
         .with_history_turnover(config.history_turnover_tokens),
     ));
-    let notify = Arc::new(Notify::new());
+    let wakers = Wakers::new();
+    let urls = discovery::parse_urls(&config.index_server).map_err(anyhow::Error::msg)?;
     let identity = Identity {
         scope: pb::IndexScope {
             tenant: config.tenant.clone(),
@@ -253,6 +265,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         tenant = %config.tenant,
         address = %identity.address,
         index_server = %config.index_server,
+        index_server_discovery = ?config.index_server_discovery,
         ignore_block_removed = config.ignore_block_removed,
         "kvevent-subscriber starting"
     );
@@ -261,7 +274,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ctx = ListenerContext {
         topic: config.topic.clone(),
         outbox: outbox.clone(),
-        notify: notify.clone(),
+        wakers: wakers.clone(),
         metrics: metrics.clone(),
         max_receive_errors: config.max_receive_errors,
         max_sequence_jump: config.max_sequence_jump,
@@ -290,22 +303,45 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             shutdown.clone(),
         ));
     }
-    tasks.spawn(forwarder::run(
-        forwarder::Target {
-            url: config.index_server.clone(),
-            token_file: config.index_server_token_file.clone(),
-            ca: match (&config.index_server_ca_file, &config.index_server_ca_pem) {
-                (Some(path), _) => Some(forwarder::Trust::File(path.clone())),
-                (None, Some(pem)) => Some(forwarder::Trust::Pem(pem.clone())),
-                (None, None) => None,
+    let trust = match (&config.index_server_ca_file, &config.index_server_ca_pem) {
+        (Some(path), _) => Some(forwarder::Trust::File(path.clone())),
+        (None, Some(pem)) => Some(forwarder::Trust::Pem(pem.clone())),
+        (None, None) => None,
+    };
+    if let Some((settings, kafka_metrics)) = kafka {
+        // The topic replaces the gRPC streams: one destination, the producer.
+        let (outbox, shutdown) = (outbox.clone(), shutdown.clone());
+        tasks.spawn(async move {
+            let stop = shutdown.clone();
+            if let Err(error) =
+                kafka::run(settings, identity, outbox, wakers, kafka_metrics, shutdown).await
+            {
+                tracing::error!(error = %format!("{error:#}"), "Kafka producer");
+                stop.cancel();
+            }
+        });
+    } else {
+        tasks.spawn(discovery::run(
+            discovery::Discovery {
+                targets: urls
+                    .into_iter()
+                    .map(|url| forwarder::Target {
+                        url,
+                        addr: None,
+                        token_file: config.index_server_token_file.clone(),
+                        ca: trust.clone(),
+                    })
+                    .collect(),
+                mode: config.index_server_discovery,
+                resolve_every: Duration::from_secs(config.index_server_resolve_seconds),
             },
-        },
-        identity,
-        outbox.clone(),
-        notify,
-        metrics.clone(),
-        shutdown.clone(),
-    ));
+            identity,
+            outbox.clone(),
+            wakers,
+            metrics.clone(),
+            shutdown.clone(),
+        ));
+    }
     if let Some(url) = config.engine_metrics_url.clone() {
         let interval = Duration::from_secs(config.tier2_scrape_interval_seconds.max(1));
         tasks.spawn(scrape_tier2(
