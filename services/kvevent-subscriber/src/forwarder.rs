@@ -113,9 +113,10 @@ pub async fn run(
         notify: &notify,
         metrics: &metrics,
     };
-    link.run(&target, &shutdown)
-        .instrument(tracing::info_span!("forwarder", index_server = %target.display()))
-        .await;
+    // No span around the link: each batch's span is a root of its own trace
+    // (the index server's span for the batch joins it), and a long-lived
+    // parent would put every batch in one trace.
+    link.run(&target, &shutdown).await;
     lock(&outbox).remove_destination(destination);
     wakers.unregister(&notify);
     metrics.forward_destinations.dec();
@@ -164,12 +165,12 @@ impl Link<'_> {
                     lock(self.outbox).mark_for_resync(self.destination);
                     match self.stream_once(client, token, &mut seqs, shutdown).await {
                         Ok(ack) if ack.resync_required => {
-                            tracing::info!(detail = %ack.detail, "index server asked for a resync");
+                            tracing::info!(index_server = %url, detail = %ack.detail, "index server asked for a resync");
                         }
                         Ok(_) => {}
                         Err(error) => {
                             metrics.forward_errors.inc();
-                            tracing::warn!(%error, "ingest stream ended");
+                            tracing::warn!(index_server = %url, %error, "ingest stream ended");
                         }
                     }
                 }
@@ -360,6 +361,7 @@ impl Link<'_> {
                     metrics.resyncs.inc();
                 }
                 let span = tracing::debug_span!(
+                    parent: None,
                     "forward_batch",
                     otel.kind = "producer",
                     kind,
