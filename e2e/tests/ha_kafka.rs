@@ -4,7 +4,9 @@
 //! one topic, and `ic-index-server --transport kafka` replicas each
 //! consuming every partition on their own. Replicas are killed and
 //! restarted (from their snapshot plus the log's tail), started late
-//! (from the earliest offset), subscribers and the broker restarted; every
+//! (from the earliest offset), subscribers restarted and the broker frozen
+//! past the delivery timeout (not restarted: see docs/scaling.md, "A broker
+//! restart"); every
 //! scenario ends with every replica equal to what the engines hold (its
 //! `/snapshot` block count per replica and a full-length `LookupRoute`
 //! match on each engine's newest prompt) and all replicas giving the same
