@@ -23,17 +23,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ic_e2e::engine::FakeEngine;
 use ic_e2e::{ServiceProcess, http_get, workspace_binary};
-use ic_kvevents::Medium;
-use ic_kvevents::encode::{Era, gpu_store, removal};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
 use nix::sys::signal::Signal;
 
-const TENANT: &str = "team-a";
-const MODEL: &str = "meta-llama/Llama-3.1-8B";
-const BLOCK: u32 = 16;
+#[path = "support/fleet.rs"]
+mod fleet;
+
+use fleet::{Engine, MODEL, TENANT, metric, rounds};
+
 const TOPIC: &str = "inferencecache.index-events";
 const PARTITIONS: u32 = 3;
 /// How long any scenario may take to converge before the test fails.
@@ -145,73 +144,6 @@ impl Drop for Broker {
     }
 }
 
-/// One engine and what it holds (as in faults.rs): each prompt a chain of
-/// blocks no other chain shares.
-struct Engine {
-    engine: FakeEngine,
-    replica: String,
-    index: u64,
-    chains: BTreeMap<u64, Vec<u64>>,
-    next_chain: u64,
-}
-
-impl Engine {
-    fn tokens(&self, chain: u64, blocks: u32) -> Vec<u32> {
-        let base = u32::try_from((self.index * 1_000_000 + chain * 1_000) % 4_000_000_000).unwrap();
-        (0..blocks * BLOCK).map(|t| base + t).collect()
-    }
-
-    async fn store(&mut self, blocks: u32) {
-        let chain = self.next_chain;
-        self.next_chain += 1;
-        let hashes: Vec<u64> = (0..u64::from(blocks))
-            .map(|b| (self.index << 40) | (chain << 8) | (b + 1))
-            .collect();
-        let tokens = self.tokens(chain, blocks);
-        self.engine
-            .publish(&[gpu_store(hashes.clone(), None, tokens, BLOCK)])
-            .await;
-        self.chains.insert(chain, hashes);
-    }
-
-    async fn evict_one(&mut self) {
-        let Some((&chain, hashes)) = self.chains.iter_mut().next() else {
-            return;
-        };
-        let last = hashes.pop().unwrap();
-        if hashes.is_empty() {
-            self.chains.remove(&chain);
-        }
-        self.engine
-            .publish(&[removal(vec![last], Medium::Gpu)])
-            .await;
-    }
-
-    async fn round(&mut self) {
-        self.store(4).await;
-        self.store(2).await;
-        self.evict_one().await;
-    }
-
-    fn blocks(&self) -> u64 {
-        self.chains.values().map(|c| c.len() as u64).sum()
-    }
-
-    fn newest(&self) -> Option<(Vec<u32>, u32)> {
-        let (&chain, hashes) = self.chains.iter().next_back()?;
-        let blocks = u32::try_from(hashes.len()).unwrap();
-        Some((self.tokens(chain, blocks), blocks))
-    }
-}
-
-async fn rounds(engines: &mut [Engine], n: usize) {
-    for _ in 0..n {
-        for engine in engines.iter_mut() {
-            engine.round().await;
-        }
-    }
-}
-
 /// One index-server replica consuming the topic.
 struct Replica {
     process: ServiceProcess,
@@ -254,16 +186,9 @@ fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
     }
 }
 
-fn subscriber(engine: &Engine, broker: &str) -> ServiceProcess {
-    let mut args = engine.engine.subscriber_args(
-        // Not dialled with --transport kafka.
-        "http://127.0.0.1:9",
-        &engine.replica,
-        TENANT,
-        MODEL,
-        &format!("10.0.0.{}:8000", engine.index),
-    );
-    for a in [
+/// What makes a subscriber publish to the topic instead of streaming.
+fn kafka_flags(broker: &str) -> Vec<&str> {
+    vec![
         "--transport",
         "kafka",
         "--kafka-brokers",
@@ -274,30 +199,11 @@ fn subscriber(engine: &Engine, broker: &str) -> ServiceProcess {
         "20",
         "--kafka-delivery-timeout-ms",
         "3000",
-    ] {
-        args.push(a.to_owned());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ServiceProcess::start(&workspace_binary("ic-kvevent-subscriber"), &args)
+    ]
 }
 
-async fn fleet(count: u64, broker: &str) -> (Vec<Engine>, Vec<ServiceProcess>) {
-    let mut engines = Vec::new();
-    let mut sidecars = Vec::new();
-    for index in 0..count {
-        let mut engine = Engine {
-            engine: FakeEngine::start(Era::VllmMap, "kv-events").await,
-            replica: format!("engine-{index}"),
-            index,
-            chains: BTreeMap::new(),
-            next_chain: 0,
-        };
-        sidecars.push(subscriber(&engine, broker));
-        engine.engine.wait_for_subscriber().await;
-        engines.push(engine);
-    }
-    (engines, sidecars)
-}
+/// Not dialled with `--transport kafka`.
+const NO_INDEX_SERVER: &str = "http://127.0.0.1:9";
 
 /// GET from a replica; when it cannot answer, fail with its logs.
 fn get(r: &mut Replica, path: &str) -> (u16, String) {
@@ -478,16 +384,6 @@ async fn event_to_visible(engine: &mut Engine, grpc: u16, n: usize) -> (Duration
     (at(0.5), at(0.99))
 }
 
-/// Reads one series (summing its label sets) from a `/metrics` page.
-fn metric(http: SocketAddr, name: &str) -> f64 {
-    let (_, text) = http_get(http, "/metrics");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn figure(scenario: &str, value: impl std::fmt::Display) {
     eprintln!("kafka figure: {scenario}: {value}");
 }
@@ -502,7 +398,8 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let mut a = replica(&bootstrap, Some(dirs[0].path()));
     let mut b = replica(&bootstrap, Some(dirs[1].path()));
-    let (mut engines, mut sidecars) = fleet(3, &bootstrap).await;
+    let (mut engines, mut sidecars) =
+        fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
     let took = converge(&mut [&mut a, &mut b], &engines, "two replicas").await;
     figure(
@@ -555,7 +452,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     sidecars[0].signal(Signal::SIGKILL);
     assert!(!sidecars[0].wait_exit().success());
     rounds(&mut engines, 5).await;
-    sidecars[0] = subscriber(&engines[0], &bootstrap);
+    sidecars[0] = fleet::subscriber(&engines[0], NO_INDEX_SERVER, &kafka_flags(&bootstrap));
     engines[0].engine.wait_for_subscriber().await;
     rounds(&mut engines, 5).await;
     let took = converge(
@@ -590,7 +487,8 @@ async fn replicas_converge_after_a_broker_outage() {
     let bootstrap = broker.bootstrap();
     let mut a = replica(&bootstrap, None);
     let mut b = replica(&bootstrap, None);
-    let (mut engines, mut sidecars) = fleet(3, &bootstrap).await;
+    let (mut engines, mut sidecars) =
+        fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
     converge(&mut [&mut a, &mut b], &engines, "before the outage").await;
     let before = snapshot_blocks(&mut a).unwrap();
