@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-pub use ic_sim::{PROCESS_TIMEOUT, ServiceProcess, engine, ext_proc, http_get, ingest};
+pub use ic_sim::{PROCESS_TIMEOUT, ServiceProcess, engine, ext_proc, http_get, ingest, tansu};
 
 pub mod chart;
 pub mod conformance;

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ic_e2e::tansu::INSTALL;
 use ic_e2e::{ServiceProcess, http_get, workspace_binary};
 use ic_proto::IndexServiceClient;
 use ic_proto::index_v1 as pb;
@@ -38,34 +39,6 @@ const PARTITIONS: u32 = 3;
 /// How long any scenario may take to converge before the test fails.
 const CONVERGE: Duration = Duration::from_secs(120);
 
-const INSTALL: &str = "install tansu 0.6.0 with `./dev.sh test` (into \
-     ~/.cache/inferencecache/tools) or point IC_TANSU_BIN at a tansu binary";
-
-/// The tansu binary: `IC_TANSU_BIN`, the dev.sh tool cache, then PATH. No
-/// broker is a failure, never a skip.
-fn tansu_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("IC_TANSU_BIN") {
-        let bin = PathBuf::from(bin);
-        assert!(
-            bin.is_file(),
-            "IC_TANSU_BIN={} does not exist; {INSTALL}",
-            bin.display()
-        );
-        return bin;
-    }
-    let mut candidates = Vec::new();
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".cache/inferencecache/tools/bin/tansu"));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("tansu")));
-    }
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("tansu (Kafka broker) not found; {INSTALL}"))
-}
-
 /// A tansu broker on a fixed loopback port (a restart takes the same one),
 /// in-memory storage, stopped on drop.
 struct Broker {
@@ -76,7 +49,7 @@ struct Broker {
 
 impl Broker {
     fn start_on(port: u16) -> Self {
-        let bin = tansu_bin();
+        let bin = ic_e2e::tansu::binary();
         let url = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(&bin)
             .args([

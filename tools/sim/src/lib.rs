@@ -7,7 +7,8 @@
 //! * [`process`]: the real binaries as child processes, with the addresses
 //!   they bound read back from their `--listen-report` file;
 //! * [`ext_proc`]: what a gateway sends an endpoint picker;
-//! * [`ingest`]: IngestEvents batches as a subscriber sends them.
+//! * [`ingest`]: IngestEvents batches as a subscriber sends them;
+//! * [`tansu`]: where the Kafka-protocol broker the tests run is found.
 //!
 //! The helpers panic on failure: their callers are tests and tools whose
 //! run cannot go on without the process or socket they asked for.
@@ -16,5 +17,6 @@ pub mod engine;
 pub mod ext_proc;
 pub mod ingest;
 pub mod process;
+pub mod tansu;
 
 pub use process::{PROCESS_TIMEOUT, ServiceProcess, http_get};

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ic_e2e::tansu::INSTALL;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{Value, json};
@@ -15,37 +16,6 @@ use serde_json::{Value, json};
 /// How long the broker may take to start listening, and a wait for the
 /// coordinator to reach a state may last (a hang guard, not a timing check).
 pub const DEADLINE: Duration = Duration::from_secs(90);
-
-const INSTALL: &str = "install tansu 0.6.0 with `./dev.sh test` (it installs it into \
-     ~/.cache/inferencecache/tools), or `cargo install tansu --version 0.6.0 --features dynostore \
-     --locked --debug --root ~/.cache/inferencecache/tools`, or point IC_TANSU_BIN at a tansu binary";
-
-/// Finds the tansu binary: `IC_TANSU_BIN`, the dev.sh tool cache, then PATH.
-///
-/// # Panics
-/// When there is none: the Kafka tests must fail, not skip, without a broker.
-pub fn tansu_bin() -> PathBuf {
-    if let Some(bin) = std::env::var_os("IC_TANSU_BIN") {
-        let bin = PathBuf::from(bin);
-        assert!(
-            bin.is_file(),
-            "IC_TANSU_BIN={} does not exist; {INSTALL}",
-            bin.display()
-        );
-        return bin;
-    }
-    let mut candidates = Vec::new();
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".cache/inferencecache/tools/bin/tansu"));
-    }
-    if let Some(path) = std::env::var_os("PATH") {
-        candidates.extend(std::env::split_paths(&path).map(|d| d.join("tansu")));
-    }
-    candidates
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("tansu (Kafka broker) not found; {INSTALL}"))
-}
 
 /// A running tansu broker.
 #[derive(Debug)]
@@ -67,7 +37,7 @@ impl Broker {
     /// # Panics
     /// When tansu is missing or does not come up.
     pub fn start_on(port: u16) -> Self {
-        let bin = tansu_bin();
+        let bin = ic_e2e::tansu::binary();
         let url = format!("tcp://127.0.0.1:{port}");
         let child = Command::new(&bin)
             .args([
