@@ -8,11 +8,18 @@
 //!
 //! A restart does not always move the sequence backwards: the new engine may
 //! publish more batches before the subscriber reconnects than the old one
-//! ever did. The engine is on the pod's loopback, so its connection dropping
-//! means its process went away; after the socket reconnects, the first
-//! message is checked: with a replay endpoint the engine is asked for the
-//! last batch applied, and a different (or missing) payload means a new
-//! incarnation; without one, the reconnect itself counts as a restart.
+//! ever did, or publish nothing at all afterwards. The engine is on the
+//! pod's loopback, so its connection dropping means its process went away.
+//! From then on the engine is probed — when the socket reconnects, every
+//! `PROBE_INTERVAL` while the reconnect is pending, and at the latest when
+//! a message arrives — without waiting for the engine's next batch: its
+//! replay buffer is read and compared with the digests of the batches
+//! applied (a window of them, not only the last, so one byte-identical
+//! batch of a new incarnation is not mistaken for the old one). The same
+//! history means the same engine: what it published meanwhile is applied.
+//! A different one is a new incarnation: the rank is reset and rebuilt
+//! from the buffer. Without a replay endpoint the reconnect itself counts
+//! as a restart.
 //!
 //! At start-up the rank first rebuilds what the engine's replay buffer
 //! still holds, before its first resync, so a restarted subscriber does not
@@ -37,6 +44,14 @@ use crate::outbox::{Outbox, Wakers, lock};
 
 /// How long one replay may take before the rest of the gap counts as lost.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How often the engine is probed while its connection is lost and the
+/// socket's own reconnect (which backs off to 30 s) is still pending.
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Digests of the last batches applied kept per rank to recognise the
+/// engine after a reconnect (16 bytes each).
+const DIGEST_WINDOW: usize = 1024;
 
 /// One rank's endpoints.
 #[derive(Clone, Debug)]
@@ -84,10 +99,29 @@ pub struct ListenerContext {
 #[derive(Debug)]
 struct Stream {
     seq: SeqTracker,
-    /// Digest of the payload of the last batch applied, by its sequence.
-    last_digest: Option<(u64, u64)>,
-    /// The engine's connection dropped since the last message.
+    /// Digests of the payloads of the last batches applied, by sequence,
+    /// oldest first (at most `DIGEST_WINDOW`).
+    digests: std::collections::VecDeque<(u64, u64)>,
+    /// The engine's connection dropped and the engine was not probed since.
     peer_lost: bool,
+}
+
+impl Stream {
+    fn applied(&mut self, seq: u64, payload: &[u8]) {
+        if self.digests.back().is_some_and(|(last, _)| *last >= seq) {
+            // Out of order (a replay after a reset): the window restarts.
+            self.digests.clear();
+        }
+        if self.digests.len() == DIGEST_WINDOW {
+            self.digests.pop_front();
+        }
+        self.digests.push_back((seq, digest(payload)));
+    }
+
+    fn forget(&mut self) {
+        self.seq.reset();
+        self.digests.clear();
+    }
 }
 
 fn digest(payload: &[u8]) -> u64 {
@@ -106,7 +140,7 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
     let mut stream = Stream {
         seq: SeqTracker::with_max_jump(ctx.max_sequence_jump),
-        last_digest: None,
+        digests: std::collections::VecDeque::new(),
         peer_lost: false,
     };
     let mut ready_by = Some(tokio::time::Instant::now() + ctx.startup_grace);
@@ -141,6 +175,7 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
         tracing::info!(rank = endpoints.rank, endpoint = %endpoints.events, "subscribed to engine KV events");
         let mut recv_backoff = Backoff::new(RECV_ERROR_BACKOFF.0, RECV_ERROR_BACKOFF.1);
         let mut errors_in_a_row = 0u32;
+        let mut next_probe = None;
         loop {
             let grace = async {
                 match ready_by {
@@ -148,14 +183,34 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
                     None => std::future::pending().await,
                 }
             };
+            let probe_timer = async {
+                match next_probe {
+                    Some(at) if stream.peer_lost => tokio::time::sleep_until(at).await,
+                    _ => std::future::pending().await,
+                }
+            };
             let message = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
                 Some(event) = monitor.next() => {
-                    if matches!(event, SocketEvent::Disconnected(_)) {
-                        stream.peer_lost = true;
-                        tracing::info!(rank = endpoints.rank, "engine connection lost");
+                    match event {
+                        SocketEvent::Disconnected(_) => {
+                            stream.peer_lost = true;
+                            next_probe = Some(tokio::time::Instant::now() + PROBE_INTERVAL);
+                            tracing::info!(rank = endpoints.rank, "engine connection lost");
+                        }
+                        SocketEvent::Connected(..) if stream.peer_lost => {
+                            // The engine answers again: whoever it is, find
+                            // out now, not at its next batch (it may be idle).
+                            probe(&endpoints, &ctx, &mut stream, true).await;
+                        }
+                        _ => {}
                     }
+                    continue;
+                }
+                () = probe_timer => {
+                    next_probe = Some(tokio::time::Instant::now() + PROBE_INTERVAL);
+                    probe(&endpoints, &ctx, &mut stream, false).await;
                     continue;
                 }
                 () = grace => {
@@ -259,7 +314,7 @@ async fn rebuild_from_replay(
         stream.seq.observe(*seq);
         apply_payload(endpoints.rank, ctx, payload);
         ctx.metrics.replayed_batches.inc();
-        stream.last_digest = Some((*seq, digest(payload)));
+        stream.applied(*seq, payload);
     }
     let missing = first.unwrap_or(0);
     if missing > 0 {
@@ -274,20 +329,141 @@ async fn rebuild_from_replay(
     mark_ready(endpoints, ctx, missing > 0);
 }
 
-/// After the engine's connection dropped: is the engine that answers now
-/// the one whose batches were applied? Asks its replay buffer for the last
-/// batch applied and compares payloads; without a replay endpoint the
-/// reconnect itself means a restart (the engine is on the pod's loopback).
-async fn same_incarnation(endpoints: &RankEndpoints, stream: &Stream) -> bool {
-    let (Some(replay), Some((last, want))) = (&endpoints.replay, stream.last_digest) else {
-        return stream.last_digest.is_none();
+/// After the engine's connection dropped: finds out whether the engine
+/// answering is the one whose batches were applied, and brings the rank up
+/// to date either way. `answering` says the engine is known to be back (it
+/// reconnected or sent a message): then a replay buffer that does not
+/// answer, or no replay endpoint at all, means a new incarnation; on the
+/// timer it only means the engine is not back yet (probed again later).
+async fn probe(
+    endpoints: &RankEndpoints,
+    ctx: &ListenerContext,
+    stream: &mut Stream,
+    answering: bool,
+) {
+    let Some(replay) = &endpoints.replay else {
+        if answering {
+            stream.peer_lost = false;
+            if stream.seq.last().is_some() {
+                new_incarnation(endpoints, ctx, stream);
+            }
+        }
+        return;
     };
-    match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, last, last)).await {
-        Ok(Ok(batches)) => batches
-            .first()
-            .is_some_and(|(seq, payload)| *seq == last && digest(payload) == want),
-        _ => false,
+    let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, 0, u64::MAX))
+        .await
+    {
+        Ok(Ok(batches)) => batches,
+        Ok(Err(error)) => {
+            tracing::debug!(rank = endpoints.rank, %error, "engine not answering its replay socket yet");
+            if answering {
+                ctx.metrics.replay_failures.inc();
+                stream.peer_lost = false;
+                if stream.seq.last().is_some() {
+                    new_incarnation(endpoints, ctx, stream);
+                }
+            }
+            return;
+        }
+        Err(_) => {
+            if answering {
+                ctx.metrics.replay_failures.inc();
+                stream.peer_lost = false;
+                if stream.seq.last().is_some() {
+                    new_incarnation(endpoints, ctx, stream);
+                }
+            }
+            return;
+        }
+    };
+    stream.peer_lost = false;
+    if stream.seq.last().is_some() && same_history(stream, &batches) {
+        // The same engine: apply what it published while unheard.
+        let last = stream.seq.last().unwrap_or(0);
+        let mut caught_up = 0usize;
+        for (seq, payload) in batches.iter().filter(|(seq, _)| *seq > last) {
+            stream.seq.observe(*seq);
+            apply_payload(endpoints.rank, ctx, payload);
+            ctx.metrics.replayed_batches.inc();
+            stream.applied(*seq, payload);
+            caught_up += 1;
+        }
+        tracing::info!(
+            rank = endpoints.rank,
+            caught_up,
+            "engine reconnected as the same incarnation"
+        );
+        return;
     }
+    if stream.seq.last().is_some() {
+        new_incarnation(endpoints, ctx, stream);
+    }
+    let first = batches.first().map(|(seq, _)| *seq);
+    for (seq, payload) in &batches {
+        stream.seq.observe(*seq);
+        apply_payload(endpoints.rank, ctx, payload);
+        ctx.metrics.replayed_batches.inc();
+        stream.applied(*seq, payload);
+    }
+    let missing = first.unwrap_or(0).min(ctx.max_sequence_jump);
+    if missing > 0 {
+        ctx.metrics.unreplayable_batches.inc_by(missing);
+        note_incomplete(endpoints, ctx, true);
+    }
+    tracing::info!(
+        rank = endpoints.rank,
+        rebuilt = batches.len(),
+        missing,
+        "rank rebuilt from the engine's replay buffer"
+    );
+}
+
+/// Whether the engine's replay buffer holds the history applied: it has the
+/// last batch applied, and every batch it holds within the window of
+/// digests matches (one identical batch is not enough: a new incarnation
+/// may repeat one byte for byte).
+fn same_history(stream: &Stream, batches: &[(u64, Bytes)]) -> bool {
+    let Some(last) = stream.seq.last() else {
+        return false;
+    };
+    let Some(&(first_kept, _)) = stream.digests.front() else {
+        return false;
+    };
+    let mut compared_last = false;
+    for (seq, payload) in batches {
+        if *seq < first_kept || *seq > last {
+            continue;
+        }
+        // A sequence not in the window (a batch lost for good) is no
+        // evidence either way.
+        if let Ok(i) = stream.digests.binary_search_by_key(seq, |(s, _)| *s) {
+            if stream.digests[i].1 != digest(payload) {
+                return false;
+            }
+            compared_last |= *seq == last;
+        }
+    }
+    compared_last
+}
+
+/// The engine answering is a new incarnation: its predecessor's blocks are
+/// gone, so the rank's replica is cleared (the index follows with a resync).
+fn new_incarnation(endpoints: &RankEndpoints, ctx: &ListenerContext, stream: &mut Stream) {
+    let m = &ctx.metrics;
+    m.engine_resets.inc();
+    m.engine_restarts
+        .get_or_create(&crate::metrics::SignalLabel {
+            signal: "reconnect",
+        })
+        .inc();
+    tracing::info!(
+        rank = endpoints.rank,
+        previous = stream.seq.last(),
+        "engine reconnected as a new incarnation; clearing replica state"
+    );
+    lock(&ctx.outbox).reset_rank(endpoints.rank);
+    note_incomplete(endpoints, ctx, false);
+    stream.forget();
 }
 
 async fn handle(
@@ -306,26 +482,9 @@ async fn handle(
             return;
         }
     };
-    if std::mem::take(&mut stream.peer_lost)
-        && stream.seq.last().is_some()
-        && !same_incarnation(endpoints, stream).await
-    {
-        m.engine_resets.inc();
-        m.engine_restarts
-            .get_or_create(&crate::metrics::SignalLabel {
-                signal: "reconnect",
-            })
-            .inc();
-        tracing::info!(
-            rank = endpoints.rank,
-            previous = stream.seq.last(),
-            seq = message.seq,
-            "engine reconnected as a new incarnation; clearing replica state"
-        );
-        lock(&ctx.outbox).reset_rank(endpoints.rank);
-        note_incomplete(endpoints, ctx, false);
-        stream.seq.reset();
-        stream.last_digest = None;
+    if stream.peer_lost {
+        // A message before the probe ran: the engine is back; probe now.
+        probe(endpoints, ctx, stream, true).await;
     }
     let seq = &mut stream.seq;
     match seq.observe(message.seq) {
@@ -349,18 +508,35 @@ async fn handle(
             // A subscriber that starts mid-stream recovers what the engine
             // still buffers; what it no longer has is reported.
             if message.seq > 0 {
-                recover(endpoints, ctx, 0, message.seq - 1, false).await;
+                recover(
+                    endpoints,
+                    ctx,
+                    stream,
+                    0,
+                    message.seq - 1,
+                    Losses::Unreplayable,
+                )
+                .await;
             }
         }
         SeqEvent::Gap { from, to } => {
             m.seq_gaps.inc();
             tracing::info!(rank = endpoints.rank, from, to, "sequence gap");
-            recover(endpoints, ctx, from, to, true).await;
+            recover(endpoints, ctx, stream, from, to, Losses::Lost).await;
         }
         SeqEvent::Reset { previous } => {
+            // Forward means a far jump confirmed by the next frame: the
+            // stream moved (a publisher numbering from elsewhere), not
+            // billions of batches lost; only the replay buffer can say what
+            // came before it, and nothing is counted for the jump itself.
+            let signal = if message.seq > previous {
+                "jump"
+            } else {
+                "sequence"
+            };
             m.engine_resets.inc();
             m.engine_restarts
-                .get_or_create(&crate::metrics::SignalLabel { signal: "sequence" })
+                .get_or_create(&crate::metrics::SignalLabel { signal })
                 .inc();
             tracing::info!(
                 rank = endpoints.rank,
@@ -370,24 +546,43 @@ async fn handle(
             );
             lock(&ctx.outbox).reset_rank(endpoints.rank);
             note_incomplete(endpoints, ctx, false);
+            stream.digests.clear();
             if message.seq > 0 {
-                recover(endpoints, ctx, 0, message.seq - 1, false).await;
+                let losses = if signal == "jump" {
+                    Losses::Unknown
+                } else {
+                    Losses::Unreplayable
+                };
+                recover(endpoints, ctx, stream, 0, message.seq - 1, losses).await;
             }
         }
     }
     apply_payload(endpoints.rank, ctx, message.payload);
-    stream.last_digest = Some((message.seq, digest(message.payload)));
+    stream.applied(message.seq, message.payload);
 }
 
-/// Replays batches `from ..= to` and applies them in order. With
-/// `count_losses` (a real gap, not a mid-stream start or a restart) every
-/// batch the replay does not deliver is counted as lost.
+/// How the batches a replay cannot deliver are counted.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Losses {
+    /// A real gap: lost for good.
+    Lost,
+    /// Before this subscriber's view or a new incarnation's start: unknown
+    /// blocks, the rank is incomplete.
+    Unreplayable,
+    /// A confirmed far jump: the numbers skipped were never batches.
+    Unknown,
+}
+
+/// Replays batches `from ..= to` and applies them in order; what the replay
+/// does not deliver is counted as `losses` says, never more than
+/// `max_sequence_jump` at once.
 async fn recover(
     endpoints: &RankEndpoints,
     ctx: &ListenerContext,
+    stream: &mut Stream,
     from: u64,
     to: u64,
-    count_losses: bool,
+    losses: Losses,
 ) {
     let wanted = to - from + 1;
     let mut applied = 0u64;
@@ -398,6 +593,7 @@ async fn recover(
                     if (from..=to).contains(&seq) {
                         apply_payload(endpoints.rank, ctx, &payload);
                         ctx.metrics.replayed_batches.inc();
+                        stream.applied(seq, &payload);
                         applied += 1;
                     }
                 }
@@ -412,10 +608,10 @@ async fn recover(
             }
         }
     }
-    let missing = wanted.saturating_sub(applied);
-    if count_losses {
+    let missing = wanted.saturating_sub(applied).min(ctx.max_sequence_jump);
+    if losses == Losses::Lost {
         ctx.metrics.lost_batches.inc_by(missing);
-    } else if missing > 0 {
+    } else if losses == Losses::Unreplayable && missing > 0 {
         // The start of the engine's stream (before this subscriber's view,
         // or of a new incarnation) is gone: blocks stored then are unknown.
         ctx.metrics.unreplayable_batches.inc_by(missing);

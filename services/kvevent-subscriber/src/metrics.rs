@@ -41,8 +41,9 @@ pub struct RankLabel {
 /// How an engine restart was noticed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SignalLabel {
-    /// `sequence` (it went backwards) or `reconnect` (the engine's
-    /// connection dropped and the engine answering is a new incarnation).
+    /// `sequence` (it went backwards), `reconnect` (the engine's
+    /// connection dropped and the engine answering is a new incarnation)
+    /// or `jump` (a far forward jump confirmed by the next frame).
     pub signal: &'static str,
 }
 
