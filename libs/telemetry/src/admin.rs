@@ -83,6 +83,8 @@ pub struct AdminServer {
     listener: AdminListener,
     router: Router,
     metrics: MetricsRegistry,
+    header_read_timeout: std::time::Duration,
+    header_read_timeouts: prometheus_client::metrics::counter::Counter,
 }
 
 #[derive(Debug)]
@@ -120,6 +122,8 @@ impl AdminServer {
             listener: AdminListener::Plain(listener),
             router: router(health, metrics.clone()).merge(extra),
             metrics,
+            header_read_timeout: crate::serving::DEFAULT_HEADER_READ_TIMEOUT,
+            header_read_timeouts: prometheus_client::metrics::counter::Counter::default(),
         })
     }
 
@@ -138,7 +142,23 @@ impl AdminServer {
             listener: AdminListener::Serving(listener),
             router: router(health, metrics.clone()).merge(extra),
             metrics,
+            header_read_timeout: crate::serving::DEFAULT_HEADER_READ_TIMEOUT,
+            header_read_timeouts: prometheus_client::metrics::counter::Counter::default(),
         })
+    }
+
+    /// Cuts connections whose request headers take longer than `timeout`
+    /// (default [`crate::serving::DEFAULT_HEADER_READ_TIMEOUT`]), counting
+    /// them in `counter`.
+    #[must_use]
+    pub fn with_header_read_timeout(
+        mut self,
+        timeout: std::time::Duration,
+        counter: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.header_read_timeout = timeout;
+        self.header_read_timeouts = counter;
+        self
     }
 
     /// The address actually bound (resolves a requested port 0).
@@ -161,16 +181,16 @@ impl AdminServer {
         );
         tracing::info!(%addr, "admin server listening");
         crate::listening::listening("admin", addr);
+        let (timeout, counter) = (self.header_read_timeout, self.header_read_timeouts);
         match self.listener {
-            AdminListener::Plain(l) => axum::serve(l, self.router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .map_err(AdminError::Serve),
-            AdminListener::Serving(l) => axum::serve(l, self.router)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .map_err(AdminError::Serve),
+            AdminListener::Plain(l) => {
+                crate::serving::serve_http(l, self.router, timeout, counter, shutdown).await
+            }
+            AdminListener::Serving(l) => {
+                crate::serving::serve_http(l, self.router, timeout, counter, shutdown).await
+            }
         }
+        .map_err(AdminError::Serve)
     }
 }
 

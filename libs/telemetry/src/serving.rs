@@ -28,6 +28,12 @@ use crate::tls::{CertStore, TlsError};
 /// How long a client may take to finish the TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a client may take to send one request's headers, unless a
+/// server's flag says otherwise: one definition for every HTTP server, so
+/// a client trickling a header byte now and then (which the idle timer
+/// never sees as idle) is cut.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Thirty years: the idle deadline of a listener without one.
 const NEVER: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 
@@ -277,6 +283,67 @@ impl axum::serve::Listener for ServingListener {
     }
 }
 
+/// Serves `router` over HTTP/1.1 on `listener` until `shutdown`, cutting a
+/// connection whose request headers take longer than `header_read_timeout`
+/// (counted in `timeouts`); open connections then finish their requests.
+/// `axum::serve` has no such deadline, hence this loop.
+pub async fn serve_http<L>(
+    mut listener: L,
+    router: axum::Router,
+    header_read_timeout: Duration,
+    timeouts: Counter,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout);
+    // Every connection task holds a sender; all dropped = all finished.
+    let (open, mut all_closed) = mpsc::channel::<()>(1);
+    loop {
+        let (io, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            conn = listener.accept() => conn,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        let (open, timeouts, shutdown) = (open.clone(), timeouts.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _open = open;
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                r = connection.as_mut() => r,
+                () = shutdown.cancelled() => {
+                    // Finish the request in flight, take no more.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
+                if error.is_timeout() {
+                    timeouts.inc();
+                    tracing::debug!(?peer, "request headers too slow; connection closed");
+                } else {
+                    tracing::debug!(%error, ?peer, "connection ended with an error");
+                }
+            }
+        });
+    }
+    drop(listener);
+    drop(open);
+    // Bounded like a drain: a client holding a request open forever does
+    // not hold the process.
+    let _ = tokio::time::timeout(Duration::from_secs(30), all_closed.recv()).await;
+    Ok(())
+}
+
 /// Flags of a server's TLS and connection limits, shared by the binaries
 /// that serve data-plane ports.
 #[derive(Clone, Debug, clap::Args)]
@@ -302,6 +369,12 @@ pub struct ServingFlags {
         default_value_t = 300
     )]
     pub connection_idle_timeout_seconds: u64,
+
+    /// Close an HTTP/1.1 connection whose request headers have not all
+    /// arrived this many seconds after they began (a client trickling
+    /// bytes); counted in `header_read_timeouts_total`.
+    #[arg(long, env = "IC_HEADER_READ_TIMEOUT_SECONDS", default_value_t = DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_seconds: u64,
 }
 
 /// Counters of the serving listeners.
@@ -311,6 +384,8 @@ pub struct ServingMetrics {
     pub idle_connections_closed: Counter,
     /// TLS handshakes that failed or timed out.
     pub tls_handshake_failures: Counter,
+    /// HTTP connections cut because their request headers were too slow.
+    pub header_read_timeouts: Counter,
     /// Serving-certificate reloads, by result.
     pub tls_reloads: prometheus_client::metrics::family::Family<ReloadResult, Counter>,
 }
@@ -336,6 +411,11 @@ impl ServingMetrics {
                 "tls_handshake_failures",
                 "TLS handshakes that failed or did not finish in time",
                 metrics.tls_handshake_failures.clone(),
+            );
+            r.register(
+                "header_read_timeouts",
+                "HTTP connections closed because a request's headers took longer than the header-read timeout",
+                metrics.header_read_timeouts.clone(),
             );
             r.register(
                 "tls_reloads",
@@ -376,6 +456,11 @@ pub fn certificates(
 }
 
 impl ServingFlags {
+    /// `--header-read-timeout-seconds`.
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_secs(self.header_read_timeout_seconds)
+    }
+
     /// Options for one listener: `store` for TLS, `alpn` offered under it.
     pub fn options(
         &self,

@@ -68,6 +68,11 @@ pub struct Config {
     /// 0 never closes.
     #[arg(long, env = "IC_TIMEOUT_KEEP_ALIVE", default_value_t = 10)]
     pub timeout_keep_alive: u64,
+    /// Close a connection whose request headers have not all arrived this
+    /// many seconds after they began (a client trickling bytes; house
+    /// extension, counted in `header_read_timeouts_total`).
+    #[arg(long, env = "IC_HEADER_READ_TIMEOUT_SECONDS", default_value_t = ic_telemetry::serving::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_seconds: u64,
     /// Guard the operator endpoints (quotas, pins, delete, prefetch):
     /// callers present a service-account token for this audience, checked
     /// by TokenReview, and must be an `--api-admin` or be allowed the
@@ -346,9 +351,10 @@ pub async fn start_with(
             shutdown.clone(),
         );
     }
+    let header_read_timeout = std::time::Duration::from_secs(config.header_read_timeout_seconds);
     let task = tokio::spawn(serve(
         app.clone(),
-        listener,
+        (listener, header_read_timeout),
         kafka_clients,
         access,
         shutdown,
@@ -380,7 +386,7 @@ async fn operator_access(config: &Config) -> anyhow::Result<http::access::Operat
 
 async fn serve(
     app: App,
-    listener: ServingListener,
+    (listener, header_read_timeout): (ServingListener, std::time::Duration),
     kafka_clients: Option<kafka::Clients>,
     access: http::access::OperatorAccess,
     shutdown: CancellationToken,
@@ -417,10 +423,15 @@ async fn serve(
         }
     }
     tracing::info!("coordinator started");
-    let result = axum::serve(listener, http::router_with(app.clone(), access))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await
-        .context("HTTP server");
+    let result = ic_telemetry::serving::serve_http(
+        listener,
+        http::router_with(app.clone(), access),
+        header_read_timeout,
+        app.metrics.metrics.header_read_timeouts.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .context("HTTP server");
     loops.cancel();
     for t in tasks {
         let _ = t.await;

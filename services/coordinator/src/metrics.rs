@@ -137,6 +137,9 @@ pub struct Metrics {
     /// HTTP connections closed after `--timeout-keep-alive` without
     /// traffic (house extension).
     pub idle_connections_closed: prometheus_client::metrics::counter::Counter,
+    /// HTTP connections cut because a request's headers took longer than
+    /// `--header-read-timeout-seconds` (house extension).
+    pub header_read_timeouts: prometheus_client::metrics::counter::Counter,
     /// Operator requests refused by access control (house extension).
     pub access_refusals: Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
     /// Directory placements per tier.
@@ -239,6 +242,11 @@ impl MetricsSet {
             "idle_connections_closed",
             "HTTP connections closed after --timeout-keep-alive seconds without traffic",
             m.idle_connections_closed.clone(),
+        );
+        r.register(
+            "header_read_timeouts",
+            "HTTP connections closed because a request's headers took longer than --header-read-timeout-seconds",
+            m.header_read_timeouts.clone(),
         );
         r.register(
             "access_refusals",

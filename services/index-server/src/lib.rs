@@ -524,7 +524,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         http::router(http_state),
     )
     .await
-    .context("starting HTTP server")?;
+    .context("starting HTTP server")?
+    .with_header_read_timeout(
+        config.serving.header_read_timeout(),
+        metrics.serving.header_read_timeouts.clone(),
+    );
     let grpc_listener = ServingListener::bind(config.grpc_addr, serve_options(&[b"h2"]))
         .await
         .with_context(|| format!("cannot bind gRPC server to {}", config.grpc_addr))?;

@@ -27,7 +27,7 @@ use crate::review::{AdmissionReview, ReviewError};
 use crate::tls::CertStore;
 
 /// How long a client may take to send request headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_TIMEOUT: Duration = ic_telemetry::serving::DEFAULT_HEADER_READ_TIMEOUT;
 
 /// Everything a request handler needs.
 #[derive(Debug)]
