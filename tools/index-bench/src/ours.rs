@@ -1,0 +1,123 @@
+//! ic-index through its public API.
+
+use ic_index::{Change, Fingerprint, Index, IndexConfig, LookupView, ReplicaKey, Scope, Tier};
+
+use crate::stream::{Item, Stream};
+
+/// Tokens per block in the Mooncake trace.
+const BLOCK_SIZE: u32 = 512;
+
+/// The index with the fleet's names.
+#[derive(Debug)]
+pub struct Ours {
+    index: Index,
+    scope: Scope,
+    keys: Vec<ReplicaKey>,
+    addresses: Vec<String>,
+}
+
+/// One engine event as ic-index takes it.
+pub type Event = (u32, Vec<Change>);
+
+impl Ours {
+    /// An empty index sized for the fleet's capacity (what an operator
+    /// would configure).
+    pub fn new(workers: u32, capacity_entries: u64) -> Self {
+        let scope = Scope {
+            tenant: "bench".into(),
+            model: "mooncake".into(),
+            hash_scheme: ic_index::HashScheme::Vllm,
+            adapter: String::new(),
+        };
+        let keys = (0..workers)
+            .map(|w| ReplicaKey {
+                tenant: "bench".into(),
+                replica_id: "worker".into(),
+                dp_rank: w,
+            })
+            .collect();
+        let addresses = (0..workers)
+            .map(|w| format!("10.0.{}.{}:8000", w / 256, w % 256))
+            .collect();
+        Self {
+            index: Index::new(IndexConfig {
+                capacity_entries,
+                ..IndexConfig::default()
+            }),
+            scope,
+            keys,
+            addresses,
+        }
+    }
+
+    /// The stream's events in ic-index's form (None for queries).
+    pub fn events(stream: &Stream) -> Vec<Option<Event>> {
+        stream
+            .items
+            .iter()
+            .map(|item| match item {
+                Item::Stored {
+                    worker,
+                    start_depth,
+                    blocks,
+                    ..
+                } => Some((
+                    *worker,
+                    vec![Change::Stored {
+                        start_depth: *start_depth,
+                        fingerprints: blocks.iter().map(|b| Fingerprint(b.chained)).collect(),
+                        block_size: BLOCK_SIZE,
+                        tier: Tier::T1,
+                    }],
+                )),
+                Item::Removed { worker, chained } => Some((
+                    *worker,
+                    vec![Change::Evicted {
+                        fingerprints: chained.iter().map(|&c| Fingerprint(c)).collect(),
+                    }],
+                )),
+                Item::Query { .. } => None,
+            })
+            .collect()
+    }
+
+    /// The prompts as ic-index takes them.
+    pub fn prompts(stream: &Stream) -> Vec<Vec<Fingerprint>> {
+        stream
+            .prompts
+            .iter()
+            .map(|p| p.iter().map(|b| Fingerprint(b.chained)).collect())
+            .collect()
+    }
+
+    /// Applies one event; returns the number of rejected changes.
+    pub fn apply(&self, event: &Event, now_ms: i64) -> usize {
+        let w = event.0 as usize;
+        self.index
+            .apply(
+                &self.keys[w],
+                &self.scope,
+                &self.addresses[w],
+                &event.1,
+                now_ms,
+            )
+            .len()
+    }
+
+    /// (worker, overlap) of every replica matching a prefix, unsorted.
+    pub fn query(&self, prompt: &[Fingerprint]) -> Vec<(u32, u32)> {
+        self.index
+            .lookup_with(&self.scope, prompt, None, None, |view| match view {
+                LookupView::Matches(m) => m
+                    .iter()
+                    .map(|m| (m.replica.dp_rank, m.matched_blocks))
+                    .collect(),
+                _ => Vec::new(),
+            })
+    }
+
+    /// Resident entries.
+    pub fn len(&self) -> u64 {
+        self.index.len()
+    }
+}
