@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 
 use ic_api::CacheBackend;
-use ic_api::cachebackend::IntegrationMode;
+use ic_api::cachebackend::{CacheType, IntegrationMode, Runtime};
 use ic_api::consts::{annotations, is_truthy, labels};
 use ic_api::validate::FieldError;
 
@@ -334,6 +334,7 @@ fn wire(
             config.index_server_audience.as_deref(),
         );
         sidecars::converge_opt(&mut out_spec.init_containers, KERNEL_CHECK_CONTAINER, None);
+        sidecars::add_pull_secrets(out_spec, &config.image_pull_secrets);
         strip(&mut out, &[annotations::LMCACHE_KERNEL_CHECK_MODE]);
         stamp_injected(&mut out, backend, &id);
         return Ok(PodAdmission {
@@ -400,6 +401,15 @@ fn wire(
             ));
         }
     }
+    if binding.is_none()
+        && adapter.pair() == (Runtime::Vllm, CacheType::LMCache)
+        && local_cpu_disabled(&out_spec.containers[engine])
+    {
+        warnings.push(format!(
+            "CacheBackend {id} binds no remote tier and this pod's template sets LMCACHE_LOCAL_CPU to false: \
+             LMCache then keeps nothing (set it true, or bind spec.remoteStorage)"
+        ));
+    }
     let guaranteed = sidecars::is_guaranteed(pod_spec);
     let subscriber_container = subscriber.map(|(image, model)| {
         let port = engine_port(&out_spec.containers[engine], adapter.default_engine_port());
@@ -444,6 +454,8 @@ fn wire(
         KERNEL_CHECK_CONTAINER,
         kernel_container,
     );
+    // The injected images may come from a private registry.
+    sidecars::add_pull_secrets(out_spec, &config.image_pull_secrets);
 
     stamp_injected(&mut out, backend, &id);
     if adapter.provides_kernel_check() {
@@ -467,6 +479,24 @@ fn wire(
         outcome: PodOutcome::Injected { backend: id },
         warnings,
     })
+}
+
+/// Whether the engine's own env turns LMCache's CPU tier off (the adapter
+/// sets it true only when the template leaves it unset).
+fn local_cpu_disabled(engine: &k8s_openapi::api::core::v1::Container) -> bool {
+    engine
+        .env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|e| e.name == "LMCACHE_LOCAL_CPU")
+        .and_then(|e| e.value.as_deref())
+        .is_some_and(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "false" | "0" | "no" | "off"
+            )
+        })
 }
 
 /// The adapter's engine injection, engineOverrides over its diff, then its

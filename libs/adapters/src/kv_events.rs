@@ -12,6 +12,7 @@
 //! | `endpoint` | `tcp://*:5557` | the PUB socket; bound when it has a wildcard host, connected otherwise |
 //! | `replay_endpoint` | none | a ROUTER the subscriber asks for missed batches |
 //! | `topic` | `""` | first frame of every message |
+//! | `bind` | unset | SGLang only: `true` binds and `false` connects, whatever the host |
 //!
 //! The engine binds `tcp://*:PORT`; the sidecar, in the same network
 //! namespace, dials `tcp://127.0.0.1:PORT`.
@@ -111,7 +112,15 @@ pub fn read(engine: &Container, runtime: Runtime) -> KvEvents {
         });
     }
     let endpoint = text("endpoint").unwrap_or(DEFAULT_ENDPOINT);
-    let (endpoint, problem) = dial(endpoint, "endpoint", true);
+    // SGLang's `bind` overrides its endpoint heuristic (vLLM has no such field).
+    let bind = match runtime {
+        Runtime::SGLang => config.get("bind").and_then(Value::as_bool),
+        Runtime::Vllm => None,
+    };
+    let (endpoint, problem) = match bind {
+        Some(bind) => dial_sglang_bind(endpoint, bind),
+        None => dial(endpoint, "endpoint", true),
+    };
     problems.extend(problem);
     let replay_endpoint = match text("replay_endpoint").filter(|e| !e.is_empty()) {
         Some(replay) => {
@@ -173,6 +182,39 @@ fn dial(endpoint: &str, field: &str, pub_socket: bool) -> (String, Option<String
         )
     });
     (endpoint.to_owned(), problem)
+}
+
+/// [`dial`] for an SGLang endpoint with an explicit `"bind"`: `true` binds
+/// even a named host (the sidecar dials it as written: only this pod's own
+/// address is reachable), `false` connects even a wildcard one, which
+/// SGLang cannot do (ZMQ refuses to connect to `*`: the engine fails to
+/// start).
+fn dial_sglang_bind(endpoint: &str, bind: bool) -> (String, Option<String>) {
+    let host = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .map(|(host, _)| host);
+    let wildcard = host.is_some_and(|h| matches!(h, "*" | "0.0.0.0" | "[::]" | "::" | "[*]"));
+    match (host, bind) {
+        (Some(_), false) if wildcard => (
+            endpoint.to_owned(),
+            Some(format!(
+                "the engine's {FLAG} sets \"bind\": false with the wildcard endpoint {endpoint:?}: \
+                 SGLang then connects its publisher to \"*\", which fails at engine start; drop \"bind\" or set it true"
+            )),
+        ),
+        (Some(host), true) if !wildcard => {
+            let loopback = matches!(host, "127.0.0.1" | "localhost" | "[::1]");
+            let problem = (!loopback).then(|| {
+                format!(
+                    "the engine's {FLAG} sets \"bind\": true with endpoint {endpoint:?}: SGLang binds only {host}, \
+                     which the sidecar reaches only if it is this pod's own address; bind \"tcp://*:PORT\""
+                )
+            });
+            (endpoint.to_owned(), problem)
+        }
+        _ => dial(endpoint, "endpoint", true),
+    }
 }
 
 /// The engine container's command line as separate words: `command` then

@@ -26,6 +26,7 @@
 //! `host:port` the controller publishes as `status.endpoint`.
 
 mod common;
+pub mod images;
 mod lmcache_server;
 mod mooncake;
 mod names;
@@ -52,8 +53,9 @@ use common::{Owner, WorkloadParams};
 
 /// Redis image when `remoteStorage.redis.image` is unset (pinned patch release).
 pub const REDIS_DEFAULT_IMAGE: &str = "docker.io/library/redis:7.4.2-alpine";
-/// LMCache server image when unset; version-aligned with the lmcache 0.4.7 client.
-pub const LMCACHE_SERVER_DEFAULT_IMAGE: &str = "lmcache/standalone:v0.4.7";
+/// LMCache server image when unset; version-aligned with the lmcache 0.4.7
+/// client, fully qualified (CRI-O refuses short names under enforcement).
+pub const LMCACHE_SERVER_DEFAULT_IMAGE: &str = "docker.io/lmcache/standalone:v0.4.7";
 /// Mooncake master image when unset (fully qualified for CRI-O short-name policy).
 pub const MOONCAKE_DEFAULT_IMAGE: &str = "docker.io/kvcacheai/mooncake:0.3.11.post1";
 /// Redis RESP port.

@@ -11,9 +11,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ObjectFieldSelector, PodSpec,
-    ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
-    ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, LocalObjectReference,
+    ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
+    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -59,6 +59,10 @@ pub struct InjectionConfig {
     /// How the subscriber finds the index-server replicas behind
     /// `index_server` (its `--index-server-discovery`).
     pub index_server_discovery: IndexServerDiscovery,
+    /// Pull secrets (names of Secrets in the pod's namespace) added to every
+    /// pod the webhook wires, so the injected images come from a private
+    /// registry as the chart's own pods do.
+    pub image_pull_secrets: Vec<String>,
 }
 
 /// How a subscriber turns its `--index-server` URL into destinations.
@@ -256,6 +260,20 @@ pub fn subscriber_container(
 /// Seconds the subscriber's projected token is valid; the kubelet renews
 /// it at 80 % of that, and the subscriber re-reads it on every reconnect.
 pub const SUBSCRIBER_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+
+/// Adds each of `secrets` to the pod's `imagePullSecrets` unless the pod
+/// already names it (so re-admission changes nothing); blank names are
+/// ignored and the pod's own entries keep their order.
+pub fn add_pull_secrets(spec: &mut PodSpec, secrets: &[String]) {
+    for name in secrets.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let list = spec.image_pull_secrets.get_or_insert_with(Vec::new);
+        if !list.iter().any(|r| r.name == name) {
+            list.push(LocalObjectReference {
+                name: name.to_owned(),
+            });
+        }
+    }
+}
 
 /// Puts the subscriber's projected token volume (bound to `audience`) on
 /// the pod, or takes ours away when `audience` is `None`. Only a volume of

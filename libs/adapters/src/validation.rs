@@ -31,6 +31,7 @@ pub const RULES: &[(&str, Rule)] = &[
     ("provider-resources", provider_resources),
     ("host-memory-capacity", host_memory_capacity),
     ("kernel-check-annotation", kernel_check_annotation),
+    ("mp-worker-image", mp_worker_image),
 ];
 
 fn err(kind: ErrorType, field: &str, bad: Option<String>, detail: String) -> FieldError {
@@ -74,6 +75,34 @@ fn runtime_pair(b: &CacheBackend) -> Vec<FieldError> {
             Registry.supported_pairs().join(", ")
         ),
     )]
+}
+
+/// An SGLang + LMCache backend whose MP-worker image cannot run the worker
+/// (SGLang's own image, LMCache before 0.5): every pod it wires would wait
+/// forever behind the worker's startup probe.
+fn mp_worker_image(b: &CacheBackend) -> Vec<FieldError> {
+    let spec = &b.spec;
+    if (spec.runtime, spec.r#type) != (Runtime::SGLang, CacheType::LMCache)
+        || spec.integration_mode() == IntegrationMode::EventsOnly
+    {
+        return Vec::new();
+    }
+    let Some(image) = spec
+        .lm_cache
+        .as_ref()
+        .and_then(|l| l.worker_image.as_deref())
+    else {
+        return Vec::new();
+    };
+    match crate::runtime::sglang_lmcache::known_bad_worker_image(image) {
+        Some(why) => vec![err(
+            ErrorType::Invalid,
+            "spec.lmCache.workerImage",
+            Some(image.to_owned()),
+            why,
+        )],
+        None => Vec::new(),
+    }
 }
 
 fn binding_name(p: Option<Protocol>) -> &'static str {

@@ -46,7 +46,7 @@ fn assert_fail_open(pod: &Pod, backends: &[CacheBackend], cfg: &InjectionConfig,
 
 fn sglang_pod(args: Value) -> Pod {
     pod(json!({"containers": [{
-        "name": "sglang", "image": "lmsysorg/sglang:v0.5.4", "args": args,
+        "name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4", "args": args,
     }]}))
 }
 
@@ -337,29 +337,29 @@ fn sglang_mp_reserved_names_and_shm_rules_fail_open() {
     let b = backend("cb", json!({"runtime": "SGLang"}));
     let base = |extra: Value| {
         let mut spec = json!({"containers": [{
-            "name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+            "name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
         }]});
         merge(&mut spec, extra);
         pod(spec)
     };
     let cases = [
-        json!({"containers": [{"name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+        json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/lmcache"}]}],
                "volumes": [{"name": "cfg", "emptyDir": {}}]}),
         json!({"volumes": [{"name": "lmcache-dshm", "emptyDir": {}}]}),
-        json!({"containers": [{"name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+        json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm", "readOnly": true}]}],
                "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}}]}),
-        json!({"containers": [{"name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+        json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
                "volumes": [{"name": "shm", "configMap": {"name": "x"}}]}),
-        json!({"containers": [{"name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+        json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
                "args": ["--enable-hierarchical-cache"]}]}),
         json!({"containers": [{"name": "sglang"}]}),
     ];
     for extra in cases {
         let mut spec =
-            json!({"containers": [{"name": "sglang", "image": "lmsysorg/sglang:v0.5.4"}]});
+            json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4"}]});
         merge(&mut spec, extra.clone());
         let p = if extra.get("containers").is_some() {
             pod(spec)

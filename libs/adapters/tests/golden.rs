@@ -29,7 +29,7 @@ fn golden(name: &str, pod: &Pod, backends: &[CacheBackend]) -> PodAdmission {
 fn sglang_pod() -> Pod {
     pod(json!({"containers": [{
         "name": "sglang",
-        "image": "lmsysorg/sglang:v0.5.4",
+        "image": "registry.example.com/sglang-lmcache:v0.5.4",
         "args": ["--model-path", "Qwen/Qwen3-8B", "--port", "30000", "--kv-events-config", SGLANG_KV_EVENTS],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
     }]}))
@@ -196,7 +196,7 @@ fn sglang_lmcache_redis_l2() {
         "cb",
         json!({"runtime": "SGLang",
                "remoteStorage": {"provider": "Redis", "ownership": "Managed"},
-               "lmCache": {"workerPort": 6000, "workerImage": "lmcache/vllm-openai:v0.3.9",
+               "lmCache": {"workerPort": 6000, "workerImage": "registry.example.com/lmcache-mp:0.5.6",
                            "hostMemory": {"capacity": "32Gi"}}}),
         json!({"status": {"endpoint": "cb-redis.team-a.svc:6379"}}),
     );
@@ -211,7 +211,7 @@ fn sglang_lmcache_reuses_the_engines_shm() {
             "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
             "containers": [{
                 "name": "sglang",
-                "image": "lmsysorg/sglang:v0.5.4",
+                "image": "registry.example.com/sglang-lmcache:v0.5.4",
                 "args": ["--model-path", "Qwen/Qwen3-8B"],
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }],
@@ -240,7 +240,7 @@ fn hicache_size_gb_keeps_matching_user_flags() {
         &sglang_pod(),
         json!({"spec": {"containers": [{
             "name": "sglang",
-            "image": "lmsysorg/sglang:v0.5.4",
+            "image": "registry.example.com/sglang-lmcache:v0.5.4",
             "args": ["--model-path", "Qwen/Qwen3-8B", "--hicache-size=64", "--enable-hierarchical-cache"],
         }]}}),
     );

@@ -327,8 +327,12 @@ pub fn engine_kernels(pods: &[EnginePod]) -> (Option<Verdict>, Option<String>) {
         Some((
             "True",
             reasons::KERNELS_HEALTHY,
+            // The check runs in a CPU-only init container: it proves the
+            // extension links against the image's torch, not that it runs
+            // on the node's GPU and driver.
             format!(
-                "lmcache native kernels loaded on {} engine pod(s)",
+                "lmcache native kernels load against the image's torch on {} engine pod(s) \
+                 (a CPU-only import check: it does not prove they run on the node's GPU and driver)",
                 checked.len()
             ),
         )),

@@ -348,6 +348,7 @@ fn in_process(body: &[u8]) {
         index_server_ca_pem: None,
         subscriber_otlp_endpoint: None,
         index_server_discovery: Default::default(),
+        image_pull_secrets: Vec::new(),
     };
     let source = Fixed(backends.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()

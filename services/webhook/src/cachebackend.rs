@@ -1,6 +1,7 @@
 //! CacheBackend admission: defaulting (mutating) and validation, as pure
 //! functions from an [`AdmissionRequest`] to a [`Decision`].
 
+use ic_adapters::providers::images::{self, ProviderImageDefaults};
 use ic_api::CacheBackend;
 use ic_api::validate::{ErrorType, FieldError, introduced};
 use serde_json::Value;
@@ -98,8 +99,14 @@ fn object_name(req: &AdmissionRequest) -> String {
 
 /// `POST /mutate-cachebackend`: fills the context-dependent defaults on
 /// CREATE and UPDATE and answers with a JSON patch when anything changed.
-#[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
 pub fn default(req: &AdmissionRequest) -> Decision {
+    default_with(req, &ProviderImageDefaults::default())
+}
+
+/// [`default`], also filling a Managed backend's provider image from a
+/// private registry and its provider pods' pull secrets.
+#[tracing::instrument(level = "debug", skip_all, fields(uid = %req.uid, ns = ?req.namespace, name = %req.name))]
+pub fn default_with(req: &AdmissionRequest, providers: &ProviderImageDefaults) -> Decision {
     // Mutating admission runs before the schema: an object our types refuse
     // passes unchanged, so the API server's schema validation (or, failing
     // that, the validating webhook) names the field.
@@ -112,7 +119,8 @@ pub fn default(req: &AdmissionRequest) -> Decision {
         Err(decision) => return *decision,
     };
     let mut defaulted = backend.clone();
-    let changed = ic_api::defaults::apply(&mut defaulted.spec);
+    let mut changed = ic_api::defaults::apply(&mut defaulted.spec);
+    changed.extend(images::apply(&mut defaulted.spec, providers));
     if changed.is_empty() {
         return Decision::new(AdmissionResponse::allow(&req.uid), "allowed", "unchanged");
     }

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ic_adapters::admission::{IndexServerDiscovery, InjectionConfig};
+use ic_adapters::providers::images::ProviderImageDefaults;
 use ic_telemetry::{AdminServer, Health, MetricsRegistry};
 use tokio_util::sync::CancellationToken;
 
@@ -155,6 +156,22 @@ pub struct Config {
     /// on each node; unset, sidecars export nothing.
     #[arg(long, env = "IC_SUBSCRIBER_OTLP_ENDPOINT")]
     pub subscriber_otlp_endpoint: Option<String>,
+    /// Pull secrets added to every pod the webhook wires, unless the pod
+    /// names them already (comma-separated or repeated): the injected
+    /// subscriber then pulls from the same private registry. They are
+    /// Secrets of the engine pod's namespace.
+    #[arg(
+        long = "image-pull-secret",
+        env = "IC_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    pub image_pull_secrets: Vec<String>,
+    /// Registry replacing `docker.io` in the default images of managed
+    /// providers (Redis, LMCache server, Mooncake): the defaulting webhook
+    /// writes the re-homed image, and the --image-pull-secret names, into
+    /// each Managed CacheBackend that sets no image of its own.
+    #[arg(long, env = "IC_PROVIDER_IMAGE_REGISTRY")]
+    pub provider_image_registry: Option<String>,
     /// Kubeconfig to list CacheBackends with. Unset: the in-cluster service
     /// account, or $KUBECONFIG / ~/.kube/config.
     #[arg(long, env = "IC_KUBECONFIG")]
@@ -366,6 +383,14 @@ async fn serve_admissions(
                 .clone()
                 .filter(|e| !e.trim().is_empty()),
             index_server_discovery: config.index_server_discovery.into(),
+            image_pull_secrets: config.image_pull_secrets.clone(),
+        },
+        provider_images: ProviderImageDefaults {
+            registry: config
+                .provider_image_registry
+                .clone()
+                .filter(|r| !r.trim().is_empty()),
+            pull_secrets: config.image_pull_secrets.clone(),
         },
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),

@@ -17,6 +17,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
 use ic_adapters::admission::InjectionConfig;
+use ic_adapters::providers::images::ProviderImageDefaults;
 use ic_telemetry::serving::{ServeOptions, ServingListener};
 use tokio_util::sync::CancellationToken;
 
@@ -38,6 +39,8 @@ pub struct AppState {
     pub backends: Arc<dyn BackendSource>,
     /// Injection settings.
     pub injection: InjectionConfig,
+    /// Registry and pull secrets filled into Managed backends' providers.
+    pub provider_images: ProviderImageDefaults,
     /// Largest request body accepted.
     pub max_body_bytes: usize,
     /// Deadline for reading and answering one request.
@@ -183,7 +186,9 @@ async fn decide(
     let bytes = read_body(body, state.max_body_bytes).await?;
     let request = AdmissionReview::parse(&bytes)?;
     Ok(match kind {
-        AdmissionKind::CacheBackendDefault => cachebackend::default(&request),
+        AdmissionKind::CacheBackendDefault => {
+            cachebackend::default_with(&request, &state.provider_images)
+        }
         AdmissionKind::CacheBackendValidate => cachebackend::validate(&request),
         AdmissionKind::Pod => pod::mutate(&request, &*state.backends, &state.injection).await,
     })
@@ -304,6 +309,7 @@ mod tests {
             metrics: metrics.clone(),
             backends: Arc::new(NoBackends),
             injection: InjectionConfig::default(),
+            provider_images: ProviderImageDefaults::default(),
             max_body_bytes,
             request_timeout: Duration::from_secs(5),
         });

@@ -277,6 +277,7 @@ fn expected_admission(review: &Value) -> ic_adapters::admission::PodAdmission {
             index_server_ca_pem: None,
             subscriber_otlp_endpoint: None,
             index_server_discovery: Default::default(),
+            image_pull_secrets: Vec::new(),
         },
     )
 }
@@ -559,5 +560,94 @@ async fn skip_inject_is_honoured() {
         "{annotations}"
     );
     assert!(engine_args(&pod).iter().all(|a| !a.contains("kv-transfer")));
+    assert!(webhook.process.stop().success());
+}
+
+/// A private registry: the pull secrets the webhook is given reach every
+/// pod it wires (the injected subscriber comes from that registry), once
+/// each, after the pod's own; unwired pods are left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wired_pods_get_the_configured_pull_secrets_once() {
+    let api = FakeApi::default();
+    api.set("inference", backends());
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &[
+            "--image-pull-secret=regcred,engine-pull",
+            "--image-pull-secret=regcred",
+        ],
+    );
+    webhook.wait_store_synced().await;
+    let mut client = webhook.client().await;
+
+    // The pod already names one of them.
+    let mut review = pod_review();
+    review["request"]["object"]["spec"]["imagePullSecrets"] = json!([{"name": "engine-pull"}]);
+    let (_, answer) = client.review("/mutate-pod", &review).await;
+    let patch = decoded_patch(&answer["response"]).unwrap_or_else(|| panic!("{answer}"));
+    let mut pod = review["request"]["object"].clone();
+    json_patch::patch(&mut pod, &patch).unwrap();
+    assert_eq!(
+        pod["spec"]["imagePullSecrets"],
+        json!([{"name": "engine-pull"}, {"name": "regcred"}]),
+        "{answer}"
+    );
+    assert!(pod.to_string().contains(SUBSCRIBER_IMAGE));
+    // Re-admitting the wired pod adds nothing.
+    let mut readmit = review.clone();
+    readmit["request"]["object"] = pod;
+    let (_, answer) = client.review("/mutate-pod", &readmit).await;
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
+
+    // A pod no backend selects gets none.
+    let mut other = pod_review();
+    other["request"]["object"]["metadata"]["labels"] = json!({"app": "mistral"});
+    let (_, answer) = client.review("/mutate-pod", &other).await;
+    if let Some(patch) = decoded_patch(&answer["response"]) {
+        let mut pod = other["request"]["object"].clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert!(pod["spec"].get("imagePullSecrets").is_none(), "{pod}");
+    }
+    assert!(webhook.process.stop().success());
+}
+
+/// Behind a private registry the managed provider's image is the default
+/// re-homed there, with the pull secrets on its pods, written by the
+/// defaulting webhook so the stored backend says what will be pulled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn managed_providers_follow_the_registry_override() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &[
+            "--provider-image-registry=mirror.example/hub",
+            "--image-pull-secret=regcred",
+        ],
+    );
+    let mut client = webhook.client().await;
+    let review = fixture("cachebackend-create.json");
+    let (status, answer) = client.review("/mutate-cachebackend", &review).await;
+    assert_eq!(status, 200, "{answer}");
+    let patch = decoded_patch(&answer["response"]).expect("a defaulting patch");
+    let mut object = review["request"]["object"].clone();
+    json_patch::patch(&mut object, &patch).unwrap();
+    assert_eq!(
+        object["spec"]["remoteStorage"]["redis"]["image"],
+        "mirror.example/hub/library/redis:7.4.2-alpine",
+        "{object}"
+    );
+    assert_eq!(
+        object["spec"]["template"]["imagePullSecrets"],
+        json!([{"name": "regcred"}])
+    );
+    // The defaulted backend needs nothing more.
+    let mut again = review.clone();
+    again["request"]["object"] = object;
+    let (_, answer) = client.review("/mutate-cachebackend", &again).await;
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
     assert!(webhook.process.stop().success());
 }

@@ -47,6 +47,8 @@ pub const CONFIG_FILE: &str = "/etc/lmcache/lmcache.yaml";
 pub const SHM_PATH: &str = "/dev/shm";
 
 const RESERVED_ARGS: &[&str] = &[ENABLE_LMCACHE, LMCACHE_CONFIG_FILE];
+/// SGLang's KV page size in tokens (default 1).
+const PAGE_SIZE: &str = "--page-size";
 /// `INFERENCECACHE_FAIL_OPEN` is the pod's record of
 /// `spec.integration.failOpen`. (`LMCACHE_USE_EXPERIMENTAL` is not injected:
 /// only LMCache 0.3.x read it, and SGLang's MP path never did.)
@@ -103,8 +105,10 @@ impl SglangLmCache {
         let port = ctx.worker_port();
         let chunk = ctx.chunk_size();
         let server = worker_command_line(ctx);
+        // An image without LMCache's MP server would restart forever behind
+        // its startup probe and keep the engine from starting: say why.
         let script = format!(
-            "set -e\nprintf '%s\\n' 'chunk_size: {chunk}' 'mp_host: 127.0.0.1' 'mp_port: {port}' > {CONFIG_FILE}\n{server}\n"
+            "set -e\n{IMPORT_CHECK}\nprintf '%s\\n' 'chunk_size: {chunk}' 'mp_host: 127.0.0.1' 'mp_port: {port}' > {CONFIG_FILE}\n{server}\n"
         );
         let probe = format!(
             "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1).close()"
@@ -144,6 +148,8 @@ impl SglangLmCache {
             // The worker pins host memory for the engine: it keeps the
             // capabilities the engine adds, nothing more.
             security_context: Some(engine_image_security_context(engine, true)),
+            // The import check's message becomes the container's status.
+            termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
             ..Container::default()
         }
     }
@@ -154,6 +160,51 @@ impl SglangLmCache {
             .filter(|i| !i.trim().is_empty())
             .or_else(|| engine.image.clone().filter(|i| !i.trim().is_empty()))
     }
+}
+
+/// First line of the worker's script: finds LMCache's MP server module
+/// (LMCache 0.5 and later; 0.3.x and 0.4.x have none) without starting it.
+pub const IMPORT_CHECK: &str = "python3 -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec(\"lmcache.v1.multiprocess.server\") is None)' || { echo 'lmcache-mp-worker: this image has no lmcache.v1.multiprocess.server: the SGLang LMCache worker needs LMCache 0.5 or later (set spec.lmCache.workerImage)' >&2; exit 1; }";
+
+/// Why `image` cannot run the MP worker, when its name says so: SGLang's
+/// own images ship no LMCache, and LMCache's images before 0.5 have no MP
+/// server. An image we cannot judge by name passes (the worker's import
+/// check catches the rest at start).
+pub fn known_bad_worker_image(image: &str) -> Option<String> {
+    let image = image.trim();
+    let name = image.split('@').next().unwrap_or(image);
+    let (repo, tag) = match name.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, Some(t)),
+        _ => (name, None),
+    };
+    let mut parts: Vec<&str> = repo.split('/').collect();
+    // Drop a registry host (docker.io, ghcr.io, localhost:5000, ...).
+    if parts.len() > 1
+        && (parts[0].contains('.') || parts[0].contains(':') || parts[0] == "localhost")
+    {
+        parts.remove(0);
+    }
+    if parts.first() == Some(&"library") {
+        parts.remove(0);
+    }
+    let path = parts.join("/");
+    if path == "lmsysorg/sglang" {
+        return Some(format!(
+            "the MP worker image {image:?} is SGLang's, which does not ship LMCache: set spec.lmCache.workerImage to an image with LMCache 0.5 or later"
+        ));
+    }
+    let version = tag?.trim_start_matches('v');
+    let mut numbers = version.split(['.', '-']);
+    let old = numbers.next() == Some("0")
+        && numbers
+            .next()
+            .and_then(|m| m.parse::<u32>().ok())
+            .is_some_and(|minor| minor < 5);
+    (path.starts_with("lmcache/") && old).then(|| {
+        format!(
+            "the MP worker image {image:?} carries LMCache {version}, which has no multiprocess server (lmcache.v1.multiprocess, LMCache 0.5 and later)"
+        )
+    })
 }
 
 /// The MP server's launch line, in the form LMCache's own parser takes:
@@ -297,11 +348,26 @@ impl RuntimeAdapter for SglangLmCache {
                     .into(),
             );
         }
-        if Self::worker_image(ctx, engine_c).is_none() {
+        let Some(image) = Self::worker_image(ctx, engine_c) else {
             return Err(
                 "no MP-worker image: the engine container has no image and lmCache.workerImage is unset"
                     .into(),
             );
+        };
+        if let Some(why) = known_bad_worker_image(&image) {
+            return Err(why);
+        }
+        // LMCache's SGLang connector refuses a chunk that is not a whole
+        // number of SGLang pages (at engine start, after the pod is wired).
+        let page = flag_items(args, PAGE_SIZE)
+            .last()
+            .and_then(|it| it.value.as_deref()?.trim().parse::<i32>().ok())
+            .unwrap_or(1);
+        let chunk = ctx.chunk_size();
+        if page > 0 && chunk % page != 0 {
+            return Err(format!(
+                "spec.lmCache.chunkSizeTokens {chunk} is not a multiple of the engine's {PAGE_SIZE} {page}: LMCache's SGLang connector refuses to start"
+            ));
         }
         Ok(())
     }

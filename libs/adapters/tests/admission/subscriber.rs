@@ -73,7 +73,7 @@ fn injected_containers_pass_the_restricted_pod_security_level() {
     let restricted = json!({
         "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
-            "name": "sglang", "image": "lmsysorg/sglang:v0.5.4",
+            "name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4",
             "args": ["--model-path", "m", "--kv-events-config", common::SGLANG_KV_EVENTS],
             "resources": {"limits": {"nvidia.com/gpu": "1"}},
             "securityContext": {"allowPrivilegeEscalation": false, "runAsUser": 1000,

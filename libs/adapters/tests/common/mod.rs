@@ -94,6 +94,7 @@ pub fn config() -> InjectionConfig {
         index_server_ca_pem: None,
         subscriber_otlp_endpoint: None,
         index_server_discovery: Default::default(),
+        image_pull_secrets: Vec::new(),
     }
 }
 
