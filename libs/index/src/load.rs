@@ -12,6 +12,10 @@
 //! The load of a replica is the largest of the three; the KV-cache usage
 //! comes from the engine alone. Times are Unix milliseconds passed in.
 
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::RwLock;
+
 use crate::index::FastMap;
 
 /// What an engine last reported about itself.
@@ -32,6 +36,10 @@ pub struct ReplicaLoad {
     pub requests: f64,
     /// Fraction of its KV cache in use (0 when unknown).
     pub kv_usage: f64,
+    /// Work queued ahead of a new request, ms: the longer of the work this
+    /// server's picks sent and the work the engine's own events showed
+    /// (see [`LoadBoard::add_work`]).
+    pub queued_ms: f64,
 }
 
 /// How load estimates age.
@@ -52,105 +60,252 @@ impl Default for LoadSettings {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+/// One replica's figures, each its own atomic: a pick or a report changes
+/// one replica without a lock that lookups wait on, and a reader that sees
+/// one field a moment older than another reads a load that was true a
+/// moment ago.
+#[derive(Debug)]
 struct Entry {
-    in_flight: u32,
-    recent: f64,
-    recent_at_ms: i64,
-    engine: Option<(EngineLoad, i64)>,
+    in_flight: AtomicU32,
+    /// Recent picks, weighted as of the board's epoch (`f64` bits).
+    recent: AtomicU64,
+    waiting: AtomicU32,
+    running: AtomicU32,
+    /// KV-cache usage (`f32` bits).
+    kv_usage: AtomicU32,
+    /// When the engine last reported (`i64::MIN`: never).
+    reported_at_ms: AtomicI64,
+    /// When the work this server's picks sent is done, ms (`f64` bits).
+    picked_busy_until: AtomicU64,
+    /// When the work the engine's events showed is done, ms (`f64` bits).
+    observed_busy_until: AtomicU64,
+}
+
+/// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
+/// `busy_until` (a virtual finish time: the engine drains a millisecond of
+/// work per millisecond).
+fn enqueue(busy_until: &AtomicU64, now_ms: f64, work_ms: f64) {
+    let _ = busy_until.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+        Some((f64::from_bits(bits).max(now_ms) + work_ms).to_bits())
+    });
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Self {
+            in_flight: AtomicU32::new(0),
+            recent: AtomicU64::new(0),
+            waiting: AtomicU32::new(0),
+            running: AtomicU32::new(0),
+            kv_usage: AtomicU32::new(0),
+            reported_at_ms: AtomicI64::new(i64::MIN),
+            picked_busy_until: AtomicU64::new(0),
+            observed_busy_until: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Entry {
+
+    fn add_recent(&self, w: f64) {
+        let _ = self
+            .recent
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                Some((f64::from_bits(bits) + w).to_bits())
+            });
+    }
+
+    fn recent(&self) -> f64 {
+        f64::from_bits(self.recent.load(Ordering::Relaxed))
+    }
 }
 
 /// Load of every replica the picker has heard of, by replica id.
-#[derive(Clone, Debug, Default)]
+///
+/// Every pick decays at the same rate, so the board keeps each replica's
+/// recent picks weighted as of one epoch: a pick at `t` adds
+/// `2^((t - epoch) / half_life)`, and the weight at `now` is the sum times
+/// `2^(-(now - epoch) / half_life)`, one factor for every replica. Reading
+/// a replica's load is then a multiply, not an `exp` per replica, and the
+/// order of the replicas' pick weights never changes as time passes.
+///
+/// The map is write-locked only when a replica first appears, leaves, or
+/// the epoch moves (every 64 half-lives); picks, reports and reads take its
+/// read lock and change one replica's atomics.
+#[derive(Debug, Default)]
 pub struct LoadBoard {
     settings: LoadSettings,
-    entries: FastMap<String, Entry>,
+    entries: RwLock<FastMap<Box<str>, Entry>>,
+    epoch_ms: AtomicI64,
 }
+
+/// Half-lives after the epoch when the board rebases its weights, well
+/// inside an `f64`'s range.
+const REBASE_HALF_LIVES: f64 = 64.0;
 
 impl LoadBoard {
     /// An empty board.
     pub fn new(settings: LoadSettings) -> Self {
         Self {
             settings,
-            entries: FastMap::default(),
+            ..Self::default()
         }
     }
 
-    fn decayed(&self, e: &Entry, now_ms: i64) -> f64 {
-        let half_life = self.settings.pick_half_life_ms.max(1) as f64;
-        let age = now_ms.saturating_sub(e.recent_at_ms).max(0) as f64;
-        e.recent * (-age / half_life * std::f64::consts::LN_2).exp()
+    fn half_life(&self) -> f64 {
+        self.settings.pick_half_life_ms.max(1) as f64
+    }
+
+    /// Half-lives from the epoch to `t_ms` (negative before it).
+    fn ahead(&self, t_ms: i64) -> f64 {
+        t_ms.saturating_sub(self.epoch_ms.load(Ordering::Relaxed)) as f64 / self.half_life()
+    }
+
+    /// The factor turning epoch weights into weights at `now_ms`.
+    fn decay_factor(&self, now_ms: i64) -> f64 {
+        // A clock behind the epoch decays nothing (as an age of zero).
+        (-self.ahead(now_ms).max(0.0)).max(-2_000.0).exp2()
+    }
+
+    /// Runs `f` on `replica_id`'s entry, creating it when new.
+    fn with_entry(&self, replica_id: &str, f: impl FnOnce(&Entry)) {
+        if let Some(e) = self.entries.read().get(replica_id) {
+            return f(e);
+        }
+        let mut map = self.entries.write();
+        f(map.entry(replica_id.into()).or_default());
     }
 
     /// `replica_id` was recommended for a request at `now_ms`.
-    pub fn picked(&mut self, replica_id: &str, now_ms: i64) {
-        let e = self.entries.get(replica_id).copied().unwrap_or_default();
-        let recent = self.decayed(&e, now_ms) + 1.0;
-        let entry = self.entries.entry(replica_id.to_owned()).or_default();
-        entry.recent = recent;
-        entry.recent_at_ms = now_ms;
+    pub fn picked(&self, replica_id: &str, now_ms: i64) {
+        let ahead = self.ahead(now_ms);
+        if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
+            // Re-express every weight as of now (also the first pick's
+            // epoch, and a clock that stepped back).
+            let map = self.entries.write();
+            let ahead = self.ahead(now_ms);
+            if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
+                let factor = self.decay_factor(now_ms);
+                for e in map.values() {
+                    e.recent
+                        .store((e.recent() * factor).to_bits(), Ordering::Relaxed);
+                }
+                self.epoch_ms.store(now_ms, Ordering::Relaxed);
+            }
+        }
+        // Weighed under the map's lock, so a rebase never falls between.
+        self.with_entry(replica_id, |e| {
+            e.add_recent(self.ahead(now_ms).max(0.0).exp2());
+        });
     }
 
     /// A request this picker sent to `replica_id` started.
-    pub fn started(&mut self, replica_id: &str) {
-        self.entries
-            .entry(replica_id.to_owned())
-            .or_default()
-            .in_flight += 1;
+    pub fn started(&self, replica_id: &str) {
+        self.with_entry(replica_id, |e| {
+            e.in_flight.fetch_add(1, Ordering::Relaxed);
+        });
     }
 
     /// A request this picker sent to `replica_id` finished (or failed).
-    pub fn finished(&mut self, replica_id: &str) {
-        if let Some(e) = self.entries.get_mut(replica_id) {
-            e.in_flight = e.in_flight.saturating_sub(1);
+    pub fn finished(&self, replica_id: &str) {
+        if let Some(e) = self.entries.read().get(replica_id) {
+            let _ = e
+                .in_flight
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    Some(n.saturating_sub(1))
+                });
         }
     }
 
+    /// A pick sent `work_ms` of work (its prefill, by the TTFT model) to
+    /// `replica_id` at `now_ms`.
+    pub fn add_work(&self, replica_id: &str, work_ms: f64, now_ms: i64) {
+        self.with_entry(replica_id, |e| {
+            enqueue(&e.picked_busy_until, now_ms as f64, work_ms);
+        });
+    }
+
+    /// The engine behind `replica_id` showed `work_ms` of work at `now_ms`
+    /// (blocks it stored, whoever sent the request): every index replica
+    /// sees every engine's events, so this queue counts the picks of every
+    /// gateway and every replica, a little late.
+    pub fn observed_work(&self, replica_id: &str, work_ms: f64, now_ms: i64) {
+        self.with_entry(replica_id, |e| {
+            enqueue(&e.observed_busy_until, now_ms as f64, work_ms);
+        });
+    }
+
     /// The engine behind `replica_id` reported its load at `now_ms`.
-    pub fn report_engine(&mut self, replica_id: &str, load: EngineLoad, now_ms: i64) {
-        self.entries
-            .entry(replica_id.to_owned())
-            .or_default()
-            .engine = Some((load, now_ms));
+    pub fn report_engine(&self, replica_id: &str, load: EngineLoad, now_ms: i64) {
+        self.with_entry(replica_id, |e| {
+            e.waiting.store(load.waiting, Ordering::Relaxed);
+            e.running.store(load.running, Ordering::Relaxed);
+            e.kv_usage.store(load.kv_usage.to_bits(), Ordering::Relaxed);
+            e.reported_at_ms.store(now_ms, Ordering::Relaxed);
+        });
     }
 
     /// The load of `replica_id` at `now_ms` (zero when never heard of).
     pub fn load(&self, replica_id: &str, now_ms: i64) -> ReplicaLoad {
-        let Some(e) = self.entries.get(replica_id) else {
-            return ReplicaLoad::default();
+        let map = self.entries.read();
+        map.get(replica_id).map_or_else(ReplicaLoad::default, |e| {
+            self.entry_load(e, now_ms, self.decay_factor(now_ms))
+        })
+    }
+
+    fn entry_load(&self, e: &Entry, now_ms: i64, decay: f64) -> ReplicaLoad {
+        let at = e.reported_at_ms.load(Ordering::Relaxed);
+        let fresh =
+            at != i64::MIN && now_ms.saturating_sub(at) <= self.settings.engine_report_ttl_ms;
+        let (reported, kv_usage) = if fresh {
+            let kv = f32::from_bits(e.kv_usage.load(Ordering::Relaxed));
+            (
+                f64::from(e.waiting.load(Ordering::Relaxed))
+                    + f64::from(e.running.load(Ordering::Relaxed)),
+                f64::from(kv).clamp(0.0, 1.0),
+            )
+        } else {
+            (0.0, 0.0)
         };
-        let engine = e
-            .engine
-            .filter(|(_, at)| now_ms.saturating_sub(*at) <= self.settings.engine_report_ttl_ms)
-            .map(|(l, _)| l);
-        let reported = engine.map_or(0.0, |l| f64::from(l.waiting) + f64::from(l.running));
+        let busy_until = f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed)).max(
+            f64::from_bits(e.observed_busy_until.load(Ordering::Relaxed)),
+        );
         ReplicaLoad {
-            requests: f64::from(e.in_flight)
-                .max(self.decayed(e, now_ms))
+            requests: f64::from(e.in_flight.load(Ordering::Relaxed))
+                .max(e.recent() * decay)
                 .max(reported),
-            kv_usage: engine.map_or(0.0, |l| f64::from(l.kv_usage).clamp(0.0, 1.0)),
+            kv_usage,
+            queued_ms: (busy_until - now_ms as f64).max(0.0),
         }
     }
 
     /// The load of each of `replica_ids` at `now_ms`, in order.
     pub fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
-        replica_ids.iter().map(|id| self.load(id, now_ms)).collect()
+        let map = self.entries.read();
+        let decay = self.decay_factor(now_ms);
+        replica_ids
+            .iter()
+            .map(|id| {
+                map.get(*id)
+                    .map_or_else(ReplicaLoad::default, |e| self.entry_load(e, now_ms, decay))
+            })
+            .collect()
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
     /// the board never outlives a replica.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.entries.retain(|id, _| keep(id));
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.entries.write().retain(|id, _| keep(id));
     }
 
     /// Replicas on the board.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.read().len()
     }
 
     /// Whether the board is empty.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.read().is_empty()
     }
 }
 
@@ -160,7 +315,7 @@ mod tests {
 
     #[test]
     fn picks_decay_with_their_half_life() {
-        let mut board = LoadBoard::new(LoadSettings {
+        let board = LoadBoard::new(LoadSettings {
             pick_half_life_ms: 1_000,
             engine_report_ttl_ms: 5_000,
         });
@@ -175,7 +330,7 @@ mod tests {
 
     #[test]
     fn the_largest_estimate_wins_and_old_reports_are_ignored() {
-        let mut board = LoadBoard::new(LoadSettings::default());
+        let board = LoadBoard::new(LoadSettings::default());
         board.started("a");
         board.started("a");
         board.finished("a");
@@ -202,7 +357,7 @@ mod tests {
 
     #[test]
     fn retain_drops_replicas_gone_from_the_index() {
-        let mut board = LoadBoard::default();
+        let board = LoadBoard::default();
         board.picked("a", 0);
         board.picked("b", 0);
         board.retain(|id| id == "b");

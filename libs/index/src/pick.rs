@@ -19,6 +19,20 @@
 //! replica, then to a hash of (request, replica): never to "the most
 //! recently active", which is the one that just got the last request and
 //! would take every tie of a shared prefix.
+//!
+//! With a [`TtftModel`] the score is instead the predicted time to first
+//! token, negated: the replica's queued work plus the prefill of the tokens
+//! it does not hold,
+//!
+//! ```text
+//! ttft(r)  = queued_ms(r) + overhead_ms + unheld_tokens(r) / prefill_rate
+//! score(r) = −ttft(r)
+//! ```
+//!
+//! so a holder with a long queue loses to an idle replica exactly when the
+//! idle one would answer first (as Preble and llm-d's scorers weigh prefix
+//! against load, but in the engine's own units). A T2 block counts as held
+//! for `t2_credit` of its tokens.
 
 use crate::load::ReplicaLoad;
 use crate::types::{Candidate, ReplicaKey, Tier};
@@ -36,6 +50,25 @@ pub struct ScoreWeights {
     pub t2_credit: f64,
     /// Load bound factor (`None`: unbounded).
     pub load_bound: Option<f64>,
+    /// Score by predicted time to first token instead of the weights.
+    pub ttft: Option<TtftModel>,
+}
+
+/// What a request costs an engine, for predicting time to first token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TtftModel {
+    /// Prompt tokens an engine prefills per millisecond.
+    pub tokens_per_ms: f64,
+    /// Fixed cost of every request, ms.
+    pub overhead_ms: f64,
+}
+
+impl TtftModel {
+    /// Milliseconds an engine spends on a request with `unheld_tokens` to
+    /// prefill.
+    pub fn work_ms(&self, unheld_tokens: f64) -> f64 {
+        self.overhead_ms + unheld_tokens.max(0.0) / self.tokens_per_ms.max(1e-9)
+    }
 }
 
 impl Default for ScoreWeights {
@@ -46,6 +79,7 @@ impl Default for ScoreWeights {
             kv_usage: 0.5,
             t2_credit: 0.5,
             load_bound: Some(1.25),
+            ttft: None,
         }
     }
 }
@@ -60,6 +94,7 @@ impl ScoreWeights {
             kv_usage: 0.0,
             t2_credit: 1.0,
             load_bound: None,
+            ttft: None,
         }
     }
 }
@@ -208,9 +243,18 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
             } else {
                 weights.t2_credit
             };
-            let score = weights.prefix * held * credit
-                - weights.load * load.requests / max_requests
-                - weights.kv_usage * load.kv_usage;
+            let score = match weights.ttft {
+                Some(model) => {
+                    let prompt_tokens =
+                        f64::from(input.prompt_blocks.max(1)) * f64::from(input.block_size.max(1));
+                    -(load.queued_ms + model.work_ms(prompt_tokens * (1.0 - held * credit)))
+                }
+                None => {
+                    weights.prefix * held * credit
+                        - weights.load * load.requests / max_requests
+                        - weights.kv_usage * load.kv_usage
+                }
+            };
             RankKey {
                 index: i,
                 over_bound: bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9),
@@ -323,7 +367,7 @@ mod tests {
         r.iter()
             .map(|(k, _)| ReplicaLoad {
                 requests: f(&k.replica_id),
-                kv_usage: 0.0,
+                ..ReplicaLoad::default()
             })
             .collect()
     }

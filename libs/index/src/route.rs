@@ -311,6 +311,11 @@ pub struct Ranked {
     /// Set when there is no routing hint, with why; `ranked` may still say
     /// where load alone would send the request.
     pub no_hint: Option<(NoHintReason, String)>,
+    /// Index in `ranked` of the replica load alone chooses when there is no
+    /// hint and the caller named its candidates (a gateway that sends every
+    /// request to one of them): answered as `best` and counted as a pick,
+    /// so the index sees the whole load, not only the hinted part.
+    pub by_load: Option<usize>,
     /// The prompt's block fingerprints (for recording the pick).
     pub blocks: Vec<Fingerprint>,
 }
@@ -320,18 +325,34 @@ impl Ranked {
     pub fn best(&self) -> Option<&Scored> {
         self.hint.and_then(|i| self.ranked.get(i))
     }
+
+    /// The replica the request goes to: the hint, else (for a caller that
+    /// named its candidates) the one load alone chooses.
+    pub fn destination(&self) -> Option<&Scored> {
+        self.hint.or(self.by_load).and_then(|i| self.ranked.get(i))
+    }
+
+    /// The prompt's blocks `pick` does not hold yet: what a pick of it
+    /// holds speculatively until its events arrive.
+    pub fn unheld_by(&self, pick: &Scored) -> &[Fingerprint] {
+        let held = (pick.matched_blocks as usize).min(self.blocks.len());
+        &self.blocks[held..]
+    }
 }
 
 /// Where the load-aware scoring reads load and speculative holders. It is
 /// asked only after the index walk, so an implementation behind locks holds
 /// them briefly.
 pub trait ScoringSource {
-    /// Replicas speculatively holding `blocks` from the start, with the
-    /// blocks each holds.
+    /// Replicas speculatively holding `blocks` from the start (alone, or
+    /// continuing the real holdings of `holders`: replica id and blocks
+    /// held), with the blocks each holds from the start
+    /// ([`Speculation::holdings`]).
     fn speculative(
         &self,
         scope_tag: u64,
         blocks: &[Fingerprint],
+        holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)>;
     /// The load of each of `replica_ids`, in order.
@@ -352,9 +373,11 @@ impl ScoringSource for Boards<'_> {
         &self,
         scope_tag: u64,
         blocks: &[Fingerprint],
+        holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)> {
-        self.speculation.matched(scope_tag, blocks, now_ms)
+        self.speculation
+            .holdings(scope_tag, blocks, holders, now_ms)
     }
 
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
@@ -402,7 +425,8 @@ pub fn scope_tag(scope: &Scope) -> u64 {
 /// holder is over its bound while some other replica is within it, there is
 /// no hint ([`NoHintReason::LoadBound`]): the gateway balances by load, and
 /// `ranked` still says where. A gateway calling LookupRoute may not follow a
-/// hint, so the server's view of load is partial: hints are only holders.
+/// hint; one that names its candidates is given a load-based destination
+/// when there is no hint ([`Ranked::by_load`]), so its every pick counts.
 #[allow(clippy::too_many_arguments)]
 pub fn route_ranked(
     index: &Index,
@@ -458,6 +482,7 @@ pub fn route_ranked(
                 ranked: Vec::new(),
                 hint: None,
                 no_hint: Some(no_hint),
+                by_load: None,
                 blocks,
             };
         }
@@ -481,9 +506,15 @@ pub fn route_ranked(
     };
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),
-        _ => scoring
-            .source
-            .speculative(scoring.scope_tag, &blocks, now_ms),
+        _ => {
+            let holders: Vec<(&str, u32)> = matches
+                .iter()
+                .map(|m| (m.replica.replica_id.as_str(), m.matched_blocks))
+                .collect();
+            scoring
+                .source
+                .speculative(scoring.scope_tag, &blocks, &holders, now_ms)
+        }
     };
     let ids: Vec<&str> = replicas
         .iter()
@@ -523,12 +554,17 @@ pub fn route_ranked(
             "every replica holding the prefix is over its load bound".to_owned(),
         )),
     };
+    // Load alone decides for a gateway that named its candidates: it sends
+    // the request somewhere anyway, and a pick the index never hears of
+    // hides that load from every later decision.
+    let by_load = (hint.is_none() && query.candidates.is_some() && !ranked.is_empty()).then_some(0);
     Ranked {
         block_size,
         prompt_blocks,
         ranked,
         hint,
         no_hint,
+        by_load,
         blocks,
     }
 }

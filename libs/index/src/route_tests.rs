@@ -1,7 +1,7 @@
 //! The load-aware routing core against a real index, with time passed in.
 
 use crate::load::{LoadBoard, LoadSettings};
-use crate::pick::ScoreWeights;
+use crate::pick::{ScoreWeights, TtftModel};
 use crate::route::{
     Boards, NoHintReason, Ranked, RouteKey, RoutePolicy, RouteQuery, Scoring, route_ranked,
     scope_tag,
@@ -94,10 +94,15 @@ impl Fleet {
     /// Routes like a gateway following `best`, recording the pick.
     fn route(&mut self, blocks: &[Fingerprint], now_ms: i64) -> Option<String> {
         let ranked = self.ask(blocks, now_ms);
-        let best = ranked.best()?.replica.replica_id.clone();
+        let pick = ranked.best()?;
+        let best = pick.replica.replica_id.clone();
         self.load.picked(&best, now_ms);
+        if let Some(model) = self.weights.ttft {
+            let tokens = ranked.unheld_by(pick).len() as f64 * 16.0;
+            self.load.add_work(&best, model.work_ms(tokens), now_ms);
+        }
         self.speculation
-            .record(scope_tag(&scope()), &best, &ranked.blocks, now_ms);
+            .record(scope_tag(&scope()), &best, ranked.unheld_by(pick), now_ms);
         Some(best)
     }
 }
@@ -217,7 +222,7 @@ fn speculation_never_outlives_its_replica_nor_shows_as_a_holding() {
 
 #[test]
 fn when_every_holder_is_over_its_bound_there_is_no_hint_but_a_ranking() {
-    let mut fleet = Fleet::new(&["a", "b"], ScoreWeights::default());
+    let fleet = Fleet::new(&["a", "b"], ScoreWeights::default());
     // Only "a" holds a long private prefix; "b" holds only the system
     // prompt, which this prompt does not start with.
     hold(&fleet.index, "a", &fps(&[40, 41, 42]));
@@ -261,4 +266,139 @@ fn debug_long_prompt_shared_block() {
         }
         fleet.route(&prompt, T0 + i as i64);
     }
+}
+
+#[test]
+fn a_cold_prompt_with_candidates_gets_a_destination_by_load() {
+    let fleet = Fleet::new(&["a", "b", "c"], ScoreWeights::default());
+    for i in 0..5 {
+        fleet.load.picked("a", T0 + i);
+        fleet.load.picked("c", T0 + i);
+    }
+    let scope = scope();
+    let prompt = fps(&[90, 91]);
+    let ask = |candidates: Option<&std::collections::HashSet<String>>| {
+        route_ranked(
+            &fleet.index,
+            &RouteQuery {
+                scope: &scope,
+                key: RouteKey::Blocks(&prompt),
+                candidates,
+                extras: None,
+            },
+            &RoutePolicy::default(),
+            16,
+            T0 + 10,
+            &NoDeadline,
+            Scoring {
+                weights: &fleet.weights,
+                source: &Boards {
+                    load: &fleet.load,
+                    speculation: &fleet.speculation,
+                },
+                scope_tag: scope_tag(&scope),
+                pool: None,
+            },
+        )
+    };
+    // Without candidates: no hint and no destination (the gateway's own
+    // fallback decides, as before).
+    let plain = ask(None);
+    assert_eq!(
+        plain.no_hint.as_ref().map(|(r, _)| *r),
+        Some(NoHintReason::NoEntry)
+    );
+    assert!(plain.destination().is_none());
+    // With them: still no prefix hint, but the least loaded candidate.
+    let all: std::collections::HashSet<String> =
+        ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let named = ask(Some(&all));
+    assert!(named.best().is_none());
+    assert_eq!(
+        named.destination().map(|s| s.replica.replica_id.as_str()),
+        Some("b")
+    );
+}
+
+#[test]
+fn picks_a_speculation_attracts_do_not_keep_it_alive() {
+    let weights = ScoreWeights {
+        load_bound: None,
+        ..ScoreWeights::default()
+    };
+    let mut fleet = Fleet::new(&["a", "b"], weights);
+    let prompt = fps(&[1, 70, 71]);
+    let first = fleet.route(&prompt, T0).unwrap();
+    // The prompt keeps coming; its engine's events never arrive.
+    for t in (100..2_000).step_by(100) {
+        assert_eq!(
+            fleet.route(&prompt, T0 + t).as_deref(),
+            Some(first.as_str())
+        );
+    }
+    // The first pick's TTL has passed: the speculation is gone, though it
+    // attracted a pick every 100 ms.
+    let later = fleet.ask(&prompt, T0 + 2_000);
+    assert!(later.ranked.iter().all(|s| !s.speculative), "{later:?}");
+}
+
+/// Scoring by predicted TTFT: 16 tokens per ms of prefill, 2 ms a request,
+/// no load bound (the estimate decides).
+fn ttft_weights() -> ScoreWeights {
+    ScoreWeights {
+        load_bound: None,
+        ttft: Some(TtftModel {
+            tokens_per_ms: 16.0,
+            overhead_ms: 2.0,
+        }),
+        ..ScoreWeights::default()
+    }
+}
+
+#[test]
+fn by_ttft_a_holder_with_a_long_queue_loses_only_when_an_idle_replica_is_faster() {
+    let fleet = Fleet::new(&["a", "b"], ttft_weights());
+    // a holds 20 blocks of the prompt: its prefill is 1 block (1 ms + 2 ms),
+    // b holds the system prompt only: 20 blocks (20 ms + 2 ms).
+    let prompt: Vec<Fingerprint> = (1..=21).map(Fingerprint).collect();
+    hold(&fleet.index, "a", &prompt[..20]);
+    fleet.load.add_work("a", 10.0, T0);
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(
+        ranked.best().map(|s| s.replica.replica_id.as_str()),
+        Some("a")
+    );
+    // 21 ms queued on a: 24 ms against b's 22 ms.
+    fleet.load.add_work("a", 11.0, T0);
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(ranked.ranked[0].replica.replica_id, "b", "{ranked:?}");
+    // The queue drains with time: a wins again 5 ms later.
+    let ranked = fleet.ask(&prompt, T0 + 5);
+    assert_eq!(ranked.ranked[0].replica.replica_id, "a");
+}
+
+#[test]
+fn by_ttft_a_burst_sharing_a_new_prefix_lands_together_until_the_queue_says_otherwise() {
+    let mut fleet = Fleet::new(&["a", "b", "c", "d"], ttft_weights());
+    // A new 40-block prompt (block 1 is the system prompt everyone holds):
+    // 41 ms of prefill cold, 2 ms once held.
+    let prompt: Vec<Fingerprint> = std::iter::once(1)
+        .chain(600..639)
+        .map(Fingerprint)
+        .collect();
+    // Eight requests 10 ms apart: each waits less on the first's replica
+    // (it holds the prefix, speculatively until its events come) than a
+    // cold prefill elsewhere takes.
+    let picks: Vec<String> = (0..8)
+        .map(|i| fleet.route(&prompt, T0 + 10 * i).unwrap())
+        .collect();
+    let first = &picks[0];
+    assert!(picks.iter().all(|p| p == first), "{picks:?}");
+    // Thirty at once: the queue grows 2 ms a request, and past a cold
+    // prefill's 41 ms the estimate sends the rest elsewhere.
+    let burst: Vec<String> = (0..30)
+        .map(|_| fleet.route(&prompt, T0 + 100).unwrap())
+        .collect();
+    let together = burst.iter().filter(|p| *p == first).count();
+    assert!((15..30).contains(&together), "{burst:?}");
 }

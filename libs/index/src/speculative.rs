@@ -63,7 +63,13 @@ impl Speculation {
         self.settings.ttl_ms > 0 && self.settings.max_entries > 0
     }
 
-    /// `replica_id` was picked for a prompt of `blocks` at `now_ms`.
+    /// `replica_id` was picked for a prompt of `blocks` at `now_ms` (the
+    /// blocks it does not hold yet: a real holding needs no stand-in).
+    ///
+    /// A block it already holds speculatively keeps its expiry: a pick the
+    /// speculation itself attracted must not keep it alive, or a few picks
+    /// made before the real holder was known would split a hot prompt for
+    /// as long as traffic flows. Only the engine's events confirm it.
     pub fn record(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
         if !self.enabled() {
             return;
@@ -72,13 +78,11 @@ impl Speculation {
         let expires = now_ms.saturating_add(self.settings.ttl_ms);
         for &fp in blocks {
             let holders = self.blocks.entry((scope, fp)).or_default();
-            match holders.iter_mut().find(|(id, _)| &**id == replica_id) {
-                Some(h) => h.1 = expires,
-                None => {
-                    holders.push((replica_id.into(), expires));
-                    self.entries += 1;
-                }
+            if holders.iter().any(|(id, _)| &**id == replica_id) {
+                continue;
             }
+            holders.push((replica_id.into(), expires));
+            self.entries += 1;
             self.order.push_back((scope, fp, expires));
         }
         while self.entries > self.settings.max_entries {
@@ -172,6 +176,61 @@ impl Speculation {
         active
     }
 
+    /// Every speculative holding of `blocks` at `now_ms`: runs from the
+    /// first block, and runs continuing the real holdings of `holders`
+    /// (replica id and blocks really held from the start); per replica,
+    /// the blocks held from the start, real and speculative together.
+    pub fn holdings(
+        &self,
+        scope: u64,
+        blocks: &[Fingerprint],
+        holders: &[(&str, u32)],
+        now_ms: i64,
+    ) -> Vec<(String, u32)> {
+        if self.entries == 0 {
+            return Vec::new();
+        }
+        let mut found = self.matched(scope, blocks, now_ms);
+        for &(id, real) in holders {
+            let Some(rest) = blocks.get(real as usize..).filter(|r| !r.is_empty()) else {
+                continue;
+            };
+            let run = self.extension(scope, id, rest, now_ms);
+            if run == 0 {
+                continue;
+            }
+            match found.iter_mut().find(|(f, _)| f == id) {
+                Some(f) => f.1 = f.1.max(real + run),
+                None => found.push((id.to_owned(), real + run)),
+            }
+        }
+        found
+    }
+
+    /// How many of `blocks`, from the first, `replica_id` holds
+    /// speculatively at `now_ms` (continuing a real holding that ends
+    /// where `blocks` starts).
+    pub fn extension(
+        &self,
+        scope: u64,
+        replica_id: &str,
+        blocks: &[Fingerprint],
+        now_ms: i64,
+    ) -> u32 {
+        let mut run = 0;
+        for &fp in blocks {
+            let held = self
+                .blocks
+                .get(&(scope, fp))
+                .is_some_and(|h| h.iter().any(|(id, e)| *e > now_ms && &**id == replica_id));
+            if !held {
+                break;
+            }
+            run += 1;
+        }
+        run
+    }
+
     /// (block, replica) entries remembered.
     pub fn len(&self) -> usize {
         self.entries
@@ -258,6 +317,21 @@ mod tests {
             "the oldest went first"
         );
         assert_eq!(s.matched(1, &fps(&[4, 5]), 2), vec![("b".into(), 2)]);
+    }
+
+    #[test]
+    fn a_pick_does_not_renew_a_speculation_and_extends_a_real_holding() {
+        let mut s = table(1_000, 100);
+        s.record(1, "a", &fps(&[10, 11]), 0);
+        // Picked again (the speculation attracted it): the expiry stands.
+        s.record(1, "a", &fps(&[10, 11]), 900);
+        assert_eq!(s.len(), 2);
+        assert!(s.matched(1, &fps(&[10, 11]), 1_000).is_empty());
+        // A real holder of 20, 21 speculatively holds what comes next.
+        s.record(1, "b", &fps(&[22, 23]), 1_000);
+        assert_eq!(s.extension(1, "b", &fps(&[22, 23, 24]), 1_001), 2);
+        assert_eq!(s.extension(1, "c", &fps(&[22, 23]), 1_001), 0);
+        assert_eq!(s.extension(1, "b", &fps(&[22, 23]), 2_000), 0, "expired");
     }
 
     #[test]

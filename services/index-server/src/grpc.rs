@@ -84,10 +84,13 @@ fn response_of(decision: &Ranked) -> pb::LookupRouteResponse {
             best: Some(score(best)),
             ..base
         },
+        // With candidates named, NO_HINT still names where load alone sends
+        // the request (and counted it as a pick).
         (Some((reason, detail)), _) => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::NoHint as i32,
             no_hint_reason: reason_to_pb(*reason) as i32,
             detail: detail.clone(),
+            best: decision.destination().map(score),
             ..base
         },
         (None, None) => pb::LookupRouteResponse {

@@ -205,6 +205,7 @@ fn nothing_to_match() -> Ranked {
             NoHintReason::NoEntry,
             "the prompt has nothing to match on".into(),
         )),
+        by_load: None,
         blocks: Vec::new(),
     }
 }
@@ -373,30 +374,39 @@ impl IndexCore {
                     return Ok(Routed::Hint(nothing_to_match()));
                 };
                 let decision = rank(&query, None);
-                if let Some(best) = decision.best().filter(|_| record_pick) {
+                if let Some(best) = decision.destination().filter(|_| record_pick) {
                     // A prefix hash names no blocks to hold speculatively.
                     let blocks: &[Fingerprint] = match query.key {
                         RouteKey::PrefixHash(_) => &[],
-                        _ => &decision.blocks,
+                        _ => decision.unheld_by(best),
                     };
-                    self.routing
-                        .picked(tag, &best.replica.replica_id, blocks, now_ms);
+                    self.routing.picked(
+                        tag,
+                        &best.replica.replica_id,
+                        blocks,
+                        decision.block_size,
+                        now_ms,
+                    );
                 }
                 Ok(Routed::Hint(decision))
             }
             Purpose::Endpoint { pool, .. } => {
-                let (best, blocks) = match &query {
+                let (best, blocks, block_size) = match &query {
                     Some(query) => {
                         let ranked = rank(query, Some(pool));
                         let best =
                             ranked.ranked.first().cloned().or_else(|| {
                                 self.routing.rank_by_load(pool, now_ms).into_iter().next()
                             });
-                        (best, ranked.blocks)
+                        let unheld = best
+                            .as_ref()
+                            .map_or(Vec::new(), |b| ranked.unheld_by(b).to_vec());
+                        (best, unheld, ranked.block_size)
                     }
                     None => (
                         self.routing.rank_by_load(pool, now_ms).into_iter().next(),
                         Vec::new(),
+                        self.default_block_size,
                     ),
                 };
                 let Some(pick) = best else {
@@ -405,7 +415,7 @@ impl IndexCore {
                     ));
                 };
                 self.routing
-                    .picked(tag, &pick.replica.replica_id, &blocks, now_ms);
+                    .picked(tag, &pick.replica.replica_id, &blocks, block_size, now_ms);
                 self.routing.started(&pick.replica.replica_id);
                 let by_prefix = pick.matched_blocks > 0;
                 Ok(Routed::Endpoint { pick, by_prefix })
@@ -465,7 +475,8 @@ impl IndexCore {
                 if resync {
                     self.metrics.resyncs.inc();
                 }
-                self.confirm_speculation(&scope, &key.replica_id, &changes);
+                // A resync restates what is held: no new work.
+                self.confirm_speculation(&scope, &key.replica_id, &changes, !resync);
             }
             Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
             Step::Refused(limit, detail) => return Err(StepEnd::Refused(limit, detail)),
@@ -484,12 +495,28 @@ impl IndexCore {
 
     /// The engine's own word replaces the replica's speculative holding:
     /// stored blocks are now real, evicted ones are gone, a cleared tier
-    /// ends every speculation of the replica.
-    fn confirm_speculation(&self, scope: &Scope, replica_id: &str, changes: &[Change]) {
+    /// ends every speculation of the replica; blocks stored `live` (not a
+    /// resync) are work the engine did, for the TTFT estimate.
+    fn confirm_speculation(&self, scope: &Scope, replica_id: &str, changes: &[Change], live: bool) {
         let tag = scope_tag(scope);
         for change in changes {
             match change {
-                Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
+                Change::Stored {
+                    fingerprints,
+                    block_size,
+                    ..
+                } => {
+                    self.routing.confirm(tag, replica_id, fingerprints);
+                    if live {
+                        self.routing.observed_stores(
+                            replica_id,
+                            fingerprints.len(),
+                            *block_size,
+                            self.now_ms(),
+                        );
+                    }
+                }
+                Change::Evicted { fingerprints } => {
                     self.routing.confirm(tag, replica_id, fingerprints);
                 }
                 Change::Cleared { .. } => self.routing.forget_speculation(replica_id),

@@ -3,10 +3,12 @@
 //! decides through [`Routing::decide`] and reports what it did with the
 //! answer through the methods here.
 
-use parking_lot::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings, ReplicaLoad};
-use ic_index::pick::ScoreWeights;
+use ic_index::pick::{ScoreWeights, TtftModel};
 use ic_index::route::{Ranked, RoutePolicy, RouteQuery, Scoring, ScoringSource, route_ranked};
 use ic_index::speculative::{Speculation, SpeculationSettings};
 use ic_index::{Deadline, Fingerprint, Index};
@@ -40,6 +42,13 @@ pub struct ScoringFlags {
     /// Most (block, replica) speculative entries kept.
     #[arg(long, env = "IC_SPECULATIVE_MAX_ENTRIES", default_value_t = 1_000_000)]
     pub speculative_max_entries: u32,
+    /// Score by predicted time to first token: the engines' prefill rate,
+    /// prompt tokens per second (0: score by the weights above).
+    #[arg(long, env = "IC_TTFT_PREFILL_TOKENS_PER_SECOND", default_value_t = 0.0)]
+    pub ttft_prefill_tokens_per_second: f64,
+    /// The fixed cost of every request in the TTFT prediction, ms.
+    #[arg(long, env = "IC_TTFT_REQUEST_OVERHEAD_MS", default_value_t = 20.0)]
+    pub ttft_request_overhead_ms: f64,
 }
 
 impl Default for ScoringFlags {
@@ -56,6 +65,8 @@ impl Default for ScoringFlags {
             pick_half_life_ms: u32::try_from(l.pick_half_life_ms).unwrap_or(u32::MAX),
             speculative_ttl_ms: u32::try_from(s.ttl_ms).unwrap_or(u32::MAX),
             speculative_max_entries: u32::try_from(s.max_entries).unwrap_or(u32::MAX),
+            ttft_prefill_tokens_per_second: 0.0,
+            ttft_request_overhead_ms: 20.0,
         }
     }
 }
@@ -68,6 +79,11 @@ impl ScoringFlags {
             ("--score-load-weight", self.score_load_weight),
             ("--score-kv-usage-weight", self.score_kv_usage_weight),
             ("--load-bound", self.load_bound),
+            (
+                "--ttft-prefill-tokens-per-second",
+                self.ttft_prefill_tokens_per_second,
+            ),
+            ("--ttft-request-overhead-ms", self.ttft_request_overhead_ms),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 anyhow::bail!("{flag} must be a non-negative number (got {v})");
@@ -91,6 +107,10 @@ impl ScoringFlags {
             kv_usage: self.score_kv_usage_weight,
             t2_credit: self.score_t2_credit,
             load_bound: (self.load_bound > 0.0).then_some(self.load_bound),
+            ttft: (self.ttft_prefill_tokens_per_second > 0.0).then(|| TtftModel {
+                tokens_per_ms: self.ttft_prefill_tokens_per_second / 1_000.0,
+                overhead_ms: self.ttft_request_overhead_ms,
+            }),
         })
     }
 }
@@ -99,8 +119,11 @@ impl ScoringFlags {
 #[derive(Debug)]
 pub struct Routing {
     weights: ScoreWeights,
-    load: Mutex<LoadBoard>,
+    load: LoadBoard,
     speculation: Mutex<Speculation>,
+    /// The speculation table's entries, readable without its lock: a
+    /// lookup with no speculation anywhere (the steady state) skips it.
+    speculative_entries: AtomicUsize,
 }
 
 impl Default for Routing {
@@ -118,13 +141,19 @@ impl ScoringSource for Routing {
         &self,
         scope_tag: u64,
         blocks: &[Fingerprint],
+        holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)> {
-        self.speculation.lock().matched(scope_tag, blocks, now_ms)
+        if self.speculative_entries.load(Ordering::Relaxed) == 0 {
+            return Vec::new();
+        }
+        self.speculation
+            .lock()
+            .holdings(scope_tag, blocks, holders, now_ms)
     }
 
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
-        self.load.lock().loads(replica_ids, now_ms)
+        self.load.loads(replica_ids, now_ms)
     }
 }
 
@@ -137,9 +166,18 @@ impl Routing {
     ) -> Self {
         Self {
             weights,
-            load: Mutex::new(LoadBoard::new(load)),
+            load: LoadBoard::new(load),
             speculation: Mutex::new(Speculation::new(speculation)),
+            speculative_entries: AtomicUsize::new(0),
         }
+    }
+
+    /// Changes the speculation table, then publishes its size.
+    fn speculation_mut<R>(&self, change: impl FnOnce(&mut MutexGuard<'_, Speculation>) -> R) -> R {
+        let mut s = self.speculation.lock();
+        let r = change(&mut s);
+        self.speculative_entries.store(s.len(), Ordering::Relaxed);
+        r
     }
 
     /// From the flags.
@@ -187,49 +225,74 @@ impl Routing {
     }
 
     /// The request of `ranked` goes to `replica_id`: its load counts the
-    /// pick and it speculatively holds the prompt until its events arrive.
-    pub fn picked(&self, scope_tag: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
-        self.load.lock().picked(replica_id, now_ms);
-        self.speculation
-            .lock()
-            .record(scope_tag, replica_id, blocks, now_ms);
+    /// pick and it speculatively holds `unheld` (the prompt's blocks it
+    /// does not hold yet, [`Ranked::unheld_by`]) until its events arrive.
+    pub fn picked(
+        &self,
+        scope_tag: u64,
+        replica_id: &str,
+        unheld: &[Fingerprint],
+        block_size: u32,
+        now_ms: i64,
+    ) {
+        self.load.picked(replica_id, now_ms);
+        if let Some(model) = self.weights.ttft {
+            let tokens = unheld.len() as f64 * f64::from(block_size);
+            self.load
+                .add_work(replica_id, model.work_ms(tokens), now_ms);
+        }
+        if !unheld.is_empty() {
+            self.speculation_mut(|s| s.record(scope_tag, replica_id, unheld, now_ms));
+        }
+    }
+
+    /// The engine behind `replica_id` stored `blocks` blocks of
+    /// `block_size` tokens (a prefill, whoever routed it): counted as work
+    /// queued on it when scoring by TTFT.
+    pub fn observed_stores(&self, replica_id: &str, blocks: usize, block_size: u32, now_ms: i64) {
+        if let Some(model) = self.weights.ttft {
+            let tokens = blocks as f64 * f64::from(block_size);
+            self.load
+                .observed_work(replica_id, model.work_ms(tokens), now_ms);
+        }
     }
 
     /// A request the endpoint picker sent to `replica_id` started.
     pub fn started(&self, replica_id: &str) {
-        self.load.lock().started(replica_id);
+        self.load.started(replica_id);
     }
 
     /// A request the endpoint picker sent to `replica_id` ended.
     pub fn finished(&self, replica_id: &str) {
-        self.load.lock().finished(replica_id);
+        self.load.finished(replica_id);
     }
 
     /// The engine behind `replica_id` reported its load.
     pub fn report_engine(&self, replica_id: &str, load: EngineLoad, now_ms: i64) {
-        self.load.lock().report_engine(replica_id, load, now_ms);
+        self.load.report_engine(replica_id, load, now_ms);
     }
 
     /// The engine's events now show `replica_id` holding `blocks`.
     pub fn confirm(&self, scope_tag: u64, replica_id: &str, blocks: &[Fingerprint]) {
-        let mut s = self.speculation.lock();
-        if !s.is_empty() {
-            s.confirm(scope_tag, replica_id, blocks);
+        if self.speculative_entries.load(Ordering::Relaxed) == 0 {
+            return;
         }
+        self.speculation_mut(|s| s.confirm(scope_tag, replica_id, blocks));
     }
 
     /// Ends every speculation naming `replica_id` (its cache was cleared).
     pub fn forget_speculation(&self, replica_id: &str) {
-        self.speculation.lock().retain(|id| id != replica_id);
+        self.speculation_mut(|s| s.retain(|id| id != replica_id));
     }
 
     /// Drops the state of replicas gone from the index and expired
     /// speculation.
     pub fn retain(&self, present: &std::collections::HashSet<String>, now_ms: i64) {
-        self.load.lock().retain(|id| present.contains(id));
-        let mut s = self.speculation.lock();
-        s.expire(now_ms);
-        s.retain(|id| present.contains(id));
+        self.load.retain(|id| present.contains(id));
+        self.speculation_mut(|s| {
+            s.expire(now_ms);
+            s.retain(|id| present.contains(id));
+        });
     }
 
     /// Ranks `pool` by load alone (no prompt to match): where a request

@@ -5,8 +5,9 @@
 //!   changes in the vLLM wire over ZMQ to its own `ic-kvevent-subscriber`,
 //!   which feeds the `ic-index-server` (every replica of it); a gateway
 //!   loop asks `LookupRoute` (with block hashes it computes itself) of the
-//!   replicas in turn, follows `best`, and falls back to the engine with
-//!   the least queued work on NO_HINT. Run once per scoring variant
+//!   replicas in turn, naming every engine as a candidate, and follows
+//!   `best` (a prefix hint, or on NO_HINT the index's pick by load); with no
+//!   `best` at all it falls back to the engine with the least queued work. Run once per scoring variant
 //!   (prefix only, prefix + load, + speculative holders).
 //! * `round-robin` and `random`: the same engines, simulated in-process.
 //! * `longest prefix (exact…)`: in-process references that know every
@@ -436,11 +437,13 @@ pub async fn run_routed(
             continue;
         }
         let n = clients.len();
-        let answer = clients[i % n]
-            .lookup_route(lookup_request(tenant, model, &tokens, false))
-            .await?
-            .into_inner();
+        // The gateway names its endpoints, so a request with no prefix hint
+        // still gets (and the index counts) a destination by load.
+        let mut ask = lookup_request(tenant, model, &tokens, false);
+        ask.candidate_replicas = (0..engines.len()).map(|e| format!("engine-{e}")).collect();
+        let answer = clients[i % n].lookup_route(ask).await?.into_inner();
         run.latencies.push(asked.elapsed());
+        let by_prefix = answer.outcome == pb::LookupOutcome::PrefixMatch as i32;
         let hinted = answer
             .best
             .and_then(|b| b.replica)
@@ -448,7 +451,7 @@ pub async fn run_routed(
             .filter(|e| *e < engines.len());
         let target = match hinted {
             Some(e) => {
-                run.routed_by_hint += 1;
+                run.routed_by_hint += u64::from(by_prefix);
                 e
             }
             // As Envoy's least-request balancer: the less busy of two

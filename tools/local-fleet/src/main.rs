@@ -135,11 +135,14 @@ struct Variant {
     /// Ranks by prefix alone (no load in the score, no bound): replicas
     /// must then name the same `best` for a prompt with one longest holder.
     prefix_decides: bool,
+    /// Scores by predicted TTFT, calibrated on the fleet's timing model (the
+    /// engines' prefill rate and overhead, on the replay's compressed clock).
+    ttft: bool,
 }
 
 /// The scoring variants; the default scoring through LookupRoute is last
 /// (its services are the ones `--keep-running` keeps).
-const VARIANTS: [Variant; 4] = [
+const VARIANTS: [Variant; 6] = [
     Variant {
         name: "lookup-route, prefix only",
         flags: &[
@@ -151,24 +154,42 @@ const VARIANTS: [Variant; 4] = [
         ],
         epp: false,
         prefix_decides: true,
+        ttft: false,
     },
     Variant {
         name: "lookup-route, prefix + load",
         flags: &["--speculative-ttl-ms=0"],
         epp: false,
         prefix_decides: false,
+        ttft: false,
     },
     Variant {
         name: "endpoint picker (ext_proc), default scoring",
         flags: &[],
         epp: true,
         prefix_decides: false,
+        ttft: false,
+    },
+    Variant {
+        name: "lookup-route, by predicted TTFT",
+        flags: &["--load-bound=0"],
+        epp: false,
+        prefix_decides: false,
+        ttft: true,
+    },
+    Variant {
+        name: "endpoint picker, by predicted TTFT",
+        flags: &["--load-bound=0"],
+        epp: true,
+        prefix_decides: false,
+        ttft: true,
     },
     Variant {
         name: "lookup-route (default: + speculative)",
         flags: &[],
         epp: false,
         prefix_decides: false,
+        ttft: false,
     },
 ];
 
@@ -293,6 +314,18 @@ async fn run_variant(
         .chain(variant.flags)
         .map(|s| (*s).to_owned())
         .collect();
+    if variant.ttft {
+        // The server's clock runs at wall speed, the engines' at the
+        // replay's: the rate it is told is the simulated rate, sped up.
+        index_args.push(format!(
+            "--ttft-prefill-tokens-per-second={}",
+            args.prefill_tokens_per_second * args.speed
+        ));
+        index_args.push(format!(
+            "--ttft-request-overhead-ms={}",
+            args.request_overhead_ms / args.speed
+        ));
+    }
     if variant.epp {
         let endpoints: Vec<String> = (0..args.engines)
             .map(|i| format!("127.0.0.{}:8000", i + 1))

@@ -1,20 +1,23 @@
-//! The run's report: a Markdown page and an SVG chart of hit ratio over the
-//! replay, one line per routing policy. Pure string building.
+//! The run's report: a Markdown page and an SVG chart comparing the
+//! routing policies (hit ratio, TTFT p50 and p99). Pure string building.
 
 use std::fmt::Write as _;
 
 use crate::fleet::PolicyResult;
 
-/// Chart size in pixels.
-const WIDTH: f64 = 720.0;
-const HEIGHT: f64 = 360.0;
-const MARGIN_LEFT: f64 = 56.0;
-const MARGIN_RIGHT: f64 = 200.0;
-const MARGIN_Y: f64 = 32.0;
-/// Line colours, one per policy in order (colour-blind safe palette).
-const COLOURS: [&str; 6] = [
-    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00",
-];
+/// Chart geometry in pixels: one row per policy, its name on the left,
+/// then the hit-ratio panel, then the TTFT panel.
+const WIDTH: f64 = 960.0;
+const LABEL_W: f64 = 300.0;
+const PANEL_GAP: f64 = 40.0;
+const HIT_W: f64 = 250.0;
+const TOP: f64 = 64.0;
+const ROW_H: f64 = 30.0;
+const BOTTOM: f64 = 36.0;
+/// Hit-ratio bar, TTFT p50 and p99 bars (colour-blind safe palette).
+const HIT_COLOUR: &str = "#0072B2";
+const P50_COLOUR: &str = "#D55E00";
+const P99_COLOUR: &str = "#E69F00";
 
 /// Escapes text for XML content and attributes.
 fn xml(text: &str) -> String {
@@ -24,69 +27,147 @@ fn xml(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// An SVG line chart of each policy's windowed hit ratio (0–100 %) against
-/// requests replayed.
+/// A duration for a bar's end: ms below 10 s, else seconds.
+fn ms_label(ms: f64) -> String {
+    if ms >= 10_000.0 {
+        format!("{:.0} s", ms / 1000.0)
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// An SVG bar chart comparing the policies at a glance: per policy (one
+/// row each, named on the left, so the legend is the rows), its prefix hit
+/// ratio (0–100 %) and its simulated TTFT p50 and p99 on a log scale (a
+/// collapsed policy's minutes next to the oracle's milliseconds). The best
+/// value of each column is marked with a star.
 pub fn svg_chart(policies: &[PolicyResult]) -> String {
-    let max_x = policies
+    let height = TOP + ROW_H * policies.len().max(1) as f64 + BOTTOM;
+    let hit_x = LABEL_W;
+    let ttft_x = LABEL_W + HIT_W + PANEL_GAP;
+    let ttft_w = WIDTH - ttft_x - 70.0;
+    let ttfts = policies
         .iter()
-        .flat_map(|p| p.timeline.last().map(|t| t.0))
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64;
-    let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
-    let plot_h = HEIGHT - 2.0 * MARGIN_Y;
-    let x = |v: f64| MARGIN_LEFT + v / max_x * plot_w;
-    let y = |ratio: f64| MARGIN_Y + (1.0 - ratio.clamp(0.0, 1.0)) * plot_h;
+        .flat_map(|p| [p.ttft_p50_ms, p.ttft_p99_ms])
+        .filter(|v| *v > 0.0);
+    let max_ms = ttfts.clone().fold(1.0, f64::max);
+    let min_ms = ttfts.fold(max_ms, f64::min);
+    // Decades from below the fastest to above the slowest.
+    let lo = min_ms.max(1.0).log10().floor();
+    let hi = max_ms.log10().ceil().max(lo + 1.0);
+    let tx = |ms: f64| ttft_x + ((ms.max(1.0).log10() - lo) / (hi - lo)).clamp(0.0, 1.0) * ttft_w;
+    let best_hit = policies
+        .iter()
+        .map(PolicyResult::hit_ratio)
+        .fold(0.0, f64::max);
+    let best = |v: f64, of: fn(&PolicyResult) -> f64| {
+        let m = policies
+            .iter()
+            .map(of)
+            .filter(|v| *v > 0.0)
+            .fold(f64::MAX, f64::min);
+        v > 0.0 && v <= m
+    };
     let mut out = String::new();
     let _ = writeln!(
         out,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" viewBox="0 0 {WIDTH} {height}" font-family="sans-serif" font-size="13">"#
     );
     let _ = writeln!(out, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    // Grid and y labels every 20 %.
+    let _ = writeln!(
+        out,
+        r#"<text x="{hit_x}" y="22" font-weight="bold">prefix hit ratio (higher is better)</text>"#
+    );
+    let _ = writeln!(
+        out,
+        r#"<text x="{ttft_x}" y="22" font-weight="bold">time to first token, log scale (lower is better)</text>"#
+    );
+    // The TTFT legend, inside the picture, under its title.
+    let _ = writeln!(
+        out,
+        r##"<rect x="{ttft_x}" y="32" width="14" height="10" fill="{P50_COLOUR}"/><text x="{:.1}" y="41">p50</text><rect x="{:.1}" y="32" width="14" height="10" fill="{P99_COLOUR}"/><text x="{:.1}" y="41">p99</text><text x="{:.1}" y="41" fill="#555">★ best of the column</text>"##,
+        ttft_x + 18.0,
+        ttft_x + 56.0,
+        ttft_x + 74.0,
+        ttft_x + 112.0
+    );
+    let rows_bottom = TOP + ROW_H * policies.len() as f64;
+    // Grid: every 20 % and every decade.
     for pct in (0..=100).step_by(20) {
-        let gy = y(f64::from(pct) / 100.0);
+        let gx = hit_x + f64::from(pct) / 100.0 * HIT_W;
         let _ = writeln!(
             out,
-            r##"<line x1="{MARGIN_LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{pct}%</text>"##,
-            MARGIN_LEFT + plot_w,
-            MARGIN_LEFT - 6.0,
-            gy + 4.0
+            r##"<line x1="{gx:.1}" y1="{:.1}" x2="{gx:.1}" y2="{rows_bottom:.1}" stroke="#ddd"/><text x="{gx:.1}" y="{:.1}" text-anchor="middle" font-size="11">{pct}%</text>"##,
+            TOP - 6.0,
+            rows_bottom + 16.0
         );
     }
-    let _ = writeln!(
-        out,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">requests replayed (of {max_x:.0})</text>"#,
-        MARGIN_LEFT + plot_w / 2.0,
-        HEIGHT - 6.0
-    );
-    let _ = writeln!(
-        out,
-        r#"<text x="{MARGIN_LEFT}" y="18" font-weight="bold">prefix hit ratio per window</text>"#
-    );
+    let mut decade = lo;
+    while decade <= hi + 1e-9 {
+        let ms = 10f64.powf(decade);
+        let gx = tx(ms);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{gx:.1}" y1="{:.1}" x2="{gx:.1}" y2="{rows_bottom:.1}" stroke="#ddd"/><text x="{gx:.1}" y="{:.1}" text-anchor="middle" font-size="11">{}</text>"##,
+            TOP - 6.0,
+            rows_bottom + 16.0,
+            ms_label(ms)
+        );
+        decade += 1.0;
+    }
     for (i, p) in policies.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let points: Vec<String> = p
-            .timeline
-            .iter()
-            .map(|&(n, r)| format!("{:.1},{:.1}", x(n as f64), y(r)))
-            .collect();
+        let top = TOP + ROW_H * i as f64;
+        if i % 2 == 1 {
+            let _ = writeln!(
+                out,
+                r##"<rect x="4" y="{top:.1}" width="{:.1}" height="{ROW_H}" fill="#f4f4f4"/>"##,
+                WIDTH - 8.0
+            );
+        }
         let _ = writeln!(
             out,
-            r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
-            points.join(" ")
+            r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
+            LABEL_W - 10.0,
+            top + ROW_H / 2.0 + 5.0,
+            xml(&p.policy)
         );
-        let ly = MARGIN_Y + 10.0 + i as f64 * 20.0;
-        let lx = MARGIN_LEFT + plot_w + 12.0;
+        let ratio = p.hit_ratio();
+        let star = |yes: bool| if yes { " ★" } else { "" };
         let _ = writeln!(
             out,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} ({:.1}%)</text>"#,
-            lx + 18.0,
-            lx + 24.0,
-            ly + 4.0,
-            xml(&p.policy),
-            p.hit_ratio() * 100.0
+            r#"<rect x="{hit_x}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{HIT_COLOUR}"/><text x="{:.1}" y="{:.1}" font-size="12">{:.1}%{}</text>"#,
+            top + 6.0,
+            ratio.clamp(0.0, 1.0) * HIT_W,
+            ROW_H - 12.0,
+            hit_x + ratio.clamp(0.0, 1.0) * HIT_W + 4.0,
+            top + ROW_H / 2.0 + 4.0,
+            ratio * 100.0,
+            star(ratio > 0.0 && ratio >= best_hit)
         );
+        for (k, (ms, colour, of)) in [
+            (
+                p.ttft_p50_ms,
+                P50_COLOUR,
+                (|p: &PolicyResult| p.ttft_p50_ms) as fn(&PolicyResult) -> f64,
+            ),
+            (p.ttft_p99_ms, P99_COLOUR, |p: &PolicyResult| p.ttft_p99_ms),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let bar_y = top + 4.0 + k as f64 * 11.0;
+            let _ = writeln!(
+                out,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="10" points="{ttft_x:.1},{:.1} {:.1},{:.1}"/><text x="{:.1}" y="{:.1}" font-size="10">{}{}</text>"#,
+                bar_y + 5.0,
+                tx(ms),
+                bar_y + 5.0,
+                tx(ms) + 4.0,
+                bar_y + 9.0,
+                ms_label(ms),
+                star(best(ms, of))
+            );
+        }
     }
     out.push_str("</svg>\n");
     out
@@ -161,7 +242,7 @@ pub fn markdown(facts: &RunFacts, policies: &[PolicyResult], chart: &str) -> Str
          prompt token plus {} ms per request, first come first served.",
         facts.timing, facts.overhead_ms
     );
-    let _ = writeln!(out, "\n![hit ratio over the replay]({chart})\n");
+    let _ = writeln!(out, "\n![hit ratio and TTFT per routing policy]({chart})\n");
     let _ = writeln!(
         out,
         "* LookupRoute round trip: p50 {} µs, p99 {} µs",
@@ -189,19 +270,32 @@ mod tests {
     }
 
     #[test]
-    fn chart_has_one_line_and_legend_entry_per_policy() {
-        let svg = svg_chart(&[
-            policy("lookup-route", &[(10, 0.2), (20, 0.5)]),
-            policy("random <x>", &[(10, 0.1), (20, 0.1)]),
-        ]);
+    fn chart_has_one_row_per_policy_and_marks_the_best() {
+        let mut a = policy("lookup-route", &[]);
+        a.hit_blocks = 50;
+        a.prompt_blocks = 100;
+        a.ttft_p50_ms = 40.0;
+        a.ttft_p99_ms = 900.0;
+        let mut b = policy("random <x>", &[]);
+        b.hit_blocks = 10;
+        b.prompt_blocks = 100;
+        b.ttft_p50_ms = 400.0;
+        b.ttft_p99_ms = 600_000.0;
+        let svg = svg_chart(&[a, b]);
         assert!(svg.starts_with("<svg"));
         assert!(svg.trim_end().ends_with("</svg>"));
-        assert_eq!(svg.matches("<polyline").count(), 2);
+        // Two TTFT bars per policy.
+        assert_eq!(svg.matches("<polyline").count(), 4);
         assert!(svg.contains("random &lt;x&gt;"), "names are escaped");
-        // Last point of the first line sits at the right edge, 50 % high.
-        let right = MARGIN_LEFT + (WIDTH - MARGIN_LEFT - MARGIN_RIGHT);
-        let mid = MARGIN_Y + 0.5 * (HEIGHT - 2.0 * MARGIN_Y);
-        assert!(svg.contains(&format!("{right:.1},{mid:.1}")), "{svg}");
+        assert!(svg.contains("50.0% ★"), "{svg}");
+        assert!(svg.contains("10.0%<"), "{svg}");
+        assert!(svg.contains("40 ms ★"), "{svg}");
+        assert!(svg.contains("600 s<"), "{svg}");
+        // The hit bar is to scale: 50 % of the panel.
+        assert!(
+            svg.contains(&format!(r#"width="{:.1}""#, 0.5 * HIT_W)),
+            "{svg}"
+        );
     }
 
     #[test]
@@ -235,7 +329,7 @@ mod tests {
         );
         assert!(md.contains("| lookup-route | 0 | 0.0% |"));
         assert!(md.contains("| 0 ms | 0 ms |"), "{md}");
-        assert!(md.contains("![hit ratio over the replay](hit-ratio.svg)"));
+        assert!(md.contains("![hit ratio and TTFT per routing policy](hit-ratio.svg)"));
         assert!(md.contains("matches every engine's cache: yes"));
         assert!(md.contains("20 entries in 3.5 MiB of index memory"), "{md}");
     }
