@@ -1,21 +1,27 @@
 //! The Gateway API Inference Extension endpoint picker: Envoy's
 //! `envoy.service.ext_proc.v3.ExternalProcessor/Process`, one gRPC stream
 //! per HTTP request. A thin adapter: it reads the request (headers, the
-//! gateway's endpoint subset, the OpenAI body), asks the core
-//! ([`IndexCore::route`], which tokenizes the prompt as the engine will —
-//! chat messages through the model's chat template — sheds, decides over
-//! the pool's endpoints and falls back by load), and answers with `x-gateway-destination-endpoint` (header and
-//! `envoy.lb` dynamic metadata), or a 503 when no endpoint can serve.
+//! gateway's endpoint subset, the request's objective, the OpenAI body),
+//! asks the core ([`IndexCore::route`], which tokenizes the prompt as the
+//! engine will, decides over the pool's endpoints and falls back by load),
+//! and answers with `x-gateway-destination-endpoint` (the pick, then
+//! fallbacks by load; header and `envoy.lb` dynamic metadata), or refuses
+//! (503 nothing to pick, 429 shed, 413 body too large). The response phase
+//! ends the pick's in-flight count and reports the engine's usage.
 //!
-//! Message sequences handled, as Envoy sends them:
+//! Message sequences handled, as Envoy sends them (docs/gateway-integration.md):
 //! * headers only (`end_of_stream` on the headers): picked by load at once;
-//! * `BUFFERED` body: headers answered "continue", the pick rides on the
-//!   body response;
-//! * `FULL_DUPLEX_STREAMED` body (what the protocol asks gateways to use):
-//!   headers and chunks arrive without waiting; at the last chunk the
-//!   headers response carries the pick and the chunks are streamed back;
+//! * `BUFFERED` (and `BUFFERED_PARTIAL`) body: headers answered "continue",
+//!   the pick rides on the body response (the one body message, trailers
+//!   or not);
+//! * `FULL_DUPLEX_STREAMED` body: headers and chunks arrive without
+//!   waiting; when the body ends (a chunk with `end_of_stream`, or the
+//!   trailers) the headers response carries the pick, then every chunk is
+//!   streamed back unchanged, then the trailers response;
 //! * `STREAMED` body: Envoy forwards the headers once answered, so the pick
-//!   is made from the headers (by load), then the chunks pass through.
+//!   is made from the headers (by load), then the chunks pass through;
+//! * the response: headers, body chunks (each streamed back unchanged in
+//!   `FULL_DUPLEX_STREAMED`, left as they are otherwise), trailers.
 //!
 //! A request the picker cannot read (bad JSON, no tokenizer, images) is
 //! still routed, by load: the engine answers a bad request better than a
@@ -26,33 +32,27 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use envoy_types::pb::envoy::config::core::v3::{
-    HeaderValue, HeaderValueOption, header_value_option,
-};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, HttpBody,
-    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse, StreamedBodyResponse,
-    body_mutation, external_processor_server::ExternalProcessor, processing_request,
-    processing_response,
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    external_processor_server::{ExternalProcessor, ExternalProcessorServer},
+    processing_request, processing_response,
 };
-use envoy_types::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
-use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use envoy_types::pb::envoy::r#type::v3::StatusCode;
 use futures::Stream;
 use ic_index::{HashScheme, ReplicaKey, Scope};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
+use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, Objectives, Shedding};
+use crate::epp_observed::{EndpointStats, Observations, ObservedResponse};
+use crate::epp_usage::{Usage, UsageReader};
+use crate::epp_wire::{self as wire, OBJECTIVE_HEADER};
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
-use crate::openai::{self, MAX_BODY_BYTES, Prompt as BodyPrompt};
+use crate::openai::{self, Prompt as BodyPrompt};
 
-/// The header (and `envoy.lb` metadata key) naming the picked endpoint.
-pub const DESTINATION: &str = "x-gateway-destination-endpoint";
-/// The filter-metadata namespace of the gateway's subset hint.
-pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
-/// The key of the subset hint: the endpoints the picker must choose from.
-pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
+pub use crate::epp_wire::{DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE};
 
 /// Where the picker's endpoints come from and whose they are.
 #[derive(Clone, Debug)]
@@ -64,9 +64,15 @@ pub struct PoolConfig {
     /// Ready endpoints, `ip:port` (static, or kept current by
     /// [`crate::pool::watch_pool`]).
     pub endpoints: crate::pool::Endpoints,
-    /// Refuse a request with 429 when even the least busy eligible
-    /// endpoint has this many requests (in flight or queued); `None` never.
-    pub shed_at_requests: Option<f64>,
+    /// When to refuse a request with 429, by its priority.
+    pub shedding: Shedding,
+    /// The InferenceObjectives requests may name, with their priorities.
+    pub objectives: Objectives,
+    /// Largest request body read, bytes.
+    pub max_body_bytes: usize,
+    /// Endpoints named after the pick, by load, for the gateway to retry
+    /// on (0: the pick alone).
+    pub fallbacks: usize,
 }
 
 /// The endpoint picker service.
@@ -74,6 +80,7 @@ pub struct PoolConfig {
 pub struct EndpointPicker {
     core: Arc<IndexCore>,
     pool: Arc<PoolConfig>,
+    observed: Arc<parking_lot::Mutex<Observations>>,
 }
 
 impl EndpointPicker {
@@ -82,15 +89,33 @@ impl EndpointPicker {
         Self {
             core,
             pool: Arc::new(pool),
+            observed: Arc::default(),
         }
+    }
+
+    /// What the responses served by `replica_id` said: its prefill rate
+    /// and cached share, for the TTFT estimate.
+    pub fn observed(&self, replica_id: &str) -> Option<EndpointStats> {
+        self.observed.lock().get(replica_id)
+    }
+
+    /// The gRPC service, its message limit fitting the largest body read
+    /// (a BUFFERED body comes in one message).
+    pub fn into_server(self) -> ExternalProcessorServer<Self> {
+        let limit = self.pool.max_body_bytes + MESSAGE_OVERHEAD_BYTES;
+        ExternalProcessorServer::new(self).max_decoding_message_size(limit)
     }
 }
 
-/// A pick: the endpoint and the load-board key it was counted under.
+/// Most endpoints whose responses are remembered (a pool is far smaller).
+const OBSERVED_MAX_ENDPOINTS: usize = 4096;
+
+/// A pick: the endpoints in preference order (the pick first) and the
+/// load-board key of each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Pick {
-    endpoint: String,
-    replica_id: String,
+    endpoints: Vec<String>,
+    replica_ids: Vec<String>,
 }
 
 /// Why no endpoint was picked.
@@ -110,141 +135,474 @@ struct Exchange {
     /// gRPC metadata) or else the client request's own headers.
     trace_context: std::collections::HashMap<String, String>,
     subset: Option<Vec<String>>,
+    objective: Option<String>,
     mode: Option<BodySendMode>,
+    response_mode: Option<BodySendMode>,
     body: Vec<u8>,
-    chunks: Vec<Vec<u8>>,
-    headers_answered: bool,
+    /// FULL_DUPLEX_STREAMED chunks held until the pick: (bytes, end).
+    chunks: Vec<(Vec<u8>, bool)>,
     too_large: bool,
+    /// Picked (or refused): the rest of the request passes through.
+    decided: bool,
+    /// When the pick was made, and whether the first response byte came.
+    picked_at: Option<Instant>,
+    first_byte_ms: Option<u64>,
+    usage: Option<UsageReader>,
+    response_ended: bool,
 }
 
-fn subset_hint(req: &ProcessingRequest) -> Option<Vec<String>> {
-    let ns = req
-        .metadata_context
-        .as_ref()?
-        .filter_metadata
-        .get(SUBSET_NAMESPACE)?;
-    let Some(Kind::ListValue(list)) = ns.fields.get(SUBSET_KEY)?.kind.as_ref() else {
-        return Some(Vec::new());
-    };
-    Some(
-        list.values
-            .iter()
-            .filter_map(|v| match &v.kind {
-                Some(Kind::StringValue(s)) => Some(s.clone()),
-                _ => None,
-            })
-            .collect(),
-    )
+/// The picker's in-flight count of one request: taken at the pick, moved
+/// to the endpoint the gateway reports serving it, ended with the response
+/// (or, failing that, the stream).
+struct InFlight {
+    picker: EndpointPicker,
+    replica_id: Option<String>,
 }
 
-fn header(headers: &HttpHeaders, name: &str) -> Option<String> {
-    headers
-        .headers
-        .as_ref()?
-        .headers
-        .iter()
-        .find(|h| h.key.eq_ignore_ascii_case(name))
-        .map(|h| {
-            if h.raw_value.is_empty() {
-                h.value.clone()
-            } else {
-                String::from_utf8_lossy(&h.raw_value).into_owned()
+impl InFlight {
+    fn end(&mut self) {
+        if let Some(id) = self.replica_id.take() {
+            self.picker.core.finished(&id);
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for EndpointPicker {
+    type ProcessStream = ResponseStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let stream_context: std::collections::HashMap<String, String> =
+            ["traceparent", "tracestate"]
+                .into_iter()
+                .filter_map(|k| {
+                    let v = request.metadata().get(k)?.to_str().ok()?;
+                    Some((k.to_owned(), v.to_owned()))
+                })
+                .collect();
+        let incoming = request.into_inner();
+        let picker = self.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
+        tokio::spawn(async move {
+            let ex = Exchange {
+                trace_context: stream_context,
+                ..Exchange::default()
+            };
+            picker.run(ex, incoming, tx).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}
+
+impl EndpointPicker {
+    /// One stream, message by message, until the gateway half-closes, the
+    /// stream breaks or the picker answers with an immediate response.
+    async fn run(
+        &self,
+        mut ex: Exchange,
+        mut incoming: Streaming<ProcessingRequest>,
+        tx: tokio::sync::mpsc::Sender<Result<ProcessingResponse, Status>>,
+    ) {
+        let mut in_flight = InFlight {
+            picker: self.clone(),
+            replica_id: None,
+        };
+        while let Some(message) = incoming.next().await {
+            let message = match message {
+                Ok(m) => m,
+                Err(status) if status.code() == tonic::Code::OutOfRange => {
+                    // A message over the gRPC limit (a BUFFERED body): say
+                    // so, rather than end the stream without a word.
+                    self.core.metrics().epp_refused("too_large");
+                    let detail = format!(
+                        "the request body is over the endpoint picker's limit \
+                         (--epp-max-body-bytes {}): {}",
+                        self.pool.max_body_bytes,
+                        status.message()
+                    );
+                    tracing::warn!(%detail, "request refused");
+                    let _ = tx
+                        .send(Ok(wire::refusal(StatusCode::PayloadTooLarge, &detail)))
+                        .await;
+                    return;
+                }
+                Err(status) => {
+                    tracing::debug!(%status, "ext_proc stream ended by the gateway");
+                    break;
+                }
+            };
+            if let Some(config) = &message.protocol_config {
+                ex.mode = ex
+                    .mode
+                    .or_else(|| BodySendMode::try_from(config.request_body_mode).ok());
+                ex.response_mode = ex
+                    .response_mode
+                    .or_else(|| BodySendMode::try_from(config.response_body_mode).ok());
             }
+            if let Some(subset) = wire::subset_hint(&message) {
+                ex.subset = Some(subset);
+            }
+            if let Some(served) = wire::served_endpoint(&message) {
+                self.served_by(&served, &ex, &mut in_flight);
+            }
+            let replies = match message.request {
+                Some(processing_request::Request::RequestHeaders(h)) => {
+                    self.on_headers(&mut ex, &h, &mut in_flight).await
+                }
+                Some(processing_request::Request::RequestBody(b)) => {
+                    self.on_body(&mut ex, b, &mut in_flight).await
+                }
+                Some(processing_request::Request::RequestTrailers(_)) => {
+                    self.on_trailers(&mut ex, &mut in_flight).await
+                }
+                Some(processing_request::Request::ResponseHeaders(h)) => {
+                    let content_type = wire::header(&h, "content-type");
+                    ex.usage = Some(UsageReader::new(content_type.as_deref()));
+                    if h.end_of_stream {
+                        self.response_ended(&mut ex, &mut in_flight);
+                    }
+                    vec![wire::response_headers()]
+                }
+                Some(processing_request::Request::ResponseBody(b)) => {
+                    self.on_response_body(&mut ex, b, &mut in_flight)
+                }
+                Some(processing_request::Request::ResponseTrailers(_)) => {
+                    self.response_ended(&mut ex, &mut in_flight);
+                    vec![wire::response_trailers()]
+                }
+                None => Vec::new(),
+            };
+            for reply in replies {
+                let immediate = matches!(
+                    reply.response,
+                    Some(processing_response::Response::ImmediateResponse(_))
+                );
+                if tx.send(Ok(reply)).await.is_err() || immediate {
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn pick_or_refuse(
+        &self,
+        ex: &mut Exchange,
+        body: Option<Vec<u8>>,
+        in_flight: &mut InFlight,
+    ) -> Result<Pick, ProcessingResponse> {
+        ex.decided = true;
+        let span = tracing::debug_span!(
+            "pick_endpoint",
+            otel.kind = "server",
+            path = %ex.path,
+            replica = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        ic_telemetry::otel::adopt(
+            &span,
+            ic_telemetry::otel::parent_from_map(&ex.trace_context),
+        );
+        let priority = self.pool.objectives.priority(ex.objective.as_deref());
+        let me = self.clone();
+        let (path, subset) = (ex.path.clone(), ex.subset.clone());
+        let decided = tokio::task::spawn_blocking(move || {
+            me.decide(&path, body.as_deref(), subset.as_deref(), priority)
         })
-}
-
-fn string_value(s: &str) -> Value {
-    Value {
-        kind: Some(Kind::StringValue(s.to_owned())),
-    }
-}
-
-/// The pick as Envoy reads it: the header, and the same in `envoy.lb`.
-fn destination(pick: &Pick) -> (HeaderMutation, Struct) {
-    let mutation = HeaderMutation {
-        set_headers: vec![HeaderValueOption {
-            header: Some(HeaderValue {
-                key: DESTINATION.to_owned(),
-                raw_value: pick.endpoint.as_bytes().to_vec(),
-                ..HeaderValue::default()
-            }),
-            append_action: header_value_option::HeaderAppendAction::OverwriteIfExistsOrAdd as i32,
-            ..HeaderValueOption::default()
-        }],
-        // The subset is the gateway's word to the picker, never the client's
-        // to the engine.
-        remove_headers: vec![SUBSET_KEY.to_owned()],
-    };
-    let lb = Struct {
-        fields: [(DESTINATION.to_owned(), string_value(&pick.endpoint))].into(),
-    };
-    let metadata = Struct {
-        fields: [(
-            "envoy.lb".to_owned(),
-            Value {
-                kind: Some(Kind::StructValue(lb)),
+        .instrument(span.clone())
+        .await
+        .unwrap_or_else(|e| Err(NoEndpoint::Empty(format!("pick task failed: {e}"))));
+        span.record(
+            "outcome",
+            match &decided {
+                Ok(_) => "picked",
+                Err(NoEndpoint::Empty(_)) => "no_endpoint",
+                Err(NoEndpoint::Saturated(_)) => "saturated",
             },
-        )]
-        .into(),
-    };
-    (mutation, metadata)
-}
+        );
+        let _entered = span.enter();
+        match decided {
+            Ok(pick) => {
+                span.record("replica", pick.replica_ids[0].as_str());
+                in_flight.replica_id = Some(pick.replica_ids[0].clone());
+                ex.picked_at = Some(Instant::now());
+                Ok(pick)
+            }
+            Err(NoEndpoint::Empty(detail)) => {
+                self.core.metrics().epp_refused("no_endpoint");
+                tracing::warn!(%detail, "no endpoint to pick");
+                Err(wire::refusal(StatusCode::ServiceUnavailable, &detail))
+            }
+            Err(NoEndpoint::Saturated(detail)) => {
+                self.core.metrics().epp_refused("saturated");
+                tracing::debug!(%detail, priority, "request shed");
+                Err(wire::refusal(StatusCode::TooManyRequests, &detail))
+            }
+        }
+    }
 
-fn headers_response(pick: Option<&Pick>) -> ProcessingResponse {
-    let (mutation, metadata) = pick.map(destination).unzip();
-    ProcessingResponse {
-        response: Some(processing_response::Response::RequestHeaders(
-            HeadersResponse {
-                response: Some(CommonResponse {
-                    header_mutation: mutation,
-                    clear_route_cache: pick.is_some(),
-                    ..CommonResponse::default()
-                }),
-            },
-        )),
-        dynamic_metadata: metadata,
-        ..ProcessingResponse::default()
+    async fn on_headers(
+        &self,
+        ex: &mut Exchange,
+        h: &HttpHeaders,
+        in_flight: &mut InFlight,
+    ) -> Vec<ProcessingResponse> {
+        ex.path = wire::header(h, ":path").unwrap_or_default();
+        ex.objective = wire::header(h, OBJECTIVE_HEADER).filter(|o| !o.is_empty());
+        if !ex.trace_context.contains_key("traceparent") {
+            for key in ["traceparent", "tracestate"] {
+                if let Some(value) = wire::header(h, key) {
+                    ex.trace_context.insert(key.to_owned(), value);
+                }
+            }
+        }
+        let by_headers = h.end_of_stream || ex.mode == Some(BodySendMode::Streamed);
+        if by_headers {
+            // No body will come in time: pick now, by load.
+            return match self.pick_or_refuse(ex, None, in_flight).await {
+                Ok(pick) => vec![wire::request_headers(Some(&pick.endpoints))],
+                Err(refusal) => vec![refusal],
+            };
+        }
+        if ex.mode == Some(BodySendMode::FullDuplexStreamed) {
+            // Answered with the pick once the body is complete.
+            return Vec::new();
+        }
+        vec![wire::request_headers(None)]
+    }
+
+    async fn on_body(
+        &self,
+        ex: &mut Exchange,
+        b: HttpBody,
+        in_flight: &mut InFlight,
+    ) -> Vec<ProcessingResponse> {
+        match ex.mode {
+            Some(BodySendMode::FullDuplexStreamed) => {
+                if ex.decided {
+                    // Picked already (the body outgrew the limit): pass on.
+                    return vec![wire::request_body(None, Some((b.body, b.end_of_stream)))];
+                }
+                self.hold(ex, &b.body);
+                ex.chunks.push((b.body, b.end_of_stream));
+                if b.end_of_stream || ex.too_large {
+                    return self.release_full_duplex(ex, in_flight).await;
+                }
+                Vec::new()
+            }
+            // Picked from the headers; the chunks pass as they are.
+            Some(BodySendMode::Streamed) => vec![wire::request_body(None, None)],
+            Some(BodySendMode::Buffered | BodySendMode::BufferedPartial) if !ex.decided => {
+                // The one body message (trailers may follow): pick on it.
+                if b.body.len() > self.pool.max_body_bytes {
+                    ex.decided = true;
+                    self.core.metrics().epp_refused("too_large");
+                    let detail = format!(
+                        "the request body ({} bytes) is over the endpoint picker's limit \
+                         (--epp-max-body-bytes {})",
+                        b.body.len(),
+                        self.pool.max_body_bytes
+                    );
+                    return vec![wire::refusal(StatusCode::PayloadTooLarge, &detail)];
+                }
+                match self.pick_or_refuse(ex, Some(b.body), in_flight).await {
+                    Ok(pick) => vec![wire::request_body(Some(&pick.endpoints), None)],
+                    Err(refusal) => vec![refusal],
+                }
+            }
+            // No mode announced: hold the chunks, pick at the end.
+            _ => {
+                if ex.decided {
+                    return vec![wire::request_body(None, None)];
+                }
+                self.hold(ex, &b.body);
+                if !b.end_of_stream {
+                    return vec![wire::request_body(None, None)];
+                }
+                let body = self.held_body(ex);
+                match self.pick_or_refuse(ex, body, in_flight).await {
+                    Ok(pick) => vec![wire::request_body(Some(&pick.endpoints), None)],
+                    Err(refusal) => vec![refusal],
+                }
+            }
+        }
+    }
+
+    async fn on_trailers(
+        &self,
+        ex: &mut Exchange,
+        in_flight: &mut InFlight,
+    ) -> Vec<ProcessingResponse> {
+        if ex.mode == Some(BodySendMode::FullDuplexStreamed) && !ex.decided {
+            // The trailers end the body: pick, then answer everything in
+            // order (headers, chunks, trailers).
+            let mut out = self.release_full_duplex(ex, in_flight).await;
+            if !out.iter().any(is_immediate) {
+                out.push(wire::request_trailers(None));
+            }
+            return out;
+        }
+        if !ex.decided {
+            // Trailers end a body that never said so (no mode announced):
+            // the headers are answered, so the pick rides on the metadata.
+            let body = self.held_body(ex);
+            return match self.pick_or_refuse(ex, body, in_flight).await {
+                Ok(pick) => vec![wire::request_trailers(Some(&pick.endpoints))],
+                Err(refusal) => vec![refusal],
+            };
+        }
+        vec![wire::request_trailers(None)]
+    }
+
+    /// Adds a chunk to the body the pick reads, up to the limit.
+    fn hold(&self, ex: &mut Exchange, chunk: &[u8]) {
+        if ex.too_large {
+            return;
+        }
+        if ex.body.len() + chunk.len() <= self.pool.max_body_bytes {
+            ex.body.extend_from_slice(chunk);
+        } else {
+            ex.too_large = true;
+            ex.body = Vec::new();
+        }
+    }
+
+    /// The body to read, or `None` when it outgrew the limit (counted).
+    fn held_body(&self, ex: &mut Exchange) -> Option<Vec<u8>> {
+        if ex.too_large {
+            self.core.metrics().epp_unread("too_large");
+            return None;
+        }
+        Some(std::mem::take(&mut ex.body))
+    }
+
+    /// FULL_DUPLEX_STREAMED: pick on the held body (by load when it
+    /// outgrew the limit), then the headers response with the pick and
+    /// every held chunk, unchanged.
+    async fn release_full_duplex(
+        &self,
+        ex: &mut Exchange,
+        in_flight: &mut InFlight,
+    ) -> Vec<ProcessingResponse> {
+        let body = self.held_body(ex);
+        let pick = match self.pick_or_refuse(ex, body, in_flight).await {
+            Ok(pick) => pick,
+            Err(refusal) => return vec![refusal],
+        };
+        let mut out = vec![wire::request_headers(Some(&pick.endpoints))];
+        for chunk in std::mem::take(&mut ex.chunks) {
+            out.push(wire::request_body(None, Some(chunk)));
+        }
+        out
+    }
+
+    fn on_response_body(
+        &self,
+        ex: &mut Exchange,
+        b: HttpBody,
+        in_flight: &mut InFlight,
+    ) -> Vec<ProcessingResponse> {
+        if ex.first_byte_ms.is_none()
+            && !b.body.is_empty()
+            && let Some(at) = ex.picked_at
+        {
+            ex.first_byte_ms = Some(u64::try_from(at.elapsed().as_millis()).unwrap_or(u64::MAX));
+        }
+        ex.usage
+            .get_or_insert_with(|| UsageReader::new(None))
+            .feed(&b.body);
+        if b.end_of_stream {
+            self.response_ended(ex, in_flight);
+        }
+        let streamed = (ex.response_mode == Some(BodySendMode::FullDuplexStreamed))
+            .then_some((b.body, b.end_of_stream));
+        vec![wire::response_body(streamed)]
+    }
+
+    /// The response is complete: the request no longer counts as in flight,
+    /// and what the engine reported feeds the load estimates.
+    fn response_ended(&self, ex: &mut Exchange, in_flight: &mut InFlight) {
+        if ex.response_ended {
+            return;
+        }
+        ex.response_ended = true;
+        let usage: Option<Usage> = ex.usage.take().and_then(UsageReader::finish);
+        if let Some(id) = in_flight.replica_id.as_deref() {
+            let observed = ObservedResponse {
+                prompt_tokens: usage.map(|u| u.prompt_tokens),
+                cached_tokens: usage.and_then(|u| u.cached_tokens),
+                first_byte_ms: ex.first_byte_ms,
+            };
+            let mut table = self.observed.lock();
+            if table.len() >= OBSERVED_MAX_ENDPOINTS && table.get(id).is_none() {
+                // Endpoints come and go: keep the pool's, drop the rest.
+                let endpoints = self.pool.endpoints.read().clone();
+                let current: HashSet<String> = endpoints
+                    .iter()
+                    .filter_map(|e| self.replica_of(e))
+                    .collect();
+                table.retain(|id| current.contains(id));
+            }
+            table.record(id, &observed);
+        }
+        in_flight.end();
+    }
+
+    /// The gateway reports the request served by `served` (it may have
+    /// retried down the list): the in-flight count moves there.
+    fn served_by(&self, served: &str, ex: &Exchange, in_flight: &mut InFlight) {
+        let Some(current) = in_flight.replica_id.clone() else {
+            return;
+        };
+        if ex.response_ended {
+            return;
+        }
+        let Some(replica_id) = self.replica_of(served) else {
+            return;
+        };
+        if replica_id != current {
+            self.core.finished(&current);
+            self.core.routing().started(&replica_id);
+            in_flight.replica_id = Some(replica_id);
+        }
+    }
+
+    /// The load-board key of endpoint `address` of the pool.
+    fn replica_of(&self, address: &str) -> Option<String> {
+        if !self.pool.endpoints.read().iter().any(|e| e == address) {
+            return None;
+        }
+        let index = self.core.index();
+        let key = index
+            .scope_at(&self.pool.tenant, self.pool.hash_scheme, address)
+            .and_then(|scope| {
+                index
+                    .replicas_in(&scope, None, None)
+                    .into_iter()
+                    .find(|(_, a)| a == address)
+                    .map(|(k, _)| k.replica_id)
+            });
+        Some(key.unwrap_or_else(|| address.to_owned()))
     }
 }
 
-fn body_response(pick: Option<&Pick>, streamed: Option<(Vec<u8>, bool)>) -> ProcessingResponse {
-    let (mutation, metadata) = pick.map(destination).unzip();
-    ProcessingResponse {
-        response: Some(processing_response::Response::RequestBody(BodyResponse {
-            response: Some(CommonResponse {
-                header_mutation: mutation,
-                clear_route_cache: pick.is_some(),
-                body_mutation: streamed.map(|(body, end_of_stream)| BodyMutation {
-                    mutation: Some(body_mutation::Mutation::StreamedResponse(
-                        StreamedBodyResponse {
-                            body,
-                            end_of_stream,
-                            ..StreamedBodyResponse::default()
-                        },
-                    )),
-                }),
-                ..CommonResponse::default()
-            }),
-        })),
-        dynamic_metadata: metadata,
-        ..ProcessingResponse::default()
-    }
-}
-
-/// An error answered by the gateway itself, as the protocol asks: 503 when
-/// nothing can serve, 429 when the pool is saturated.
-fn refusal(code: StatusCode, detail: &str) -> ProcessingResponse {
-    ProcessingResponse {
-        response: Some(processing_response::Response::ImmediateResponse(
-            ImmediateResponse {
-                status: Some(HttpStatus { code: code as i32 }),
-                body: format!("{{\"error\":{}}}", serde_json::Value::from(detail)).into_bytes(),
-                details: detail.to_owned(),
-                ..ImmediateResponse::default()
-            },
-        )),
-        ..ProcessingResponse::default()
-    }
+fn is_immediate(r: &ProcessingResponse) -> bool {
+    matches!(
+        r.response,
+        Some(processing_response::Response::ImmediateResponse(_))
+    )
 }
 
 impl EndpointPicker {
@@ -327,13 +685,15 @@ impl EndpointPicker {
         }
     }
 
-    /// Decides where a request goes (CPU work: run off the I/O threads):
-    /// read the body, narrow the pool, ask the core, convert.
+    /// Decides where a request of `priority` goes (CPU work: run off the
+    /// I/O threads): read the body, narrow the pool, ask the core, add the
+    /// fallbacks.
     fn decide(
         &self,
         path: &str,
         body: Option<&[u8]>,
         subset: Option<&[String]>,
+        priority: i32,
     ) -> Result<Pick, NoEndpoint> {
         let received = Instant::now();
         let eligible = self.eligible(subset)?;
@@ -372,7 +732,7 @@ impl EndpointPicker {
             received,
             purpose: Purpose::Endpoint {
                 pool: &pool,
-                shed_at_requests: self.pool.shed_at_requests,
+                shed_at_requests: self.pool.shedding.at(priority),
             },
         });
         match routed {
@@ -381,9 +741,23 @@ impl EndpointPicker {
                     if by_prefix { "prefix" } else { "load" },
                     received.elapsed(),
                 );
+                let mut endpoints = vec![pick.address];
+                let mut replica_ids = vec![pick.replica.replica_id];
+                if self.pool.fallbacks > 0 {
+                    let by_load = self.core.routing().rank_by_load(&pool, self.core.now_ms());
+                    for s in by_load {
+                        if endpoints.len() > self.pool.fallbacks {
+                            break;
+                        }
+                        if !endpoints.contains(&s.address) {
+                            endpoints.push(s.address);
+                            replica_ids.push(s.replica.replica_id);
+                        }
+                    }
+                }
                 Ok(Pick {
-                    endpoint: pick.address,
-                    replica_id: pick.replica.replica_id,
+                    endpoints,
+                    replica_ids,
                 })
             }
             Err(RouteError::Saturated(detail)) => Err(NoEndpoint::Saturated(detail)),
@@ -392,266 +766,5 @@ impl EndpointPicker {
                 "the core answered another purpose".into(),
             )),
         }
-    }
-
-    async fn decide_off_thread(
-        &self,
-        path: String,
-        body: Option<Vec<u8>>,
-        subset: Option<Vec<String>>,
-    ) -> Result<Pick, NoEndpoint> {
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || me.decide(&path, body.as_deref(), subset.as_deref()))
-            .await
-            .unwrap_or_else(|e| Err(NoEndpoint::Empty(format!("pick task failed: {e}"))))
-    }
-}
-
-/// Ends a pick's in-flight count when the stream (the HTTP request) ends.
-struct InFlight {
-    picker: EndpointPicker,
-    replica_id: Option<String>,
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        if let Some(id) = self.replica_id.take() {
-            self.picker.core.finished(&id);
-        }
-    }
-}
-
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl ExternalProcessor for EndpointPicker {
-    type ProcessStream = ResponseStream;
-
-    async fn process(
-        &self,
-        request: Request<Streaming<ProcessingRequest>>,
-    ) -> Result<Response<Self::ProcessStream>, Status> {
-        let stream_context: std::collections::HashMap<String, String> =
-            ["traceparent", "tracestate"]
-                .into_iter()
-                .filter_map(|k| {
-                    let v = request.metadata().get(k)?.to_str().ok()?;
-                    Some((k.to_owned(), v.to_owned()))
-                })
-                .collect();
-        let mut incoming = request.into_inner();
-        let picker = self.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
-        tokio::spawn(async move {
-            let mut ex = Exchange {
-                trace_context: stream_context,
-                ..Exchange::default()
-            };
-            let mut in_flight = InFlight {
-                picker: picker.clone(),
-                replica_id: None,
-            };
-            while let Some(message) = incoming.next().await {
-                let message = match message {
-                    Ok(m) => m,
-                    Err(status) => {
-                        tracing::debug!(%status, "ext_proc stream ended by the gateway");
-                        break;
-                    }
-                };
-                if ex.mode.is_none()
-                    && let Some(config) = &message.protocol_config
-                {
-                    ex.mode = BodySendMode::try_from(config.request_body_mode).ok();
-                }
-                if let Some(subset) = subset_hint(&message) {
-                    ex.subset = Some(subset);
-                }
-                let replies = match message.request {
-                    Some(processing_request::Request::RequestHeaders(h)) => {
-                        picker.on_headers(&mut ex, &h, &mut in_flight).await
-                    }
-                    Some(processing_request::Request::RequestBody(b)) => {
-                        picker.on_body(&mut ex, b, &mut in_flight).await
-                    }
-                    // Response phases, trailers: nothing to change.
-                    Some(processing_request::Request::ResponseHeaders(_)) => {
-                        vec![ProcessingResponse {
-                            response: Some(processing_response::Response::ResponseHeaders(
-                                HeadersResponse::default(),
-                            )),
-                            ..ProcessingResponse::default()
-                        }]
-                    }
-                    Some(processing_request::Request::ResponseBody(_)) => {
-                        vec![ProcessingResponse {
-                            response: Some(processing_response::Response::ResponseBody(
-                                BodyResponse::default(),
-                            )),
-                            ..ProcessingResponse::default()
-                        }]
-                    }
-                    Some(processing_request::Request::RequestTrailers(_)) => {
-                        vec![ProcessingResponse {
-                            response: Some(processing_response::Response::RequestTrailers(
-                                Default::default(),
-                            )),
-                            ..ProcessingResponse::default()
-                        }]
-                    }
-                    Some(processing_request::Request::ResponseTrailers(_)) => {
-                        vec![ProcessingResponse {
-                            response: Some(processing_response::Response::ResponseTrailers(
-                                Default::default(),
-                            )),
-                            ..ProcessingResponse::default()
-                        }]
-                    }
-                    None => Vec::new(),
-                };
-                for reply in replies {
-                    let immediate = matches!(
-                        reply.response,
-                        Some(processing_response::Response::ImmediateResponse(_))
-                    );
-                    if tx.send(Ok(reply)).await.is_err() || immediate {
-                        return;
-                    }
-                }
-            }
-            drop(in_flight);
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
-    }
-}
-
-impl EndpointPicker {
-    async fn pick_or_refuse(
-        &self,
-        ex: &Exchange,
-        body: Option<Vec<u8>>,
-        in_flight: &mut InFlight,
-    ) -> Result<Pick, ProcessingResponse> {
-        let span = tracing::debug_span!(
-            "pick_endpoint",
-            otel.kind = "server",
-            path = %ex.path,
-            replica = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
-        ic_telemetry::otel::adopt(
-            &span,
-            ic_telemetry::otel::parent_from_map(&ex.trace_context),
-        );
-        let decided = self
-            .decide_off_thread(ex.path.clone(), body, ex.subset.clone())
-            .instrument(span.clone())
-            .await;
-        span.record(
-            "outcome",
-            match &decided {
-                Ok(_) => "picked",
-                Err(NoEndpoint::Empty(_)) => "no_endpoint",
-                Err(NoEndpoint::Saturated(_)) => "saturated",
-            },
-        );
-        let _entered = span.enter();
-        match decided {
-            Ok(pick) => {
-                span.record("replica", pick.replica_id.as_str());
-                in_flight.replica_id = Some(pick.replica_id.clone());
-                Ok(pick)
-            }
-            Err(NoEndpoint::Empty(detail)) => {
-                self.core.metrics().epp_refused("no_endpoint");
-                tracing::warn!(%detail, "no endpoint to pick");
-                Err(refusal(StatusCode::ServiceUnavailable, &detail))
-            }
-            Err(NoEndpoint::Saturated(detail)) => {
-                self.core.metrics().epp_refused("saturated");
-                tracing::debug!(%detail, "request shed");
-                Err(refusal(StatusCode::TooManyRequests, &detail))
-            }
-        }
-    }
-
-    async fn on_headers(
-        &self,
-        ex: &mut Exchange,
-        h: &HttpHeaders,
-        in_flight: &mut InFlight,
-    ) -> Vec<ProcessingResponse> {
-        ex.path = header(h, ":path").unwrap_or_default();
-        if !ex.trace_context.contains_key("traceparent") {
-            for key in ["traceparent", "tracestate"] {
-                if let Some(value) = header(h, key) {
-                    ex.trace_context.insert(key.to_owned(), value);
-                }
-            }
-        }
-        let by_headers = h.end_of_stream || ex.mode == Some(BodySendMode::Streamed);
-        if by_headers {
-            // No body will come in time: pick now, by load.
-            ex.headers_answered = true;
-            return match self.pick_or_refuse(ex, None, in_flight).await {
-                Ok(pick) => vec![headers_response(Some(&pick))],
-                Err(refusal) => vec![refusal],
-            };
-        }
-        if ex.mode == Some(BodySendMode::FullDuplexStreamed) {
-            // Answered with the pick once the body is complete.
-            return Vec::new();
-        }
-        ex.headers_answered = true;
-        vec![headers_response(None)]
-    }
-
-    async fn on_body(
-        &self,
-        ex: &mut Exchange,
-        b: HttpBody,
-        in_flight: &mut InFlight,
-    ) -> Vec<ProcessingResponse> {
-        let full_duplex = ex.mode == Some(BodySendMode::FullDuplexStreamed);
-        if ex.body.len() + b.body.len() <= MAX_BODY_BYTES {
-            ex.body.extend_from_slice(&b.body);
-        } else {
-            ex.too_large = true;
-        }
-        if full_duplex {
-            ex.chunks.push(b.body);
-        }
-        if !b.end_of_stream {
-            // Streamed chunks are answered at the end (full duplex) or pass
-            // through (streamed, already picked).
-            return if full_duplex {
-                Vec::new()
-            } else {
-                vec![body_response(None, None)]
-            };
-        }
-        if ex.mode == Some(BodySendMode::Streamed) {
-            return vec![body_response(None, None)];
-        }
-        let body = (!ex.too_large).then(|| std::mem::take(&mut ex.body));
-        if ex.too_large {
-            self.core.metrics().epp_unread("too_large");
-        }
-        let pick = match self.pick_or_refuse(ex, body, in_flight).await {
-            Ok(pick) => pick,
-            Err(refusal) => return vec![refusal],
-        };
-        if full_duplex {
-            let mut out = vec![headers_response(Some(&pick))];
-            let chunks = std::mem::take(&mut ex.chunks);
-            let last = chunks.len().saturating_sub(1);
-            for (i, chunk) in chunks.into_iter().enumerate() {
-                out.push(body_response(None, Some((chunk, i == last))));
-            }
-            return out;
-        }
-        vec![body_response(Some(&pick), None)]
     }
 }

@@ -10,6 +10,10 @@ pub mod auth;
 pub mod conn;
 pub mod convert;
 pub mod epp;
+pub mod epp_config;
+pub mod epp_observed;
+pub mod epp_usage;
+pub mod epp_wire;
 pub mod grpc;
 pub mod http;
 pub mod index_core;
@@ -141,35 +145,9 @@ pub struct Config {
     #[arg(long, env = "IC_RESYNC_BUDGET_BLOCKS", default_value_t = 1 << 25, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_budget_blocks: u64,
 
-    /// Serve the Gateway API endpoint picker (Envoy ext_proc, with
-    /// grpc.health.v1) on this address; off when unset.
-    #[arg(long, env = "IC_EPP_ADDR")]
-    pub epp_addr: Option<SocketAddr>,
-
-    /// Namespace of the endpoint picker's pool: the index tenant its
-    /// engines report under.
-    #[arg(long, env = "IC_EPP_TENANT")]
-    pub epp_tenant: Option<String>,
-
-    /// The pool's ready endpoints, `ip:port` (comma-separated or repeated);
-    /// for local runs, instead of --epp-pool.
-    #[arg(long = "epp-endpoint", env = "IC_EPP_ENDPOINTS", value_delimiter = ',')]
-    pub epp_endpoints: Vec<String>,
-
-    /// The InferencePool (in --epp-tenant) whose ready pods are the
-    /// endpoints, watched through the Kubernetes API.
-    #[arg(long, env = "IC_EPP_POOL")]
-    pub epp_pool: Option<String>,
-
-    /// Fingerprint scheme of the pool's engines.
-    #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
-    pub epp_hash_scheme: EngineFamily,
-
-    /// Answer 429 (shed the request) when even the least busy endpoint of
-    /// the pool is busy with this many requests, in flight through the
-    /// picker or reported by the engine (running + waiting); 0 never sheds.
-    #[arg(long, env = "IC_EPP_SHED_AT_REQUESTS", default_value_t = 0)]
-    pub epp_shed_at_requests: u32,
+    /// The endpoint picker (Envoy ext_proc).
+    #[command(flatten)]
+    pub epp: epp_config::EppFlags,
 
     /// Serve llm-d's remote indexer API (indexer.v1.IndexerService/
     /// GetPodScores) on the gRPC port, scoring this namespace's engines;
@@ -250,50 +228,6 @@ fn llmd_indexer(config: &Config) -> anyhow::Result<Option<llmd::IndexerConfig>> 
             t1: 1.0,
             t2: weight,
         },
-    }))
-}
-
-/// The endpoint picker's pool from the flags; `None` when it is off.
-fn epp_pool(config: &Config) -> anyhow::Result<Option<epp::PoolConfig>> {
-    if config.epp_addr.is_none() {
-        if config.epp_tenant.is_some()
-            || !config.epp_endpoints.is_empty()
-            || config.epp_pool.is_some()
-        {
-            anyhow::bail!("--epp-tenant, --epp-endpoint and --epp-pool need --epp-addr");
-        }
-        return Ok(None);
-    }
-    let tenant = config
-        .epp_tenant
-        .clone()
-        .filter(|t| !t.trim().is_empty())
-        .context("--epp-addr needs --epp-tenant (the namespace of the pool's engines)")?;
-    match (&config.epp_pool, config.epp_endpoints.is_empty()) {
-        (Some(_), false) => anyhow::bail!(
-            "--epp-pool and --epp-endpoint are exclusive: watch a pool, or list endpoints"
-        ),
-        (None, true) => anyhow::bail!(
-            "--epp-addr needs --epp-pool NAME (an InferencePool in --epp-tenant) or \
-             --epp-endpoint ip:port for each ready engine"
-        ),
-        _ => {}
-    }
-    let mut endpoints = Vec::new();
-    for e in &config.epp_endpoints {
-        let e = e.trim();
-        e.parse::<SocketAddr>()
-            .with_context(|| format!("--epp-endpoint {e:?}: expected ip:port"))?;
-        if !endpoints.iter().any(|x: &String| x == e) {
-            endpoints.push(e.to_owned());
-        }
-    }
-    Ok(Some(epp::PoolConfig {
-        tenant,
-        hash_scheme: config.epp_hash_scheme.hash_scheme(),
-        endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
-        shed_at_requests: (config.epp_shed_at_requests > 0)
-            .then_some(f64::from(config.epp_shed_at_requests)),
     }))
 }
 
@@ -414,7 +348,6 @@ async fn serve_epp(
     tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     tonic_health::server::HealthReporter,
 )> {
-    use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
     let listener = ServingListener::bind(addr, options)
         .await
         .with_context(|| format!("cannot bind the endpoint picker to {addr}"))?;
@@ -438,7 +371,7 @@ async fn serve_epp(
             let _reporter = kept;
             tonic::transport::Server::builder()
                 .add_service(health)
-                .add_service(ExternalProcessorServer::new(picker))
+                .add_service(picker.into_server())
                 .serve_with_incoming_shutdown(conn::incoming(listener), shutdown.cancelled_owned())
                 .await
         }),
@@ -460,7 +393,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let shutdown = ic_telemetry::drain::drain(shutdown, health.clone(), config.drain.period());
     let readiness = readiness::Readiness::new(Duration::from_secs(config.ready_warmup_seconds));
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
-    let epp_pool = epp_pool(&config)?;
+    let epp_pool = config.epp.pool_config()?;
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;
     let kafka_settings = config.kafka.settings()?;
@@ -557,9 +490,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             <IndexServiceServer<IndexServer> as tonic::server::NamedService>::NAME,
         ],
     )];
-    let epp = match (config.epp_addr, epp_pool) {
+    let epp = match (config.epp.epp_addr, epp_pool) {
         (Some(addr), Some(pool)) => {
-            if let Some(name) = &config.epp_pool {
+            if let Some(name) = &config.epp.epp_pool {
                 let client = kube::Client::try_default().await.context(
                     "--epp-pool needs Kubernetes API credentials (in-cluster service account \
                      or KUBECONFIG) to watch the InferencePool and its pods",

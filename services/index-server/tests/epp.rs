@@ -184,7 +184,7 @@ async fn exchange(
 /// The endpoint a response picked: its header and its `envoy.lb` metadata
 /// must agree.
 fn picked(r: &ProcessingResponse) -> Option<String> {
-    let header = ic_e2e::ext_proc::destination(r)?;
+    let header = ic_e2e::ext_proc::destinations(r)?;
     let lb = &r.dynamic_metadata.as_ref().unwrap().fields["envoy.lb"];
     let Some(Kind::StructValue(lb)) = &lb.kind else {
         panic!("envoy.lb is not a struct: {lb:?}");
@@ -193,7 +193,8 @@ fn picked(r: &ProcessingResponse) -> Option<String> {
         panic!("no endpoint in envoy.lb");
     };
     assert_eq!(&header, meta, "header and metadata agree");
-    Some(header)
+    // The pick, then its fallbacks.
+    Some(header.split(',').next().unwrap().to_owned())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,7 +507,12 @@ async fn open_request(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_saturated_pool_sheds_with_429_until_a_request_ends() {
-    let mut picker = start_with(&["--epp-shed-at-requests", "1"]);
+    let mut picker = start_with(&[
+        "--epp-shed-at-requests",
+        "1",
+        "--epp-shed-standard-at-requests",
+        "1",
+    ]);
     // One request in flight on each endpoint: the pool is saturated.
     let (first, r1) = open_request(&picker.epp).await;
     let (_second, r2) = open_request(&picker.epp).await;

@@ -62,9 +62,17 @@ pub fn buffered(path: &str, bytes: &[u8]) -> Vec<ProcessingRequest> {
     ]
 }
 
-/// The endpoint a headers or body response picked, from its
-/// `x-gateway-destination-endpoint` header mutation.
+/// The endpoint a headers or body response picked: the first of its
+/// `x-gateway-destination-endpoint` header mutation (the rest are
+/// fallbacks, as Envoy reads the list).
 pub fn destination(response: &ProcessingResponse) -> Option<String> {
+    let all = destinations(response)?;
+    all.split(',').next().map(|e| e.trim().to_owned())
+}
+
+/// The whole `x-gateway-destination-endpoint` value of a headers or body
+/// response: the pick, then its fallbacks, comma-separated.
+pub fn destinations(response: &ProcessingResponse) -> Option<String> {
     let common = match response.response.as_ref()? {
         processing_response::Response::RequestHeaders(h) => h.response.as_ref()?,
         processing_response::Response::RequestBody(b) => b.response.as_ref()?,

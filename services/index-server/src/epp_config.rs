@@ -1,0 +1,288 @@
+//! The endpoint picker's flags and what they resolve to: the pool, the
+//! body limit, the request objectives and the shedding thresholds.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use crate::EngineFamily;
+use crate::epp::PoolConfig;
+
+/// Envoy's default per-connection buffer (1 MiB): a BUFFERED body up to it
+/// must always fit in one ext_proc message.
+pub const ENVOY_DEFAULT_BUFFER_BYTES: usize = 1 << 20;
+
+/// Room for what travels with a BUFFERED body in one ext_proc message
+/// (attributes, metadata, framing), over the body itself.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 256 << 10;
+
+/// Endpoint picker flags.
+#[derive(Clone, Debug, clap::Args)]
+pub struct EppFlags {
+    /// Serve the Gateway API endpoint picker (Envoy ext_proc, with
+    /// grpc.health.v1) on this address; off when unset.
+    #[arg(long, env = "IC_EPP_ADDR")]
+    pub epp_addr: Option<SocketAddr>,
+
+    /// Namespace of the endpoint picker's pool: the index tenant its
+    /// engines report under.
+    #[arg(long, env = "IC_EPP_TENANT")]
+    pub epp_tenant: Option<String>,
+
+    /// The pool's ready endpoints, `ip:port` (comma-separated or repeated);
+    /// for local runs, instead of --epp-pool.
+    #[arg(long = "epp-endpoint", env = "IC_EPP_ENDPOINTS", value_delimiter = ',')]
+    pub epp_endpoints: Vec<String>,
+
+    /// The InferencePool (in --epp-tenant) whose ready pods are the
+    /// endpoints, watched through the Kubernetes API.
+    #[arg(long, env = "IC_EPP_POOL")]
+    pub epp_pool: Option<String>,
+
+    /// Fingerprint scheme of the pool's engines.
+    #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
+    pub epp_hash_scheme: EngineFamily,
+
+    /// Answer 429 to a sheddable request (its InferenceObjective's priority
+    /// is negative) when even the least busy endpoint of the pool is busy
+    /// with this many requests, in flight through the picker or reported
+    /// by the engine (running + waiting); 0 never sheds. The namespace's
+    /// CachePolicy `shedding.sheddableAtRequests` overrides it.
+    #[arg(long, env = "IC_EPP_SHED_AT_REQUESTS", default_value_t = 0)]
+    pub epp_shed_at_requests: u32,
+
+    /// The same for requests of priority 0 (and requests naming no known
+    /// objective); 0 never sheds them. CachePolicy
+    /// `shedding.standardAtRequests` overrides it.
+    #[arg(long, env = "IC_EPP_SHED_STANDARD_AT_REQUESTS", default_value_t = 0)]
+    pub epp_shed_standard_at_requests: u32,
+
+    /// The same for critical requests (positive priority): refused last;
+    /// 0 never sheds them. CachePolicy `shedding.criticalAtRequests`
+    /// overrides it.
+    #[arg(long, env = "IC_EPP_SHED_CRITICAL_AT_REQUESTS", default_value_t = 0)]
+    pub epp_shed_critical_at_requests: u32,
+
+    /// An InferenceObjective and its priority, `NAME=PRIORITY` (repeated or
+    /// comma-separated): a request naming NAME in its
+    /// `x-gateway-inference-objective` header has that priority.
+    #[arg(
+        long = "epp-objective",
+        env = "IC_EPP_OBJECTIVES",
+        value_delimiter = ','
+    )]
+    pub epp_objectives: Vec<String>,
+
+    /// Largest request body the picker reads, bytes. A BUFFERED body over
+    /// it is answered with 413 at once; a streamed one is routed by load.
+    /// The picker's gRPC message limit is this plus 256 KiB. At least
+    /// Envoy's default buffer (1 MiB).
+    #[arg(long, env = "IC_EPP_MAX_BODY_BYTES", default_value_t = crate::openai::MAX_BODY_BYTES)]
+    pub epp_max_body_bytes: usize,
+
+    /// Endpoints named after the pick (least busy first) in
+    /// `x-gateway-destination-endpoint`, for a gateway with retries to
+    /// fall back on (protocol v0.4+); 0 names the pick alone.
+    #[arg(long, env = "IC_EPP_FALLBACK_ENDPOINTS", default_value_t = 2)]
+    pub epp_fallback_endpoints: usize,
+}
+
+/// Shedding thresholds by request priority, requests on the least busy
+/// endpoint; `None` never sheds that class.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Shedding {
+    /// Priority below 0.
+    pub sheddable: Option<f64>,
+    /// Priority 0, or no known objective.
+    pub standard: Option<f64>,
+    /// Priority above 0.
+    pub critical: Option<f64>,
+}
+
+impl Shedding {
+    /// From request counts where 0 means never; the error names what is
+    /// out of order (critical traffic must never be refused before
+    /// sheddable traffic).
+    pub fn from_counts(sheddable: u32, standard: u32, critical: u32) -> Result<Self, String> {
+        let some = |n: u32| (n > 0).then_some(f64::from(n));
+        let s = Self {
+            sheddable: some(sheddable),
+            standard: some(standard),
+            critical: some(critical),
+        };
+        // A class with a threshold is refused no earlier than the classes
+        // below it: its threshold is at least theirs, and they shed too.
+        let order = [
+            ("sheddable", s.sheddable),
+            ("standard", s.standard),
+            ("critical", s.critical),
+        ];
+        for (i, (hi_name, hi)) in order.iter().enumerate() {
+            let Some(hi) = hi else { continue };
+            for (lo_name, lo) in &order[..i] {
+                match lo {
+                    None => {
+                        return Err(format!(
+                            "{hi_name} requests shed at {hi} while {lo_name} requests never do: \
+                             lower priorities must shed first"
+                        ));
+                    }
+                    Some(lo) if lo > hi => {
+                        return Err(format!(
+                            "{hi_name} requests shed at {hi}, before {lo_name} requests ({lo})"
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        Ok(s)
+    }
+
+    /// The threshold for a request of `priority`.
+    pub fn at(&self, priority: i32) -> Option<f64> {
+        match priority {
+            p if p < 0 => self.sheddable,
+            0 => self.standard,
+            _ => self.critical,
+        }
+    }
+}
+
+/// InferenceObjective priorities by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Objectives(HashMap<String, i32>);
+
+impl Objectives {
+    /// From `NAME=PRIORITY` flags.
+    pub fn parse(flags: &[String]) -> anyhow::Result<Self> {
+        let mut map = HashMap::new();
+        for f in flags {
+            let (name, priority) = f
+                .split_once('=')
+                .with_context(|| format!("--epp-objective {f:?}: expected NAME=PRIORITY"))?;
+            let name = name.trim();
+            if name.is_empty() {
+                anyhow::bail!("--epp-objective {f:?}: the name is empty");
+            }
+            let priority: i32 = priority.trim().parse().with_context(|| {
+                format!("--epp-objective {f:?}: the priority must be an integer")
+            })?;
+            if map.insert(name.to_owned(), priority).is_some() {
+                anyhow::bail!("--epp-objective {name:?} appears more than once");
+            }
+        }
+        Ok(Self(map))
+    }
+
+    /// The priority of objective `name` (0 when unknown, as the inference
+    /// extension treats a request without an objective).
+    pub fn priority(&self, name: Option<&str>) -> i32 {
+        name.and_then(|n| self.0.get(n)).copied().unwrap_or(0)
+    }
+}
+
+impl EppFlags {
+    /// The picker's pool from the flags; `None` when it is off.
+    pub fn pool_config(&self) -> anyhow::Result<Option<PoolConfig>> {
+        if self.epp_addr.is_none() {
+            if self.epp_tenant.is_some()
+                || !self.epp_endpoints.is_empty()
+                || self.epp_pool.is_some()
+            {
+                anyhow::bail!("--epp-tenant, --epp-endpoint and --epp-pool need --epp-addr");
+            }
+            return Ok(None);
+        }
+        let tenant = self
+            .epp_tenant
+            .clone()
+            .filter(|t| !t.trim().is_empty())
+            .context("--epp-addr needs --epp-tenant (the namespace of the pool's engines)")?;
+        match (&self.epp_pool, self.epp_endpoints.is_empty()) {
+            (Some(_), false) => anyhow::bail!(
+                "--epp-pool and --epp-endpoint are exclusive: watch a pool, or list endpoints"
+            ),
+            (None, true) => anyhow::bail!(
+                "--epp-addr needs --epp-pool NAME (an InferencePool in --epp-tenant) or \
+                 --epp-endpoint ip:port for each ready engine"
+            ),
+            _ => {}
+        }
+        let mut endpoints = Vec::new();
+        for e in &self.epp_endpoints {
+            let e = e.trim();
+            e.parse::<SocketAddr>()
+                .with_context(|| format!("--epp-endpoint {e:?}: expected ip:port"))?;
+            if !endpoints.iter().any(|x: &String| x == e) {
+                endpoints.push(e.to_owned());
+            }
+        }
+        if self.epp_max_body_bytes < ENVOY_DEFAULT_BUFFER_BYTES {
+            anyhow::bail!(
+                "--epp-max-body-bytes must be at least {ENVOY_DEFAULT_BUFFER_BYTES} (Envoy's \
+                 default buffer; got {})",
+                self.epp_max_body_bytes
+            );
+        }
+        let shedding = Shedding::from_counts(
+            self.epp_shed_at_requests,
+            self.epp_shed_standard_at_requests,
+            self.epp_shed_critical_at_requests,
+        )
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "--epp-shed-at-requests, --epp-shed-standard-at-requests, \
+                 --epp-shed-critical-at-requests: {e}"
+            )
+        })?;
+        Ok(Some(PoolConfig {
+            tenant,
+            hash_scheme: self.epp_hash_scheme.hash_scheme(),
+            endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
+            shedding,
+            objectives: Objectives::parse(&self.epp_objectives)?,
+            max_body_bytes: self.epp_max_body_bytes,
+            fallbacks: self.epp_fallback_endpoints,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shedding_refuses_lower_priorities_first() {
+        let s = Shedding::from_counts(4, 8, 0).unwrap();
+        assert_eq!(s.at(-1), Some(4.0));
+        assert_eq!(s.at(0), Some(8.0));
+        assert_eq!(s.at(5), None);
+        assert_eq!(Shedding::from_counts(0, 0, 0).unwrap(), Shedding::default());
+        let out_of_order = Shedding::from_counts(8, 4, 0).unwrap_err();
+        assert!(out_of_order.contains("before sheddable"), "{out_of_order}");
+        let critical_only = Shedding::from_counts(0, 0, 3).unwrap_err();
+        assert!(critical_only.contains("never do"), "{critical_only}");
+    }
+
+    #[test]
+    fn objectives_parse_and_name_the_bad_flag() {
+        let o = Objectives::parse(&["batch=-1".into(), "chat = 2".into()]).unwrap();
+        assert_eq!(o.priority(Some("batch")), -1);
+        assert_eq!(o.priority(Some("chat")), 2);
+        assert_eq!(o.priority(Some("unknown")), 0);
+        assert_eq!(o.priority(None), 0);
+        for (bad, expect) in [
+            ("batch", "expected NAME=PRIORITY"),
+            ("=1", "name is empty"),
+            ("a=high", "must be an integer"),
+        ] {
+            let e = format!("{:#}", Objectives::parse(&[bad.into()]).unwrap_err());
+            assert!(e.contains(expect), "{bad}: {e}");
+        }
+        let dup = Objectives::parse(&["a=1".into(), "a=2".into()]).unwrap_err();
+        assert!(dup.to_string().contains("more than once"), "{dup}");
+    }
+}
