@@ -197,10 +197,11 @@ fn batch(seq: u64, begin: bool, end: bool, fp: u64) -> IngestBatch {
 
 #[test]
 fn a_session_survives_export_and_import_mid_resync() {
-    let budget = ResyncBudget::new(100);
+    let one = crate::ingest::bytes(&batch(0, false, false, 0).changes);
+    let budget = ResyncBudget::new(100 * one);
     let limits = IngestLimits {
         max_ranks: 8,
-        max_stream_resync_blocks: 50,
+        max_stream_resync_bytes: 50 * one,
         budget: budget.clone(),
     };
     let mut s = IngestSession::with_limits(limits.clone());
@@ -218,7 +219,7 @@ fn a_session_survives_export_and_import_mid_resync() {
 
     let mut s = IngestSession::with_limits(limits);
     assert!(s.import(back).is_empty());
-    assert_eq!(budget.used(), 1, "the unfinished resync is charged again");
+    assert_eq!(budget.used(), one, "the unfinished resync is charged again");
     assert!(s.knows(&key("t", "pod", 0)));
     match s.accept(batch(11, false, true, 2)) {
         Step::Replace { changes, .. } => assert_eq!(changes.len(), 2),
@@ -238,10 +239,10 @@ fn a_session_survives_export_and_import_mid_resync() {
 
 #[test]
 fn an_import_beyond_the_bounds_leaves_ranks_out() {
-    let budget = ResyncBudget::new(100);
+    let budget = ResyncBudget::new(100 << 10);
     let mut s = IngestSession::with_limits(IngestLimits {
         max_ranks: 1,
-        max_stream_resync_blocks: 50,
+        max_stream_resync_bytes: 50 << 10,
         budget,
     });
     let rank = |id: &str| RankState {

@@ -19,23 +19,30 @@ use crate::types::{Change, ReplicaKey, Scope};
 pub struct IngestLimits {
     /// Replica ranks one stream may carry.
     pub max_ranks: usize,
-    /// Blocks one stream may hold in unfinished resyncs.
-    pub max_stream_resync_blocks: u64,
-    /// Blocks all streams together may hold in unfinished resyncs.
+    /// Bytes one stream may hold in unfinished resyncs (as [`bytes`]
+    /// charges them).
+    pub max_stream_resync_bytes: u64,
+    /// Bytes all streams together may hold in unfinished resyncs.
     pub budget: ResyncBudget,
 }
+
+/// Default of [`IngestLimits::max_stream_resync_bytes`]: 64 MiB.
+pub const DEFAULT_MAX_STREAM_RESYNC_BYTES: u64 = 64 << 20;
+/// Default of the shared [`ResyncBudget`]: 256 MiB (the index server's
+/// chart limit is 1 GiB; see docs/reliability.md for the arithmetic).
+pub const DEFAULT_RESYNC_BUDGET_BYTES: u64 = 256 << 20;
 
 impl Default for IngestLimits {
     fn default() -> Self {
         Self {
             max_ranks: 1024,
-            max_stream_resync_blocks: 1 << 24,
-            budget: ResyncBudget::new(1 << 26),
+            max_stream_resync_bytes: DEFAULT_MAX_STREAM_RESYNC_BYTES,
+            budget: ResyncBudget::new(DEFAULT_RESYNC_BUDGET_BYTES),
         }
     }
 }
 
-/// Blocks buffered in unfinished resyncs, shared by every stream of a
+/// Bytes buffered in unfinished resyncs, shared by every stream of a
 /// server, so many streams cannot together outgrow one stream's bound.
 #[derive(Clone, Debug)]
 pub struct ResyncBudget {
@@ -44,7 +51,7 @@ pub struct ResyncBudget {
 }
 
 impl ResyncBudget {
-    /// A budget of `limit` blocks.
+    /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Self {
         Self {
             used: Arc::new(AtomicU64::new(0)),
@@ -52,12 +59,12 @@ impl ResyncBudget {
         }
     }
 
-    /// The budget, in blocks.
+    /// The budget, in bytes.
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
-    /// Blocks currently charged.
+    /// Bytes currently charged.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
     }
@@ -86,7 +93,7 @@ impl ResyncBudget {
 pub enum Limit {
     /// [`IngestLimits::max_ranks`].
     Ranks,
-    /// [`IngestLimits::max_stream_resync_blocks`].
+    /// [`IngestLimits::max_stream_resync_bytes`].
     StreamResync,
     /// [`IngestLimits::budget`].
     ResyncBudget,
@@ -97,8 +104,8 @@ impl Limit {
     pub fn label(self) -> &'static str {
         match self {
             Self::Ranks => "ranks_per_stream",
-            Self::StreamResync => "stream_resync_blocks",
-            Self::ResyncBudget => "resync_budget_blocks",
+            Self::StreamResync => "stream_resync_bytes",
+            Self::ResyncBudget => "resync_budget_bytes",
         }
     }
 }
@@ -113,6 +120,33 @@ fn weight(changes: &[Change]) -> u64 {
                 fingerprints.len().max(1) as u64
             }
             Change::Cleared { .. } => 1,
+        })
+        .sum()
+}
+
+/// What buffering `changes` costs in memory, in bytes: each change's slot
+/// in the buffer (twice its size: a growing `Vec` may hold double) plus its
+/// fingerprints' heap allocation with the allocator's overhead (16 bytes,
+/// 32 at least). A removal of one block or a clear costs about what a
+/// stored block does — they are what a hostile or broken resync sends.
+pub fn bytes(changes: &[Change]) -> u64 {
+    const SLOT: u64 = 2 * std::mem::size_of::<Change>() as u64;
+    let heap = |n: usize| -> u64 {
+        if n == 0 {
+            0
+        } else {
+            ((n as u64 * 8 + 16 + 15) & !15).max(32)
+        }
+    };
+    changes
+        .iter()
+        .map(|c| {
+            SLOT + match c {
+                Change::Stored { fingerprints, .. } | Change::Evicted { fingerprints } => {
+                    heap(fingerprints.len())
+                }
+                Change::Cleared { .. } => 0,
+            }
         })
         .sum()
 }
@@ -192,7 +226,7 @@ struct RankStream {
     incarnation: u64,
     last_seq: u64,
     resync: Option<Vec<Change>>,
-    /// Blocks `resync` holds (charged to the stream and the budget).
+    /// Bytes `resync` holds (charged to the stream and the budget).
     buffered: u64,
 }
 
@@ -201,7 +235,7 @@ struct RankStream {
 pub struct IngestSession {
     ranks: HashMap<ReplicaKey, RankStream>,
     limits: IngestLimits,
-    /// Blocks this stream holds in unfinished resyncs.
+    /// Bytes this stream holds in unfinished resyncs.
     buffered: u64,
 }
 
@@ -261,9 +295,9 @@ impl IngestSession {
     pub fn import(&mut self, ranks: Vec<RankState>) -> Vec<ReplicaKey> {
         let mut left_out = Vec::new();
         for rank in ranks {
-            let n = rank.resync.as_deref().map_or(0, weight);
+            let n = rank.resync.as_deref().map_or(0, bytes);
             let fits = self.ranks.len() < self.limits.max_ranks
-                && self.buffered.saturating_add(n) <= self.limits.max_stream_resync_blocks
+                && self.buffered.saturating_add(n) <= self.limits.max_stream_resync_bytes
                 && self.limits.budget.try_charge(n);
             if !fits {
                 left_out.push(rank.key);
@@ -364,16 +398,17 @@ impl IngestSession {
         match rank.resync.as_mut() {
             Some(buffer) => {
                 if !resync_end {
-                    let n = weight(&changes);
-                    if self.buffered.saturating_add(n) > self.limits.max_stream_resync_blocks {
+                    let n = bytes(&changes);
+                    if self.buffered.saturating_add(n) > self.limits.max_stream_resync_bytes {
                         return Step::Refused(
                             Limit::StreamResync,
                             format!(
-                                "replica {}/{} rank {}: resync larger than {} blocks",
+                                "replica {}/{} rank {}: resync larger than {} bytes \
+                                 (--max-stream-resync-bytes)",
                                 key.tenant,
                                 key.replica_id,
                                 key.dp_rank,
-                                self.limits.max_stream_resync_blocks
+                                self.limits.max_stream_resync_bytes
                             ),
                         );
                     }
@@ -381,7 +416,8 @@ impl IngestSession {
                         return Step::Refused(
                             Limit::ResyncBudget,
                             format!(
-                                "replica {}/{} rank {}: the server's resync buffer ({} blocks) is full",
+                                "replica {}/{} rank {}: the server's resync buffer ({} bytes, \
+                                 --resync-budget-bytes) is full",
                                 key.tenant, key.replica_id, key.dp_rank, self.limits.budget.limit
                             ),
                         );
@@ -472,12 +508,39 @@ mod tests {
         ));
     }
 
+    /// What one test batch (one stored block) is charged.
+    fn u() -> u64 {
+        bytes(&batch(0, false, false, 0).changes)
+    }
+
     fn limited(max_ranks: usize, stream: u64, budget: &ResyncBudget) -> IngestSession {
         IngestSession::with_limits(IngestLimits {
             max_ranks,
-            max_stream_resync_blocks: stream,
+            max_stream_resync_bytes: stream * u(),
             budget: budget.clone(),
         })
+    }
+
+    #[test]
+    fn removals_and_clears_cost_what_stored_blocks_do() {
+        let one = |c: Change| bytes(&[c]);
+        let stored = one(Change::Stored {
+            start_depth: 0,
+            fingerprints: vec![Fingerprint(1)],
+            block_size: 16,
+            tier: Tier::T1,
+        });
+        let removed = one(Change::Evicted {
+            fingerprints: vec![Fingerprint(1)],
+        });
+        let cleared = one(Change::Cleared { tier: Tier::T1 });
+        assert_eq!(removed, stored);
+        assert!(cleared * 2 > stored, "{cleared} vs {stored}");
+        // Many blocks in one change cost their fingerprints.
+        let big = one(Change::Evicted {
+            fingerprints: vec![Fingerprint(1); 1000],
+        });
+        assert!(big >= 8000 && big < 8200, "{big}");
     }
 
     fn for_rank(mut b: IngestBatch, rank: u32) -> IngestBatch {
@@ -487,15 +550,15 @@ mod tests {
 
     #[test]
     fn an_endless_resync_is_refused_at_the_stream_bound_and_releases_the_budget() {
-        let budget = ResyncBudget::new(100);
+        let budget = ResyncBudget::new(100 * u());
         let mut s = limited(4, 3, &budget);
         assert_eq!(s.accept(batch(1, true, false, 7)), Step::Buffered);
         assert_eq!(s.accept(batch(2, false, false, 7)), Step::Buffered);
         assert_eq!(s.accept(batch(3, false, false, 7)), Step::Buffered);
-        assert_eq!(budget.used(), 3);
+        assert_eq!(budget.used(), 3 * u());
         assert!(matches!(
             s.accept(batch(4, false, false, 7)),
-            Step::Refused(Limit::StreamResync, d) if d.contains("3 blocks")
+            Step::Refused(Limit::StreamResync, d) if d.contains("--max-stream-resync-bytes")
         ));
         drop(s);
         assert_eq!(budget.used(), 0, "a closed stream gives its buffer back");
@@ -503,7 +566,7 @@ mod tests {
 
     #[test]
     fn streams_share_one_resync_budget() {
-        let budget = ResyncBudget::new(3);
+        let budget = ResyncBudget::new(3 * u());
         let mut a = limited(4, 10, &budget);
         let mut b = limited(4, 10, &budget);
         assert_eq!(a.accept(batch(1, true, false, 7)), Step::Buffered);
@@ -518,19 +581,19 @@ mod tests {
             a.accept(batch(3, false, true, 7)),
             Step::Replace { .. }
         ));
-        assert_eq!(budget.used(), 1);
+        assert_eq!(budget.used(), u());
         assert_eq!(b.accept(batch(3, false, false, 8)), Step::Buffered);
-        assert_eq!(budget.used(), 2);
+        assert_eq!(budget.used(), 2 * u());
         // Restarting a resync releases the old buffer first.
         assert_eq!(b.accept(batch(9, true, false, 8)), Step::Buffered);
-        assert_eq!(budget.used(), 1);
+        assert_eq!(budget.used(), u());
         drop(b);
         assert_eq!(budget.used(), 0);
     }
 
     #[test]
     fn a_stream_carries_a_bounded_number_of_ranks() {
-        let budget = ResyncBudget::new(100);
+        let budget = ResyncBudget::new(100 * u());
         let mut s = limited(2, 10, &budget);
         assert!(matches!(
             s.accept(for_rank(batch(1, true, true, 7), 0)),

@@ -1,5 +1,7 @@
 //! Bearer tokens checked the Kubernetes way: a TokenReview against an
-//! audience (accepted answers cached for a minute by token digest), plus the
+//! audience (accepted answers cached for a minute by token digest, refusals
+//! for a few seconds, so a flood of garbage tokens costs the API server one
+//! review per distinct token per TTL, not one per request), plus the
 //! helpers every server that takes bearer tokens shares (header parsing,
 //! constant-time comparison of a static token), and SubjectAccessReviews
 //! with their answers cached ([`AccessReviewer`]). The index server builds
@@ -20,6 +22,11 @@ use sha2::{Digest, Sha256};
 const REVIEW_CACHE_TTL: Duration = Duration::from_secs(60);
 /// Most cached review results (cleared wholesale beyond it).
 const REVIEW_CACHE_MAX: usize = 1024;
+/// How long a refused token is refused without asking again, by default.
+pub const DEFAULT_REFUSAL_CACHE_TTL: Duration = Duration::from_secs(10);
+/// Most cached refusals (expired ones dropped, then all, beyond it): a
+/// flood of distinct garbage tokens costs at most this many entries.
+const REFUSAL_CACHE_MAX: usize = 4096;
 /// How long a SubjectAccessReview's answer (either way) is reused.
 const DECISION_TTL: Duration = Duration::from_secs(60);
 /// Most cached access decisions (cleared wholesale beyond it).
@@ -38,6 +45,9 @@ pub enum AuthError {
     /// The static token did not match, or the API server rejected the token.
     #[error("bearer token rejected: {0}")]
     Rejected(String),
+    /// A valid token of an identity the endpoint does not serve.
+    #[error("{0}")]
+    Forbidden(String),
     /// The API server could not be asked.
     #[error("cannot verify the bearer token with the Kubernetes API: {0}")]
     Unavailable(String),
@@ -50,6 +60,7 @@ impl AuthError {
             AuthError::Disabled(_) => "disabled",
             AuthError::Missing => "missing_token",
             AuthError::Rejected(_) => "rejected_token",
+            AuthError::Forbidden(_) => "forbidden_identity",
             AuthError::Unavailable(_) => "review_unavailable",
         }
     }
@@ -72,11 +83,15 @@ pub struct ReviewedUser {
 /// The extra claim naming the pod a bound token belongs to.
 pub const POD_NAME_CLAIM: &str = "authentication.kubernetes.io/pod-name";
 
-/// Checks tokens with TokenReview, caching accepted ones briefly.
+/// Checks tokens with TokenReview, caching accepted ones and (more
+/// briefly) refused ones.
 pub struct TokenReviewer {
     client: kube::Client,
     audience: String,
     accepted: Mutex<HashMap<[u8; 32], (Instant, ReviewedUser)>>,
+    refused: Mutex<HashMap<[u8; 32], (Instant, String)>>,
+    refusal_ttl: Duration,
+    refusals_cached: prometheus_client::metrics::counter::Counter,
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -94,7 +109,23 @@ impl TokenReviewer {
             client,
             audience,
             accepted: Mutex::new(HashMap::new()),
+            refused: Mutex::new(HashMap::new()),
+            refusal_ttl: DEFAULT_REFUSAL_CACHE_TTL,
+            refusals_cached: prometheus_client::metrics::counter::Counter::default(),
         }
+    }
+
+    /// Refusals are reused for `ttl` (zero: never cached), each reuse
+    /// counted in `counter`.
+    #[must_use]
+    pub fn with_refusal_cache(
+        mut self,
+        ttl: Duration,
+        counter: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.refusal_ttl = ttl;
+        self.refusals_cached = counter;
+        self
     }
 
     /// The API server's client (for SubjectAccessReviews).
@@ -111,6 +142,40 @@ impl TokenReviewer {
         {
             return Ok(user.clone());
         }
+        if let Some((until, why)) = self.refused.lock().get(&digest)
+            && *until > now
+        {
+            self.refusals_cached.inc();
+            return Err(AuthError::Rejected(why.clone()));
+        }
+        match self.ask(token).await {
+            Ok(user) => {
+                let mut accepted = self.accepted.lock();
+                if accepted.len() >= REVIEW_CACHE_MAX {
+                    accepted.clear();
+                }
+                accepted.insert(digest, (now + REVIEW_CACHE_TTL, user.clone()));
+                Ok(user)
+            }
+            Err(AuthError::Rejected(why)) => {
+                // Only the API server's verdict is cached, never its absence.
+                if !self.refusal_ttl.is_zero() {
+                    let mut refused = self.refused.lock();
+                    if refused.len() >= REFUSAL_CACHE_MAX {
+                        refused.retain(|_, (until, _)| *until > now);
+                        if refused.len() >= REFUSAL_CACHE_MAX {
+                            refused.clear();
+                        }
+                    }
+                    refused.insert(digest, (now + self.refusal_ttl, why.clone()));
+                }
+                Err(AuthError::Rejected(why))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn ask(&self, token: &str) -> Result<ReviewedUser, AuthError> {
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -141,18 +206,12 @@ impl TokenReviewer {
             )));
         }
         let user = status.user.unwrap_or_default();
-        let user = ReviewedUser {
+        Ok(ReviewedUser {
             username: user.username.unwrap_or_default(),
             uid: user.uid.unwrap_or_default(),
             groups: user.groups.unwrap_or_default(),
             extra: user.extra.unwrap_or_default().into_iter().collect(),
-        };
-        let mut accepted = self.accepted.lock();
-        if accepted.len() >= REVIEW_CACHE_MAX {
-            accepted.clear();
-        }
-        accepted.insert(digest, (now + REVIEW_CACHE_TTL, user.clone()));
-        Ok(user)
+        })
     }
 }
 

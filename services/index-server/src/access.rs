@@ -83,11 +83,22 @@ pub enum Caller {
 }
 
 impl Caller {
-    /// The name streams are counted under per client.
-    pub fn client_key(&self) -> Option<&str> {
+    /// The name streams are counted under per client: the pod a
+    /// pod-bound token names (every engine pod of a service account gets
+    /// its own share), else the identity; `None` for unrestricted callers
+    /// (anonymous or static-token), which are counted by peer address.
+    pub fn client_key(&self) -> Option<String> {
         match self {
             Self::Unrestricted => None,
-            Self::User { user, .. } => Some(&user.username),
+            Self::User { user, .. } => Some(
+                match (
+                    service_account(&user.username),
+                    user.extra.get(POD_NAME_CLAIM).and_then(|v| v.first()),
+                ) {
+                    (Some((namespace, _)), Some(pod)) => format!("pod:{namespace}/{pod}"),
+                    _ => format!("user:{}", user.username),
+                },
+            ),
         }
     }
 
@@ -333,6 +344,25 @@ mod tests {
             admin: false,
         };
         assert!(ApiAccess::authorize_set_policies(&engine).is_err());
+    }
+
+    #[test]
+    fn streams_are_counted_per_pod_not_per_service_account() {
+        let pod = |name| Caller::User {
+            user: sa("team-a", "default", Some(name)),
+            admin: false,
+        };
+        assert_eq!(pod("vllm-0").client_key().unwrap(), "pod:team-a/vllm-0");
+        assert_ne!(pod("vllm-0").client_key(), pod("vllm-1").client_key());
+        let unbound = Caller::User {
+            user: sa("team-a", "default", None),
+            admin: false,
+        };
+        assert_eq!(
+            unbound.client_key().unwrap(),
+            "user:system:serviceaccount:team-a:default"
+        );
+        assert_eq!(Caller::Unrestricted.client_key(), None);
     }
 
     #[test]

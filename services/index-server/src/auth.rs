@@ -1,7 +1,10 @@
 //! `POST /probe`'s authentication, on the shared bearer-token checks
 //! ([`ic_kube_auth`], re-exported here): in a cluster the caller (the
 //! controller) presents a projected service-account token bound to an
-//! audience, checked by TokenReview; locally a static token is compared.
+//! audience, checked by TokenReview, and must be one of the identities
+//! `--probe-allowed-identity` names (the audience alone is not enough: the
+//! chart gives the subscribers the same one); locally a static token is
+//! compared.
 //! With neither configured `/probe` is disabled rather than open.
 //! [`crate::access`] builds the gRPC API's and `/snapshot`'s rules on the
 //! same reviewer.
@@ -21,8 +24,14 @@ pub enum ProbeAuth {
     Disabled,
     /// Callers present this token.
     Static(String),
-    /// Callers present a token the API server accepts for an audience.
-    TokenReview(TokenReviewer),
+    /// Callers present a token the API server accepts for an audience,
+    /// of one of the `allowed` identities (TokenReview usernames).
+    TokenReview {
+        /// Checks the tokens.
+        reviewer: TokenReviewer,
+        /// Usernames that may call `/probe` (the controller's).
+        allowed: Vec<String>,
+    },
 }
 
 impl ProbeAuth {
@@ -43,7 +52,18 @@ impl ProbeAuth {
                     ))
                 }
             }
-            ProbeAuth::TokenReview(reviewer) => reviewer.review(token).await.map(|_| ()),
+            ProbeAuth::TokenReview { reviewer, allowed } => {
+                let user = reviewer.review(token).await?;
+                if allowed.contains(&user.username) {
+                    Ok(())
+                } else {
+                    Err(AuthError::Forbidden(format!(
+                        "/probe: {:?} is not an identity --probe-allowed-identity names (the \
+                         controller's service account)",
+                        user.username
+                    )))
+                }
+            }
         }
     }
 }

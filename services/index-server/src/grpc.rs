@@ -174,6 +174,15 @@ impl IndexServer {
                     "key: one of prefix_hash, block_hashes, token_ids, prompt_text is required",
                 ));
             }
+            // Fingerprints carry the adapter already; a scope naming one
+            // as well was silently not applied: refused, not guessed.
+            Some(Key::PrefixHash(_) | Key::BlockHashes(_)) if !scope.adapter.is_empty() => {
+                return Err(Status::invalid_argument(
+                    "scope.adapter: only with token_ids or prompt_text; prefix_hash and \
+                     block_hashes are fingerprints computed with the adapter already (leave \
+                     scope.adapter empty; see docs/fingerprints.md)",
+                ));
+            }
             Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(Fingerprint(*fp)),
             Some(Key::BlockHashes(b)) => {
                 if b.hashes.len() > MAX_PROMPT_BLOCKS {
@@ -346,14 +355,13 @@ impl IndexServer {
         request: Request<Streaming<pb::IngestBatch>>,
     ) -> Result<Response<pb::IngestAck>, Status> {
         let caller = self.caller(&request, "ingest").await?;
-        let client = caller.client_key().map_or_else(
-            || {
-                request
-                    .remote_addr()
-                    .map_or_else(|| "unknown".to_owned(), |a| a.ip().to_string())
-            },
-            str::to_owned,
-        );
+        // Per pod (pod-bound token) or identity; anonymous callers by
+        // their peer address.
+        let client = caller.client_key().unwrap_or_else(|| {
+            request
+                .remote_addr()
+                .map_or_else(|| "addr:unknown".to_owned(), |a| format!("addr:{}", a.ip()))
+        });
         let metrics = self.core.metrics();
         let _permit = self.ingest.admit(client).map_err(|refusal| {
             metrics.ingest_refused(refusal.label());

@@ -132,6 +132,7 @@ async fn probe(State(state): State<HttpState>, headers: HeaderMap, body: Bytes) 
     if let Err(e) = state.auth.check(authorization).await {
         let status = match e {
             AuthError::Missing | AuthError::Rejected(_) => StatusCode::UNAUTHORIZED,
+            AuthError::Forbidden(_) => StatusCode::FORBIDDEN,
             AuthError::Disabled(_) | AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut response = refuse(state.core.metrics(), e.reason(), status, e.to_string());

@@ -227,7 +227,7 @@ impl KafkaConsumerFlags {
 pub fn limits(grpc: &IngestLimits) -> IngestLimits {
     IngestLimits {
         max_ranks: usize::MAX,
-        max_stream_resync_blocks: grpc.budget.limit(),
+        max_stream_resync_bytes: grpc.budget.limit(),
         budget: grpc.budget.clone(),
     }
 }

@@ -92,6 +92,21 @@ pub struct Config {
     #[arg(long, env = "IC_PROBE_STATIC_TOKEN", hide_env_values = true)]
     pub probe_static_token: Option<String>,
 
+    /// Identities (TokenReview usernames) that may call /probe with
+    /// --probe-audience: the controller's service account (repeatable;
+    /// required with --probe-audience, which other pods' tokens may carry).
+    #[arg(
+        long = "probe-allowed-identity",
+        env = "IC_PROBE_ALLOWED_IDENTITIES",
+        value_delimiter = ','
+    )]
+    pub probe_allowed_identities: Vec<String>,
+
+    /// A token the API server refused is refused again without asking for
+    /// this many seconds (bounded cache; 0 asks every time).
+    #[arg(long, env = "IC_TOKEN_REFUSAL_CACHE_SECONDS", default_value_t = 10)]
+    pub token_refusal_cache_seconds: u64,
+
     /// Audience a gRPC API or /snapshot bearer token must carry (Kubernetes
     /// TokenReview); turns on Kubernetes access control (docs/security.md).
     #[arg(long, env = "IC_API_AUDIENCE")]
@@ -135,15 +150,16 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_RANKS_PER_STREAM", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_ranks_per_stream: u64,
 
-    /// Blocks one stream may buffer in an unfinished resync (a subscriber
-    /// holds at most 4 M per rank by default).
-    #[arg(long, env = "IC_MAX_STREAM_RESYNC_BLOCKS", default_value_t = 1 << 24, value_parser = clap::value_parser!(u64).range(1..))]
-    pub max_stream_resync_blocks: u64,
+    /// Bytes one stream may buffer in an unfinished resync, as the memory
+    /// its events really take (a removal or clear about as much as a stored
+    /// block: ~100 bytes per one-block event, 8 per block beyond).
+    #[arg(long, env = "IC_MAX_STREAM_RESYNC_BYTES", default_value_t = ic_index::ingest::DEFAULT_MAX_STREAM_RESYNC_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_stream_resync_bytes: u64,
 
-    /// Blocks all streams together may buffer in unfinished resyncs (8 bytes
-    /// each, plus overhead).
-    #[arg(long, env = "IC_RESYNC_BUDGET_BLOCKS", default_value_t = 1 << 25, value_parser = clap::value_parser!(u64).range(1..))]
-    pub resync_budget_blocks: u64,
+    /// Bytes all streams together may buffer in unfinished resyncs (sized
+    /// from the chart's 1 GiB memory limit: docs/reliability.md).
+    #[arg(long, env = "IC_RESYNC_BUDGET_BYTES", default_value_t = ic_index::ingest::DEFAULT_RESYNC_BUDGET_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub resync_budget_bytes: u64,
 
     /// The endpoint picker (Envoy ext_proc).
     #[command(flatten)]
@@ -237,8 +253,8 @@ fn ingest_control(config: &Config) -> streams::IngestControl {
     streams::IngestControl::new(
         ic_index::ingest::IngestLimits {
             max_ranks: usize_of(config.max_ranks_per_stream),
-            max_stream_resync_blocks: config.max_stream_resync_blocks,
-            budget: ic_index::ingest::ResyncBudget::new(config.resync_budget_blocks),
+            max_stream_resync_bytes: config.max_stream_resync_bytes,
+            budget: ic_index::ingest::ResyncBudget::new(config.resync_budget_bytes),
         },
         usize_of(config.max_ingest_streams),
         usize_of(config.max_ingest_streams_per_client),
@@ -247,7 +263,7 @@ fn ingest_control(config: &Config) -> streams::IngestControl {
 }
 
 /// Who may call the gRPC API and `/snapshot`, from the flags.
-async fn api_access(config: &Config) -> anyhow::Result<access::ApiAccess> {
+async fn api_access(config: &Config, metrics: &Metrics) -> anyhow::Result<access::ApiAccess> {
     match (&config.api_audience, &config.api_static_token) {
         (Some(_), Some(_)) => anyhow::bail!(
             "--api-audience and --api-static-token are exclusive: use the audience in a \
@@ -263,7 +279,7 @@ async fn api_access(config: &Config) -> anyhow::Result<access::ApiAccess> {
             )?;
             Ok(access::ApiAccess::Kubernetes(Box::new(
                 access::KubeAccess::new(
-                    TokenReviewer::new(client, audience.clone()),
+                    reviewer(config, metrics, client, audience),
                     config.api_admins.clone(),
                 ),
             )))
@@ -282,21 +298,48 @@ async fn api_access(config: &Config) -> anyhow::Result<access::ApiAccess> {
 }
 
 /// How `/probe` authenticates, from the flags.
-async fn probe_auth(config: &Config) -> anyhow::Result<ProbeAuth> {
+/// A TokenReviewer for `audience` with the refusal cache the flags ask for.
+fn reviewer(
+    config: &Config,
+    metrics: &Metrics,
+    client: kube::Client,
+    audience: &str,
+) -> TokenReviewer {
+    TokenReviewer::new(client, audience.to_owned()).with_refusal_cache(
+        Duration::from_secs(config.token_refusal_cache_seconds),
+        metrics.token_refusals_cached.clone(),
+    )
+}
+
+async fn probe_auth(config: &Config, metrics: &Metrics) -> anyhow::Result<ProbeAuth> {
     match (&config.probe_audience, &config.probe_static_token) {
         (Some(_), Some(_)) => anyhow::bail!(
             "--probe-audience and --probe-static-token are exclusive: use the audience in a \
              cluster, the static token locally"
         ),
         (Some(audience), None) => {
+            if audience.trim().is_empty() {
+                anyhow::bail!("--probe-audience: must not be empty");
+            }
+            if config
+                .probe_allowed_identities
+                .iter()
+                .all(|i| i.trim().is_empty())
+            {
+                anyhow::bail!(
+                    "--probe-allowed-identity: required with --probe-audience (the controller's \
+                     service account, system:serviceaccount:<namespace>:<name>); the audience \
+                     alone admits every pod whose token carries it"
+                );
+            }
             let client = kube::Client::try_default().await.context(
                 "--probe-audience needs Kubernetes API credentials (in-cluster service account \
                  or KUBECONFIG) to run TokenReviews",
             )?;
-            Ok(ProbeAuth::TokenReview(TokenReviewer::new(
-                client,
-                audience.clone(),
-            )))
+            Ok(ProbeAuth::TokenReview {
+                reviewer: reviewer(config, metrics, client, audience),
+                allowed: config.probe_allowed_identities.clone(),
+            })
         }
         (None, Some(token)) if token.is_empty() => {
             anyhow::bail!("--probe-static-token: must not be empty")
@@ -397,16 +440,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;
     let kafka_settings = config.kafka.settings()?;
-    let auth = probe_auth(&config).await?;
-    let access = Arc::new(api_access(&config).await?);
+    let registry = MetricsRegistry::new("inferencecache", BINARY);
+    let metrics = Metrics::register(&registry);
+    let auth = probe_auth(&config, &metrics).await?;
+    let access = Arc::new(api_access(&config, &metrics).await?);
     if matches!(*access, access::ApiAccess::Open) {
         tracing::warn!(
             "the gRPC API and /snapshot are open to anonymous callers (local mode): set \
              --api-audience in a cluster"
         );
     }
-    let registry = MetricsRegistry::new("inferencecache", BINARY);
-    let metrics = Metrics::register(&registry);
     metrics
         .capacity_entries
         .set(i64::try_from(config.capacity_entries).unwrap_or(i64::MAX));

@@ -75,7 +75,7 @@ pub struct Metrics {
     pub access_refusals: Family<AccessLabels, Counter>,
     /// Ingest streams ended or refused by a bound, by which (`streams`,
     /// `streams_per_client`, `idle`, `ranks_per_stream`,
-    /// `stream_resync_blocks`, `resync_budget_blocks`).
+    /// `stream_resync_bytes`, `resync_budget_bytes`).
     pub ingest_refused: Family<ReasonLabel, Counter>,
     /// Completed resyncs.
     pub resyncs: Counter,
@@ -90,6 +90,8 @@ pub struct Metrics {
     pub probe_stages: Family<StageLabels, Counter>,
     /// Probe requests refused (authentication or bad request), by reason.
     pub probe_refusals: Family<ReasonLabel, Counter>,
+    /// Bearer tokens refused from the refusal cache, without a TokenReview.
+    pub token_refusals_cached: Counter,
     /// Replicas forgotten because they fell silent.
     pub stale_replicas_removed: Counter,
     /// Speculative (block, replica) entries held.
@@ -146,6 +148,7 @@ impl Metrics {
             capacity_entries: Gauge::default(),
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
+            token_refusals_cached: Counter::default(),
             stale_replicas_removed: Counter::default(),
             speculative_entries: Gauge::default(),
             speculative_dropped: Counter::default(),
@@ -222,6 +225,11 @@ impl Metrics {
                 "probe_refusals",
                 "Probe requests refused, by reason",
                 m.probe_refusals.clone(),
+            );
+            r.register(
+                "token_refusals_cached",
+                "Bearer tokens refused again within --token-refusal-cache-seconds without asking the API server",
+                m.token_refusals_cached.clone(),
             );
             r.register(
                 "stale_replicas_removed",

@@ -33,6 +33,10 @@ fn token(fake: &FakeApi, token: &str, username: &str, pod: Option<&str>, audienc
 }
 
 async fn world() -> World {
+    world_with(&[]).await
+}
+
+async fn world_with(extra: &[&str]) -> World {
     let fake = FakeApi::new();
     // The subscriber in engine pod team-a/vllm-0 (a projected, pod-bound
     // token); a token of the same service account without a pod; a
@@ -42,6 +46,14 @@ async fn world() -> World {
         "sub-a",
         "system:serviceaccount:team-a:default",
         Some("vllm-0"),
+        AUDIENCE,
+    );
+    // A second engine pod of the same service account.
+    token(
+        &fake,
+        "sub-a1",
+        "system:serviceaccount:team-a:default",
+        Some("vllm-1"),
         AUDIENCE,
     );
     token(
@@ -86,18 +98,20 @@ async fn world() -> World {
     let kubeconfig =
         ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "index-server", "ic-system")
             .unwrap();
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--api-audience",
+        AUDIENCE,
+        "--api-admin",
+        CONTROLLER,
+    ];
+    args.extend_from_slice(extra);
     let mut process = ServiceProcess::start_with_env(
         std::path::Path::new(env!("CARGO_BIN_EXE_ic-index-server")),
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            "127.0.0.1:0",
-            "--api-audience",
-            AUDIENCE,
-            "--api-admin",
-            CONTROLLER,
-        ],
+        &args,
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     let grpc = format!("http://{}", process.addr("grpc"));
@@ -363,4 +377,60 @@ async fn only_the_controller_sets_policies_and_snapshot_readers_need_cluster_wid
         .await
         .unwrap();
     assert_eq!(healthz.status().as_u16(), 200);
+}
+
+/// An ingest stream held open with `token`: the call's outcome arrives on
+/// the task once the server answers (at once when it refuses the stream).
+async fn hold_stream(
+    w: &World,
+    token: &str,
+) -> (
+    tokio::sync::mpsc::Sender<pb::IngestBatch>,
+    tokio::task::JoinHandle<Result<(), tonic::Status>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut client = w.client().await;
+    let request = with_token(tokio_stream::wrappers::ReceiverStream::new(rx), Some(token));
+    let call = tokio::spawn(async move { client.ingest_events(request).await.map(|_| ()) });
+    (tx, call)
+}
+
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The per-client stream cap counts pods, not service accounts: two engine
+/// pods sharing one account each get their own share, and one pod cannot
+/// take its neighbour's.
+#[tokio::test]
+async fn the_stream_cap_is_per_pod_not_per_service_account() {
+    let w = world_with(&["--max-ingest-streams-per-client", "1"]).await;
+    let (_a, a_call) = hold_stream(&w, "sub-a").await;
+    let (_b, b_call) = hold_stream(&w, "sub-a1").await;
+    // Both admitted: two streams open, neither call answered.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let m = w.metrics().await;
+        if gauge(&m, "inferencecache_index_ingest_streams") == 2.0 {
+            break;
+        }
+        assert!(
+            !b_call.is_finished() && !a_call.is_finished(),
+            "a pod's stream was refused (the cap counted the service account)"
+        );
+        assert!(std::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // vllm-0's second stream is over its own share.
+    let (_a2, a2_call) = hold_stream(&w, "sub-a").await;
+    let (code, message) = code(a2_call.await.unwrap());
+    assert_eq!(code, Code::ResourceExhausted, "{message}");
+    assert!(
+        message.contains("--max-ingest-streams-per-client"),
+        "{message}"
+    );
+    assert!(!a_call.is_finished() && !b_call.is_finished());
 }

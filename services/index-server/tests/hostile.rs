@@ -90,8 +90,9 @@ async fn prefix_count(admin: SocketAddr, replica: &str) -> Option<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resync_that_never_ends_is_cut_at_its_bound_and_keeps_what_was_accepted() {
     let (_p, grpc, admin) = start(&[
-        "--max-stream-resync-blocks=1000",
-        "--resync-budget-blocks=1500",
+        // A 100-block event is charged 896 bytes, a 900-block one 7,296.
+        "--max-stream-resync-bytes=10000",
+        "--resync-budget-bytes=12000",
     ]);
     ic_e2e::ingest::ingest(
         &grpc,
@@ -120,8 +121,11 @@ async fn a_resync_that_never_ends_is_cut_at_its_bound_and_keeps_what_was_accepte
     }
     let status = call.await.unwrap().unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().contains("1000 blocks"), "{status:?}");
-    assert_eq!(refused(admin, "stream_resync_blocks").await, 1.0);
+    assert!(
+        status.message().contains("--max-stream-resync-bytes"),
+        "{status:?}"
+    );
+    assert_eq!(refused(admin, "stream_resync_bytes").await, 1.0);
     // Nothing of the unfinished resync was applied; the good replica is
     // intact and the server still takes new streams.
     assert_eq!(prefix_count(admin, "hostile").await, None);
@@ -163,7 +167,7 @@ async fn a_resync_that_never_ends_is_cut_at_its_bound_and_keeps_what_was_accepte
     let status = call_b.await.unwrap().unwrap_err();
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("resync buffer"), "{status:?}");
-    assert_eq!(refused(admin, "resync_budget_blocks").await, 1.0);
+    assert_eq!(refused(admin, "resync_budget_bytes").await, 1.0);
     drop(tx_a);
     // The first stream ends without finishing its resync: nothing applied.
     call_a.await.unwrap().unwrap();
@@ -209,4 +213,105 @@ async fn idle_streams_time_out_and_streams_are_capped_per_client() {
     )
     .await;
     assert_eq!(prefix_count(admin, "good").await, Some(1));
+}
+
+/// Resident set size of process `pid`, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status");
+    kb * 1024
+}
+
+/// The worst-shaped resync: two streams each open a resync and never end
+/// it, sending only one-block removals and clears (no fingerprint for the
+/// index, and yet each costs a buffered change). With the default bounds
+/// each stream is cut at `--max-stream-resync-bytes` and the server's RSS
+/// grows by less than `--resync-budget-bytes`; counted in blocks, the same
+/// flood passed 1 GiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_endless_resyncs_of_removals_stay_within_the_byte_budget() {
+    const EVENTS_PER_BATCH: u64 = 4096;
+    // Each stream may send up to 3 M events (far past its share).
+    const MAX_BATCHES: u64 = 3_000_000 / EVENTS_PER_BATCH;
+    let (p, grpc, admin) = start(&[]);
+    let pid = p.pid();
+    let base = rss_bytes(pid);
+    let removals = |seq: u64| -> Vec<pb::IndexEvent> {
+        (0..EVENTS_PER_BATCH)
+            .map(|i| {
+                let kind = if i % 2 == 0 {
+                    pb::index_event::Kind::Evicted(pb::BlocksEvicted {
+                        fingerprints: vec![seq * EVENTS_PER_BATCH + i],
+                        at_unix_ms: 0,
+                    })
+                } else {
+                    pb::index_event::Kind::Cleared(pb::ReplicaCleared {
+                        tier: pb::Tier::T1 as i32,
+                        at_unix_ms: 0,
+                    })
+                };
+                pb::IndexEvent { kind: Some(kind) }
+            })
+            .collect()
+    };
+    let mut streams = Vec::new();
+    for id in ["flood-a", "flood-b"] {
+        let (tx, call) = open_stream(&grpc).await;
+        let replica = Replica {
+            replica_id: id,
+            ..GOOD
+        };
+        let mut first = resync(&replica, removals(0));
+        first.resync_end = false;
+        tx.send(first.clone()).await.unwrap();
+        streams.push((Some(tx), call, first));
+    }
+    let mut peak = base;
+    for seq in 1..MAX_BATCHES {
+        for (tx, call, first) in &mut streams {
+            let Some(sender) = tx else { continue };
+            let mut next = first.clone();
+            next.seq = first.seq + seq;
+            next.resync_begin = false;
+            next.events = removals(seq);
+            if call.is_finished() || sender.send(next).await.is_err() {
+                *tx = None;
+            }
+        }
+        if seq % 16 == 0 {
+            peak = peak.max(rss_bytes(pid));
+        }
+        if streams.iter().all(|(tx, ..)| tx.is_none()) {
+            break;
+        }
+    }
+    peak = peak.max(rss_bytes(pid));
+    for (tx, call, _) in streams {
+        drop(tx);
+        let status = call.await.unwrap().unwrap_err();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert!(
+            status.message().contains("--max-stream-resync-bytes"),
+            "{status:?}"
+        );
+    }
+    let budget = ic_index::ingest::DEFAULT_RESYNC_BUDGET_BYTES;
+    eprintln!(
+        "resync flood: RSS {} MiB -> peak {} MiB (budget {} MiB)",
+        base >> 20,
+        peak >> 20,
+        budget >> 20
+    );
+    assert!(
+        peak - base < budget,
+        "RSS grew {} MiB, past the {} MiB resync budget",
+        (peak - base) >> 20,
+        budget >> 20
+    );
+    assert_eq!(refused(admin, "stream_resync_bytes").await, 2.0);
+    assert_eq!(prefix_count(admin, "flood-a").await, None);
 }

@@ -207,6 +207,21 @@ fn invalid_requests_name_the_field() {
     let (code, message) = code_and_message(request(Key::PromptText("hello".into())));
     assert_eq!(code, tonic::Code::FailedPrecondition);
     assert!(message.contains("--tokenizer m="), "{message}");
+    // Fingerprints carry the adapter: naming one in the scope as well is
+    // refused, not silently dropped; with token ids it is the key's part.
+    for key in [
+        Key::PrefixHash(7),
+        Key::BlockHashes(pb::BlockHashes { hashes: vec![7] }),
+    ] {
+        let mut with_adapter = request(key);
+        with_adapter.scope.as_mut().unwrap().adapter = "sql-lora".into();
+        let (code, message) = code_and_message(with_adapter);
+        assert_eq!(code, tonic::Code::InvalidArgument);
+        assert!(message.starts_with("scope.adapter:"), "{message}");
+    }
+    let mut tokens_with_adapter = request(tokens());
+    tokens_with_adapter.scope.as_mut().unwrap().adapter = "sql-lora".into();
+    assert!(s.lookup(&tokens_with_adapter).is_ok());
     for tenant in ["Team-A", "a_b", "~probe", "-a"] {
         let mut bad_tenant = request(tokens());
         bad_tenant.scope.as_mut().unwrap().tenant = tenant.into();

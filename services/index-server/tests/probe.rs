@@ -261,6 +261,16 @@ async fn token_review_authenticates_against_the_audience() {
             ..Default::default()
         },
     );
+    // A subscriber's pod-bound token carries the same audience (the chart
+    // gives both one): a valid token, but not the controller's.
+    fake.add_token(
+        "engine-token",
+        ic_fake_apiserver::TokenIdentity::new(
+            "system:serviceaccount:team-a:default",
+            "inferencecache",
+            Some("vllm-0"),
+        ),
+    );
     fake.add_token(
         "other-audience-token",
         ic_fake_apiserver::TokenIdentity {
@@ -273,7 +283,12 @@ async fn token_review_authenticates_against_the_audience() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = write_kubeconfig(dir.path(), served.addr);
     let (mut p, addr) = start(
-        &["--probe-audience", "inferencecache"],
+        &[
+            "--probe-audience",
+            "inferencecache",
+            "--probe-allowed-identity",
+            "system:serviceaccount:ic-system:ic-controller",
+        ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
 
@@ -285,6 +300,15 @@ async fn token_review_authenticates_against_the_audience() {
         post_probe(addr, Some("controller-token"), GOOD).await.0,
         200
     );
+    let (status, body, _) = post_probe(addr, Some("engine-token"), GOOD).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("--probe-allowed-identity"),
+        "{body}"
+    );
     let (status, body, _) = post_probe(addr, Some("stolen"), GOOD).await;
     assert_eq!(status, 401, "{body}");
     assert!(
@@ -293,6 +317,15 @@ async fn token_review_authenticates_against_the_audience() {
             .unwrap()
             .contains("invalid bearer token"),
         "{body}"
+    );
+    // A refused token is refused again without another TokenReview.
+    for _ in 0..3 {
+        assert_eq!(post_probe(addr, Some("stolen"), GOOD).await.0, 401);
+    }
+    let metrics = ic_e2e::http_get(addr, "/metrics").1;
+    assert!(
+        metrics.contains("inferencecache_index_token_refusals_cached_total 3"),
+        "{metrics}"
     );
     let (status, body, _) = post_probe(addr, Some("other-audience-token"), GOOD).await;
     assert_eq!(status, 401, "{body}");
@@ -329,6 +362,7 @@ async fn token_review_authenticates_against_the_audience() {
                 "controller-token".to_owned(),
                 vec!["inferencecache".to_owned()]
             ),
+            ("engine-token".to_owned(), vec!["inferencecache".to_owned()]),
             ("stolen".to_owned(), vec!["inferencecache".to_owned()]),
             (
                 "other-audience-token".to_owned(),
@@ -347,14 +381,45 @@ async fn unreachable_api_server_is_a_503_not_a_pass() {
     let dead = ic_e2e::free_port();
     let kubeconfig = write_kubeconfig(dir.path(), format!("127.0.0.1:{dead}").parse().unwrap());
     let (mut p, addr) = start(
-        &["--probe-audience", "inferencecache"],
+        &[
+            "--probe-audience",
+            "inferencecache",
+            "--probe-allowed-identity",
+            "system:serviceaccount:ic-system:ic-controller",
+        ],
         &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
     );
     let (status, body, _) = post_probe(addr, Some("controller-token"), GOOD).await;
     assert_eq!(status, 503, "{body}");
+    // The API server's absence is not a verdict: nothing is cached.
+    assert_eq!(
+        post_probe(addr, Some("controller-token"), GOOD).await.0,
+        503
+    );
     assert!(
         body["error"].as_str().unwrap().contains("cannot verify"),
         "{body}"
     );
     assert!(p.stop().success());
+}
+
+/// The audience alone admits every pod whose token carries it: without the
+/// identity allowed to probe, the server refuses to start, naming the flag.
+#[test]
+fn a_probe_audience_without_an_allowed_identity_refuses_to_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ic-index-server"))
+        .args([
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--probe-audience",
+            "inferencecache",
+        ])
+        .env("KUBECONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--probe-allowed-identity"), "{stderr}");
 }
