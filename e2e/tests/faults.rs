@@ -356,3 +356,77 @@ async fn a_flood_far_above_capacity_stays_within_the_memory_budget_and_lookups_a
     );
     assert!(server.stop().success());
 }
+
+/// Writes a request line, then one header byte every 2 s (never idle for
+/// the idle timer), until the server closes the connection; the bytes
+/// trickled before the close, or `None` if it never closed within 30.
+fn trickle_headers(addr: SocketAddr) -> Option<usize> {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    for sent in 0..30 {
+        if conn.write_all(b"X").is_err() {
+            return Some(sent);
+        }
+        match conn.read(&mut buf) {
+            // Closed (possibly after a 408): cut.
+            Ok(_) => return Some(sent + 1),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(sent + 1),
+        }
+    }
+    None
+}
+
+/// A client trickling one header byte every 2 s keeps a connection alive
+/// past any idle timer; the header-read deadline
+/// (`--header-read-timeout-seconds`) cuts it, on the index server's HTTP
+/// port and on the coordinator, and counts it.
+#[test]
+fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
+    let mut index = index_server(0, &["--header-read-timeout-seconds", "3"]);
+    let http = index.admin_addr();
+    let mut coordinator = ServiceProcess::start(
+        &workspace_binary("ic-coordinator"),
+        &[
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--header-read-timeout-seconds",
+            "3",
+        ],
+    );
+    let coordinator_http = coordinator.admin_addr();
+    for (name, addr, counter) in [
+        (
+            "index server",
+            http,
+            "inferencecache_index_header_read_timeouts_total",
+        ),
+        (
+            "coordinator",
+            coordinator_http,
+            "lmcache_coordinator_header_read_timeouts_total",
+        ),
+    ] {
+        let sent = trickle_headers(addr);
+        assert!(sent.is_some(), "the {name} never cut a trickling client");
+        figure(
+            &format!("{name} header deadline 3 s, one byte per 2 s"),
+            format!("cut after {} bytes", sent.unwrap_or(0)),
+        );
+        assert_eq!(metric(addr, counter), 1.0, "{name}");
+        // An ordinary request on a fresh connection is served.
+        assert_eq!(http_get(addr, "/metrics").0, 200, "{name}");
+    }
+    assert!(index.stop().success());
+    assert!(coordinator.stop().success());
+}
