@@ -93,8 +93,9 @@ pub struct Config {
     pub probe_static_token: Option<String>,
 
     /// Identities (TokenReview usernames) that may call /probe with
-    /// --probe-audience: the controller's service account (repeatable;
-    /// required with --probe-audience, which other pods' tokens may carry).
+    /// --probe-audience: the controller's service account (repeatable).
+    /// The --api-admin identities may too; with neither, --probe-audience
+    /// is refused (other pods' tokens may carry the audience).
     #[arg(
         long = "probe-allowed-identity",
         env = "IC_PROBE_ALLOWED_IDENTITIES",
@@ -321,15 +322,19 @@ async fn probe_auth(config: &Config, metrics: &Metrics) -> anyhow::Result<ProbeA
             if audience.trim().is_empty() {
                 anyhow::bail!("--probe-audience: must not be empty");
             }
-            if config
+            let allowed: Vec<String> = config
                 .probe_allowed_identities
                 .iter()
-                .all(|i| i.trim().is_empty())
-            {
+                .chain(&config.api_admins)
+                .filter(|i| !i.trim().is_empty())
+                .cloned()
+                .collect();
+            if allowed.is_empty() {
                 anyhow::bail!(
                     "--probe-allowed-identity: required with --probe-audience (the controller's \
-                     service account, system:serviceaccount:<namespace>:<name>); the audience \
-                     alone admits every pod whose token carries it"
+                     service account, system:serviceaccount:<namespace>:<name>; --api-admin \
+                     identities count too); the audience alone admits every pod whose token \
+                     carries it"
                 );
             }
             let client = kube::Client::try_default().await.context(
@@ -338,7 +343,7 @@ async fn probe_auth(config: &Config, metrics: &Metrics) -> anyhow::Result<ProbeA
             )?;
             Ok(ProbeAuth::TokenReview {
                 reviewer: reviewer(config, metrics, client, audience),
-                allowed: config.probe_allowed_identities.clone(),
+                allowed,
             })
         }
         (None, Some(token)) if token.is_empty() => {

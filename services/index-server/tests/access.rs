@@ -107,6 +107,9 @@ async fn world_with(extra: &[&str]) -> World {
         AUDIENCE,
         "--api-admin",
         CONTROLLER,
+        // No --probe-allowed-identity: the --api-admin may probe.
+        "--probe-audience",
+        AUDIENCE,
     ];
     args.extend_from_slice(extra);
     let mut process = ServiceProcess::start_with_env(
@@ -433,4 +436,30 @@ async fn the_stream_cap_is_per_pod_not_per_service_account() {
         "{message}"
     );
     assert!(!a_call.is_finished() && !b_call.is_finished());
+}
+
+/// `/probe` takes the audience's tokens only from the identities allowed
+/// to probe (here the `--api-admin`, the chart's controller): an engine
+/// pod's subscriber token carries the same audience and gets 403.
+#[tokio::test]
+async fn only_the_controller_may_probe_though_subscribers_share_its_audience() {
+    let w = world().await;
+    let probe = |token: &'static str| {
+        let admin = w.admin;
+        async move {
+            reqwest::Client::new()
+                .post(format!("http://{admin}/probe"))
+                .bearer_auth(token)
+                .header("content-type", "application/json")
+                .body(r#"{"namespace": "team-a", "backend": "cache"}"#)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(probe("controller").await, 200);
+    assert_eq!(probe("sub-a").await, 403);
+    assert_eq!(probe("gateway").await, 403);
 }
