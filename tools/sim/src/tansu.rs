@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// How to get the broker, for every message about a missing or failed one.
 pub const INSTALL: &str = "install tansu 0.6.0 with `./dev.sh test` (it installs it into \
-     ~/.cache/inferencecache/tools), or `cargo install tansu --version 0.6.0 --features dynostore \
+     ~/.cache/inferencecache/tools), or `cargo install tansu --version 0.6.0 --features dynostore,libsql \
      --locked --debug --root ~/.cache/inferencecache/tools`, or point IC_TANSU_BIN at a tansu binary";
 
 /// The tansu binary: `IC_TANSU_BIN`, the dev.sh tool cache, then PATH.
