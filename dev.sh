@@ -59,14 +59,27 @@ ensure_kafka_build_deps() {
   sudo_apt cmake libcurl4-openssl-dev
 }
 
+tansu_installed_with() {
+  # cargo install records each install's version and features here.
+  python3 - "$TOOLS_CACHE/.crates2.json" "$TANSU_VERSION" "$1" <<'PY' 2>/dev/null
+import json, sys
+path, version, feature = sys.argv[1:4]
+installs = json.load(open(path))["installs"]
+sys.exit(0 if any(k.startswith(f"tansu {version} ") and feature in v["features"]
+                  for k, v in installs.items()) else 1)
+PY
+}
+
 ensure_tansu() {
   # A Kafka-protocol broker for the coordinator's Kafka transport tests. Debug
   # build, once per machine: ~5 min on 2 idle cores (22 min measured on a
   # busy shared machine); a release build takes more than twice as long.
+  # `libsql` gives it a log on disk (sqlite://), so a test can restart the
+  # broker with its topics as a Kafka broker restarts.
   local bin="$TOOLS_CACHE/bin/tansu"
-  if ! [ -x "$bin" ] || ! grep -qs "^\"tansu $TANSU_VERSION " "$TOOLS_CACHE/.crates.toml"; then
+  if ! [ -x "$bin" ] || ! tansu_installed_with libsql; then
     log "installing tansu $TANSU_VERSION into $TOOLS_CACHE (Kafka broker for tests; one-time, 5-20 min)"
-    nice -n 10 cargo install tansu --version "$TANSU_VERSION" --features dynostore --locked --debug \
+    nice -n 10 cargo install tansu --version "$TANSU_VERSION" --features dynostore,libsql --locked --debug \
       --root "$TOOLS_CACHE"
   fi
   [ -x "$bin" ] || { echo "could not install tansu $TANSU_VERSION" >&2; exit 1; }
