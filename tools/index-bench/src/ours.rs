@@ -52,33 +52,34 @@ impl Ours {
 
     /// The stream's events in ic-index's form (None for queries).
     pub fn events(stream: &Stream) -> Vec<Option<Event>> {
-        stream
-            .items
-            .iter()
-            .map(|item| match item {
-                Item::Stored {
-                    worker,
-                    start_depth,
-                    blocks,
-                    ..
-                } => Some((
-                    *worker,
-                    vec![Change::Stored {
-                        start_depth: *start_depth,
-                        fingerprints: blocks.iter().map(|b| Fingerprint(b.chained)).collect(),
-                        block_size: BLOCK_SIZE,
-                        tier: Tier::T1,
-                    }],
-                )),
-                Item::Removed { worker, chained } => Some((
-                    *worker,
-                    vec![Change::Evicted {
-                        fingerprints: chained.iter().map(|&c| Fingerprint(c)).collect(),
-                    }],
-                )),
-                Item::Query { .. } => None,
-            })
-            .collect()
+        stream.items.iter().map(Self::event).collect()
+    }
+
+    /// One item in ic-index's form (None for a query).
+    pub fn event(item: &Item) -> Option<Event> {
+        match item {
+            Item::Stored {
+                worker,
+                start_depth,
+                blocks,
+                ..
+            } => Some((
+                *worker,
+                vec![Change::Stored {
+                    start_depth: *start_depth,
+                    fingerprints: blocks.iter().map(|b| Fingerprint(b.chained)).collect(),
+                    block_size: BLOCK_SIZE,
+                    tier: Tier::T1,
+                }],
+            )),
+            Item::Removed { worker, chained } => Some((
+                *worker,
+                vec![Change::Evicted {
+                    fingerprints: chained.iter().map(|&c| Fingerprint(c)).collect(),
+                }],
+            )),
+            Item::Query { .. } => None,
+        }
     }
 
     /// The prompts as ic-index takes them.

@@ -118,7 +118,6 @@ fn rate(events: u64, ns: u128) -> f64 {
 }
 
 fn run_ours(stream: &Stream, rep: u32) -> Figures {
-    let events = Ours::events(stream);
     let prompts = Ours::prompts(stream);
     let mut query_ns = Vec::with_capacity(stream.items.len());
     let mut final_ns = Vec::with_capacity(stream.finals.len());
@@ -128,10 +127,13 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
     alloc::trim();
     let (rss0, live0) = (alloc::rss(), alloc::live());
     let index = Ours::new(stream.workers, capacity);
-    for (i, (item, event)) in stream.items.iter().zip(&events).enumerate() {
-        if let Some(event) = event {
+    // Each event is converted (untimed) right before it is applied, for
+    // both sides: Dynamo consumes its events, and a prebuilt set being
+    // freed as it is applied would hide the tree's growth in RSS.
+    for (i, item) in stream.items.iter().enumerate() {
+        if let Some(event) = Ours::event(item) {
             let t = Instant::now();
-            let rejected = index.apply(event, i as i64);
+            let rejected = index.apply(&event, i as i64);
             apply_ns += t.elapsed().as_nanos();
             errors += rejected as u64;
         } else if let Item::Query { prompt, expected } = item {
@@ -155,6 +157,7 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
     debug_assert!(live0 <= live1);
     alloc::trim();
 
+    let events = Ours::events(stream);
     let index = Ours::new(stream.workers, capacity);
     let t = Instant::now();
     for (i, event) in events.iter().enumerate() {
@@ -183,7 +186,6 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
 }
 
 fn run_theirs(stream: &Stream, rep: u32) -> Figures {
-    let events = theirs::events(stream);
     let prompts = theirs::prompts(stream);
     let mut query_ns = Vec::with_capacity(stream.items.len());
     let mut final_ns = Vec::with_capacity(stream.finals.len());
@@ -192,8 +194,8 @@ fn run_theirs(stream: &Stream, rep: u32) -> Figures {
     alloc::trim();
     let rss0 = alloc::rss();
     let mut tree = theirs::tree();
-    for (item, event) in stream.items.iter().zip(events) {
-        if let Some(event) = event {
+    for (i, item) in stream.items.iter().enumerate() {
+        if let Some(event) = theirs::event(i, item) {
             let t = Instant::now();
             let result = tree.apply_event(event);
             apply_ns += t.elapsed().as_nanos();
@@ -283,51 +285,40 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A table row: its name and how to read it from one side's figures.
+type Row<'a> = (&'a str, &'a dyn Fn(&Figures) -> f64);
+
 impl Report {
     /// Medians over the repetitions, ours against Dynamo's.
     pub fn table(&self) -> String {
         let of = |side: Side, f: &dyn Fn(&Figures) -> f64| {
             median(self.runs.iter().filter(|r| r.side == side).map(f).collect())
         };
-        let rows: [(&str, &dyn Fn(&Figures) -> f64, bool); 10] = [
-            (
-                "apply, interleaved (M block events/s)",
-                &|f| f.apply_interleaved / 1e6,
-                true,
-            ),
-            (
-                "apply, back to back (M block events/s)",
-                &|f| f.apply_back_to_back / 1e6,
-                true,
-            ),
-            ("query p50 (µs)", &|f| f.query.p50 as f64 / 1e3, false),
-            ("query p99 (µs)", &|f| f.query.p99 as f64 / 1e3, false),
-            ("query p99.9 (µs)", &|f| f.query.p999 as f64 / 1e3, false),
-            (
-                "final lookup p50 (µs)",
-                &|f| f.final_lookup.p50 as f64 / 1e3,
-                false,
-            ),
-            (
-                "final lookup p99 (µs)",
-                &|f| f.final_lookup.p99 as f64 / 1e3,
-                false,
-            ),
-            (
-                "final lookup p99.9 (µs)",
-                &|f| f.final_lookup.p999 as f64 / 1e3,
-                false,
-            ),
-            (
-                "heap bytes per resident pair",
-                &|f| f.heap_bytes as f64 / f.resident_pairs.max(1) as f64,
-                false,
-            ),
-            (
-                "RSS bytes per resident pair",
-                &|f| f.rss_bytes as f64 / f.resident_pairs.max(1) as f64,
-                false,
-            ),
+        let rows: [Row<'_>; 10] = [
+            ("apply, interleaved (M block events/s)", &|f| {
+                f.apply_interleaved / 1e6
+            }),
+            ("apply, back to back (M block events/s)", &|f| {
+                f.apply_back_to_back / 1e6
+            }),
+            ("query p50 (µs)", &|f| f.query.p50 as f64 / 1e3),
+            ("query p99 (µs)", &|f| f.query.p99 as f64 / 1e3),
+            ("query p99.9 (µs)", &|f| f.query.p999 as f64 / 1e3),
+            ("final lookup p50 (µs)", &|f| {
+                f.final_lookup.p50 as f64 / 1e3
+            }),
+            ("final lookup p99 (µs)", &|f| {
+                f.final_lookup.p99 as f64 / 1e3
+            }),
+            ("final lookup p99.9 (µs)", &|f| {
+                f.final_lookup.p999 as f64 / 1e3
+            }),
+            ("heap bytes per resident pair", &|f| {
+                f.heap_bytes as f64 / f.resident_pairs.max(1) as f64
+            }),
+            ("RSS bytes per resident pair", &|f| {
+                f.rss_bytes as f64 / f.resident_pairs.max(1) as f64
+            }),
         ];
         let mut out = format!(
             "{} workers × {} blocks, {} trace copies, {} block events, {} queries, {} resident pairs; medians of {} repetition(s)\n\n| | ic-index | dynamo-kv-router 1.6.1 | ours / theirs |\n|---|---|---|---|\n",
@@ -343,7 +334,7 @@ impl Report {
                 .count()
                 .max(self.runs.iter().filter(|r| r.side == Side::Theirs).count()),
         );
-        for (name, f, _) in rows {
+        for (name, f) in rows {
             let (a, b) = (of(Side::Ours, f), of(Side::Theirs, f));
             out += &format!("| {name} | {a:.3} | {b:.3} | {:.2} |\n", a / b);
         }

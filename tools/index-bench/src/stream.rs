@@ -328,27 +328,23 @@ mod tests {
     use super::*;
 
     fn trace() -> Vec<Request> {
-        vec![
-            Request {
-                hash_ids: vec![1, 2, 3, 4],
-            },
-            Request {
-                hash_ids: vec![1, 2, 5],
-            },
-            Request {
-                hash_ids: vec![1, 2, 3, 6, 7],
-            },
-            Request {
-                hash_ids: vec![9, 10],
-            },
+        [
+            vec![1, 2, 3, 4],
+            vec![1, 2, 5],
+            vec![1, 2, 3, 6],
+            vec![9, 10, 11, 12],
+            vec![1, 2, 3, 4],
         ]
+        .into_iter()
+        .map(|hash_ids| Request { hash_ids })
+        .collect()
     }
 
     #[test]
     fn expected_overlaps_follow_the_simulation() {
         let shape = Shape {
             workers: 1,
-            capacity: 6,
+            capacity: 8,
             copies: 1,
             finals: 10,
         };
@@ -361,15 +357,31 @@ mod tests {
                 _ => None,
             })
             .collect();
-        // Nothing held; then [1,2] of the first; then [1,2,3] (5 was
-        // stored after 3 and 4, and 4 went first to make room); then none.
-        assert_eq!(queries[0], &Vec::<(u32, u32)>::new());
-        assert_eq!(queries[1], &vec![(0, 2)]);
-        assert_eq!(queries[2], &vec![(0, 3)]);
-        assert_eq!(queries[3], &Vec::<(u32, u32)>::new());
-        assert!(s.resident <= 6);
+        let none = Vec::<(u32, u32)>::new();
+        // Nothing held; [1,2] of the first; [1,2,3]; nothing for a new
+        // prefix, whose four blocks evict the two least recently used (4,
+        // the first request's tail, then 5); so the last finds [1,2,3],
+        // and storing its 4 evicts 6.
+        assert_eq!(
+            queries,
+            [&none, &vec![(0, 2)], &vec![(0, 3)], &none, &vec![(0, 3)]]
+        );
+        assert_eq!(s.removed_blocks, 3);
+        assert_eq!(s.resident, 8);
         assert_eq!(s.block_events, s.stored_blocks + s.removed_blocks);
-        assert!(s.removed_blocks > 0, "the capacity must bite");
+        let removed: Vec<&Vec<u64>> = s
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                Item::Removed { chained, .. } => Some(chained),
+                _ => None,
+            })
+            .collect();
+        let chained = |n: usize, d: usize| s.prompts[n][d].chained;
+        assert_eq!(
+            removed,
+            [&vec![chained(0, 3), chained(1, 2)], &vec![chained(2, 3)]]
+        );
     }
 
     #[test]

@@ -15,49 +15,52 @@ pub fn events(stream: &Stream) -> Vec<Option<RouterEvent>> {
         .items
         .iter()
         .enumerate()
-        .map(|(id, item)| {
-            let (worker, data) = match item {
-                Item::Stored {
-                    worker,
-                    start_depth,
-                    parent,
-                    blocks,
-                } => (
-                    *worker,
-                    KvCacheEventData::Stored(KvCacheStoreData {
-                        parent_hash: parent.map(ExternalSequenceBlockHash),
-                        start_position: Some(*start_depth),
-                        blocks: blocks
-                            .iter()
-                            .map(|b| KvCacheStoredBlockData {
-                                block_hash: ExternalSequenceBlockHash(b.chained),
-                                tokens_hash: LocalBlockHash(b.local),
-                                mm_extra_info: None,
-                            })
-                            .collect(),
-                    }),
-                ),
-                Item::Removed { worker, chained } => (
-                    *worker,
-                    KvCacheEventData::Removed(KvCacheRemoveData {
-                        block_hashes: chained
-                            .iter()
-                            .map(|&c| ExternalSequenceBlockHash(c))
-                            .collect(),
-                    }),
-                ),
-                Item::Query { .. } => return None,
-            };
-            Some(RouterEvent::new(
-                u64::from(worker),
-                KvCacheEvent {
-                    event_id: id as u64,
-                    data,
-                    dp_rank: 0,
-                },
-            ))
-        })
+        .map(|(id, item)| event(id, item))
         .collect()
+}
+
+/// Item `id` of the stream in Dynamo's form (None for a query).
+pub fn event(id: usize, item: &Item) -> Option<RouterEvent> {
+    let (worker, data) = match item {
+        Item::Stored {
+            worker,
+            start_depth,
+            parent,
+            blocks,
+        } => (
+            *worker,
+            KvCacheEventData::Stored(KvCacheStoreData {
+                parent_hash: parent.map(ExternalSequenceBlockHash),
+                start_position: Some(*start_depth),
+                blocks: blocks
+                    .iter()
+                    .map(|b| KvCacheStoredBlockData {
+                        block_hash: ExternalSequenceBlockHash(b.chained),
+                        tokens_hash: LocalBlockHash(b.local),
+                        mm_extra_info: None,
+                    })
+                    .collect(),
+            }),
+        ),
+        Item::Removed { worker, chained } => (
+            *worker,
+            KvCacheEventData::Removed(KvCacheRemoveData {
+                block_hashes: chained
+                    .iter()
+                    .map(|&c| ExternalSequenceBlockHash(c))
+                    .collect(),
+            }),
+        ),
+        Item::Query { .. } => return None,
+    };
+    Some(RouterEvent::new(
+        u64::from(worker),
+        KvCacheEvent {
+            event_id: id as u64,
+            data,
+            dp_rank: 0,
+        },
+    ))
 }
 
 /// The prompts as `find_matches` takes them.
