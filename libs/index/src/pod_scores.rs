@@ -1,7 +1,8 @@
 //! Scores as llm-d's remote indexer API (`GetPodScores`) gives them: per
 //! pod, the blocks it holds from the start of the prompt, each weighted by
-//! its tier. Pure: the adapter passes the routing core's matches and the
-//! scope's replicas in.
+//! its own tier. Pure: the adapter passes the routing core's matches (with
+//! their weighted scores, [`uniform_score`] or [`block_by_block_score`])
+//! and the scope's replicas in.
 //!
 //! llm-d names pods by address (`10.0.0.7`) and, for data-parallel engines,
 //! one rank as `10.0.0.7@dp1`; our replicas are named by pod and carry an
@@ -75,66 +76,108 @@ fn host(address: &str) -> &str {
 /// One pod's score.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodScore {
-    /// The pod as the caller named it (the address's host when the caller
-    /// named none).
+    /// The pod as the caller named it; when the caller named none, its
+    /// address (`ip:port`, as llm-d's index names pods), or its name when
+    /// it reported no address.
     pub pod: String,
     /// Weighted blocks held from the start of the prompt.
     pub score: f64,
-    /// The rank, for data-parallel engines only.
+    /// The rank, for data-parallel engines only: the one named, or else the
+    /// pod's best rank.
     pub dp_rank: Option<u32>,
 }
 
-/// Scores `identifiers` (every replica of `known` when empty) from the
-/// routing core's `matches`. `known` is the scope's replicas, to tell
-/// data-parallel engines (a pod with a rank above 0) from the rest. Pods
-/// holding nothing are left out; the order is the caller's, then by rank.
+/// The weight of a match whose blocks are all at its (coldest) tier: right
+/// for every T1 match, since a match is T1 only when each block is.
+pub fn uniform_score(m: &Candidate, weights: TierWeights) -> f64 {
+    f64::from(m.matched_blocks) * tier_weight(m.tier, weights)
+}
+
+/// The weight of a match block by block, as llm-d's longest-prefix scorer
+/// sums it: each held block counts its own tier's weight.
+pub fn block_by_block_score(tiers: impl IntoIterator<Item = Tier>, weights: TierWeights) -> f64 {
+    tiers.into_iter().map(|t| tier_weight(t, weights)).sum()
+}
+
+fn tier_weight(tier: Tier, weights: TierWeights) -> f64 {
+    match tier {
+        Tier::T1 => weights.t1,
+        Tier::T2 => weights.t2,
+    }
+}
+
+/// Scores `identifiers` (every pod of `known` when empty) from the
+/// routing core's matches, each with its weighted score. `known` is the
+/// scope's replicas, to tell data-parallel engines (a pod with a rank above
+/// 0) from the rest. One entry per identifier (per pod when none are
+/// named): a data-parallel pod scores its best rank, unless the identifier
+/// names a rank (`@dpN`), since a client keying a map by `pod` keeps only
+/// one entry. Pods holding nothing are left out; the order is the
+/// caller's.
 pub fn pod_scores(
     known: &[(ReplicaKey, String)],
-    matches: &[Candidate],
+    matches: &[(Candidate, f64)],
     identifiers: &[String],
-    weights: TierWeights,
 ) -> Vec<PodScore> {
     let is_dp = |replica_id: &str| {
         known
             .iter()
             .any(|(k, _)| k.replica_id == replica_id && k.dp_rank > 0)
     };
-    let weight = |m: &Candidate| match m.tier {
-        Tier::T1 => weights.t1,
-        Tier::T2 => weights.t2,
+    // The best of `held` (highest score, then lowest rank), as `pod`.
+    let best = |pod: String, held: &[&(Candidate, f64)]| {
+        let (m, score) = held.iter().copied().min_by(|(a, sa), (b, sb)| {
+            sb.total_cmp(sa)
+                .then(a.replica.dp_rank.cmp(&b.replica.dp_rank))
+        })?;
+        Some(PodScore {
+            pod,
+            score: *score,
+            dp_rank: is_dp(&m.replica.replica_id).then_some(m.replica.dp_rank),
+        })
     };
-    let score_of = |pod: String, m: &Candidate| PodScore {
-        pod,
-        score: f64::from(m.matched_blocks) * weight(m),
-        dp_rank: is_dp(&m.replica.replica_id).then_some(m.replica.dp_rank),
-    };
+    let held: Vec<&(Candidate, f64)> = matches
+        .iter()
+        .filter(|(m, _)| m.matched_blocks > 0)
+        .collect();
     let mut scores: Vec<PodScore> = Vec::new();
     if identifiers.is_empty() {
-        for m in matches.iter().filter(|m| m.matched_blocks > 0) {
-            let pod = if m.address.is_empty() {
-                m.replica.replica_id.clone()
-            } else {
-                host(&m.address).to_owned()
-            };
-            scores.push(score_of(pod, m));
+        let mut pods: Vec<&str> = Vec::new();
+        for (m, _) in &held {
+            if !pods.contains(&m.replica.replica_id.as_str()) {
+                pods.push(&m.replica.replica_id);
+            }
+        }
+        for pod in pods {
+            let of_pod: Vec<_> = held
+                .iter()
+                .copied()
+                .filter(|(m, _)| m.replica.replica_id == pod)
+                .collect();
+            let name = of_pod
+                .iter()
+                .map(|(m, _)| m.address.as_str())
+                .find(|a| !a.is_empty())
+                .unwrap_or(pod);
+            scores.extend(best(name.to_owned(), &of_pod));
         }
     } else {
         for raw in identifiers {
             let id = PodIdentifier::parse(raw);
-            let mut held: Vec<&Candidate> = matches
+            let named: Vec<_> = held
                 .iter()
-                .filter(|m| m.matched_blocks > 0 && id.names(&m.replica, &m.address))
+                .copied()
+                .filter(|(m, _)| id.names(&m.replica, &m.address))
                 .collect();
-            held.sort_by_key(|m| m.replica.dp_rank);
-            for m in held {
-                let score = score_of(id.base.clone(), m);
-                // The same pod (or rank) named twice scores once.
-                if !scores
-                    .iter()
-                    .any(|s| s.pod == score.pod && s.dp_rank == score.dp_rank)
-                {
-                    scores.push(score);
-                }
+            let Some(score) = best(id.base.clone(), &named) else {
+                continue;
+            };
+            // The same pod (or rank) named twice scores once.
+            if !scores
+                .iter()
+                .any(|s| s.pod == score.pod && s.dp_rank == score.dp_rank)
+            {
+                scores.push(score);
             }
         }
     }
@@ -186,6 +229,12 @@ mod tests {
         assert_eq!(host("engine-0"), "engine-0");
     }
 
+    fn uniform(cs: &[Candidate]) -> Vec<(Candidate, f64)> {
+        cs.iter()
+            .map(|c| (c.clone(), uniform_score(c, TierWeights::default())))
+            .collect()
+    }
+
     #[test]
     fn pods_match_by_name_address_or_host_and_t2_counts_less() {
         let matches = [
@@ -196,7 +245,7 @@ mod tests {
         let ids: Vec<String> = ["10.0.0.1", "10.0.0.2:8000", "engine-c", "10.9.9.9"]
             .map(String::from)
             .to_vec();
-        let scores = pod_scores(&known(&matches), &matches, &ids, TierWeights::default());
+        let scores = pod_scores(&known(&matches), &uniform(&matches), &ids);
         assert_eq!(
             scores,
             vec![
@@ -216,41 +265,64 @@ mod tests {
     }
 
     #[test]
-    fn data_parallel_ranks_are_scored_apart() {
-        let matches = [
-            candidate("engine-dp", 0, "10.0.0.5:8000", 2, Tier::T1),
-            candidate("engine-dp", 1, "10.0.0.5:8000", 6, Tier::T1),
-        ];
-        let all = pod_scores(
-            &known(&matches),
-            &matches,
-            &["10.0.0.5".into()],
-            TierWeights::default(),
-        );
-        assert_eq!(
-            all.iter()
-                .map(|s| (s.pod.as_str(), s.score, s.dp_rank))
-                .collect::<Vec<_>>(),
-            vec![("10.0.0.5", 2.0, Some(0)), ("10.0.0.5", 6.0, Some(1))]
-        );
-        let one = pod_scores(
-            &known(&matches),
-            &matches,
-            &["10.0.0.5@dp1".into(), "10.0.0.5@dp1".into()],
-            TierWeights::default(),
-        );
-        assert_eq!(one.len(), 1, "named twice, scored once: {one:?}");
-        assert_eq!(one[0].dp_rank, Some(1));
+    fn mixed_tiers_weigh_block_by_block() {
+        let w = TierWeights::default();
+        // GPU, GPU, CPU, GPU: 1 + 1 + 0.8 + 1, where the coldest tier alone
+        // would give 4 × 0.8.
+        let tiers = [Tier::T1, Tier::T1, Tier::T2, Tier::T1];
+        assert!((block_by_block_score(tiers, w) - 3.8).abs() < 1e-9);
+        let m = candidate("a", 0, "10.0.0.1:8000", 4, Tier::T2);
+        assert!((uniform_score(&m, w) - 3.2).abs() < 1e-9);
+        assert_eq!(block_by_block_score([], w), 0.0);
     }
 
     #[test]
-    fn no_identifiers_scores_every_holder_by_host() {
+    fn a_data_parallel_pod_scores_its_best_rank_unless_a_rank_is_named() {
+        let matches = [
+            candidate("engine-dp", 0, "10.0.0.5:8000", 2, Tier::T1),
+            candidate("engine-dp", 1, "10.0.0.5:8000", 6, Tier::T1),
+            candidate("engine-dp", 2, "10.0.0.5:8000", 6, Tier::T1),
+        ];
+        let scored = uniform(&matches);
+        let all = pod_scores(&known(&matches), &scored, &["10.0.0.5".into()]);
+        assert_eq!(
+            all,
+            vec![PodScore {
+                pod: "10.0.0.5".into(),
+                score: 6.0,
+                dp_rank: Some(1)
+            }],
+            "one entry per pod, its best rank (the lowest of equals)"
+        );
+        let none_named = pod_scores(&known(&matches), &scored, &[]);
+        assert_eq!(none_named.len(), 1, "{none_named:?}");
+        assert_eq!(none_named[0].dp_rank, Some(1));
+        let one = pod_scores(
+            &known(&matches),
+            &scored,
+            &["10.0.0.5@dp0".into(), "10.0.0.5@dp0".into()],
+        );
+        assert_eq!(one.len(), 1, "named twice, scored once: {one:?}");
+        assert_eq!((one[0].score, one[0].dp_rank), (2.0, Some(0)));
+        let two = pod_scores(
+            &known(&matches),
+            &scored,
+            &["10.0.0.5@dp0".into(), "10.0.0.5@dp2".into()],
+        );
+        assert_eq!(
+            two.iter().map(|s| s.dp_rank).collect::<Vec<_>>(),
+            [Some(0), Some(2)]
+        );
+    }
+
+    #[test]
+    fn no_identifiers_names_pods_by_address_as_llm_d_does() {
         let matches = [
             candidate("engine-a", 0, "10.0.0.1:8000", 3, Tier::T1),
             candidate("engine-x", 0, "", 1, Tier::T1),
         ];
-        let scores = pod_scores(&known(&matches), &matches, &[], TierWeights::default());
+        let scores = pod_scores(&known(&matches), &uniform(&matches), &[]);
         let pods: Vec<&str> = scores.iter().map(|s| s.pod.as_str()).collect();
-        assert_eq!(pods, ["10.0.0.1", "engine-x"]);
+        assert_eq!(pods, ["10.0.0.1:8000", "engine-x"]);
     }
 }

@@ -5,15 +5,21 @@
 //! ([`IndexCore::route`] with [`Purpose::Scores`]: the model's tokenizer,
 //! the tenant's policy) and converts with [`ic_index::pod_scores`].
 //!
+//! Answers are what llm-d's own server gives: one entry per pod (a
+//! data-parallel pod's best rank unless the caller names a rank), each
+//! block weighted by its own tier, pods named `ip:port` when the caller
+//! names none.
+//!
 //! The scores are prefix scores only, as llm-d's indexer gives them: the
 //! router weighs them against its own load scorers, and the call is not a
 //! pick (nothing is counted in our load board or speculation).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
-use ic_index::pod_scores::{TierWeights, pod_scores};
-use ic_index::{HashScheme, Scope};
+use ic_index::pod_scores::{TierWeights, block_by_block_score, pod_scores, uniform_score};
+use ic_index::{Candidate, HashScheme, LookupOutcome, Scope, Tier};
 use ic_proto::llmd_indexer_v1 as pb;
 use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerService;
 use tonic::{Request, Response, Status};
@@ -108,7 +114,8 @@ impl LlmdIndexer {
             Err(_) => (Vec::new(), "no_match"),
         };
         let known = self.core.index().replicas_in(&scope, None, None);
-        let scores = pod_scores(&known, &matches, &req.pod_identifiers, self.config.weights)
+        let weighted = self.weighted(&scope, &req.prompt, matches, started);
+        let scores = pod_scores(&known, &weighted, &req.pod_identifiers)
             .into_iter()
             .map(|s| pb::PodScore {
                 pod: s.pod,
@@ -122,6 +129,86 @@ impl LlmdIndexer {
             outcome
         };
         Ok((pb::GetPodScoresResponse { scores }, outcome))
+    }
+}
+
+impl LlmdIndexer {
+    /// Each match with its score, block by block as llm-d weighs it. A T1
+    /// match is T1 in every block; a T2 match (its coldest block is T2) is
+    /// looked at block by block, with the prompt's blocks from a second,
+    /// uncounted pass through the core (only then: it tokenizes again).
+    fn weighted(
+        &self,
+        scope: &Scope,
+        prompt: &str,
+        matches: Vec<Candidate>,
+        received: Instant,
+    ) -> Vec<(Candidate, f64)> {
+        let weights = self.config.weights;
+        let mut blocks: Option<Vec<ic_index::Fingerprint>> = None;
+        matches
+            .into_iter()
+            .map(|m| {
+                if m.tier == Tier::T1 || m.matched_blocks == 0 {
+                    let score = uniform_score(&m, weights);
+                    return (m, score);
+                }
+                let blocks =
+                    blocks.get_or_insert_with(|| self.prompt_blocks(scope, prompt, received));
+                let score = self.tiers_of(scope, &m, blocks).map_or_else(
+                    || uniform_score(&m, weights),
+                    |t| block_by_block_score(t, weights),
+                );
+                (m, score)
+            })
+            .collect()
+    }
+
+    /// The prompt's block fingerprints (empty when the core gives none).
+    fn prompt_blocks(
+        &self,
+        scope: &Scope,
+        prompt: &str,
+        received: Instant,
+    ) -> Vec<ic_index::Fingerprint> {
+        match self.core.route(&RouteRequest {
+            scope,
+            prompt: Prompt::Text(prompt),
+            candidates: None,
+            extras: None,
+            received,
+            purpose: Purpose::Hint { record_pick: false },
+        }) {
+            Ok(Routed::Hint(ranked)) => ranked.blocks,
+            _ => Vec::new(),
+        }
+    }
+
+    /// The tier of each block `m` holds, from one lookup per block
+    /// narrowed to its replica; `None` when the blocks do not cover the
+    /// match (the index changed in between).
+    fn tiers_of(
+        &self,
+        scope: &Scope,
+        m: &Candidate,
+        blocks: &[ic_index::Fingerprint],
+    ) -> Option<Vec<Tier>> {
+        let n = usize::try_from(m.matched_blocks).ok()?;
+        let only: HashSet<String> = [m.replica.replica_id.clone()].into();
+        let index = self.core.index();
+        blocks
+            .get(..n)?
+            .iter()
+            .map(
+                |fp| match index.lookup(scope, std::slice::from_ref(fp), Some(&only), None) {
+                    LookupOutcome::Matches(found) => found
+                        .into_iter()
+                        .find(|c| c.replica == m.replica)
+                        .map(|c| c.tier),
+                    _ => None,
+                },
+            )
+            .collect()
     }
 }
 

@@ -139,15 +139,17 @@ async fn get_pod_scores_answers_llm_d_routers_from_the_index() {
             ("10.0.0.1".to_owned(), n as f64, None),
             // Five blocks at T2, each worth 0.8.
             ("10.0.0.2:8000".to_owned(), 4.0, None),
-            ("10.0.0.5".to_owned(), 1.0, Some(0)),
+            // A data-parallel pod: one entry, its best rank (llm-d's Go
+            // client keys a map by pod; two entries would keep the last).
             ("10.0.0.5".to_owned(), 3.0, Some(1)),
         ],
         "10.0.0.9 is unknown: left out"
     );
 
-    // One rank, by llm-d's `@dpN`, and a pod by its name.
+    // One rank, by llm-d's `@dpN` (even the weaker one), and a pod by its
+    // name.
     let scores = client
-        .get_pod_scores(request(&["10.0.0.5@dp1", "engine-a"]))
+        .get_pod_scores(request(&["10.0.0.5@dp0", "10.0.0.5@dp1", "engine-a"]))
         .await
         .unwrap()
         .into_inner()
@@ -155,12 +157,14 @@ async fn get_pod_scores_answers_llm_d_routers_from_the_index() {
     assert_eq!(
         sorted(scores),
         vec![
+            ("10.0.0.5".to_owned(), 1.0, Some(0)),
             ("10.0.0.5".to_owned(), 3.0, Some(1)),
             ("engine-a".to_owned(), n as f64, None),
         ]
     );
 
-    // No identifiers: every holder, named by its address's host.
+    // No identifiers: every holder once, named as llm-d's index names
+    // pods (ip:port).
     let scores = client
         .get_pod_scores(request(&[]))
         .await
@@ -168,7 +172,7 @@ async fn get_pod_scores_answers_llm_d_routers_from_the_index() {
         .into_inner()
         .scores;
     let pods: Vec<String> = sorted(scores).into_iter().map(|s| s.0).collect();
-    assert_eq!(pods, ["10.0.0.1", "10.0.0.2", "10.0.0.5", "10.0.0.5"]);
+    assert_eq!(pods, ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.5:8000"]);
 
     // A prompt nobody holds scores nobody.
     let mut cold = request(&["10.0.0.1"]);
@@ -231,6 +235,60 @@ async fn get_pod_scores_answers_llm_d_routers_from_the_index() {
         metrics.contains("inferencecache_index_speculative_entries 0"),
         "{metrics}"
     );
+}
+
+/// A match whose blocks sit at different tiers weighs each block by its
+/// own tier, as llm-d's longest-prefix scorer does: GPU, GPU, CPU, GPU,
+/// GPU is 1 + 1 + 0.8 + 1 + 1, not five blocks at the coldest tier's 0.8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixed_tier_match_weighs_block_by_block() {
+    let (_process, grpc) = start(&["--llmd-indexer-tenant", "team-a"]);
+    let fps = prompt_blocks();
+    let replica = Replica {
+        tenant: "team-a",
+        model: "tiny-chat",
+        replica_id: "engine-m",
+        address: "10.0.0.7:8000",
+        dp_rank: 0,
+    };
+    // One chain, its middle block held only in the offload tier.
+    let part = |from: usize, to: usize, tier: pb::Tier| pb::IndexEvent {
+        kind: Some(pb::index_event::Kind::Stored(pb::BlocksStored {
+            parent_fingerprint: if from == 0 { 0 } else { fps[from - 1] },
+            start_depth: u32::try_from(from).unwrap(),
+            fingerprints: fps[from..to].to_vec(),
+            block_size: 4,
+            tier: tier as i32,
+            at_unix_ms: 0,
+        })),
+    };
+    let events = vec![
+        part(0, 2, pb::Tier::T1),
+        part(2, 3, pb::Tier::T2),
+        part(3, 5, pb::Tier::T1),
+    ];
+    ingest::ingest(&grpc, ingest::resync(&replica, events)).await;
+    feed(
+        &grpc,
+        "engine-g",
+        "10.0.0.8:8000",
+        0,
+        &fps[..4],
+        pb::Tier::T1,
+    )
+    .await;
+    let mut client = IndexerServiceClient::connect(grpc).await.unwrap();
+    let scores = client
+        .get_pod_scores(request(&["10.0.0.7", "10.0.0.8"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .scores;
+    let scores = sorted(scores);
+    assert_eq!(scores.len(), 2, "{scores:?}");
+    assert_eq!(scores[0].0, "10.0.0.7");
+    assert!((scores[0].1 - 4.8).abs() < 1e-9, "{scores:?}");
+    assert_eq!(scores[1], ("10.0.0.8".to_owned(), 4.0, None));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
