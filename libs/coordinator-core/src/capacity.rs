@@ -25,6 +25,59 @@ pub struct Declaration {
     pub compartments: BTreeMap<(StorageLevel, String), Compartment>,
 }
 
+/// Why an entry's claimed size is refused (`POST /events` stays open for
+/// LMCache's MP servers, so one event may not claim more than the bounds).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// Larger than the capacity the instance declared for the compartment.
+    #[error(
+        "size_bytes {size} exceeds the capacity {capacity} that {instance} declared for {tier}/{backend}"
+    )]
+    OverCapacity {
+        /// Entry index in the batch.
+        entry: usize,
+        /// Claimed size.
+        size: u64,
+        /// Declared capacity.
+        capacity: u64,
+        /// Reporter.
+        instance: String,
+        /// Tier.
+        tier: &'static str,
+        /// Backend.
+        backend: String,
+    },
+    /// Larger than `--max-event-entry-bytes`.
+    #[error(
+        "size_bytes {size} exceeds the largest an entry may claim ({max}, --max-event-entry-bytes)"
+    )]
+    OverMax {
+        /// Entry index in the batch.
+        entry: usize,
+        /// Claimed size.
+        size: u64,
+        /// The bound.
+        max: u64,
+    },
+}
+
+impl ClaimError {
+    /// Index of the refused entry.
+    pub fn entry(&self) -> usize {
+        match self {
+            Self::OverCapacity { entry, .. } | Self::OverMax { entry, .. } => *entry,
+        }
+    }
+
+    /// Metric label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::OverCapacity { .. } => "over_declared_capacity",
+            Self::OverMax { .. } => "over_max_entry_bytes",
+        }
+    }
+}
+
 /// All declarations.
 #[derive(Clone, Debug, Default)]
 pub struct CapacityRegistry {
@@ -68,6 +121,42 @@ impl CapacityRegistry {
     /// Forgets an instance (explicit deregistration).
     pub fn forget(&mut self, id: &str) {
         self.declarations.remove(id);
+    }
+
+    /// Checks what a store batch's entries claim: none may exceed
+    /// `max_entry` nor the capacity the reporter declared for the batch's
+    /// compartment (when it declared one).
+    pub fn check_claims(&self, batch: &Batch, max_entry: Option<u64>) -> Result<(), ClaimError> {
+        if batch.event_type != EventType::Store {
+            return Ok(());
+        }
+        let capacity = self
+            .declarations
+            .get(&batch.instance_id)
+            .and_then(|d| d.compartments.get(&(batch.tier, batch.backend.clone())))
+            .map_or(0, |c| c.capacity_bytes);
+        for (entry, e) in batch.entries.iter().enumerate() {
+            if let Some(max) = max_entry
+                && e.size_bytes > max
+            {
+                return Err(ClaimError::OverMax {
+                    entry,
+                    size: e.size_bytes,
+                    max,
+                });
+            }
+            if capacity > 0 && e.size_bytes > capacity {
+                return Err(ClaimError::OverCapacity {
+                    entry,
+                    size: e.size_bytes,
+                    capacity,
+                    instance: batch.instance_id.clone(),
+                    tier: batch.tier.as_str(),
+                    backend: batch.backend.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// An instance's compartments.

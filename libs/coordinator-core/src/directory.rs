@@ -129,6 +129,9 @@ pub struct KeyDirectory {
     max_keys: Option<usize>,
     /// Keys dropped to stay within `max_keys`.
     dropped_for_capacity: u64,
+    /// Keys dropped for the bound since the last [`Self::take_dropped`],
+    /// with the placements they had, so the other views forget them too.
+    dropped: Vec<(SharedKey, Vec<Placement>)>,
 }
 
 fn tier_index(tier: StorageLevel) -> usize {
@@ -226,8 +229,24 @@ impl KeyDirectory {
             return;
         };
         let key = key.clone();
+        let placements = self
+            .keys
+            .get(&key)
+            .map(|e| e.placements.clone())
+            .unwrap_or_default();
         self.remove_placement(&key, |_| true);
         self.dropped_for_capacity += 1;
+        self.dropped.push((key, placements));
+    }
+
+    /// Keys dropped for the bound since the last call, with the placements
+    /// they had (the caller drops them from the usage view and the LRU, so
+    /// memory is bounded by the directory's bound everywhere). A key that
+    /// came back since is left out.
+    pub fn take_dropped(&mut self) -> Vec<(SharedKey, Vec<Placement>)> {
+        let mut dropped = std::mem::take(&mut self.dropped);
+        dropped.retain(|(k, _)| !self.keys.contains_key(k));
+        dropped
     }
 
     /// Inserts or replaces one placement (restore uses it too).

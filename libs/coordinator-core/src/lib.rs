@@ -15,6 +15,7 @@ pub mod eviction;
 pub mod gate;
 pub mod kafka;
 pub mod key;
+pub mod lax;
 pub mod metadata;
 pub mod pins;
 pub mod registry;

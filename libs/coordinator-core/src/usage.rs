@@ -155,6 +155,20 @@ impl UsageView {
         self.adjust(tier, &key.cache_salt, owner, backend, old, size);
     }
 
+    /// Drops the bytes of a key's placements (a key the directory dropped
+    /// for its bound).
+    pub fn forget(&mut self, key: &SharedKey, placements: &[crate::directory::Placement]) {
+        for p in placements {
+            let owner = if p.shared { "" } else { p.instance_id.as_str() };
+            self.remove(&UsageKey {
+                tier: p.tier,
+                key: key.clone(),
+                owner: owner.to_owned(),
+                backend: p.backend.clone(),
+            });
+        }
+    }
+
     fn remove(&mut self, ukey: &UsageKey) {
         if let Some(old) = self.placements.remove(ukey) {
             if ukey.tier == StorageLevel::L1

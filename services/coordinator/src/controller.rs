@@ -97,6 +97,10 @@ pub trait Controller: Send + Sync + Debug {
     /// The instance restarted or left: drop its L1 state.
     fn fence(&self, _instance_id: &str) {}
 
+    /// Forgets keys the directory dropped for its bound
+    /// (`--max-directory-keys`), so no view outgrows it.
+    fn forget(&self, _keys: &[ic_coordinator_core::key::SharedKey]) {}
+
     /// HTTP routes this controller owns (they disappear when it is disabled).
     fn routes(self: Arc<Self>, _ctx: Context) -> Option<Router> {
         None

@@ -8,6 +8,7 @@ use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use ic_coordinator_core::events::{FieldError, LocPart};
+use ic_coordinator_core::lax::{self, Model, PydError};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -22,6 +23,9 @@ pub enum ApiError {
         /// What is wrong.
         msg: String,
     },
+    /// 422 with the errors pydantic would report (the reference's models).
+    #[error("validation failed: {}", .0.first().map_or("", |e| &*e.msg))]
+    Pydantic(Vec<PydError>),
     /// 400 `{"detail": ...}`.
     #[error("{0}")]
     BadRequest(String),
@@ -78,6 +82,9 @@ impl IntoResponse for ApiError {
                 Json(json!({"detail": [{"type": "value_error", "loc": loc, "msg": msg, "input": null}]})),
             )
                 .into_response(),
+            ApiError::Pydantic(errs) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"detail": errs}))).into_response()
+            }
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, Json(json!({"detail": m}))).into_response(),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, Json(json!({"detail": m}))).into_response(),
             ApiError::UnknownInstance(m) => (StatusCode::NOT_FOUND, Json(json!({"error": m}))).into_response(),
@@ -90,24 +97,90 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// A JSON body parsed without looking at `Content-Type` (like the reference),
-/// with malformed or mistyped input answered as 422.
+/// A request type validated like the reference's pydantic model.
+pub trait Schema {
+    /// The reference's model: field order, coercions, bounds, validators.
+    const MODEL: &'static Model;
+    /// Whether a value serde accepted also passes the model's bounds and
+    /// validators (cheap checks on the typed value; `false` sends the body
+    /// through the model walk, which reports the reference's errors).
+    fn valid(&self) -> bool {
+        true
+    }
+}
+
+/// A JSON body validated as FastAPI does: serde first (the fast path),
+/// then, for anything serde or [`Schema::valid`] refuses, the reference
+/// model's lax coercion and pydantic-shaped 422s. Like FastAPI, a body
+/// without a JSON `Content-Type` is handed to the model as text (a 422).
 #[derive(Debug)]
 pub struct Body<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Schema> FromRequest<S> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge(e.body_text())
-            } else {
-                ApiError::BadRequest(e.body_text())
-            }
-        })?;
-        parse_json(&bytes).map(Body)
+        let json_type = is_json(req.headers());
+        let bytes = read_body(req, state).await?;
+        if json_type
+            && let Ok(v) = serde_json::from_slice::<T>(&bytes)
+            && v.valid()
+        {
+            return Ok(Body(v));
+        }
+        let coerced = validate(T::MODEL, json_type, &bytes)?;
+        serde_json::from_value(coerced)
+            .map(Body)
+            .map_err(|e| ApiError::Validation {
+                loc: vec![json!("body")],
+                msg: e.to_string(),
+            })
     }
+}
+
+/// Reads the whole body (413 past the limit).
+pub async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(e.body_text())
+        } else {
+            ApiError::BadRequest(e.body_text())
+        }
+    })
+}
+
+/// FastAPI's rule (0.11x): only `application/json` or an
+/// `application/*+json` body is parsed as JSON; without a `Content-Type`
+/// the model gets the raw text.
+pub fn is_json(headers: &axum::http::HeaderMap) -> bool {
+    let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let ct = String::from_utf8_lossy(ct.as_bytes()).to_ascii_lowercase();
+    let mime = ct.split(';').next().unwrap_or("").trim();
+    mime.strip_prefix("application/")
+        .is_some_and(|sub| sub == "json" || sub.ends_with("+json"))
+}
+
+/// The slow path: decode as Python would and walk the reference model;
+/// `Ok` is the coerced body.
+pub fn validate(model: &Model, json_type: bool, bytes: &[u8]) -> Result<Value, ApiError> {
+    if !json_type {
+        if bytes.is_empty() {
+            return Err(ApiError::Pydantic(vec![PydError::missing_body()]));
+        }
+        return Err(ApiError::Pydantic(lax::raw_body(
+            model,
+            &String::from_utf8_lossy(bytes),
+        )));
+    }
+    let value = lax::json::decode(bytes).map_err(|e| match e {
+        lax::json::DecodeError::Invalid(e) => ApiError::Pydantic(vec![*e]),
+        lax::json::DecodeError::NotUtf8 => {
+            ApiError::BadRequest("There was an error parsing the body".to_owned())
+        }
+    })?;
+    lax::validate_body(model, &value).map_err(ApiError::Pydantic)
 }
 
 /// Parses a JSON document into `T`, mapping every failure to a 422.
@@ -136,21 +209,60 @@ fn offset_of(bytes: &[u8], line: usize, column: usize) -> usize {
     offset
 }
 
-/// Query parameters with bad values answered as 422.
+/// Query parameters validated like FastAPI's: the last of a repeated name
+/// wins, values coerce as pydantic's lax mode does, 422s name the field.
 #[derive(Debug)]
 pub struct Query<T>(pub T);
 
-impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
+impl<S: Send + Sync, T: DeserializeOwned + Schema> FromRequestParts<S> for Query<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        axum::extract::Query::<T>::try_from_uri(&parts.uri)
-            .map(|q| Query(q.0))
+        let pairs = query_pairs(parts.uri.query().unwrap_or(""));
+        let coerced = lax::validate_query(T::MODEL, &pairs).map_err(ApiError::Pydantic)?;
+        serde_json::from_value(coerced)
+            .map(Query)
             .map_err(|e| ApiError::Validation {
                 loc: vec![json!("query")],
-                msg: e.body_text(),
+                msg: e.to_string(),
             })
     }
+}
+
+/// `a=1&b=x%20y` into pairs, form-decoded (`+` is a space).
+fn query_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (form_decode(k), form_decode(v))
+        })
+        .collect()
+}
+
+fn form_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => {
+                match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16)
+                {
+                    Ok(x) => {
+                        out.push(x);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Default page size of listing endpoints.

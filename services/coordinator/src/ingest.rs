@@ -51,6 +51,64 @@ pub struct Ingest {
     views: Arc<ViewStore>,
     controllers: Arc<[Arc<dyn Controller>]>,
     metrics: Arc<MetricsSet>,
+    /// Batches received and not yet applied (the `event_bus` gauges).
+    pub queue: Arc<EventQueue>,
+}
+
+/// Event batches that arrived and wait for the views lock: what the
+/// reference's event-bus queue-depth and drain-lag gauges describe.
+#[derive(Debug, Default)]
+pub struct EventQueue {
+    inner: parking_lot::Mutex<QueueInner>,
+}
+
+#[derive(Debug, Default)]
+struct QueueInner {
+    next: u64,
+    depth: usize,
+    waiting: std::collections::BTreeMap<u64, (std::time::Instant, usize)>,
+}
+
+/// A request's place in the [`EventQueue`]; leaves it when dropped.
+#[derive(Debug)]
+pub struct Queued {
+    queue: Arc<EventQueue>,
+    id: u64,
+}
+
+impl EventQueue {
+    /// Enters `batches` batches.
+    pub fn enter(self: &Arc<Self>, batches: usize) -> Queued {
+        let mut q = self.inner.lock();
+        let id = q.next;
+        q.next += 1;
+        q.depth += batches;
+        q.waiting.insert(id, (std::time::Instant::now(), batches));
+        Queued {
+            queue: self.clone(),
+            id,
+        }
+    }
+
+    /// Batches waiting, and seconds the oldest has waited.
+    pub fn snapshot(&self) -> (usize, f64) {
+        let q = self.inner.lock();
+        let lag = q
+            .waiting
+            .values()
+            .next()
+            .map_or(0.0, |(t, _)| t.elapsed().as_secs_f64());
+        (q.depth, lag)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut q = self.queue.inner.lock();
+        if let Some((_, n)) = q.waiting.remove(&self.id) {
+            q.depth -= n;
+        }
+    }
 }
 
 impl Ingest {
@@ -64,6 +122,7 @@ impl Ingest {
             views,
             controllers,
             metrics,
+            queue: Arc::default(),
         }
     }
 
@@ -181,6 +240,24 @@ impl Ingest {
                     self.count_failure(name);
                 }
             });
+        }
+        self.forget_dropped(views);
+    }
+
+    /// Drops the keys the directory let go for its bound from every other
+    /// view (usage, each controller's state).
+    pub(crate) fn forget_dropped(&self, views: &mut Views) {
+        let dropped = views.directory.take_dropped();
+        if dropped.is_empty() {
+            return;
+        }
+        for (key, placements) in &dropped {
+            views.usage.forget(key, placements);
+        }
+        let keys: Vec<_> = dropped.into_iter().map(|(k, _)| k).collect();
+        for c in self.controllers.iter() {
+            let name = c.name();
+            self.guard(name, || c.forget(&keys));
         }
     }
 

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::ingest::RecordOutcome;
-use crate::metrics::{KindLabel, PartitionLabel, ResultLabel};
+use crate::metrics::{KindLabel, PartitionLabel, ReasonLabel, ResultLabel};
 use crate::state::App;
 
 /// `client.id` the reference coordinator uses.
@@ -352,6 +352,22 @@ impl Session {
         value: Option<&[u8]>,
     ) {
         let decoded = kafka::decode_and_validate(key, value.unwrap_or_default());
+        // The same claim bounds as POST /events: a record over them is skipped.
+        let refused = decoded.as_ref().ok().and_then(|b| {
+            let max = self.app.settings.max_event_entry_bytes;
+            self.app
+                .views
+                .read(|v| v.capacity.check_claims(b, max).err())
+        });
+        if let Some(e) = &refused {
+            tracing::warn!(topic, partition, offset, reason = e.reason(), %e, "skipping Kafka record: entry refused");
+            self.app
+                .metrics
+                .metrics
+                .event_entries_refused
+                .get_or_create(&ReasonLabel { reason: e.reason() })
+                .inc();
+        }
         if let Err(error) = &decoded {
             tracing::warn!(
                 topic,
@@ -362,10 +378,12 @@ impl Session {
                 "skipping malformed Kafka record"
             );
         }
-        let outcome =
-            self.app
-                .ingest
-                .ingest_record(topic, partition, offset, decoded.as_ref().ok());
+        let outcome = self.app.ingest.ingest_record(
+            topic,
+            partition,
+            offset,
+            decoded.as_ref().ok().filter(|_| refused.is_none()),
+        );
         let result = match outcome {
             RecordOutcome::AlreadyConsumed => "already_consumed",
             RecordOutcome::Malformed => "malformed",

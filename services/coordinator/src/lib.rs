@@ -158,6 +158,30 @@ pub struct Config {
     /// LMCache flag: the reference coordinator's directory is unbounded.
     #[arg(long, env = "IC_MAX_DIRECTORY_KEYS", default_value_t = 10_000_000)]
     pub max_directory_keys: u64,
+    /// Require the operator credentials (`--api-static-token`, or a token of
+    /// `--api-audience` whose caller is an admin or may `create`
+    /// `coordinators/events`) on `POST /events` too. Off by default, as in
+    /// LMCache, whose MP servers send no credentials (house extension).
+    #[arg(long, env = "IC_EVENTS_REQUIRE_AUTH", default_value_t = false)]
+    pub events_require_auth: bool,
+    /// Largest `size_bytes` one event entry may claim; an entry above it,
+    /// or above the capacity its instance declared for the compartment, is
+    /// refused (422, `event_entries_refused_total`). 0: no fixed bound
+    /// (the declared capacity still applies). House extension.
+    #[arg(long, env = "IC_MAX_EVENT_ENTRY_BYTES", default_value_t = 1 << 30)]
+    pub max_event_entry_bytes: u64,
+    /// Report format of LMCache's CLI (`terminal`, `json`). Accepted so an
+    /// `lmcache coordinator` command line works unchanged; the coordinator
+    /// command writes no report, in LMCache as here, so it has no effect.
+    #[arg(long, value_name = "FORMAT")]
+    pub format: Option<String>,
+    /// Report file of LMCache's CLI; accepted, no effect (see `--format`).
+    #[arg(long, value_name = "PATH")]
+    pub output: Option<String>,
+    /// Suppress LMCache's CLI report; accepted, no effect (see `--format`).
+    /// Logs are governed by `--log-level`.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
 }
 
 fn seconds(flag: &str, value: f64) -> anyhow::Result<Option<Duration>> {
@@ -226,6 +250,30 @@ impl Config {
                 self.eviction_ratio
             );
         }
+        // An empty credential would leave the operator endpoints open
+        // while the operator believes them closed.
+        for (flag, value, env) in [
+            (
+                "--api-static-token",
+                &self.api_static_token,
+                "IC_API_STATIC_TOKEN",
+            ),
+            ("--api-audience", &self.api_audience, "IC_API_AUDIENCE"),
+        ] {
+            let empty_env = std::env::var_os(env).is_some_and(|v| v.is_empty());
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) || empty_env {
+                bail!(
+                    "{flag} (or {env}) is empty: that would leave the operator endpoints open; \
+                     give it a value or leave it unset"
+                );
+            }
+        }
+        if self.events_require_auth
+            && self.api_static_token.is_none()
+            && self.api_audience.is_none()
+        {
+            bail!("--events-require-auth needs --api-static-token or --api-audience");
+        }
         let instance_timeout = seconds("instance-timeout", self.instance_timeout)?
             .context("--instance-timeout must be greater than 0")?;
         Ok(Settings {
@@ -245,6 +293,9 @@ impl Config {
             metadata_path: path(&self.metadata_path),
             disable_metrics: self.disable_metrics,
             kafka,
+            events_require_auth: self.events_require_auth,
+            max_event_entry_bytes: (self.max_event_entry_bytes > 0)
+                .then_some(self.max_event_entry_bytes),
             max_directory_keys: (self.max_directory_keys > 0)
                 .then(|| usize::try_from(self.max_directory_keys).unwrap_or(usize::MAX)),
         })

@@ -18,8 +18,17 @@ struct Args {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
+    /// Run the coordinator, as `lmcache coordinator ...` does (the same
+    /// flags; the bare form without a subcommand is the same thing).
+    Coordinator(Box<CoordinatorArgs>),
     /// Replay a recorded `.lct` event trace into a running coordinator.
     Replay(ic_coordinator_client::replay::ReplayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CoordinatorArgs {
+    #[command(flatten)]
+    config: ic_coordinator::Config,
 }
 
 #[tokio::main]
@@ -29,14 +38,21 @@ async fn main() -> ExitCode {
         config,
         command,
     } = Args::parse();
-    match command {
+    // The log and OTLP flags are global, so they parse before or after
+    // the subcommand alike.
+    let (config, replay) = match command {
+        Some(Command::Coordinator(args)) => (args.config, None),
+        Some(Command::Replay(args)) => (config, Some(args)),
+        None => (config, None),
+    };
+    match replay {
         None => {
             ic_telemetry::run_service(ic_coordinator::BINARY, &log, |shutdown| {
                 ic_coordinator::run(config, shutdown)
             })
             .await
         }
-        Some(Command::Replay(args)) => {
+        Some(args) => {
             ic_telemetry::run_service(ic_coordinator::BINARY, &log, |_shutdown| async move {
                 let report = ic_coordinator_client::replay::replay(&args).await?;
                 tracing::info!(

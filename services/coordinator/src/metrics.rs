@@ -216,6 +216,13 @@ pub struct Metrics {
     pub kafka_caught_up: Gauge,
     legacy_placements: Family<TierLabel, Gauge>,
     legacy_bytes: Family<TierLabel, Gauge>,
+    /// Event entries refused for what they claim, by reason.
+    pub event_entries_refused: Family<ReasonLabel, Counter>,
+    /// Event batches received and waiting to be applied (the reference's
+    /// event-bus queue; here requests wait for the views lock).
+    pub event_queue_depth: Gauge,
+    /// Seconds the oldest waiting batch has waited; 0 when none waits.
+    pub event_drain_lag: FGauge,
 }
 
 /// The registries `/metrics` renders: ours (`lmcache_coordinator_`), the
@@ -231,6 +238,7 @@ pub struct MetricsSet {
     house: MetricsRegistry,
     ours: Registry,
     legacy: Registry,
+    root: Registry,
 }
 
 impl MetricsSet {
@@ -429,6 +437,11 @@ impl MetricsSet {
             "1 once the Kafka consumer caught up within --max-ready-lag",
             m.kafka_caught_up.clone(),
         );
+        r.register(
+            "event_entries_refused",
+            "Event entries refused for claiming more than --max-event-entry-bytes or the declared capacity, by reason",
+            m.event_entries_refused.clone(),
+        );
         let http_requests = Family::<HttpLabels, Counter>::default();
         let http_duration: Hist = Family::new_with_constructor(latency_histogram);
         r.register(
@@ -452,6 +465,22 @@ impl MetricsSet {
             "Reported bytes in the key directory (legacy name)",
             m.legacy_bytes.clone(),
         );
+        legacy.register(
+            "event_bus_queue_depth",
+            "Event batches received and not yet applied (waiting for the views)",
+            m.event_queue_depth.clone(),
+        );
+        legacy.register(
+            "event_bus_drain_lag_seconds",
+            "Seconds the oldest batch not yet applied has waited; 0 when none waits",
+            m.event_drain_lag.clone(),
+        );
+        let mut root = Registry::default();
+        root.register(
+            "target",
+            "Target metadata",
+            prometheus_client::metrics::info::Info::new(target_labels()),
+        );
         Self {
             metrics: m,
             http_requests,
@@ -459,6 +488,7 @@ impl MetricsSet {
             house,
             ours: r,
             legacy,
+            root,
         }
     }
 
@@ -484,6 +514,7 @@ impl MetricsSet {
         let mut out = String::new();
         for part in [
             self.house.encode(),
+            encode_one(&self.root),
             encode_one(&self.ours),
             encode_one(&self.legacy),
         ] {
@@ -493,6 +524,71 @@ impl MetricsSet {
         out.push_str("# EOF\n");
         out
     }
+}
+
+/// `target_info`'s labels, as OpenTelemetry's Prometheus exporter writes
+/// the resource (the reference's `service_name` is `lmcache-mp-coordinator`).
+fn target_labels() -> Vec<(String, String)> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    vec![
+        ("service_instance_id".to_owned(), host),
+        ("service_name".to_owned(), crate::BINARY.to_owned()),
+        (
+            "service_version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        ),
+        ("telemetry_sdk_language".to_owned(), "rust".to_owned()),
+        (
+            "telemetry_sdk_name".to_owned(),
+            "prometheus-client".to_owned(),
+        ),
+    ]
+}
+
+/// Rewrites an OpenMetrics exposition into the Prometheus text format the
+/// reference serves (`text/plain`): counter families take their `_total`
+/// name in `# HELP`/`# TYPE`, info families become gauges named `_info`,
+/// `# UNIT` and `# EOF` go. Without this a text-format parser sees every
+/// counter's samples as untyped and without help.
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut types = std::collections::HashMap::new();
+    for line in openmetrics.lines() {
+        if let Some((name, kind)) = line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' ')) {
+            types.insert(name, kind);
+        }
+    }
+    let renamed = |name: &str| -> (String, &'static str) {
+        match types.get(name).copied() {
+            Some("counter") if name.ends_with("_total") => (name.to_owned(), "counter"),
+            Some("counter") => (format!("{name}_total"), "counter"),
+            Some("info") => (format!("{name}_info"), "gauge"),
+            Some("gauge") => (name.to_owned(), "gauge"),
+            Some("histogram" | "gaugehistogram") => (name.to_owned(), "histogram"),
+            Some("summary") => (name.to_owned(), "summary"),
+            Some("stateset") => (name.to_owned(), "gauge"),
+            _ => (name.to_owned(), "untyped"),
+        }
+    };
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').unwrap_or((rest, ""));
+            out.push_str(&format!("# HELP {} {help}\n", renamed(name).0));
+        } else if let Some((name, _)) = line.strip_prefix("# TYPE ").and_then(|r| r.split_once(' '))
+        {
+            let (name, kind) = renamed(name);
+            out.push_str(&format!("# TYPE {name} {kind}\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 fn encode_one(registry: &Registry) -> String {

@@ -151,6 +151,20 @@ impl Persistence {
         for c in self.controllers.iter() {
             c.restore_checkpoint(&sections);
         }
+        // A checkpoint larger than today's --max-directory-keys: the keys
+        // the bound dropped leave the other views too.
+        let dropped: Vec<_> = self.views.write(|views| {
+            let dropped = views.directory.take_dropped();
+            for (key, placements) in &dropped {
+                views.usage.forget(key, placements);
+            }
+            dropped.into_iter().map(|(k, _)| k).collect()
+        });
+        if !dropped.is_empty() {
+            for c in self.controllers.iter() {
+                c.forget(&dropped);
+            }
+        }
         tracing::info!(path = %path.display(), keys, "checkpoint restored");
     }
 

@@ -33,6 +33,11 @@ pub struct Settings {
     pub kafka: Option<KafkaSettings>,
     /// Bound on the directory's keys (`None`: unbounded).
     pub max_directory_keys: Option<usize>,
+    /// `POST /events` needs the operator credentials.
+    pub events_require_auth: bool,
+    /// Largest size one event entry may claim (`None`: only the declared
+    /// capacity bounds it).
+    pub max_event_entry_bytes: Option<u64>,
 }
 
 impl Default for Settings {
@@ -49,6 +54,8 @@ impl Default for Settings {
             disable_metrics: false,
             kafka: None,
             max_directory_keys: Some(10_000_000),
+            events_require_auth: false,
+            max_event_entry_bytes: Some(1 << 30),
         }
     }
 }

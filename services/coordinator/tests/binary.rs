@@ -1,27 +1,95 @@
 //! The real binary starts, answers --help, serves its admin endpoints and
-//! stops cleanly on SIGTERM.
+//! stops cleanly on SIGTERM. The house lifecycle check
+//! (`ic_e2e::assert_service_lifecycle`), except for `/metrics`: like the
+//! reference, a scrape without `Accept: application/openmetrics-text` gets
+//! the Prometheus text format (no `# EOF`), one asking for OpenMetrics gets
+//! OpenMetrics.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use ic_e2e::{ServiceProcess, help_text, http_get};
+use nix::sys::signal::Signal;
+
+fn get_with_accept(addr: std::net::SocketAddr, path: &str, accept: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
 
 #[test]
 fn binary_lifecycle() {
-    ic_e2e::assert_service_lifecycle(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator")),
-        &["--host", "127.0.0.1", "--port", "0"],
-        &[
-            "--host",
-            "--port",
-            "--chunk-size",
-            "--hash-algorithm",
-            "--instance-timeout",
-            "--health-check-interval",
-            "--checkpoint-path",
-            "--checkpoint-interval",
-            "--metadata-path",
-            "--extra-config",
-            "--event-transport",
-            "--kafka-bootstrap-servers",
-            "--kafka-topic",
-            "--kafka-group-id",
-            "--max-ready-lag",
-        ],
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    let help = help_text(bin);
+    for flag in [
+        "--host",
+        "--port",
+        "--chunk-size",
+        "--hash-algorithm",
+        "--instance-timeout",
+        "--health-check-interval",
+        "--checkpoint-path",
+        "--checkpoint-interval",
+        "--metadata-path",
+        "--extra-config",
+        "--event-transport",
+        "--kafka-bootstrap-servers",
+        "--kafka-topic",
+        "--kafka-group-id",
+        "--max-ready-lag",
+        "--format",
+        "--output",
+        "--quiet",
+        "--events-require-auth",
+        "--max-event-entry-bytes",
+        "coordinator",
+        "--log-level",
+        "--log-format",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
+    }
+    let mut process =
+        ServiceProcess::start(bin, &["coordinator", "--host", "127.0.0.1", "--port", "0"]);
+    let addr = process.admin_addr();
+    assert_eq!(http_get(addr, "/live").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(addr, "/ready").0 != 200 {
+        assert!(Instant::now() < deadline, "/ready never became 200");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, text) = http_get(addr, "/metrics");
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("inferencecache_build_info{binary=\"ic-coordinator\""),
+        "{text}"
+    );
+    assert!(!text.contains("# EOF"), "{text}");
+    let om = get_with_accept(
+        addr,
+        "/metrics",
+        "application/openmetrics-text;version=1.0.0",
+    );
+    assert!(
+        om.contains("content-type: application/openmetrics-text"),
+        "{om}"
+    );
+    assert!(om.trim_end().ends_with("# EOF"), "{om}");
+    process.signal(Signal::SIGTERM);
+    let status = process.wait_exit();
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
+    assert!(
+        process
+            .logs()
+            .iter()
+            .any(|l| l.contains("shutdown requested") && l.contains("SIGTERM")),
+        "no shutdown log:\n{}",
+        process.logs().join("\n")
     );
 }

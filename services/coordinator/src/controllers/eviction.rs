@@ -155,6 +155,13 @@ impl Controller for FleetEvictionController {
         true
     }
 
+    fn forget(&self, keys: &[ic_coordinator_core::key::SharedKey]) {
+        let mut state = self.state.lock();
+        for k in keys {
+            state.lru.remove(k);
+        }
+    }
+
     fn consume(&self, batch: &Batch, views: &Views) -> Result<(), ConsumeError> {
         self.state.lock().lru.apply(batch, &views.directory);
         Ok(())

@@ -45,6 +45,14 @@ struct PrefetchRequest {
     cache_salt: String,
 }
 
+impl crate::error::Schema for PrefetchRequest {
+    const MODEL: &'static ic_coordinator_core::lax::Model =
+        &ic_coordinator_core::lax::models::PREFETCH;
+    fn valid(&self) -> bool {
+        self.world_size >= 1
+    }
+}
+
 /// An action error as the reference answers it: 404 for an unknown
 /// instance, 502 (with `what`) when the call failed.
 pub(crate) fn action_error(what: &str, instance_id: &str, error: ActionError) -> ApiError {

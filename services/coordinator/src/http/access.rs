@@ -194,7 +194,12 @@ pub async fn guard(
     req: Request,
     next: Next,
 ) -> Response {
-    let action = match operator_action(req.method(), req.uri().path()) {
+    let events = app.settings.events_require_auth
+        && *req.method() == axum::http::Method::POST
+        && req.uri().path() == "/events";
+    let action = match operator_action(req.method(), req.uri().path())
+        .or(events.then_some(("create", "events")))
+    {
         Some(action) if !matches!(*access, OperatorAccess::Open) => action,
         _ => return next.run(req).await,
     };

@@ -10,8 +10,9 @@ use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, Body, Query, default_limit, page_bounds};
+use crate::error::{ApiError, Body, Query, Schema, default_limit, page_bounds};
 use crate::state::App;
+use ic_coordinator_core::lax::{Model, models};
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct LookupRequest {
@@ -25,6 +26,22 @@ pub(crate) struct LookupRequest {
     world_size: i64,
     #[serde(default)]
     cache_salt: String,
+}
+
+impl Schema for LookupRequest {
+    const MODEL: &'static Model = &models::LOOKUP;
+    fn valid(&self) -> bool {
+        let keys = self.keys.as_ref().is_some_and(|k| !k.is_empty());
+        let tokens = self.token_ids.as_ref().is_some_and(|t| !t.is_empty());
+        self.world_size >= 1
+            && keys != tokens
+            && (!tokens || self.model_name.as_ref().is_some_and(|m| !m.is_empty()))
+            && self
+                .keys
+                .iter()
+                .flatten()
+                .all(|k| ObjectKey::from_wire(k).is_ok())
+    }
 }
 
 fn one() -> i64 {
@@ -140,6 +157,10 @@ pub(crate) struct KeysQuery {
     limit: i64,
 }
 
+impl Schema for KeysQuery {
+    const MODEL: &'static Model = &models::KEYS_QUERY;
+}
+
 pub(crate) async fn keys(
     State(app): State<App>,
     Query(q): Query<KeysQuery>,
@@ -189,6 +210,24 @@ pub(crate) struct BlendRequest {
     #[serde(default)]
     #[allow(dead_code)]
     cache_salt: String,
+}
+
+impl Schema for BlendRequest {
+    const MODEL: &'static Model = &models::BLEND;
+    fn valid(&self) -> bool {
+        // The base64 and namespace checks stay in the handler; only a
+        // clean request takes the fast path.
+        self.world_size >= 1
+            && (self.tokens_b64.is_empty()
+                || self.model_name.as_ref().is_some_and(|m| !m.is_empty()))
+            && models_tokens_ok(&self.tokens_b64)
+    }
+}
+
+fn models_tokens_ok(b64: &str) -> bool {
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.as_bytes())
+        .is_ok_and(|raw| raw.len().is_multiple_of(4))
 }
 
 /// Blend lookup is off in this build (the reference's default), so a valid

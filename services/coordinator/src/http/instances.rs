@@ -10,7 +10,7 @@ use ic_coordinator_core::registry::InstanceRecord;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, Body};
+use crate::error::{ApiError, Body, Schema};
 use crate::state::App;
 
 #[derive(Debug, Deserialize)]
@@ -25,6 +25,16 @@ pub(crate) struct RegisterRequest {
     p2p_advertised_url: String,
     #[serde(default)]
     mq_port: i64,
+}
+
+impl Schema for RegisterRequest {
+    const MODEL: &'static ic_coordinator_core::lax::Model =
+        &ic_coordinator_core::lax::models::REGISTER;
+    fn valid(&self) -> bool {
+        !self.ip.trim().is_empty()
+            && (1..=65535).contains(&self.http_port)
+            && (0..=65535).contains(&self.mq_port)
+    }
 }
 
 pub(crate) async fn register(

@@ -2,6 +2,7 @@
 //! metrics, status) plus the routes of each enabled controller.
 
 pub mod access;
+pub mod compat;
 pub mod directory;
 pub mod events;
 pub mod instances;
@@ -32,6 +33,8 @@ pub fn router(app: App) -> Router {
 pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
     let guard_state = (app.clone(), std::sync::Arc::new(access));
     let mut router = Router::new()
+        .route("/openapi.json", get(compat::openapi))
+        .route("/docs", get(compat::docs))
         .route("/healthz", get(healthz))
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
@@ -59,6 +62,10 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
             router = router.merge(routes);
         }
     }
+    let names: std::collections::HashSet<&'static str> =
+        app.controllers.iter().map(|c| c.name()).collect();
+    let enabled: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync> =
+        std::sync::Arc::new(move |c: &str| names.contains(c));
     router
         .route_layer(axum::middleware::from_fn_with_state(
             guard_state,
@@ -68,6 +75,9 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            compat::starlette_edges(enabled.clone(), req, next)
+        }))
 }
 
 /// Counts and times every request that matched a route.
@@ -143,18 +153,23 @@ async fn metrics(State(app): State<App>, headers: axum::http::HeaderMap) -> Resp
     if app.settings.disable_metrics || ic_telemetry::otel::enabled() {
         return not_found().await;
     }
-    // Prometheus asks for OpenMetrics; other clients get the reference's
-    // text/plain type (the body parses as either).
+    // Prometheus asks for OpenMetrics and gets it; other clients get the
+    // reference's Prometheus text format.
     let openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("application/openmetrics-text"));
-    let content_type = if openmetrics {
-        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    let text = metrics_text(&app);
+    if openmetrics {
+        let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        ([(header::CONTENT_TYPE, content_type)], text).into_response()
     } else {
-        "text/plain; version=0.0.4; charset=utf-8"
-    };
-    ([(header::CONTENT_TYPE, content_type)], metrics_text(&app)).into_response()
+        // The reference's type (prometheus_client 0.24), with a body in
+        // the Prometheus text format it names.
+        let content_type = "text/plain; version=1.0.0; charset=utf-8";
+        let body = crate::metrics::prometheus_text(&text);
+        ([(header::CONTENT_TYPE, content_type)], body).into_response()
+    }
 }
 
 /// The exposition, with the scrape-time gauges set first (what `/metrics`
@@ -181,6 +196,10 @@ fn refresh_gauges(app: &App) {
             .set(age);
         registered.insert(id);
     }
+    let (depth, lag) = app.ingest.queue.snapshot();
+    m.event_queue_depth
+        .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    m.event_drain_lag.set(lag);
     let stats = app.views.read(|v| v.directory.stats());
     app.metrics.set_tier("l1", stats.l1.count, stats.l1.bytes);
     app.metrics.set_tier("l2", stats.l2.count, stats.l2.bytes);

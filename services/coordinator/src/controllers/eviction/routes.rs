@@ -15,7 +15,8 @@ use serde_json::{Value, json};
 use super::FleetEvictionController;
 use crate::controller::Context;
 use crate::controllers::prefetch::action_error;
-use crate::error::{ApiError, Body, Query, default_limit, page_bounds};
+use crate::error::{ApiError, Body, Query, Schema, default_limit, page_bounds};
+use ic_coordinator_core::lax::{Model, models};
 
 type Ctx = State<(Context, Arc<FleetEvictionController>)>;
 
@@ -57,11 +58,22 @@ pub(super) struct TierQuery {
     tier: LevelFilter,
 }
 
+impl Schema for TierQuery {
+    const MODEL: &'static Model = &models::TIER_QUERY;
+}
+
 #[derive(Debug, Deserialize)]
 pub(super) struct PutQuota {
     limit_gb: f64,
     #[serde(default = "l2")]
     tier: LevelFilter,
+}
+
+impl Schema for PutQuota {
+    const MODEL: &'static Model = &models::SET_QUOTA;
+    fn valid(&self) -> bool {
+        self.limit_gb >= 0.0
+    }
 }
 
 pub(super) async fn put_quota(
@@ -171,6 +183,13 @@ pub(super) struct PutDefault {
     tier: LevelFilter,
 }
 
+impl Schema for PutDefault {
+    const MODEL: &'static Model = &models::QUOTA_CONFIG;
+    fn valid(&self) -> bool {
+        self.default_limit_gb.is_none_or(|g| g >= 0.0)
+    }
+}
+
 pub(super) async fn put_default(
     State((ctx, ctl)): Ctx,
     Body(req): Body<PutDefault>,
@@ -208,6 +227,13 @@ pub(super) struct PinRequest {
     token_ids: Vec<i64>,
     #[serde(default)]
     cache_salt: String,
+}
+
+impl Schema for PinRequest {
+    const MODEL: &'static Model = &models::PIN;
+    fn valid(&self) -> bool {
+        self.world_size >= 1
+    }
 }
 
 fn resolve_tokens(
@@ -277,6 +303,10 @@ pub(super) struct PinsQuery {
     limit: i64,
 }
 
+impl Schema for PinsQuery {
+    const MODEL: &'static Model = &models::PINS_QUERY;
+}
+
 pub(super) async fn list_pins(
     State((_ctx, ctl)): Ctx,
     Query(q): Query<PinsQuery>,
@@ -319,6 +349,13 @@ pub(super) struct DeleteRequest {
     tier: LevelFilter,
     #[serde(default)]
     force: bool,
+}
+
+impl Schema for DeleteRequest {
+    const MODEL: &'static Model = &models::DELETE;
+    fn valid(&self) -> bool {
+        self.world_size >= 1
+    }
 }
 
 pub(super) async fn delete(

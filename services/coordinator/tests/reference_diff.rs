@@ -1,0 +1,677 @@
+//! Differential tests against the real LMCache 0.5.6 coordinator: the same
+//! requests go to `lmcache coordinator` (from the conformance venv,
+//! `IC_CONFORMANCE_VENV`; the test fails without it) and to our binary, in
+//! the same order, and status, JSON body and the routing headers must be
+//! equal. Covers lax coercions, pydantic's error bodies, malformed JSON,
+//! content types, duplicate query parameters, trailing slashes, HEAD,
+//! `405 Allow`, `/openapi.json`, and the command line.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn lmcache() -> std::path::PathBuf {
+    ic_e2e::conformance::venv().join("bin/lmcache")
+}
+
+fn start_reference(port: u16, extra: &[&str]) -> Proc {
+    let child = Command::new(lmcache())
+        .args([
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(extra)
+        .env("LMCACHE_DISABLE_BANNER", "1")
+        .env("LMCACHE_TRACK_USAGE", "false")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lmcache coordinator");
+    Proc(child)
+}
+
+fn start_ours(port: u16, extra: &[&str]) -> Proc {
+    let child = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"))
+        .args([
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ic-coordinator");
+    Proc(child)
+}
+
+async fn wait_ready(http: &reqwest::Client, port: u16, proc: &mut Proc) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{port}/healthz"))
+            .send()
+            .await
+            && r.status().is_success()
+        {
+            return;
+        }
+        if let Ok(Some(status)) = proc.0.try_wait() {
+            panic!("server on {port} exited before it was ready: {status}");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "server on {port} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One request: method, path (with query), content type (None: no header),
+/// raw body.
+struct Req(&'static str, &'static str, Option<&'static str>, String);
+
+fn j(method: &'static str, path: &'static str, body: Value) -> Req {
+    Req(method, path, Some("application/json"), body.to_string())
+}
+
+fn raw(method: &'static str, path: &'static str, ct: Option<&'static str>, body: &str) -> Req {
+    Req(method, path, ct, body.to_owned())
+}
+
+#[derive(Debug, PartialEq)]
+struct Answer {
+    status: u16,
+    allow: Option<String>,
+    location: Option<String>,
+    body: Value,
+}
+
+async fn send(http: &reqwest::Client, port: u16, r: &Req) -> Answer {
+    let url = format!("http://127.0.0.1:{port}{}", r.1);
+    let mut b = http.request(r.0.parse().unwrap(), url);
+    if let Some(ct) = r.2 {
+        b = b.header("content-type", ct);
+    }
+    if !r.3.is_empty() {
+        b = b.body(r.3.clone());
+    }
+    let resp = b.send().await.unwrap();
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().replace(&port.to_string(), "PORT"))
+    };
+    let (allow, location) = (header("allow"), header("location"));
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    // Registration times differ by the microseconds between the two sends.
+    if let Some(list) = body.get_mut("instances").and_then(Value::as_array_mut) {
+        for i in list {
+            i["registration_time"] = Value::Null;
+        }
+    }
+    Answer {
+        status,
+        allow,
+        location,
+        body,
+    }
+}
+
+fn batch(seq: Value, extra: Value) -> Value {
+    let mut b = json!({"instance_id": "mp-a", "incarnation": 1, "seq": seq, "event_type": "store",
+        "tier": "l2", "backend": "fs", "entries": []});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+fn key(hex: &str) -> Value {
+    json!({"chunk_hash_hex": hex, "model_name": "m", "kv_rank": 0})
+}
+
+fn cases() -> Vec<Req> {
+    let mut c = vec![
+        // Registration: lax integers, bounds, missing fields, strip.
+        j(
+            "POST",
+            "/instances",
+            json!({"instance_id": "a", "ip": " 10.0.0.1 ", "http_port": "8080"}),
+        ),
+        j(
+            "POST",
+            "/instances",
+            json!({"instance_id": "b", "ip": "h", "http_port": 4.0, "mq_port": " 7 "}),
+        ),
+        j(
+            "POST",
+            "/instances",
+            json!({"instance_id": "c", "ip": "h", "http_port": true}),
+        ),
+        j("POST", "/instances", json!({"ip": "h", "http_port": 4.5})),
+        j("POST", "/instances", json!({"ip": "h", "http_port": "x"})),
+        j(
+            "POST",
+            "/instances",
+            json!({"ip": "h", "http_port": "3__0"}),
+        ),
+        j(
+            "POST",
+            "/instances",
+            json!({"ip": "h", "http_port": 0, "mq_port": 70000}),
+        ),
+        j("POST", "/instances", json!({"ip": "  ", "http_port": 1})),
+        j("POST", "/instances", json!({"http_port": null})),
+        j(
+            "POST",
+            "/instances",
+            json!({"ip": 5, "http_port": [1], "metadata": {"a": 1}}),
+        ),
+        j(
+            "POST",
+            "/instances",
+            json!({"ip": "h", "http_port": 1, "metadata": []}),
+        ),
+        j("POST", "/instances", json!([1])),
+        // Bodies that are not JSON objects.
+        raw(
+            "POST",
+            "/instances",
+            Some("text/plain"),
+            r#"{"ip":"h","http_port":3}"#,
+        ),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/x-www-form-urlencoded"),
+            "ip=h",
+        ),
+        raw(
+            "POST",
+            "/instances",
+            None,
+            r#"{"instance_id":"d","ip":"h","http_port":3}"#,
+        ),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/vnd.api+json"),
+            r#"{"instance_id":"e","ip":"h","http_port":3}"#,
+        ),
+        raw("POST", "/instances", Some("application/json"), ""),
+        raw("POST", "/instances", Some("application/json"), "null"),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/json"),
+            r#"{"ip":"1.2.3.4","#,
+        ),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/json"),
+            r#"{"ip" 1}"#,
+        ),
+        raw("POST", "/instances", Some("application/json"), r#"{"ip":1"#),
+        raw("POST", "/instances", Some("application/json"), "[1,]"),
+        raw("POST", "/instances", Some("application/json"), "{} x"),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/json"),
+            r#"{"ip":"h"#,
+        ),
+        raw("POST", "/instances", Some("application/json"), "  "),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/json"),
+            r#"{"instance_id":"f","ip":"x","ip":"h","http_port":1}"#,
+        ),
+        // Events: coercions, then each kind of error.
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(1.0), json!({"incarnation": "1", "shared": "yes", "ts": "2.5",
+            "entries": [{"key": key("ab"), "size_bytes": "10", "token_ids": ["1", 2.0, true]}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"incarnation": -1, "event_type": "stor", "tier": "l3"}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"instance_id": ""}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(0), json!({}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"tier": "all"}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"ts": -1}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"event_type": "config", "entries": [{"key": key("ab")}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"backend": ""}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": key("ab"), "size_bytes": -1}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": key("ab"), "token_offset": -5}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": key("zz")}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": key("abc")}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": {"model_name": "m"}}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [{"key": {"chunk_hash_hex": "ab", "model_name": "m@x", "kv_rank": 0}}]}))]}),
+        ),
+        j(
+            "POST",
+            "/events",
+            json!({"batches": [batch(json!(2), json!({"entries": [7]}))]}),
+        ),
+        j("POST", "/events", json!({"batches": [{}]})),
+        j("POST", "/events", json!({"batches": {}})),
+        j("POST", "/events", json!({"batches": [3]})),
+        j("POST", "/events", json!({})),
+        raw("POST", "/events", Some("application/json"), ""),
+        // Lookup: the model validator, coercions, the stored key.
+        j("POST", "/directory/lookup", json!({})),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"keys": [key("ab")], "token_ids": [1]}),
+        ),
+        j("POST", "/directory/lookup", json!({"keys": [key("zz")]})),
+        j("POST", "/directory/lookup", json!({"keys": [key("ab")]})),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"keys": [{"chunk_hash_hex": "ab", "model_name": "m", "kv_rank": "0"}]}),
+        ),
+        j("POST", "/directory/lookup", json!({"token_ids": [1, 2]})),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"token_ids": [1, 2], "model_name": "m", "world_size": 0}),
+        ),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"token_ids": [1, 2], "model_name": "m", "world_size": "2"}),
+        ),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"token_ids": [1, 2], "model_name": 5}),
+        ),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"token_ids": [1, 2], "model_name": "m", "world_size": false}),
+        ),
+        j(
+            "POST",
+            "/directory/lookup",
+            json!({"token_ids": ["x"], "model_name": "m"}),
+        ),
+        // Blend lookup validation.
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "AAAA"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "AAAAAA==", "model_name": "m"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "AAAAA", "model_name": "m"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "A!AA", "model_name": "m"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "AAAAAAAAAAA=", "model_name": "m"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"tokens_b64": "AAAAAA", "model_name": "m"}),
+        ),
+        j(
+            "POST",
+            "/directory/blend-lookup",
+            json!({"world_size": "0"}),
+        ),
+        // Query parameters: last repeated value wins, lax ints, bounds.
+        raw("GET", "/directory/keys?limit=5&limit=abc", None, ""),
+        raw("GET", "/directory/keys?limit=abc&limit=5", None, ""),
+        raw("GET", "/directory/keys?limit=0&tier=l3&offset=-1", None, ""),
+        raw("GET", "/directory/keys?limit=4.0&tier=l2", None, ""),
+        raw("GET", "/directory/keys?limit=10001", None, ""),
+        raw("GET", "/cache/pins?offset=x&limit=2", None, ""),
+        raw("GET", "/quota?tier=l9", None, ""),
+        // Operator bodies (validation only: no MP server needed).
+        j("PUT", "/quota/t1", json!({"limit_gb": "1.5"})),
+        j("PUT", "/quota/t2", json!({"limit_gb": -1})),
+        j("PUT", "/quota/t2", json!({"limit_gb": "x", "tier": "l4"})),
+        j("PUT", "/quota/t2", json!({})),
+        j("PUT", "/quota/config", json!({"default_limit_gb": "2"})),
+        j("PUT", "/quota/config", json!({"default_limit_gb": -2})),
+        j("PUT", "/quota/config", json!({"default_limit_gb": null})),
+        raw("GET", "/quota", None, ""),
+        j("POST", "/cache/pins", json!({"model_name": "m"})),
+        j(
+            "POST",
+            "/cache/pins",
+            json!({"model_name": "m", "world_size": "0"}),
+        ),
+        j(
+            "POST",
+            "/cache/pins",
+            json!({"model_name": "m", "world_size": "1", "token_ids": [1]}),
+        ),
+        j("DELETE", "/cache/pins", json!({"world_size": 1.5})),
+        j(
+            "POST",
+            "/cache/delete",
+            json!({"instance_id": "x", "model_name": "m", "world_size": 1, "tier": "l7", "force": "maybe"}),
+        ),
+        j("POST", "/cache/delete", json!({})),
+        j("POST", "/cache/prefetches", json!({"instance_id": "x"})),
+        j(
+            "POST",
+            "/cache/prefetches",
+            json!({"instance_id": "x", "model_name": "m", "world_size": 0, "token_ids": {}}),
+        ),
+        // Routing edges.
+        raw("PATCH", "/instances", None, ""),
+        raw("PATCH", "/instances/usage", None, ""),
+        raw("PATCH", "/quota/config", None, ""),
+        raw("POST", "/healthz", None, ""),
+        raw("HEAD", "/healthz", None, ""),
+        raw("HEAD", "/instances", None, ""),
+        raw("HEAD", "/openapi.json", None, ""),
+        raw(
+            "POST",
+            "/instances/",
+            Some("application/json"),
+            r#"{"ip":"h","http_port":3}"#,
+        ),
+        raw("GET", "/directory/keys/?limit=2", None, ""),
+        raw("PUT", "/instances/a/heartbeat/", None, ""),
+        raw("GET", "/nothing/", None, ""),
+        raw("GET", "/nothing", None, ""),
+        raw("GET", "/openapi.json", None, ""),
+        raw("GET", "/instances", None, ""),
+        raw("GET", "/directory/keys", None, ""),
+        raw("GET", "/directory/stats", None, ""),
+    ];
+    c.push(raw("GET", "/quota/t1", None, ""));
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_errors_match_the_reference() {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
+    // Loops off on both so no sweep changes state between the two runs.
+    let flags = [
+        "--health-check-interval",
+        "0",
+        "--eviction-check-interval",
+        "0",
+    ];
+    let mut reference = start_reference(rp, &flags);
+    let mut ours = start_ours(op, &flags);
+    wait_ready(&http, rp, &mut reference).await;
+    wait_ready(&http, op, &mut ours).await;
+    let mut mismatches = Vec::new();
+    let cases = cases();
+    for r in &cases {
+        let want = send(&http, rp, r).await;
+        let got = send(&http, op, r).await;
+        if want != got {
+            mismatches.push(format!(
+                "{} {} ({:?}) {}\n  reference: {want:?}\n  ours:      {got:?}",
+                r.0, r.1, r.2, r.3
+            ));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{} of {} requests answered differently:\n{}",
+        mismatches.len(),
+        cases.len(),
+        mismatches.join("\n")
+    );
+}
+
+/// Every flag of `lmcache coordinator` (and the output flags every LMCache
+/// subcommand takes) is accepted by `ic-coordinator coordinator`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_command_line_starts_ours() {
+    let http = reqwest::Client::new();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c.ckpt");
+    let meta = dir.path().join("m.json");
+    let out = dir.path().join("out.json");
+    let port = ic_e2e::free_port();
+    let args = [
+        "--instance-timeout",
+        "15",
+        "--health-check-interval",
+        "2",
+        "--eviction-check-interval",
+        "3",
+        "--eviction-ratio",
+        "0.5",
+        "--trigger-watermark",
+        "0.9",
+        "--chunk-size",
+        "16",
+        "--hash-algorithm",
+        "blake3",
+        "--blend-probe-stride",
+        "1",
+        "--checkpoint-path",
+        ckpt.to_str().unwrap(),
+        "--checkpoint-interval",
+        "30",
+        "--metadata-path",
+        meta.to_str().unwrap(),
+        "--timeout-keep-alive",
+        "5",
+        "--extra-config",
+        "{}",
+        "--event-transport",
+        "http",
+        "--kafka-topic",
+        "t",
+        "--kafka-group-id",
+        "g",
+        "--format",
+        "json",
+        "--output",
+        out.to_str().unwrap(),
+        "-q",
+    ];
+    let mut ours = start_ours(port, &args);
+    wait_ready(&http, port, &mut ours).await;
+    drop(ours);
+    // The bare form (no subcommand) keeps working.
+    let port = ic_e2e::free_port();
+    let mut bare = Proc(
+        Command::new(env!("CARGO_BIN_EXE_ic-coordinator"))
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--quiet",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(&http, port, &mut bare).await;
+    // Refusals are clear and name the flag.
+    for (flag, value) in [
+        ("--hash-algorithm", "sha256_cbor"),
+        ("--hash-algorithm", ""),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"))
+            .args([
+                "coordinator",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                flag,
+                value,
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+}
+
+/// Families of a `/metrics` body as prometheus_client (the reference's own
+/// library, from the venv) parses the text format: `(name, type, help)`.
+fn parse_families(text: &str) -> Vec<(String, String, String)> {
+    let script = "import sys, json\nfrom prometheus_client.parser import text_string_to_metric_families as f\nprint(json.dumps([[m.name, m.type, m.documentation] for m in f(sys.stdin.read())]))";
+    let mut child = Command::new(ic_e2e::conformance::venv().join("bin/python3"))
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "parser failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `/metrics` is the text format its content type names, every family is
+/// typed and documented, and the reference's coordinator families (with
+/// `target_info` and the event-bus gauges) are all there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_exposition_parses_like_the_references() {
+    let http = reqwest::Client::new();
+    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
+    let mut reference = start_reference(rp, &[]);
+    let mut ours = start_ours(op, &[]);
+    wait_ready(&http, rp, &mut reference).await;
+    wait_ready(&http, op, &mut ours).await;
+    let get = |port: u16| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .get(format!("http://127.0.0.1:{port}/metrics"))
+                .send()
+                .await
+                .unwrap();
+            let ct = r.headers()["content-type"].to_str().unwrap().to_owned();
+            (ct, r.text().await.unwrap())
+        }
+    };
+    let (ref_ct, ref_text) = get(rp).await;
+    let (our_ct, our_text) = get(op).await;
+    assert_eq!(our_ct, ref_ct);
+    let theirs = parse_families(&ref_text);
+    let ours_f = parse_families(&our_text);
+    for (name, kind, help) in &ours_f {
+        assert!(
+            kind != "unknown" && !help.is_empty(),
+            "{name}: type {kind}, help {help:?}\n{our_text}"
+        );
+    }
+    for (name, kind, _) in theirs
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("lmcache") || n == "target_info")
+    {
+        assert!(
+            ours_f.iter().any(|(n, k, _)| n == name && k == kind),
+            "reference family {name} ({kind}) missing:\n{our_text}"
+        );
+    }
+}
