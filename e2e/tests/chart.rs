@@ -9,7 +9,9 @@
 //! components get disruption budgets and spread; the index server rolls
 //! out new pods before stopping old ones, is reachable replica by replica
 //! through a headless Service (on its certificate too), and every draining
-//! server has a termination grace above its drain.
+//! server has a termination grace above its drain. Goldens are compared as
+//! sets of objects, under Helm 3.17 and Helm 4.1 alike; `chart/install.rs`
+//! holds what a real install on a managed cluster needs.
 
 #![allow(clippy::unwrap_used)]
 
@@ -19,6 +21,9 @@ use ic_e2e::chart::{
     chart_dir, custom_resources_validate, find, helm_run, kubernetes_validate, objects, of_kind,
     render,
 };
+
+#[path = "chart/install.rs"]
+mod install;
 
 const CHART: &str = "inference-cache";
 
@@ -40,16 +45,93 @@ fn render_set(values: &std::path::Path) -> String {
     render(CHART, &["-f", values.to_str().unwrap()])
 }
 
+/// The Helm binaries the charts are checked with: 3.17 (`IC_HELM_BIN`) and
+/// 4.1 (`IC_HELM4_BIN`), both installed by `./dev.sh` (ensure_helm).
+fn helms() -> Vec<(&'static str, PathBuf)> {
+    let helm4 = std::env::var_os("IC_HELM4_BIN").unwrap_or_else(|| {
+        panic!("IC_HELM4_BIN is not set: run the chart tests with `./dev.sh chart` (it installs helm 4)")
+    });
+    vec![
+        ("helm 3", ic_e2e::chart::helm()),
+        ("helm 4", PathBuf::from(helm4)),
+    ]
+}
+
+/// `helm template` of `chart` with the binary `helm`, as `render` does.
+fn render_with(helm: &std::path::Path, chart: &str, extra: &[&str]) -> String {
+    let dir = chart_dir(chart);
+    let out = std::process::Command::new(helm)
+        .args(["template", ic_e2e::chart::RELEASE, dir.to_str().unwrap()])
+        .args([
+            "--namespace",
+            ic_e2e::chart::NAMESPACE,
+            "--kube-version",
+            "1.33.0",
+        ])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{} template {chart} {extra:?}: {}",
+        helm.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A render as a set of objects keyed by kind, namespace and name: Helm
+/// versions order documents differently, and the order means nothing.
+fn object_set(render: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let mut set = std::collections::BTreeMap::new();
+    for o in objects(render) {
+        let key = format!(
+            "{}/{}/{}",
+            o["kind"].as_str().unwrap_or_default(),
+            o["metadata"]["namespace"].as_str().unwrap_or_default(),
+            o["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        assert!(set.insert(key.clone(), o).is_none(), "{key} rendered twice");
+    }
+    set
+}
+
+/// The keys whose objects differ between two sets (or are in only one).
+fn differing(
+    a: &std::collections::BTreeMap<String, serde_json::Value>,
+    b: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Vec<String> {
+    a.keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 #[test]
 fn both_charts_lint_clean() {
-    for chart in [CHART, "inference-cache-crds"] {
-        let dir = chart_dir(chart);
-        let (ok, out, err) = helm_run(&["lint", "--strict", dir.to_str().unwrap()]);
-        assert!(ok, "helm lint --strict {chart}:\n{out}\n{err}");
-        assert!(out.contains("0 chart(s) failed"), "{out}");
+    for (version, helm) in helms() {
+        for chart in [CHART, "inference-cache-crds"] {
+            let dir = chart_dir(chart);
+            let out = std::process::Command::new(&helm)
+                .args(["lint", "--strict", dir.to_str().unwrap()])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{version} lint --strict {chart}:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(text.contains("0 chart(s) failed"), "{version}: {text}");
+        }
     }
 }
 
+/// Goldens hold the Helm 3 render; every Helm version must render the same
+/// objects (compared by kind/namespace/name, not bytes).
 #[test]
 fn renders_match_their_golden_files() {
     let sets = value_sets();
@@ -57,31 +139,38 @@ fn renders_match_their_golden_files() {
     let golden_dir = chart_dir(CHART).join("tests/golden");
     let update = std::env::var_os("UPDATE_GOLDEN").is_some();
     let mut stale = Vec::new();
-    for (name, values) in &sets {
-        let rendered = render_set(values);
+    let mut cases: Vec<(String, String, Vec<String>)> = sets
+        .iter()
+        .map(|(name, values)| {
+            (
+                name.clone(),
+                CHART.to_owned(),
+                vec!["-f".to_owned(), values.to_str().unwrap().to_owned()],
+            )
+        })
+        .collect();
+    // The CRD chart on its own.
+    cases.push(("crds-chart".into(), "inference-cache-crds".into(), vec![]));
+    for (name, chart, args) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let path = golden_dir.join(format!("{name}.yaml"));
         if update {
-            std::fs::write(&path, &rendered).unwrap();
+            std::fs::write(&path, render(chart, &args)).unwrap();
             continue;
         }
         let golden = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e} (run with UPDATE_GOLDEN=1)", path.display()));
-        if golden != rendered {
-            stale.push(name.clone());
+        let golden = object_set(&golden);
+        for (version, helm) in helms() {
+            let diff = differing(&golden, &object_set(&render_with(&helm, chart, &args)));
+            if !diff.is_empty() {
+                stale.push(format!("{name} ({version}): {diff:?}"));
+            }
         }
-    }
-    // The CRD chart on its own.
-    let crds = render("inference-cache-crds", &[]);
-    let crd_golden =
-        chart_dir("inference-cache-crds").join("../inference-cache/tests/golden/crds-chart.yaml");
-    if update {
-        std::fs::write(&crd_golden, &crds).unwrap();
-    } else if std::fs::read_to_string(&crd_golden).unwrap_or_default() != crds {
-        stale.push("crds-chart".into());
     }
     assert!(
         stale.is_empty(),
-        "renders differ from charts/inference-cache/tests/golden for {stale:?}: run `./dev.sh chart-golden` and review the diff"
+        "renders differ from charts/inference-cache/tests/golden: {stale:#?}: run `./dev.sh chart-golden` and review the diff"
     );
     // No golden file is left without its value set.
     let mut expected: Vec<String> = sets.iter().map(|(n, _)| format!("{n}.yaml")).collect();

@@ -32,15 +32,40 @@ helm.sh/chart: {{ include "ic.chart" .ctx }}
 {{- end }}
 {{- end -}}
 
+{{/* The registry every image comes from: global.imageRegistry wins over image.registry. */}}
+{{- define "ic.registry" -}}
+{{- $global := (.Values.global | default dict).imageRegistry | default "" -}}
+{{- $global | default .Values.image.registry | trimSuffix "/" -}}
+{{- end -}}
+
 {{/* Image reference: (dict "ctx" . "image" .Values.controller.image). */}}
 {{- define "ic.image" -}}
-{{- $registry := .ctx.Values.image.registry | trimSuffix "/" -}}
+{{- $registry := include "ic.registry" .ctx -}}
 {{- $name := .image.name -}}
 {{- $ref := ternary $name (printf "%s/%s" $registry $name) (empty $registry) -}}
 {{- if .image.digest -}}
 {{- printf "%s@%s" $ref .image.digest -}}
 {{- else -}}
 {{- printf "%s:%s" $ref (.image.tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Names of the pull secrets: global.imagePullSecrets then imagePullSecrets,
+each a name or {name: ...}, without repeats; one per line.
+*/}}
+{{- define "ic.pullSecretNames" -}}
+{{- $all := concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- $names := list -}}
+{{- range $all -}}
+{{- if kindIs "map" . -}}
+{{- $names = append $names .name -}}
+{{- else -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- end -}}
+{{- range uniq $names }}
+{{ . }}
 {{- end -}}
 {{- end -}}
 
@@ -108,20 +133,49 @@ http://{{ include "ic.name.indexServer" . }}.{{ .Release.Namespace }}:8081
 http://{{ include "ic.name.coordinator" . }}.{{ .Release.Namespace }}:9300
 {{- end -}}
 
-{{/* Pod-level fields every pod of the chart shares: (dict "ctx" . "values" .Values.controller). */}}
-{{- define "ic.podCommon" -}}
-{{- with .ctx.Values.imagePullSecrets }}
+{{/* The pod's imagePullSecrets field (nothing when there are none). */}}
+{{- define "ic.pullSecrets" -}}
+{{- with include "ic.pullSecretNames" . | trim }}
 imagePullSecrets:
-  {{- range . }}
+  {{- range splitList "\n" . }}
   - name: {{ . }}
   {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/*
+A container's args: the chart's flags (a list of "--flag=value" or
+"--flag"), each left out when extraArgs names the same flag, then
+extraArgs. A user can so override any flag the chart sets (clap refuses a
+repeated one). (dict "args" (list ...) "extra" $v.extraArgs)
+*/}}
+{{- define "ic.args" -}}
+{{- $named := dict -}}
+{{- range .extra -}}
+{{- $flag := regexReplaceAll "=.*$" (toString .) "" -}}
+{{- if hasPrefix "--" $flag -}}
+{{- $_ := set $named $flag true -}}
+{{- end -}}
+{{- end -}}
+{{- range .args }}
+{{- if not (hasKey $named (regexReplaceAll "=.*$" (toString .) "")) }}
+- {{ toJson (toString .) }}
+{{- end }}
+{{- end }}
+{{- range .extra }}
+- {{ toJson (toString .) }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod-level fields every pod of the chart shares: (dict "ctx" . "values" .Values.controller). */}}
+{{- define "ic.podCommon" -}}
+{{- include "ic.pullSecrets" .ctx }}
 securityContext:
   {{- toYaml .ctx.Values.pods.securityContext | nindent 2 }}
 {{- with .values.priorityClassName }}
 priorityClassName: {{ . }}
 {{- end }}
-{{- with .values.nodeSelector }}
+{{- with merge (deepCopy (.values.nodeSelector | default dict)) (.ctx.Values.pods.nodeSelector | default dict) }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -136,12 +190,15 @@ affinity:
 {{- end -}}
 
 {{/*
-Topology spread for a component with several replicas: the configured
-constraints, or by default across nodes and zones (best effort).
+Topology spread of a component that may run several replicas: the
+configured constraints, or by default across nodes and zones (best
+effort). Rendered at any replica count, so `kubectl scale` or an HPA keeps
+the spread and going from one replica to two leaves the pod template (and
+the running pod) alone.
 (dict "ctx" . "values" .Values.webhook "component" "webhook")
 */}}
 {{- define "ic.topologySpread" -}}
-{{- if gt (int .values.replicas) 1 }}
+{{- if true }}
 topologySpreadConstraints:
 {{- if .values.topologySpreadConstraints }}
   {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
@@ -169,18 +226,18 @@ topologySpreadConstraints:
 {{- end }}
 {{- end -}}
 
-{{/* Liveness and readiness on an admin port name. */}}
+{{/*
+Liveness and readiness on an admin port name, with the component's
+livenessProbe / readinessProbe values merged over them:
+(dict "port" "admin" "values" $v).
+*/}}
 {{- define "ic.probes" -}}
+{{- $live := dict "httpGet" (dict "path" "/live" "port" .port) "periodSeconds" 10 "timeoutSeconds" 3 "failureThreshold" 3 -}}
+{{- $ready := dict "httpGet" (dict "path" "/ready" "port" .port) "periodSeconds" 5 "timeoutSeconds" 3 "failureThreshold" 2 -}}
 livenessProbe:
-  httpGet: {path: /live, port: {{ . }}}
-  periodSeconds: 10
-  timeoutSeconds: 3
-  failureThreshold: 3
+  {{- toYaml (mergeOverwrite $live (deepCopy (.values.livenessProbe | default dict))) | nindent 2 }}
 readinessProbe:
-  httpGet: {path: /ready, port: {{ . }}}
-  periodSeconds: 5
-  timeoutSeconds: 3
-  failureThreshold: 2
+  {{- toYaml (mergeOverwrite $ready (deepCopy (.values.readinessProbe | default dict))) | nindent 2 }}
 {{- end -}}
 
 {{/* Whether a monitoring object renders: (dict "ctx" . "values" .Values.monitoring.serviceMonitors "api" "monitoring.coreos.com/v1/ServiceMonitor"). */}}

@@ -44,6 +44,9 @@ fn rbac_grants_exactly_what_each_binarys_tests_recorded() {
     for (values, managed) in [
         (None, true),
         (Some("webhook.certificates.mode=certManager"), false),
+        // Writes kept to chosen namespaces: the ClusterRole's reads and the
+        // Roles' writes together are still exactly the contract.
+        (Some("controller.rbac.workloadNamespaces={inference}"), true),
     ] {
         let args: Vec<&str> = values.map_or_else(Vec::new, |v| vec!["--set", v]);
         let all = objects(&render(CHART, &args));
