@@ -16,25 +16,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use ic_e2e::ext_proc::{buffered, destination};
 use ic_e2e::{ServiceProcess, free_port, workspace_binary};
 use nix::sys::signal::Signal;
-use parking_lot::Mutex;
-use tonic::transport::Channel;
 
 #[path = "support/fleet.rs"]
 mod fleet;
+#[path = "support/gateway.rs"]
+mod gateway;
 
-use fleet::{CONVERGE, Engine, MODEL, TENANT, converge, figure, rounds, subscriber};
+use fleet::{Engine, MODEL, TENANT, converge, figure, rounds, subscriber};
+use gateway::{Endpoint, Gateway, WORKERS};
 
-/// Engines (each with its subscriber) and gateway workers.
+/// Engines, each with its subscriber.
 const ENGINES: u64 = 3;
-const WORKERS: usize = 4;
 /// A restarted replica waits this long for every subscriber before it may
 /// be ready (their reconnect backoff stays under it in these scenarios).
 const WARMUP_SECONDS: &str = "3";
@@ -95,6 +91,13 @@ impl Replica {
         self.process.admin_addr()
     }
 
+    fn endpoint(&mut self) -> Endpoint {
+        Endpoint {
+            epp_port: self.epp_port,
+            http: self.http(),
+        }
+    }
+
     fn url(&self) -> String {
         fleet::url(self.grpc_port)
     }
@@ -106,200 +109,6 @@ impl Replica {
         assert!(status.success(), "a drained replica exits 0");
         Self::start(self.grpc_port, self.epp_port)
     }
-}
-
-/// One replica as the gateway sees it.
-struct Backend {
-    epp: Channel,
-    http: SocketAddr,
-    ready: bool,
-    /// Its connection failed: skipped until `/ready` answers again.
-    ejected: bool,
-}
-
-/// The gateway: workers picking continuously, a poller following `/ready`.
-struct Gateway {
-    backends: Arc<Mutex<Vec<Backend>>>,
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    failures: Arc<Mutex<Vec<String>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-fn backend(replica: &mut Replica) -> Backend {
-    Backend {
-        epp: Channel::from_shared(format!("http://127.0.0.1:{}", replica.epp_port))
-            .unwrap()
-            .connect_timeout(Duration::from_secs(1))
-            .connect_lazy(),
-        http: replica.http(),
-        ready: false,
-        ejected: false,
-    }
-}
-
-impl Gateway {
-    fn start(replicas: &mut [Replica]) -> Self {
-        let backends = Arc::new(Mutex::new(replicas.iter_mut().map(backend).collect()));
-        let mut gateway = Self {
-            backends,
-            stop: Arc::new(AtomicBool::new(false)),
-            ok: Arc::default(),
-            failed: Arc::default(),
-            failures: Arc::default(),
-            tasks: Vec::new(),
-        };
-        let (backends, stop) = (gateway.backends.clone(), gateway.stop.clone());
-        gateway.tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let addrs: Vec<SocketAddr> = backends.lock().iter().map(|b| b.http).collect();
-                let ready = tokio::task::spawn_blocking(move || {
-                    addrs
-                        .into_iter()
-                        .map(|a| http_get_quiet(a, "/ready") == Some(200))
-                        .collect::<Vec<_>>()
-                })
-                .await
-                .unwrap();
-                for (b, ready) in backends.lock().iter_mut().zip(ready) {
-                    b.ready = ready;
-                    if ready {
-                        b.ejected = false;
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }));
-        for worker in 0..WORKERS {
-            let (backends, stop) = (gateway.backends.clone(), gateway.stop.clone());
-            let (ok, failed, failures) = (
-                gateway.ok.clone(),
-                gateway.failed.clone(),
-                gateway.failures.clone(),
-            );
-            gateway.tasks.push(tokio::spawn(async move {
-                let mut n = worker;
-                while !stop.load(Ordering::Relaxed) {
-                    n += WORKERS;
-                    // Round-robin over the replicas in the Service's endpoints.
-                    let chosen = {
-                        let list = backends.lock();
-                        let usable: Vec<usize> = (0..list.len())
-                            .filter(|&i| list[i].ready && !list[i].ejected)
-                            .collect();
-                        (!usable.is_empty()).then(|| {
-                            let i = usable[n % usable.len()];
-                            (i, list[i].epp.clone())
-                        })
-                    };
-                    let Some((i, channel)) = chosen else {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    };
-                    match pick(channel, n).await {
-                        Ok(_) => {
-                            ok.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(error) => {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                            failures.lock().push(format!("replica {i}: {error}"));
-                            backends.lock()[i].ejected = true;
-                        }
-                    }
-                }
-            }));
-        }
-        gateway
-    }
-
-    /// A replica restarted: the Service's endpoint now names the new pod
-    /// (not ready until it says so).
-    fn replace(&self, i: usize, replica: &mut Replica) {
-        self.backends.lock()[i] = backend(replica);
-    }
-
-    /// Adds a replica that started late.
-    fn add(&self, replica: &mut Replica) {
-        self.backends.lock().push(backend(replica));
-    }
-
-    /// Waits until replica `i` is ready in the gateway's eyes.
-    async fn wait_ready(&self, i: usize, what: &str) -> Duration {
-        let started = Instant::now();
-        while !self.backends.lock()[i].ready {
-            assert!(
-                started.elapsed() < CONVERGE,
-                "{what}: replica {i} never became ready"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        started.elapsed()
-    }
-
-    /// Picks made and failed so far.
-    fn counts(&self) -> (u64, u64) {
-        (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
-    }
-
-    async fn stop(self) -> (u64, u64, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.unwrap();
-        }
-        let (ok, failed) = (
-            self.ok.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        );
-        let failures = self.failures.lock().clone();
-        (ok, failed, failures)
-    }
-}
-
-/// The status of `GET path`, `None` when the replica does not answer (it
-/// is dead or gone): what a kubelet's readiness probe sees.
-fn http_get_quiet(addr: SocketAddr, path: &str) -> Option<u16> {
-    use std::io::{Read as _, Write as _};
-    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).ok()?;
-    std::str::from_utf8(&head[9..12]).ok()?.parse().ok()
-}
-
-/// One pick over ext_proc in BUFFERED mode, as Envoy sends it: the body's
-/// response must name an endpoint.
-async fn pick(channel: Channel, n: usize) -> Result<String, String> {
-    let body = serde_json::json!({"model": MODEL, "prompt": format!("hello world {}", n % 7)});
-    let messages = buffered("/v1/completions", &serde_json::to_vec(&body).unwrap());
-    let expect = messages.len();
-    let mut client = ExternalProcessorClient::new(channel);
-    let call = async {
-        let mut responses = client
-            .process(tokio_stream::iter(messages))
-            .await
-            .map_err(|e| e.to_string())?
-            .into_inner();
-        let mut picked = None;
-        for _ in 0..expect {
-            let Some(r) = responses.message().await.map_err(|e| e.to_string())? else {
-                break;
-            };
-            picked = picked.or_else(|| destination(&r));
-        }
-        picked.ok_or_else(|| "no endpoint picked".to_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(5), call)
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
 }
 
 /// Three replicas, then the engines and their subscribers streaming to all
@@ -357,7 +166,7 @@ fn stop_all(sidecars: Vec<ServiceProcess>, replicas: Vec<Replica>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_restart_of_every_replica_fails_no_pick() {
     let (mut replicas, mut engines, sidecars) = setup(3).await;
-    let gateway = Gateway::start(&mut replicas);
+    let gateway = Gateway::start(replicas.iter_mut().map(Replica::endpoint));
     for i in 0..replicas.len() {
         gateway.wait_ready(i, "before the roll").await;
     }
@@ -371,7 +180,7 @@ async fn a_rolling_restart_of_every_replica_fails_no_pick() {
         rounds(&mut engines, 5).await;
         let rolled = replicas[i].replace_after_drain();
         replicas[i] = rolled;
-        gateway.replace(i, &mut replicas[i]);
+        gateway.replace(i, replicas[i].endpoint());
         let took = gateway.wait_ready(i, "after its restart").await;
         // Ready means whole: the first picks it makes are not blind.
         let http = replicas[i].http();
@@ -413,7 +222,7 @@ async fn a_rolling_restart_of_every_replica_fails_no_pick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_replica_costs_at_most_the_picks_in_flight_and_comes_back_whole() {
     let (mut replicas, mut engines, sidecars) = setup(3).await;
-    let gateway = Gateway::start(&mut replicas);
+    let gateway = Gateway::start(replicas.iter_mut().map(Replica::endpoint));
     for i in 0..replicas.len() {
         gateway.wait_ready(i, "before the kill").await;
     }
@@ -423,7 +232,7 @@ async fn a_killed_replica_costs_at_most_the_picks_in_flight_and_comes_back_whole
     rounds(&mut engines, 5).await;
     let (grpc, epp) = (replicas[1].grpc_port, replicas[1].epp_port);
     replicas[1] = Replica::start(grpc, epp);
-    gateway.replace(1, &mut replicas[1]);
+    gateway.replace(1, replicas[1].endpoint());
     let took = gateway.wait_ready(1, "after the kill").await;
     let http = replicas[1].http();
     fleet::index_matches(replicas[1].grpc_port, http, &engines)
@@ -467,12 +276,12 @@ async fn a_late_replica_and_a_restarted_subscriber_fail_no_pick() {
     let (mut engines, mut sidecars) = fleet::fleet(ENGINES, &urls, &[]).await;
     rounds(&mut engines, 10).await;
     all_converge(&mut replicas, &engines, "two replicas").await;
-    let gateway = Gateway::start(&mut replicas);
+    let gateway = Gateway::start(replicas.iter_mut().map(Replica::endpoint));
     for i in 0..2 {
         gateway.wait_ready(i, "at start").await;
     }
     let mut late = Replica::start(late_grpc, late_epp);
-    gateway.add(&mut late);
+    gateway.add(late.endpoint());
     replicas.push(late);
     let took = gateway.wait_ready(2, "the late replica").await;
     rounds(&mut engines, 5).await;

@@ -30,8 +30,11 @@ use nix::sys::signal::Signal;
 
 #[path = "support/fleet.rs"]
 mod fleet;
+#[path = "support/gateway.rs"]
+mod gateway;
 
 use fleet::{Engine, MODEL, TENANT, metric, rounds};
+use gateway::{Endpoint, Gateway, WORKERS};
 
 const TOPIC: &str = "inferencecache.index-events";
 const PARTITIONS: u32 = 3;
@@ -171,12 +174,30 @@ impl Drop for Broker {
     }
 }
 
-/// One index-server replica consuming the topic.
+/// One index-server replica consuming the topic, its endpoint picker
+/// serving the gateway.
 struct Replica {
     process: ServiceProcess,
     grpc: u16,
+    epp: u16,
     http: SocketAddr,
 }
+
+impl Replica {
+    fn endpoint(&self) -> Endpoint {
+        Endpoint {
+            epp_port: self.epp,
+            http: self.http,
+        }
+    }
+}
+
+/// The picker's tokenizer and the engines' addresses (as `fleet` names them).
+const TOKENIZER: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../services/index-server/tests/fixtures/chat/tokenizer.json"
+);
+const ENGINES: u64 = 3;
 
 fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
     let mut args: Vec<String> = [
@@ -194,10 +215,23 @@ fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
         "0",
         "--kafka-snapshot-interval-seconds",
         "1",
+        "--epp-addr",
+        "127.0.0.1:0",
+        "--epp-tenant",
+        TENANT,
     ]
     .iter()
     .map(|s| (*s).to_owned())
     .collect();
+    args.push("--epp-endpoint".into());
+    args.push(
+        (0..ENGINES)
+            .map(|i| format!("10.0.0.{i}:8000"))
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    args.push("--tokenizer".into());
+    args.push(format!("{MODEL}={TOKENIZER}"));
     if let Some(dir) = snapshots {
         args.push("--kafka-snapshot-dir".into());
         args.push(dir.display().to_string());
@@ -205,10 +239,12 @@ fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut process = ServiceProcess::start(&workspace_binary("ic-index-server"), &args);
     let grpc = process.addr("grpc").port();
+    let epp = process.addr("epp").port();
     let http = process.admin_addr();
     Replica {
         process,
         grpc,
+        epp,
         http,
     }
 }
@@ -433,6 +469,9 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
         "two replicas, 3 engines",
         format!("converged in {} ms", took.as_millis()),
     );
+    let gateway = Gateway::start([a.endpoint(), b.endpoint()]);
+    gateway.wait_ready(0, "at start").await;
+    gateway.wait_ready(1, "at start").await;
 
     let (p50, p99) = event_to_visible(&mut engines[0], a.grpc, 40).await;
     figure(
@@ -447,6 +486,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     rounds(&mut engines, 20).await;
     let restarted_at = Instant::now();
     let mut a = replica(&bootstrap, Some(dirs[0].path()));
+    gateway.replace(0, a.endpoint());
     let loaded = a
         .process
         .wait_for_log("snapshot loaded; replaying the topic from its offsets");
@@ -464,16 +504,24 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
         ),
     );
     assert!(metric(a.http, "inferencecache_index_kafka_snapshots_total") >= 1.0);
+    gateway.wait_ready(0, "after kill -9 and restart").await;
+    let (_, failed_at_kill) = gateway.counts();
+    assert!(
+        failed_at_kill <= WORKERS as u64,
+        "a kill -9 costs at most the picks in flight ({WORKERS}): {failed_at_kill} failed, {:?}",
+        gateway.failures.lock()
+    );
 
     // A replica started late reads the whole retained log.
     let started = Instant::now();
     let mut c = replica(&bootstrap, None);
+    gateway.add(c.endpoint());
     converge(&mut [&mut a, &mut b, &mut c], &engines, "a late replica").await;
+    gateway.wait_ready(2, "a late replica").await;
     figure(
         "replica started late (no snapshot)",
         format!("converged {} ms after start", started.elapsed().as_millis()),
     );
-    assert!(c.process.stop().success());
 
     // A subscriber killed and replaced: the new one resyncs its engine.
     sidecars[0].signal(Signal::SIGKILL);
@@ -495,6 +543,17 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
             took.as_millis()
         ),
     );
+    let (ok, failed, failures) = gateway.stop().await;
+    figure(
+        "gateway picks through the kill, the late replica and the subscriber restart",
+        format!("{ok} made, {failed} failed"),
+    );
+    assert_eq!(
+        failed, failed_at_kill,
+        "only the kill -9 may cost picks: {failures:?}"
+    );
+    assert!(ok > 0, "the gateway picked at all");
+    assert!(c.process.stop().success());
 
     for mut s in sidecars {
         assert!(s.stop().success());
@@ -581,6 +640,9 @@ async fn replicas_converge_after_a_broker_restart() {
     rounds(&mut engines, 20).await;
     converge(&mut [&mut a, &mut b], &engines, "before the restart").await;
     let before = snapshot_blocks(&mut a).unwrap();
+    let gateway = Gateway::start([a.endpoint(), b.endpoint()]);
+    gateway.wait_ready(0, "before the restart").await;
+    gateway.wait_ready(1, "before the restart").await;
 
     broker.stop();
     rounds(&mut engines, 5).await;
@@ -616,6 +678,13 @@ async fn replicas_converge_after_a_broker_restart() {
         dropped >= 1.0,
         "the restart dropped records and counted them"
     );
+    let (ok, failed, failures) = gateway.stop().await;
+    figure(
+        "gateway picks through the broker restart",
+        format!("{ok} made, {failed} failed"),
+    );
+    assert_eq!(failed, 0, "a broker restart costs no pick: {failures:?}");
+    assert!(ok > 0, "the gateway picked at all");
     for mut s in sidecars {
         assert!(s.stop().success());
     }
