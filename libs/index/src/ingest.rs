@@ -540,7 +540,7 @@ mod tests {
         let big = one(Change::Evicted {
             fingerprints: vec![Fingerprint(1); 1000],
         });
-        assert!(big >= 8000 && big < 8200, "{big}");
+        assert!((8000..8200).contains(&big), "{big}");
     }
 
     fn for_rank(mut b: IngestBatch, rank: u32) -> IngestBatch {

@@ -28,7 +28,7 @@ pub enum ProbeAuth {
     /// of one of the `allowed` identities (TokenReview usernames).
     TokenReview {
         /// Checks the tokens.
-        reviewer: TokenReviewer,
+        reviewer: Box<TokenReviewer>,
         /// Usernames that may call `/probe` (the controller's).
         allowed: Vec<String>,
     },

@@ -342,7 +342,7 @@ async fn probe_auth(config: &Config, metrics: &Metrics) -> anyhow::Result<ProbeA
                  or KUBECONFIG) to run TokenReviews",
             )?;
             Ok(ProbeAuth::TokenReview {
-                reviewer: reviewer(config, metrics, client, audience),
+                reviewer: Box::new(reviewer(config, metrics, client, audience)),
                 allowed,
             })
         }
