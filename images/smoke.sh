@@ -21,13 +21,19 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "smoke: $*" >&2; exit 1; }
 
-free_port() {
-  local p
-  for _ in $(seq 1 200); do
-    p=$(( (RANDOM % 30000) + 20000 ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+# Every server binds port 0 on loopback and reports what it bound with
+# --listen-report (a guessed "free" port can be taken by another server on
+# the host network before the image binds it). The admin server's port, the
+# one that answers /live, is read back from the report.
+report_port() { # file -> admin port, once reported
+  local file=$1 deadline=$((SECONDS + 60))
+  while [ $SECONDS -lt $deadline ]; do
+    if [ -s "$file" ]; then
+      sed -n 's/.*"admin":"[^"]*:\([0-9]*\)".*/\1/p' "$file" | grep . && return 0
+    fi
+    sleep 0.1
   done
-  fail "no free loopback port"
+  return 1
 }
 
 # HTTP GET over bash's /dev/tcp (no curl needed); prints the status code.
@@ -70,11 +76,16 @@ current-context: none
 KUBE
 chmod 0644 "$work/kubeconfig"
 
-run_server() { # image port args...
-  local image=$1 port=$2; shift 2
-  local name="ic-smoke-$$-$image"
-  podman run -q -d --name "$name" --network host -v "$work:/smoke:ro" \
-    "$ref" "$@" >/dev/null
+run_server() { # image args...
+  local image=$1; shift
+  local name="ic-smoke-$$-$image" report="$work/report-$image" port
+  mkdir -p "$report" && chmod 0777 "$report"
+  podman run -q -d --name "$name" --network host -v "$work:/smoke:ro" -v "$report:/report" \
+    "$ref" --listen-report /report/listening.json "$@" >/dev/null
+  port=$(report_port "$report/listening.json") || {
+    podman logs "$name" >&2 || true
+    fail "$image reported no admin address in 60 s"
+  }
   wait_live "$name" "$port"
   local start end took code
   start=$(date +%s%N)
@@ -100,22 +111,24 @@ for archive in "$dir"/*.tar; do
   [ "$user" = 65532:65532 ] || fail "$image runs as '$user' (want 65532:65532)"
   podman run -q --rm --network host "$ref" --help >"$work/help" || fail "$image --help failed"
   grep -qi usage "$work/help" || fail "$image --help printed no usage"
-  p=$(free_port)
+  # Every port a server opens is named here, on 127.0.0.1:0.
   case "$image" in
     ic-controller)
-      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --leader-election=false) ;;
+      result=$(run_server "$image" --admin-addr 127.0.0.1:0 --leader-election=false) ;;
     ic-webhook)
-      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --https-addr "127.0.0.1:$(free_port)" \
+      result=$(run_server "$image" --admin-addr 127.0.0.1:0 --https-addr 127.0.0.1:0 \
         --tls-cert /smoke/tls.crt --tls-key /smoke/tls.key --kubeconfig /smoke/kubeconfig) ;;
     ic-index-server)
       podman run -q --rm --network host --entrypoint /usr/local/bin/icctl "$ref" --help >/dev/null \
         || fail "icctl --help failed in $image"
-      result=$(run_server "$image" "$p" --http-addr "127.0.0.1:$p" --grpc-addr "127.0.0.1:$(free_port)") ;;
+      result=$(run_server "$image" --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0) ;;
     ic-kvevent-subscriber)
-      result=$(run_server "$image" "$p" --admin-addr "127.0.0.1:$p" --model-id smoke --replica-id smoke-0 \
-        --tenant smoke --index-server http://127.0.0.1:9 --engine-endpoint "tcp://127.0.0.1:$(free_port)") ;;
+      # It binds only its admin port; the engine and index server it dials
+      # are the discard port, where nothing answers (it retries).
+      result=$(run_server "$image" --admin-addr 127.0.0.1:0 --model-id smoke --replica-id smoke-0 \
+        --tenant smoke --index-server http://127.0.0.1:9 --engine-endpoint tcp://127.0.0.1:9) ;;
     ic-coordinator)
-      result=$(run_server "$image" "$p" --host 127.0.0.1 --port "$p") ;;
+      result=$(run_server "$image" --host 127.0.0.1 --port 0) ;;
     *) fail "no smoke run is defined for image $image" ;;
   esac
   printf '%-24s archive %5s, image %9s, user %s, --help ok, /live ok, %s\n' "$image" "$size" "$unpacked" "$user" "$result"

@@ -3,6 +3,9 @@
 //! FROM-scratch image, user 65532), from the debug binaries the suite has
 //! already compiled, then smoke-run with podman by images/smoke.sh: `--help`,
 //! `/live` on loopback, and exit 0 within the grace period after SIGTERM.
+//! Every port a server opens is given as `127.0.0.1:0` and the bound admin
+//! port read back from its `--listen-report`: on the host network a guessed
+//! free port could be taken by another server before the image binds it.
 //! Needs buildah and podman (`./dev.sh test` installs them); without them the
 //! test fails.
 
