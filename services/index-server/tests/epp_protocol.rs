@@ -654,3 +654,32 @@ fn bad_picker_flags_are_refused_naming_the_flag() {
         assert!(stderr.contains(expect), "{args:?}: {stderr}");
     }
 }
+
+/// FULL_DUPLEX_STREAMED: a body outgrowing --epp-max-body-bytes is not
+/// held to the end: the picker picks by load as soon as it passes the
+/// limit, sends the held chunks back, and streams the rest through at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_duplex_body_past_the_limit_is_picked_by_load_and_streamed_on() {
+    let mut picker = start(&["--epp-max-body-bytes", "1048576"]);
+    let full = BodySendMode::FullDuplexStreamed;
+    let mut s = Stream::open(&picker.epp).await;
+    s.send(with_modes(headers("/v1/completions", false), full, full))
+        .await;
+    let chunk = vec![b'x'; 600 << 10];
+    s.send(body(&chunk, false)).await;
+    s.send(body(&chunk, false)).await;
+    let r = s.read(3).await;
+    assert_eq!(kind(&r[0]), "request_headers");
+    assert!(destinations(&r[0]).is_some());
+    assert_eq!(streamed(&r[1]), Some((chunk.clone(), false)));
+    assert_eq!(streamed(&r[2]), Some((chunk.clone(), false)));
+    s.send(body(b"tail", true)).await;
+    let r = s.read(1).await;
+    assert_eq!(streamed(&r[0]), Some((b"tail".to_vec(), true)));
+    s.close().await;
+    let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
+    assert!(
+        metrics.contains("inferencecache_index_epp_unread_total{reason=\"too_large\"} 1"),
+        "{metrics}"
+    );
+}
