@@ -73,8 +73,16 @@ fn wait_for(admin: std::net::SocketAddr, path: &str, status: u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_not_ready_at_once_still_admitting_then_exits() {
     let api = FakeApi::default();
+    // A backend selects the fixture pod: admissions during the drain must
+    // still wire it, not merely answer (an unwired answer is a fail-open
+    // no counter of ours would see).
+    api.set(
+        "inference",
+        serde_json::from_value(fixture("cachebackends-inference.json")).unwrap(),
+    );
     let api_addr = api.serve().await;
     let webhook = Webhook::start(binary(), api_addr, &["--drain-seconds", "20"]);
+    webhook.wait_store_synced().await;
     let (admin, https) = (webhook.admin, webhook.https);
     wait_for(admin, "/ready", 200);
     let review = fixture("pod-create-vllm.json");
@@ -87,6 +95,10 @@ async fn sigterm_drains_not_ready_at_once_still_admitting_then_exits() {
         (200, &uid),
         "{answer}"
     );
+    assert!(
+        answer["response"]["patch"].is_string(),
+        "not wired: {answer}"
+    );
     let connector = webhook.connector();
 
     // SIGTERM, then wait for the exit on another thread meanwhile.
@@ -97,12 +109,21 @@ async fn sigterm_drains_not_ready_at_once_still_admitting_then_exits() {
     });
     wait_for(admin, "/ready", 503);
     // Alive, not ready, and still admitting: on the open connection and on
-    // a new one, pods and CacheBackends alike.
+    // a new one, pods (still wired: the backend store keeps serving) and
+    // CacheBackends alike.
     assert_eq!(ic_e2e::http_get(admin, "/live").0, 200);
     let (status, answer) = kept.review("/mutate-pod", &review).await;
     assert_eq!(
         (status, &answer["response"]["uid"]),
         (200, &uid),
+        "{answer}"
+    );
+    assert!(
+        answer["response"]["patch"].is_string(),
+        "not wired during the drain: {answer}"
+    );
+    assert_eq!(
+        answer["response"]["auditAnnotations"]["outcome"], "patched:injected",
         "{answer}"
     );
     let mut fresh = common::Client::connect(https, &connector).await;
