@@ -154,10 +154,12 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_READY_LAG")]
     pub max_ready_lag: Option<u64>,
     /// Most keys the directory holds; a new key beyond it drops the oldest
-    /// reported one (`key_directory_keys_dropped`). 0: no bound. Not an
-    /// LMCache flag: the reference coordinator's directory is unbounded.
-    #[arg(long, env = "IC_MAX_DIRECTORY_KEYS", default_value_t = 10_000_000)]
-    pub max_directory_keys: u64,
+    /// reported one everywhere (`key_directory_keys_dropped`). Unset: sized
+    /// from the container's memory limit (half of the cgroup limit over the
+    /// measured memory of one key), 10 M without a limit. 0: no bound. Not
+    /// an LMCache flag: the reference coordinator's directory is unbounded.
+    #[arg(long, env = "IC_MAX_DIRECTORY_KEYS")]
+    pub max_directory_keys: Option<u64>,
     /// Require the operator credentials (`--api-static-token`, or a token of
     /// `--api-audience` whose caller is an admin or may `create`
     /// `coordinators/events`) on `POST /events` too. Off by default, as in
@@ -296,8 +298,13 @@ impl Config {
             events_require_auth: self.events_require_auth,
             max_event_entry_bytes: (self.max_event_entry_bytes > 0)
                 .then_some(self.max_event_entry_bytes),
-            max_directory_keys: (self.max_directory_keys > 0)
-                .then(|| usize::try_from(self.max_directory_keys).unwrap_or(usize::MAX)),
+            max_directory_keys: match self.max_directory_keys {
+                Some(0) => None,
+                Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                None => Some(settings::default_directory_keys(
+                    settings::memory_limit_bytes(),
+                )),
+            },
         })
     }
 }

@@ -40,6 +40,33 @@ pub struct Settings {
     pub max_event_entry_bytes: Option<u64>,
 }
 
+/// Resident memory one directory key costs with its usage and LRU entries
+/// (release build, 32-hex-char keys, one L2 placement; measured with a
+/// flood past the bound: docs/coordinator.md).
+pub const DIRECTORY_KEY_BYTES: u64 = 1_100;
+
+/// The default `--max-directory-keys`: half the memory limit's worth of
+/// keys (the rest is the process, requests in flight and a checkpoint's
+/// copy), or 10 M without a limit.
+pub fn default_directory_keys(memory_limit: Option<u64>) -> usize {
+    match memory_limit {
+        Some(limit) => {
+            usize::try_from((limit / 2 / DIRECTORY_KEY_BYTES).max(1)).unwrap_or(usize::MAX)
+        }
+        None => 10_000_000,
+    }
+}
+
+/// The container's memory limit from its cgroup (v2 `memory.max`, else v1
+/// `memory.limit_in_bytes`); `None` when unlimited or unreadable.
+pub fn memory_limit_bytes() -> Option<u64> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let raw = read("/sys/fs/cgroup/memory.max")
+        .or_else(|| read("/sys/fs/cgroup/memory/memory.limit_in_bytes"))?;
+    // "max" (v2) or a huge page-rounded number (v1) means no limit.
+    raw.trim().parse::<u64>().ok().filter(|&b| b < 1 << 60)
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -57,5 +84,20 @@ impl Default for Settings {
             events_require_auth: false,
             max_event_entry_bytes: Some(1 << 30),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_bound_follows_the_memory_limit() {
+        // The chart's 1 GiB limit: ~488 K keys at 1.1 KB, about half of it.
+        let keys = default_directory_keys(Some(1 << 30));
+        assert_eq!(keys, 488_064);
+        assert!(keys as u64 * DIRECTORY_KEY_BYTES <= (1 << 30) / 2);
+        assert_eq!(default_directory_keys(None), 10_000_000);
+        assert_eq!(default_directory_keys(Some(10)), 1);
     }
 }

@@ -2,6 +2,11 @@
 //! loopback — event ingest (`POST /events`, one store batch per request) and
 //! directory lookups (`POST /directory/lookup`, keys form) — and reports
 //! batches/s, entries/s, qps and latency percentiles.
+//!
+//! `--compare LMCACHE_BIN` runs the side-by-side: for each round and each
+//! of `--compare-concurrency`, a fresh `ic-coordinator` and a fresh
+//! `lmcache coordinator` (alternating which goes first), the same load
+//! against each, then the medians and ratios as one table.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -43,6 +48,17 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Side-by-side against LMCache's coordinator: the `lmcache` executable
+    /// (e.g. `$IC_CONFORMANCE_VENV/bin/lmcache`).
+    #[arg(long, value_name = "LMCACHE_BIN")]
+    compare: Option<PathBuf>,
+    /// Rounds of the side-by-side (each runs both servers at every
+    /// concurrency).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Concurrencies of the side-by-side.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    compare_concurrency: Vec<usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,6 +106,116 @@ async fn post(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Resu
     Ok(value)
 }
 
+/// Which server a run drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+enum Server {
+    Ours,
+    Lmcache,
+}
+
+/// A server started for one run (stopped and cleaned up on drop).
+struct Started {
+    base: String,
+    process: Option<ServiceProcess>,
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        if let Some(p) = &mut self.process {
+            p.stop();
+        }
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn scratch_dir(tag: &str) -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "ic-coordinator-loadgen-{}-{tag}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn start_ours(bin_dir: Option<&std::path::Path>) -> anyhow::Result<Started> {
+    let bin = ic_loadgen::service_binary(bin_dir, "ic-coordinator").map_err(anyhow::Error::msg)?;
+    let dir = scratch_dir("ours")?;
+    let checkpoint = dir.join("checkpoint");
+    let metadata = dir.join("metadata.json");
+    let mut p = ServiceProcess::start(
+        &bin,
+        &[
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--checkpoint-path",
+            checkpoint.to_str().unwrap_or_default(),
+            "--metadata-path",
+            metadata.to_str().unwrap_or_default(),
+        ],
+    );
+    let addr = p.admin_addr();
+    Ok(Started {
+        base: format!("http://{addr}"),
+        process: Some(p),
+        child: None,
+        dir,
+    })
+}
+
+/// LMCache's coordinator with the same flags; ready once `/healthz` answers.
+async fn start_lmcache(bin: &std::path::Path) -> anyhow::Result<Started> {
+    let dir = scratch_dir("lmcache")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = std::process::Command::new(bin)
+        .args([
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--checkpoint-path")
+        .arg(dir.join("checkpoint"))
+        .arg("--metadata-path")
+        .arg(dir.join("metadata.json"))
+        .env("LMCACHE_DISABLE_BANNER", "1")
+        .env("LMCACHE_TRACK_USAGE", "false")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let started = Started {
+        base: format!("http://127.0.0.1:{port}"),
+        process: None,
+        child: Some(child),
+        dir,
+    };
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = client.get(format!("{}/healthz", started.base)).send().await
+            && r.status().is_success()
+        {
+            return Ok(started);
+        }
+        if Instant::now() > deadline {
+            bail!("{} never became ready on port {port}", bin.display());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -97,40 +223,136 @@ async fn main() -> anyhow::Result<()> {
         || args.concurrency == 0
         || args.entries_per_batch == 0
         || args.lookup_keys == 0
+        || args.compare_concurrency.contains(&0)
     {
         bail!(
-            "--instances, --concurrency, --entries-per-batch and --lookup-keys must be at least 1"
+            "--instances, --concurrency, --compare-concurrency, --entries-per-batch and --lookup-keys must be at least 1"
         );
     }
-    let mut server = None;
-    let base = match &args.target {
-        Some(t) => t.trim_end_matches('/').to_owned(),
-        None => {
-            let bin = ic_loadgen::service_binary(args.bin_dir.as_deref(), "ic-coordinator")
-                .map_err(anyhow::Error::msg)?;
-            let dir =
-                std::env::temp_dir().join(format!("ic-coordinator-loadgen-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)?;
-            let checkpoint = dir.join("checkpoint");
-            let metadata = dir.join("metadata.json");
-            let mut p = ServiceProcess::start(
-                &bin,
-                &[
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--checkpoint-path",
-                    checkpoint.to_str().unwrap_or_default(),
-                    "--metadata-path",
-                    metadata.to_str().unwrap_or_default(),
-                ],
-            );
-            let addr = p.admin_addr();
-            server = Some((p, dir));
-            format!("http://{addr}")
-        }
+    if let Some(lmcache) = &args.compare {
+        return compare(&args, lmcache).await;
+    }
+    let started = match &args.target {
+        Some(_) => None,
+        None => Some(start_ours(args.bin_dir.as_deref())?),
     };
+    let base = args
+        .target
+        .as_deref()
+        .map(|t| t.trim_end_matches('/').to_owned())
+        .or_else(|| started.as_ref().map(|s| s.base.clone()))
+        .context("no coordinator to drive")?;
+    let report = run(&args, &base, args.concurrency).await?;
+    drop(started);
+    print_report(&args, &report)
+}
+
+/// The side-by-side: fresh servers, alternating, every concurrency.
+async fn compare(args: &Args, lmcache: &std::path::Path) -> anyhow::Result<()> {
+    let mut rows: Vec<(Server, usize, Report)> = Vec::new();
+    for round in 0..args.rounds.max(1) {
+        for &c in &args.compare_concurrency {
+            let order = if round % 2 == 0 {
+                [Server::Lmcache, Server::Ours]
+            } else {
+                [Server::Ours, Server::Lmcache]
+            };
+            for server in order {
+                let started = match server {
+                    Server::Ours => start_ours(args.bin_dir.as_deref())?,
+                    Server::Lmcache => start_lmcache(lmcache).await?,
+                };
+                eprintln!("round {} · {server:?} · {c} in flight", round + 1);
+                let report = run(args, &started.base, c).await?;
+                drop(started);
+                rows.push((server, c, report));
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let version = std::process::Command::new(lmcache.with_file_name("python3"))
+        .args(["-c", "import lmcache; print(lmcache.__version__)"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    println!(
+        "side by side: ic-coordinator {} vs LMCache {version} coordinator; {} rounds, fresh server per run, alternating; {} instances, {} entries/batch, {} keys/lookup, {} s per phase (medians)",
+        env!("CARGO_PKG_VERSION"),
+        args.rounds.max(1),
+        args.instances,
+        args.entries_per_batch,
+        args.lookup_keys,
+        args.duration_secs
+    );
+    println!(
+        "| in flight | server | ingest batches/s | entries/s | /events p50 / p99 | lookups/s | /directory/lookup p50 / p99 |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut summary = Vec::new();
+    for &c in &args.compare_concurrency {
+        let med = |server: Server, f: fn(&Report) -> f64| {
+            let mut v: Vec<f64> = rows
+                .iter()
+                .filter(|(s, cc, _)| *s == server && *cc == c)
+                .map(|(_, _, r)| f(r))
+                .collect();
+            median(&mut v)
+        };
+        let mut stats = Vec::new();
+        for server in [Server::Lmcache, Server::Ours] {
+            let s = [
+                med(server, |r| r.ingest.qps),
+                med(server, |r| r.ingest_entries_per_second),
+                med(server, |r| r.ingest.p50_us),
+                med(server, |r| r.ingest.p99_us),
+                med(server, |r| r.lookup.qps),
+                med(server, |r| r.lookup.p50_us),
+                med(server, |r| r.lookup.p99_us),
+            ];
+            println!(
+                "| {c} | {} | {:.0} | {:.0} | {:.2} ms / {:.2} ms | {:.0} | {:.0} µs / {:.0} µs |",
+                if server == Server::Ours {
+                    "ic-coordinator"
+                } else {
+                    "LMCache"
+                },
+                s[0],
+                s[1],
+                s[2] / 1000.0,
+                s[3] / 1000.0,
+                s[4],
+                s[5],
+                s[6]
+            );
+            stats.push(s);
+        }
+        summary.push(format!(
+            "{c} in flight: ingest {:.1}× the batches/s, lookup p99 {:.3} of the reference's, /events p99 {:.3} of it",
+            stats[1][0] / stats[0][0],
+            stats[1][6] / stats[0][6],
+            stats[1][3] / stats[0][3]
+        ));
+    }
+    for line in summary {
+        println!("{line}");
+    }
+    if args.json {
+        let json: Vec<Value> = rows
+            .iter()
+            .map(|(s, c, r)| json!({"server": s, "concurrency": c, "report": r}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json)?);
+    }
+    Ok(())
+}
+
+/// One run: registration, the ingest phase, the lookup phase.
+async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Report> {
+    let base = base.to_owned();
     let client = reqwest::Client::new();
     for i in 0..args.instances {
         post(
@@ -152,12 +374,12 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = Vec::new();
-    for w in 0..args.concurrency {
+    for w in 0..concurrency {
         let client = client.clone();
         let url = format!("{base}/events");
         let entries = args.entries_per_batch;
         // Worker w owns instances w, w + C, …: sequence numbers stay in order.
-        let owned: Vec<usize> = (w..args.instances).step_by(args.concurrency).collect();
+        let owned: Vec<usize> = (w..args.instances).step_by(concurrency).collect();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut errors = 0u64;
@@ -202,7 +424,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let end = started + duration;
     let mut tasks = Vec::new();
-    for w in 0..args.concurrency {
+    for w in 0..concurrency {
         let client = client.clone();
         let url = format!("{base}/directory/lookup");
         let stored = stored.clone();
@@ -249,23 +471,22 @@ async fn main() -> anyhow::Result<()> {
     }
     let lookup = summarize(latencies, errors, started.elapsed());
 
-    if let Some((mut p, dir)) = server {
-        p.stop();
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    let report = Report {
+    Ok(Report {
         target: base,
         instances: args.instances,
         entries_per_batch: args.entries_per_batch,
-        concurrency: args.concurrency,
+        concurrency,
         ingest_entries_per_second: ingest.qps * args.entries_per_batch as f64,
         ingest,
         lookup_keys: args.lookup_keys,
         lookup_hit_ratio: found as f64 / asked.max(1) as f64,
         lookup,
-    };
+    })
+}
+
+fn print_report(args: &Args, report: &Report) -> anyhow::Result<()> {
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(report)?);
     } else {
         println!(
             "coordinator {}: {} instances, {} in flight",
