@@ -86,14 +86,44 @@ fn key(instance: usize, n: u64) -> Value {
 }
 
 /// One store batch of `entries` new chunks for `instance`.
-fn batch(instance: usize, seq: u64, first: u64, entries: usize) -> Value {
-    let entries: Vec<Value> = (0..entries as u64)
-        .map(|k| json!({"key": key(instance, first + k), "size_bytes": 65536}))
-        .collect();
-    json!({"batches": [{
-        "instance_id": format!("mp-{instance}"), "incarnation": 1, "seq": seq,
-        "event_type": "store", "tier": "l2", "backend": "fs", "entries": entries,
-    }]})
+/// One store batch of `entries` new chunks for `instance`, written straight
+/// to JSON text: the load generator shares the cores with the server, so
+/// building a `Value` tree per batch would cap what it can measure.
+fn batch(instance: usize, seq: u64, first: u64, entries: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(64 + entries * 110);
+    let _ = write!(
+        out,
+        r#"{{"batches":[{{"instance_id":"mp-{instance}","incarnation":1,"seq":{seq},"event_type":"store","tier":"l2","backend":"fs","entries":["#
+    );
+    for k in 0..entries as u64 {
+        if k > 0 {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            r#"{{"key":{{"chunk_hash_hex":"{}","model_name":"{MODEL}","kv_rank":0}},"size_bytes":65536}}"#,
+            chunk_hex(instance, first + k)
+        );
+    }
+    out.push_str("]}]}");
+    out
+}
+
+/// Posts a JSON text body; the answer as JSON.
+async fn post_text(client: &reqwest::Client, url: &str, body: String) -> anyhow::Result<Value> {
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await?;
+    let status = response.status();
+    let value: Value = response.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("POST {url}: HTTP {status}: {value}");
+    }
+    Ok(value)
 }
 
 async fn post(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Value> {
@@ -394,7 +424,7 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 let seq = produced[k] / entries as u64 + 1;
                 let body = batch(owned[k], seq, produced[k], entries);
                 let t0 = Instant::now();
-                match post(&client, &url, &body).await {
+                match post_text(&client, &url, body).await {
                     Ok(v) if v["applied"] == 1 => {
                         latencies.push(t0.elapsed());
                         produced[k] += entries as u64;
