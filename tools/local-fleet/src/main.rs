@@ -316,10 +316,14 @@ async fn run_variant(
         .collect();
     if variant.ttft {
         // The server's clock runs at wall speed, the engines' at the
-        // replay's: the rate it is told is the simulated rate, sped up.
+        // replay's: the rate it is told is the simulated rate, sped up; and
+        // each index block (16 token ids) stands for a trace block of 512
+        // tokens the engines prefill.
+        let tokens_per_index_token =
+            fleet::TRACE_BLOCK_TOKENS as f64 / f64::from(fleet::ENGINE_BLOCK_TOKENS);
         index_args.push(format!(
             "--ttft-prefill-tokens-per-second={}",
-            args.prefill_tokens_per_second * args.speed
+            args.prefill_tokens_per_second * args.speed / tokens_per_index_token
         ));
         index_args.push(format!(
             "--ttft-request-overhead-ms={}",

@@ -9,7 +9,7 @@ use crate::fleet::PolicyResult;
 /// then the hit-ratio panel, then the TTFT panel.
 const WIDTH: f64 = 960.0;
 const LABEL_W: f64 = 300.0;
-const PANEL_GAP: f64 = 40.0;
+const PANEL_GAP: f64 = 56.0;
 const HIT_W: f64 = 250.0;
 const TOP: f64 = 64.0;
 const ROW_H: f64 = 30.0;
@@ -27,9 +27,20 @@ fn xml(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// A duration for a bar's end: ms below 10 s, else seconds.
+/// A duration for a bar's end: ms below 1 s, else seconds.
 fn ms_label(ms: f64) -> String {
     if ms >= 10_000.0 {
+        format!("{:.0} s", ms / 1000.0)
+    } else if ms >= 1_000.0 {
+        format!("{:.1} s", ms / 1000.0)
+    } else {
+        format!("{ms:.0} ms")
+    }
+}
+
+/// A grid label for a decade: 10 ms, 100 ms, 1 s, 10 s...
+fn decade_label(ms: f64) -> String {
+    if ms >= 1_000.0 {
         format!("{:.0} s", ms / 1000.0)
     } else {
         format!("{ms:.0} ms")
@@ -111,7 +122,7 @@ pub fn svg_chart(policies: &[PolicyResult]) -> String {
             r##"<line x1="{gx:.1}" y1="{:.1}" x2="{gx:.1}" y2="{rows_bottom:.1}" stroke="#ddd"/><text x="{gx:.1}" y="{:.1}" text-anchor="middle" font-size="11">{}</text>"##,
             TOP - 6.0,
             rows_bottom + 16.0,
-            ms_label(ms)
+            decade_label(ms)
         );
         decade += 1.0;
     }
@@ -291,6 +302,7 @@ mod tests {
         assert!(svg.contains("10.0%<"), "{svg}");
         assert!(svg.contains("40 ms ★"), "{svg}");
         assert!(svg.contains("600 s<"), "{svg}");
+        assert!(svg.contains(">1 s</text>"), "{svg}");
         // The hit bar is to scale: 50 % of the panel.
         assert!(
             svg.contains(&format!(r#"width="{:.1}""#, 0.5 * HIT_W)),
