@@ -53,6 +53,9 @@ fn main() -> anyhow::Result<()> {
     if args.pairs == 0 {
         anyhow::bail!("--pairs must be positive");
     }
+    if args.reps == 0 {
+        anyhow::bail!("--reps must be positive");
+    }
     let trace = stream::read_trace(&args.trace)?;
     let unique: std::collections::HashSet<u64> = trace
         .iter()
