@@ -358,8 +358,7 @@ fn sglang_mp_reserved_names_and_shm_rules_fail_open() {
         json!({"containers": [{"name": "sglang"}]}),
     ];
     for extra in cases {
-        let mut spec =
-            json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4"}]});
+        let mut spec = json!({"containers": [{"name": "sglang", "image": "registry.example.com/sglang-lmcache:v0.5.4"}]});
         merge(&mut spec, extra.clone());
         let p = if extra.get("containers").is_some() {
             pod(spec)
