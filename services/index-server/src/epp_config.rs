@@ -48,20 +48,17 @@ pub struct EppFlags {
     /// Answer 429 to a sheddable request (its InferenceObjective's priority
     /// is negative) when even the least busy endpoint of the pool is busy
     /// with this many requests, in flight through the picker or reported
-    /// by the engine (running + waiting); 0 never sheds. The namespace's
-    /// CachePolicy `shedding.sheddableAtRequests` overrides it.
+    /// by the engine (running + waiting); 0 never sheds.
     #[arg(long, env = "IC_EPP_SHED_AT_REQUESTS", default_value_t = 0)]
     pub epp_shed_at_requests: u32,
 
     /// The same for requests of priority 0 (and requests naming no known
-    /// objective); 0 never sheds them. CachePolicy
-    /// `shedding.standardAtRequests` overrides it.
+    /// objective); 0 never sheds them.
     #[arg(long, env = "IC_EPP_SHED_STANDARD_AT_REQUESTS", default_value_t = 0)]
     pub epp_shed_standard_at_requests: u32,
 
     /// The same for critical requests (positive priority): refused last;
-    /// 0 never sheds them. CachePolicy `shedding.criticalAtRequests`
-    /// overrides it.
+    /// 0 never sheds them.
     #[arg(long, env = "IC_EPP_SHED_CRITICAL_AT_REQUESTS", default_value_t = 0)]
     pub epp_shed_critical_at_requests: u32,
 
