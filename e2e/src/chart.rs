@@ -2,7 +2,8 @@
 //! splitting a render into objects, strict validation with the real
 //! `kubernetes-validate`, and the cert-manager / Prometheus-operator
 //! validators for the custom resources a render holds. `./dev.sh test`
-//! installs the tools and names them in `IC_HELM_BIN`,
+//! installs the tools and names them in `IC_HELM_BIN` (and `IC_HELM4_BIN`:
+//! every render is made with Helm 3 and Helm 4 and must agree),
 //! `IC_KUBERNETES_VALIDATE` and `IC_CRD_MODELS`; without those, the tools
 //! are looked up on `PATH`, and a missing tool fails the test that needs it.
 
@@ -45,9 +46,19 @@ pub fn helm() -> PathBuf {
     tool("IC_HELM_BIN", "helm")
 }
 
+/// The Helm 4 binary (`IC_HELM4_BIN`, installed by `./dev.sh` beside Helm 3).
+pub fn helm4() -> PathBuf {
+    tool("IC_HELM4_BIN", "helm4")
+}
+
 /// Runs helm with `args`; returns (success, stdout, stderr).
 pub fn helm_run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(helm())
+    helm_run_with(&helm(), args)
+}
+
+/// Runs the helm binary `helm` with `args`; returns (success, stdout, stderr).
+pub fn helm_run_with(helm: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(helm)
         .args(args)
         .env(
             "HELM_CACHE_HOME",
@@ -83,7 +94,23 @@ pub fn render(chart: &str, extra: &[&str]) -> String {
     args.extend_from_slice(extra);
     let (ok, out, err) = helm_run(&args);
     assert!(ok, "helm template {chart} {extra:?} failed:\n{err}");
+    // Every render is also made with Helm 4 and must hold the same objects
+    // (document order may differ), so each chart test holds under both.
+    let (ok4, out4, err4) = helm_run_with(&helm4(), &args);
+    assert!(ok4, "helm 4 template {chart} {extra:?} failed:\n{err4}");
+    assert!(
+        object_set(&out) == object_set(&out4),
+        "helm 3 and helm 4 render different objects for {chart} {extra:?}"
+    );
     out
+}
+
+/// The objects of a render as sorted canonical JSON: equal for renders that
+/// differ only in document order.
+fn object_set(render: &str) -> Vec<String> {
+    let mut set: Vec<String> = objects(render).iter().map(Value::to_string).collect();
+    set.sort();
+    set
 }
 
 /// The objects of a render (empty documents dropped).
