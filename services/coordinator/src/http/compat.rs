@@ -77,11 +77,7 @@ pub enum Routing {
 /// Decides like Starlette's router, over the routes whose controller is
 /// enabled.
 pub fn route(method: &Method, path: &str, enabled: &dyn Fn(&str) -> bool) -> Routing {
-    let live = || {
-        ROUTES
-            .iter()
-            .filter(|(_, _, c)| c.is_none_or(enabled))
-    };
+    let live = || ROUTES.iter().filter(|(_, _, c)| c.is_none_or(enabled));
     let mut partial = None;
     for &(pattern, m, _) in live() {
         if path_matches(pattern, path) {
