@@ -106,7 +106,6 @@ impl Default for Entry {
 }
 
 impl Entry {
-
     fn add_recent(&self, w: f64) {
         let _ = self
             .recent

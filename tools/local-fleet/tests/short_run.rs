@@ -71,7 +71,10 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
         md.contains("| lookup-route (default: + speculative) | 400 |"),
         "{md}"
     );
-    assert!(md.contains("![hit ratio and TTFT per routing policy](run.svg)"), "{md}");
+    assert!(
+        md.contains("![hit ratio and TTFT per routing policy](run.svg)"),
+        "{md}"
+    );
     let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
     // Six routed variants and five in-process policies, two TTFT bars each.
     assert_eq!(svg.matches("<polyline").count(), 22, "{svg}");
