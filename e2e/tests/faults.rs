@@ -388,7 +388,7 @@ fn trickle_headers(addr: SocketAddr) -> Option<usize> {
 /// A client trickling one header byte every 2 s keeps a connection alive
 /// past any idle timer; the header-read deadline
 /// (`--header-read-timeout-seconds`) cuts it, on the index server's HTTP
-/// port and on the coordinator, and counts it.
+/// port, the coordinator and a subscriber's admin port, and counts it.
 #[test]
 fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
     let mut index = index_server(0, &["--header-read-timeout-seconds", "3"]);
@@ -405,6 +405,31 @@ fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
         ],
     );
     let coordinator_http = coordinator.admin_addr();
+    // A subscriber's admin port (no engine needed: ZMQ connects lazily).
+    let engine_port = ic_e2e::free_port().to_string();
+    let engine_endpoint = format!("tcp://127.0.0.1:{engine_port}");
+    let mut subscriber = ServiceProcess::start(
+        &workspace_binary("ic-kvevent-subscriber"),
+        &[
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--engine-endpoint",
+            &engine_endpoint,
+            "--index-server",
+            "http://127.0.0.1:9",
+            "--model-id",
+            fleet::MODEL,
+            "--replica-id",
+            "engine-0",
+            "--tenant",
+            fleet::TENANT,
+            "--address",
+            "10.0.0.0:8000",
+            "--header-read-timeout-seconds",
+            "3",
+        ],
+    );
+    let subscriber_http = subscriber.admin_addr();
     for (name, addr, counter) in [
         (
             "index server",
@@ -415,6 +440,11 @@ fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
             "coordinator",
             coordinator_http,
             "lmcache_coordinator_header_read_timeouts_total",
+        ),
+        (
+            "subscriber admin port",
+            subscriber_http,
+            "inferencecache_subscriber_header_read_timeouts_total",
         ),
     ] {
         let sent = trickle_headers(addr);
@@ -429,4 +459,5 @@ fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
     }
     assert!(index.stop().success());
     assert!(coordinator.stop().success());
+    assert!(subscriber.stop().success());
 }

@@ -161,6 +161,25 @@ impl AdminServer {
         self
     }
 
+    /// [`AdminServer::with_header_read_timeout`] with the counter registered
+    /// in the server's own registry as `<component>_header_read_timeouts`.
+    #[must_use]
+    pub fn with_counted_header_read_timeout(
+        self,
+        flags: crate::serving::HeaderDeadlineFlags,
+        component: &str,
+    ) -> Self {
+        let counter = prometheus_client::metrics::counter::Counter::default();
+        self.metrics.register_with(|r| {
+            r.sub_registry_with_prefix(component).register(
+                "header_read_timeouts",
+                "HTTP connections closed because a request's headers took longer than the header-read timeout",
+                counter.clone(),
+            );
+        });
+        self.with_header_read_timeout(flags.timeout(), counter)
+    }
+
     /// The address actually bound (resolves a requested port 0).
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         match &self.listener {

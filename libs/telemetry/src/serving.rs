@@ -370,11 +370,25 @@ pub struct ServingFlags {
     )]
     pub connection_idle_timeout_seconds: u64,
 
+    #[command(flatten)]
+    pub header_deadline: HeaderDeadlineFlags,
+}
+
+/// The header-read deadline of an HTTP server, one flag for every binary.
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct HeaderDeadlineFlags {
     /// Close an HTTP/1.1 connection whose request headers have not all
     /// arrived this many seconds after they began (a client trickling
     /// bytes); counted in `header_read_timeouts_total`.
     #[arg(long, env = "IC_HEADER_READ_TIMEOUT_SECONDS", default_value_t = DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_seconds: u64,
+}
+
+impl HeaderDeadlineFlags {
+    /// `--header-read-timeout-seconds`.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_secs(self.header_read_timeout_seconds)
+    }
 }
 
 /// Counters of the serving listeners.
@@ -458,7 +472,7 @@ pub fn certificates(
 impl ServingFlags {
     /// `--header-read-timeout-seconds`.
     pub fn header_read_timeout(&self) -> Duration {
-        Duration::from_secs(self.header_read_timeout_seconds)
+        self.header_deadline.timeout()
     }
 
     /// Options for one listener: `store` for TLS, `alpn` offered under it.

@@ -53,6 +53,8 @@ pub struct Config {
     /// Admin listen address (/live, /ready, /metrics).
     #[arg(long, env = "IC_ADMIN_ADDR", default_value = "0.0.0.0:8082")]
     pub admin_addr: SocketAddr,
+    #[command(flatten)]
+    pub header_deadline: ic_telemetry::serving::HeaderDeadlineFlags,
     /// Index server /probe URL; empty disables the functional-probe gate.
     #[arg(
         long,
@@ -449,7 +451,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         axum::Router::new(),
     )
     .await
-    .context("starting admin server")?;
+    .context("starting admin server")?
+    .with_counted_header_read_timeout(config.header_deadline, "controller");
     tracing::info!(
         snapshot_url = %config.snapshot_url,
         index_server_grpc = %config.index_server_grpc,

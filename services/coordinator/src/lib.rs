@@ -68,11 +68,10 @@ pub struct Config {
     /// 0 never closes.
     #[arg(long, env = "IC_TIMEOUT_KEEP_ALIVE", default_value_t = 10)]
     pub timeout_keep_alive: u64,
-    /// Close a connection whose request headers have not all arrived this
-    /// many seconds after they began (a client trickling bytes; house
-    /// extension, counted in `header_read_timeouts_total`).
-    #[arg(long, env = "IC_HEADER_READ_TIMEOUT_SECONDS", default_value_t = ic_telemetry::serving::DEFAULT_HEADER_READ_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
-    pub header_read_timeout_seconds: u64,
+    /// `--header-read-timeout-seconds` (a house extension, counted in
+    /// `header_read_timeouts_total`).
+    #[command(flatten)]
+    pub header_deadline: ic_telemetry::serving::HeaderDeadlineFlags,
     /// Guard the operator endpoints (quotas, pins, delete, prefetch):
     /// callers present a service-account token for this audience, checked
     /// by TokenReview, and must be an `--api-admin` or be allowed the
@@ -409,7 +408,7 @@ pub async fn start_with(
             shutdown.clone(),
         );
     }
-    let header_read_timeout = std::time::Duration::from_secs(config.header_read_timeout_seconds);
+    let header_read_timeout = config.header_deadline.timeout();
     let task = tokio::spawn(serve(
         app.clone(),
         (listener, header_read_timeout),

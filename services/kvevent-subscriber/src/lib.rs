@@ -53,6 +53,9 @@ pub struct Config {
     #[arg(long, env = "IC_ADMIN_ADDR", default_value = "0.0.0.0:8083")]
     pub admin_addr: SocketAddr,
 
+    #[command(flatten)]
+    pub header_deadline: ic_telemetry::serving::HeaderDeadlineFlags,
+
     /// Engine KV-event publisher (ZMQ PUB).
     #[arg(
         long,
@@ -224,7 +227,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         axum::Router::new(),
     )
     .await
-    .context("starting admin server")?;
+    .context("starting admin server")?
+    .with_counted_header_read_timeout(config.header_deadline, "subscriber");
 
     let outbox = Arc::new(Mutex::new(
         Outbox::new(
