@@ -210,7 +210,9 @@ where
             let mut slot = first_slot;
             let mut free_at = start;
             loop {
-                let t0 = match interval {
+                // The slot a send belongs to decides whether it is measured:
+                // a warm-up slot woken late (a loaded machine) is not.
+                let (t0, scheduled) = match interval {
                     Some(every) => {
                         if slot >= end {
                             break;
@@ -220,10 +222,14 @@ where
                         // count from the slot. Otherwise from the wake-up
                         // (timer slop is not the server's).
                         let t0 = if free_at > slot { slot } else { Instant::now() };
+                        let scheduled = slot;
                         slot += every;
-                        t0
+                        (t0, scheduled)
                     }
-                    None => Instant::now(),
+                    None => {
+                        let now = Instant::now();
+                        (now, now)
+                    }
                 };
                 if t0 >= end {
                     break;
@@ -231,7 +237,7 @@ where
                 let result = call(channel.clone(), i).await;
                 free_at = Instant::now();
                 i += 1_000_003;
-                if t0 < measure_from {
+                if scheduled < measure_from {
                     continue;
                 }
                 match result {
