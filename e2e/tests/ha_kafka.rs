@@ -416,6 +416,20 @@ async fn converge(replicas: &mut [&mut Replica], engines: &[Engine], what: &str)
     }
 }
 
+/// Records the subscribers could not deliver in time, summed.
+fn records_dropped(sidecars: &mut [ServiceProcess]) -> f64 {
+    sidecars
+        .iter_mut()
+        .map(|s| {
+            let admin = s.admin_addr();
+            metric(
+                admin,
+                "inferencecache_subscriber_kafka_records_dropped_total",
+            )
+        })
+        .sum()
+}
+
 /// Publishes `n` new prompts one at a time and measures, for each, how long
 /// until replica `grpc` answers it with a full match; (p50, p99).
 async fn event_to_visible(engine: &mut Engine, grpc: u16, n: usize) -> (Duration, Duration) {
@@ -604,16 +618,7 @@ async fn replicas_converge_after_a_broker_outage() {
             back.elapsed().as_millis()
         ),
     );
-    let dropped: f64 = sidecars
-        .iter_mut()
-        .map(|s| {
-            let admin = s.admin_addr();
-            metric(
-                admin,
-                "inferencecache_subscriber_kafka_records_dropped_total",
-            )
-        })
-        .sum();
+    let dropped = records_dropped(&mut sidecars);
     assert!(
         dropped >= 1.0,
         "the outage dropped records and counted them"
@@ -664,16 +669,7 @@ async fn replicas_converge_after_a_broker_restart() {
             back.elapsed().as_millis()
         ),
     );
-    let dropped: f64 = sidecars
-        .iter_mut()
-        .map(|s| {
-            let admin = s.admin_addr();
-            metric(
-                admin,
-                "inferencecache_subscriber_kafka_records_dropped_total",
-            )
-        })
-        .sum();
+    let dropped = records_dropped(&mut sidecars);
     assert!(
         dropped >= 1.0,
         "the restart dropped records and counted them"
