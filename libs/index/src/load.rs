@@ -40,6 +40,9 @@ pub struct ReplicaLoad {
     /// server's picks sent and the work the engine's own events showed
     /// (see [`LoadBoard::add_work`]).
     pub queued_ms: f64,
+    /// Prompt tokens per ms this engine prefilled, as its responses showed
+    /// (see [`LoadBoard::observed_prefill_rate`]); `None` until observed.
+    pub prefill_tokens_per_ms: Option<f64>,
 }
 
 /// How load estimates age.
@@ -79,6 +82,8 @@ struct Entry {
     picked_busy_until: AtomicU64,
     /// When the work the engine's events showed is done, ms (`f64` bits).
     observed_busy_until: AtomicU64,
+    /// Observed prefill rate, tokens per ms (`f64` bits; 0 = unknown).
+    prefill_tokens_per_ms: AtomicU64,
 }
 
 /// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
@@ -101,6 +106,7 @@ impl Default for Entry {
             reported_at_ms: AtomicI64::new(i64::MIN),
             picked_busy_until: AtomicU64::new(0),
             observed_busy_until: AtomicU64::new(0),
+            prefill_tokens_per_ms: AtomicU64::new(0),
         }
     }
 }
@@ -116,6 +122,11 @@ impl Entry {
 
     fn recent(&self) -> f64 {
         f64::from_bits(self.recent.load(Ordering::Relaxed))
+    }
+
+    fn prefill_rate(&self) -> Option<f64> {
+        let rate = f64::from_bits(self.prefill_tokens_per_ms.load(Ordering::Relaxed));
+        (rate > 0.0).then_some(rate)
     }
 }
 
@@ -234,6 +245,27 @@ impl LoadBoard {
         });
     }
 
+    /// The engine behind `replica_id` prefills `tokens_per_ms` prompt tokens
+    /// per millisecond, as the picker measured from its responses (usage
+    /// and time to first byte); a rate that is not finite and positive is
+    /// ignored.
+    pub fn observed_prefill_rate(&self, replica_id: &str, tokens_per_ms: f64) {
+        if tokens_per_ms.is_finite() && tokens_per_ms > 0.0 {
+            self.with_entry(replica_id, |e| {
+                e.prefill_tokens_per_ms
+                    .store(tokens_per_ms.to_bits(), Ordering::Relaxed);
+            });
+        }
+    }
+
+    /// The observed prefill rate of `replica_id`, tokens per ms.
+    pub fn prefill_rate(&self, replica_id: &str) -> Option<f64> {
+        self.entries
+            .read()
+            .get(replica_id)
+            .and_then(Entry::prefill_rate)
+    }
+
     /// The engine behind `replica_id` reported its load at `now_ms`.
     pub fn report_engine(&self, replica_id: &str, load: EngineLoad, now_ms: i64) {
         self.with_entry(replica_id, |e| {
@@ -275,6 +307,7 @@ impl LoadBoard {
                 .max(reported),
             kv_usage,
             queued_ms: (busy_until - now_ms as f64).max(0.0),
+            prefill_tokens_per_ms: e.prefill_rate(),
         }
     }
 
@@ -362,5 +395,17 @@ mod tests {
         board.retain(|id| id == "b");
         assert_eq!(board.len(), 1);
         assert_eq!(board.load("a", 0).requests, 0.0);
+    }
+
+    #[test]
+    fn an_observed_prefill_rate_is_part_of_the_load() {
+        let board = LoadBoard::default();
+        assert_eq!(board.load("a", 0).prefill_tokens_per_ms, None);
+        board.observed_prefill_rate("a", 12.5);
+        assert_eq!(board.load("a", 0).prefill_tokens_per_ms, Some(12.5));
+        assert_eq!(board.prefill_rate("a"), Some(12.5));
+        board.observed_prefill_rate("a", -1.0);
+        board.observed_prefill_rate("a", f64::INFINITY);
+        assert_eq!(board.prefill_rate("a"), Some(12.5));
     }
 }

@@ -67,7 +67,14 @@ impl TtftModel {
     /// Milliseconds an engine spends on a request with `unheld_tokens` to
     /// prefill.
     pub fn work_ms(&self, unheld_tokens: f64) -> f64 {
-        self.overhead_ms + unheld_tokens.max(0.0) / self.tokens_per_ms.max(1e-9)
+        self.work_ms_at(unheld_tokens, None)
+    }
+
+    /// [`TtftModel::work_ms`] on an engine whose own prefill rate was
+    /// observed (`Some`), which then replaces the configured one.
+    pub fn work_ms_at(&self, unheld_tokens: f64, observed_tokens_per_ms: Option<f64>) -> f64 {
+        let rate = observed_tokens_per_ms.unwrap_or(self.tokens_per_ms);
+        self.overhead_ms + unheld_tokens.max(0.0) / rate.max(1e-9)
     }
 }
 
@@ -247,7 +254,11 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
                 Some(model) => {
                     let prompt_tokens =
                         f64::from(input.prompt_blocks.max(1)) * f64::from(input.block_size.max(1));
-                    -(load.queued_ms + model.work_ms(prompt_tokens * (1.0 - held * credit)))
+                    -(load.queued_ms
+                        + model.work_ms_at(
+                            prompt_tokens * (1.0 - held * credit),
+                            load.prefill_tokens_per_ms,
+                        ))
                 }
                 None => {
                     weights.prefix * held * credit

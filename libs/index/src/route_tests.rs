@@ -378,6 +378,24 @@ fn by_ttft_a_holder_with_a_long_queue_loses_only_when_an_idle_replica_is_faster(
 }
 
 #[test]
+fn by_ttft_an_engine_observed_to_prefill_slowly_is_judged_at_its_own_rate() {
+    let fleet = Fleet::new(&["a", "b"], ttft_weights());
+    let prompt: Vec<Fingerprint> = (1..=21).map(Fingerprint).collect();
+    hold(&fleet.index, "a", &prompt[..20]);
+    // At the configured rate a's one missing block costs 3 ms, b's twenty 22.
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(ranked.ranked[0].replica.replica_id, "a", "{ranked:?}");
+    // The picker measured a at half a token per ms: its block costs 34 ms.
+    fleet.load.observed_prefill_rate("a", 0.5);
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(ranked.ranked[0].replica.replica_id, "b", "{ranked:?}");
+    // A rate that is not a rate changes nothing.
+    fleet.load.observed_prefill_rate("b", f64::NAN);
+    fleet.load.observed_prefill_rate("b", 0.0);
+    assert_eq!(fleet.load.prefill_rate("b"), None);
+}
+
+#[test]
 fn by_ttft_a_burst_sharing_a_new_prefix_lands_together_until_the_queue_says_otherwise() {
     let mut fleet = Fleet::new(&["a", "b", "c", "d"], ttft_weights());
     // A new 40-block prompt (block 1 is the system prompt everyone holds):

@@ -556,6 +556,14 @@ impl EndpointPicker {
                 table.retain(|id| current.contains(id));
             }
             table.record(id, &observed);
+            let rate = table.get(id).and_then(|s| s.prefill_tokens_per_second);
+            drop(table);
+            if let Some(rate) = rate
+                && observed.prompt_tokens.is_some()
+            {
+                self.core.routing().observed_prefill_rate(id, rate);
+                self.core.metrics().epp_prefill_rate_observations.inc();
+            }
         }
         in_flight.end();
     }

@@ -108,6 +108,9 @@ pub struct Metrics {
     pub epp_unread: Family<ReasonLabel, Counter>,
     /// Time to decide a pick, tokenizing included.
     pub epp_decision_duration: Histogram,
+    /// Responses whose usage and time to first byte recalibrated their
+    /// endpoint's prefill rate (the TTFT estimate's).
+    pub epp_prefill_rate_observations: Counter,
     /// llm-d GetPodScores calls, by outcome (scored, no_match, timeout,
     /// invalid, no_tokenizer).
     pub llmd_pod_scores: Family<OutcomeLabel, Counter>,
@@ -156,6 +159,7 @@ impl Metrics {
             epp_refusals: Family::default(),
             epp_unread: Family::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            epp_prefill_rate_observations: Counter::default(),
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
         };
@@ -266,6 +270,11 @@ impl Metrics {
                 "decision_duration_seconds",
                 "Time to pick an endpoint, tokenizing included",
                 m.epp_decision_duration.clone(),
+            );
+            e.register(
+                "prefill_rate_observations",
+                "Responses whose usage and time to first byte recalibrated their endpoint's prefill rate",
+                m.epp_prefill_rate_observations.clone(),
             );
             let l = r.sub_registry_with_prefix("llmd");
             l.register(

@@ -238,8 +238,8 @@ impl Routing {
         self.load.picked(replica_id, now_ms);
         if let Some(model) = self.weights.ttft {
             let tokens = unheld.len() as f64 * f64::from(block_size);
-            self.load
-                .add_work(replica_id, model.work_ms(tokens), now_ms);
+            let work = model.work_ms_at(tokens, self.load.prefill_rate(replica_id));
+            self.load.add_work(replica_id, work, now_ms);
         }
         if !unheld.is_empty() {
             self.speculation_mut(|s| s.record(scope_tag, replica_id, unheld, now_ms));
@@ -252,8 +252,8 @@ impl Routing {
     pub fn observed_stores(&self, replica_id: &str, blocks: usize, block_size: u32, now_ms: i64) {
         if let Some(model) = self.weights.ttft {
             let tokens = blocks as f64 * f64::from(block_size);
-            self.load
-                .observed_work(replica_id, model.work_ms(tokens), now_ms);
+            let work = model.work_ms_at(tokens, self.load.prefill_rate(replica_id));
+            self.load.observed_work(replica_id, work, now_ms);
         }
     }
 
@@ -265,6 +265,14 @@ impl Routing {
     /// A request the endpoint picker sent to `replica_id` ended.
     pub fn finished(&self, replica_id: &str) {
         self.load.finished(replica_id);
+    }
+
+    /// The endpoint picker measured the prefill rate of the engine behind
+    /// `replica_id` from its responses, tokens per second: it replaces the
+    /// configured rate in that engine's TTFT estimates.
+    pub fn observed_prefill_rate(&self, replica_id: &str, tokens_per_second: f64) {
+        self.load
+            .observed_prefill_rate(replica_id, tokens_per_second / 1000.0);
     }
 
     /// The engine behind `replica_id` reported its load.

@@ -300,6 +300,9 @@ async fn request_and_response(epp: &str, mode: BodySendMode) -> (Stream, String)
         }
         other => panic!("not a mode under test: {other:?}"),
     };
+    // The engine takes a moment to its first byte (a time to first byte of
+    // 0 ms would calibrate no prefill rate).
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     // The response: headers, then the body in chunks, in the same mode.
     s.send(response_headers("text/event-stream", false)).await;
     let r = s.read(1).await;
@@ -337,7 +340,7 @@ async fn request_and_response(epp: &str, mode: BodySendMode) -> (Stream, String)
 /// because the first two responses ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_phases_in_every_mode_end_the_request_s_load() {
-    let picker = start(&[
+    let mut picker = start(&[
         "--epp-shed-at-requests",
         "1",
         "--epp-shed-standard-at-requests",
@@ -366,6 +369,14 @@ async fn response_phases_in_every_mode_end_the_request_s_load() {
         s2.close().await;
         drop(s3);
     }
+    // Every response reported its usage (2 of 6 prompt tokens prefilled)
+    // after a measurable first byte: each recalibrated its endpoint's
+    // prefill rate for the TTFT estimate.
+    let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
+    assert!(
+        metrics.contains("inferencecache_index_epp_prefill_rate_observations_total 6"),
+        "{metrics}"
+    );
 }
 
 /// Without a response, a request stays in flight for as long as its
