@@ -99,23 +99,13 @@ impl Broker {
             .unwrap()
     }
 
-    fn logs(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
-    }
-
     fn wait_listening(&mut self) {
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "tansu exited before listening on {addr}: {status}; {INSTALL}; its log:\n{}",
-                    self.logs()
-                );
-            }
-            assert!(Instant::now() < deadline, "tansu did not listen on {addr}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let log = self.dir.path().join("broker.log");
+        let logs = || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            format!("; its log:\n{text}")
+        };
+        ic_e2e::tansu::wait_listening(&mut self.child, self.port, logs);
     }
 
     /// SIGTERM, as a broker pod's restart or a node drain stops it. (After
@@ -139,23 +129,7 @@ impl Broker {
 
     /// tansu does not create topics on its own.
     fn create_topic(&self) {
-        let out = Command::new(&self.bin)
-            .args([
-                "topic",
-                "create",
-                "--broker",
-                &format!("tcp://127.0.0.1:{}", self.port),
-                "--partitions",
-                &PARTITIONS.to_string(),
-                TOPIC,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tansu topic create failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ic_e2e::tansu::create_topic(&self.bin, self.port, TOPIC, PARTITIONS);
     }
 
     fn bootstrap(&self) -> String {
@@ -290,20 +264,9 @@ fn snapshot_blocks(r: &mut Replica) -> Option<BTreeMap<String, u64>> {
     if status != 200 {
         return None;
     }
-    let snapshot: serde_json::Value = serde_json::from_str(&body).ok()?;
-    Some(
-        snapshot["replicas"]
-            .as_array()?
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r["replicaId"].as_str()?.to_owned(),
-                    r["prefixCount"].as_u64()?,
-                ))
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect(),
-    )
+    let mut blocks = fleet::blocks_of_snapshot(&body)?;
+    blocks.retain(|_, n| *n > 0);
+    Some(blocks)
 }
 
 /// What LookupRoute answers for each engine's newest prompt, observe-only

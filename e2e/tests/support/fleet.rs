@@ -106,7 +106,12 @@ pub fn snapshot_blocks(http: SocketAddr) -> Option<BTreeMap<String, u64>> {
     if status != 200 {
         return None;
     }
-    let snapshot: serde_json::Value = serde_json::from_str(&body).ok()?;
+    blocks_of_snapshot(&body)
+}
+
+/// Block count per replica in a `/snapshot` body.
+pub fn blocks_of_snapshot(body: &str) -> Option<BTreeMap<String, u64>> {
+    let snapshot: serde_json::Value = serde_json::from_str(body).ok()?;
     Some(
         snapshot["replicas"]
             .as_array()?

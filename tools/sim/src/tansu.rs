@@ -34,3 +34,56 @@ pub fn binary() -> PathBuf {
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("tansu (Kafka broker) not found; {INSTALL}"))
 }
+
+/// How long a broker may take to start listening.
+const LISTEN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Waits until the broker `child` accepts connections on 127.0.0.1:`port`.
+///
+/// # Panics
+/// When it exits first (with `log()`, what it said) or takes longer than
+/// 90 s.
+pub fn wait_listening(child: &mut std::process::Child, port: u16, log: impl Fn() -> String) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = std::time::Instant::now() + LISTEN_DEADLINE;
+    while std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(200))
+        .is_err()
+    {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "tansu exited before listening on {addr}: {status}; {INSTALL}{}",
+                log()
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tansu did not listen on {addr} within {LISTEN_DEADLINE:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Creates topic `name` with `partitions` on the broker at 127.0.0.1:`port`
+/// (tansu does not create topics on its own).
+///
+/// # Panics
+/// When tansu refuses.
+pub fn create_topic(bin: &std::path::Path, port: u16, name: &str, partitions: u32) {
+    let out = std::process::Command::new(bin)
+        .args([
+            "topic",
+            "create",
+            "--broker",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--partitions",
+            &partitions.to_string(),
+            name,
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}; {INSTALL}", bin.display()));
+    assert!(
+        out.status.success(),
+        "tansu topic create {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -3,18 +3,17 @@
 //! with rdkafka, the same client library the coordinator consumes with.
 #![allow(clippy::unwrap_used, dead_code)]
 
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ic_e2e::tansu::INSTALL;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::{Value, json};
 
-/// How long the broker may take to start listening, and a wait for the
-/// coordinator to reach a state may last (a hang guard, not a timing check).
+/// How long a wait for the broker or the coordinator to reach a state may
+/// last (a hang guard, not a timing check).
 pub const DEADLINE: Duration = Duration::from_secs(90);
 
 /// A running tansu broker.
@@ -55,18 +54,7 @@ impl Broker {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL}", bin.display()));
         let mut broker = Self { child, bin, port };
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + DEADLINE;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Ok(Some(status)) = broker.child.try_wait() {
-                panic!("tansu exited before listening on {addr}: {status}; {INSTALL}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tansu did not listen on {addr} within {DEADLINE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        ic_e2e::tansu::wait_listening(&mut broker.child, port, String::new);
         broker
     }
 
@@ -77,23 +65,7 @@ impl Broker {
 
     /// Creates a topic (tansu does not auto-create them).
     pub fn create_topic(&self, name: &str, partitions: u32) {
-        let out = Command::new(&self.bin)
-            .args([
-                "topic",
-                "create",
-                "--broker",
-                &format!("tcp://127.0.0.1:{}", self.port),
-                "--partitions",
-                &partitions.to_string(),
-                name,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tansu topic create {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ic_e2e::tansu::create_topic(&self.bin, self.port, name, partitions);
     }
 
     /// A producer with the MP servers' delivery settings.
