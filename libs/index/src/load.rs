@@ -45,6 +45,20 @@ pub struct ReplicaLoad {
     pub prefill_tokens_per_ms: Option<f64>,
 }
 
+/// The picks other index-server replicas made for one engine, as they
+/// report them to this one (summed over the peers): with several replicas
+/// each sees only the picks of the gateways that ask it, so each adds the
+/// others' to its own.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PeerPicks {
+    /// Requests the peers sent and have not seen finish.
+    pub in_flight: f64,
+    /// The peers' recent pick weight (decayed with the half-life).
+    pub recent: f64,
+    /// Work the peers' picks queued on the engine, ms from the report.
+    pub queued_ms: f64,
+}
+
 /// How load estimates age.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadSettings {
@@ -84,6 +98,14 @@ struct Entry {
     observed_busy_until: AtomicU64,
     /// Observed prefill rate, tokens per ms (`f64` bits; 0 = unknown).
     prefill_tokens_per_ms: AtomicU64,
+    /// Peers' picks ([`LoadBoard::peer_picks`]): in flight, recent weight
+    /// as of `peer_at_ms`, their work's finish time (`f64` bits each).
+    peer_in_flight: AtomicU64,
+    peer_recent: AtomicU64,
+    peer_busy_until: AtomicU64,
+    peer_at_ms: AtomicI64,
+    /// The peers' figures count until then (`i64::MIN`: never set).
+    peer_until_ms: AtomicI64,
 }
 
 /// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
@@ -107,6 +129,11 @@ impl Default for Entry {
             picked_busy_until: AtomicU64::new(0),
             observed_busy_until: AtomicU64::new(0),
             prefill_tokens_per_ms: AtomicU64::new(0),
+            peer_in_flight: AtomicU64::new(0),
+            peer_recent: AtomicU64::new(0),
+            peer_busy_until: AtomicU64::new(0),
+            peer_at_ms: AtomicI64::new(0),
+            peer_until_ms: AtomicI64::new(i64::MIN),
         }
     }
 }
@@ -127,6 +154,20 @@ impl Entry {
     fn prefill_rate(&self) -> Option<f64> {
         let rate = f64::from_bits(self.prefill_tokens_per_ms.load(Ordering::Relaxed));
         (rate > 0.0).then_some(rate)
+    }
+
+    /// The peers' picks at `now_ms` (zero once expired).
+    fn peer(&self, now_ms: i64, half_life: f64) -> PeerPicks {
+        if now_ms > self.peer_until_ms.load(Ordering::Relaxed) {
+            return PeerPicks::default();
+        }
+        let f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
+        let age = now_ms.saturating_sub(self.peer_at_ms.load(Ordering::Relaxed)) as f64;
+        PeerPicks {
+            in_flight: f(&self.peer_in_flight),
+            recent: f(&self.peer_recent) * (-(age.max(0.0)) / half_life).exp2(),
+            queued_ms: (f(&self.peer_busy_until) - now_ms as f64).max(0.0),
+        }
     }
 }
 
@@ -298,15 +339,20 @@ impl LoadBoard {
         } else {
             (0.0, 0.0)
         };
-        let busy_until = f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed)).max(
-            f64::from_bits(e.observed_busy_until.load(Ordering::Relaxed)),
-        );
+        let now = now_ms as f64;
+        let peer = e.peer(now_ms, self.half_life());
+        // The peers' picks add to this server's own; the engine's own
+        // figures already cover everyone's.
+        let picked_ms = (f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed)) - now)
+            .max(0.0)
+            + peer.queued_ms;
+        let observed_ms = f64::from_bits(e.observed_busy_until.load(Ordering::Relaxed)) - now;
         ReplicaLoad {
-            requests: f64::from(e.in_flight.load(Ordering::Relaxed))
-                .max(e.recent() * decay)
+            requests: (f64::from(e.in_flight.load(Ordering::Relaxed)) + peer.in_flight)
+                .max(e.recent() * decay + peer.recent)
                 .max(reported),
             kv_usage,
-            queued_ms: (busy_until - now_ms as f64).max(0.0),
+            queued_ms: picked_ms.max(observed_ms).max(0.0),
             prefill_tokens_per_ms: e.prefill_rate(),
         }
     }
@@ -322,6 +368,46 @@ impl LoadBoard {
                     .map_or_else(ReplicaLoad::default, |e| self.entry_load(e, now_ms, decay))
             })
             .collect()
+    }
+
+    /// This server's own picks of every replica at `now_ms`, without the
+    /// peers' (what it reports to them); replicas with none are left out.
+    pub fn own_picks(&self, now_ms: i64) -> Vec<(String, PeerPicks)> {
+        let map = self.entries.read();
+        let decay = self.decay_factor(now_ms);
+        map.iter()
+            .filter_map(|(id, e)| {
+                let picks = PeerPicks {
+                    in_flight: f64::from(e.in_flight.load(Ordering::Relaxed)),
+                    recent: e.recent() * decay,
+                    queued_ms: (f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed))
+                        - now_ms as f64)
+                        .max(0.0),
+                };
+                (picks.in_flight > 0.0 || picks.recent >= 1e-3 || picks.queued_ms > 0.0)
+                    .then(|| (id.to_string(), picks))
+            })
+            .collect()
+    }
+
+    /// The peers' picks of `replica_id`, summed, as of `now_ms`: they
+    /// replace the previous figures and count until `now_ms + ttl_ms` (a
+    /// silent peer's picks expire).
+    pub fn peer_picks(&self, replica_id: &str, picks: PeerPicks, now_ms: i64, ttl_ms: i64) {
+        let finite = |x: f64| if x.is_finite() { x.max(0.0) } else { 0.0 };
+        self.with_entry(replica_id, |e| {
+            e.peer_in_flight
+                .store(finite(picks.in_flight).to_bits(), Ordering::Relaxed);
+            e.peer_recent
+                .store(finite(picks.recent).to_bits(), Ordering::Relaxed);
+            e.peer_busy_until.store(
+                (now_ms as f64 + finite(picks.queued_ms)).to_bits(),
+                Ordering::Relaxed,
+            );
+            e.peer_at_ms.store(now_ms, Ordering::Relaxed);
+            e.peer_until_ms
+                .store(now_ms.saturating_add(ttl_ms.max(0)), Ordering::Relaxed);
+        });
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
@@ -395,6 +481,54 @@ mod tests {
         board.retain(|id| id == "b");
         assert_eq!(board.len(), 1);
         assert_eq!(board.load("a", 0).requests, 0.0);
+    }
+
+    #[test]
+    fn peers_picks_add_to_the_own_and_expire() {
+        let board = LoadBoard::new(LoadSettings {
+            pick_half_life_ms: 1_000,
+            engine_report_ttl_ms: 5_000,
+        });
+        board.started("a");
+        board.picked("a", 0);
+        board.add_work("a", 100.0, 0);
+        let own = board.own_picks(0);
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[0].1.in_flight, 1.0);
+        assert_eq!(own[0].1.queued_ms, 100.0);
+        let peers = PeerPicks {
+            in_flight: 2.0,
+            recent: 4.0,
+            queued_ms: 50.0,
+        };
+        board.peer_picks("a", peers, 0, 500);
+        let load = board.load("a", 0);
+        assert_eq!(load.requests, 5.0, "own recent 1 + the peers' 4");
+        assert_eq!(load.queued_ms, 150.0);
+        assert_eq!(board.own_picks(0)[0].1, own[0].1, "never echoed back");
+        let later = board.load("a", 500);
+        assert!((later.requests - (2.0f64.powf(-0.5) * 5.0)).abs() < 1e-9);
+        assert_eq!(board.load("a", 501).requests, 1.0, "a silent peer expires");
+        board.peer_picks("b", peers, 0, 500);
+        assert_eq!(
+            board.load("b", 0).requests,
+            4.0,
+            "a replica only peers picked"
+        );
+        board.peer_picks(
+            "b",
+            PeerPicks {
+                recent: f64::NAN,
+                ..peers
+            },
+            0,
+            500,
+        );
+        assert_eq!(
+            board.load("b", 0).requests,
+            2.0,
+            "not-finite figures count as 0"
+        );
     }
 
     #[test]
