@@ -130,8 +130,35 @@ impl RouteQuery<'_> {
 /// 50 µs of hashing at 16-token blocks).
 const FINGERPRINT_PIECE_BLOCKS: usize = 256;
 
+/// A namespace's own scoring (CachePolicy); each `None` keeps the
+/// server's flag.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScoringOverrides {
+    /// Weight of the prefix match.
+    pub prefix: Option<f64>,
+    /// Weight of the request load.
+    pub load: Option<f64>,
+    /// Weight of the engine's KV usage.
+    pub kv_usage: Option<f64>,
+    /// The load bound (`Some(None)`: unbounded).
+    pub load_bound: Option<Option<f64>>,
+}
+
+impl ScoringOverrides {
+    /// `base` (the server's weights) with these overrides.
+    pub fn over(&self, base: &ScoreWeights) -> ScoreWeights {
+        ScoreWeights {
+            prefix: self.prefix.unwrap_or(base.prefix),
+            load: self.load.unwrap_or(base.load),
+            kv_usage: self.kv_usage.unwrap_or(base.kv_usage),
+            load_bound: self.load_bound.unwrap_or(base.load_bound),
+            ..*base
+        }
+    }
+}
+
 /// A namespace's routing policy (what a CachePolicy says).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RoutePolicy {
     /// Budget of one lookup.
     pub lookup_timeout: Duration,
@@ -141,6 +168,8 @@ pub struct RoutePolicy {
     pub replica_stale_after: Duration,
     /// Whether a prefix held only at T2 may be returned.
     pub allow_tier2_matches: bool,
+    /// Scoring weights and load bound over the server's.
+    pub scoring: ScoringOverrides,
 }
 
 impl Default for RoutePolicy {
@@ -150,6 +179,7 @@ impl Default for RoutePolicy {
             minimum_prefix_tokens: 0,
             replica_stale_after: Duration::from_secs(120),
             allow_tier2_matches: true,
+            scoring: ScoringOverrides::default(),
         }
     }
 }
@@ -532,7 +562,11 @@ pub fn route_ranked(
     let ranked = rank(&input, scoring.weights, &loads);
     let holder_within = ranked
         .iter()
-        .position(|s| s.matched_blocks > 0 && !s.over_bound);
+        .position(|s| s.matched_blocks > 0 && !s.over_bound)
+        // By predicted TTFT a holder ranked below a non-holder answers
+        // later: hinting it anyway sent every prompt sharing a first block
+        // to that block's holder (the chat workload's collapse).
+        .filter(|&i| scoring.weights.ttft.is_none() || i == 0);
     let other_within = ranked
         .iter()
         .any(|s| s.matched_blocks == 0 && !s.over_bound);
@@ -551,7 +585,12 @@ pub fn route_ranked(
         )),
         None => Some((
             NoHintReason::LoadBound,
-            "every replica holding the prefix is over its load bound".to_owned(),
+            if scoring.weights.ttft.is_some() {
+                "a replica holding none of the prompt is predicted to answer first"
+            } else {
+                "every replica holding the prefix is over its load bound"
+            }
+            .to_owned(),
         )),
     };
     // Load alone decides for a gateway that named its candidates: it sends

@@ -59,6 +59,7 @@ impl Policies {
                     Duration::from_secs(u64::from(p.replica_stale_after_seconds))
                 },
                 allow_tier2_matches: p.allow_tier2_matches,
+                ..defaults
             };
             if by_namespace.insert(p.namespace.clone(), policy).is_some() {
                 return Err(PolicyError::Duplicate(i, p.namespace.clone()));

@@ -208,6 +208,8 @@ impl Routing {
         deadline: &dyn Deadline,
         pool: Option<&[(ic_index::ReplicaKey, String)]>,
     ) -> Ranked {
+        // The namespace's CachePolicy over the server's flags.
+        let weights = policy.scoring.over(&self.weights);
         route_ranked(
             index,
             query,
@@ -216,7 +218,7 @@ impl Routing {
             now_ms,
             deadline,
             Scoring {
-                weights: &self.weights,
+                weights: &weights,
                 source: self,
                 scope_tag: ic_index::route::scope_tag(query.scope),
                 pool,
@@ -323,6 +325,12 @@ impl Routing {
             tie_seed: u64::try_from(now_ms).unwrap_or_default(),
         };
         ic_index::pick::rank(&input, &self.weights, &loads)
+    }
+
+    /// The load board: the peer replicas' exchange reads this server's
+    /// own picks from it and adds theirs (crate::peers).
+    pub fn load_board(&self) -> &LoadBoard {
+        &self.load
     }
 
     /// Speculative entries held and entries dropped for space.
