@@ -420,3 +420,26 @@ fn by_ttft_a_burst_sharing_a_new_prefix_lands_together_until_the_queue_says_othe
     let together = burst.iter().filter(|p| *p == first).count();
     assert!((15..30).contains(&together), "{burst:?}");
 }
+
+#[test]
+fn by_ttft_no_hint_names_a_holder_slower_than_a_replica_holding_nothing() {
+    let fleet = Fleet::new(&["a", "b"], ttft_weights());
+    // Only a holds the prompt's first block (a prefix b never saw).
+    let prompt: Vec<Fingerprint> = (500..520).map(Fingerprint).collect();
+    hold(&fleet.index, "a", &prompt[..1]);
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(
+        ranked.best().map(|s| s.replica.replica_id.as_str()),
+        Some("a")
+    );
+    // 100 ms queued on a: b's cold 20-block prefill (22 ms) answers first,
+    // so a must not be hinted (it was: the best holder got the hint).
+    fleet.load.add_work("a", 100.0, T0);
+    let ranked = fleet.ask(&prompt, T0);
+    assert_eq!(ranked.ranked[0].replica.replica_id, "b", "{ranked:?}");
+    assert_eq!(ranked.best(), None, "{ranked:?}");
+    assert_eq!(
+        ranked.no_hint.as_ref().map(|(r, _)| *r),
+        Some(NoHintReason::LoadBound)
+    );
+}
