@@ -90,6 +90,7 @@ pub fn wire(namespace: &str, spec: &CachePolicySpec) -> pb::NamespacePolicy {
         minimum_prefix_tokens: to_u32(spec.minimum_prefix_tokens),
         replica_stale_after_seconds: to_u32(spec.replica_stale_after_seconds),
         allow_tier2_matches: spec.allow_tier2_matches,
+        ..Default::default()
     }
 }
 
@@ -329,6 +330,7 @@ impl PolicyPusher {
         let resolved = resolve(&policies);
         let request = pb::SetPoliciesRequest {
             policies: resolved.values().map(|r| r.policy.clone()).collect(),
+            ..Default::default()
         };
         let due: Vec<Destination> = held
             .iter()

@@ -350,7 +350,9 @@ async fn probe_failure_is_sticky_across_a_transport_error() {
             minimum_prefix_tokens: 1_000_000,
             replica_stale_after_seconds: 120,
             allow_tier2_matches: true,
+            ..Default::default()
         }],
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -90,6 +90,7 @@ mod tests {
             minimum_prefix_tokens: 64,
             replica_stale_after_seconds: 0,
             allow_tier2_matches: false,
+            ..Default::default()
         }
     }
 

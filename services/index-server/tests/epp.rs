@@ -111,6 +111,7 @@ async fn generous_budget(grpc: &str) {
                 allow_tier2_matches: true,
                 ..Default::default()
             }],
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -138,6 +138,7 @@ fn no_hint_reasons() {
         minimum_prefix_tokens,
         replica_stale_after_seconds: 0,
         allow_tier2_matches,
+        ..Default::default()
     };
     s.core()
         .set_policies(Policies::from_push(&[push(32, true)]).unwrap());
@@ -357,6 +358,7 @@ async fn set_policies_validates_the_whole_push() {
             lookup_timeout_ms: 5,
             ..Default::default()
         }],
+        ..Default::default()
     };
     let e = s.set_policies(tonic::Request::new(bad)).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
@@ -372,6 +374,7 @@ async fn set_policies_validates_the_whole_push() {
             minimum_prefix_tokens: 128,
             ..Default::default()
         }],
+        ..Default::default()
     };
     let r = s.set_policies(tonic::Request::new(good)).await.unwrap();
     assert_eq!(r.into_inner().applied, 1);

@@ -98,6 +98,7 @@ fn broken_routing_fails_the_routing_stage() {
             minimum_prefix_tokens: 1_000_000,
             replica_stale_after_seconds: 120,
             allow_tier2_matches: true,
+            ..Default::default()
         }])
         .unwrap(),
     );
