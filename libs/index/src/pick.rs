@@ -22,17 +22,22 @@
 //!
 //! With a [`TtftModel`] the score is instead the predicted time to first
 //! token, negated: the replica's queued work plus the prefill of the tokens
-//! it does not hold,
+//! it does not hold, that prefill weighed by the prefix weight,
 //!
 //! ```text
-//! ttft(r)  = queued_ms(r) + overhead_ms + unheld_tokens(r) / prefill_rate
-//! score(r) = −ttft(r)
+//! work(r)  = overhead_ms + unheld_tokens(r) / prefill_rate(r)
+//! score(r) = −(queued_ms(r) + prefix_weight × work(r))
 //! ```
 //!
-//! so a holder with a long queue loses to an idle replica exactly when the
-//! idle one would answer first (as Preble and llm-d's scorers weigh prefix
-//! against load, but in the engine's own units). A T2 block counts as held
-//! for `t2_credit` of its tokens.
+//! so a holder with a long queue loses to an idle replica when the idle
+//! one would answer first (as Preble and llm-d's scorers weigh prefix
+//! against load, but in the engine's own units). At a prefix weight of 1
+//! that is the user's wait alone; the default 2 also charges a cold
+//! prefill for the blocks it stores, which evict blocks later requests
+//! would have hit (in an exact simulation of the local fleet's engines,
+//! 2 keeps the load-bounded reference's hit ratio where 1 loses about a
+//! point). The load bound applies as with the weights. A T2 block counts
+//! as held for `t2_credit` of its tokens.
 
 use crate::load::ReplicaLoad;
 use crate::types::{Candidate, ReplicaKey, Tier};
@@ -254,11 +259,15 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
                 Some(model) => {
                     let prompt_tokens =
                         f64::from(input.prompt_blocks.max(1)) * f64::from(input.block_size.max(1));
+                    // The prefix weight prices a prefill against a wait: 1
+                    // is the user's time alone; above 1 also counts what the
+                    // blocks it stores evict, which later requests pay for.
                     -(load.queued_ms
-                        + model.work_ms_at(
-                            prompt_tokens * (1.0 - held * credit),
-                            load.prefill_tokens_per_ms,
-                        ))
+                        + weights.prefix
+                            * model.work_ms_at(
+                                prompt_tokens * (1.0 - held * credit),
+                                load.prefill_tokens_per_ms,
+                            ))
                 }
                 None => {
                     weights.prefix * held * credit
@@ -329,6 +338,90 @@ struct RankKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn by_ttft_the_prefix_weight_prices_a_prefill_against_a_wait() {
+        let r = replicas(&["a", "b"]);
+        let r = refs(&r);
+        // a holds 9 of 10 blocks (16 tokens each) behind a 30 ms queue; b
+        // holds nothing and is idle. At 8 tokens per ms and 2 ms a request:
+        // a 30 + 2 + 2 = 34 ms, b 2 + 20 = 22 ms.
+        let m = [matched("a", 9, Tier::T1)];
+        let mut load = loads(&r, |_| 0.0);
+        load[0].queued_ms = 30.0;
+        let ttft = |prefix: f64| ScoreWeights {
+            prefix,
+            load_bound: None,
+            ttft: Some(TtftModel {
+                tokens_per_ms: 8.0,
+                overhead_ms: 2.0,
+            }),
+            ..ScoreWeights::default()
+        };
+        let first = |w: &ScoreWeights| {
+            rank(&input(&r, &m, &[], 1), w, &load)[0]
+                .replica
+                .replica_id
+                .clone()
+        };
+        assert_eq!(first(&ttft(1.0)), "b", "the user's wait alone");
+        // Weighed twice, b's cold prefill (44) costs more than a's wait (38).
+        assert_eq!(first(&ttft(2.0)), "a");
+        assert_eq!(first(&ScoreWeights::default()), "a", "weights: the holder");
+    }
+
+    fn key(id: &str) -> ReplicaKey {
+        ReplicaKey {
+            tenant: "t".into(),
+            replica_id: id.into(),
+            dp_rank: 0,
+        }
+    }
+
+    fn replicas(ids: &[&str]) -> Vec<(ReplicaKey, String)> {
+        ids.iter()
+            .map(|id| (key(id), format!("{id}:8000")))
+            .collect()
+    }
+
+    fn refs(r: &[(ReplicaKey, String)]) -> Vec<(&ReplicaKey, &str)> {
+        r.iter().map(|(k, a)| (k, a.as_str())).collect()
+    }
+
+    fn matched(id: &str, blocks: u32, tier: Tier) -> Candidate {
+        Candidate {
+            replica: key(id),
+            address: format!("{id}:8000"),
+            matched_blocks: blocks,
+            block_size: 16,
+            tier,
+        }
+    }
+
+    fn input<'a>(
+        replicas: &'a [(&'a ReplicaKey, &'a str)],
+        matches: &'a [Candidate],
+        speculative: &'a [(String, u32)],
+        seed: u64,
+    ) -> PickInput<'a> {
+        PickInput {
+            replicas,
+            matches,
+            speculative,
+            prompt_blocks: 10,
+            block_size: 16,
+            tie_seed: seed,
+        }
+    }
+
+    fn loads(r: &[(&ReplicaKey, &str)], f: impl Fn(&str) -> f64) -> Vec<ReplicaLoad> {
+        r.iter()
+            .map(|(k, _)| ReplicaLoad {
+                requests: f(&k.replica_id),
+                ..ReplicaLoad::default()
+            })
+            .collect()
+    }
 
     fn key(id: &str) -> ReplicaKey {
         ReplicaKey {

@@ -346,6 +346,8 @@ fn picks_a_speculation_attracts_do_not_keep_it_alive() {
 /// no load bound (the estimate decides).
 fn ttft_weights() -> ScoreWeights {
     ScoreWeights {
+        // A prefill weighs the user's time alone (the default 2 doubles it).
+        prefix: 1.0,
         load_bound: None,
         ttft: Some(TtftModel {
             tokens_per_ms: 16.0,
