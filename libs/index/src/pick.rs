@@ -423,59 +423,6 @@ mod tests {
             .collect()
     }
 
-    fn key(id: &str) -> ReplicaKey {
-        ReplicaKey {
-            tenant: "t".into(),
-            replica_id: id.into(),
-            dp_rank: 0,
-        }
-    }
-
-    fn replicas(ids: &[&str]) -> Vec<(ReplicaKey, String)> {
-        ids.iter()
-            .map(|id| (key(id), format!("{id}:8000")))
-            .collect()
-    }
-
-    fn refs(r: &[(ReplicaKey, String)]) -> Vec<(&ReplicaKey, &str)> {
-        r.iter().map(|(k, a)| (k, a.as_str())).collect()
-    }
-
-    fn matched(id: &str, blocks: u32, tier: Tier) -> Candidate {
-        Candidate {
-            replica: key(id),
-            address: format!("{id}:8000"),
-            matched_blocks: blocks,
-            block_size: 16,
-            tier,
-        }
-    }
-
-    fn input<'a>(
-        replicas: &'a [(&'a ReplicaKey, &'a str)],
-        matches: &'a [Candidate],
-        speculative: &'a [(String, u32)],
-        seed: u64,
-    ) -> PickInput<'a> {
-        PickInput {
-            replicas,
-            matches,
-            speculative,
-            prompt_blocks: 10,
-            block_size: 16,
-            tie_seed: seed,
-        }
-    }
-
-    fn loads(r: &[(&ReplicaKey, &str)], f: impl Fn(&str) -> f64) -> Vec<ReplicaLoad> {
-        r.iter()
-            .map(|(k, _)| ReplicaLoad {
-                requests: f(&k.replica_id),
-                ..ReplicaLoad::default()
-            })
-            .collect()
-    }
-
     #[test]
     fn the_longest_match_wins_when_loads_are_equal() {
         let r = replicas(&["a", "b", "c"]);
