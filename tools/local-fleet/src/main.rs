@@ -136,7 +136,8 @@ struct Variant {
     /// must then name the same `best` for a prompt with one longest holder.
     prefix_decides: bool,
     /// Scores by predicted TTFT, calibrated on the fleet's timing model (the
-    /// engines' prefill rate and overhead, on the replay's compressed clock).
+    /// engines' prefill rate and overhead, on the replay's compressed clock),
+    /// with the default prefix weight and load bound.
     ttft: bool,
 }
 
@@ -172,14 +173,14 @@ const VARIANTS: [Variant; 6] = [
     },
     Variant {
         name: "lookup-route, by predicted TTFT",
-        flags: &["--load-bound=0"],
+        flags: &[],
         epp: false,
         prefix_decides: false,
         ttft: true,
     },
     Variant {
         name: "endpoint picker, by predicted TTFT",
-        flags: &["--load-bound=0"],
+        flags: &[],
         epp: true,
         prefix_decides: false,
         ttft: true,
