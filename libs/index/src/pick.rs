@@ -168,7 +168,7 @@ fn mix(mut x: u64) -> u64 {
 
 /// FNV-1a of a replica id: the tie-break's input, and how the replicas
 /// are matched to the (few) holders without comparing every name.
-fn id_hash(replica_id: &str) -> u64 {
+pub fn id_hash(replica_id: &str) -> u64 {
     replica_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
@@ -204,14 +204,135 @@ pub const OTHERS_RANKED: usize = 8;
 /// [`OTHERS_RANKED`] of the rest; `loads` holds each replica's load, in the
 /// order of `input.replicas` (a missing one reads as idle).
 pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]) -> Vec<Scored> {
+    rank_in(
+        input,
+        weights,
+        loads,
+        &Fleet::of(input.replicas.len(), loads),
+    )
+}
+
+/// The fleet-wide figures every score is relative to: the busiest
+/// replica's requests and the fair share of the load.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fleet {
+    /// Requests of the busiest replica, at least 1.
+    pub max_requests: f64,
+    /// Requests over every replica.
+    pub total_requests: f64,
+    /// Replicas, at least 1.
+    pub replicas: f64,
+}
+
+impl Fleet {
+    /// The figures of `replicas` replicas whose loads are `loads` (a
+    /// missing one reads as idle).
+    pub fn of(replicas: usize, loads: &[ReplicaLoad]) -> Self {
+        let load_of = |i: usize| loads.get(i).map_or(0.0, |l| l.requests);
+        Self {
+            max_requests: (0..replicas).map(load_of).fold(1.0, f64::max),
+            total_requests: (0..replicas).map(load_of).sum(),
+            replicas: replicas.max(1) as f64,
+        }
+    }
+
+    /// The load bound, in requests (`None`: unbounded). Never below one
+    /// request: with nothing measured, nobody is over.
+    fn bound(&self, weights: &ScoreWeights) -> Option<f64> {
+        weights
+            .load_bound
+            .map(|c| (c * (self.total_requests + 1.0) / self.replicas).max(1.0))
+    }
+}
+
+/// Where [`rank`] places a replica holding none of the prompt among the
+/// others (smaller is better; replicas with equal keys go by their
+/// [`ReplicaKey`]): lets a caller pick the few best of a large scope
+/// without scoring every replica in full. `id_hash` is [`id_hash`] of the
+/// replica id.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OtherKey {
+    over_bound: bool,
+    score: f64,
+    requests: f64,
+    tie: u64,
+}
+
+impl OtherKey {
+    /// The key of a non-holder with `load` in `fleet`, for `input`'s prompt.
+    pub fn new(
+        input: &PickInput<'_>,
+        weights: &ScoreWeights,
+        fleet: &Fleet,
+        load: &ReplicaLoad,
+        id_hash: u64,
+    ) -> Self {
+        Self {
+            over_bound: over_bound(fleet.bound(weights), load),
+            score: score(input, weights, fleet, load, 0.0, 1.0),
+            requests: load.requests,
+            tie: mix(input.tie_seed ^ id_hash),
+        }
+    }
+
+    /// [`rank`]'s order, up to the replica key.
+    pub fn rank_cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.over_bound
+            .cmp(&other.over_bound)
+            .then(other.score.total_cmp(&self.score))
+            .then(self.requests.total_cmp(&other.requests))
+            .then(other.tie.cmp(&self.tie))
+    }
+}
+
+fn over_bound(bound: Option<f64>, load: &ReplicaLoad) -> bool {
+    bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9)
+}
+
+/// The score of a replica holding `held` of the prompt, its tier's credit
+/// `credit`.
+fn score(
+    input: &PickInput<'_>,
+    weights: &ScoreWeights,
+    fleet: &Fleet,
+    load: &ReplicaLoad,
+    held: f64,
+    credit: f64,
+) -> f64 {
+    match weights.ttft {
+        Some(model) => {
+            let prompt_tokens =
+                f64::from(input.prompt_blocks.max(1)) * f64::from(input.block_size.max(1));
+            // The prefix weight prices a prefill against a wait: 1 is the
+            // user's time alone; above 1 also counts what the blocks it
+            // stores evict, which later requests pay for again.
+            -(load.queued_ms
+                + weights.prefix
+                    * model.work_ms_at(
+                        prompt_tokens * (1.0 - held * credit),
+                        load.prefill_tokens_per_ms,
+                    ))
+        }
+        None => {
+            weights.prefix * held * credit
+                - weights.load * load.requests / fleet.max_requests
+                - weights.kv_usage * load.kv_usage
+        }
+    }
+}
+
+/// [`rank`] of a part of the scope: `fleet` holds the whole scope's figures,
+/// so each replica scores as it would among all of them. Given every
+/// replica holding part of the prompt and the best [`OTHERS_RANKED`] others
+/// by [`OtherKey`], it answers what [`rank`] of the whole scope answers.
+pub fn rank_in(
+    input: &PickInput<'_>,
+    weights: &ScoreWeights,
+    loads: &[ReplicaLoad],
+    fleet: &Fleet,
+) -> Vec<Scored> {
     let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
-    let max_requests = (0..input.replicas.len())
-        .map(|i| load_of(i).requests)
-        .fold(1.0, f64::max);
-    let total: f64 = (0..input.replicas.len()).map(|i| load_of(i).requests).sum();
-    let n = input.replicas.len().max(1) as f64;
-    // Never below one request: with nothing measured, nobody is over.
-    let bound = weights.load_bound.map(|c| (c * (total + 1.0) / n).max(1.0));
+    let bound = fleet.bound(weights);
     let matches = by_id_hash(input.matches, |m| &m.replica.replica_id);
     let speculative = by_id_hash(input.speculative, |(id, _)| id);
     // Scored in place as small keys; names and addresses are copied once,
@@ -255,30 +376,10 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
             } else {
                 weights.t2_credit
             };
-            let score = match weights.ttft {
-                Some(model) => {
-                    let prompt_tokens =
-                        f64::from(input.prompt_blocks.max(1)) * f64::from(input.block_size.max(1));
-                    // The prefix weight prices a prefill against a wait: 1
-                    // is the user's time alone; above 1 also counts what the
-                    // blocks it stores evict, which later requests pay for.
-                    -(load.queued_ms
-                        + weights.prefix
-                            * model.work_ms_at(
-                                prompt_tokens * (1.0 - held * credit),
-                                load.prefill_tokens_per_ms,
-                            ))
-                }
-                None => {
-                    weights.prefix * held * credit
-                        - weights.load * load.requests / max_requests
-                        - weights.kv_usage * load.kv_usage
-                }
-            };
             RankKey {
                 index: i,
-                over_bound: bound.is_some_and(|b| load.requests + 1.0 > b + 1e-9),
-                score,
+                over_bound: over_bound(bound, &load),
+                score: score(input, weights, fleet, &load, held, credit),
                 requests: load.requests,
                 tie: mix(input.tie_seed ^ h),
                 matched_blocks,
@@ -289,11 +390,8 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
         .partition(|k| k.matched_blocks > 0);
     let key_of = |k: &RankKey| input.replicas[k.index].0;
     let better = |a: &RankKey, b: &RankKey| {
-        a.over_bound
-            .cmp(&b.over_bound)
-            .then(b.score.total_cmp(&a.score))
-            .then(a.requests.total_cmp(&b.requests))
-            .then(b.tie.cmp(&a.tie))
+        a.order()
+            .rank_cmp(&b.order())
             .then_with(|| key_of(a).cmp(key_of(b)))
     };
     // Only the best few of the rest are returned: select them in linear
@@ -333,6 +431,18 @@ struct RankKey {
     matched_blocks: u32,
     tier: Tier,
     speculative: bool,
+}
+
+impl RankKey {
+    /// The order, one definition for holders and the others alike.
+    fn order(&self) -> OtherKey {
+        OtherKey {
+            over_bound: self.over_bound,
+            score: self.score,
+            requests: self.requests,
+            tie: self.tie,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -541,5 +651,83 @@ mod tests {
             ]
         );
         assert_eq!(ranked.len(), 2 + OTHERS_RANKED);
+    }
+    #[test]
+    fn ranking_the_holders_and_the_best_others_by_their_key_is_ranking_all() {
+        // Loads drawn from a small set, so ties (on score, requests and the
+        // load bound) are frequent; dp ranks share an id and a tie hash.
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            seed = mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            seed % n
+        };
+        for case in 0..300 {
+            let n = 1 + next(40) as usize;
+            let all: Vec<(ReplicaKey, String)> = (0..n)
+                .map(|i| {
+                    let mut k = key(&format!("r{}", i / 2));
+                    k.dp_rank = (i % 2) as u32;
+                    (k, format!("r{i}:8000"))
+                })
+                .collect();
+            let r = refs(&all);
+            let m: Vec<Candidate> = (0..next(4))
+                .map(|_| {
+                    matched(
+                        &format!("r{}", next(n as u64) / 2),
+                        1 + next(10) as u32,
+                        Tier::T1,
+                    )
+                })
+                .collect();
+            let loads: Vec<ReplicaLoad> = (0..n)
+                .map(|_| ReplicaLoad {
+                    requests: next(4) as f64,
+                    kv_usage: next(3) as f64 / 2.0,
+                    queued_ms: next(3) as f64 * 10.0,
+                    prefill_tokens_per_ms: (next(2) == 0).then_some(8.0),
+                })
+                .collect();
+            let ttft = case % 2 == 1;
+            let weights = ScoreWeights {
+                ttft: ttft.then_some(TtftModel {
+                    tokens_per_ms: 16.0,
+                    overhead_ms: 2.0,
+                }),
+                ..ScoreWeights::default()
+            };
+            let whole = input(&r, &m, &[], case);
+            let expected = rank(&whole, &weights, &loads);
+            let fleet = Fleet::of(r.len(), &loads);
+            let held = |k: &ReplicaKey| m.iter().any(|c| c.replica.replica_id == k.replica_id);
+            let mut others: Vec<usize> = (0..n).filter(|&i| !held(r[i].0)).collect();
+            let other_key = |i: usize| {
+                OtherKey::new(
+                    &whole,
+                    &weights,
+                    &fleet,
+                    &loads[i],
+                    id_hash(&r[i].0.replica_id),
+                )
+            };
+            others.sort_by(|&a, &b| {
+                other_key(a)
+                    .rank_cmp(&other_key(b))
+                    .then(r[a].0.cmp(r[b].0))
+            });
+            others.truncate(OTHERS_RANKED);
+            let part: Vec<usize> = (0..n)
+                .filter(|&i| held(r[i].0) || others.contains(&i))
+                .collect();
+            let part_replicas: Vec<(&ReplicaKey, &str)> = part.iter().map(|&i| r[i]).collect();
+            let part_loads: Vec<ReplicaLoad> = part.iter().map(|&i| loads[i]).collect();
+            let got = rank_in(
+                &input(&part_replicas, &m, &[], case),
+                &weights,
+                &part_loads,
+                &fleet,
+            );
+            assert_eq!(got, expected, "case {case}");
+        }
     }
 }
