@@ -1,4 +1,5 @@
-//! `CachePolicy`: per-namespace tuning of how LookupRoute answers.
+//! `CachePolicy`: per-namespace tuning of how LookupRoute and the endpoint
+//! picker answer.
 //!
 //! The controller resolves the policy of each namespace (the oldest
 //! CachePolicy in it wins; later ones are marked Superseded) and pushes it to
@@ -6,7 +7,7 @@
 //! namespace. A namespace without a CachePolicy gets the defaults below.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -72,6 +73,74 @@ pub struct CachePolicySpec {
     /// reloads are slower than recomputing on your hardware.
     #[serde(default = "default_true")]
     pub allow_tier2_matches: bool,
+
+    /// Scoring weights and the load bound for this namespace's lookups and
+    /// picks; each field left out keeps the index server's flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scoring: Option<ScoringSpec>,
+
+    /// When the endpoint picker refuses this namespace's requests with 429,
+    /// by their InferenceObjective's priority. When set, all three
+    /// thresholds come from here (a field left out is 0: never); when
+    /// unset, the index server's --epp-shed-*-at-requests flags.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shedding: Option<SheddingSpec>,
+}
+
+/// How replicas are scored (docs/gateway-integration.md, "How a replica is
+/// chosen").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.loadBound) || self.loadBound == 0.0 || self.loadBound >= 1.0").message("loadBound must be 0 (unbounded) or at least 1"))]
+pub struct ScoringSpec {
+    /// Weight of the prefix match (the fraction of the prompt a replica
+    /// holds); --score-prefix-weight when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub prefix_weight: Option<f64>,
+
+    /// Weight of the replica's request load (normalised to the busiest);
+    /// --score-load-weight when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub load_weight: Option<f64>,
+
+    /// Weight of the engine's KV-cache usage (0..1); --score-kv-usage-weight
+    /// when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub kv_usage_weight: Option<f64>,
+
+    /// A replica above this multiple of its fair share of the load ranks
+    /// after every replica within it: 0 (unbounded) or at least 1;
+    /// --load-bound when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1000.0))]
+    pub load_bound: Option<f64>,
+}
+
+/// Shedding thresholds: requests (picks in flight, or the engine's running
+/// + waiting) on the least busy endpoint at which a request is refused.
+/// Lower priorities must shed first.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new("!has(self.standardAtRequests) || self.standardAtRequests == 0 || (has(self.sheddableAtRequests) && self.sheddableAtRequests > 0 && self.sheddableAtRequests <= self.standardAtRequests)").message("standardAtRequests needs sheddableAtRequests set, and no larger: lower priorities shed first"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.criticalAtRequests) || self.criticalAtRequests == 0 || (has(self.standardAtRequests) && self.standardAtRequests > 0 && self.standardAtRequests <= self.criticalAtRequests)").message("criticalAtRequests needs standardAtRequests set, and no larger: lower priorities shed first"))]
+pub struct SheddingSpec {
+    /// Sheddable requests (priority below 0); 0 never sheds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub sheddable_at_requests: Option<i32>,
+
+    /// Standard requests (priority 0, or no known objective); 0 never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub standard_at_requests: Option<i32>,
+
+    /// Critical requests (priority above 0), refused last; 0 never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub critical_at_requests: Option<i32>,
 }
 
 /// Default lookup budget.
@@ -96,6 +165,8 @@ impl Default for CachePolicySpec {
             minimum_prefix_tokens: 0,
             replica_stale_after_seconds: DEFAULT_REPLICA_STALE_AFTER_SECONDS,
             allow_tier2_matches: true,
+            scoring: None,
+            shedding: None,
         }
     }
 }

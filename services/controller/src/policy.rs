@@ -82,15 +82,32 @@ fn to_u32(v: i32) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
-/// The wire form of `spec` for `namespace`.
+/// The wire form of `spec` for `namespace`. Scoring fields left out stay
+/// unset (the index server's flags); a `shedding` block sends all three
+/// thresholds, a field left out as 0 (never).
 pub fn wire(namespace: &str, spec: &CachePolicySpec) -> pb::NamespacePolicy {
+    let scoring = spec.scoring.clone().unwrap_or_default();
+    let shed = spec.shedding.as_ref().map(|s| {
+        [
+            s.sheddable_at_requests,
+            s.standard_at_requests,
+            s.critical_at_requests,
+        ]
+        .map(|n| to_u32(n.unwrap_or(0)))
+    });
     pb::NamespacePolicy {
         namespace: namespace.to_owned(),
         lookup_timeout_ms: to_u32(spec.lookup_timeout_ms).max(1),
         minimum_prefix_tokens: to_u32(spec.minimum_prefix_tokens),
         replica_stale_after_seconds: to_u32(spec.replica_stale_after_seconds),
         allow_tier2_matches: spec.allow_tier2_matches,
-        ..Default::default()
+        score_prefix_weight: scoring.prefix_weight,
+        score_load_weight: scoring.load_weight,
+        score_kv_usage_weight: scoring.kv_usage_weight,
+        load_bound: scoring.load_bound,
+        shed_sheddable_at_requests: shed.map(|s| s[0]),
+        shed_standard_at_requests: shed.map(|s| s[1]),
+        shed_critical_at_requests: shed.map(|s| s[2]),
     }
 }
 
@@ -593,5 +610,36 @@ mod tests {
         assert_eq!(w.minimum_prefix_tokens, 0);
         assert_eq!(w.replica_stale_after_seconds, 120);
         assert!(w.allow_tier2_matches);
+        assert_eq!(w.score_prefix_weight, None);
+        assert_eq!(w.shed_standard_at_requests, None);
+    }
+
+    #[test]
+    fn wire_form_carries_scoring_and_the_whole_shedding_block() {
+        let spec = CachePolicySpec {
+            scoring: Some(ic_api::cachepolicy::ScoringSpec {
+                load_weight: Some(3.0),
+                load_bound: Some(0.0),
+                ..Default::default()
+            }),
+            shedding: Some(ic_api::cachepolicy::SheddingSpec {
+                sheddable_at_requests: Some(4),
+                standard_at_requests: Some(8),
+                critical_at_requests: None,
+            }),
+            ..CachePolicySpec::default()
+        };
+        let w = wire("ns", &spec);
+        assert_eq!(w.score_prefix_weight, None);
+        assert_eq!(w.score_load_weight, Some(3.0));
+        assert_eq!(w.load_bound, Some(0.0));
+        assert_eq!(
+            (
+                w.shed_sheddable_at_requests,
+                w.shed_standard_at_requests,
+                w.shed_critical_at_requests
+            ),
+            (Some(4), Some(8), Some(0))
+        );
     }
 }
