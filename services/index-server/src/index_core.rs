@@ -288,6 +288,12 @@ impl IndexCore {
         self.policies.read().get(tenant)
     }
 
+    /// Every namespace's policies, read-locked (the endpoint picker reads
+    /// its shedding thresholds and InferenceObjective priorities here).
+    pub fn policies(&self) -> parking_lot::RwLockReadGuard<'_, Policies> {
+        self.policies.read()
+    }
+
     /// Replaces every namespace's policy at once.
     pub fn set_policies(&self, policies: Policies) {
         *self.policies.write() = policies;
