@@ -503,7 +503,8 @@ impl IndexServer {
     ) -> Result<Response<pb::SetPoliciesResponse>, Status> {
         let caller = self.caller(&request, "set_policies").await?;
         ApiAccess::authorize_set_policies(&caller).map_err(|d| self.refused("set_policies", &d))?;
-        let policies = Policies::from_push(&request.get_ref().policies)
+        let push = request.get_ref();
+        let policies = Policies::from_request(&push.policies, &push.objectives)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let applied = u32::try_from(policies.len()).unwrap_or(u32::MAX);
         self.core.set_policies(policies);
