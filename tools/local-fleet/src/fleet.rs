@@ -13,6 +13,9 @@
 //! * `longest prefix (exact…)`: in-process references that know every
 //!   engine's cache exactly (no event delay), unbounded and with a 1.25×
 //!   fair-share load bound.
+//! * `by predicted TTFT (exact…)`: the index's TTFT scoring with exact
+//!   knowledge of every engine's cache and queue (what the routed TTFT
+//!   variants would do with no event delay and no clock drift).
 //! * `oracle`: one unbounded cache, the ceiling no routing can beat.
 
 use std::time::{Duration, Instant};
@@ -185,8 +188,37 @@ impl Simulated {
     }
 }
 
+impl Simulated {
+    /// Exact routing by predicted TTFT, as the index scores it with a TTFT
+    /// model at the default prefix weight (2): among the engines within
+    /// `bound` × their fair share, the least queued work plus twice the
+    /// prefill of the blocks each does not hold.
+    fn by_ttft(&self, request: &TraceRequest, at_ms: f64, bound: f64) -> usize {
+        let n = self.caches.len();
+        let total: u64 = self.assigned.iter().sum();
+        let fair = (total + 1) as f64 / n as f64;
+        let within = |e: &usize| (self.assigned[*e] + 1) as f64 <= bound * fair + 1e-9;
+        let predicted = |e: usize| {
+            let hits = self.caches[e].peek_hits(&request.hash_ids);
+            self.queues.backlog_ms(e, at_ms)
+                + 2.0 * self.queues.prefill_ms(uncached_tokens(request, hits))
+        };
+        let best = |candidates: &mut dyn Iterator<Item = usize>| {
+            candidates.min_by(|&a, &b| {
+                predicted(a)
+                    .total_cmp(&predicted(b))
+                    .then(self.assigned[a].cmp(&self.assigned[b]))
+            })
+        };
+        best(&mut (0..n).filter(within))
+            .or_else(|| best(&mut (0..n)))
+            .unwrap_or(0)
+    }
+}
+
 /// Routes the trace in-process: round-robin, random, exact longest-prefix
-/// (unbounded and load-bounded, the references) and the single-cache oracle.
+/// (unbounded and load-bounded, the references), exact by predicted TTFT
+/// and the single-cache oracle.
 pub fn simulate_baselines(
     trace: &[TraceRequest],
     engines: usize,
@@ -211,6 +243,13 @@ pub fn simulate_baselines(
         capacity,
         timing,
     );
+    let mut ttft = Simulated::new(
+        "by predicted TTFT (exact, 1.25x bound)",
+        total,
+        engines,
+        capacity,
+        timing,
+    );
     let mut oracle = Simulated::new(
         "oracle (one unbounded cache)",
         total,
@@ -230,9 +269,11 @@ pub fn simulate_baselines(
         exact.serve(e, request);
         let e = bounded.longest_prefix(request, Some(1.25));
         bounded.serve(e, request);
+        let e = ttft.by_ttft(request, request.timestamp_ms as f64, 1.25);
+        ttft.serve(e, request);
         oracle.serve(0, request);
     }
-    [rr, random, exact, bounded, oracle]
+    [rr, random, exact, bounded, ttft, oracle]
         .into_iter()
         .map(|s| s.result.finish())
         .collect()
@@ -513,6 +554,25 @@ mod tests {
             assert_eq!(r.requests, 200);
         }
         assert!(oracle.hit_ratio() > 0.7);
+    }
+
+    #[test]
+    fn the_exact_ttft_reference_leaves_a_holder_only_when_its_queue_outweighs_a_cold_prefill() {
+        let model = TimingModel {
+            prefill_tokens_per_second: 512_000.0,
+            overhead_ms: 0.0,
+        };
+        // One block costs 1 ms. Engine 0 holds the 10-block prompt.
+        let mut sim = Simulated::new("t", 10, 2, 100, model);
+        let prompt = req(&(0..10).collect::<Vec<_>>());
+        sim.serve(0, &prompt);
+        // Its queue is that prefill (10 ms, done at 10): at 5 ms, 5 ms queued
+        // against twice engine 1's 10 ms cold prefill: stay.
+        assert_eq!(sim.by_ttft(&prompt, 5.0, 100.0), 0);
+        // 25 ms queued on it: 25 > 20, so the idle engine wins.
+        sim.queues.serve(0, 5.0, 10 * TRACE_BLOCK_TOKENS);
+        sim.queues.serve(0, 5.0, 10 * TRACE_BLOCK_TOKENS);
+        assert_eq!(sim.by_ttft(&prompt, 5.0, 100.0), 1);
     }
 
     #[test]

@@ -56,6 +56,11 @@ impl EngineQueues {
         done - arrival_ms
     }
 
+    /// Milliseconds to prefill `uncached_tokens` on any engine.
+    pub fn prefill_ms(&self, uncached_tokens: u64) -> f64 {
+        self.model.prefill_ms(uncached_tokens)
+    }
+
     /// Work queued on `engine` at `now_ms`, ms (what a gateway balancing by
     /// load would look at).
     pub fn backlog_ms(&self, engine: usize, now_ms: f64) -> f64 {
