@@ -12,11 +12,13 @@
 //! The load of a replica is the largest of the three; the KV-cache usage
 //! comes from the engine alone. Times are Unix milliseconds passed in.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
 use crate::index::FastMap;
+use crate::registry::Members;
 
 /// What an engine last reported about itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -182,12 +184,52 @@ impl Entry {
 ///
 /// The map is write-locked only when a replica first appears, leaves, or
 /// the epoch moves (every 64 half-lives); picks, reports and reads take its
-/// read lock and change one replica's atomics.
+/// read lock and change one replica's atomics. A lookup reads its scope's
+/// entries through [`MemberLoads`], resolved once per change of the scope's
+/// members or of the board's replicas, so it probes no map per replica.
 #[derive(Debug, Default)]
 pub struct LoadBoard {
     settings: LoadSettings,
-    entries: RwLock<FastMap<Box<str>, Entry>>,
+    entries: RwLock<FastMap<Box<str>, Arc<Entry>>>,
     epoch_ms: AtomicI64,
+    /// Bumped (under the map's write lock) when a replica joins or leaves
+    /// the board: resolved [`MemberLoads`] of an older generation are stale.
+    generation: AtomicU64,
+    /// Each scope's resolved entries, by the caller's scope tag.
+    scopes: RwLock<FastMap<u64, MemberLoads>>,
+}
+
+/// The board's entries of one scope's members, in the members' order, and
+/// the hash of each member's replica id ([`crate::pick::id_hash`]).
+#[derive(Debug)]
+pub(crate) struct MemberLoads {
+    /// The member list these were resolved for (held, so its address is
+    /// never another list's).
+    members: Members,
+    generation: u64,
+    entries: Box<[Option<Arc<Entry>>]>,
+    pub(crate) id_hashes: Box<[u64]>,
+}
+
+/// Reads loads at one moment (the decay factor computed once).
+#[derive(Debug)]
+pub(crate) struct LoadReader<'a> {
+    board: &'a LoadBoard,
+    now_ms: i64,
+    decay: f64,
+}
+
+impl LoadReader<'_> {
+    /// The load of member `i` of `members` (idle when not on the board).
+    pub(crate) fn member(&self, members: &MemberLoads, i: usize) -> ReplicaLoad {
+        members
+            .entries
+            .get(i)
+            .and_then(Option::as_deref)
+            .map_or_else(ReplicaLoad::default, |e| {
+                self.board.entry_load(e, self.now_ms, self.decay)
+            })
+    }
 }
 
 /// Half-lives after the epoch when the board rebases its weights, well
@@ -224,7 +266,56 @@ impl LoadBoard {
             return f(e);
         }
         let mut map = self.entries.write();
-        f(map.entry(replica_id.into()).or_default());
+        let e = map.entry(replica_id.into()).or_insert_with(|| {
+            self.generation.fetch_add(1, Ordering::Relaxed);
+            Arc::default()
+        });
+        f(e);
+    }
+
+    /// Runs `f` with a reader at `now_ms` and the resolved entries of the
+    /// scope tagged `scope_tag` whose members are `members` (resolving them
+    /// when the members or the board's replicas changed since).
+    pub(crate) fn with_members<R>(
+        &self,
+        scope_tag: u64,
+        members: &Members,
+        now_ms: i64,
+        f: impl FnOnce(&LoadReader<'_>, &MemberLoads) -> R,
+    ) -> R {
+        let reader = LoadReader {
+            board: self,
+            now_ms,
+            decay: self.decay_factor(now_ms),
+        };
+        {
+            let scopes = self.scopes.read();
+            if let Some(m) = scopes.get(&scope_tag).filter(|m| {
+                Arc::ptr_eq(&m.members, members)
+                    && m.generation == self.generation.load(Ordering::Relaxed)
+            }) {
+                return f(&reader, m);
+            }
+        }
+        let resolved = {
+            let map = self.entries.read();
+            MemberLoads {
+                members: Arc::clone(members),
+                // Read under the map's lock: an entry added later bumps it.
+                generation: self.generation.load(Ordering::Relaxed),
+                entries: members
+                    .iter()
+                    .map(|m| map.get(m.key.replica_id.as_str()).cloned())
+                    .collect(),
+                id_hashes: members
+                    .iter()
+                    .map(|m| crate::pick::id_hash(&m.key.replica_id))
+                    .collect(),
+            }
+        };
+        let answer = f(&reader, &resolved);
+        self.scopes.write().insert(scope_tag, resolved);
+        answer
     }
 
     /// `replica_id` was recommended for a request at `now_ms`.
@@ -304,7 +395,7 @@ impl LoadBoard {
         self.entries
             .read()
             .get(replica_id)
-            .and_then(Entry::prefill_rate)
+            .and_then(|e| e.prefill_rate())
     }
 
     /// The engine behind `replica_id` reported its load at `now_ms`.
@@ -413,7 +504,15 @@ impl LoadBoard {
     /// Keeps only the replicas `keep` accepts (those still in the index), so
     /// the board never outlives a replica.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        self.entries.write().retain(|id, _| keep(id));
+        let mut map = self.entries.write();
+        let before = map.len();
+        map.retain(|id, _| keep(id));
+        if map.len() != before {
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        drop(map);
+        // Scopes gone from the index are forgotten here too.
+        self.scopes.write().clear();
     }
 
     /// Replicas on the board.

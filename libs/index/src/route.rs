@@ -20,9 +20,12 @@ use ic_kvevents::{PromptExtras, keyed_chain_fingerprints_from};
 
 use crate::Index;
 use crate::load::{LoadBoard, ReplicaLoad};
-use crate::pick::{PickInput, ScoreWeights, Scored, rank};
+use crate::pick::{PickInput, ScoreWeights, Scored, id_hash};
 use crate::speculative::Speculation;
+
+mod shortlist;
 use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, Tier};
+use shortlist::{Eligible, rank_eligible};
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]
@@ -387,6 +390,12 @@ pub trait ScoringSource {
     ) -> Vec<(String, u32)>;
     /// The load of each of `replica_ids`, in order.
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad>;
+    /// The load board behind [`ScoringSource::loads`], when there is one: a
+    /// scope's loads are then read through entries resolved once per
+    /// membership change instead of a map probe per replica.
+    fn board(&self) -> Option<&LoadBoard> {
+        None
+    }
 }
 
 /// A load board and a speculation table read directly (tests, simulations).
@@ -412,6 +421,10 @@ impl ScoringSource for Boards<'_> {
 
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
         self.load.loads(replica_ids, now_ms)
+    }
+
+    fn board(&self) -> Option<&LoadBoard> {
+        Some(self.load)
     }
 }
 
@@ -525,14 +538,48 @@ pub fn route_ranked(
         None => index.members(&replica_scope),
     };
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
-    let replicas: Vec<(&ReplicaKey, &str)> = match (scoring.pool, &members) {
-        (Some(pool), _) => pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
-        (None, Some(members)) => members
-            .iter()
-            .filter(|m| m.answers(query.candidates, fresh_since))
-            .map(|m| (&m.key, m.address.as_str()))
-            .collect(),
-        (None, None) => Vec::new(),
+    let eligible = match (scoring.pool, &members, scoring.source.board()) {
+        (Some(pool), _, _) => {
+            let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
+            let loads = scoring.source.loads(&ids, now_ms);
+            Eligible {
+                replicas: pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
+                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
+                loads,
+            }
+        }
+        (None, Some(members), Some(board)) => {
+            board.with_members(scoring.scope_tag, members, now_ms, |reader, resolved| {
+                let mut eligible = Eligible::with_capacity(members.len());
+                for (i, m) in members.iter().enumerate() {
+                    if m.answers(query.candidates, fresh_since) {
+                        eligible.push(
+                            (&m.key, m.address.as_str()),
+                            reader.member(resolved, i),
+                            resolved.id_hashes[i],
+                        );
+                    }
+                }
+                eligible
+            })
+        }
+        (None, Some(members), None) => {
+            let replicas: Vec<(&ReplicaKey, &str)> = members
+                .iter()
+                .filter(|m| m.answers(query.candidates, fresh_since))
+                .map(|m| (&m.key, m.address.as_str()))
+                .collect();
+            let ids: Vec<&str> = replicas
+                .iter()
+                .map(|(k, _)| k.replica_id.as_str())
+                .collect();
+            Eligible {
+                loads: scoring.source.loads(&ids, now_ms),
+                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
+                replicas,
+            }
+        }
+        (None, None, _) => Eligible::default(),
     };
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),
@@ -546,20 +593,16 @@ pub fn route_ranked(
                 .speculative(scoring.scope_tag, &blocks, &holders, now_ms)
         }
     };
-    let ids: Vec<&str> = replicas
-        .iter()
-        .map(|(k, _)| k.replica_id.as_str())
-        .collect();
-    let loads = scoring.source.loads(&ids, now_ms);
     let input = PickInput {
-        replicas: &replicas,
+        replicas: &[],
         matches: &matches,
         speculative: &speculative,
         prompt_blocks,
         block_size,
         tie_seed: blocks.last().map_or(0, |f| f.0),
     };
-    let ranked = rank(&input, scoring.weights, &loads);
+    // Every holder and the best few others, scored as among the whole scope.
+    let ranked = rank_eligible(&eligible, &input, scoring.weights);
     let holder_within = ranked
         .iter()
         .position(|s| s.matched_blocks > 0 && !s.over_bound)

@@ -445,3 +445,162 @@ fn by_ttft_no_hint_names_a_holder_slower_than_a_replica_holding_nothing() {
         Some(NoHintReason::LoadBound)
     );
 }
+
+/// What ranking every eligible replica of the scope answers (the ranking
+/// before the shortlist), for comparison.
+fn full_ranking(
+    fleet: &Fleet,
+    blocks: &[Fingerprint],
+    candidates: Option<&std::collections::HashSet<String>>,
+    now_ms: i64,
+) -> Vec<crate::pick::Scored> {
+    let scope = scope();
+    let query = RouteQuery {
+        scope: &scope,
+        key: RouteKey::Blocks(blocks),
+        candidates,
+        extras: None,
+    };
+    let policy = RoutePolicy::default();
+    let matches: Vec<Candidate> = crate::route::route(
+        &fleet.index,
+        &query,
+        &policy,
+        16,
+        now_ms,
+        &NoDeadline,
+        |d| match d.outcome {
+            crate::route::RouteOutcome::Route(m) => m.iter().map(Match::to_candidate).collect(),
+            crate::route::RouteOutcome::NoHint { .. } => Vec::new(),
+        },
+    );
+    let members = fleet
+        .index
+        .members(&scope)
+        .unwrap_or_else(|| Vec::new().into());
+    let fresh_since = Some(now_ms - policy.replica_stale_after.as_millis() as i64);
+    let replicas: Vec<(&ReplicaKey, &str)> = members
+        .iter()
+        .filter(|m| m.answers(candidates, fresh_since))
+        .map(|m| (&m.key, m.address.as_str()))
+        .collect();
+    let ids: Vec<&str> = replicas
+        .iter()
+        .map(|(k, _)| k.replica_id.as_str())
+        .collect();
+    let holders: Vec<(&str, u32)> = matches
+        .iter()
+        .map(|m| (m.replica.replica_id.as_str(), m.matched_blocks))
+        .collect();
+    let speculative = fleet
+        .speculation
+        .holdings(scope_tag(&scope), blocks, &holders, now_ms);
+    let input = crate::pick::PickInput {
+        replicas: &replicas,
+        matches: &matches,
+        speculative: &speculative,
+        prompt_blocks: blocks.len() as u32,
+        block_size: 16,
+        tie_seed: blocks.last().map_or(0, |f| f.0),
+    };
+    crate::pick::rank(&input, &fleet.weights, &fleet.load.loads(&ids, now_ms))
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// The shortlist (every holder and the best few others by their key)
+    /// answers what ranking every replica answers, on random holdings,
+    /// loads, speculative picks and candidate sets; loads are drawn from
+    /// few values so that ties are common.
+    #[test]
+    fn ranking_a_shortlist_answers_as_ranking_every_replica(
+        n in 1usize..60,
+        seed in proptest::prelude::any::<u64>(),
+        ttft in proptest::prelude::any::<bool>(),
+        named in proptest::prelude::any::<bool>(),
+    ) {
+        let mut state = seed;
+        let mut next = move |m: u64| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut x = state;
+            x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            (x ^ (x >> 31)) % m
+        };
+        let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let weights = ScoreWeights {
+            ttft: ttft.then_some(TtftModel {
+                tokens_per_ms: 16.0,
+                overhead_ms: 2.0,
+            }),
+            ..ScoreWeights::default()
+        };
+        let mut fleet = Fleet::new(&names, weights);
+        // Block 1 (which every replica holds) is not part of it.
+        let prompt = fps(&[2, 3, 4, 5, 6, 7, 8, 9]);
+        let tag = scope_tag(&scope());
+        let mut candidates = std::collections::HashSet::new();
+        for id in &ids {
+            // A few replicas hold a longer prefix; loads of every kind.
+            if next(6) == 0 {
+                hold(&fleet.index, id, &prompt[..1 + next(8) as usize]);
+            }
+            for _ in 0..next(3) {
+                fleet.load.picked(id, T0 - next(20_000) as i64);
+            }
+            for _ in 0..next(2) {
+                fleet.load.started(id);
+            }
+            if next(2) == 0 {
+                fleet.load.report_engine(
+                    id,
+                    crate::load::EngineLoad {
+                        waiting: next(3) as u32,
+                        running: next(3) as u32,
+                        kv_usage: next(3) as f32 / 2.0,
+                    },
+                    T0 - next(40_000) as i64,
+                );
+            }
+            if next(3) == 0 {
+                fleet.load.add_work(id, next(3) as f64 * 50.0, T0);
+            }
+            if next(8) == 0 {
+                fleet.speculation.record(tag, id, &prompt[next(4) as usize..], T0);
+            }
+            if next(2) == 0 {
+                candidates.insert(id.clone());
+            }
+        }
+        let candidates = named.then_some(&candidates);
+        for now in [T0, T0 + 1_000] {
+            let scope = scope();
+            let query = RouteQuery {
+                scope: &scope,
+                key: RouteKey::Blocks(&prompt),
+                candidates,
+                extras: None,
+            };
+            let got = route_ranked(
+                &fleet.index,
+                &query,
+                &RoutePolicy::default(),
+                16,
+                now,
+                &NoDeadline,
+                Scoring {
+                    weights: &fleet.weights,
+                    source: &Boards {
+                        load: &fleet.load,
+                        speculation: &fleet.speculation,
+                    },
+                    scope_tag: tag,
+                    pool: None,
+                },
+            );
+            proptest::prop_assert_eq!(got.ranked, full_ranking(&fleet, &prompt, candidates, now));
+        }
+    }
+}

@@ -155,6 +155,10 @@ impl ScoringSource for Routing {
     fn loads(&self, replica_ids: &[&str], now_ms: i64) -> Vec<ReplicaLoad> {
         self.load.loads(replica_ids, now_ms)
     }
+
+    fn board(&self) -> Option<&LoadBoard> {
+        Some(&self.load)
+    }
 }
 
 impl Routing {
