@@ -22,6 +22,7 @@ pub mod kafka;
 pub mod llmd;
 pub mod metrics;
 pub mod openai;
+pub mod peers;
 pub mod policy;
 pub mod pool;
 pub mod probe;
@@ -205,6 +206,10 @@ pub struct Config {
     /// The Kafka transport: consume the topic beside IngestEvents.
     #[command(flatten)]
     pub kafka: kafka::KafkaConsumerFlags,
+
+    /// The peer replicas' pick-load exchange.
+    #[command(flatten)]
+    pub peers: peers::PeerFlags,
 }
 
 /// The engine family of a pool, which fixes its fingerprint scheme.
@@ -445,6 +450,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;
     let kafka_settings = config.kafka.settings()?;
+    let peer_settings = config.peers.settings(config.api_static_token.as_deref())?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
     let auth = probe_auth(&config, &metrics).await?;
@@ -479,6 +485,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             kafka::start(settings, core.clone(), limits, &registry, shutdown.clone())
         })
         .transpose()?;
+    let exchange = peers::Exchange::new(peer_settings, &registry);
     let http_state = http::HttpState {
         core: core.clone(),
         prober: Prober::new(core.clone()),
@@ -522,6 +529,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         ));
     }
     tokio::spawn(routing_upkeep(core.clone(), shutdown.clone()));
+    peers::start(exchange.clone(), core.clone(), shutdown.clone());
+    let peer_service = peers::IndexPeerServiceServer::new(peers::PeerServer::new(
+        exchange,
+        core.clone(),
+        access.clone(),
+    ));
     // Standard grpc.health.v1 (Kubernetes gRPC probes, load balancers; the
     // load generator's empty-RPC baseline).
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
@@ -589,6 +602,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             tonic::transport::Server::builder()
                 .add_service(health_service)
                 .add_optional_service(llmd)
+                .add_service(peer_service)
                 .add_service(IndexServiceServer::new(service))
                 .serve_with_incoming_shutdown(
                     conn::incoming(grpc_listener),

@@ -1,0 +1,140 @@
+//! Active-active replicas share their pick-level load (`--peer`), with the
+//! real binaries on loopback: two `ic-index-server` replicas fed by the
+//! same subscribers, each given both replicas' URLs (its own among them, as
+//! a headless Service would list it). Gateways ask only the first; the
+//! second's LookupRoute must see those picks in the engine's load, and each
+//! replica must have found its own address and stopped reporting there.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ic_e2e::{ServiceProcess, free_port, workspace_binary};
+use ic_proto::IndexServiceClient;
+
+#[path = "support/fleet.rs"]
+mod fleet;
+
+use fleet::{MODEL, TENANT, converge, metric};
+
+/// How long the peers' figures may take to arrive before the test fails.
+const ARRIVE: Duration = Duration::from_secs(30);
+
+fn replica(grpc_port: u16, peers: &str) -> ServiceProcess {
+    let grpc = format!("127.0.0.1:{grpc_port}");
+    ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            &grpc,
+            "--ready-warmup-seconds",
+            "0",
+            "--peer",
+            peers,
+            "--peer-share-interval-ms",
+            "50",
+            // Every pick goes to the holder (no load bound), and keeps its
+            // weight for the whole test.
+            "--load-bound",
+            "0",
+            "--pick-half-life-ms",
+            "600000",
+        ],
+    )
+}
+
+/// The load LookupRoute names for `replica_id` on the replica at
+/// `grpc_port` for `tokens` (observe-only: asking adds no pick).
+async fn load_of(grpc_port: u16, tokens: &[u32], replica_id: &str, observe: bool) -> Option<f64> {
+    let mut client = IndexServiceClient::connect(fleet::url(grpc_port))
+        .await
+        .unwrap();
+    let mut request = ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens.to_vec());
+    request.observe_only = observe;
+    let r = client.lookup_route(request).await.unwrap().into_inner();
+    r.candidates
+        .iter()
+        .find(|c| {
+            c.replica
+                .as_ref()
+                .is_some_and(|r| r.replica_id == replica_id)
+        })
+        .map(|c| c.load)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_sees_the_picks_made_through_its_peer() {
+    let ports = [free_port(), free_port()];
+    let urls = ports
+        .iter()
+        .map(|p| fleet::url(*p))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut replicas: Vec<ServiceProcess> = ports.iter().map(|p| replica(*p, &urls)).collect();
+    let https: Vec<SocketAddr> = replicas.iter_mut().map(|r| r.admin_addr()).collect();
+    let (mut engines, sidecars) = fleet::fleet(2, &urls, &[]).await;
+    engines[0].store(6).await;
+    engines[1].store(3).await;
+    for (port, http) in ports.iter().zip(&https) {
+        converge(*port, *http, &engines, "at start").await;
+    }
+    let (tokens, _) = engines[0].newest().unwrap();
+    let holder = engines[0].replica.clone();
+    assert_eq!(
+        load_of(ports[1], &tokens, &holder, true).await,
+        Some(0.0),
+        "nobody picked yet"
+    );
+
+    // Gateways ask only the first replica, which counts each pick.
+    for _ in 0..12 {
+        load_of(ports[0], &tokens, &holder, false).await.unwrap();
+    }
+    let own = load_of(ports[0], &tokens, &holder, true).await.unwrap();
+    assert!(own >= 11.0, "the first replica counts its 12 picks: {own}");
+
+    // The second replica's ranking sees them through the exchange.
+    let started = Instant::now();
+    let seen = loop {
+        let seen = load_of(ports[1], &tokens, &holder, true).await.unwrap();
+        if seen >= own * 0.9 {
+            break seen;
+        }
+        assert!(
+            started.elapsed() < ARRIVE,
+            "the second replica never saw its peer's picks: load {seen}, the first's {own}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("peer load: first replica {own:.2}, second {seen:.2}");
+    // The first replica does not get its own picks echoed back.
+    let again = load_of(ports[0], &tokens, &holder, true).await.unwrap();
+    assert!(
+        again <= own * 1.01,
+        "own picks counted twice: {own} then {again}"
+    );
+
+    for http in &https {
+        assert!(
+            metric(*http, "inferencecache_index_peers_live") == 1.0,
+            "each replica counts one live peer"
+        );
+        let (_, text) = ic_e2e::http_get(*http, "/metrics");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("inferencecache_index_peers_shares_total")
+                    && l.contains("direction=\"sent\"")
+                    && l.contains("outcome=\"self\"")),
+            "each replica found its own address among --peer"
+        );
+    }
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    for mut r in replicas {
+        assert!(r.stop().success());
+    }
+}

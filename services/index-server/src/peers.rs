@@ -1,0 +1,737 @@
+//! Active-active replicas share their pick-level load.
+//!
+//! Every replica holds the same index, but each sees only the picks of the
+//! gateways that ask it: with N replicas, its in-flight counts, recent picks
+//! and queued work are about 1/N of the engine's, so the load bound, the
+//! TTFT estimates and the absolute shedding thresholds judge a fraction of
+//! the load. So every `--peer-share-interval-ms` each replica sends every
+//! other replica ([`IndexPeerService::share_picks`]) its own per-engine
+//! figures ([`LoadBoard::own_picks`]); a receiver keeps each peer's newest
+//! report, and as often sums the fresh ones into its board
+//! ([`LoadBoard::peer_picks`]). A peer silent for `--peer-ttl-ms` counts no
+//! more. Peers are found like the subscribers find the replicas: a static
+//! `--peer` list, or a headless Service re-resolved (`--peer-discovery
+//! dns`); a replica that reaches itself learns it from the answer's
+//! instance id and stops sending there. Calls are authenticated like
+//! IngestEvents; bounds (peers kept, engines per report) are flags, and
+//! what they cut is counted.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ic_index::load::{LoadBoard, PeerPicks};
+use ic_proto::index_v1 as pb;
+use ic_proto::index_v1::index_peer_service_client::IndexPeerServiceClient;
+pub use ic_proto::index_v1::index_peer_service_server::{IndexPeerService, IndexPeerServiceServer};
+use ic_telemetry::MetricsRegistry;
+use parking_lot::Mutex;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::access::{ApiAccess, Caller};
+use crate::index_core::IndexCore;
+
+/// How the peers are found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PeerDiscovery {
+    /// Each `--peer` URL is one peer.
+    Static,
+    /// Each `--peer` URL's host is resolved every `--peer-resolve-seconds`
+    /// and every address it names is a peer (a headless Service).
+    Dns,
+}
+
+/// The peer replicas' load exchange.
+#[derive(Clone, Debug, clap::Args)]
+pub struct PeerFlags {
+    /// The other index-server replicas' gRPC URLs (comma-separated; this
+    /// replica's own address among them is found and skipped). None: no
+    /// exchange.
+    #[arg(long = "peer", env = "IC_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+
+    /// How `--peer` URLs become peers.
+    #[arg(long, env = "IC_PEER_DISCOVERY", value_enum, default_value = "static")]
+    pub peer_discovery: PeerDiscovery,
+
+    /// Seconds between two resolutions of the `--peer` hosts (dns).
+    #[arg(long, env = "IC_PEER_RESOLVE_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub peer_resolve_seconds: u64,
+
+    /// Milliseconds between two reports to every peer (and between two
+    /// sums of what the peers reported).
+    #[arg(long, env = "IC_PEER_SHARE_INTERVAL_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(5..=10_000))]
+    pub peer_share_interval_ms: u64,
+
+    /// A peer's figures count this long after its last report, ms.
+    #[arg(long, env = "IC_PEER_TTL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub peer_ttl_ms: u64,
+
+    /// Peers whose reports are kept at once; a further peer's reports are
+    /// refused (RESOURCE_EXHAUSTED), counted.
+    #[arg(long, env = "IC_PEER_MAX", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub peer_max: u64,
+
+    /// Engines in one report, sent or read; the rest are cut, counted.
+    #[arg(long, env = "IC_PEER_MAX_ENDPOINTS", default_value_t = 4_096, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub peer_max_endpoints: u64,
+
+    /// Bearer token presented to the peers, read again every 10 s (a
+    /// projected service-account token for --api-audience); without it
+    /// the --api-static-token, if any.
+    #[arg(long, env = "IC_PEER_TOKEN_FILE")]
+    pub peer_token_file: Option<PathBuf>,
+
+    /// CA bundle an `https://` peer must chain to.
+    #[arg(long, env = "IC_PEER_CA_FILE")]
+    pub peer_ca_file: Option<PathBuf>,
+
+    /// Identities (TokenReview usernames) whose reports are accepted with
+    /// --api-audience: the index server's own service account
+    /// (repeatable); the --api-admin identities are too.
+    #[arg(
+        long = "peer-identity",
+        env = "IC_PEER_IDENTITIES",
+        value_delimiter = ','
+    )]
+    pub peer_identities: Vec<String>,
+}
+
+const FLAG: &str = "--peer";
+
+/// The exchange's settings, checked.
+#[derive(Clone, Debug)]
+pub struct PeerSettings {
+    urls: Vec<String>,
+    discovery: PeerDiscovery,
+    resolve_every: Duration,
+    interval: Duration,
+    ttl_ms: i64,
+    max_peers: usize,
+    max_endpoints: usize,
+    token_file: Option<PathBuf>,
+    static_token: Option<String>,
+    ca_pem: Option<Vec<u8>>,
+    identities: Vec<String>,
+}
+
+impl PeerFlags {
+    /// The settings, or an error naming the flag; `api_static_token` is
+    /// presented when no token file is set.
+    pub fn settings(&self, api_static_token: Option<&str>) -> anyhow::Result<PeerSettings> {
+        let mut urls = Vec::new();
+        for value in &self.peers {
+            for url in ic_proto::urls::parse_list(value, FLAG).map_err(anyhow::Error::msg)? {
+                if !urls.contains(&url) {
+                    urls.push(url);
+                }
+            }
+        }
+        let ca_pem = match &self.peer_ca_file {
+            Some(path) => Some(
+                std::fs::read(path)
+                    .map_err(|e| anyhow::anyhow!("--peer-ca-file {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        for url in &urls {
+            ic_proto::channel::endpoint(url, ca_pem.as_deref(), FLAG)
+                .map_err(anyhow::Error::msg)?;
+        }
+        let usize_of = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Ok(PeerSettings {
+            urls,
+            discovery: self.peer_discovery,
+            resolve_every: Duration::from_secs(self.peer_resolve_seconds),
+            interval: Duration::from_millis(self.peer_share_interval_ms),
+            ttl_ms: i64::try_from(self.peer_ttl_ms).unwrap_or(i64::MAX),
+            max_peers: usize_of(self.peer_max),
+            max_endpoints: usize_of(self.peer_max_endpoints),
+            token_file: self.peer_token_file.clone(),
+            static_token: api_static_token.map(str::to_owned),
+            ca_pem,
+            identities: self
+                .peer_identities
+                .iter()
+                .map(|i| i.trim().to_owned())
+                .filter(|i| !i.is_empty())
+                .collect(),
+        })
+    }
+}
+
+// === metrics ===
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShareLabel {
+    /// `sent` or `received`.
+    direction: &'static str,
+    /// `ok`, `error`, `self`; received: `refused`, `invalid`, `over_peers`.
+    outcome: &'static str,
+}
+
+/// The exchange's metrics (prefixed `inferencecache_index_peers_`).
+#[derive(Clone, Debug, Default)]
+struct PeerMetrics {
+    shares: Family<ShareLabel, Counter>,
+    endpoints_cut: Counter,
+    live: Gauge,
+    destinations: Gauge,
+}
+
+impl PeerMetrics {
+    fn register(registry: &MetricsRegistry) -> Self {
+        let m = Self::default();
+        registry.register_with(|r| {
+            let r = r.sub_registry_with_prefix("index_peers");
+            r.register(
+                "shares",
+                "Pick-load reports sent to or received from peer replicas, by direction and outcome",
+                m.shares.clone(),
+            );
+            r.register(
+                "endpoints_cut",
+                "Engines left out of a report sent or read, over --peer-max-endpoints",
+                m.endpoints_cut.clone(),
+            );
+            r.register(
+                "live",
+                "Peers whose figures count (reported within --peer-ttl-ms)",
+                m.live.clone(),
+            );
+            r.register(
+                "destinations",
+                "Peers this replica reports to",
+                m.destinations.clone(),
+            );
+        });
+        m
+    }
+
+    fn share(&self, direction: &'static str, outcome: &'static str) {
+        self.shares
+            .get_or_create(&ShareLabel { direction, outcome })
+            .inc();
+    }
+}
+
+// === the receiving side ===
+
+/// One peer's newest report.
+#[derive(Debug)]
+struct Report {
+    at_ms: i64,
+    endpoints: Vec<(String, PeerPicks)>,
+}
+
+/// What the peers reported, and this process's instance id.
+#[derive(Debug)]
+pub struct Exchange {
+    instance: u64,
+    settings: PeerSettings,
+    reports: Mutex<HashMap<u64, Report>>,
+    metrics: PeerMetrics,
+}
+
+impl Exchange {
+    /// An exchange with a fresh instance id.
+    pub fn new(settings: PeerSettings, registry: &MetricsRegistry) -> Arc<Self> {
+        Arc::new(Self {
+            instance: random_instance(),
+            settings,
+            reports: Mutex::new(HashMap::new()),
+            metrics: PeerMetrics::register(registry),
+        })
+    }
+
+    /// Keeps `endpoints` as peer `instance`'s report at `now_ms`.
+    fn receive(
+        &self,
+        instance: u64,
+        endpoints: Vec<(String, PeerPicks)>,
+        now_ms: i64,
+    ) -> Result<(), Status> {
+        let mut reports = self.reports.lock();
+        if !reports.contains_key(&instance) && reports.len() >= self.settings.max_peers {
+            // Make room only from peers that fell silent.
+            let ttl = self.settings.ttl_ms;
+            reports.retain(|_, r| now_ms.saturating_sub(r.at_ms) <= ttl);
+            if reports.len() >= self.settings.max_peers {
+                self.metrics.share("received", "over_peers");
+                return Err(Status::resource_exhausted(format!(
+                    "SharePicks: this replica keeps the reports of {} peers \
+                     (--peer-max)",
+                    self.settings.max_peers
+                )));
+            }
+        }
+        reports.insert(
+            instance,
+            Report {
+                at_ms: now_ms,
+                endpoints,
+            },
+        );
+        Ok(())
+    }
+
+    /// The fresh peers' figures summed per engine, and how many peers
+    /// counted.
+    fn sum(&self, now_ms: i64) -> (BTreeMap<String, PeerPicks>, usize) {
+        let ttl = self.settings.ttl_ms;
+        let reports = self.reports.lock();
+        let mut sum: BTreeMap<String, PeerPicks> = BTreeMap::new();
+        let mut live = 0;
+        for report in reports.values() {
+            if now_ms.saturating_sub(report.at_ms) > ttl {
+                continue;
+            }
+            live += 1;
+            for (id, p) in &report.endpoints {
+                let s = sum.entry(id.clone()).or_default();
+                s.in_flight += p.in_flight;
+                s.recent += p.recent;
+                s.queued_ms += p.queued_ms;
+            }
+        }
+        (sum, live)
+    }
+}
+
+/// A random instance id (the std hasher's per-process random keys over the
+/// pid and the time), never 0.
+fn random_instance() -> u64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    std::collections::hash_map::RandomState::new().hash_one((std::process::id(), nanos)) | 1
+}
+
+/// Checks a report's figures; an error names the field.
+fn decode(
+    endpoints: Vec<pb::EndpointPicks>,
+    max: usize,
+) -> Result<(Vec<(String, PeerPicks)>, u64), Status> {
+    let cut = endpoints.len().saturating_sub(max) as u64;
+    let mut out = Vec::with_capacity(endpoints.len().min(max));
+    for (i, e) in endpoints.into_iter().take(max).enumerate() {
+        if e.replica_id.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "endpoints[{i}].replica_id: must not be empty"
+            )));
+        }
+        for (field, value) in [
+            ("in_flight", e.in_flight),
+            ("recent_picks", e.recent_picks),
+            ("queued_ms", e.queued_ms),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(Status::invalid_argument(format!(
+                    "endpoints[{i}].{field}: expected a finite number >= 0, got {value}"
+                )));
+            }
+        }
+        out.push((
+            e.replica_id,
+            PeerPicks {
+                in_flight: e.in_flight,
+                recent: e.recent_picks,
+                queued_ms: e.queued_ms,
+            },
+        ));
+    }
+    Ok((out, cut))
+}
+
+/// The `IndexPeerService` on the gRPC port.
+#[derive(Clone, Debug)]
+pub struct PeerServer {
+    exchange: Arc<Exchange>,
+    core: Arc<IndexCore>,
+    access: Arc<ApiAccess>,
+}
+
+impl PeerServer {
+    /// Serves `exchange`, checking callers with `access`.
+    pub fn new(exchange: Arc<Exchange>, core: Arc<IndexCore>, access: Arc<ApiAccess>) -> Self {
+        Self {
+            exchange,
+            core,
+            access,
+        }
+    }
+
+    fn refused(&self, denied: &crate::access::Denied) -> Status {
+        self.exchange.metrics.share("received", "refused");
+        self.core.metrics().access_refused("SharePicks", denied);
+        denied.to_status()
+    }
+}
+
+#[tonic::async_trait]
+impl IndexPeerService for PeerServer {
+    async fn share_picks(
+        &self,
+        request: Request<pb::SharePicksRequest>,
+    ) -> Result<Response<pb::SharePicksResponse>, Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let caller = self
+            .access
+            .authenticate(authorization)
+            .await
+            .map_err(|d| self.refused(&d))?;
+        if let Caller::User { user, admin: false } = &caller
+            && !self.exchange.settings.identities.contains(&user.username)
+        {
+            return Err(
+                self.refused(&crate::access::Denied::PermissionDenied(format!(
+                    "SharePicks: {:?} is not an identity --peer-identity names (the index \
+                 server's service account)",
+                    user.username
+                ))),
+            );
+        }
+        let answer = Response::new(pb::SharePicksResponse {
+            instance: self.exchange.instance,
+        });
+        let request = request.into_inner();
+        if request.instance == self.exchange.instance {
+            self.exchange.metrics.share("received", "self");
+            return Ok(answer);
+        }
+        let (endpoints, cut) = decode(request.endpoints, self.exchange.settings.max_endpoints)
+            .inspect_err(|_| self.exchange.metrics.share("received", "invalid"))?;
+        self.exchange.metrics.endpoints_cut.inc_by(cut);
+        self.exchange
+            .receive(request.instance, endpoints, self.core.now_ms())?;
+        self.exchange.metrics.share("received", "ok");
+        Ok(answer)
+    }
+}
+
+// === the sending side and the upkeep ===
+
+/// Sums the peers' reports into `board` every share interval until
+/// `shutdown`; an engine no fresh peer names any more is set to zero.
+async fn apply(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(exchange.settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut previous: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now_ms = core.now_ms();
+        let (sum, live) = exchange.sum(now_ms);
+        exchange.metrics.live.set(live as i64);
+        let board: &LoadBoard = core.routing().load_board();
+        let ttl = exchange.settings.ttl_ms;
+        for id in previous.iter().filter(|id| !sum.contains_key(*id)) {
+            board.peer_picks(id, PeerPicks::default(), now_ms, ttl);
+        }
+        for (id, picks) in &sum {
+            board.peer_picks(id, *picks, now_ms, ttl);
+        }
+        previous = sum.into_keys().collect();
+    }
+}
+
+/// The token to present, read from its file at most every 10 s.
+struct Token {
+    value: Option<tonic::metadata::AsciiMetadataValue>,
+    read_at: Option<Instant>,
+}
+
+impl Token {
+    fn get(&mut self, settings: &PeerSettings) -> Option<tonic::metadata::AsciiMetadataValue> {
+        let Some(path) = &settings.token_file else {
+            return settings
+                .static_token
+                .as_deref()
+                .and_then(ic_proto::bearer::metadata);
+        };
+        if self
+            .read_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
+        {
+            self.read_at = Some(Instant::now());
+            match std::fs::read_to_string(path) {
+                Ok(token) => self.value = ic_proto::bearer::metadata(&token),
+                Err(error) => {
+                    tracing::warn!(path = %path.display(), %error, "--peer-token-file: cannot read");
+                }
+            }
+        }
+        self.value.clone()
+    }
+}
+
+/// Reports to one peer every interval until `stop`, or until the peer
+/// turns out to be this replica (then `addr` joins `selves`).
+async fn report_to(
+    exchange: Arc<Exchange>,
+    core: Arc<IndexCore>,
+    url: String,
+    addr: Option<SocketAddr>,
+    selves: Arc<Mutex<HashSet<String>>>,
+    stop: CancellationToken,
+) {
+    let endpoint =
+        match ic_proto::channel::endpoint_at(&url, addr, exchange.settings.ca_pem.as_deref(), FLAG)
+        {
+            Ok(e) => e.timeout(exchange.settings.interval.max(Duration::from_millis(250))),
+            Err(error) => {
+                tracing::error!(%url, %error, "peer URL unusable");
+                return;
+            }
+        };
+    let mut client = IndexPeerServiceClient::new(endpoint.connect_lazy());
+    let mut token = Token {
+        value: None,
+        read_at: None,
+    };
+    let mut tick = tokio::time::interval(exchange.settings.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    exchange.metrics.destinations.inc();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let mut own = core.routing().load_board().own_picks(core.now_ms());
+        let max = exchange.settings.max_endpoints;
+        if own.len() > max {
+            // The busiest engines matter most to the peers' bounds.
+            own.sort_by(|a, b| b.1.recent.total_cmp(&a.1.recent));
+            exchange
+                .metrics
+                .endpoints_cut
+                .inc_by((own.len() - max) as u64);
+            own.truncate(max);
+        }
+        let mut request = Request::new(pb::SharePicksRequest {
+            instance: exchange.instance,
+            endpoints: own
+                .into_iter()
+                .map(|(replica_id, p)| pb::EndpointPicks {
+                    replica_id,
+                    in_flight: p.in_flight,
+                    recent_picks: p.recent,
+                    queued_ms: p.queued_ms,
+                })
+                .collect(),
+        });
+        if let Some(value) = token.get(&exchange.settings) {
+            request.metadata_mut().insert("authorization", value);
+        }
+        match client.share_picks(request).await {
+            Ok(answer) if answer.get_ref().instance == exchange.instance => {
+                exchange.metrics.share("sent", "self");
+                tracing::info!(%url, addr = ?addr, "a --peer address is this replica: not reporting there");
+                selves.lock().insert(key(&url, addr));
+                break;
+            }
+            Ok(_) => {
+                exchange.metrics.share("sent", "ok");
+                if failing {
+                    tracing::info!(%url, addr = ?addr, "peer reachable again");
+                    failing = false;
+                }
+            }
+            Err(status) => {
+                exchange.metrics.share("sent", "error");
+                if !failing {
+                    tracing::warn!(%url, addr = ?addr, code = ?status.code(), message = status.message(), "cannot report picks to a peer");
+                    failing = true;
+                }
+            }
+        }
+    }
+    exchange.metrics.destinations.dec();
+}
+
+fn key(url: &str, addr: Option<SocketAddr>) -> String {
+    match addr {
+        Some(a) => format!("{url}@{a}"),
+        None => url.to_owned(),
+    }
+}
+
+/// Runs the exchange (reports to every peer, sums theirs) until
+/// `shutdown`; nothing when no peer is configured.
+pub fn start(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: CancellationToken) {
+    if exchange.settings.urls.is_empty() {
+        return;
+    }
+    tracing::info!(
+        peers = exchange.settings.urls.len(),
+        discovery = ?exchange.settings.discovery,
+        interval_ms = exchange.settings.interval.as_millis() as u64,
+        "sharing pick load with peer replicas"
+    );
+    tokio::spawn(apply(exchange.clone(), core.clone(), shutdown.clone()));
+    tokio::spawn(discover(exchange, core, shutdown));
+}
+
+/// Starts a reporter for every peer, and with dns discovery keeps the set
+/// in step with what the hosts resolve to.
+async fn discover(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: CancellationToken) {
+    let selves: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let spawn = |url: &str, addr: Option<SocketAddr>, stop: CancellationToken| {
+        tokio::spawn(report_to(
+            exchange.clone(),
+            core.clone(),
+            url.to_owned(),
+            addr,
+            selves.clone(),
+            stop,
+        ));
+    };
+    if exchange.settings.discovery == PeerDiscovery::Static {
+        for url in &exchange.settings.urls {
+            spawn(url, None, shutdown.child_token());
+        }
+        return;
+    }
+    let mut running: BTreeMap<String, CancellationToken> = BTreeMap::new();
+    let mut tick = tokio::time::interval(exchange.settings.resolve_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let mut wanted: BTreeMap<String, (String, SocketAddr)> = BTreeMap::new();
+        for url in &exchange.settings.urls {
+            match ic_proto::urls::resolve(url, FLAG).await {
+                Ok(addrs) => wanted.extend(
+                    addrs
+                        .into_iter()
+                        .map(|a| (key(url, Some(a)), (url.clone(), a))),
+                ),
+                Err(error) => {
+                    // Keep this URL's peers: a DNS hiccup must not stop
+                    // every report.
+                    tracing::warn!(%url, %error, "cannot resolve the peers");
+                    let prefix = format!("{url}@");
+                    for k in running.keys().filter(|k| k.starts_with(&prefix)) {
+                        if let Some((_, a)) = k.rsplit_once('@')
+                            && let Ok(a) = a.parse()
+                        {
+                            wanted.insert(k.clone(), (url.clone(), a));
+                        }
+                    }
+                }
+            }
+        }
+        let selves_now = selves.lock().clone();
+        wanted.retain(|k, _| !selves_now.contains(k));
+        running.retain(|k, stop| {
+            let keep = wanted.contains_key(k);
+            if !keep {
+                stop.cancel();
+            }
+            keep
+        });
+        for (k, (url, addr)) in wanted {
+            if !running.contains_key(&k) {
+                let stop = shutdown.child_token();
+                spawn(&url, Some(addr), stop.clone());
+                running.insert(k, stop);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        peers: PeerFlags,
+    }
+
+    fn settings(args: &[&str]) -> anyhow::Result<PeerSettings> {
+        let mut all = vec!["x"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all)?.peers.settings(None)
+    }
+
+    #[test]
+    fn flags_parse_and_bad_urls_name_the_flag() {
+        let s = settings(&[
+            "--peer",
+            "http://a:9090,http://b:9090",
+            "--peer",
+            "http://a:9090",
+        ])
+        .unwrap();
+        assert_eq!(s.urls, ["http://a:9090", "http://b:9090"]);
+        let e = settings(&["--peer", "ftp://a"]).unwrap_err().to_string();
+        assert!(e.contains("--peer"), "{e}");
+        let e = settings(&["--peer", "https://a:9090"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--peer"), "{e}");
+        assert!(settings(&["--peer-share-interval-ms", "1"]).is_err());
+    }
+
+    #[test]
+    fn reports_are_checked_and_cut() {
+        let e = |replica_id: &str, in_flight: f64| pb::EndpointPicks {
+            replica_id: replica_id.into(),
+            in_flight,
+            recent_picks: 1.0,
+            queued_ms: 0.0,
+        };
+        let (ok, cut) = decode(vec![e("a", 1.0), e("b", 2.0), e("c", 3.0)], 2).unwrap();
+        assert_eq!((ok.len(), cut), (2, 1));
+        let bad = decode(vec![e("a", 1.0), e("b", f64::NAN)], 8).unwrap_err();
+        assert!(bad.message().contains("endpoints[1].in_flight"), "{bad:?}");
+        let bad = decode(vec![e("", 1.0)], 8).unwrap_err();
+        assert!(bad.message().contains("endpoints[0].replica_id"), "{bad:?}");
+    }
+
+    #[test]
+    fn fresh_reports_are_summed_and_peers_are_bounded() {
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let mut s = settings(&["--peer-max", "2", "--peer-ttl-ms", "100"]).unwrap();
+        s.max_peers = 2;
+        let x = Exchange::new(s, &registry);
+        let p = |n: f64| PeerPicks {
+            in_flight: n,
+            recent: n,
+            queued_ms: n,
+        };
+        x.receive(1, vec![("a".into(), p(1.0))], 0).unwrap();
+        x.receive(2, vec![("a".into(), p(2.0)), ("b".into(), p(1.0))], 50)
+            .unwrap();
+        let refused = x.receive(3, vec![], 60).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        let (sum, live) = x.sum(60);
+        assert_eq!(live, 2);
+        assert_eq!(sum["a"], p(3.0));
+        // Peer 1 is silent past the TTL: it no longer counts, and makes
+        // room for another.
+        let (sum, live) = x.sum(101);
+        assert_eq!((live, sum["a"]), (1, p(2.0)));
+        x.receive(3, vec![], 101).unwrap();
+        assert!(registry.encode().contains("index_peers_shares_total"));
+    }
+}
