@@ -16,6 +16,50 @@ use serde::Serialize;
 
 use crate::fleet::lookup_request;
 
+/// With more than one replica, each replica's arguments: its own gRPC port
+/// (reserved now, so each can be given the others' URLs) and `--peer` with
+/// every replica's URL (a replica skips its own), so the replicas share
+/// their pick-level load. Empty for one replica.
+fn peered_args(args: &[&str], count: usize) -> Vec<Vec<String>> {
+    if count < 2 {
+        return Vec::new();
+    }
+    let ports: Vec<u16> = (0..count)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free loopback port")
+        })
+        .collect();
+    let peers = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    ports
+        .iter()
+        .map(|port| {
+            let mut own: Vec<String> = Vec::with_capacity(args.len() + 4);
+            let mut rest = args.iter();
+            while let Some(arg) = rest.next() {
+                if *arg == "--grpc-addr" {
+                    rest.next();
+                } else {
+                    own.push((*arg).to_owned());
+                }
+            }
+            own.extend([
+                "--grpc-addr".to_owned(),
+                format!("127.0.0.1:{port}"),
+                "--peer".to_owned(),
+                peers.clone(),
+            ]);
+            own
+        })
+        .collect()
+}
+
 /// The running index-server replicas, in start order.
 #[derive(Debug)]
 pub struct IndexReplicas {
@@ -43,8 +87,12 @@ impl IndexReplicas {
             http: Vec::with_capacity(count),
             epp_urls: Vec::new(),
         };
-        for _ in 0..count {
-            let mut process = ServiceProcess::start_with_env(binary, args, env);
+        let peered = peered_args(args, count);
+        for i in 0..count {
+            let own: Vec<&str> = peered
+                .get(i)
+                .map_or_else(|| args.to_vec(), |a| a.iter().map(String::as_str).collect());
+            let mut process = ServiceProcess::start_with_env(binary, &own, env);
             replicas
                 .grpc_urls
                 .push(format!("http://{}", process.addr("grpc")));
