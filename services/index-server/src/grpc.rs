@@ -508,6 +508,7 @@ impl IndexServer {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let applied = u32::try_from(policies.len()).unwrap_or(u32::MAX);
         self.core.set_policies(policies);
+        self.readiness.policies_pushed();
         tracing::info!(namespaces = applied, "routing policies replaced");
         Ok(Response::new(pb::SetPoliciesResponse { applied }))
     }

@@ -199,6 +199,12 @@ pub struct Config {
     #[arg(long, env = "IC_READY_WARMUP_SECONDS", default_value_t = 10)]
     pub ready_warmup_seconds: u64,
 
+    /// Not ready until the controller's first policy push, for at most
+    /// this many seconds after start (0: do not wait; the chart sets it
+    /// when it deploys the controller).
+    #[arg(long, env = "IC_READY_POLICIES_SECONDS", default_value_t = 0)]
+    pub ready_policies_seconds: u64,
+
     /// What happens between SIGTERM and exit.
     #[command(flatten)]
     pub drain: ic_telemetry::drain::DrainFlags,
@@ -445,6 +451,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // SIGTERM: not ready at once, serve on for the drain period, then stop.
     let shutdown = ic_telemetry::drain::drain(shutdown, health.clone(), config.drain.period());
     let readiness = readiness::Readiness::new(Duration::from_secs(config.ready_warmup_seconds));
+    readiness.wait_for_policies(Duration::from_secs(config.ready_policies_seconds));
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
     let epp_pool = config.epp.pool_config()?;
     let llmd_indexer = llmd_indexer(&config)?;

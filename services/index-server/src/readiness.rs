@@ -9,6 +9,10 @@
 //!   is still filling in what some engine holds);
 //! * every gate another part registered is open (the Kafka consumer's:
 //!   its lag is small);
+//! * when the controller pushes policies (`--ready-policies-seconds`), the
+//!   first push has arrived, or that many seconds have passed (a replica
+//!   whose controller is down still serves, with default policies, rather
+//!   than never);
 //! * and it is not draining (SIGTERM: [`ic_telemetry::drain`]).
 //!
 //! `/ready` (the kubelet's probe, so the Service's endpoints) and the
@@ -32,6 +36,10 @@ pub struct Readiness {
     warmup: Duration,
     resyncs_under_way: AtomicUsize,
     gates: Mutex<Vec<(&'static str, Arc<AtomicBool>)>>,
+    /// How long readiness waits for the first policy push (zero: not at
+    /// all).
+    policies_bound: Mutex<Duration>,
+    policies_pushed: AtomicBool,
 }
 
 /// One named condition; closed until set.
@@ -64,7 +72,28 @@ impl Readiness {
             warmup,
             resyncs_under_way: AtomicUsize::new(0),
             gates: Mutex::new(Vec::new()),
+            policies_bound: Mutex::new(Duration::ZERO),
+            policies_pushed: AtomicBool::new(false),
         })
+    }
+
+    /// Not ready (gate `policies`) until the first policy push, for at
+    /// most `bound` after start.
+    pub fn wait_for_policies(&self, bound: Duration) {
+        *self.policies_bound.lock() = bound;
+    }
+
+    /// The controller pushed policies (SetPolicies).
+    pub fn policies_pushed(&self) {
+        self.policies_pushed.store(true, Ordering::Release);
+    }
+
+    /// Whether readiness gave up waiting for a policy push.
+    fn policies_given_up(&self) -> bool {
+        let bound = *self.policies_bound.lock();
+        !bound.is_zero()
+            && !self.policies_pushed.load(Ordering::Acquire)
+            && self.started.elapsed() >= bound
     }
 
     /// Registers a condition, closed until its [`Gate::set`] opens it.
@@ -96,6 +125,10 @@ impl Readiness {
             .find(|(_, ok)| !ok.load(Ordering::Acquire))
         {
             return Err(NotReady::Gate(name));
+        }
+        let bound = *self.policies_bound.lock();
+        if !self.policies_pushed.load(Ordering::Acquire) && self.started.elapsed() < bound {
+            return Err(NotReady::Gate("policies"));
         }
         Ok(())
     }
@@ -151,6 +184,11 @@ pub async fn publish(
             continue;
         }
         match &now {
+            Ok(()) if readiness.policies_given_up() => tracing::warn!(
+                after_seconds = readiness.started.elapsed().as_secs_f64(),
+                "ready without a policy push within --ready-policies-seconds: \
+                 taking traffic with default policies"
+            ),
             Ok(()) => tracing::info!(
                 after_seconds = readiness.started.elapsed().as_secs_f64(),
                 "ready: taking traffic"
@@ -191,6 +229,23 @@ mod tests {
         assert_eq!(readiness.check(), Ok(()));
         kafka.set(false);
         assert_eq!(readiness.check(), Err(NotReady::Gate("kafka")));
+    }
+
+    #[test]
+    fn waits_for_the_first_policy_push_within_its_bound() {
+        let readiness = Readiness::new(Duration::ZERO);
+        readiness.wait_for_policies(Duration::from_secs(3600));
+        assert_eq!(readiness.check(), Err(NotReady::Gate("policies")));
+        readiness.policies_pushed();
+        assert_eq!(readiness.check(), Ok(()));
+        assert!(!readiness.policies_given_up());
+
+        // No controller: ready once the bound has passed.
+        let alone = Readiness::new(Duration::ZERO);
+        alone.wait_for_policies(Duration::from_nanos(1));
+        std::thread::sleep(Duration::from_millis(1));
+        assert_eq!(alone.check(), Ok(()));
+        assert!(alone.policies_given_up());
     }
 
     #[test]
