@@ -4,6 +4,7 @@
 //! a headless Service would list it). Gateways ask only the first; the
 //! second's LookupRoute must see those picks in the engine's load, and each
 //! replica must have found its own address and stopped reporting there.
+//! Also: readiness waits for the controller's first policy push.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -137,4 +138,42 @@ async fn a_replica_sees_the_picks_made_through_its_peer() {
     for mut r in replicas {
         assert!(r.stop().success());
     }
+}
+
+/// A replica whose controller pushes policies is not ready before the
+/// first push (gate `policies`), and is at once after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_waits_for_the_first_policy_push() {
+    let mut server = ServiceProcess::start(
+        &workspace_binary("ic-index-server"),
+        &[
+            "--http-addr",
+            "127.0.0.1:0",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--ready-warmup-seconds",
+            "0",
+            "--ready-policies-seconds",
+            "3600",
+        ],
+    );
+    let http = server.admin_addr();
+    let grpc = server.addr("grpc");
+    // Readiness is evaluated every 200 ms: a second of not ready is five
+    // evaluations with the warm-up over.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(ic_e2e::http_get(http, "/ready").0, 503, "no push yet");
+    let mut client = IndexServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    client
+        .set_policies(ic_proto::index_v1::SetPoliciesRequest::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while ic_e2e::http_get(http, "/ready").0 != 200 {
+        assert!(started.elapsed() < ARRIVE, "never ready after the push");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.stop().success());
 }
