@@ -480,7 +480,9 @@ pub fn route_ranked(
     deadline: &dyn Deadline,
     scoring: Scoring<'_>,
 ) -> Ranked {
-    let replica_scope = query.replica_scope().into_owned();
+    // Borrowed unless an adapter names a fingerprint domain: no copy of the
+    // scope's names per lookup.
+    let replica_scope = query.replica_scope();
     let block_size = index
         .block_size(&replica_scope)
         .unwrap_or(default_block_size);

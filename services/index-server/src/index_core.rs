@@ -354,6 +354,7 @@ impl IndexCore {
                 now_ms,
                 &deadline,
                 pool,
+                tag,
             )
         };
         match request.purpose {

@@ -200,7 +200,9 @@ impl Routing {
     }
 
     /// Routes and scores `query` (the locks are taken after the index walk);
-    /// `pool` restricts the scoring to an endpoint picker's endpoints.
+    /// `pool` restricts the scoring to an endpoint picker's endpoints;
+    /// `scope_tag` is [`ic_index::route::scope_tag`] of the query's scope
+    /// (the caller's, hashed once per request).
     #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
@@ -211,9 +213,10 @@ impl Routing {
         now_ms: i64,
         deadline: &dyn Deadline,
         pool: Option<&[(ic_index::ReplicaKey, String)]>,
+        scope_tag: u64,
     ) -> Ranked {
         // The namespace's CachePolicy over the server's flags.
-        let weights = policy.scoring.over(&self.weights);
+        let weights = self.weights;
         route_ranked(
             index,
             query,
@@ -224,7 +227,7 @@ impl Routing {
             Scoring {
                 weights: &weights,
                 source: self,
-                scope_tag: ic_index::route::scope_tag(query.scope),
+                scope_tag,
                 pool,
             },
         )
