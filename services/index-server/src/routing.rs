@@ -216,7 +216,7 @@ impl Routing {
         scope_tag: u64,
     ) -> Ranked {
         // The namespace's CachePolicy over the server's flags.
-        let weights = self.weights;
+        let weights = policy.scoring.over(&self.weights);
         route_ranked(
             index,
             query,
