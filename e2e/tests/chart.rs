@@ -25,6 +25,9 @@ use ic_e2e::chart::{
 #[path = "chart/install.rs"]
 mod install;
 
+#[path = "chart/ha.rs"]
+mod ha;
+
 const CHART: &str = "inference-cache";
 
 /// The value sets with golden renders: (name, values file).
