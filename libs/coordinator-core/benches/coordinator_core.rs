@@ -94,8 +94,8 @@ fn bench_apply(c: &mut Criterion) {
             },
             |batch| {
                 gate.offer(&batch.instance_id, batch.incarnation, batch.seq, 0);
-                dir.apply(&batch);
-                usage.apply(&batch);
+                let old = dir.apply(&batch);
+                usage.apply(&batch, &old);
                 lru.apply(&batch, &dir);
                 batch
             },
@@ -109,8 +109,8 @@ fn bench_plan(c: &mut Criterion) {
     let (mut dir, mut usage, mut lru) = (KeyDirectory::new(), UsageView::new(), Lru::new());
     for chunk in 0..400u64 {
         let batch = store_batch(chunk + 1, chunk * 250, 250);
-        dir.apply(&batch);
-        usage.apply(&batch);
+        let old = dir.apply(&batch);
+        usage.apply(&batch, &old);
         lru.apply(&batch, &dir);
     }
     let quotas = Quotas {

@@ -167,6 +167,12 @@ pub fn decode(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointE
     if version != VERSION {
         return Err(CheckpointError::Version(version));
     }
+    // The common case, a file this build wrote: decode the typed sections
+    // straight from the bytes. Only when that fails is the body read as a
+    // value tree, section by section, so one bad section starts cold alone.
+    if let Ok(sections) = rmp_serde::from_slice::<Sections>(&raw[12..]) {
+        return Ok((sections, Vec::new()));
+    }
     let mut body = &raw[12..];
     let value =
         rmpv::decode::read_value(&mut body).map_err(|e| CheckpointError::Value(e.to_string()))?;
@@ -262,10 +268,10 @@ pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
                 .iter()
                 .map(|p| {
                     (
-                        p.instance_id.clone(),
+                        p.instance_id.to_string(),
                         p.incarnation,
                         p.tier,
-                        p.backend.clone(),
+                        p.backend.to_string(),
                         p.size_bytes,
                         p.shared,
                     )
@@ -305,16 +311,18 @@ pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
 /// Restores the directory.
 pub fn restore_directory(section: &DirectorySection) -> KeyDirectory {
     let mut dir = KeyDirectory::new();
+    dir.reserve(section.keys.len());
     for (kt, last_access, access_count, placements) in &section.keys {
         let key = SharedKey::new(from_tuple(kt));
         for (instance_id, incarnation, tier, backend, size_bytes, shared) in placements {
+            let (instance_id, backend) = (dir.intern(instance_id), dir.intern(backend));
             dir.store(
                 &key,
                 Placement {
-                    instance_id: instance_id.clone(),
+                    instance_id,
                     incarnation: *incarnation,
                     tier: *tier,
-                    backend: backend.clone(),
+                    backend,
                     size_bytes: *size_bytes,
                     shared: *shared,
                 },
@@ -342,37 +350,30 @@ pub fn restore_directory(section: &DirectorySection) -> KeyDirectory {
     dir
 }
 
-/// Captures the usage view.
-pub fn capture_usage(usage: &UsageView) -> UsageSection {
-    UsageSection {
-        placements: usage
-            .placements()
-            .map(|(k, size)| {
-                (
-                    k.tier,
-                    key_tuple(&k.key),
-                    k.owner.clone(),
-                    k.backend.clone(),
-                    size,
-                )
-            })
-            .collect(),
+/// Captures the usage section (the reference's layout: one row per
+/// placement) from the directory, where each placement's bytes live.
+pub fn capture_usage(dir: &KeyDirectory) -> UsageSection {
+    let mut placements = Vec::with_capacity(dir.len());
+    for (key, entry) in dir.iter() {
+        for p in &entry.placements {
+            let owner = if p.shared { "" } else { &p.instance_id };
+            placements.push((
+                p.tier,
+                key_tuple(key),
+                owner.to_owned(),
+                p.backend.to_string(),
+                p.size_bytes,
+            ));
+        }
     }
+    UsageSection { placements }
 }
 
-/// Restores the usage view.
-pub fn restore_usage(section: &UsageSection) -> UsageView {
-    let mut usage = UsageView::new();
-    for (tier, kt, owner, backend, size) in &section.placements {
-        usage.set(
-            *tier,
-            &SharedKey::new(from_tuple(kt)),
-            owner,
-            backend,
-            *size,
-        );
-    }
-    usage
+/// Restores the usage view: its rollups are rebuilt from the restored
+/// directory (the section repeats the directory's bytes, so it is not
+/// read; a directory that starts cold takes its usage with it).
+pub fn restore_usage(dir: &KeyDirectory) -> UsageView {
+    UsageView::rebuild(dir)
 }
 
 /// Captures capacity declarations.
@@ -434,12 +435,17 @@ pub fn capture_lru(lru: &Lru) -> LruSection {
     }
 }
 
-/// Restores the LRU order.
-pub fn restore_lru(section: &LruSection) -> Lru {
+/// Restores the LRU order, sharing the directory's copy of each key.
+pub fn restore_lru(section: &LruSection, dir: &KeyDirectory) -> Lru {
     let mut lru = Lru::new();
-    for keys in section.buckets.values() {
+    for (salt, keys) in &section.buckets {
+        lru.reserve(salt, keys.len());
         for kt in keys {
-            lru.register(&SharedKey::new(from_tuple(kt)));
+            let key = from_tuple(kt);
+            match dir.shared_key(&key) {
+                Some(shared) => lru.register(shared),
+                None => lru.register(&SharedKey::new(key)),
+            }
         }
     }
     lru
@@ -482,15 +488,15 @@ mod tests {
         cfg.capacity_bytes = 1000;
         for b in [&store, &l1, &cfg] {
             gate.offer(&b.instance_id, b.incarnation, b.seq, 0);
-            dir.apply(b);
-            usage.apply(b);
+            let old = dir.apply(b);
+            usage.apply(b, &old);
             caps.apply(b);
             lru.apply(b, &dir);
         }
         let sections = Sections {
             stream_cursors: Some(capture_gate(&gate)),
             key_directory: Some(capture_directory(&dir)),
-            cache_usage: Some(capture_usage(&usage)),
+            cache_usage: Some(capture_usage(&dir)),
             server_config: Some(capture_capacity(&caps)),
             lru_order: Some(capture_lru(&lru)),
             kafka_stream_position: Some(KafkaPositionSection {
@@ -506,14 +512,15 @@ mod tests {
         assert_eq!(dir2.stats(), dir.stats());
         assert_eq!(dir2.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
         assert_eq!(capture_directory(&dir2), capture_directory(&dir));
-        let usage2 = restore_usage(back.cache_usage.as_ref().unwrap());
+        assert_eq!(capture_usage(&dir2), capture_usage(&dir));
+        let usage2 = restore_usage(&dir2);
         assert_eq!(usage2.salt_bytes(StorageLevel::L2, "t"), 10);
         assert_eq!(
             capture_capacity(&restore_capacity(back.server_config.as_ref().unwrap())),
             capture_capacity(&caps)
         );
         assert_eq!(
-            capture_lru(&restore_lru(back.lru_order.as_ref().unwrap())),
+            capture_lru(&restore_lru(back.lru_order.as_ref().unwrap(), &dir2)),
             capture_lru(&lru)
         );
         assert_eq!(

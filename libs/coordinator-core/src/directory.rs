@@ -1,6 +1,7 @@
 //! The key directory: where every cached key lives.
 
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
 
 use serde::Serialize;
 
@@ -10,17 +11,27 @@ use crate::events::{Batch, EventType};
 use crate::key::{ObjectKey, SharedKey};
 use crate::{FastMap, FastSet};
 
+/// An instance id or backend name, interned: every placement of one
+/// reporter shares one allocation.
+pub type Name = std::sync::Arc<str>;
+
+fn serialize_name<S: serde::Serializer>(name: &Name, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(name)
+}
+
 /// One copy of a key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Placement {
     /// Reporter (for a shared placement, the latest one).
-    pub instance_id: String,
+    #[serde(serialize_with = "serialize_name")]
+    pub instance_id: Name,
     /// Reporter's incarnation.
     pub incarnation: u64,
     /// StorageLevel.
     pub tier: StorageLevel,
     /// Backend.
-    pub backend: String,
+    #[serde(serialize_with = "serialize_name")]
+    pub backend: Name,
     /// Reported size.
     pub size_bytes: u64,
     /// In a pool several instances mount.
@@ -38,9 +49,9 @@ impl Placement {
         shared: bool,
     ) -> bool {
         self.tier == tier
-            && self.backend == backend
+            && *self.backend == *backend
             && self.shared == shared
-            && (shared || self.instance_id == instance_id)
+            && (shared || *self.instance_id == *instance_id)
     }
 }
 
@@ -114,13 +125,42 @@ pub struct KeyFilter<'a> {
     pub backend: &'a str,
 }
 
+/// A key filed by its chunk hash alone (hash and equality see only
+/// `chunk_hash`), so the keys of one chunk (other groups, other ranks) meet
+/// in one slot without a second copy of the hash.
+#[derive(Clone, Debug)]
+struct ByHash(SharedKey);
+
+impl Hash for ByHash {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // As `[u8]` hashes, so lookups by `&[u8]` find it.
+        self.0.chunk_hash.as_slice().hash(state);
+    }
+}
+
+impl PartialEq for ByHash {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.chunk_hash == other.0.chunk_hash
+    }
+}
+
+impl Eq for ByHash {}
+
+impl std::borrow::Borrow<[u8]> for ByHash {
+    fn borrow(&self) -> &[u8] {
+        &self.0.chunk_hash
+    }
+}
+
 /// The directory.
 #[derive(Clone, Debug, Default)]
 pub struct KeyDirectory {
     keys: FastMap<SharedKey, KeyEntry>,
     order: BTreeMap<u64, SharedKey>,
     next_order: u64,
-    by_hash: FastMap<Vec<u8>, FastSet<SharedKey>>,
+    /// Every key by its chunk hash: one key files the slot, the others of
+    /// that hash (usually none: an empty `Vec` allocates nothing) ride in it.
+    by_hash: FastMap<ByHash, Vec<SharedKey>>,
     bindings: FastMap<Vec<u8>, Binding>,
     l1_by_instance: FastMap<String, FastSet<SharedKey>>,
     totals: [TierTotals; 2],
@@ -132,6 +172,8 @@ pub struct KeyDirectory {
     /// Keys dropped for the bound since the last [`Self::take_dropped`],
     /// with the placements they had, so the other views forget them too.
     dropped: Vec<(SharedKey, Vec<Placement>)>,
+    /// Instance ids and backends the placements share.
+    names: FastSet<Name>,
 }
 
 fn tier_index(tier: StorageLevel) -> usize {
@@ -147,25 +189,34 @@ impl KeyDirectory {
         Self::default()
     }
 
-    /// Applies an admitted batch.
-    pub fn apply(&mut self, batch: &Batch) {
-        self.l1_by_instance
-            .entry(batch.instance_id.clone())
-            .or_default();
+    /// Applies an admitted batch. Returns, per entry of a store or delete,
+    /// the bytes of the placement it replaced or removed (0 for none): the
+    /// usage view rolls its totals up from these instead of keeping a copy of
+    /// every placement.
+    pub fn apply(&mut self, batch: &Batch) -> Vec<u64> {
+        if !self.l1_by_instance.contains_key(&batch.instance_id) {
+            self.l1_by_instance
+                .insert(batch.instance_id.clone(), FastSet::default());
+        }
+        let mut old_sizes = Vec::new();
         match batch.event_type {
             EventType::Store => {
+                let (instance_id, backend) =
+                    (self.intern(&batch.instance_id), self.intern(&batch.backend));
+                old_sizes.reserve_exact(batch.entries.len());
                 for e in &batch.entries {
-                    self.store(
+                    let old = self.store(
                         &e.key,
                         Placement {
-                            instance_id: batch.instance_id.clone(),
+                            instance_id: instance_id.clone(),
                             incarnation: batch.incarnation,
                             tier: batch.tier,
-                            backend: batch.backend.clone(),
+                            backend: backend.clone(),
                             size_bytes: e.size_bytes,
                             shared: batch.shared,
                         },
                     );
+                    old_sizes.push(old);
                     if !e.token_ids.is_empty() {
                         self.bindings.insert(
                             e.key.chunk_hash.clone(),
@@ -178,15 +229,16 @@ impl KeyDirectory {
                 }
             }
             EventType::Delete => {
+                old_sizes.reserve_exact(batch.entries.len());
                 for e in &batch.entries {
-                    self.remove_placement(&e.key, |p| {
+                    old_sizes.push(self.remove_placement(&e.key, |p| {
                         p.same_identity(
                             &batch.instance_id,
                             batch.tier,
                             &batch.backend,
                             batch.shared,
                         )
-                    });
+                    }));
                 }
             }
             EventType::Access => {
@@ -199,6 +251,7 @@ impl KeyDirectory {
             }
             EventType::Config => {}
         }
+        old_sizes
     }
 
     /// Bounds the directory to `max` keys (`None`: unbounded), dropping the
@@ -240,17 +293,50 @@ impl KeyDirectory {
     }
 
     /// Keys dropped for the bound since the last call, with the placements
-    /// they had (the caller drops them from the usage view and the LRU, so
-    /// memory is bounded by the directory's bound everywhere). A key that
-    /// came back since is left out.
+    /// they had (the caller drops those bytes from the usage view, and the
+    /// keys not present again from the LRU, so memory is bounded by the
+    /// directory's bound everywhere). A key that came back since is listed
+    /// too: its old placements' bytes still leave the usage view.
     pub fn take_dropped(&mut self) -> Vec<(SharedKey, Vec<Placement>)> {
-        let mut dropped = std::mem::take(&mut self.dropped);
-        dropped.retain(|(k, _)| !self.keys.contains_key(k));
-        dropped
+        std::mem::take(&mut self.dropped)
     }
 
-    /// Inserts or replaces one placement (restore uses it too).
-    pub fn store(&mut self, key: &SharedKey, placement: Placement) {
+    /// Makes room for `additional` more keys at once (restore), so the maps
+    /// are not rehashed as they grow.
+    pub fn reserve(&mut self, additional: usize) {
+        self.keys.reserve(additional);
+        self.by_hash.reserve(additional);
+    }
+
+    /// The shared copy of `name` (placements built outside `apply`).
+    pub fn intern(&mut self, name: &str) -> Name {
+        if let Some(n) = self.names.get(name) {
+            return n.clone();
+        }
+        let n: Name = name.into();
+        self.names.insert(n.clone());
+        n
+    }
+
+    /// Whether `key` is present.
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        self.keys.contains_key(key)
+    }
+
+    /// The directory's own shared copy of `key`, so a view restored beside
+    /// it keeps no second copy.
+    pub fn shared_key(&self, key: &ObjectKey) -> Option<&SharedKey> {
+        self.keys.get_key_value(key).map(|(k, _)| k)
+    }
+
+    /// Keys holding a private L1 placement of `instance_id`.
+    pub fn l1_keys(&self, instance_id: &str) -> impl Iterator<Item = &SharedKey> {
+        self.l1_by_instance.get(instance_id).into_iter().flatten()
+    }
+
+    /// Inserts or replaces one placement (restore uses it too); returns the
+    /// bytes of the placement it replaced, 0 if none.
+    pub fn store(&mut self, key: &SharedKey, placement: Placement) -> u64 {
         if let Some(max) = self.max_keys
             && !self.keys.contains_key(key)
         {
@@ -259,10 +345,12 @@ impl KeyDirectory {
             }
         }
         if placement.tier == StorageLevel::L1 && !placement.shared {
-            self.l1_by_instance
-                .entry(placement.instance_id.clone())
-                .or_default()
-                .insert(key.clone());
+            let id: &str = &placement.instance_id;
+            match self.l1_by_instance.get_mut(id) {
+                Some(set) => set,
+                None => self.l1_by_instance.entry(id.to_owned()).or_default(),
+            }
+            .insert(key.clone());
         }
         let t = &mut self.totals[tier_index(placement.tier)];
         let entry = match self.keys.get_mut(key) {
@@ -271,10 +359,12 @@ impl KeyDirectory {
                 let order = self.next_order;
                 self.next_order += 1;
                 self.order.insert(order, key.clone());
-                self.by_hash
-                    .entry(key.chunk_hash.clone())
-                    .or_default()
-                    .insert(key.clone());
+                match self.by_hash.get_mut(key.chunk_hash.as_slice()) {
+                    Some(others) => others.push(key.clone()),
+                    None => {
+                        self.by_hash.insert(ByHash(key.clone()), Vec::new());
+                    }
+                }
                 self.keys.entry(key.clone()).or_insert(KeyEntry {
                     order,
                     placements: Vec::new(),
@@ -292,27 +382,33 @@ impl KeyDirectory {
             )
         }) {
             Some(existing) => {
-                t.bytes = t.bytes - existing.size_bytes + placement.size_bytes;
+                let old = existing.size_bytes;
+                t.bytes = t.bytes - old + placement.size_bytes;
                 *existing = placement;
+                old
             }
             None => {
                 t.count += 1;
                 t.bytes += placement.size_bytes;
                 entry.placements.push(placement);
+                0
             }
         }
     }
 
-    fn remove_placement(&mut self, key: &ObjectKey, matches: impl Fn(&Placement) -> bool) {
+    /// Removes the placements `matches` picks; returns their bytes.
+    fn remove_placement(&mut self, key: &ObjectKey, matches: impl Fn(&Placement) -> bool) -> u64 {
         let Some(entry) = self.keys.get_mut(key) else {
-            return;
+            return 0;
         };
+        let mut removed_bytes = 0;
         let mut removed_private_l1 = HashSet::new();
         entry.placements.retain(|p| {
             if matches(p) {
                 let t = &mut self.totals[tier_index(p.tier)];
                 t.count -= 1;
                 t.bytes -= p.size_bytes;
+                removed_bytes += p.size_bytes;
                 if p.tier == StorageLevel::L1 && !p.shared {
                     removed_private_l1.insert(p.instance_id.clone());
                 }
@@ -326,24 +422,34 @@ impl KeyDirectory {
                 .placements
                 .iter()
                 .any(|p| p.tier == StorageLevel::L1 && !p.shared && p.instance_id == instance);
-            if !still_there && let Some(set) = self.l1_by_instance.get_mut(&instance) {
+            if !still_there && let Some(set) = self.l1_by_instance.get_mut(&*instance) {
                 set.remove(key);
             }
         }
         if entry.placements.is_empty() {
             self.drop_key(key);
         }
+        removed_bytes
     }
 
     fn drop_key(&mut self, key: &ObjectKey) {
         if let Some(entry) = self.keys.remove(key) {
             self.order.remove(&entry.order);
-            if let Some(set) = self.by_hash.get_mut(&key.chunk_hash) {
-                set.remove(key);
-                if set.is_empty() {
-                    // The token binding leaves with the hash's last key.
-                    self.by_hash.remove(&key.chunk_hash);
-                    self.bindings.remove(&key.chunk_hash);
+            let hash = key.chunk_hash.as_slice();
+            if let Some((filed, mut others)) = self.by_hash.remove_entry(hash) {
+                if filed.0.as_ref() == key {
+                    match others.pop() {
+                        Some(next) => {
+                            self.by_hash.insert(ByHash(next), others);
+                        }
+                        // The token binding leaves with the hash's last key.
+                        None => {
+                            self.bindings.remove(hash);
+                        }
+                    }
+                } else {
+                    others.retain(|k| k.as_ref() != key);
+                    self.by_hash.insert(filed, others);
                 }
             }
         }
@@ -357,7 +463,7 @@ impl KeyDirectory {
         };
         for key in keys {
             self.remove_placement(&key, |p| {
-                p.tier == StorageLevel::L1 && !p.shared && p.instance_id == instance_id
+                p.tier == StorageLevel::L1 && !p.shared && *p.instance_id == *instance_id
             });
         }
         // remove_placement may not recreate it, but be explicit.
@@ -402,11 +508,11 @@ impl KeyDirectory {
     /// `key` followed by every present key that differs from it only in
     /// `object_group_id`, sorted by group.
     pub fn expand_groups(&self, key: &ObjectKey) -> Vec<ObjectKey> {
-        let mut others: Vec<&ObjectKey> = self
-            .by_hash
-            .get(&key.chunk_hash)
-            .into_iter()
-            .flatten()
+        let Some((filed, rest)) = self.by_hash.get_key_value(key.chunk_hash.as_slice()) else {
+            return vec![key.clone()];
+        };
+        let mut others: Vec<&ObjectKey> = std::iter::once(&filed.0)
+            .chain(rest)
             .map(|k| k.as_ref())
             .filter(|k| {
                 k.object_group_id != key.object_group_id
@@ -447,8 +553,8 @@ impl KeyDirectory {
                 .iter()
                 .filter(|p| {
                     filter.tier.matches(p.tier)
-                        && (filter.instance_id.is_empty() || p.instance_id == filter.instance_id)
-                        && (filter.backend.is_empty() || p.backend == filter.backend)
+                        && (filter.instance_id.is_empty() || *p.instance_id == *filter.instance_id)
+                        && (filter.backend.is_empty() || *p.backend == *filter.backend)
                 })
                 .collect();
             if matching.is_empty() {

@@ -100,6 +100,18 @@ impl Lru {
         }
     }
 
+    /// Makes room for `additional` more keys of `salt` (restore).
+    pub fn reserve(&mut self, salt: &str, additional: usize) {
+        if additional == 0 {
+            return;
+        }
+        self.buckets
+            .entry(salt.to_owned())
+            .or_default()
+            .ticks
+            .reserve(additional);
+    }
+
     /// Moves a tracked key to the most recent end.
     pub fn touch(&mut self, key: &ObjectKey) {
         if let Some(bucket) = self.buckets.get_mut(&key.cache_salt)
@@ -245,8 +257,8 @@ mod tests {
                 false,
                 &[(key(h, "t"), size)],
             );
-            d.apply(&b);
-            u.apply(&b);
+            let old = d.apply(&b);
+            u.apply(&b, &old);
             l.apply(&b, &d);
         }
         (d, u, l)
@@ -350,8 +362,8 @@ mod tests {
             false,
             &[(key(1, "t"), 0)],
         );
-        d.apply(&del);
-        u.apply(&del);
+        let old = d.apply(&del);
+        u.apply(&del, &old);
         l.apply(&del, &d);
         assert_eq!(l.bucket_len("t"), 2);
     }

@@ -1,16 +1,19 @@
-//! The usage view: bytes per placement, rolled up per tenant and per module,
-//! and joined to declared capacity for `GET /instances/usage`.
+//! The usage view: bytes rolled up per tenant and per module, and joined to
+//! declared capacity for `GET /instances/usage`. The bytes of each placement
+//! live once, in the key directory; this view keeps only the rollups and
+//! moves them by the sizes the directory reports replaced or removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::{FastMap, FastSet};
+use crate::FastMap;
 
 use serde::Serialize;
 
 use crate::StorageLevel;
 use crate::capacity::CapacityRegistry;
+use crate::directory::{KeyDirectory, Placement};
 use crate::events::{Batch, EventType};
-use crate::key::SharedKey;
+use crate::key::ObjectKey;
 
 fn tier_index(tier: StorageLevel) -> usize {
     match tier {
@@ -19,29 +22,18 @@ fn tier_index(tier: StorageLevel) -> usize {
     }
 }
 
-/// Identity of a byte count: shared placements have the owner `""`.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct UsageKey {
-    /// StorageLevel.
-    pub tier: StorageLevel,
-    /// Key.
-    pub key: SharedKey,
-    /// Owner, `""` for a shared pool.
-    pub owner: String,
-    /// Backend.
-    pub backend: String,
+/// Owner of a placement's bytes: `""` for a shared pool.
+fn owner_of(p: &Placement) -> &str {
+    if p.shared { "" } else { &p.instance_id }
 }
 
 /// The usage view.
 #[derive(Clone, Debug, Default)]
 pub struct UsageView {
-    placements: FastMap<UsageKey, u64>,
     /// Bytes per tenant, indexed by tier (L1, L2).
     by_salt: [FastMap<String, u64>; 2],
     /// Bytes per owner (`""` = shared pools), then tier (L1, L2), then backend.
     by_module: BTreeMap<String, [BTreeMap<String, u64>; 2]>,
-    /// Private L1 placements per owner, so a fence touches only its own.
-    l1_by_owner: FastMap<String, FastSet<(SharedKey, String)>>,
 }
 
 /// One compartment of `GET /instances/usage`.
@@ -103,88 +95,61 @@ impl UsageView {
         Self::default()
     }
 
-    /// Applies an admitted batch.
-    pub fn apply(&mut self, batch: &Batch) {
+    /// Applies an admitted batch, given what [`KeyDirectory::apply`]
+    /// returned for it (the bytes each entry replaced or removed).
+    pub fn apply(&mut self, batch: &Batch, old_sizes: &[u64]) {
         let owner = if batch.shared {
             ""
         } else {
             batch.instance_id.as_str()
         };
-        match batch.event_type {
-            EventType::Store => {
-                for e in &batch.entries {
-                    self.set(batch.tier, &e.key, owner, &batch.backend, e.size_bytes);
-                }
-            }
-            EventType::Delete => {
-                for e in &batch.entries {
-                    self.remove(&UsageKey {
-                        tier: batch.tier,
-                        key: e.key.clone(),
-                        owner: owner.to_owned(),
-                        backend: batch.backend.clone(),
-                    });
-                }
-            }
-            EventType::Access | EventType::Config => {}
+        let new_size = |size: u64| match batch.event_type {
+            EventType::Store => size,
+            _ => 0,
+        };
+        if !matches!(batch.event_type, EventType::Store | EventType::Delete) {
+            return;
+        }
+        for (e, &old) in batch.entries.iter().zip(old_sizes) {
+            self.adjust(
+                batch.tier,
+                &e.key.cache_salt,
+                owner,
+                &batch.backend,
+                old,
+                new_size(e.size_bytes),
+            );
         }
     }
 
-    /// Sets the bytes of one placement (restore uses it too).
-    pub fn set(
-        &mut self,
-        tier: StorageLevel,
-        key: &SharedKey,
-        owner: &str,
-        backend: &str,
-        size: u64,
-    ) {
-        let ukey = UsageKey {
-            tier,
-            key: key.clone(),
-            owner: owner.to_owned(),
-            backend: backend.to_owned(),
-        };
-        let old = self.placements.insert(ukey, size).unwrap_or(0);
-        if tier == StorageLevel::L1 && !owner.is_empty() {
-            self.l1_by_owner
-                .entry(owner.to_owned())
-                .or_default()
-                .insert((key.clone(), backend.to_owned()));
+    /// The rollups of every placement in `directory` (restore).
+    pub fn rebuild(directory: &KeyDirectory) -> Self {
+        let mut usage = Self::new();
+        for (key, entry) in directory.iter() {
+            for p in &entry.placements {
+                usage.adjust(
+                    p.tier,
+                    &key.cache_salt,
+                    owner_of(p),
+                    &p.backend,
+                    0,
+                    p.size_bytes,
+                );
+            }
         }
-        self.adjust(tier, &key.cache_salt, owner, backend, old, size);
+        usage
     }
 
     /// Drops the bytes of a key's placements (a key the directory dropped
     /// for its bound).
-    pub fn forget(&mut self, key: &SharedKey, placements: &[crate::directory::Placement]) {
+    pub fn forget(&mut self, key: &ObjectKey, placements: &[Placement]) {
         for p in placements {
-            let owner = if p.shared { "" } else { p.instance_id.as_str() };
-            self.remove(&UsageKey {
-                tier: p.tier,
-                key: key.clone(),
-                owner: owner.to_owned(),
-                backend: p.backend.clone(),
-            });
-        }
-    }
-
-    fn remove(&mut self, ukey: &UsageKey) {
-        if let Some(old) = self.placements.remove(ukey) {
-            if ukey.tier == StorageLevel::L1
-                && let Some(set) = self.l1_by_owner.get_mut(&ukey.owner)
-            {
-                set.remove(&(ukey.key.clone(), ukey.backend.clone()));
-                if set.is_empty() {
-                    self.l1_by_owner.remove(&ukey.owner);
-                }
-            }
             self.adjust(
-                ukey.tier,
-                &ukey.key.cache_salt,
-                &ukey.owner,
-                &ukey.backend,
-                old,
+                p.tier,
+                &key.cache_salt,
+                owner_of(p),
+                &p.backend,
+                p.size_bytes,
                 0,
             );
         }
@@ -199,6 +164,9 @@ impl UsageView {
         old: u64,
         new: u64,
     ) {
+        if old == new {
+            return;
+        }
         // Look up by borrowed keys first: allocate only for a new entry.
         let t = tier_index(tier);
         let salts = &mut self.by_salt[t];
@@ -206,7 +174,8 @@ impl UsageView {
             Some(slot) => slot,
             None => salts.entry(salt.to_owned()).or_insert(0),
         };
-        *slot = *slot - old + new;
+        // Saturating: a rollup never wraps, whatever order callers keep.
+        *slot = slot.saturating_sub(old) + new;
         if *slot == 0 {
             salts.remove(salt);
         }
@@ -219,7 +188,7 @@ impl UsageView {
             Some(slot) => slot,
             None => backends.entry(backend.to_owned()).or_insert(0),
         };
-        *slot = *slot - old + new;
+        *slot = slot.saturating_sub(old) + new;
         if *slot == 0 {
             backends.remove(backend);
             if tiers.iter().all(BTreeMap::is_empty) {
@@ -242,17 +211,18 @@ impl UsageView {
     }
 
     /// Drops an owner's private L1 bytes (restart, timeout, deregistration).
-    pub fn fence(&mut self, owner: &str) {
-        let Some(doomed) = self.l1_by_owner.remove(owner) else {
-            return;
-        };
-        for (key, backend) in doomed {
-            self.remove(&UsageKey {
-                tier: StorageLevel::L1,
-                key,
-                owner: owner.to_owned(),
-                backend,
-            });
+    /// Call it before [`KeyDirectory::fence`]: the bytes are read from the
+    /// placements that fence removes.
+    pub fn fence(&mut self, owner: &str, directory: &KeyDirectory) {
+        for key in directory.l1_keys(owner) {
+            let Some(entry) = directory.get(key) else {
+                continue;
+            };
+            for p in &entry.placements {
+                if p.tier == StorageLevel::L1 && !p.shared && *p.instance_id == *owner {
+                    self.adjust(p.tier, &key.cache_salt, owner, &p.backend, p.size_bytes, 0);
+                }
+            }
         }
     }
 
@@ -284,11 +254,6 @@ impl UsageView {
     /// Whether an owner holds any bytes.
     pub fn owner_has_bytes(&self, owner: &str) -> bool {
         self.by_module.contains_key(owner)
-    }
-
-    /// Every placement's bytes (checkpoint).
-    pub fn placements(&self) -> impl Iterator<Item = (&UsageKey, u64)> {
-        self.placements.iter().map(|(k, v)| (k, *v))
     }
 
     /// Joins bytes with declarations for one instance.
@@ -367,76 +332,178 @@ mod tests {
     use super::*;
     use crate::testutil::{batch, key};
 
+    /// Applies a batch as ingest does: directory first, usage from its sizes.
+    fn feed(d: &mut KeyDirectory, u: &mut UsageView, b: &Batch) {
+        let old = d.apply(b);
+        u.apply(b, &old);
+    }
+
+    #[test]
+    fn rollups_match_a_rebuild_from_the_directory() {
+        let (mut d, mut u) = (KeyDirectory::new(), UsageView::new());
+        // The same key twice in one batch, a re-store with a new size, a
+        // shared pool, a delete of nothing and a fence.
+        let script = [
+            batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L1,
+                "dram",
+                false,
+                &[(key(1, "t"), 10), (key(1, "t"), 30), (key(2, ""), 7)],
+            ),
+            batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, "t"), 100)],
+            ),
+            batch(
+                "b",
+                EventType::Store,
+                StorageLevel::L2,
+                "s3",
+                true,
+                &[(key(3, "u"), 40)],
+            ),
+            batch(
+                "c",
+                EventType::Store,
+                StorageLevel::L2,
+                "s3",
+                true,
+                &[(key(3, "u"), 45)],
+            ),
+            batch(
+                "b",
+                EventType::Delete,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, "t"), 0), (key(9, "t"), 0)],
+            ),
+        ];
+        for b in &script {
+            feed(&mut d, &mut u, b);
+        }
+        assert_eq!(u.salt_bytes(StorageLevel::L1, "t"), 30);
+        assert_eq!(
+            u.salt_bytes(StorageLevel::L2, "u"),
+            45,
+            "shared pool counted once"
+        );
+        u.fence("a", &d);
+        d.fence("a");
+        let rebuilt = UsageView::rebuild(&d);
+        for tier in [StorageLevel::L1, StorageLevel::L2] {
+            assert_eq!(u.salts(tier), rebuilt.salts(tier), "{tier:?}");
+        }
+        assert_eq!(u.by_module, rebuilt.by_module);
+        assert!(u.salts(StorageLevel::L1).is_empty());
+        assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 100);
+    }
+
     #[test]
     fn rollups_follow_store_and_delete() {
-        let mut u = UsageView::new();
-        u.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 100), (key(2, "t"), 50)],
-        ));
-        u.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 70)],
-        ));
+        let (mut d, mut u) = (KeyDirectory::new(), UsageView::new());
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, "t"), 100), (key(2, "t"), 50)],
+            ),
+        );
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, "t"), 70)],
+            ),
+        );
         assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 120);
-        u.apply(&batch(
-            "a",
-            EventType::Delete,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(2, "t"), 0)],
-        ));
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Delete,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(2, "t"), 0)],
+            ),
+        );
         assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 70);
-        u.apply(&batch(
-            "a",
-            EventType::Delete,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 0)],
-        ));
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Delete,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, "t"), 0)],
+            ),
+        );
         assert!(u.salts(StorageLevel::L2).is_empty());
         assert!(u.owners().is_empty());
     }
 
     #[test]
     fn shared_pool_counted_once_and_never_fenced() {
-        let mut u = UsageView::new();
-        u.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "s3",
-            true,
-            &[(key(1, ""), 100)],
-        ));
-        u.apply(&batch(
-            "b",
-            EventType::Store,
-            StorageLevel::L2,
-            "s3",
-            true,
-            &[(key(1, ""), 100)],
-        ));
-        u.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L1,
-            "dram",
-            false,
-            &[(key(1, ""), 10)],
-        ));
+        let (mut d, mut u) = (KeyDirectory::new(), UsageView::new());
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L2,
+                "s3",
+                true,
+                &[(key(1, ""), 100)],
+            ),
+        );
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "b",
+                EventType::Store,
+                StorageLevel::L2,
+                "s3",
+                true,
+                &[(key(1, ""), 100)],
+            ),
+        );
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L1,
+                "dram",
+                false,
+                &[(key(1, ""), 10)],
+            ),
+        );
         assert_eq!(u.salt_bytes(StorageLevel::L2, ""), 100);
-        u.fence("a");
+        u.fence("a", &d);
+        d.fence("a");
         assert_eq!(u.salt_bytes(StorageLevel::L1, ""), 0);
         assert_eq!(u.salt_bytes(StorageLevel::L2, ""), 100);
         let fleet = u.fleet_usage(&BTreeSet::new(), &CapacityRegistry::new());
@@ -448,7 +515,7 @@ mod tests {
 
     #[test]
     fn fleet_usage_joins_capacity() {
-        let mut u = UsageView::new();
+        let (mut d, mut u) = (KeyDirectory::new(), UsageView::new());
         let mut caps = CapacityRegistry::new();
         let mut cfg = batch("a", EventType::Config, StorageLevel::L1, "dram", false, &[]);
         cfg.capacity_bytes = 2_097_152;
@@ -456,22 +523,30 @@ mod tests {
         let mut cfg = batch("a", EventType::Config, StorageLevel::L2, "fs", false, &[]);
         cfg.capacity_bytes = 33_554_432;
         caps.apply(&cfg);
-        u.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L1,
-            "dram",
-            false,
-            &[(key(1, ""), 300)],
-        ));
-        u.apply(&batch(
-            "ghost",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, ""), 8)],
-        ));
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L1,
+                "dram",
+                false,
+                &[(key(1, ""), 300)],
+            ),
+        );
+        feed(
+            &mut d,
+            &mut u,
+            &batch(
+                "ghost",
+                EventType::Store,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(1, ""), 8)],
+            ),
+        );
         let registered: BTreeSet<String> = ["a".to_owned(), "idle".to_owned()].into();
         let fleet = u.fleet_usage(&registered, &caps);
         let ids: Vec<&str> = fleet

@@ -109,8 +109,9 @@ pub trait Controller: Send + Sync + Debug {
     /// Adds its derived state to a checkpoint.
     fn save_checkpoint(&self, _sections: &mut Sections) {}
 
-    /// Restores its derived state from a checkpoint.
-    fn restore_checkpoint(&self, _sections: &Sections) {}
+    /// Restores its derived state from a checkpoint; `views` are already
+    /// restored, so it can share their copies of the keys.
+    fn restore_checkpoint(&self, _sections: &Sections, _views: &Views) {}
 
     /// Adds its operator intent to the metadata document.
     fn save_metadata(&self, _meta: &mut Metadata) {}

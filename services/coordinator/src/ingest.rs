@@ -229,8 +229,9 @@ impl Ingest {
             capacity,
             ..
         } = views;
-        self.guard("key_directory", || directory.apply(batch));
-        self.guard("cache_usage", || usage.apply(batch));
+        let mut old_sizes = Vec::new();
+        self.guard("key_directory", || old_sizes = directory.apply(batch));
+        self.guard("cache_usage", || usage.apply(batch, &old_sizes));
         self.guard("server_config", || capacity.apply(batch));
         for c in self.controllers.iter().filter(|c| c.consumes_events()) {
             let name = c.name();
@@ -254,7 +255,12 @@ impl Ingest {
         for (key, placements) in &dropped {
             views.usage.forget(key, placements);
         }
-        let keys: Vec<_> = dropped.into_iter().map(|(k, _)| k).collect();
+        // A key stored again since it was dropped stays in the LRU.
+        let keys: Vec<_> = dropped
+            .into_iter()
+            .map(|(k, _)| k)
+            .filter(|k| !views.directory.contains(k))
+            .collect();
         for c in self.controllers.iter() {
             let name = c.name();
             self.guard(name, || c.forget(&keys));
@@ -277,8 +283,9 @@ impl Ingest {
     }
 
     fn fence(&self, views: &mut Views, instance_id: &str) {
+        // Usage first: it reads the bytes of the placements the fence drops.
+        views.usage.fence(instance_id, &views.directory);
         views.directory.fence(instance_id);
-        views.usage.fence(instance_id);
         for c in self.controllers.iter() {
             c.fence(instance_id);
         }

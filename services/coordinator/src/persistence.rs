@@ -64,7 +64,7 @@ impl Persistence {
             let mut sections = Sections {
                 stream_cursors: Some(checkpoint::capture_gate(&views.gate)),
                 key_directory: Some(checkpoint::capture_directory(&views.directory)),
-                cache_usage: Some(checkpoint::capture_usage(&views.usage)),
+                cache_usage: Some(checkpoint::capture_usage(&views.directory)),
                 server_config: Some(checkpoint::capture_capacity(&views.capacity)),
                 lru_order: None,
                 kafka_stream_position: self
@@ -137,9 +137,9 @@ impl Persistence {
                 views.directory = checkpoint::restore_directory(s);
                 views.directory.set_max_keys(max);
             }
-            if let Some(s) = &sections.cache_usage {
-                views.usage = checkpoint::restore_usage(s);
-            }
+            // Rebuilt from the (bounded) directory, which holds each
+            // placement's bytes; the usage section repeats them.
+            views.usage = checkpoint::restore_usage(&views.directory);
             if let Some(s) = &sections.server_config {
                 views.capacity = checkpoint::restore_capacity(s);
             }
@@ -148,17 +148,23 @@ impl Persistence {
             }
             views.directory.len()
         });
-        for c in self.controllers.iter() {
-            c.restore_checkpoint(&sections);
-        }
-        // A checkpoint larger than today's --max-directory-keys: the keys
-        // the bound dropped leave the other views too.
-        let dropped: Vec<_> = self.views.write(|views| {
-            let dropped = views.directory.take_dropped();
-            for (key, placements) in &dropped {
-                views.usage.forget(key, placements);
+        self.views.read(|views| {
+            for c in self.controllers.iter() {
+                c.restore_checkpoint(&sections, views);
             }
-            dropped.into_iter().map(|(k, _)| k).collect()
+        });
+        drop(sections);
+        // A checkpoint larger than today's --max-directory-keys: the keys
+        // the bound dropped leave the controllers' state too (the usage
+        // view was rebuilt without them).
+        let dropped: Vec<_> = self.views.write(|views| {
+            views
+                .directory
+                .take_dropped()
+                .into_iter()
+                .map(|(k, _)| k)
+                .filter(|k| !views.directory.contains(k))
+                .collect()
         });
         if !dropped.is_empty() {
             for c in self.controllers.iter() {

@@ -64,7 +64,7 @@ fn shared_placement_has_no_owner_identity() {
     ));
     let e = d.get(&key(1, "")).unwrap();
     assert_eq!(e.placements.len(), 1);
-    assert_eq!(e.placements[0].instance_id, "b", "latest reporter wins");
+    assert_eq!(&*e.placements[0].instance_id, "b", "latest reporter wins");
     // Any instance may delete a shared placement.
     d.apply(&batch(
         "c",
@@ -181,7 +181,7 @@ fn fence_drops_private_l1_only() {
         d.get(&key(1, "")).unwrap().placements[0].tier,
         StorageLevel::L2
     );
-    assert_eq!(d.get(&key(2, "")).unwrap().placements[0].instance_id, "b");
+    assert_eq!(&*d.get(&key(2, "")).unwrap().placements[0].instance_id, "b");
     assert!(!d.stats().l1_keys_by_instance.contains_key("a"));
     assert_eq!(
         d.totals(StorageLevel::L1),

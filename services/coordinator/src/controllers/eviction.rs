@@ -199,9 +199,9 @@ impl Controller for FleetEvictionController {
         sections.lru_order = Some(checkpoint::capture_lru(&self.state.lock().lru));
     }
 
-    fn restore_checkpoint(&self, sections: &Sections) {
+    fn restore_checkpoint(&self, sections: &Sections, views: &Views) {
         if let Some(s) = &sections.lru_order {
-            self.state.lock().lru = checkpoint::restore_lru(s);
+            self.state.lock().lru = checkpoint::restore_lru(s, &views.directory);
         }
     }
 

@@ -51,11 +51,7 @@ fn one() -> i64 {
 fn sorted(placements: &[Placement]) -> Vec<&Placement> {
     let mut v: Vec<&Placement> = placements.iter().collect();
     v.sort_by(|a, b| {
-        (a.instance_id.as_str(), a.tier, a.backend.as_str()).cmp(&(
-            b.instance_id.as_str(),
-            b.tier,
-            b.backend.as_str(),
-        ))
+        (&*a.instance_id, a.tier, &*a.backend).cmp(&(&*b.instance_id, b.tier, &*b.backend))
     });
     v
 }

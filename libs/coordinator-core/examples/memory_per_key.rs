@@ -1,0 +1,161 @@
+//! Memory per directory key and the checkpoint's restore time, in process:
+//! fills the directory, usage view and LRU with N keys (one L2 placement
+//! each, 16-byte chunk hashes as LMCache's 32-hex-char keys), then captures,
+//! encodes, decodes and restores them.
+//!
+//! Run: `cargo build --release -p ic-coordinator-core --example memory_per_key`, then
+//! `target/release/examples/memory_per_key fill 1000000 /tmp/ckpt` and, in a
+//! fresh process, `target/release/examples/memory_per_key restore /tmp/ckpt`.
+
+use std::alloc::System;
+use std::time::Instant;
+
+use ic_coordinator_core::StorageLevel;
+use ic_coordinator_core::checkpoint::{self, Sections};
+use ic_coordinator_core::directory::KeyDirectory;
+use ic_coordinator_core::events::{Batch, Entry, EventType};
+use ic_coordinator_core::eviction::Lru;
+use ic_coordinator_core::key::ObjectKey;
+use ic_coordinator_core::usage::UsageView;
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+/// Counts heap bytes, so the figure is what the views keep.
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// Live heap bytes.
+fn live() -> usize {
+    let s = GLOBAL.stats();
+    let net = s.bytes_allocated as isize - s.bytes_deallocated as isize + s.bytes_reallocated;
+    net.max(0) as usize
+}
+
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: usize = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn batch(seq: u64, first: u64, n: u64) -> Batch {
+    Batch {
+        instance_id: format!("mp-{}", first % 16),
+        incarnation: 1,
+        seq,
+        event_type: EventType::Store,
+        tier: StorageLevel::L2,
+        backend: "fs".into(),
+        entries: (first..first + n)
+            .map(|i| {
+                let mut hash = [0u8; 16];
+                hash[..8].copy_from_slice(&i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes());
+                hash[8..].copy_from_slice(&i.to_le_bytes());
+                Entry {
+                    key: std::sync::Arc::new(ObjectKey {
+                        chunk_hash: hash.to_vec(),
+                        model_name: "meta-llama/Llama-3.1-8B".into(),
+                        kv_rank: 16_777_472,
+                        object_group_id: 0,
+                        cache_salt: String::new(),
+                    }),
+                    size_bytes: 1 << 20,
+                    token_ids: Vec::new(),
+                    token_offset: -1,
+                }
+            })
+            .collect(),
+        shared: false,
+        ts: 1.0,
+        capacity_bytes: 0,
+        capacity_revision: 0,
+        dropped_events: 0,
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn per_key(bytes: usize, keys: u64) -> f64 {
+    bytes as f64 / keys as f64
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match (args.get(1).map(String::as_str), args.get(2), args.get(3)) {
+        (Some("fill"), Some(keys), Some(path)) => fill(keys.parse().expect("keys"), path),
+        (Some("restore"), Some(path), _) => restore(path),
+        _ => eprintln!("usage: memory_per_key fill KEYS PATH | memory_per_key restore PATH"),
+    }
+}
+
+/// Fills the views with `keys` keys, then writes their checkpoint to `path`.
+fn fill(keys: u64, path: &str) {
+    let (rss0, live0) = (rss(), live());
+    let (mut dir, mut usage, mut lru) = (KeyDirectory::new(), UsageView::new(), Lru::new());
+    let started = Instant::now();
+    let per_batch = 1_000;
+    for (seq, first) in (0..keys).step_by(per_batch).enumerate() {
+        let b = batch(
+            seq as u64 + 1,
+            first,
+            per_batch.min((keys - first) as usize) as u64,
+        );
+        let old = dir.apply(&b);
+        usage.apply(&b, &old);
+        lru.apply(&b, &dir);
+    }
+    let fill = started.elapsed();
+    let (rss1, live1) = (rss(), live());
+    println!(
+        "filled {keys} keys in {:.2} s: {:.0} B/key live heap, {:.0} B/key RSS",
+        fill.as_secs_f64(),
+        per_key(live1 - live0, keys),
+        per_key(rss1.saturating_sub(rss0), keys)
+    );
+    let started = Instant::now();
+    let sections = Sections {
+        key_directory: Some(checkpoint::capture_directory(&dir)),
+        cache_usage: Some(checkpoint::capture_usage(&dir)),
+        lru_order: Some(checkpoint::capture_lru(&lru)),
+        ..Sections::default()
+    };
+    let raw = checkpoint::encode(&sections).expect("encode");
+    std::fs::write(path, &raw).expect("write");
+    println!(
+        "checkpoint: {} bytes ({:.0} B/key), captured, encoded and written in {:.2} s",
+        raw.len(),
+        per_key(raw.len(), keys),
+        started.elapsed().as_secs_f64()
+    );
+    drop(usage);
+}
+
+/// Restores the views from the checkpoint at `path`, as a restart does.
+fn restore(path: &str) {
+    let (rss0, live0) = (rss(), live());
+    let started = Instant::now();
+    let raw = std::fs::read(path).expect("read");
+    let (sections, skipped) = checkpoint::decode(&raw).expect("decode");
+    assert!(skipped.is_empty());
+    drop(raw);
+    let decoded = started.elapsed();
+    let dir = checkpoint::restore_directory(sections.key_directory.as_ref().expect("dir"));
+    let usage = checkpoint::restore_usage(&dir);
+    let lru = checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &dir);
+    let peak = rss();
+    drop(sections);
+    let restored = started.elapsed();
+    let keys = dir.len() as u64;
+    let (rss1, live1) = (rss(), live());
+    println!(
+        "restored {keys} keys: read and decoded in {:.2} s, views rebuilt by {:.2} s; {:.0} B/key live heap, {:.0} B/key RSS (peak {:.0} B/key)",
+        decoded.as_secs_f64(),
+        restored.as_secs_f64(),
+        per_key(live1.saturating_sub(live0), keys),
+        per_key(rss1.saturating_sub(rss0), keys),
+        per_key(peak.saturating_sub(rss0), keys),
+    );
+    assert_eq!(lru.len() as u64, keys);
+    drop(usage);
+}
