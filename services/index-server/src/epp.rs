@@ -9,6 +9,13 @@
 //! (503 nothing to pick, 429 shed, 413 body too large). The response phase
 //! ends the pick's in-flight count and reports the engine's usage.
 //!
+//! One picker may serve several InferencePools: each stream's pool is the
+//! one its call's `x-inferencecache-pool` gRPC metadata names (the only
+//! pool when there is one). A request's priority is its InferenceObjective's
+//! (pushed by the controller; `--epp-objective` for objectives it has not
+//! pushed), its shedding thresholds its namespace's CachePolicy's over the
+//! flags.
+//!
 //! Message sequences handled, as Envoy sends them (docs/gateway-integration.md):
 //! * headers only (`end_of_stream` on the headers): picked by load at once;
 //! * `BUFFERED` (and `BUFFERED_PARTIAL`) body: headers answered "continue",
@@ -48,7 +55,7 @@ use tracing::Instrument as _;
 use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, Objectives, Shedding};
 use crate::epp_observed::{EndpointStats, Observations, ObservedResponse};
 use crate::epp_usage::{Usage, UsageReader};
-use crate::epp_wire::{self as wire, OBJECTIVE_HEADER};
+use crate::epp_wire::{self as wire, OBJECTIVE_HEADER, POOL_METADATA};
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
 use crate::openai::{self, Prompt as BodyPrompt};
 
@@ -59,6 +66,11 @@ pub use crate::epp_wire::{DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE};
 pub struct PoolConfig {
     /// Namespace of the pool (the index tenant of its engines).
     pub tenant: String,
+    /// The InferencePool's name (`None`: a static endpoint list).
+    pub name: Option<String>,
+    /// Whether the endpoints follow the named InferencePool through the
+    /// Kubernetes API ([`crate::pool::watch_pool`]).
+    pub watched: bool,
     /// Fingerprint domain of its engines.
     pub hash_scheme: HashScheme,
     /// Ready endpoints, `ip:port` (static, or kept current by
@@ -79,18 +91,82 @@ pub struct PoolConfig {
 #[derive(Clone, Debug)]
 pub struct EndpointPicker {
     core: Arc<IndexCore>,
+    /// The pool of the stream at hand (a stream's clone is given its own).
     pool: Arc<PoolConfig>,
+    pools: Arc<Vec<Arc<PoolConfig>>>,
     observed: Arc<parking_lot::Mutex<Observations>>,
 }
 
 impl EndpointPicker {
     /// A picker over `core` choosing among `pool`'s endpoints.
     pub fn new(core: Arc<IndexCore>, pool: PoolConfig) -> Self {
+        Self::serving(core, vec![pool])
+    }
+
+    /// A picker over `core` serving each of `pools` (at least one).
+    ///
+    /// # Panics
+    /// When `pools` is empty (the flags never resolve to none).
+    pub fn serving(core: Arc<IndexCore>, pools: Vec<PoolConfig>) -> Self {
+        let pools: Vec<Arc<PoolConfig>> = pools.into_iter().map(Arc::new).collect();
         Self {
             core,
-            pool: Arc::new(pool),
+            pool: pools.first().cloned().expect("at least one pool"),
+            pools: Arc::new(pools),
             observed: Arc::default(),
         }
+    }
+
+    /// The pool a stream is for: the one `selector` (`[NAMESPACE/]NAME`)
+    /// names, or the only one.
+    fn pool_for(&self, selector: Option<&str>) -> Result<Arc<PoolConfig>, String> {
+        let Some(selector) = selector.map(str::trim).filter(|s| !s.is_empty()) else {
+            return match self.pools.as_slice() {
+                [only] => Ok(only.clone()),
+                _ => Err(format!(
+                    "this endpoint picker serves {} pools: name the request's pool in the \
+                     ext_proc call's {POOL_METADATA} metadata",
+                    self.pools.len()
+                )),
+            };
+        };
+        let (ns, name) = match selector.split_once('/') {
+            Some((ns, name)) => (Some(ns), name),
+            None => (None, selector),
+        };
+        let mut matching = self
+            .pools
+            .iter()
+            .filter(|p| p.name.as_deref() == Some(name) && ns.is_none_or(|ns| ns == p.tenant));
+        match (matching.next(), matching.next()) {
+            (Some(p), None) => Ok(p.clone()),
+            (Some(_), Some(_)) => Err(format!(
+                "{POOL_METADATA} {selector:?} names pools of several namespaces: use NAMESPACE/NAME"
+            )),
+            (None, _) => Err(format!(
+                "{POOL_METADATA} {selector:?}: this endpoint picker serves no such pool"
+            )),
+        }
+    }
+
+    /// The priority of a request naming `objective`: the InferenceObjective
+    /// the controller pushed for the pool's namespace (and pool), else
+    /// `--epp-objective`'s, else 0.
+    fn priority(&self, objective: Option<&str>) -> i32 {
+        let Some(name) = objective else { return 0 };
+        let pushed = self.core.policies().objective_priority(
+            &self.pool.tenant,
+            self.pool.name.as_deref(),
+            name,
+        );
+        pushed.unwrap_or_else(|| self.pool.objectives.priority(Some(name)))
+    }
+
+    /// The pool's shedding thresholds under its namespace's CachePolicy.
+    fn shedding(&self) -> Shedding {
+        self.pool
+            .shedding
+            .with(self.core.policies().shedding(&self.pool.tenant))
     }
 
     /// What the responses served by `replica_id` said: its prefill rate
@@ -102,7 +178,8 @@ impl EndpointPicker {
     /// The gRPC service, its message limit fitting the largest body read
     /// (a BUFFERED body comes in one message).
     pub fn into_server(self) -> ExternalProcessorServer<Self> {
-        let limit = self.pool.max_body_bytes + MESSAGE_OVERHEAD_BYTES;
+        let body = self.pools.iter().map(|p| p.max_body_bytes).max();
+        let limit = body.unwrap_or(self.pool.max_body_bytes) + MESSAGE_OVERHEAD_BYTES;
         ExternalProcessorServer::new(self).max_decoding_message_size(limit)
     }
 }
@@ -191,9 +268,34 @@ impl ExternalProcessor for EndpointPicker {
                     Some((k.to_owned(), v.to_owned()))
                 })
                 .collect();
-        let incoming = request.into_inner();
-        let picker = self.clone();
+        let selector = request
+            .metadata()
+            .get(POOL_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let pool = self.pool_for(selector.as_deref());
+        let mut incoming = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
+        let picker = match pool {
+            Ok(pool) => EndpointPicker {
+                pool,
+                ..self.clone()
+            },
+            Err(detail) => {
+                // Answer the first message, as for any refusal.
+                self.core.metrics().epp_refused("unknown_pool");
+                tracing::warn!(%detail, "request refused");
+                tokio::spawn(async move {
+                    if let Some(Ok(_)) = incoming.next().await {
+                        let refusal = wire::refusal(StatusCode::ServiceUnavailable, &detail);
+                        let _ = tx.send(Ok(refusal)).await;
+                    }
+                });
+                return Ok(Response::new(Box::pin(
+                    tokio_stream::wrappers::ReceiverStream::new(rx),
+                )));
+            }
+        };
         tokio::spawn(async move {
             let ex = Exchange {
                 trace_context: stream_context,
@@ -315,7 +417,7 @@ impl EndpointPicker {
             &span,
             ic_telemetry::otel::parent_from_map(&ex.trace_context),
         );
-        let priority = self.pool.objectives.priority(ex.objective.as_deref());
+        let priority = self.priority(ex.objective.as_deref());
         let me = self.clone();
         let (path, subset) = (ex.path.clone(), ex.subset.clone());
         let decided = tokio::task::spawn_blocking(move || {
@@ -740,7 +842,7 @@ impl EndpointPicker {
             received,
             purpose: Purpose::Endpoint {
                 pool: &pool,
-                shed_at_requests: self.pool.shedding.at(priority),
+                shed_at_requests: self.shedding().at(priority),
             },
         });
         match routed {

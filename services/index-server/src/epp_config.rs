@@ -1,4 +1,4 @@
-//! The endpoint picker's flags and what they resolve to: the pool, the
+//! The endpoint picker's flags and what they resolve to: the pools, the
 //! body limit, the request objectives and the shedding thresholds.
 
 use std::collections::HashMap;
@@ -36,10 +36,23 @@ pub struct EppFlags {
     #[arg(long = "epp-endpoint", env = "IC_EPP_ENDPOINTS", value_delimiter = ',')]
     pub epp_endpoints: Vec<String>,
 
-    /// The InferencePool (in --epp-tenant) whose ready pods are the
-    /// endpoints, watched through the Kubernetes API.
-    #[arg(long, env = "IC_EPP_POOL")]
-    pub epp_pool: Option<String>,
+    /// The InferencePools whose ready pods are the endpoints, watched
+    /// through the Kubernetes API: `[NAMESPACE/]NAME` (NAMESPACE defaults
+    /// to --epp-tenant), repeated or comma-separated. With several, the
+    /// gateway names a request's pool in the ext_proc call's
+    /// `x-inferencecache-pool` gRPC metadata.
+    #[arg(long = "epp-pool", env = "IC_EPP_POOL", value_delimiter = ',')]
+    pub epp_pools: Vec<String>,
+
+    /// A static endpoint of a named pool, `[NAMESPACE/]POOL=ip:port`
+    /// (repeated or comma-separated): several pools without the
+    /// Kubernetes API, for local runs.
+    #[arg(
+        long = "epp-pool-endpoint",
+        env = "IC_EPP_POOL_ENDPOINTS",
+        value_delimiter = ','
+    )]
+    pub epp_pool_endpoints: Vec<String>,
 
     /// Fingerprint scheme of the pool's engines.
     #[arg(long, env = "IC_EPP_HASH_SCHEME", value_enum, default_value = "vllm")]
@@ -138,6 +151,21 @@ impl Shedding {
         Ok(s)
     }
 
+    /// These thresholds with a namespace's CachePolicy over them (a count
+    /// of 0 there: never).
+    pub fn with(&self, overrides: crate::policy::ShedOverrides) -> Self {
+        let pick = |o: Option<u32>, flag: Option<f64>| match o {
+            Some(0) => None,
+            Some(n) => Some(f64::from(n)),
+            None => flag,
+        };
+        Self {
+            sheddable: pick(overrides[0], self.sheddable),
+            standard: pick(overrides[1], self.standard),
+            critical: pick(overrides[2], self.critical),
+        }
+    }
+
     /// The threshold for a request of `priority`.
     pub fn at(&self, priority: i32) -> Option<f64> {
         match priority {
@@ -181,41 +209,63 @@ impl Objectives {
     }
 }
 
+/// `[NAMESPACE/]NAME`: the namespace (`default_ns` when left out) and name.
+fn pool_ref(flag: &str, value: &str, default_ns: Option<&str>) -> anyhow::Result<(String, String)> {
+    let (ns, name) = match value.trim().split_once('/') {
+        Some((ns, name)) => (Some(ns.trim()), name.trim()),
+        None => (None, value.trim()),
+    };
+    if name.is_empty() || ns.is_some_and(str::is_empty) {
+        anyhow::bail!("{flag} {value:?}: expected [NAMESPACE/]NAME");
+    }
+    let ns = ns.or(default_ns).with_context(|| {
+        format!("{flag} {value:?}: name the namespace (NAMESPACE/NAME) or set --epp-tenant")
+    })?;
+    Ok((ns.to_owned(), name.to_owned()))
+}
+
+/// A static endpoint, `ip:port`.
+fn endpoint(flag: &str, e: &str) -> anyhow::Result<String> {
+    let e = e.trim();
+    e.parse::<SocketAddr>()
+        .with_context(|| format!("{flag} {e:?}: expected ip:port"))?;
+    Ok(e.to_owned())
+}
+
 impl EppFlags {
-    /// The picker's pool from the flags; `None` when it is off.
-    pub fn pool_config(&self) -> anyhow::Result<Option<PoolConfig>> {
+    /// The picker's pools from the flags (in the order given); `None` when
+    /// it is off.
+    pub fn pools(&self) -> anyhow::Result<Option<Vec<PoolConfig>>> {
+        let sources = [
+            !self.epp_pools.is_empty(),
+            !self.epp_endpoints.is_empty(),
+            !self.epp_pool_endpoints.is_empty(),
+        ];
         if self.epp_addr.is_none() {
-            if self.epp_tenant.is_some()
-                || !self.epp_endpoints.is_empty()
-                || self.epp_pool.is_some()
-            {
-                anyhow::bail!("--epp-tenant, --epp-endpoint and --epp-pool need --epp-addr");
+            if self.epp_tenant.is_some() || sources.iter().any(|s| *s) {
+                anyhow::bail!(
+                    "--epp-tenant, --epp-endpoint, --epp-pool and --epp-pool-endpoint need \
+                     --epp-addr"
+                );
             }
             return Ok(None);
         }
         let tenant = self
             .epp_tenant
-            .clone()
-            .filter(|t| !t.trim().is_empty())
-            .context("--epp-addr needs --epp-tenant (the namespace of the pool's engines)")?;
-        match (&self.epp_pool, self.epp_endpoints.is_empty()) {
-            (Some(_), false) => anyhow::bail!(
-                "--epp-pool and --epp-endpoint are exclusive: watch a pool, or list endpoints"
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        match sources.iter().filter(|s| **s).count() {
+            0 => anyhow::bail!(
+                "--epp-addr needs the pool's endpoints: --epp-tenant NAMESPACE with \
+                 --epp-endpoint ip:port for each ready engine, --epp-pool [NAMESPACE/]NAME \
+                 (an InferencePool to watch), or --epp-pool-endpoint [NAMESPACE/]POOL=ip:port"
             ),
-            (None, true) => anyhow::bail!(
-                "--epp-addr needs --epp-pool NAME (an InferencePool in --epp-tenant) or \
-                 --epp-endpoint ip:port for each ready engine"
+            1 => {}
+            _ => anyhow::bail!(
+                "--epp-pool, --epp-endpoint and --epp-pool-endpoint are exclusive: watch pools, \
+                 list one pool's endpoints, or list named pools' endpoints"
             ),
-            _ => {}
-        }
-        let mut endpoints = Vec::new();
-        for e in &self.epp_endpoints {
-            let e = e.trim();
-            e.parse::<SocketAddr>()
-                .with_context(|| format!("--epp-endpoint {e:?}: expected ip:port"))?;
-            if !endpoints.iter().any(|x: &String| x == e) {
-                endpoints.push(e.to_owned());
-            }
         }
         if self.epp_max_body_bytes < ENVOY_DEFAULT_BUFFER_BYTES {
             anyhow::bail!(
@@ -235,15 +285,60 @@ impl EppFlags {
                  --epp-shed-critical-at-requests: {e}"
             )
         })?;
-        Ok(Some(PoolConfig {
-            tenant,
-            hash_scheme: self.epp_hash_scheme.hash_scheme(),
-            endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
-            shedding,
-            objectives: Objectives::parse(&self.epp_objectives)?,
-            max_body_bytes: self.epp_max_body_bytes,
-            fallbacks: self.epp_fallback_endpoints,
-        }))
+        let objectives = Objectives::parse(&self.epp_objectives)?;
+        let pool =
+            |tenant: String, name: Option<String>, endpoints: Vec<String>, watched| PoolConfig {
+                tenant,
+                name,
+                watched,
+                hash_scheme: self.epp_hash_scheme.hash_scheme(),
+                endpoints: Arc::new(parking_lot::RwLock::new(endpoints)),
+                shedding,
+                objectives: objectives.clone(),
+                max_body_bytes: self.epp_max_body_bytes,
+                fallbacks: self.epp_fallback_endpoints,
+            };
+        // (namespace, name) -> endpoints, in the order first named.
+        let mut named: Vec<((String, String), Vec<String>)> = Vec::new();
+        if !self.epp_endpoints.is_empty() {
+            let tenant = tenant.context(
+                "--epp-endpoint needs --epp-tenant (the namespace of the pool's engines)",
+            )?;
+            let mut endpoints = Vec::new();
+            for e in &self.epp_endpoints {
+                let e = endpoint("--epp-endpoint", e)?;
+                if !endpoints.contains(&e) {
+                    endpoints.push(e);
+                }
+            }
+            return Ok(Some(vec![pool(tenant.to_owned(), None, endpoints, false)]));
+        }
+        for p in &self.epp_pools {
+            let key = pool_ref("--epp-pool", p, tenant)?;
+            if named.iter().any(|(k, _)| *k == key) {
+                anyhow::bail!("--epp-pool {}/{} appears more than once", key.0, key.1);
+            }
+            named.push((key, Vec::new()));
+        }
+        for f in &self.epp_pool_endpoints {
+            let (p, e) = f.split_once('=').with_context(|| {
+                format!("--epp-pool-endpoint {f:?}: expected [NAMESPACE/]POOL=ip:port")
+            })?;
+            let key = pool_ref("--epp-pool-endpoint", p, tenant)?;
+            let e = endpoint("--epp-pool-endpoint", e)?;
+            match named.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, list)) if !list.contains(&e) => list.push(e),
+                Some(_) => {}
+                None => named.push((key, vec![e])),
+            }
+        }
+        let watched = !self.epp_pools.is_empty();
+        Ok(Some(
+            named
+                .into_iter()
+                .map(|((ns, name), endpoints)| pool(ns, Some(name), endpoints, watched))
+                .collect(),
+        ))
     }
 }
 
@@ -262,6 +357,104 @@ mod tests {
         assert!(out_of_order.contains("before sheddable"), "{out_of_order}");
         let critical_only = Shedding::from_counts(0, 0, 3).unwrap_err();
         assert!(critical_only.contains("never do"), "{critical_only}");
+    }
+
+    fn flags(args: &[&str]) -> EppFlags {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            epp: EppFlags,
+        }
+        let mut all = vec!["x", "--epp-addr", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        <Cli as clap::Parser>::try_parse_from(all).unwrap().epp
+    }
+
+    #[test]
+    fn pools_from_the_flags() {
+        let one = flags(&[
+            "--epp-tenant",
+            "a",
+            "--epp-endpoint",
+            "10.0.0.1:1,10.0.0.2:1",
+        ])
+        .pools()
+        .unwrap()
+        .unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(
+            (one[0].tenant.as_str(), one[0].name.as_deref()),
+            ("a", None)
+        );
+        assert_eq!(one[0].endpoints.read().len(), 2);
+        let watched = flags(&["--epp-tenant", "a", "--epp-pool", "chat,b/batch"])
+            .pools()
+            .unwrap()
+            .unwrap();
+        let names: Vec<(&str, Option<&str>, bool)> = watched
+            .iter()
+            .map(|p| (p.tenant.as_str(), p.name.as_deref(), p.watched))
+            .collect();
+        assert_eq!(
+            names,
+            [("a", Some("chat"), true), ("b", Some("batch"), true)]
+        );
+        let fixed = flags(&[
+            "--epp-tenant",
+            "a",
+            "--epp-pool-endpoint",
+            "chat=10.0.0.1:1,chat=10.0.0.2:1,b/batch=10.0.0.3:1",
+        ])
+        .pools()
+        .unwrap()
+        .unwrap();
+        assert_eq!(fixed.len(), 2);
+        assert_eq!(*fixed[0].endpoints.read(), ["10.0.0.1:1", "10.0.0.2:1"]);
+        assert_eq!((fixed[1].tenant.as_str(), fixed[1].watched), ("b", false));
+        for (args, expect) in [
+            (&["--epp-pool", "chat"][..], "set --epp-tenant"),
+            (
+                &["--epp-tenant", "a", "--epp-pool", "a/"][..],
+                "expected [NAMESPACE/]NAME",
+            ),
+            (
+                &["--epp-tenant", "a", "--epp-pool", "x,x"][..],
+                "more than once",
+            ),
+            (
+                &[
+                    "--epp-tenant",
+                    "a",
+                    "--epp-pool",
+                    "x",
+                    "--epp-endpoint",
+                    "10.0.0.1:1",
+                ][..],
+                "exclusive",
+            ),
+            (
+                &["--epp-tenant", "a", "--epp-pool-endpoint", "x"][..],
+                "POOL=ip:port",
+            ),
+            (
+                &["--epp-tenant", "a", "--epp-pool-endpoint", "x=nope"][..],
+                "expected ip:port",
+            ),
+        ] {
+            let e = format!("{:#}", flags(args).pools().unwrap_err());
+            assert!(e.contains(expect), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_namespace_s_shedding_overrides_the_flags() {
+        let flags = Shedding::from_counts(4, 8, 0).unwrap();
+        assert_eq!(flags.with([None; 3]), flags);
+        let s = flags.with([Some(1), Some(0), None]);
+        assert_eq!(
+            (s.sheddable, s.standard, s.critical),
+            (Some(1.0), None, None)
+        );
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SERVED_KEY: &str = "x-gateway-destination-endpoint-served";
 /// The request header naming the request's InferenceObjective.
 pub const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// The ext_proc call's gRPC metadata naming the request's pool,
+/// `[NAMESPACE/]NAME`, when one picker serves several (Envoy's
+/// `grpc_initial_metadata`, per route in `ExtProcPerRoute`).
+pub const POOL_METADATA: &str = "x-inferencecache-pool";
 
 /// The gateway's subset hint: `None` when it sent none; the endpoints
 /// otherwise (empty when the entry is there but names none). The entry is a

@@ -453,7 +453,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let readiness = readiness::Readiness::new(Duration::from_secs(config.ready_warmup_seconds));
     readiness.wait_for_policies(Duration::from_secs(config.ready_policies_seconds));
     let tokenizers = Tokenizers::load(&config.tokenizers)?;
-    let epp_pool = config.epp.pool_config()?;
+    let epp_pools = config.epp.pools()?;
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;
     let kafka_settings = config.kafka.settings()?;
@@ -558,22 +558,24 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             <IndexServiceServer<IndexServer> as tonic::server::NamedService>::NAME,
         ],
     )];
-    let epp = match (config.epp.epp_addr, epp_pool) {
-        (Some(addr), Some(pool)) => {
-            if let Some(name) = &config.epp.epp_pool {
+    let epp = match (config.epp.epp_addr, epp_pools) {
+        (Some(addr), Some(pools)) => {
+            if pools.iter().any(|p| p.watched) {
                 let client = kube::Client::try_default().await.context(
                     "--epp-pool needs Kubernetes API credentials (in-cluster service account \
                      or KUBECONFIG) to watch the InferencePool and its pods",
                 )?;
-                tokio::spawn(pool::watch_pool(
-                    client,
-                    pool.tenant.clone(),
-                    name.clone(),
-                    pool.endpoints.clone(),
-                    shutdown.clone(),
-                ));
+                for p in pools.iter().filter(|p| p.watched) {
+                    tokio::spawn(pool::watch_pool(
+                        client.clone(),
+                        p.tenant.clone(),
+                        p.name.clone().unwrap_or_default(),
+                        p.endpoints.clone(),
+                        shutdown.clone(),
+                    ));
+                }
             }
-            let picker = epp::EndpointPicker::new(core.clone(), pool);
+            let picker = epp::EndpointPicker::serving(core.clone(), pools);
             let (task, reporter) =
                 serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?;
             reporters.push((reporter, EPP_READY_SERVICES.to_vec()));
