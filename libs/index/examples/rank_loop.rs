@@ -1,7 +1,8 @@
 //! A fixed amount of routing work for instruction counting with callgrind:
-//! `valgrind --tool=callgrind target/release/examples/rank_loop 2000 256 [ttft]`
+//! `valgrind --tool=callgrind target/release/examples/rank_loop 2000 256 [ttft|weights] [HOLDERS]`
 //! ranks a 32-block prompt `n` times in a scope of `replicas` engines, each
-//! holding a different share of it, with every replica on the load board.
+//! holding a different share of it (or, with `HOLDERS`, only that many of
+//! them; the rest hold other blocks), with every replica on the load board.
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings};
 use ic_index::pick::{ScoreWeights, TtftModel};
@@ -18,6 +19,7 @@ fn main() {
     let n: i64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let replicas: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let ttft = args.next().is_some_and(|a| a == "ttft");
+    let holders: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(replicas);
     let scope = Scope {
         tenant: "t".into(),
         model: "m".into(),
@@ -35,9 +37,14 @@ fn main() {
             dp_rank: 0,
         };
         let held = usize::try_from(r % 33).unwrap_or(0).max(1);
+        let fingerprints = if r < holders {
+            prompt[..held].to_vec()
+        } else {
+            Fingerprint::from_raw(vec![1_000 + r])
+        };
         let change = Change::Stored {
             start_depth: 0,
-            fingerprints: prompt[..held].to_vec(),
+            fingerprints,
             block_size: 16,
             tier: Tier::T1,
         };

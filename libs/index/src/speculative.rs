@@ -9,6 +9,8 @@
 //! remembered blocks is bounded, the oldest going first.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::index::FastMap;
 
@@ -37,12 +39,72 @@ impl Default for SpeculationSettings {
 /// A block's speculative holders: replica id and expiry.
 type Holders = SmallVec<[(Box<str>, i64); 2]>;
 
+/// Which (scope, block) keys the table holds, read without the table's
+/// lock: a count of keys per hash slot, so a lookup whose blocks all fall in
+/// empty slots knows the table has nothing for it (the usual case: most
+/// prompts are held for real) and skips the lock and the walk.
+#[derive(Debug)]
+pub struct Presence {
+    slots: Box<[AtomicU32]>,
+}
+
+/// Slots of [`Presence`] (256 KiB): nearly empty at the tables of a few
+/// thousand live blocks that TTLs of seconds keep.
+const PRESENCE_SLOTS: usize = 1 << 16;
+
+impl Default for Presence {
+    fn default() -> Self {
+        Self {
+            slots: (0..PRESENCE_SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+}
+
+impl Presence {
+    fn slot(&self, scope: u64, fp: Fingerprint) -> &AtomicU32 {
+        let h = (scope ^ fp.0.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.slots[(h >> 48) as usize % PRESENCE_SLOTS]
+    }
+
+    fn added(&self, scope: u64, fp: Fingerprint) {
+        self.slot(scope, fp).fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn removed(&self, scope: u64, fp: Fingerprint) {
+        let _ = self
+            .slot(scope, fp)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+
+    /// Whether the table may hold `fp` in `scope` (false: it does not).
+    pub fn may_hold(&self, scope: u64, fp: Fingerprint) -> bool {
+        self.slot(scope, fp).load(Ordering::Relaxed) != 0
+    }
+
+    /// Whether [`Speculation::holdings`] of `blocks` continuing `holders`
+    /// may find anything: it starts every run at the first block or where
+    /// a holder's real holding ends (false: it finds nothing).
+    pub fn may_hold_any(
+        &self,
+        scope: u64,
+        blocks: &[Fingerprint],
+        holders: &[(&str, u32)],
+    ) -> bool {
+        let at = |i: usize| blocks.get(i).is_some_and(|&fp| self.may_hold(scope, fp));
+        at(0) || holders.iter().any(|&(_, real)| at(real as usize))
+    }
+}
+
 /// The speculation table. `scope` is a caller-chosen tag of the index scope
 /// (the same prompt in two scopes is two different things).
 #[derive(Debug, Default)]
 pub struct Speculation {
     settings: SpeculationSettings,
     blocks: FastMap<(u64, Fingerprint), Holders>,
+    /// The keys of `blocks`, for readers without the lock.
+    presence: Arc<Presence>,
     /// Insertion order, for expiry and the size bound.
     order: VecDeque<(u64, Fingerprint, i64)>,
     entries: usize,
@@ -56,6 +118,11 @@ impl Speculation {
             settings,
             ..Self::default()
         }
+    }
+
+    /// The table's keys, readable without its lock ([`Presence`]).
+    pub fn presence(&self) -> Arc<Presence> {
+        Arc::clone(&self.presence)
     }
 
     /// Whether speculation is on.
@@ -81,6 +148,9 @@ impl Speculation {
             if holders.iter().any(|(id, _)| &**id == replica_id) {
                 continue;
             }
+            if holders.is_empty() {
+                self.presence.added(scope, fp);
+            }
             holders.push((replica_id.into(), expires));
             self.entries += 1;
             self.order.push_back((scope, fp, expires));
@@ -90,6 +160,7 @@ impl Speculation {
                 break;
             };
             if let Some(holders) = self.blocks.remove(&(scope, fp)) {
+                self.presence.removed(scope, fp);
                 self.entries -= holders.len();
                 self.dropped_for_space += holders.len() as u64;
             }
@@ -109,6 +180,7 @@ impl Speculation {
                 self.entries -= before - holders.len();
                 if holders.is_empty() {
                     self.blocks.remove(&(scope, fp));
+                    self.presence.removed(scope, fp);
                 }
             }
         }
@@ -124,6 +196,7 @@ impl Speculation {
                 self.entries -= before - holders.len();
                 if holders.is_empty() {
                     self.blocks.remove(&(scope, fp));
+                    self.presence.removed(scope, fp);
                 }
             }
         }
@@ -132,10 +205,14 @@ impl Speculation {
     /// Keeps only replicas `keep` accepts (those still in the index).
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         let mut removed = 0;
-        self.blocks.retain(|_, holders| {
+        let presence = &self.presence;
+        self.blocks.retain(|&(scope, fp), holders| {
             let before = holders.len();
             holders.retain(|(id, _)| keep(id));
             removed += before - holders.len();
+            if holders.is_empty() {
+                presence.removed(scope, fp);
+            }
             !holders.is_empty()
         });
         self.entries -= removed;
@@ -339,5 +416,33 @@ mod tests {
         let mut s = table(0, 100);
         s.record(1, "a", &fps(&[1]), 0);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn presence_follows_the_table_and_never_misses_a_holding() {
+        let mut s = table(1_000, 3);
+        let p = s.presence();
+        assert!(!p.may_hold_any(1, &fps(&[10, 11]), &[]));
+        s.record(1, "a", &fps(&[10, 11]), 0);
+        s.record(1, "b", &fps(&[10]), 0);
+        assert!(p.may_hold_any(1, &fps(&[10, 11]), &[]));
+        // A holder really holding 10 continues at 11.
+        assert!(p.may_hold_any(1, &fps(&[9, 11]), &[("a", 1)]));
+        assert!(!p.may_hold(2, fps(&[10])[0]), "another scope");
+        s.confirm(1, "a", &fps(&[11]));
+        assert!(!p.may_hold(1, fps(&[11])[0]));
+        s.record(1, "c", &fps(&[12, 13]), 0);
+        assert_eq!(s.dropped_for_space(), 2, "10 went for space");
+        assert!(!p.may_hold(1, fps(&[10])[0]));
+        s.retain(|id| id != "c");
+        s.record(1, "d", &fps(&[14]), 0);
+        s.expire(1_000);
+        assert!(s.is_empty());
+        assert!(
+            [10, 11, 12, 13, 14]
+                .iter()
+                .all(|&b| !p.may_hold(1, fps(&[b])[0])),
+            "every key gone from the table is gone from the presence"
+        );
     }
 }

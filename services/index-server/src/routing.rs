@@ -3,6 +3,7 @@
 //! decides through [`Routing::decide`] and reports what it did with the
 //! answer through the methods here.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -10,7 +11,7 @@ use parking_lot::{Mutex, MutexGuard};
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings, ReplicaLoad};
 use ic_index::pick::{ScoreWeights, TtftModel};
 use ic_index::route::{Ranked, RoutePolicy, RouteQuery, Scoring, ScoringSource, route_ranked};
-use ic_index::speculative::{Speculation, SpeculationSettings};
+use ic_index::speculative::{Presence, Speculation, SpeculationSettings};
 use ic_index::{Deadline, Fingerprint, Index};
 
 /// Scoring flags (server-wide; docs/routing.md has the formula).
@@ -121,9 +122,11 @@ pub struct Routing {
     weights: ScoreWeights,
     load: LoadBoard,
     speculation: Mutex<Speculation>,
-    /// The speculation table's entries, readable without its lock: a
-    /// lookup with no speculation anywhere (the steady state) skips it.
+    /// The speculation table's entries, readable without its lock.
     speculative_entries: AtomicUsize,
+    /// The speculation table's keys, readable without its lock: a lookup
+    /// whose prompt the table cannot hold skips the lock and the walk.
+    speculative_keys: Arc<Presence>,
 }
 
 impl Default for Routing {
@@ -144,7 +147,10 @@ impl ScoringSource for Routing {
         holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)> {
-        if self.speculative_entries.load(Ordering::Relaxed) == 0 {
+        if !self
+            .speculative_keys
+            .may_hold_any(scope_tag, blocks, holders)
+        {
             return Vec::new();
         }
         self.speculation
@@ -168,10 +174,12 @@ impl Routing {
         load: LoadSettings,
         speculation: SpeculationSettings,
     ) -> Self {
+        let speculation = Speculation::new(speculation);
         Self {
             weights,
             load: LoadBoard::new(load),
-            speculation: Mutex::new(Speculation::new(speculation)),
+            speculative_keys: speculation.presence(),
+            speculation: Mutex::new(speculation),
             speculative_entries: AtomicUsize::new(0),
         }
     }
