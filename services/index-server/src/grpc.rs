@@ -254,13 +254,14 @@ impl IndexService for IndexServer {
         &self,
         request: Request<pb::LookupRouteRequest>,
     ) -> Result<Response<pb::LookupRouteResponse>, Status> {
-        let scope = request.get_ref().scope.clone().unwrap_or_default();
+        // Borrowed: the span's fields are formatted only when it is enabled.
+        let scope = request.get_ref().scope.as_ref();
         let span = tracing::debug_span!(
             "LookupRoute",
             otel.kind = "server",
             rpc.system = "grpc",
-            tenant = %scope.tenant,
-            model = %scope.model,
+            tenant = scope.map_or("", |s| s.tenant.as_str()),
+            model = scope.map_or("", |s| s.model.as_str()),
             outcome = tracing::field::Empty,
             best = tracing::field::Empty,
             matched_blocks = tracing::field::Empty,
