@@ -136,11 +136,11 @@ fn restore(path: &str) {
     let (rss0, live0) = (rss(), live());
     let started = Instant::now();
     let raw = std::fs::read(path).expect("read");
-    let (sections, skipped) = checkpoint::decode(&raw).expect("decode");
+    let (mut sections, skipped) = checkpoint::decode(&raw).expect("decode");
     assert!(skipped.is_empty());
     drop(raw);
     let decoded = started.elapsed();
-    let dir = checkpoint::restore_directory(sections.key_directory.as_ref().expect("dir"));
+    let dir = checkpoint::restore_directory(sections.key_directory.take().expect("dir"));
     let usage = checkpoint::restore_usage(&dir);
     let lru = checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &dir);
     let peak = rss();

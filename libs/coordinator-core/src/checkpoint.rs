@@ -76,8 +76,10 @@ pub struct Sections {
     /// Key directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_directory: Option<DirectorySection>,
-    /// Usage view.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Usage view. Written in the reference's layout, never read back: the
+    /// rollups are rebuilt from the directory, which holds the same bytes,
+    /// so decoding skips it rather than allocate a row per placement.
+    #[serde(default, skip_serializing_if = "Option::is_none", skip_deserializing)]
     pub cache_usage: Option<UsageSection>,
     /// Capacity declarations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -202,7 +204,6 @@ pub fn decode(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointE
         match name.as_str() {
             "stream_cursors" => take(section, &mut sections.stream_cursors, &name, &mut skipped),
             "key_directory" => take(section, &mut sections.key_directory, &name, &mut skipped),
-            "cache_usage" => take(section, &mut sections.cache_usage, &name, &mut skipped),
             "server_config" => take(section, &mut sections.server_config, &name, &mut skipped),
             "lru_order" => take(section, &mut sections.lru_order, &name, &mut skipped),
             "kafka_stream_position" => take(
@@ -308,38 +309,50 @@ pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
     }
 }
 
-/// Restores the directory.
-pub fn restore_directory(section: &DirectorySection) -> KeyDirectory {
+/// Restores the directory, moving the decoded strings into the keys.
+pub fn restore_directory(section: DirectorySection) -> KeyDirectory {
     let mut dir = KeyDirectory::new();
     dir.reserve(section.keys.len());
-    for (kt, last_access, access_count, placements) in &section.keys {
-        let key = SharedKey::new(from_tuple(kt));
+    for (
+        (hash, model_name, kv_rank, object_group_id, cache_salt),
+        last_access,
+        access_count,
+        placements,
+    ) in section.keys
+    {
+        let key = SharedKey::new(ObjectKey {
+            chunk_hash: hash.into_vec(),
+            model_name,
+            kv_rank,
+            object_group_id,
+            cache_salt,
+        });
         for (instance_id, incarnation, tier, backend, size_bytes, shared) in placements {
-            let (instance_id, backend) = (dir.intern(instance_id), dir.intern(backend));
+            let (instance_id, backend) = (dir.intern(&instance_id), dir.intern(&backend));
             dir.store(
                 &key,
                 Placement {
                     instance_id,
-                    incarnation: *incarnation,
-                    tier: *tier,
+                    incarnation,
+                    tier,
                     backend,
-                    size_bytes: *size_bytes,
-                    shared: *shared,
+                    size_bytes,
+                    shared,
                 },
             );
         }
-        dir.set_access(&key, *access_count, *last_access);
+        dir.set_access(&key, access_count, last_access);
     }
-    for (hash, offset, bytes) in &section.bindings {
+    for (hash, offset, bytes) in section.bindings {
         let tokens = bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
         // Captured bindings belong to live keys only, so none is orphaned here.
         dir.bind(
-            hash.to_vec(),
+            hash.into_vec(),
             Binding {
-                token_offset: *offset,
+                token_offset: offset,
                 tokens,
             },
         );
@@ -507,8 +520,15 @@ mod tests {
         assert_eq!(&raw[..12], b"LMCKPT\0\0\x01\0\0\0");
         let (back, skipped) = decode(&raw).unwrap();
         assert!(skipped.is_empty(), "{skipped:?}");
-        assert_eq!(back, sections);
-        let dir2 = restore_directory(back.key_directory.as_ref().unwrap());
+        assert_eq!(back.cache_usage, None, "written, never read back");
+        assert_eq!(
+            back,
+            Sections {
+                cache_usage: None,
+                ..sections.clone()
+            }
+        );
+        let dir2 = restore_directory(back.key_directory.clone().unwrap());
         assert_eq!(dir2.stats(), dir.stats());
         assert_eq!(dir2.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
         assert_eq!(capture_directory(&dir2), capture_directory(&dir));

@@ -116,7 +116,7 @@ impl Persistence {
         let Some(raw) = read_optional(path, "checkpoint") else {
             return;
         };
-        let sections = match checkpoint::decode(&raw) {
+        let mut sections = match checkpoint::decode(&raw) {
             Ok((sections, skipped)) => {
                 for s in skipped {
                     tracing::warn!(path = %path.display(), section = %s.name, reason = %s.reason, "checkpoint section corrupt; that part starts cold");
@@ -132,7 +132,7 @@ impl Persistence {
             if let Some(s) = &sections.stream_cursors {
                 views.gate = checkpoint::restore_gate(s);
             }
-            if let Some(s) = &sections.key_directory {
+            if let Some(s) = sections.key_directory.take() {
                 let max = views.directory.max_keys();
                 views.directory = checkpoint::restore_directory(s);
                 views.directory.set_max_keys(max);
