@@ -647,10 +647,10 @@ async fn discover(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: Cance
             keep
         });
         for (k, (url, addr)) in wanted {
-            if !running.contains_key(&k) {
+            if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(k) {
                 let stop = shutdown.child_token();
                 spawn(&url, Some(addr), stop.clone());
-                running.insert(k, stop);
+                slot.insert(stop);
             }
         }
     }
