@@ -18,6 +18,14 @@ const BOTTOM: f64 = 36.0;
 const HIT_COLOUR: &str = "#0072B2";
 const P50_COLOUR: &str = "#D55E00";
 const P99_COLOUR: &str = "#E69F00";
+/// The oracle's hit bar: a ceiling to read against, not a contender.
+const CEILING_COLOUR: &str = "#9a9a9a";
+
+/// Whether `p` is the single-cache oracle (a ceiling no routing reaches:
+/// never starred, so the star marks the best real routing).
+fn is_ceiling(p: &PolicyResult) -> bool {
+    p.policy.starts_with("oracle")
+}
 
 /// Escapes text for XML content and attributes.
 fn xml(text: &str) -> String {
@@ -70,11 +78,13 @@ pub fn svg_chart(policies: &[PolicyResult]) -> String {
     let tx = |ms: f64| ttft_x + ((ms.max(1.0).log10() - lo) / (hi - lo)).clamp(0.0, 1.0) * ttft_w;
     let best_hit = policies
         .iter()
+        .filter(|p| !is_ceiling(p))
         .map(PolicyResult::hit_ratio)
         .fold(0.0, f64::max);
     let best = |v: f64, of: fn(&PolicyResult) -> f64| {
         let m = policies
             .iter()
+            .filter(|p| !is_ceiling(p))
             .map(of)
             .filter(|v| *v > 0.0)
             .fold(f64::MAX, f64::min);
@@ -97,11 +107,12 @@ pub fn svg_chart(policies: &[PolicyResult]) -> String {
     // The TTFT legend, inside the picture, under its title.
     let _ = writeln!(
         out,
-        r##"<rect x="{ttft_x}" y="32" width="14" height="10" fill="{P50_COLOUR}"/><text x="{:.1}" y="41">p50</text><rect x="{:.1}" y="32" width="14" height="10" fill="{P99_COLOUR}"/><text x="{:.1}" y="41">p99</text><text x="{:.1}" y="41" fill="#555">★ best of the column</text>"##,
+        r##"<rect x="{ttft_x}" y="32" width="14" height="10" fill="{P50_COLOUR}"/><text x="{:.1}" y="41">p50</text><rect x="{:.1}" y="32" width="14" height="10" fill="{P99_COLOUR}"/><text x="{:.1}" y="41">p99</text><text x="{:.1}" y="41" fill="#555">★ best routing</text><rect x="{hit_x}" y="32" width="14" height="10" fill="{CEILING_COLOUR}"/><text x="{:.1}" y="41" fill="#555">oracle: the ceiling, never starred</text>"##,
         ttft_x + 18.0,
         ttft_x + 56.0,
         ttft_x + 74.0,
-        ttft_x + 112.0
+        ttft_x + 112.0,
+        hit_x + 18.0
     );
     let rows_bottom = TOP + ROW_H * policies.len() as f64;
     // Grid: every 20 % and every decade.
@@ -144,13 +155,15 @@ pub fn svg_chart(policies: &[PolicyResult]) -> String {
             xml(&p.policy)
         );
         let ratio = p.hit_ratio();
-        let star = |yes: bool| if yes { " ★" } else { "" };
+        let ceiling = is_ceiling(p);
+        let star = |yes: bool| if yes && !ceiling { " ★" } else { "" };
         let _ = writeln!(
             out,
-            r#"<rect x="{hit_x}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{HIT_COLOUR}"/><text x="{:.1}" y="{:.1}" font-size="12">{:.1}%{}</text>"#,
+            r#"<rect x="{hit_x}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{}"/><text x="{:.1}" y="{:.1}" font-size="12">{:.1}%{}</text>"#,
             top + 6.0,
             ratio.clamp(0.0, 1.0) * HIT_W,
             ROW_H - 12.0,
+            if ceiling { CEILING_COLOUR } else { HIT_COLOUR },
             hit_x + ratio.clamp(0.0, 1.0) * HIT_W + 4.0,
             top + ROW_H / 2.0 + 4.0,
             ratio * 100.0,
@@ -309,6 +322,25 @@ mod tests {
             svg.contains(&format!(r#"width="{:.1}""#, 0.5 * HIT_W)),
             "{svg}"
         );
+    }
+
+    #[test]
+    fn the_oracle_is_drawn_as_the_ceiling_and_never_starred() {
+        let mut a = policy("lookup-route", &[]);
+        a.hit_blocks = 50;
+        a.prompt_blocks = 100;
+        a.ttft_p50_ms = 40.0;
+        a.ttft_p99_ms = 900.0;
+        let mut o = policy("oracle (one unbounded cache)", &[]);
+        o.hit_blocks = 90;
+        o.prompt_blocks = 100;
+        o.ttft_p50_ms = 20.0;
+        o.ttft_p99_ms = 30.0;
+        let svg = svg_chart(&[a, o]);
+        assert!(svg.contains("50.0% ★"), "the best real routing: {svg}");
+        assert!(svg.contains("90.0%<"), "{svg}");
+        assert!(svg.contains("40 ms ★") && svg.contains("900 ms ★"), "{svg}");
+        assert!(svg.contains(CEILING_COLOUR), "{svg}");
     }
 
     #[test]
