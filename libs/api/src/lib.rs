@@ -15,6 +15,7 @@ pub mod cachetenant;
 pub mod consts;
 pub mod decode;
 pub mod defaults;
+pub mod inferenceobjective;
 pub mod validate;
 
 pub use cachebackend::{CacheBackend, CacheBackendSpec, CacheBackendStatus};

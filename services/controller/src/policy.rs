@@ -14,6 +14,11 @@
 //! that just appeared, or whose last push failed). Policies are read from
 //! the watch-fed store. `Pushed` is True only when every index server holds
 //! the set.
+//!
+//! The push also carries every InferenceObjective's priority (the Gateway
+//! API Inference Extension's kind), which the index servers' endpoint
+//! pickers shed by; an objective change wakes the pusher as a policy
+//! change does.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -23,6 +28,7 @@ use tracing::Instrument as _;
 
 use ic_api::cachepolicy::{CachePolicy, CachePolicySpec, CachePolicyStatus};
 use ic_api::consts::{conditions as types, reasons};
+use ic_api::inferenceobjective::InferenceObjective;
 use ic_controller_core::clock::{self, Clock, ClockExt};
 use ic_controller_core::conditions::Builder;
 use ic_proto::IndexServiceClient;
@@ -109,6 +115,29 @@ pub fn wire(namespace: &str, spec: &CachePolicySpec) -> pb::NamespacePolicy {
         shed_standard_at_requests: shed.map(|s| s[1]),
         shed_critical_at_requests: shed.map(|s| s[2]),
     }
+}
+
+/// Every InferenceObjective's priority, by namespace, pool and name (an
+/// objective referring to anything but an InferencePool is left out).
+pub fn objective_priorities(objectives: &[InferenceObjective]) -> Vec<pb::ObjectivePriority> {
+    objectives
+        .iter()
+        .filter(|o| {
+            let r = &o.spec.pool_ref;
+            r.kind
+                .as_deref()
+                .is_none_or(|k| k.is_empty() || k == "InferencePool")
+                && !r.name.is_empty()
+        })
+        .filter_map(|o| {
+            Some(pb::ObjectivePriority {
+                namespace: o.metadata.namespace.clone()?,
+                pool: o.spec.pool_ref.name.clone(),
+                name: o.metadata.name.clone()?,
+                priority: o.spec.priority(),
+            })
+        })
+        .collect()
 }
 
 /// One policy per namespace: the oldest by creationTimestamp, then by name.
@@ -345,9 +374,10 @@ impl PolicyPusher {
 
         let policies = owned(&Stores::all(&self.stores.policies));
         let resolved = resolve(&policies);
+        let objectives = owned(&Stores::all(&self.stores.objectives));
         let request = pb::SetPoliciesRequest {
             policies: resolved.values().map(|r| r.policy.clone()).collect(),
-            ..Default::default()
+            objectives: objective_priorities(&objectives),
         };
         let due: Vec<Destination> = held
             .iter()
@@ -612,6 +642,47 @@ mod tests {
         assert!(w.allow_tier2_matches);
         assert_eq!(w.score_prefix_weight, None);
         assert_eq!(w.shed_standard_at_requests, None);
+    }
+
+    #[test]
+    fn objectives_carry_namespace_pool_name_and_priority() {
+        let o = |ns: &str, name: &str, kind: Option<&str>, priority| {
+            let mut o = InferenceObjective::new(
+                name,
+                ic_api::inferenceobjective::InferenceObjectiveSpec {
+                    priority,
+                    pool_ref: ic_api::inferenceobjective::PoolReference {
+                        kind: kind.map(Into::into),
+                        name: "chat".into(),
+                        ..Default::default()
+                    },
+                },
+            );
+            o.metadata.namespace = Some(ns.into());
+            o
+        };
+        let out = objective_priorities(&[
+            o("a", "batch", None, Some(-1)),
+            o("a", "plain", Some("InferencePool"), None),
+            o("a", "other", Some("Service"), Some(3)),
+        ]);
+        assert_eq!(
+            out,
+            vec![
+                pb::ObjectivePriority {
+                    namespace: "a".into(),
+                    pool: "chat".into(),
+                    name: "batch".into(),
+                    priority: -1,
+                },
+                pb::ObjectivePriority {
+                    namespace: "a".into(),
+                    pool: "chat".into(),
+                    name: "plain".into(),
+                    priority: 0,
+                },
+            ]
+        );
     }
 
     #[test]

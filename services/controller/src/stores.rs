@@ -18,6 +18,12 @@
 //! after the store applied it, so a reconcile reads its own namespace's
 //! matching objects instead of filtering the whole store.
 //!
+//! InferenceObjectives (the Gateway API Inference Extension's kind) are
+//! watched too, for the priorities the policy pusher sends with the
+//! policies; that watch does not hold up [`Stores::synced`], since a
+//! cluster without the extension's CRDs has none to list (its watch
+//! retries with backoff and the set pushed is empty until it lists).
+//!
 //! The two kube-runtime controllers (CacheBackend and engine pods) are fed
 //! from the same watches through [`Feeds`]; the pushers wake on
 //! [`Stores::changes`]. One watch per kind per process, whoever reads it.
@@ -30,6 +36,7 @@ use ic_api::cachebackend::CacheBackend;
 use ic_api::cacheindex::CacheIndex;
 use ic_api::cachepolicy::CachePolicy;
 use ic_api::cachetenant::CacheTenant;
+use ic_api::inferenceobjective::InferenceObjective;
 use ic_controller_core::k8s;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -70,6 +77,8 @@ pub struct Stores {
     pub tenants: Store<CacheTenant>,
     /// Every CacheIndex.
     pub indexes: Store<CacheIndex>,
+    /// Every InferenceObjective (empty without the extension's CRDs).
+    pub objectives: Store<InferenceObjective>,
     /// The Pod and Deployment stores by namespace and labels.
     pub index: Indexes,
     /// Bumped on every CachePolicy and CacheTenant change.
@@ -95,7 +104,7 @@ impl Debug for Stores {
 /// latest value, so a burst of edits wakes a pusher once).
 #[derive(Clone, Debug)]
 pub struct Changes {
-    /// CachePolicy events.
+    /// CachePolicy and InferenceObjective events.
     pub policies: watch::Receiver<u64>,
     /// CacheTenant events.
     pub tenants: watch::Receiver<u64>,
@@ -175,6 +184,7 @@ pub fn start(
         stop,
         metrics,
         synced: Arc::new(synced_tx),
+        optional: false,
     };
     let c = || client.clone();
     let all = watcher::Config::default;
@@ -252,6 +262,17 @@ pub fn start(
         &[],
         unindexed,
     );
+    w.optional = true;
+    let (objectives, _, objective_changes) = w.watch(
+        "InferenceObjective",
+        Api::all(c()),
+        all(),
+        trim_meta::<InferenceObjective>,
+        &[],
+        unindexed,
+    );
+    w.optional = false;
+    let policy_changes = merged(policy_changes, objective_changes, w.set, stop);
     let stores = Stores {
         backends,
         pods,
@@ -262,6 +283,7 @@ pub fn start(
         policies,
         tenants,
         indexes,
+        objectives,
         index,
         changes: Changes {
             policies: policy_changes,
@@ -286,6 +308,34 @@ struct Watches<'a> {
     stop: &'a CancellationToken,
     metrics: &'a Metrics,
     synced: Arc<watch::Sender<usize>>,
+    /// The next watch does not count towards [`Stores::synced`].
+    optional: bool,
+}
+
+/// One change counter bumped by either of two.
+fn merged(
+    mut a: watch::Receiver<u64>,
+    mut b: watch::Receiver<u64>,
+    set: &mut JoinSet<()>,
+    stop: &CancellationToken,
+) -> watch::Receiver<u64> {
+    let (tx, rx) = watch::channel(0u64);
+    let stop = stop.clone();
+    set.spawn(async move {
+        loop {
+            let changed = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                r = a.changed() => r,
+                r = b.changed() => r,
+            };
+            if changed.is_err() {
+                return;
+            }
+            tx.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    });
+    rx
 }
 
 /// The `on_event` of a kind nothing indexes.
@@ -330,7 +380,7 @@ impl Watches<'_> {
             .reflect(writer);
         let stop = self.stop.clone();
         let synced = self.synced.clone();
-        let mut counted = false;
+        let mut counted = self.optional;
         self.set.spawn(async move {
             let mut stream = std::pin::pin!(stream);
             loop {
@@ -433,6 +483,8 @@ pub struct StoreWriters {
     pub tenants: Writer<CacheTenant>,
     /// CacheIndexes.
     pub indexes: Writer<CacheIndex>,
+    /// InferenceObjectives.
+    pub objectives: Writer<InferenceObjective>,
     /// Senders of [`Stores::changes`].
     pub policy_changes: watch::Sender<u64>,
     /// Senders of [`Stores::changes`].
@@ -468,6 +520,7 @@ pub fn detached() -> (Stores, StoreWriters) {
     let (policies, policies_w) = one();
     let (tenants, tenants_w) = one();
     let (indexes, indexes_w) = one();
+    let (objectives, objectives_w) = one();
     let (policy_changes, policies_rx) = watch::channel(0);
     let (tenant_changes, tenants_rx) = watch::channel(0);
     let (synced_tx, synced) = watch::channel(KINDS);
@@ -481,6 +534,7 @@ pub fn detached() -> (Stores, StoreWriters) {
         policies,
         tenants,
         indexes,
+        objectives,
         index,
         changes: Changes {
             policies: policies_rx,
@@ -498,6 +552,7 @@ pub fn detached() -> (Stores, StoreWriters) {
         policies: policies_w,
         tenants: tenants_w,
         indexes: indexes_w,
+        objectives: objectives_w,
         policy_changes,
         tenant_changes,
         _synced: synced_tx,

@@ -215,7 +215,7 @@ async fn the_controller_calls_exactly_what_its_rbac_file_grants() {
     };
     let initial = lists(&fake.requests());
     assert!(
-        initial.len() <= 9,
+        initial.len() <= 10,
         "one LIST per watched kind at start: {initial:#?}"
     );
     let admin = controller.admin_addr();

@@ -271,6 +271,7 @@ impl Watched {
                 && caught_up(&s.policies, fake, "cachepolicies")
                 && caught_up(&s.tenants, fake, "cachetenants")
                 && caught_up(&s.indexes, fake, "cacheindexes")
+                && caught_up(&s.objectives, fake, "inferenceobjectives")
             {
                 return;
             }
