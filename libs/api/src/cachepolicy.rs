@@ -120,8 +120,8 @@ pub struct ScoringSpec {
 }
 
 /// Shedding thresholds: requests (picks in flight, or the engine's running
-/// + waiting) on the least busy endpoint at which a request is refused.
-/// Lower priorities must shed first.
+/// and waiting ones) on the least busy endpoint at which a request is
+/// refused. Lower priorities must shed first.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = kube::core::Rule::new("!has(self.standardAtRequests) || self.standardAtRequests == 0 || (has(self.sheddableAtRequests) && self.sheddableAtRequests > 0 && self.sheddableAtRequests <= self.standardAtRequests)").message("standardAtRequests needs sheddableAtRequests set, and no larger: lower priorities shed first"))]
