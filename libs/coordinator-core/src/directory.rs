@@ -152,6 +152,10 @@ impl std::borrow::Borrow<[u8]> for ByHash {
     }
 }
 
+/// The other keys of a chunk hash; boxed so the common case (none) costs
+/// one pointer in the slot.
+type Siblings = Option<Box<Vec<SharedKey>>>;
+
 /// The directory.
 #[derive(Clone, Debug, Default)]
 pub struct KeyDirectory {
@@ -159,8 +163,8 @@ pub struct KeyDirectory {
     order: BTreeMap<u64, SharedKey>,
     next_order: u64,
     /// Every key by its chunk hash: one key files the slot, the others of
-    /// that hash (usually none: an empty `Vec` allocates nothing) ride in it.
-    by_hash: FastMap<ByHash, Vec<SharedKey>>,
+    /// that hash (usually none, and then nothing is allocated) ride in it.
+    by_hash: FastMap<ByHash, Siblings>,
     bindings: FastMap<Vec<u8>, Binding>,
     l1_by_instance: FastMap<String, FastSet<SharedKey>>,
     totals: [TierTotals; 2],
@@ -353,19 +357,20 @@ impl KeyDirectory {
             .insert(key.clone());
         }
         let t = &mut self.totals[tier_index(placement.tier)];
-        let entry = match self.keys.get_mut(key) {
-            Some(entry) => entry,
-            None => {
+        // One hash of the key whether it is new or not.
+        let entry = match self.keys.entry(key.clone()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
                 let order = self.next_order;
                 self.next_order += 1;
                 self.order.insert(order, key.clone());
                 match self.by_hash.get_mut(key.chunk_hash.as_slice()) {
-                    Some(others) => others.push(key.clone()),
+                    Some(others) => others.get_or_insert_default().push(key.clone()),
                     None => {
-                        self.by_hash.insert(ByHash(key.clone()), Vec::new());
+                        self.by_hash.insert(ByHash(key.clone()), None);
                     }
                 }
-                self.keys.entry(key.clone()).or_insert(KeyEntry {
+                v.insert(KeyEntry {
                     order,
                     placements: Vec::new(),
                     access_count: 0,
@@ -436,11 +441,13 @@ impl KeyDirectory {
         if let Some(entry) = self.keys.remove(key) {
             self.order.remove(&entry.order);
             let hash = key.chunk_hash.as_slice();
-            if let Some((filed, mut others)) = self.by_hash.remove_entry(hash) {
+            if let Some((filed, others)) = self.by_hash.remove_entry(hash) {
+                let mut others = others.map(|b| *b).unwrap_or_default();
+                let boxed = |v: Vec<SharedKey>| (!v.is_empty()).then(|| Box::new(v));
                 if filed.0.as_ref() == key {
                     match others.pop() {
                         Some(next) => {
-                            self.by_hash.insert(ByHash(next), others);
+                            self.by_hash.insert(ByHash(next), boxed(others));
                         }
                         // The token binding leaves with the hash's last key.
                         None => {
@@ -449,7 +456,7 @@ impl KeyDirectory {
                     }
                 } else {
                     others.retain(|k| k.as_ref() != key);
-                    self.by_hash.insert(filed, others);
+                    self.by_hash.insert(filed, boxed(others));
                 }
             }
         }
@@ -512,7 +519,7 @@ impl KeyDirectory {
             return vec![key.clone()];
         };
         let mut others: Vec<&ObjectKey> = std::iter::once(&filed.0)
-            .chain(rest)
+            .chain(rest.as_deref().into_iter().flatten())
             .map(|k| k.as_ref())
             .filter(|k| {
                 k.object_group_id != key.object_group_id

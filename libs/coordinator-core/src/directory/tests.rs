@@ -364,3 +364,43 @@ fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
     assert_eq!(d.len(), 1);
     assert!(d.get(&key(5, "")).is_some());
 }
+
+#[test]
+fn group_expansion_survives_the_removal_of_any_key_of_the_hash() {
+    let mut d = KeyDirectory::new();
+    let keys: Vec<ObjectKey> = (0..4)
+        .map(|g| {
+            let mut k = key(1, "");
+            k.object_group_id = g;
+            k
+        })
+        .collect();
+    let stored: Vec<(ObjectKey, u64)> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        StorageLevel::L2,
+        "fs",
+        false,
+        &stored,
+    ));
+    // The first key stored files the hash's slot; drop it, then a middle one.
+    for gone in [&keys[0], &keys[2]] {
+        d.apply(&batch(
+            "a",
+            EventType::Delete,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &[(gone.clone(), 0)],
+        ));
+    }
+    assert_eq!(
+        d.expand_groups(&keys[1]),
+        vec![keys[1].clone(), keys[3].clone()]
+    );
+    assert_eq!(
+        d.expand_groups(&keys[0]),
+        vec![keys[0].clone(), keys[1].clone(), keys[3].clone()]
+    );
+}
