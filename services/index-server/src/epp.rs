@@ -47,12 +47,13 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::StatusCode;
 use futures::Stream;
-use ic_index::{HashScheme, ReplicaKey, Scope};
+use ic_index::{ReplicaKey, Scope};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, Objectives, Shedding};
+pub use crate::epp_config::PoolConfig;
+use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, select_pool};
 use crate::epp_observed::{EndpointStats, Observations, ObservedResponse};
 use crate::epp_usage::{Usage, UsageReader};
 use crate::epp_wire::{self as wire, OBJECTIVE_HEADER, POOL_METADATA};
@@ -60,32 +61,6 @@ use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Ro
 use crate::openai::{self, Prompt as BodyPrompt};
 
 pub use crate::epp_wire::{DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE};
-
-/// Where the picker's endpoints come from and whose they are.
-#[derive(Clone, Debug)]
-pub struct PoolConfig {
-    /// Namespace of the pool (the index tenant of its engines).
-    pub tenant: String,
-    /// The InferencePool's name (`None`: a static endpoint list).
-    pub name: Option<String>,
-    /// Whether the endpoints follow the named InferencePool through the
-    /// Kubernetes API ([`crate::pool::watch_pool`]).
-    pub watched: bool,
-    /// Fingerprint domain of its engines.
-    pub hash_scheme: HashScheme,
-    /// Ready endpoints, `ip:port` (static, or kept current by
-    /// [`crate::pool::watch_pool`]).
-    pub endpoints: crate::pool::Endpoints,
-    /// When to refuse a request with 429, by its priority.
-    pub shedding: Shedding,
-    /// The InferenceObjectives requests may name, with their priorities.
-    pub objectives: Objectives,
-    /// Largest request body read, bytes.
-    pub max_body_bytes: usize,
-    /// Endpoints named after the pick, by load, for the gateway to retry
-    /// on (0: the pick alone).
-    pub fallbacks: usize,
-}
 
 /// The endpoint picker service.
 #[derive(Clone, Debug)]
@@ -115,58 +90,6 @@ impl EndpointPicker {
             pools: Arc::new(pools),
             observed: Arc::default(),
         }
-    }
-
-    /// The pool a stream is for: the one `selector` (`[NAMESPACE/]NAME`)
-    /// names, or the only one.
-    fn pool_for(&self, selector: Option<&str>) -> Result<Arc<PoolConfig>, String> {
-        let Some(selector) = selector.map(str::trim).filter(|s| !s.is_empty()) else {
-            return match self.pools.as_slice() {
-                [only] => Ok(only.clone()),
-                _ => Err(format!(
-                    "this endpoint picker serves {} pools: name the request's pool in the \
-                     ext_proc call's {POOL_METADATA} metadata",
-                    self.pools.len()
-                )),
-            };
-        };
-        let (ns, name) = match selector.split_once('/') {
-            Some((ns, name)) => (Some(ns), name),
-            None => (None, selector),
-        };
-        let mut matching = self
-            .pools
-            .iter()
-            .filter(|p| p.name.as_deref() == Some(name) && ns.is_none_or(|ns| ns == p.tenant));
-        match (matching.next(), matching.next()) {
-            (Some(p), None) => Ok(p.clone()),
-            (Some(_), Some(_)) => Err(format!(
-                "{POOL_METADATA} {selector:?} names pools of several namespaces: use NAMESPACE/NAME"
-            )),
-            (None, _) => Err(format!(
-                "{POOL_METADATA} {selector:?}: this endpoint picker serves no such pool"
-            )),
-        }
-    }
-
-    /// The priority of a request naming `objective`: the InferenceObjective
-    /// the controller pushed for the pool's namespace (and pool), else
-    /// `--epp-objective`'s, else 0.
-    fn priority(&self, objective: Option<&str>) -> i32 {
-        let Some(name) = objective else { return 0 };
-        let pushed = self.core.policies().objective_priority(
-            &self.pool.tenant,
-            self.pool.name.as_deref(),
-            name,
-        );
-        pushed.unwrap_or_else(|| self.pool.objectives.priority(Some(name)))
-    }
-
-    /// The pool's shedding thresholds under its namespace's CachePolicy.
-    fn shedding(&self) -> Shedding {
-        self.pool
-            .shedding
-            .with(self.core.policies().shedding(&self.pool.tenant))
     }
 
     /// What the responses served by `replica_id` said: its prefill rate
@@ -273,7 +196,7 @@ impl ExternalProcessor for EndpointPicker {
             .get(POOL_METADATA)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let pool = self.pool_for(selector.as_deref());
+        let pool = select_pool(&self.pools, selector.as_deref());
         let mut incoming = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
         let picker = match pool {
@@ -417,7 +340,9 @@ impl EndpointPicker {
             &span,
             ic_telemetry::otel::parent_from_map(&ex.trace_context),
         );
-        let priority = self.priority(ex.objective.as_deref());
+        let priority = self
+            .pool
+            .priority(&self.core.policies(), ex.objective.as_deref());
         let me = self.clone();
         let (path, subset) = (ex.path.clone(), ex.subset.clone());
         let decided = tokio::task::spawn_blocking(move || {
@@ -842,7 +767,7 @@ impl EndpointPicker {
             received,
             purpose: Purpose::Endpoint {
                 pool: &pool,
-                shed_at_requests: self.shedding().at(priority),
+                shed_at_requests: self.pool.shedding_under(&self.core.policies()).at(priority),
             },
         });
         match routed {

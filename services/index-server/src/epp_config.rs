@@ -8,7 +8,8 @@ use std::sync::Arc;
 use anyhow::Context as _;
 
 use crate::EngineFamily;
-use crate::epp::PoolConfig;
+use crate::epp_wire::POOL_METADATA;
+use ic_index::HashScheme;
 
 /// Envoy's default per-connection buffer (1 MiB): a BUFFERED body up to it
 /// must always fit in one ext_proc message.
@@ -206,6 +207,83 @@ impl Objectives {
     /// extension treats a request without an objective).
     pub fn priority(&self, name: Option<&str>) -> i32 {
         name.and_then(|n| self.0.get(n)).copied().unwrap_or(0)
+    }
+}
+
+/// Where the picker's endpoints come from and whose they are.
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    /// Namespace of the pool (the index tenant of its engines).
+    pub tenant: String,
+    /// The InferencePool's name (`None`: a static endpoint list).
+    pub name: Option<String>,
+    /// Whether the endpoints follow the named InferencePool through the
+    /// Kubernetes API ([`crate::pool::watch_pool`]).
+    pub watched: bool,
+    /// Fingerprint domain of its engines.
+    pub hash_scheme: HashScheme,
+    /// Ready endpoints, `ip:port` (static, or kept current by
+    /// [`crate::pool::watch_pool`]).
+    pub endpoints: crate::pool::Endpoints,
+    /// When to refuse a request with 429, by its priority.
+    pub shedding: Shedding,
+    /// The InferenceObjectives requests may name, with their priorities.
+    pub objectives: Objectives,
+    /// Largest request body read, bytes.
+    pub max_body_bytes: usize,
+    /// Endpoints named after the pick, by load, for the gateway to retry
+    /// on (0: the pick alone).
+    pub fallbacks: usize,
+}
+
+impl PoolConfig {
+    /// The priority of a request naming `objective`: the InferenceObjective
+    /// the controller pushed for the pool's namespace (and pool), else
+    /// `--epp-objective`'s, else 0.
+    pub fn priority(&self, policies: &crate::policy::Policies, objective: Option<&str>) -> i32 {
+        let Some(name) = objective else { return 0 };
+        policies
+            .objective_priority(&self.tenant, self.name.as_deref(), name)
+            .unwrap_or_else(|| self.objectives.priority(Some(name)))
+    }
+
+    /// The shedding thresholds under the namespace's CachePolicy.
+    pub fn shedding_under(&self, policies: &crate::policy::Policies) -> Shedding {
+        self.shedding.with(policies.shedding(&self.tenant))
+    }
+}
+
+/// The pool a stream is for: the one `selector` (`[NAMESPACE/]NAME`, the
+/// call's `x-inferencecache-pool` metadata) names, or the only one.
+pub fn select_pool(
+    pools: &[Arc<PoolConfig>],
+    selector: Option<&str>,
+) -> Result<Arc<PoolConfig>, String> {
+    let Some(selector) = selector.map(str::trim).filter(|s| !s.is_empty()) else {
+        return match pools {
+            [only] => Ok(only.clone()),
+            _ => Err(format!(
+                "this endpoint picker serves {} pools: name the request's pool in the \
+                 ext_proc call's {POOL_METADATA} metadata",
+                pools.len()
+            )),
+        };
+    };
+    let (ns, name) = match selector.split_once('/') {
+        Some((ns, name)) => (Some(ns), name),
+        None => (None, selector),
+    };
+    let mut matching = pools
+        .iter()
+        .filter(|p| p.name.as_deref() == Some(name) && ns.is_none_or(|ns| ns == p.tenant));
+    match (matching.next(), matching.next()) {
+        (Some(p), None) => Ok(p.clone()),
+        (Some(_), Some(_)) => Err(format!(
+            "{POOL_METADATA} {selector:?} names pools of several namespaces: use NAMESPACE/NAME"
+        )),
+        (None, _) => Err(format!(
+            "{POOL_METADATA} {selector:?}: this endpoint picker serves no such pool"
+        )),
     }
 }
 
@@ -444,6 +522,40 @@ mod tests {
             let e = format!("{:#}", flags(args).pools().unwrap_err());
             assert!(e.contains(expect), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_stream_s_pool_is_the_one_its_metadata_names() {
+        let pools: Vec<Arc<PoolConfig>> = flags(&[
+            "--epp-tenant",
+            "a",
+            "--epp-pool-endpoint",
+            "chat=10.0.0.1:1,b/chat=10.0.0.2:1,batch=10.0.0.3:1",
+        ])
+        .pools()
+        .unwrap()
+        .unwrap()
+        .into_iter()
+        .map(Arc::new)
+        .collect();
+        let name = |s: Option<&str>| {
+            select_pool(&pools, s).map(|p| format!("{}/{}", p.tenant, p.name.clone().unwrap()))
+        };
+        assert_eq!(name(Some("batch")).unwrap(), "a/batch");
+        assert_eq!(name(Some("b/chat")).unwrap(), "b/chat");
+        assert_eq!(name(Some(" a/chat ")).unwrap(), "a/chat");
+        assert!(
+            name(Some("chat"))
+                .unwrap_err()
+                .contains("several namespaces")
+        );
+        assert!(name(Some("x")).unwrap_err().contains("no such pool"));
+        assert!(name(None).unwrap_err().contains("x-inferencecache-pool"));
+        let one = [pools[2].clone()];
+        assert_eq!(
+            select_pool(&one, None).unwrap().name.as_deref(),
+            Some("batch")
+        );
     }
 
     #[test]

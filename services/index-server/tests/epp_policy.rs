@@ -320,10 +320,10 @@ async fn lookup_route_follows_the_namespace_s_load_bound() {
     };
     let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
     ic_e2e::ingest::ingest(&s.grpc, ic_e2e::ingest::resync(&other, vec![event])).await;
-    let mut client = pb::index_service_client::IndexServiceClient::connect(s.grpc.clone())
+    let client = pb::index_service_client::IndexServiceClient::connect(s.grpc.clone())
         .await
         .unwrap();
-    let mut lookup = || {
+    let lookup = || {
         // A gateway following the answer: each lookup counts as a pick.
         let request = pb::LookupRouteRequest {
             observe_only: false,
@@ -354,7 +354,6 @@ async fn lookup_route_follows_the_namespace_s_load_bound() {
         pb::LookupOutcome::PrefixMatch as i32,
         "{third:?}"
     );
-    let _ = &mut client;
 }
 
 /// One picker, two pools: each stream's `x-inferencecache-pool` metadata
