@@ -117,7 +117,7 @@ impl Policies {
             }
             let load_bound = match p.load_bound {
                 None => None,
-                Some(b) if b == 0.0 => Some(None),
+                Some(0.0) => Some(None),
                 Some(b) if b.is_finite() && b >= 1.0 => Some(Some(b)),
                 Some(b) => {
                     return Err(PolicyError::Scoring(
