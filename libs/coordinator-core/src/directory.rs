@@ -372,7 +372,8 @@ impl KeyDirectory {
                 }
                 v.insert(KeyEntry {
                     order,
-                    placements: Vec::new(),
+                    // Most keys have one copy: a first push would reserve four.
+                    placements: Vec::with_capacity(1),
                     access_count: 0,
                     last_access: 0.0,
                 })
