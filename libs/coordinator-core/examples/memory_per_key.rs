@@ -40,6 +40,16 @@ fn rss() -> usize {
     pages * 4096
 }
 
+/// The process's peak resident set (`VmHWM`).
+fn peak_rss() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn batch(seq: u64, first: u64, n: u64) -> Batch {
     Batch {
         instance_id: format!("mp-{}", first % 16),
@@ -143,11 +153,10 @@ fn restore(path: &str) {
     let dir = checkpoint::restore_directory(sections.key_directory.take().expect("dir"));
     let usage = checkpoint::restore_usage(&dir);
     let lru = checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &dir);
-    let peak = rss();
     drop(sections);
     let restored = started.elapsed();
     let keys = dir.len() as u64;
-    let (rss1, live1) = (rss(), live());
+    let (rss1, live1, peak) = (rss(), live(), peak_rss());
     println!(
         "restored {keys} keys: read and decoded in {:.2} s, views rebuilt by {:.2} s; {:.0} B/key live heap, {:.0} B/key RSS (peak {:.0} B/key)",
         decoded.as_secs_f64(),
