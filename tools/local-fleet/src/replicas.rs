@@ -301,6 +301,28 @@ mod tests {
     }
 
     #[test]
+    fn several_replicas_get_their_own_port_and_every_peer() {
+        assert!(peered_args(&["--grpc-addr", "127.0.0.1:0"], 1).is_empty());
+        let args = peered_args(
+            &["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"],
+            3,
+        );
+        assert_eq!(args.len(), 3);
+        let value = |a: &[String], flag: &str| {
+            let i = a.iter().position(|x| x == flag).unwrap();
+            a[i + 1].clone()
+        };
+        let peers = value(&args[0], "--peer");
+        for a in &args {
+            assert_eq!(a.iter().filter(|x| *x == "--grpc-addr").count(), 1);
+            assert_eq!(value(a, "--peer"), peers);
+            let own = format!("http://{}", value(a, "--grpc-addr"));
+            assert!(peers.split(',').any(|p| p == own), "{peers} lacks {own}");
+        }
+        assert_eq!(peers.split(',').count(), 3);
+    }
+
+    #[test]
     fn holders_ignore_order_load_and_speculation() {
         let a = pb::LookupRouteResponse {
             best: Some(candidate("engine-1", 4, false)),
