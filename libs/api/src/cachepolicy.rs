@@ -91,7 +91,7 @@ pub struct CachePolicySpec {
 /// chosen").
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new("!has(self.loadBound) || self.loadBound == 0.0 || self.loadBound >= 1.0").message("loadBound must be 0 (unbounded) or at least 1"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.loadBound) || double(self.loadBound) == 0.0 || double(self.loadBound) >= 1.0").message("loadBound must be 0 (unbounded) or at least 1"))]
 pub struct ScoringSpec {
     /// Weight of the prefix match (the fraction of the prompt a replica
     /// holds); --score-prefix-weight when left out.

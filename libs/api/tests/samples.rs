@@ -272,3 +272,28 @@ fn printer_columns_match_the_spec() {
         );
     }
 }
+
+/// The scoring and shedding blocks of a CachePolicy pass the schema and
+/// CEL rules when in range and in order (the invalid fixtures cover the
+/// rest), and deserialize into the types.
+#[test]
+fn a_cache_policy_with_scoring_and_shedding_is_valid() {
+    for spec in [
+        serde_json::json!({
+            "scoring": {"prefixWeight": 3, "loadWeight": 0.5, "kvUsageWeight": 0, "loadBound": 0},
+            "shedding": {"sheddableAtRequests": 4, "standardAtRequests": 8, "criticalAtRequests": 8}
+        }),
+        serde_json::json!({"scoring": {"loadBound": 1.5}, "shedding": {"sheddableAtRequests": 2}}),
+        serde_json::json!({"shedding": {"sheddableAtRequests": 0, "standardAtRequests": 0}}),
+    ] {
+        let object = serde_json::json!({
+            "apiVersion": "inferencecache.io/v1alpha1",
+            "kind": "CachePolicy",
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": spec,
+        });
+        let errors = schema_errors(&object);
+        assert!(errors.is_empty(), "{spec}: {errors:#?}");
+        deserialize_as_kind(&object).unwrap();
+    }
+}
