@@ -198,7 +198,7 @@ impl Index {
     pub fn block_size(&self, scope: &Scope) -> Option<u32> {
         let reg = self.registry.read();
         let id = reg.scopes.get(scope)?;
-        reg.block_sizes.get(id).copied()
+        Some(reg.block_size(*id)).filter(|&b| b > 0)
     }
 
     // === replicas ===
@@ -447,7 +447,7 @@ impl Index {
                     if *block_size > 0 && writer.counts(idx).block_size != *block_size {
                         writer.counts(idx).block_size = *block_size;
                         let mut reg = self.registry.write();
-                        reg.block_sizes.insert(scope, *block_size);
+                        reg.set_block_size(scope, *block_size);
                     }
                     // In chunks, evicting between them: a batch (or a
                     // resync) larger than the room left never takes the

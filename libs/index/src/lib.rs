@@ -38,7 +38,7 @@ mod types;
 pub use index::{Index, IndexConfig};
 pub use types::{
     Candidate, Change, ContentError, Deadline, Fingerprint, HashScheme, IndexMemory, LookupOutcome,
-    LookupView, Match, NoDeadline, ReplicaKey, ReplicaSnapshot, Scope, Tier,
+    LookupView, Match, NoDeadline, ReplicaKey, ReplicaSnapshot, Scope, ScopeHandle, Tier,
 };
 
 #[cfg(test)]

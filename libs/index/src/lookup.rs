@@ -15,7 +15,7 @@ use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
 use crate::store::{Block, hash};
 use crate::types::{
-    Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, Tier,
+    Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
 };
 
 /// Whether replica `idx` may appear in an answer for `scope`.
@@ -73,36 +73,42 @@ const DEADLINE_EVERY: usize = 256;
 /// heard from most recently, then by key (deterministic). Names are
 /// borrowed: copying them was most of a lookup's time once the blocks
 /// were found.
-fn ranked<'a>(reg: &'a Registry, scope: ScopeId, matches: &[(ReplicaIdx, u32, Tier)]) -> Found<'a> {
-    let block_size = reg.block_sizes.get(&scope).copied().unwrap_or(0);
-    let mut out: SmallVec<[(Match<'a>, i64); 8]> = matches
-        .iter()
-        .filter_map(|&(idx, matched_blocks, tier)| {
-            let meta = reg.replicas.get(idx as usize)?.as_ref()?;
-            Some((
-                Match {
-                    replica: &meta.key,
-                    address: &meta.address,
-                    matched_blocks,
-                    block_size,
-                    tier,
-                },
-                meta.last_seen_ms.load(Ordering::Relaxed),
-            ))
-        })
-        .collect();
-    out.sort_by(|(a, a_seen), (b, b_seen)| {
-        b.matched_blocks
-            .cmp(&a.matched_blocks)
-            .then(a.tier.cmp(&b.tier))
-            .then(b_seen.cmp(a_seen))
-            .then(a.replica.cmp(b.replica))
-    });
-    Found::Matches(out.into_iter().map(|(m, _)| m).collect())
+fn ranked<'a>(
+    reg: &'a Registry,
+    scope: ScopeId,
+    mut matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]>,
+) -> Found<'a> {
+    let block_size = reg.block_size(scope);
+    let meta = |idx: ReplicaIdx| reg.replicas.get(idx as usize).and_then(Option::as_ref);
+    if matches.len() > 1 {
+        // Sorted as indices (12 bytes each, not the 40 of a `Match`); the
+        // registry is read only to break ties.
+        let seen = |idx| meta(idx).map_or(i64::MIN, |m| m.last_seen_ms.load(Ordering::Relaxed));
+        matches.sort_by(|&(a, a_len, a_tier), &(b, b_len, b_tier)| {
+            b_len
+                .cmp(&a_len)
+                .then(a_tier.cmp(&b_tier))
+                .then_with(|| seen(b).cmp(&seen(a)))
+                .then_with(|| meta(a).map(|m| &m.key).cmp(&meta(b).map(|m| &m.key)))
+        });
+    }
+    let mut out = Matches::new();
+    for (idx, matched_blocks, tier) in matches {
+        if let Some(meta) = meta(idx) {
+            out.push(Match {
+                replica: &meta.key,
+                address: &meta.address,
+                matched_blocks,
+                block_size,
+                tier,
+            });
+        }
+    }
+    Found::Matches(out)
 }
 
 /// The running score of one lookup.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Scoring {
     /// Replicas still matching, with the coldest tier so far.
     active: SmallVec<[(ReplicaIdx, Tier); 8]>,
@@ -113,20 +119,57 @@ struct Scoring {
     /// The previous block's holders, raw: a block held exactly as its
     /// predecessor changes nothing.
     last: SmallVec<[u32; 8]>,
+    /// `last`'s only holder, when it has exactly one (`u64::MAX`
+    /// otherwise): the common block is checked without touching `last`.
+    last_single: u64,
+}
+
+impl Default for Scoring {
+    fn default() -> Self {
+        Self {
+            active: SmallVec::new(),
+            finished: SmallVec::new(),
+            matched: 0,
+            last: SmallVec::new(),
+            last_single: u64::MAX,
+        }
+    }
 }
 
 impl Scoring {
     /// Folds in the next block's holders; false once no replica is left.
-    #[inline]
+    /// Inlined into the walk: most blocks are held by one replica, as the
+    /// block before them was.
+    #[inline(always)]
     fn step(&mut self, holders: &[u32]) -> bool {
+        if let [one] = holders
+            && u64::from(*one) == self.last_single
+        {
+            self.matched += 1;
+            return true;
+        }
+        self.step_slow(holders)
+    }
+
+    /// Remembers `holders` as the last block's.
+    fn set_last(&mut self, holders: &[u32]) {
+        self.last.clear();
+        self.last.extend_from_slice(holders);
+        self.last_single = match holders {
+            [one] => u64::from(*one),
+            _ => u64::MAX,
+        };
+    }
+
+    #[inline(never)]
+    fn step_slow(&mut self, holders: &[u32]) -> bool {
         // Element by element: holder lists are short, and slice equality
         // would call memcmp for each block.
         if holders.len() == self.last.len() && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
             self.matched += 1;
             return true;
         }
-        self.last.clear();
-        self.last.extend_from_slice(holders);
+        self.set_last(holders);
         // Fast path: the holders start with the active replicas in the same
         // order (they stored the chain in the same order): everyone stays.
         if holders.len() >= self.active.len()
@@ -228,41 +271,82 @@ impl Index {
         // Held for the whole lookup: shared, and written only when replicas
         // join, leave or resync.
         let reg = self.registry.read();
-        let found = self.score(
-            &reg,
-            scope,
-            fingerprints,
-            candidates,
-            fresh_since_ms,
-            deadline,
-        );
+        let found = match reg.scopes.get(scope) {
+            Some(&scope_id) => self.score(
+                &reg,
+                scope_id,
+                fingerprints,
+                candidates,
+                fresh_since_ms,
+                deadline,
+            ),
+            None => Found::UNKNOWN_SCOPE,
+        };
+        answer(found.view())
+    }
+
+    /// The handle of `scope` for [`Index::lookup_resolved_until`], once a
+    /// replica of it has reported (`None` before). Scope ids are never
+    /// reused, so a handle stays valid for the index's life.
+    pub fn resolve_scope(&self, scope: &Scope) -> Option<ScopeHandle> {
+        self.registry
+            .read()
+            .scopes
+            .get(scope)
+            .map(|&id| ScopeHandle(id))
+    }
+
+    /// [`Index::lookup_until`] in a scope resolved by
+    /// [`Index::resolve_scope`]: a caller that asks about one scope many
+    /// times skips hashing and comparing its names on every lookup. A
+    /// handle from another index answers as that index's scope of the same
+    /// id would here (an unknown one: [`LookupView::UnknownScope`]).
+    pub fn lookup_resolved_until<R>(
+        &self,
+        scope: ScopeHandle,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        deadline: &dyn Deadline,
+        answer: impl FnOnce(LookupView<'_>) -> R,
+    ) -> R {
+        let reg = self.registry.read();
+        let found = if (scope.0 as usize) < reg.scope_list.len() {
+            self.score(
+                &reg,
+                scope.0,
+                fingerprints,
+                candidates,
+                fresh_since_ms,
+                deadline,
+            )
+        } else {
+            Found::UNKNOWN_SCOPE
+        };
         answer(found.view())
     }
 
     fn score<'a>(
         &self,
         reg: &'a Registry,
-        scope: &Scope,
+        scope_id: ScopeId,
         fingerprints: &[Fingerprint],
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
     ) -> Found<'a> {
-        let Some(&scope_id) = reg.scopes.get(scope) else {
-            return Found::UNKNOWN_SCOPE;
-        };
         let Some((&first, rest)) = fingerprints.split_first() else {
             return Found::no_entry();
         };
         let dir = self.store.directory();
-        let mut reader = self.store.reader(&dir);
+        let mut reader = self.store.lookup_reader(&dir);
         let first = Block::new(entry_key(scope_id, first), 0);
         let Some(mut prev) = reader.find(first.key, first.h) else {
             return Found::no_entry();
         };
         let mut scoring = Scoring::default();
         if let Some(view) = reader.view(prev) {
-            scoring.last.extend_from_slice(view.holders());
+            scoring.set_last(view.holders());
             scoring.active = view
                 .holders()
                 .iter()
@@ -329,7 +413,7 @@ impl Index {
         }
         drop(reader);
         drop(dir);
-        ranked(reg, scope_id, &scoring.finish())
+        ranked(reg, scope_id, scoring.finish())
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
@@ -375,7 +459,7 @@ impl Index {
         let block = Block::new(entry_key(scope_id, fingerprint), 0);
         let matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = {
             let dir = self.store.directory();
-            let mut reader = self.store.reader(&dir);
+            let mut reader = self.store.lookup_reader(&dir);
             let Some(view) = reader
                 .find(block.key, block.h)
                 .and_then(|rec| reader.view(rec))
@@ -389,6 +473,6 @@ impl Index {
                 .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
                 .collect()
         };
-        ranked(reg, scope_id, &matches)
+        ranked(reg, scope_id, matches)
     }
 }

@@ -43,8 +43,9 @@ impl ReplicaMeta {
 pub(crate) struct Registry {
     pub(crate) scopes: FastMap<Scope, ScopeId>,
     pub(crate) scope_list: Vec<Scope>,
-    /// Block size learned per scope from stored events.
-    pub(crate) block_sizes: FastMap<ScopeId, u32>,
+    /// Block size learned per scope from stored events, by scope id (0:
+    /// none yet): read on every lookup, so an index rather than a hash.
+    pub(crate) block_sizes: Vec<u32>,
     /// Visible replicas by slot; a slot being built (resync) or purged is `None`.
     pub(crate) replicas: Vec<Option<Arc<ReplicaMeta>>>,
     pub(crate) by_key: FastMap<ReplicaKey, ReplicaIdx>,
@@ -77,6 +78,19 @@ fn replica_key_bytes(key: &ReplicaKey) -> usize {
 }
 
 impl Registry {
+    /// The block size learned for `scope`, 0 when none yet.
+    pub(crate) fn block_size(&self, scope: ScopeId) -> u32 {
+        self.block_sizes.get(scope as usize).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn set_block_size(&mut self, scope: ScopeId, block_size: u32) {
+        let at = scope as usize;
+        if self.block_sizes.len() <= at {
+            self.block_sizes.resize(at + 1, 0);
+        }
+        self.block_sizes[at] = block_size;
+    }
+
     /// Puts `meta` in slot `idx` (`None` empties it) and rebuilds the member
     /// lists of the scopes it left and joined.
     pub(crate) fn set_replica(&mut self, idx: ReplicaIdx, meta: Option<Arc<ReplicaMeta>>) {
@@ -120,7 +134,7 @@ impl Registry {
         map_bytes::<(Scope, ScopeId)>(self.scopes.capacity())
             + self.scope_list.capacity() * size_of::<Scope>()
             + scopes
-            + map_bytes::<(ScopeId, u32)>(self.block_sizes.capacity())
+            + self.block_sizes.capacity() * size_of::<u32>()
             + self.replicas.capacity() * size_of::<Option<Arc<ReplicaMeta>>>()
             + map_bytes::<(ReplicaKey, ReplicaIdx)>(self.by_key.capacity())
             + map_bytes::<(ScopeId, Members)>(self.members.capacity())

@@ -145,20 +145,52 @@ impl Spread {
     }
 }
 
-/// A reader's view: the directory read guard it borrows, key shard guards
-/// taken on first use, and a few page guards.
+/// The key shards a reader has read-locked, taken on first use. A reader
+/// lives on its caller's stack for one call: the large variant is the
+/// point (no allocation per `locate`).
 #[derive(Debug)]
-pub(crate) struct Reader<'a> {
-    store: &'a Store,
+#[allow(clippy::large_enum_variant)]
+enum KeyGuards<'a> {
+    /// One slot per shard: the writer's `locate` touches most shards.
+    Every(SmallVec<[Option<RwLockReadGuard<'a, KeyShard>>; 64]>),
+    /// Only the shards touched, searched in order: a lookup probes the key
+    /// table a few times, and setting up and dropping a slot per shard was
+    /// a fifth of its fixed cost.
+    Few(SmallVec<[(usize, RwLockReadGuard<'a, KeyShard>); 4]>),
+}
+
+impl<'a> KeyGuards<'a> {
+    /// Shard `s`, read-locked.
+    #[inline]
+    fn shard(&mut self, store: &'a Store, s: usize) -> &KeyShard {
+        match self {
+            KeyGuards::Every(slots) => slots[s].get_or_insert_with(|| store.keys[s].read()),
+            KeyGuards::Few(held) => {
+                let at = match held.iter().position(|g| g.0 == s) {
+                    Some(at) => at,
+                    None => {
+                        held.push((s, store.keys[s].read()));
+                        held.len() - 1
+                    }
+                };
+                &held[at].1
+            }
+        }
+    }
+}
+
+/// A reader's page guards: the directory read guard it borrows and a few
+/// page guards.
+#[derive(Debug)]
+struct PageGuards<'a> {
     dir: &'a Directory,
-    keys: SmallVec<[Option<RwLockReadGuard<'a, KeyShard>>; 64]>,
     pages: [Option<(usize, RwLockReadGuard<'a, Page>)>; READER_PAGES],
     /// The slot used last, and the one to replace next.
     last: usize,
     next_evict: usize,
 }
 
-impl<'a> Reader<'a> {
+impl<'a> PageGuards<'a> {
     /// The cache slot holding page `n`'s read guard, locking it if needed.
     #[inline]
     fn slot(&mut self, n: usize) -> Option<usize> {
@@ -199,43 +231,53 @@ impl<'a> Reader<'a> {
         self.pages[slot].as_ref().map(|c| &*c.1)
     }
 
+    /// Page `n`, read-locked.
+    #[inline]
+    fn page(&mut self, n: usize) -> Option<&Page> {
+        let slot = self.slot(n)?;
+        self.page_in(slot)
+    }
+
+    /// Whether record `rec` is live and carries `key`.
+    #[inline]
+    fn is(&mut self, rec: RecId, key: u64) -> bool {
+        self.page(page_of(rec)).and_then(|p| p.key(offset_of(rec))) == Some(key)
+    }
+}
+
+/// A reader's view: the directory read guard it borrows, key shard guards
+/// taken on first use, and a few page guards.
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    store: &'a Store,
+    keys: KeyGuards<'a>,
+    pages: PageGuards<'a>,
+}
+
+impl<'a> Reader<'a> {
     /// Whether record `rec` is live and carries `key`.
     #[inline]
     pub(crate) fn is(&mut self, rec: RecId, key: u64) -> bool {
-        self.slot(page_of(rec))
-            .and_then(|s| self.page_in(s))
-            .and_then(|p| p.key(offset_of(rec)))
-            == Some(key)
-    }
-
-    /// The key shard of hash `h`, read-locked on first use.
-    fn lock_shard(&mut self, h: u64) -> usize {
-        let s = self.store.spread.shard(h);
-        if self.keys[s].is_none() {
-            self.keys[s] = Some(self.store.keys[s].read());
-        }
-        s
+        self.pages.is(rec, key)
     }
 
     /// The record of `key` (hash `h`).
     pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
-        let s = self.lock_shard(h);
-        // Confirming a tag match reads the record: lend the key guard out
-        // of `self` for the probe.
-        let shard = self.keys[s].take()?;
-        let found = shard
-            .get(self.store.spread.table(h))
-            .and_then(|t| t.find(h, |rec| self.is(rec, key)));
-        self.keys[s] = Some(shard);
-        found
+        let spread = self.store.spread;
+        let shard = self.keys.shard(self.store, spread.shard(h));
+        let pages = &mut self.pages;
+        shard
+            .get(spread.table(h))
+            .and_then(|t| t.find(h, |rec| pages.is(rec, key)))
     }
 
     /// Starts loading the key slot of hash `h` (see [`KeyTable::prefetch`]).
     pub(crate) fn prefetch(&mut self, h: u64) {
-        let s = self.lock_shard(h);
-        if let Some(table) = self.keys[s]
-            .as_deref()
-            .and_then(|shard| shard.get(self.store.spread.table(h)))
+        let spread = self.store.spread;
+        if let Some(table) = self
+            .keys
+            .shard(self.store, spread.shard(h))
+            .get(spread.table(h))
         {
             table.prefetch(h);
         }
@@ -272,7 +314,7 @@ impl<'a> Reader<'a> {
         visit: impl FnMut(&[u32]) -> bool,
     ) -> Walked {
         let from = offset_of(prev) + 1;
-        let Some(page) = self.slot(page_of(prev)).and_then(|s| self.page_in(s)) else {
+        let Some(page) = self.pages.page(page_of(prev)) else {
             return Walked {
                 blocks: 0,
                 stopped: false,
@@ -285,8 +327,7 @@ impl<'a> Reader<'a> {
     /// The live record `rec` (found by [`Reader::find`]).
     #[inline]
     pub(crate) fn view(&mut self, rec: RecId) -> Option<View<'_>> {
-        let slot = self.slot(page_of(rec))?;
-        self.page_in(slot)?.view(offset_of(rec))
+        self.pages.page(page_of(rec))?.view(offset_of(rec))
     }
 }
 
@@ -423,15 +464,31 @@ impl Store {
         }
     }
 
-    /// Read access for one lookup; `dir` comes from [`Store::directory`].
+    /// Read access for many probes (the writer's `locate`); `dir` comes
+    /// from [`Store::directory`].
     pub(crate) fn reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
+        self.reader_with(
+            dir,
+            KeyGuards::Every((0..self.keys.len()).map(|_| None).collect()),
+        )
+    }
+
+    /// Read access for one lookup, which probes the key table only where
+    /// a run of records breaks.
+    pub(crate) fn lookup_reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
+        self.reader_with(dir, KeyGuards::Few(SmallVec::new()))
+    }
+
+    fn reader_with<'a>(&'a self, dir: &'a Directory, keys: KeyGuards<'a>) -> Reader<'a> {
         Reader {
             store: self,
-            dir,
-            keys: (0..self.keys.len()).map(|_| None).collect(),
-            pages: Default::default(),
-            last: 0,
-            next_evict: 0,
+            keys,
+            pages: PageGuards {
+                dir,
+                pages: Default::default(),
+                last: 0,
+                next_evict: 0,
+            },
         }
     }
 

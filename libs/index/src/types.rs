@@ -39,6 +39,11 @@ pub struct Scope {
     pub adapter: String,
 }
 
+/// A [`Scope`] resolved by [`crate::Index::resolve_scope`]: its id in that
+/// index, so a lookup through it does not hash the scope's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScopeHandle(pub(crate) u32);
+
 /// Identity of one replica stream: a pod's DP rank.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReplicaKey {

@@ -1,6 +1,11 @@
 //! ic-index through its public API.
 
-use ic_index::{Change, Fingerprint, Index, IndexConfig, LookupView, ReplicaKey, Scope, Tier};
+use std::cell::OnceCell;
+
+use ic_index::{
+    Change, Fingerprint, Index, IndexConfig, LookupView, NoDeadline, ReplicaKey, Scope,
+    ScopeHandle, Tier,
+};
 
 use crate::stream::{Item, Stream};
 
@@ -12,6 +17,9 @@ const BLOCK_SIZE: u32 = 512;
 pub struct Ours {
     index: Index,
     scope: Scope,
+    /// The scope resolved once, as a caller asking about one scope
+    /// repeatedly would keep it (set at the first lookup after it exists).
+    handle: OnceCell<ScopeHandle>,
     keys: Vec<ReplicaKey>,
     addresses: Vec<String>,
 }
@@ -45,6 +53,7 @@ impl Ours {
                 ..IndexConfig::default()
             }),
             scope,
+            handle: OnceCell::new(),
             keys,
             addresses,
         }
@@ -107,8 +116,15 @@ impl Ours {
 
     /// (worker, overlap) of every replica matching a prefix, unsorted.
     pub fn query(&self, prompt: &[Fingerprint]) -> Vec<(u32, u32)> {
+        let handle = match self.handle.get() {
+            Some(&h) => h,
+            None => match self.index.resolve_scope(&self.scope) {
+                Some(h) => *self.handle.get_or_init(|| h),
+                None => return Vec::new(),
+            },
+        };
         self.index
-            .lookup_with(&self.scope, prompt, None, None, |view| match view {
+            .lookup_resolved_until(handle, prompt, None, None, &NoDeadline, |view| match view {
                 LookupView::Matches(m) => m
                     .iter()
                     .map(|m| (m.replica.dp_rank, m.matched_blocks))
