@@ -148,6 +148,12 @@ impl Scoring {
             self.matched += 1;
             return true;
         }
+        // Element by element: holder lists are short, and slice equality
+        // would call memcmp for each block.
+        if holders.len() == self.last.len() && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
+            self.matched += 1;
+            return true;
+        }
         self.step_slow(holders)
     }
 
@@ -163,12 +169,6 @@ impl Scoring {
 
     #[inline(never)]
     fn step_slow(&mut self, holders: &[u32]) -> bool {
-        // Element by element: holder lists are short, and slice equality
-        // would call memcmp for each block.
-        if holders.len() == self.last.len() && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
-            self.matched += 1;
-            return true;
-        }
         self.set_last(holders);
         // Fast path: the holders start with the active replicas in the same
         // order (they stored the chain in the same order): everyone stays.
