@@ -108,6 +108,11 @@ struct Entry {
     peer_at_ms: AtomicI64,
     /// The peers' figures count until then (`i64::MIN`: never set).
     peer_until_ms: AtomicI64,
+    /// This server's own recent weight (as of `peer_at_ms`, `f64` bits)
+    /// and in flight when the peers' figures were last set: what it picked
+    /// since, the peers are assumed to have picked alike.
+    own_recent_at_peer: AtomicU64,
+    own_in_flight_at_peer: AtomicU32,
 }
 
 /// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
@@ -136,6 +141,8 @@ impl Default for Entry {
             peer_busy_until: AtomicU64::new(0),
             peer_at_ms: AtomicI64::new(0),
             peer_until_ms: AtomicI64::new(i64::MIN),
+            own_recent_at_peer: AtomicU64::new(0),
+            own_in_flight_at_peer: AtomicU32::new(0),
         }
     }
 }
@@ -158,16 +165,32 @@ impl Entry {
         (rate > 0.0).then_some(rate)
     }
 
-    /// The peers' picks at `now_ms` (zero once expired).
-    fn peer(&self, now_ms: i64, half_life: f64) -> PeerPicks {
+    /// The peers' picks at `now_ms` (zero once expired), with `live_peers`
+    /// times this server's own picks since their figures were set
+    /// (`own_recent` now, weighted as of now).
+    ///
+    /// Why the estimate: every replica reads the same shared figures
+    /// between two reports, so each fills the same gap (an idle engine, a
+    /// light one) as if alone, and the engine gets the gap `live_peers + 1`
+    /// times over at once. Assuming the peers pick as this server does
+    /// until their next report lets each fill only its share.
+    fn peer(&self, now_ms: i64, half_life: f64, own_recent: f64, live_peers: u32) -> PeerPicks {
         if now_ms > self.peer_until_ms.load(Ordering::Relaxed) {
             return PeerPicks::default();
         }
         let f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
         let age = now_ms.saturating_sub(self.peer_at_ms.load(Ordering::Relaxed)) as f64;
+        let aged = (-(age.max(0.0)) / half_life).exp2();
+        let peers = f64::from(live_peers);
+        let recent_since = (own_recent - f(&self.own_recent_at_peer) * aged).max(0.0);
+        let in_flight_since = f64::from(
+            self.in_flight
+                .load(Ordering::Relaxed)
+                .saturating_sub(self.own_in_flight_at_peer.load(Ordering::Relaxed)),
+        );
         PeerPicks {
-            in_flight: f(&self.peer_in_flight),
-            recent: f(&self.peer_recent) * (-(age.max(0.0)) / half_life).exp2(),
+            in_flight: f(&self.peer_in_flight) + peers * in_flight_since,
+            recent: f(&self.peer_recent) * aged + peers * recent_since,
             queued_ms: (f(&self.peer_busy_until) - now_ms as f64).max(0.0),
         }
     }
@@ -197,6 +220,8 @@ pub struct LoadBoard {
     generation: AtomicU64,
     /// Each scope's resolved entries, by the caller's scope tag.
     scopes: RwLock<FastMap<u64, MemberLoads>>,
+    /// Peer replicas whose figures are fresh ([`LoadBoard::set_live_peers`]).
+    live_peers: AtomicU32,
 }
 
 /// The board's entries of one scope's members, in the members' order, and
@@ -431,7 +456,12 @@ impl LoadBoard {
             (0.0, 0.0)
         };
         let now = now_ms as f64;
-        let peer = e.peer(now_ms, self.half_life());
+        let peer = e.peer(
+            now_ms,
+            self.half_life(),
+            e.recent() * decay,
+            self.live_peers.load(Ordering::Relaxed),
+        );
         // The peers' picks add to this server's own; the engine's own
         // figures already cover everyone's.
         let picked_ms = (f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed)) - now)
@@ -498,7 +528,17 @@ impl LoadBoard {
             e.peer_at_ms.store(now_ms, Ordering::Relaxed);
             e.peer_until_ms
                 .store(now_ms.saturating_add(ttl_ms.max(0)), Ordering::Relaxed);
+            e.own_recent_at_peer
+                .store((e.recent() * self.decay_factor(now_ms)).to_bits(), Ordering::Relaxed);
+            e.own_in_flight_at_peer
+                .store(e.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
         });
+    }
+
+    /// How many peer replicas' figures are fresh: between two reports each
+    /// is assumed to pick as this server does (see [`LoadBoard::peer_picks`]).
+    pub fn set_live_peers(&self, live_peers: u32) {
+        self.live_peers.store(live_peers, Ordering::Relaxed);
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
@@ -628,6 +668,44 @@ mod tests {
             2.0,
             "not-finite figures count as 0"
         );
+    }
+
+    /// Between two reports the peers are assumed to pick as this server
+    /// does, so two replicas reading one shared view do not both fill the
+    /// same light engine; the next report replaces the estimate.
+    #[test]
+    fn own_picks_since_the_peers_report_count_for_each_live_peer() {
+        let board = LoadBoard::new(LoadSettings {
+            pick_half_life_ms: 1_000_000,
+            engine_report_ttl_ms: 5_000,
+        });
+        board.set_live_peers(2);
+        board.peer_picks("a", PeerPicks::default(), 0, 500);
+        assert_eq!(board.load("a", 0).requests, 0.0);
+        board.picked("a", 10);
+        board.picked("a", 10);
+        let requests = board.load("a", 10).requests;
+        assert!((requests - 6.0).abs() < 1e-3, "own 2 + 2 peers x 2: {requests}");
+        board.started("a");
+        assert!((board.load("a", 10).requests - 6.0).abs() < 1e-3);
+        // The peers' report: what they really picked, and the estimate restarts.
+        let peers = PeerPicks {
+            recent: 1.0,
+            ..PeerPicks::default()
+        };
+        board.peer_picks("a", peers, 20, 500);
+        let requests = board.load("a", 20).requests;
+        assert!((requests - 3.0).abs() < 1e-3, "own 2 + the peers' 1: {requests}");
+        // Own figures are reported as they are, never with the estimate.
+        let own = board.own_picks(20);
+        assert!((own[0].1.recent - 2.0).abs() < 1e-3);
+        // No live peer, no estimate; an expired report, none either.
+        board.set_live_peers(0);
+        board.picked("a", 30);
+        assert!((board.load("a", 30).requests - 4.0).abs() < 1e-3);
+        board.set_live_peers(2);
+        let requests = board.load("a", 600).requests;
+        assert!((requests - 3.0).abs() < 1e-2, "expired: {requests}");
     }
 
     #[test]

@@ -437,6 +437,7 @@ async fn apply(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: Cancella
         let (sum, live) = exchange.sum(now_ms);
         exchange.metrics.live.set(live as i64);
         let board: &LoadBoard = core.routing().load_board();
+        board.set_live_peers(u32::try_from(live).unwrap_or(u32::MAX));
         let ttl = exchange.settings.ttl_ms;
         for id in previous.iter().filter(|id| !sum.contains_key(*id)) {
             board.peer_picks(id, PeerPicks::default(), now_ms, ttl);
