@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use ic_e2e::tansu::INSTALL;
@@ -69,20 +69,7 @@ impl Broker {
     }
 
     fn spawn(bin: &Path, port: u16, dir: &Path) -> Child {
-        let url = format!("tcp://127.0.0.1:{port}");
-        // tansu resolves the file against its working directory.
-        Command::new(bin)
-            .current_dir(dir)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "sqlite://tansu.db",
-            ])
-            .stdin(Stdio::null())
+        ic_e2e::tansu::broker_command(bin, port, ic_e2e::tansu::Storage::Sqlite(dir))
             .stdout(Stdio::null())
             .stderr(Self::log_file(dir))
             .env("RUST_LOG", "info")

@@ -21,7 +21,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -174,19 +174,8 @@ struct Broker(Child);
 impl Broker {
     fn start(port: u16, dir: &Path) -> Self {
         let bin = ic_e2e::tansu::binary();
-        let url = format!("tcp://127.0.0.1:{port}");
         let log = dir.join("broker.log");
-        let mut child = Command::new(&bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdin(Stdio::null())
+        let mut child = ic_e2e::tansu::broker_command(&bin, port, ic_e2e::tansu::Storage::Memory)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()

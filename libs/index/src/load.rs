@@ -528,8 +528,10 @@ impl LoadBoard {
             e.peer_at_ms.store(now_ms, Ordering::Relaxed);
             e.peer_until_ms
                 .store(now_ms.saturating_add(ttl_ms.max(0)), Ordering::Relaxed);
-            e.own_recent_at_peer
-                .store((e.recent() * self.decay_factor(now_ms)).to_bits(), Ordering::Relaxed);
+            e.own_recent_at_peer.store(
+                (e.recent() * self.decay_factor(now_ms)).to_bits(),
+                Ordering::Relaxed,
+            );
             e.own_in_flight_at_peer
                 .store(e.in_flight.load(Ordering::Relaxed), Ordering::Relaxed);
         });
@@ -685,7 +687,10 @@ mod tests {
         board.picked("a", 10);
         board.picked("a", 10);
         let requests = board.load("a", 10).requests;
-        assert!((requests - 6.0).abs() < 1e-3, "own 2 + 2 peers x 2: {requests}");
+        assert!(
+            (requests - 6.0).abs() < 1e-3,
+            "own 2 + 2 peers x 2: {requests}"
+        );
         board.started("a");
         assert!((board.load("a", 10).requests - 6.0).abs() < 1e-3);
         // The peers' report: what they really picked, and the estimate restarts.
@@ -695,7 +700,10 @@ mod tests {
         };
         board.peer_picks("a", peers, 20, 500);
         let requests = board.load("a", 20).requests;
-        assert!((requests - 3.0).abs() < 1e-3, "own 2 + the peers' 1: {requests}");
+        assert!(
+            (requests - 3.0).abs() < 1e-3,
+            "own 2 + the peers' 1: {requests}"
+        );
         // Own figures are reported as they are, never with the estimate.
         let own = board.own_picks(20);
         assert!((own[0].1.recent - 2.0).abs() < 1e-3);

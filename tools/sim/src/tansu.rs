@@ -35,6 +35,45 @@ pub fn binary() -> PathBuf {
         .unwrap_or_else(|| panic!("tansu (Kafka broker) not found; {INSTALL}"))
 }
 
+/// Where a test broker keeps its log.
+#[derive(Clone, Copy, Debug)]
+pub enum Storage<'a> {
+    /// In memory: gone when the broker stops.
+    Memory,
+    /// A SQLite file in this directory, kept across restarts.
+    Sqlite(&'a std::path::Path),
+}
+
+/// The command that runs `bin` as a broker listening on, and advertising,
+/// 127.0.0.1:`port` with `storage`; stdin is closed, the rest is the
+/// caller's (output, environment, spawning).
+pub fn broker_command(
+    bin: &std::path::Path,
+    port: u16,
+    storage: Storage<'_>,
+) -> std::process::Command {
+    let url = format!("tcp://127.0.0.1:{port}");
+    let mut command = std::process::Command::new(bin);
+    command
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
+        .stdin(std::process::Stdio::null());
+    match storage {
+        Storage::Memory => command.args(["--storage-engine", "memory://tansu/"]),
+        // tansu resolves the file against its working directory (an
+        // absolute path in the URL is misread).
+        Storage::Sqlite(dir) => command
+            .current_dir(dir)
+            .args(["--storage-engine", "sqlite://tansu.db"]),
+    };
+    command
+}
+
 /// How long a broker may take to start listening.
 const LISTEN_DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
 

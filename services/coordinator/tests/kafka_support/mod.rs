@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use ic_e2e::tansu::INSTALL;
@@ -37,18 +37,7 @@ impl Broker {
     /// When tansu is missing or does not come up.
     pub fn start_on(port: u16) -> Self {
         let bin = ic_e2e::tansu::binary();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(&bin)
-            .args([
-                "broker",
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdin(Stdio::null())
+        let child = ic_e2e::tansu::broker_command(&bin, port, ic_e2e::tansu::Storage::Memory)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
