@@ -316,7 +316,8 @@ impl IndexCore {
             if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
                 return Err(RouteError::Saturated(format!(
                     "every endpoint is saturated: the least busy has {:.0} requests \
-                     (--epp-shed-at-requests {limit})",
+                     (this request's priority is shed at {limit}: its CachePolicy's \
+                     shedding, else the --epp-shed-*-at-requests flags)",
                     least.load.requests
                 )));
             }
