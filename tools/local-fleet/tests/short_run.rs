@@ -76,8 +76,10 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
         "{md}"
     );
     let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
-    // Six routed variants and five in-process policies, two TTFT bars each.
-    assert_eq!(svg.matches("<polyline").count(), 22, "{svg}");
+    // Six routed variants and six in-process policies (round-robin, random,
+    // the two exact longest-prefix references, the exact TTFT reference and
+    // the oracle), two TTFT bars each.
+    assert_eq!(svg.matches("<polyline").count(), 24, "{svg}");
 }
 
 /// The shared-prefix chat workload, short: prefix-only routing piles the
