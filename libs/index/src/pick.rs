@@ -283,6 +283,16 @@ impl OtherKey {
             .then(self.requests.total_cmp(&other.requests))
             .then(other.tie.cmp(&self.tie))
     }
+
+    /// [`Self::rank_cmp`] without the per-request tie-break: the order of
+    /// the replicas' loads alone, the same for every prompt (a shortlist
+    /// kept between requests keeps every replica tied with its last one).
+    pub fn load_cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.over_bound
+            .cmp(&other.over_bound)
+            .then(other.score.total_cmp(&self.score))
+            .then(self.requests.total_cmp(&other.requests))
+    }
 }
 
 fn over_bound(bound: Option<f64>, load: &ReplicaLoad) -> bool {
@@ -652,6 +662,36 @@ mod tests {
         );
         assert_eq!(ranked.len(), 2 + OTHERS_RANKED);
     }
+
+    #[test]
+    fn the_load_order_is_the_rank_order_without_the_tie_break() {
+        let weights = ScoreWeights::default();
+        let fleet = Fleet::of(2, &[]);
+        let input = PickInput {
+            replicas: &[],
+            matches: &[],
+            speculative: &[],
+            prompt_blocks: 4,
+            block_size: 16,
+            tie_seed: 7,
+        };
+        let load = |requests| ReplicaLoad {
+            requests,
+            ..ReplicaLoad::default()
+        };
+        let a = OtherKey::new(&input, &weights, &fleet, &load(1.0), id_hash("a"));
+        let b = OtherKey::new(&input, &weights, &fleet, &load(1.0), id_hash("b"));
+        let c = OtherKey::new(&input, &weights, &fleet, &load(2.0), id_hash("a"));
+        assert_eq!(a.load_cmp(&b), std::cmp::Ordering::Equal);
+        assert_ne!(
+            a.rank_cmp(&b),
+            std::cmp::Ordering::Equal,
+            "ties differ by hash"
+        );
+        assert_eq!(a.load_cmp(&c), std::cmp::Ordering::Less);
+        assert_eq!(c.load_cmp(&b), std::cmp::Ordering::Greater);
+    }
+
     #[test]
     fn ranking_the_holders_and_the_best_others_by_their_key_is_ranking_all() {
         // Loads drawn from a small set, so ties (on score, requests and the
