@@ -62,6 +62,15 @@ pub(crate) fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
     fp.0 ^ u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
 }
 
+/// Advances a replica's last-seen time. Only the writer (whose lock the
+/// caller holds) advances it, so a load and a store do: no atomic
+/// read-modify-write per event.
+fn seen(meta: &ReplicaMeta, now_ms: i64) {
+    if meta.last_seen_ms.load(Ordering::Relaxed) < now_ms {
+        meta.last_seen_ms.store(now_ms, Ordering::Relaxed);
+    }
+}
+
 /// Writer-side facts about a replica slot.
 #[derive(Clone, Copy, Debug, Default)]
 struct Counts {
@@ -85,6 +94,68 @@ struct Writer {
     epoch_fill: u64,
     epoch_size: u64,
     epoch_entries: Vec<u64>,
+    /// The replica the last event came from, as resolved then: engines
+    /// report in bursts, and comparing names is cheaper than hashing them
+    /// into the registry's maps under its lock. Cleared whenever the
+    /// registry changes (only the writer changes it).
+    last: Option<Resolved>,
+    /// Working lists of one stored chain, kept so that an event allocates
+    /// none.
+    scratch: ChainScratch,
+}
+
+/// The blocks of a chain, the epoch each store is accounted in, and what
+/// storing each did.
+#[derive(Debug, Default)]
+struct ChainScratch {
+    blocks: Vec<Block>,
+    epochs: Vec<u32>,
+    results: Vec<Result<Stored, u32>>,
+}
+
+/// Chains longer than this do not leave their working lists behind (a
+/// resync's chunk would keep tens of bytes per block of it).
+const SCRATCH_KEEP: usize = 256;
+
+impl ChainScratch {
+    fn heap_bytes(&self) -> usize {
+        self.blocks.capacity() * size_of::<Block>()
+            + self.epochs.capacity() * size_of::<u32>()
+            + self.results.capacity() * size_of::<Result<Stored, u32>>()
+    }
+
+    /// Keeps the lists for the next chain unless they grew large.
+    fn keep(blocks: Vec<Block>, epochs: Vec<u32>, results: Vec<Result<Stored, u32>>) -> Self {
+        if blocks.capacity() > SCRATCH_KEEP {
+            return Self::default();
+        }
+        Self {
+            blocks,
+            epochs,
+            results,
+        }
+    }
+}
+
+/// A replica's names and what they resolved to.
+#[derive(Debug)]
+struct Resolved {
+    key: ReplicaKey,
+    scope: Scope,
+    address: String,
+    idx: ReplicaIdx,
+    scope_id: ScopeId,
+    meta: Arc<ReplicaMeta>,
+}
+
+impl Resolved {
+    /// Whether these are the names resolved (rank first: it differs most).
+    fn is(&self, key: &ReplicaKey, scope: &Scope, address: &str) -> bool {
+        self.key.dp_rank == key.dp_rank
+            && self.key == *key
+            && self.address == address
+            && self.scope == *scope
+    }
 }
 
 impl Writer {
@@ -92,6 +163,7 @@ impl Writer {
         self.counts.capacity() * size_of::<Counts>()
             + self.free_slots.capacity() * size_of::<ReplicaIdx>()
             + self.epoch_entries.capacity() * size_of::<u64>()
+            + self.scratch.heap_bytes()
     }
 
     fn counts(&mut self, idx: ReplicaIdx) -> &mut Counts {
@@ -150,6 +222,8 @@ impl Index {
                 epoch_fill: 0,
                 epoch_size: (config.capacity_entries / 16).max(1),
                 epoch_entries: vec![0; EPOCHS as usize],
+                last: None,
+                scratch: ChainScratch::default(),
             }),
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
@@ -236,6 +310,12 @@ impl Index {
         address: &str,
         now_ms: i64,
     ) -> Option<(ReplicaIdx, ScopeId, bool)> {
+        if let Some(last) = &writer.last
+            && last.is(key, scope, address)
+        {
+            seen(&last.meta, now_ms);
+            return Some((last.idx, last.scope_id, false));
+        }
         {
             let reg = self.registry.read();
             if let Some(&idx) = reg.by_key.get(key)
@@ -243,10 +323,19 @@ impl Index {
                 && reg.scopes.get(scope) == Some(&meta.scope)
                 && meta.address == address
             {
-                meta.last_seen_ms.fetch_max(now_ms, Ordering::Relaxed);
+                seen(meta, now_ms);
+                writer.last = Some(Resolved {
+                    key: key.clone(),
+                    scope: scope.clone(),
+                    address: address.to_owned(),
+                    idx,
+                    scope_id: meta.scope,
+                    meta: Arc::clone(meta),
+                });
                 return Some((idx, meta.scope, false));
             }
         }
+        writer.last = None;
         let mut reg = self.registry.write();
         let scope_id = match reg.scopes.get(scope) {
             Some(&id) => id,
@@ -328,6 +417,7 @@ impl Index {
             return errors;
         }
         // Build the new state under a slot lookups cannot see yet.
+        writer.last = None;
         let Some(fresh) = self.new_slot(&mut writer, &mut self.registry.write()) else {
             return vec![ContentError::TooManyReplicas];
         };
@@ -352,6 +442,7 @@ impl Index {
     /// Forgets a replica (drained or gone).
     pub fn remove_replica(&self, key: &ReplicaKey) -> bool {
         let mut writer = self.writer.lock();
+        writer.last = None;
         let idx = {
             let mut reg = self.registry.write();
             let Some(idx) = reg.by_key.remove(key) else {
@@ -462,12 +553,18 @@ impl Index {
                     }
                 }
                 Change::Evicted { fingerprints } => {
-                    let blocks: Vec<Block> = fingerprints
-                        .iter()
-                        .map(|&fp| Block::new(entry_key(scope, fp), 0))
-                        .collect();
+                    let mut blocks = std::mem::take(&mut writer.scratch.blocks);
+                    blocks.clear();
+                    blocks.extend(
+                        fingerprints
+                            .iter()
+                            .map(|&fp| Block::new(entry_key(scope, fp), 0)),
+                    );
                     self.store
                         .remove(&blocks, |h| h.replica() == idx, |h| self.forget(writer, h));
+                    if blocks.capacity() <= SCRATCH_KEEP {
+                        writer.scratch.blocks = blocks;
+                    }
                 }
                 Change::Cleared { tier } => {
                     let counts = *writer.counts(idx);
@@ -499,19 +596,21 @@ impl Index {
         tier: Tier,
         errors: &mut Vec<ContentError>,
     ) {
-        let blocks: Vec<Block> = fingerprints
-            .iter()
-            .enumerate()
-            .map(|(i, &fp)| {
-                let depth = start_depth
-                    .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
-                    .min(MAX_DEPTH);
-                Block::new(entry_key(scope, fp), depth)
-            })
-            .collect();
+        let ChainScratch {
+            mut blocks,
+            mut epochs,
+            mut results,
+        } = std::mem::take(&mut writer.scratch);
+        blocks.clear();
+        blocks.extend(fingerprints.iter().enumerate().map(|(i, &fp)| {
+            let depth = start_depth
+                .saturating_add(u32::try_from(i).unwrap_or(u32::MAX))
+                .min(MAX_DEPTH);
+            Block::new(entry_key(scope, fp), depth)
+        }));
         // The epoch each store will be accounted in (the clock ticks per
         // store, exactly as `account_store` advances it).
-        let mut epochs: Vec<u32> = Vec::with_capacity(blocks.len());
+        epochs.clear();
         let (mut epoch, mut fill) = (writer.epoch, writer.epoch_fill);
         for _ in &blocks {
             epochs.push(epoch);
@@ -521,29 +620,31 @@ impl Index {
                 fill = 0;
             }
         }
-        let Ok(results) = self
+        if self
             .store
-            .store_chain(&blocks, |i| Holder::new(idx, tier, epochs[i]))
-        else {
-            errors.push(ContentError::OutOfSpace);
-            return;
-        };
-        for (((block, fp), result), &epoch) in
-            blocks.iter().zip(fingerprints).zip(results).zip(&epochs)
+            .store_chain(&blocks, |i| Holder::new(idx, tier, epochs[i]), &mut results)
+            .is_err()
         {
-            match result {
-                Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
-                Err(known) => {
-                    errors.push(ContentError::DepthMismatch {
-                        fingerprint: *fp,
-                        known,
-                        reported: block.depth,
-                    });
-                    // Keep the clock in step with the epochs handed out.
-                    self.tick_clock(writer);
+            errors.push(ContentError::OutOfSpace);
+        } else {
+            for (((block, fp), result), &epoch) in
+                blocks.iter().zip(fingerprints).zip(&results).zip(&epochs)
+            {
+                match *result {
+                    Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
+                    Err(known) => {
+                        errors.push(ContentError::DepthMismatch {
+                            fingerprint: *fp,
+                            known,
+                            reported: block.depth,
+                        });
+                        // Keep the clock in step with the epochs handed out.
+                        self.tick_clock(writer);
+                    }
                 }
             }
         }
+        writer.scratch = ChainScratch::keep(blocks, epochs, results);
     }
 
     /// Bookkeeping for one stored holder, and the eviction clock.

@@ -104,6 +104,36 @@ struct Placement {
     queued: usize,
     /// No pages are queued for refilling until `dead` exceeds this.
     pick_after: usize,
+    /// Working lists of one write, kept so that an event allocates none.
+    scratch: Scratch,
+}
+
+/// The writer's per-event working lists, emptied and reused.
+#[derive(Debug, Default)]
+struct Scratch {
+    /// The record of each block of the event, where it exists.
+    recs: Vec<Option<RecId>>,
+    /// (hash, record) of the records created.
+    created: Vec<(u64, RecId)>,
+}
+
+/// Lists longer than this are not kept (a resync's chunk would keep tens
+/// of bytes per block of it).
+const SCRATCH_KEEP: usize = 256;
+
+impl Scratch {
+    fn heap_bytes(&self) -> usize {
+        self.recs.capacity() * size_of::<Option<RecId>>()
+            + self.created.capacity() * size_of::<(u64, RecId)>()
+    }
+
+    /// Keeps the lists for the next write unless they grew large.
+    fn keep(recs: Vec<Option<RecId>>, created: Vec<(u64, RecId)>) -> Self {
+        if recs.capacity() > SCRATCH_KEEP {
+            return Self::default();
+        }
+        Self { recs, created }
+    }
 }
 
 /// One lock shard of the key tables.
@@ -528,9 +558,11 @@ impl Store {
         Ok(())
     }
 
-    /// The records of `blocks`, where they exist.
-    fn locate(&self, blocks: &[Block]) -> Vec<Option<RecId>> {
-        let mut recs = Vec::with_capacity(blocks.len());
+    /// The records of `blocks`, where they exist, into `recs` (emptied
+    /// first).
+    fn locate(&self, blocks: &[Block], recs: &mut Vec<Option<RecId>>) {
+        recs.clear();
+        recs.reserve(blocks.len());
         let dir = self.pages.read();
         let mut reader = self.reader(&dir);
         let mut prev = None;
@@ -547,21 +579,26 @@ impl Store {
                 recs.push(rec);
             }
         }
-        recs
     }
 
     /// Stores `holder(i)` on every block, creating the records of blocks
-    /// not seen before, in order. Returns per block what happened
-    /// (`Err(known_depth)` for a depth conflict). The caller does its
-    /// bookkeeping afterwards, outside every lock.
+    /// not seen before, in order. Puts per block what happened
+    /// (`Err(known_depth)` for a depth conflict) into `results` (emptied
+    /// first). The caller does its bookkeeping afterwards, outside every
+    /// lock.
     pub(crate) fn store_chain(
         &self,
         blocks: &[Block],
         holder: impl Fn(usize) -> Holder,
-    ) -> Result<Vec<Result<Stored, u32>>, OutOfSpace> {
+        results: &mut Vec<Result<Stored, u32>>,
+    ) -> Result<(), OutOfSpace> {
         let mut place = self.place.lock();
+        let Scratch {
+            mut recs,
+            mut created,
+        } = std::mem::take(&mut place.scratch);
         // Which blocks exist already.
-        let mut recs = self.locate(blocks);
+        self.locate(blocks, &mut recs);
         // A block repeated within the chain gets one record: later copies
         // point at the first (`first_copy[i]`).
         let new = recs.iter().filter(|r| r.is_none()).count();
@@ -585,9 +622,11 @@ impl Store {
             }
         }
         self.reserve(&mut place, new)?;
-        let mut results = Vec::with_capacity(blocks.len());
+        results.clear();
+        results.reserve(blocks.len());
         // (hash, record) of the records created here.
-        let mut created: Vec<(u64, RecId)> = Vec::with_capacity(new);
+        created.clear();
+        created.reserve(new);
         {
             let dir = self.pages.read();
             let mut writer = PageWriter::new(&dir);
@@ -623,7 +662,8 @@ impl Store {
             }
         }
         self.publish(&created, |table, &(h, rec)| table.insert(h, rec));
-        Ok(results)
+        place.scratch = Scratch::keep(recs, created);
+        Ok(())
     }
 
     /// Applies `edit` to the key table of each item, one lock per shard
@@ -688,12 +728,13 @@ impl Store {
         mut removed: impl FnMut(Holder),
     ) {
         let mut place = self.place.lock();
-        let recs = self.locate(blocks);
+        let mut recs = std::mem::take(&mut place.scratch.recs);
+        self.locate(blocks, &mut recs);
         let mut dead = Doomed::default();
         {
             let dir = self.pages.read();
             let mut writer = PageWriter::new(&dir);
-            for (b, rec) in blocks.iter().zip(recs) {
+            for (b, &rec) in blocks.iter().zip(&recs) {
                 let Some(rec) = rec else {
                     continue;
                 };
@@ -708,6 +749,9 @@ impl Store {
                     }
                 }
             }
+        }
+        if recs.capacity() <= SCRATCH_KEEP {
+            place.scratch.recs = recs;
         }
         if !dead.is_empty() {
             self.withdraw(dead);
@@ -797,6 +841,7 @@ impl Store {
                 .iter()
                 .map(|l| l.capacity() * size_of::<usize>())
                 .sum::<usize>()
+                + place.scratch.heap_bytes()
         };
         // A few pages per directory read lock: a writer queued for the
         // directory's write lock (to add or free a page) holds up new

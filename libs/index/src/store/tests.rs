@@ -83,8 +83,9 @@ proptest! {
                     let blocks: Vec<Block> = (start..start + len)
                         .map(|k| Block::new(k, u32::try_from(k).unwrap()))
                         .collect();
-                    let results = store
-                        .store_chain(&blocks, |_| Holder::new(replica, Tier::T1, epoch))
+                    let mut results = Vec::new();
+                    store
+                        .store_chain(&blocks, |_| Holder::new(replica, Tier::T1, epoch), &mut results)
                         .unwrap();
                     for (k, r) in (start..start + len).zip(results) {
                         let added = model.entry(k).or_default().insert(replica, epoch).is_none();
@@ -151,7 +152,7 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
         .map(|k| Block::new(u64::from(k) * 7, k))
         .collect();
     store
-        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
+        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0), &mut Vec::new())
         .unwrap();
     let dir = store.directory();
     let mut reader = store.reader(&dir);
@@ -183,8 +184,9 @@ fn duplicates_are_spotted_including_key_zero() {
 fn a_block_repeated_in_one_chain_gets_one_record() {
     let store = Store::new(2, 2);
     let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
-    let results = store
-        .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0))
+    let mut results = Vec::new();
+    store
+        .store_chain(&blocks, |_| Holder::new(3, Tier::T1, 0), &mut results)
         .unwrap();
     assert!(matches!(
         results[..],
@@ -204,7 +206,7 @@ fn store_numbered_chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
         .map(|d| Block::new(c * 100 + u64::from(d), d))
         .collect();
     store
-        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0))
+        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0), &mut Vec::new())
         .unwrap();
     blocks
 }
