@@ -68,6 +68,12 @@ pub struct LoadSettings {
     pub pick_half_life_ms: i64,
     /// An engine report older than this is ignored, ms.
     pub engine_report_ttl_ms: i64,
+    /// A large scope's shortlist of its least loaded replicas (and its
+    /// fleet figures) is rebuilt once it is this old, ms.
+    pub shortlist_refresh_ms: i64,
+    /// ... or once this many load changes (picks, reports, requests ended)
+    /// happened on the board since it was built.
+    pub shortlist_refresh_changes: u64,
 }
 
 impl Default for LoadSettings {
@@ -75,6 +81,8 @@ impl Default for LoadSettings {
         Self {
             pick_half_life_ms: 10_000,
             engine_report_ttl_ms: 30_000,
+            shortlist_refresh_ms: 20,
+            shortlist_refresh_changes: 16,
         }
     }
 }
@@ -222,6 +230,11 @@ pub struct LoadBoard {
     scopes: RwLock<FastMap<u64, MemberLoads>>,
     /// Peer replicas whose figures are fresh ([`LoadBoard::set_live_peers`]).
     live_peers: AtomicU32,
+    /// Load changes so far (every pick, report, request start and end):
+    /// how stale a scope's shortlist is.
+    changes: AtomicU64,
+    /// Shortlists rebuilt (see [`LoadBoard::shortlist_refreshes`]).
+    refreshes: AtomicU64,
 }
 
 /// The board's entries of one scope's members, in the members' order, and
@@ -234,6 +247,22 @@ pub(crate) struct MemberLoads {
     generation: u64,
     entries: Box<[Option<Arc<Entry>>]>,
     pub(crate) id_hashes: Box<[u64]>,
+    /// `(id_hashes[i], i)`, sorted: finds a holder's members.
+    by_hash: Box<[(u64, u32)]>,
+    /// The scope's shortlist, when it is large enough to keep one.
+    pub(crate) shortlist: RwLock<Option<Arc<crate::route::Shortlist>>>,
+}
+
+impl MemberLoads {
+    /// The members whose replica id hashes to `h` (a pod's data-parallel
+    /// ranks share their id).
+    pub(crate) fn with_hash(&self, h: u64) -> impl Iterator<Item = usize> + '_ {
+        let from = self.by_hash.partition_point(|(x, _)| *x < h);
+        self.by_hash[from..]
+            .iter()
+            .take_while(move |(x, _)| *x == h)
+            .map(|(_, i)| *i as usize)
+    }
 }
 
 /// Reads loads at one moment (the decay factor computed once).
@@ -242,9 +271,30 @@ pub(crate) struct LoadReader<'a> {
     board: &'a LoadBoard,
     now_ms: i64,
     decay: f64,
+    changes: u64,
 }
 
 impl LoadReader<'_> {
+    /// The moment it reads at.
+    pub(crate) fn now_ms(&self) -> i64 {
+        self.now_ms
+    }
+
+    /// The board's load changes when this reader was made.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The board's settings.
+    pub(crate) fn settings(&self) -> &LoadSettings {
+        &self.board.settings
+    }
+
+    /// Counts a shortlist rebuilt.
+    pub(crate) fn refreshed(&self) {
+        self.board.refreshes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The load of member `i` of `members` (idle when not on the board).
     pub(crate) fn member(&self, members: &MemberLoads, i: usize) -> ReplicaLoad {
         members
@@ -285,8 +335,18 @@ impl LoadBoard {
         (-self.ahead(now_ms).max(0.0)).max(-2_000.0).exp2()
     }
 
+    /// Shortlists rebuilt so far: each read every replica of its scope.
+    pub fn shortlist_refreshes(&self) -> u64 {
+        self.refreshes.load(Ordering::Relaxed)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Runs `f` on `replica_id`'s entry, creating it when new.
     fn with_entry(&self, replica_id: &str, f: impl FnOnce(&Entry)) {
+        self.changed();
         if let Some(e) = self.entries.read().get(replica_id) {
             return f(e);
         }
@@ -312,6 +372,7 @@ impl LoadBoard {
             board: self,
             now_ms,
             decay: self.decay_factor(now_ms),
+            changes: self.changes.load(Ordering::Relaxed),
         };
         {
             let scopes = self.scopes.read();
@@ -324,6 +385,16 @@ impl LoadBoard {
         }
         let resolved = {
             let map = self.entries.read();
+            let id_hashes: Box<[u64]> = members
+                .iter()
+                .map(|m| crate::pick::id_hash(&m.key.replica_id))
+                .collect();
+            let mut by_hash: Vec<(u64, u32)> = id_hashes
+                .iter()
+                .enumerate()
+                .map(|(i, h)| (*h, u32::try_from(i).unwrap_or(u32::MAX)))
+                .collect();
+            by_hash.sort_unstable();
             MemberLoads {
                 members: Arc::clone(members),
                 // Read under the map's lock: an entry added later bumps it.
@@ -332,10 +403,9 @@ impl LoadBoard {
                     .iter()
                     .map(|m| map.get(m.key.replica_id.as_str()).cloned())
                     .collect(),
-                id_hashes: members
-                    .iter()
-                    .map(|m| crate::pick::id_hash(&m.key.replica_id))
-                    .collect(),
+                id_hashes,
+                by_hash: by_hash.into(),
+                shortlist: RwLock::new(None),
             }
         };
         let answer = f(&reader, &resolved);
@@ -375,6 +445,7 @@ impl LoadBoard {
 
     /// A request this picker sent to `replica_id` finished (or failed).
     pub fn finished(&self, replica_id: &str) {
+        self.changed();
         if let Some(e) = self.entries.read().get(replica_id) {
             let _ = e
                 .in_flight
@@ -540,7 +611,9 @@ impl LoadBoard {
     /// How many peer replicas' figures are fresh: between two reports each
     /// is assumed to pick as this server does (see [`LoadBoard::peer_picks`]).
     pub fn set_live_peers(&self, live_peers: u32) {
-        self.live_peers.store(live_peers, Ordering::Relaxed);
+        if self.live_peers.swap(live_peers, Ordering::Relaxed) != live_peers {
+            self.changed();
+        }
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
@@ -577,6 +650,7 @@ mod tests {
         let board = LoadBoard::new(LoadSettings {
             pick_half_life_ms: 1_000,
             engine_report_ttl_ms: 5_000,
+            ..LoadSettings::default()
         });
         board.picked("a", 0);
         board.picked("a", 0);
@@ -629,6 +703,7 @@ mod tests {
         let board = LoadBoard::new(LoadSettings {
             pick_half_life_ms: 1_000,
             engine_report_ttl_ms: 5_000,
+            ..LoadSettings::default()
         });
         board.started("a");
         board.picked("a", 0);
@@ -680,6 +755,7 @@ mod tests {
         let board = LoadBoard::new(LoadSettings {
             pick_half_life_ms: 1_000_000,
             engine_report_ttl_ms: 5_000,
+            ..LoadSettings::default()
         });
         board.set_live_peers(2);
         board.peer_picks("a", PeerPicks::default(), 0, 500);

@@ -25,7 +25,8 @@ use crate::speculative::Speculation;
 
 mod shortlist;
 use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, Tier};
-use shortlist::{Eligible, rank_eligible};
+pub(crate) use shortlist::Shortlist;
+use shortlist::{Eligible, SHORTLIST_ABOVE, rank_eligible};
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]
@@ -540,49 +541,6 @@ pub fn route_ranked(
         None => index.members(&replica_scope),
     };
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
-    let eligible = match (scoring.pool, &members, scoring.source.board()) {
-        (Some(pool), _, _) => {
-            let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
-            let loads = scoring.source.loads(&ids, now_ms);
-            Eligible {
-                replicas: pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
-                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
-                loads,
-            }
-        }
-        (None, Some(members), Some(board)) => {
-            board.with_members(scoring.scope_tag, members, now_ms, |reader, resolved| {
-                let mut eligible = Eligible::with_capacity(members.len());
-                for (i, m) in members.iter().enumerate() {
-                    if m.answers(query.candidates, fresh_since) {
-                        eligible.push(
-                            (&m.key, m.address.as_str()),
-                            reader.member(resolved, i),
-                            resolved.id_hashes[i],
-                        );
-                    }
-                }
-                eligible
-            })
-        }
-        (None, Some(members), None) => {
-            let replicas: Vec<(&ReplicaKey, &str)> = members
-                .iter()
-                .filter(|m| m.answers(query.candidates, fresh_since))
-                .map(|m| (&m.key, m.address.as_str()))
-                .collect();
-            let ids: Vec<&str> = replicas
-                .iter()
-                .map(|(k, _)| k.replica_id.as_str())
-                .collect();
-            Eligible {
-                loads: scoring.source.loads(&ids, now_ms),
-                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
-                replicas,
-            }
-        }
-        (None, None, _) => Eligible::default(),
-    };
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),
         _ => {
@@ -602,6 +560,90 @@ pub fn route_ranked(
         prompt_blocks,
         block_size,
         tie_seed: blocks.last().map_or(0, |f| f.0),
+    };
+    let eligible = match (scoring.pool, &members, scoring.source.board()) {
+        (Some(pool), _, _) => {
+            let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
+            let loads = scoring.source.loads(&ids, now_ms);
+            Eligible {
+                replicas: pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
+                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
+                loads,
+                fleet: None,
+            }
+        }
+        (None, Some(members), Some(board)) => {
+            board.with_members(scoring.scope_tag, members, now_ms, |reader, resolved| {
+                // A large scope without a candidate set reads its holders
+                // and its shortlist only.
+                let mut keep = query.candidates.is_none() && members.len() > SHORTLIST_ABOVE;
+                if keep {
+                    let shortlist = resolved.shortlist.read().clone();
+                    if let Some(shortlist) =
+                        shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
+                    {
+                        // Fresh but of no use to this prompt: not rebuilt.
+                        keep = false;
+                        let holders: Vec<u64> = matches
+                            .iter()
+                            .map(|m| id_hash(&m.replica.replica_id))
+                            .chain(speculative.iter().map(|(id, _)| id_hash(id)))
+                            .collect();
+                        if let Some(eligible) =
+                            shortlist.eligible(members, resolved, reader, &holders, fresh_since)
+                        {
+                            return eligible;
+                        }
+                    }
+                }
+                let mut eligible = Eligible::with_capacity(members.len());
+                let mut positions = Vec::with_capacity(if keep { members.len() } else { 0 });
+                for (i, m) in members.iter().enumerate() {
+                    if m.answers(query.candidates, fresh_since) {
+                        eligible.push(
+                            (&m.key, m.address.as_str()),
+                            reader.member(resolved, i),
+                            resolved.id_hashes[i],
+                        );
+                        if keep {
+                            positions.push(u32::try_from(i).unwrap_or(u32::MAX));
+                        }
+                    }
+                }
+                if keep {
+                    // Built from the loads just read: the lookup that
+                    // finds the shortlist stale pays one pass, as before.
+                    let rebuilt = Shortlist::build(
+                        &positions,
+                        &eligible.loads,
+                        &input,
+                        scoring.weights,
+                        reader,
+                    );
+                    *resolved.shortlist.write() = Some(std::sync::Arc::new(rebuilt));
+                    reader.refreshed();
+                }
+                eligible
+            })
+        }
+        (None, Some(members), None) => {
+            let replicas: Vec<(&ReplicaKey, &str)> = members
+                .iter()
+                .filter(|m| m.answers(query.candidates, fresh_since))
+                .map(|m| (&m.key, m.address.as_str()))
+                .collect();
+            let ids: Vec<&str> = replicas
+                .iter()
+                .map(|(k, _)| k.replica_id.as_str())
+                .collect();
+            Eligible {
+                loads: scoring.source.loads(&ids, now_ms),
+                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
+                replicas,
+                fleet: None,
+            }
+        }
+        (None, None, _) => Eligible::default(),
     };
     // Every holder and the best few others, scored as among the whole scope.
     let ranked = rank_eligible(&eligible, &input, scoring.weights);

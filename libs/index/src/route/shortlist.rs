@@ -6,10 +6,13 @@
 //! neither costs one load read and one key instead of a full score, a name
 //! hash, two holder searches and a sort entry.
 
-use crate::load::ReplicaLoad;
+use std::sync::Arc;
+
+use crate::load::{LoadReader, MemberLoads, ReplicaLoad};
 use crate::pick::{
     Fleet, OTHERS_RANKED, OtherKey, PickInput, ScoreWeights, Scored, id_hash, rank_in,
 };
+use crate::registry::ReplicaMeta;
 use crate::types::ReplicaKey;
 
 /// A scope's eligible replicas as the ranking reads them, in one order.
@@ -21,6 +24,9 @@ pub(super) struct Eligible<'a> {
     pub(super) loads: Vec<ReplicaLoad>,
     /// [`id_hash`] of each replica id.
     pub(super) id_hashes: Vec<u64>,
+    /// The whole scope's figures, when these are only part of it (a
+    /// [`Shortlist`]'s); else computed from `loads`.
+    pub(super) fleet: Option<Fleet>,
 }
 
 impl<'a> Eligible<'a> {
@@ -29,6 +35,7 @@ impl<'a> Eligible<'a> {
             replicas: Vec::with_capacity(n),
             loads: Vec::with_capacity(n),
             id_hashes: Vec::with_capacity(n),
+            fleet: None,
         }
     }
 
@@ -47,7 +54,9 @@ pub(super) fn rank_eligible(
     weights: &ScoreWeights,
 ) -> Vec<Scored> {
     let n = eligible.replicas.len();
-    let fleet = Fleet::of(n, &eligible.loads);
+    let fleet = eligible
+        .fleet
+        .unwrap_or_else(|| Fleet::of(n, &eligible.loads));
     let mut holders: Vec<u64> = input
         .matches
         .iter()
@@ -97,4 +106,151 @@ pub(super) fn rank_eligible(
         ..*input
     };
     rank_in(&part, weights, &loads, &fleet)
+}
+
+/// Scopes with more eligible replicas than this keep a [`Shortlist`]
+/// between lookups; smaller ones read every load (a few hundred
+/// instructions in all).
+pub(super) const SHORTLIST_ABOVE: usize = 64;
+
+/// Replicas a [`Shortlist`] keeps (and every replica tied with the last):
+/// room for the best [`OTHERS_RANKED`] others after a prompt's holders,
+/// and for the picks of the requests until the next rebuild.
+const SHORTLISTED: usize = 4 * OTHERS_RANKED;
+
+/// A large scope's least loaded replicas, as of one moment, and the whole
+/// scope's [`Fleet`] figures then: a lookup reads the loads of these and of
+/// its holders only. Rebuilt (by a lookup that reads every load anyway)
+/// once [`crate::load::LoadSettings::shortlist_refresh_ms`] old or
+/// [`crate::load::LoadSettings::shortlist_refresh_changes`] load changes
+/// on. Until then a lookup answers as ranking every replica would have at
+/// the moment it was built, with the current loads of the replicas it
+/// scores: a replica outside is missed only if it became less loaded than
+/// the best others inside within that bound, and the scores are relative to
+/// a busiest replica and a fair share that old.
+#[derive(Debug)]
+pub(crate) struct Shortlist {
+    at_ms: i64,
+    changes: u64,
+    weights: ScoreWeights,
+    /// By TTFT a replica's key depends on the prompt's length (through its
+    /// own prefill rate): a shortlist serves prompts of the same power of
+    /// two of blocks.
+    prompt_class: u32,
+    fleet: Fleet,
+    /// Member positions, ascending.
+    members: Box<[u32]>,
+}
+
+fn prompt_class(input: &PickInput<'_>) -> u32 {
+    (input.prompt_blocks.max(1) * input.block_size.max(1)).ilog2()
+}
+
+impl Shortlist {
+    /// Built from every eligible member (`positions` in the scope's member
+    /// list, `loads` theirs).
+    pub(super) fn build(
+        positions: &[u32],
+        loads: &[ReplicaLoad],
+        input: &PickInput<'_>,
+        weights: &ScoreWeights,
+        reader: &LoadReader<'_>,
+    ) -> Self {
+        let fleet = Fleet::of(positions.len(), loads);
+        let mut keys: Vec<(OtherKey, u32)> = positions
+            .iter()
+            .zip(loads)
+            .map(|(&p, load)| (OtherKey::new(input, weights, &fleet, load, 0), p))
+            .collect();
+        if keys.len() > SHORTLISTED {
+            let (_, last, _) =
+                keys.select_nth_unstable_by(SHORTLISTED - 1, |a, b| a.0.load_cmp(&b.0));
+            let last = last.0;
+            // Every replica tied with the last too: one left out would be
+            // missed by a prompt whose tie-break prefers it.
+            keys.retain(|(k, _)| k.load_cmp(&last).is_le());
+        }
+        let mut members: Vec<u32> = keys.into_iter().map(|(_, p)| p).collect();
+        members.sort_unstable();
+        Self {
+            at_ms: reader.now_ms(),
+            changes: reader.changes(),
+            weights: *weights,
+            prompt_class: prompt_class(input),
+            fleet,
+            members: members.into(),
+        }
+    }
+
+    /// Whether this shortlist may answer `input` under `weights` now.
+    pub(super) fn serves(
+        &self,
+        input: &PickInput<'_>,
+        weights: &ScoreWeights,
+        reader: &LoadReader<'_>,
+    ) -> bool {
+        let settings = reader.settings();
+        let age = reader.now_ms().saturating_sub(self.at_ms);
+        (0..settings.shortlist_refresh_ms).contains(&age)
+            && reader.changes().wrapping_sub(self.changes) < settings.shortlist_refresh_changes
+            && self.weights == *weights
+            && (weights.ttft.is_none() || self.prompt_class == prompt_class(input))
+    }
+
+    /// The eligible replicas to rank for a prompt held by the replicas
+    /// hashing to `holders` ([`id_hash`]): those and the shortlisted ones,
+    /// with the shortlist's fleet figures; `None` when fewer than
+    /// [`OTHERS_RANKED`] shortlisted replicas besides the holders are
+    /// eligible now (ranking every replica answers then).
+    pub(super) fn eligible<'a>(
+        &self,
+        members: &'a [Arc<ReplicaMeta>],
+        resolved: &MemberLoads,
+        reader: &LoadReader<'_>,
+        holders: &[u64],
+        fresh_since: Option<i64>,
+    ) -> Option<Eligible<'a>> {
+        if self.members.len() > 2 * SHORTLISTED {
+            // Most of the scope tied (an idle fleet): reading every load
+            // is no dearer.
+            return None;
+        }
+        let mut positions: Vec<usize> = Vec::with_capacity(self.members.len() + holders.len());
+        for &h in holders {
+            positions.extend(resolved.with_hash(h));
+        }
+        let mut others = 0;
+        for &p in self.members.iter() {
+            let p = p as usize;
+            if resolved
+                .id_hashes
+                .get(p)
+                .is_some_and(|h| !holders.contains(h))
+            {
+                if !members.get(p)?.answers(None, fresh_since) {
+                    continue;
+                }
+                others += 1;
+            }
+            positions.push(p);
+        }
+        if others < OTHERS_RANKED {
+            return None;
+        }
+        positions.sort_unstable();
+        positions.dedup();
+        let mut eligible = Eligible::with_capacity(positions.len());
+        eligible.fleet = Some(self.fleet);
+        for p in positions {
+            let m = members.get(p)?;
+            if m.answers(None, fresh_since) {
+                eligible.push(
+                    (&m.key, m.address.as_str()),
+                    reader.member(resolved, p),
+                    resolved.id_hashes[p],
+                );
+            }
+        }
+        Some(eligible)
+    }
 }
