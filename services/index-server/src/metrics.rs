@@ -14,6 +14,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
+const PREFIX_MATCH: LookupLabels = LookupLabels {
+    outcome: "prefix_match",
+    reason: "none",
+};
+
 /// Lookup outcome labels (fixed set).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LookupLabels {
@@ -63,6 +68,9 @@ pub struct Metrics {
     pub serving: ic_telemetry::serving::ServingMetrics,
     /// Lookups answered, by outcome and reason.
     pub lookups: Family<LookupLabels, Counter>,
+    /// The `prefix_match` series of `lookups`, resolved once: most lookups
+    /// count there, and the family's lookup costs a lock and a hash.
+    prefix_matches: Counter,
     /// Lookups refused as invalid or unsupported.
     pub lookup_errors: Counter,
     /// Time to answer a lookup, seconds.
@@ -138,6 +146,7 @@ impl Metrics {
         let m = Self {
             serving: ic_telemetry::serving::ServingMetrics::default(),
             lookups: Family::default(),
+            prefix_matches: Counter::default(),
             lookup_errors: Counter::default(),
             // 1 µs .. ~16 s
             lookup_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -166,7 +175,12 @@ impl Metrics {
         let serving = registry.register_with(|r| {
             ic_telemetry::serving::ServingMetrics::register(r.sub_registry_with_prefix("index"))
         });
-        let m = Self { serving, ..m };
+        let prefix_matches = m.lookups.get_or_create(&PREFIX_MATCH).clone();
+        let m = Self {
+            serving,
+            prefix_matches,
+            ..m
+        };
         registry.register_with(|r| {
             let r = r.sub_registry_with_prefix("index");
             r.register(
@@ -293,26 +307,25 @@ impl Metrics {
 
     /// Counts one answered lookup.
     pub fn record_lookup(&self, response: &pb::LookupRouteResponse, took: Duration) {
-        let labels = if response.outcome == pb::LookupOutcome::PrefixMatch as i32 {
-            LookupLabels {
-                outcome: "prefix_match",
-                reason: "none",
-            }
+        if response.outcome == pb::LookupOutcome::PrefixMatch as i32 {
+            self.prefix_matches.inc();
         } else {
-            LookupLabels {
-                outcome: "no_hint",
-                reason: match pb::NoHintReason::try_from(response.no_hint_reason) {
-                    Ok(pb::NoHintReason::NoEntry) => "no_entry",
-                    Ok(pb::NoHintReason::BelowMinimumPrefix) => "below_minimum_prefix",
-                    Ok(pb::NoHintReason::LookupTimeout) => "lookup_timeout",
-                    Ok(pb::NoHintReason::UnknownModel) => "unknown_model",
-                    Ok(pb::NoHintReason::PromptTooShort) => "prompt_too_short",
-                    Ok(pb::NoHintReason::LoadBound) => "load_bound",
-                    _ => "unspecified",
-                },
-            }
-        };
-        self.lookups.get_or_create(&labels).inc();
+            let reason = match pb::NoHintReason::try_from(response.no_hint_reason) {
+                Ok(pb::NoHintReason::NoEntry) => "no_entry",
+                Ok(pb::NoHintReason::BelowMinimumPrefix) => "below_minimum_prefix",
+                Ok(pb::NoHintReason::LookupTimeout) => "lookup_timeout",
+                Ok(pb::NoHintReason::UnknownModel) => "unknown_model",
+                Ok(pb::NoHintReason::PromptTooShort) => "prompt_too_short",
+                Ok(pb::NoHintReason::LoadBound) => "load_bound",
+                _ => "unspecified",
+            };
+            self.lookups
+                .get_or_create(&LookupLabels {
+                    outcome: "no_hint",
+                    reason,
+                })
+                .inc();
+        }
         self.lookup_duration.observe(took.as_secs_f64());
     }
 
