@@ -24,7 +24,7 @@
 //!   registry, so lookups see the old state or the new, never a mix.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -203,6 +203,9 @@ pub struct Index {
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
+    /// Scope ids handed out (the registry's scope list's length; ids are
+    /// never reused), readable without the registry's lock.
+    pub(crate) scopes_known: AtomicU32,
 }
 
 impl Index {
@@ -227,6 +230,7 @@ impl Index {
             }),
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
+            scopes_known: AtomicU32::new(0),
         }
     }
 
@@ -343,6 +347,10 @@ impl Index {
                 let id = ScopeId::try_from(reg.scope_list.len()).unwrap_or(ScopeId::MAX);
                 reg.scopes.insert(scope.clone(), id);
                 reg.scope_list.push(scope.clone());
+                self.scopes_known.store(
+                    u32::try_from(reg.scope_list.len()).unwrap_or(u32::MAX),
+                    Ordering::Release,
+                );
                 id
             }
         };

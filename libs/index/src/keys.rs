@@ -243,6 +243,13 @@ impl KeyTable {
         }
     }
 
+    /// Whether some entry carries the tag of hash `h` (false: no key of
+    /// that hash is here, without reading a record).
+    #[inline]
+    pub(crate) fn has_tag(&self, h: u64) -> bool {
+        self.probe(h, |_| true).is_some()
+    }
+
     /// The record with hash `h` that `is_it` confirms.
     pub(crate) fn find(&self, h: u64, mut is_it: impl FnMut(RecId) -> bool) -> Option<RecId> {
         self.probe(h, |s| is_it(s.rec)).map(|at| self.get(at).rec)

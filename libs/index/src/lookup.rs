@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
-use crate::store::{Block, hash};
+use crate::store::{Block, ShardHeld, hash};
 use crate::types::{
     Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
 };
@@ -272,17 +272,29 @@ impl Index {
         // join, leave or resync.
         let reg = self.registry.read();
         let found = match reg.scopes.get(scope) {
-            Some(&scope_id) => self.score(
-                &reg,
-                scope_id,
-                fingerprints,
-                candidates,
-                fresh_since_ms,
-                deadline,
-            ),
+            Some(&scope_id) => {
+                let first = self.first_probe(scope_id, fingerprints);
+                self.score(
+                    &reg,
+                    scope_id,
+                    fingerprints,
+                    candidates,
+                    fresh_since_ms,
+                    deadline,
+                    first,
+                )
+            }
             None => Found::UNKNOWN_SCOPE,
         };
         answer(found.view())
+    }
+
+    /// The key shard of the prompt's first block, read-locked, unless no
+    /// key of its hash is in the tables (see [`crate::store::Store::first_probe`]).
+    #[inline]
+    fn first_probe(&self, scope: ScopeId, fingerprints: &[Fingerprint]) -> Option<ShardHeld<'_>> {
+        let &first = fingerprints.first()?;
+        self.store.first_probe(hash(entry_key(scope, first)))
     }
 
     /// The handle of `scope` for [`Index::lookup_resolved_until`], once a
@@ -310,22 +322,31 @@ impl Index {
         deadline: &dyn Deadline,
         answer: impl FnOnce(LookupView<'_>) -> R,
     ) -> R {
+        if scope.0 >= self.scopes_known.load(Ordering::Acquire) {
+            return answer(LookupView::UnknownScope);
+        }
+        // Before any other lock: most prompts a fleet has never seen end
+        // here, with one key shard read-locked and nothing else.
+        let first = self.first_probe(scope.0, fingerprints);
+        if first.is_none() {
+            return answer(LookupView::NoEntry);
+        }
         let reg = self.registry.read();
-        let found = if (scope.0 as usize) < reg.scope_list.len() {
-            self.score(
-                &reg,
-                scope.0,
-                fingerprints,
-                candidates,
-                fresh_since_ms,
-                deadline,
-            )
-        } else {
-            Found::UNKNOWN_SCOPE
-        };
+        let found = self.score(
+            &reg,
+            scope.0,
+            fingerprints,
+            candidates,
+            fresh_since_ms,
+            deadline,
+            first,
+        );
         answer(found.view())
     }
 
+    /// Scores the prompt; `held` is [`Index::first_probe`]'s answer for
+    /// its first block (`None`: it is in no key table).
+    #[allow(clippy::too_many_arguments)]
     fn score<'a>(
         &self,
         reg: &'a Registry,
@@ -334,12 +355,16 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
+        held: Option<ShardHeld<'_>>,
     ) -> Found<'a> {
         let Some((&first, rest)) = fingerprints.split_first() else {
             return Found::no_entry();
         };
+        let Some(held) = held else {
+            return Found::no_entry();
+        };
         let dir = self.store.directory();
-        let mut reader = self.store.lookup_reader(&dir);
+        let mut reader = self.store.lookup_reader_holding(&dir, held);
         let first = Block::new(entry_key(scope_id, first), 0);
         let Some(mut prev) = reader.find(first.key, first.h) else {
             return Found::no_entry();

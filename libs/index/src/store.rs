@@ -209,6 +209,11 @@ impl<'a> KeyGuards<'a> {
     }
 }
 
+/// A key shard read-locked by [`Store::first_probe`], handed on to the
+/// lookup's reader.
+#[derive(Debug)]
+pub(crate) struct ShardHeld<'a>(usize, RwLockReadGuard<'a, KeyShard>);
+
 /// A reader's page guards: the directory read guard it borrows and a few
 /// page guards.
 #[derive(Debug)]
@@ -507,6 +512,33 @@ impl Store {
     /// a run of records breaks.
     pub(crate) fn lookup_reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
         self.reader_with(dir, KeyGuards::Few(SmallVec::new()))
+    }
+
+    /// [`Store::lookup_reader`] keeping the shard [`Store::first_probe`]
+    /// locked.
+    pub(crate) fn lookup_reader_holding<'a>(
+        &'a self,
+        dir: &'a Directory,
+        held: ShardHeld<'a>,
+    ) -> Reader<'a> {
+        let mut few = SmallVec::new();
+        few.push((held.0, held.1));
+        self.reader_with(dir, KeyGuards::Few(few))
+    }
+
+    /// The first probe of a lookup, before it takes any other lock: `None`
+    /// when no key of hash `h` can be in the tables (no entry carries its
+    /// tag: a sure miss, answered with one shard's read lock and no page
+    /// or directory lock); otherwise the shard, still read-locked, for
+    /// [`Store::lookup_reader_holding`].
+    #[inline]
+    pub(crate) fn first_probe(&self, h: u64) -> Option<ShardHeld<'_>> {
+        let s = self.spread.shard(h);
+        let shard = self.keys[s].read();
+        shard
+            .get(self.spread.table(h))
+            .is_some_and(|t| t.has_tag(h))
+            .then(|| ShardHeld(s, shard))
     }
 
     fn reader_with<'a>(&'a self, dir: &'a Directory, keys: KeyGuards<'a>) -> Reader<'a> {

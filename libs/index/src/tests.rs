@@ -674,3 +674,67 @@ fn a_scope_lists_exactly_its_replicas_through_joins_moves_resyncs_and_removals()
     let only_d: HashSet<String> = ["d".to_owned()].into();
     assert!(ix.replicas_in(&scope("u"), Some(&only_d), None).is_empty());
 }
+
+#[test]
+fn events_after_a_resync_or_a_removal_go_to_the_replicas_new_slot() {
+    // The writer keeps the last event's replica resolved: a resync (a new
+    // slot) or a removal must not leave later events on the old slot.
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &fps(&[1]), Tier::T1)]);
+    let errors = ix.replace(
+        &key("t", "a"),
+        &scope("t"),
+        "a:8000",
+        &[stored(0, &fps(&[4]), Tier::T1)],
+        2_000,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    put(&ix, "t", "a", &[stored(1, &fps(&[5]), Tier::T1)]);
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &fps(&[4, 5]), None, None)),
+        [("a".to_owned(), 2, Tier::T1)]
+    );
+    assert!(ix.remove_replica(&key("t", "a")));
+    put(&ix, "t", "a", &[stored(0, &fps(&[7]), Tier::T1)]);
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &fps(&[7]), None, None)),
+        [("a".to_owned(), 1, Tier::T1)]
+    );
+    assert_eq!(ix.len(), 1);
+}
+
+#[test]
+fn a_resolved_scope_answers_as_its_name_does() {
+    let ix = index();
+    put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
+    put(&ix, "t", "b", &[stored(0, &fps(&[1, 2]), Tier::T2)]);
+    put(&ix, "u", "c", &[stored(0, &fps(&[9, 8]), Tier::T1)]);
+    let t = ix.resolve_scope(&scope("t")).expect("t reported");
+    let resolved = |prompt: &[u64]| {
+        ix.lookup_resolved_until(t, &fps(prompt), None, None, &NoDeadline, |v| v.to_outcome())
+    };
+    for prompt in [
+        &[1, 2, 3][..],
+        &[1, 2, 4],
+        &[1],
+        &[2, 3],
+        &[9, 8],
+        &[42],
+        &[],
+    ] {
+        assert_eq!(
+            resolved(prompt),
+            ix.lookup(&scope("t"), &fps(prompt), None, None),
+            "{prompt:?}"
+        );
+    }
+    assert_eq!(resolved(&[9, 8]), LookupOutcome::NoEntry);
+    // A handle of another index's second scope: unknown here.
+    let one = index();
+    put(&one, "t", "a", &[stored(0, &fps(&[1]), Tier::T1)]);
+    let u = ix.resolve_scope(&scope("u")).expect("u reported");
+    assert_eq!(
+        one.lookup_resolved_until(u, &fps(&[1]), None, None, &NoDeadline, |v| v.to_outcome()),
+        LookupOutcome::UnknownScope
+    );
+}
