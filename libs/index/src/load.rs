@@ -415,6 +415,18 @@ impl LoadBoard {
 
     /// `replica_id` was recommended for a request at `now_ms`.
     pub fn picked(&self, replica_id: &str, now_ms: i64) {
+        self.picked_with_work(replica_id, now_ms, |_| 0.0);
+    }
+
+    /// [`Self::picked`] and [`Self::add_work`] at once, in one visit of the
+    /// replica's entry: `work_ms` turns the replica's observed prefill rate
+    /// ([`Self::prefill_rate`]) into the work the pick sent.
+    pub fn picked_with_work(
+        &self,
+        replica_id: &str,
+        now_ms: i64,
+        work_ms: impl FnOnce(Option<f64>) -> f64,
+    ) {
         let ahead = self.ahead(now_ms);
         if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
             // Re-express every weight as of now (also the first pick's
@@ -433,6 +445,10 @@ impl LoadBoard {
         // Weighed under the map's lock, so a rebase never falls between.
         self.with_entry(replica_id, |e| {
             e.add_recent(self.ahead(now_ms).max(0.0).exp2());
+            let work = work_ms(e.prefill_rate());
+            if work > 0.0 {
+                enqueue(&e.picked_busy_until, now_ms as f64, work);
+            }
         });
     }
 
@@ -790,6 +806,20 @@ mod tests {
         board.set_live_peers(2);
         let requests = board.load("a", 600).requests;
         assert!((requests - 3.0).abs() < 1e-2, "expired: {requests}");
+    }
+
+    #[test]
+    fn a_pick_with_its_work_is_a_pick_and_the_work() {
+        let apart = LoadBoard::default();
+        let together = LoadBoard::default();
+        for board in [&apart, &together] {
+            board.observed_prefill_rate("a", 4.0);
+        }
+        apart.picked("a", 10);
+        apart.add_work("a", 100.0 / 4.0, 10);
+        together.picked_with_work("a", 10, |rate| 100.0 / rate.unwrap_or(1.0));
+        assert_eq!(together.load("a", 10), apart.load("a", 10));
+        assert_eq!(together.load("a", 10).queued_ms, 25.0);
     }
 
     #[test]

@@ -252,11 +252,14 @@ impl Routing {
         block_size: u32,
         now_ms: i64,
     ) {
-        self.load.picked(replica_id, now_ms);
-        if let Some(model) = self.weights.ttft {
-            let tokens = unheld.len() as f64 * f64::from(block_size);
-            let work = model.work_ms_at(tokens, self.load.prefill_rate(replica_id));
-            self.load.add_work(replica_id, work, now_ms);
+        match self.weights.ttft {
+            // One visit of the replica's load entry, not three.
+            Some(model) => {
+                let tokens = unheld.len() as f64 * f64::from(block_size);
+                self.load
+                    .picked_with_work(replica_id, now_ms, |rate| model.work_ms_at(tokens, rate));
+            }
+            None => self.load.picked(replica_id, now_ms),
         }
         if !unheld.is_empty() {
             self.speculation_mut(|s| s.record(scope_tag, replica_id, unheld, now_ms));
