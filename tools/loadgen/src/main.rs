@@ -64,6 +64,11 @@ struct Args {
     /// schedule ran late, so backlog is not hidden.
     #[arg(long)]
     rate: Option<f64>,
+    /// An extra flag for the ic-index-server this starts (repeatable, e.g.
+    /// `--server-arg=--ttft-prefill-tokens-per-second=0` to compare builds
+    /// whose defaults differ).
+    #[arg(long, allow_hyphen_values = true)]
+    server_arg: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -279,17 +284,16 @@ async fn main() -> anyhow::Result<()> {
             let bin = ic_loadgen::service_binary(args.bin_dir.as_deref(), "ic-index-server")
                 .map_err(anyhow::Error::msg)?;
             let capacity = (args.entries * 2).max(1_000_000).to_string();
-            let mut p = ServiceProcess::start(
-                &bin,
-                &[
-                    "--http-addr",
-                    "127.0.0.1:0",
-                    "--grpc-addr",
-                    "127.0.0.1:0",
-                    "--capacity-entries",
-                    &capacity,
-                ],
-            );
+            let mut server_args = vec![
+                "--http-addr",
+                "127.0.0.1:0",
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--capacity-entries",
+                &capacity,
+            ];
+            server_args.extend(args.server_arg.iter().map(String::as_str));
+            let mut p = ServiceProcess::start(&bin, &server_args);
             let addr = p.addr("grpc").to_string();
             server = Some(p);
             addr
