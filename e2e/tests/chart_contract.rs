@@ -148,6 +148,7 @@ fn the_injected_subscriber_is_accepted_by_its_parser() {
             other => panic!("--index-server-discovery={other}"),
         },
         image_pull_secrets: Vec::new(),
+        subscriber_kafka: None,
     };
     // The subscriber's token carries the audience the index server checks.
     let index = &find(&all, "Deployment", "inferencecache-index-server").unwrap()["spec"]["template"]

@@ -637,3 +637,126 @@ async fn replicas_converge_after_a_broker_restart() {
     assert!(a.process.stop().success());
     assert!(b.process.stop().success());
 }
+
+/// What the webhook injects with `--subscriber-transport kafka` is enough
+/// for a subscriber to produce to the topic: the sidecar is started with
+/// exactly the injected arguments and the downward-API env (nothing
+/// added but a loopback admin address), and an index replica that no
+/// subscriber can reach over gRPC converges on the engine from the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_with_the_injected_kafka_arguments_feeds_the_replicas() {
+    use ic_adapters::admission::{InjectionConfig, SubscriberKafka, admit_pod};
+    use serde_json::json;
+    let broker = Broker::start_on(ic_e2e::free_port());
+    let bootstrap = broker.bootstrap();
+    let mut a = replica(&bootstrap, None);
+    let engine =
+        ic_e2e::engine::FakeEngine::start(ic_kvevents::encode::Era::VllmMap, "kv-events").await;
+    let port = |endpoint: String| endpoint.rsplit_once(':').unwrap().1.to_owned();
+    let events = json!({
+        "enable_kv_cache_events": true,
+        "publisher": "zmq",
+        "endpoint": format!("tcp://*:{}", port(engine.events_endpoint())),
+        "replay_endpoint": format!("tcp://*:{}", port(engine.replay_endpoint())),
+        "topic": "kv-events",
+    });
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "engine-0", "namespace": TENANT, "labels": {"app": "engine"}},
+        "spec": {"containers": [{
+            "name": "server",
+            "image": "vllm/vllm-openai:v0.11.0",
+            "args": ["--model", MODEL, "--kv-events-config", events.to_string()],
+            "ports": [{"containerPort": 8000, "name": "http"}],
+        }]},
+    }))
+    .unwrap();
+    let backend: ic_api::CacheBackend = serde_json::from_value(json!({
+        "apiVersion": "inferencecache.io/v1alpha1",
+        "kind": "CacheBackend",
+        "metadata": {"name": "events", "namespace": TENANT, "uid": "uid-events"},
+        "spec": {
+            "runtime": "VLLM",
+            "type": "LMCache",
+            "engineSelector": {"matchLabels": {"app": "engine"}},
+            "integration": {"mode": "EventsOnly"},
+            "observation": {"modelID": MODEL},
+        },
+    }))
+    .unwrap();
+    let config = InjectionConfig {
+        subscriber_image: Some("ghcr.io/inferencecache/kvevent-subscriber:test".into()),
+        // What the chart sets; the Kafka transport must not dial it.
+        index_server: "http://127.0.0.1:9".into(),
+        index_server_audience: Some("inferencecache-index-server".into()),
+        subscriber_kafka: Some(SubscriberKafka {
+            brokers: bootstrap.clone(),
+            topic: TOPIC.into(),
+            security_protocol: "plaintext".into(),
+            ..SubscriberKafka::default()
+        }),
+        ..InjectionConfig::default()
+    };
+    let admitted = admit_pod(&pod, std::slice::from_ref(&backend), &config);
+    let sidecar = admitted
+        .pod
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .find(|c| c.name == "kvevent-subscriber")
+        .unwrap_or_else(|| panic!("no subscriber injected: {:?}", admitted.warnings))
+        .clone();
+    let mut args = sidecar.args.clone().unwrap();
+    assert!(args.contains(&"--transport=kafka".to_owned()), "{args:?}");
+    args.extend(["--admin-addr".to_owned(), "127.0.0.1:0".to_owned()]);
+    // The downward API's values for the env the container declares.
+    let downward = [
+        ("POD_NAME", "engine-0"),
+        ("POD_NAMESPACE", TENANT),
+        ("POD_IP", "10.0.0.0"),
+    ];
+    for e in sidecar.env.iter().flatten() {
+        assert!(
+            e.value.is_some() || downward.iter().any(|(n, _)| *n == e.name) || e.name == "HOST_IP",
+            "an env the test cannot give: {e:?}"
+        );
+    }
+    let mut env: Vec<(&str, &str)> = downward.to_vec();
+    let literal: Vec<(String, String)> = sidecar
+        .env
+        .iter()
+        .flatten()
+        .filter_map(|e| e.value.clone().map(|v| (e.name.clone(), v)))
+        .collect();
+    env.extend(literal.iter().map(|(n, v)| (n.as_str(), v.as_str())));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut subscriber =
+        ServiceProcess::start_with_env(&workspace_binary("ic-kvevent-subscriber"), &args, &env);
+    let mut engines = vec![Engine {
+        engine,
+        replica: "engine-0".into(),
+        index: 0,
+        chains: BTreeMap::new(),
+        next_chain: 0,
+    }];
+    engines[0].engine.wait_for_subscriber().await;
+    rounds(&mut engines, 10).await;
+    let took = converge(&mut [&mut a], &engines, "injected Kafka arguments").await;
+    figure(
+        "a subscriber with the webhook's injected Kafka arguments",
+        format!("replica converged in {} ms", took.as_millis()),
+    );
+    let admin = subscriber.admin_addr();
+    assert!(
+        metric(
+            admin,
+            "inferencecache_subscriber_kafka_records_delivered_total"
+        ) >= 1.0,
+        "the sidecar produced to the topic"
+    );
+    assert!(subscriber.stop().success());
+    assert!(a.process.stop().success());
+}

@@ -142,6 +142,7 @@ pub fn pod_review(data: &[u8]) {
         subscriber_otlp_endpoint: Some("http://$(HOST_IP):4317".into()),
         index_server_discovery: Default::default(),
         image_pull_secrets: Vec::new(),
+        subscriber_kafka: None,
     };
     let decision = runtime().block_on(ic_webhook::pod::mutate(&request, fixed_backends(), &config));
     let _ = decision.response.into_review();

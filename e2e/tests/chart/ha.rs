@@ -139,10 +139,74 @@ fn the_kafka_transport_gets_its_flags_secrets_and_snapshot_volume() {
     assert_eq!(arg(c, "kafka-snapshot-dir"), Some(dir));
     assert!(volume(pod, "kafka-snapshots").unwrap()["emptyDir"].is_object());
 
+    // The webhook makes the engine pods' subscribers produce to the same
+    // topic: the brokers, protocol and SASL user of the replicas, the
+    // password from a Secret of each engine namespace, the CA read from its
+    // own mount.
+    let w = find(&all, "Deployment", "inferencecache-webhook").unwrap();
+    let wpod = &w["spec"]["template"]["spec"];
+    let wc = &wpod["containers"][0];
+    assert_eq!(arg(wc, "subscriber-transport"), Some("kafka"));
+    assert_eq!(
+        arg(wc, "subscriber-kafka-brokers"),
+        Some("b-1.kafka.example:9096,b-2.kafka.example:9096")
+    );
+    assert_eq!(arg(wc, "subscriber-kafka-topic"), arg(c, "kafka-topic"));
+    assert_eq!(
+        arg(wc, "subscriber-kafka-security-protocol"),
+        Some("sasl_ssl")
+    );
+    assert_eq!(
+        arg(wc, "subscriber-kafka-sasl-mechanism"),
+        Some("SCRAM-SHA-512")
+    );
+    assert_eq!(
+        arg(wc, "subscriber-kafka-sasl-username"),
+        Some("inferencecache")
+    );
+    assert_eq!(
+        arg(wc, "subscriber-kafka-sasl-password-secret"),
+        Some("inferencecache-kafka")
+    );
+    let ca_dir = mount(wc, "kafka-ca").unwrap();
+    assert_eq!(
+        arg(wc, "subscriber-kafka-ca-file"),
+        Some(format!("{ca_dir}/ca.crt").as_str())
+    );
+    assert_eq!(
+        volume(wpod, "kafka-ca").unwrap()["secret"]["secretName"],
+        "inferencecache-kafka-ca"
+    );
+    // The subscribers may produce as a user and Secret of their own.
+    let own = objects(&render(
+        CHART,
+        &[
+            "-f",
+            kafka.to_str().unwrap(),
+            "--set",
+            "indexServer.kafka.subscribers.saslUsername=producer",
+            "--set",
+            "indexServer.kafka.subscribers.saslPasswordSecret.name=kafka-producer",
+            "--set",
+            "indexServer.kafka.subscribers.saslPasswordSecret.key=pw",
+        ],
+    ));
+    let wc = &find(&own, "Deployment", "inferencecache-webhook").unwrap()["spec"]["template"]["spec"]
+        ["containers"][0];
+    assert_eq!(arg(wc, "subscriber-kafka-sasl-username"), Some("producer"));
+    assert_eq!(
+        arg(wc, "subscriber-kafka-sasl-password-secret"),
+        Some("kafka-producer")
+    );
+    assert_eq!(arg(wc, "subscriber-kafka-sasl-password-key"), Some("pw"));
+
     // The default stays gRPC; kafka without brokers is refused, naming the value.
     let defaults = objects(&render(CHART, &[]));
     let (_, c) = index_server(&defaults);
     assert_eq!(arg(c, "transport"), None);
+    let wc = &find(&defaults, "Deployment", "inferencecache-webhook").unwrap()["spec"]["template"]
+        ["spec"]["containers"][0];
+    assert_eq!(arg(wc, "subscriber-transport"), None);
     let (ok, _, err) = ic_e2e::chart::helm_run(&[
         "template",
         "t",
@@ -161,4 +225,42 @@ fn the_kafka_transport_gets_its_flags_secrets_and_snapshot_volume() {
     let (_, c) = index_server(&all);
     assert_eq!(arg(c, "transport"), Some("kafka"));
     assert!(arg(c, "peer").is_some());
+}
+
+#[test]
+fn one_picker_serves_several_pools_with_rbac_in_each_namespace() {
+    let gateway = chart_dir(CHART).join("tests/values/gateway.yaml");
+    let all = objects(&render(CHART, &["-f", gateway.to_str().unwrap()]));
+    let (_, c) = index_server(&all);
+    let pools: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str()?.strip_prefix("--epp-pool="))
+        .collect();
+    assert_eq!(pools, ["chat", "batch/summaries"]);
+    assert_eq!(arg(c, "epp-tenant"), Some("serving"));
+    // The picker watches pods and pools in each pool's namespace.
+    for kind in ["Role", "RoleBinding"] {
+        let mut namespaces: Vec<&str> = all
+            .iter()
+            .filter(|o| {
+                o["kind"] == kind && o["metadata"]["name"] == "inferencecache-index-server-epp"
+            })
+            .map(|o| o["metadata"]["namespace"].as_str().unwrap())
+            .collect();
+        namespaces.sort_unstable();
+        assert_eq!(namespaces, ["batch", "serving"], "{kind}");
+    }
+    // A pool name the API would refuse is refused by the schema.
+    let (ok, _, err) = ic_e2e::chart::helm_run(&[
+        "template",
+        "t",
+        chart_dir(CHART).to_str().unwrap(),
+        "-f",
+        gateway.to_str().unwrap(),
+        "--set",
+        "indexServer.epp.pools={Bad_Pool}",
+    ]);
+    assert!(!ok && err.contains("pools"), "{err}");
 }

@@ -17,7 +17,7 @@ use crate::runtime::{InjectContext, RuntimeAdapter, engine_port, find_engine_con
 use crate::sidecars::{
     self, KERNEL_CHECK_CONTAINER, KernelCheckMode, SUBSCRIBER_CONTAINER, SubscriberPlan,
 };
-pub use crate::sidecars::{IndexServerDiscovery, InjectionConfig};
+pub use crate::sidecars::{IndexServerDiscovery, InjectionConfig, SecretKeyRef, SubscriberKafka};
 use crate::{kv_events, overrides, validation};
 
 /// Why a pod was admitted unwired. `label()` values are the `reason` label
@@ -329,10 +329,8 @@ fn wire(
             SUBSCRIBER_CONTAINER,
             Some(container),
         );
-        sidecars::converge_token_volume(
-            &mut out_spec.volumes,
-            config.index_server_audience.as_deref(),
-        );
+        sidecars::converge_token_volume(&mut out_spec.volumes, config.token_audience());
+        sidecars::converge_kafka_sasl_volume(&mut out_spec.volumes, config.kafka_sasl_secret());
         sidecars::converge_opt(&mut out_spec.init_containers, KERNEL_CHECK_CONTAINER, None);
         sidecars::add_pull_secrets(out_spec, &config.image_pull_secrets);
         strip(&mut out, &[annotations::LMCACHE_KERNEL_CHECK_MODE]);
@@ -427,16 +425,16 @@ fn wire(
         };
         sidecars::subscriber_container(image, config, &plan, guaranteed)
     });
-    let token_audience = config
-        .index_server_audience
-        .as_deref()
-        .filter(|_| subscriber_container.is_some());
+    let wired = subscriber_container.is_some();
+    let token_audience = config.token_audience().filter(|_| wired);
+    let sasl_secret = config.kafka_sasl_secret().filter(|_| wired);
     sidecars::converge(
         &mut out_spec.containers,
         SUBSCRIBER_CONTAINER,
         subscriber_container,
     );
     sidecars::converge_token_volume(&mut out_spec.volumes, token_audience);
+    sidecars::converge_kafka_sasl_volume(&mut out_spec.volumes, sasl_secret);
     let kernel_container = match (&engine_image, kernel_mode) {
         (Some(image), KernelCheckMode::ReportOnly | KernelCheckMode::Strict) => {
             Some(sidecars::kernel_check_container(

@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, LocalObjectReference,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, KeyToPath, LocalObjectReference,
     ObjectFieldSelector, PodSpec, ProjectedVolumeSource, ResourceRequirements, SeccompProfile,
-    SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount, VolumeProjection,
+    SecretVolumeSource, SecurityContext, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -63,6 +64,66 @@ pub struct InjectionConfig {
     /// pod the webhook wires, so the injected images come from a private
     /// registry as the chart's own pods do.
     pub image_pull_secrets: Vec<String>,
+    /// Set: the subscriber produces to a Kafka topic (`--transport kafka`)
+    /// instead of streaming to the index server over gRPC, so it gets no
+    /// `--index-server`, token or index-server CA. `None` keeps the gRPC
+    /// wiring byte-identical to what it was before this setting existed.
+    pub subscriber_kafka: Option<SubscriberKafka>,
+}
+
+/// The Kafka producer settings handed to every injected subscriber (its
+/// `--kafka-*` flags).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubscriberKafka {
+    /// `--kafka-brokers`: bootstrap brokers, comma-separated.
+    pub brokers: String,
+    /// `--kafka-topic`.
+    pub topic: String,
+    /// `--kafka-security-protocol`: `plaintext`, `ssl`, `sasl_plaintext`
+    /// or `sasl_ssl`.
+    pub security_protocol: String,
+    /// `--kafka-sasl-mechanism`.
+    pub sasl_mechanism: Option<String>,
+    /// `--kafka-sasl-username`.
+    pub sasl_username: Option<String>,
+    /// The Secret, in the engine pod's own namespace (a pod cannot mount
+    /// another namespace's), holding the SASL password: mounted read-only
+    /// and passed as `--kafka-sasl-password-file`.
+    pub sasl_password_secret: Option<SecretKeyRef>,
+    /// The brokers' CA bundle (PEM), handed inline (`IC_KAFKA_CA_PEM`) for
+    /// the same reason as `index_server_ca_pem`.
+    pub ca_pem: Option<String>,
+}
+
+/// A key of a Secret.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SecretKeyRef {
+    /// The Secret's name.
+    pub name: String,
+    /// The key holding the value.
+    pub key: String,
+}
+
+/// The pod volume holding the subscriber's Kafka SASL password.
+pub const SUBSCRIBER_KAFKA_SASL_VOLUME: &str = "inferencecache-kafka-sasl";
+/// Where the subscriber reads it (`password` inside).
+pub const SUBSCRIBER_KAFKA_SASL_DIR: &str = "/var/run/secrets/inferencecache.io/kafka-sasl";
+
+impl InjectionConfig {
+    /// The audience of the subscriber's index-server token, when it has
+    /// one: only a subscriber streaming over gRPC presents it.
+    pub fn token_audience(&self) -> Option<&str> {
+        self.index_server_audience
+            .as_deref()
+            .filter(|_| self.subscriber_kafka.is_none())
+    }
+
+    /// The Secret the subscriber's SASL password is mounted from.
+    pub fn kafka_sasl_secret(&self) -> Option<&SecretKeyRef> {
+        self.subscriber_kafka
+            .as_ref()
+            .and_then(|k| k.sasl_password_secret.as_ref())
+    }
 }
 
 /// How a subscriber turns its `--index-server` URL into destinations.
@@ -180,7 +241,10 @@ pub fn subscriber_container(
         format!("--model-id={}", plan.model_id),
         format!("--hash-scheme={}", plan.hash_scheme),
     ];
-    if !index_server.is_empty() {
+    let kafka = config.subscriber_kafka.as_ref();
+    if let Some(kafka) = kafka {
+        args.extend(kafka_args(kafka));
+    } else if !index_server.is_empty() {
         args.push(format!("--index-server={index_server}"));
         if config.index_server_discovery != IndexServerDiscovery::Static {
             args.push(format!(
@@ -189,7 +253,8 @@ pub fn subscriber_container(
             ));
         }
     }
-    let token = config.index_server_audience.is_some();
+    let token = config.token_audience().is_some();
+    let sasl = config.kafka_sasl_secret().is_some();
     if token {
         args.push(format!(
             "--index-server-token-file={SUBSCRIBER_TOKEN_DIR}/token"
@@ -228,12 +293,25 @@ pub fn subscriber_container(
                 // Kubernetes expands $(HOST_IP) in args from this variable.
                 env.push(field_env("HOST_IP", "status.hostIP"));
             }
-            if let Some(pem) = config.index_server_ca_pem.as_deref() {
-                env.push(EnvVar {
-                    name: "IC_INDEX_SERVER_CA_PEM".to_owned(),
-                    value: Some(pem.to_owned()),
-                    ..EnvVar::default()
-                });
+            match kafka {
+                None => {
+                    if let Some(pem) = config.index_server_ca_pem.as_deref() {
+                        env.push(EnvVar {
+                            name: "IC_INDEX_SERVER_CA_PEM".to_owned(),
+                            value: Some(pem.to_owned()),
+                            ..EnvVar::default()
+                        });
+                    }
+                }
+                Some(kafka) => {
+                    if let Some(pem) = kafka.ca_pem.as_deref() {
+                        env.push(EnvVar {
+                            name: "IC_KAFKA_CA_PEM".to_owned(),
+                            value: Some(pem.to_owned()),
+                            ..EnvVar::default()
+                        });
+                    }
+                }
             }
             env
         }),
@@ -245,15 +323,89 @@ pub fn subscriber_container(
         }]),
         resources: Some(sidecar_resources("50m", "64Mi", guaranteed)),
         security_context: Some(subscriber_security_context()),
-        volume_mounts: token.then(|| {
-            vec![VolumeMount {
-                name: SUBSCRIBER_TOKEN_VOLUME.to_owned(),
-                mount_path: SUBSCRIBER_TOKEN_DIR.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            }]
+        volume_mounts: (token || sasl).then(|| {
+            let mut mounts = Vec::new();
+            if token {
+                mounts.push(VolumeMount {
+                    name: SUBSCRIBER_TOKEN_VOLUME.to_owned(),
+                    mount_path: SUBSCRIBER_TOKEN_DIR.to_owned(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                });
+            }
+            if sasl {
+                mounts.push(VolumeMount {
+                    name: SUBSCRIBER_KAFKA_SASL_VOLUME.to_owned(),
+                    mount_path: SUBSCRIBER_KAFKA_SASL_DIR.to_owned(),
+                    read_only: Some(true),
+                    ..VolumeMount::default()
+                });
+            }
+            mounts
         }),
         ..Container::default()
+    }
+}
+
+/// The subscriber's `--transport kafka` flags.
+fn kafka_args(kafka: &SubscriberKafka) -> Vec<String> {
+    let mut args = vec![
+        "--transport=kafka".to_owned(),
+        format!("--kafka-brokers={}", kafka.brokers.trim()),
+        format!("--kafka-topic={}", kafka.topic.trim()),
+        format!(
+            "--kafka-security-protocol={}",
+            kafka.security_protocol.trim()
+        ),
+    ];
+    if let Some(mechanism) = &kafka.sasl_mechanism {
+        args.push(format!("--kafka-sasl-mechanism={mechanism}"));
+    }
+    if let Some(user) = &kafka.sasl_username {
+        args.push(format!("--kafka-sasl-username={user}"));
+    }
+    if kafka.sasl_password_secret.is_some() {
+        args.push(format!(
+            "--kafka-sasl-password-file={SUBSCRIBER_KAFKA_SASL_DIR}/password"
+        ));
+    }
+    args
+}
+
+/// Puts the volume of the subscriber's Kafka SASL password on the pod (the
+/// Secret's `key` as `password`), or takes ours away when `secret` is
+/// `None`. Only a volume of that name from a Secret is ours. The Secret is
+/// optional: a namespace without it still starts its engine, and the
+/// subscriber stops at start naming `--kafka-sasl-password-file`.
+pub fn converge_kafka_sasl_volume(
+    volumes: &mut Option<Vec<Volume>>,
+    secret: Option<&SecretKeyRef>,
+) {
+    let was_none = volumes.is_none();
+    let list = volumes.get_or_insert_with(Vec::new);
+    let before = list.len();
+    match secret {
+        Some(secret) => crate::merge::upsert_volume(
+            list,
+            Volume {
+                name: SUBSCRIBER_KAFKA_SASL_VOLUME.to_owned(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(secret.name.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: secret.key.clone(),
+                        path: "password".to_owned(),
+                        mode: None,
+                    }]),
+                    optional: Some(true),
+                    default_mode: None,
+                }),
+                ..Volume::default()
+            },
+        ),
+        None => list.retain(|v| !(v.name == SUBSCRIBER_KAFKA_SASL_VOLUME && v.secret.is_some())),
+    }
+    if list.is_empty() && (was_none || before > 0) {
+        *volumes = None;
     }
 }
 

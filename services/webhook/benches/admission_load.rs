@@ -349,6 +349,7 @@ fn in_process(body: &[u8]) {
         subscriber_otlp_endpoint: None,
         index_server_discovery: Default::default(),
         image_pull_secrets: Vec::new(),
+        subscriber_kafka: None,
     };
     let source = Fixed(backends.clone());
     let runtime = tokio::runtime::Builder::new_current_thread()

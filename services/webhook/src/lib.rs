@@ -11,6 +11,7 @@
 
 pub mod cachebackend;
 pub mod certs;
+pub mod kafka;
 pub mod metrics;
 pub mod pod;
 pub mod review;
@@ -156,6 +157,10 @@ pub struct Config {
     /// on each node; unset, sidecars export nothing.
     #[arg(long, env = "IC_SUBSCRIBER_OTLP_ENDPOINT")]
     pub subscriber_otlp_endpoint: Option<String>,
+    /// `--subscriber-transport` and the `--subscriber-kafka-*` settings:
+    /// injected subscribers produce to the index's Kafka topic.
+    #[command(flatten)]
+    pub subscriber_kafka: kafka::SubscriberKafkaFlags,
     /// Pull secrets added to every pod the webhook wires, unless the pod
     /// names them already (comma-separated or repeated): the injected
     /// subscriber then pulls from the same private registry. They are
@@ -330,6 +335,10 @@ async fn serve_admissions(
         }
         None => None,
     };
+    let subscriber_kafka = config
+        .subscriber_kafka
+        .injection()
+        .context("the subscribers' Kafka settings")?;
     let client = kube_client(config).await?;
     let (certs, managed) = match files {
         Some(store) => (Arc::new(store), None),
@@ -384,6 +393,7 @@ async fn serve_admissions(
                 .filter(|e| !e.trim().is_empty()),
             index_server_discovery: config.index_server_discovery.into(),
             image_pull_secrets: config.image_pull_secrets.clone(),
+            subscriber_kafka,
         },
         provider_images: ProviderImageDefaults {
             registry: config

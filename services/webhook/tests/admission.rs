@@ -278,6 +278,7 @@ fn expected_admission(review: &Value) -> ic_adapters::admission::PodAdmission {
             subscriber_otlp_endpoint: None,
             index_server_discovery: Default::default(),
             image_pull_secrets: Vec::new(),
+            subscriber_kafka: None,
         },
     )
 }

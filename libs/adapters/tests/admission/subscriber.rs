@@ -339,3 +339,104 @@ fn dns_discovery_reaches_the_subscriber_with_the_headless_url_and_static_adds_no
         subscriber_args(&plain)
     );
 }
+
+fn kafka_config() -> InjectionConfig {
+    InjectionConfig {
+        subscriber_kafka: Some(ic_adapters::admission::SubscriberKafka {
+            brokers: "b-1.kafka.example:9096,b-2.kafka.example:9096".into(),
+            topic: "inferencecache.index-events".into(),
+            security_protocol: "sasl_ssl".into(),
+            sasl_mechanism: Some("SCRAM-SHA-512".into()),
+            sasl_username: Some("producer".into()),
+            sasl_password_secret: Some(ic_adapters::admission::SecretKeyRef {
+                name: "inferencecache-kafka".into(),
+                key: "pw".into(),
+            }),
+            ca_pem: Some("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into()),
+        }),
+        index_server_ca_pem: Some(
+            "-----BEGIN CERTIFICATE-----\nINDEX\n-----END CERTIFICATE-----\n".into(),
+        ),
+        ..config()
+    }
+}
+
+#[test]
+fn a_kafka_transport_makes_the_subscriber_produce_with_its_secret_and_ca_and_drops_the_grpc_wiring()
+{
+    use ic_adapters::sidecars::{SUBSCRIBER_KAFKA_SASL_DIR, SUBSCRIBER_KAFKA_SASL_VOLUME};
+    use ic_api::consts::injected::SUBSCRIBER_TOKEN_VOLUME;
+    let engine = engine_pod(json!({"args": ["--model", "m"]}));
+    for b in [
+        backend("cb", json!({})),
+        backend("cb", json!({"integration": {"mode": "EventsOnly"}})),
+    ] {
+        let kafka = kafka_config();
+        let a = admit_pod(&engine, std::slice::from_ref(&b), &kafka);
+        let args = subscriber_args(&a);
+        for want in [
+            "--transport=kafka",
+            "--kafka-brokers=b-1.kafka.example:9096,b-2.kafka.example:9096",
+            "--kafka-topic=inferencecache.index-events",
+            "--kafka-security-protocol=sasl_ssl",
+            "--kafka-sasl-mechanism=SCRAM-SHA-512",
+            "--kafka-sasl-username=producer",
+            &format!("--kafka-sasl-password-file={SUBSCRIBER_KAFKA_SASL_DIR}/password"),
+        ] {
+            assert!(
+                args.iter().any(|a| a == want),
+                "{want} missing from {args:?}"
+            );
+        }
+        // No gRPC destination, token or index-server CA: the topic replaces them.
+        assert!(
+            !args.iter().any(|a| a.starts_with("--index-server")),
+            "{args:?}"
+        );
+        let spec = a.pod.spec.as_ref().unwrap();
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert!(volumes.iter().all(|v| v.name != SUBSCRIBER_TOKEN_VOLUME));
+        let sasl = volumes
+            .iter()
+            .find(|v| v.name == SUBSCRIBER_KAFKA_SASL_VOLUME)
+            .expect("the SASL volume");
+        let secret = sasl.secret.as_ref().unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("inferencecache-kafka"));
+        let item = &secret.items.as_ref().unwrap()[0];
+        assert_eq!((item.key.as_str(), item.path.as_str()), ("pw", "password"));
+        let sub = spec
+            .containers
+            .iter()
+            .find(|c| c.name == "kvevent-subscriber")
+            .unwrap();
+        let mounts = sub.volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1, "{mounts:?}");
+        assert_eq!(mounts[0].name, SUBSCRIBER_KAFKA_SASL_VOLUME);
+        assert_eq!(mounts[0].mount_path, SUBSCRIBER_KAFKA_SASL_DIR);
+        let env = |name: &str| {
+            sub.env
+                .iter()
+                .flatten()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert!(env("IC_KAFKA_CA_PEM").unwrap().contains("MIIB"));
+        assert_eq!(env("IC_INDEX_SERVER_CA_PEM"), None);
+        assert!(
+            spec.containers[0].volume_mounts.is_none(),
+            "the engine does not see the password"
+        );
+        // Admitting again is a no-op; back on gRPC the Kafka wiring goes and
+        // the token comes back.
+        assert_eq!(
+            admit_pod(&a.pod, std::slice::from_ref(&b), &kafka).pod,
+            a.pod
+        );
+        let grpc = admit_pod(&a.pod, std::slice::from_ref(&b), &config());
+        assert_eq!(
+            grpc.pod,
+            admit_pod(&engine, std::slice::from_ref(&b), &config()).pod,
+            "switching back renders what a fresh gRPC admission does"
+        );
+    }
+}

@@ -95,6 +95,7 @@ pub fn config() -> InjectionConfig {
         subscriber_otlp_endpoint: None,
         index_server_discovery: Default::default(),
         image_pull_secrets: Vec::new(),
+        subscriber_kafka: None,
     }
 }
 
