@@ -54,8 +54,16 @@ fn score(c: &Scored) -> pb::CandidateScore {
             replica_id: c.replica.replica_id.clone(),
             address: c.address.clone(),
         }),
-        matched_blocks: c.matched_blocks,
+        ..score_of_figures(c)
+    }
+}
+
+/// A candidate's figures, without its names.
+fn score_of_figures(c: &Scored) -> pb::CandidateScore {
+    pb::CandidateScore {
+        replica: None,
         matched_tokens: u32::try_from(c.matched_tokens()).unwrap_or(u32::MAX),
+        matched_blocks: c.matched_blocks,
         tier: ic_proto::tier::to_pb(c.tier),
         score: c.score,
         speculative: c.speculative,
@@ -63,37 +71,54 @@ fn score(c: &Scored) -> pb::CandidateScore {
     }
 }
 
+/// [`score`] of a candidate the answer owns: its names move.
+fn score_of(c: Scored) -> pb::CandidateScore {
+    let figures = score_of_figures(&c);
+    pb::CandidateScore {
+        replica: Some(pb::ReplicaRef {
+            replica_id: c.replica.replica_id,
+            address: c.address,
+        }),
+        ..figures
+    }
+}
+
 /// The core's decision as a protobuf answer: candidates are the replicas
-/// holding part of the prompt, best first.
-fn response_of(decision: &Ranked) -> pb::LookupRouteResponse {
+/// holding part of the prompt, best first. The decision is consumed, so
+/// the candidates' names move into the answer instead of being copied.
+fn response_of(decision: Ranked) -> pb::LookupRouteResponse {
+    let best = match (&decision.no_hint, decision.best()) {
+        (None, Some(best)) => Some(score(best)),
+        (Some(_), _) => decision.destination().map(score),
+        (None, None) => None,
+    };
     let candidates: Vec<pb::CandidateScore> = decision
         .ranked
-        .iter()
+        .into_iter()
         .filter(|s| s.matched_blocks > 0)
-        .map(score)
+        .map(score_of)
         .collect();
     let base = pb::LookupRouteResponse {
         block_size: decision.block_size,
         prompt_blocks: decision.prompt_blocks,
         candidates,
+        best,
         ..Default::default()
     };
-    match (&decision.no_hint, decision.best()) {
-        (None, Some(best)) => pb::LookupRouteResponse {
+    match decision.no_hint {
+        None if base.best.is_some() => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::PrefixMatch as i32,
-            best: Some(score(best)),
             ..base
         },
         // With candidates named, NO_HINT still names where load alone sends
         // the request (and counted it as a pick).
-        (Some((reason, detail)), _) => pb::LookupRouteResponse {
+        Some((reason, detail)) => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::NoHint as i32,
-            no_hint_reason: reason_to_pb(*reason) as i32,
-            detail: detail.clone(),
-            best: decision.destination().map(score),
+            no_hint_reason: reason_to_pb(reason) as i32,
+            detail,
             ..base
         },
-        (None, None) => pb::LookupRouteResponse {
+        None => pb::LookupRouteResponse {
             outcome: pb::LookupOutcome::NoHint as i32,
             no_hint_reason: pb::NoHintReason::NoEntry as i32,
             detail: "no replica to route to".into(),
@@ -221,7 +246,7 @@ impl IndexServer {
             }
             Err(e) => return Err(Status::invalid_argument(e.to_string())),
         };
-        let response = response_of(&decision);
+        let response = response_of(decision);
         self.core
             .metrics()
             .record_lookup(&response, received.elapsed());
