@@ -683,6 +683,7 @@ impl EndpointPicker {
                     .iter()
                     .find(|(_, a)| a == address)
                     .map(|(k, _)| k.clone())
+                    .or_else(|| self.key_of_any_model(scope, address))
                     .unwrap_or_else(|| ReplicaKey {
                         tenant: scope.tenant.clone(),
                         replica_id: address.clone(),
@@ -691,6 +692,23 @@ impl EndpointPicker {
                 (key, address.clone())
             })
             .collect()
+    }
+
+    /// The replica at `address` under whichever model it reports, for a
+    /// request that names none (headers only, an unread body): without it
+    /// the endpoint's engine-reported load and the picks made for it by
+    /// prefix would not count in that request's ranking.
+    fn key_of_any_model(&self, scope: &Scope, address: &str) -> Option<ReplicaKey> {
+        if !scope.model.is_empty() {
+            return None;
+        }
+        let index = self.core.index();
+        let at = index.scope_at(&scope.tenant, scope.hash_scheme, address)?;
+        index
+            .replicas_in(&at, None, None)
+            .into_iter()
+            .find(|(_, a)| a == address)
+            .map(|(k, _)| k)
     }
 
     /// The index scope of a request for `model`. vLLM serves each LoRA
@@ -779,7 +797,13 @@ impl EndpointPicker {
                 let mut endpoints = vec![pick.address];
                 let mut replica_ids = vec![pick.replica.replica_id];
                 if self.pool.fallbacks > 0 {
-                    let by_load = self.core.routing().rank_by_load(&pool, self.core.now_ms());
+                    // Ranked as the core ranks: the namespace's CachePolicy
+                    // scoring over the flags.
+                    let scoring = self.core.policy(&self.pool.tenant).scoring;
+                    let by_load =
+                        self.core
+                            .routing()
+                            .rank_by_load(&pool, self.core.now_ms(), &scoring);
                     for s in by_load {
                         if endpoints.len() > self.pool.fallbacks {
                             break;

@@ -311,8 +311,10 @@ impl IndexCore {
             shed_at_requests: Some(limit),
         } = request.purpose
         {
-            // Shed before tokenizing: a saturated pool spends nothing.
-            let least = self.routing.rank_by_load(pool, now_ms);
+            // Shed before tokenizing: a saturated pool spends nothing. The
+            // least busy is ranked as the pick would be: under the
+            // namespace's scoring.
+            let least = self.routing.rank_by_load(pool, now_ms, &policy.scoring);
             if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
                 return Err(RouteError::Saturated(format!(
                     "every endpoint is saturated: the least busy has {:.0} requests \
@@ -402,17 +404,22 @@ impl IndexCore {
                 let (best, blocks, block_size) = match &query {
                     Some(query) => {
                         let ranked = rank(query, Some(pool));
-                        let best =
-                            ranked.ranked.first().cloned().or_else(|| {
-                                self.routing.rank_by_load(pool, now_ms).into_iter().next()
-                            });
+                        let best = ranked.ranked.first().cloned().or_else(|| {
+                            self.routing
+                                .rank_by_load(pool, now_ms, &policy.scoring)
+                                .into_iter()
+                                .next()
+                        });
                         let unheld = best
                             .as_ref()
                             .map_or(Vec::new(), |b| ranked.unheld_by(b).to_vec());
                         (best, unheld, ranked.block_size)
                     }
                     None => (
-                        self.routing.rank_by_load(pool, now_ms).into_iter().next(),
+                        self.routing
+                            .rank_by_load(pool, now_ms, &policy.scoring)
+                            .into_iter()
+                            .next(),
                         Vec::new(),
                         self.default_block_size,
                     ),

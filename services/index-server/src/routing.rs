@@ -324,11 +324,13 @@ impl Routing {
     }
 
     /// Ranks `pool` by load alone (no prompt to match): where a request
-    /// with nothing to route on goes.
+    /// with nothing to route on goes, under the namespace's `scoring` over
+    /// the server's weights (as [`Self::decide`]).
     pub fn rank_by_load(
         &self,
         pool: &[(ic_index::ReplicaKey, String)],
         now_ms: i64,
+        scoring: &ic_index::route::ScoringOverrides,
     ) -> Vec<ic_index::pick::Scored> {
         let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
         let loads = self.loads(&ids, now_ms);
@@ -342,7 +344,7 @@ impl Routing {
             block_size: 0,
             tie_seed: u64::try_from(now_ms).unwrap_or_default(),
         };
-        ic_index::pick::rank(&input, &self.weights, &loads)
+        ic_index::pick::rank(&input, &scoring.over(&self.weights), &loads)
     }
 
     /// The load board: the peer replicas' exchange reads this server's

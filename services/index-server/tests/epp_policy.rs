@@ -418,3 +418,134 @@ async fn one_picker_serves_several_pools_chosen_by_the_call_s_metadata() {
         "{metrics}"
     );
 }
+
+const C: &str = "10.0.0.3:8000";
+
+/// The engine at `address` reports `running` requests and `kv_usage`,
+/// holding one block of a prompt of its own (so the index knows it).
+async fn reports(grpc: &str, replica_id: &str, address: &str, running: u32, kv_usage: f32) {
+    let own: Vec<u32> = (0..4).map(|t| 1_000 + t + running * 10).collect();
+    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, &own, 4));
+    let replica = ic_e2e::ingest::Replica {
+        tenant: "team-a",
+        model: "m",
+        replica_id,
+        address,
+        dp_rank: 0,
+    };
+    let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
+    let mut batch = ic_e2e::ingest::resync(&replica, vec![event]);
+    batch.engine_load = Some(pb::EngineLoad {
+        waiting: 0,
+        running,
+        kv_usage,
+    });
+    ic_e2e::ingest::ingest(grpc, batch).await;
+}
+
+/// Flags weighing requests alone; the policies pushed in these tests
+/// weigh KV usage alone, so the two rank B (busy, empty cache) and C
+/// (idle, full cache) in opposite orders.
+const BY_REQUESTS: [&str; 5] = [
+    // Scored by the weights, not by predicted TTFT.
+    "--ttft-prefill-tokens-per-second=0",
+    "--score-load-weight=1",
+    "--score-kv-usage-weight=0",
+    "--load-bound=0",
+    "--epp-tenant=team-a",
+];
+
+fn by_kv_usage(p: &mut pb::NamespacePolicy) {
+    p.score_load_weight = Some(0.0);
+    p.score_kv_usage_weight = Some(1.0);
+}
+
+/// The fallbacks after the pick are ranked by load as the pick is: under
+/// the namespace's CachePolicy scoring over the flags.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallbacks_rank_by_the_namespace_s_scoring() {
+    let endpoints = format!("{A},{B},{C}");
+    let mut args = BY_REQUESTS.to_vec();
+    args.extend([
+        "--epp-endpoint",
+        &endpoints,
+        "--epp-fallback-endpoints",
+        "2",
+    ]);
+    let s = start(&args);
+    set_policies(
+        &s.grpc,
+        pb::SetPoliciesRequest {
+            policies: vec![team_a(|_| {})],
+            objectives: vec![],
+        },
+    )
+    .await;
+    holds(&s.grpc, "engine-a", A).await;
+    reports(&s.grpc, "engine-b", B, 6, 0.0).await;
+    reports(&s.grpc, "engine-c", C, 0, 0.95).await;
+    let list = |o: &Open| ic_e2e::ext_proc::destinations(&o.answers[1]).expect("a destination");
+    let flags = tokens_request(&s.epp).await;
+    assert_eq!(list(&flags), format!("{A},{C},{B}"), "by requests (flags)");
+    drop(flags);
+
+    set_policies(
+        &s.grpc,
+        pb::SetPoliciesRequest {
+            policies: vec![team_a(by_kv_usage)],
+            objectives: vec![],
+        },
+    )
+    .await;
+    let policy = tokens_request(&s.epp).await;
+    assert_eq!(
+        list(&policy),
+        format!("{A},{B},{C}"),
+        "by KV usage (the namespace's CachePolicy)"
+    );
+}
+
+/// Shedding before tokenizing looks at the endpoint the request would go
+/// to by load, ranked under the namespace's scoring: by requests the idle
+/// C takes it; by KV usage the busy A and B rank first, and they are at
+/// the threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shedding_ranks_by_the_namespace_s_scoring() {
+    let endpoints = format!("{A},{B},{C}");
+    let mut args = BY_REQUESTS.to_vec();
+    args.extend([
+        "--epp-endpoint",
+        &endpoints,
+        "--epp-shed-at-requests",
+        "3",
+        "--epp-shed-standard-at-requests",
+        "3",
+    ]);
+    let s = start(&args);
+    set_policies(
+        &s.grpc,
+        pb::SetPoliciesRequest {
+            policies: vec![team_a(|_| {})],
+            objectives: vec![],
+        },
+    )
+    .await;
+    reports(&s.grpc, "engine-a", A, 6, 0.0).await;
+    reports(&s.grpc, "engine-b", B, 7, 0.0).await;
+    reports(&s.grpc, "engine-c", C, 0, 0.95).await;
+    assert_eq!(pick(&s.epp, None, None).await, Ok(C.into()), "by requests");
+
+    set_policies(
+        &s.grpc,
+        pb::SetPoliciesRequest {
+            policies: vec![team_a(by_kv_usage)],
+            objectives: vec![],
+        },
+    )
+    .await;
+    assert_eq!(
+        pick(&s.epp, None, None).await,
+        Err(429),
+        "by KV usage the least busy endpoint has 6 requests"
+    );
+}
