@@ -32,12 +32,12 @@
 //! so a holder with a long queue loses to an idle replica when the idle
 //! one would answer first (as Preble and llm-d's scorers weigh prefix
 //! against load, but in the engine's own units). At a prefix weight of 1
-//! that is the user's wait alone; the default 2 also charges a cold
-//! prefill for the blocks it stores, which evict blocks later requests
-//! would have hit (in an exact simulation of the local fleet's engines,
-//! 2 keeps the load-bounded reference's hit ratio where 1 loses about a
-//! point). The load bound applies as with the weights. A T2 block counts
-//! as held for `t2_credit` of its tokens.
+//! that is the user's wait alone; above 1 it also charges a cold prefill
+//! for the blocks it stores, which evict blocks later requests would have
+//! hit. The server scores this way by default ([`ScoreWeights::by_ttft`],
+//! prefix weight [`TTFT_PREFIX_WEIGHT`], [`TtftModel::DEFAULT`] until an
+//! engine's own rate is observed). The load bound applies as with the
+//! weights. A T2 block counts as held for `t2_credit` of its tokens.
 
 use crate::load::ReplicaLoad;
 use crate::types::{Candidate, ReplicaKey, Tier};
@@ -69,6 +69,19 @@ pub struct TtftModel {
 }
 
 impl TtftModel {
+    /// What the server assumes of an engine until its own rate is
+    /// observed: 10,000 prompt tokens per second, no fixed cost. Slow on
+    /// purpose: an engine faster than assumed only makes every queue look
+    /// longer, and the ranking holds from 20x too slow to about right
+    /// (docs/benchmarks.md, "TTFT scoring by default"); a rate assumed too
+    /// fast drains the queues early and the tail grows. No fixed cost,
+    /// because a batching engine overlaps the fixed cost of the requests
+    /// ahead, and this request's own is the same on every replica.
+    pub const DEFAULT: TtftModel = TtftModel {
+        tokens_per_ms: 10.0,
+        overhead_ms: 0.0,
+    };
+
     /// Milliseconds an engine spends on a request with `unheld_tokens` to
     /// prefill.
     pub fn work_ms(&self, unheld_tokens: f64) -> f64 {
@@ -96,7 +109,26 @@ impl Default for ScoreWeights {
     }
 }
 
+/// The prefix weight of the TTFT score unless configured: a cold prefill
+/// counts four times its own time. With the queues an uncalibrated rate
+/// makes (longer than the engine's), 4 keeps the load-bounded reference's
+/// hit ratio where 2 loses up to 2 points (an exact simulation of the local
+/// fleet, docs/benchmarks.md).
+pub const TTFT_PREFIX_WEIGHT: f64 = 4.0;
+
 impl ScoreWeights {
+    /// The server's default: by predicted time to first token under
+    /// `model`, with [`TTFT_PREFIX_WEIGHT`] and the default load bound.
+    /// ([`ScoreWeights::default`] is the weights score, which the server
+    /// runs with `--ttft-prefill-tokens-per-second=0`.)
+    pub fn by_ttft(model: TtftModel) -> Self {
+        Self {
+            prefix: TTFT_PREFIX_WEIGHT,
+            ttft: Some(model),
+            ..Self::default()
+        }
+    }
+
     /// Prefix match only, unbounded: the longest match wins, as before load
     /// was scored (kept for comparisons).
     pub fn prefix_only() -> Self {
@@ -488,6 +520,59 @@ mod tests {
         // Weighed twice, b's cold prefill (44) costs more than a's wait (38).
         assert_eq!(first(&ttft(2.0)), "a");
         assert_eq!(first(&ScoreWeights::default()), "a", "weights: the holder");
+    }
+
+    #[test]
+    fn by_ttft_at_the_default_the_ranking_does_not_depend_on_the_rate_assumed() {
+        // Queues the server built from picks at the rate it assumed, not yet
+        // drained: at any assumed rate every score scales alike, so the
+        // order is the same (with a fixed cost per request it would not be:
+        // the default has none).
+        let ids: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let r = replicas(&names);
+        let r = refs(&r);
+        let mut seed = 7u64;
+        let mut next = move |n: u64| {
+            seed = mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+            seed % n
+        };
+        for case in 0..200 {
+            let m: Vec<Candidate> = (0..next(5))
+                .map(|_| matched(&format!("r{}", next(12)), 1 + next(10) as u32, Tier::T1))
+                .collect();
+            let queued_tokens: Vec<f64> = (0..12).map(|_| (next(6) * 160) as f64).collect();
+            let order = |tokens_per_ms: f64| {
+                let model = TtftModel {
+                    tokens_per_ms,
+                    ..TtftModel::DEFAULT
+                };
+                let load: Vec<ReplicaLoad> = queued_tokens
+                    .iter()
+                    .map(|q| ReplicaLoad {
+                        requests: 1.0,
+                        queued_ms: model.work_ms(*q),
+                        ..ReplicaLoad::default()
+                    })
+                    .collect();
+                rank(
+                    &input(&r, &m, &[], case),
+                    &ScoreWeights::by_ttft(model),
+                    &load,
+                )
+                .into_iter()
+                .map(|s| s.replica.replica_id)
+                .collect::<Vec<_>>()
+            };
+            let assumed = order(TtftModel::DEFAULT.tokens_per_ms);
+            for faster in [0.05, 0.5, 2.0, 20.0] {
+                assert_eq!(
+                    order(TtftModel::DEFAULT.tokens_per_ms * faster),
+                    assumed,
+                    "case {case}, rate x{faster}"
+                );
+            }
+        }
     }
 
     fn key(id: &str) -> ReplicaKey {
