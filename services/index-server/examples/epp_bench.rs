@@ -4,6 +4,12 @@
 //! of about 2,000 tokens (rendered with the fixture chat template and
 //! tokenized by the picker) in BUFFERED mode, as Envoy does.
 //!
+//! Then, on the same server, alternating with the picks: LookupRoute with
+//! the same prompts as token ids (tokenized by the client), the decision
+//! without parsing, template and tokenizing; and, in this process, the
+//! picker's tokenizing of a body (template + tokenizer) against the
+//! tokenizer library alone on the rendered text.
+//!
 //! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -111,11 +117,99 @@ async fn main() {
             .unwrap()
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let prompts: Vec<Vec<u32>> = conversations
+        .iter()
+        .map(|m| tokenizers.encode_chat("tiny-chat", m).unwrap())
+        .collect();
+    let mut picks = Vec::new();
+    let mut lookups = Vec::new();
+    // Alternating, half the time each, twice: the box's load drifts.
+    let half = Duration::from_secs(seconds).max(Duration::from_secs(2)) / 2;
+    for _ in 0..2 {
+        picks.extend(pick_phase(&epp, &bodies, concurrency, half).await);
+        lookups.extend(lookup_phase(&grpc, &prompts, concurrency, half).await);
+    }
+    let measured = 2.0 * half.as_secs_f64();
+    let metrics = ic_e2e::http_get(process.admin_addr(), "/metrics").1;
+    let prefix = metrics
+        .lines()
+        .find(|l| l.starts_with("inferencecache_index_epp_picks_total{by=\"prefix\"}"))
+        .unwrap_or("none");
+    let (pick_p50, pick_p99) = (pct(&mut picks, 50.0), pct(&mut picks, 99.0));
+    let (lookup_p50, lookup_p99) = (pct(&mut lookups, 50.0), pct(&mut lookups, 99.0));
+    println!(
+        "{} picks in {measured} s with {concurrency} gateways: {:.0} picks/s; per pick (ext_proc round trip, \
+         chat template + tokenizing ~2,000 tokens + lookup) p50 {} µs, p99 {} µs; {prefix}",
+        picks.len(),
+        picks.len() as f64 / measured,
+        pick_p50.as_micros(),
+        pick_p99.as_micros(),
+    );
+    println!(
+        "{} LookupRoute (the same prompts as token ids) in {measured} s: {:.0}/s; p50 {} µs, p99 {} µs",
+        lookups.len(),
+        lookups.len() as f64 / measured,
+        lookup_p50.as_micros(),
+        lookup_p99.as_micros(),
+    );
+    // Tokenizing, in this process, one thread: the picker's path (template
+    // + tokenizer) and the tokenizer library alone on the rendered text.
+    let library =
+        tokenizers::Tokenizer::from_file(Path::new(FIXTURES).join("tokenizer.json")).unwrap();
+    let rendered: Vec<String> = conversations
+        .iter()
+        .map(|m| tokenizers.render_chat("tiny-chat", m).unwrap())
+        .collect();
+    let rounds = 3 * conversations.len();
+    let mut alone = Duration::ZERO;
+    let mut picker = Duration::ZERO;
+    for round in 0..2 * rounds {
+        let c = round % conversations.len();
+        let t = Instant::now();
+        if round % 2 == 0 {
+            std::hint::black_box(library.encode(rendered[c].as_str(), false).unwrap());
+            alone += t.elapsed();
+        } else {
+            std::hint::black_box(
+                tokenizers
+                    .encode_chat("tiny-chat", &conversations[c])
+                    .unwrap(),
+            );
+            picker += t.elapsed();
+        }
+    }
+    let tokens: usize = prompts.iter().map(Vec::len).sum::<usize>() / prompts.len();
+    let per = |d: Duration| d / u32::try_from(rounds).unwrap();
+    println!(
+        "tokenizing one ~{tokens}-token chat body: the picker's path (template + tokenizer) {} µs, \
+         the tokenizer library alone {} µs ({:.1} M tokens/s); the pick p50 less the picker's \
+         tokenizing {} µs against LookupRoute's p50 {} µs",
+        per(picker).as_micros(),
+        per(alone).as_micros(),
+        tokens as f64 / per(alone).as_secs_f64() / 1e6,
+        pick_p50.saturating_sub(per(picker)).as_micros(),
+        lookup_p50.as_micros(),
+    );
+    assert!(process.stop().success());
+}
+
+fn pct(all: &mut [Duration], p: f64) -> Duration {
+    all.sort_unstable();
+    all[((p / 100.0 * all.len() as f64).ceil() as usize).clamp(1, all.len()) - 1]
+}
+
+/// Picks over ext_proc for `phase`, `concurrency` gateways; the latency of each.
+async fn pick_phase(
+    epp: &str,
+    bodies: &[Vec<u8>],
+    concurrency: usize,
+    phase: Duration,
+) -> Vec<Duration> {
+    let deadline = Instant::now() + phase;
     let mut tasks = Vec::new();
     for g in 0..concurrency {
-        let epp = epp.clone();
-        let bodies = bodies.clone();
+        let epp = epp.to_owned();
+        let bodies = bodies.to_vec();
         tasks.push(tokio::spawn(async move {
             let mut client = ExternalProcessorClient::connect(epp).await.unwrap();
             let mut latencies = Vec::new();
@@ -145,21 +239,55 @@ async fn main() {
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    all.sort();
-    let pct =
-        |p: f64| all[((p / 100.0 * all.len() as f64).ceil() as usize).clamp(1, all.len()) - 1];
-    let metrics = ic_e2e::http_get(process.admin_addr(), "/metrics").1;
-    let prefix = metrics
-        .lines()
-        .find(|l| l.starts_with("inferencecache_index_epp_picks_total{by=\"prefix\"}"))
-        .unwrap_or("none");
-    println!(
-        "{} picks in {seconds} s with {concurrency} gateways: {:.0} picks/s; per pick (ext_proc round trip, \
-         chat template + tokenizing ~2,000 tokens + lookup) p50 {} µs, p99 {} µs; {prefix}",
-        all.len(),
-        all.len() as f64 / seconds as f64,
-        pct(50.0).as_micros(),
-        pct(99.0).as_micros(),
-    );
-    assert!(process.stop().success());
+    all
+}
+
+/// LookupRoute calls with `prompts` as token ids for `phase`.
+async fn lookup_phase(
+    grpc: &str,
+    prompts: &[Vec<u32>],
+    concurrency: usize,
+    phase: Duration,
+) -> Vec<Duration> {
+    use pb::index_service_client::IndexServiceClient;
+    let deadline = Instant::now() + phase;
+    let mut tasks = Vec::new();
+    for g in 0..concurrency {
+        let grpc = grpc.to_owned();
+        let prompts = prompts.to_vec();
+        tasks.push(tokio::spawn(async move {
+            let mut client = IndexServiceClient::connect(grpc).await.unwrap();
+            let mut latencies = Vec::new();
+            let mut i = g;
+            while Instant::now() < deadline {
+                let request = pb::LookupRouteRequest {
+                    scope: Some(pb::IndexScope {
+                        tenant: "bench".into(),
+                        model: "tiny-chat".into(),
+                        hash_scheme: pb::HashScheme::Vllm as i32,
+                        ..Default::default()
+                    }),
+                    key: Some(pb::lookup_route_request::Key::TokenIds(pb::TokenIds {
+                        ids: prompts[i % prompts.len()].clone(),
+                    })),
+                    ..Default::default()
+                };
+                let started = Instant::now();
+                let answer = client.lookup_route(request).await.unwrap().into_inner();
+                latencies.push(started.elapsed());
+                assert_eq!(
+                    answer.outcome,
+                    pb::LookupOutcome::PrefixMatch as i32,
+                    "the same prompts are held"
+                );
+                i += concurrency;
+            }
+            latencies
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
 }
