@@ -47,10 +47,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use envoy_types::pb::envoy::r#type::v3::StatusCode;
 use futures::Stream;
-use ic_index::{ReplicaKey, Scope};
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
+
+#[path = "epp_scope.rs"]
+mod scope;
 
 pub use crate::epp_config::PoolConfig;
 use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, select_pool};
@@ -666,76 +668,6 @@ impl EndpointPicker {
             }));
         }
         Ok(eligible)
-    }
-
-    /// The pool as scored: each endpoint under its index replica's key, or
-    /// under its address when the index has not heard from it.
-    fn scored_pool(&self, scope: &Scope, eligible: &[String]) -> Vec<(ReplicaKey, String)> {
-        let base = Scope {
-            adapter: String::new(),
-            ..scope.clone()
-        };
-        let known = self.core.index().replicas_in(&base, None, None);
-        eligible
-            .iter()
-            .map(|address| {
-                let key = known
-                    .iter()
-                    .find(|(_, a)| a == address)
-                    .map(|(k, _)| k.clone())
-                    .or_else(|| self.key_of_any_model(scope, address))
-                    .unwrap_or_else(|| ReplicaKey {
-                        tenant: scope.tenant.clone(),
-                        replica_id: address.clone(),
-                        dp_rank: 0,
-                    });
-                (key, address.clone())
-            })
-            .collect()
-    }
-
-    /// The replica at `address` under whichever model it reports, for a
-    /// request that names none (headers only, an unread body): without it
-    /// the endpoint's engine-reported load and the picks made for it by
-    /// prefix would not count in that request's ranking.
-    fn key_of_any_model(&self, scope: &Scope, address: &str) -> Option<ReplicaKey> {
-        if !scope.model.is_empty() {
-            return None;
-        }
-        let index = self.core.index();
-        let at = index.scope_at(&scope.tenant, scope.hash_scheme, address)?;
-        index
-            .replicas_in(&at, None, None)
-            .into_iter()
-            .find(|(_, a)| a == address)
-            .map(|(k, _)| k)
-    }
-
-    /// The index scope of a request for `model`. vLLM serves each LoRA
-    /// adapter under its own model name: a name the index has no replicas
-    /// for, while the pool's endpoints report a base model, is an adapter
-    /// of that base model.
-    fn scope_of(&self, model: String, eligible: &[String]) -> Scope {
-        let scope = Scope {
-            tenant: self.pool.tenant.clone(),
-            model,
-            hash_scheme: self.pool.hash_scheme,
-            adapter: String::new(),
-        };
-        let index = self.core.index();
-        if scope.model.is_empty() || index.block_size(&scope).is_some() {
-            return scope;
-        }
-        let base = eligible
-            .iter()
-            .find_map(|address| index.scope_at(&scope.tenant, scope.hash_scheme, address));
-        match base {
-            Some(base) if base.model != scope.model => Scope {
-                adapter: scope.model,
-                ..base
-            },
-            _ => scope,
-        }
     }
 
     /// Decides where a request of `priority` goes (CPU work: run off the
