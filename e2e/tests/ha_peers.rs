@@ -4,6 +4,9 @@
 //! a headless Service would list it). Gateways ask only the first; the
 //! second's LookupRoute must see those picks in the engine's load, and each
 //! replica must have found its own address and stopped reporting there.
+//! Speculative holders stay per replica: a pick made through one replica
+//! makes it, and only it, count the picked engine as holding the prompt
+//! until the engine's events arrive; then both answer alike.
 //! Also: readiness waits for the controller's first policy push.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -23,28 +26,31 @@ use fleet::{MODEL, TENANT, converge, metric};
 const ARRIVE: Duration = Duration::from_secs(30);
 
 fn replica(grpc_port: u16, peers: &str) -> ServiceProcess {
+    replica_with(grpc_port, peers, &[])
+}
+
+fn replica_with(grpc_port: u16, peers: &str, extra: &[&str]) -> ServiceProcess {
     let grpc = format!("127.0.0.1:{grpc_port}");
-    ServiceProcess::start(
-        &workspace_binary("ic-index-server"),
-        &[
-            "--http-addr",
-            "127.0.0.1:0",
-            "--grpc-addr",
-            &grpc,
-            "--ready-warmup-seconds",
-            "0",
-            "--peer",
-            peers,
-            "--peer-share-interval-ms",
-            "50",
-            // Every pick goes to the holder (no load bound), and keeps its
-            // weight for the whole test.
-            "--load-bound",
-            "0",
-            "--pick-half-life-ms",
-            "600000",
-        ],
-    )
+    let mut args = vec![
+        "--http-addr",
+        "127.0.0.1:0",
+        "--grpc-addr",
+        &grpc,
+        "--ready-warmup-seconds",
+        "0",
+        "--peer",
+        peers,
+        "--peer-share-interval-ms",
+        "50",
+        // Every pick goes to the holder (no load bound), and keeps its
+        // weight for the whole test.
+        "--load-bound",
+        "0",
+        "--pick-half-life-ms",
+        "600000",
+    ];
+    args.extend_from_slice(extra);
+    ServiceProcess::start(&workspace_binary("ic-index-server"), &args)
 }
 
 /// The load LookupRoute names for `replica_id` on the replica at
@@ -176,4 +182,115 @@ async fn readiness_waits_for_the_first_policy_push() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(server.stop().success());
+}
+
+/// (replica, matched blocks, speculative) of every candidate, sorted.
+type Holders = Vec<(String, u32, bool)>;
+
+async fn holders(grpc_port: u16, tokens: &[u32], candidates: &[&str], observe: bool) -> Holders {
+    let mut client = IndexServiceClient::connect(fleet::url(grpc_port))
+        .await
+        .unwrap();
+    let mut request = ic_e2e::ingest::token_lookup(TENANT, MODEL, tokens.to_vec());
+    request.observe_only = observe;
+    request.candidate_replicas = candidates.iter().map(|c| (*c).to_owned()).collect();
+    let r = client.lookup_route(request).await.unwrap().into_inner();
+    let mut out: Holders = r
+        .candidates
+        .iter()
+        .filter(|c| c.matched_blocks > 0)
+        .map(|c| {
+            (
+                c.replica
+                    .as_ref()
+                    .map_or(String::new(), |r| r.replica_id.clone()),
+                c.matched_blocks,
+                c.speculative,
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The bounded divergence of docs/scaling.md ("What stays per replica"):
+/// a pick through replica A for a prompt nobody holds makes A count the
+/// engine as its speculative holder; replica B, which shares A's load but
+/// not its speculation, does not. Once the engine stores the prompt and
+/// its events reach both replicas, they answer alike, the holder real —
+/// with a speculative TTL far longer than the test, so the events, not
+/// the expiry, end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speculative_holder_stays_on_its_replica_until_the_engines_events_arrive() {
+    let ports = [free_port(), free_port()];
+    let urls = ports
+        .iter()
+        .map(|p| fleet::url(*p))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut replicas: Vec<ServiceProcess> = ports
+        .iter()
+        .map(|p| replica_with(*p, &urls, &["--speculative-ttl-ms", "600000"]))
+        .collect();
+    let https: Vec<SocketAddr> = replicas.iter_mut().map(|r| r.admin_addr()).collect();
+    let (mut engines, sidecars) = fleet::fleet(2, &urls, &[]).await;
+    engines[0].store(2).await;
+    engines[1].store(2).await;
+    for (port, http) in ports.iter().zip(&https) {
+        converge(*port, *http, &engines, "at start").await;
+    }
+    // The prompt engine-0 will store next; nobody holds it yet.
+    let chain = engines[0].next_chain;
+    let prompt = engines[0].tokens(chain, 4);
+    let holder = engines[0].replica.clone();
+    for port in ports {
+        assert_eq!(
+            holders(port, &prompt, &[], true).await,
+            vec![],
+            "cold at start"
+        );
+    }
+    // A gateway asks replica A, naming engine-0 as its only candidate, and
+    // sends the request there.
+    holders(ports[0], &prompt, &[holder.as_str()], false).await;
+    let speculative = vec![(holder.clone(), 4, true)];
+    assert_eq!(
+        holders(ports[0], &prompt, &[], true).await,
+        speculative,
+        "A counts its pick as a speculative holder"
+    );
+    // Longer than several share intervals: B still does not know of it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        holders(ports[1], &prompt, &[], true).await,
+        vec![],
+        "B holds no speculation of A's pick (the divergence)"
+    );
+    // The engine prefills the prompt: its events reach both replicas.
+    engines[0].store(4).await;
+    assert_eq!(engines[0].newest().unwrap().0, prompt);
+    let real = vec![(holder.clone(), 4, false)];
+    let started = Instant::now();
+    loop {
+        let a = holders(ports[0], &prompt, &[], true).await;
+        let b = holders(ports[1], &prompt, &[], true).await;
+        if a == real && b == real {
+            break;
+        }
+        assert!(
+            started.elapsed() < ARRIVE,
+            "the replicas never agreed on the real holder: A {a:?}, B {b:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    eprintln!(
+        "speculative divergence ended {} ms after the engine stored the prompt",
+        started.elapsed().as_millis()
+    );
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    for mut r in replicas {
+        assert!(r.stop().success());
+    }
 }
