@@ -1,12 +1,22 @@
 //! The ingest handle: offers batches to the gate in order and broadcasts the
 //! admitted ones to the views and to every consuming controller. Both
 //! transports (`POST /events`, Kafka) go through here.
+//!
+//! `POST /events` hands its batches to one writer thread through a bounded
+//! queue ([`Ingest::submit`]): requests are applied in arrival order, each
+//! answered as soon as its own batches are applied, and no request thread
+//! blocks on the views lock or waits for a lock handed around between eight
+//! writers (which is what made `/events` p99 grow with concurrency). The
+//! views lock is taken once per request, so a lookup waits at most for one
+//! request's apply.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use ic_coordinator_core::capacity::ClaimError;
 use ic_coordinator_core::events::{Batch, EventsResponse};
 use ic_coordinator_core::gate::Verdict;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::controller::Controller;
 use crate::metrics::{ConsumerLabel, MetricsSet, inc};
@@ -48,11 +58,51 @@ impl GateOutcome {
 /// The write path into the views.
 #[derive(Debug)]
 pub struct Ingest {
+    apply: Applier,
+    /// Batches received and not yet applied (the `event_bus` gauges).
+    pub queue: Arc<EventQueue>,
+    /// The writer's queue, started by the first [`Ingest::submit`].
+    writer: OnceLock<mpsc::Sender<Job>>,
+}
+
+/// What applies batches: the views and the consuming controllers.
+#[derive(Clone, Debug)]
+struct Applier {
     views: Arc<ViewStore>,
     controllers: Arc<[Arc<dyn Controller>]>,
     metrics: Arc<MetricsSet>,
-    /// Batches received and not yet applied (the `event_bus` gauges).
-    pub queue: Arc<EventQueue>,
+}
+
+/// One `POST /events` request's batches, waiting for the writer.
+struct Job {
+    batches: Vec<Batch>,
+    max_entry_bytes: Option<u64>,
+    /// Leaves the queue gauges once applied.
+    queued: Queued,
+    reply: oneshot::Sender<Result<EventsResponse, Refused>>,
+}
+
+/// A request the writer refused without applying any of it: an entry
+/// claims more than the bound or its instance's declared capacity.
+#[derive(Debug)]
+pub struct Refused {
+    /// Index of the batch in the request.
+    pub batch: usize,
+    /// Its instance.
+    pub instance_id: String,
+    /// What the entry claimed.
+    pub error: ClaimError,
+}
+
+/// Why [`Ingest::submit`] has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// An entry's claim was refused; nothing was applied.
+    #[error("batch {}: {}", .0.batch, .0.error)]
+    Refused(Refused),
+    /// The writer failed while applying the request (a bug: logged).
+    #[error("the event writer failed while applying the request")]
+    WriterFailed,
 }
 
 /// Event batches that arrived and wait for the views lock: what the
@@ -119,34 +169,163 @@ impl Ingest {
         metrics: Arc<MetricsSet>,
     ) -> Self {
         Self {
-            views,
-            controllers,
-            metrics,
+            apply: Applier {
+                views,
+                controllers,
+                metrics,
+            },
             queue: Arc::default(),
+            writer: OnceLock::new(),
         }
     }
 
-    /// Offers validated batches to the gate in order and broadcasts the
-    /// admitted ones.
-    pub fn ingest(&self, batches: &[Batch]) -> EventsResponse {
-        let mut out = EventsResponse::default();
-        self.views.write(|views| {
-            for batch in batches {
-                match self.offer(views, batch) {
-                    GateOutcome::Applied => out.applied += 1,
-                    GateOutcome::Duplicate => out.duplicates += 1,
-                    GateOutcome::Stale => out.stale += 1,
-                }
+    /// Queues one request's validated batches for the writer and waits
+    /// until they are applied. At most `max_pending` requests wait; one
+    /// that finds the queue full waits for room (counted in
+    /// `event_queue_full_total`). The writer checks every entry's claim
+    /// first (`max_entry_bytes`, the declared capacity): a refusal applies
+    /// nothing.
+    pub async fn submit(
+        &self,
+        batches: Vec<Batch>,
+        max_entry_bytes: Option<u64>,
+        max_pending: usize,
+    ) -> Result<EventsResponse, SubmitError> {
+        let tx = self.writer.get_or_init(|| self.start_writer(max_pending));
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            queued: self.queue.enter(batches.len()),
+            batches,
+            max_entry_bytes,
+            reply,
+        };
+        match tx.try_send(job) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(job)) => {
+                self.apply.metrics.metrics.event_queue_full.inc();
+                tx.send(job).await.map_err(|_| SubmitError::WriterFailed)?;
             }
-        });
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SubmitError::WriterFailed),
+        }
+        match answer.await {
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(refused)) => Err(SubmitError::Refused(refused)),
+            Err(_) => Err(SubmitError::WriterFailed),
+        }
+    }
+
+    /// Starts the writer thread; it ends when this handle (the sender) is
+    /// dropped.
+    fn start_writer(&self, max_pending: usize) -> mpsc::Sender<Job> {
+        let (tx, mut rx) = mpsc::channel::<Job>(max_pending.max(1));
+        let apply = self.apply.clone();
+        let spawned = std::thread::Builder::new()
+            .name("event-writer".to_owned())
+            .spawn(move || {
+                while let Some(job) = rx.blocking_recv() {
+                    apply.run(job);
+                }
+            });
+        if let Err(error) = spawned {
+            // The receiver is gone with the closure: every submit answers
+            // WriterFailed rather than hanging.
+            tracing::error!(%error, "cannot start the event writer thread");
+        }
+        tx
+    }
+
+    /// Offers validated batches to the gate in order and broadcasts the
+    /// admitted ones, on the caller's thread.
+    pub fn ingest(&self, batches: &[Batch]) -> EventsResponse {
+        self.apply.ingest(batches)
+    }
+
+    /// See [`Applier::ingest_record`].
+    pub fn ingest_record(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        batch: Option<&Batch>,
+    ) -> RecordOutcome {
+        self.apply.ingest_record(topic, partition, offset, batch)
+    }
+
+    /// Drops an instance's stream: fence, forget the cursor and, for an
+    /// explicit deregistration, its capacity declaration.
+    pub fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
+        self.apply.drop_stream(instance_id, forget_capacity);
+    }
+}
+
+// === impl Applier ===
+
+impl Applier {
+    /// One queued request: claims checked, then applied, under one hold of
+    /// the views lock; the answer is sent at once.
+    fn run(&self, job: Job) {
+        let Job {
+            batches,
+            max_entry_bytes,
+            queued,
+            reply,
+        } = job;
+        let applied = catch_unwind(AssertUnwindSafe(|| {
+            self.views.write(|views| {
+                let refused = batches.iter().enumerate().find_map(|(i, b)| {
+                    views
+                        .capacity
+                        .check_claims(b, max_entry_bytes)
+                        .err()
+                        .map(|error| Refused {
+                            batch: i,
+                            instance_id: b.instance_id.clone(),
+                            error,
+                        })
+                });
+                match refused {
+                    Some(r) => Err(r),
+                    None => Ok(self.apply_all(views, &batches)),
+                }
+            })
+        }));
+        drop(queued);
+        match applied {
+            // The requester may have gone (client closed): nothing to do.
+            Ok(answer) => {
+                let _ = reply.send(answer);
+            }
+            Err(_) => {
+                tracing::error!(
+                    batches = batches.len(),
+                    "the event writer panicked while applying a request"
+                );
+                // Dropping `reply` answers the request with a 500.
+            }
+        }
+    }
+
+    fn apply_all(&self, views: &mut Views, batches: &[Batch]) -> EventsResponse {
+        let mut out = EventsResponse::default();
+        for batch in batches {
+            match self.offer(views, batch) {
+                GateOutcome::Applied => out.applied += 1,
+                GateOutcome::Duplicate => out.duplicates += 1,
+                GateOutcome::Stale => out.stale += 1,
+            }
+        }
         out
+    }
+
+    fn ingest(&self, batches: &[Batch]) -> EventsResponse {
+        self.views.write(|views| self.apply_all(views, batches))
     }
 
     /// Offers one Kafka record's batch (`None` when it was malformed) to the
     /// gate exactly as `POST /events` would, and advances the position in the
     /// same critical section, so a checkpoint never holds one without the
     /// other. A record at or below the position is not offered again.
-    pub fn ingest_record(
+    fn ingest_record(
         &self,
         topic: &str,
         partition: i32,
@@ -166,9 +345,7 @@ impl Ingest {
         })
     }
 
-    /// Drops an instance's stream: fence, forget the cursor and, for an
-    /// explicit deregistration, its capacity declaration.
-    pub fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
+    fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
         self.views.write(|views| {
             self.fence(views, instance_id);
             views.gate.forget(instance_id);

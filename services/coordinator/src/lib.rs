@@ -171,6 +171,13 @@ pub struct Config {
     /// (the declared capacity still applies). House extension.
     #[arg(long, env = "IC_MAX_EVENT_ENTRY_BYTES", default_value_t = 1 << 30)]
     pub max_event_entry_bytes: u64,
+    /// Most `POST /events` requests waiting for the event writer (one
+    /// thread applies every request in arrival order); a request that finds
+    /// the queue full waits for room (`events_queue_full_total`). House
+    /// extension.
+    #[arg(long, env = "IC_MAX_PENDING_EVENT_REQUESTS", default_value_t = 128,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_pending_event_requests: u64,
     /// Report format of LMCache's CLI (`terminal`, `json`). Accepted so an
     /// `lmcache coordinator` command line works unchanged; the coordinator
     /// command writes no report, in LMCache as here, so it has no effect.
@@ -297,6 +304,8 @@ impl Config {
             events_require_auth: self.events_require_auth,
             max_event_entry_bytes: (self.max_event_entry_bytes > 0)
                 .then_some(self.max_event_entry_bytes),
+            max_pending_event_requests: usize::try_from(self.max_pending_event_requests)
+                .context("--max-pending-event-requests")?,
             max_directory_keys: match self.max_directory_keys {
                 Some(0) => None,
                 Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),

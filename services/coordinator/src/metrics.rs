@@ -162,6 +162,9 @@ pub struct Metrics {
     pub event_dropped: Counter,
     /// `POST /events` requests rejected as invalid.
     pub event_requests_rejected: Counter,
+    /// `POST /events` requests that found the writer's queue full
+    /// (`--max-pending-event-requests`) and waited for room.
+    pub event_queue_full: Counter,
     /// Consumers that failed to apply a batch (views disagree).
     pub consumer_failures: Family<ConsumerLabel, Counter>,
     /// Registered instances.
@@ -310,6 +313,11 @@ impl MetricsSet {
             "events_rejected_requests",
             "POST /events requests rejected by validation",
             m.event_requests_rejected.clone(),
+        );
+        r.register(
+            "events_queue_full",
+            "POST /events requests that found the event writer's queue full (--max-pending-event-requests) and waited",
+            m.event_queue_full.clone(),
         );
         r.register(
             "consumer_apply_failures",

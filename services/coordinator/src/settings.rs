@@ -38,6 +38,8 @@ pub struct Settings {
     /// Largest size one event entry may claim (`None`: only the declared
     /// capacity bounds it).
     pub max_event_entry_bytes: Option<u64>,
+    /// Most `POST /events` requests queued for the event writer.
+    pub max_pending_event_requests: usize,
 }
 
 /// Resident memory one directory key may cost with its usage and LRU
@@ -85,6 +87,7 @@ impl Default for Settings {
             max_directory_keys: Some(10_000_000),
             events_require_auth: false,
             max_event_entry_bytes: Some(1 << 30),
+            max_pending_event_requests: 128,
         }
     }
 }

@@ -414,3 +414,72 @@ async fn concurrent_ingest_reads_and_checkpoints_stay_consistent() {
         2000.0 / (1u64 << 30) as f64
     );
 }
+
+/// `POST /events` goes through one writer fed by a bounded queue: while the
+/// views are held, requests wait in the queue (the event-bus gauges count
+/// their batches), requests beyond `--max-pending-event-requests` wait for
+/// room and are counted, and every one applies, in order, once the views
+/// are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_queue_for_one_writer_and_wait_for_room_when_full() {
+    let c = std::sync::Arc::new(Coord::start(&["--max-pending-event-requests", "1"]).await);
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let app = c.app.clone();
+    let holder = std::thread::spawn(move || {
+        app.views.read(|_| {
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        });
+    });
+    held_rx.recv().unwrap();
+    let hashes: Vec<String> = (0..4).map(|i| format!("{i:064x}")).collect();
+    let posts: Vec<_> = hashes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let c = c.clone();
+            let b = batch(
+                &format!("mp-{i}"),
+                1,
+                1,
+                "store",
+                "l2",
+                "fs",
+                &[(key(h, ""), 64)],
+            );
+            tokio::spawn(async move { c.events(vec![b]).await })
+        })
+        .collect();
+    // The writer holds one request (blocked on the views), the queue one;
+    // the others found it full (three if the second came before the
+    // writer took the first).
+    loop {
+        let full = c.app.metrics.metrics.event_queue_full.get();
+        let (depth, _) = c.app.ingest.queue.snapshot();
+        if full >= 2 && depth == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    for p in posts {
+        assert_eq!(
+            p.await.unwrap(),
+            json!({"applied": 1, "duplicates": 0, "stale": 0})
+        );
+    }
+    assert_eq!(c.app.ingest.queue.snapshot(), (0, 0.0));
+    let (_, stats) = c.get("/directory/stats").await;
+    assert_eq!(stats["num_keys"], 4);
+    let full = c.app.metrics.metrics.event_queue_full.get();
+    assert!((2..=3).contains(&full), "{full}");
+    let text = c.metrics_text().await;
+    assert!(
+        text.contains(&format!(
+            "lmcache_coordinator_events_queue_full_total {full}\n"
+        )),
+        "{text}"
+    );
+}

@@ -2,12 +2,15 @@
 
 use axum::Json;
 use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
-use ic_coordinator_core::directory::{KeyFilter, Placement};
+use ic_coordinator_core::StorageLevel;
+use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, Body, Query, Schema, default_limit, page_bounds};
@@ -48,18 +51,116 @@ fn one() -> i64 {
     1
 }
 
-fn sorted(placements: &[Placement]) -> Vec<&Placement> {
-    let mut v: Vec<&Placement> = placements.iter().collect();
-    v.sort_by(|a, b| {
-        (&*a.instance_id, a.tier, &*a.backend).cmp(&(&*b.instance_id, b.tier, &*b.backend))
-    });
-    v
+/// A lookup answer written straight to JSON text while the views are read:
+/// no `Value` tree per result. Field order is alphabetical, as the `Value`
+/// maps it replaced wrote it, so the bytes are unchanged.
+struct Answer {
+    buf: Vec<u8>,
+    results: usize,
+}
+
+#[derive(Serialize)]
+struct KeyOut<'a> {
+    cache_salt: &'a str,
+    chunk_hash_hex: &'a str,
+    kv_rank: i64,
+    model_name: &'a str,
+    object_group_id: i64,
+}
+
+impl<'a> KeyOut<'a> {
+    fn of(w: &'a WireKey) -> Self {
+        Self {
+            cache_salt: &w.cache_salt,
+            chunk_hash_hex: &w.chunk_hash_hex,
+            kv_rank: w.kv_rank,
+            model_name: &w.model_name,
+            object_group_id: w.object_group_id,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct PlacementOut<'a> {
+    backend: &'a str,
+    incarnation: u64,
+    instance_id: &'a str,
+    shared: bool,
+    size_bytes: u64,
+    tier: StorageLevel,
+}
+
+#[derive(Serialize)]
+struct ResultOut<'a> {
+    access_count: u64,
+    key: KeyOut<'a>,
+    placements: Vec<PlacementOut<'a>>,
+    token_ids: &'a [u32],
+}
+
+impl Answer {
+    fn new(keys: usize) -> Self {
+        let mut buf = Vec::with_capacity(64 + keys * 320);
+        buf.extend_from_slice(b"{\"chunks\":");
+        Self { buf, results: 0 }
+    }
+
+    /// Writes `"chunks"` and opens the results (once, first).
+    fn chunks(&mut self, chunks: usize) {
+        self.buf.extend_from_slice(chunks.to_string().as_bytes());
+        self.buf.extend_from_slice(b",\"results\":[");
+    }
+
+    fn result(&mut self, key: &WireKey, d: &KeyDirectory, object: &ObjectKey) {
+        if self.results > 0 {
+            self.buf.push(b',');
+        }
+        self.results += 1;
+        let entry = d.get(object);
+        let (placements, access_count) = entry
+            .as_ref()
+            .map_or((&[][..], 0), |e| (e.placements.as_slice(), e.access_count));
+        let mut placements: Vec<PlacementOut<'_>> = placements
+            .iter()
+            .map(|p| PlacementOut {
+                backend: &p.backend,
+                incarnation: p.incarnation,
+                instance_id: &p.instance_id,
+                shared: p.shared,
+                size_bytes: p.size_bytes,
+                tier: p.tier,
+            })
+            .collect();
+        placements.sort_by(|a, b| {
+            (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
+        });
+        let out = ResultOut {
+            access_count,
+            key: KeyOut::of(key),
+            placements,
+            token_ids: d.tokens_for_hash(&object.chunk_hash),
+        };
+        // Writing plain structs into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.buf, &out);
+    }
+
+    fn finish(mut self) -> Response {
+        self.buf.extend_from_slice(b"]}");
+        (
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            self.buf,
+        )
+            .into_response()
+    }
 }
 
 pub(crate) async fn lookup(
     State(app): State<App>,
     Body(req): Body<LookupRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Response, ApiError> {
     let keys = req.keys.filter(|k| !k.is_empty());
     let tokens = req.token_ids.filter(|t| !t.is_empty());
     if req.world_size < 1 {
@@ -81,22 +182,14 @@ pub(crate) async fn lookup(
                     })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let results: Vec<Value> = app.views.read(|views| {
-                let d = &views.directory;
-                wire_keys
-                    .iter()
-                    .zip(&parsed)
-                    .map(|(wire, key)| {
-                        result_json(
-                            json!(wire),
-                            d.get(key)
-                                .map(|e| (e.placements.as_slice(), e.access_count)),
-                            d.tokens_for_hash(&key.chunk_hash),
-                        )
-                    })
-                    .collect()
+            let mut answer = Answer::new(parsed.len());
+            answer.chunks(parsed.len());
+            app.views.read(|views| {
+                for (wire, key) in wire_keys.iter().zip(&parsed) {
+                    answer.result(wire, &views.directory, key);
+                }
             });
-            Ok(Json(json!({"chunks": parsed.len(), "results": results})))
+            Ok(answer.finish())
         }
         (None, Some(token_ids)) => {
             let Some(model_name) = req.model_name else {
@@ -113,30 +206,17 @@ pub(crate) async fn lookup(
             };
             let resolved = resolve(&query, app.settings.chunk_size)
                 .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            let results: Vec<Value> = app.views.read(|views| {
+            let mut answer = Answer::new(resolved.keys.len());
+            answer.chunks(resolved.chunks);
+            app.views.read(|views| {
                 let d = &views.directory;
-                resolved
-                    .keys
-                    .iter()
-                    .flat_map(|k| d.expand_groups(k))
-                    .map(|key| {
-                        result_json(
-                            json!(key.to_wire()),
-                            d.get(&key)
-                                .map(|e| (e.placements.as_slice(), e.access_count)),
-                            d.tokens_for_hash(&key.chunk_hash),
-                        )
-                    })
-                    .collect()
+                for key in resolved.keys.iter().flat_map(|k| d.expand_groups(k)) {
+                    answer.result(&key.to_wire(), d, &key);
+                }
             });
-            Ok(Json(json!({"chunks": resolved.chunks, "results": results})))
+            Ok(answer.finish())
         }
     }
-}
-
-fn result_json(key: Value, entry: Option<(&[Placement], u64)>, tokens: &[u32]) -> Value {
-    let (placements, access_count) = entry.map_or((Vec::new(), 0), |(p, c)| (sorted(p), c));
-    json!({"key": key, "placements": placements, "token_ids": tokens, "access_count": access_count})
 }
 
 #[derive(Debug, Deserialize)]

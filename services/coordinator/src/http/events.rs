@@ -8,6 +8,7 @@ use ic_coordinator_core::events::{Batch, EventsRequest, EventsResponse};
 use ic_coordinator_core::lax::models;
 
 use crate::error::{ApiError, is_json, validate};
+use crate::ingest::{Refused, SubmitError};
 use crate::state::App;
 
 pub(crate) async fn post_events(
@@ -32,54 +33,47 @@ pub(crate) async fn post_events(
     let batches = parse(&headers, &bytes).inspect_err(|_| {
         app.metrics.metrics.event_requests_rejected.inc();
     })?;
-    check_claims(&app, &batches)?;
-    // Applying takes the views lock; keep it off the async worker.
-    let app2 = app.clone();
-    let queued = app.ingest.queue.enter(batches.len());
-    let resp = tokio::task::spawn_blocking(move || {
-        let resp = app2.ingest.ingest(&batches);
-        drop(queued);
-        resp
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("ingest task failed: {e}")))?;
-    Ok(Json(resp))
+    // One writer applies every request in order (and checks the entries'
+    // claims against the declared capacity under the same lock).
+    let settings = &app.settings;
+    match app
+        .ingest
+        .submit(
+            batches,
+            settings.max_event_entry_bytes,
+            settings.max_pending_event_requests,
+        )
+        .await
+    {
+        Ok(resp) => Ok(Json(resp)),
+        Err(SubmitError::Refused(refused)) => Err(refusal(&app, &refused)),
+        Err(e @ SubmitError::WriterFailed) => Err(ApiError::Internal(e.to_string())),
+    }
 }
 
-/// Refuses the request if an entry claims more than `--max-event-entry-bytes`
-/// or than the capacity its instance declared (issue: an open `/events`
-/// must not let one client inflate a tenant and trigger evictions).
-fn check_claims(app: &App, batches: &[Batch]) -> Result<(), ApiError> {
-    let max = app.settings.max_event_entry_bytes;
-    let refused = app.views.read(|v| {
-        batches
-            .iter()
-            .enumerate()
-            .find_map(|(i, b)| v.capacity.check_claims(b, max).err().map(|e| (i, e)))
-    });
-    let Some((i, e)) = refused else {
-        return Ok(());
-    };
+/// The 422 for an entry that claims more than `--max-event-entry-bytes` or
+/// than the capacity its instance declared (issue: an open `/events` must
+/// not let one client inflate a tenant and trigger evictions).
+fn refusal(app: &App, refused: &Refused) -> ApiError {
+    let e = &refused.error;
     app.metrics
         .metrics
         .event_entries_refused
         .get_or_create(&crate::metrics::ReasonLabel { reason: e.reason() })
         .inc();
     app.metrics.metrics.event_requests_rejected.inc();
-    tracing::warn!(instance_id = %batches[i].instance_id, reason = e.reason(), %e, "event entry refused");
-    Err(ApiError::Pydantic(vec![
-        ic_coordinator_core::lax::PydError::value_error(
-            &[
-                serde_json::json!("body"),
-                serde_json::json!("batches"),
-                serde_json::json!(i),
-                serde_json::json!("entries"),
-                serde_json::json!(e.entry()),
-            ],
-            &e.to_string(),
-            &serde_json::Value::Null,
-        ),
-    ]))
+    tracing::warn!(instance_id = %refused.instance_id, batch = refused.batch, reason = e.reason(), %e, "event entry refused");
+    ApiError::Pydantic(vec![ic_coordinator_core::lax::PydError::value_error(
+        &[
+            serde_json::json!("body"),
+            serde_json::json!("batches"),
+            serde_json::json!(refused.batch),
+            serde_json::json!("entries"),
+            serde_json::json!(e.entry()),
+        ],
+        &e.to_string(),
+        &serde_json::Value::Null,
+    )])
 }
 
 /// serde and our validation first; anything they refuse goes through the
