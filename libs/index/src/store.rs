@@ -115,6 +115,8 @@ struct Scratch {
     recs: Vec<Option<RecId>>,
     /// (hash, record) of the records created.
     created: Vec<(u64, RecId)>,
+    /// (hash, record) of the records that died.
+    dead: Vec<(u64, RecId)>,
 }
 
 /// Lists longer than this are not kept (a resync's chunk would keep tens
@@ -124,15 +126,7 @@ const SCRATCH_KEEP: usize = 256;
 impl Scratch {
     fn heap_bytes(&self) -> usize {
         self.recs.capacity() * size_of::<Option<RecId>>()
-            + self.created.capacity() * size_of::<(u64, RecId)>()
-    }
-
-    /// Keeps the lists for the next write unless they grew large.
-    fn keep(recs: Vec<Option<RecId>>, created: Vec<(u64, RecId)>) -> Self {
-        if recs.capacity() > SCRATCH_KEEP {
-            return Self::default();
-        }
-        Self { recs, created }
+            + (self.created.capacity() + self.dead.capacity()) * size_of::<(u64, RecId)>()
     }
 }
 
@@ -561,6 +555,10 @@ impl Store {
 
     /// Makes sure `n` more records fit: `current` and `ready` pages.
     fn reserve(&self, place: &mut Placement, n: usize) -> Result<(), OutOfSpace> {
+        if n == 0 {
+            // Only holders added (no lock needed to know that).
+            return Ok(());
+        }
         let dir = self.pages.read();
         let room_of = |p: usize| {
             dir.get(p)
@@ -625,10 +623,8 @@ impl Store {
         results: &mut Vec<Result<Stored, u32>>,
     ) -> Result<(), OutOfSpace> {
         let mut place = self.place.lock();
-        let Scratch {
-            mut recs,
-            mut created,
-        } = std::mem::take(&mut place.scratch);
+        let mut recs = std::mem::take(&mut place.scratch.recs);
+        let mut created = std::mem::take(&mut place.scratch.created);
         // Which blocks exist already.
         self.locate(blocks, &mut recs);
         // A block repeated within the chain gets one record: later copies
@@ -694,7 +690,10 @@ impl Store {
             }
         }
         self.publish(&created, |table, &(h, rec)| table.insert(h, rec));
-        place.scratch = Scratch::keep(recs, created);
+        if recs.capacity() <= SCRATCH_KEEP {
+            place.scratch.recs = recs;
+            place.scratch.created = created;
+        }
         Ok(())
     }
 
@@ -762,7 +761,7 @@ impl Store {
         let mut place = self.place.lock();
         let mut recs = std::mem::take(&mut place.scratch.recs);
         self.locate(blocks, &mut recs);
-        let mut dead = Doomed::default();
+        let mut dead = Doomed::reusing(std::mem::take(&mut place.scratch.dead));
         {
             let dir = self.pages.read();
             let mut writer = PageWriter::new(&dir);
@@ -785,8 +784,11 @@ impl Store {
         if recs.capacity() <= SCRATCH_KEEP {
             place.scratch.recs = recs;
         }
-        if !dead.is_empty() {
-            self.withdraw(dead);
+        if !dead.is_empty()
+            && let Some(list) = self.withdraw(dead)
+            && list.capacity() <= SCRATCH_KEEP
+        {
+            place.scratch.dead = list;
         }
     }
 
@@ -831,7 +833,7 @@ impl Store {
         }
         // Keys of dead records stay published until here (readers check
         // liveness), so that a large pass sweeps the tables once.
-        self.withdraw(dead);
+        let _ = self.withdraw(dead);
     }
 
     /// Records appended and not yet freed, and live records (for tests and

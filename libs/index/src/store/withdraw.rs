@@ -79,6 +79,15 @@ fn has_bit(words: &[u64], i: usize) -> bool {
 }
 
 impl Doomed {
+    /// No dead records yet; `list` (emptied) is reused for the first ones.
+    pub(super) fn reusing(mut list: Vec<(u64, RecId)>) -> Self {
+        list.clear();
+        Self {
+            listed: list,
+            ..Self::default()
+        }
+    }
+
     /// Notes the dead record `rec`, whose key hashes to `h`.
     pub(super) fn add(&mut self, h: u64, rec: RecId) {
         self.count += 1;
@@ -110,7 +119,8 @@ impl Doomed {
 
 impl Store {
     /// Removes the keys of `doomed` from the tables (see the module docs).
-    pub(super) fn withdraw(&self, doomed: Doomed) {
+    /// Hands back its list when the keys were probed for, for reuse.
+    pub(super) fn withdraw(&self, doomed: Doomed) -> Option<Vec<(u64, RecId)>> {
         let Doomed {
             listed,
             bits,
@@ -126,7 +136,7 @@ impl Store {
                         table.shrink();
                     }
                 });
-                return;
+                return Some(listed);
             }
             None => {
                 let mut bits = DeadBits::default();
@@ -155,6 +165,7 @@ impl Store {
                 table.shrink();
             }
         }
+        None
     }
 }
 
