@@ -1,8 +1,11 @@
 //! A fixed amount of routing work for instruction counting with callgrind:
-//! `valgrind --tool=callgrind target/release/examples/rank_loop 2000 256 [ttft|weights] [HOLDERS]`
+//! `valgrind --tool=callgrind target/release/examples/rank_loop 2000 256 [ttft|weights] [HOLDERS] [pick]`
 //! ranks a 32-block prompt `n` times in a scope of `replicas` engines, each
 //! holding a different share of it (or, with `HOLDERS`, only that many of
-//! them; the rest hold other blocks), with every replica on the load board.
+//! them; the rest hold other blocks), with every replica on the load board;
+//! with `pick`, each ranking's destination is recorded as a pick (as
+//! LookupRoute does), so a large scope's shortlist is rebuilt as it would be
+//! under load (one ranking per ms: every 16 picks).
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings};
 use ic_index::pick::{ScoreWeights, TtftModel};
@@ -20,6 +23,7 @@ fn main() {
     let replicas: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
     let ttft = args.next().is_some_and(|a| a == "ttft");
     let holders: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(replicas);
+    let pick = args.next().is_some_and(|a| a == "pick");
     let scope = Scope {
         tenant: "t".into(),
         model: "m".into(),
@@ -99,6 +103,9 @@ fn main() {
             },
         );
         best += ranked.ranked.len();
+        if let Some(to) = ranked.destination().filter(|_| pick) {
+            load.picked(&to.replica.replica_id, T0 + i);
+        }
     }
     println!("{best}");
 }
