@@ -7,7 +7,7 @@ use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, 
 use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::directory::KeyDirectory;
 use ic_coordinator_core::events::{Batch, Entry, EventType};
-use ic_coordinator_core::eviction::{EvictionSettings, Lru, Quotas, plan};
+use ic_coordinator_core::eviction::{EvictionSettings, Quotas, plan};
 use ic_coordinator_core::gate::Gate;
 use ic_coordinator_core::key::ObjectKey;
 use ic_coordinator_core::pins::Pins;
@@ -78,12 +78,8 @@ fn bench_apply(c: &mut Criterion) {
     let n = 256u64;
     group.throughput(Throughput::Elements(n));
     group.bench_function("gate+directory+usage+lru", |b| {
-        let (mut gate, mut dir, mut usage, mut lru) = (
-            Gate::new(),
-            KeyDirectory::new(),
-            UsageView::new(),
-            Lru::new(),
-        );
+        // The directory keeps the L2 LRU itself.
+        let (mut gate, mut dir, mut usage) = (Gate::new(), KeyDirectory::new(), UsageView::new());
         let mut seq = 0u64;
         // Batches are built outside the measurement; keys cycle through a
         // 1M-key working set so the maps stay large.
@@ -96,7 +92,6 @@ fn bench_apply(c: &mut Criterion) {
                 gate.offer(&batch.instance_id, batch.incarnation, batch.seq, 0);
                 let old = dir.apply(&batch);
                 usage.apply(&batch, &old);
-                lru.apply(&batch, &dir);
                 batch
             },
             BatchSize::SmallInput,
@@ -106,12 +101,11 @@ fn bench_apply(c: &mut Criterion) {
 }
 
 fn bench_plan(c: &mut Criterion) {
-    let (mut dir, mut usage, mut lru) = (KeyDirectory::new(), UsageView::new(), Lru::new());
+    let (mut dir, mut usage) = (KeyDirectory::new(), UsageView::new());
     for chunk in 0..400u64 {
         let batch = store_batch(chunk + 1, chunk * 250, 250);
         let old = dir.apply(&batch);
         usage.apply(&batch, &old);
-        lru.apply(&batch, &dir);
     }
     let quotas = Quotas {
         limits: Default::default(),
@@ -120,7 +114,7 @@ fn bench_plan(c: &mut Criterion) {
     c.bench_function("eviction_plan_100k_keys", |b| {
         b.iter(|| {
             plan(
-                &lru,
+                &dir,
                 &usage,
                 &quotas,
                 &Pins::new(),

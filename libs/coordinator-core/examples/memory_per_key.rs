@@ -14,7 +14,6 @@ use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::checkpoint::{self, Sections};
 use ic_coordinator_core::directory::KeyDirectory;
 use ic_coordinator_core::events::{Batch, Entry, EventType};
-use ic_coordinator_core::eviction::Lru;
 use ic_coordinator_core::key::ObjectKey;
 use ic_coordinator_core::usage::UsageView;
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
@@ -102,7 +101,8 @@ fn main() {
 /// Fills the views with `keys` keys, then writes their checkpoint to `path`.
 fn fill(keys: u64, path: &str) {
     let (rss0, live0) = (rss(), live());
-    let (mut dir, mut usage, mut lru) = (KeyDirectory::new(), UsageView::new(), Lru::new());
+    // The directory keeps the L2 LRU too.
+    let (mut dir, mut usage) = (KeyDirectory::new(), UsageView::new());
     let started = Instant::now();
     let per_batch = 1_000;
     for (seq, first) in (0..keys).step_by(per_batch).enumerate() {
@@ -113,7 +113,6 @@ fn fill(keys: u64, path: &str) {
         );
         let old = dir.apply(&b);
         usage.apply(&b, &old);
-        lru.apply(&b, &dir);
     }
     let fill = started.elapsed();
     let (rss1, live1) = (rss(), live());
@@ -127,7 +126,7 @@ fn fill(keys: u64, path: &str) {
     let sections = Sections {
         key_directory: Some(checkpoint::capture_directory(&dir)),
         cache_usage: Some(checkpoint::capture_usage(&dir)),
-        lru_order: Some(checkpoint::capture_lru(&lru)),
+        lru_order: Some(checkpoint::capture_lru(&dir)),
         ..Sections::default()
     };
     let raw = checkpoint::encode(&sections).expect("encode");
@@ -150,9 +149,9 @@ fn restore(path: &str) {
     assert!(skipped.is_empty());
     drop(raw);
     let decoded = started.elapsed();
-    let dir = checkpoint::restore_directory(sections.key_directory.take().expect("dir"));
+    let mut dir = checkpoint::restore_directory(sections.key_directory.take().expect("dir"));
     let usage = checkpoint::restore_usage(&dir);
-    let lru = checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &dir);
+    checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &mut dir);
     drop(sections);
     let restored = started.elapsed();
     let keys = dir.len() as u64;
@@ -165,6 +164,6 @@ fn restore(path: &str) {
         per_key(rss1.saturating_sub(rss0), keys),
         per_key(peak.saturating_sub(rss0), keys),
     );
-    assert_eq!(lru.len() as u64, keys);
+    assert_eq!(dir.lru_len() as u64, keys);
     drop(usage);
 }

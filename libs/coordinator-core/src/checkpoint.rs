@@ -11,9 +11,8 @@ use serde_bytes::ByteBuf;
 use crate::StorageLevel;
 use crate::capacity::{CapacityRegistry, Compartment, Declaration};
 use crate::directory::{Binding, KeyDirectory, Placement};
-use crate::eviction::Lru;
 use crate::gate::{Cursor, Gate};
-use crate::key::{ObjectKey, SharedKey};
+use crate::key::ObjectKey;
 use crate::usage::UsageView;
 
 /// File magic.
@@ -256,12 +255,11 @@ pub fn restore_gate(section: &StreamCursors) -> Gate {
 
 /// Captures the directory.
 pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
-    let mut index_of: HashMap<&ObjectKey, u64> = HashMap::new();
+    let mut index_of: HashMap<ObjectKey, u64> = HashMap::new();
     let mut keys = Vec::with_capacity(dir.len());
     for (i, (key, entry)) in dir.iter().enumerate() {
-        index_of.insert(key, i as u64);
         keys.push((
-            key_tuple(key),
+            key_tuple(&key),
             entry.last_access,
             entry.access_count,
             entry
@@ -279,6 +277,7 @@ pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
                 })
                 .collect(),
         ));
+        index_of.insert(key, i as u64);
     }
     let bindings = dir
         .bindings()
@@ -296,7 +295,7 @@ pub fn capture_directory(dir: &KeyDirectory) -> DirectorySection {
         .map(|(id, set)| {
             let mut idx: Vec<u64> = set
                 .iter()
-                .filter_map(|k| index_of.get(k.as_ref()).copied())
+                .filter_map(|k| index_of.get(k).copied())
                 .collect();
             idx.sort_unstable();
             (id.clone(), idx)
@@ -320,13 +319,13 @@ pub fn restore_directory(section: DirectorySection) -> KeyDirectory {
         placements,
     ) in section.keys
     {
-        let key = SharedKey::new(ObjectKey {
+        let key = ObjectKey {
             chunk_hash: hash.into_vec(),
             model_name,
             kv_rank,
             object_group_id,
             cache_salt,
-        });
+        };
         for (instance_id, incarnation, tier, backend, size_bytes, shared) in placements {
             let (instance_id, backend) = (dir.intern(&instance_id), dir.intern(&backend));
             dir.store(
@@ -372,7 +371,7 @@ pub fn capture_usage(dir: &KeyDirectory) -> UsageSection {
             let owner = if p.shared { "" } else { &p.instance_id };
             placements.push((
                 p.tier,
-                key_tuple(key),
+                key_tuple(&key),
                 owner.to_owned(),
                 p.backend.to_string(),
                 p.size_bytes,
@@ -438,30 +437,30 @@ pub fn restore_capacity(section: &ServerConfigSection) -> CapacityRegistry {
     caps
 }
 
-/// Captures the LRU order.
-pub fn capture_lru(lru: &Lru) -> LruSection {
+/// Captures the L2 LRU order the directory keeps.
+pub fn capture_lru(dir: &KeyDirectory) -> LruSection {
     LruSection {
-        buckets: lru
-            .buckets()
-            .map(|(salt, keys)| (salt.clone(), keys.map(key_tuple).collect()))
+        buckets: dir
+            .lru_salts()
+            .into_iter()
+            .map(|(salt, _)| {
+                let keys = dir.lru_oldest(&salt).map(|k| key_tuple(&k)).collect();
+                (salt, keys)
+            })
             .collect(),
     }
 }
 
-/// Restores the LRU order, sharing the directory's copy of each key.
-pub fn restore_lru(section: &LruSection, dir: &KeyDirectory) -> Lru {
-    let mut lru = Lru::new();
-    for (salt, keys) in &section.buckets {
-        lru.reserve(salt, keys.len());
+/// Restores the LRU order into a restored directory: its L2 keys are filed
+/// already (in insertion order); touching the saved keys oldest first puts
+/// them in the saved order. A saved key the directory does not hold is
+/// skipped (a directory that starts cold takes its LRU with it).
+pub fn restore_lru(section: &LruSection, dir: &mut KeyDirectory) {
+    for keys in section.buckets.values() {
         for kt in keys {
-            let key = from_tuple(kt);
-            match dir.shared_key(&key) {
-                Some(shared) => lru.register(shared),
-                None => lru.register(&SharedKey::new(key)),
-            }
+            dir.lru_touch(&from_tuple(kt));
         }
     }
-    lru
 }
 
 #[cfg(test)]
@@ -472,12 +471,11 @@ mod tests {
 
     #[test]
     fn views_round_trip_through_the_file() {
-        let (mut gate, mut dir, mut usage, mut caps, mut lru) = (
+        let (mut gate, mut dir, mut usage, mut caps) = (
             Gate::new(),
             KeyDirectory::new(),
             UsageView::new(),
             CapacityRegistry::new(),
-            Lru::new(),
         );
         let mut store = batch(
             "a",
@@ -504,14 +502,13 @@ mod tests {
             let old = dir.apply(b);
             usage.apply(b, &old);
             caps.apply(b);
-            lru.apply(b, &dir);
         }
         let sections = Sections {
             stream_cursors: Some(capture_gate(&gate)),
             key_directory: Some(capture_directory(&dir)),
             cache_usage: Some(capture_usage(&dir)),
             server_config: Some(capture_capacity(&caps)),
-            lru_order: Some(capture_lru(&lru)),
+            lru_order: Some(capture_lru(&dir)),
             kafka_stream_position: Some(KafkaPositionSection {
                 offsets: vec![("lmcache-cache-events".into(), 3, 99)],
             }),
@@ -528,7 +525,8 @@ mod tests {
                 ..sections.clone()
             }
         );
-        let dir2 = restore_directory(back.key_directory.clone().unwrap());
+        let mut dir2 = restore_directory(back.key_directory.clone().unwrap());
+        restore_lru(back.lru_order.as_ref().unwrap(), &mut dir2);
         assert_eq!(dir2.stats(), dir.stats());
         assert_eq!(dir2.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
         assert_eq!(capture_directory(&dir2), capture_directory(&dir));
@@ -539,10 +537,7 @@ mod tests {
             capture_capacity(&restore_capacity(back.server_config.as_ref().unwrap())),
             capture_capacity(&caps)
         );
-        assert_eq!(
-            capture_lru(&restore_lru(back.lru_order.as_ref().unwrap(), &dir2)),
-            capture_lru(&lru)
-        );
+        assert_eq!(capture_lru(&dir2), capture_lru(&dir));
         assert_eq!(
             restore_gate(back.stream_cursors.as_ref().unwrap()).cursor("a"),
             gate.cursor("a")

@@ -1,7 +1,9 @@
-//! The key directory: where every cached key lives.
+//! The key directory: where every cached key lives, and the L2 LRU order
+//! per tenant that fleet eviction walks. Keys are held once, in the compact
+//! table of [`table`]; everything the directory answers is materialized
+//! from it on demand.
 
-use std::collections::{BTreeMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -11,9 +13,10 @@ use crate::events::{Batch, EventType};
 use crate::key::{ObjectKey, SharedKey};
 use crate::{FastMap, FastSet};
 
-/// An instance id or backend name, interned: every placement of one
-/// reporter shares one allocation.
-pub type Name = std::sync::Arc<str>;
+mod table;
+
+pub use table::Name;
+use table::{Id, Links, List, Place, Table};
 
 fn serialize_name<S: serde::Serializer>(name: &Name, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(name)
@@ -38,28 +41,9 @@ pub struct Placement {
     pub shared: bool,
 }
 
-impl Placement {
-    /// Whether `self` is the placement an event for (instance, tier, backend,
-    /// shared) addresses. A shared placement is identified without its owner.
-    fn same_identity(
-        &self,
-        instance_id: &str,
-        tier: StorageLevel,
-        backend: &str,
-        shared: bool,
-    ) -> bool {
-        self.tier == tier
-            && *self.backend == *backend
-            && self.shared == shared
-            && (shared || *self.instance_id == *instance_id)
-    }
-}
-
-/// Per-key state.
+/// A key's state, as [`KeyDirectory::get`] materializes it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeyEntry {
-    /// Insertion order (for paging).
-    order: u64,
     /// Copies, in the order they were first reported.
     pub placements: Vec<Placement>,
     /// Access events seen.
@@ -125,48 +109,16 @@ pub struct KeyFilter<'a> {
     pub backend: &'a str,
 }
 
-/// A key filed by its chunk hash alone (hash and equality see only
-/// `chunk_hash`), so the keys of one chunk (other groups, other ranks) meet
-/// in one slot without a second copy of the hash.
-#[derive(Clone, Debug)]
-struct ByHash(SharedKey);
-
-impl Hash for ByHash {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // As `[u8]` hashes, so lookups by `&[u8]` find it.
-        self.0.chunk_hash.as_slice().hash(state);
-    }
-}
-
-impl PartialEq for ByHash {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.chunk_hash == other.0.chunk_hash
-    }
-}
-
-impl Eq for ByHash {}
-
-impl std::borrow::Borrow<[u8]> for ByHash {
-    fn borrow(&self) -> &[u8] {
-        &self.0.chunk_hash
-    }
-}
-
-/// The other keys of a chunk hash; boxed so the common case (none) costs
-/// one pointer in the slot.
-type Siblings = Option<Box<Vec<SharedKey>>>;
-
 /// The directory.
 #[derive(Clone, Debug, Default)]
 pub struct KeyDirectory {
-    keys: FastMap<SharedKey, KeyEntry>,
-    order: BTreeMap<u64, SharedKey>,
-    next_order: u64,
-    /// Every key by its chunk hash: one key files the slot, the others of
-    /// that hash (usually none, and then nothing is allocated) ride in it.
-    by_hash: FastMap<ByHash, Siblings>,
+    table: Table,
+    /// Every key, oldest first (paging, the bound, the checkpoint).
+    order: List,
+    /// L2 keys per tenant (salt id), least recently used first.
+    lru: FastMap<u32, List>,
     bindings: FastMap<Vec<u8>, Binding>,
-    l1_by_instance: FastMap<String, FastSet<SharedKey>>,
+    l1_by_instance: FastMap<String, FastSet<Id>>,
     totals: [TierTotals; 2],
     /// Most keys held; a new key beyond it drops the oldest (`None`: no
     /// bound).
@@ -176,8 +128,6 @@ pub struct KeyDirectory {
     /// Keys dropped for the bound since the last [`Self::take_dropped`],
     /// with the placements they had, so the other views forget them too.
     dropped: Vec<(SharedKey, Vec<Placement>)>,
-    /// Instance ids and backends the placements share.
-    names: FastSet<Name>,
 }
 
 fn tier_index(tier: StorageLevel) -> usize {
@@ -196,7 +146,9 @@ impl KeyDirectory {
     /// Applies an admitted batch. Returns, per entry of a store or delete,
     /// the bytes of the placement it replaced or removed (0 for none): the
     /// usage view rolls its totals up from these instead of keeping a copy of
-    /// every placement.
+    /// every placement. Keeps the L2 LRU too: an L2 store files a key at the
+    /// recent end if it is not filed, an access moves a filed key there, and
+    /// a key leaves when its last L2 placement does.
     pub fn apply(&mut self, batch: &Batch) -> Vec<u64> {
         if !self.l1_by_instance.contains_key(&batch.instance_id) {
             self.l1_by_instance
@@ -205,18 +157,18 @@ impl KeyDirectory {
         let mut old_sizes = Vec::new();
         match batch.event_type {
             EventType::Store => {
-                let (instance_id, backend) =
-                    (self.intern(&batch.instance_id), self.intern(&batch.backend));
+                let instance = self.table.names.acquire_kept(&batch.instance_id);
+                let backend = self.table.names.acquire_kept(&batch.backend);
                 old_sizes.reserve_exact(batch.entries.len());
                 for e in &batch.entries {
-                    let old = self.store(
+                    let old = self.store_place(
                         &e.key,
-                        Placement {
-                            instance_id: instance_id.clone(),
-                            incarnation: batch.incarnation,
-                            tier: batch.tier,
-                            backend: backend.clone(),
+                        Place {
                             size_bytes: e.size_bytes,
+                            incarnation: batch.incarnation,
+                            instance,
+                            backend,
+                            tier: batch.tier,
                             shared: batch.shared,
                         },
                     );
@@ -234,22 +186,40 @@ impl KeyDirectory {
             }
             EventType::Delete => {
                 old_sizes.reserve_exact(batch.entries.len());
+                let names = &self.table.names;
+                // An instance never seen can still address a shared
+                // placement (identified without its owner); a backend never
+                // seen has no placement at all.
+                let instance = names.get(&batch.instance_id).unwrap_or(table::NIL);
+                let target = names.get(&batch.backend).map(|backend| Place {
+                    size_bytes: 0,
+                    incarnation: 0,
+                    instance,
+                    backend,
+                    tier: batch.tier,
+                    shared: batch.shared,
+                });
                 for e in &batch.entries {
-                    old_sizes.push(self.remove_placement(&e.key, |p| {
-                        p.same_identity(
-                            &batch.instance_id,
-                            batch.tier,
-                            &batch.backend,
-                            batch.shared,
-                        )
-                    }));
+                    let removed = match (target, self.table.find(&e.key)) {
+                        (Some(t), Some(id)) => self.remove_places(id, |p| p.same_identity(&t)),
+                        _ => 0,
+                    };
+                    old_sizes.push(removed);
                 }
             }
             EventType::Access => {
                 for e in &batch.entries {
-                    if let Some(entry) = self.keys.get_mut(&e.key) {
-                        entry.access_count += 1;
-                        entry.last_access = batch.ts;
+                    if let Some(id) = self.table.find(&e.key) {
+                        let r = self.table.rec_mut(id);
+                        r.access_count += 1;
+                        r.last_access = batch.ts;
+                        if r.in_lru {
+                            let salt = r.salt;
+                            let mut list = self.lru.get(&salt).copied().unwrap_or_default();
+                            self.table.unlink(&mut list, Links::Lru, id);
+                            self.table.push_back(&mut list, Links::Lru, id);
+                            self.lru.insert(salt, list);
+                        }
                     }
                 }
             }
@@ -265,7 +235,7 @@ impl KeyDirectory {
     pub fn set_max_keys(&mut self, max: Option<usize>) {
         self.max_keys = max;
         if let Some(max) = max {
-            while self.keys.len() > max {
+            while self.table.len() > max {
                 self.drop_oldest();
             }
         }
@@ -282,205 +252,249 @@ impl KeyDirectory {
     }
 
     fn drop_oldest(&mut self) {
-        let Some((_, key)) = self.order.first_key_value() else {
+        let id = self.order.head;
+        if id == table::NIL {
             return;
-        };
-        let key = key.clone();
-        let placements = self
-            .keys
-            .get(&key)
-            .map(|e| e.placements.clone())
-            .unwrap_or_default();
-        self.remove_placement(&key, |_| true);
+        }
+        let key = SharedKey::new(self.table.key(id));
+        let placements = self.placements_of(id);
+        self.remove_places(id, |_| true);
         self.dropped_for_capacity += 1;
         self.dropped.push((key, placements));
     }
 
     /// Keys dropped for the bound since the last call, with the placements
     /// they had (the caller drops those bytes from the usage view, and the
-    /// keys not present again from the LRU, so memory is bounded by the
-    /// directory's bound everywhere). A key that came back since is listed
-    /// too: its old placements' bytes still leave the usage view.
+    /// keys not present again from the controllers' state, so memory is
+    /// bounded by the directory's bound everywhere). A key that came back
+    /// since is listed too: its old placements' bytes still leave the usage
+    /// view.
     pub fn take_dropped(&mut self) -> Vec<(SharedKey, Vec<Placement>)> {
         std::mem::take(&mut self.dropped)
     }
 
-    /// Makes room for `additional` more keys at once (restore), so the maps
-    /// are not rehashed as they grow.
+    /// Makes room for `additional` more keys at once (restore), so the
+    /// tables are not rehashed as they grow.
     pub fn reserve(&mut self, additional: usize) {
-        self.keys.reserve(additional);
-        self.by_hash.reserve(additional);
+        self.table.reserve(additional);
     }
 
-    /// The shared copy of `name` (placements built outside `apply`).
+    /// Makes room for `additional` more chunk hashes of `len` bytes.
+    pub fn reserve_hashes(&mut self, len: usize, additional: usize) {
+        self.table.hashes.reserve(len, additional);
+    }
+
+    /// The shared copy of an instance or backend name (placements built
+    /// outside `apply`).
     pub fn intern(&mut self, name: &str) -> Name {
-        if let Some(n) = self.names.get(name) {
-            return n.clone();
-        }
-        let n: Name = name.into();
-        self.names.insert(n.clone());
-        n
+        let id = self.table.names.acquire_kept(name);
+        self.table.names.name(id).clone()
     }
 
     /// Whether `key` is present.
     pub fn contains(&self, key: &ObjectKey) -> bool {
-        self.keys.contains_key(key)
+        self.table.find(key).is_some()
     }
 
-    /// The directory's own shared copy of `key`, so a view restored beside
-    /// it keeps no second copy.
-    pub fn shared_key(&self, key: &ObjectKey) -> Option<&SharedKey> {
-        self.keys.get_key_value(key).map(|(k, _)| k)
+    fn placement(&self, p: &Place) -> Placement {
+        Placement {
+            instance_id: self.table.names.name(p.instance).clone(),
+            incarnation: p.incarnation,
+            tier: p.tier,
+            backend: self.table.names.name(p.backend).clone(),
+            size_bytes: p.size_bytes,
+            shared: p.shared,
+        }
     }
 
-    /// Keys holding a private L1 placement of `instance_id`.
-    pub fn l1_keys(&self, instance_id: &str) -> impl Iterator<Item = &SharedKey> {
-        self.l1_by_instance.get(instance_id).into_iter().flatten()
+    fn placements_of(&self, id: Id) -> Vec<Placement> {
+        self.table
+            .rec(id)
+            .places()
+            .map(|p| self.placement(p))
+            .collect()
     }
 
     /// Inserts or replaces one placement (restore uses it too); returns the
     /// bytes of the placement it replaced, 0 if none.
-    pub fn store(&mut self, key: &SharedKey, placement: Placement) -> u64 {
-        if let Some(max) = self.max_keys
-            && !self.keys.contains_key(key)
-        {
-            while self.keys.len() >= max.max(1) {
-                self.drop_oldest();
-            }
-        }
-        if placement.tier == StorageLevel::L1 && !placement.shared {
-            let id: &str = &placement.instance_id;
-            match self.l1_by_instance.get_mut(id) {
-                Some(set) => set,
-                None => self.l1_by_instance.entry(id.to_owned()).or_default(),
-            }
-            .insert(key.clone());
-        }
-        let t = &mut self.totals[tier_index(placement.tier)];
-        // One hash of the key whether it is new or not.
-        let entry = match self.keys.entry(key.clone()) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let order = self.next_order;
-                self.next_order += 1;
-                self.order.insert(order, key.clone());
-                match self.by_hash.get_mut(key.chunk_hash.as_slice()) {
-                    Some(others) => others.get_or_insert_default().push(key.clone()),
-                    None => {
-                        self.by_hash.insert(ByHash(key.clone()), None);
-                    }
-                }
-                v.insert(KeyEntry {
-                    order,
-                    // Most keys have one copy: a first push would reserve four.
-                    placements: Vec::with_capacity(1),
-                    access_count: 0,
-                    last_access: 0.0,
-                })
-            }
+    pub fn store(&mut self, key: &ObjectKey, placement: Placement) -> u64 {
+        let place = Place {
+            size_bytes: placement.size_bytes,
+            incarnation: placement.incarnation,
+            instance: self.table.names.acquire_kept(&placement.instance_id),
+            backend: self.table.names.acquire_kept(&placement.backend),
+            tier: placement.tier,
+            shared: placement.shared,
         };
-        match entry.placements.iter_mut().find(|p| {
-            p.same_identity(
-                &placement.instance_id,
-                placement.tier,
-                &placement.backend,
-                placement.shared,
-            )
-        }) {
-            Some(existing) => {
-                let old = existing.size_bytes;
-                t.bytes = t.bytes - old + placement.size_bytes;
-                *existing = placement;
-                old
-            }
-            None => {
-                t.count += 1;
-                t.bytes += placement.size_bytes;
-                entry.placements.push(placement);
-                0
-            }
-        }
+        self.store_place(key, place)
     }
 
-    /// Removes the placements `matches` picks; returns their bytes.
-    fn remove_placement(&mut self, key: &ObjectKey, matches: impl Fn(&Placement) -> bool) -> u64 {
-        let Some(entry) = self.keys.get_mut(key) else {
-            return 0;
-        };
-        let mut removed_bytes = 0;
-        let mut removed_private_l1 = HashSet::new();
-        entry.placements.retain(|p| {
-            if matches(p) {
-                let t = &mut self.totals[tier_index(p.tier)];
-                t.count -= 1;
-                t.bytes -= p.size_bytes;
-                removed_bytes += p.size_bytes;
-                if p.tier == StorageLevel::L1 && !p.shared {
-                    removed_private_l1.insert(p.instance_id.clone());
+    fn store_place(&mut self, key: &ObjectKey, place: Place) -> u64 {
+        let t = &mut self.totals[tier_index(place.tier)];
+        let (id, old) = match self.table.find(key) {
+            Some(id) => {
+                let r = self.table.rec_mut(id);
+                if let Some(existing) = r.places_mut().find(|p| p.same_identity(&place)) {
+                    let old = existing.size_bytes;
+                    t.bytes = t.bytes - old + place.size_bytes;
+                    *existing = place;
+                    (id, old)
+                } else {
+                    t.count += 1;
+                    t.bytes += place.size_bytes;
+                    r.push_place(place);
+                    (id, 0)
                 }
-                false
-            } else {
-                true
             }
-        });
-        for instance in removed_private_l1 {
-            let still_there = entry
-                .placements
-                .iter()
-                .any(|p| p.tier == StorageLevel::L1 && !p.shared && p.instance_id == instance);
-            if !still_there && let Some(set) = self.l1_by_instance.get_mut(&*instance) {
-                set.remove(key);
+            None => {
+                if let Some(max) = self.max_keys {
+                    while self.table.len() >= max.max(1) {
+                        self.drop_oldest();
+                    }
+                }
+                let t = &mut self.totals[tier_index(place.tier)];
+                t.count += 1;
+                t.bytes += place.size_bytes;
+                let id = self.table.insert(key, place);
+                self.table.push_back(&mut self.order, Links::Order, id);
+                (id, 0)
+            }
+        };
+        if place.private_l1() {
+            let name = self.table.names.name(place.instance);
+            match self.l1_by_instance.get_mut(&**name) {
+                Some(set) => set,
+                None => self.l1_by_instance.entry(name.to_string()).or_default(),
+            }
+            .insert(id);
+        }
+        if place.tier == StorageLevel::L2 && !self.table.rec(id).in_lru {
+            let salt = self.table.rec(id).salt;
+            let mut list = self.lru.get(&salt).copied().unwrap_or_default();
+            self.table.push_back(&mut list, Links::Lru, id);
+            self.lru.insert(salt, list);
+            self.table.rec_mut(id).in_lru = true;
+        }
+        old
+    }
+
+    /// Removes the placements `matches` picks; returns their bytes. Drops
+    /// the key with its last placement, and from the LRU with its last L2
+    /// one.
+    fn remove_places(&mut self, id: Id, matches: impl Fn(&Place) -> bool) -> u64 {
+        let (removed, everything) = self.table.rec_mut(id).retain_places(|p| !matches(p));
+        if removed.is_empty() {
+            return 0;
+        }
+        let mut removed_bytes = 0;
+        for p in &removed {
+            let t = &mut self.totals[tier_index(p.tier)];
+            t.count -= 1;
+            t.bytes -= p.size_bytes;
+            removed_bytes += p.size_bytes;
+        }
+        for p in removed.iter().filter(|p| p.private_l1()) {
+            let still_there = !everything
+                && self
+                    .table
+                    .rec(id)
+                    .places()
+                    .any(|q| q.private_l1() && q.instance == p.instance);
+            if !still_there
+                && let Some(set) = self
+                    .l1_by_instance
+                    .get_mut(&**self.table.names.name(p.instance))
+            {
+                set.remove(&id);
             }
         }
-        if entry.placements.is_empty() {
-            self.drop_key(key);
+        let l2_left = !everything
+            && self
+                .table
+                .rec(id)
+                .places()
+                .any(|p| p.tier == StorageLevel::L2);
+        if !l2_left && self.table.rec(id).in_lru {
+            self.lru_unlink(id);
+        }
+        if everything {
+            self.drop_key(id);
         }
         removed_bytes
     }
 
-    fn drop_key(&mut self, key: &ObjectKey) {
-        if let Some(entry) = self.keys.remove(key) {
-            self.order.remove(&entry.order);
-            let hash = key.chunk_hash.as_slice();
-            if let Some((filed, others)) = self.by_hash.remove_entry(hash) {
-                let mut others = others.map(|b| *b).unwrap_or_default();
-                let boxed = |v: Vec<SharedKey>| (!v.is_empty()).then(|| Box::new(v));
-                if filed.0.as_ref() == key {
-                    match others.pop() {
-                        Some(next) => {
-                            self.by_hash.insert(ByHash(next), boxed(others));
-                        }
-                        // The token binding leaves with the hash's last key.
-                        None => {
-                            self.bindings.remove(hash);
-                        }
-                    }
-                } else {
-                    others.retain(|k| k.as_ref() != key);
-                    self.by_hash.insert(filed, boxed(others));
-                }
+    fn lru_unlink(&mut self, id: Id) {
+        let salt = self.table.rec(id).salt;
+        if let Some(mut list) = self.lru.get(&salt).copied() {
+            self.table.unlink(&mut list, Links::Lru, id);
+            if list.len == 0 {
+                self.lru.remove(&salt);
+            } else {
+                self.lru.insert(salt, list);
             }
+        }
+        self.table.rec_mut(id).in_lru = false;
+    }
+
+    fn drop_key(&mut self, id: Id) {
+        self.table.unlink(&mut self.order, Links::Order, id);
+        let hash = self.table.hash_of(id).to_vec();
+        // The token binding leaves with the hash's last key.
+        if self.table.remove(id) {
+            self.bindings.remove(&hash);
         }
     }
 
     /// Drops every private L1 placement `instance_id` reported and its entry
     /// in the per-instance L1 index. L2 and shared placements stay.
     pub fn fence(&mut self, instance_id: &str) {
-        let Some(keys) = self.l1_by_instance.remove(instance_id) else {
+        let Some(ids) = self.l1_by_instance.remove(instance_id) else {
             return;
         };
-        for key in keys {
-            self.remove_placement(&key, |p| {
-                p.tier == StorageLevel::L1 && !p.shared && *p.instance_id == *instance_id
-            });
+        let Some(instance) = self.table.names.get(instance_id) else {
+            return;
+        };
+        for id in ids {
+            self.remove_places(id, |p| p.private_l1() && p.instance == instance);
         }
-        // remove_placement may not recreate it, but be explicit.
+        // remove_places may not recreate it, but be explicit.
         self.l1_by_instance.remove(instance_id);
     }
 
+    /// The private L1 placements of `instance_id`, as (salt, backend,
+    /// bytes) — what a fence of it removes.
+    pub fn l1_placements(&self, instance_id: &str) -> Vec<(String, Name, u64)> {
+        let (Some(ids), Some(instance)) = (
+            self.l1_by_instance.get(instance_id),
+            self.table.names.get(instance_id),
+        ) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for &id in ids {
+            let salt = self.table.salt(id);
+            for p in self.table.rec(id).places() {
+                if p.private_l1() && p.instance == instance {
+                    out.push((
+                        salt.to_owned(),
+                        self.table.names.name(p.backend).clone(),
+                        p.size_bytes,
+                    ));
+                }
+            }
+        }
+        out
+    }
+
     /// A key's state, if present.
-    pub fn get(&self, key: &ObjectKey) -> Option<&KeyEntry> {
-        self.keys.get(key)
+    pub fn get(&self, key: &ObjectKey) -> Option<KeyEntry> {
+        let id = self.table.find(key)?;
+        let r = self.table.rec(id);
+        Some(KeyEntry {
+            placements: self.placements_of(id),
+            access_count: r.access_count,
+            last_access: r.last_access,
+        })
     }
 
     /// Tokens bound to a chunk hash (empty if none).
@@ -500,9 +514,10 @@ impl KeyDirectory {
 
     /// Restores access statistics of a present key.
     pub fn set_access(&mut self, key: &ObjectKey, access_count: u64, last_access: f64) {
-        if let Some(e) = self.keys.get_mut(key) {
-            e.access_count = access_count;
-            e.last_access = last_access;
+        if let Some(id) = self.table.find(key) {
+            let r = self.table.rec_mut(id);
+            r.access_count = access_count;
+            r.last_access = last_access;
         }
     }
 
@@ -516,30 +531,36 @@ impl KeyDirectory {
     /// `key` followed by every present key that differs from it only in
     /// `object_group_id`, sorted by group.
     pub fn expand_groups(&self, key: &ObjectKey) -> Vec<ObjectKey> {
-        let Some((filed, rest)) = self.by_hash.get_key_value(key.chunk_hash.as_slice()) else {
+        let model = self.table.strings.get(&key.model_name);
+        let salt = self.table.strings.get(&key.cache_salt);
+        let (Some(model), Some(salt)) = (model, salt) else {
             return vec![key.clone()];
         };
-        let mut others: Vec<&ObjectKey> = std::iter::once(&filed.0)
-            .chain(rest.as_deref().into_iter().flatten())
-            .map(|k| k.as_ref())
-            .filter(|k| {
-                k.object_group_id != key.object_group_id
-                    && k.model_name == key.model_name
-                    && k.kv_rank == key.kv_rank
-                    && k.cache_salt == key.cache_salt
+        let mut others: Vec<Id> = self
+            .table
+            .same_hash(&key.chunk_hash)
+            .filter(|&id| {
+                let r = self.table.rec(id);
+                r.object_group_id != key.object_group_id
+                    && r.model == model
+                    && r.kv_rank == key.kv_rank
+                    && r.salt == salt
             })
             .collect();
-        others.sort_by_key(|k| k.object_group_id);
+        others.sort_by_key(|&id| self.table.rec(id).object_group_id);
         std::iter::once(key.clone())
-            .chain(others.into_iter().cloned())
+            .chain(others.into_iter().map(|id| self.table.key(id)))
             .collect()
     }
 
     /// Whether any L2 placement of `key` is left.
     pub fn has_l2(&self, key: &ObjectKey) -> bool {
-        self.keys
-            .get(key)
-            .is_some_and(|e| e.placements.iter().any(|p| p.tier == StorageLevel::L2))
+        self.table.find(key).is_some_and(|id| {
+            self.table
+                .rec(id)
+                .places()
+                .any(|p| p.tier == StorageLevel::L2)
+        })
     }
 
     /// A page of keys with at least one placement matching `filter`, and the
@@ -550,32 +571,38 @@ impl KeyDirectory {
         offset: usize,
         limit: usize,
     ) -> (u64, Vec<ListedKey>) {
+        let names = &self.table.names;
+        // A name never interned matches nothing.
+        let instance = (!filter.instance_id.is_empty()).then(|| names.get(filter.instance_id));
+        let backend = (!filter.backend.is_empty()).then(|| names.get(filter.backend));
+        if matches!(instance, Some(None)) || matches!(backend, Some(None)) {
+            return (0, Vec::new());
+        }
+        let (instance, backend) = (instance.flatten(), backend.flatten());
         let mut total = 0u64;
         let mut page = Vec::new();
-        for key in self.order.values() {
-            let Some(entry) = self.keys.get(key) else {
+        for id in self.table.walk(&self.order, Links::Order) {
+            let r = self.table.rec(id);
+            let mut matching = r.places().filter(|p| {
+                filter.tier.matches(p.tier)
+                    && instance.is_none_or(|i| p.instance == i)
+                    && backend.is_none_or(|b| p.backend == b)
+            });
+            let Some(first) = matching.next() else {
                 continue;
             };
-            let matching: Vec<&Placement> = entry
-                .placements
-                .iter()
-                .filter(|p| {
-                    filter.tier.matches(p.tier)
-                        && (filter.instance_id.is_empty() || *p.instance_id == *filter.instance_id)
-                        && (filter.backend.is_empty() || *p.backend == *filter.backend)
-                })
-                .collect();
-            if matching.is_empty() {
-                continue;
-            }
             let index = usize::try_from(total).unwrap_or(usize::MAX);
             total += 1;
             if index >= offset && page.len() < limit {
+                let key = self.table.key(id);
                 page.push(ListedKey {
-                    key: ObjectKey::clone(key),
-                    placements: matching.into_iter().cloned().collect(),
                     num_tokens: self.tokens_for_hash(&key.chunk_hash).len(),
-                    access_count: entry.access_count,
+                    key,
+                    placements: std::iter::once(first)
+                        .chain(matching)
+                        .map(|p| self.placement(p))
+                        .collect(),
+                    access_count: r.access_count,
                 });
             }
         }
@@ -583,10 +610,32 @@ impl KeyDirectory {
     }
 
     /// Every key with its state, in insertion order (checkpoint).
-    pub fn iter(&self) -> impl Iterator<Item = (&ObjectKey, &KeyEntry)> {
-        self.order
-            .values()
-            .filter_map(|k| self.keys.get(k).map(|e| (k.as_ref(), e)))
+    pub fn iter(&self) -> impl Iterator<Item = (ObjectKey, KeyEntry)> + '_ {
+        self.table.walk(&self.order, Links::Order).map(|id| {
+            let r = self.table.rec(id);
+            (
+                self.table.key(id),
+                KeyEntry {
+                    placements: self.placements_of(id),
+                    access_count: r.access_count,
+                    last_access: r.last_access,
+                },
+            )
+        })
+    }
+
+    /// Every placement with its key's salt, in insertion order (the usage
+    /// rollups), without materializing the keys.
+    pub fn salted_placements(&self) -> impl Iterator<Item = (&str, Placement)> + '_ {
+        self.table
+            .walk(&self.order, Links::Order)
+            .flat_map(move |id| {
+                let salt = self.table.salt(id);
+                self.table
+                    .rec(id)
+                    .places()
+                    .map(move |p| (salt, self.placement(p)))
+            })
     }
 
     /// Every token binding (checkpoint).
@@ -595,14 +644,16 @@ impl KeyDirectory {
     }
 
     /// Instances in the L1 index with their L1 keys (checkpoint).
-    pub fn l1_index(&self) -> impl Iterator<Item = (&String, &FastSet<SharedKey>)> {
-        self.l1_by_instance.iter()
+    pub fn l1_index(&self) -> impl Iterator<Item = (&String, Vec<ObjectKey>)> {
+        self.l1_by_instance
+            .iter()
+            .map(|(id, set)| (id, set.iter().map(|&k| self.table.key(k)).collect()))
     }
 
     /// Counts for stats and metrics; cheap (no walk of the keys).
     pub fn stats(&self) -> DirectoryStats {
         DirectoryStats {
-            num_keys: self.keys.len() as u64,
+            num_keys: self.table.len() as u64,
             num_placements: self.totals[0].count + self.totals[1].count,
             l1_keys_by_instance: self
                 .l1_by_instance
@@ -621,12 +672,72 @@ impl KeyDirectory {
 
     /// Keys present.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.table.len()
     }
 
     /// Whether no key is present.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.table.len() == 0
+    }
+
+    // === the L2 LRU ===
+
+    /// Keys in the LRU overall.
+    pub fn lru_len(&self) -> usize {
+        self.lru.values().map(|l| l.len).sum()
+    }
+
+    /// Keys in one tenant's LRU.
+    pub fn lru_bucket_len(&self, salt: &str) -> usize {
+        self.table
+            .strings
+            .get(salt)
+            .and_then(|s| self.lru.get(&s))
+            .map_or(0, |l| l.len)
+    }
+
+    /// Tenants with LRU keys, sorted, with how many.
+    pub fn lru_salts(&self) -> Vec<(String, usize)> {
+        let mut out: Vec<(String, usize)> = self
+            .lru
+            .iter()
+            .map(|(&s, l)| (self.table.strings.name(s).to_string(), l.len))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// One tenant's LRU keys, least recently used first.
+    pub fn lru_oldest(&self, salt: &str) -> impl Iterator<Item = ObjectKey> + '_ {
+        let list = self
+            .table
+            .strings
+            .get(salt)
+            .and_then(|s| self.lru.get(&s))
+            .copied()
+            .unwrap_or_default();
+        let mut cur = list.head;
+        std::iter::from_fn(move || {
+            (cur != table::NIL).then(|| {
+                let id = cur;
+                cur = self.table.rec(id).lru_next;
+                self.table.key(id)
+            })
+        })
+    }
+
+    /// Moves a key filed in the LRU to its recent end (restoring a saved
+    /// order: touch its keys oldest first). A key not filed is ignored.
+    pub fn lru_touch(&mut self, key: &ObjectKey) {
+        if let Some(id) = self.table.find(key)
+            && self.table.rec(id).in_lru
+        {
+            let salt = self.table.rec(id).salt;
+            let mut list = self.lru.get(&salt).copied().unwrap_or_default();
+            self.table.unlink(&mut list, Links::Lru, id);
+            self.table.push_back(&mut list, Links::Lru, id);
+            self.lru.insert(salt, list);
+        }
     }
 }
 

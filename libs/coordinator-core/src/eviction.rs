@@ -1,12 +1,11 @@
-//! Fleet L2 eviction: per-tenant quotas, the LRU order built from events, and
-//! the planner that picks victims. Dispatch (HTTP) lives in the service.
+//! Fleet L2 eviction: per-tenant quotas and the planner that picks victims
+//! from the L2 LRU order the key directory keeps. Dispatch (HTTP) lives in the service.
 
 use std::collections::BTreeMap;
 
 use crate::StorageLevel;
 use crate::directory::KeyDirectory;
-use crate::events::{Batch, EventType};
-use crate::key::{ObjectKey, SharedKey};
+use crate::key::ObjectKey;
 use crate::pins::Pins;
 use crate::usage::UsageView;
 
@@ -43,124 +42,6 @@ impl Quotas {
     }
 }
 
-#[derive(Clone, Debug, Default)]
-struct Bucket {
-    ticks: crate::FastMap<SharedKey, u64>,
-    order: BTreeMap<u64, SharedKey>,
-}
-
-/// LRU order of L2 keys, one bucket per tenant.
-#[derive(Clone, Debug, Default)]
-pub struct Lru {
-    buckets: BTreeMap<String, Bucket>,
-    tick: u64,
-}
-
-impl Lru {
-    /// Empty.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Applies an admitted batch; `directory` must already include it (a
-    /// delete drops a key only once no L2 copy is left anywhere).
-    pub fn apply(&mut self, batch: &Batch, directory: &KeyDirectory) {
-        match (batch.event_type, batch.tier) {
-            (EventType::Store, StorageLevel::L2) => {
-                for e in &batch.entries {
-                    self.register(&e.key);
-                }
-            }
-            (EventType::Access, _) => {
-                for e in &batch.entries {
-                    self.touch(&e.key);
-                }
-            }
-            (EventType::Delete, StorageLevel::L2) => {
-                for e in &batch.entries {
-                    if !directory.has_l2(&e.key) {
-                        self.remove(&e.key);
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Tracks a key (at the most recent end) if it is not tracked yet.
-    pub fn register(&mut self, key: &SharedKey) {
-        let bucket = match self.buckets.get_mut(&key.cache_salt) {
-            Some(bucket) => bucket,
-            None => self.buckets.entry(key.cache_salt.clone()).or_default(),
-        };
-        if !bucket.ticks.contains_key(key) {
-            self.tick += 1;
-            bucket.ticks.insert(key.clone(), self.tick);
-            bucket.order.insert(self.tick, key.clone());
-        }
-    }
-
-    /// Makes room for `additional` more keys of `salt` (restore).
-    pub fn reserve(&mut self, salt: &str, additional: usize) {
-        if additional == 0 {
-            return;
-        }
-        self.buckets
-            .entry(salt.to_owned())
-            .or_default()
-            .ticks
-            .reserve(additional);
-    }
-
-    /// Moves a tracked key to the most recent end.
-    pub fn touch(&mut self, key: &ObjectKey) {
-        if let Some(bucket) = self.buckets.get_mut(&key.cache_salt)
-            && let Some(old) = bucket.ticks.get_mut(key)
-        {
-            self.tick += 1;
-            // Re-file the shared key itself under its new tick.
-            if let Some(shared) = bucket.order.remove(old) {
-                bucket.order.insert(self.tick, shared);
-            }
-            *old = self.tick;
-        }
-    }
-
-    /// Stops tracking a key.
-    pub fn remove(&mut self, key: &ObjectKey) {
-        if let Some(bucket) = self.buckets.get_mut(&key.cache_salt) {
-            if let Some(t) = bucket.ticks.remove(key) {
-                bucket.order.remove(&t);
-            }
-            if bucket.ticks.is_empty() {
-                self.buckets.remove(&key.cache_salt);
-            }
-        }
-    }
-
-    /// Tenants tracked, with their keys oldest first (checkpoint).
-    pub fn buckets(&self) -> impl Iterator<Item = (&String, impl Iterator<Item = &ObjectKey>)> {
-        self.buckets
-            .iter()
-            .map(|(s, b)| (s, b.order.values().map(|k| k.as_ref())))
-    }
-
-    /// Keys tracked for a tenant.
-    pub fn bucket_len(&self, salt: &str) -> usize {
-        self.buckets.get(salt).map_or(0, |b| b.ticks.len())
-    }
-
-    /// Keys tracked overall.
-    pub fn len(&self) -> usize {
-        self.buckets.values().map(|b| b.ticks.len()).sum()
-    }
-
-    /// Whether nothing is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
-    }
-}
-
 /// Settings of a sweep.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EvictionSettings {
@@ -190,23 +71,24 @@ pub struct EvictionPlan {
     pub skipped_pinned: u64,
 }
 
-/// Picks victims: for each tracked tenant whose L2 bytes reach
-/// `watermark × limit`, walk its LRU from the oldest, skip pinned keys, and
-/// take `max(1, int(len × ratio))` (everything when the limit is 0).
+/// Picks victims: for each tenant in the directory's L2 LRU whose L2 bytes
+/// reach `watermark × limit`, walk its LRU from the oldest, skip pinned
+/// keys, and take `max(1, int(len × ratio))` (everything when the limit is
+/// 0).
 pub fn plan(
-    lru: &Lru,
+    directory: &KeyDirectory,
     usage: &UsageView,
     quotas: &Quotas,
     pins: &Pins,
     settings: EvictionSettings,
 ) -> EvictionPlan {
     let mut out = EvictionPlan::default();
-    for (salt, bucket) in &lru.buckets {
-        let used = usage.salt_bytes(StorageLevel::L2, salt);
+    for (salt, len) in directory.lru_salts() {
+        let used = usage.salt_bytes(StorageLevel::L2, &salt);
         if used == 0 {
             continue;
         }
-        let Some(limit) = quotas.effective(salt) else {
+        let Some(limit) = quotas.effective(&salt) else {
             continue;
         };
         #[allow(clippy::cast_precision_loss)]
@@ -224,17 +106,17 @@ pub fn plan(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss
         )]
-        let n = ((bucket.ticks.len() as f64 * ratio) as usize).max(1);
+        let n = ((len as f64 * ratio) as usize).max(1);
         let mut taken = 0;
-        for key in bucket.order.values() {
+        for key in directory.lru_oldest(&salt) {
             if taken == n {
                 break;
             }
-            if pins.is_pinned(key) {
+            if pins.is_pinned(&key) {
                 out.skipped_pinned += 1;
                 continue;
             }
-            out.victims.push(ObjectKey::clone(key));
+            out.victims.push(key);
             taken += 1;
         }
     }
@@ -244,10 +126,11 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::EventType;
     use crate::testutil::{batch, key};
 
-    fn setup(n: u8, size: u64) -> (KeyDirectory, UsageView, Lru) {
-        let (mut d, mut u, mut l) = (KeyDirectory::new(), UsageView::new(), Lru::new());
+    fn setup(n: u8, size: u64) -> (KeyDirectory, UsageView) {
+        let (mut d, mut u) = (KeyDirectory::new(), UsageView::new());
         for h in 0..n {
             let b = batch(
                 "a",
@@ -259,9 +142,8 @@ mod tests {
             );
             let old = d.apply(&b);
             u.apply(&b, &old);
-            l.apply(&b, &d);
         }
-        (d, u, l)
+        (d, u)
     }
 
     fn hashes(keys: &[ObjectKey]) -> Vec<u8> {
@@ -276,10 +158,10 @@ mod tests {
 
     #[test]
     fn under_quota_or_no_limit_evicts_nothing() {
-        let (_, u, l) = setup(10, 100);
+        let (d, u) = setup(10, 100);
         let none = Quotas::default();
         assert!(
-            plan(&l, &u, &none, &Pins::new(), EvictionSettings::default())
+            plan(&d, &u, &none, &Pins::new(), EvictionSettings::default())
                 .victims
                 .is_empty()
         );
@@ -288,7 +170,7 @@ mod tests {
             default_limit: None,
         };
         assert!(
-            plan(&l, &u, &roomy, &Pins::new(), EvictionSettings::default())
+            plan(&d, &u, &roomy, &Pins::new(), EvictionSettings::default())
                 .victims
                 .is_empty()
         );
@@ -296,21 +178,21 @@ mod tests {
 
     #[test]
     fn over_quota_takes_ratio_of_oldest_skipping_pins() {
-        let (_, u, l) = setup(10, 100);
+        let (d, u) = setup(10, 100);
         let q = Quotas {
             limits: [("t".to_owned(), 1000)].into(),
             default_limit: None,
         };
         let mut pins = Pins::new();
         pins.pin([&key(0, "t")]);
-        let p = plan(&l, &u, &q, &pins, EvictionSettings::default());
+        let p = plan(&d, &u, &q, &pins, EvictionSettings::default());
         assert_eq!(hashes(&p.victims), vec![1, 2]);
         assert_eq!(p.skipped_pinned, 1);
     }
 
     #[test]
     fn watermark_triggers_early_and_zero_limit_evicts_all_unpinned() {
-        let (_, u, l) = setup(10, 100);
+        let (d, u) = setup(10, 100);
         let q = Quotas {
             limits: BTreeMap::new(),
             default_limit: Some(1250),
@@ -320,7 +202,7 @@ mod tests {
             eviction_ratio: 0.01,
         };
         assert_eq!(
-            plan(&l, &u, &q, &Pins::new(), s).victims.len(),
+            plan(&d, &u, &q, &Pins::new(), s).victims.len(),
             1,
             "at least one key"
         );
@@ -330,14 +212,14 @@ mod tests {
         };
         let mut pins = Pins::new();
         pins.pin([&key(3, "t")]);
-        let p = plan(&l, &u, &zero, &pins, s);
+        let p = plan(&d, &u, &zero, &pins, s);
         assert_eq!(p.victims.len(), 9);
         assert!(!hashes(&p.victims).contains(&3));
     }
 
     #[test]
     fn access_reorders_and_delete_drops_when_no_l2_left() {
-        let (mut d, mut u, mut l) = setup(3, 100);
+        let (mut d, mut u) = setup(3, 100);
         let access = batch(
             "a",
             EventType::Access,
@@ -347,12 +229,11 @@ mod tests {
             &[(key(0, "t"), 0)],
         );
         d.apply(&access);
-        l.apply(&access, &d);
         let q = Quotas {
             limits: [("t".to_owned(), 0)].into(),
             default_limit: None,
         };
-        let p = plan(&l, &u, &q, &Pins::new(), EvictionSettings::default());
+        let p = plan(&d, &u, &q, &Pins::new(), EvictionSettings::default());
         assert_eq!(hashes(&p.victims), vec![1, 2, 0]);
         let del = batch(
             "a",
@@ -364,7 +245,6 @@ mod tests {
         );
         let old = d.apply(&del);
         u.apply(&del, &old);
-        l.apply(&del, &d);
-        assert_eq!(l.bucket_len("t"), 2);
+        assert_eq!(d.lru_bucket_len("t"), 2);
     }
 }

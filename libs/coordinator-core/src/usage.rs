@@ -125,17 +125,8 @@ impl UsageView {
     /// The rollups of every placement in `directory` (restore).
     pub fn rebuild(directory: &KeyDirectory) -> Self {
         let mut usage = Self::new();
-        for (key, entry) in directory.iter() {
-            for p in &entry.placements {
-                usage.adjust(
-                    p.tier,
-                    &key.cache_salt,
-                    owner_of(p),
-                    &p.backend,
-                    0,
-                    p.size_bytes,
-                );
-            }
+        for (salt, p) in directory.salted_placements() {
+            usage.adjust(p.tier, salt, owner_of(&p), &p.backend, 0, p.size_bytes);
         }
         usage
     }
@@ -214,15 +205,8 @@ impl UsageView {
     /// Call it before [`KeyDirectory::fence`]: the bytes are read from the
     /// placements that fence removes.
     pub fn fence(&mut self, owner: &str, directory: &KeyDirectory) {
-        for key in directory.l1_keys(owner) {
-            let Some(entry) = directory.get(key) else {
-                continue;
-            };
-            for p in &entry.placements {
-                if p.tier == StorageLevel::L1 && !p.shared && *p.instance_id == *owner {
-                    self.adjust(p.tier, &key.cache_salt, owner, &p.backend, p.size_bytes, 0);
-                }
-            }
+        for (salt, backend, size) in directory.l1_placements(owner) {
+            self.adjust(StorageLevel::L1, &salt, owner, &backend, size, 0);
         }
     }
 

@@ -66,7 +66,7 @@ impl Persistence {
                 key_directory: Some(checkpoint::capture_directory(&views.directory)),
                 cache_usage: Some(checkpoint::capture_usage(&views.directory)),
                 server_config: Some(checkpoint::capture_capacity(&views.capacity)),
-                lru_order: None,
+                lru_order: Some(checkpoint::capture_lru(&views.directory)),
                 kafka_stream_position: self
                     .settings
                     .kafka
@@ -135,6 +135,9 @@ impl Persistence {
             if let Some(s) = sections.key_directory.take() {
                 let max = views.directory.max_keys();
                 views.directory = checkpoint::restore_directory(s);
+                if let Some(lru) = &sections.lru_order {
+                    checkpoint::restore_lru(lru, &mut views.directory);
+                }
                 views.directory.set_max_keys(max);
             }
             // Rebuilt from the (bounded) directory, which holds each

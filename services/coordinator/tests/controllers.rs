@@ -113,7 +113,7 @@ async fn failing_consumers_are_counted_and_do_not_stop_others() {
     assert_eq!(c.get("/directory/stats").await.1["num_keys"], 2);
     // The built-in eviction controller (before them) got the batches too.
     let ctl = c.app.eviction.clone().unwrap();
-    assert_eq!(ctl.state.lock().lru.bucket_len("t"), 2);
+    assert_eq!(ctl.state.lock().tracked_keys, 2);
     let text = c.metrics_text().await;
     assert!(
         text.contains(

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::{get, post, put};
-use ic_coordinator_core::checkpoint::{self, Sections};
+use ic_coordinator_core::checkpoint::Sections;
 use ic_coordinator_core::events::Batch;
-use ic_coordinator_core::eviction::{EvictionPlan, EvictionSettings, Lru, Quotas, plan};
+use ic_coordinator_core::eviction::{EvictionPlan, EvictionSettings, Quotas, plan};
 use ic_coordinator_core::key::ObjectKey;
 use ic_coordinator_core::metadata::Metadata;
 use ic_coordinator_core::pins::Pins;
@@ -29,8 +29,9 @@ pub const MAX_KEYS_PER_DELETE: usize = 10_000;
 /// Policy state private to the controller.
 #[derive(Debug, Default)]
 pub struct EvictionState {
-    /// LRU order per tenant.
-    pub lru: Lru,
+    /// L2 keys in the LRU order the key directory keeps, as of the last
+    /// batch (for `/status`).
+    pub tracked_keys: usize,
     /// Quotas.
     pub quotas: Quotas,
     /// Pins.
@@ -76,7 +77,7 @@ impl FleetEvictionController {
             let state = self.state.lock();
             self.refresh_quota_gauges(ctx, views, &state);
             plan(
-                &state.lru,
+                &views.directory,
                 &views.usage,
                 &state.quotas,
                 &state.pins,
@@ -155,15 +156,9 @@ impl Controller for FleetEvictionController {
         true
     }
 
-    fn forget(&self, keys: &[ic_coordinator_core::key::SharedKey]) {
-        let mut state = self.state.lock();
-        for k in keys {
-            state.lru.remove(k);
-        }
-    }
-
-    fn consume(&self, batch: &Batch, views: &Views) -> Result<(), ConsumeError> {
-        self.state.lock().lru.apply(batch, &views.directory);
+    fn consume(&self, _batch: &Batch, views: &Views) -> Result<(), ConsumeError> {
+        // The directory keeps the LRU (and drops the keys it lets go).
+        self.state.lock().tracked_keys = views.directory.lru_len();
         Ok(())
     }
 
@@ -195,14 +190,9 @@ impl Controller for FleetEvictionController {
         )
     }
 
-    fn save_checkpoint(&self, sections: &mut Sections) {
-        sections.lru_order = Some(checkpoint::capture_lru(&self.state.lock().lru));
-    }
-
-    fn restore_checkpoint(&self, sections: &Sections, views: &Views) {
-        if let Some(s) = &sections.lru_order {
-            self.state.lock().lru = checkpoint::restore_lru(s, &views.directory);
-        }
+    fn restore_checkpoint(&self, _sections: &Sections, views: &Views) {
+        // The LRU order is the directory's, restored with it.
+        self.state.lock().tracked_keys = views.directory.lru_len();
     }
 
     fn save_metadata(&self, meta: &mut Metadata) {
@@ -241,7 +231,7 @@ impl Controller for FleetEvictionController {
     fn status(&self) -> serde_json::Value {
         let state = self.state.lock();
         json!({
-            "tracked_keys": state.lru.len(),
+            "tracked_keys": state.tracked_keys,
             "pinned_keys": state.pins.len(),
             "quotas": state.quotas.limits.len(),
             "default_limit_bytes": state.quotas.default_limit,

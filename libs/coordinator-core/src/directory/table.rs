@@ -1,0 +1,638 @@
+//! The compact key table behind the directory: every key once, in a slab of
+//! fixed-size records addressed by `u32` ids. Strings shared by many keys
+//! (models, salts, instances, backends) are interned to ids; chunk hashes
+//! live in one byte pool per hash length; the insertion order, the LRU and
+//! the keys of one chunk hash are lists threaded through the records, and
+//! the two hash tables hold ids only. A key costs one record (112 B), its
+//! hash bytes and a few bytes of table, where a map of owned keys cost
+//! ~470 B (docs/benchmarks.md, "Coordinator memory and restart").
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+
+use crate::key::ObjectKey;
+use crate::{FastMap, StorageLevel};
+
+/// A record's id.
+pub(crate) type Id = u32;
+/// No record (end of a list).
+pub(crate) const NIL: Id = u32::MAX;
+
+/// An instance id or backend name, interned: every placement of one
+/// reporter shares one allocation.
+pub type Name = std::sync::Arc<str>;
+
+// === Interner ===
+
+/// Strings by id, refcounted when the caller releases them (models and
+/// salts leave with their last key; instance and backend names are kept,
+/// as few as the fleet's reporters).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Interner {
+    names: Vec<Name>,
+    refs: Vec<u32>,
+    free: Vec<u32>,
+    index: FastMap<Name, u32>,
+}
+
+impl Interner {
+    pub(crate) fn get(&self, s: &str) -> Option<u32> {
+        self.index.get(s).copied()
+    }
+
+    /// The id of `s`, one reference more.
+    pub(crate) fn acquire(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.index.get(s) {
+            self.refs[id as usize] += 1;
+            return id;
+        }
+        let name: Name = s.into();
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.names[id as usize] = name.clone();
+                self.refs[id as usize] = 1;
+                id
+            }
+            None => {
+                self.names.push(name.clone());
+                self.refs.push(1);
+                u32::try_from(self.names.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.index.insert(name, id);
+        id
+    }
+
+    /// The id of `s`, kept for good (instance and backend names).
+    pub(crate) fn acquire_kept(&mut self, s: &str) -> u32 {
+        match self.index.get(s) {
+            Some(&id) => id,
+            None => self.acquire(s),
+        }
+    }
+
+    /// One reference less; the string goes at zero.
+    pub(crate) fn release(&mut self, id: u32) {
+        let refs = &mut self.refs[id as usize];
+        *refs -= 1;
+        if *refs == 0 {
+            let name = std::mem::replace(&mut self.names[id as usize], Name::from(""));
+            self.index.remove(&name);
+            self.free.push(id);
+        }
+    }
+
+    pub(crate) fn name(&self, id: u32) -> &Name {
+        &self.names[id as usize]
+    }
+}
+
+// === Hash pools ===
+
+/// Chunk hashes of one length, back to back, with the free places.
+#[derive(Clone, Debug, Default)]
+struct Pool {
+    len: usize,
+    bytes: Vec<u8>,
+    free: Vec<u32>,
+}
+
+/// Every chunk hash, in one pool per length (in practice one or two: 16
+/// bytes from LMCache's hex keys, 32 from BLAKE3).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Hashes {
+    pools: Vec<Pool>,
+}
+
+impl Hashes {
+    /// Stores `h`; returns (pool, place).
+    pub(crate) fn insert(&mut self, h: &[u8]) -> (u32, u32) {
+        let class = match self.pools.iter().position(|p| p.len == h.len()) {
+            Some(c) => c,
+            None => {
+                self.pools.push(Pool {
+                    len: h.len(),
+                    ..Pool::default()
+                });
+                self.pools.len() - 1
+            }
+        };
+        let pool = &mut self.pools[class];
+        let place = match pool.free.pop() {
+            Some(place) => {
+                let at = place as usize * pool.len;
+                pool.bytes[at..at + pool.len].copy_from_slice(h);
+                place
+            }
+            None => {
+                let place = pool.bytes.len().checked_div(pool.len).unwrap_or(0);
+                pool.bytes.extend_from_slice(h);
+                u32::try_from(place).unwrap_or(u32::MAX)
+            }
+        };
+        (u32::try_from(class).unwrap_or(u32::MAX), place)
+    }
+
+    pub(crate) fn get(&self, class: u32, place: u32) -> &[u8] {
+        let pool = &self.pools[class as usize];
+        let at = place as usize * pool.len;
+        &pool.bytes[at..at + pool.len]
+    }
+
+    pub(crate) fn remove(&mut self, class: u32, place: u32) {
+        let pool = &mut self.pools[class as usize];
+        if pool.len > 0 {
+            pool.free.push(place);
+        }
+    }
+
+    /// Makes room for `additional` hashes of `len` bytes.
+    pub(crate) fn reserve(&mut self, len: usize, additional: usize) {
+        if let Some(p) = self.pools.iter_mut().find(|p| p.len == len) {
+            p.bytes.reserve(additional * len);
+        } else {
+            self.pools.push(Pool {
+                len,
+                bytes: Vec::with_capacity(additional * len),
+                free: Vec::new(),
+            });
+        }
+    }
+}
+
+// === Records ===
+
+/// One placement, its names as interned ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) size_bytes: u64,
+    pub(crate) incarnation: u64,
+    pub(crate) instance: u32,
+    pub(crate) backend: u32,
+    pub(crate) tier: StorageLevel,
+    pub(crate) shared: bool,
+}
+
+impl Place {
+    /// Whether `self` is the placement an event for (instance, tier,
+    /// backend, shared) addresses. A shared placement is identified without
+    /// its owner. Names are interned, so ids compare as the strings would.
+    pub(crate) fn same_identity(&self, other: &Place) -> bool {
+        self.tier == other.tier
+            && self.backend == other.backend
+            && self.shared == other.shared
+            && (self.shared || self.instance == other.instance)
+    }
+
+    pub(crate) fn private_l1(&self) -> bool {
+        self.tier == StorageLevel::L1 && !self.shared
+    }
+}
+
+/// One key and its state. Dead records (freed ids) chain through
+/// `order_next`.
+#[derive(Clone, Debug)]
+pub(crate) struct Rec {
+    pub(crate) kv_rank: i64,
+    pub(crate) object_group_id: i64,
+    pub(crate) access_count: u64,
+    pub(crate) last_access: f64,
+    /// The first placement; every live key has one.
+    pub(crate) first: Place,
+    /// The others, in the order they were first reported (usually none).
+    /// Boxed: one pointer in every record, where a `Vec` would be three.
+    #[allow(clippy::box_collection)]
+    pub(crate) more: Option<Box<Vec<Place>>>,
+    pub(crate) hash_class: u32,
+    pub(crate) hash_place: u32,
+    pub(crate) model: u32,
+    pub(crate) salt: u32,
+    pub(crate) order_prev: Id,
+    pub(crate) order_next: Id,
+    pub(crate) lru_prev: Id,
+    pub(crate) lru_next: Id,
+    /// The next key of the same chunk hash.
+    pub(crate) same_hash_next: Id,
+    pub(crate) in_lru: bool,
+}
+
+impl Rec {
+    pub(crate) fn places(&self) -> impl Iterator<Item = &Place> {
+        std::iter::once(&self.first).chain(self.more.as_deref().into_iter().flatten())
+    }
+
+    pub(crate) fn places_mut(&mut self) -> impl Iterator<Item = &mut Place> {
+        std::iter::once(&mut self.first).chain(self.more.as_deref_mut().into_iter().flatten())
+    }
+
+    pub(crate) fn push_place(&mut self, p: Place) {
+        self.more.get_or_insert_default().push(p);
+    }
+
+    /// Keeps the placements `keep` accepts, in order; returns the removed
+    /// ones and whether none is left (then `first` is stale: the caller
+    /// drops the record).
+    pub(crate) fn retain_places(
+        &mut self,
+        mut keep: impl FnMut(&Place) -> bool,
+    ) -> (Vec<Place>, bool) {
+        let mut removed = Vec::new();
+        if self.more.is_none() {
+            if !keep(&self.first) {
+                removed.push(self.first);
+                return (removed, true);
+            }
+            return (removed, false);
+        }
+        let mut all: Vec<Place> = self.places().copied().collect();
+        all.retain(|p| {
+            let k = keep(p);
+            if !k {
+                removed.push(*p);
+            }
+            k
+        });
+        match all.split_first() {
+            Some((&first, rest)) => {
+                self.first = first;
+                self.more = (!rest.is_empty()).then(|| Box::new(rest.to_vec()));
+                (removed, false)
+            }
+            None => {
+                self.more = None;
+                (removed, true)
+            }
+        }
+    }
+}
+
+/// A doubly linked list through the records (insertion order, one LRU
+/// bucket).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct List {
+    pub(crate) head: Id,
+    pub(crate) tail: Id,
+    pub(crate) len: usize,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+}
+
+/// Which links a list uses.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Links {
+    Order,
+    Lru,
+}
+
+impl Links {
+    fn get(self, r: &Rec) -> (Id, Id) {
+        match self {
+            Links::Order => (r.order_prev, r.order_next),
+            Links::Lru => (r.lru_prev, r.lru_next),
+        }
+    }
+
+    fn set_prev(self, r: &mut Rec, v: Id) {
+        match self {
+            Links::Order => r.order_prev = v,
+            Links::Lru => r.lru_prev = v,
+        }
+    }
+
+    fn set_next(self, r: &mut Rec, v: Id) {
+        match self {
+            Links::Order => r.order_next = v,
+            Links::Lru => r.lru_next = v,
+        }
+    }
+}
+
+/// The slab, the interned strings, the hash pools and the two id tables.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Table {
+    pub(crate) recs: Vec<Rec>,
+    free: Id,
+    has_free: bool,
+    pub(crate) hashes: Hashes,
+    /// Models and salts (released with their keys).
+    pub(crate) strings: Interner,
+    /// Instance ids and backends (kept).
+    pub(crate) names: Interner,
+    /// Every live id, by the whole key.
+    by_key: HashTable<Id>,
+    /// The first id of each chunk hash, by the hash bytes.
+    by_hash: HashTable<Id>,
+    hasher: foldhash::fast::RandomState,
+    live: usize,
+}
+
+impl Table {
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    pub(crate) fn rec(&self, id: Id) -> &Rec {
+        &self.recs[id as usize]
+    }
+
+    pub(crate) fn rec_mut(&mut self, id: Id) -> &mut Rec {
+        &mut self.recs[id as usize]
+    }
+
+    pub(crate) fn hash_of(&self, id: Id) -> &[u8] {
+        let r = self.rec(id);
+        self.hashes.get(r.hash_class, r.hash_place)
+    }
+
+    fn key_hash(&self, h: &[u8], model: &str, rank: i64, group: i64, salt: &str) -> u64 {
+        self.hasher.hash_one((h, model, rank, group, salt))
+    }
+
+    fn rec_key_hash(&self, id: Id) -> u64 {
+        let r = self.rec(id);
+        self.key_hash(
+            self.hashes.get(r.hash_class, r.hash_place),
+            self.strings.name(r.model),
+            r.kv_rank,
+            r.object_group_id,
+            self.strings.name(r.salt),
+        )
+    }
+
+    fn chunk_hash(&self, h: &[u8]) -> u64 {
+        self.hasher.hash_one(h)
+    }
+
+    fn matches(&self, id: Id, key: &ObjectKey) -> bool {
+        let r = self.rec(id);
+        r.kv_rank == key.kv_rank
+            && r.object_group_id == key.object_group_id
+            && self.hashes.get(r.hash_class, r.hash_place) == key.chunk_hash.as_slice()
+            && **self.strings.name(r.model) == *key.model_name
+            && **self.strings.name(r.salt) == *key.cache_salt
+    }
+
+    /// The id of `key`, if present.
+    pub(crate) fn find(&self, key: &ObjectKey) -> Option<Id> {
+        let h = self.key_hash(
+            &key.chunk_hash,
+            &key.model_name,
+            key.kv_rank,
+            key.object_group_id,
+            &key.cache_salt,
+        );
+        self.by_key.find(h, |&id| self.matches(id, key)).copied()
+    }
+
+    /// The first id of a chunk hash.
+    pub(crate) fn first_of_hash(&self, h: &[u8]) -> Option<Id> {
+        let hh = self.chunk_hash(h);
+        self.by_hash.find(hh, |&id| self.hash_of(id) == h).copied()
+    }
+
+    /// The key of `id`, as an owned value.
+    pub(crate) fn key(&self, id: Id) -> ObjectKey {
+        let r = self.rec(id);
+        ObjectKey {
+            chunk_hash: self.hashes.get(r.hash_class, r.hash_place).to_vec(),
+            model_name: self.strings.name(r.model).to_string(),
+            kv_rank: r.kv_rank,
+            object_group_id: r.object_group_id,
+            cache_salt: self.strings.name(r.salt).to_string(),
+        }
+    }
+
+    pub(crate) fn salt(&self, id: Id) -> &str {
+        self.strings.name(self.rec(id).salt)
+    }
+
+    /// Makes room for `additional` keys.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.recs.reserve(additional);
+        let Self {
+            by_key,
+            by_hash,
+            recs,
+            hashes,
+            strings,
+            hasher,
+            ..
+        } = self;
+        let rehash = |id: &Id| {
+            let r = &recs[*id as usize];
+            hasher.hash_one((
+                hashes.get(r.hash_class, r.hash_place),
+                &**strings.name(r.model),
+                r.kv_rank,
+                r.object_group_id,
+                &**strings.name(r.salt),
+            ))
+        };
+        by_key.reserve(additional, rehash);
+        by_hash.reserve(additional, |id: &Id| {
+            let r = &recs[*id as usize];
+            hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
+        });
+    }
+
+    /// Adds a key (absent) with its first placement; returns its id. The
+    /// lists are the caller's to link.
+    pub(crate) fn insert(&mut self, key: &ObjectKey, first: Place) -> Id {
+        let (hash_class, hash_place) = self.hashes.insert(&key.chunk_hash);
+        let model = self.strings.acquire(&key.model_name);
+        let salt = self.strings.acquire(&key.cache_salt);
+        let rec = Rec {
+            kv_rank: key.kv_rank,
+            object_group_id: key.object_group_id,
+            access_count: 0,
+            last_access: 0.0,
+            first,
+            more: None,
+            hash_class,
+            hash_place,
+            model,
+            salt,
+            order_prev: NIL,
+            order_next: NIL,
+            lru_prev: NIL,
+            lru_next: NIL,
+            same_hash_next: NIL,
+            in_lru: false,
+        };
+        let id = if self.has_free {
+            let id = self.free;
+            let next = self.recs[id as usize].order_next;
+            self.has_free = next != NIL;
+            self.free = next;
+            self.recs[id as usize] = rec;
+            id
+        } else {
+            self.recs.push(rec);
+            u32::try_from(self.recs.len() - 1).unwrap_or(NIL)
+        };
+        self.live += 1;
+        let h = self.rec_key_hash(id);
+        let Self {
+            by_key,
+            by_hash,
+            recs,
+            hashes,
+            strings,
+            hasher,
+            ..
+        } = self;
+        by_key.insert_unique(h, id, |id: &Id| {
+            let r = &recs[*id as usize];
+            hasher.hash_one((
+                hashes.get(r.hash_class, r.hash_place),
+                &**strings.name(r.model),
+                r.kv_rank,
+                r.object_group_id,
+                &**strings.name(r.salt),
+            ))
+        });
+        // File it by its chunk hash: first of the hash, or second in the
+        // chain behind the first.
+        let hh = hasher.hash_one(key.chunk_hash.as_slice());
+        let found = by_hash
+            .find(hh, |&other| {
+                let r = &recs[other as usize];
+                hashes.get(r.hash_class, r.hash_place) == key.chunk_hash.as_slice()
+            })
+            .copied();
+        match found {
+            Some(head) => {
+                let next = recs[head as usize].same_hash_next;
+                recs[id as usize].same_hash_next = next;
+                recs[head as usize].same_hash_next = id;
+            }
+            None => {
+                by_hash.insert_unique(hh, id, |id: &Id| {
+                    let r = &recs[*id as usize];
+                    hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
+                });
+            }
+        }
+        id
+    }
+
+    /// Removes `id` (already unlinked from the order and LRU lists) from the
+    /// tables; returns whether it was the last key of its chunk hash.
+    pub(crate) fn remove(&mut self, id: Id) -> bool {
+        let h = self.rec_key_hash(id);
+        if let Ok(e) = self.by_key.find_entry(h, |&x| x == id) {
+            e.remove();
+        }
+        let hh = self.chunk_hash(self.hash_of(id));
+        let next = self.rec(id).same_hash_next;
+        let mut last_of_hash = false;
+        let head = self.by_hash.find(hh, |&x| x == id).is_some();
+        if head {
+            if next == NIL {
+                if let Ok(e) = self.by_hash.find_entry(hh, |&x| x == id) {
+                    e.remove();
+                }
+                last_of_hash = true;
+            } else if let Some(slot) = self.by_hash.find_mut(hh, |&x| x == id) {
+                *slot = next;
+            }
+        } else {
+            // A sibling: unlink it from its first's chain (chains are short:
+            // the groups and ranks of one chunk).
+            let h = self.hash_of(id).to_vec();
+            if let Some(mut cur) = self.first_of_hash(&h) {
+                while self.rec(cur).same_hash_next != id && self.rec(cur).same_hash_next != NIL {
+                    cur = self.rec(cur).same_hash_next;
+                }
+                if self.rec(cur).same_hash_next == id {
+                    self.rec_mut(cur).same_hash_next = next;
+                }
+            }
+        }
+        let (class, place, model, salt) = {
+            let r = self.rec(id);
+            (r.hash_class, r.hash_place, r.model, r.salt)
+        };
+        self.hashes.remove(class, place);
+        self.strings.release(model);
+        self.strings.release(salt);
+        let free = if self.has_free { self.free } else { NIL };
+        let r = self.rec_mut(id);
+        r.more = None;
+        r.order_next = free;
+        r.same_hash_next = NIL;
+        self.free = id;
+        self.has_free = true;
+        self.live -= 1;
+        last_of_hash
+    }
+
+    /// Ids of the keys of a chunk hash.
+    pub(crate) fn same_hash(&self, h: &[u8]) -> impl Iterator<Item = Id> + '_ {
+        let mut cur = self.first_of_hash(h).unwrap_or(NIL);
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let id = cur;
+                cur = self.rec(id).same_hash_next;
+                id
+            })
+        })
+    }
+
+    // === lists ===
+
+    pub(crate) fn push_back(&mut self, list: &mut List, links: Links, id: Id) {
+        let tail = list.tail;
+        {
+            let r = self.rec_mut(id);
+            links.set_prev(r, tail);
+            links.set_next(r, NIL);
+        }
+        if tail == NIL {
+            list.head = id;
+        } else {
+            links.set_next(self.rec_mut(tail), id);
+        }
+        list.tail = id;
+        list.len += 1;
+    }
+
+    pub(crate) fn unlink(&mut self, list: &mut List, links: Links, id: Id) {
+        let (prev, next) = links.get(self.rec(id));
+        if prev == NIL {
+            list.head = next;
+        } else {
+            links.set_next(self.rec_mut(prev), next);
+        }
+        if next == NIL {
+            list.tail = prev;
+        } else {
+            links.set_prev(self.rec_mut(next), prev);
+        }
+        let r = self.rec_mut(id);
+        links.set_prev(r, NIL);
+        links.set_next(r, NIL);
+        list.len -= 1;
+    }
+
+    /// The ids of a list, head first.
+    pub(crate) fn walk(&self, list: &List, links: Links) -> impl Iterator<Item = Id> + '_ {
+        let mut cur = list.head;
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let id = cur;
+                cur = links.get(self.rec(id)).1;
+                id
+            })
+        })
+    }
+}
