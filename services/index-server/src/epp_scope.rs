@@ -27,7 +27,6 @@ impl EndpointPicker {
                     .iter()
                     .find(|(_, a)| a == address)
                     .map(|(k, _)| k.clone())
-                    .or_else(|| self.key_of_any_model(scope, address))
                     .unwrap_or_else(|| ReplicaKey {
                         tenant: scope.tenant.clone(),
                         replica_id: address.clone(),
@@ -38,27 +37,13 @@ impl EndpointPicker {
             .collect()
     }
 
-    /// The replica at `address` under whichever model it reports, for a
-    /// request that names none (headers only, an unread body): without it
-    /// the endpoint's engine-reported load and the picks made for it by
-    /// prefix would not count in that request's ranking.
-    fn key_of_any_model(&self, scope: &Scope, address: &str) -> Option<ReplicaKey> {
-        if !scope.model.is_empty() {
-            return None;
-        }
-        let index = self.core.index();
-        let at = index.scope_at(&scope.tenant, scope.hash_scheme, address)?;
-        index
-            .replicas_in(&at, None, None)
-            .into_iter()
-            .find(|(_, a)| a == address)
-            .map(|(k, _)| k)
-    }
-
     /// The index scope of a request for `model`. vLLM serves each LoRA
     /// adapter under its own model name: a name the index has no replicas
     /// for, while the pool's endpoints report a base model, is an adapter
-    /// of that base model.
+    /// of that base model. A request naming no model (headers only, an
+    /// unread body) is scored in the scope the pool's endpoints report, so
+    /// their engine-reported load and the picks made for them by prefix
+    /// count in its ranking (found once per request, as for an adapter).
     pub(super) fn scope_of(&self, model: String, eligible: &[String]) -> Scope {
         let scope = Scope {
             tenant: self.pool.tenant.clone(),
@@ -67,13 +52,14 @@ impl EndpointPicker {
             adapter: String::new(),
         };
         let index = self.core.index();
-        if scope.model.is_empty() || index.block_size(&scope).is_some() {
+        if !scope.model.is_empty() && index.block_size(&scope).is_some() {
             return scope;
         }
         let base = eligible
             .iter()
             .find_map(|address| index.scope_at(&scope.tenant, scope.hash_scheme, address));
         match base {
+            Some(base) if scope.model.is_empty() => base,
             Some(base) if base.model != scope.model => Scope {
                 adapter: scope.model,
                 ..base
