@@ -143,7 +143,7 @@ pub(crate) struct Shortlist {
 }
 
 fn prompt_class(input: &PickInput<'_>) -> u32 {
-    (input.prompt_blocks.max(1) * input.block_size.max(1)).ilog2()
+    (u64::from(input.prompt_blocks.max(1)) * u64::from(input.block_size.max(1))).ilog2()
 }
 
 impl Shortlist {
@@ -252,5 +252,31 @@ impl Shortlist {
             }
         }
         Some(eligible)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(prompt_blocks: u32, block_size: u32) -> PickInput<'static> {
+        PickInput {
+            replicas: &[],
+            matches: &[],
+            speculative: &[],
+            prompt_blocks,
+            block_size,
+            tie_seed: 0,
+        }
+    }
+
+    #[test]
+    fn a_prompt_class_is_its_power_of_two_of_tokens_at_any_size() {
+        assert_eq!(prompt_class(&input(128, 16)), 11);
+        assert_eq!(prompt_class(&input(255, 16)), 11);
+        assert_eq!(prompt_class(&input(256, 16)), 12);
+        assert_eq!(prompt_class(&input(0, 0)), 0);
+        // No overflow at the largest sizes a request could name.
+        assert_eq!(prompt_class(&input(u32::MAX, u32::MAX)), 63);
     }
 }
