@@ -1,0 +1,176 @@
+//! The load board's estimates, with time passed in.
+
+use super::*;
+
+#[test]
+fn picks_decay_with_their_half_life() {
+    let board = LoadBoard::new(LoadSettings {
+        pick_half_life_ms: 1_000,
+        engine_report_ttl_ms: 5_000,
+        ..LoadSettings::default()
+    });
+    board.picked("a", 0);
+    board.picked("a", 0);
+    assert!((board.load("a", 0).requests - 2.0).abs() < 1e-9);
+    assert!((board.load("a", 1_000).requests - 1.0).abs() < 1e-9);
+    board.picked("a", 1_000);
+    assert!((board.load("a", 1_000).requests - 2.0).abs() < 1e-9);
+    assert_eq!(board.load("nobody", 0), ReplicaLoad::default());
+}
+
+#[test]
+fn the_largest_estimate_wins_and_old_reports_are_ignored() {
+    let board = LoadBoard::new(LoadSettings::default());
+    board.started("a");
+    board.started("a");
+    board.finished("a");
+    assert_eq!(board.load("a", 0).requests, 1.0);
+    board.report_engine(
+        "a",
+        EngineLoad {
+            waiting: 3,
+            running: 4,
+            kv_usage: 0.5,
+        },
+        0,
+    );
+    let now = board.load("a", 10);
+    assert_eq!(now.requests, 7.0);
+    assert!((now.kv_usage - 0.5).abs() < 1e-6);
+    let later = board.load("a", 31_000);
+    assert_eq!(later.requests, 1.0, "a stale report no longer counts");
+    assert_eq!(later.kv_usage, 0.0);
+    board.finished("a");
+    board.finished("a");
+    assert_eq!(board.load("a", 31_000).requests, 0.0, "never negative");
+}
+
+#[test]
+fn retain_drops_replicas_gone_from_the_index() {
+    let board = LoadBoard::default();
+    board.picked("a", 0);
+    board.picked("b", 0);
+    board.retain(|id| id == "b");
+    assert_eq!(board.len(), 1);
+    assert_eq!(board.load("a", 0).requests, 0.0);
+}
+
+#[test]
+fn peers_picks_add_to_the_own_and_expire() {
+    let board = LoadBoard::new(LoadSettings {
+        pick_half_life_ms: 1_000,
+        engine_report_ttl_ms: 5_000,
+        ..LoadSettings::default()
+    });
+    board.started("a");
+    board.picked("a", 0);
+    board.add_work("a", 100.0, 0);
+    let own = board.own_picks(0);
+    assert_eq!(own.len(), 1);
+    assert_eq!(own[0].1.in_flight, 1.0);
+    assert_eq!(own[0].1.queued_ms, 100.0);
+    let peers = PeerPicks {
+        in_flight: 2.0,
+        recent: 4.0,
+        queued_ms: 50.0,
+    };
+    board.peer_picks("a", peers, 0, 500);
+    let load = board.load("a", 0);
+    assert_eq!(load.requests, 5.0, "own recent 1 + the peers' 4");
+    assert_eq!(load.queued_ms, 150.0);
+    assert_eq!(board.own_picks(0)[0].1, own[0].1, "never echoed back");
+    let later = board.load("a", 500);
+    assert!((later.requests - (2.0f64.powf(-0.5) * 5.0)).abs() < 1e-9);
+    assert_eq!(board.load("a", 501).requests, 1.0, "a silent peer expires");
+    board.peer_picks("b", peers, 0, 500);
+    assert_eq!(
+        board.load("b", 0).requests,
+        4.0,
+        "a replica only peers picked"
+    );
+    board.peer_picks(
+        "b",
+        PeerPicks {
+            recent: f64::NAN,
+            ..peers
+        },
+        0,
+        500,
+    );
+    assert_eq!(
+        board.load("b", 0).requests,
+        2.0,
+        "not-finite figures count as 0"
+    );
+}
+
+/// Between two reports the peers are assumed to pick as this server
+/// does, so two replicas reading one shared view do not both fill the
+/// same light engine; the next report replaces the estimate.
+#[test]
+fn own_picks_since_the_peers_report_count_for_each_live_peer() {
+    let board = LoadBoard::new(LoadSettings {
+        pick_half_life_ms: 1_000_000,
+        engine_report_ttl_ms: 5_000,
+        ..LoadSettings::default()
+    });
+    board.set_live_peers(2);
+    board.peer_picks("a", PeerPicks::default(), 0, 500);
+    assert_eq!(board.load("a", 0).requests, 0.0);
+    board.picked("a", 10);
+    board.picked("a", 10);
+    let requests = board.load("a", 10).requests;
+    assert!(
+        (requests - 6.0).abs() < 1e-3,
+        "own 2 + 2 peers x 2: {requests}"
+    );
+    board.started("a");
+    assert!((board.load("a", 10).requests - 6.0).abs() < 1e-3);
+    // The peers' report: what they really picked, and the estimate restarts.
+    let peers = PeerPicks {
+        recent: 1.0,
+        ..PeerPicks::default()
+    };
+    board.peer_picks("a", peers, 20, 500);
+    let requests = board.load("a", 20).requests;
+    assert!(
+        (requests - 3.0).abs() < 1e-3,
+        "own 2 + the peers' 1: {requests}"
+    );
+    // Own figures are reported as they are, never with the estimate.
+    let own = board.own_picks(20);
+    assert!((own[0].1.recent - 2.0).abs() < 1e-3);
+    // No live peer, no estimate; an expired report, none either.
+    board.set_live_peers(0);
+    board.picked("a", 30);
+    assert!((board.load("a", 30).requests - 4.0).abs() < 1e-3);
+    board.set_live_peers(2);
+    let requests = board.load("a", 600).requests;
+    assert!((requests - 3.0).abs() < 1e-2, "expired: {requests}");
+}
+
+#[test]
+fn a_pick_with_its_work_is_a_pick_and_the_work() {
+    let apart = LoadBoard::default();
+    let together = LoadBoard::default();
+    for board in [&apart, &together] {
+        board.observed_prefill_rate("a", 4.0);
+    }
+    apart.picked("a", 10);
+    apart.add_work("a", 100.0 / 4.0, 10);
+    together.picked_with_work("a", 10, |rate| 100.0 / rate.unwrap_or(1.0));
+    assert_eq!(together.load("a", 10), apart.load("a", 10));
+    assert_eq!(together.load("a", 10).queued_ms, 25.0);
+}
+
+#[test]
+fn an_observed_prefill_rate_is_part_of_the_load() {
+    let board = LoadBoard::default();
+    assert_eq!(board.load("a", 0).prefill_tokens_per_ms, None);
+    board.observed_prefill_rate("a", 12.5);
+    assert_eq!(board.load("a", 0).prefill_tokens_per_ms, Some(12.5));
+    assert_eq!(board.prefill_rate("a"), Some(12.5));
+    board.observed_prefill_rate("a", -1.0);
+    board.observed_prefill_rate("a", f64::INFINITY);
+    assert_eq!(board.prefill_rate("a"), Some(12.5));
+}
