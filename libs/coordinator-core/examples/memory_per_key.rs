@@ -1,7 +1,8 @@
-//! Memory per directory key and the checkpoint's restore time, in process:
-//! fills the directory, usage view and LRU with N keys (one L2 placement
-//! each, 16-byte chunk hashes as LMCache's 32-hex-char keys), then captures,
-//! encodes, decodes and restores them.
+//! Memory per directory key and the checkpoint's capture and restore time,
+//! in process: fills the directory (with its L2 LRU) and the usage view with
+//! N keys (one L2 placement each, 16-byte chunk hashes as LMCache's
+//! 32-hex-char keys), then writes the checkpoint file the service writes
+//! (version 2) and, in a fresh process, restores it as a restart does.
 //!
 //! Run: `cargo build --release -p ic-coordinator-core --example memory_per_key`, then
 //! `target/release/examples/memory_per_key fill 1000000 /tmp/ckpt` and, in a
@@ -123,18 +124,16 @@ fn fill(keys: u64, path: &str) {
         per_key(rss1.saturating_sub(rss0), keys)
     );
     let started = Instant::now();
-    let sections = Sections {
-        key_directory: Some(checkpoint::capture_directory(&dir)),
-        cache_usage: Some(checkpoint::capture_usage(&dir)),
-        lru_order: Some(checkpoint::capture_lru(&dir)),
-        ..Sections::default()
-    };
-    let raw = checkpoint::encode(&sections).expect("encode");
+    // What the service does under the views lock: encode the file (the
+    // directory's image is one pass over its records).
+    let raw = checkpoint::encode_file(&Sections::default(), &dir).expect("encode");
+    let captured = started.elapsed();
     std::fs::write(path, &raw).expect("write");
     println!(
-        "checkpoint: {} bytes ({:.0} B/key), captured, encoded and written in {:.2} s",
+        "checkpoint: {} bytes ({:.0} B/key), captured and encoded in {:.2} s (the views lock's hold), written by {:.2} s",
         raw.len(),
         per_key(raw.len(), keys),
+        captured.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     drop(usage);
@@ -145,19 +144,19 @@ fn restore(path: &str) {
     let (rss0, live0) = (rss(), live());
     let started = Instant::now();
     let raw = std::fs::read(path).expect("read");
-    let (mut sections, skipped) = checkpoint::decode(&raw).expect("decode");
-    assert!(skipped.is_empty());
+    let read = started.elapsed();
+    let loaded = checkpoint::decode_file(&raw).expect("decode");
+    assert!(loaded.skipped.is_empty(), "{:?}", loaded.skipped);
     drop(raw);
     let decoded = started.elapsed();
-    let mut dir = checkpoint::restore_directory(sections.key_directory.take().expect("dir"));
+    let dir = loaded.directory.expect("a directory");
     let usage = checkpoint::restore_usage(&dir);
-    checkpoint::restore_lru(sections.lru_order.as_ref().expect("lru"), &mut dir);
-    drop(sections);
     let restored = started.elapsed();
     let keys = dir.len() as u64;
     let (rss1, live1, peak) = (rss(), live(), peak_rss());
     println!(
-        "restored {keys} keys: read and decoded in {:.2} s, views rebuilt by {:.2} s; {:.0} B/key live heap, {:.0} B/key RSS (peak {:.0} B/key)",
+        "restored {keys} keys: read in {:.2} s, directory loaded by {:.2} s, usage rebuilt by {:.2} s; {:.0} B/key live heap, {:.0} B/key RSS (peak {:.0} B/key)",
+        read.as_secs_f64(),
         decoded.as_secs_f64(),
         restored.as_secs_f64(),
         per_key(live1.saturating_sub(live0), keys),

@@ -1,7 +1,17 @@
 //! The checkpoint file of derived state: a 12-byte header (`LMCKPT\0\0` and a
-//! u32 little-endian version) then one msgpack map from section name to
-//! section, in the reference's layout. Capture and restore helpers for each
-//! view live here too, so the service only copies and writes bytes.
+//! u32 little-endian version), then
+//!
+//! * version 2 (written): frames `[u8 kind][u64 LE length][bytes]` — kind 1,
+//!   the small sections as one msgpack map (the reference's layout, without
+//!   `key_directory`, `cache_usage` and `lru_order`); kind 2, the directory's
+//!   image ([`KeyDirectory::encode_image`]: its compact table, LRU order
+//!   included), which loads by one linear scan. Unknown kinds are skipped.
+//! * version 1 (read, never written): LMCache 0.5.6's own file, one msgpack
+//!   map from section name to section, so a coordinator switched from the
+//!   reference restarts warm.
+//!
+//! Capture and restore helpers for each view live here too, so the service
+//! only copies and writes bytes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,8 +27,14 @@ use crate::usage::UsageView;
 
 /// File magic.
 pub const MAGIC: &[u8; 8] = b"LMCKPT\0\0";
-/// Format version.
-pub const VERSION: u32 = 1;
+/// Format version written.
+pub const VERSION: u32 = 2;
+/// The reference's format version (read).
+pub const VERSION_V1: u32 = 1;
+/// Frame of the small sections (msgpack).
+const FRAME_SECTIONS: u8 = 1;
+/// Frame of the directory image.
+const FRAME_DIRECTORY: u8 = 2;
 
 /// Why a checkpoint could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -137,13 +153,124 @@ pub struct LruSection {
     pub buckets: BTreeMap<String, Vec<KeyTuple>>,
 }
 
-/// Serializes a checkpoint file.
+/// Serializes a version-1 file, the reference's format (tests and tools
+/// that hand a file to LMCache; the service writes [`encode_file`]).
 pub fn encode(sections: &Sections) -> Result<Vec<u8>, CheckpointError> {
     let mut out = Vec::with_capacity(4096);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&VERSION_V1.to_le_bytes());
     out.extend_from_slice(&rmp_serde::to_vec_named(sections)?);
     Ok(out)
+}
+
+/// Serializes a version-2 file: the small sections of `sections` (its
+/// directory, usage and LRU sections are not written) and `directory`'s
+/// image. One linear pass over the directory's records, so the service
+/// runs it under the views lock and writes the bytes after releasing it.
+pub fn encode_file(
+    sections: &Sections,
+    directory: &KeyDirectory,
+) -> Result<Vec<u8>, CheckpointError> {
+    let small = Sections {
+        key_directory: None,
+        cache_usage: None,
+        lru_order: None,
+        ..sections.clone()
+    };
+    let meta = rmp_serde::to_vec_named(&small)?;
+    let mut out = Vec::with_capacity(64 + meta.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.push(FRAME_SECTIONS);
+    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.push(FRAME_DIRECTORY);
+    let len_at = out.len();
+    out.extend_from_slice(&0u64.to_le_bytes());
+    directory.encode_image(&mut out);
+    let len = (out.len() - len_at - 8) as u64;
+    out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+    Ok(out)
+}
+
+/// A checkpoint file read back: the small sections, the directory (with
+/// its LRU order), and the sections that did not decode (they start cold).
+#[derive(Debug, Default)]
+pub struct Restored {
+    /// Sections other than the directory's.
+    pub sections: Sections,
+    /// The directory, `None` when absent or corrupt (cold).
+    pub directory: Option<KeyDirectory>,
+    /// What did not decode.
+    pub skipped: Vec<SkippedSection>,
+}
+
+/// Reads a checkpoint file of either version. A bad header, an unknown
+/// version or an unreadable frame layout is an error (a cold start); a
+/// section that does not decode is skipped and reported.
+pub fn decode_file(raw: &[u8]) -> Result<Restored, CheckpointError> {
+    if raw.len() < 12 || &raw[..8] != MAGIC {
+        return Err(CheckpointError::Header);
+    }
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&raw[8..12]);
+    match u32::from_le_bytes(v) {
+        VERSION_V1 => {
+            let (mut sections, skipped) = decode_body(&raw[12..])?;
+            let directory = sections.key_directory.take().map(|s| {
+                let mut dir = restore_directory(s);
+                if let Some(lru) = &sections.lru_order {
+                    restore_lru(lru, &mut dir);
+                }
+                dir
+            });
+            sections.lru_order = None;
+            Ok(Restored {
+                sections,
+                directory,
+                skipped,
+            })
+        }
+        VERSION => {
+            let mut out = Restored::default();
+            let mut body = &raw[12..];
+            while !body.is_empty() {
+                if body.len() < 9 {
+                    return Err(CheckpointError::Value("truncated frame header".into()));
+                }
+                let kind = body[0];
+                let mut l = [0u8; 8];
+                l.copy_from_slice(&body[1..9]);
+                let len = usize::try_from(u64::from_le_bytes(l)).unwrap_or(usize::MAX);
+                let frame = body
+                    .get(9..9usize.saturating_add(len))
+                    .ok_or_else(|| CheckpointError::Value(format!("frame {kind} truncated")))?;
+                body = &body[9 + len..];
+                match kind {
+                    FRAME_SECTIONS => {
+                        let (sections, skipped) = decode_body(frame)?;
+                        out.sections = Sections {
+                            key_directory: None,
+                            lru_order: None,
+                            ..sections
+                        };
+                        out.skipped.extend(skipped);
+                    }
+                    FRAME_DIRECTORY => match KeyDirectory::decode_image(frame) {
+                        Ok(dir) => out.directory = Some(dir),
+                        Err(e) => out.skipped.push(SkippedSection {
+                            name: "key_directory".into(),
+                            reason: e.to_string(),
+                        }),
+                    },
+                    // Frames of a later build.
+                    _ => {}
+                }
+            }
+            Ok(out)
+        }
+        other => Err(CheckpointError::Version(other)),
+    }
 }
 
 /// A section that was present but did not decode; it starts cold.
@@ -155,9 +282,10 @@ pub struct SkippedSection {
     pub reason: String,
 }
 
-/// Parses a checkpoint file. A bad header or an undecodable body is an
-/// error; a section that does not decode is skipped (and reported) so the
-/// other sections still restore. Unknown sections are ignored.
+/// Parses a version-1 file (the reference's format). A bad header or an
+/// undecodable body is an error; a section that does not decode is skipped
+/// (and reported) so the other sections still restore. Unknown sections are
+/// ignored.
 pub fn decode(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointError> {
     if raw.len() < 12 || &raw[..8] != MAGIC {
         return Err(CheckpointError::Header);
@@ -165,16 +293,21 @@ pub fn decode(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointE
     let mut v = [0u8; 4];
     v.copy_from_slice(&raw[8..12]);
     let version = u32::from_le_bytes(v);
-    if version != VERSION {
+    if version != VERSION_V1 {
         return Err(CheckpointError::Version(version));
     }
+    decode_body(&raw[12..])
+}
+
+/// A msgpack map of sections.
+fn decode_body(raw: &[u8]) -> Result<(Sections, Vec<SkippedSection>), CheckpointError> {
     // The common case, a file this build wrote: decode the typed sections
     // straight from the bytes. Only when that fails is the body read as a
     // value tree, section by section, so one bad section starts cold alone.
-    if let Ok(sections) = rmp_serde::from_slice::<Sections>(&raw[12..]) {
+    if let Ok(sections) = rmp_serde::from_slice::<Sections>(raw) {
         return Ok((sections, Vec::new()));
     }
-    let mut body = &raw[12..];
+    let mut body = raw;
     let value =
         rmpv::decode::read_value(&mut body).map_err(|e| CheckpointError::Value(e.to_string()))?;
     let rmpv::Value::Map(entries) = value else {
@@ -570,6 +703,74 @@ mod tests {
             decode(&encode(&Sections::default()).unwrap()).unwrap().0,
             Sections::default()
         );
+    }
+
+    #[test]
+    fn version_two_round_trips_and_reads_the_references_file() {
+        let (mut gate, mut dir) = (Gate::new(), KeyDirectory::new());
+        for (i, salt) in ["t", "", "t"].iter().enumerate() {
+            let b = batch(
+                "a",
+                EventType::Store,
+                StorageLevel::L2,
+                "fs",
+                false,
+                &[(key(i as u8, salt), 10)],
+            );
+            gate.offer(&b.instance_id, b.incarnation, b.seq, 0);
+            dir.apply(&b);
+        }
+        // Key 0 becomes the most recent of tenant "t".
+        dir.apply(&batch(
+            "a",
+            EventType::Access,
+            StorageLevel::L2,
+            "",
+            false,
+            &[(key(0, "t"), 0)],
+        ));
+        let sections = Sections {
+            stream_cursors: Some(capture_gate(&gate)),
+            kafka_stream_position: Some(KafkaPositionSection {
+                offsets: vec![("events".into(), 0, 7)],
+            }),
+            ..Sections::default()
+        };
+        let raw = encode_file(&sections, &dir).unwrap();
+        assert_eq!(&raw[..12], b"LMCKPT\0\0\x02\0\0\0");
+        let back = decode_file(&raw).unwrap();
+        assert!(back.skipped.is_empty(), "{:?}", back.skipped);
+        assert_eq!(back.sections, sections);
+        let d2 = back.directory.unwrap();
+        assert_eq!(capture_directory(&d2), capture_directory(&dir));
+        assert_eq!(capture_lru(&d2), capture_lru(&dir));
+        // The reference's own (version 1) file restores the same directory
+        // and LRU order.
+        let v1 = encode(&Sections {
+            key_directory: Some(capture_directory(&dir)),
+            lru_order: Some(capture_lru(&dir)),
+            ..sections.clone()
+        })
+        .unwrap();
+        let back = decode_file(&v1).unwrap();
+        let d1 = back.directory.unwrap();
+        assert_eq!(capture_lru(&d1), capture_lru(&dir));
+        assert_eq!(d1.stats(), dir.stats());
+        assert_eq!(back.sections.lru_order, None);
+        // A corrupt directory frame starts cold alone.
+        let mut bad = raw.clone();
+        let n = bad.len();
+        bad[n - 9] ^= 0xFF;
+        let back = decode_file(&bad).unwrap();
+        assert!(back.directory.is_none());
+        assert_eq!(back.skipped[0].name, "key_directory");
+        assert_eq!(back.sections, sections);
+        // A truncated frame, an unknown version: errors (cold start).
+        assert!(decode_file(&raw[..raw.len() - 1]).is_err());
+        assert!(matches!(
+            decode_file(b"LMCKPT\0\0\x03\0\0\0"),
+            Err(CheckpointError::Version(3))
+        ));
     }
 
     #[test]

@@ -13,8 +13,10 @@ use crate::events::{Batch, EventType};
 use crate::key::{ObjectKey, SharedKey};
 use crate::{FastMap, FastSet};
 
+mod image;
 mod table;
 
+pub use image::ImageError;
 pub use table::Name;
 use table::{Id, Links, List, Place, Table};
 

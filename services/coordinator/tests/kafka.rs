@@ -371,8 +371,9 @@ async fn position_moves_with_the_views_and_the_checkpoint_carries_it() {
     let keys = c.get("/directory/keys").await.1;
     c.stop().await;
 
-    let (sections, _) =
-        ic_coordinator_core::checkpoint::decode(&std::fs::read(&ckpt).unwrap()).unwrap();
+    let sections = ic_coordinator_core::checkpoint::decode_file(&std::fs::read(&ckpt).unwrap())
+        .unwrap()
+        .sections;
     assert_eq!(
         sections.kafka_stream_position.unwrap().offsets,
         vec![(TOPIC.to_owned(), 0, 2), (TOPIC.to_owned(), 1, 5)]
@@ -467,8 +468,9 @@ async fn binary_resumes_from_checkpoint_without_loss_or_double_apply() {
     let code = tokio::task::block_in_place(|| p2.stop());
     assert!(code.success(), "{code:?}");
     // What the clean stop saved is where run 3 must pick up.
-    let (sections, _) =
-        ic_coordinator_core::checkpoint::decode(&std::fs::read(ckpt).unwrap()).unwrap();
+    let sections = ic_coordinator_core::checkpoint::decode_file(&std::fs::read(ckpt).unwrap())
+        .unwrap()
+        .sections;
     let saved: i64 = sections
         .kafka_stream_position
         .unwrap()

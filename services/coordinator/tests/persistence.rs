@@ -229,8 +229,8 @@ async fn periodic_checkpoint_is_written_while_running() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         if let Ok(raw) = std::fs::read(&ckpt)
-            && let Ok((sections, _)) = ic_coordinator_core::checkpoint::decode(&raw)
-            && sections.key_directory.is_some_and(|d| d.keys.len() == 1)
+            && let Ok(restored) = ic_coordinator_core::checkpoint::decode_file(&raw)
+            && restored.directory.is_some_and(|d| d.len() == 1)
         {
             break;
         }

@@ -86,6 +86,47 @@ impl Interner {
     pub(crate) fn name(&self, id: u32) -> &Name {
         &self.names[id as usize]
     }
+
+    /// Every slot, freed ones as `""` (a checkpoint image keeps the ids).
+    pub(crate) fn slots(&self) -> &[Name] {
+        &self.names
+    }
+
+    /// Slots to resolve ids while a checkpoint image loads; no lookups by
+    /// name until [`Self::from_slots`] replaces it.
+    pub(crate) fn loading(names: Vec<Name>) -> Self {
+        Self {
+            names,
+            ..Self::default()
+        }
+    }
+
+    /// Takes the slots back (end of a load).
+    pub(crate) fn into_slots(self) -> Vec<Name> {
+        self.names
+    }
+
+    /// Rebuilds an interner from its slots and their reference counts; a
+    /// slot with none is free. `None` when a name is in two live slots.
+    pub(crate) fn from_slots(names: Vec<Name>, refs: Vec<u32>) -> Option<Self> {
+        let mut index = FastMap::default();
+        index.reserve(names.len());
+        let mut free = Vec::new();
+        for (i, (name, &r)) in names.iter().zip(&refs).enumerate() {
+            let id = u32::try_from(i).unwrap_or(u32::MAX);
+            if r == 0 {
+                free.push(id);
+            } else if index.insert(name.clone(), id).is_some() {
+                return None;
+            }
+        }
+        Some(Self {
+            names,
+            refs,
+            free,
+            index,
+        })
+    }
 }
 
 // === Hash pools ===
@@ -265,6 +306,15 @@ impl Rec {
             }
         }
     }
+}
+
+/// A key's parts, its model and salt as interned ids.
+pub(crate) struct KeyParts<'a> {
+    pub(crate) hash: &'a [u8],
+    pub(crate) model: u32,
+    pub(crate) salt: u32,
+    pub(crate) kv_rank: i64,
+    pub(crate) object_group_id: i64,
 }
 
 /// A doubly linked list through the records (insertion order, one LRU
@@ -447,12 +497,53 @@ impl Table {
     /// Adds a key (absent) with its first placement; returns its id. The
     /// lists are the caller's to link.
     pub(crate) fn insert(&mut self, key: &ObjectKey, first: Place) -> Id {
-        let (hash_class, hash_place) = self.hashes.insert(&key.chunk_hash);
         let model = self.strings.acquire(&key.model_name);
         let salt = self.strings.acquire(&key.cache_salt);
-        let rec = Rec {
+        let parts = KeyParts {
+            hash: &key.chunk_hash,
+            model,
+            salt,
             kv_rank: key.kv_rank,
             object_group_id: key.object_group_id,
+        };
+        self.insert_parts(&parts, first, false).unwrap_or(NIL)
+    }
+
+    /// Adds a key whose model and salt ids the caller holds a reference
+    /// to. With `check`, a key already present is refused (`None`: a
+    /// checkpoint image that repeats a key); without, the caller knows it
+    /// is absent.
+    pub(crate) fn insert_parts(
+        &mut self,
+        k: &KeyParts<'_>,
+        first: Place,
+        check: bool,
+    ) -> Option<Id> {
+        let h = self.key_hash(
+            k.hash,
+            self.strings.name(k.model),
+            k.kv_rank,
+            k.object_group_id,
+            self.strings.name(k.salt),
+        );
+        if check {
+            let dup = self.by_key.find(h, |&id| {
+                let r = &self.recs[id as usize];
+                r.kv_rank == k.kv_rank
+                    && r.object_group_id == k.object_group_id
+                    && r.model == k.model
+                    && r.salt == k.salt
+                    && self.hashes.get(r.hash_class, r.hash_place) == k.hash
+            });
+            if dup.is_some() {
+                return None;
+            }
+        }
+        let (hash_class, hash_place) = self.hashes.insert(k.hash);
+        let (model, salt) = (k.model, k.salt);
+        let rec = Rec {
+            kv_rank: k.kv_rank,
+            object_group_id: k.object_group_id,
             access_count: 0,
             last_access: 0.0,
             first,
@@ -480,7 +571,6 @@ impl Table {
             u32::try_from(self.recs.len() - 1).unwrap_or(NIL)
         };
         self.live += 1;
-        let h = self.rec_key_hash(id);
         let Self {
             by_key,
             by_hash,
@@ -502,11 +592,11 @@ impl Table {
         });
         // File it by its chunk hash: first of the hash, or second in the
         // chain behind the first.
-        let hh = hasher.hash_one(key.chunk_hash.as_slice());
+        let hh = hasher.hash_one(k.hash);
         let found = by_hash
             .find(hh, |&other| {
                 let r = &recs[other as usize];
-                hashes.get(r.hash_class, r.hash_place) == key.chunk_hash.as_slice()
+                hashes.get(r.hash_class, r.hash_place) == k.hash
             })
             .copied();
         match found {
@@ -522,7 +612,7 @@ impl Table {
                 });
             }
         }
-        id
+        Some(id)
     }
 
     /// Removes `id` (already unlinked from the order and LRU lists) from the
