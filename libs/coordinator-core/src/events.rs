@@ -1,6 +1,8 @@
 //! The cache-event batch schema (`POST /events` and Kafka record values) and
 //! its validation into the typed form the gate and views consume.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::StorageLevel;
@@ -179,93 +181,258 @@ fn non_negative(
 impl WireBatch {
     /// Validates the batch at `index` of the request.
     pub fn validate(&self, index: usize) -> Result<Batch, FieldError> {
-        use LocPart::{Field, Index};
-        let at = |field: &'static str| vec![Field("batches"), Index(index), Field(field)];
-        if self.instance_id.is_empty() {
-            return Err(FieldError::new(
-                at("instance_id"),
-                "instance_id must not be empty",
-            ));
-        }
-        let incarnation = non_negative(self.incarnation, || at("incarnation"), "incarnation")?;
-        if self.seq < 1 {
-            return Err(FieldError::new(at("seq"), "seq must be >= 1"));
-        }
-        if self.event_type != EventType::Access && self.backend.is_empty() {
-            return Err(FieldError::new(at("backend"), "backend must not be empty"));
-        }
-        if self.event_type == EventType::Config && !self.entries.is_empty() {
-            return Err(FieldError::new(
-                at("entries"),
-                "config batches carry no entries",
-            ));
-        }
-        if self.ts.is_nan() || self.ts < 0.0 {
-            return Err(FieldError::new(at("ts"), "ts must be >= 0"));
-        }
-        let capacity_bytes = non_negative(
-            self.capacity_bytes,
-            || at("capacity_bytes"),
-            "capacity_bytes",
-        )?;
-        let capacity_revision = non_negative(
-            self.capacity_revision,
-            || at("capacity_revision"),
-            "capacity_revision",
-        )?;
-        let dropped_events = non_negative(
-            self.dropped_events.unwrap_or(0),
-            || at("dropped_events"),
-            "dropped_events",
-        )?;
-        let mut entries = Vec::with_capacity(self.entries.len());
-        for (i, e) in self.entries.iter().enumerate() {
-            let eloc = |field: &'static str| {
-                vec![
-                    Field("batches"),
-                    Index(index),
-                    Field("entries"),
-                    Index(i),
-                    Field(field),
-                ]
-            };
-            let key = ObjectKey::from_wire(&e.key)
-                .map_err(|err| FieldError::new(eloc("key"), err.to_string()))?;
-            let size_bytes = non_negative(e.size_bytes, || eloc("size_bytes"), "size_bytes")?;
-            if e.token_offset < -1 {
-                return Err(FieldError::new(
-                    eloc("token_offset"),
-                    "token_offset must be >= -1",
-                ));
-            }
-            let token_ids = e
-                .token_ids
-                .iter()
-                .map(|&t| u32::try_from(t).ok())
-                .collect::<Option<Vec<u32>>>()
-                .unwrap_or_default();
-            entries.push(Entry {
-                key: SharedKey::new(key),
-                size_bytes,
-                token_ids,
-                token_offset: e.token_offset,
-            });
-        }
-        Ok(Batch {
-            instance_id: self.instance_id.clone(),
-            incarnation,
-            seq: self.seq.unsigned_abs(),
+        let head = Head {
+            instance_id: &self.instance_id,
+            incarnation: self.incarnation,
+            seq: self.seq,
             event_type: self.event_type,
             tier: self.tier,
-            backend: self.backend.clone(),
-            entries,
+            backend: &self.backend,
+            entries: self.entries.len(),
             shared: self.shared,
             ts: self.ts,
-            capacity_bytes,
-            capacity_revision,
-            dropped_events,
-        })
+            capacity_bytes: self.capacity_bytes,
+            capacity_revision: self.capacity_revision,
+            dropped_events: self.dropped_events,
+        };
+        let entries = self.entries.iter().map(|e| EntryParts {
+            chunk_hash_hex: &e.key.chunk_hash_hex,
+            model_name: &e.key.model_name,
+            kv_rank: e.key.kv_rank,
+            object_group_id: e.key.object_group_id,
+            cache_salt: &e.key.cache_salt,
+            size_bytes: e.size_bytes,
+            token_ids: &e.token_ids,
+            token_offset: e.token_offset,
+        });
+        validate_parts(index, &head, entries)
     }
+}
+
+/// A batch's scalar fields, borrowed from a [`WireBatch`] or a body.
+struct Head<'s> {
+    instance_id: &'s str,
+    incarnation: i64,
+    seq: i64,
+    event_type: EventType,
+    tier: StorageLevel,
+    backend: &'s str,
+    entries: usize,
+    shared: bool,
+    ts: f64,
+    capacity_bytes: i64,
+    capacity_revision: i64,
+    dropped_events: Option<i64>,
+}
+
+/// An entry's fields, borrowed.
+struct EntryParts<'s> {
+    chunk_hash_hex: &'s str,
+    model_name: &'s str,
+    kv_rank: i64,
+    object_group_id: i64,
+    cache_salt: &'s str,
+    size_bytes: i64,
+    token_ids: &'s [i64],
+    token_offset: i64,
+}
+
+/// The batch rules, one definition for every decoding of a batch.
+fn validate_parts<'s>(
+    index: usize,
+    b: &Head<'s>,
+    parts: impl Iterator<Item = EntryParts<'s>>,
+) -> Result<Batch, FieldError> {
+    use LocPart::{Field, Index};
+    let at = |field: &'static str| vec![Field("batches"), Index(index), Field(field)];
+    if b.instance_id.is_empty() {
+        return Err(FieldError::new(
+            at("instance_id"),
+            "instance_id must not be empty",
+        ));
+    }
+    let incarnation = non_negative(b.incarnation, || at("incarnation"), "incarnation")?;
+    if b.seq < 1 {
+        return Err(FieldError::new(at("seq"), "seq must be >= 1"));
+    }
+    if b.event_type != EventType::Access && b.backend.is_empty() {
+        return Err(FieldError::new(at("backend"), "backend must not be empty"));
+    }
+    if b.event_type == EventType::Config && b.entries > 0 {
+        return Err(FieldError::new(
+            at("entries"),
+            "config batches carry no entries",
+        ));
+    }
+    if b.ts.is_nan() || b.ts < 0.0 {
+        return Err(FieldError::new(at("ts"), "ts must be >= 0"));
+    }
+    let capacity_bytes = non_negative(b.capacity_bytes, || at("capacity_bytes"), "capacity_bytes")?;
+    let capacity_revision = non_negative(
+        b.capacity_revision,
+        || at("capacity_revision"),
+        "capacity_revision",
+    )?;
+    let dropped_events = non_negative(
+        b.dropped_events.unwrap_or(0),
+        || at("dropped_events"),
+        "dropped_events",
+    )?;
+    let mut entries = Vec::with_capacity(b.entries);
+    for (i, e) in parts.enumerate() {
+        let eloc = |field: &'static str| {
+            vec![
+                Field("batches"),
+                Index(index),
+                Field("entries"),
+                Index(i),
+                Field(field),
+            ]
+        };
+        let key = ObjectKey::from_parts(
+            e.chunk_hash_hex,
+            e.model_name,
+            e.kv_rank,
+            e.object_group_id,
+            e.cache_salt,
+        )
+        .map_err(|err| FieldError::new(eloc("key"), err.to_string()))?;
+        let size_bytes = non_negative(e.size_bytes, || eloc("size_bytes"), "size_bytes")?;
+        if e.token_offset < -1 {
+            return Err(FieldError::new(
+                eloc("token_offset"),
+                "token_offset must be >= -1",
+            ));
+        }
+        let token_ids = e
+            .token_ids
+            .iter()
+            .map(|&t| u32::try_from(t).ok())
+            .collect::<Option<Vec<u32>>>()
+            .unwrap_or_default();
+        entries.push(Entry {
+            key: SharedKey::new(key),
+            size_bytes,
+            token_ids,
+            token_offset: e.token_offset,
+        });
+    }
+    Ok(Batch {
+        instance_id: b.instance_id.to_owned(),
+        incarnation,
+        seq: b.seq.unsigned_abs(),
+        event_type: b.event_type,
+        tier: b.tier,
+        backend: b.backend.to_owned(),
+        entries,
+        shared: b.shared,
+        ts: b.ts,
+        capacity_bytes,
+        capacity_revision,
+        dropped_events,
+    })
+}
+
+/// Decodes and validates a `POST /events` body in one pass, its strings
+/// borrowed from the body (no owned `String` per key field, and UTF-8
+/// checked once for the whole body rather than per string). `None` when
+/// the body is not UTF-8, does not fit serde's strict types or breaks a
+/// rule: the caller then takes the path that reports the reference's
+/// errors. Accepts exactly what `EventsRequest` + `validate` accept, with
+/// the same result.
+pub fn decode_valid(body: &[u8]) -> Option<Vec<Batch>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let req: BorrowedRequest<'_> = serde_json::from_str(text).ok()?;
+    req.batches
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let head = Head {
+                instance_id: &b.instance_id,
+                incarnation: b.incarnation,
+                seq: b.seq,
+                event_type: b.event_type,
+                tier: b.tier,
+                backend: &b.backend,
+                entries: b.entries.len(),
+                shared: b.shared,
+                ts: b.ts,
+                capacity_bytes: b.capacity_bytes,
+                capacity_revision: b.capacity_revision,
+                dropped_events: b.dropped_events,
+            };
+            let entries = b.entries.iter().map(|e| EntryParts {
+                chunk_hash_hex: &e.key.chunk_hash_hex,
+                model_name: &e.key.model_name,
+                kv_rank: e.key.kv_rank,
+                object_group_id: e.key.object_group_id,
+                cache_salt: &e.key.cache_salt,
+                size_bytes: e.size_bytes,
+                token_ids: &e.token_ids,
+                token_offset: e.token_offset,
+            });
+            validate_parts(i, &head, entries).ok()
+        })
+        .collect()
+}
+
+// The borrowed mirror of `EventsRequest` / `WireBatch` / `WireEntry` /
+// `WireKey`: the same fields, types and defaults (a string with escapes is
+// owned, the rest borrowed).
+
+#[derive(Deserialize)]
+struct BorrowedRequest<'a> {
+    #[serde(default, borrow)]
+    batches: Vec<BorrowedBatch<'a>>,
+}
+
+#[derive(Deserialize)]
+struct BorrowedBatch<'a> {
+    #[serde(borrow)]
+    instance_id: Cow<'a, str>,
+    incarnation: i64,
+    seq: i64,
+    event_type: EventType,
+    tier: StorageLevel,
+    #[serde(borrow)]
+    backend: Cow<'a, str>,
+    #[serde(default, borrow)]
+    entries: Vec<BorrowedEntry<'a>>,
+    #[serde(default)]
+    shared: bool,
+    #[serde(default)]
+    ts: f64,
+    #[serde(default)]
+    capacity_bytes: i64,
+    #[serde(default)]
+    capacity_revision: i64,
+    #[serde(default)]
+    dropped_events: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct BorrowedEntry<'a> {
+    #[serde(borrow)]
+    key: BorrowedKey<'a>,
+    #[serde(default)]
+    size_bytes: i64,
+    #[serde(default)]
+    token_ids: Vec<i64>,
+    #[serde(default = "minus_one")]
+    token_offset: i64,
+}
+
+#[derive(Deserialize)]
+struct BorrowedKey<'a> {
+    #[serde(borrow)]
+    chunk_hash_hex: Cow<'a, str>,
+    #[serde(borrow)]
+    model_name: Cow<'a, str>,
+    kv_rank: i64,
+    #[serde(default)]
+    object_group_id: i64,
+    #[serde(default, borrow)]
+    cache_salt: Cow<'a, str>,
 }
 
 impl EventsRequest {
@@ -377,5 +544,46 @@ mod tests {
                 LocPart::Field("seq")
             ]
         );
+    }
+
+    /// The borrowed one-pass decoding accepts exactly what the owned
+    /// decoding and `validate` accept, with the same batches.
+    #[test]
+    fn borrowed_decoding_agrees_with_the_owned_one() {
+        let bodies = [
+            format!(
+                r#"{{"batches":[{{"instance_id":"mp-1","incarnation":3,"seq":1,"event_type":"store","tier":"l2","backend":"fs","entries":[{{"key":{KEY},"size_bytes":7,"token_ids":[1,2],"token_offset":0}}],"shared":true,"ts":1.5}}]}}"#
+            ),
+            // Escapes in every string, unknown fields, defaults, two batches.
+            r#"{"batches":[{"instance_id":"mp-\u0031","incarnation":0,"seq":2,"event_type":"access","tier":"l1","backend":"","entries":[{"key":{"chunk_hash_hex":"0\u0030ff","model_name":"m\"x","kv_rank":0,"cache_salt":"s\u00e9","object_group_id":2},"extra":1}],"dropped_events":null},{"instance_id":"a","incarnation":1,"seq":1,"event_type":"config","tier":"l1","backend":"dram","capacity_bytes":9,"capacity_revision":2}],"other":true}"#.to_owned(),
+            r#"{}"#.to_owned(),
+            r#"{"batches":[]}"#.to_owned(),
+            // Token ids beyond u32 are dropped, the entry kept.
+            format!(
+                r#"{{"batches":[{{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"dram","entries":[{{"key":{KEY},"token_ids":[-1]}}]}}]}}"#
+            ),
+            // Refused: by a rule, by a key, by serde's strict types.
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":0,"event_type":"store","tier":"l1","backend":"dram"}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"d","entries":[{"key":{"chunk_hash_hex":"xyz","model_name":"m","kv_rank":0}}]}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":"1","seq":1,"event_type":"store","tier":"l1","backend":"d"}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"all","backend":"d"}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"d","entries":[{"key":{"chunk_hash_hex":"00","model_name":"m@x","kv_rank":0}}]}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"d","entries":[{"key":{"chunk_hash_hex":"00","model_name":"m","kv_rank":0},"size_bytes":-1}]}]}"#.to_owned(),
+            r#"{"batches":[{"instance_id":"x","incarnation":1,"seq":1,"event_type":"store","tier":"l1","backend":"d","entries":[{"key":{"chunk_hash_hex":"00","model_name":"m","kv_rank":0},"token_offset":-2}]}]}"#.to_owned(),
+            "not json".to_owned(),
+        ];
+        let mut accepted = 0;
+        for body in &bodies {
+            let owned = parse(body).ok();
+            assert_eq!(decode_valid(body.as_bytes()), owned, "{body}");
+            accepted += usize::from(owned.is_some());
+        }
+        assert_eq!(accepted, 5);
+        let escaped = decode_valid(bodies[1].as_bytes()).unwrap();
+        assert_eq!(escaped[0].instance_id, "mp-1");
+        assert_eq!(escaped[0].entries[0].key.model_name, "m\"x");
+        assert_eq!(escaped[0].entries[0].key.cache_salt, "s\u{e9}");
+        assert_eq!(escaped[0].entries[0].key.chunk_hash, vec![0, 0xff]);
+        assert_eq!(decode_valid(b"{\"batches\":[\xff]}"), None);
     }
 }

@@ -104,19 +104,37 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// Validates and decodes the JSON form.
     pub fn from_wire(wire: &WireKey) -> Result<Self, KeyError> {
-        let chunk_hash = decode_hex(&wire.chunk_hash_hex)
-            .ok_or_else(|| KeyError::BadHex(wire.chunk_hash_hex.clone()))?;
-        validate_model(&wire.model_name)?;
-        validate_salt(&wire.cache_salt)?;
-        if wire.object_group_id < 0 {
-            return Err(KeyError::NegativeGroup(wire.object_group_id));
+        Self::from_parts(
+            &wire.chunk_hash_hex,
+            &wire.model_name,
+            wire.kv_rank,
+            wire.object_group_id,
+            &wire.cache_salt,
+        )
+    }
+
+    /// Validates and decodes the JSON form's fields (borrowed from a
+    /// request body, so decoding a batch needs no `WireKey` per entry).
+    pub fn from_parts(
+        chunk_hash_hex: &str,
+        model_name: &str,
+        kv_rank: i64,
+        object_group_id: i64,
+        cache_salt: &str,
+    ) -> Result<Self, KeyError> {
+        let chunk_hash = decode_hex(chunk_hash_hex)
+            .ok_or_else(|| KeyError::BadHex(chunk_hash_hex.to_owned()))?;
+        validate_model(model_name)?;
+        validate_salt(cache_salt)?;
+        if object_group_id < 0 {
+            return Err(KeyError::NegativeGroup(object_group_id));
         }
         Ok(Self {
             chunk_hash,
-            model_name: wire.model_name.clone(),
-            kv_rank: wire.kv_rank,
-            object_group_id: wire.object_group_id,
-            cache_salt: wire.cache_salt.clone(),
+            model_name: model_name.to_owned(),
+            kv_rank,
+            object_group_id,
+            cache_salt: cache_salt.to_owned(),
         })
     }
 

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use ic_coordinator_core::events::{Batch, EventsRequest, EventsResponse};
+use ic_coordinator_core::events::{self, Batch, EventsRequest, EventsResponse};
 use ic_coordinator_core::lax::models;
 
 use crate::error::{ApiError, is_json, validate};
@@ -80,10 +80,7 @@ fn refusal(app: &App, refused: &Refused) -> ApiError {
 /// reference model, which coerces what pydantic would and reports its errors.
 fn parse(headers: &HeaderMap, bytes: &[u8]) -> Result<Vec<Batch>, ApiError> {
     let json_type = is_json(headers);
-    if json_type
-        && let Ok(req) = serde_json::from_slice::<EventsRequest>(bytes)
-        && let Ok(batches) = req.validate()
-    {
+    if json_type && let Some(batches) = events::decode_valid(bytes) {
         return Ok(batches);
     }
     let coerced = validate(&models::EVENTS, json_type, bytes)?;
