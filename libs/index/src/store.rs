@@ -772,7 +772,9 @@ impl Store {
             }
             return;
         }
-        let mut starts = vec![0usize; shards + 1];
+        // On the stack for up to 127 shards (two of the three lists were
+        // allocations per event).
+        let mut starts: SmallVec<[usize; 2 * DIRECT_SHARDS]> = SmallVec::from_elem(0, shards + 1);
         for item in items {
             starts[spread.shard(item.hash()) + 1] += 1;
         }
