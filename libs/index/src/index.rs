@@ -94,11 +94,16 @@ struct Writer {
     epoch_fill: u64,
     epoch_size: u64,
     epoch_entries: Vec<u64>,
-    /// The replica the last event came from, as resolved then: engines
-    /// report in bursts, and comparing names is cheaper than hashing them
-    /// into the registry's maps under its lock. Cleared whenever the
-    /// registry changes (only the writer changes it).
-    last: Option<Resolved>,
+    /// The replicas the last events came from, as resolved then (at most
+    /// [`RECENT`], replaced in turn): engines report in bursts, and
+    /// comparing names is cheaper than hashing them into the registry's
+    /// maps under its lock. Cleared whenever the registry changes (only
+    /// the writer changes it).
+    recent: Vec<(ReplicaIdx, Arc<ReplicaMeta>)>,
+    recent_next: usize,
+    /// The registry's scope list, by id, as the writer made it (read to
+    /// compare a scope's names without the registry's lock).
+    scope_names: Vec<Scope>,
     /// Working lists of one stored chain, kept so that an event allocates
     /// none.
     scratch: ChainScratch,
@@ -137,24 +142,44 @@ impl ChainScratch {
     }
 }
 
-/// A replica's names and what they resolved to.
-#[derive(Debug)]
-struct Resolved {
-    key: ReplicaKey,
-    scope: Scope,
-    address: String,
-    idx: ReplicaIdx,
-    scope_id: ScopeId,
-    meta: Arc<ReplicaMeta>,
-}
+/// Replicas [`Writer::recent`] keeps resolved.
+const RECENT: usize = 8;
 
-impl Resolved {
-    /// Whether these are the names resolved (rank first: it differs most).
-    fn is(&self, key: &ReplicaKey, scope: &Scope, address: &str) -> bool {
-        self.key.dp_rank == key.dp_rank
-            && self.key == *key
-            && self.address == address
-            && self.scope == *scope
+impl Writer {
+    /// The recently resolved replica with these names: its slot and facts.
+    fn recent(
+        &self,
+        key: &ReplicaKey,
+        scope: &Scope,
+        address: &str,
+    ) -> Option<(ReplicaIdx, &ReplicaMeta)> {
+        self.recent
+            .iter()
+            .find(|(_, m)| {
+                // Rank first: it is what differs most often.
+                m.key.dp_rank == key.dp_rank
+                    && m.key == *key
+                    && m.address == address
+                    && self.scope_names.get(m.scope as usize) == Some(scope)
+            })
+            .map(|(idx, m)| (*idx, &**m))
+    }
+
+    /// Keeps `meta`, in slot `idx`, resolved.
+    fn remember(&mut self, idx: ReplicaIdx, meta: &Arc<ReplicaMeta>) {
+        let entry = (idx, Arc::clone(meta));
+        if self.recent.len() < RECENT {
+            self.recent.push(entry);
+        } else {
+            self.recent[self.recent_next] = entry;
+            self.recent_next = (self.recent_next + 1) % RECENT;
+        }
+    }
+
+    /// Forgets what was resolved (the registry changed).
+    fn forget_resolved(&mut self) {
+        self.recent.clear();
+        self.recent_next = 0;
     }
 }
 
@@ -164,6 +189,13 @@ impl Writer {
             + self.free_slots.capacity() * size_of::<ReplicaIdx>()
             + self.epoch_entries.capacity() * size_of::<u64>()
             + self.scratch.heap_bytes()
+            + self.recent.capacity() * size_of::<(ReplicaIdx, Arc<ReplicaMeta>)>()
+            + self.scope_names.capacity() * size_of::<Scope>()
+            + self
+                .scope_names
+                .iter()
+                .map(|s| s.tenant.capacity() + s.model.capacity() + s.adapter.capacity())
+                .sum::<usize>()
     }
 
     fn counts(&mut self, idx: ReplicaIdx) -> &mut Counts {
@@ -225,7 +257,9 @@ impl Index {
                 epoch_fill: 0,
                 epoch_size: (config.capacity_entries / 16).max(1),
                 epoch_entries: vec![0; EPOCHS as usize],
-                last: None,
+                recent: Vec::new(),
+                recent_next: 0,
+                scope_names: Vec::new(),
                 scratch: ChainScratch::default(),
             }),
             entries: AtomicU64::new(0),
@@ -314,11 +348,9 @@ impl Index {
         address: &str,
         now_ms: i64,
     ) -> Option<(ReplicaIdx, ScopeId, bool)> {
-        if let Some(last) = &writer.last
-            && last.is(key, scope, address)
-        {
-            seen(&last.meta, now_ms);
-            return Some((last.idx, last.scope_id, false));
+        if let Some((idx, meta)) = writer.recent(key, scope, address) {
+            seen(meta, now_ms);
+            return Some((idx, meta.scope, false));
         }
         {
             let reg = self.registry.read();
@@ -328,18 +360,11 @@ impl Index {
                 && meta.address == address
             {
                 seen(meta, now_ms);
-                writer.last = Some(Resolved {
-                    key: key.clone(),
-                    scope: scope.clone(),
-                    address: address.to_owned(),
-                    idx,
-                    scope_id: meta.scope,
-                    meta: Arc::clone(meta),
-                });
+                writer.remember(idx, meta);
                 return Some((idx, meta.scope, false));
             }
         }
-        writer.last = None;
+        writer.forget_resolved();
         let mut reg = self.registry.write();
         let scope_id = match reg.scopes.get(scope) {
             Some(&id) => id,
@@ -347,6 +372,7 @@ impl Index {
                 let id = ScopeId::try_from(reg.scope_list.len()).unwrap_or(ScopeId::MAX);
                 reg.scopes.insert(scope.clone(), id);
                 reg.scope_list.push(scope.clone());
+                writer.scope_names.push(scope.clone());
                 self.scopes_known.store(
                     u32::try_from(reg.scope_list.len()).unwrap_or(u32::MAX),
                     Ordering::Release,
@@ -425,7 +451,7 @@ impl Index {
             return errors;
         }
         // Build the new state under a slot lookups cannot see yet.
-        writer.last = None;
+        writer.forget_resolved();
         let Some(fresh) = self.new_slot(&mut writer, &mut self.registry.write()) else {
             return vec![ContentError::TooManyReplicas];
         };
@@ -450,7 +476,7 @@ impl Index {
     /// Forgets a replica (drained or gone).
     pub fn remove_replica(&self, key: &ReplicaKey) -> bool {
         let mut writer = self.writer.lock();
-        writer.last = None;
+        writer.forget_resolved();
         let idx = {
             let mut reg = self.registry.write();
             let Some(idx) = reg.by_key.remove(key) else {
