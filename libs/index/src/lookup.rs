@@ -83,14 +83,25 @@ fn ranked<'a>(
     if matches.len() > 1 {
         // Sorted as indices (12 bytes each, not the 40 of a `Match`); the
         // registry is read only to break ties.
+        // Last-seen read once per match: ingest advances it concurrently, and
+        // a sort whose keys change under it is not a total order (the
+        // standard sort panics on that).
         let seen = |idx| meta(idx).map_or(i64::MIN, |m| m.last_seen_ms.load(Ordering::Relaxed));
-        matches.sort_by(|&(a, a_len, a_tier), &(b, b_len, b_tier)| {
+        let mut keyed: SmallVec<[(ReplicaIdx, u32, Tier, i64); 8]> = matches
+            .iter()
+            .map(|&(idx, len, tier)| (idx, len, tier, seen(idx)))
+            .collect();
+        keyed.sort_by(|&(a, a_len, a_tier, a_seen), &(b, b_len, b_tier, b_seen)| {
             b_len
                 .cmp(&a_len)
                 .then(a_tier.cmp(&b_tier))
-                .then_with(|| seen(b).cmp(&seen(a)))
+                .then(b_seen.cmp(&a_seen))
                 .then_with(|| meta(a).map(|m| &m.key).cmp(&meta(b).map(|m| &m.key)))
         });
+        matches = keyed
+            .into_iter()
+            .map(|(idx, len, tier, _)| (idx, len, tier))
+            .collect();
     }
     let mut out = Matches::new();
     for (idx, matched_blocks, tier) in matches {
