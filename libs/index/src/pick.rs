@@ -70,15 +70,17 @@ pub struct TtftModel {
 
 impl TtftModel {
     /// What the server assumes of an engine until its own rate is
-    /// observed: 10,000 prompt tokens per second, no fixed cost. Slow on
-    /// purpose: an engine faster than assumed only makes every queue look
-    /// longer, and the ranking holds from 20x too slow to about right
-    /// (docs/benchmarks.md, "TTFT scoring by default"); a rate assumed too
-    /// fast drains the queues early and the tail grows. No fixed cost,
+    /// observed: 100,000 prompt tokens per second, no fixed cost. Fast on
+    /// purpose: with no fixed cost every score scales alike with the rate,
+    /// so a wrong rate only changes how fast the virtual queues drain. An
+    /// engine slower than assumed drains them early, and the ranking leans
+    /// towards the prefix, as the weights do; one faster than assumed keeps
+    /// them long, and index replicas sharing their queues then pile work
+    /// up (docs/benchmarks.md, "TTFT scoring by default"). No fixed cost,
     /// because a batching engine overlaps the fixed cost of the requests
     /// ahead, and this request's own is the same on every replica.
     pub const DEFAULT: TtftModel = TtftModel {
-        tokens_per_ms: 10.0,
+        tokens_per_ms: 100.0,
         overhead_ms: 0.0,
     };
 
@@ -110,10 +112,10 @@ impl Default for ScoreWeights {
 }
 
 /// The prefix weight of the TTFT score unless configured: a cold prefill
-/// counts four times its own time. With the queues an uncalibrated rate
-/// makes (longer than the engine's), 4 keeps the load-bounded reference's
-/// hit ratio where 2 loses up to 2 points (an exact simulation of the local
-/// fleet, docs/benchmarks.md).
+/// counts four times its own time. In an exact simulation of the local
+/// fleet's engines, 4 stayed within 0.5 % of the load-bounded reference's
+/// hit ratio with the rate assumed from 20x too slow to 4x too fast, where
+/// 2 lost up to 5 % (docs/benchmarks.md, "TTFT scoring by default").
 pub const TTFT_PREFIX_WEIGHT: f64 = 4.0;
 
 impl ScoreWeights {

@@ -17,9 +17,11 @@ use ic_index::{Deadline, Fingerprint, Index};
 /// Scoring flags (server-wide; docs/routing.md has the formula).
 #[derive(Clone, Debug, clap::Args)]
 pub struct ScoringFlags {
-    /// Weight of the prefix match (fraction of the prompt a replica holds).
-    #[arg(long, env = "IC_SCORE_PREFIX_WEIGHT", default_value_t = 2.0)]
-    pub score_prefix_weight: f64,
+    /// Weight of the prefix match (fraction of the prompt a replica holds;
+    /// by TTFT, the weight of the prefill against the wait) [default: 4 by
+    /// TTFT, 2 by the weights].
+    #[arg(long, env = "IC_SCORE_PREFIX_WEIGHT")]
+    pub score_prefix_weight: Option<f64>,
     /// Weight of the replica's request load (normalised to the busiest).
     #[arg(long, env = "IC_SCORE_LOAD_WEIGHT", default_value_t = 1.0)]
     pub score_load_weight: f64,
@@ -43,22 +45,30 @@ pub struct ScoringFlags {
     /// Most (block, replica) speculative entries kept.
     #[arg(long, env = "IC_SPECULATIVE_MAX_ENTRIES", default_value_t = 1_000_000)]
     pub speculative_max_entries: u32,
-    /// Score by predicted time to first token: the engines' prefill rate,
-    /// prompt tokens per second (0: score by the weights above).
-    #[arg(long, env = "IC_TTFT_PREFILL_TOKENS_PER_SECOND", default_value_t = 0.0)]
+    /// Score by predicted time to first token: the engines' prefill rate
+    /// until the picker measures an engine's own, prompt tokens per second
+    /// (0: score by the weights above). The default assumes a fast engine:
+    /// a slower one drains the predicted queues early, which costs less
+    /// than the reverse (docs/benchmarks.md, "TTFT scoring by default").
+    #[arg(
+        long,
+        env = "IC_TTFT_PREFILL_TOKENS_PER_SECOND",
+        default_value_t = 100_000.0
+    )]
     pub ttft_prefill_tokens_per_second: f64,
-    /// The fixed cost of every request in the TTFT prediction, ms.
-    #[arg(long, env = "IC_TTFT_REQUEST_OVERHEAD_MS", default_value_t = 20.0)]
+    /// The fixed cost of every request in the TTFT prediction, ms (0: a
+    /// batching engine overlaps it).
+    #[arg(long, env = "IC_TTFT_REQUEST_OVERHEAD_MS", default_value_t = 0.0)]
     pub ttft_request_overhead_ms: f64,
 }
 
 impl Default for ScoringFlags {
     fn default() -> Self {
-        let w = ScoreWeights::default();
+        let w = ScoreWeights::by_ttft(TtftModel::DEFAULT);
         let l = LoadSettings::default();
         let s = SpeculationSettings::default();
         Self {
-            score_prefix_weight: w.prefix,
+            score_prefix_weight: None,
             score_load_weight: w.load,
             score_kv_usage_weight: w.kv_usage,
             score_t2_credit: w.t2_credit,
@@ -66,8 +76,8 @@ impl Default for ScoringFlags {
             pick_half_life_ms: u32::try_from(l.pick_half_life_ms).unwrap_or(u32::MAX),
             speculative_ttl_ms: u32::try_from(s.ttl_ms).unwrap_or(u32::MAX),
             speculative_max_entries: u32::try_from(s.max_entries).unwrap_or(u32::MAX),
-            ttft_prefill_tokens_per_second: 0.0,
-            ttft_request_overhead_ms: 20.0,
+            ttft_prefill_tokens_per_second: w.ttft.map_or(0.0, |m| m.tokens_per_ms * 1_000.0),
+            ttft_request_overhead_ms: w.ttft.map_or(0.0, |m| m.overhead_ms),
         }
     }
 }
@@ -75,8 +85,14 @@ impl Default for ScoringFlags {
 impl ScoringFlags {
     /// Checks the values; the error names the flag.
     pub fn weights(&self) -> anyhow::Result<ScoreWeights> {
+        let by_ttft = self.ttft_prefill_tokens_per_second > 0.0;
+        let prefix = self.score_prefix_weight.unwrap_or(if by_ttft {
+            ic_index::pick::TTFT_PREFIX_WEIGHT
+        } else {
+            ScoreWeights::default().prefix
+        });
         for (flag, v) in [
-            ("--score-prefix-weight", self.score_prefix_weight),
+            ("--score-prefix-weight", prefix),
             ("--score-load-weight", self.score_load_weight),
             ("--score-kv-usage-weight", self.score_kv_usage_weight),
             ("--load-bound", self.load_bound),
@@ -103,12 +119,12 @@ impl ScoringFlags {
             );
         }
         Ok(ScoreWeights {
-            prefix: self.score_prefix_weight,
+            prefix,
             load: self.score_load_weight,
             kv_usage: self.score_kv_usage_weight,
             t2_credit: self.score_t2_credit,
             load_bound: (self.load_bound > 0.0).then_some(self.load_bound),
-            ttft: (self.ttft_prefill_tokens_per_second > 0.0).then(|| TtftModel {
+            ttft: by_ttft.then(|| TtftModel {
                 tokens_per_ms: self.ttft_prefill_tokens_per_second / 1_000.0,
                 overhead_ms: self.ttft_request_overhead_ms,
             }),

@@ -8,7 +8,8 @@
 //!   replicas in turn, naming every engine as a candidate, and follows
 //!   `best` (a prefix hint, or on NO_HINT the index's pick by load); with no
 //!   `best` at all it falls back to the engine with the least queued work. Run once per scoring variant
-//!   (prefix only, prefix + load, + speculative holders).
+//!   (prefix only, by the weights, by TTFT told the engines' rate, and the
+//!   server's default), through LookupRoute and the endpoint picker.
 //! * `round-robin` and `random`: the same engines, simulated in-process.
 //! * `longest prefix (exact…)`: in-process references that know every
 //!   engine's cache exactly (no event delay), unbounded and with a 1.25×

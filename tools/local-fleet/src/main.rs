@@ -70,7 +70,8 @@ struct Args {
     #[arg(long, default_value_t = 20.0)]
     request_overhead_ms: f64,
     /// Replay through the real index once per scoring variant (prefix only,
-    /// prefix + load, + speculative holders); otherwise only the default.
+    /// by the weights, TTFT told the rate, through LookupRoute and the
+    /// endpoint picker); otherwise only the default.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     compare_scoring: bool,
     /// Replay only the first N requests.
@@ -102,6 +103,18 @@ struct Args {
     /// pushes its traces and metrics to (their `--otlp-endpoint`).
     #[arg(long, env = "IC_OTLP_ENDPOINT")]
     otlp_endpoint: Option<String>,
+    /// Run only the routed variants whose name contains one of these
+    /// (comma-separated; default: every variant).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Multiplies the prefill rate the calibrated TTFT variants are told
+    /// (a sensitivity check: 0.1 tells them engines ten times slower).
+    #[arg(long, default_value_t = 1.0)]
+    ttft_rate_scale: f64,
+    /// An extra flag for every index server of every variant (repeatable),
+    /// e.g. `--index-arg=--ttft-prefill-tokens-per-second=20000`.
+    #[arg(long, allow_hyphen_values = true)]
+    index_arg: Vec<String>,
 }
 
 impl Args {
@@ -135,18 +148,24 @@ struct Variant {
     /// Ranks by prefix alone (no load in the score, no bound): replicas
     /// must then name the same `best` for a prompt with one longest holder.
     prefix_decides: bool,
-    /// Scores by predicted TTFT, calibrated on the fleet's timing model (the
-    /// engines' prefill rate and overhead, on the replay's compressed clock),
-    /// with the default prefix weight and load bound.
+    /// Tells the server the engines' prefill rate and overhead (the fleet's
+    /// timing model, on the replay's compressed clock) for its TTFT score;
+    /// otherwise the server assumes its default rate, which on this clock is
+    /// about 9x too slow.
     ttft: bool,
 }
 
+/// Turns the TTFT score off: the server then scores by the weights (the
+/// default before TTFT scoring was).
+const BY_THE_WEIGHTS: &str = "--ttft-prefill-tokens-per-second=0";
+
 /// The scoring variants; the default scoring through LookupRoute is last
 /// (its services are the ones `--keep-running` keeps).
-const VARIANTS: [Variant; 6] = [
+const VARIANTS: [Variant; 7] = [
     Variant {
         name: "lookup-route, prefix only",
         flags: &[
+            BY_THE_WEIGHTS,
             "--score-load-weight=0",
             "--score-kv-usage-weight=0",
             "--load-bound=0",
@@ -158,35 +177,42 @@ const VARIANTS: [Variant; 6] = [
         ttft: false,
     },
     Variant {
-        name: "lookup-route, prefix + load",
-        flags: &["--speculative-ttl-ms=0"],
+        name: "lookup-route, by the weights",
+        flags: &[BY_THE_WEIGHTS],
         epp: false,
         prefix_decides: false,
         ttft: false,
     },
     Variant {
-        name: "endpoint picker (ext_proc), default scoring",
-        flags: &[],
+        name: "endpoint picker, by the weights",
+        flags: &[BY_THE_WEIGHTS],
         epp: true,
         prefix_decides: false,
         ttft: false,
     },
     Variant {
-        name: "lookup-route, by predicted TTFT",
+        name: "lookup-route, TTFT told the rate",
         flags: &[],
         epp: false,
         prefix_decides: false,
         ttft: true,
     },
     Variant {
-        name: "endpoint picker, by predicted TTFT",
+        name: "endpoint picker, TTFT told the rate",
         flags: &[],
         epp: true,
         prefix_decides: false,
         ttft: true,
     },
     Variant {
-        name: "lookup-route (default: + speculative)",
+        name: "endpoint picker (default)",
+        flags: &[],
+        epp: true,
+        prefix_decides: false,
+        ttft: false,
+    },
+    Variant {
+        name: "lookup-route (default)",
         flags: &[],
         epp: false,
         prefix_decides: false,
@@ -314,6 +340,7 @@ async fn run_variant(
         .iter()
         .chain(variant.flags)
         .map(|s| (*s).to_owned())
+        .chain(args.index_arg.iter().cloned())
         .collect();
     if variant.ttft {
         // The server's clock runs at wall speed, the engines' at the
@@ -325,6 +352,7 @@ async fn run_variant(
         index_args.push(format!(
             "--ttft-prefill-tokens-per-second={}",
             args.prefill_tokens_per_second * args.speed / tokens_per_index_token
+                * args.ttft_rate_scale
         ));
         index_args.push(format!(
             "--ttft-request-overhead-ms={}",
@@ -480,6 +508,9 @@ async fn main() -> anyhow::Result<()> {
     if !(args.prefill_tokens_per_second.is_finite() && args.prefill_tokens_per_second > 0.0) {
         bail!("--prefill-tokens-per-second must be a positive number");
     }
+    if !(args.ttft_rate_scale.is_finite() && args.ttft_rate_scale > 0.0) {
+        bail!("--ttft-rate-scale must be a positive number");
+    }
     if !(args.request_overhead_ms.is_finite() && args.request_overhead_ms >= 0.0) {
         bail!("--request-overhead-ms must be a non-negative number");
     }
@@ -544,6 +575,13 @@ async fn main() -> anyhow::Result<()> {
     } else {
         VARIANTS.last().into_iter().collect()
     };
+    let variants: Vec<&Variant> = variants
+        .into_iter()
+        .filter(|v| args.only.is_empty() || args.only.iter().any(|o| v.name.contains(o.as_str())))
+        .collect();
+    if variants.is_empty() {
+        bail!("--only {:?} matches no routed variant", args.only);
+    }
     let mut policies = vec![];
     let mut alike = vec![];
     let mut unclean = Vec::new();

@@ -67,25 +67,24 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
     assert!(ratio("lookup-route") <= ratio("oracle") + 1e-9, "{report}");
     // The report page and its chart, one line per policy.
     let md = std::fs::read_to_string(&report_path).unwrap();
-    assert!(
-        md.contains("| lookup-route (default: + speculative) | 400 |"),
-        "{md}"
-    );
+    assert!(md.contains("| lookup-route (default) | 400 |"), "{md}");
     assert!(
         md.contains("![hit ratio and TTFT per routing policy](run.svg)"),
         "{md}"
     );
     let svg = std::fs::read_to_string(dir.path().join("run.svg")).unwrap();
-    // Six routed variants and six in-process policies (round-robin, random,
-    // the two exact longest-prefix references, the exact TTFT reference and
-    // the oracle), two TTFT bars each.
-    assert_eq!(svg.matches("<polyline").count(), 24, "{svg}");
+    // Seven routed variants and six in-process policies (round-robin,
+    // random, the two exact longest-prefix references, the exact TTFT
+    // reference and the oracle), two TTFT bars each.
+    assert_eq!(svg.matches("<polyline").count(), 26, "{svg}");
 }
 
 /// The shared-prefix chat workload, short: prefix-only routing piles the
 /// conversations onto few engines (every request shares the first block);
-/// the default load-aware scoring stays near the exact load-bounded
-/// reference and ahead of round-robin in hit ratio and TTFT.
+/// the default scoring (by predicted TTFT at the server's default rate,
+/// about 9x slower than these engines on the replay's clock) and the
+/// weights both stay near the exact load-bounded reference and ahead of
+/// round-robin in hit ratio and TTFT.
 #[test]
 fn on_shared_prefix_chat_load_aware_routing_beats_prefix_only() {
     let index_server = ic_e2e::workspace_binary("ic-index-server");
@@ -131,16 +130,18 @@ fn on_shared_prefix_chat_load_aware_routing_beats_prefix_only() {
     let ratio = |p: &serde_json::Value| {
         p["hit_blocks"].as_f64().unwrap() / p["prompt_blocks"].as_f64().unwrap()
     };
-    let default = policy("lookup-route (default: + speculative)");
+    let default = policy("lookup-route (default)");
+    let weights = policy("lookup-route, by the weights");
     let prefix_only = policy("lookup-route, prefix only");
     let reference = policy("longest prefix (exact, 1.25x bound)");
     let rr = policy("round-robin");
-    let epp = policy("endpoint picker (ext_proc), default scoring");
+    let epp = policy("endpoint picker (default)");
     assert!(ratio(&epp) > ratio(&prefix_only), "{report}");
     assert!(ratio(&epp) >= 0.9 * ratio(&reference), "{report}");
     assert!(ratio(&default) > ratio(&prefix_only), "{report}");
     assert!(ratio(&default) > ratio(&rr), "{report}");
     assert!(ratio(&default) >= 0.9 * ratio(&reference), "{report}");
+    assert!(ratio(&weights) >= 0.9 * ratio(&reference), "{report}");
     assert!(
         default["ttft_p99_ms"].as_f64().unwrap() < prefix_only["ttft_p99_ms"].as_f64().unwrap(),
         "{report}"
