@@ -315,3 +315,51 @@ async fn stats_shape_and_blend_lookup() {
         422
     );
 }
+
+/// The lookup answer is written directly as text: it must be the compact,
+/// key-sorted JSON a `serde_json::Value` writes (what it was before), with
+/// every string escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_answer_is_the_compact_sorted_json_of_its_value() {
+    let c = Coord::start(&[]).await;
+    let k = json!({"chunk_hash_hex": "00fF", "model_name": "mo\"del\té", "kv_rank": 7,
+                   "object_group_id": 2, "cache_salt": "ten\"ant"});
+    let mut b = batch(
+        "mp-\"a",
+        1,
+        1,
+        "store",
+        "l1",
+        "dr\\am",
+        &[(k.clone(), 4096)],
+    );
+    b["entries"][0]["token_ids"] = json!([1, 2, 4_294_967_295_u64]);
+    b["entries"][0]["token_offset"] = json!(0);
+    let mut shared = batch("mp-b", 3, 1, "store", "l2", "fs", &[(k.clone(), 10)]);
+    shared["shared"] = json!(true);
+    c.events(vec![b, shared]).await;
+    let resp = c
+        .http
+        .post(c.url("/directory/lookup"))
+        .json(&json!({"keys": [k, key("00", "")]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/json");
+    let text = resp.text().await.unwrap();
+    let value: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(text, serde_json::to_string(&value).unwrap());
+    let r = &value["results"][0];
+    assert_eq!(r["key"]["model_name"], "mo\"del\té");
+    assert_eq!(r["token_ids"], json!([1, 2, 4_294_967_295_u64]));
+    assert_eq!(
+        r["placements"],
+        json!([
+            {"backend": "dr\\am", "incarnation": 1, "instance_id": "mp-\"a", "shared": false, "size_bytes": 4096, "tier": "l1"},
+            {"backend": "fs", "incarnation": 3, "instance_id": "mp-b", "shared": true, "size_bytes": 10, "tier": "l2"}
+        ])
+    );
+    assert_eq!(value["results"][1]["placements"], json!([]));
+    assert_eq!(value["chunks"], 2);
+}

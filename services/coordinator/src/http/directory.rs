@@ -10,7 +10,7 @@ use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, Body, Query, Schema, default_limit, page_bounds};
@@ -59,28 +59,7 @@ struct Answer {
     results: usize,
 }
 
-#[derive(Serialize)]
-struct KeyOut<'a> {
-    cache_salt: &'a str,
-    chunk_hash_hex: &'a str,
-    kv_rank: i64,
-    model_name: &'a str,
-    object_group_id: i64,
-}
-
-impl<'a> KeyOut<'a> {
-    fn of(w: &'a WireKey) -> Self {
-        Self {
-            cache_salt: &w.cache_salt,
-            chunk_hash_hex: &w.chunk_hash_hex,
-            kv_rank: w.kv_rank,
-            model_name: &w.model_name,
-            object_group_id: w.object_group_id,
-        }
-    }
-}
-
-#[derive(Serialize)]
+/// One placement as the answer lists it.
 struct PlacementOut<'a> {
     backend: &'a str,
     incarnation: u64,
@@ -88,14 +67,6 @@ struct PlacementOut<'a> {
     shared: bool,
     size_bytes: u64,
     tier: StorageLevel,
-}
-
-#[derive(Serialize)]
-struct ResultOut<'a> {
-    access_count: u64,
-    key: KeyOut<'a>,
-    placements: Vec<PlacementOut<'a>>,
-    token_ids: &'a [u32],
 }
 
 impl Answer {
@@ -107,8 +78,29 @@ impl Answer {
 
     /// Writes `"chunks"` and opens the results (once, first).
     fn chunks(&mut self, chunks: usize) {
-        self.buf.extend_from_slice(chunks.to_string().as_bytes());
+        self.int(chunks as u64);
         self.buf.extend_from_slice(b",\"results\":[");
+    }
+
+    fn int(&mut self, n: u64) {
+        use std::io::Write;
+        // Writing into a Vec cannot fail.
+        let _ = write!(self.buf, "{n}");
+    }
+
+    fn signed(&mut self, n: i64) {
+        use std::io::Write;
+        let _ = write!(self.buf, "{n}");
+    }
+
+    /// A JSON string, escaped as serde_json escapes it.
+    fn string(&mut self, s: &str) {
+        // Writing a str into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.buf, s);
+    }
+
+    fn raw(&mut self, s: &[u8]) {
+        self.buf.extend_from_slice(s);
     }
 
     fn result(&mut self, key: &WireKey, d: &KeyDirectory, object: &ObjectKey) {
@@ -134,14 +126,46 @@ impl Answer {
         placements.sort_by(|a, b| {
             (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
         });
-        let out = ResultOut {
-            access_count,
-            key: KeyOut::of(key),
-            placements,
-            token_ids: d.tokens_for_hash(&object.chunk_hash),
-        };
-        // Writing plain structs into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut self.buf, &out);
+        // Field names are fixed text; only the values are escaped.
+        self.raw(b"{\"access_count\":");
+        self.int(access_count);
+        self.raw(b",\"key\":{\"cache_salt\":");
+        self.string(&key.cache_salt);
+        self.raw(b",\"chunk_hash_hex\":");
+        self.string(&key.chunk_hash_hex);
+        self.raw(b",\"kv_rank\":");
+        self.signed(key.kv_rank);
+        self.raw(b",\"model_name\":");
+        self.string(&key.model_name);
+        self.raw(b",\"object_group_id\":");
+        self.signed(key.object_group_id);
+        self.raw(b"},\"placements\":[");
+        for (i, p) in placements.iter().enumerate() {
+            if i > 0 {
+                self.buf.push(b',');
+            }
+            self.raw(b"{\"backend\":");
+            self.string(p.backend);
+            self.raw(b",\"incarnation\":");
+            self.int(p.incarnation);
+            self.raw(b",\"instance_id\":");
+            self.string(p.instance_id);
+            self.raw(b",\"shared\":");
+            self.raw(if p.shared { b"true" } else { b"false" });
+            self.raw(b",\"size_bytes\":");
+            self.int(p.size_bytes);
+            self.raw(b",\"tier\":\"");
+            self.raw(p.tier.as_str().as_bytes());
+            self.raw(b"\"}");
+        }
+        self.raw(b"],\"token_ids\":[");
+        for (i, t) in d.tokens_for_hash(&object.chunk_hash).iter().enumerate() {
+            if i > 0 {
+                self.buf.push(b',');
+            }
+            self.int(u64::from(*t));
+        }
+        self.raw(b"]}");
     }
 
     fn finish(mut self) -> Response {
