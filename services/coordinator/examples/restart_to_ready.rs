@@ -57,8 +57,11 @@ fn main() {
             &port.to_string(),
             "--checkpoint-path",
             ckpt,
-            // No periodic checkpoint while measuring.
+            // No periodic checkpoint while measuring, and no bound below
+            // the checkpoint's size.
             "--checkpoint-interval",
+            "0",
+            "--max-directory-keys",
             "0",
         ])
         .stdout(Stdio::null())

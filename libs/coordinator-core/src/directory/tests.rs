@@ -404,3 +404,176 @@ fn group_expansion_survives_the_removal_of_any_key_of_the_hash() {
         vec![keys[0].clone(), keys[1].clone(), keys[3].clone()]
     );
 }
+
+/// Random stores, deletes, accesses, fences and a bound against a plain
+/// model of the contract: every answer agrees, and the LRU holds exactly
+/// the keys with an L2 placement, most recently stored or accessed last.
+/// Exercises record reuse (freed ids, hash places and salts come back).
+#[test]
+fn random_operations_agree_with_a_plain_model() {
+    type Model = BTreeMap<(u8, u8, String), Vec<(String, StorageLevel, String, bool, u64)>>;
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mk = |h: u8, g: u8, salt: &str| {
+        let mut k = key(h, salt);
+        k.object_group_id = i64::from(g);
+        k
+    };
+    let mut d = KeyDirectory::new();
+    let mut model: Model = BTreeMap::new();
+    // Recency per key with an L2 placement, as the LRU must order it.
+    let mut recency: BTreeMap<(u8, u8, String), u64> = BTreeMap::new();
+    let mut clock = 0u64;
+    for step in 0..4000 {
+        let (h, g) = (next(12) as u8, next(2) as u8);
+        let salt = ["", "t", "u"][next(3) as usize].to_owned();
+        let instance = ["a", "b"][next(2) as usize];
+        let (tier, backend) =
+            [(StorageLevel::L1, "dram"), (StorageLevel::L2, "fs")][next(2) as usize];
+        let shared = tier == StorageLevel::L2 && next(4) == 0;
+        let id = (h, g, salt.clone());
+        let k = mk(h, g, &salt);
+        let same = |p: &(String, StorageLevel, String, bool, u64)| {
+            p.1 == tier && p.2 == backend && p.3 == shared && (shared || p.0 == instance)
+        };
+        match next(10) {
+            0..=4 => {
+                let size = next(100) + 1;
+                d.apply(&batch(
+                    instance,
+                    EventType::Store,
+                    tier,
+                    backend,
+                    shared,
+                    &[(k, size)],
+                ));
+                let ps = model.entry(id.clone()).or_default();
+                match ps.iter_mut().find(|p| same(p)) {
+                    Some(p) => *p = (instance.to_owned(), tier, backend.to_owned(), shared, size),
+                    None => ps.push((instance.to_owned(), tier, backend.to_owned(), shared, size)),
+                }
+                if tier == StorageLevel::L2 && !recency.contains_key(&id) {
+                    clock += 1;
+                    recency.insert(id, clock);
+                }
+            }
+            5..=7 => {
+                d.apply(&batch(
+                    instance,
+                    EventType::Delete,
+                    tier,
+                    backend,
+                    shared,
+                    &[(k, 0)],
+                ));
+                if let Some(ps) = model.get_mut(&id) {
+                    ps.retain(|p| !same(p));
+                    if !ps.iter().any(|p| p.1 == StorageLevel::L2) {
+                        recency.remove(&id);
+                    }
+                    if ps.is_empty() {
+                        model.remove(&id);
+                    }
+                }
+            }
+            8 => {
+                d.apply(&batch(
+                    instance,
+                    EventType::Access,
+                    tier,
+                    "",
+                    false,
+                    &[(k, 0)],
+                ));
+                if let Some(r) = recency.get_mut(&id) {
+                    clock += 1;
+                    *r = clock;
+                }
+            }
+            _ => {
+                d.fence(instance);
+                for ps in model.values_mut() {
+                    ps.retain(|p| !(p.1 == StorageLevel::L1 && !p.3 && p.0 == instance));
+                }
+                model.retain(|_, ps| !ps.is_empty());
+            }
+        }
+        if step % 50 != 0 {
+            continue;
+        }
+        assert_eq!(d.len(), model.len(), "step {step}");
+        for ((h, g, salt), ps) in &model {
+            let got = d.get(&mk(*h, *g, salt)).expect("present");
+            let got: Vec<_> = got
+                .placements
+                .iter()
+                .map(|p| {
+                    (
+                        p.instance_id.to_string(),
+                        p.tier,
+                        p.backend.to_string(),
+                        p.shared,
+                        p.size_bytes,
+                    )
+                })
+                .collect();
+            // A shared placement names its latest reporter; compare the rest.
+            let strip = |v: &[(String, StorageLevel, String, bool, u64)]| -> Vec<_> {
+                v.iter()
+                    .map(|p| {
+                        (
+                            if p.3 { String::new() } else { p.0.clone() },
+                            p.1,
+                            p.2.clone(),
+                            p.3,
+                            p.4,
+                        )
+                    })
+                    .collect()
+            };
+            assert_eq!(strip(&got), strip(ps), "step {step}");
+        }
+        let placements: usize = model.values().map(Vec::len).sum();
+        assert_eq!(d.stats().num_placements as usize, placements, "step {step}");
+        for salt in ["", "t", "u"] {
+            let mut want: Vec<_> = recency.iter().filter(|(k, _)| k.2 == salt).collect();
+            want.sort_by_key(|(_, t)| **t);
+            let want: Vec<ObjectKey> = want
+                .into_iter()
+                .map(|((h, g, s), _)| mk(*h, *g, s))
+                .collect();
+            assert_eq!(
+                d.lru_oldest(salt).collect::<Vec<_>>(),
+                want,
+                "step {step}, salt {salt:?}"
+            );
+        }
+        let listed: Vec<ObjectKey> = d
+            .list(&KeyFilter::default(), 0, usize::MAX)
+            .1
+            .into_iter()
+            .map(|l| l.key)
+            .collect();
+        assert_eq!(listed.len(), model.len());
+        for k in &listed {
+            let base = ObjectKey {
+                object_group_id: 0,
+                ..k.clone()
+            };
+            let want: Vec<ObjectKey> = std::iter::once(base.clone())
+                .chain(
+                    model
+                        .keys()
+                        .filter(|(h, g, s)| *h == k.chunk_hash[0] && *g != 0 && *s == k.cache_salt)
+                        .map(|(h, g, s)| mk(*h, *g, s)),
+                )
+                .collect();
+            assert_eq!(d.expand_groups(&base), want, "step {step}");
+        }
+    }
+}
