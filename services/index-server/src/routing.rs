@@ -47,9 +47,10 @@ pub struct ScoringFlags {
     pub speculative_max_entries: u32,
     /// Score by predicted time to first token: the engines' prefill rate
     /// until the picker measures an engine's own, prompt tokens per second
-    /// (0: score by the weights above). The default assumes a fast engine:
-    /// a slower one drains the predicted queues early, which costs less
-    /// than the reverse (docs/benchmarks.md, "TTFT scoring by default").
+    /// (0: score by the weights above). A wrong rate only changes how fast
+    /// the predicted queues drain, which matters with several index
+    /// replicas: set the engines' rate there (docs/benchmarks.md, "TTFT
+    /// scoring by default").
     #[arg(
         long,
         env = "IC_TTFT_PREFILL_TOKENS_PER_SECOND",
