@@ -640,6 +640,39 @@ impl KeyDirectory {
             })
     }
 
+    /// The bytes of every placement summed per (salt, tier, owner,
+    /// backend), the owner `""` for a shared placement: the usage view's
+    /// rollups (restore), summed by ids before any name is looked at.
+    pub fn placement_rollups(&self) -> Vec<(&str, StorageLevel, &str, &str, u64)> {
+        let mut sums: FastMap<(u32, StorageLevel, Id, u32), u64> = FastMap::default();
+        for r in self
+            .table
+            .walk(&self.order, Links::Order)
+            .map(|id| self.table.rec(id))
+        {
+            for p in r.places() {
+                let owner = if p.shared { table::NIL } else { p.instance };
+                *sums.entry((r.salt, p.tier, owner, p.backend)).or_default() += p.size_bytes;
+            }
+        }
+        sums.into_iter()
+            .map(|((salt, tier, owner, backend), bytes)| {
+                let owner = if owner == table::NIL {
+                    ""
+                } else {
+                    &**self.table.names.name(owner)
+                };
+                (
+                    &**self.table.strings.name(salt),
+                    tier,
+                    owner,
+                    &**self.table.names.name(backend),
+                    bytes,
+                )
+            })
+            .collect()
+    }
+
     /// Every token binding (checkpoint).
     pub fn bindings(&self) -> impl Iterator<Item = (&Vec<u8>, &Binding)> {
         self.bindings.iter()

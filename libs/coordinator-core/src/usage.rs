@@ -125,8 +125,8 @@ impl UsageView {
     /// The rollups of every placement in `directory` (restore).
     pub fn rebuild(directory: &KeyDirectory) -> Self {
         let mut usage = Self::new();
-        for (salt, p) in directory.salted_placements() {
-            usage.adjust(p.tier, salt, owner_of(&p), &p.backend, 0, p.size_bytes);
+        for (salt, tier, owner, backend, bytes) in directory.placement_rollups() {
+            usage.adjust(tier, salt, owner, backend, 0, bytes);
         }
         usage
     }
