@@ -116,7 +116,7 @@ pub(super) const SHORTLIST_ABOVE: usize = 64;
 /// Replicas a [`Shortlist`] keeps (and every replica tied with the last):
 /// room for the best [`OTHERS_RANKED`] others after a prompt's holders,
 /// and for the picks of the requests until the next rebuild.
-const SHORTLISTED: usize = 4 * OTHERS_RANKED;
+const SHORTLISTED: usize = 2 * OTHERS_RANKED;
 
 /// A large scope's least loaded replicas, as of one moment, and the whole
 /// scope's [`Fleet`] figures then: a lookup reads the loads of these and of
