@@ -82,7 +82,7 @@ fn a_short_trace_replay_converges_and_beats_random_routing() {
 /// The shared-prefix chat workload, short: prefix-only routing piles the
 /// conversations onto few engines (every request shares the first block);
 /// the default scoring (by predicted TTFT at the server's default rate,
-/// about 9x slower than these engines on the replay's clock) and the
+/// about half these engines' on this run's clock) and the
 /// weights both stay near the exact load-bounded reference and ahead of
 /// round-robin in hit ratio and TTFT.
 #[test]
