@@ -581,6 +581,10 @@ impl IndexCore {
         self.metrics
             .speculative_dropped
             .inc_by(dropped.saturating_sub(dropped_seen));
+        let rebuilds = self.routing.shortlist_refreshes();
+        self.metrics
+            .shortlist_rebuilds
+            .inc_by(rebuilds.saturating_sub(self.metrics.shortlist_rebuilds.get()));
         dropped
     }
 }

@@ -106,6 +106,9 @@ pub struct Metrics {
     pub speculative_entries: Gauge,
     /// Speculative entries dropped to stay within --speculative-max-entries.
     pub speculative_dropped: Counter,
+    /// Large scopes' shortlists of least loaded replicas rebuilt
+    /// (--shortlist-refresh-ms / --shortlist-refresh-changes).
+    pub shortlist_rebuilds: Counter,
     /// Endpoint-picker decisions, by what decided them (prefix, load).
     pub epp_picks: Family<HowLabel, Counter>,
     /// Endpoint-picker requests refused, by reason: `no_endpoint` (503),
@@ -164,6 +167,7 @@ impl Metrics {
             stale_replicas_removed: Counter::default(),
             speculative_entries: Gauge::default(),
             speculative_dropped: Counter::default(),
+            shortlist_rebuilds: Counter::default(),
             epp_picks: Family::default(),
             epp_refusals: Family::default(),
             epp_unread: Family::default(),
@@ -263,6 +267,11 @@ impl Metrics {
                 "speculative_dropped",
                 "Speculative entries dropped to stay within --speculative-max-entries",
                 m.speculative_dropped.clone(),
+            );
+            r.register(
+                "shortlist_rebuilds",
+                "Large scopes' shortlists of least loaded replicas rebuilt (--shortlist-refresh-ms, --shortlist-refresh-changes)",
+                m.shortlist_rebuilds.clone(),
             );
             let e = r.sub_registry_with_prefix("epp");
             e.register(

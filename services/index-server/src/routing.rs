@@ -38,6 +38,15 @@ pub struct ScoringFlags {
     /// Half-life of a recommended pick in the load estimate, ms.
     #[arg(long, env = "IC_PICK_HALF_LIFE_MS", default_value_t = 10_000)]
     pub pick_half_life_ms: u32,
+    /// A scope of over 64 replicas keeps its least loaded replicas between
+    /// lookups, rebuilt once the list is this old, ms (0: rank every
+    /// replica on every lookup).
+    #[arg(long, env = "IC_SHORTLIST_REFRESH_MS", default_value_t = 20)]
+    pub shortlist_refresh_ms: u32,
+    /// ... or once this many load changes happened since (0: rank every
+    /// replica on every lookup).
+    #[arg(long, env = "IC_SHORTLIST_REFRESH_CHANGES", default_value_t = 16)]
+    pub shortlist_refresh_changes: u32,
     /// How long a pick counts as a speculative holder of the prompt's
     /// blocks until the engine's events arrive, ms (0 disables).
     #[arg(long, env = "IC_SPECULATIVE_TTL_MS", default_value_t = 2_000)]
@@ -75,6 +84,9 @@ impl Default for ScoringFlags {
             score_t2_credit: w.t2_credit,
             load_bound: w.load_bound.unwrap_or(0.0),
             pick_half_life_ms: u32::try_from(l.pick_half_life_ms).unwrap_or(u32::MAX),
+            shortlist_refresh_ms: u32::try_from(l.shortlist_refresh_ms).unwrap_or(u32::MAX),
+            shortlist_refresh_changes: u32::try_from(l.shortlist_refresh_changes)
+                .unwrap_or(u32::MAX),
             speculative_ttl_ms: u32::try_from(s.ttl_ms).unwrap_or(u32::MAX),
             speculative_max_entries: u32::try_from(s.max_entries).unwrap_or(u32::MAX),
             ttft_prefill_tokens_per_second: w.ttft.map_or(0.0, |m| m.tokens_per_ms * 1_000.0),
@@ -209,12 +221,19 @@ impl Routing {
         r
     }
 
+    /// Large scopes' shortlists rebuilt so far.
+    pub fn shortlist_refreshes(&self) -> u64 {
+        self.load.shortlist_refreshes()
+    }
+
     /// From the flags.
     pub fn from_flags(flags: &ScoringFlags) -> anyhow::Result<Self> {
         Ok(Self::new(
             flags.weights()?,
             LoadSettings {
                 pick_half_life_ms: i64::from(flags.pick_half_life_ms.max(1)),
+                shortlist_refresh_ms: i64::from(flags.shortlist_refresh_ms),
+                shortlist_refresh_changes: u64::from(flags.shortlist_refresh_changes),
                 ..LoadSettings::default()
             },
             SpeculationSettings {
