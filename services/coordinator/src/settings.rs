@@ -43,11 +43,12 @@ pub struct Settings {
 }
 
 /// Resident memory one directory key may cost with its usage and LRU
-/// entries: the peak of a warm restart, rounded up (release build,
-/// 32-hex-char keys, one L2 placement, 919 K keys: 569 B a key while
-/// ingesting, 613 B after the restart, 909 B at the restore's peak;
-/// docs/benchmarks.md), so the bound also survives a restart.
-pub const DIRECTORY_KEY_BYTES: u64 = 1_000;
+/// entries at the worst moment, rounded up: a warm restart peaks at
+/// 239–243 B a key (release build, compact key table, 1 M and 10 M keys;
+/// docs/benchmarks.md, "Coordinator memory and restart"), and a checkpoint
+/// holds its ~94 B-a-key image in memory while it is written; so the bound
+/// also survives a restart and a checkpoint.
+pub const DIRECTORY_KEY_BYTES: u64 = 400;
 
 /// The default `--max-directory-keys`: half the memory limit's worth of
 /// keys (the rest is the process, requests in flight and a checkpoint's
@@ -98,9 +99,9 @@ mod tests {
 
     #[test]
     fn the_default_bound_follows_the_memory_limit() {
-        // The chart's 1 GiB limit: ~192 K keys at 2.8 KB, half of it.
+        // The chart's 1 GiB limit: half of it at 400 B a key.
         let keys = default_directory_keys(Some(1 << 30));
-        assert_eq!(keys, 536_870);
+        assert_eq!(keys, 1_342_177);
         assert!(keys as u64 * DIRECTORY_KEY_BYTES <= (1 << 30) / 2);
         assert_eq!(default_directory_keys(None), 10_000_000);
         assert_eq!(default_directory_keys(Some(10)), 1);
