@@ -676,7 +676,11 @@ fn a_shortlist_is_rebuilt_after_its_changes_or_its_age() {
         fleet.load.picked("r1", T0);
     }
     fleet.ask(&prompt, T0);
-    assert_eq!(fleet.load.shortlist_refreshes(), 1, "within the change budget");
+    assert_eq!(
+        fleet.load.shortlist_refreshes(),
+        1,
+        "within the change budget"
+    );
     fleet.load.picked("r1", T0);
     fleet.ask(&prompt, T0);
     assert_eq!(fleet.load.shortlist_refreshes(), 2, "the budget ran out");
