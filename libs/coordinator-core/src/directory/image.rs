@@ -233,7 +233,10 @@ impl KeyDirectory {
         for i in 0..n {
             let hash = r.bytes("key hash")?;
             if i == 0 {
-                dir.table.hashes.reserve(hash.len(), n);
+                // Both factors come from the file: the hash bytes still to
+                // read cannot exceed what is left of it.
+                let fit = r.left() / hash.len().max(1) + 1;
+                dir.table.hashes.reserve(hash.len(), n.min(fit));
             }
             let (model, salt) = (r.u32("key")?, r.u32("key")?);
             if model as usize >= n_strings || salt as usize >= n_strings {
@@ -479,5 +482,39 @@ mod tests {
                 .to_string()
                 .contains("after the bindings")
         );
+    }
+
+    /// The offset of the first key's hash length in `d`'s image.
+    fn first_hash_len_at(d: &KeyDirectory) -> usize {
+        let names = |ns: &[Name]| 4 + ns.iter().map(|n| 4 + n.len()).sum::<usize>();
+        names(d.table.strings.slots()) + names(d.table.names.slots()) + 8
+    }
+
+    #[test]
+    fn a_flipped_hash_length_is_an_error_not_an_abort() {
+        // Many keys and a first hash length that still fits in the file:
+        // reserving count × length asked for terabytes and aborted.
+        let entries: Vec<_> = (0..200_000u32)
+            .map(|i| {
+                let mut k = key(0, "t");
+                k.chunk_hash = i.to_le_bytes().to_vec();
+                (k, 1)
+            })
+            .collect();
+        let mut d = KeyDirectory::new();
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &entries,
+        ));
+        let mut raw = image(&d);
+        let at = first_hash_len_at(&d);
+        assert_eq!(raw[at..at + 4], 4u32.to_le_bytes());
+        let flipped = u32::try_from(raw.len() / 2).unwrap();
+        raw[at..at + 4].copy_from_slice(&flipped.to_le_bytes());
+        assert!(KeyDirectory::decode_image(&raw).is_err());
     }
 }

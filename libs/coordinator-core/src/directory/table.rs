@@ -188,14 +188,16 @@ impl Hashes {
         }
     }
 
-    /// Makes room for `additional` hashes of `len` bytes.
+    /// Makes room for `additional` hashes of `len` bytes (a hint: an
+    /// overflowing product reserves nothing).
     pub(crate) fn reserve(&mut self, len: usize, additional: usize) {
+        let bytes = additional.checked_mul(len).unwrap_or(0);
         if let Some(p) = self.pools.iter_mut().find(|p| p.len == len) {
-            p.bytes.reserve(additional * len);
+            p.bytes.reserve(bytes);
         } else {
             self.pools.push(Pool {
                 len,
-                bytes: Vec::with_capacity(additional * len),
+                bytes: Vec::with_capacity(bytes),
                 free: Vec::new(),
             });
         }
