@@ -312,15 +312,15 @@ impl IndexCore {
         } = request.purpose
         {
             // Shed before tokenizing: a saturated pool spends nothing. The
-            // least busy is ranked as the pick would be: under the
-            // namespace's scoring.
-            let least = self.routing.rank_by_load(pool, now_ms, &policy.scoring);
-            if let Some(least) = least.first().filter(|l| l.load.requests >= limit) {
+            // threshold counts requests, so it is met only when every
+            // eligible endpoint has that many, whatever the scoring would
+            // rank first (by TTFT, queued work).
+            let least = self.routing.least_requests(pool, now_ms);
+            if let Some(least) = least.filter(|&l| l >= limit) {
                 return Err(RouteError::Saturated(format!(
-                    "every endpoint is saturated: the least busy has {:.0} requests \
+                    "every endpoint is saturated: the least busy has {least:.0} requests \
                      (this request's priority is shed at {limit}: its CachePolicy's \
-                     shedding, else the --epp-shed-*-at-requests flags)",
-                    least.load.requests
+                     shedding, else the --epp-shed-*-at-requests flags)"
                 )));
             }
         }

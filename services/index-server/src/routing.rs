@@ -383,6 +383,20 @@ impl Routing {
         ic_index::pick::rank(&input, &scoring.over(&self.weights), &loads)
     }
 
+    /// The fewest requests any endpoint of `pool` is busy with (`None`: an
+    /// empty pool): what shedding compares with its threshold.
+    pub fn least_requests(
+        &self,
+        pool: &[(ic_index::ReplicaKey, String)],
+        now_ms: i64,
+    ) -> Option<f64> {
+        let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
+        self.loads(&ids, now_ms)
+            .iter()
+            .map(|l| l.requests)
+            .min_by(f64::total_cmp)
+    }
+
     /// The load board: the peer replicas' exchange reads this server's
     /// own picks from it and adds theirs (crate::peers).
     pub fn load_board(&self) -> &LoadBoard {

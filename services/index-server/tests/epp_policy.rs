@@ -505,12 +505,12 @@ async fn fallbacks_rank_by_the_namespace_s_scoring() {
     );
 }
 
-/// Shedding before tokenizing looks at the endpoint the request would go
-/// to by load, ranked under the namespace's scoring: by requests the idle
-/// C takes it; by KV usage the busy A and B rank first, and they are at
-/// the threshold.
+/// Shedding before tokenizing counts requests whatever the namespace's
+/// scoring ranks first: by KV usage the busy A (6 requests) is the pick,
+/// but the idle C is under the threshold, so nothing is shed until every
+/// endpoint is at it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shedding_ranks_by_the_namespace_s_scoring() {
+async fn shedding_counts_requests_whatever_the_scoring_ranks_first() {
     let endpoints = format!("{A},{B},{C}");
     let mut args = BY_REQUESTS.to_vec();
     args.extend([
@@ -531,7 +531,7 @@ async fn shedding_ranks_by_the_namespace_s_scoring() {
     )
     .await;
     reports(&s.grpc, "engine-a", A, 6, 0.0).await;
-    reports(&s.grpc, "engine-b", B, 7, 0.0).await;
+    reports(&s.grpc, "engine-b", B, 7, 0.1).await;
     reports(&s.grpc, "engine-c", C, 0, 0.95).await;
     assert_eq!(pick(&s.epp, None, None).await, Ok(C.into()), "by requests");
 
@@ -545,7 +545,13 @@ async fn shedding_ranks_by_the_namespace_s_scoring() {
     .await;
     assert_eq!(
         pick(&s.epp, None, None).await,
+        Ok(A.into()),
+        "by KV usage A is the pick, over the threshold, and C (0 requests) is under it"
+    );
+    reports(&s.grpc, "engine-c", C, 5, 0.95).await;
+    assert_eq!(
+        pick(&s.epp, None, None).await,
         Err(429),
-        "by KV usage the least busy endpoint has 6 requests"
+        "every endpoint has at least 3 requests"
     );
 }
