@@ -18,7 +18,7 @@
 
 use super::table::{Id, Interner, KeyParts, Links, List, NIL, Name, Place};
 use super::{Binding, KeyDirectory, tier_index};
-use crate::{FastSet, StorageLevel};
+use crate::{FastMap, FastSet, StorageLevel};
 
 /// Why an image does not load.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -282,6 +282,22 @@ impl KeyDirectory {
         let slots = std::mem::take(&mut dir.table.strings).into_slots();
         dir.table.strings =
             Interner::from_slots(slots, refs).ok_or_else(|| bad("strings repeat"))?;
+        // The L1 index and the LRU's membership follow from the records:
+        // rebuilt here, the sections only checked against them (a list
+        // trusted as written could leave a key filed twice or not at all,
+        // and a later unlink or fence corrupt the directory).
+        let mut l1: FastMap<String, FastSet<Id>> = FastMap::default();
+        let mut l2_keys = 0usize;
+        for id in 0..u32::try_from(n).map_err(|_| bad("keys: too many"))? {
+            let rec = dir.table.rec(id);
+            if rec.places().any(|p| p.tier == StorageLevel::L2) {
+                l2_keys += 1;
+            }
+            for p in rec.places().filter(|p| p.private_l1()) {
+                let name = &**dir.table.names.name(p.instance);
+                l1.entry(name.to_owned()).or_default().insert(id);
+            }
+        }
         let position = |r: &mut Reader<'_>, what: &str| -> Result<Id, ImageError> {
             let p = r.u32(what)?;
             if p as usize >= n {
@@ -289,9 +305,14 @@ impl KeyDirectory {
             }
             Ok(p)
         };
+        let mut filed = 0usize;
         for _ in 0..r.len("lru")? {
             let salt = r.u32("lru")?;
+            if dir.lru.contains_key(&salt) {
+                return Err(bad(format!("lru: salt {salt} listed twice")));
+            }
             let m = r.count(4, "lru")?;
+            filed += m;
             let mut list = List::default();
             for _ in 0..m {
                 let id = position(&mut r, "lru")?;
@@ -309,15 +330,34 @@ impl KeyDirectory {
                 dir.lru.insert(salt, list);
             }
         }
+        if filed != l2_keys {
+            return Err(bad(format!(
+                "lru: {filed} keys filed, {l2_keys} keys have an L2 placement"
+            )));
+        }
         for _ in 0..r.len("l1")? {
-            let instance = r.str("l1")?.to_owned();
-            let m = r.count(4, "l1")?;
-            let mut ids = FastSet::default();
-            ids.reserve(m);
-            for _ in 0..m {
-                ids.insert(position(&mut r, "l1")?);
+            let instance = r.str("l1")?;
+            if dir.l1_by_instance.contains_key(instance) {
+                return Err(bad(format!("l1: instance {instance:?} listed twice")));
             }
-            dir.l1_by_instance.insert(instance, ids);
+            let ids = l1.remove(instance).unwrap_or_default();
+            let m = r.count(4, "l1")?;
+            if m != ids.len() {
+                return Err(bad(format!(
+                    "l1: instance {instance:?} lists {m} keys, holds {}",
+                    ids.len()
+                )));
+            }
+            for _ in 0..m {
+                let id = position(&mut r, "l1")?;
+                if !ids.contains(&id) {
+                    return Err(bad(format!("l1: key {id} does not belong to {instance:?}")));
+                }
+            }
+            dir.l1_by_instance.insert(instance.to_owned(), ids);
+        }
+        if let Some(instance) = l1.keys().next() {
+            return Err(bad(format!("l1: instance {instance:?} missing")));
         }
         let bindings = r.count(16, "bindings")?;
         dir.bindings.reserve(bindings);
@@ -516,5 +556,75 @@ mod tests {
         let flipped = u32::try_from(raw.len() / 2).unwrap();
         raw[at..at + 4].copy_from_slice(&flipped.to_le_bytes());
         assert!(KeyDirectory::decode_image(&raw).is_err());
+    }
+
+    #[test]
+    fn lists_that_disagree_with_the_records_are_refused() {
+        // Two L2 keys of salt "t" from "a": the image ends with the LRU
+        // (one list of both), the L1 index ("a", empty) and no bindings.
+        let mut d = KeyDirectory::new();
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &[(key(1, "t"), 10), (key(2, "t"), 10)],
+        ));
+        let raw = image(&d);
+        let salt = d.table.strings.get("t").unwrap();
+        let lru_at = raw.len() - (24 + 17 + 8);
+        let mut lru = Vec::new();
+        put_u32(&mut lru, 1);
+        put_u32(&mut lru, salt as usize);
+        put_u64(&mut lru, 2);
+        put_u32(&mut lru, 0);
+        put_u32(&mut lru, 1);
+        assert_eq!(raw[lru_at..lru_at + 24], lru[..]);
+        let tail = raw[lru_at + 24..].to_vec();
+        let with_lru = |lru: &[u8]| [&raw[..lru_at], lru, &tail].concat();
+        // The salt's list twice, one key each: the second overwrote the
+        // first and left key 0 filed in no list.
+        let mut twice = Vec::new();
+        put_u32(&mut twice, 2);
+        for id in [0, 1] {
+            put_u32(&mut twice, salt as usize);
+            put_u64(&mut twice, 1);
+            put_u32(&mut twice, id);
+        }
+        let e = KeyDirectory::decode_image(&with_lru(&twice)).unwrap_err();
+        assert!(e.to_string().contains("listed twice"), "{e}");
+        // A key with an L2 placement filed nowhere.
+        let mut short = Vec::new();
+        put_u32(&mut short, 1);
+        put_u32(&mut short, salt as usize);
+        put_u64(&mut short, 1);
+        put_u32(&mut short, 0);
+        assert!(KeyDirectory::decode_image(&with_lru(&short)).is_err());
+        // The L1 index claims a key "a" holds no L1 placement of.
+        let mut l1 = raw.clone();
+        let n = l1.len();
+        l1.truncate(n - 16);
+        put_u64(&mut l1, 1);
+        put_u32(&mut l1, 0);
+        put_u64(&mut l1, 0);
+        let e = KeyDirectory::decode_image(&l1).unwrap_err();
+        assert!(e.to_string().contains("l1:"), "{e}");
+        // The honest image loads and survives a fence, the deletes and a
+        // re-encode.
+        let mut back = KeyDirectory::decode_image(&raw).unwrap();
+        back.fence("a");
+        back.apply(&batch(
+            "a",
+            EventType::Delete,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &[(key(1, "t"), 0), (key(2, "t"), 0)],
+        ));
+        assert!(back.is_empty());
+        assert_eq!(back.lru_bucket_len("t"), 0);
+        let again = KeyDirectory::decode_image(&image(&back)).unwrap();
+        assert!(again.is_empty());
     }
 }
