@@ -225,11 +225,11 @@ pub fn decode_file(raw: &[u8]) -> Result<Restored, CheckpointError> {
                 dir
             });
             sections.lru_order = None;
-            Ok(Restored {
+            Ok(forget_positions_if_cold(Restored {
                 sections,
                 directory,
                 skipped,
-            })
+            }))
         }
         VERSION => {
             let mut out = Restored::default();
@@ -267,10 +267,22 @@ pub fn decode_file(raw: &[u8]) -> Result<Restored, CheckpointError> {
                     _ => {}
                 }
             }
-            Ok(out)
+            Ok(forget_positions_if_cold(out))
         }
         other => Err(CheckpointError::Version(other)),
     }
+}
+
+/// A directory that did not decode starts cold, and so must the positions
+/// saying which events it holds: kept, the gate would refuse the replayed
+/// events as duplicates and the Kafka consumer seek past them, their
+/// effect lost for good. Without them the whole log replays.
+fn forget_positions_if_cold(mut r: Restored) -> Restored {
+    if r.skipped.iter().any(|s| s.name == "key_directory") {
+        r.sections.stream_cursors = None;
+        r.sections.kafka_stream_position = None;
+    }
+    r
 }
 
 /// A section that was present but did not decode; it starts cold.
@@ -757,14 +769,43 @@ mod tests {
         assert_eq!(capture_lru(&d1), capture_lru(&dir));
         assert_eq!(d1.stats(), dir.stats());
         assert_eq!(back.sections.lru_order, None);
-        // A corrupt directory frame starts cold alone.
+        // A corrupt directory frame starts cold, and with it the gate
+        // cursors and the Kafka position (the log replays into it).
         let mut bad = raw.clone();
         let n = bad.len();
         bad[n - 9] ^= 0xFF;
         let back = decode_file(&bad).unwrap();
         assert!(back.directory.is_none());
         assert_eq!(back.skipped[0].name, "key_directory");
-        assert_eq!(back.sections, sections);
+        assert_eq!(
+            back.sections,
+            Sections {
+                stream_cursors: None,
+                kafka_stream_position: None,
+                ..sections.clone()
+            }
+        );
+        // So does a version-1 file whose directory section is corrupt.
+        let mut v1_bad = b"LMCKPT\0\0\x01\0\0\0".to_vec();
+        rmpv::encode::write_value(
+            &mut v1_bad,
+            &rmpv::Value::Map(vec![
+                (
+                    "stream_cursors".into(),
+                    rmpv::ext::to_value(sections.stream_cursors.as_ref().unwrap()).unwrap(),
+                ),
+                (
+                    "kafka_stream_position".into(),
+                    rmpv::ext::to_value(sections.kafka_stream_position.as_ref().unwrap()).unwrap(),
+                ),
+                ("key_directory".into(), "not a section".into()),
+            ]),
+        )
+        .unwrap();
+        let back = decode_file(&v1_bad).unwrap();
+        assert!(back.directory.is_none());
+        assert_eq!(back.skipped[0].name, "key_directory");
+        assert_eq!(back.sections, Sections::default());
         // A truncated frame, an unknown version: errors (cold start).
         assert!(decode_file(&raw[..raw.len() - 1]).is_err());
         assert!(matches!(
