@@ -16,8 +16,9 @@ use ic_proto::index_v1 as pb;
 use prost::Message as _;
 use rdkafka::config::ClientConfig;
 
-/// Default topic.
-pub const DEFAULT_TOPIC: &str = "inferencecache.index-events";
+/// The flags' values and checks shared with the webhook (which must not
+/// link librdkafka), so both refuse the same values.
+pub use ic_kafka_flags::{DEFAULT_TOPIC, SecurityProtocol};
 
 /// The first byte of every record value: the encoding's version, so a
 /// later encoding can be told apart instead of misread.
@@ -36,41 +37,6 @@ pub enum Transport {
     Grpc,
     /// A Kafka topic every index-server replica consumes whole.
     Kafka,
-}
-
-/// How clients reach the brokers.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum SecurityProtocol {
-    /// No TLS, no SASL (local runs, a trusted network).
-    #[default]
-    Plaintext,
-    /// TLS.
-    Ssl,
-    /// SASL without TLS.
-    #[value(name = "sasl_plaintext")]
-    SaslPlaintext,
-    /// SASL over TLS (managed Kafka services).
-    #[value(name = "sasl_ssl")]
-    SaslSsl,
-}
-
-impl SecurityProtocol {
-    fn as_librdkafka(self) -> &'static str {
-        match self {
-            Self::Plaintext => "plaintext",
-            Self::Ssl => "ssl",
-            Self::SaslPlaintext => "sasl_plaintext",
-            Self::SaslSsl => "sasl_ssl",
-        }
-    }
-
-    fn sasl(self) -> bool {
-        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
-    }
-
-    fn tls(self) -> bool {
-        matches!(self, Self::Ssl | Self::SaslSsl)
-    }
 }
 
 /// The Kafka flags the subscriber and the index server share.
@@ -158,8 +124,6 @@ fn flag_error(flag: &'static str, detail: impl Into<String>) -> ConfigError {
     }
 }
 
-const SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
-
 impl KafkaFlags {
     /// Whether the Kafka transport is on.
     pub fn enabled(&self) -> bool {
@@ -174,21 +138,14 @@ impl KafkaFlags {
         if self.kafka_topic.trim().is_empty() {
             return Err(flag_error("--kafka-topic", "must not be empty"));
         }
-        if !valid_topic(&self.kafka_topic) {
-            return Err(flag_error(
-                "--kafka-topic",
-                format!(
-                    "{:?}: at most 249 characters of a-z A-Z 0-9 . _ -",
-                    self.kafka_topic
-                ),
-            ));
-        }
+        ic_kafka_flags::check_topic(&self.kafka_topic)
+            .map_err(|detail| flag_error("--kafka-topic", detail))?;
         let protocol = self.kafka_security_protocol;
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", brokers.join(","))
             .set("client.id", client_id)
-            .set("security.protocol", protocol.as_librdkafka())
+            .set("security.protocol", protocol.as_str())
             .set("reconnect.backoff.ms", "100")
             .set("reconnect.backoff.max.ms", "10000");
         if protocol.sasl() {
@@ -198,15 +155,8 @@ impl KafkaFlags {
                     "required with a sasl_* security protocol (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
                 )
             })?;
-            if !SASL_MECHANISMS.contains(&mechanism) {
-                return Err(flag_error(
-                    "--kafka-sasl-mechanism",
-                    format!(
-                        "{mechanism:?}: expected one of {}",
-                        SASL_MECHANISMS.join(", ")
-                    ),
-                ));
-            }
+            ic_kafka_flags::check_sasl_mechanism(mechanism)
+                .map_err(|detail| flag_error("--kafka-sasl-mechanism", detail))?;
             let username = self
                 .kafka_sasl_username
                 .as_deref()
@@ -264,33 +214,13 @@ impl KafkaFlags {
     }
 
     fn brokers(&self) -> Result<Vec<String>, ConfigError> {
-        let brokers: Vec<String> = self
-            .kafka_brokers
-            .iter()
-            .map(|b| b.trim().to_owned())
-            .filter(|b| !b.is_empty())
-            .collect();
-        if brokers.is_empty() {
-            return Err(flag_error(
+        ic_kafka_flags::parse_brokers(&self.kafka_brokers).map_err(|e| match e {
+            ic_kafka_flags::BrokersError::Empty => flag_error(
                 "--kafka-brokers",
                 "required with --transport kafka (host:port, comma-separated)",
-            ));
-        }
-        for b in &brokers {
-            let port = b
-                .rsplit_once(':')
-                .map(|(host, port)| (host, port.parse::<u16>()));
-            match port {
-                Some((host, Ok(p))) if !host.is_empty() && p > 0 => {}
-                _ => {
-                    return Err(flag_error(
-                        "--kafka-brokers",
-                        format!("{b:?}: expected host:port"),
-                    ));
-                }
-            }
-        }
-        Ok(brokers)
+            ),
+            malformed => flag_error("--kafka-brokers", malformed.to_string()),
+        })
     }
 
     fn password(&self) -> Result<String, ConfigError> {
@@ -316,17 +246,6 @@ impl KafkaFlags {
         }
         Ok(password)
     }
-}
-
-/// Kafka's topic name rule.
-fn valid_topic(topic: &str) -> bool {
-    !topic.is_empty()
-        && topic.len() <= 249
-        && topic != "."
-        && topic != ".."
-        && topic
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The record key of a replica's batches: its tenant and pod, so every

@@ -37,6 +37,10 @@ fn bad_flags_name_the_flag() {
     assert!(err(&[]).starts_with("--kafka-brokers: required"));
     assert!(err(&["--kafka-brokers", "nohost"]).starts_with("--kafka-brokers: \"nohost\""));
     assert!(err(&["--kafka-brokers", "h:1", "--kafka-topic", "a b"]).starts_with("--kafka-topic"));
+    for dots in [".", ".."] {
+        let e = err(&["--kafka-brokers", "h:1", "--kafka-topic", dots]);
+        assert!(e.starts_with("--kafka-topic"), "{e}");
+    }
     assert!(
         err(&[
             "--kafka-brokers",

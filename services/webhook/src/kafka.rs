@@ -5,12 +5,13 @@
 //! fails the webhook's rollout rather than every engine pod's sidecar.
 //!
 //! The webhook has no Kafka client of its own (nothing here links
-//! librdkafka): it only renders flags, so the checks mirror what the
-//! subscriber refuses.
+//! librdkafka): it only renders flags, checked by `ic-kafka-flags`, the
+//! definition the subscriber's own checks use, so the two cannot disagree.
 
 use std::path::PathBuf;
 
 use ic_adapters::admission::{SecretKeyRef, SubscriberKafka};
+use ic_kafka_flags::{BrokersError, DEFAULT_TOPIC, SecurityProtocol};
 
 /// How the injected subscribers reach the index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -21,44 +22,6 @@ pub enum SubscriberTransport {
     /// The Kafka topic every index replica consumes.
     Kafka,
 }
-
-/// `--subscriber-kafka-security-protocol`, spelled as the subscriber's
-/// `--kafka-security-protocol`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum SecurityProtocol {
-    /// No TLS, no SASL.
-    #[default]
-    Plaintext,
-    /// TLS.
-    Ssl,
-    /// SASL without TLS.
-    #[value(name = "sasl_plaintext")]
-    SaslPlaintext,
-    /// SASL over TLS.
-    #[value(name = "sasl_ssl")]
-    SaslSsl,
-}
-
-impl SecurityProtocol {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Plaintext => "plaintext",
-            Self::Ssl => "ssl",
-            Self::SaslPlaintext => "sasl_plaintext",
-            Self::SaslSsl => "sasl_ssl",
-        }
-    }
-
-    fn sasl(self) -> bool {
-        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
-    }
-
-    fn tls(self) -> bool {
-        matches!(self, Self::Ssl | Self::SaslSsl)
-    }
-}
-
-const SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 
 /// The subscribers' Kafka flags (used with `--subscriber-transport kafka`).
 #[derive(Clone, Debug, Default, clap::Args)]
@@ -73,11 +36,7 @@ pub struct SubscriberKafkaFlags {
     #[arg(long, env = "IC_SUBSCRIBER_KAFKA_BROKERS", value_delimiter = ',')]
     pub subscriber_kafka_brokers: Vec<String>,
     /// The topic of index batches.
-    #[arg(
-        long,
-        env = "IC_SUBSCRIBER_KAFKA_TOPIC",
-        default_value = "inferencecache.index-events"
-    )]
+    #[arg(long, env = "IC_SUBSCRIBER_KAFKA_TOPIC", default_value = DEFAULT_TOPIC)]
     pub subscriber_kafka_topic: String,
     /// How the subscribers reach the brokers.
     #[arg(long, env = "IC_SUBSCRIBER_KAFKA_SECURITY_PROTOCOL", value_enum, default_value_t = SecurityProtocol::Plaintext)]
@@ -145,41 +104,16 @@ impl SubscriberKafkaFlags {
         if self.subscriber_transport == SubscriberTransport::Grpc {
             return Ok(None);
         }
-        let brokers: Vec<&str> = self
-            .subscriber_kafka_brokers
-            .iter()
-            .map(|b| b.trim())
-            .filter(|b| !b.is_empty())
-            .collect();
-        if brokers.is_empty() {
-            return Err(flag(
-                "--subscriber-kafka-brokers",
-                "required with --subscriber-transport kafka (host:port, comma-separated)",
-            ));
-        }
-        for b in &brokers {
-            let ok = b.rsplit_once(':').is_some_and(|(host, port)| {
-                !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
-            });
-            if !ok {
-                return Err(flag(
+        let brokers =
+            ic_kafka_flags::parse_brokers(&self.subscriber_kafka_brokers).map_err(|e| match e {
+                BrokersError::Empty => flag(
                     "--subscriber-kafka-brokers",
-                    format!("{b:?}: expected host:port"),
-                ));
-            }
-        }
+                    "required with --subscriber-transport kafka (host:port, comma-separated)",
+                ),
+                malformed => flag("--subscriber-kafka-brokers", malformed.to_string()),
+            })?;
         let topic = self.subscriber_kafka_topic.trim();
-        let topic_ok = !topic.is_empty()
-            && topic.len() <= 249
-            && topic
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        if !topic_ok {
-            return Err(flag(
-                "--subscriber-kafka-topic",
-                format!("{topic:?}: 1 to 249 characters of a-z A-Z 0-9 . _ -"),
-            ));
-        }
+        ic_kafka_flags::check_topic(topic).map_err(|r| flag("--subscriber-kafka-topic", r))?;
         let protocol = self.subscriber_kafka_security_protocol;
         let mechanism = nonblank(&self.subscriber_kafka_sasl_mechanism);
         let username = nonblank(&self.subscriber_kafka_sasl_username);
@@ -191,15 +125,8 @@ impl SubscriberKafkaFlags {
                     "required with a sasl_* security protocol (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
                 )
             })?;
-            if !SASL_MECHANISMS.contains(&mechanism) {
-                return Err(flag(
-                    "--subscriber-kafka-sasl-mechanism",
-                    format!(
-                        "{mechanism:?}: expected one of {}",
-                        SASL_MECHANISMS.join(", ")
-                    ),
-                ));
-            }
+            ic_kafka_flags::check_sasl_mechanism(mechanism)
+                .map_err(|r| flag("--subscriber-kafka-sasl-mechanism", r))?;
             if username.is_none() {
                 return Err(flag(
                     "--subscriber-kafka-sasl-username",
@@ -306,6 +233,17 @@ mod tests {
             "--subscriber-kafka-topic=a topic",
         ]);
         assert!(e.starts_with("--subscriber-kafka-topic"), "{e}");
+        // Kafka refuses these names, so the subscriber would too: the
+        // webhook must not start with them.
+        for dots in [".", ".."] {
+            let e = refused(&[
+                "--subscriber-transport=kafka",
+                "--subscriber-kafka-brokers=b:9092",
+                "--subscriber-kafka-topic",
+                dots,
+            ]);
+            assert!(e.starts_with("--subscriber-kafka-topic"), "{e}");
+        }
         let k = parse(&[
             "--subscriber-transport=kafka",
             "--subscriber-kafka-brokers= a:1 , b:2",
