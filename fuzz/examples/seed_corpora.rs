@@ -155,6 +155,21 @@ fn main() {
         "instance_id": "i-0", "incarnation": 1000, "seq": 1, "event_type": "store",
         "tier": "l2", "backend": "s3", "entries": [{"key": key, "size_bytes": 8192}]}))
     .unwrap();
+    // The version-2 file the coordinator writes: its sections and a
+    // directory image holding that batch's key.
+    let mut dir = ic_coordinator_core::directory::KeyDirectory::new();
+    dir.apply(&batch.validate(0).unwrap());
+    let sections = checkpoint::Sections {
+        kafka_stream_position: Some(checkpoint::KafkaPositionSection {
+            offsets: vec![("events".into(), 0, 7)],
+        }),
+        ..checkpoint::Sections::default()
+    };
+    write(
+        "checkpoint_file",
+        "v2-one-key",
+        &checkpoint::encode_file(&sections, &dir).unwrap(),
+    );
     let mut writer = trace::TraceWriter::new(Vec::new(), &trace::Header::default()).unwrap();
     writer.batch(0.5, 1_700_000_000.5, &batch).unwrap();
     writer.batch(1.0, 1_700_000_001.0, &batch).unwrap();

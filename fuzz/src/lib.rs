@@ -8,7 +8,7 @@
 //! | `pod_review` | an AdmissionReview body | the pod webhook's `mutate` against fixed CacheBackends |
 //! | `cachebackend_review` | an AdmissionReview body | the CacheBackend webhook's defaulting and validation |
 //! | `coordinator_body` | route selector byte + JSON body | the coordinator's whole HTTP router, in process |
-//! | `checkpoint_file` | a checkpoint or metadata file | `checkpoint::decode` and `metadata::decode` |
+//! | `checkpoint_file` | a checkpoint (v1 or v2) or metadata file | `checkpoint::decode_file` and `metadata::decode` |
 //! | `trace_file` | a `.lct` trace | the trace reader, to its end |
 //! | `lookup_route` | a protobuf `LookupRouteRequest` | the index server's lookup over a populated index |
 //! | `ingest_events` | length-delimited protobuf `IngestBatch`es | one ingest stream applying them to an index |
@@ -240,9 +240,10 @@ pub fn coordinator_body(data: &[u8]) {
     });
 }
 
-/// A checkpoint or a metadata file read at start-up.
+/// A checkpoint (version 1 or 2, as the coordinator reads it at start-up)
+/// or a metadata file.
 pub fn checkpoint_file(data: &[u8]) {
-    let _ = ic_coordinator_core::checkpoint::decode(data);
+    let _ = ic_coordinator_core::checkpoint::decode_file(data);
     let _ = ic_coordinator_core::metadata::decode(data);
 }
 
