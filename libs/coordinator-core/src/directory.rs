@@ -20,6 +20,10 @@ pub use image::ImageError;
 pub use table::Name;
 use table::{Id, Links, List, Place, Table};
 
+/// Most keys a directory holds whatever its configured bound (none
+/// included): record ids are `u32` and `u32::MAX` ends a list.
+pub const MAX_KEYS: usize = u32::MAX as usize - 1;
+
 fn serialize_name<S: serde::Serializer>(name: &Name, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(name)
 }
@@ -234,13 +238,19 @@ impl KeyDirectory {
     /// oldest keys at once if it holds more. The directory is a hint: a
     /// dropped key is only a lookup the coordinator cannot answer, and the
     /// instance still holds (and evicts) the chunk itself.
+    /// Whatever `max` says, the bound is at most [`MAX_KEYS`] (a `u32`
+    /// record id, one value kept as the list terminator).
     pub fn set_max_keys(&mut self, max: Option<usize>) {
         self.max_keys = max;
-        if let Some(max) = max {
-            while self.table.len() > max {
-                self.drop_oldest();
-            }
+        let bound = self.key_bound();
+        while self.table.len() > bound {
+            self.drop_oldest();
         }
+    }
+
+    /// The bound in force: [`Self::set_max_keys`]'s, capped at [`MAX_KEYS`].
+    pub fn key_bound(&self) -> usize {
+        self.max_keys.map_or(MAX_KEYS, |m| m.min(MAX_KEYS))
     }
 
     /// The bound set by [`Self::set_max_keys`].
@@ -338,25 +348,24 @@ impl KeyDirectory {
                 let r = self.table.rec_mut(id);
                 if let Some(existing) = r.places_mut().find(|p| p.same_identity(&place)) {
                     let old = existing.size_bytes;
-                    t.bytes = t.bytes - old + place.size_bytes;
+                    t.bytes = t.bytes.saturating_sub(old).saturating_add(place.size_bytes);
                     *existing = place;
                     (id, old)
                 } else {
                     t.count += 1;
-                    t.bytes += place.size_bytes;
+                    t.bytes = t.bytes.saturating_add(place.size_bytes);
                     r.push_place(place);
                     (id, 0)
                 }
             }
             None => {
-                if let Some(max) = self.max_keys {
-                    while self.table.len() >= max.max(1) {
-                        self.drop_oldest();
-                    }
+                let bound = self.key_bound().max(1);
+                while self.table.len() >= bound {
+                    self.drop_oldest();
                 }
                 let t = &mut self.totals[tier_index(place.tier)];
                 t.count += 1;
-                t.bytes += place.size_bytes;
+                t.bytes = t.bytes.saturating_add(place.size_bytes);
                 let id = self.table.insert(key, place);
                 self.table.push_back(&mut self.order, Links::Order, id);
                 (id, 0)
@@ -392,8 +401,8 @@ impl KeyDirectory {
         for p in &removed {
             let t = &mut self.totals[tier_index(p.tier)];
             t.count -= 1;
-            t.bytes -= p.size_bytes;
-            removed_bytes += p.size_bytes;
+            t.bytes = t.bytes.saturating_sub(p.size_bytes);
+            removed_bytes = u64::saturating_add(removed_bytes, p.size_bytes);
         }
         for p in removed.iter().filter(|p| p.private_l1()) {
             let still_there = !everything
@@ -652,7 +661,8 @@ impl KeyDirectory {
         {
             for p in r.places() {
                 let owner = if p.shared { table::NIL } else { p.instance };
-                *sums.entry((r.salt, p.tier, owner, p.backend)).or_default() += p.size_bytes;
+                let sum = sums.entry((r.salt, p.tier, owner, p.backend)).or_default();
+                *sum = sum.saturating_add(p.size_bytes);
             }
         }
         sums.into_iter()

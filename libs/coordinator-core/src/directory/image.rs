@@ -204,8 +204,14 @@ impl KeyDirectory {
         dir.table.strings = Interner::loading(strings);
         dir.table.names =
             Interner::from_slots(names, vec![1; n_names]).ok_or_else(|| bad("names repeat"))?;
-        let mut refs = vec![0u32; n_strings];
+        let mut refs = vec![0u64; n_strings];
         let n = r.count(MIN_KEY, "keys")?;
+        if n > super::MAX_KEYS {
+            return Err(bad(format!(
+                "keys: {n} exceeds the table's {}",
+                super::MAX_KEYS
+            )));
+        }
         dir.table.reserve(n);
         let place = |r: &mut Reader<'_>| -> Result<Place, ImageError> {
             let size_bytes = r.u64("placement")?;
@@ -387,7 +393,7 @@ impl KeyDirectory {
     fn count_place(&mut self, p: &Place) {
         let t = &mut self.totals[tier_index(p.tier)];
         t.count += 1;
-        t.bytes += p.size_bytes;
+        t.bytes = t.bytes.saturating_add(p.size_bytes);
     }
 }
 

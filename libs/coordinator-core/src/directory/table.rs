@@ -31,7 +31,9 @@ pub type Name = std::sync::Arc<str>;
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Interner {
     names: Vec<Name>,
-    refs: Vec<u32>,
+    // u64: every key holds two references (model, salt), possibly to one
+    // string, and there may be u32::MAX - 1 keys.
+    refs: Vec<u64>,
     free: Vec<u32>,
     index: FastMap<Name, u32>,
 }
@@ -108,7 +110,7 @@ impl Interner {
 
     /// Rebuilds an interner from its slots and their reference counts; a
     /// slot with none is free. `None` when a name is in two live slots.
-    pub(crate) fn from_slots(names: Vec<Name>, refs: Vec<u32>) -> Option<Self> {
+    pub(crate) fn from_slots(names: Vec<Name>, refs: Vec<u64>) -> Option<Self> {
         let mut index = FastMap::default();
         index.reserve(names.len());
         let mut free = Vec::new();

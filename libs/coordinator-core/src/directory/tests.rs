@@ -405,8 +405,9 @@ fn group_expansion_survives_the_removal_of_any_key_of_the_hash() {
     );
 }
 
-/// Random stores, deletes, accesses, fences and a bound against a plain
-/// model of the contract: every answer agrees, and the LRU holds exactly
+/// Random stores, deletes, accesses and fences (no bound: the bound's
+/// drops are tested on their own above) against a plain model of the
+/// contract: every answer agrees, and the LRU holds exactly
 /// the keys with an L2 placement, most recently stored or accessed last.
 /// Exercises record reuse (freed ids, hash places and salts come back).
 #[test]
@@ -576,4 +577,48 @@ fn random_operations_agree_with_a_plain_model() {
             assert_eq!(d.expand_groups(&base), want, "step {step}");
         }
     }
+}
+
+/// No configured bound (or a larger one) lets the table reach `u32::MAX`
+/// records, whose last id is the list terminator.
+#[test]
+fn the_key_bound_is_capped_by_the_record_ids() {
+    let mut d = KeyDirectory::new();
+    assert_eq!(d.key_bound(), MAX_KEYS);
+    d.set_max_keys(Some(usize::MAX));
+    assert_eq!(d.key_bound(), u32::MAX as usize - 1);
+    d.set_max_keys(Some(5));
+    assert_eq!(d.key_bound(), 5);
+}
+
+/// Sizes are the reporter's: sums saturate instead of overflowing.
+#[test]
+fn byte_sums_saturate() {
+    let mut d = KeyDirectory::new();
+    let store = |d: &mut KeyDirectory, instance: &str, size: u64| {
+        d.apply(&batch(
+            instance,
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &[(key(1, ""), size), (key(2, ""), size)],
+        ))
+    };
+    store(&mut d, "a", u64::MAX);
+    assert_eq!(d.totals(StorageLevel::L2).bytes, u64::MAX);
+    store(&mut d, "b", u64::MAX);
+    store(&mut d, "a", 1);
+    // Per (salt, tier, owner, backend): b's two keys saturate.
+    assert!(d.placement_rollups().iter().any(|r| r.4 == u64::MAX));
+    d.fence("a");
+    d.apply(&batch(
+        "a",
+        EventType::Delete,
+        StorageLevel::L2,
+        "fs",
+        false,
+        &[(key(1, ""), 0), (key(2, ""), 0)],
+    ));
+    assert_eq!(d.len(), 2);
 }
