@@ -22,8 +22,48 @@ mod fleet;
 
 use fleet::{MODEL, TENANT, converge, metric};
 
-/// How long the peers' figures may take to arrive before the test fails.
-const ARRIVE: Duration = Duration::from_secs(30);
+/// How often a wait says what it is still missing.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A wait with no deadline (tests assert no times): a wait that never ends
+/// is ended by the runner's timeout, its last lines saying what it missed.
+struct Wait {
+    started: Instant,
+    next: Duration,
+}
+
+impl Wait {
+    fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            next: LOG_EVERY,
+        }
+    }
+
+    fn still(&mut self, missing: impl FnOnce() -> String) {
+        if self.started.elapsed() >= self.next {
+            eprintln!(
+                "still waiting after {:?}: {}",
+                self.started.elapsed(),
+                missing()
+            );
+            self.next += LOG_EVERY;
+        }
+    }
+}
+
+/// Pick-load reports this replica accepted from its peers.
+fn reports_received(http: SocketAddr) -> f64 {
+    let (_, text) = ic_e2e::http_get(http, "/metrics");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("inferencecache_index_peers_shares_total{")
+                && l.contains("direction=\"received\"")
+                && l.contains("outcome=\"ok\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
 
 fn replica(grpc_port: u16, peers: &str) -> ServiceProcess {
     replica_with(grpc_port, peers, &[])
@@ -104,16 +144,13 @@ async fn a_replica_sees_the_picks_made_through_its_peer() {
     assert!(own >= 11.0, "the first replica counts its 12 picks: {own}");
 
     // The second replica's ranking sees them through the exchange.
-    let started = Instant::now();
+    let mut wait = Wait::new();
     let seen = loop {
         let seen = load_of(ports[1], &tokens, &holder, true).await.unwrap();
         if seen >= own * 0.9 {
             break seen;
         }
-        assert!(
-            started.elapsed() < ARRIVE,
-            "the second replica never saw its peer's picks: load {seen}, the first's {own}"
-        );
+        wait.still(|| format!("the second replica's load {seen}, the first's {own}"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     eprintln!("peer load: first replica {own:.2}, second {seen:.2}");
@@ -176,9 +213,9 @@ async fn readiness_waits_for_the_first_policy_push() {
         .set_policies(ic_proto::index_v1::SetPoliciesRequest::default())
         .await
         .unwrap();
-    let started = Instant::now();
+    let mut wait = Wait::new();
     while ic_e2e::http_get(http, "/ready").0 != 200 {
-        assert!(started.elapsed() < ARRIVE, "never ready after the push");
+        wait.still(|| "ready after the push".into());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(server.stop().success());
@@ -259,8 +296,15 @@ async fn a_speculative_holder_stays_on_its_replica_until_the_engines_events_arri
         speculative,
         "A counts its pick as a speculative holder"
     );
-    // Longer than several share intervals: B still does not know of it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // B has since accepted a report A built after the pick (A sends one
+    // at a time: the second report counted from now was built after the
+    // first returned), and still does not know of it.
+    let before = reports_received(https[1]);
+    let mut wait = Wait::new();
+    while reports_received(https[1]) < before + 2.0 {
+        wait.still(|| format!("B's reports from A: {before} before the pick"));
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     assert_eq!(
         holders(ports[1], &prompt, &[], true).await,
         vec![],
@@ -271,16 +315,14 @@ async fn a_speculative_holder_stays_on_its_replica_until_the_engines_events_arri
     assert_eq!(engines[0].newest().unwrap().0, prompt);
     let real = vec![(holder.clone(), 4, false)];
     let started = Instant::now();
+    let mut wait = Wait::new();
     loop {
         let a = holders(ports[0], &prompt, &[], true).await;
         let b = holders(ports[1], &prompt, &[], true).await;
         if a == real && b == real {
             break;
         }
-        assert!(
-            started.elapsed() < ARRIVE,
-            "the replicas never agreed on the real holder: A {a:?}, B {b:?}"
-        );
+        wait.still(|| format!("the real holder on both: A {a:?}, B {b:?}"));
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     eprintln!(
