@@ -575,8 +575,13 @@ pub fn route_ranked(
         (None, Some(members), Some(board)) => {
             board.with_members(scoring.scope_tag, members, now_ms, |reader, resolved| {
                 // A large scope without a candidate set reads its holders
-                // and its shortlist only.
-                let mut keep = query.candidates.is_none() && members.len() > SHORTLIST_ABOVE;
+                // and its shortlist only; a bound of 0 keeps none (every
+                // replica ranked, nothing built).
+                let settings = reader.settings();
+                let mut keep = query.candidates.is_none()
+                    && members.len() > SHORTLIST_ABOVE
+                    && settings.shortlist_refresh_ms > 0
+                    && settings.shortlist_refresh_changes > 0;
                 if keep {
                     let shortlist = resolved.shortlist.read().clone();
                     if let Some(shortlist) =

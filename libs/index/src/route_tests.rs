@@ -689,3 +689,37 @@ fn a_shortlist_is_rebuilt_after_its_changes_or_its_age() {
     fleet.ask(&prompt, T0 + settings.shortlist_refresh_ms);
     assert_eq!(fleet.load.shortlist_refreshes(), 3, "too old");
 }
+
+/// A staleness bound of 0 keeps no shortlist: every lookup of a large
+/// scope ranks every replica and builds (and counts) nothing.
+#[test]
+fn a_bound_of_zero_keeps_no_shortlist() {
+    let ids: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    for settings in [
+        LoadSettings {
+            shortlist_refresh_ms: 0,
+            ..LoadSettings::default()
+        },
+        LoadSettings {
+            shortlist_refresh_changes: 0,
+            ..LoadSettings::default()
+        },
+    ] {
+        let mut fleet = Fleet::new(&names, ScoreWeights::default());
+        fleet.load = LoadBoard::new(settings);
+        for (i, id) in ids.iter().enumerate() {
+            for _ in 0..i % 37 {
+                fleet.load.picked(id, T0);
+            }
+        }
+        let prompt = fps(&[1, 2]);
+        for _ in 0..3 {
+            assert_eq!(
+                fleet.ask(&prompt, T0).ranked,
+                full_ranking(&fleet, &prompt, None, T0)
+            );
+        }
+        assert_eq!(fleet.load.shortlist_refreshes(), 0, "{settings:?}");
+    }
+}
