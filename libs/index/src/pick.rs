@@ -319,8 +319,10 @@ impl OtherKey {
     }
 
     /// [`Self::rank_cmp`] without the per-request tie-break: the order of
-    /// the replicas' loads alone, the same for every prompt (a shortlist
-    /// kept between requests keeps every replica tied with its last one).
+    /// the replicas' loads alone: by the weights the same for every prompt;
+    /// by TTFT the same for every prompt of one length (of any length when
+    /// every replica prefills at one rate). A shortlist kept between
+    /// requests keeps every replica tied with its last one.
     pub fn load_cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.over_bound
             .cmp(&other.over_bound)

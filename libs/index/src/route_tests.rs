@@ -723,3 +723,49 @@ fn a_bound_of_zero_keeps_no_shortlist() {
         assert_eq!(fleet.load.shortlist_refreshes(), 0, "{settings:?}");
     }
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+
+    /// By TTFT with a prefill rate per replica, the shortlist a prompt built
+    /// does not answer a prompt of another length of its power of two (the
+    /// order of the others changes with the length): the second lookup
+    /// answers as ranking every replica.
+    #[test]
+    fn a_shortlist_with_per_replica_rates_serves_one_prompt_length(
+        n in 65usize..160,
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let mut state = seed;
+        let mut next = move |m: u64| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let x = (state ^ (state >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            (x ^ (x >> 29)) % m
+        };
+        let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let fleet = Fleet::new(&names, ScoreWeights::by_ttft(TtftModel::DEFAULT));
+        // Two kinds of engine, their order flipping between the lengths
+        // below: idle and slow (1 token/ms: 4 x 128 = 512 ms of prefill
+        // against 960) and fast but busy (64/ms and 700 ms queued: about
+        // 708 against 715). Jittered: no ties.
+        for id in &ids {
+            let jitter = next(1_000) as f64 / 1_000.0;
+            if next(2) == 0 {
+                fleet.load.add_work(id, 20.0 * jitter, T0);
+                fleet.load.observed_prefill_rate(id, 1.0 + jitter / 10.0);
+            } else {
+                fleet.load.add_work(id, 700.0 + 20.0 * jitter, T0);
+                fleet.load.observed_prefill_rate(id, 64.0 + jitter);
+            }
+        }
+        // 8 and 15 blocks of 16 tokens: 128 and 240, one power of two.
+        let short = fps(&(2..10).collect::<Vec<u64>>());
+        let long = fps(&(2..17).collect::<Vec<u64>>());
+        fleet.ask(&short, T0);
+        proptest::prop_assert_eq!(
+            fleet.ask(&long, T0).ranked,
+            full_ranking(&fleet, &long, None, T0)
+        );
+    }
+}

@@ -108,14 +108,16 @@ pub(super) fn rank_eligible(
     rank_in(&part, weights, &loads, &fleet)
 }
 
-/// Scopes with more eligible replicas than this keep a [`Shortlist`]
+/// Scopes with more replicas than this (stale ones counted) keep a [`Shortlist`]
 /// between lookups; smaller ones read every load (a few hundred
 /// instructions in all).
 pub(super) const SHORTLIST_ABOVE: usize = 64;
 
 /// Replicas a [`Shortlist`] keeps (and every replica tied with the last):
-/// room for the best [`OTHERS_RANKED`] others after a prompt's holders,
-/// and for the picks of the requests until the next rebuild.
+/// twice [`OTHERS_RANKED`], so that a prompt held by some of them, or a
+/// member gone stale, still leaves that many others inside (else every
+/// replica is ranked). No room helps against picks: a replica outside that
+/// they left less loaded than those inside is missed until the rebuild.
 const SHORTLISTED: usize = 2 * OTHERS_RANKED;
 
 /// A large scope's least loaded replicas, as of one moment, and the whole
@@ -133,17 +135,24 @@ pub(crate) struct Shortlist {
     at_ms: i64,
     changes: u64,
     weights: ScoreWeights,
-    /// By TTFT a replica's key depends on the prompt's length (through its
-    /// own prefill rate): a shortlist serves prompts of the same power of
-    /// two of blocks.
+    /// By TTFT a shortlist serves prompts of its own power of two of
+    /// tokens only.
     prompt_class: u32,
+    /// By TTFT with prefill rates that differ between replicas, a
+    /// replica's key depends on the prompt's exact length (its own rate
+    /// prices the prefill): the shortlist serves that many tokens only.
+    exact_tokens: Option<u64>,
     fleet: Fleet,
     /// Member positions, ascending.
     members: Box<[u32]>,
 }
 
+fn prompt_tokens(input: &PickInput<'_>) -> u64 {
+    u64::from(input.prompt_blocks.max(1)) * u64::from(input.block_size.max(1))
+}
+
 fn prompt_class(input: &PickInput<'_>) -> u32 {
-    (u64::from(input.prompt_blocks.max(1)) * u64::from(input.block_size.max(1))).ilog2()
+    prompt_tokens(input).ilog2()
 }
 
 impl Shortlist {
@@ -157,6 +166,10 @@ impl Shortlist {
         reader: &LoadReader<'_>,
     ) -> Self {
         let fleet = Fleet::of(positions.len(), loads);
+        let rates_differ = weights.ttft.is_some()
+            && loads
+                .windows(2)
+                .any(|w| w[0].prefill_tokens_per_ms != w[1].prefill_tokens_per_ms);
         let mut keys: Vec<(OtherKey, u32)> = positions
             .iter()
             .zip(loads)
@@ -177,6 +190,7 @@ impl Shortlist {
             changes: reader.changes(),
             weights: *weights,
             prompt_class: prompt_class(input),
+            exact_tokens: rates_differ.then(|| prompt_tokens(input)),
             fleet,
             members: members.into(),
         }
@@ -195,6 +209,7 @@ impl Shortlist {
             && reader.changes().wrapping_sub(self.changes) < settings.shortlist_refresh_changes
             && self.weights == *weights
             && (weights.ttft.is_none() || self.prompt_class == prompt_class(input))
+            && self.exact_tokens.is_none_or(|t| t == prompt_tokens(input))
     }
 
     /// The eligible replicas to rank for a prompt held by the replicas
