@@ -533,6 +533,19 @@ impl IndexServer {
         let policies = Policies::from_request(&push.policies, &push.objectives)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let applied = u32::try_from(policies.len()).unwrap_or(u32::MAX);
+        if self.core.routing().by_ttft() {
+            for p in push
+                .policies
+                .iter()
+                .filter(|p| p.score_load_weight.is_some() || p.score_kv_usage_weight.is_some())
+            {
+                tracing::warn!(
+                    namespace = %p.namespace,
+                    "CachePolicy scoring sets loadWeight or kvUsageWeight, which scoring \
+                     by TTFT does not use (--ttft-prefill-tokens-per-second=0 scores by them)"
+                );
+            }
+        }
         self.core.set_policies(policies);
         self.readiness.policies_pushed();
         tracing::info!(namespaces = applied, "routing policies replaced");

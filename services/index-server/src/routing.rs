@@ -383,6 +383,12 @@ impl Routing {
         ic_index::pick::rank(&input, &scoring.over(&self.weights), &loads)
     }
 
+    /// Whether replicas are scored by predicted time to first token (the
+    /// load and KV-usage weights then unused).
+    pub fn by_ttft(&self) -> bool {
+        self.weights.ttft.is_some()
+    }
+
     /// The fewest requests any endpoint of `pool` is busy with (`None`: an
     /// empty pool): what shedding compares with its threshold.
     pub fn least_requests(
