@@ -140,9 +140,9 @@ fn the_kafka_transport_gets_its_flags_secrets_and_snapshot_volume() {
     assert!(volume(pod, "kafka-snapshots").unwrap()["emptyDir"].is_object());
 
     // The webhook makes the engine pods' subscribers produce to the same
-    // topic: the brokers, protocol and SASL user of the replicas, the
-    // password from a Secret of each engine namespace, the CA read from its
-    // own mount.
+    // topic: the brokers and protocol of the replicas, a SASL user of their
+    // own with its password from a Secret of each engine namespace, the CA
+    // read from its own mount.
     let w = find(&all, "Deployment", "inferencecache-webhook").unwrap();
     let wpod = &w["spec"]["template"]["spec"];
     let wc = &wpod["containers"][0];
@@ -162,11 +162,11 @@ fn the_kafka_transport_gets_its_flags_secrets_and_snapshot_volume() {
     );
     assert_eq!(
         arg(wc, "subscriber-kafka-sasl-username"),
-        Some("inferencecache")
+        Some("inferencecache-producer")
     );
     assert_eq!(
         arg(wc, "subscriber-kafka-sasl-password-secret"),
-        Some("inferencecache-kafka")
+        Some("inferencecache-kafka-producer")
     );
     let ca_dir = mount(wc, "kafka-ca").unwrap();
     assert_eq!(
@@ -199,6 +199,40 @@ fn the_kafka_transport_gets_its_flags_secrets_and_snapshot_volume() {
         Some("kafka-producer")
     );
     assert_eq!(arg(wc, "subscriber-kafka-sasl-password-key"), Some("pw"));
+    // Never the index servers' principal (READ) nor its Secret copied into
+    // every engine namespace: SASL without a producing user of the
+    // subscribers' own is refused, naming the values.
+    for (sets, named) in [
+        (
+            &[
+                "indexServer.kafka.subscribers.saslUsername=",
+                "indexServer.kafka.subscribers.saslPasswordSecret.name=",
+            ][..],
+            "indexServer.kafka.subscribers.saslUsername",
+        ),
+        (
+            &["indexServer.kafka.subscribers.saslPasswordSecret.name="][..],
+            "indexServer.kafka.subscribers.saslPasswordSecret.name",
+        ),
+        (
+            &["indexServer.kafka.subscribers.saslUsername=inferencecache"][..],
+            "must differ from indexServer.kafka.saslUsername",
+        ),
+    ] {
+        let chart = chart_dir(CHART);
+        let mut args = vec![
+            "template",
+            "t",
+            chart.to_str().unwrap(),
+            "-f",
+            kafka.to_str().unwrap(),
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let (ok, _, err) = ic_e2e::chart::helm_run(&args);
+        assert!(!ok && err.contains(named), "{sets:?}: {err}");
+    }
 
     // The default stays gRPC; kafka without brokers is refused, naming the value.
     let defaults = objects(&render(CHART, &[]));
