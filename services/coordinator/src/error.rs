@@ -44,6 +44,10 @@ pub enum ApiError {
     /// 502 `{"detail": ...}`: an MP server call failed.
     #[error("{0}")]
     BadGateway(String),
+    /// 503 `{"detail": ...}` with `Retry-After: 1`: a bounded queue is
+    /// full; nothing was done.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -93,6 +97,12 @@ impl IntoResponse for ApiError {
                 (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"detail": m}))).into_response()
             }
             ApiError::BadGateway(m) => (StatusCode::BAD_GATEWAY, Json(json!({"detail": m}))).into_response(),
+            ApiError::Unavailable(m) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "1")],
+                Json(json!({"detail": m})),
+            )
+                .into_response(),
         }
     }
 }

@@ -7,11 +7,13 @@
 //! answered as soon as its own batches are applied, and no request thread
 //! blocks on the views lock or waits for a lock handed around between eight
 //! writers (which is what made `/events` p99 grow with concurrency). The
-//! views lock is taken once per request, so a lookup waits at most for one
-//! request's apply.
+//! views lock is taken once per request, so a lookup waits for at most one
+//! request's apply — or for a checkpoint's capture, which encodes the
+//! directory under the same lock (docs/coordinator.md). A deregistration
+//! goes through the same queue, behind the events already queued.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ic_coordinator_core::capacity::ClaimError;
 use ic_coordinator_core::events::{Batch, EventsResponse};
@@ -61,8 +63,10 @@ pub struct Ingest {
     apply: Applier,
     /// Batches received and not yet applied (the `event_bus` gauges).
     pub queue: Arc<EventQueue>,
-    /// The writer's queue, started by the first [`Ingest::submit`].
-    writer: OnceLock<mpsc::Sender<Job>>,
+    /// The writer's queue (the thread starts with the coordinator).
+    writer: mpsc::Sender<Job>,
+    /// Its bound, `--max-pending-event-requests`.
+    max_pending: usize,
 }
 
 /// What applies batches: the views and the consuming controllers.
@@ -73,8 +77,22 @@ struct Applier {
     metrics: Arc<MetricsSet>,
 }
 
+/// What the writer thread runs, in arrival order.
+enum Job {
+    /// One `POST /events` request.
+    Events(EventsJob),
+    /// An instance's stream dropped (deregistration, liveness): after the
+    /// events queued before it, so none of them applies without a cursor
+    /// and brings its placements back.
+    DropStream {
+        instance_id: String,
+        forget_capacity: bool,
+        done: oneshot::Sender<()>,
+    },
+}
+
 /// One `POST /events` request's batches, waiting for the writer.
-struct Job {
+struct EventsJob {
     batches: Vec<Batch>,
     max_entry_bytes: Option<u64>,
     /// Leaves the queue gauges once applied.
@@ -103,6 +121,12 @@ pub enum SubmitError {
     /// The writer failed while applying the request (a bug: logged).
     #[error("the event writer failed while applying the request")]
     WriterFailed,
+    /// `--max-pending-event-requests` requests already wait; nothing was
+    /// queued.
+    #[error(
+        "the event queue is full: {0} requests already wait for the writer (--max-pending-event-requests); retry later"
+    )]
+    QueueFull(usize),
 }
 
 /// Event batches that arrived and wait for the views lock: what the
@@ -163,47 +187,62 @@ impl Drop for Queued {
 
 impl Ingest {
     /// Writes into `views` and feeds `controllers`.
+    /// Also starts the writer thread: a coordinator that cannot is an error
+    /// at start-up, not a 500 on every request.
     pub fn new(
         views: Arc<ViewStore>,
         controllers: Arc<[Arc<dyn Controller>]>,
         metrics: Arc<MetricsSet>,
-    ) -> Self {
-        Self {
-            apply: Applier {
-                views,
-                controllers,
-                metrics,
-            },
+        max_pending: usize,
+    ) -> std::io::Result<Self> {
+        let apply = Applier {
+            views,
+            controllers,
+            metrics,
+        };
+        let max_pending = max_pending.max(1);
+        let (writer, mut rx) = mpsc::channel::<Job>(max_pending);
+        let run = apply.clone();
+        // The thread ends when the sender (this handle) is dropped.
+        std::thread::Builder::new()
+            .name("event-writer".to_owned())
+            .spawn(move || {
+                while let Some(job) = rx.blocking_recv() {
+                    run.run(job);
+                }
+            })?;
+        Ok(Self {
+            apply,
             queue: Arc::default(),
-            writer: OnceLock::new(),
-        }
+            writer,
+            max_pending,
+        })
     }
 
     /// Queues one request's validated batches for the writer and waits
-    /// until they are applied. At most `max_pending` requests wait; one
-    /// that finds the queue full waits for room (counted in
-    /// `event_queue_full_total`). The writer checks every entry's claim
-    /// first (`max_entry_bytes`, the declared capacity): a refusal applies
-    /// nothing.
+    /// until they are applied. At most `--max-pending-event-requests`
+    /// requests wait; one that finds the queue full is refused at once
+    /// ([`SubmitError::QueueFull`], counted in
+    /// `lmcache_coordinator_events_queue_full_total`). The writer checks
+    /// every entry's claim first (`max_entry_bytes`, the declared
+    /// capacity): a refusal applies nothing.
     pub async fn submit(
         &self,
         batches: Vec<Batch>,
         max_entry_bytes: Option<u64>,
-        max_pending: usize,
     ) -> Result<EventsResponse, SubmitError> {
-        let tx = self.writer.get_or_init(|| self.start_writer(max_pending));
         let (reply, answer) = oneshot::channel();
-        let job = Job {
+        let job = Job::Events(EventsJob {
             queued: self.queue.enter(batches.len()),
             batches,
             max_entry_bytes,
             reply,
-        };
-        match tx.try_send(job) {
+        });
+        match self.writer.try_send(job) {
             Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(job)) => {
+            Err(mpsc::error::TrySendError::Full(_)) => {
                 self.apply.metrics.metrics.event_queue_full.inc();
-                tx.send(job).await.map_err(|_| SubmitError::WriterFailed)?;
+                return Err(SubmitError::QueueFull(self.max_pending));
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return Err(SubmitError::WriterFailed),
         }
@@ -212,26 +251,6 @@ impl Ingest {
             Ok(Err(refused)) => Err(SubmitError::Refused(refused)),
             Err(_) => Err(SubmitError::WriterFailed),
         }
-    }
-
-    /// Starts the writer thread; it ends when this handle (the sender) is
-    /// dropped.
-    fn start_writer(&self, max_pending: usize) -> mpsc::Sender<Job> {
-        let (tx, mut rx) = mpsc::channel::<Job>(max_pending.max(1));
-        let apply = self.apply.clone();
-        let spawned = std::thread::Builder::new()
-            .name("event-writer".to_owned())
-            .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    apply.run(job);
-                }
-            });
-        if let Err(error) = spawned {
-            // The receiver is gone with the closure: every submit answers
-            // WriterFailed rather than hanging.
-            tracing::error!(%error, "cannot start the event writer thread");
-        }
-        tx
     }
 
     /// Offers validated batches to the gate in order and broadcasts the
@@ -252,9 +271,21 @@ impl Ingest {
     }
 
     /// Drops an instance's stream: fence, forget the cursor and, for an
-    /// explicit deregistration, its capacity declaration.
-    pub fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
-        self.apply.drop_stream(instance_id, forget_capacity);
+    /// explicit deregistration, its capacity declaration. Queued behind the
+    /// `POST /events` requests already waiting (it waits for room rather
+    /// than be refused), and done when this returns.
+    pub async fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
+        let (done, finished) = oneshot::channel();
+        let job = Job::DropStream {
+            instance_id: instance_id.to_owned(),
+            forget_capacity,
+            done,
+        };
+        if self.writer.send(job).await.is_err() || finished.await.is_err() {
+            // The writer is gone (a bug, logged where it failed): drop the
+            // stream here rather than keep it.
+            self.apply.drop_stream(instance_id, forget_capacity);
+        }
     }
 }
 
@@ -264,7 +295,24 @@ impl Applier {
     /// One queued request: claims checked, then applied, under one hold of
     /// the views lock; the answer is sent at once.
     fn run(&self, job: Job) {
-        let Job {
+        let job = match job {
+            Job::Events(job) => job,
+            Job::DropStream {
+                instance_id,
+                forget_capacity,
+                done,
+            } => {
+                let dropped = catch_unwind(AssertUnwindSafe(|| {
+                    self.drop_stream(&instance_id, forget_capacity);
+                }));
+                if dropped.is_err() {
+                    tracing::error!(%instance_id, "the event writer panicked while dropping a stream");
+                }
+                let _ = done.send(());
+                return;
+            }
+        };
+        let EventsJob {
             batches,
             max_entry_bytes,
             queued,

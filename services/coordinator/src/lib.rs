@@ -352,7 +352,7 @@ pub fn build_with(
         controllers,
         eviction,
         metrics,
-    ));
+    )?);
     // Metadata first: it is operator intent and independent of events.
     app.persistence.restore_metadata();
     app.persistence.restore_checkpoint();
@@ -538,7 +538,7 @@ async fn health_loop(app: App, every: Duration, stop: CancellationToken) {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(every) => {}
         }
-        app.sweep_liveness();
+        app.sweep_liveness().await;
         app.loops.pass("health");
     }
 }

@@ -70,7 +70,7 @@ impl Coordinator {
         controllers: Vec<Arc<dyn Controller>>,
         eviction: Option<Arc<FleetEvictionController>>,
         metrics: MetricsSet,
-    ) -> Self {
+    ) -> anyhow::Result<Self> {
         for c in &controllers {
             metrics
                 .metrics
@@ -87,7 +87,13 @@ impl Coordinator {
         views.write(|v| v.directory.set_max_keys(settings.max_directory_keys));
         let instances = Arc::new(Instances::new(clock.clone()));
         let actions = Arc::new(Actions::new(instances.clone(), metrics.clone()));
-        let ingest = Ingest::new(views.clone(), controllers.clone(), metrics.clone());
+        let ingest = Ingest::new(
+            views.clone(),
+            controllers.clone(),
+            metrics.clone(),
+            settings.max_pending_event_requests,
+        )
+        .map_err(|e| anyhow::anyhow!("cannot start the event writer thread: {e}"))?;
         let persistence = Arc::new(Persistence::new(
             settings.clone(),
             clock.clone(),
@@ -97,7 +103,7 @@ impl Coordinator {
         ));
         let loops = Arc::new(LoopPasses::new(clock.clone(), metrics.clone()));
         let kafka = settings.kafka.as_ref().map(|_| KafkaState::default());
-        Self {
+        Ok(Self {
             settings,
             clock,
             views,
@@ -110,7 +116,7 @@ impl Coordinator {
             metrics,
             loops,
             kafka,
-        }
+        })
     }
 
     /// The handles a controller gets.
@@ -129,19 +135,19 @@ impl Coordinator {
 
     /// Explicit deregistration: the instance, its stream and its capacity
     /// declaration go. True when it was registered.
-    pub fn deregister(&self, instance_id: &str) -> bool {
+    pub async fn deregister(&self, instance_id: &str) -> bool {
         let was = self.instances.deregister(instance_id);
-        self.ingest.drop_stream(instance_id, true);
+        self.ingest.drop_stream(instance_id, true).await;
         was
     }
 
     /// One liveness pass: deregisters silent instances and drops their
     /// streams (declarations are kept). Returns the removed ids.
-    pub fn sweep_liveness(&self) -> Vec<String> {
+    pub async fn sweep_liveness(&self) -> Vec<String> {
         let expired = self.instances.expire(self.settings.instance_timeout);
         for id in &expired {
             tracing::warn!(instance_id = %id, "instance missed its heartbeats; removing it");
-            self.ingest.drop_stream(id, false);
+            self.ingest.drop_stream(id, false).await;
             self.metrics.metrics.instances_expired.inc();
         }
         expired

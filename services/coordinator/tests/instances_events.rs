@@ -230,7 +230,7 @@ async fn heartbeat_timeout_fences_and_keeps_declaration() {
     c.call(reqwest::Method::PUT, "/instances/mp-b/heartbeat", None)
         .await;
     c.clock.advance(Duration::from_secs(11));
-    assert_eq!(c.app.sweep_liveness(), vec!["mp-a".to_owned()]);
+    assert_eq!(c.app.sweep_liveness().await, vec!["mp-a".to_owned()]);
     let ids: Vec<String> = c.get("/instances").await.1["instances"]
         .as_array()
         .unwrap()
@@ -417,12 +417,12 @@ async fn concurrent_ingest_reads_and_checkpoints_stay_consistent() {
 
 /// `POST /events` goes through one writer fed by a bounded queue: while the
 /// views are held, requests wait in the queue (the event-bus gauges count
-/// their batches), requests beyond `--max-pending-event-requests` wait for
-/// room and are counted, and every one applies, in order, once the views
-/// are free.
+/// their batches), a request beyond `--max-pending-event-requests` is
+/// refused at once with a 503 naming the bound (counted), and the queued
+/// ones apply in arrival order once the views are free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn events_queue_for_one_writer_and_wait_for_room_when_full() {
-    let c = std::sync::Arc::new(Coord::start(&["--max-pending-event-requests", "1"]).await);
+async fn events_queue_for_one_writer_and_are_refused_when_full() {
+    let c = std::sync::Arc::new(Coord::start(&["--max-pending-event-requests", "2"]).await);
     let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
     let app = c.app.clone();
@@ -433,35 +433,55 @@ async fn events_queue_for_one_writer_and_wait_for_room_when_full() {
         });
     });
     held_rx.recv().unwrap();
+    // One instance, seq 1..=3, posted one after another: the writer holds
+    // the first (blocked on the views), the queue the next two. Applied out
+    // of order, a lower seq would count as a duplicate.
     let hashes: Vec<String> = (0..4).map(|i| format!("{i:064x}")).collect();
-    let posts: Vec<_> = hashes
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            let c = c.clone();
-            let b = batch(
-                &format!("mp-{i}"),
-                1,
-                1,
-                "store",
-                "l2",
-                "fs",
-                &[(key(h, ""), 64)],
-            );
-            tokio::spawn(async move { c.events(vec![b]).await })
-        })
-        .collect();
-    // The writer holds one request (blocked on the views), the queue one;
-    // the others found it full (three if the second came before the
-    // writer took the first).
-    loop {
-        let full = c.app.metrics.metrics.event_queue_full.get();
-        let (depth, _) = c.app.ingest.queue.snapshot();
-        if full >= 2 && depth == 4 {
-            break;
+    let mut posts = Vec::new();
+    for seq in 1..=3u64 {
+        let c2 = c.clone();
+        let b = batch(
+            "mp-a",
+            1,
+            seq,
+            "store",
+            "l2",
+            "fs",
+            &[(key(&hashes[seq as usize - 1], ""), 64)],
+        );
+        posts.push(tokio::spawn(async move { c2.events(vec![b]).await }));
+        loop {
+            let (depth, _) = c.app.ingest.queue.snapshot();
+            if depth == seq as usize {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The fourth finds the queue full: refused, nothing queued.
+    let b = batch(
+        "mp-a",
+        1,
+        4,
+        "store",
+        "l2",
+        "fs",
+        &[(key(&hashes[3], ""), 64)],
+    );
+    let resp = c
+        .http
+        .post(c.url("/events"))
+        .json(&json!({ "batches": [b.clone()] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    let detail = body["detail"].as_str().unwrap();
+    assert!(detail.contains("--max-pending-event-requests"), "{detail}");
+    assert_eq!(c.app.metrics.metrics.event_queue_full.get(), 1);
+    assert_eq!(c.app.ingest.queue.snapshot().0, 3);
     release_tx.send(()).unwrap();
     holder.join().unwrap();
     for p in posts {
@@ -471,15 +491,77 @@ async fn events_queue_for_one_writer_and_wait_for_room_when_full() {
         );
     }
     assert_eq!(c.app.ingest.queue.snapshot(), (0, 0.0));
+    // The refused request was not applied; retried, it is.
     let (_, stats) = c.get("/directory/stats").await;
-    assert_eq!(stats["num_keys"], 4);
-    let full = c.app.metrics.metrics.event_queue_full.get();
-    assert!((2..=3).contains(&full), "{full}");
+    assert_eq!(stats["num_keys"], 3);
+    assert_eq!(
+        c.events(vec![b]).await,
+        json!({"applied": 1, "duplicates": 0, "stale": 0})
+    );
     let text = c.metrics_text().await;
     assert!(
-        text.contains(&format!(
-            "lmcache_coordinator_events_queue_full_total {full}\n"
-        )),
+        text.contains("lmcache_coordinator_events_queue_full_total 1\n"),
         "{text}"
     );
+}
+
+/// A deregistration queues behind the instance's events already waiting
+/// for the writer: applied after them, its fence removes their L1
+/// placements (applied before, the events would find no cursor, be
+/// admitted and bring the placements back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregistration_applies_after_the_events_queued_before_it() {
+    let c = std::sync::Arc::new(Coord::start(&[]).await);
+    c.register("mp-x", 1).await;
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let app = c.app.clone();
+    let holder = std::thread::spawn(move || {
+        app.views.read(|_| {
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        });
+    });
+    held_rx.recv().unwrap();
+    // The writer holds mp-y's request; mp-x's L1 store waits in the queue.
+    let mut posts = Vec::new();
+    for (i, instance) in ["mp-y", "mp-x"].into_iter().enumerate() {
+        let c2 = c.clone();
+        let b = batch(
+            instance,
+            1,
+            1,
+            "store",
+            "l1",
+            "dram",
+            &[(key(&format!("{i:064x}"), ""), 64)],
+        );
+        posts.push(tokio::spawn(async move { c2.events(vec![b]).await }));
+        loop {
+            if c.app.ingest.queue.snapshot().0 == i + 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let c2 = c.clone();
+    let dereg = tokio::spawn(async move {
+        c2.call(reqwest::Method::DELETE, "/instances/mp-x", None)
+            .await
+    });
+    // Give the deregistration time to reach the views (before the fix it
+    // took the lock directly, ahead of the queued store).
+    while c.get("/instances").await.1.to_string().contains("mp-x") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    for p in posts {
+        p.await.unwrap();
+    }
+    assert_eq!(dereg.await.unwrap().0, 204);
+    let (_, stats) = c.get("/directory/stats").await;
+    assert_eq!(stats["l1_count"], 1, "{stats}");
+    assert_eq!(stats["l1_keys_by_instance"].get("mp-x"), None, "{stats}");
 }

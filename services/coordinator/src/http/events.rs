@@ -38,16 +38,16 @@ pub(crate) async fn post_events(
     let settings = &app.settings;
     match app
         .ingest
-        .submit(
-            batches,
-            settings.max_event_entry_bytes,
-            settings.max_pending_event_requests,
-        )
+        .submit(batches, settings.max_event_entry_bytes)
         .await
     {
         Ok(resp) => Ok(Json(resp)),
         Err(SubmitError::Refused(refused)) => Err(refusal(&app, &refused)),
         Err(e @ SubmitError::WriterFailed) => Err(ApiError::Internal(e.to_string())),
+        Err(e @ SubmitError::QueueFull(_)) => {
+            app.metrics.metrics.event_requests_rejected.inc();
+            Err(ApiError::Unavailable(e.to_string()))
+        }
     }
 }
 

@@ -88,7 +88,7 @@ pub(crate) async fn deregister(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> impl IntoResponse {
-    let was = app.deregister(&id);
+    let was = app.deregister(&id).await;
     tracing::info!(instance_id = %id, was_registered = was, "instance deregistered");
     StatusCode::NO_CONTENT
 }
