@@ -178,24 +178,27 @@ fn non_negative(
     u64::try_from(value).map_err(|_| FieldError::new(loc(), format!("{what} must be >= 0")))
 }
 
-impl WireBatch {
-    /// Validates the batch at `index` of the request.
-    pub fn validate(&self, index: usize) -> Result<Batch, FieldError> {
+/// Validates a batch at `$index`, owned ([`WireBatch`]) or borrowed from the
+/// body (`BorrowedBatch`): the two have the same field names, so one
+/// expansion reads both into the [`Head`] and [`EntryParts`] the rules see.
+macro_rules! validate_batch {
+    ($index:expr, $b:expr) => {{
+        let b = $b;
         let head = Head {
-            instance_id: &self.instance_id,
-            incarnation: self.incarnation,
-            seq: self.seq,
-            event_type: self.event_type,
-            tier: self.tier,
-            backend: &self.backend,
-            entries: self.entries.len(),
-            shared: self.shared,
-            ts: self.ts,
-            capacity_bytes: self.capacity_bytes,
-            capacity_revision: self.capacity_revision,
-            dropped_events: self.dropped_events,
+            instance_id: &b.instance_id,
+            incarnation: b.incarnation,
+            seq: b.seq,
+            event_type: b.event_type,
+            tier: b.tier,
+            backend: &b.backend,
+            entries: b.entries.len(),
+            shared: b.shared,
+            ts: b.ts,
+            capacity_bytes: b.capacity_bytes,
+            capacity_revision: b.capacity_revision,
+            dropped_events: b.dropped_events,
         };
-        let entries = self.entries.iter().map(|e| EntryParts {
+        let entries = b.entries.iter().map(|e| EntryParts {
             chunk_hash_hex: &e.key.chunk_hash_hex,
             model_name: &e.key.model_name,
             kv_rank: e.key.kv_rank,
@@ -205,7 +208,14 @@ impl WireBatch {
             token_ids: &e.token_ids,
             token_offset: e.token_offset,
         });
-        validate_parts(index, &head, entries)
+        validate_parts($index, &head, entries)
+    }};
+}
+
+impl WireBatch {
+    /// Validates the batch at `index` of the request.
+    pub fn validate(&self, index: usize) -> Result<Batch, FieldError> {
+        validate_batch!(index, self)
     }
 }
 
@@ -346,33 +356,7 @@ pub fn decode_valid(body: &[u8]) -> Option<Vec<Batch>> {
     req.batches
         .iter()
         .enumerate()
-        .map(|(i, b)| {
-            let head = Head {
-                instance_id: &b.instance_id,
-                incarnation: b.incarnation,
-                seq: b.seq,
-                event_type: b.event_type,
-                tier: b.tier,
-                backend: &b.backend,
-                entries: b.entries.len(),
-                shared: b.shared,
-                ts: b.ts,
-                capacity_bytes: b.capacity_bytes,
-                capacity_revision: b.capacity_revision,
-                dropped_events: b.dropped_events,
-            };
-            let entries = b.entries.iter().map(|e| EntryParts {
-                chunk_hash_hex: &e.key.chunk_hash_hex,
-                model_name: &e.key.model_name,
-                kv_rank: e.key.kv_rank,
-                object_group_id: e.key.object_group_id,
-                cache_salt: &e.key.cache_salt,
-                size_bytes: e.size_bytes,
-                token_ids: &e.token_ids,
-                token_offset: e.token_offset,
-            });
-            validate_parts(i, &head, entries).ok()
-        })
+        .map(|(i, b)| validate_batch!(i, b).ok())
         .collect()
 }
 
