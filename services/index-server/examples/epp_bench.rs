@@ -152,6 +152,27 @@ async fn main() {
         lookup_p50.as_micros(),
         lookup_p99.as_micros(),
     );
+    // The server's own timers, side by side: the picker's decision less
+    // its tokenizing, and LookupRoute's handler with the same token ids.
+    let (decision, lookup) = (
+        histogram(
+            &metrics,
+            "inferencecache_index_epp_decision_without_tokenizing_seconds",
+        ),
+        histogram(&metrics, "inferencecache_index_lookup_duration_seconds"),
+    );
+    println!(
+        "in the server: the picker's decision without tokenizing mean {:.1} µs, p50 ≤ {:.0} µs \
+         ({} picks); LookupRoute's handler mean {:.1} µs, p50 ≤ {:.0} µs ({} lookups); \
+         decision / lookup {:.2}",
+        decision.mean * 1e6,
+        decision.p50_bound * 1e6,
+        decision.count,
+        lookup.mean * 1e6,
+        lookup.p50_bound * 1e6,
+        lookup.count,
+        decision.mean / lookup.mean,
+    );
     // Tokenizing, in this process, one thread: the picker's path (template
     // + tokenizer) and the tokenizer library alone on the rendered text.
     let library =
@@ -191,6 +212,38 @@ async fn main() {
         lookup_p50.as_micros(),
     );
     assert!(process.stop().success());
+}
+
+/// A histogram of the server's /metrics: its mean and the upper bound of
+/// the bucket holding its median.
+struct Histogram {
+    count: u64,
+    mean: f64,
+    p50_bound: f64,
+}
+
+fn histogram(metrics: &str, name: &str) -> Histogram {
+    let value = |suffix: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_{suffix} ")))
+            .unwrap_or_else(|| panic!("{name}_{suffix} missing from /metrics"))
+            .parse()
+            .unwrap()
+    };
+    let count = value("count");
+    let bucket_prefix = format!("{name}_bucket{{le=\"");
+    let p50_bound = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&bucket_prefix))
+        .filter_map(|l| l.split_once("\"} "))
+        .find(|(_, n)| n.parse::<f64>().unwrap() * 2.0 >= count)
+        .map_or(f64::INFINITY, |(le, _)| le.parse().unwrap_or(f64::INFINITY));
+    Histogram {
+        count: count as u64,
+        mean: value("sum") / count,
+        p50_bound,
+    }
 }
 
 fn pct(all: &mut [Duration], p: f64) -> Duration {

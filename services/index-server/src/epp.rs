@@ -721,11 +721,11 @@ impl EndpointPicker {
             },
         });
         match routed {
-            Ok(Routed::Endpoint { pick, by_prefix }) => {
-                self.core.metrics().epp_decided(
-                    if by_prefix { "prefix" } else { "load" },
-                    received.elapsed(),
-                );
+            Ok(Routed::Endpoint {
+                pick,
+                by_prefix,
+                tokenized_in,
+            }) => {
                 let mut endpoints = vec![pick.address];
                 let mut replica_ids = vec![pick.replica.replica_id];
                 if self.pool.fallbacks > 0 {
@@ -746,6 +746,12 @@ impl EndpointPicker {
                         }
                     }
                 }
+                // Timed with the fallbacks: the whole decision the gateway waits for.
+                self.core.metrics().epp_decided(
+                    if by_prefix { "prefix" } else { "load" },
+                    received.elapsed(),
+                    tokenized_in,
+                );
                 Ok(Pick {
                     endpoints,
                     replica_ids,

@@ -173,6 +173,9 @@ pub enum Routed {
         pick: Scored,
         /// Whether the prompt's prefix decided (else load alone).
         by_prefix: bool,
+        /// Time spent rendering and tokenizing the prompt, so the picker
+        /// can time its decision without it.
+        tokenized_in: std::time::Duration,
     },
     /// [`Purpose::Scores`]: the replicas holding a prefix worth routing
     /// on, best first, or why there are none.
@@ -324,7 +327,10 @@ impl IndexCore {
                 )));
             }
         }
-        let tokens = match self.tokens(request) {
+        let tokenizing = Instant::now();
+        let tokenized = self.tokens(request);
+        let tokenized_in = tokenizing.elapsed();
+        let tokens = match tokenized {
             Ok(tokens) => tokens,
             Err(error) if matches!(request.purpose, Purpose::Endpoint { .. }) => {
                 tracing::debug!(model = %request.scope.model, %error, "prompt not tokenized; routing by load");
@@ -433,7 +439,11 @@ impl IndexCore {
                     .picked(tag, &pick.replica.replica_id, &blocks, block_size, now_ms);
                 self.routing.started(&pick.replica.replica_id);
                 let by_prefix = pick.matched_blocks > 0;
-                Ok(Routed::Endpoint { pick, by_prefix })
+                Ok(Routed::Endpoint {
+                    pick,
+                    by_prefix,
+                    tokenized_in,
+                })
             }
         }
     }

@@ -119,6 +119,9 @@ pub struct Metrics {
     pub epp_unread: Family<ReasonLabel, Counter>,
     /// Time to decide a pick, tokenizing included.
     pub epp_decision_duration: Histogram,
+    /// The same decision less its rendering and tokenizing: what compares
+    /// with a LookupRoute of the same tokens (`lookup_duration`).
+    pub epp_decision_untokenized: Histogram,
     /// Responses whose usage and time to first byte recalibrated their
     /// endpoint's prefill rate (the TTFT estimate's).
     pub epp_prefill_rate_observations: Counter,
@@ -172,6 +175,7 @@ impl Metrics {
             epp_refusals: Family::default(),
             epp_unread: Family::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            epp_decision_untokenized: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_prefill_rate_observations: Counter::default(),
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -295,6 +299,11 @@ impl Metrics {
                 m.epp_decision_duration.clone(),
             );
             e.register(
+                "decision_without_tokenizing_seconds",
+                "Time to pick an endpoint less rendering and tokenizing the prompt",
+                m.epp_decision_untokenized.clone(),
+            );
+            e.register(
                 "prefill_rate_observations",
                 "Responses whose usage and time to first byte recalibrated their endpoint's prefill rate",
                 m.epp_prefill_rate_observations.clone(),
@@ -338,10 +347,13 @@ impl Metrics {
         self.lookup_duration.observe(took.as_secs_f64());
     }
 
-    /// Counts one endpoint-picker decision.
-    pub fn epp_decided(&self, by: &'static str, took: Duration) {
+    /// Counts one endpoint-picker decision that took `took`, of which
+    /// `tokenizing` rendering and tokenizing the prompt.
+    pub fn epp_decided(&self, by: &'static str, took: Duration, tokenizing: Duration) {
         self.epp_picks.get_or_create(&HowLabel { by }).inc();
         self.epp_decision_duration.observe(took.as_secs_f64());
+        self.epp_decision_untokenized
+            .observe(took.saturating_sub(tokenizing).as_secs_f64());
     }
 
     /// Counts a request the picker could not read.

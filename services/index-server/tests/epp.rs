@@ -327,6 +327,21 @@ async fn envoy_message_sequences_get_the_endpoint_holding_the_prompt() {
     ] {
         assert!(metrics.contains(line), "{line} missing:\n{metrics}");
     }
+    // Every pick is timed twice: whole, and less its tokenizing.
+    let count = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("inferencecache_index_epp_{name}_seconds_count "))
+            })
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+            .to_owned()
+    };
+    assert_eq!(
+        count("decision_without_tokenizing"),
+        count("decision_duration")
+    );
+    assert_ne!(count("decision_without_tokenizing"), "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
