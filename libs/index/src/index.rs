@@ -2,14 +2,14 @@
 //!
 //! Layout: blocks live in the [`crate::store`] — 14-byte records in the
 //! order engines reported them (so a prompt's blocks are mostly adjacent),
-//! found through sharded cuckoo key tables of 6-byte slots — keyed by the
+//! found through lock-free cuckoo key tables of 6-byte slots — keyed by the
 //! fingerprint mixed with the scope id, each holding its depth in the
 //! prompt (saturating at 32,766) and its holders
 //! (replica, tier, store epoch). Writers (ingest) are serialised by one
 //! mutex that also owns per-replica counters and the eviction clock; a
-//! write holds one page or key-shard lock at a time for a few records, so a
-//! lookup waits for at most one short write. Readers never take the writer
-//! mutex.
+//! write holds one page lock at a time for a few records (the key tables
+//! take no lock: see [`crate::keys`]), so a lookup waits for at most one
+//! short write. Readers never take the writer mutex.
 //!
 //! There is deliberately no per-replica set of held blocks and no per-entry
 //! eviction queue — they cost more memory than the entries themselves.
@@ -53,6 +53,13 @@ const KEYS_PER_TABLE: u64 = 2048;
 fn tables_per_shard(capacity: u64, shards: usize) -> usize {
     let tables = capacity.div_ceil(KEYS_PER_TABLE) / shards as u64;
     usize::try_from(tables.max(1).next_power_of_two()).unwrap_or(1)
+}
+
+/// Keys one table is sized for: its share of the capacity (see
+/// [`crate::keys`] for the slack it is given).
+fn table_keys(capacity: u64, shards: usize, tables: usize) -> usize {
+    let share = capacity.div_ceil((shards * tables) as u64);
+    usize::try_from(share).unwrap_or(usize::MAX)
 }
 
 /// The table key of a block: scopes get disjoint key spaces (a replica's
@@ -245,10 +252,11 @@ impl Index {
     pub fn new(mut config: IndexConfig) -> Self {
         let n = config.shards.clamp(1, 1024).next_power_of_two();
         config.capacity_entries = config.capacity_entries.min(MAX_CAPACITY);
+        let tables = tables_per_shard(config.capacity_entries, n);
         Self {
             config,
             registry: RwLock::default(),
-            store: Store::new(n, tables_per_shard(config.capacity_entries, n)),
+            store: Store::new(n, tables, table_keys(config.capacity_entries, n, tables)),
             writer: Mutex::new(Writer {
                 counts: Vec::new(),
                 slots: 0,

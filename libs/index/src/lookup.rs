@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use crate::arena::Holder;
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
-use crate::store::{Block, ShardHeld, hash};
+use crate::store::{Block, hash};
 use crate::types::{
     Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
 };
@@ -300,12 +300,13 @@ impl Index {
         answer(found.view())
     }
 
-    /// The key shard of the prompt's first block, read-locked, unless no
-    /// key of its hash is in the tables (see [`crate::store::Store::first_probe`]).
+    /// Whether a key of the prompt's first block's hash may be in the
+    /// tables (false: a sure miss; see [`crate::store::Store::first_probe`]).
     #[inline]
-    fn first_probe(&self, scope: ScopeId, fingerprints: &[Fingerprint]) -> Option<ShardHeld<'_>> {
-        let &first = fingerprints.first()?;
-        self.store.first_probe(hash(entry_key(scope, first)))
+    fn first_probe(&self, scope: ScopeId, fingerprints: &[Fingerprint]) -> bool {
+        fingerprints
+            .first()
+            .is_some_and(|&first| self.store.first_probe(hash(entry_key(scope, first))))
     }
 
     /// The handle of `scope` for [`Index::lookup_resolved_until`], once a
@@ -336,10 +337,10 @@ impl Index {
         if scope.0 >= self.scopes_known.load(Ordering::Acquire) {
             return answer(LookupView::UnknownScope);
         }
-        // Before any other lock: most prompts a fleet has never seen end
-        // here, with one key shard read-locked and nothing else.
+        // Before any lock: most prompts a fleet has never seen end here,
+        // having locked nothing.
         let first = self.first_probe(scope.0, fingerprints);
-        if first.is_none() {
+        if !first {
             return answer(LookupView::NoEntry);
         }
         let reg = self.registry.read();
@@ -355,8 +356,8 @@ impl Index {
         answer(found.view())
     }
 
-    /// Scores the prompt; `held` is [`Index::first_probe`]'s answer for
-    /// its first block (`None`: it is in no key table).
+    /// Scores the prompt; `maybe` is [`Index::first_probe`]'s answer for
+    /// its first block (false: it is in no key table).
     #[allow(clippy::too_many_arguments)]
     fn score<'a>(
         &self,
@@ -366,16 +367,16 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
-        held: Option<ShardHeld<'_>>,
+        maybe: bool,
     ) -> Found<'a> {
         let Some((&first, rest)) = fingerprints.split_first() else {
             return Found::no_entry();
         };
-        let Some(held) = held else {
+        if !maybe {
             return Found::no_entry();
-        };
+        }
         let dir = self.store.directory();
-        let mut reader = self.store.lookup_reader_holding(&dir, held);
+        let mut reader = self.store.reader(&dir);
         let first = Block::new(entry_key(scope_id, first), 0);
         let Some(mut prev) = reader.find(first.key, first.h) else {
             return Found::no_entry();
@@ -495,7 +496,7 @@ impl Index {
         let block = Block::new(entry_key(scope_id, fingerprint), 0);
         let matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = {
             let dir = self.store.directory();
-            let mut reader = self.store.lookup_reader(&dir);
+            let mut reader = self.store.reader(&dir);
             let Some(view) = reader
                 .find(block.key, block.h)
                 .and_then(|rec| reader.view(rec))

@@ -4,14 +4,14 @@
 //! Keys are spread over lock shards, and within a shard over many small
 //! tables (a few thousand keys each: see [`crate::keys`] for why).
 //!
-//! Locking: the page directory, every page and every key shard have their
-//! own `RwLock`. Lookups take read locks only and hold them for the lookup.
-//! There is a single writer at a time (the index's writer mutex), and it
-//! never waits for a lock while holding a write lock, nor holds the
-//! directory's read lock while waiting for its write lock — so nothing
-//! deadlocks, and a lookup waits for at most one write: usually a few
-//! records (at most [`WRITE_BATCH`]), rarely one small table's growth or
-//! a sweep of one shard's tables.
+//! Locking: the page directory and every page have their own `RwLock`;
+//! the key tables have none (readers load their slots, see
+//! [`crate::keys`]). Lookups take read locks only and hold them for the
+//! lookup. There is a single writer at a time (the placement mutex, whose
+//! [`Sole`] token every key-table change takes), and it never waits for a
+//! lock while holding a write lock, nor holds the directory's read lock
+//! while waiting for its write lock — so nothing deadlocks, and a lookup
+//! waits for at most one write of a few records (at most [`WRITE_BATCH`]).
 //!
 //! Consistency without a global lock: a new record is written (appended,
 //! or into a dead slot whose key was withdrawn) before its key is
@@ -28,7 +28,7 @@ use crate::arena::{
     EpochSet, Holder, MAX_PAGES, PAGE_RECORDS, Page, RecId, Stored, View, offset_of, page_of,
     rec_id,
 };
-use crate::keys::KeyTable;
+use crate::keys::{KeyTable, Sole};
 
 mod compact;
 mod refill;
@@ -49,10 +49,6 @@ const PREFETCH_MIN_KEYS: usize = 1 << 16;
 // Small under test, so that the model tests take both paths.
 #[cfg(test)]
 const PREFETCH_MIN_KEYS: usize = 8;
-/// Key edits up to this many are grouped by shard on the stack (an
-/// insertion sort: at 64, the general sort cost more than the counting it
-/// replaced).
-const SMALL_PUBLISH: usize = 20;
 /// Page read guards a reader keeps at once.
 const READER_PAGES: usize = 4;
 
@@ -113,6 +109,8 @@ struct Placement {
     pick_after: usize,
     /// Working lists of one write, kept so that an event allocates none.
     scratch: Scratch,
+    /// The key tables' writer token.
+    sole: Sole,
 }
 
 /// The writer's per-event working lists, emptied and reused.
@@ -137,13 +135,13 @@ impl Scratch {
     }
 }
 
-/// One lock shard of the key tables.
+/// One shard of the key tables (a share of the hash bits; no lock).
 type KeyShard = Box<[KeyTable]>;
 
 /// The store.
 #[derive(Debug)]
 pub(crate) struct Store {
-    keys: Box<[RwLock<KeyShard>]>,
+    keys: Box<[KeyShard]>,
     /// Which shard and table a hash belongs to.
     spread: Spread,
     pages: RwLock<Directory>,
@@ -175,70 +173,6 @@ impl Spread {
         i
     }
 }
-
-/// The key shards a reader has read-locked, taken on first use. A reader
-/// lives on its caller's stack for one call: the inline lists are the
-/// point (no allocation per `locate`).
-#[derive(Debug)]
-#[allow(clippy::large_enum_variant)]
-enum KeyGuards<'a> {
-    /// The writer's `locate`, which touches most shards (when there are at
-    /// most [`DIRECT_SHARDS`]): where each held shard's guard is (its
-    /// position plus one; 0: not held), so that setting up and dropping the
-    /// reader costs only the shards it locked (a slot per shard, each set
-    /// up and dropped per event, was a sixth of `locate`).
-    Every {
-        at: [u8; DIRECT_SHARDS],
-        held: SmallVec<[(usize, RwLockReadGuard<'a, KeyShard>); 16]>,
-    },
-    /// Only the shards touched, searched in order: a lookup probes the key
-    /// table a few times, and setting up and dropping a slot per shard was
-    /// a fifth of its fixed cost.
-    Few(SmallVec<[(usize, RwLockReadGuard<'a, KeyShard>); 4]>),
-}
-
-/// Most shards [`KeyGuards::Every`] serves (more: the writer searches its
-/// list as a lookup does).
-const DIRECT_SHARDS: usize = 64;
-
-impl<'a> KeyGuards<'a> {
-    /// Shard `s`, read-locked.
-    #[inline]
-    fn shard(&mut self, store: &'a Store, s: usize) -> &KeyShard {
-        match self {
-            KeyGuards::Every { at, held } => {
-                // Only built with at most `DIRECT_SHARDS` shards.
-                let i = match at[s] {
-                    0 => {
-                        held.push((s, store.keys[s].read()));
-                        // At most `DIRECT_SHARDS` entries: fits a byte.
-                        #[allow(clippy::cast_possible_truncation)]
-                        let n = held.len() as u8;
-                        at[s] = n;
-                        usize::from(n) - 1
-                    }
-                    i => usize::from(i) - 1,
-                };
-                &held[i].1
-            }
-            KeyGuards::Few(held) => {
-                let at = match held.iter().position(|g| g.0 == s) {
-                    Some(at) => at,
-                    None => {
-                        held.push((s, store.keys[s].read()));
-                        held.len() - 1
-                    }
-                };
-                &held[at].1
-            }
-        }
-    }
-}
-
-/// A key shard read-locked by [`Store::first_probe`], handed on to the
-/// lookup's reader.
-#[derive(Debug)]
-pub(crate) struct ShardHeld<'a>(usize, RwLockReadGuard<'a, KeyShard>);
 
 /// A reader's page guards: the directory read guard it borrows and a few
 /// page guards.
@@ -306,12 +240,11 @@ impl<'a> PageGuards<'a> {
     }
 }
 
-/// A reader's view: the directory read guard it borrows, key shard guards
-/// taken on first use, and a few page guards.
+/// A reader's view: the directory read guard it borrows and a few page
+/// guards (the key tables need none).
 #[derive(Debug)]
 pub(crate) struct Reader<'a> {
     store: &'a Store,
-    keys: KeyGuards<'a>,
     pages: PageGuards<'a>,
 }
 
@@ -324,22 +257,15 @@ impl<'a> Reader<'a> {
 
     /// The record of `key` (hash `h`).
     pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
-        let spread = self.store.spread;
-        let shard = self.keys.shard(self.store, spread.shard(h));
         let pages = &mut self.pages;
-        shard
-            .get(spread.table(h))
+        self.store
+            .table(h)
             .and_then(|t| t.find(h, |rec| pages.is(rec, key)))
     }
 
     /// Starts loading the key slot of hash `h` (see [`KeyTable::prefetch`]).
     pub(crate) fn prefetch(&mut self, h: u64) {
-        let spread = self.store.spread;
-        if let Some(table) = self
-            .keys
-            .shard(self.store, spread.shard(h))
-            .get(spread.table(h))
-        {
+        if let Some(table) = self.store.table(h) {
             table.prefetch(h);
         }
     }
@@ -508,12 +434,13 @@ impl HashOf for (u64, RecId, RecId) {
 
 impl Store {
     /// An empty store with `shards` key shards of `tables` key tables each
-    /// (both powers of two, `shards` at most 1024).
-    pub(crate) fn new(shards: usize, tables: usize) -> Self {
+    /// (both powers of two, `shards` at most 1024), each table sized for
+    /// `table_keys` keys (allocated on its first key).
+    pub(crate) fn new(shards: usize, tables: usize, table_keys: usize) -> Self {
         let tables = tables.max(1).next_power_of_two();
         Self {
             keys: (0..shards)
-                .map(|_| RwLock::new((0..tables).map(|_| KeyTable::default()).collect()))
+                .map(|_| (0..tables).map(|_| KeyTable::sized(table_keys)).collect())
                 .collect(),
             spread: Spread {
                 shard_bits: shards.trailing_zeros(),
@@ -525,59 +452,19 @@ impl Store {
         }
     }
 
-    /// Read access for many probes (the writer's `locate`); `dir` comes
+    /// The key table of hash `h`.
+    #[inline]
+    fn table(&self, h: u64) -> Option<&KeyTable> {
+        self.keys
+            .get(self.spread.shard(h))?
+            .get(self.spread.table(h))
+    }
+
+    /// Read access (to the pages: the key tables need none); `dir` comes
     /// from [`Store::directory`].
     pub(crate) fn reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
-        self.reader_with(
-            dir,
-            if self.keys.len() <= DIRECT_SHARDS {
-                KeyGuards::Every {
-                    at: [0; DIRECT_SHARDS],
-                    held: SmallVec::new(),
-                }
-            } else {
-                KeyGuards::Few(SmallVec::new())
-            },
-        )
-    }
-
-    /// Read access for one lookup, which probes the key table only where
-    /// a run of records breaks.
-    pub(crate) fn lookup_reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
-        self.reader_with(dir, KeyGuards::Few(SmallVec::new()))
-    }
-
-    /// [`Store::lookup_reader`] keeping the shard [`Store::first_probe`]
-    /// locked.
-    pub(crate) fn lookup_reader_holding<'a>(
-        &'a self,
-        dir: &'a Directory,
-        held: ShardHeld<'a>,
-    ) -> Reader<'a> {
-        let mut few = SmallVec::new();
-        few.push((held.0, held.1));
-        self.reader_with(dir, KeyGuards::Few(few))
-    }
-
-    /// The first probe of a lookup, before it takes any other lock: `None`
-    /// when no key of hash `h` can be in the tables (no entry carries its
-    /// tag: a sure miss, answered with one shard's read lock and no page
-    /// or directory lock); otherwise the shard, still read-locked, for
-    /// [`Store::lookup_reader_holding`].
-    #[inline]
-    pub(crate) fn first_probe(&self, h: u64) -> Option<ShardHeld<'_>> {
-        let s = self.spread.shard(h);
-        let shard = self.keys[s].read();
-        shard
-            .get(self.spread.table(h))
-            .is_some_and(|t| t.has_tag(h))
-            .then(|| ShardHeld(s, shard))
-    }
-
-    fn reader_with<'a>(&'a self, dir: &'a Directory, keys: KeyGuards<'a>) -> Reader<'a> {
         Reader {
             store: self,
-            keys,
             pages: PageGuards {
                 dir,
                 pages: Default::default(),
@@ -585,6 +472,14 @@ impl Store {
                 next_evict: 0,
             },
         }
+    }
+
+    /// The first probe of a lookup, before it takes any lock: false when
+    /// no key of hash `h` can be in the tables (no entry carries its tag:
+    /// a sure miss, answered with no lock at all).
+    #[inline]
+    pub(crate) fn first_probe(&self, h: u64) -> bool {
+        self.table(h).is_some_and(|t| t.has_tag(h))
     }
 
     /// The page directory, read-locked.
@@ -739,7 +634,9 @@ impl Store {
                 results.push(Ok(Stored::Added));
             }
         }
-        self.publish(&created, |table, &(h, rec)| table.insert(h, rec));
+        self.publish(&mut place.sole, &created, |table, sole, &(h, rec)| {
+            table.insert(sole, h, rec);
+        });
         if recs.capacity() <= SCRATCH_KEEP {
             place.scratch.recs = recs;
             place.scratch.created = created;
@@ -747,57 +644,17 @@ impl Store {
         Ok(())
     }
 
-    /// Applies `edit` to the key table of each item, one lock per shard
-    /// (items bucketed by shard with a counting sort).
-    fn publish<T: HashOf + Copy>(&self, items: &[T], edit: impl Fn(&mut KeyTable, &T)) {
-        let shards = self.keys.len();
-        let spread = self.spread;
-        if items.len() <= SMALL_PUBLISH {
-            // A few keys (most events): sorted by shard on the stack rather
-            // than counted into three arrays as long as the shard count.
-            // (shard, position): edits of one shard stay in their order.
-            let mut sorted: SmallVec<[(usize, usize, T); SMALL_PUBLISH]> = items
-                .iter()
-                .enumerate()
-                .map(|(n, &i)| (spread.shard(i.hash()), n, i))
-                .collect();
-            sorted.sort_unstable_by_key(|&(s, n, _)| (s, n));
-            for group in sorted.chunk_by(|a, b| a.0 == b.0) {
-                let mut shard = self.keys[group[0].0].write();
-                for (_, _, item) in group {
-                    if let Some(table) = shard.get_mut(spread.table(item.hash())) {
-                        edit(table, item);
-                    }
-                }
-            }
-            return;
-        }
-        // On the stack for up to 127 shards (two of the three lists were
-        // allocations per event).
-        let mut starts: SmallVec<[usize; 2 * DIRECT_SHARDS]> = SmallVec::from_elem(0, shards + 1);
+    /// Applies `edit` to the key table of each item, in order (no lock:
+    /// `sole` proves this is the only writer).
+    fn publish<T: HashOf>(
+        &self,
+        sole: &mut Sole,
+        items: &[T],
+        edit: impl Fn(&KeyTable, &mut Sole, &T),
+    ) {
         for item in items {
-            starts[spread.shard(item.hash()) + 1] += 1;
-        }
-        for i in 0..shards {
-            starts[i + 1] += starts[i];
-        }
-        let mut at = starts.clone();
-        let mut bucketed: Vec<T> = items.to_vec();
-        for item in items {
-            let s = spread.shard(item.hash());
-            bucketed[at[s]] = *item;
-            at[s] += 1;
-        }
-        for s in 0..shards {
-            let group = &bucketed[starts[s]..starts[s + 1]];
-            if group.is_empty() {
-                continue;
-            }
-            let mut shard = self.keys[s].write();
-            for item in group {
-                if let Some(table) = shard.get_mut(spread.table(item.hash())) {
-                    edit(table, item);
-                }
+            if let Some(table) = self.table(item.hash()) {
+                edit(table, sole, item);
             }
         }
     }
@@ -837,7 +694,7 @@ impl Store {
             place.scratch.recs = recs;
         }
         if !dead.is_empty()
-            && let Some(list) = self.withdraw(dead)
+            && let Some(list) = self.withdraw(&mut place.sole, dead)
             && list.capacity() <= SCRATCH_KEEP
         {
             place.scratch.dead = list;
@@ -885,7 +742,7 @@ impl Store {
         }
         // Keys of dead records stay published until here (readers check
         // liveness), so that a large pass sweeps the tables once.
-        let _ = self.withdraw(dead);
+        let _ = self.withdraw(&mut place.sole, dead);
     }
 
     /// Records appended and not yet freed, and live records (for tests and
@@ -956,12 +813,11 @@ impl Store {
             .keys
             .iter()
             .map(|shard| {
-                let shard = shard.read();
                 shard.len() * size_of::<KeyTable>()
                     + shard.iter().map(KeyTable::heap_bytes).sum::<usize>()
             })
             .sum::<usize>()
-            + self.keys.len() * size_of::<RwLock<KeyShard>>();
+            + self.keys.len() * size_of::<KeyShard>();
         (records + lists, keys)
     }
 
@@ -969,7 +825,7 @@ impl Store {
     pub(crate) fn key_count(&self) -> usize {
         self.keys
             .iter()
-            .map(|s| s.read().iter().map(KeyTable::len).sum::<usize>())
+            .map(|s| s.iter().map(KeyTable::len).sum::<usize>())
             .sum()
     }
 }

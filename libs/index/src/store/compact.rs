@@ -145,8 +145,8 @@ impl Store {
                 moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
             }
         }
-        self.publish(&moved, |table, &(h, old, new)| {
-            table.relocate(h, old, new);
+        self.publish(&mut place.sole, &moved, |table, sole, &(h, old, new)| {
+            table.relocate(sole, h, old, new);
         });
         let dir = self.pages.read();
         if let Some(Some(page)) = dir.get(n) {

@@ -73,7 +73,7 @@ fn drop_from(
 proptest! {
     #[test]
     fn agrees_with_a_map_through_compaction(ops in proptest::collection::vec(op(), 1..120)) {
-        let store = Store::new(4, 2);
+        let store = Store::new(4, 2, 8);
         // key -> replica -> epoch
         let mut model: BTreeMap<u64, BTreeMap<u32, u32>> = BTreeMap::new();
         for op in ops {
@@ -147,7 +147,7 @@ proptest! {
 
 #[test]
 fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
-    let store = Store::new(4, 2);
+    let store = Store::new(4, 2, 8);
     let blocks: Vec<Block> = (0..20u32)
         .map(|k| Block::new(u64::from(k) * 7, k))
         .collect();
@@ -182,7 +182,7 @@ fn duplicates_are_spotted_including_key_zero() {
 
 #[test]
 fn a_block_repeated_in_one_chain_gets_one_record() {
-    let store = Store::new(2, 2);
+    let store = Store::new(2, 2, 8);
     let blocks = [Block::new(5, 0), Block::new(6, 1), Block::new(5, 0)];
     let mut results = Vec::new();
     store
@@ -215,7 +215,7 @@ fn store_numbered_chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
 fn pages_dying_whole_are_freed_without_moving_records() {
     // Chains evicted in the order they were stored: every page empties
     // completely, so nothing is copied and nothing dead lingers.
-    let store = Store::new(4, 2);
+    let store = Store::new(4, 2, 8);
     let mut chains = Vec::new();
     for c in 0..40u64 {
         chains.push(store_numbered_chain(&store, c, 5));
@@ -237,7 +237,7 @@ fn pages_dying_whole_are_freed_without_moving_records() {
 fn a_scattered_dead_share_is_compacted_away() {
     // Every other chain evicted: no page empties, so the dead share
     // crosses its limit and the sparsest pages are moved out.
-    let store = Store::new(4, 2);
+    let store = Store::new(4, 2, 8);
     let chains: Vec<Vec<Block>> = (0..50u64)
         .map(|c| store_numbered_chain(&store, c, 4))
         .collect();
@@ -265,7 +265,7 @@ fn holes_left_by_random_evictions_are_refilled_without_copying() {
     // Chains evicted in random order leave runs of dead slots in every
     // page; new chains go into them, so nothing is copied and the dead
     // share stays far below the compaction limit.
-    let store = Store::new(4, 2);
+    let store = Store::new(4, 2, 8);
     let mut resident: Vec<(u64, Vec<Block>)> = (0..60u64)
         .map(|c| (c, store_numbered_chain(&store, c, 4)))
         .collect();
@@ -301,7 +301,7 @@ fn holes_left_by_random_evictions_are_refilled_without_copying() {
 fn holes_left_by_evicting_chain_tails_are_refilled_too() {
     // Engines evict a chain's last blocks first: each eviction leaves a
     // run at the end of a chain, long enough to take new records.
-    let store = Store::new(4, 2);
+    let store = Store::new(4, 2, 8);
     let mut resident: Vec<Vec<Block>> = (0..200u64)
         .map(|c| store_numbered_chain(&store, c, 6))
         .collect();

@@ -5,6 +5,7 @@
 
 use super::{Store, page_of};
 use crate::arena::RecId;
+use crate::keys::Sole;
 
 /// Withdrawing 1/`SWEEP_FRACTION` of all keys or more sweeps the tables
 /// instead of probing for each.
@@ -120,7 +121,7 @@ impl Doomed {
 impl Store {
     /// Removes the keys of `doomed` from the tables (see the module docs).
     /// Hands back its list when the keys were probed for, for reuse.
-    pub(super) fn withdraw(&self, doomed: Doomed) -> Option<Vec<(u64, RecId)>> {
+    pub(super) fn withdraw(&self, sole: &mut Sole, doomed: Doomed) -> Option<Vec<(u64, RecId)>> {
         let Doomed {
             listed,
             bits,
@@ -131,10 +132,8 @@ impl Store {
         let mut bits = match bits {
             Some(bits) => bits,
             None if !many => {
-                self.publish(&listed, |table, &(h, rec)| {
-                    if table.remove(h, rec) {
-                        table.shrink();
-                    }
+                self.publish(sole, &listed, |table, sole, &(h, rec)| {
+                    table.remove(sole, h, rec);
                 });
                 return Some(listed);
             }
@@ -158,12 +157,8 @@ impl Store {
                 clear_bit(&mut bits.pages, n);
             }
         }
-        for shard in &self.keys {
-            let mut shard = shard.write();
-            for table in shard.iter_mut() {
-                table.remove_all(|rec| bits.has(rec));
-                table.shrink();
-            }
+        for table in self.keys.iter().flat_map(|shard| shard.iter()) {
+            table.remove_all(sole, |rec| bits.has(rec));
         }
         None
     }
