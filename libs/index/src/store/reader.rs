@@ -1,0 +1,180 @@
+//! Reading the store: a lookup's (and the writer's `locate`'s) view of the
+//! pages through a few page read guards, and the key tables, which need
+//! no lock.
+
+use parking_lot::RwLockReadGuard;
+
+use super::{Directory, Store};
+use crate::arena::{MAX_PAGES, PAGE_RECORDS, Page, RecId, View, offset_of, page_of, rec_id};
+
+/// Page read guards a reader keeps at once.
+const READER_PAGES: usize = 4;
+
+/// A reader's page guards: the directory read guard it borrows and a few
+/// page guards.
+#[derive(Debug)]
+struct PageGuards<'a> {
+    dir: &'a Directory,
+    pages: [Option<(usize, RwLockReadGuard<'a, Page>)>; READER_PAGES],
+    /// The slot used last, and the one to replace next.
+    last: usize,
+    next_evict: usize,
+}
+
+impl<'a> PageGuards<'a> {
+    /// The cache slot holding page `n`'s read guard, locking it if needed.
+    #[inline]
+    fn slot(&mut self, n: usize) -> Option<usize> {
+        // Consecutive blocks are mostly on the page of the previous one.
+        if self.pages[self.last].as_ref().is_some_and(|c| c.0 == n) {
+            return Some(self.last);
+        }
+        self.slot_slow(n)
+    }
+
+    #[inline(never)]
+    fn slot_slow(&mut self, n: usize) -> Option<usize> {
+        if let Some(at) = self
+            .pages
+            .iter()
+            .position(|c| c.as_ref().is_some_and(|c| c.0 == n))
+        {
+            self.last = at;
+            return Some(at);
+        }
+        let page = self.dir.get(n)?.as_ref()?;
+        let at = match self.pages.iter().position(Option::is_none) {
+            Some(at) => at,
+            None => {
+                self.next_evict = (self.next_evict + 1) % READER_PAGES;
+                self.next_evict
+            }
+        };
+        // Drop the old guard before locking the next page.
+        self.pages[at] = None;
+        self.pages[at] = Some((n, page.read()));
+        self.last = at;
+        Some(at)
+    }
+
+    #[inline]
+    fn page_in(&self, slot: usize) -> Option<&Page> {
+        self.pages[slot].as_ref().map(|c| &*c.1)
+    }
+
+    /// Page `n`, read-locked.
+    #[inline]
+    fn page(&mut self, n: usize) -> Option<&Page> {
+        let slot = self.slot(n)?;
+        self.page_in(slot)
+    }
+
+    /// Whether record `rec` is live and carries `key`.
+    #[inline]
+    fn is(&mut self, rec: RecId, key: u64) -> bool {
+        self.page(page_of(rec)).and_then(|p| p.key(offset_of(rec))) == Some(key)
+    }
+}
+
+/// A reader's view: the directory read guard it borrows and a few page
+/// guards (the key tables need none).
+#[derive(Debug)]
+pub(crate) struct Reader<'a> {
+    store: &'a Store,
+    pages: PageGuards<'a>,
+}
+
+impl<'a> Reader<'a> {
+    /// Whether record `rec` is live and carries `key`.
+    #[inline]
+    pub(crate) fn is(&mut self, rec: RecId, key: u64) -> bool {
+        self.pages.is(rec, key)
+    }
+
+    /// The record of `key` (hash `h`).
+    pub(crate) fn find(&mut self, key: u64, h: u64) -> Option<RecId> {
+        let pages = &mut self.pages;
+        self.store
+            .table(h)
+            .and_then(|t| t.find(h, |rec| pages.is(rec, key)))
+    }
+
+    /// Starts loading the key slot of hash `h` (see [`KeyTable::prefetch`]).
+    pub(crate) fn prefetch(&mut self, h: u64) {
+        if let Some(table) = self.store.table(h) {
+            table.prefetch(h);
+        }
+    }
+
+    /// The record of `key`, trying the neighbours of `prev` first: a chain
+    /// stored in one event was laid out in order, and evictions name a
+    /// chain's blocks in order or in reverse.
+    #[inline]
+    pub(crate) fn find_near(&mut self, prev: Option<RecId>, key: u64, h: u64) -> Option<RecId> {
+        if let Some(prev) = prev {
+            let next = if offset_of(prev) + 1 < PAGE_RECORDS {
+                prev + 1
+            } else {
+                rec_id(page_of(prev) + 1, 0)
+            };
+            if page_of(next) < MAX_PAGES && self.is(next, key) {
+                return Some(next);
+            }
+            if offset_of(prev) > 0 && self.is(prev - 1, key) {
+                return Some(prev - 1);
+            }
+        }
+        self.find(key, h)
+    }
+
+    /// Visits the records right after `prev` while they carry `keys` in
+    /// order (stopping early when `visit` returns false).
+    #[inline]
+    pub(crate) fn walk(
+        &mut self,
+        prev: RecId,
+        keys: impl Iterator<Item = u64>,
+        visit: impl FnMut(&[u32]) -> bool,
+    ) -> Walked {
+        let from = offset_of(prev) + 1;
+        let Some(page) = self.pages.page(page_of(prev)) else {
+            return Walked {
+                blocks: 0,
+                stopped: false,
+            };
+        };
+        let (blocks, stopped) = page.walk(from, keys, visit);
+        Walked { blocks, stopped }
+    }
+
+    /// The live record `rec` (found by [`Reader::find`]).
+    #[inline]
+    pub(crate) fn view(&mut self, rec: RecId) -> Option<View<'_>> {
+        self.pages.page(page_of(rec))?.view(offset_of(rec))
+    }
+}
+
+/// How far [`Reader::walk`] got.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Walked {
+    /// Records visited.
+    pub(crate) blocks: usize,
+    /// Whether `visit` asked to stop.
+    pub(crate) stopped: bool,
+}
+
+impl Store {
+    /// Read access (to the pages: the key tables need none); `dir` comes
+    /// from [`Store::directory`].
+    pub(crate) fn reader<'a>(&'a self, dir: &'a Directory) -> Reader<'a> {
+        Reader {
+            store: self,
+            pages: PageGuards {
+                dir,
+                pages: Default::default(),
+                last: 0,
+                next_evict: 0,
+            },
+        }
+    }
+}
