@@ -384,6 +384,25 @@ impl LoadBoard {
             }
         }
         let resolved = {
+            // Every member gets its entry now: a replica's first pick or
+            // report then changes no generation, so a large scope is not
+            // resolved again once per replica as its replicas are first
+            // picked (256 resolutions of 256 members, warming up).
+            let missing = {
+                let map = self.entries.read();
+                members
+                    .iter()
+                    .any(|m| !map.contains_key(m.key.replica_id.as_str()))
+            };
+            if missing {
+                let mut map = self.entries.write();
+                for m in members.iter() {
+                    if !map.contains_key(m.key.replica_id.as_str()) {
+                        map.insert(m.key.replica_id.as_str().into(), Arc::default());
+                    }
+                }
+                self.generation.fetch_add(1, Ordering::Relaxed);
+            }
             let map = self.entries.read();
             let id_hashes: Box<[u64]> = members
                 .iter()

@@ -180,7 +180,8 @@ impl Scored {
 pub struct PickInput<'a> {
     /// Every replica that may be answered, with its address.
     pub replicas: &'a [(&'a ReplicaKey, &'a str)],
-    /// The index's matches (replicas holding at least the first block).
+    /// The index's matches (replicas holding at least the first block);
+    /// their addresses are not read (`replicas` has them).
     pub matches: &'a [Candidate],
     /// Speculative holdings: replica id and blocks held from the start.
     pub speculative: &'a [(String, u32)],

@@ -250,8 +250,34 @@ pub fn route<R>(
     answer: impl FnOnce(RouteDecision<'_>) -> R,
 ) -> R {
     let replica_scope = query.replica_scope();
-    let scope: &Scope = &replica_scope;
-    let block_size = index.block_size(scope).unwrap_or(default_block_size);
+    let block_size = index
+        .block_size(&replica_scope)
+        .unwrap_or(default_block_size);
+    route_in(
+        index,
+        query,
+        &replica_scope,
+        block_size,
+        policy,
+        now_ms,
+        deadline,
+        answer,
+    )
+}
+
+/// [`route`] in `scope` (the query's replica scope) with its block size
+/// looked up already.
+#[allow(clippy::too_many_arguments)]
+fn route_in<R>(
+    index: &Index,
+    query: &RouteQuery<'_>,
+    scope: &Scope,
+    block_size: u32,
+    policy: &RoutePolicy,
+    now_ms: i64,
+    deadline: &dyn Deadline,
+    answer: impl FnOnce(RouteDecision<'_>) -> R,
+) -> R {
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
     let blocks = query.blocks(block_size, deadline);
@@ -502,16 +528,29 @@ pub fn route_ranked(
         },
         ..*query
     };
-    let decided = route(
+    let decided = route_in(
         index,
         query,
+        &replica_scope,
+        block_size,
         policy,
-        default_block_size,
         now_ms,
         deadline,
         |d| {
             let outcome = match d.outcome {
-                RouteOutcome::Route(m) => Ok(m.iter().map(Match::to_candidate).collect()),
+                // The ranking reads the matches' names, not their
+                // addresses (those come from the scope's members or the
+                // pool): one copy per holder less.
+                RouteOutcome::Route(m) => Ok(m
+                    .iter()
+                    .map(|m| Candidate {
+                        replica: m.replica.clone(),
+                        address: String::new(),
+                        matched_blocks: m.matched_blocks,
+                        block_size: m.block_size,
+                        tier: m.tier,
+                    })
+                    .collect()),
                 RouteOutcome::NoHint { reason, detail } => Err((reason, detail)),
             };
             (d.block_size, d.prompt_blocks, outcome)

@@ -174,3 +174,38 @@ fn an_observed_prefill_rate_is_part_of_the_load() {
     board.observed_prefill_rate("a", f64::INFINITY);
     assert_eq!(board.prefill_rate("a"), Some(12.5));
 }
+
+#[test]
+fn a_member_s_first_pick_leaves_its_scope_resolved() {
+    use crate::registry::ReplicaMeta;
+    use crate::types::ReplicaKey;
+    let meta = |id: &str| {
+        Arc::new(ReplicaMeta {
+            key: ReplicaKey {
+                tenant: "t".into(),
+                replica_id: id.into(),
+                dp_rank: 0,
+            },
+            scope: 0,
+            address: format!("{id}:8000"),
+            last_seen_ms: std::sync::atomic::AtomicI64::new(0),
+        })
+    };
+    let members: crate::registry::Members = vec![meta("a"), meta("b")].into();
+    let board = LoadBoard::default();
+    board.picked("a", 0);
+    board.with_members(7, &members, 0, |_, _| ());
+    let resolved = board.generation.load(Ordering::Relaxed);
+    // "b" was never on the board: resolving gave it an idle entry.
+    assert_eq!(board.load("b", 0), ReplicaLoad::default());
+    board.picked("b", 0);
+    board.report_engine("b", EngineLoad::default(), 0);
+    assert_eq!(board.generation.load(Ordering::Relaxed), resolved);
+    board.with_members(7, &members, 0, |reader, m| {
+        assert_eq!(
+            reader.member(m, 1).requests,
+            1.0,
+            "b's pick read through the resolved entry"
+        );
+    });
+}
