@@ -132,20 +132,27 @@ impl<S: Send + Sync, T: DeserializeOwned + Schema> FromRequest<S> for Body<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let json_type = is_json(req.headers());
         let bytes = read_body(req, state).await?;
-        if json_type
-            && let Ok(v) = serde_json::from_slice::<T>(&bytes)
-            && v.valid()
-        {
-            return Ok(Body(v));
-        }
-        let coerced = validate(T::MODEL, json_type, &bytes)?;
-        serde_json::from_value(coerced)
-            .map(Body)
-            .map_err(|e| ApiError::Validation {
-                loc: vec![json!("body")],
-                msg: e.to_string(),
-            })
+        decode_body(json_type, &bytes).map(Body)
     }
+}
+
+/// [`Body`]'s decoding of a body already read (for handlers that try a
+/// cheaper decoding first and fall back to this one).
+pub fn decode_body<T: DeserializeOwned + Schema>(
+    json_type: bool,
+    bytes: &[u8],
+) -> Result<T, ApiError> {
+    if json_type
+        && let Ok(v) = serde_json::from_slice::<T>(bytes)
+        && v.valid()
+    {
+        return Ok(v);
+    }
+    let coerced = validate(T::MODEL, json_type, bytes)?;
+    serde_json::from_value(coerced).map_err(|e| ApiError::Validation {
+        loc: vec![json!("body")],
+        msg: e.to_string(),
+    })
 }
 
 /// Reads the whole body (413 past the limit).
@@ -166,6 +173,25 @@ pub fn is_json(headers: &axum::http::HeaderMap) -> bool {
     let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE) else {
         return false;
     };
+    if ct.as_bytes().is_ascii() {
+        // The usual header, without the allocations below (same answer:
+        // ASCII lowercases and trims the same either way).
+        let mime = ct.as_bytes().split(|&b| b == b';').next().unwrap_or(b"");
+        // str::trim's ASCII whitespace (it includes the vertical tab).
+        let ws = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\x0B' | b'\x0C' | b'\r');
+        let start = mime.iter().position(|b| !ws(b)).unwrap_or(mime.len());
+        let end = mime.iter().rposition(|b| !ws(b)).map_or(start, |e| e + 1);
+        let mime = &mime[start..end];
+        let Some(sub) = mime
+            .get(..12)
+            .filter(|p| p.eq_ignore_ascii_case(b"application/"))
+            .map(|_| &mime[12..])
+        else {
+            return false;
+        };
+        return sub.eq_ignore_ascii_case(b"json")
+            || sub.len() >= 5 && sub[sub.len() - 5..].eq_ignore_ascii_case(b"+json");
+    }
     let ct = String::from_utf8_lossy(ct.as_bytes()).to_ascii_lowercase();
     let mime = ct.split(';').next().unwrap_or("").trim();
     mime.strip_prefix("application/")

@@ -110,8 +110,9 @@ pub struct MpCallLabels {
 pub struct HttpLabels {
     /// HTTP method (`other` for unusual ones).
     pub method: &'static str,
-    /// Route template, e.g. `/instances/{instance_id}/heartbeat`.
-    pub route: String,
+    /// Route template, e.g. `/instances/{instance_id}/heartbeat`
+    /// (borrowed for the busy routes: no allocation per request).
+    pub route: std::borrow::Cow<'static, str>,
     /// Status class: `2xx`, `4xx`, `5xx`, ...
     pub status: &'static str,
 }
@@ -120,7 +121,7 @@ pub struct HttpLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabel {
     /// Route template.
-    pub route: String,
+    pub route: std::borrow::Cow<'static, str>,
 }
 
 type FGauge = Gauge<f64, AtomicU64>;

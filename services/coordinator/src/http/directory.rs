@@ -1,19 +1,24 @@
 //! `/directory`: lookups by keys or tokens, key listing, stats, blend lookup.
 
+use std::borrow::Cow;
+
 use axum::Json;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, header};
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
-use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::error::{ApiError, Body, Query, Schema, default_limit, page_bounds};
+use crate::error::{
+    ApiError, Body, Query, Schema, decode_body, default_limit, is_json, page_bounds,
+};
 use crate::state::App;
 use ic_coordinator_core::lax::{Model, models};
 
@@ -59,14 +64,26 @@ struct Answer {
     results: usize,
 }
 
-/// One placement as the answer lists it.
-struct PlacementOut<'a> {
-    backend: &'a str,
-    incarnation: u64,
-    instance_id: &'a str,
-    shared: bool,
-    size_bytes: u64,
-    tier: StorageLevel,
+/// A key as the answer echoes it: the request's own spelling (the hex as
+/// sent, not normalized).
+struct Echo<'a> {
+    cache_salt: &'a str,
+    chunk_hash_hex: &'a str,
+    kv_rank: i64,
+    model_name: &'a str,
+    object_group_id: i64,
+}
+
+impl<'a> Echo<'a> {
+    fn of(w: &'a WireKey) -> Self {
+        Self {
+            cache_salt: &w.cache_salt,
+            chunk_hash_hex: &w.chunk_hash_hex,
+            kv_rank: w.kv_rank,
+            model_name: &w.model_name,
+            object_group_id: w.object_group_id,
+        }
+    }
 }
 
 impl Answer {
@@ -82,61 +99,70 @@ impl Answer {
         self.buf.extend_from_slice(b",\"results\":[");
     }
 
-    fn int(&mut self, n: u64) {
-        use std::io::Write;
-        // Writing into a Vec cannot fail.
-        let _ = write!(self.buf, "{n}");
+    /// Decimal digits without `fmt` (its machinery was ~10 % of a lookup).
+    fn int(&mut self, mut n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.buf.extend_from_slice(&digits[i..]);
     }
 
     fn signed(&mut self, n: i64) {
-        use std::io::Write;
-        let _ = write!(self.buf, "{n}");
+        if n < 0 {
+            self.buf.push(b'-');
+        }
+        self.int(n.unsigned_abs());
     }
 
-    /// A JSON string, escaped as serde_json escapes it.
+    /// A JSON string, escaped as serde_json escapes it; one that needs no
+    /// escape (the usual name or hex) is copied as it is.
     fn string(&mut self, s: &str) {
-        // Writing a str into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut self.buf, s);
+        if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            // Writing a str into a Vec cannot fail.
+            let _ = serde_json::to_writer(&mut self.buf, s);
+        } else {
+            self.buf.reserve(s.len() + 2);
+            self.buf.push(b'"');
+            self.buf.extend_from_slice(s.as_bytes());
+            self.buf.push(b'"');
+        }
     }
 
     fn raw(&mut self, s: &[u8]) {
         self.buf.extend_from_slice(s);
     }
 
-    fn result(&mut self, key: &WireKey, d: &KeyDirectory, object: &ObjectKey) {
+    fn result(&mut self, key: &Echo<'_>, d: &KeyDirectory, object: &ObjectKey) {
         if self.results > 0 {
             self.buf.push(b',');
         }
         self.results += 1;
-        let entry = d.get(object);
-        let (placements, access_count) = entry
-            .as_ref()
-            .map_or((&[][..], 0), |e| (e.placements.as_slice(), e.access_count));
-        let mut placements: Vec<PlacementOut<'_>> = placements
-            .iter()
-            .map(|p| PlacementOut {
-                backend: &p.backend,
-                incarnation: p.incarnation,
-                instance_id: &p.instance_id,
-                shared: p.shared,
-                size_bytes: p.size_bytes,
-                tier: p.tier,
-            })
-            .collect();
-        placements.sort_by(|a, b| {
-            (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
-        });
+        let (mut placements, access_count) = d
+            .get(object)
+            .map_or((Vec::new(), 0), |e| (e.placements, e.access_count));
+        if placements.len() > 1 {
+            placements.sort_by(|a, b| {
+                (&*a.instance_id, a.tier, &*a.backend).cmp(&(&*b.instance_id, b.tier, &*b.backend))
+            });
+        }
         // Field names are fixed text; only the values are escaped.
         self.raw(b"{\"access_count\":");
         self.int(access_count);
         self.raw(b",\"key\":{\"cache_salt\":");
-        self.string(&key.cache_salt);
+        self.string(key.cache_salt);
         self.raw(b",\"chunk_hash_hex\":");
-        self.string(&key.chunk_hash_hex);
+        self.string(key.chunk_hash_hex);
         self.raw(b",\"kv_rank\":");
         self.signed(key.kv_rank);
         self.raw(b",\"model_name\":");
-        self.string(&key.model_name);
+        self.string(key.model_name);
         self.raw(b",\"object_group_id\":");
         self.signed(key.object_group_id);
         self.raw(b"},\"placements\":[");
@@ -145,11 +171,11 @@ impl Answer {
                 self.buf.push(b',');
             }
             self.raw(b"{\"backend\":");
-            self.string(p.backend);
+            self.string(&p.backend);
             self.raw(b",\"incarnation\":");
             self.int(p.incarnation);
             self.raw(b",\"instance_id\":");
-            self.string(p.instance_id);
+            self.string(&p.instance_id);
             self.raw(b",\"shared\":");
             self.raw(if p.shared { b"true" } else { b"false" });
             self.raw(b",\"size_bytes\":");
@@ -181,10 +207,109 @@ impl Answer {
     }
 }
 
+/// [`LookupRequest`] with its strings borrowed from the body (owned only
+/// when they hold escapes): the same fields, types and defaults, so serde
+/// accepts exactly the same bodies.
+#[derive(Deserialize)]
+struct LookupRef<'a> {
+    #[serde(default, borrow)]
+    keys: Option<Vec<KeyRef<'a>>>,
+    #[serde(default)]
+    token_ids: Option<Vec<i64>>,
+    #[serde(default)]
+    model_name: Option<String>,
+    #[serde(default = "one")]
+    world_size: i64,
+    #[serde(default, borrow)]
+    cache_salt: Cow<'a, str>,
+}
+
+/// [`WireKey`], borrowed.
+#[derive(Deserialize)]
+struct KeyRef<'a> {
+    #[serde(borrow)]
+    chunk_hash_hex: Cow<'a, str>,
+    #[serde(borrow)]
+    model_name: Cow<'a, str>,
+    kv_rank: i64,
+    #[serde(default)]
+    object_group_id: i64,
+    #[serde(default, borrow)]
+    cache_salt: Cow<'a, str>,
+}
+
+impl<'a> KeyRef<'a> {
+    fn echo(&'a self) -> Echo<'a> {
+        Echo {
+            cache_salt: &self.cache_salt,
+            chunk_hash_hex: &self.chunk_hash_hex,
+            kv_rank: self.kv_rank,
+            model_name: &self.model_name,
+            object_group_id: self.object_group_id,
+        }
+    }
+
+    fn parse(&self) -> Result<ObjectKey, ic_coordinator_core::key::KeyError> {
+        ObjectKey::from_parts(
+            &self.chunk_hash_hex,
+            &self.model_name,
+            self.kv_rank,
+            self.object_group_id,
+            &self.cache_salt,
+        )
+    }
+}
+
+/// A keys-form lookup the cheap decoding accepted: the request's keys and
+/// each one parsed.
+type KeysForm<'a> = (Vec<KeyRef<'a>>, Vec<ObjectKey>);
+
+/// The cheap decoding: UTF-8 checked once, strings borrowed, each key
+/// parsed once. `None` for anything but a valid keys-form request (the
+/// token form, a wrong type, an invalid key...), which then takes the
+/// reference's validation ([`decode_body`]) with its errors.
+fn keys_form(json_type: bool, bytes: &[u8]) -> Option<KeysForm<'_>> {
+    if !json_type {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    let req: LookupRef<'_> = serde_json::from_str(text).ok()?;
+    let keys = req.keys.filter(|k| !k.is_empty())?;
+    if req.token_ids.is_some_and(|t| !t.is_empty()) || req.world_size < 1 {
+        return None;
+    }
+    let _ = (req.model_name, req.cache_salt);
+    let parsed = keys
+        .iter()
+        .map(|k| k.parse().ok())
+        .collect::<Option<Vec<_>>>()?;
+    Some((keys, parsed))
+}
+
 pub(crate) async fn lookup(
     State(app): State<App>,
-    Body(req): Body<LookupRequest>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let bytes = body.map_err(|e| {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge(e.body_text())
+        } else {
+            ApiError::BadRequest(e.body_text())
+        }
+    })?;
+    let json_type = is_json(&headers);
+    if let Some((keys, parsed)) = keys_form(json_type, &bytes) {
+        let mut answer = Answer::new(parsed.len());
+        answer.chunks(parsed.len());
+        app.views.read(|views| {
+            for (wire, key) in keys.iter().zip(&parsed) {
+                answer.result(&wire.echo(), &views.directory, key);
+            }
+        });
+        return Ok(answer.finish());
+    }
+    let req: LookupRequest = decode_body(json_type, &bytes)?;
     let keys = req.keys.filter(|k| !k.is_empty());
     let tokens = req.token_ids.filter(|t| !t.is_empty());
     if req.world_size < 1 {
@@ -210,7 +335,7 @@ pub(crate) async fn lookup(
             answer.chunks(parsed.len());
             app.views.read(|views| {
                 for (wire, key) in wire_keys.iter().zip(&parsed) {
-                    answer.result(wire, &views.directory, key);
+                    answer.result(&Echo::of(wire), &views.directory, key);
                 }
             });
             Ok(answer.finish())
@@ -235,7 +360,8 @@ pub(crate) async fn lookup(
             app.views.read(|views| {
                 let d = &views.directory;
                 for key in resolved.keys.iter().flat_map(|k| d.expand_groups(k)) {
-                    answer.result(&key.to_wire(), d, &key);
+                    let wire = key.to_wire();
+                    answer.result(&Echo::of(&wire), d, &key);
                 }
             });
             Ok(answer.finish())
@@ -352,4 +478,123 @@ pub(crate) async fn blend_lookup(Body(req): Body<BlendRequest>) -> Result<Json<V
         return Err(ApiError::body("world_size", "world_size must be >= 1"));
     }
     Ok(Json(json!({"matches": []})))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The cheap decoding takes a body only when the reference's decoding
+    /// ([`decode_body`]) takes it as a keys-form lookup, with the same keys;
+    /// and it takes the usual body.
+    #[test]
+    fn keys_form_agrees_with_the_reference_decoding() {
+        let k = r#"{"chunk_hash_hex":"00fF","model_name":"m","kv_rank":7}"#;
+        let bodies = [
+            format!(r#"{{"keys":[{k}]}}"#),
+            format!(r#"{{"keys":[{k},{k}],"world_size":2,"extra":[1]}}"#),
+            // Escapes, group and salt, whitespace.
+            r#" { "keys" : [ {"chunk_hash_hex":"0\u0030","model_name":"m\"x","kv_rank":-1,"object_group_id":3,"cache_salt":"t\u00e9"} ] } "#.to_owned(),
+            format!(r#"{{"keys":[{k}],"token_ids":[]}}"#),
+            format!(r#"{{"keys":[{k}],"token_ids":null,"model_name":null}}"#),
+            // Taken by the reference's path, not the cheap one.
+            format!(r#"{{"keys":[{k}],"token_ids":[1]}}"#),
+            format!(r#"{{"keys":[{k}],"world_size":0}}"#),
+            format!(r#"{{"keys":[{k}],"world_size":"2"}}"#),
+            r#"{"keys":[{"chunk_hash_hex":"0","model_name":"m","kv_rank":0}]}"#.to_owned(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m@x","kv_rank":0}]}"#.to_owned(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":"0"}]}"#.to_owned(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":0,"kv_rank":1}]}"#.to_owned(),
+            r#"{"keys":[]}"#.to_owned(),
+            r#"{"token_ids":[1,2],"model_name":"m"}"#.to_owned(),
+            r#"{}"#.to_owned(),
+            "not json".to_owned(),
+        ];
+        let mut cheap = 0;
+        for body in &bodies {
+            let reference = decode_body::<LookupRequest>(true, body.as_bytes())
+                .ok()
+                .and_then(|r| {
+                    let tokens = r.token_ids.is_some_and(|t| !t.is_empty());
+                    let keys = r.keys.filter(|k| !k.is_empty() && !tokens)?;
+                    keys.iter()
+                        .map(|w| ObjectKey::from_wire(w).ok())
+                        .collect::<Option<Vec<_>>>()
+                        .map(|parsed| (keys, parsed))
+                });
+            let ours = keys_form(true, body.as_bytes());
+            // The reverse need not hold: what the reference coerces
+            // (`"2"`) takes its path.
+            assert!(ours.is_none() || reference.is_some(), "{body}");
+            if let (Some((keys, parsed)), Some((wire, reference))) = (ours, reference) {
+                assert_eq!(parsed, reference, "{body}");
+                for (k, w) in keys.iter().zip(&wire) {
+                    let e = k.echo();
+                    assert_eq!(
+                        (e.chunk_hash_hex, e.model_name, e.cache_salt),
+                        (&*w.chunk_hash_hex, &*w.model_name, &*w.cache_salt)
+                    );
+                }
+                cheap += 1;
+            }
+            assert!(keys_form(false, body.as_bytes()).is_none());
+        }
+        assert_eq!(cheap, 5);
+    }
+
+    /// `is_json`'s allocation-free reading of an ASCII header answers as
+    /// the lowercased, trimmed reading does.
+    #[test]
+    fn json_content_types() {
+        let reference = |ct: &str| {
+            let ct = ct.to_ascii_lowercase();
+            let mime = ct.split(';').next().unwrap_or("").trim();
+            mime.strip_prefix("application/")
+                .is_some_and(|sub| sub == "json" || sub.ends_with("+json"))
+        };
+        for ct in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            " application/json ",
+            "application/vnd.api+json",
+            "application/+json",
+            "application/jsonx",
+            "application/",
+            "text/json",
+            "application/json\t;x",
+            "applicationXjson",
+            "",
+            ";application/json",
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
+            assert_eq!(is_json(&h), reference(ct), "{ct:?}");
+        }
+        assert!(!is_json(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn integers_are_written_as_fmt_writes_them() {
+        let mut a = Answer::new(0);
+        a.buf.clear();
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            a.int(n);
+            a.raw(b" ");
+        }
+        for n in [0, -1, -10, i64::MIN, i64::MAX] {
+            a.signed(n);
+            a.raw(b" ");
+        }
+        let want = [0u64, 7, 10, 99, 1_000_000, u64::MAX]
+            .iter()
+            .map(|n| format!("{n} "))
+            .chain(
+                [0i64, -1, -10, i64::MIN, i64::MAX]
+                    .iter()
+                    .map(|n| format!("{n} ")),
+            )
+            .collect::<String>();
+        assert_eq!(String::from_utf8(a.buf).unwrap(), want);
+    }
 }
