@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::StorageLevel;
 use crate::key::{ObjectKey, SharedKey, WireKey};
 
+mod scan;
+
 /// What a batch reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -352,6 +354,14 @@ fn validate_parts<'s>(
 /// the same result.
 pub fn decode_valid(body: &[u8]) -> Option<Vec<Batch>> {
     let text = std::str::from_utf8(body).ok()?;
+    if let Some(batches) = scan::decode(text) {
+        return Some(batches);
+    }
+    decode_serde(text)
+}
+
+/// [`decode_valid`] by serde alone (what the scanner must agree with).
+fn decode_serde(text: &str) -> Option<Vec<Batch>> {
     let req: BorrowedRequest<'_> = serde_json::from_str(text).ok()?;
     req.batches
         .iter()
