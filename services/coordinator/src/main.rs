@@ -4,6 +4,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// The request paths allocate per key and per entry; mimalloc's fast paths
+// cost a fraction of glibc's there (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// ic-coordinator: the LMCache-compatible fleet coordinator.
 #[derive(Debug, Parser)]
 #[command(name = ic_coordinator::BINARY, version)]
