@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use clap::Parser;
+use http_body_util::{BodyExt, Full};
 use ic_loadgen::{PhaseStats, summarize};
 use ic_sim::ServiceProcess;
 use serde::Serialize;
@@ -59,6 +61,11 @@ struct Args {
     /// Concurrencies of the side-by-side.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     compare_concurrency: Vec<usize>,
+    /// Threads of the client's runtime; 1 runs every connection on one
+    /// thread (no cross-thread wake-up per request: the client shares the
+    /// cores with the server under test).
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,27 +99,74 @@ struct LookupResult {
     placements: Vec<serde::de::IgnoredAny>,
 }
 
-/// Posts a lookup written as JSON text.
-async fn post_lookup(
-    client: &reqwest::Client,
-    url: &str,
-    body: String,
-) -> anyhow::Result<LookupAnswer> {
-    let response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await?;
-    let status = response.status();
-    let bytes = response.bytes().await?;
-    if !status.is_success() {
+/// One keep-alive HTTP/1.1 connection of one worker (hyper's, without a
+/// pool: the same client for both servers, cheaper than a pooled one).
+struct Conn {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    host: String,
+}
+
+impl Conn {
+    async fn open(base: &str) -> anyhow::Result<Self> {
+        let host = base
+            .strip_prefix("http://")
+            .with_context(|| format!("{base}: only http:// targets"))?
+            .trim_end_matches('/')
+            .to_owned();
+        let stream = tokio::net::TcpStream::connect(&host)
+            .await
+            .with_context(|| format!("connecting to {host}"))?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Self { sender, host })
+    }
+
+    /// Posts a JSON text body; the status and the answer's bytes.
+    async fn post(&mut self, path: &str, body: String) -> anyhow::Result<(u16, Bytes)> {
+        self.sender.ready().await?;
+        let request = hyper::Request::post(path)
+            .header(hyper::header::HOST, &self.host)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))?;
+        let response = self.sender.send_request(request).await?;
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        Ok((status, bytes))
+    }
+}
+
+/// Posts a lookup written as JSON text; its answer, typed.
+async fn post_lookup(conn: &mut Conn, body: String) -> anyhow::Result<LookupAnswer> {
+    let (status, bytes) = conn.post("/directory/lookup", body).await?;
+    if status != 200 {
         bail!(
-            "POST {url}: HTTP {status}: {}",
+            "POST /directory/lookup: HTTP {status}: {}",
             String::from_utf8_lossy(&bytes)
         );
     }
     Ok(serde_json::from_slice(&bytes)?)
+}
+
+/// The part of a `POST /events` answer the load generator reads.
+#[derive(serde::Deserialize)]
+struct EventsAnswer {
+    applied: u64,
+}
+
+/// Posts one events body; batches applied.
+async fn post_events(conn: &mut Conn, body: String) -> anyhow::Result<u64> {
+    let (status, bytes) = conn.post("/events", body).await?;
+    if status != 200 {
+        bail!(
+            "POST /events: HTTP {status}: {}",
+            String::from_utf8_lossy(&bytes)
+        );
+    }
+    Ok(serde_json::from_slice::<EventsAnswer>(&bytes)?.applied)
 }
 
 /// One store batch of `entries` new chunks for `instance`, written straight
@@ -138,22 +192,6 @@ fn batch(instance: usize, seq: u64, first: u64, entries: usize) -> String {
     }
     out.push_str("]}]}");
     out
-}
-
-/// Posts a JSON text body; the answer as JSON.
-async fn post_text(client: &reqwest::Client, url: &str, body: String) -> anyhow::Result<Value> {
-    let response = client
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await?;
-    let status = response.status();
-    let value: Value = response.json().await.unwrap_or(Value::Null);
-    if !status.is_success() {
-        bail!("POST {url}: HTTP {status}: {value}");
-    }
-    Ok(value)
 }
 
 async fn post(client: &reqwest::Client, url: &str, body: &Value) -> anyhow::Result<Value> {
@@ -276,9 +314,22 @@ async fn start_lmcache(bin: &std::path::Path) -> anyhow::Result<Started> {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let runtime = if args.client_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(async_main(args))
+}
+
+async fn async_main(args: Args) -> anyhow::Result<()> {
     if args.instances == 0
         || args.concurrency == 0
         || args.entries_per_batch == 0
@@ -433,11 +484,11 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
     let end = started + duration;
     let mut tasks = Vec::new();
     for w in 0..concurrency {
-        let client = client.clone();
-        let url = format!("{base}/events");
+        let mut conn = Conn::open(&base).await?;
         let entries = args.entries_per_batch;
         // Worker w owns instances w, w + C, …: sequence numbers stay in order.
         let owned: Vec<usize> = (w..args.instances).step_by(concurrency).collect();
+        let base = base.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut errors = 0u64;
@@ -452,12 +503,19 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 let seq = produced[k] / entries as u64 + 1;
                 let body = batch(owned[k], seq, produced[k], entries);
                 let t0 = Instant::now();
-                match post_text(&client, &url, body).await {
-                    Ok(v) if v["applied"] == 1 => {
+                match post_events(&mut conn, body).await {
+                    Ok(1) => {
                         latencies.push(t0.elapsed());
                         produced[k] += entries as u64;
                     }
-                    _ => errors += 1,
+                    Ok(_) => errors += 1,
+                    Err(_) => {
+                        errors += 1;
+                        // A broken connection is opened again.
+                        if let Ok(c) = Conn::open(&base).await {
+                            conn = c;
+                        }
+                    }
                 }
             }
             (latencies, errors, owned, produced)
@@ -483,8 +541,8 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
     let end = started + duration;
     let mut tasks = Vec::new();
     for w in 0..concurrency {
-        let client = client.clone();
-        let url = format!("{base}/directory/lookup");
+        let mut conn = Conn::open(&base).await?;
+        let base = base.clone();
         let stored = stored.clone();
         let n = args.lookup_keys;
         tasks.push(tokio::spawn(async move {
@@ -513,7 +571,7 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 }
                 body.push_str("]}");
                 let t0 = Instant::now();
-                match post_lookup(&client, &url, body).await {
+                match post_lookup(&mut conn, body).await {
                     Ok(answer) => {
                         latencies.push(t0.elapsed());
                         for r in answer.results {
@@ -521,7 +579,12 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                             found += u64::from(!r.placements.is_empty());
                         }
                     }
-                    Err(_) => errors += 1,
+                    Err(_) => {
+                        errors += 1;
+                        if let Ok(c) = Conn::open(&base).await {
+                            conn = c;
+                        }
+                    }
                 }
             }
             (latencies, errors, found, asked)
