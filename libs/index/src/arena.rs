@@ -187,6 +187,18 @@ impl Default for Page {
     }
 }
 
+impl Page {
+    /// A page given back: no records, nothing allocated.
+    pub(crate) fn vacant() -> Self {
+        Self {
+            records: Vec::new(),
+            lists: HolderLists::default(),
+            live: 0,
+            epochs: [0; (EPOCHS / 64) as usize],
+        }
+    }
+}
+
 /// A live record as it is read: key, depth, holders.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct View<'a> {

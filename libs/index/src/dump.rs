@@ -133,8 +133,7 @@ impl Index {
                 changes: Vec::new(),
             });
         }
-        let dir = self.store.directory();
-        for page in dir.iter().flatten() {
+        for (_, page) in self.store.directory().iter() {
             let page = page.read();
             for offset in page.live_offsets() {
                 let Some(view) = page.view(offset) else {
@@ -157,7 +156,6 @@ impl Index {
                 }
             }
         }
-        drop(dir);
         drop(reg);
         drop(writes);
         out.sort_by(|a, b| a.key.cmp(&b.key));

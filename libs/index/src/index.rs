@@ -258,7 +258,12 @@ impl Index {
         Self {
             config,
             registry: RwLock::default(),
-            store: Store::new(n, tables, table_keys(config.capacity_entries, n, tables)),
+            store: Store::with_records(
+                n,
+                tables,
+                table_keys(config.capacity_entries, n, tables),
+                usize::try_from(config.capacity_entries).unwrap_or(usize::MAX),
+            ),
             writer: Mutex::new(Writer {
                 counts: Vec::new(),
                 slots: 0,

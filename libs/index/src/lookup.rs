@@ -375,8 +375,7 @@ impl Index {
         if !maybe {
             return Found::no_entry();
         }
-        let dir = self.store.directory();
-        let mut reader = self.store.reader(&dir);
+        let mut reader = self.store.reader(self.store.directory());
         let first = Block::new(entry_key(scope_id, first), 0);
         let Some(mut prev) = reader.find(first.key, first.h) else {
             return Found::no_entry();
@@ -449,7 +448,6 @@ impl Index {
             next += 1;
         }
         drop(reader);
-        drop(dir);
         ranked(reg, scope_id, scoring.finish())
     }
 
@@ -495,8 +493,7 @@ impl Index {
         };
         let block = Block::new(entry_key(scope_id, fingerprint), 0);
         let matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]> = {
-            let dir = self.store.directory();
-            let mut reader = self.store.reader(&dir);
+            let mut reader = self.store.reader(self.store.directory());
             let Some(view) = reader
                 .find(block.key, block.h)
                 .and_then(|rec| reader.view(rec))

@@ -21,25 +21,25 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Mutex, RwLockWriteGuard};
 use smallvec::SmallVec;
 
 use crate::arena::{
-    EpochSet, Holder, MAX_PAGES, PAGE_RECORDS, Page, RecId, Stored, offset_of, page_of, rec_id,
+    EpochSet, Holder, PAGE_RECORDS, Page, RecId, Stored, offset_of, page_of, rec_id,
 };
 use crate::keys::{KeyTable, Sole};
 
 mod compact;
+mod directory;
 mod reader;
 mod refill;
 mod withdraw;
 
+pub(crate) use directory::Directory;
 use withdraw::Doomed;
 
 /// Most records written under one page lock.
 const WRITE_BATCH: usize = 16;
-/// Pages counted per directory read lock by [`Store::heap_bytes`].
-const SCRAPE_PAGES: usize = 16;
 /// Key slots the writer prefetches before probing them.
 const PREFETCH_BATCH: usize = 16;
 /// Below this many keys the writer does not prefetch key slots (the
@@ -49,8 +49,6 @@ const PREFETCH_MIN_KEYS: usize = 1 << 16;
 // Small under test, so that the model tests take both paths.
 #[cfg(test)]
 const PREFETCH_MIN_KEYS: usize = 8;
-
-type Directory = Vec<Option<Box<RwLock<Page>>>>;
 
 /// Spreads a key over the tables (fingerprints are random already, but test
 /// and synthetic ones are not).
@@ -142,7 +140,7 @@ pub(crate) struct Store {
     keys: Box<[KeyShard]>,
     /// Which shard and table a hash belongs to.
     spread: Spread,
-    pages: RwLock<Directory>,
+    pages: Directory,
     place: Mutex<Placement>,
     /// Records moved by compaction, since start.
     relocations: AtomicU64,
@@ -201,7 +199,7 @@ impl<'a> PageWriter<'a> {
             // Release first: the writer never waits while holding a write lock.
             self.held = None;
             self.writes = 1;
-            let page = self.dir.get(n)?.as_ref()?;
+            let page = self.dir.get(n)?;
             self.held = Some((n, page.write()));
         }
         self.held.as_mut().map(|h| &mut *h.1)
@@ -281,7 +279,19 @@ impl Store {
     /// An empty store with `shards` key shards of `tables` key tables each
     /// (both powers of two, `shards` at most 1024), each table sized for
     /// `table_keys` keys (allocated on its first key).
+    #[cfg(test)]
     pub(crate) fn new(shards: usize, tables: usize, table_keys: usize) -> Self {
+        Self::with_records(shards, tables, table_keys, 1 << 16)
+    }
+
+    /// [`Store::new`] with a directory sized for about `records` records
+    /// (see [`Directory::for_records`]).
+    pub(crate) fn with_records(
+        shards: usize,
+        tables: usize,
+        table_keys: usize,
+        records: usize,
+    ) -> Self {
         let tables = tables.max(1).next_power_of_two();
         Self {
             keys: (0..shards)
@@ -291,7 +301,7 @@ impl Store {
                 shard_bits: shards.trailing_zeros(),
                 table_mask: tables - 1,
             },
-            pages: RwLock::default(),
+            pages: Directory::for_records(records),
             place: Mutex::default(),
             relocations: AtomicU64::new(0),
         }
@@ -313,9 +323,9 @@ impl Store {
         self.table(h).is_some_and(|t| t.has_tag(h))
     }
 
-    /// The page directory, read-locked.
-    pub(crate) fn directory(&self) -> RwLockReadGuard<'_, Directory> {
-        self.pages.read()
+    /// The page directory (no lock: see [`Directory`]).
+    pub(crate) fn directory(&self) -> &Directory {
+        &self.pages
     }
 
     /// Makes sure `n` more records fit: `current` and `ready` pages.
@@ -324,29 +334,15 @@ impl Store {
             // Only holders added (no lock needed to know that).
             return Ok(());
         }
-        let dir = self.pages.read();
-        let room_of = |p: usize| {
-            dir.get(p)
-                .and_then(Option::as_ref)
-                .map_or(0, |p| p.read().room())
-        };
+        let dir = &self.pages;
+        let room_of = |p: usize| dir.get(p).map_or(0, |p| p.read().room());
         let mut room = place.current.map_or(0, room_of) + place.ready.len() * PAGE_RECORDS;
-        drop(dir);
-        if room >= n {
-            return Ok(());
-        }
-        let mut dir = self.pages.write();
         while room < n {
             let page = match place.free.pop() {
                 Some(p) => p,
-                // The last page stays unused (ids stay below `RecId::MAX`).
-                None if dir.len() + 1 < MAX_PAGES => {
-                    dir.push(None);
-                    dir.len() - 1
-                }
-                None => return Err(OutOfSpace),
+                None => dir.push().ok_or(OutOfSpace)?,
             };
-            dir[page] = Some(Box::default());
+            *dir.get(page).ok_or(OutOfSpace)?.write() = Page::default();
             place.ready.push(page);
             room += PAGE_RECORDS;
         }
@@ -358,8 +354,7 @@ impl Store {
     fn locate(&self, place: &Placement, blocks: &[Block], recs: &mut Vec<Option<RecId>>) {
         recs.clear();
         recs.reserve(blocks.len());
-        let dir = self.pages.read();
-        let mut reader = self.reader(&dir);
+        let mut reader = self.reader(&self.pages);
         let mut prev = None;
         // Key tables this small stay in cache: prefetching them saves no
         // wait and costs a shard lookup per block (an eighth of `locate`'s
@@ -432,8 +427,7 @@ impl Store {
         created.clear();
         created.reserve(new);
         {
-            let dir = self.pages.read();
-            let mut writer = PageWriter::new(&dir);
+            let mut writer = PageWriter::new(&self.pages);
             for (i, b) in blocks.iter().enumerate() {
                 let existing = match first_copy.get(i) {
                     Some(&first) if first != i => recs[first],
@@ -503,8 +497,7 @@ impl Store {
         self.locate(&place, blocks, &mut recs);
         let mut dead = Doomed::reusing(std::mem::take(&mut place.scratch.dead));
         {
-            let dir = self.pages.read();
-            let mut writer = PageWriter::new(&dir);
+            let mut writer = PageWriter::new(&self.pages);
             for (b, &rec) in blocks.iter().zip(&recs) {
                 let Some(rec) = rec else {
                     continue;
@@ -543,12 +536,11 @@ impl Store {
         mut removed: impl FnMut(Holder),
     ) {
         let mut place = self.place.lock();
-        let pages = self.pages.read().len();
+        let pages = self.pages.len();
         let mut dead = Doomed::default();
         for n in 0..pages {
             {
-                let dir = self.pages.read();
-                let Some(page) = dir.get(n).and_then(Option::as_ref) else {
+                let Some(page) = self.pages.get(n) else {
                     continue;
                 };
                 if epochs.is_some_and(|e| !page.read().may_hold(e)) {
@@ -580,9 +572,9 @@ impl Store {
     /// the memory figures).
     #[cfg(test)]
     pub(crate) fn record_counts(&self) -> (usize, usize) {
-        let dir = self.pages.read();
-        dir.iter()
-            .flatten()
+        self.pages
+            .iter()
+            .map(|(_, p)| p)
             .map(|p| {
                 let p = p.read();
                 (p.len(), p.live())
@@ -617,29 +609,13 @@ impl Store {
                 .sum::<usize>()
                 + place.scratch.heap_bytes()
         };
-        // A few pages per directory read lock: a writer queued for the
-        // directory's write lock (to add or free a page) holds up new
-        // readers, lookups included, for as long as this walk keeps it.
-        let mut records = 0;
-        let mut next = 0;
-        loop {
-            let dir = self.pages.read();
-            if next == 0 {
-                records += dir.capacity() * size_of::<Option<Box<RwLock<Page>>>>();
-            }
-            let end = (next + SCRAPE_PAGES).min(dir.len());
-            records += dir
-                .get(next..end)
-                .unwrap_or_default()
+        // One page's read lock at a time.
+        let records = self.pages.heap_bytes()
+            + self
+                .pages
                 .iter()
-                .flatten()
-                .map(|p| size_of::<RwLock<Page>>() + p.read().heap_bytes())
+                .map(|(_, p)| p.read().heap_bytes())
                 .sum::<usize>();
-            next = end;
-            if next >= dir.len() {
-                break;
-            }
-        }
         let keys = self
             .keys
             .iter()

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::{OutOfSpace, PageWriter, Placement, Store, hash, next_room};
-use crate::arena::{RecId, offset_of, rec_id};
+use crate::arena::{Page, RecId, offset_of, rec_id};
 
 /// Compaction starts when dead records exceed 1/`DEAD_LIMIT` of all
 /// records…
@@ -63,11 +63,7 @@ impl Store {
     fn sparsest(&self, place: &Placement) -> Vec<(usize, usize)> {
         let mut pages: Vec<(usize, usize, usize)> = Vec::new();
         {
-            let dir = self.pages.read();
-            for (n, page) in dir.iter().enumerate() {
-                let Some(page) = page else {
-                    continue;
-                };
+            for (n, page) in self.pages.iter() {
                 let page = page.read();
                 if place.current != Some(n) && page.live() < page.len() {
                     pages.push((page.live(), page.len(), n));
@@ -95,18 +91,17 @@ impl Store {
     /// all of them died (never a reserved page not yet written); reports
     /// whether it did.
     fn free_page(&self, place: &mut Placement, n: usize) -> bool {
-        let mut dir = self.pages.write();
-        let Some(slot) = dir.get_mut(n) else {
+        let Some(page) = self.pages.get(n) else {
             return false;
         };
-        let len = match slot.as_ref().map(|p| {
-            let p = p.read();
-            (p.len(), p.live())
-        }) {
-            Some((len, 0)) if len > 0 => len,
+        let mut page = page.write();
+        let len = match (page.len(), page.live()) {
+            (len, 0) if len > 0 => len,
             _ => return false,
         };
-        *slot = None;
+        // Emptied in place: a reader holding a stale id finds no record.
+        *page = Page::vacant();
+        drop(page);
         place.records = place.records.saturating_sub(len);
         place.dead = place.dead.saturating_sub(len);
         place.free.push(n);
@@ -122,10 +117,10 @@ impl Store {
         self.reserve(place, live)?;
         let mut moved: Vec<(u64, RecId, RecId)> = Vec::with_capacity(live);
         {
-            let dir = self.pages.read();
+            let dir = &self.pages;
             // Copy out first: one lock at a time.
             let copies: Vec<(usize, u64, u32, SmallVec<[u32; 4]>)> = match dir.get(n) {
-                Some(Some(page)) => {
+                Some(page) => {
                     let page = page.read();
                     page.live_offsets()
                         .filter_map(|o| {
@@ -134,9 +129,9 @@ impl Store {
                         })
                         .collect()
                 }
-                _ => return Ok(()),
+                None => return Ok(()),
             };
-            let mut writer = PageWriter::new(&dir);
+            let mut writer = PageWriter::new(dir);
             for (offset, key, depth, holders) in copies {
                 let to = next_room(place, &mut writer).ok_or(OutOfSpace)?;
                 let page = writer.page(to).ok_or(OutOfSpace)?;
@@ -148,8 +143,7 @@ impl Store {
         self.publish(&mut place.sole, &moved, |table, sole, &(h, old, new)| {
             table.relocate(sole, h, old, new);
         });
-        let dir = self.pages.read();
-        if let Some(Some(page)) = dir.get(n) {
+        if let Some(page) = self.pages.get(n) {
             let mut page = page.write();
             for &(_, old, _) in &moved {
                 page.kill(offset_of(old));

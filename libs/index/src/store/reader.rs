@@ -42,7 +42,7 @@ impl<'a> PageGuards<'a> {
             self.last = at;
             return Some(at);
         }
-        let page = self.dir.get(n)?.as_ref()?;
+        let page = self.dir.get(n)?;
         let at = match self.pages.iter().position(Option::is_none) {
             Some(at) => at,
             None => {

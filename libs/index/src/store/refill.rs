@@ -46,11 +46,7 @@ impl Store {
         }
         let mut pages: Vec<(usize, usize)> = Vec::new();
         {
-            let dir = self.pages.read();
-            for (n, page) in dir.iter().enumerate() {
-                let Some(page) = page else {
-                    continue;
-                };
+            for (n, page) in self.pages.iter() {
                 let page = page.read();
                 let dead = page.len() - page.live();
                 if place.current != Some(n) && dead >= MIN_RUN {
@@ -61,15 +57,12 @@ impl Store {
         pages.sort_unstable();
         let mut found = 0;
         place.refill.clear();
-        let dir = self.pages.read();
+        let dir = &self.pages;
         for (looked, (_, n)) in pages.into_iter().enumerate() {
             if found >= goal || looked >= place.refill.len() + PICK_SCAN {
                 break;
             }
-            let holes = dir
-                .get(n)
-                .and_then(Option::as_ref)
-                .map_or(0, |p| p.read().holes(MIN_RUN));
+            let holes = dir.get(n).map_or(0, |p| p.read().holes(MIN_RUN));
             if holes > 0 {
                 found += holes;
                 place.refill.push(n);

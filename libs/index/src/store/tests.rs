@@ -44,7 +44,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn holders_of(store: &Store, key: u64) -> Option<BTreeMap<u32, u32>> {
     let dir = store.directory();
-    let mut reader = store.reader(&dir);
+    let mut reader = store.reader(dir);
     let b = Block::new(key, 0);
     let rec = reader.find(b.key, b.h)?;
     Some(
@@ -141,7 +141,7 @@ proptest! {
         store.compact();
         prop_assert_eq!(store.record_counts(), (0, 0));
         // Only pages reserved for records never written may stay.
-        prop_assert!(store.directory().iter().flatten().all(|p| p.read().len() == 0));
+        prop_assert!(store.directory().iter().all(|(_, p)| p.read().len() == 0));
     }
 }
 
@@ -155,7 +155,7 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
         .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0), &mut Vec::new())
         .unwrap();
     let dir = store.directory();
-    let mut reader = store.reader(&dir);
+    let mut reader = store.reader(dir);
     let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
     let mut prev = first;
     for b in &blocks[1..] {
@@ -255,7 +255,7 @@ fn a_scattered_dead_share_is_compacted_away() {
     for (c, chain) in chains.iter().enumerate().skip(1).step_by(2) {
         let b = chain[3];
         let dir = store.directory();
-        let mut reader = store.reader(&dir);
+        let mut reader = store.reader(dir);
         assert!(reader.find(b.key, b.h).is_some(), "chain {c} still found");
     }
 }
@@ -285,7 +285,7 @@ fn holes_left_by_random_evictions_are_refilled_without_copying() {
     // Every chain is found, its blocks side by side (a run of dead slots
     // takes a whole chain).
     let dir = store.directory();
-    let mut reader = store.reader(&dir);
+    let mut reader = store.reader(dir);
     for (c, chain) in &resident {
         let mut prev = reader.find(chain[0].key, chain[0].h);
         assert!(prev.is_some(), "chain {c}");
@@ -325,7 +325,7 @@ fn holes_left_by_evicting_chain_tails_are_refilled_too() {
     assert_eq!(store.relocations(), 0);
     assert_eq!(store.counted(), store.record_counts());
     let dir = store.directory();
-    let mut reader = store.reader(&dir);
+    let mut reader = store.reader(dir);
     for chain in &resident {
         for b in chain {
             assert!(reader.find(b.key, b.h).is_some());

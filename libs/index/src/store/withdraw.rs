@@ -148,7 +148,7 @@ impl Store {
         // Both page bitmaps cover every page, so that the bound check in
         // `has` always passes: a bitmap ending partway through the pages
         // makes it a coin toss, mispredicted per slot.
-        let words = self.pages.read().len() / 64 + 1;
+        let words = self.pages.len() / 64 + 1;
         bits.pages.resize(bits.pages.len().max(words), 0);
         bits.whole.resize(words.max(bits.pages.len()), 0);
         for n in emptied {
