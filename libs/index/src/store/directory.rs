@@ -27,11 +27,17 @@ pub(crate) struct Directory {
 }
 
 impl Directory {
-    /// Room for `records` records, give or take: twice the pages they fill
-    /// (dead records are at most a quarter of all after compaction, pages
-    /// are reserved ahead) plus some, never beyond [`MAX_PAGES`].
+    /// Room for `records` records, give or take: four times the pages they
+    /// fill plus two chunks, never beyond [`MAX_PAGES`]. (A resync keeps the
+    /// replica's old records, dead, until it ends, so for a moment a full
+    /// index holds twice its records and more; only the chunks used are
+    /// allocated, so the headroom costs a few bytes per chunk.)
     pub(crate) fn for_records(records: usize) -> Self {
-        let pages = (records.div_ceil(PAGE_RECORDS) * 2 + 2 * CHUNK_PAGES).min(MAX_PAGES);
+        let pages = records
+            .div_ceil(PAGE_RECORDS)
+            .saturating_mul(4)
+            .saturating_add(2 * CHUNK_PAGES)
+            .min(MAX_PAGES);
         Self {
             chunks: (0..pages.div_ceil(CHUNK_PAGES))
                 .map(|_| OnceLock::new())
