@@ -7,10 +7,10 @@
 //! answered as soon as its own batches are applied, and no request thread
 //! blocks on the views lock or waits for a lock handed around between eight
 //! writers (which is what made `/events` p99 grow with concurrency). The
-//! views lock is taken once per request, so a lookup waits for at most one
-//! request's apply — or for a checkpoint's capture, which encodes the
-//! directory under the same lock (docs/coordinator.md). A deregistration
-//! goes through the same queue, behind the events already queued.
+//! views lock is taken once per batch (`ViewStore::change`), so a lookup
+//! waits for at most one batch's apply and never for a checkpoint's capture
+//! (docs/coordinator.md). A deregistration goes through the same queue,
+//! behind the events already queued.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use ic_coordinator_core::capacity::ClaimError;
 use ic_coordinator_core::events::{Batch, EventsResponse};
 use ic_coordinator_core::gate::Verdict;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::controller::Controller;
 use crate::metrics::{ConsumerLabel, MetricsSet, inc};
@@ -64,7 +64,7 @@ pub struct Ingest {
     /// Batches received and not yet applied (the `event_bus` gauges).
     pub queue: Arc<EventQueue>,
     /// The writer's queue (the thread starts with the coordinator).
-    writer: mpsc::Sender<Job>,
+    writer: Arc<Writer>,
     /// Its bound, `--max-pending-event-requests`.
     max_pending: usize,
 }
@@ -75,6 +75,95 @@ struct Applier {
     views: Arc<ViewStore>,
     controllers: Arc<[Arc<dyn Controller>]>,
     metrics: Arc<MetricsSet>,
+}
+
+/// The one apply at a time and the requests waiting for it, shared by
+/// the writer thread and the requests that apply on their own thread.
+///
+/// A request that finds nothing applying and nothing queued applies on
+/// its own thread at once (the usual case at one request in flight: no
+/// hop to the writer thread and back, two wake-ups less per request);
+/// otherwise it queues and the writer thread applies it in turn. Either
+/// way one job applies at a time, in arrival order (the order requests
+/// take the state lock).
+#[derive(Default)]
+struct Writer {
+    state: parking_lot::Mutex<WriterState>,
+    work: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct WriterState {
+    /// A job is being applied (by the writer thread or a request).
+    busy: bool,
+    jobs: std::collections::VecDeque<Job>,
+    /// The ingest handle is gone: the thread ends once the queue drains.
+    closed: bool,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let st = self.state.lock();
+        f.debug_struct("Writer")
+            .field("busy", &st.busy)
+            .field("queued", &st.jobs.len())
+            .finish()
+    }
+}
+
+/// Ends a turn at applying (also when the apply unwinds): the next queued
+/// job goes to the writer thread.
+struct Turn<'a>(&'a Writer);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        st.busy = false;
+        if !st.jobs.is_empty() {
+            self.0.work.notify_one();
+        }
+    }
+}
+
+impl Writer {
+    /// Takes the turn if nothing applies and nothing waits; otherwise
+    /// queues `job` (refused past `bound`, if one is given).
+    fn offer(&self, job: Job, bound: Option<usize>) -> Result<Option<Job>, Job> {
+        let mut st = self.state.lock();
+        if !st.busy && st.jobs.is_empty() && !st.closed {
+            st.busy = true;
+            return Ok(Some(job));
+        }
+        if bound.is_some_and(|b| st.jobs.len() >= b) {
+            return Err(job);
+        }
+        st.jobs.push_back(job);
+        self.work.notify_one();
+        Ok(None)
+    }
+
+    /// The writer thread: applies queued jobs in order, each in its turn.
+    fn run(&self, apply: &Applier) {
+        loop {
+            let job = {
+                let mut st = self.state.lock();
+                loop {
+                    if !st.busy
+                        && let Some(job) = st.jobs.pop_front()
+                    {
+                        st.busy = true;
+                        break job;
+                    }
+                    if st.closed && st.jobs.is_empty() {
+                        return;
+                    }
+                    self.work.wait(&mut st);
+                }
+            };
+            let _turn = Turn(self);
+            apply.run(job);
+        }
+    }
 }
 
 /// What the writer thread runs, in arrival order.
@@ -201,16 +290,12 @@ impl Ingest {
             metrics,
         };
         let max_pending = max_pending.max(1);
-        let (writer, mut rx) = mpsc::channel::<Job>(max_pending);
-        let run = apply.clone();
-        // The thread ends when the sender (this handle) is dropped.
+        let writer = Arc::new(Writer::default());
+        let (run, thread_writer) = (apply.clone(), writer.clone());
+        // The thread ends when this handle is dropped (and its queue drained).
         std::thread::Builder::new()
             .name("event-writer".to_owned())
-            .spawn(move || {
-                while let Some(job) = rx.blocking_recv() {
-                    run.run(job);
-                }
-            })?;
+            .spawn(move || thread_writer.run(&run))?;
         Ok(Self {
             apply,
             queue: Arc::default(),
@@ -219,8 +304,9 @@ impl Ingest {
         })
     }
 
-    /// Queues one request's validated batches for the writer and waits
-    /// until they are applied. At most `--max-pending-event-requests`
+    /// Applies one request's validated batches — on the caller's thread
+    /// when the writer is idle, else queued for the writer thread — and
+    /// waits until they are applied. At most `--max-pending-event-requests`
     /// requests wait; one that finds the queue full is refused at once
     /// ([`SubmitError::QueueFull`], counted in
     /// `lmcache_coordinator_events_queue_full_total`). The writer checks
@@ -238,13 +324,17 @@ impl Ingest {
             max_entry_bytes,
             reply,
         });
-        match self.writer.try_send(job) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
+        match self.writer.offer(job, Some(self.max_pending)) {
+            Ok(Some(job)) => {
+                // Our turn: applied here, answered through `reply` at once.
+                let _turn = Turn(&self.writer);
+                self.apply.run(job);
+            }
+            Ok(None) => {}
+            Err(_) => {
                 self.apply.metrics.metrics.event_queue_full.inc();
                 return Err(SubmitError::QueueFull(self.max_pending));
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => return Err(SubmitError::WriterFailed),
         }
         match answer.await {
             Ok(Ok(resp)) => Ok(resp),
@@ -272,8 +362,9 @@ impl Ingest {
 
     /// Drops an instance's stream: fence, forget the cursor and, for an
     /// explicit deregistration, its capacity declaration. Queued behind the
-    /// `POST /events` requests already waiting (it waits for room rather
-    /// than be refused), and done when this returns.
+    /// `POST /events` requests already waiting (past the bound rather than
+    /// refused: there is one per instance at most), and done when this
+    /// returns.
     pub async fn drop_stream(&self, instance_id: &str, forget_capacity: bool) {
         let (done, finished) = oneshot::channel();
         let job = Job::DropStream {
@@ -281,11 +372,22 @@ impl Ingest {
             forget_capacity,
             done,
         };
-        if self.writer.send(job).await.is_err() || finished.await.is_err() {
+        if let Ok(Some(job)) = self.writer.offer(job, None) {
+            let _turn = Turn(&self.writer);
+            self.apply.run(job);
+        }
+        if finished.await.is_err() {
             // The writer is gone (a bug, logged where it failed): drop the
             // stream here rather than keep it.
             self.apply.drop_stream(instance_id, forget_capacity);
         }
+    }
+}
+
+impl Drop for Ingest {
+    fn drop(&mut self) {
+        self.writer.state.lock().closed = true;
+        self.writer.work.notify_all();
     }
 }
 
@@ -318,23 +420,35 @@ impl Applier {
             queued,
             reply,
         } = job;
+        // One change, one step (views lock hold) per batch: a lookup waits
+        // for at most one batch's apply, a checkpoint sees whole requests.
         let applied = catch_unwind(AssertUnwindSafe(|| {
-            self.views.write(|views| {
-                let refused = batches.iter().enumerate().find_map(|(i, b)| {
-                    views
-                        .capacity
-                        .check_claims(b, max_entry_bytes)
-                        .err()
-                        .map(|error| Refused {
-                            batch: i,
-                            instance_id: b.instance_id.clone(),
-                            error,
-                        })
+            self.views.change(|change| {
+                let refused = change.read(|views| {
+                    batches.iter().enumerate().find_map(|(i, b)| {
+                        views
+                            .capacity
+                            .check_claims(b, max_entry_bytes)
+                            .err()
+                            .map(|error| Refused {
+                                batch: i,
+                                instance_id: b.instance_id.clone(),
+                                error,
+                            })
+                    })
                 });
-                match refused {
-                    Some(r) => Err(r),
-                    None => Ok(self.apply_all(views, &batches)),
+                if let Some(r) = refused {
+                    return Err(r);
                 }
+                let mut out = EventsResponse::default();
+                for batch in &batches {
+                    match change.step(|views| self.offer(views, batch)) {
+                        GateOutcome::Applied => out.applied += 1,
+                        GateOutcome::Duplicate => out.duplicates += 1,
+                        GateOutcome::Stale => out.stale += 1,
+                    }
+                }
+                Ok(out)
             })
         }));
         drop(queued);

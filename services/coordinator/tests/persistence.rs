@@ -241,3 +241,103 @@ async fn periodic_checkpoint_is_written_while_running() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Parks a checkpoint's capture (its section is asked for while the capture
+/// holds the views) until told to go on.
+#[derive(Debug)]
+struct ParkedCapture {
+    entered: std::sync::mpsc::SyncSender<()>,
+    release: parking_lot::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl ic_coordinator::controller::Controller for ParkedCapture {
+    fn name(&self) -> &'static str {
+        "ParkedCaptureController"
+    }
+    fn save_checkpoint(&self, _sections: &mut ic_coordinator_core::checkpoint::Sections) {
+        let _ = self.entered.send(());
+        let _ = self.release.lock().recv();
+    }
+}
+
+/// A lookup, the stats and a key listing answer while a checkpoint's capture
+/// is in progress (before, the capture held the one views lock, 2 s at 10 M
+/// keys, and this test never finished); a `POST /events` sent meanwhile
+/// applies after the capture, so the file holds whole requests only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookups_answer_during_a_checkpoint_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("c.ckpt");
+    let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::sync_channel(1);
+    let parked = std::sync::Arc::new(ParkedCapture {
+        entered: entered_tx,
+        release: parking_lot::Mutex::new(release_rx),
+    });
+    let c = Coord::start_with(
+        &[
+            "--checkpoint-path",
+            ckpt.to_str().unwrap(),
+            "--checkpoint-interval",
+            "0",
+        ],
+        vec![parked],
+    )
+    .await;
+    c.events(vec![batch(
+        "mp-a",
+        1,
+        1,
+        "store",
+        "l2",
+        "fs",
+        &[(key("01", ""), 7)],
+    )])
+    .await;
+    let persistence = c.app.persistence.clone();
+    let capture = std::thread::spawn(move || persistence.write_checkpoint());
+    tokio::task::spawn_blocking(move || entered.recv().unwrap())
+        .await
+        .unwrap();
+
+    // The capture is parked inside the views: every read still answers.
+    let (status, body) = c
+        .post("/directory/lookup", json!({"keys": [key("01", "")]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["results"][0]["placements"][0]["size_bytes"], 7,
+        "{body}"
+    );
+    assert_eq!(c.get("/directory/stats").await.1["num_keys"], 1);
+    assert_eq!(c.get("/directory/keys").await.1["total"], 1);
+
+    // A write waits for the capture, then applies.
+    let url = c.url("/events");
+    let http = c.http.clone();
+    let late = tokio::spawn(async move {
+        let body =
+            json!({"batches": [batch("mp-a", 1, 2, "store", "l2", "fs", &[(key("02", ""), 1)])]});
+        http.post(url).json(&body).send().await.unwrap().status()
+    });
+    release.send(()).unwrap();
+    assert!(capture.join().unwrap(), "the checkpoint was written");
+    // Kept before the stop, which writes its own.
+    let captured = dir.path().join("captured.ckpt");
+    std::fs::copy(&ckpt, &captured).unwrap();
+    assert_eq!(late.await.unwrap(), 200);
+    assert_eq!(c.get("/directory/stats").await.1["num_keys"], 2);
+    // The stop's own capture must not park.
+    drop(release);
+    c.stop().await;
+
+    // The file holds the views as of the capture: one key.
+    let again = Coord::start(&[
+        "--checkpoint-path",
+        captured.to_str().unwrap(),
+        "--checkpoint-interval",
+        "0",
+    ])
+    .await;
+    assert_eq!(again.get("/directory/stats").await.1["num_keys"], 1);
+}
