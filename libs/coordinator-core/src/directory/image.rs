@@ -262,10 +262,8 @@ impl KeyDirectory {
                 kv_rank,
                 object_group_id,
             };
-            let id = dir
-                .table
-                .insert_parts(&parts, first, true)
-                .ok_or_else(|| bad(format!("key {i} repeats an earlier key")))?;
+            // Filed in the id tables once every record is in (file_all).
+            let id = dir.table.push_unfiled(&parts, first);
             if id as usize != i {
                 return Err(bad("ids out of order"));
             }
@@ -284,6 +282,9 @@ impl KeyDirectory {
             rec.access_count = access_count;
             rec.last_access = last_access;
             dir.table.push_back(&mut dir.order, Links::Order, id);
+        }
+        if !dir.table.file_all() {
+            return Err(bad("a key repeats an earlier key"));
         }
         let slots = std::mem::take(&mut dir.table.strings).into_slots();
         dir.table.strings =
@@ -502,6 +503,86 @@ mod tests {
             &[(key(9, "gone"), 1)],
         ));
         assert_eq!(back.lru_bucket_len("gone"), 1);
+    }
+
+    /// Thousands of keys, a few chunk hashes with several groups and
+    /// ranks: every key is found after a load, each chunk hash's keys
+    /// chained together, and deleting every key leaves the tables empty
+    /// (the load files the id tables in bucket order, not key by key).
+    #[test]
+    fn a_large_image_loads_every_key_and_every_sibling() {
+        let mut d = KeyDirectory::new();
+        let mut keys = Vec::new();
+        for i in 0..3000u32 {
+            let mut k = key(0, if i % 3 == 0 { "t" } else { "" });
+            k.chunk_hash = i.to_le_bytes().repeat(4);
+            keys.push(k.clone());
+            if i % 7 == 0 {
+                for g in 1..4 {
+                    let mut s = k.clone();
+                    s.object_group_id = g;
+                    keys.push(s);
+                }
+                let mut r = k.clone();
+                r.kv_rank += 1;
+                keys.push(r);
+            }
+        }
+        let entries: Vec<_> = keys.iter().map(|k| (k.clone(), 1)).collect();
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &entries,
+        ));
+        let mut back = KeyDirectory::decode_image(&image(&d)).unwrap();
+        assert_eq!(back.len(), keys.len());
+        for k in &keys {
+            assert!(back.contains(k), "{k:?}");
+            assert_eq!(back.expand_groups(k), d.expand_groups(k), "{k:?}");
+            assert_eq!(
+                back.table.same_hash(&k.chunk_hash).count(),
+                d.table.same_hash(&k.chunk_hash).count()
+            );
+        }
+        back.apply(&batch(
+            "a",
+            EventType::Delete,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &entries,
+        ));
+        assert!(back.is_empty());
+        for k in &keys {
+            assert!(back.table.first_of_hash(&k.chunk_hash).is_none());
+        }
+    }
+
+    /// An image that holds one key twice is refused (the load finds the
+    /// two as neighbours in bucket order).
+    #[test]
+    fn an_image_with_a_key_twice_is_refused() {
+        let mut d = KeyDirectory::new();
+        let mut twin = key(1, "t");
+        twin.object_group_id = 0x1122_3344_5566_7788;
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &[(key(1, "t"), 1), (twin, 2)],
+        ));
+        let mut raw = image(&d);
+        assert!(KeyDirectory::decode_image(&raw).is_ok());
+        let marker = 0x1122_3344_5566_7788i64.to_le_bytes();
+        let at = raw.windows(8).position(|w| w == marker).unwrap();
+        raw[at..at + 8].copy_from_slice(&0i64.to_le_bytes());
+        let err = KeyDirectory::decode_image(&raw).unwrap_err().to_string();
+        assert!(err.contains("repeats an earlier key"), "{err}");
     }
 
     #[test]

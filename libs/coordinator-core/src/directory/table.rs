@@ -131,6 +131,23 @@ impl Interner {
     }
 }
 
+/// The rehash callback of a table reserved to its final size before any
+/// insert: never called (hashbrown rehashes only to grow).
+fn unreachable_hash() -> u64 {
+    0
+}
+
+/// log2 of the buckets of a hashbrown table of `capacity` (7/8 of its
+/// buckets, a power of two, from 8 up).
+fn bucket_bits(capacity: usize) -> u32 {
+    if capacity < 8 {
+        return 3;
+    }
+    (capacity.saturating_mul(8) / 7)
+        .next_power_of_two()
+        .trailing_zeros()
+}
+
 // === Hash pools ===
 
 /// Chunk hashes of one length, back to back, with the free places.
@@ -510,39 +527,25 @@ impl Table {
             kv_rank: key.kv_rank,
             object_group_id: key.object_group_id,
         };
-        self.insert_parts(&parts, first, false).unwrap_or(NIL)
+        let h = self.key_hash(
+            &key.chunk_hash,
+            &key.model_name,
+            key.kv_rank,
+            key.object_group_id,
+            &key.cache_salt,
+        );
+        let id = self.push_rec(&parts, first);
+        self.file(id, h, &key.chunk_hash);
+        id
     }
 
-    /// Adds a key whose model and salt ids the caller holds a reference
-    /// to. With `check`, a key already present is refused (`None`: a
-    /// checkpoint image that repeats a key); without, the caller knows it
-    /// is absent.
-    pub(crate) fn insert_parts(
-        &mut self,
-        k: &KeyParts<'_>,
-        first: Place,
-        check: bool,
-    ) -> Option<Id> {
-        let h = self.key_hash(
-            k.hash,
-            self.strings.name(k.model),
-            k.kv_rank,
-            k.object_group_id,
-            self.strings.name(k.salt),
-        );
-        if check {
-            let dup = self.by_key.find(h, |&id| {
-                let r = &self.recs[id as usize];
-                r.kv_rank == k.kv_rank
-                    && r.object_group_id == k.object_group_id
-                    && r.model == k.model
-                    && r.salt == k.salt
-                    && self.hashes.get(r.hash_class, r.hash_place) == k.hash
-            });
-            if dup.is_some() {
-                return None;
-            }
-        }
+    /// Adds a key's record without filing it in the id tables (a load files
+    /// every record at the end, [`Self::file_all`]).
+    pub(crate) fn push_unfiled(&mut self, k: &KeyParts<'_>, first: Place) -> Id {
+        self.push_rec(k, first)
+    }
+
+    fn push_rec(&mut self, k: &KeyParts<'_>, first: Place) -> Id {
         let (hash_class, hash_place) = self.hashes.insert(k.hash);
         let (model, salt) = (k.model, k.salt);
         let rec = Rec {
@@ -575,6 +578,11 @@ impl Table {
             u32::try_from(self.recs.len() - 1).unwrap_or(NIL)
         };
         self.live += 1;
+        id
+    }
+
+    /// Files `id` (whose key hashes to `h`) in the two id tables.
+    fn file(&mut self, id: Id, h: u64, chunk: &[u8]) {
         let Self {
             by_key,
             by_hash,
@@ -596,11 +604,11 @@ impl Table {
         });
         // File it by its chunk hash: first of the hash, or second in the
         // chain behind the first.
-        let hh = hasher.hash_one(k.hash);
+        let hh = hasher.hash_one(chunk);
         let found = by_hash
             .find(hh, |&other| {
                 let r = &recs[other as usize];
-                hashes.get(r.hash_class, r.hash_place) == k.hash
+                hashes.get(r.hash_class, r.hash_place) == chunk
             })
             .copied();
         match found {
@@ -616,7 +624,86 @@ impl Table {
                 });
             }
         }
-        Some(id)
+    }
+
+    /// Files every record (all live, none filed: a load) in the two id
+    /// tables, in the order of the tables' buckets, so the inserts walk the
+    /// tables' memory in sequence instead of missing the cache twice a key
+    /// (what made a 10 M-key restore take seconds). Each key is hashed once
+    /// here; a key held twice is found as a neighbour in that order.
+    /// `false` when two records hold the same key.
+    pub(crate) fn file_all(&mut self) -> bool {
+        let n = self.recs.len();
+        debug_assert!(self.by_key.is_empty() && self.by_hash.is_empty());
+        // Empty tables: reserving rehashes nothing, nor does inserting up to
+        // the capacity reserved.
+        self.by_key.reserve(n, |_| unreachable_hash());
+        self.by_hash.reserve(n, |_| unreachable_hash());
+        // hashbrown finds a slot from the hash's low bits (bucket mask):
+        // sorting by them first is sorting by bucket.
+        let order = |capacity: usize, h: u64| h.rotate_right(bucket_bits(capacity));
+        let key_bits = self.by_key.capacity();
+        let mut keyed: Vec<(u64, Id)> = (0..n)
+            .map(|i| {
+                let id = u32::try_from(i).unwrap_or(NIL);
+                (order(key_bits, self.rec_key_hash(id)), id)
+            })
+            .collect();
+        keyed.sort_unstable();
+        for w in keyed.windows(2) {
+            if w[0].0 == w[1].0 && self.same_key(w[0].1, w[1].1) {
+                return false;
+            }
+        }
+        let shift = bucket_bits(key_bits);
+        for &(o, id) in &keyed {
+            let h = o.rotate_left(shift);
+            self.by_key.insert_unique(h, id, |_| unreachable_hash());
+        }
+        drop(keyed);
+        let hash_bits = self.by_hash.capacity();
+        let mut chunked: Vec<(u64, Id)> = (0..n)
+            .map(|i| {
+                let id = u32::try_from(i).unwrap_or(NIL);
+                (order(hash_bits, self.chunk_hash(self.hash_of(id))), id)
+            })
+            .collect();
+        chunked.sort_unstable();
+        let shift = bucket_bits(hash_bits);
+        // Keys of one chunk hash are neighbours (their 64-bit hashes are
+        // equal): the first (lowest id) is filed, the others chained behind
+        // it and marked done. Another chunk hash that shares the 64-bit
+        // hash gets its own slot when its turn comes.
+        for i in 0..chunked.len() {
+            let (o, head) = chunked[i];
+            if head == NIL {
+                continue;
+            }
+            let mut tail = head;
+            for next in &mut chunked[i + 1..] {
+                let (other, id) = *next;
+                if other != o {
+                    break;
+                }
+                if id != NIL && self.hash_of(id) == self.hash_of(head) {
+                    self.recs[tail as usize].same_hash_next = id;
+                    tail = id;
+                    next.1 = NIL;
+                }
+            }
+            self.by_hash
+                .insert_unique(o.rotate_left(shift), head, |_| unreachable_hash());
+        }
+        true
+    }
+
+    fn same_key(&self, a: Id, b: Id) -> bool {
+        let (x, y) = (self.rec(a), self.rec(b));
+        x.kv_rank == y.kv_rank
+            && x.object_group_id == y.object_group_id
+            && x.model == y.model
+            && x.salt == y.salt
+            && self.hash_of(a) == self.hash_of(b)
     }
 
     /// Removes `id` (already unlinked from the order and LRU lists) from the
