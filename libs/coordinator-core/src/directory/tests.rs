@@ -622,3 +622,58 @@ fn byte_sums_saturate() {
     ));
     assert_eq!(d.len(), 2);
 }
+
+/// The borrowed probe a lookup uses answers what `get` materializes: the
+/// same placements in the same order, counts and bound tokens.
+#[test]
+fn probe_lends_what_get_materializes() {
+    let mut d = KeyDirectory::new();
+    let mut store = batch(
+        "a",
+        EventType::Store,
+        StorageLevel::L2,
+        "fs",
+        false,
+        &[(key(1, "t"), 10), (key(2, ""), 5)],
+    );
+    store.entries[0].token_ids = vec![4, 5];
+    d.apply(&store);
+    d.apply(&batch(
+        "b",
+        EventType::Store,
+        StorageLevel::L1,
+        "dram",
+        true,
+        &[(key(1, "t"), 3)],
+    ));
+    d.apply(&batch(
+        "b",
+        EventType::Access,
+        StorageLevel::L1,
+        "",
+        false,
+        &[(key(1, "t"), 0)],
+    ));
+    for k in [key(1, "t"), key(2, "")] {
+        let got = d.get(&k).unwrap();
+        let view = d.probe(&k).unwrap();
+        let lent: Vec<Placement> = view
+            .placements()
+            .map(|p| Placement {
+                instance_id: p.instance_id.into(),
+                incarnation: p.incarnation,
+                tier: p.tier,
+                backend: p.backend.into(),
+                size_bytes: p.size_bytes,
+                shared: p.shared,
+            })
+            .collect();
+        assert_eq!(lent, got.placements);
+        assert_eq!(view.access_count(), got.access_count);
+        assert_eq!(view.last_access(), got.last_access);
+        assert_eq!(view.tokens(), d.tokens_for_hash(&k.chunk_hash));
+    }
+    assert_eq!(d.probe(&key(1, "t")).unwrap().placements().count(), 2);
+    assert_eq!(d.probe(&key(1, "t")).unwrap().tokens(), &[4, 5]);
+    assert!(d.probe(&key(3, "")).is_none());
+}

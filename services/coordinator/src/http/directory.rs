@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
-use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
+use ic_coordinator_core::directory::{KeyDirectory, KeyFilter, PlacementRef};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
@@ -144,12 +144,15 @@ impl Answer {
             self.buf.push(b',');
         }
         self.results += 1;
-        let (mut placements, access_count) = d
-            .get(object)
-            .map_or((Vec::new(), 0), |e| (e.placements, e.access_count));
+        // Borrowed from the directory: no materialized entry, no name's
+        // reference count touched.
+        let view = d.probe(object);
+        let access_count = view.map_or(0, |v| v.access_count());
+        let mut placements: Vec<PlacementRef<'_>> =
+            view.map(|v| v.placements().collect()).unwrap_or_default();
         if placements.len() > 1 {
             placements.sort_by(|a, b| {
-                (&*a.instance_id, a.tier, &*a.backend).cmp(&(&*b.instance_id, b.tier, &*b.backend))
+                (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
             });
         }
         // Field names are fixed text; only the values are escaped.
@@ -171,11 +174,11 @@ impl Answer {
                 self.buf.push(b',');
             }
             self.raw(b"{\"backend\":");
-            self.string(&p.backend);
+            self.string(p.backend);
             self.raw(b",\"incarnation\":");
             self.int(p.incarnation);
             self.raw(b",\"instance_id\":");
-            self.string(&p.instance_id);
+            self.string(p.instance_id);
             self.raw(b",\"shared\":");
             self.raw(if p.shared { b"true" } else { b"false" });
             self.raw(b",\"size_bytes\":");
