@@ -82,6 +82,24 @@ struct Bucket {
     w: [AtomicU64; 8],
 }
 
+/// Bit `i` set for each 16-bit lane `i` of `w` equal to `tag`: four
+/// compares in a few word operations (loads of atomics are not vectorised,
+/// and a compare per slot doubled the writer's probes).
+#[inline]
+fn lanes_equal(w: u64, tag: u16) -> u16 {
+    const ONES: u64 = 0x0001_0001_0001_0001;
+    const HIGH: u64 = 0x8000_8000_8000_8000;
+    let x = w ^ (u64::from(tag) * ONES);
+    // A lane's top bit ends up set unless the lane is zero; no carry
+    // crosses lanes (at most 0x7fff + 0x7fff).
+    let nonzero = ((x & !HIGH) + !HIGH) | x;
+    let zero = !nonzero & HIGH;
+    // Four bits, 16 apart, gathered.
+    #[allow(clippy::cast_possible_truncation)]
+    let m = ((zero >> 15) & 1 | (zero >> 30) & 2 | (zero >> 45) & 4 | (zero >> 60) & 8) as u16;
+    m
+}
+
 fn tag_at(words: [u64; 3], i: usize) -> u16 {
     // A 16-bit lane.
     #[allow(clippy::cast_possible_truncation)]
@@ -102,20 +120,18 @@ impl Bucket {
     /// The occupied slots carrying `tag`, as a mask.
     #[inline]
     fn matching(&self, tag: u16) -> u16 {
-        let used = self.used();
+        // Word 2 first (acquire): the slots its mask names are written.
+        let w2 = self.w[2].load(Ordering::Acquire);
+        // Masked to ten bits.
+        #[allow(clippy::cast_possible_truncation)]
+        let used = (w2 >> USED_SHIFT) as u16 & FULL;
         if used == 0 {
             return 0;
         }
-        let words = [
-            self.w[0].load(Ordering::Relaxed),
-            self.w[1].load(Ordering::Relaxed),
-            self.w[2].load(Ordering::Relaxed),
-        ];
-        let mut mask = 0u16;
-        for i in 0..BUCKET_SLOTS {
-            mask |= u16::from(tag_at(words, i) == tag) << i;
-        }
-        mask & used
+        let w0 = self.w[0].load(Ordering::Relaxed);
+        let w1 = self.w[1].load(Ordering::Relaxed);
+        (lanes_equal(w0, tag) | lanes_equal(w1, tag) << 4 | (lanes_equal(w2, tag) & 0b11) << 8)
+            & used
     }
 
     #[inline]
@@ -516,6 +532,28 @@ mod tests {
     /// record id stands in for the key.
     fn weak(key: u32) -> u64 {
         u64::from(key % 7 * 10_000 + 5_000) << 48
+    }
+
+    #[test]
+    fn lanes_are_compared_exactly() {
+        let w = 0x8000_0000_7fff_0001u64;
+        assert_eq!(lanes_equal(w, 0x0001), 0b0001);
+        assert_eq!(lanes_equal(w, 0x7fff), 0b0010);
+        assert_eq!(lanes_equal(w, 0x0000), 0b0100);
+        assert_eq!(lanes_equal(w, 0x8000), 0b1000);
+        assert_eq!(lanes_equal(w, 0xffff), 0);
+        assert_eq!(lanes_equal(0, 0), 0b1111);
+        for lane in 0..4 {
+            for t in [0u16, 1, 0x7fff, 0x8000, 0x8001, 0xffff] {
+                let w = u64::from(t) << (16 * lane) | (u64::from(!t) << (16 * ((lane + 1) % 4)));
+                assert_eq!(
+                    lanes_equal(w, t) & (1 << lane),
+                    1 << lane,
+                    "{t:#x} in lane {lane}"
+                );
+                assert_eq!(lanes_equal(w, t) & (1 << ((lane + 1) % 4)), 0);
+            }
+        }
     }
 
     #[test]
