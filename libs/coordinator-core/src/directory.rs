@@ -15,10 +15,12 @@ use crate::{FastMap, FastSet};
 
 mod image;
 mod table;
+mod view;
 
 pub use image::ImageError;
 pub use table::Name;
 use table::{Id, Links, List, Place, Table};
+pub use view::{KeyView, PlacementRef};
 
 /// Most keys a directory holds whatever its configured bound (none
 /// included): record ids are `u32` and `u32::MAX` ends a list.
@@ -56,69 +58,6 @@ pub struct KeyEntry {
     pub access_count: u64,
     /// Emitter time of the last access (0 if none).
     pub last_access: f64,
-}
-
-/// One copy of a key as [`KeyView::placements`] lends it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PlacementRef<'a> {
-    /// Reporter (for a shared placement, the latest one).
-    pub instance_id: &'a str,
-    /// Reporter's incarnation.
-    pub incarnation: u64,
-    /// StorageLevel.
-    pub tier: StorageLevel,
-    /// Backend.
-    pub backend: &'a str,
-    /// Reported size.
-    pub size_bytes: u64,
-    /// In a pool several instances mount.
-    pub shared: bool,
-}
-
-/// A present key's state, borrowed from the directory
-/// ([`KeyDirectory::probe`]).
-#[derive(Clone, Copy, Debug)]
-pub struct KeyView<'a> {
-    dir: &'a KeyDirectory,
-    id: Id,
-}
-
-impl<'a> KeyView<'a> {
-    /// Copies, in the order they were first reported.
-    pub fn placements(&self) -> impl Iterator<Item = PlacementRef<'a>> + 'a {
-        let names = &self.dir.table.names;
-        self.dir
-            .table
-            .rec(self.id)
-            .places()
-            .map(move |p| PlacementRef {
-                instance_id: names.name(p.instance),
-                incarnation: p.incarnation,
-                tier: p.tier,
-                backend: names.name(p.backend),
-                size_bytes: p.size_bytes,
-                shared: p.shared,
-            })
-    }
-
-    /// Access events seen.
-    pub fn access_count(&self) -> u64 {
-        self.dir.table.rec(self.id).access_count
-    }
-
-    /// Emitter time of the last access (0 if none).
-    pub fn last_access(&self) -> f64 {
-        self.dir.table.rec(self.id).last_access
-    }
-
-    /// Tokens bound to the key's chunk hash (empty if none).
-    pub fn tokens(&self) -> &'a [u32] {
-        let dir = self.dir;
-        if dir.bindings.is_empty() {
-            return &[];
-        }
-        dir.tokens_for_hash(dir.table.hash_of(self.id))
-    }
 }
 
 /// Tokens bound to a chunk hash.
@@ -569,13 +508,6 @@ impl KeyDirectory {
             access_count: r.access_count,
             last_access: r.last_access,
         })
-    }
-
-    /// A key's state borrowed from the table (a lookup's probe: nothing
-    /// allocated, no name's reference count touched), if present.
-    pub fn probe(&self, key: &ObjectKey) -> Option<KeyView<'_>> {
-        let id = self.table.find(key)?;
-        Some(KeyView { dir: self, id })
     }
 
     /// Tokens bound to a chunk hash (empty if none).

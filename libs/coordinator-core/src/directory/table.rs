@@ -443,25 +443,37 @@ impl Table {
         self.hasher.hash_one(h)
     }
 
-    fn matches(&self, id: Id, key: &ObjectKey) -> bool {
-        let r = self.rec(id);
-        r.kv_rank == key.kv_rank
-            && r.object_group_id == key.object_group_id
-            && self.hashes.get(r.hash_class, r.hash_place) == key.chunk_hash.as_slice()
-            && **self.strings.name(r.model) == *key.model_name
-            && **self.strings.name(r.salt) == *key.cache_salt
-    }
-
     /// The id of `key`, if present.
     pub(crate) fn find(&self, key: &ObjectKey) -> Option<Id> {
-        let h = self.key_hash(
+        self.find_parts(
             &key.chunk_hash,
             &key.model_name,
             key.kv_rank,
             key.object_group_id,
             &key.cache_salt,
-        );
-        self.by_key.find(h, |&id| self.matches(id, key)).copied()
+        )
+    }
+
+    /// The id of the key of these parts, if present.
+    pub(crate) fn find_parts(
+        &self,
+        hash: &[u8],
+        model: &str,
+        rank: i64,
+        group: i64,
+        salt: &str,
+    ) -> Option<Id> {
+        let h = self.key_hash(hash, model, rank, group, salt);
+        self.by_key
+            .find(h, |&id| {
+                let r = self.rec(id);
+                r.kv_rank == rank
+                    && r.object_group_id == group
+                    && self.hashes.get(r.hash_class, r.hash_place) == hash
+                    && **self.strings.name(r.model) == *model
+                    && **self.strings.name(r.salt) == *salt
+            })
+            .copied()
     }
 
     /// The first id of a chunk hash.

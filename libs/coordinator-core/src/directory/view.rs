@@ -1,0 +1,95 @@
+//! A lookup's probe: a present key's state lent from the table, nothing
+//! materialized (no `Vec` of placements, no interned name's reference
+//! count touched per answer).
+
+use super::table::Id;
+use super::{KeyDirectory, ObjectKey};
+use crate::StorageLevel;
+
+/// One copy of a key as [`KeyView::placements`] lends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementRef<'a> {
+    /// Reporter (for a shared placement, the latest one).
+    pub instance_id: &'a str,
+    /// Reporter's incarnation.
+    pub incarnation: u64,
+    /// StorageLevel.
+    pub tier: StorageLevel,
+    /// Backend.
+    pub backend: &'a str,
+    /// Reported size.
+    pub size_bytes: u64,
+    /// In a pool several instances mount.
+    pub shared: bool,
+}
+
+/// A present key's state, borrowed from the directory
+/// ([`KeyDirectory::probe`]).
+#[derive(Clone, Copy, Debug)]
+pub struct KeyView<'a> {
+    pub(super) dir: &'a KeyDirectory,
+    pub(super) id: Id,
+}
+
+impl<'a> KeyView<'a> {
+    /// Copies, in the order they were first reported.
+    pub fn placements(&self) -> impl Iterator<Item = PlacementRef<'a>> + 'a {
+        let names = &self.dir.table.names;
+        self.dir
+            .table
+            .rec(self.id)
+            .places()
+            .map(move |p| PlacementRef {
+                instance_id: names.name(p.instance),
+                incarnation: p.incarnation,
+                tier: p.tier,
+                backend: names.name(p.backend),
+                size_bytes: p.size_bytes,
+                shared: p.shared,
+            })
+    }
+
+    /// Access events seen.
+    pub fn access_count(&self) -> u64 {
+        self.dir.table.rec(self.id).access_count
+    }
+
+    /// Emitter time of the last access (0 if none).
+    pub fn last_access(&self) -> f64 {
+        self.dir.table.rec(self.id).last_access
+    }
+
+    /// Tokens bound to the key's chunk hash (empty if none).
+    pub fn tokens(&self) -> &'a [u32] {
+        let dir = self.dir;
+        if dir.bindings.is_empty() {
+            return &[];
+        }
+        dir.tokens_for_hash(dir.table.hash_of(self.id))
+    }
+}
+
+impl KeyDirectory {
+    /// A key's state borrowed from the table (a lookup's probe: nothing
+    /// allocated, no name's reference count touched), if present.
+    pub fn probe(&self, key: &ObjectKey) -> Option<KeyView<'_>> {
+        let id = self.table.find(key)?;
+        Some(KeyView { dir: self, id })
+    }
+
+    /// [`Self::probe`] by a key's parts, borrowed from wherever the caller
+    /// decoded them (no `ObjectKey` built for a lookup).
+    pub fn probe_parts(
+        &self,
+        chunk_hash: &[u8],
+        model_name: &str,
+        kv_rank: i64,
+        object_group_id: i64,
+        cache_salt: &str,
+    ) -> Option<KeyView<'_>> {
+        let id =
+            self.table
+                .find_parts(chunk_hash, model_name, kv_rank, object_group_id, cache_salt)?;
+        Some(KeyView { dir: self, id })
+    }
+}
