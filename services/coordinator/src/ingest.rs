@@ -2,11 +2,13 @@
 //! admitted ones to the views and to every consuming controller. Both
 //! transports (`POST /events`, Kafka) go through here.
 //!
-//! `POST /events` hands its batches to one writer thread through a bounded
-//! queue ([`Ingest::submit`]): requests are applied in arrival order, each
-//! answered as soon as its own batches are applied, and no request thread
-//! blocks on the views lock or waits for a lock handed around between eight
-//! writers (which is what made `/events` p99 grow with concurrency). The
+//! `POST /events` applies one request at a time, in arrival order
+//! ([`Ingest::submit`]): a request that finds the writer idle (nothing
+//! applying, nothing queued) applies on its own thread at once; one that
+//! finds it busy joins a bounded queue that the writer thread drains. Each
+//! is answered as soon as its own batches are applied, and no request waits
+//! for a lock handed around between eight writers (which is what made
+//! `/events` p99 grow with concurrency). The
 //! views lock is taken once per batch (`ViewStore::change`), so a lookup
 //! waits for at most one batch's apply and never for a checkpoint's capture
 //! (docs/coordinator.md). A deregistration goes through the same queue,

@@ -565,3 +565,82 @@ async fn deregistration_applies_after_the_events_queued_before_it() {
     assert_eq!(stats["l1_count"], 1, "{stats}");
     assert_eq!(stats["l1_keys_by_instance"].get("mp-x"), None, "{stats}");
 }
+
+/// Records the thread every admitted batch is applied on.
+#[derive(Debug, Default)]
+struct Threads(std::sync::Mutex<Vec<(u64, String)>>);
+
+impl ic_coordinator::controller::Controller for Threads {
+    fn name(&self) -> &'static str {
+        "ThreadRecorder"
+    }
+    fn consumes_events(&self) -> bool {
+        true
+    }
+    fn consume(
+        &self,
+        batch: &ic_coordinator_core::events::Batch,
+        _views: &ic_coordinator::views::Views,
+    ) -> Result<(), ic_coordinator::controller::ConsumeError> {
+        let name = std::thread::current().name().unwrap_or("").to_owned();
+        self.0.lock().unwrap().push((batch.seq, name));
+        Ok(())
+    }
+}
+
+/// With nothing applying and nothing queued a request applies on its own
+/// thread (no hop to the writer thread and back); one that finds another
+/// applying queues and the writer thread applies it after, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_writer_lets_a_request_apply_on_its_own_thread() {
+    let threads = std::sync::Arc::new(Threads::default());
+    let c = std::sync::Arc::new(Coord::start_with(&[], vec![threads.clone()]).await);
+    let h = |i: u64| format!("{i:064x}");
+    let b = |seq: u64| {
+        batch(
+            "mp-a",
+            1,
+            seq,
+            "store",
+            "l2",
+            "fs",
+            &[(key(&h(seq), ""), 64)],
+        )
+    };
+    assert_eq!(c.events(vec![b(1)]).await["applied"], 1);
+    // Views held: the next request takes its turn and blocks inside it;
+    // the one after queues for the writer thread.
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let app = c.app.clone();
+    let holder = std::thread::spawn(move || {
+        app.views.read(|_| {
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        });
+    });
+    held_rx.recv().unwrap();
+    let mut posts = Vec::new();
+    for seq in 2..=3u64 {
+        let c2 = c.clone();
+        let body = b(seq);
+        posts.push(tokio::spawn(async move { c2.events(vec![body]).await }));
+        loop {
+            if c.app.ingest.queue.snapshot().0 == seq as usize - 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    for p in posts {
+        assert_eq!(p.await.unwrap()["applied"], 1);
+    }
+    let seen = threads.0.lock().unwrap().clone();
+    let seqs: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, [1, 2, 3], "applied in arrival order");
+    assert_ne!(seen[0].1, "event-writer", "{seen:?}");
+    assert_ne!(seen[1].1, "event-writer", "{seen:?}");
+    assert_eq!(seen[2].1, "event-writer", "{seen:?}");
+}
