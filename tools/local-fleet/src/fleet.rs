@@ -332,6 +332,28 @@ pub fn lookup_request(
     }
 }
 
+/// Where one request of the routed replay went (`--placements`): to tell
+/// apart runs whose tails differ, request by request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// Index-server replica (or picker) asked.
+    pub replica: usize,
+    /// Engine that served it.
+    pub engine: usize,
+    /// How the engine was chosen: `prefix` (a PREFIX_MATCH answer), `load`
+    /// (the index's pick with no hint), `fallback` (no `best`), `picker`.
+    pub how: &'static str,
+    /// Leading blocks the engine held.
+    pub hit_blocks: usize,
+    /// Blocks of the prompt.
+    pub prompt_blocks: usize,
+    /// The most leading blocks any engine held (more than `hit_blocks`:
+    /// routed away from a holder; equal: the history was evicted or new).
+    pub best_blocks: usize,
+    /// Simulated time to first token, ms.
+    pub ttft_ms: f64,
+}
+
 /// Outcome of the routed replay.
 #[derive(Debug)]
 pub struct RoutedRun {
@@ -349,6 +371,8 @@ pub struct RoutedRun {
     pub block_events_published: u64,
     /// Wall time of the replay.
     pub elapsed: Duration,
+    /// Where each request went, in trace order.
+    pub placements: Vec<Placement>,
 }
 
 /// The engine index behind a simulated engine's address `127.0.0.{i+1}:8000`.
@@ -368,7 +392,13 @@ async fn serve_routed(
     engines: &mut [FakeEngine],
     target: usize,
     request: &TraceRequest,
+    (replica, how): (usize, &'static str),
 ) {
+    let best_blocks = caches
+        .iter()
+        .map(|c| c.peek_hits(&request.hash_ids))
+        .max()
+        .unwrap_or(0);
     let served = caches[target].serve(&request.hash_ids);
     let ttft = queues.serve(
         target,
@@ -376,6 +406,15 @@ async fn serve_routed(
         uncached_tokens(request, served.hit_blocks),
     );
     run.result.record_served(request, served.hit_blocks, ttft);
+    run.placements.push(Placement {
+        replica,
+        engine: target,
+        how,
+        hit_blocks: served.hit_blocks,
+        prompt_blocks: request.hash_ids.len(),
+        best_blocks,
+        ttft_ms: ttft,
+    });
     let events = events_for(&served);
     if !events.is_empty() {
         run.block_events_published += (served.stored.len() + served.evicted.len()) as u64;
@@ -449,6 +488,7 @@ pub async fn run_routed(
         batches_published: 0,
         block_events_published: 0,
         elapsed: Duration::ZERO,
+        placements: Vec::with_capacity(trace.len()),
     };
     let start = tokio::time::Instant::now();
     let first_ts = trace.first().map_or(0, |r| r.timestamp_ms);
@@ -474,7 +514,17 @@ pub async fn run_routed(
                 .ok_or_else(|| {
                     anyhow::anyhow!("the picker named an unknown endpoint {endpoint}")
                 })?;
-            serve_routed(&mut run, &mut caches, &mut queues, engines, target, request).await;
+            let asked = (i % n, "picker");
+            serve_routed(
+                &mut run,
+                &mut caches,
+                &mut queues,
+                engines,
+                target,
+                request,
+                asked,
+            )
+            .await;
             progress(i + 1);
             continue;
         }
@@ -491,16 +541,29 @@ pub async fn run_routed(
             .and_then(|b| b.replica)
             .and_then(|r| r.replica_id.strip_prefix("engine-")?.parse::<usize>().ok())
             .filter(|e| *e < engines.len());
-        let target = match hinted {
+        let (target, how) = match hinted {
             Some(e) => {
                 run.routed_by_hint += u64::from(by_prefix);
-                e
+                (e, if by_prefix { "prefix" } else { "load" })
             }
             // As Envoy's least-request balancer: the less busy of two
             // engines drawn at random.
-            None => queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
+            None => (
+                queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
+                "fallback",
+            ),
         };
-        serve_routed(&mut run, &mut caches, &mut queues, engines, target, request).await;
+        let asked = (i % n, how);
+        serve_routed(
+            &mut run,
+            &mut caches,
+            &mut queues,
+            engines,
+            target,
+            request,
+            asked,
+        )
+        .await;
         progress(i + 1);
     }
     run.caches = caches;

@@ -115,6 +115,12 @@ struct Args {
     /// e.g. `--index-arg=--ttft-prefill-tokens-per-second=20000`.
     #[arg(long, allow_hyphen_values = true)]
     index_arg: Vec<String>,
+    /// Write where each request of each routed variant went to
+    /// `DIR/<variant>.csv` (request, replica asked, engine, how chosen,
+    /// hit blocks, prompt blocks, the most blocks any engine held, TTFT ms), to compare two runs request by
+    /// request.
+    #[arg(long)]
+    placements: Option<PathBuf>,
 }
 
 impl Args {
@@ -603,6 +609,9 @@ async fn main() -> anyhow::Result<()> {
                 run.alike
             );
         }
+        if let Some(dir) = &args.placements {
+            write_placements(dir, variant.name, &run.routed.placements)?;
+        }
         alike.push(run.alike.clone());
         policies.push(run.routed.result.clone());
         if i + 1 == variants.len() {
@@ -805,6 +814,32 @@ fn print_table(r: &Report) {
         }
     }
     println!("wall time                  {:.1} s", r.wall_seconds);
+}
+
+/// Writes `placements` to `dir/<variant name, spaces and punctuation as
+/// dashes>.csv`.
+fn write_placements(
+    dir: &std::path::Path,
+    variant: &str,
+    placements: &[fleet::Placement],
+) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    let slug: String = variant
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let mut csv =
+        String::from("request,replica,engine,how,hit_blocks,prompt_blocks,best_blocks,ttft_ms\n");
+    for (i, p) in placements.iter().enumerate() {
+        let _ = writeln!(
+            csv,
+            "{i},{},{},{},{},{},{},{:.1}",
+            p.replica, p.engine, p.how, p.hit_blocks, p.prompt_blocks, p.best_blocks, p.ttft_ms
+        );
+    }
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(dir.join(format!("{slug}.csv")), csv))
+        .with_context(|| format!("--placements {}", dir.display()))
 }
 
 /// Waits for SIGINT (Ctrl-C) or SIGTERM.
