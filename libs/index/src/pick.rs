@@ -305,7 +305,7 @@ impl OtherKey {
         Self {
             over_bound: over_bound(fleet.bound(weights), load),
             score: score(input, weights, fleet, load, 0.0, 1.0),
-            requests: load.requests,
+            requests: requests_key(weights, load),
             tie: mix(input.tie_seed ^ id_hash),
         }
     }
@@ -329,6 +329,22 @@ impl OtherKey {
             .cmp(&other.over_bound)
             .then(other.score.total_cmp(&self.score))
             .then(self.requests.total_cmp(&other.requests))
+    }
+}
+
+/// The recent-pick count that orders equal scores; none by TTFT, where
+/// equal scores go to the per-request hash. Why: by TTFT the load is in the
+/// score (queued work), and the pick count that would break its ties is the
+/// one figure index replicas share only every report: between two reports
+/// each replica would send its tied picks (idle engines, a prompt held only
+/// at its shared start) to the same least-picked engine, and two long
+/// prefills through two replicas would queue behind each other there
+/// (docs/scaling.md, "Alike answers").
+fn requests_key(weights: &ScoreWeights, load: &ReplicaLoad) -> f64 {
+    if weights.ttft.is_some() {
+        0.0
+    } else {
+        load.requests
     }
 }
 
@@ -427,7 +443,7 @@ pub fn rank_in(
                 index: i,
                 over_bound: over_bound(bound, &load),
                 score: score(input, weights, fleet, &load, held, credit),
-                requests: load.requests,
+                requests: requests_key(weights, &load),
                 tie: mix(input.tie_seed ^ h),
                 matched_blocks,
                 tier,

@@ -183,6 +183,34 @@ fn equal_matches_spread_over_requests_instead_of_piling_up() {
 }
 
 #[test]
+fn by_ttft_equal_predictions_go_by_the_request_not_by_the_pick_count() {
+    // Idle replicas holding the shared first block predict the same TTFT;
+    // the pick count differs (within the bound). Index replicas see each
+    // other's picks only every report, so breaking the tie by the count
+    // would send every replica's tied pick to "a" between two reports.
+    let r = replicas(&["a", "b", "c", "d"]);
+    let r = refs(&r);
+    let m: Vec<Candidate> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| matched(id, 1, Tier::T1))
+        .collect();
+    let l = loads(&r, |id| if id == "a" { 10.0 } else { 11.0 });
+    let weights = ScoreWeights::by_ttft(TtftModel::DEFAULT);
+    let picks: std::collections::BTreeSet<String> = (0..64)
+        .map(|seed| {
+            rank(&input(&r, &m, &[], seed), &weights, &l)[0]
+                .replica
+                .replica_id
+                .clone()
+        })
+        .collect();
+    assert_eq!(picks.len(), 4, "{picks:?}");
+    // By the weights the count is the load, and the least picked wins.
+    let by_weights = rank(&input(&r, &m, &[], 3), &ScoreWeights::default(), &l);
+    assert_eq!(by_weights[0].replica.replica_id, "a");
+}
+
+#[test]
 fn a_replica_over_the_load_bound_is_passed_over() {
     let r = replicas(&["a", "b", "c", "d"]);
     let r = refs(&r);
