@@ -10,6 +10,8 @@ use crate::key::{ObjectKey, SharedKey, WireKey};
 
 mod scan;
 
+pub use scan::plain_len;
+
 /// What a batch reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
