@@ -20,7 +20,7 @@ mod view;
 pub use image::ImageError;
 pub use table::Name;
 use table::{Id, Links, List, Place, Table};
-pub use view::{KeyView, PlacementRef};
+pub use view::{ByOwner, KeyView, PlacementRef};
 
 /// Most keys a directory holds whatever its configured bound (none
 /// included): record ids are `u32` and `u32::MAX` ends a list.

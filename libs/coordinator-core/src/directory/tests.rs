@@ -689,4 +689,29 @@ fn probe_lends_what_get_materializes() {
         d.probe_parts(&k.chunk_hash, "other", k.kv_rank, 0, "t")
             .is_none()
     );
+    // By owner: instance, then tier, then backend, whatever the report order.
+    d.apply(&batch(
+        "a",
+        EventType::Store,
+        StorageLevel::L1,
+        "dram",
+        false,
+        &[(key(1, "t"), 2)],
+    ));
+    let owners: Vec<(&str, StorageLevel, &str)> = d
+        .probe(&k)
+        .unwrap()
+        .placements_by_owner()
+        .map(|p| (p.instance_id, p.tier, p.backend))
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            ("a", StorageLevel::L1, "dram"),
+            ("a", StorageLevel::L2, "fs"),
+            ("b", StorageLevel::L1, "dram"),
+        ]
+    );
+    let one = key(2, "");
+    assert_eq!(d.probe(&one).unwrap().placements_by_owner().count(), 1);
 }

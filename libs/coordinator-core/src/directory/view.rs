@@ -93,3 +93,41 @@ impl KeyDirectory {
         Some(KeyView { dir: self, id })
     }
 }
+
+impl<'a> KeyView<'a> {
+    /// The placements in the order a lookup answer lists them (instance,
+    /// tier, backend); a key with one placement (the usual case) costs no
+    /// allocation and no sort.
+    pub fn placements_by_owner(&self) -> ByOwner<'a> {
+        let rec = self.dir.table.rec(self.id);
+        if rec.more.is_none() {
+            return ByOwner(Order::One(self.placements().next()));
+        }
+        let mut all: Vec<PlacementRef<'a>> = self.placements().collect();
+        all.sort_by(|a, b| {
+            (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
+        });
+        ByOwner(Order::Many(all.into_iter()))
+    }
+}
+
+/// [`KeyView::placements_by_owner`]'s iterator.
+#[derive(Debug)]
+pub struct ByOwner<'a>(Order<'a>);
+
+#[derive(Debug)]
+enum Order<'a> {
+    One(Option<PlacementRef<'a>>),
+    Many(std::vec::IntoIter<PlacementRef<'a>>),
+}
+
+impl<'a> Iterator for ByOwner<'a> {
+    type Item = PlacementRef<'a>;
+
+    fn next(&mut self) -> Option<PlacementRef<'a>> {
+        match &mut self.0 {
+            Order::One(p) => p.take(),
+            Order::Many(it) => it.next(),
+        }
+    }
+}

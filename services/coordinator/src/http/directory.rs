@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
-use ic_coordinator_core::directory::{KeyDirectory, KeyFilter, PlacementRef};
+use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
 use ic_coordinator_core::key::{ObjectKey, WireKey};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
@@ -144,17 +144,12 @@ impl Answer {
             self.buf.push(b',');
         }
         self.results += 1;
-        // Borrowed from the directory: no materialized entry, no name's
-        // reference count touched.
+        // Borrowed from the directory, already in the answer's order: no
+        // materialized entry, no name's reference count touched, and for
+        // a key with one placement no allocation.
         let view = d.probe(object);
         let access_count = view.map_or(0, |v| v.access_count());
-        let mut placements: Vec<PlacementRef<'_>> =
-            view.map(|v| v.placements().collect()).unwrap_or_default();
-        if placements.len() > 1 {
-            placements.sort_by(|a, b| {
-                (a.instance_id, a.tier, a.backend).cmp(&(b.instance_id, b.tier, b.backend))
-            });
-        }
+        let placements = view.into_iter().flat_map(|v| v.placements_by_owner());
         // Field names are fixed text; only the values are escaped.
         self.raw(b"{\"access_count\":");
         self.int(access_count);
@@ -169,7 +164,7 @@ impl Answer {
         self.raw(b",\"object_group_id\":");
         self.signed(key.object_group_id);
         self.raw(b"},\"placements\":[");
-        for (i, p) in placements.iter().enumerate() {
+        for (i, p) in placements.enumerate() {
             if i > 0 {
                 self.buf.push(b',');
             }
