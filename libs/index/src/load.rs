@@ -45,6 +45,12 @@ pub struct ReplicaLoad {
     /// Prompt tokens per ms this engine prefilled, as its responses showed
     /// (see [`LoadBoard::observed_prefill_rate`]); `None` until observed.
     pub prefill_tokens_per_ms: Option<f64>,
+    /// [`Self::requests`] without the peers' figures: this server's own
+    /// picks and the engine's report. Orders equal predicted TTFTs
+    /// ([`crate::pick`]): the peers' part is the same on every replica
+    /// between two reports, and would send every replica's tied pick to
+    /// the same engine.
+    pub own_requests: f64,
 }
 
 /// The picks other index-server replicas made for one engine, as they
@@ -581,6 +587,9 @@ impl LoadBoard {
             kv_usage,
             queued_ms: picked_ms.max(observed_ms).max(0.0),
             prefill_tokens_per_ms: e.prefill_rate(),
+            own_requests: f64::from(e.in_flight.load(Ordering::Relaxed))
+                .max(e.recent() * decay)
+                .max(reported),
         }
     }
 

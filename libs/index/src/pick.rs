@@ -332,17 +332,17 @@ impl OtherKey {
     }
 }
 
-/// The recent-pick count that orders equal scores; none by TTFT, where
-/// equal scores go to the per-request hash. Why: by TTFT the load is in the
-/// score (queued work), and the pick count that would break its ties is the
-/// one figure index replicas share only every report: between two reports
-/// each replica would send its tied picks (idle engines, a prompt held only
-/// at its shared start) to the same least-picked engine, and two long
-/// prefills through two replicas would queue behind each other there
-/// (docs/scaling.md, "Alike answers").
+/// The request count that orders equal scores: by TTFT this server's own
+/// ([`ReplicaLoad::own_requests`]). Why: by TTFT the load is in the score
+/// (queued work), and the peers' part of the count is the same on every
+/// index replica between two reports: each replica would send its tied
+/// picks (idle engines, a prompt held only at its shared start) to the same
+/// least-picked engine, and two long prefills through two replicas would
+/// queue behind each other there (docs/scaling.md, "Alike answers"). With
+/// one replica the two counts are the same.
 fn requests_key(weights: &ScoreWeights, load: &ReplicaLoad) -> f64 {
     if weights.ttft.is_some() {
-        0.0
+        load.own_requests
     } else {
         load.requests
     }

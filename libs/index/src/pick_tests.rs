@@ -183,11 +183,12 @@ fn equal_matches_spread_over_requests_instead_of_piling_up() {
 }
 
 #[test]
-fn by_ttft_equal_predictions_go_by_the_request_not_by_the_pick_count() {
+fn by_ttft_equal_predictions_go_by_the_own_picks_not_the_peers() {
     // Idle replicas holding the shared first block predict the same TTFT;
-    // the pick count differs (within the bound). Index replicas see each
-    // other's picks only every report, so breaking the tie by the count
-    // would send every replica's tied pick to "a" between two reports.
+    // the pick count with the peers' differs (within the bound), this
+    // server's own does not. Index replicas see each other's picks only
+    // every report, so breaking the tie by the shared count would send
+    // every replica's tied pick to "a" between two reports.
     let r = replicas(&["a", "b", "c", "d"]);
     let r = refs(&r);
     let m: Vec<Candidate> = ["a", "b", "c", "d"]
@@ -205,6 +206,13 @@ fn by_ttft_equal_predictions_go_by_the_request_not_by_the_pick_count() {
         })
         .collect();
     assert_eq!(picks.len(), 4, "{picks:?}");
+    // This server's own picks still order the tie.
+    let mut own = l.clone();
+    own[2].own_requests = 1.0;
+    for seed in 0..64 {
+        let best = &rank(&input(&r, &m, &[], seed), &weights, &own)[0];
+        assert_ne!(best.replica.replica_id, "c", "seed {seed}");
+    }
     // By the weights the count is the load, and the least picked wins.
     let by_weights = rank(&input(&r, &m, &[], 3), &ScoreWeights::default(), &l);
     assert_eq!(by_weights[0].replica.replica_id, "a");
@@ -352,6 +360,7 @@ fn ranking_the_holders_and_the_best_others_by_their_key_is_ranking_all() {
                 kv_usage: next(3) as f64 / 2.0,
                 queued_ms: next(3) as f64 * 10.0,
                 prefill_tokens_per_ms: (next(2) == 0).then_some(8.0),
+                own_requests: next(4) as f64,
             })
             .collect();
         let ttft = case % 2 == 1;
