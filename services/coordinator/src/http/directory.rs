@@ -124,7 +124,7 @@ impl Answer {
     /// A JSON string, escaped as serde_json escapes it; one that needs no
     /// escape (the usual name or hex) is copied as it is.
     fn string(&mut self, s: &str) {
-        if s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+        if ic_coordinator_core::events::plain_len(s.as_bytes()) < s.len() {
             // Writing a str into a Vec cannot fail.
             let _ = serde_json::to_writer(&mut self.buf, s);
         } else {
