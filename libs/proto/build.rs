@@ -17,6 +17,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={file}");
     }
     tonic_prost_build::configure()
+        // A hand-written decoder for the packed hashes (src/packed.rs).
+        .extern_path(
+            ".inferencecache.index.v1.BlockHashes",
+            "crate::packed::BlockHashes",
+        )
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &files, &[root.to_owned()])?;

@@ -10,7 +10,12 @@
 /// `inferencecache.index.v1`: LookupRoute, IngestEvents, SetPolicies.
 pub mod index_v1 {
     tonic::include_proto!("inferencecache.index.v1");
+    // Hand-written (build.rs maps the message to it); named here as the
+    // generated one was.
+    pub use crate::packed::BlockHashes;
 }
+
+pub mod packed;
 
 /// `indexer.v1`: llm-d's remote indexer API (GetPodScores), byte-compatible
 /// with llm-d-kv-cache's `indexer.proto`.
