@@ -48,7 +48,7 @@ const MAX_CAPACITY: u64 = 1 << 30;
 /// differ only in the rest: at this size a probe meets a foreign key with
 /// the same tag 3–6% of the time (one wasted record read), against about a
 /// quarter at 8,192. Smaller tables gained no more speed and cost memory
-/// (their counts swing more, so they grow sooner).
+/// (their shares swing more, so each needs more slack).
 const KEYS_PER_TABLE: u64 = 2048;
 
 /// Key tables per shard for an index of `capacity` entries over `shards`.
