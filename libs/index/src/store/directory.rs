@@ -21,7 +21,10 @@ type Chunk = Box<[RwLock<Page>]>;
 /// The directory.
 #[derive(Debug)]
 pub(crate) struct Directory {
-    chunks: Box<[OnceLock<Chunk>]>,
+    /// Allocated with the first page (an empty index holds nothing).
+    chunks: OnceLock<Box<[OnceLock<Chunk>]>>,
+    /// Chunks the directory may have.
+    max_chunks: usize,
     /// Pages made so far (only the writer adds them).
     len: AtomicUsize,
 }
@@ -39,9 +42,8 @@ impl Directory {
             .saturating_add(2 * CHUNK_PAGES)
             .min(MAX_PAGES);
         Self {
-            chunks: (0..pages.div_ceil(CHUNK_PAGES))
-                .map(|_| OnceLock::new())
-                .collect(),
+            chunks: OnceLock::new(),
+            max_chunks: pages.div_ceil(CHUNK_PAGES),
             len: AtomicUsize::new(0),
         }
     }
@@ -58,6 +60,7 @@ impl Directory {
             return None;
         }
         self.chunks
+            .get()?
             .get(n / CHUNK_PAGES)?
             .get()?
             .get(n % CHUNK_PAGES)
@@ -77,7 +80,11 @@ impl Directory {
         if n + 1 >= MAX_PAGES {
             return None;
         }
-        let chunk = self.chunks.get(n / CHUNK_PAGES)?;
+        let max = self.max_chunks;
+        let chunks = self
+            .chunks
+            .get_or_init(|| (0..max).map(|_| OnceLock::new()).collect());
+        let chunk = chunks.get(n / CHUNK_PAGES)?;
         chunk.get_or_init(|| {
             (0..CHUNK_PAGES)
                 .map(|_| RwLock::new(Page::vacant()))
@@ -90,9 +97,11 @@ impl Directory {
     /// Heap bytes of the directory itself (the chunks' page structs, not
     /// what the pages hold).
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.chunks.len() * size_of::<OnceLock<Chunk>>()
-            + self.chunks.iter().filter(|c| c.get().is_some()).count()
-                * CHUNK_PAGES
-                * size_of::<RwLock<Page>>()
+        self.chunks.get().map_or(0, |chunks| {
+            chunks.len() * size_of::<OnceLock<Chunk>>()
+                + chunks.iter().filter(|c| c.get().is_some()).count()
+                    * CHUNK_PAGES
+                    * size_of::<RwLock<Page>>()
+        })
     }
 }
