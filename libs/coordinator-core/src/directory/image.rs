@@ -561,8 +561,39 @@ mod tests {
         }
     }
 
+    /// 20,000 keys (groups and salts) under one chunk hash: one run of the
+    /// load's sort, linked in one pass; every key is found and the chain
+    /// holds them all, lowest id first.
+    #[test]
+    fn an_image_with_many_keys_under_one_chunk_hash_loads() {
+        let mut d = KeyDirectory::new();
+        let keys: Vec<_> = (0..20_000i64)
+            .map(|g| {
+                let mut k = key(5, if g % 2 == 0 { "t" } else { "" });
+                k.object_group_id = g;
+                (k, 1)
+            })
+            .collect();
+        d.apply(&batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &keys,
+        ));
+        let back = KeyDirectory::decode_image(&image(&d)).unwrap();
+        assert_eq!(back.len(), keys.len());
+        for (k, _) in &keys {
+            assert!(back.contains(k), "{k:?}");
+        }
+        let chain: Vec<_> = back.table.same_hash(&keys[0].0.chunk_hash).collect();
+        assert_eq!(chain.len(), keys.len());
+        assert!(chain.windows(2).all(|w| w[0] < w[1]));
+    }
+
     /// An image that holds one key twice is refused (the load finds the
-    /// two as neighbours in bucket order).
+    /// two in one run of equal hashes).
     #[test]
     fn an_image_with_a_key_twice_is_refused() {
         let mut d = KeyDirectory::new();

@@ -11,8 +11,11 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
+use crate::StorageLevel;
 use crate::key::ObjectKey;
-use crate::{FastMap, StorageLevel};
+
+mod pools;
+pub(crate) use pools::{Hashes, Interner};
 
 /// A record's id.
 pub(crate) type Id = u32;
@@ -23,118 +26,56 @@ pub(crate) const NIL: Id = u32::MAX;
 /// reporter shares one allocation.
 pub type Name = std::sync::Arc<str>;
 
-// === Interner ===
-
-/// Strings by id, refcounted when the caller releases them (models and
-/// salts leave with their last key; instance and backend names are kept,
-/// as few as the fleet's reporters).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Interner {
-    names: Vec<Name>,
-    // u64: every key holds two references (model, salt), possibly to one
-    // string, and there may be u32::MAX - 1 keys.
-    refs: Vec<u64>,
-    free: Vec<u32>,
-    index: FastMap<Name, u32>,
+/// A record's key hash from the parts of a table a closure can borrow
+/// beside its id tables (inserts and their rehash callbacks).
+fn key_hash_in(recs: &[Rec], hashes: &Hashes, strings: &Interner, hasher: &Hasher, id: Id) -> u64 {
+    let r = &recs[id as usize];
+    hasher.hash_one((
+        hashes.get(r.hash_class, r.hash_place),
+        &**strings.name(r.model),
+        r.kv_rank,
+        r.object_group_id,
+        &**strings.name(r.salt),
+    ))
 }
 
-impl Interner {
-    pub(crate) fn get(&self, s: &str) -> Option<u32> {
-        self.index.get(s).copied()
-    }
-
-    /// The id of `s`, one reference more.
-    pub(crate) fn acquire(&mut self, s: &str) -> u32 {
-        if let Some(&id) = self.index.get(s) {
-            self.refs[id as usize] += 1;
-            return id;
-        }
-        let name: Name = s.into();
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.names[id as usize] = name.clone();
-                self.refs[id as usize] = 1;
-                id
-            }
-            None => {
-                self.names.push(name.clone());
-                self.refs.push(1);
-                u32::try_from(self.names.len() - 1).unwrap_or(u32::MAX)
-            }
-        };
-        self.index.insert(name, id);
-        id
-    }
-
-    /// The id of `s`, kept for good (instance and backend names).
-    pub(crate) fn acquire_kept(&mut self, s: &str) -> u32 {
-        match self.index.get(s) {
-            Some(&id) => id,
-            None => self.acquire(s),
-        }
-    }
-
-    /// One reference less; the string goes at zero.
-    pub(crate) fn release(&mut self, id: u32) {
-        let refs = &mut self.refs[id as usize];
-        *refs -= 1;
-        if *refs == 0 {
-            let name = std::mem::replace(&mut self.names[id as usize], Name::from(""));
-            self.index.remove(&name);
-            self.free.push(id);
-        }
-    }
-
-    pub(crate) fn name(&self, id: u32) -> &Name {
-        &self.names[id as usize]
-    }
-
-    /// Every slot, freed ones as `""` (a checkpoint image keeps the ids).
-    pub(crate) fn slots(&self) -> &[Name] {
-        &self.names
-    }
-
-    /// Slots to resolve ids while a checkpoint image loads; no lookups by
-    /// name until [`Self::from_slots`] replaces it.
-    pub(crate) fn loading(names: Vec<Name>) -> Self {
-        Self {
-            names,
-            ..Self::default()
-        }
-    }
-
-    /// Takes the slots back (end of a load).
-    pub(crate) fn into_slots(self) -> Vec<Name> {
-        self.names
-    }
-
-    /// Rebuilds an interner from its slots and their reference counts; a
-    /// slot with none is free. `None` when a name is in two live slots.
-    pub(crate) fn from_slots(names: Vec<Name>, refs: Vec<u64>) -> Option<Self> {
-        let mut index = FastMap::default();
-        index.reserve(names.len());
-        let mut free = Vec::new();
-        for (i, (name, &r)) in names.iter().zip(&refs).enumerate() {
-            let id = u32::try_from(i).unwrap_or(u32::MAX);
-            if r == 0 {
-                free.push(id);
-            } else if index.insert(name.clone(), id).is_some() {
-                return None;
-            }
-        }
-        Some(Self {
-            names,
-            refs,
-            free,
-            index,
-        })
-    }
+/// A record's chunk-hash hash, as [`key_hash_in`].
+fn chunk_hash_in(recs: &[Rec], hashes: &Hashes, hasher: &Hasher, id: Id) -> u64 {
+    let r = &recs[id as usize];
+    hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
 }
 
-/// The rehash callback of a table reserved to its final size before any
-/// insert: never called (hashbrown rehashes only to grow).
-fn unreachable_hash() -> u64 {
-    0
+type Hasher = foldhash::fast::RandomState;
+
+/// Whether `id` holds the key of these parts (chunk hash, model, rank,
+/// group, salt): the one definition of key equality, for lookups and for a
+/// load's check of a key held twice.
+fn is_key_in(
+    recs: &[Rec],
+    hashes: &Hashes,
+    strings: &Interner,
+    id: Id,
+    (hash, model, rank, group, salt): (&[u8], &str, i64, i64, &str),
+) -> bool {
+    let r = &recs[id as usize];
+    r.kv_rank == rank
+        && r.object_group_id == group
+        && hashes.get(r.hash_class, r.hash_place) == hash
+        && **strings.name(r.model) == *model
+        && **strings.name(r.salt) == *salt
+}
+
+/// Whether records `a` and `b` hold one key.
+fn same_key_in(recs: &[Rec], hashes: &Hashes, strings: &Interner, a: Id, b: Id) -> bool {
+    let r = &recs[b as usize];
+    let parts = (
+        hashes.get(r.hash_class, r.hash_place),
+        &**strings.name(r.model),
+        r.kv_rank,
+        r.object_group_id,
+        &**strings.name(r.salt),
+    );
+    is_key_in(recs, hashes, strings, a, parts)
 }
 
 /// log2 of the buckets of a hashbrown table of `capacity` (7/8 of its
@@ -146,81 +87,6 @@ fn bucket_bits(capacity: usize) -> u32 {
     (capacity.saturating_mul(8) / 7)
         .next_power_of_two()
         .trailing_zeros()
-}
-
-// === Hash pools ===
-
-/// Chunk hashes of one length, back to back, with the free places.
-#[derive(Clone, Debug, Default)]
-struct Pool {
-    len: usize,
-    bytes: Vec<u8>,
-    free: Vec<u32>,
-}
-
-/// Every chunk hash, in one pool per length (in practice one or two: 16
-/// bytes from LMCache's hex keys, 32 from BLAKE3).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Hashes {
-    pools: Vec<Pool>,
-}
-
-impl Hashes {
-    /// Stores `h`; returns (pool, place).
-    pub(crate) fn insert(&mut self, h: &[u8]) -> (u32, u32) {
-        let class = match self.pools.iter().position(|p| p.len == h.len()) {
-            Some(c) => c,
-            None => {
-                self.pools.push(Pool {
-                    len: h.len(),
-                    ..Pool::default()
-                });
-                self.pools.len() - 1
-            }
-        };
-        let pool = &mut self.pools[class];
-        let place = match pool.free.pop() {
-            Some(place) => {
-                let at = place as usize * pool.len;
-                pool.bytes[at..at + pool.len].copy_from_slice(h);
-                place
-            }
-            None => {
-                let place = pool.bytes.len().checked_div(pool.len).unwrap_or(0);
-                pool.bytes.extend_from_slice(h);
-                u32::try_from(place).unwrap_or(u32::MAX)
-            }
-        };
-        (u32::try_from(class).unwrap_or(u32::MAX), place)
-    }
-
-    pub(crate) fn get(&self, class: u32, place: u32) -> &[u8] {
-        let pool = &self.pools[class as usize];
-        let at = place as usize * pool.len;
-        &pool.bytes[at..at + pool.len]
-    }
-
-    pub(crate) fn remove(&mut self, class: u32, place: u32) {
-        let pool = &mut self.pools[class as usize];
-        if pool.len > 0 {
-            pool.free.push(place);
-        }
-    }
-
-    /// Makes room for `additional` hashes of `len` bytes (a hint: an
-    /// overflowing product reserves nothing).
-    pub(crate) fn reserve(&mut self, len: usize, additional: usize) {
-        let bytes = additional.checked_mul(len).unwrap_or(0);
-        if let Some(p) = self.pools.iter_mut().find(|p| p.len == len) {
-            p.bytes.reserve(bytes);
-        } else {
-            self.pools.push(Pool {
-                len,
-                bytes: Vec::with_capacity(bytes),
-                free: Vec::new(),
-            });
-        }
-    }
 }
 
 // === Records ===
@@ -402,7 +268,7 @@ pub(crate) struct Table {
     by_key: HashTable<Id>,
     /// The first id of each chunk hash, by the hash bytes.
     by_hash: HashTable<Id>,
-    hasher: foldhash::fast::RandomState,
+    hasher: Hasher,
     live: usize,
 }
 
@@ -429,14 +295,14 @@ impl Table {
     }
 
     fn rec_key_hash(&self, id: Id) -> u64 {
-        let r = self.rec(id);
-        self.key_hash(
-            self.hashes.get(r.hash_class, r.hash_place),
-            self.strings.name(r.model),
-            r.kv_rank,
-            r.object_group_id,
-            self.strings.name(r.salt),
-        )
+        key_hash_in(&self.recs, &self.hashes, &self.strings, &self.hasher, id)
+    }
+
+    /// Whether `id` holds the key of these parts: the one definition of
+    /// key equality (lookups, and a load's check for a key held twice).
+    fn is_key(&self, id: Id, hash: &[u8], model: &str, rank: i64, group: i64, salt: &str) -> bool {
+        let parts = (hash, model, rank, group, salt);
+        is_key_in(&self.recs, &self.hashes, &self.strings, id, parts)
     }
 
     fn chunk_hash(&self, h: &[u8]) -> u64 {
@@ -465,14 +331,7 @@ impl Table {
     ) -> Option<Id> {
         let h = self.key_hash(hash, model, rank, group, salt);
         self.by_key
-            .find(h, |&id| {
-                let r = self.rec(id);
-                r.kv_rank == rank
-                    && r.object_group_id == group
-                    && self.hashes.get(r.hash_class, r.hash_place) == hash
-                    && **self.strings.name(r.model) == *model
-                    && **self.strings.name(r.salt) == *salt
-            })
+            .find(h, |&id| self.is_key(id, hash, model, rank, group, salt))
             .copied()
     }
 
@@ -510,21 +369,10 @@ impl Table {
             hasher,
             ..
         } = self;
-        let rehash = |id: &Id| {
-            let r = &recs[*id as usize];
-            hasher.hash_one((
-                hashes.get(r.hash_class, r.hash_place),
-                &**strings.name(r.model),
-                r.kv_rank,
-                r.object_group_id,
-                &**strings.name(r.salt),
-            ))
-        };
-        by_key.reserve(additional, rehash);
-        by_hash.reserve(additional, |id: &Id| {
-            let r = &recs[*id as usize];
-            hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
+        by_key.reserve(additional, |&id| {
+            key_hash_in(recs, hashes, strings, hasher, id)
         });
+        by_hash.reserve(additional, |&id| chunk_hash_in(recs, hashes, hasher, id));
     }
 
     /// Adds a key (absent) with its first placement; returns its id. The
@@ -604,16 +452,7 @@ impl Table {
             hasher,
             ..
         } = self;
-        by_key.insert_unique(h, id, |id: &Id| {
-            let r = &recs[*id as usize];
-            hasher.hash_one((
-                hashes.get(r.hash_class, r.hash_place),
-                &**strings.name(r.model),
-                r.kv_rank,
-                r.object_group_id,
-                &**strings.name(r.salt),
-            ))
-        });
+        by_key.insert_unique(h, id, |&id| key_hash_in(recs, hashes, strings, hasher, id));
         // File it by its chunk hash: first of the hash, or second in the
         // chain behind the first.
         let hh = hasher.hash_one(chunk);
@@ -630,10 +469,7 @@ impl Table {
                 recs[head as usize].same_hash_next = id;
             }
             None => {
-                by_hash.insert_unique(hh, id, |id: &Id| {
-                    let r = &recs[*id as usize];
-                    hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
-                });
+                by_hash.insert_unique(hh, id, |&id| chunk_hash_in(recs, hashes, hasher, id));
             }
         }
     }
@@ -647,75 +483,86 @@ impl Table {
     pub(crate) fn file_all(&mut self) -> bool {
         let n = self.recs.len();
         debug_assert!(self.by_key.is_empty() && self.by_hash.is_empty());
-        // Empty tables: reserving rehashes nothing, nor does inserting up to
-        // the capacity reserved.
-        self.by_key.reserve(n, |_| unreachable_hash());
-        self.by_hash.reserve(n, |_| unreachable_hash());
+        let ids = || (0..n).map(|i| u32::try_from(i).unwrap_or(NIL));
         // hashbrown finds a slot from the hash's low bits (bucket mask):
         // sorting by them first is sorting by bucket.
         let order = |capacity: usize, h: u64| h.rotate_right(bucket_bits(capacity));
-        let key_bits = self.by_key.capacity();
-        let mut keyed: Vec<(u64, Id)> = (0..n)
-            .map(|i| {
-                let id = u32::try_from(i).unwrap_or(NIL);
-                (order(key_bits, self.rec_key_hash(id)), id)
-            })
-            .collect();
-        keyed.sort_unstable();
-        for w in keyed.windows(2) {
-            if w[0].0 == w[1].0 && self.same_key(w[0].1, w[1].1) {
-                return false;
+        let chunked = {
+            let Self {
+                by_key,
+                by_hash,
+                recs,
+                hashes,
+                strings,
+                hasher,
+                ..
+            } = &mut *self;
+            let (recs, hashes, strings, hasher) = (&*recs, &*hashes, &*strings, &*hasher);
+            let key_of = |&id: &Id| key_hash_in(recs, hashes, strings, hasher, id);
+            let chunk_of = |&id: &Id| chunk_hash_in(recs, hashes, hasher, id);
+            // Reserved once to the final size, so the inserts below do not
+            // rehash; if they did, the callbacks give the true hashes.
+            by_key.reserve(n, key_of);
+            by_hash.reserve(n, chunk_of);
+            let key_bits = by_key.capacity();
+            let mut keyed: Vec<(u64, Id)> =
+                ids().map(|id| (order(key_bits, key_of(&id)), id)).collect();
+            keyed.sort_unstable();
+            let shift = bucket_bits(key_bits);
+            for &(o, id) in &keyed {
+                by_key.insert_unique(o.rotate_left(shift), id, key_of);
             }
-        }
-        let shift = bucket_bits(key_bits);
-        for &(o, id) in &keyed {
-            let h = o.rotate_left(shift);
-            self.by_key.insert_unique(h, id, |_| unreachable_hash());
-        }
-        drop(keyed);
-        let hash_bits = self.by_hash.capacity();
-        let mut chunked: Vec<(u64, Id)> = (0..n)
-            .map(|i| {
-                let id = u32::try_from(i).unwrap_or(NIL);
-                (order(hash_bits, self.chunk_hash(self.hash_of(id))), id)
-            })
-            .collect();
-        chunked.sort_unstable();
-        let shift = bucket_bits(hash_bits);
-        // Keys of one chunk hash are neighbours (their 64-bit hashes are
-        // equal): the first (lowest id) is filed, the others chained behind
-        // it and marked done. Another chunk hash that shares the 64-bit
-        // hash gets its own slot when its turn comes.
-        for i in 0..chunked.len() {
-            let (o, head) = chunked[i];
-            if head == NIL {
-                continue;
-            }
-            let mut tail = head;
-            for next in &mut chunked[i + 1..] {
-                let (other, id) = *next;
-                if other != o {
-                    break;
-                }
-                if id != NIL && self.hash_of(id) == self.hash_of(head) {
-                    self.recs[tail as usize].same_hash_next = id;
-                    tail = id;
-                    next.1 = NIL;
+            // A key held twice has one 64-bit hash: its copies are in one
+            // run of equal hashes. A run of more than one is a collision of
+            // a random-seeded hasher, so the pairwise check stays cheap.
+            for run in keyed.chunk_by(|a, b| a.0 == b.0) {
+                for (i, &(_, a)) in run.iter().enumerate() {
+                    if run[i + 1..]
+                        .iter()
+                        .any(|&(_, b)| same_key_in(recs, hashes, strings, a, b))
+                    {
+                        return false;
+                    }
                 }
             }
-            self.by_hash
-                .insert_unique(o.rotate_left(shift), head, |_| unreachable_hash());
+            drop(keyed);
+            // Sorted by (bucket order, chunk bytes, id), the keys of one
+            // chunk hash are one run however many they are (an emitter may
+            // report any number of groups, ranks and salts under one
+            // chunk), linked in one pass: the lowest id is filed, the rest
+            // chained behind it in id order.
+            let hash_bits = by_hash.capacity();
+            let mut chunked: Vec<(u64, Id)> = ids()
+                .map(|id| (order(hash_bits, chunk_of(&id)), id))
+                .collect();
+            let bytes = |id: Id| {
+                let r = &recs[id as usize];
+                hashes.get(r.hash_class, r.hash_place)
+            };
+            chunked.sort_unstable_by(|a, b| {
+                a.0.cmp(&b.0)
+                    .then_with(|| bytes(a.1).cmp(bytes(b.1)))
+                    .then(a.1.cmp(&b.1))
+            });
+            let shift = bucket_bits(hash_bits);
+            for run in chunked.chunk_by_mut(|a, b| a.0 == b.0 && bytes(a.1) == bytes(b.1)) {
+                let (o, head) = run[0];
+                by_hash.insert_unique(o.rotate_left(shift), head, chunk_of);
+                // Marks the run's first for the linking pass below (the
+                // records are borrowed here).
+                run[0].0 = 0;
+                for e in &mut run[1..] {
+                    e.0 = 1;
+                }
+            }
+            chunked
+        };
+        for w in chunked.windows(2) {
+            if w[1].0 == 1 {
+                self.rec_mut(w[0].1).same_hash_next = w[1].1;
+            }
         }
         true
-    }
-
-    fn same_key(&self, a: Id, b: Id) -> bool {
-        let (x, y) = (self.rec(a), self.rec(b));
-        x.kv_rank == y.kv_rank
-            && x.object_group_id == y.object_group_id
-            && x.model == y.model
-            && x.salt == y.salt
-            && self.hash_of(a) == self.hash_of(b)
     }
 
     /// Removes `id` (already unlinked from the order and LRU lists) from the

@@ -677,18 +677,6 @@ fn probe_lends_what_get_materializes() {
     assert_eq!(d.probe(&key(1, "t")).unwrap().tokens(), &[4, 5]);
     assert!(d.probe(&key(3, "")).is_none());
     let k = key(1, "t");
-    let by_parts = d
-        .probe_parts(&k.chunk_hash, &k.model_name, k.kv_rank, 0, "t")
-        .unwrap();
-    assert_eq!(by_parts.placements().count(), 2);
-    assert!(
-        d.probe_parts(&k.chunk_hash, &k.model_name, k.kv_rank, 1, "t")
-            .is_none()
-    );
-    assert!(
-        d.probe_parts(&k.chunk_hash, "other", k.kv_rank, 0, "t")
-            .is_none()
-    );
     // By owner: instance, then tier, then backend, whatever the report order.
     d.apply(&batch(
         "a",

@@ -76,22 +76,6 @@ impl KeyDirectory {
         let id = self.table.find(key)?;
         Some(KeyView { dir: self, id })
     }
-
-    /// [`Self::probe`] by a key's parts, borrowed from wherever the caller
-    /// decoded them (no `ObjectKey` built for a lookup).
-    pub fn probe_parts(
-        &self,
-        chunk_hash: &[u8],
-        model_name: &str,
-        kv_rank: i64,
-        object_group_id: i64,
-        cache_salt: &str,
-    ) -> Option<KeyView<'_>> {
-        let id =
-            self.table
-                .find_parts(chunk_hash, model_name, kv_rank, object_group_id, cache_salt)?;
-        Some(KeyView { dir: self, id })
-    }
 }
 
 impl<'a> KeyView<'a> {
