@@ -125,10 +125,22 @@ impl Persistence {
         let Some(path) = &self.settings.checkpoint_path else {
             return;
         };
-        let Some(raw) = read_optional(path, "checkpoint") else {
-            return;
+        // Decoded as it is read (a small buffer, not the file's image in
+        // memory beside the directory it builds: an allocator that keeps
+        // freed pages, mimalloc, would keep that image resident).
+        let file = match std::fs::File::open(path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                tracing::info!(path = %path.display(), file = "checkpoint", "no file; cold start");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(path = %path.display(), file = "checkpoint", %error, "file unreadable; cold start");
+                return;
+            }
         };
-        let restored = match checkpoint::decode_file(&raw) {
+        let read = checkpoint::read_file(std::io::BufReader::with_capacity(1 << 16, file));
+        let restored = match read {
             Ok(restored) => {
                 for s in &restored.skipped {
                     tracing::warn!(path = %path.display(), section = %s.name, reason = %s.reason, "checkpoint section corrupt; that part starts cold");
@@ -140,7 +152,6 @@ impl Persistence {
                 return;
             }
         };
-        drop(raw);
         let sections = restored.sections;
         let keys = self.views.write(|views| {
             if let Some(s) = &sections.stream_cursors {

@@ -16,6 +16,8 @@
 //! bindings u64 n, n × (u32 len, hash bytes, i64 token_offset, u32 m, m × u32 token)
 //! ```
 
+use std::io::Read;
+
 use super::table::{Id, Interner, KeyParts, Links, List, NIL, Name, Place};
 use super::{Binding, KeyDirectory, tier_index};
 use crate::{FastMap, FastSet, StorageLevel};
@@ -53,25 +55,77 @@ fn put_names(out: &mut Vec<u8>, names: &[Name]) {
     }
 }
 
-struct Reader<'a> {
-    buf: &'a [u8],
+/// The image read from a byte source (a checkpoint file's frame, so a
+/// restore never holds the whole image in memory) in chunks of its own, so
+/// a field costs what it did from a slice. `len`, the image's length,
+/// bounds every count and length read; the source is never read past it.
+struct Reader<R> {
+    src: R,
+    /// Image bytes not yet pulled from `src`.
+    src_left: usize,
+    /// Pulled bytes; `buf[pos..]` not yet decoded.
+    buf: Vec<u8>,
+    pos: usize,
+    /// Bytes decoded (for error messages).
     at: usize,
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], ImageError> {
-        let end = self
-            .at
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| bad(format!("truncated in {what} at byte {}", self.at)))?;
-        let s = &self.buf[self.at..end];
-        self.at = end;
+/// How much a reader pulls from its source at a time.
+const CHUNK: usize = 64 * 1024;
+
+impl<R: Read> Reader<R> {
+    fn new(src: R, len: usize) -> Self {
+        Self {
+            src,
+            src_left: len,
+            buf: Vec::new(),
+            pos: 0,
+            at: 0,
+        }
+    }
+
+    fn truncated(&self, what: &str) -> ImageError {
+        bad(format!("truncated in {what} at byte {}", self.at))
+    }
+
+    /// Makes `n` bytes ready in `buf[pos..]`, pulling a chunk (or `n`, if
+    /// larger) at a time; what is pulled grows with the bytes that arrive,
+    /// never with a length a corrupt image claims.
+    fn want(&mut self, n: usize, what: &str) -> Result<(), ImageError> {
+        if self.buf.len() - self.pos >= n {
+            return Ok(());
+        }
+        if n > self.left() {
+            return Err(self.truncated(what));
+        }
+        self.buf.drain(..self.pos);
+        self.pos = 0;
+        let target = n.max(CHUNK).min(self.buf.len() + self.src_left);
+        while self.buf.len() < n {
+            let more = target - self.buf.len();
+            let got = (&mut self.src)
+                .take(more as u64)
+                .read_to_end(&mut self.buf)
+                .map_err(|_| self.truncated(what))?;
+            if got == 0 {
+                return Err(self.truncated(what));
+            }
+            self.src_left -= got;
+        }
+        Ok(())
+    }
+
+    /// The next `n` bytes, lent until the next read.
+    fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ImageError> {
+        self.want(n, what)?;
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        self.at += n;
         Ok(s)
     }
 
     fn left(&self) -> usize {
-        self.buf.len() - self.at
+        self.buf.len() - self.pos + self.src_left
     }
 
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ImageError> {
@@ -104,12 +158,12 @@ impl<'a> Reader<'a> {
         Ok(f64::from_le_bytes(self.array(what)?))
     }
 
-    fn bytes(&mut self, what: &str) -> Result<&'a [u8], ImageError> {
+    fn bytes(&mut self, what: &str) -> Result<&[u8], ImageError> {
         let n = self.len(what)?;
         self.take(n, what)
     }
 
-    fn str(&mut self, what: &str) -> Result<&'a str, ImageError> {
+    fn str(&mut self, what: &str) -> Result<&str, ImageError> {
         std::str::from_utf8(self.bytes(what)?).map_err(|_| bad(format!("{what} is not UTF-8")))
     }
 
@@ -196,7 +250,13 @@ impl KeyDirectory {
     /// position is checked: a corrupt image is an error, never a panic or
     /// a half-consistent directory.
     pub fn decode_image(raw: &[u8]) -> Result<Self, ImageError> {
-        let mut r = Reader { buf: raw, at: 0 };
+        Self::read_image(raw, raw.len())
+    }
+
+    /// [`Self::decode_image`] from a reader of an image of `len` bytes
+    /// (a checkpoint file's frame): the image is read as it is decoded.
+    pub fn read_image<R: Read>(src: R, len: usize) -> Result<Self, ImageError> {
+        let mut r = Reader::new(src, len);
         let strings = r.names("strings")?;
         let names = r.names("names")?;
         let (n_strings, n_names) = (strings.len(), names.len());
@@ -213,7 +273,7 @@ impl KeyDirectory {
             )));
         }
         dir.table.reserve(n);
-        let place = |r: &mut Reader<'_>| -> Result<Place, ImageError> {
+        let place = |r: &mut Reader<R>| -> Result<Place, ImageError> {
             let size_bytes = r.u64("placement")?;
             let incarnation = r.u64("placement")?;
             let instance = r.u32("placement")?;
@@ -236,8 +296,10 @@ impl KeyDirectory {
                 shared,
             })
         };
+        let mut hash = Vec::new();
         for i in 0..n {
-            let hash = r.bytes("key hash")?;
+            hash.clear();
+            hash.extend_from_slice(r.bytes("key hash")?);
             if i == 0 {
                 // Both factors come from the file: the hash bytes still to
                 // read cannot exceed what is left of it.
@@ -256,7 +318,7 @@ impl KeyDirectory {
             }
             let first = place(&mut r)?;
             let parts = KeyParts {
-                hash,
+                hash: &hash,
                 model,
                 salt,
                 kv_rank,
@@ -305,7 +367,7 @@ impl KeyDirectory {
                 l1.entry(name.to_owned()).or_default().insert(id);
             }
         }
-        let position = |r: &mut Reader<'_>, what: &str| -> Result<Id, ImageError> {
+        let position = |r: &mut Reader<R>, what: &str| -> Result<Id, ImageError> {
             let p = r.u32(what)?;
             if p as usize >= n {
                 return Err(bad(format!("{what}: position {p} out of range")));
@@ -343,7 +405,8 @@ impl KeyDirectory {
             )));
         }
         for _ in 0..r.len("l1")? {
-            let instance = r.str("l1")?;
+            let instance = r.str("l1")?.to_owned();
+            let instance = instance.as_str();
             if dir.l1_by_instance.contains_key(instance) {
                 return Err(bad(format!("l1: instance {instance:?} listed twice")));
             }
@@ -399,350 +462,4 @@ impl KeyDirectory {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::directory::KeyFilter;
-    use crate::events::EventType;
-    use crate::testutil::{batch, key};
-
-    fn sample() -> KeyDirectory {
-        let mut d = KeyDirectory::new();
-        let mut store = batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 10), (key(2, ""), 5), (key(3, "t"), 7)],
-        );
-        store.entries[0].token_ids = vec![7, 8, 9];
-        store.entries[0].token_offset = 0;
-        d.apply(&store);
-        let mut g1 = key(1, "t");
-        g1.object_group_id = 1;
-        d.apply(&batch(
-            "b",
-            EventType::Store,
-            StorageLevel::L1,
-            "dram",
-            false,
-            &[(key(2, ""), 3), (g1, 4)],
-        ));
-        d.apply(&batch(
-            "a",
-            EventType::Access,
-            StorageLevel::L2,
-            "",
-            false,
-            &[(key(1, "t"), 0)],
-        ));
-        // A freed string slot and a freed record.
-        d.apply(&batch(
-            "c",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(9, "gone"), 1)],
-        ));
-        d.apply(&batch(
-            "c",
-            EventType::Delete,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(9, "gone"), 0)],
-        ));
-        d
-    }
-
-    fn image(d: &KeyDirectory) -> Vec<u8> {
-        let mut out = Vec::new();
-        d.encode_image(&mut out);
-        out
-    }
-
-    #[test]
-    fn image_round_trips_every_answer() {
-        let d = sample();
-        let back = KeyDirectory::decode_image(&image(&d)).unwrap();
-        assert_eq!(back.stats(), d.stats());
-        assert_eq!(
-            back.iter().collect::<Vec<_>>(),
-            d.iter().collect::<Vec<_>>()
-        );
-        assert_eq!(back.lru_salts(), d.lru_salts());
-        for (salt, _) in d.lru_salts() {
-            assert_eq!(
-                back.lru_oldest(&salt).collect::<Vec<_>>(),
-                d.lru_oldest(&salt).collect::<Vec<_>>()
-            );
-        }
-        assert_eq!(back.tokens_for_hash(&key(1, "").chunk_hash), &[7, 8, 9]);
-        assert_eq!(back.expand_groups(&key(1, "t")).len(), 2);
-        assert_eq!(
-            back.list(&KeyFilter::default(), 0, 10),
-            d.list(&KeyFilter::default(), 0, 10)
-        );
-        // A loaded directory saves and keeps working.
-        let again = KeyDirectory::decode_image(&image(&back)).unwrap();
-        assert_eq!(
-            again.iter().collect::<Vec<_>>(),
-            d.iter().collect::<Vec<_>>()
-        );
-        let mut back = back;
-        back.fence("b");
-        assert_eq!(back.stats().l1.count, 0);
-        assert_eq!(back.len(), 3);
-        back.apply(&batch(
-            "c",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(9, "gone"), 1)],
-        ));
-        assert_eq!(back.lru_bucket_len("gone"), 1);
-    }
-
-    /// Thousands of keys, a few chunk hashes with several groups and
-    /// ranks: every key is found after a load, each chunk hash's keys
-    /// chained together, and deleting every key leaves the tables empty
-    /// (the load files the id tables in bucket order, not key by key).
-    #[test]
-    fn a_large_image_loads_every_key_and_every_sibling() {
-        let mut d = KeyDirectory::new();
-        let mut keys = Vec::new();
-        for i in 0..3000u32 {
-            let mut k = key(0, if i % 3 == 0 { "t" } else { "" });
-            k.chunk_hash = i.to_le_bytes().repeat(4);
-            keys.push(k.clone());
-            if i % 7 == 0 {
-                for g in 1..4 {
-                    let mut s = k.clone();
-                    s.object_group_id = g;
-                    keys.push(s);
-                }
-                let mut r = k.clone();
-                r.kv_rank += 1;
-                keys.push(r);
-            }
-        }
-        let entries: Vec<_> = keys.iter().map(|k| (k.clone(), 1)).collect();
-        d.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &entries,
-        ));
-        let mut back = KeyDirectory::decode_image(&image(&d)).unwrap();
-        assert_eq!(back.len(), keys.len());
-        for k in &keys {
-            assert!(back.contains(k), "{k:?}");
-            assert_eq!(back.expand_groups(k), d.expand_groups(k), "{k:?}");
-            assert_eq!(
-                back.table.same_hash(&k.chunk_hash).count(),
-                d.table.same_hash(&k.chunk_hash).count()
-            );
-        }
-        back.apply(&batch(
-            "a",
-            EventType::Delete,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &entries,
-        ));
-        assert!(back.is_empty());
-        for k in &keys {
-            assert!(back.table.first_of_hash(&k.chunk_hash).is_none());
-        }
-    }
-
-    /// 20,000 keys (groups and salts) under one chunk hash: one run of the
-    /// load's sort, linked in one pass; every key is found and the chain
-    /// holds them all, lowest id first.
-    #[test]
-    fn an_image_with_many_keys_under_one_chunk_hash_loads() {
-        let mut d = KeyDirectory::new();
-        let keys: Vec<_> = (0..20_000i64)
-            .map(|g| {
-                let mut k = key(5, if g % 2 == 0 { "t" } else { "" });
-                k.object_group_id = g;
-                (k, 1)
-            })
-            .collect();
-        d.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &keys,
-        ));
-        let back = KeyDirectory::decode_image(&image(&d)).unwrap();
-        assert_eq!(back.len(), keys.len());
-        for (k, _) in &keys {
-            assert!(back.contains(k), "{k:?}");
-        }
-        let chain: Vec<_> = back.table.same_hash(&keys[0].0.chunk_hash).collect();
-        assert_eq!(chain.len(), keys.len());
-        assert!(chain.windows(2).all(|w| w[0] < w[1]));
-    }
-
-    /// An image that holds one key twice is refused (the load finds the
-    /// two in one run of equal hashes).
-    #[test]
-    fn an_image_with_a_key_twice_is_refused() {
-        let mut d = KeyDirectory::new();
-        let mut twin = key(1, "t");
-        twin.object_group_id = 0x1122_3344_5566_7788;
-        d.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 1), (twin, 2)],
-        ));
-        let mut raw = image(&d);
-        assert!(KeyDirectory::decode_image(&raw).is_ok());
-        let marker = 0x1122_3344_5566_7788i64.to_le_bytes();
-        let at = raw.windows(8).position(|w| w == marker).unwrap();
-        raw[at..at + 8].copy_from_slice(&0i64.to_le_bytes());
-        let err = KeyDirectory::decode_image(&raw).unwrap_err().to_string();
-        assert!(err.contains("repeats an earlier key"), "{err}");
-    }
-
-    #[test]
-    fn corrupt_images_are_errors_not_panics() {
-        let raw = image(&sample());
-        // Every truncation and every single-byte change either loads a
-        // directory or is an error; none panics.
-        for cut in 0..raw.len() {
-            assert!(
-                KeyDirectory::decode_image(&raw[..cut]).is_err(),
-                "cut {cut}"
-            );
-        }
-        for at in 0..raw.len() {
-            let mut bad = raw.clone();
-            bad[at] ^= 0xA5;
-            let _ = KeyDirectory::decode_image(&bad);
-        }
-        let mut long = raw.clone();
-        long.push(0);
-        assert!(
-            KeyDirectory::decode_image(&long)
-                .unwrap_err()
-                .to_string()
-                .contains("after the bindings")
-        );
-    }
-
-    /// The offset of the first key's hash length in `d`'s image.
-    fn first_hash_len_at(d: &KeyDirectory) -> usize {
-        let names = |ns: &[Name]| 4 + ns.iter().map(|n| 4 + n.len()).sum::<usize>();
-        names(d.table.strings.slots()) + names(d.table.names.slots()) + 8
-    }
-
-    #[test]
-    fn a_flipped_hash_length_is_an_error_not_an_abort() {
-        // Many keys and a first hash length that still fits in the file:
-        // reserving count × length asked for terabytes and aborted.
-        let entries: Vec<_> = (0..200_000u32)
-            .map(|i| {
-                let mut k = key(0, "t");
-                k.chunk_hash = i.to_le_bytes().to_vec();
-                (k, 1)
-            })
-            .collect();
-        let mut d = KeyDirectory::new();
-        d.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &entries,
-        ));
-        let mut raw = image(&d);
-        let at = first_hash_len_at(&d);
-        assert_eq!(raw[at..at + 4], 4u32.to_le_bytes());
-        let flipped = u32::try_from(raw.len() / 2).unwrap();
-        raw[at..at + 4].copy_from_slice(&flipped.to_le_bytes());
-        assert!(KeyDirectory::decode_image(&raw).is_err());
-    }
-
-    #[test]
-    fn lists_that_disagree_with_the_records_are_refused() {
-        // Two L2 keys of salt "t" from "a": the image ends with the LRU
-        // (one list of both), the L1 index ("a", empty) and no bindings.
-        let mut d = KeyDirectory::new();
-        d.apply(&batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 10), (key(2, "t"), 10)],
-        ));
-        let raw = image(&d);
-        let salt = d.table.strings.get("t").unwrap();
-        let lru_at = raw.len() - (24 + 17 + 8);
-        let mut lru = Vec::new();
-        put_u32(&mut lru, 1);
-        put_u32(&mut lru, salt as usize);
-        put_u64(&mut lru, 2);
-        put_u32(&mut lru, 0);
-        put_u32(&mut lru, 1);
-        assert_eq!(raw[lru_at..lru_at + 24], lru[..]);
-        let tail = raw[lru_at + 24..].to_vec();
-        let with_lru = |lru: &[u8]| [&raw[..lru_at], lru, &tail].concat();
-        // The salt's list twice, one key each: the second overwrote the
-        // first and left key 0 filed in no list.
-        let mut twice = Vec::new();
-        put_u32(&mut twice, 2);
-        for id in [0, 1] {
-            put_u32(&mut twice, salt as usize);
-            put_u64(&mut twice, 1);
-            put_u32(&mut twice, id);
-        }
-        let e = KeyDirectory::decode_image(&with_lru(&twice)).unwrap_err();
-        assert!(e.to_string().contains("listed twice"), "{e}");
-        // A key with an L2 placement filed nowhere.
-        let mut short = Vec::new();
-        put_u32(&mut short, 1);
-        put_u32(&mut short, salt as usize);
-        put_u64(&mut short, 1);
-        put_u32(&mut short, 0);
-        assert!(KeyDirectory::decode_image(&with_lru(&short)).is_err());
-        // The L1 index claims a key "a" holds no L1 placement of.
-        let mut l1 = raw.clone();
-        let n = l1.len();
-        l1.truncate(n - 16);
-        put_u64(&mut l1, 1);
-        put_u32(&mut l1, 0);
-        put_u64(&mut l1, 0);
-        let e = KeyDirectory::decode_image(&l1).unwrap_err();
-        assert!(e.to_string().contains("l1:"), "{e}");
-        // The honest image loads and survives a fence, the deletes and a
-        // re-encode.
-        let mut back = KeyDirectory::decode_image(&raw).unwrap();
-        back.fence("a");
-        back.apply(&batch(
-            "a",
-            EventType::Delete,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &[(key(1, "t"), 0), (key(2, "t"), 0)],
-        ));
-        assert!(back.is_empty());
-        assert_eq!(back.lru_bucket_len("t"), 0);
-        let again = KeyDirectory::decode_image(&image(&back)).unwrap();
-        assert!(again.is_empty());
-    }
-}
+mod tests;
