@@ -36,6 +36,8 @@ use crate::types::{
     Tier,
 };
 
+#[cfg(test)]
+mod capacity_tests;
 mod evict;
 
 /// Capacity is clamped here so record ids (32 bits; dead records are at
@@ -244,6 +246,8 @@ pub struct Index {
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
+    /// Chains (or chunks of one) not stored for want of record space.
+    out_of_space: AtomicU64,
     /// Scope ids handed out (the registry's scope list's length; ids are
     /// never reused), readable without the registry's lock.
     pub(crate) scopes_known: AtomicU32,
@@ -279,6 +283,7 @@ impl Index {
             }),
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
+            out_of_space: AtomicU64::new(0),
             scopes_known: AtomicU32::new(0),
         }
     }
@@ -319,6 +324,20 @@ impl Index {
     /// Entries evicted to stay within capacity, since start.
     pub fn capacity_evictions(&self) -> u64 {
         self.capacity_evictions.load(Ordering::Relaxed)
+    }
+
+    /// Chains (or chunks of a long one) left unstored because the record
+    /// space was exhausted ([`ContentError::OutOfSpace`]), since start.
+    pub fn chains_out_of_space(&self) -> u64 {
+        self.out_of_space.load(Ordering::Relaxed)
+    }
+
+    /// Keys that found no room in their key-table buckets now: they sit in
+    /// per-table overflow slots a search reads too (a few per table at
+    /// most; many means the tables are sized too small or keys share tags).
+    /// Walks every table: for scrapes.
+    pub fn key_table_overflow_keys(&self) -> u64 {
+        self.store.overflowed_keys() as u64
     }
 
     /// The block size learned for a scope from its events.
@@ -674,6 +693,7 @@ impl Index {
             .store_chain(&blocks, |i| Holder::new(idx, tier, epochs[i]), &mut results)
             .is_err()
         {
+            self.out_of_space.fetch_add(1, Ordering::Relaxed);
             errors.push(ContentError::OutOfSpace);
         } else {
             for (((block, fp), result), &epoch) in

@@ -23,9 +23,11 @@
 //!
 //! Because the tables are read without a lock they are never reallocated:
 //! each is allocated once, on its first key, at the size its share of the
-//! index's capacity needs (about 92 % full at capacity), so a key costs
-//! about 7 bytes of table at capacity, as before; the tables do not
-//! shrink when the index empties.
+//! index's capacity needs. The index runs up to a sixteenth over capacity
+//! before it evicts, so a table is sized for 17/16 of its share plus slack
+//! (about 90 % full at capacity, 95 % at the overshoot's peak): some
+//! 7.3 bytes of table per entry of capacity, reserved whether or not the
+//! index is full; the tables do not shrink when the index empties.
 //!
 //! A bucket keeps its ten tags together (words 0–2, the occupancy mask in
 //! word 2's upper half), then the ten record ids (words 3–7), so that
@@ -38,9 +40,11 @@
 //! keys each, see [`crate::store`] and `KEYS_PER_TABLE`), where a probe
 //! meets a foreign key with its tag only a few percent of the time (one
 //! extra record read). Keys that cannot be placed in their buckets (only
-//! when very many share a tag, or a table's share ran far over) wait in a
-//! small overflow list behind a mutex, which searches read only while it
-//! is not empty.
+//! when very many share a tag, or a table's share ran far over) wait in
+//! [`OVERFLOW_SLOTS`] overflow slots read without a lock (a search looks
+//! at them only while the table's overflow count is not zero); past those,
+//! in a spill list behind a mutex, which only a table with that many
+//! overflowed keys makes a search take.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
@@ -60,6 +64,10 @@ const MIN_BUCKETS: usize = 2;
 const MAX_KICKS: usize = 32;
 /// Where word 2 keeps the occupancy mask.
 const USED_SHIFT: u32 = 32;
+/// Overflowed keys a table keeps where searches read them without a lock.
+const OVERFLOW_SLOTS: usize = 8;
+/// Marks an occupied overflow slot (whose word is `OCCUPIED | tag << 32 | rec`).
+const OCCUPIED: u64 = 1 << 63;
 
 /// The writer's token: only the holder of the store's placement mutex has
 /// it, so a `&mut Sole` proves there is no other writer.
@@ -218,9 +226,13 @@ pub(crate) struct KeyTable {
     /// Odd while a key moves (a miss read meanwhile is not trusted).
     seq: AtomicU64,
     len: AtomicUsize,
-    /// Keys no bucket had room for; `overflow_len` mirrors its length so
+    /// Keys no bucket had room for, read without a lock; 0 is a free slot.
+    overflow: [AtomicU64; OVERFLOW_SLOTS],
+    /// Overflowed keys past those slots; `spill_len` mirrors its length so
     /// that searches lock it only when it holds something.
-    overflow: Mutex<Vec<KeySlot>>,
+    spill: Mutex<Vec<KeySlot>>,
+    spill_len: AtomicUsize,
+    /// Overflowed keys, slots and spill list (zero: a search reads neither).
     overflow_len: AtomicUsize,
     /// Moves made (for the tests that race readers against them).
     #[cfg(test)]
@@ -243,15 +255,17 @@ fn other(tag: u16) -> u16 {
     t
 }
 
-/// Buckets for a table whose share of a full index is `keys`: a twentieth
-/// more slots plus one and a half standard deviations of a hash's share,
-/// so that a table runs about 92 % full at capacity (two choices of ten
-/// slots place keys past 95 %; the overflow list takes what they cannot).
-/// Sized by entries, not keys: blocks shared by several replicas leave
-/// their tables emptier (the price of never reallocating).
+/// Buckets for a table whose share of a full index is `keys`: the index
+/// holds up to 17/16 of its capacity before it evicts, so 17/16 of the
+/// share, a fortieth more, plus one and a half standard deviations of a
+/// hash's share: a table then runs at most about 95 % full (two choices of
+/// ten slots place keys past 97 %; the overflow slots take what they
+/// cannot). Sized by entries, not keys: blocks shared by several replicas
+/// leave their tables emptier (the price of never reallocating).
 fn buckets_for(keys: usize) -> usize {
-    let spread = 3 * keys.isqrt() / 2 + BUCKET_SLOTS;
-    let slots = keys + keys / 20 + spread;
+    let peak = keys + keys / 16;
+    let spread = 3 * peak.isqrt() / 2 + BUCKET_SLOTS;
+    let slots = peak + peak / 40 + spread;
     slots.div_ceil(BUCKET_SLOTS).clamp(MIN_BUCKETS, 1 << 16)
 }
 
@@ -260,11 +274,28 @@ fn scaled(u: u16, n: usize) -> usize {
     (usize::from(u) * n) >> 16
 }
 
-/// Where a key sits: bucket and slot, or overflow list index.
+/// Where a key sits: bucket and slot, overflow slot, or spill list index.
 #[derive(Clone, Copy, Debug)]
 enum At {
     Slot(usize, usize),
     Overflow(usize),
+    Spill(usize),
+}
+
+/// An overflow slot's word for `slot`.
+fn packed(slot: KeySlot) -> u64 {
+    OCCUPIED | u64::from(slot.tag) << 32 | u64::from(slot.rec)
+}
+
+/// The key an overflow slot's word holds, if any.
+fn unpacked(w: u64) -> Option<KeySlot> {
+    // The fields packed by `packed`.
+    #[allow(clippy::cast_possible_truncation)]
+    let slot = KeySlot {
+        tag: (w >> 32) as u16,
+        rec: w as RecId,
+    };
+    (w & OCCUPIED != 0).then_some(slot)
 }
 
 impl KeyTable {
@@ -292,7 +323,43 @@ impl KeyTable {
         self.buckets
             .get()
             .map_or(0, |b| b.len() * size_of::<Bucket>())
-            + self.overflow.lock().capacity() * size_of::<KeySlot>()
+            + self.spill.lock().capacity() * size_of::<KeySlot>()
+    }
+
+    /// Slots [`KeyTable::remove_all`] walks: every slot of a table holding
+    /// keys, none of an empty one.
+    pub(crate) fn swept_slots(&self) -> usize {
+        if self.len() == 0 {
+            return 0;
+        }
+        self.buckets.get().map_or(0, |b| b.len() * BUCKET_SLOTS)
+    }
+
+    /// Keys in overflow slots or the spill list (not in their buckets).
+    pub(crate) fn overflowed(&self) -> usize {
+        self.overflow_len.load(Ordering::Relaxed)
+    }
+
+    /// The overflowed key of tag `t` that `wanted` accepts: the slots
+    /// without a lock, the spill list (rarely non-empty) with its mutex.
+    #[cold]
+    fn probe_overflow(&self, t: u16, wanted: &mut impl FnMut(RecId) -> bool) -> Option<RecId> {
+        for w in &self.overflow {
+            if let Some(s) = unpacked(w.load(Ordering::Acquire))
+                && s.tag == t
+                && wanted(s.rec)
+            {
+                return Some(s.rec);
+            }
+        }
+        if self.spill_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.spill
+            .lock()
+            .iter()
+            .find(|s| s.tag == t && wanted(s.rec))
+            .map(|s| s.rec)
     }
 
     /// Starts loading both buckets of hash `h`, so that their cache lines
@@ -324,11 +391,7 @@ impl KeyTable {
         if self.overflow_len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        self.overflow
-            .lock()
-            .iter()
-            .find(|s| s.tag == t && wanted(s.rec))
-            .map(|s| s.rec)
+        self.probe_overflow(t, wanted)
     }
 
     /// [`KeyTable::probe`], with a miss retried until no key moved while it
@@ -419,10 +482,19 @@ impl KeyTable {
                 return;
             }
         }
-        let mut overflow = self.overflow.lock();
-        overflow.push(slot);
-        self.overflow_len.store(overflow.len(), Ordering::Release);
-        drop(overflow);
+        if let Some(free) = self
+            .overflow
+            .iter()
+            .find(|w| w.load(Ordering::Relaxed) & OCCUPIED == 0)
+        {
+            free.store(packed(slot), Ordering::Release);
+        } else {
+            let mut spill = self.spill.lock();
+            spill.push(slot);
+            self.spill_len.store(spill.len(), Ordering::Release);
+        }
+        self.overflow_len
+            .store(self.overflowed() + 1, Ordering::Release);
         self.moved(sole);
     }
 
@@ -435,14 +507,22 @@ impl KeyTable {
                 return Some(At::Slot(bucket, i));
             }
         }
-        if self.overflow_len.load(Ordering::Relaxed) == 0 {
+        if self.overflowed() == 0 {
             return None;
         }
-        self.overflow
+        let wanted = KeySlot { tag: t, rec };
+        if let Some(i) = self
+            .overflow
+            .iter()
+            .position(|w| w.load(Ordering::Relaxed) == packed(wanted))
+        {
+            return Some(At::Overflow(i));
+        }
+        self.spill
             .lock()
             .iter()
             .position(|s| s.tag == t && s.rec == rec)
-            .map(At::Overflow)
+            .map(At::Spill)
     }
 
     /// Points the entry of `old` (hash `h`) at `new`; false if absent.
@@ -462,7 +542,8 @@ impl KeyTable {
                     buckets[b].put(sole, s, slot);
                 }
             }
-            At::Overflow(i) => self.overflow.lock()[i] = slot,
+            At::Overflow(i) => self.overflow[i].store(packed(slot), Ordering::Release),
+            At::Spill(i) => self.spill.lock()[i] = slot,
         }
         self.moved(sole);
         true
@@ -477,9 +558,18 @@ impl KeyTable {
                 }
             }
             Some(At::Overflow(i)) => {
-                let mut overflow = self.overflow.lock();
-                overflow.swap_remove(i);
-                self.overflow_len.store(overflow.len(), Ordering::Release);
+                // Clearing a slot moves no other key: no sequence bump.
+                self.overflow[i].store(0, Ordering::Release);
+                self.overflow_len
+                    .store(self.overflowed() - 1, Ordering::Release);
+            }
+            Some(At::Spill(i)) => {
+                let mut spill = self.spill.lock();
+                spill.swap_remove(i);
+                self.spill_len.store(spill.len(), Ordering::Release);
+                drop(spill);
+                self.overflow_len
+                    .store(self.overflowed() - 1, Ordering::Release);
             }
             None => return false,
         }
@@ -490,6 +580,11 @@ impl KeyTable {
     /// Removes every entry whose record `dead` names, in one pass over the
     /// table (cheaper than a probe each when they are many).
     pub(crate) fn remove_all(&self, sole: &mut Sole, dead: impl Fn(RecId) -> bool) {
+        // A table is allocated at its full share whether it holds a key or
+        // none: an empty one is not walked.
+        if self.len() == 0 {
+            return;
+        }
         let mut removed = 0;
         for bucket in self.buckets.get().map_or(&[][..], |b| &b[..]) {
             let used = bucket.used();
@@ -509,12 +604,24 @@ impl KeyTable {
                 removed += gone.count_ones() as usize;
             }
         }
-        if self.overflow_len.load(Ordering::Relaxed) > 0 {
-            let mut overflow = self.overflow.lock();
-            let before = overflow.len();
-            overflow.retain(|s| !dead(s.rec));
-            removed += before - overflow.len();
-            self.overflow_len.store(overflow.len(), Ordering::Release);
+        if self.overflowed() > 0 {
+            let mut gone = 0;
+            for w in &self.overflow {
+                if unpacked(w.load(Ordering::Relaxed)).is_some_and(|s| dead(s.rec)) {
+                    w.store(0, Ordering::Release);
+                    gone += 1;
+                }
+            }
+            if self.spill_len.load(Ordering::Relaxed) > 0 {
+                let mut spill = self.spill.lock();
+                let before = spill.len();
+                spill.retain(|s| !dead(s.rec));
+                gone += before - spill.len();
+                self.spill_len.store(spill.len(), Ordering::Release);
+            }
+            removed += gone;
+            self.overflow_len
+                .store(self.overflowed() - gone, Ordering::Release);
         }
         self.len.store(self.len() - removed, Ordering::Relaxed);
     }
@@ -636,6 +743,49 @@ mod tests {
     }
 
     #[test]
+    fn tables_at_the_overshoot_peak_keep_their_keys_in_buckets() {
+        // The index holds up to 17/16 of its capacity before it evicts:
+        // 256 tables of each share size, each filled to 17/16 of its share
+        // and two standard deviations more,
+        // keep nearly every key in its buckets (fails with tables sized for
+        // the share alone: a few percent of keys then overflow), and every
+        // key, overflowed or not, is found.
+        let mut sole = Sole::default();
+        let h = |k: u32| crate::store::hash(u64::from(k));
+        for share in [300u32, 1221, 2048] {
+            // A table's keys spread around its share: two standard
+            // deviations over it, as one table in fifty holds.
+            let peak = share + share / 16;
+            let fill = peak + 2 * peak.isqrt();
+            let (mut overflowed, mut spilled) = (0, 0);
+            for t in 0..256u32 {
+                let table = KeyTable::sized(share as usize);
+                let keys = t * 10_000..t * 10_000 + fill;
+                for k in keys.clone() {
+                    table.insert(&mut sole, h(k), k);
+                }
+                overflowed += table.overflowed();
+                spilled += table.spill_len.load(Ordering::Relaxed);
+                for k in keys {
+                    assert_eq!(table.find(h(k), |r| r == k), Some(k), "share {share}");
+                }
+            }
+            eprintln!(
+                "share {share}: {overflowed} of {} keys overflowed",
+                256 * fill
+            );
+            assert!(
+                overflowed <= 2,
+                "share {share}: {overflowed} keys overflowed"
+            );
+            assert_eq!(
+                spilled, 0,
+                "share {share}: spilled past the lock-free slots"
+            );
+        }
+    }
+
+    #[test]
     fn a_table_is_allocated_on_its_first_key_only() {
         let mut sole = Sole::default();
         let t = KeyTable::sized(1000);
@@ -653,9 +803,10 @@ mod tests {
         // resident key must find it. Fails if kicks or relocations are not
         // marked (a miss read during a move is then answered).
         const RESIDENTS: u32 = 80;
-        let t = std::sync::Arc::new(KeyTable::sized(64));
+        let t = std::sync::Arc::new(KeyTable::sized(60));
         let mut sole = Sole::default();
-        // 80 residents in 90 slots: an insert often finds both its
+        // 80 residents in 90 slots (sized for 60: 17/16 of it and slack
+        // make nine buckets): an insert often finds both its
         // buckets full and kicks.
         let h = |k: u32| crate::store::hash(u64::from(k));
         for k in 0..RESIDENTS {

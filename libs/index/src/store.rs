@@ -628,7 +628,17 @@ impl Store {
         (records + lists, keys)
     }
 
+    /// Keys that found no room in their buckets (in overflow slots or a
+    /// spill list: searches of their tables read those too).
+    pub(crate) fn overflowed_keys(&self) -> usize {
+        self.keys
+            .iter()
+            .map(|s| s.iter().map(KeyTable::overflowed).sum::<usize>())
+            .sum()
+    }
+
     /// Keys published.
+    #[cfg(test)]
     pub(crate) fn key_count(&self) -> usize {
         self.keys
             .iter()

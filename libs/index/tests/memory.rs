@@ -136,11 +136,13 @@ fn bytes_per_entry_when_full(holders: u64) -> f64 {
 #[test]
 fn every_degree_of_sharing_stays_within_24_bytes_per_entry() {
     // Two holders used to be the costliest case (a 24-byte list header per
-    // block shared by only two entries).
+    // block shared by only two entries). Half a byte over 24 is the key
+    // tables' room for the index's 1/16 overshoot of capacity (about
+    // 0.3 B per entry of capacity, issue 39 finding A).
     for holders in [1, 2, 3, 4, 5, 6, 7, 8, 12, 32] {
         let bytes = bytes_per_entry_when_full(holders);
         eprintln!("{holders} holders: {bytes:.1} B per entry");
-        assert!(bytes <= 24.0, "{holders} holders: {bytes:.1} B per entry");
+        assert!(bytes <= 24.5, "{holders} holders: {bytes:.1} B per entry");
     }
 }
 

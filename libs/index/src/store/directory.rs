@@ -48,6 +48,12 @@ impl Directory {
         }
     }
 
+    /// Most pages this directory can make.
+    #[cfg(test)]
+    pub(crate) fn max_pages(&self) -> usize {
+        (self.max_chunks * CHUNK_PAGES).min(MAX_PAGES - 1)
+    }
+
     /// Pages made so far.
     pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)

@@ -5,10 +5,12 @@
 
 use super::{Store, page_of};
 use crate::arena::RecId;
-use crate::keys::Sole;
+use crate::keys::{KeyTable, Sole};
 
-/// Withdrawing 1/`SWEEP_FRACTION` of all keys or more sweeps the tables
-/// instead of probing for each.
+/// Withdrawing 1/`SWEEP_FRACTION` of the slots a sweep would walk or more
+/// sweeps the tables instead of probing for each. Slots, not keys: tables
+/// are allocated at their share of the capacity, so an index far below it
+/// would otherwise sweep many times the table its keys fill.
 const SWEEP_FRACTION: usize = 16;
 /// Fewer dead records than this are always probed for.
 #[cfg(not(test))]
@@ -128,7 +130,7 @@ impl Store {
             emptied,
             count,
         } = doomed;
-        let many = count > SWEEP_MIN && count * SWEEP_FRACTION >= self.key_count();
+        let many = count > SWEEP_MIN && count * SWEEP_FRACTION >= self.swept_slots();
         let mut bits = match bits {
             Some(bits) => bits,
             None if !many => {
@@ -161,6 +163,15 @@ impl Store {
             table.remove_all(sole, |rec| bits.has(rec));
         }
         None
+    }
+
+    /// Slots a sweep of every table walks (tables holding no key skipped).
+    pub(super) fn swept_slots(&self) -> usize {
+        self.keys
+            .iter()
+            .flat_map(|shard| shard.iter())
+            .map(KeyTable::swept_slots)
+            .sum()
     }
 }
 
