@@ -3,10 +3,9 @@
 //! transports (`POST /events`, Kafka) go through here.
 //!
 //! `POST /events` applies one request at a time, in arrival order
-//! ([`Ingest::submit`]): a request that finds the writer idle (nothing
-//! applying, nothing queued) applies on its own thread at once; one that
-//! finds it busy joins a bounded queue that the writer thread drains. Each
-//! is answered as soon as its own batches are applied, and no request waits
+//! ([`Ingest::submit`]): every request joins a bounded queue that one
+//! writer thread drains (never applied on a runtime worker: see
+//! `Writer`). Each is answered as soon as its own batches are applied, and no request waits
 //! for a lock handed around between eight writers (which is what made
 //! `/events` p99 grow with concurrency). The
 //! views lock is taken once per batch (`ViewStore::change`), so a lookup
@@ -79,15 +78,15 @@ struct Applier {
     metrics: Arc<MetricsSet>,
 }
 
-/// The one apply at a time and the requests waiting for it, shared by
-/// the writer thread and the requests that apply on their own thread.
+/// The requests waiting for the writer thread, which applies one job at a
+/// time in arrival order (the order requests take the state lock).
 ///
-/// A request that finds nothing applying and nothing queued applies on
-/// its own thread at once (the usual case at one request in flight: no
-/// hop to the writer thread and back, two wake-ups less per request);
-/// otherwise it queues and the writer thread applies it in turn. Either
-/// way one job applies at a time, in arrival order (the order requests
-/// take the state lock).
+/// A request never applies on its own thread, even with the writer idle:
+/// that blocks a runtime worker for the apply (or for as long as the
+/// views are held), and a task parked in that worker's LIFO slot cannot be
+/// stolen meanwhile — `events_queue_for_one_writer_and_are_refused_when_full`
+/// hung that way. Measured before it was taken out: `/events` p50 at one
+/// in flight 0.25–0.33 ms with it (docs/benchmarks.md).
 #[derive(Default)]
 struct Writer {
     state: parking_lot::Mutex<WriterState>,
@@ -128,20 +127,16 @@ impl Drop for Turn<'_> {
 }
 
 impl Writer {
-    /// Takes the turn if nothing applies and nothing waits; otherwise
-    /// queues `job` (refused past `bound`, if one is given).
-    fn offer(&self, job: Job, bound: Option<usize>) -> Result<Option<Job>, Job> {
+    /// Queues `job` for the writer thread (refused past `bound`, if one
+    /// is given).
+    fn offer(&self, job: Job, bound: Option<usize>) -> Result<(), Job> {
         let mut st = self.state.lock();
-        if !st.busy && st.jobs.is_empty() && !st.closed {
-            st.busy = true;
-            return Ok(Some(job));
-        }
         if bound.is_some_and(|b| st.jobs.len() >= b) {
             return Err(job);
         }
         st.jobs.push_back(job);
         self.work.notify_one();
-        Ok(None)
+        Ok(())
     }
 
     /// The writer thread: applies queued jobs in order, each in its turn.
@@ -327,12 +322,7 @@ impl Ingest {
             reply,
         });
         match self.writer.offer(job, Some(self.max_pending)) {
-            Ok(Some(job)) => {
-                // Our turn: applied here, answered through `reply` at once.
-                let _turn = Turn(&self.writer);
-                self.apply.run(job);
-            }
-            Ok(None) => {}
+            Ok(()) => {}
             Err(_) => {
                 self.apply.metrics.metrics.event_queue_full.inc();
                 return Err(SubmitError::QueueFull(self.max_pending));
@@ -374,10 +364,7 @@ impl Ingest {
             forget_capacity,
             done,
         };
-        if let Ok(Some(job)) = self.writer.offer(job, None) {
-            let _turn = Turn(&self.writer);
-            self.apply.run(job);
-        }
+        let _ = self.writer.offer(job, None);
         if finished.await.is_err() {
             // The writer is gone (a bug, logged where it failed): drop the
             // stream here rather than keep it.
