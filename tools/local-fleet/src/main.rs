@@ -410,6 +410,28 @@ async fn run_variant(
     for engine in &mut engines {
         engine.wait_for_subscriber().await;
     }
+    // An engine the index does not list is never a candidate, and an engine
+    // never picked publishes nothing: replay only once every replica lists
+    // every engine (a late opening resync once left one engine unpicked for
+    // the first 100 s of a three-replica replay).
+    let names: Vec<String> = (0..args.engines).map(|i| format!("engine-{i}")).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for (r, addr) in index.http.iter().enumerate() {
+        loop {
+            let listed = SnapshotCounts::read(*addr)?;
+            let missing: Vec<&String> = names
+                .iter()
+                .filter(|n| !listed.prefix_counts.contains_key(n.as_str()))
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("index replica #{r} ({addr}) still does not list {missing:?} after 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     say(&format!(
         "replaying {} requests ({}x speed) with {}…",
         trace.len(),
