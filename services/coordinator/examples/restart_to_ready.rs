@@ -28,11 +28,12 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
-fn rss_bytes(pid: u32) -> u64 {
+/// A `/proc/PID/status` size field (`VmRSS`, `VmHWM`: the peak) in bytes.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
 }
@@ -87,17 +88,23 @@ fn main() {
         .and_then(|s| s.split([',', '}']).next())
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or(0);
-    let rss = rss_bytes(child.id());
+    let rss = status_bytes(child.id(), "VmRSS:");
+    let peak = status_bytes(child.id(), "VmHWM:");
     #[allow(clippy::cast_precision_loss)]
-    let per_key = if keys > 0 {
-        rss as f64 / keys as f64
-    } else {
-        0.0
+    let per_key = |b: u64| {
+        if keys > 0 {
+            b as f64 / keys as f64
+        } else {
+            0.0
+        }
     };
     println!(
-        "ready in {:.2} s with {keys} keys; RSS {:.0} MiB ({per_key:.0} B/key)",
+        "ready in {:.2} s with {keys} keys; RSS {:.0} MiB ({:.0} B/key), peak {:.0} MiB ({:.0} B/key)",
         ready.as_secs_f64(),
-        rss as f64 / 1_048_576.0
+        rss as f64 / 1_048_576.0,
+        per_key(rss),
+        peak as f64 / 1_048_576.0,
+        per_key(peak)
     );
     // Stop it by its pid (SIGKILL: a clean stop would write a checkpoint).
     let _ = child.kill();
