@@ -75,8 +75,10 @@ impl Block {
     }
 }
 
-/// The record space is exhausted (cannot happen below the index's capacity
-/// clamp; reported rather than assumed).
+/// The record space is exhausted: the page directory's bound (four times
+/// the pages the capacity fills, see [`directory::Directory::for_records`])
+/// is reached. Not expected below it (a resync of every replica at full
+/// capacity peaks at about half of it), but reported rather than assumed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OutOfSpace;
 

@@ -212,8 +212,11 @@ pub enum ContentError {
     },
     /// Every replica slot is in use; the change was not applied.
     TooManyReplicas,
-    /// The record space is exhausted; the chain was not stored (cannot
-    /// happen within the index's capacity limit).
+    /// The record space (the page directory, sized at four times the
+    /// capacity's pages) is exhausted; the chain, or the 1/16-capacity
+    /// chunk of it being stored, was not stored. Not expected: a resync of
+    /// every replica at full capacity peaks at about half that room; counted
+    /// by [`crate::Index::chains_out_of_space`].
     OutOfSpace,
 }
 

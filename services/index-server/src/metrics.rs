@@ -444,6 +444,13 @@ impl Collector for IndexMemoryCollector {
         ] {
             gauge(bytes).encode(family.encode_family(&[("part", part)])?)?;
         }
+        let overflow = encoder.encode_descriptor(
+            "key_table_overflow_keys",
+            "Keys that found no room in their key-table buckets (read from per-table overflow slots; more than a few means the tables are too small)",
+            None,
+            MetricType::Gauge,
+        )?;
+        gauge(self.0.key_table_overflow_keys()).encode(overflow)?;
         for (name, help, total) in [
             (
                 "capacity_evictions",
@@ -454,6 +461,11 @@ impl Collector for IndexMemoryCollector {
                 "records_relocated",
                 "Records moved by compaction of sparse pages",
                 self.0.records_relocated(),
+            ),
+            (
+                "chains_out_of_space",
+                "Chains (or 1/16-capacity chunks of one) not stored because the record space was exhausted",
+                self.0.chains_out_of_space(),
             ),
         ] {
             let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
@@ -478,6 +490,10 @@ mod tests {
             "inferencecache_index_capacity_evictions_total 0",
             "# TYPE inferencecache_index_records_relocated counter",
             "inferencecache_index_records_relocated_total 0",
+            "# TYPE inferencecache_index_chains_out_of_space counter",
+            "inferencecache_index_chains_out_of_space_total 0",
+            "# TYPE inferencecache_index_key_table_overflow_keys gauge",
+            "inferencecache_index_key_table_overflow_keys 0",
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }
