@@ -180,6 +180,48 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_few_keys_in_large_empty_tables_are_probed_for_not_swept() {
+        // 128 tables sized for 2,048 keys each hold 40 keys: withdrawing
+        // ten of them (a quarter of the keys, but a tiny share of the
+        // slots a sweep would walk) probes for each. Fails if the
+        // threshold compares against the key count.
+        use crate::store::{Block, Holder};
+        use crate::types::Tier;
+        let store = Store::new(2, 64, 2048);
+        let blocks: Vec<Block> = (0..40u64).map(|k| Block::new(k * 11 + 1, 0)).collect();
+        store
+            .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0), &mut Vec::new())
+            .unwrap();
+        assert!(
+            store.swept_slots() < 128 * 2048 * 2 / 3,
+            "empty tables skipped"
+        );
+        let mut doomed = Doomed::default();
+        {
+            let mut reader = store.reader(store.directory());
+            for b in &blocks[..10] {
+                doomed.add(b.h, reader.find(b.key, b.h).unwrap());
+            }
+        }
+        assert!(
+            store.withdraw(&mut Sole::default(), doomed).is_some(),
+            "probed"
+        );
+        assert_eq!(store.key_count(), 30);
+        let mut reader = store.reader(store.directory());
+        assert!(
+            blocks[..10]
+                .iter()
+                .all(|b| reader.find(b.key, b.h).is_none())
+        );
+        assert!(
+            blocks[10..]
+                .iter()
+                .all(|b| reader.find(b.key, b.h).is_some())
+        );
+    }
+
+    #[test]
     fn past_the_list_limit_every_record_is_still_marked() {
         let mut doomed = Doomed::default();
         let n = LIST_LIMIT + 10;
