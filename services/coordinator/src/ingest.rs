@@ -352,6 +352,16 @@ impl Ingest {
         self.apply.ingest_record(topic, partition, offset, batch)
     }
 
+    /// The writer's own state: a job being applied, and the jobs queued
+    /// behind it. Tests wait on this, not on [`EventQueue`]: a request is
+    /// counted there before it takes its place here, so a later request can
+    /// overtake it between the two.
+    #[doc(hidden)]
+    pub fn writer_state(&self) -> (bool, usize) {
+        let st = self.writer.state.lock();
+        (st.busy, st.jobs.len())
+    }
+
     /// Drops an instance's stream: fence, forget the cursor and, for an
     /// explicit deregistration, its capacity declaration. Queued behind the
     /// `POST /events` requests already waiting (past the bound rather than

@@ -450,11 +450,9 @@ async fn events_queue_for_one_writer_and_are_refused_when_full() {
             &[(key(&hashes[seq as usize - 1], ""), 64)],
         );
         posts.push(tokio::spawn(async move { c2.events(vec![b]).await }));
-        loop {
-            let (depth, _) = c.app.ingest.queue.snapshot();
-            if depth == seq as usize {
-                break;
-            }
+        // The writer's state, not the event gauges: a request is counted
+        // there before it takes its place in the writer's queue.
+        while c.app.ingest.writer_state() != (true, seq as usize - 1) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -482,6 +480,7 @@ async fn events_queue_for_one_writer_and_are_refused_when_full() {
     assert!(detail.contains("--max-pending-event-requests"), "{detail}");
     assert_eq!(c.app.metrics.metrics.event_queue_full.get(), 1);
     assert_eq!(c.app.ingest.queue.snapshot().0, 3);
+    assert_eq!(c.app.ingest.writer_state(), (true, 2));
     release_tx.send(()).unwrap();
     holder.join().unwrap();
     for p in posts {
@@ -537,10 +536,7 @@ async fn deregistration_applies_after_the_events_queued_before_it() {
             &[(key(&format!("{i:064x}"), ""), 64)],
         );
         posts.push(tokio::spawn(async move { c2.events(vec![b]).await }));
-        loop {
-            if c.app.ingest.queue.snapshot().0 == i + 1 {
-                break;
-            }
+        while c.app.ingest.writer_state() != (true, i) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -549,12 +545,11 @@ async fn deregistration_applies_after_the_events_queued_before_it() {
         c2.call(reqwest::Method::DELETE, "/instances/mp-x", None)
             .await
     });
-    // Give the deregistration time to reach the views (before the fix it
-    // took the lock directly, ahead of the queued store).
-    while c.get("/instances").await.1.to_string().contains("mp-x") {
+    // The deregistration queued behind mp-x's store (before the fix it
+    // took the lock directly, ahead of it).
+    while c.app.ingest.writer_state() != (true, 2) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     release_tx.send(()).unwrap();
     holder.join().unwrap();
     for p in posts {
