@@ -157,13 +157,18 @@ pub fn decode_body<T: DeserializeOwned + Schema>(
 
 /// Reads the whole body (413 past the limit).
 pub async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state).await.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(e.body_text())
-        } else {
-            ApiError::BadRequest(e.body_text())
-        }
-    })
+    Bytes::from_request(req, state)
+        .await
+        .map_err(body_rejection)
+}
+
+/// A body that could not be read: 413 past the limit, else 400.
+pub fn body_rejection(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::TooLarge(e.body_text())
+    } else {
+        ApiError::BadRequest(e.body_text())
+    }
 }
 
 /// FastAPI's rule (0.11x): only `application/json` or an

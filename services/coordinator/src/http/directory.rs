@@ -289,13 +289,7 @@ pub(crate) async fn lookup(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let bytes = body.map_err(|e| {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(e.body_text())
-        } else {
-            ApiError::BadRequest(e.body_text())
-        }
-    })?;
+    let bytes = body.map_err(crate::error::body_rejection)?;
     let json_type = is_json(&headers);
     if let Some((keys, parsed)) = keys_form(json_type, &bytes) {
         let mut answer = Answer::new(parsed.len());

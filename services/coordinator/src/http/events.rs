@@ -23,11 +23,7 @@ pub(crate) async fn post_events(
     }
     let bytes = body.map_err(|e| {
         app.metrics.metrics.event_requests_rejected.inc();
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge(e.body_text())
-        } else {
-            ApiError::BadRequest(e.body_text())
-        }
+        crate::error::body_rejection(e)
     })?;
     // All-or-nothing: one invalid batch rejects the request before any applies.
     let batches = parse(&headers, &bytes).inspect_err(|_| {
