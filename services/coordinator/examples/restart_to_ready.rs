@@ -38,6 +38,24 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// The process's CPU time so far (user, system) in seconds, from
+/// `/proc/PID/stat` (clock ticks of 1/100 s): a figure the machine's load
+/// does not stretch, unlike the wall time to ready.
+fn cpu_seconds(pid: u32) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let field = |i: usize| -> f64 {
+        rest.split_whitespace()
+            .nth(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 100.0
+    };
+    // utime and stime are fields 14 and 15, 12 and 13 after the name.
+    (field(11), field(12))
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(bin), Some(ckpt)) = (args.get(1), args.get(2)) else {
@@ -90,6 +108,7 @@ fn main() {
         .unwrap_or(0);
     let rss = status_bytes(child.id(), "VmRSS:");
     let peak = status_bytes(child.id(), "VmHWM:");
+    let (user, sys) = cpu_seconds(child.id());
     #[allow(clippy::cast_precision_loss)]
     let per_key = |b: u64| {
         if keys > 0 {
@@ -99,7 +118,7 @@ fn main() {
         }
     };
     println!(
-        "ready in {:.2} s with {keys} keys; RSS {:.0} MiB ({:.0} B/key), peak {:.0} MiB ({:.0} B/key)",
+        "ready in {:.2} s (CPU user {user:.2} s, sys {sys:.2} s) with {keys} keys; RSS {:.0} MiB ({:.0} B/key), peak {:.0} MiB ({:.0} B/key)",
         ready.as_secs_f64(),
         rss as f64 / 1_048_576.0,
         per_key(rss),

@@ -91,10 +91,18 @@ impl<R: Read> Reader<R> {
     /// Makes `n` bytes ready in `buf[pos..]`, pulling a chunk (or `n`, if
     /// larger) at a time; what is pulled grows with the bytes that arrive,
     /// never with a length a corrupt image claims.
+    #[inline]
     fn want(&mut self, n: usize, what: &str) -> Result<(), ImageError> {
         if self.buf.len() - self.pos >= n {
             return Ok(());
         }
+        self.refill(n, what)
+    }
+
+    /// [`Self::want`]'s slow path, out of line so the fast one inlines.
+    #[cold]
+    #[inline(never)]
+    fn refill(&mut self, n: usize, what: &str) -> Result<(), ImageError> {
         if n > self.left() {
             return Err(self.truncated(what));
         }
@@ -116,6 +124,7 @@ impl<R: Read> Reader<R> {
     }
 
     /// The next `n` bytes, lent until the next read.
+    #[inline]
     fn take(&mut self, n: usize, what: &str) -> Result<&[u8], ImageError> {
         self.want(n, what)?;
         let s = &self.buf[self.pos..self.pos + n];
@@ -128,36 +137,44 @@ impl<R: Read> Reader<R> {
         self.buf.len() - self.pos + self.src_left
     }
 
+    #[inline]
     fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], ImageError> {
         let mut a = [0u8; N];
         a.copy_from_slice(self.take(N, what)?);
         Ok(a)
     }
 
+    #[inline]
     fn u8(&mut self, what: &str) -> Result<u8, ImageError> {
         Ok(self.take(1, what)?[0])
     }
 
+    #[inline]
     fn u32(&mut self, what: &str) -> Result<u32, ImageError> {
         Ok(u32::from_le_bytes(self.array(what)?))
     }
 
+    #[inline]
     fn len(&mut self, what: &str) -> Result<usize, ImageError> {
         Ok(self.u32(what)? as usize)
     }
 
+    #[inline]
     fn u64(&mut self, what: &str) -> Result<u64, ImageError> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
+    #[inline]
     fn i64(&mut self, what: &str) -> Result<i64, ImageError> {
         Ok(i64::from_le_bytes(self.array(what)?))
     }
 
+    #[inline]
     fn f64(&mut self, what: &str) -> Result<f64, ImageError> {
         Ok(f64::from_le_bytes(self.array(what)?))
     }
 
+    #[inline]
     fn bytes(&mut self, what: &str) -> Result<&[u8], ImageError> {
         let n = self.len(what)?;
         self.take(n, what)

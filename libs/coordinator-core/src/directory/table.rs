@@ -526,11 +526,11 @@ impl Table {
                 }
             }
             drop(keyed);
-            // Sorted by (bucket order, chunk bytes, id), the keys of one
-            // chunk hash are one run however many they are (an emitter may
-            // report any number of groups, ranks and salts under one
-            // chunk), linked in one pass: the lowest id is filed, the rest
-            // chained behind it in id order.
+            // Sorted by (bucket order, id), the keys of one chunk hash are
+            // one run however many they are (an emitter may report any
+            // number of groups, ranks and salts under one chunk), linked in
+            // one pass: the lowest id is filed, the rest chained behind it
+            // in id order.
             let hash_bits = by_hash.capacity();
             let mut chunked: Vec<(u64, Id)> = ids()
                 .map(|id| (order(hash_bits, chunk_of(&id)), id))
@@ -539,20 +539,24 @@ impl Table {
                 let r = &recs[id as usize];
                 hashes.get(r.hash_class, r.hash_place)
             };
-            chunked.sort_unstable_by(|a, b| {
-                a.0.cmp(&b.0)
-                    .then_with(|| bytes(a.1).cmp(bytes(b.1)))
-                    .then(a.1.cmp(&b.1))
-            });
+            chunked.sort_unstable();
             let shift = bucket_bits(hash_bits);
-            for run in chunked.chunk_by_mut(|a, b| a.0 == b.0 && bytes(a.1) == bytes(b.1)) {
-                let (o, head) = run[0];
-                by_hash.insert_unique(o.rotate_left(shift), head, chunk_of);
-                // Marks the run's first for the linking pass below (the
-                // records are borrowed here).
-                run[0].0 = 0;
-                for e in &mut run[1..] {
-                    e.0 = 1;
+            for run in chunked.chunk_by_mut(|a, b| a.0 == b.0) {
+                // A run of one 64-bit hash is one chunk hash unless the
+                // hasher collided: then sorted by (bytes, id) so each chunk
+                // hash's keys are together.
+                if run.windows(2).any(|w| bytes(w[0].1) != bytes(w[1].1)) {
+                    run.sort_unstable_by(|a, b| bytes(a.1).cmp(bytes(b.1)).then(a.1.cmp(&b.1)));
+                }
+                for same in run.chunk_by_mut(|a, b| bytes(a.1) == bytes(b.1)) {
+                    let (o, head) = same[0];
+                    by_hash.insert_unique(o.rotate_left(shift), head, chunk_of);
+                    // Marks the run's first for the linking pass below (the
+                    // records are borrowed here).
+                    same[0].0 = 0;
+                    for e in &mut same[1..] {
+                        e.0 = 1;
+                    }
                 }
             }
             chunked
