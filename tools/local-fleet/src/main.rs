@@ -12,11 +12,14 @@
 mod cache;
 mod epp_client;
 mod fleet;
+mod placements;
 mod replicas;
 mod report;
 mod rng;
+mod summary;
 mod timing;
 mod trace;
+mod variants;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,10 +29,10 @@ use clap::Parser;
 use ic_kvevents::encode::Era;
 use ic_sim::engine::FakeEngine;
 use ic_sim::{ServiceProcess, http_get};
-use serde::Serialize;
 
-use crate::fleet::PolicyResult;
 use crate::replicas::{AlikeCheck, IndexReplicas, SnapshotCounts};
+use crate::summary::{Report, print_table};
+use crate::variants::{VARIANTS, Variant};
 
 const TENANT: &str = "demo";
 const DEFAULT_TRACE: &str = "../shared/data/traces/mooncake_synthetic_trace.jsonl";
@@ -116,11 +119,17 @@ struct Args {
     #[arg(long, allow_hyphen_values = true)]
     index_arg: Vec<String>,
     /// Write where each request of each routed variant went to
-    /// `DIR/<variant>.csv` (request, replica asked, engine, how chosen,
-    /// hit blocks, prompt blocks, the most blocks any engine held, TTFT ms), to compare two runs request by
-    /// request.
+    /// `DIR/<N>-<variant>.csv`, N the variant's place in the list of
+    /// variants (request, replica asked, engine, how chosen, hit blocks,
+    /// prompt blocks, the most blocks any engine held, TTFT ms), to compare
+    /// two runs request by request.
     #[arg(long)]
     placements: Option<PathBuf>,
+    /// How long, in seconds, to wait for every index replica to list every
+    /// engine before a variant's replay; past it the run fails naming the
+    /// engines missing.
+    #[arg(long, default_value_t = 60)]
+    ready_timeout_secs: u64,
 }
 
 impl Args {
@@ -145,87 +154,6 @@ enum Workload {
     SharedPrefixChat,
 }
 
-/// One way of running the real index: a name, its scoring flags, and
-/// whether the gateway asks the endpoint picker instead of LookupRoute.
-struct Variant {
-    name: &'static str,
-    flags: &'static [&'static str],
-    epp: bool,
-    /// Ranks by prefix alone (no load in the score, no bound): replicas
-    /// must then name the same `best` for a prompt with one longest holder.
-    prefix_decides: bool,
-    /// Tells the server the engines' prefill rate and overhead (the fleet's
-    /// timing model, on the replay's compressed clock) for its TTFT score;
-    /// otherwise the server assumes its default rate (100,000 tokens/s; at
-    /// the default `--speed` the engines prefill 93,750 index tokens/s).
-    ttft: bool,
-}
-
-/// Turns the TTFT score off: the server then scores by the weights (the
-/// default before TTFT scoring was).
-const BY_THE_WEIGHTS: &str = "--ttft-prefill-tokens-per-second=0";
-
-/// The scoring variants; the default scoring through LookupRoute is last
-/// (its services are the ones `--keep-running` keeps).
-const VARIANTS: [Variant; 7] = [
-    Variant {
-        name: "lookup-route, prefix only",
-        flags: &[
-            BY_THE_WEIGHTS,
-            "--score-load-weight=0",
-            "--score-kv-usage-weight=0",
-            "--load-bound=0",
-            "--score-t2-credit=1",
-            "--speculative-ttl-ms=0",
-        ],
-        epp: false,
-        prefix_decides: true,
-        ttft: false,
-    },
-    Variant {
-        name: "lookup-route, by the weights",
-        flags: &[BY_THE_WEIGHTS],
-        epp: false,
-        prefix_decides: false,
-        ttft: false,
-    },
-    Variant {
-        name: "endpoint picker, by the weights",
-        flags: &[BY_THE_WEIGHTS],
-        epp: true,
-        prefix_decides: false,
-        ttft: false,
-    },
-    Variant {
-        name: "lookup-route, TTFT told the rate",
-        flags: &[],
-        epp: false,
-        prefix_decides: false,
-        ttft: true,
-    },
-    Variant {
-        name: "endpoint picker, TTFT told the rate",
-        flags: &[],
-        epp: true,
-        prefix_decides: false,
-        ttft: true,
-    },
-    Variant {
-        name: "endpoint picker (default)",
-        flags: &[],
-        epp: true,
-        prefix_decides: false,
-        ttft: false,
-    },
-    Variant {
-        name: "lookup-route (default)",
-        flags: &[],
-        epp: false,
-        prefix_decides: false,
-        ttft: false,
-    },
-];
-
 /// The vLLM KV-event encodings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum WireEra {
@@ -244,29 +172,6 @@ impl WireEra {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct Report {
-    engines: usize,
-    index_replicas: usize,
-    capacity_blocks: usize,
-    requests: usize,
-    policies: Vec<PolicyResult>,
-    lookup_p50_us: u128,
-    lookup_p99_us: u128,
-    routed_by_hint: u64,
-    engine_batches_published: u64,
-    engine_block_events: u64,
-    block_events_per_second: f64,
-    index_batches_applied: f64,
-    index_entries: u64,
-    /// Heap bytes the index holds at the end (its `memory_bytes` gauge).
-    index_memory_bytes: f64,
-    index_agrees_with_engines: bool,
-    /// Per routed variant: whether the index replicas answered alike.
-    replicas_alike: Vec<AlikeCheck>,
-    wall_seconds: f64,
-}
-
 fn binary(dir: &std::path::Path, name: &str) -> anyhow::Result<PathBuf> {
     let path = dir.join(name);
     if !path.exists() {
@@ -277,8 +182,6 @@ fn binary(dir: &std::path::Path, name: &str) -> anyhow::Result<PathBuf> {
     }
     Ok(path)
 }
-
-const MIB: f64 = 1024.0 * 1024.0;
 
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
@@ -415,7 +318,7 @@ async fn run_variant(
     // every engine (a late opening resync once left one engine unpicked for
     // the first 100 s of a three-replica replay).
     let names: Vec<String> = (0..args.engines).map(|i| format!("engine-{i}")).collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_secs);
     for (r, addr) in index.http.iter().enumerate() {
         loop {
             let listed = SnapshotCounts::read(*addr)?;
@@ -427,7 +330,11 @@ async fn run_variant(
                 break;
             }
             if Instant::now() > deadline {
-                bail!("index replica #{r} ({addr}) still does not list {missing:?} after 60 s");
+                bail!(
+                    "index replica #{r} ({addr}) still does not list {missing:?} after {} s \
+                     (--ready-timeout-secs)",
+                    args.ready_timeout_secs
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -533,6 +440,9 @@ async fn main() -> anyhow::Result<()> {
     if args.index_replicas == 0 {
         bail!("--index-replicas must be at least 1");
     }
+    if args.ready_timeout_secs == 0 {
+        bail!("--ready-timeout-secs must be at least 1");
+    }
     if !(args.prefill_tokens_per_second.is_finite() && args.prefill_tokens_per_second > 0.0) {
         bail!("--prefill-tokens-per-second must be a positive number");
     }
@@ -632,7 +542,11 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         if let Some(dir) = &args.placements {
-            write_placements(dir, variant.name, &run.routed.placements)?;
+            let position = VARIANTS
+                .iter()
+                .position(|v| v.name == variant.name)
+                .context("a variant not in the list")?;
+            placements::write(dir, position, variant.name, &run.routed.placements)?;
         }
         alike.push(run.alike.clone());
         policies.push(run.routed.result.clone());
@@ -768,100 +682,6 @@ async fn main() -> anyhow::Result<()> {
         bail!("unclean shutdown: {}", unclean.join("; "));
     }
     Ok(())
-}
-
-fn print_table(r: &Report) {
-    println!(
-        "\n{} requests, {} engines × {} blocks of KV cache, {} index replica(s)\n",
-        r.requests, r.engines, r.capacity_blocks, r.index_replicas
-    );
-    println!(
-        "{:<44} {:>9} {:>22} {:>10} {:>10}",
-        "ROUTING", "HIT RATIO", "PREFILL TOKENS SAVED", "TTFT p50", "TTFT p99"
-    );
-    for p in &r.policies {
-        println!(
-            "{:<44} {:>8.1}% {:>14} ({:>4.1}%) {:>8.0}ms {:>8.0}ms",
-            p.policy,
-            100.0 * p.hit_ratio(),
-            p.prefill_tokens_saved,
-            if p.prompt_tokens == 0 {
-                0.0
-            } else {
-                100.0 * p.prefill_tokens_saved as f64 / p.prompt_tokens as f64
-            },
-            p.ttft_p50_ms,
-            p.ttft_p99_ms,
-        );
-    }
-    println!();
-    println!(
-        "LookupRoute latency        p50 {} µs, p99 {} µs (gRPC round trip on loopback)",
-        r.lookup_p50_us, r.lookup_p99_us
-    );
-    println!(
-        "routed by a prefix hint    {} of {} requests",
-        r.routed_by_hint, r.requests
-    );
-    println!(
-        "engine batches → index     {} published, {} applied (with each subscriber's opening resync)",
-        r.engine_batches_published, r.index_batches_applied
-    );
-    println!(
-        "block events ingested      {} ({:.0}/s over the replay)",
-        r.engine_block_events, r.block_events_per_second
-    );
-    println!(
-        "index size                 {} entries in {:.1} MiB; matches every engine's cache: {}",
-        r.index_entries,
-        r.index_memory_bytes / MIB,
-        if r.index_agrees_with_engines {
-            "yes"
-        } else {
-            "NO"
-        }
-    );
-    if r.index_replicas > 1 {
-        for a in &r.replicas_alike {
-            println!(
-                "replicas alike             {}: snapshots identical {}, {} of {} probes matched, holders differ on {}, best differs on {} of {}",
-                a.variant,
-                a.snapshots_identical,
-                a.probes_matched,
-                a.probes,
-                a.holders_differ,
-                a.best_differ,
-                a.best_checked
-            );
-        }
-    }
-    println!("wall time                  {:.1} s", r.wall_seconds);
-}
-
-/// Writes `placements` to `dir/<variant name, spaces and punctuation as
-/// dashes>.csv`.
-fn write_placements(
-    dir: &std::path::Path,
-    variant: &str,
-    placements: &[fleet::Placement],
-) -> anyhow::Result<()> {
-    use std::fmt::Write as _;
-    let slug: String = variant
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
-    let mut csv =
-        String::from("request,replica,engine,how,hit_blocks,prompt_blocks,best_blocks,ttft_ms\n");
-    for (i, p) in placements.iter().enumerate() {
-        let _ = writeln!(
-            csv,
-            "{i},{},{},{},{},{},{},{:.1}",
-            p.replica, p.engine, p.how, p.hit_blocks, p.prompt_blocks, p.best_blocks, p.ttft_ms
-        );
-    }
-    std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(dir.join(format!("{slug}.csv")), csv))
-        .with_context(|| format!("--placements {}", dir.display()))
 }
 
 /// Waits for SIGINT (Ctrl-C) or SIGTERM.
