@@ -1,7 +1,8 @@
 //! Taking the keys of dead records out of the key tables: a probe each
-//! when they are few (an engine evicting a chain), one sweep of every table
-//! against a bitmap of dead records when they are many (an eviction pass
-//! or a replica's removal).
+//! when they are few (an engine evicting a chain), one sweep of every
+//! table holding keys against a bitmap of dead records when they are many
+//! next to the slots that sweep walks (an eviction pass or a replica's
+//! removal).
 
 use super::{Store, page_of};
 use crate::arena::RecId;
