@@ -317,15 +317,10 @@ async fn run_variant(
     // never picked publishes nothing: replay only once every replica lists
     // every engine (a late opening resync once left one engine unpicked for
     // the first 100 s of a three-replica replay).
-    let names: Vec<String> = (0..args.engines).map(|i| format!("engine-{i}")).collect();
     let deadline = Instant::now() + Duration::from_secs(args.ready_timeout_secs);
     for (r, addr) in index.http.iter().enumerate() {
         loop {
-            let listed = SnapshotCounts::read(*addr)?;
-            let missing: Vec<&String> = names
-                .iter()
-                .filter(|n| !listed.prefix_counts.contains_key(n.as_str()))
-                .collect();
+            let missing = SnapshotCounts::read(*addr)?.missing_engines(args.engines);
             if missing.is_empty() {
                 break;
             }

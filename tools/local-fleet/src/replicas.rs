@@ -166,6 +166,15 @@ impl SnapshotCounts {
             self.prefix_counts.get(&format!("engine-{i}")) == Some(&(held as u64))
         })
     }
+
+    /// The names `engine-0` .. `engine-{engines - 1}` this replica does not
+    /// list yet.
+    pub fn missing_engines(&self, engines: usize) -> Vec<String> {
+        (0..engines)
+            .map(|i| format!("engine-{i}"))
+            .filter(|n| !self.prefix_counts.contains_key(n))
+            .collect()
+    }
 }
 
 /// How alike the replicas answered after the replay.
@@ -363,5 +372,15 @@ mod tests {
         assert!(counts.matches_engines(&[3, 2]));
         assert!(!counts.matches_engines(&[3, 1]));
         assert!(!counts.matches_engines(&[3, 2, 0]), "a missing engine");
+    }
+
+    #[test]
+    fn missing_engines_are_named() {
+        let counts = SnapshotCounts {
+            entries: 0,
+            prefix_counts: [("engine-0".to_owned(), 0), ("engine-2".to_owned(), 4)].into(),
+        };
+        assert_eq!(counts.missing_engines(4), ["engine-1", "engine-3"]);
+        assert!(counts.missing_engines(1).is_empty());
     }
 }
