@@ -227,7 +227,9 @@ pub(crate) struct KeyTable {
     seq: AtomicU64,
     len: AtomicUsize,
     /// Keys no bucket had room for, read without a lock; 0 is a free slot.
-    overflow: [AtomicU64; OVERFLOW_SLOTS],
+    /// Allocated on the first overflow, so that the table's header (read
+    /// by every search) stays small.
+    overflow: OnceLock<Box<[AtomicU64; OVERFLOW_SLOTS]>>,
     /// Overflowed keys past those slots; `spill_len` mirrors its length so
     /// that searches lock it only when it holds something.
     spill: Mutex<Vec<KeySlot>>,
@@ -323,7 +325,16 @@ impl KeyTable {
         self.buckets
             .get()
             .map_or(0, |b| b.len() * size_of::<Bucket>())
+            + self
+                .overflow
+                .get()
+                .map_or(0, |_| size_of::<[AtomicU64; OVERFLOW_SLOTS]>())
             + self.spill.lock().capacity() * size_of::<KeySlot>()
+    }
+
+    /// The overflow slots (none before the first overflow).
+    fn overflow_slots(&self) -> &[AtomicU64] {
+        self.overflow.get().map_or(&[], |b| &b[..])
     }
 
     /// Slots [`KeyTable::remove_all`] walks: every slot of a table holding
@@ -344,7 +355,7 @@ impl KeyTable {
     /// without a lock, the spill list (rarely non-empty) with its mutex.
     #[cold]
     fn probe_overflow(&self, t: u16, wanted: &mut impl FnMut(RecId) -> bool) -> Option<RecId> {
-        for w in &self.overflow {
+        for w in self.overflow_slots() {
             if let Some(s) = unpacked(w.load(Ordering::Acquire))
                 && s.tag == t
                 && wanted(s.rec)
@@ -484,6 +495,7 @@ impl KeyTable {
         }
         if let Some(free) = self
             .overflow
+            .get_or_init(Box::default)
             .iter()
             .find(|w| w.load(Ordering::Relaxed) & OCCUPIED == 0)
         {
@@ -512,7 +524,7 @@ impl KeyTable {
         }
         let wanted = KeySlot { tag: t, rec };
         if let Some(i) = self
-            .overflow
+            .overflow_slots()
             .iter()
             .position(|w| w.load(Ordering::Relaxed) == packed(wanted))
         {
@@ -542,7 +554,7 @@ impl KeyTable {
                     buckets[b].put(sole, s, slot);
                 }
             }
-            At::Overflow(i) => self.overflow[i].store(packed(slot), Ordering::Release),
+            At::Overflow(i) => self.overflow_slots()[i].store(packed(slot), Ordering::Release),
             At::Spill(i) => self.spill.lock()[i] = slot,
         }
         self.moved(sole);
@@ -559,7 +571,7 @@ impl KeyTable {
             }
             Some(At::Overflow(i)) => {
                 // Clearing a slot moves no other key: no sequence bump.
-                self.overflow[i].store(0, Ordering::Release);
+                self.overflow_slots()[i].store(0, Ordering::Release);
                 self.overflow_len
                     .store(self.overflowed() - 1, Ordering::Release);
             }
@@ -606,7 +618,7 @@ impl KeyTable {
         }
         if self.overflowed() > 0 {
             let mut gone = 0;
-            for w in &self.overflow {
+            for w in self.overflow_slots() {
                 if unpacked(w.load(Ordering::Relaxed)).is_some_and(|s| dead(s.rec)) {
                     w.store(0, Ordering::Release);
                     gone += 1;
