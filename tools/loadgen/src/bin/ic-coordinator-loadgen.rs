@@ -162,13 +162,46 @@ async fn post_lookup(conn: &mut Conn, body: String) -> anyhow::Result<(u64, u64)
 }
 
 /// The part of a `POST /events` answer the load generator reads.
-#[derive(serde::Deserialize)]
+#[derive(Debug, serde::Deserialize)]
 struct EventsAnswer {
     applied: u64,
+    #[serde(default)]
+    duplicates: u64,
 }
 
-/// Posts one events body; batches applied.
-async fn post_events(conn: &mut Conn, body: String) -> anyhow::Result<u64> {
+impl EventsAnswer {
+    /// Whether the worker moves on to the instance's next seq: applied, or
+    /// a duplicate — the server applied it already and its answer was lost
+    /// (a broken connection); sent again it would be a duplicate forever.
+    fn moves_on(&self) -> bool {
+        self.applied == 1 || self.duplicates == 1
+    }
+}
+
+/// The wait after `failures` failed connects in a row: 10 ms doubling to
+/// 1 s, so a server that is down is not dialled in a hot loop.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(10u64 << failures.min(7)).min(Duration::from_secs(1))
+}
+
+/// Opens a broken connection again; after a failed connect, waits
+/// ([`backoff`], never past `end`) before the caller's next request.
+async fn reopen(base: &str, conn: &mut Conn, failures: &mut u32, end: Instant) {
+    match Conn::open(base).await {
+        Ok(c) => {
+            *conn = c;
+            *failures = 0;
+        }
+        Err(_) => {
+            let left = end.saturating_duration_since(Instant::now());
+            tokio::time::sleep(backoff(*failures).min(left)).await;
+            *failures = failures.saturating_add(1);
+        }
+    }
+}
+
+/// Posts one events body; the server's answer.
+async fn post_events(conn: &mut Conn, body: String) -> anyhow::Result<EventsAnswer> {
     let (status, bytes) = conn.post("/events", body).await?;
     if status != 200 {
         bail!(
@@ -176,7 +209,7 @@ async fn post_events(conn: &mut Conn, body: String) -> anyhow::Result<u64> {
             String::from_utf8_lossy(&bytes)
         );
     }
-    Ok(serde_json::from_slice::<EventsAnswer>(&bytes)?.applied)
+    Ok(serde_json::from_slice::<EventsAnswer>(&bytes)?)
 }
 
 /// One store batch of `entries` new chunks for `instance`, written straight
@@ -533,7 +566,7 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
             if owned.is_empty() {
                 return (latencies, errors, owned, produced);
             }
-            let mut turn = 0usize;
+            let (mut turn, mut failures) = (0usize, 0u32);
             while Instant::now() < end {
                 let k = turn % owned.len();
                 turn += 1;
@@ -541,17 +574,17 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 let body = batch(owned[k], seq, produced[k], entries);
                 let t0 = Instant::now();
                 match post_events(&mut conn, body).await {
-                    Ok(1) => {
+                    Ok(a) if a.applied == 1 => {
                         latencies.push(t0.elapsed());
                         produced[k] += entries as u64;
                     }
+                    // Applied before its answer was lost (counted then).
+                    Ok(a) if a.moves_on() => produced[k] += entries as u64,
                     Ok(_) => errors += 1,
                     Err(_) => {
                         errors += 1;
                         // A broken connection is opened again.
-                        if let Ok(c) = Conn::open(&base).await {
-                            conn = c;
-                        }
+                        reopen(&base, &mut conn, &mut failures, end).await;
                     }
                 }
             }
@@ -587,6 +620,7 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
             let mut latencies = Vec::new();
             let (mut errors, mut found, mut asked) = (0u64, 0u64, 0u64);
             let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (w as u64 + 1);
+            let mut failures = 0u32;
             while Instant::now() < end {
                 // Written as text and read into a typed answer: the client
                 // shares the cores with the server (see `batch`).
@@ -616,9 +650,7 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                     }
                     Err(_) => {
                         errors += 1;
-                        if let Ok(c) = Conn::open(&base).await {
-                            conn = c;
-                        }
+                        reopen(&base, &mut conn, &mut failures, end).await;
                     }
                 }
             }
@@ -702,6 +734,25 @@ mod tests {
         assert_eq!(entries[1]["key"]["chunk_hash_hex"], chunk_hex(3, 0x20));
         assert_eq!(entries[1]["key"]["model_name"], MODEL);
         assert_eq!(body["batches"][0]["seq"], 2);
+    }
+
+    #[test]
+    fn a_duplicate_answer_moves_the_instance_on() {
+        let answer = |b: &str| serde_json::from_str::<EventsAnswer>(b).unwrap();
+        assert!(answer(r#"{"applied": 1, "duplicates": 0, "stale": 0}"#).moves_on());
+        // Its answer was lost after the server applied it: sent again.
+        assert!(answer(r#"{"applied": 0, "duplicates": 1, "stale": 0}"#).moves_on());
+        assert!(!answer(r#"{"applied": 0, "duplicates": 0, "stale": 1}"#).moves_on());
+        assert!(!answer(r#"{"applied": 0}"#).moves_on());
+    }
+
+    #[test]
+    fn failed_connects_back_off_up_to_a_second() {
+        assert_eq!(backoff(0), Duration::from_millis(10));
+        assert_eq!(backoff(1), Duration::from_millis(20));
+        assert_eq!(backoff(6), Duration::from_millis(640));
+        assert_eq!(backoff(7), Duration::from_secs(1));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(1));
     }
 
     #[test]
