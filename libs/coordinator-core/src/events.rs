@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::StorageLevel;
-use crate::key::{ObjectKey, SharedKey, WireKey};
+use crate::key::{ObjectKey, SharedKey, WireKey, WireKeyRef};
 
 mod scan;
 
@@ -409,26 +409,13 @@ struct BorrowedBatch<'a> {
 #[derive(Deserialize)]
 struct BorrowedEntry<'a> {
     #[serde(borrow)]
-    key: BorrowedKey<'a>,
+    key: WireKeyRef<'a>,
     #[serde(default)]
     size_bytes: i64,
     #[serde(default)]
     token_ids: Vec<i64>,
     #[serde(default = "minus_one")]
     token_offset: i64,
-}
-
-#[derive(Deserialize)]
-struct BorrowedKey<'a> {
-    #[serde(borrow)]
-    chunk_hash_hex: Cow<'a, str>,
-    #[serde(borrow)]
-    model_name: Cow<'a, str>,
-    kv_rank: i64,
-    #[serde(default)]
-    object_group_id: i64,
-    #[serde(default, borrow)]
-    cache_salt: Cow<'a, str>,
 }
 
 impl EventsRequest {

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
 use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
-use ic_coordinator_core::key::{ObjectKey, WireKey};
+use ic_coordinator_core::key::{ObjectKey, WireKey, WireKeyRef as KeyRef};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -222,39 +222,14 @@ struct LookupRef<'a> {
     cache_salt: Cow<'a, str>,
 }
 
-/// [`WireKey`], borrowed.
-#[derive(Deserialize)]
-struct KeyRef<'a> {
-    #[serde(borrow)]
-    chunk_hash_hex: Cow<'a, str>,
-    #[serde(borrow)]
-    model_name: Cow<'a, str>,
-    kv_rank: i64,
-    #[serde(default)]
-    object_group_id: i64,
-    #[serde(default, borrow)]
-    cache_salt: Cow<'a, str>,
-}
-
-impl<'a> KeyRef<'a> {
-    fn echo(&'a self) -> Echo<'a> {
-        Echo {
-            cache_salt: &self.cache_salt,
-            chunk_hash_hex: &self.chunk_hash_hex,
-            kv_rank: self.kv_rank,
-            model_name: &self.model_name,
-            object_group_id: self.object_group_id,
-        }
-    }
-
-    fn parse(&self) -> Result<ObjectKey, ic_coordinator_core::key::KeyError> {
-        ObjectKey::from_parts(
-            &self.chunk_hash_hex,
-            &self.model_name,
-            self.kv_rank,
-            self.object_group_id,
-            &self.cache_salt,
-        )
+/// What the lookup answer echoes of a request's key.
+fn echo<'a>(key: &'a KeyRef<'a>) -> Echo<'a> {
+    Echo {
+        cache_salt: &key.cache_salt,
+        chunk_hash_hex: &key.chunk_hash_hex,
+        kv_rank: key.kv_rank,
+        model_name: &key.model_name,
+        object_group_id: key.object_group_id,
     }
 }
 
@@ -296,7 +271,7 @@ pub(crate) async fn lookup(
         answer.chunks(parsed.len());
         app.views.read(|views| {
             for (wire, key) in keys.iter().zip(&parsed) {
-                answer.result(&wire.echo(), &views.directory, key);
+                answer.result(&echo(wire), &views.directory, key);
             }
         });
         return Ok(answer.finish());
@@ -522,7 +497,7 @@ mod tests {
             if let (Some((keys, parsed)), Some((wire, reference))) = (ours, reference) {
                 assert_eq!(parsed, reference, "{body}");
                 for (k, w) in keys.iter().zip(&wire) {
-                    let e = k.echo();
+                    let e = echo(k);
                     assert_eq!(
                         (e.chunk_hash_hex, e.model_name, e.cache_salt),
                         (&*w.chunk_hash_hex, &*w.model_name, &*w.cache_salt)
