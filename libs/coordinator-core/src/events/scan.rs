@@ -235,6 +235,49 @@ impl<'a> Scan<'a> {
         }
     }
 
+    /// An object of known fields, each at most once: `field` maps a name
+    /// to its bit (`None` for an unknown name), `value` reads the value of
+    /// the field with that bit. The bits seen; `None` for an empty object or
+    /// anything outside the subset.
+    fn object(
+        &mut self,
+        field: impl Fn(&str) -> Option<u32>,
+        mut value: impl FnMut(&mut Self, u32) -> Option<()>,
+    ) -> Option<u32> {
+        let mut seen = 0u32;
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            return None;
+        }
+        loop {
+            let bit = field(self.string()?)?;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            self.eat(b':')?;
+            value(self, bit)?;
+            if !self.more(b'}')? {
+                return Some(seen);
+            }
+        }
+    }
+
+    /// An array, `item` reading each element.
+    fn array(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(b'[')?;
+        if self.peek()? == b']' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            item(self)?;
+            if !self.more(b']')? {
+                return Some(());
+            }
+        }
+    }
+
     /// One batch object: its head, its entries pushed to `entries` (their
     /// tokens to `tokens`).
     fn batch(
@@ -256,84 +299,64 @@ impl<'a> Scan<'a> {
             capacity_revision: 0,
             dropped_events: None,
         };
-        let mut seen = 0u32;
-        self.eat(b'{')?;
-        if self.peek()? == b'}' {
-            return None;
-        }
-        loop {
-            let field = match self.string()? {
-                "instance_id" => INSTANCE_ID,
-                "incarnation" => INCARNATION,
-                "seq" => SEQ,
-                "event_type" => EVENT_TYPE,
-                "tier" => TIER,
-                "backend" => BACKEND,
-                "entries" => ENTRIES,
-                "shared" => SHARED,
-                "ts" => TS,
-                "capacity_bytes" => CAPACITY_BYTES,
-                "capacity_revision" => CAPACITY_REVISION,
-                "dropped_events" => DROPPED_EVENTS,
-                _ => return None,
-            };
-            if seen & field != 0 {
-                return None;
-            }
-            seen |= field;
-            self.eat(b':')?;
-            match field {
-                INSTANCE_ID => h.instance_id = self.string()?,
-                INCARNATION => h.incarnation = self.int()?,
-                SEQ => h.seq = self.int()?,
-                EVENT_TYPE => {
-                    h.event_type = match self.string()? {
-                        "store" => EventType::Store,
-                        "delete" => EventType::Delete,
-                        "access" => EventType::Access,
-                        "config" => EventType::Config,
-                        _ => return None,
+        let seen = self.object(
+            |name| match name {
+                "instance_id" => Some(INSTANCE_ID),
+                "incarnation" => Some(INCARNATION),
+                "seq" => Some(SEQ),
+                "event_type" => Some(EVENT_TYPE),
+                "tier" => Some(TIER),
+                "backend" => Some(BACKEND),
+                "entries" => Some(ENTRIES),
+                "shared" => Some(SHARED),
+                "ts" => Some(TS),
+                "capacity_bytes" => Some(CAPACITY_BYTES),
+                "capacity_revision" => Some(CAPACITY_REVISION),
+                "dropped_events" => Some(DROPPED_EVENTS),
+                _ => None,
+            },
+            |s, field| {
+                match field {
+                    INSTANCE_ID => h.instance_id = s.string()?,
+                    INCARNATION => h.incarnation = s.int()?,
+                    SEQ => h.seq = s.int()?,
+                    EVENT_TYPE => {
+                        h.event_type = match s.string()? {
+                            "store" => EventType::Store,
+                            "delete" => EventType::Delete,
+                            "access" => EventType::Access,
+                            "config" => EventType::Config,
+                            _ => return None,
+                        }
                     }
-                }
-                TIER => {
-                    h.tier = match self.string()? {
-                        "l1" => StorageLevel::L1,
-                        "l2" => StorageLevel::L2,
-                        _ => return None,
+                    TIER => {
+                        h.tier = match s.string()? {
+                            "l1" => StorageLevel::L1,
+                            "l2" => StorageLevel::L2,
+                            _ => return None,
+                        }
                     }
-                }
-                BACKEND => h.backend = self.string()?,
-                ENTRIES => {
-                    self.eat(b'[')?;
-                    if self.peek()? == b']' {
-                        self.i += 1;
-                    } else {
-                        loop {
-                            let e = self.entry(tokens)?;
-                            entries.push(e);
-                            if !self.more(b']')? {
-                                break;
-                            }
+                    BACKEND => h.backend = s.string()?,
+                    ENTRIES => s.array(|s| {
+                        entries.push(s.entry(tokens)?);
+                        Some(())
+                    })?,
+                    SHARED => h.shared = s.bool()?,
+                    TS => h.ts = s.float()?,
+                    CAPACITY_BYTES => h.capacity_bytes = s.int()?,
+                    CAPACITY_REVISION => h.capacity_revision = s.int()?,
+                    _ => {
+                        h.dropped_events = if s.peek()? == b'n' {
+                            s.literal("null")?;
+                            None
+                        } else {
+                            Some(s.int()?)
                         }
                     }
                 }
-                SHARED => h.shared = self.bool()?,
-                TS => h.ts = self.float()?,
-                CAPACITY_BYTES => h.capacity_bytes = self.int()?,
-                CAPACITY_REVISION => h.capacity_revision = self.int()?,
-                _ => {
-                    h.dropped_events = if self.peek()? == b'n' {
-                        self.literal("null")?;
-                        None
-                    } else {
-                        Some(self.int()?)
-                    }
-                }
-            }
-            if !self.more(b'}')? {
-                break;
-            }
-        }
+                Some(())
+            },
+        )?;
         h.entries = entries.len();
         (seen & REQUIRED == REQUIRED).then_some(h)
     }
@@ -355,49 +378,32 @@ impl<'a> Scan<'a> {
             tokens: first..first,
             token_offset: -1,
         };
-        let mut seen = 0u32;
-        self.eat(b'{')?;
-        if self.peek()? == b'}' {
-            return None;
-        }
-        loop {
-            let field = match self.string()? {
-                "key" => KEY,
-                "size_bytes" => SIZE,
-                "token_ids" => TOKENS,
-                "token_offset" => OFFSET,
-                _ => return None,
-            };
-            if seen & field != 0 {
-                return None;
-            }
-            seen |= field;
-            self.eat(b':')?;
-            match field {
-                KEY => self.key(&mut e)?,
-                SIZE => e.size_bytes = self.int()?,
-                TOKENS => {
-                    // Only one token list per entry (checked above), so the
-                    // range is the tokens pushed here.
-                    self.eat(b'[')?;
-                    if self.peek()? == b']' {
-                        self.i += 1;
-                    } else {
-                        loop {
-                            tokens.push(self.int()?);
-                            if !self.more(b']')? {
-                                break;
-                            }
-                        }
+        let seen = self.object(
+            |name| match name {
+                "key" => Some(KEY),
+                "size_bytes" => Some(SIZE),
+                "token_ids" => Some(TOKENS),
+                "token_offset" => Some(OFFSET),
+                _ => None,
+            },
+            |s, field| {
+                match field {
+                    KEY => s.key(&mut e)?,
+                    SIZE => e.size_bytes = s.int()?,
+                    TOKENS => {
+                        // Only one token list per entry (repeats are
+                        // refused), so the range is the tokens pushed here.
+                        s.array(|s| {
+                            tokens.push(s.int()?);
+                            Some(())
+                        })?;
+                        e.tokens = first..tokens.len();
                     }
-                    e.tokens = first..tokens.len();
+                    _ => e.token_offset = s.int()?,
                 }
-                _ => e.token_offset = self.int()?,
-            }
-            if !self.more(b'}')? {
-                break;
-            }
-        }
+                Some(())
+            },
+        )?;
         (seen & KEY != 0).then_some(e)
     }
 
@@ -407,36 +413,26 @@ impl<'a> Scan<'a> {
         const RANK: u32 = 4;
         const GROUP: u32 = 8;
         const SALT: u32 = 16;
-        let mut seen = 0u32;
-        self.eat(b'{')?;
-        if self.peek()? == b'}' {
-            return None;
-        }
-        loop {
-            let field = match self.string()? {
-                "chunk_hash_hex" => HEX,
-                "model_name" => MODEL,
-                "kv_rank" => RANK,
-                "object_group_id" => GROUP,
-                "cache_salt" => SALT,
-                _ => return None,
-            };
-            if seen & field != 0 {
-                return None;
-            }
-            seen |= field;
-            self.eat(b':')?;
-            match field {
-                HEX => e.chunk_hash_hex = self.string()?,
-                MODEL => e.model_name = self.string()?,
-                RANK => e.kv_rank = self.int()?,
-                GROUP => e.object_group_id = self.int()?,
-                _ => e.cache_salt = self.string()?,
-            }
-            if !self.more(b'}')? {
-                break;
-            }
-        }
+        let seen = self.object(
+            |name| match name {
+                "chunk_hash_hex" => Some(HEX),
+                "model_name" => Some(MODEL),
+                "kv_rank" => Some(RANK),
+                "object_group_id" => Some(GROUP),
+                "cache_salt" => Some(SALT),
+                _ => None,
+            },
+            |s, field| {
+                match field {
+                    HEX => e.chunk_hash_hex = s.string()?,
+                    MODEL => e.model_name = s.string()?,
+                    RANK => e.kv_rank = s.int()?,
+                    GROUP => e.object_group_id = s.int()?,
+                    _ => e.cache_salt = s.string()?,
+                }
+                Some(())
+            },
+        )?;
         (seen & (HEX | MODEL | RANK) == (HEX | MODEL | RANK)).then_some(())
     }
 }
