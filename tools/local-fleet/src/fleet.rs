@@ -503,7 +503,7 @@ pub async fn run_routed(
             .flat_map(|id| block_tokens(*id))
             .collect();
         let asked = Instant::now();
-        if !gateways.is_empty() {
+        let (target, asked) = if !gateways.is_empty() {
             let n = gateways.len();
             let gateway = &mut gateways[i % n];
             // The picker always names an endpoint; it decides prefix vs load.
@@ -514,46 +514,35 @@ pub async fn run_routed(
                 .ok_or_else(|| {
                     anyhow::anyhow!("the picker named an unknown endpoint {endpoint}")
                 })?;
-            let asked = (i % n, "picker");
-            serve_routed(
-                &mut run,
-                &mut caches,
-                &mut queues,
-                engines,
-                target,
-                request,
-                asked,
-            )
-            .await;
-            progress(i + 1);
-            continue;
-        }
-        let n = clients.len();
-        // The gateway names its endpoints, so a request with no prefix hint
-        // still gets (and the index counts) a destination by load.
-        let mut ask = lookup_request(tenant, model, &tokens, false);
-        ask.candidate_replicas = (0..engines.len()).map(|e| format!("engine-{e}")).collect();
-        let answer = clients[i % n].lookup_route(ask).await?.into_inner();
-        run.latencies.push(asked.elapsed());
-        let by_prefix = answer.outcome == pb::LookupOutcome::PrefixMatch as i32;
-        let hinted = answer
-            .best
-            .and_then(|b| b.replica)
-            .and_then(|r| r.replica_id.strip_prefix("engine-")?.parse::<usize>().ok())
-            .filter(|e| *e < engines.len());
-        let (target, how) = match hinted {
-            Some(e) => {
-                run.routed_by_hint += u64::from(by_prefix);
-                (e, if by_prefix { "prefix" } else { "load" })
-            }
-            // As Envoy's least-request balancer: the less busy of two
-            // engines drawn at random.
-            None => (
-                queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
-                "fallback",
-            ),
+            (target, (i % n, "picker"))
+        } else {
+            let n = clients.len();
+            // The gateway names its endpoints, so a request with no prefix
+            // hint still gets (and the index counts) a destination by load.
+            let mut ask = lookup_request(tenant, model, &tokens, false);
+            ask.candidate_replicas = (0..engines.len()).map(|e| format!("engine-{e}")).collect();
+            let answer = clients[i % n].lookup_route(ask).await?.into_inner();
+            run.latencies.push(asked.elapsed());
+            let by_prefix = answer.outcome == pb::LookupOutcome::PrefixMatch as i32;
+            let hinted = answer
+                .best
+                .and_then(|b| b.replica)
+                .and_then(|r| r.replica_id.strip_prefix("engine-")?.parse::<usize>().ok())
+                .filter(|e| *e < engines.len());
+            let (target, how) = match hinted {
+                Some(e) => {
+                    run.routed_by_hint += u64::from(by_prefix);
+                    (e, if by_prefix { "prefix" } else { "load" })
+                }
+                // As Envoy's least-request balancer: the less busy of two
+                // engines drawn at random.
+                None => (
+                    queues.less_loaded_of_two(request.timestamp_ms as f64, &mut rng),
+                    "fallback",
+                ),
+            };
+            (target, (i % n, how))
         };
-        let asked = (i % n, how);
         serve_routed(
             &mut run,
             &mut caches,
