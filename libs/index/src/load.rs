@@ -241,6 +241,31 @@ pub struct LoadBoard {
     changes: AtomicU64,
     /// Shortlists rebuilt (see [`LoadBoard::shortlist_refreshes`]).
     refreshes: AtomicU64,
+    /// Told the replica id whenever this server's own figures of it change
+    /// ([`LoadBoard::on_own_change`]).
+    own_listener: OwnListener,
+}
+
+/// A callback told of every change of this server's own picks.
+#[derive(Default)]
+struct OwnListener(std::sync::OnceLock<Box<dyn Fn(&str) + Send + Sync>>);
+
+impl std::fmt::Debug for OwnListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "OwnListener(set)"
+        } else {
+            "OwnListener(none)"
+        })
+    }
+}
+
+impl OwnListener {
+    fn tell(&self, replica_id: &str) {
+        if let Some(f) = self.0.get() {
+            f(replica_id);
+        }
+    }
 }
 
 /// The board's entries of one scope's members, in the members' order, and
@@ -475,6 +500,16 @@ impl LoadBoard {
                 enqueue(&e.picked_busy_until, now_ms as f64, work);
             }
         });
+        self.own_listener.tell(replica_id);
+    }
+
+    /// Calls `f` with the replica id after every change of this server's
+    /// own figures (a pick, a request started or finished): the peer
+    /// exchange pushes a pick to the other replicas at once instead of at
+    /// its next interval. Only the first listener set is kept (false for
+    /// a later one); `f` runs on the pick's path, so it must be quick.
+    pub fn on_own_change(&self, f: impl Fn(&str) + Send + Sync + 'static) -> bool {
+        self.own_listener.0.set(Box::new(f)).is_ok()
     }
 
     /// A request this picker sent to `replica_id` started.
@@ -482,6 +517,7 @@ impl LoadBoard {
         self.with_entry(replica_id, |e| {
             e.in_flight.fetch_add(1, Ordering::Relaxed);
         });
+        self.own_listener.tell(replica_id);
     }
 
     /// A request this picker sent to `replica_id` finished (or failed).
@@ -493,6 +529,7 @@ impl LoadBoard {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
                     Some(n.saturating_sub(1))
                 });
+            self.own_listener.tell(replica_id);
         }
     }
 

@@ -209,3 +209,23 @@ fn a_member_s_first_pick_leaves_its_scope_resolved() {
         );
     });
 }
+
+#[test]
+fn the_own_change_listener_hears_every_pick_start_and_end_and_nothing_else() {
+    let board = LoadBoard::new(LoadSettings::default());
+    let heard = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
+    let h = heard.clone();
+    assert!(board.on_own_change(move |id| h.lock().push(id.to_owned())));
+    assert!(!board.on_own_change(|_| {}), "only the first listener is kept");
+    board.picked("a", 0);
+    board.picked_with_work("b", 0, |_| 5.0);
+    board.started("b");
+    board.finished("b");
+    // Not this server's own picks: the engines' and the peers' figures.
+    board.report_engine("a", EngineLoad::default(), 0);
+    board.observed_work("a", 3.0, 0);
+    board.peer_picks("a", PeerPicks::default(), 0, 1_000);
+    // A request ending on a replica never heard of changes nothing.
+    board.finished("nobody");
+    assert_eq!(*heard.lock(), ["a", "b", "b", "b"]);
+}
