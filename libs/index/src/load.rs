@@ -248,7 +248,10 @@ pub struct LoadBoard {
 
 /// A callback told of every change of this server's own picks.
 #[derive(Default)]
-struct OwnListener(std::sync::OnceLock<Box<dyn Fn(&str) + Send + Sync>>);
+struct OwnListener(std::sync::OnceLock<Box<OwnChange>>);
+
+/// What [`LoadBoard::on_own_change`] calls.
+type OwnChange = dyn Fn(&str) + Send + Sync;
 
 impl std::fmt::Debug for OwnListener {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
