@@ -5,6 +5,9 @@
 //! replicas behind one model with a shared system prompt do), so lookups
 //! see realistic candidate sets.
 
+pub mod prom;
+pub mod schedule;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -111,26 +114,65 @@ pub struct PhaseStats {
     pub p50_us: f64,
     /// 99th percentile latency, microseconds.
     pub p99_us: f64,
+    /// 99.9th percentile latency, microseconds.
+    pub p999_us: f64,
+}
+
+/// Microseconds, exact to the nanosecond (`as_secs_f64() * 1e6` is not).
+fn micros(d: Duration) -> f64 {
+    d.as_nanos() as f64 / 1e3
+}
+
+/// Nearest-rank percentile `p` (0..100) of sorted `v`, microseconds; 0
+/// when empty.
+fn percentile_us(v: &[Duration], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    // Nearest rank, less a hair so 99.9 % of 1,000 (999.0000000000001 in
+    // floating point) is rank 999; the cast is of a small positive value.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let rank = ((p / 100.0) * v.len() as f64 - 1e-9).ceil() as usize;
+    micros(v[rank.clamp(1, v.len()) - 1])
+}
+
+/// A distribution's median, tail and maximum, microseconds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Largest.
+    pub max_us: f64,
+}
+
+impl Quantiles {
+    /// Of `v`, any order.
+    pub fn of(mut v: Vec<Duration>) -> Self {
+        v.sort_unstable();
+        Self {
+            p50_us: percentile_us(&v, 50.0),
+            p99_us: percentile_us(&v, 99.0),
+            p999_us: percentile_us(&v, 99.9),
+            max_us: v.last().map_or(0.0, |d| micros(*d)),
+        }
+    }
 }
 
 /// Summarises latencies (any order) measured over `elapsed`.
 pub fn summarize(mut latencies: Vec<Duration>, errors: u64, elapsed: Duration) -> PhaseStats {
     latencies.sort_unstable();
-    let pct = |p: f64| {
-        if latencies.is_empty() {
-            return 0.0;
-        }
-        // Nearest rank; the cast is of a small positive value.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let rank = ((p / 100.0) * latencies.len() as f64).ceil() as usize;
-        latencies[rank.clamp(1, latencies.len()) - 1].as_secs_f64() * 1e6
-    };
+    let pct = |p: f64| percentile_us(&latencies, p);
     PhaseStats {
         requests: latencies.len() as u64,
         errors,
         qps: latencies.len() as f64 / elapsed.as_secs_f64().max(1e-9),
         p50_us: pct(50.0),
         p99_us: pct(99.0),
+        p999_us: pct(99.9),
     }
 }
 
@@ -163,6 +205,13 @@ mod tests {
         assert!((s.qps - 50.0).abs() < 1e-9);
         assert!((s.p50_us - 50.0).abs() < 1e-9);
         assert!((s.p99_us - 99.0).abs() < 1e-9);
+        assert!((s.p999_us - 100.0).abs() < 1e-9);
         assert_eq!(summarize(Vec::new(), 0, Duration::from_secs(1)).p99_us, 0.0);
+        let q = Quantiles::of((1..=1000).map(Duration::from_micros).collect());
+        assert_eq!(
+            (q.p50_us, q.p99_us, q.p999_us, q.max_us),
+            (500.0, 990.0, 999.0, 1000.0)
+        );
+        assert_eq!(Quantiles::of(Vec::new()).max_us, 0.0);
     }
 }

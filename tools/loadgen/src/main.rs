@@ -3,6 +3,8 @@
 //! this server and client) and LookupRoute on the same server in the same
 //! run. See docs/benchmarks.md for figures.
 
+mod open_loop;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,10 +13,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use futures::StreamExt;
+use ic_loadgen::prom::{Histogram, ServerQuantiles};
+use ic_loadgen::schedule::Spacing;
 use ic_loadgen::{Fleet, PhaseStats, summarize};
 use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::index_service_client::IndexServiceClient;
 use ic_sim::ServiceProcess;
+use open_loop::{OpenLoop, ScheduleStats};
 use serde::Serialize;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
@@ -58,12 +63,30 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Open loop: issue this many requests per second on a fixed schedule
-    /// (at most --concurrency in flight) instead of as fast as responses
-    /// return; latency counts from the scheduled send time whenever the
-    /// schedule ran late, so backlog is not hidden.
+    /// Open loop: issue this many requests per second on a schedule kept
+    /// by a dedicated thread (at most --concurrency in flight) instead of
+    /// as fast as responses return; latency counts from each send's due
+    /// time, so lateness and backlog are not hidden.
     #[arg(long)]
     rate: Option<f64>,
+    /// Open loop: gaps between sends, `poisson` (exponential: independent
+    /// users, the latency a gateway sees) or `uniform` (equal: the
+    /// server's best case at the rate).
+    #[arg(long, default_value = "poisson", requires = "rate")]
+    spacing: Spacing,
+    /// Open loop: the schedule thread spins this many microseconds before
+    /// each send instead of sleeping (0: sleep only).
+    #[arg(long, default_value_t = 50, requires = "rate")]
+    spin_us: u64,
+    /// Open loop: seed of the Poisson schedule (the same seed, the same
+    /// sends).
+    #[arg(long, default_value_t = 1, requires = "rate")]
+    seed: u64,
+    /// The server's Prometheus page, scraped before and after the
+    /// LookupRoute phase for its own lookup-duration histogram (default:
+    /// the started server's; none with --target).
+    #[arg(long)]
+    metrics_url: Option<String>,
     /// An extra flag for the ic-index-server this starts (repeatable, e.g.
     /// `--server-arg=--ttft-prefill-tokens-per-second=0` to compare builds
     /// whose defaults differ).
@@ -81,6 +104,12 @@ struct Report {
     connections: usize,
     /// Requests per second offered (open loop), if set.
     rate: Option<f64>,
+    /// The open loop's schedule and how exactly it was kept, per phase.
+    open_loop: Option<OpenLoopReport>,
+    /// The LookupRoute phase (warm-up included) as the server's
+    /// `inferencecache_index_lookup_duration_seconds` saw it: from the
+    /// decoded request to the built answer.
+    server_lookup: Option<ServerQuantiles>,
     preload_events: u64,
     preload_seconds: f64,
     preload_events_per_second: f64,
@@ -89,6 +118,18 @@ struct Report {
     lookup_hit_ratio: f64,
     lookup_to_empty_qps_ratio: f64,
 }
+
+#[derive(Debug, Serialize)]
+struct OpenLoopReport {
+    spacing: Spacing,
+    spin_us: u64,
+    seed: u64,
+    empty_rpc: ScheduleStats,
+    lookup_route: ScheduleStats,
+}
+
+/// The server's lookup histogram.
+const LOOKUP_HISTOGRAM: &str = "inferencecache_index_lookup_duration_seconds";
 
 const TENANT: &str = "loadgen";
 const MODEL: &str = "loadgen-model";
@@ -178,10 +219,11 @@ async fn preload(channel: Channel, fleet: Fleet) -> anyhow::Result<(u64, Duratio
     Ok((total, started.elapsed()))
 }
 
-/// Runs `call` from `concurrency` tasks over `channels` for warmup plus
-/// duration; latencies are kept for the measured part only. `call` returns
+/// Closed loop: runs `call` from `concurrency` tasks over `channels`
+/// for warmup plus duration, each sending again as soon as its answer
+/// returns; latencies are kept for the measured part only. `call` returns
 /// whether the answer was a hit.
-async fn phase<F, Fut>(channels: &[Channel], args: &Args, call: F) -> (PhaseStats, u64)
+async fn closed_phase<F, Fut>(channels: &[Channel], args: &Args, call: F) -> (PhaseStats, u64)
 where
     F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = Result<bool, tonic::Status>> + Send,
@@ -192,57 +234,22 @@ where
     let end = measure_from + Duration::from_secs_f64(args.duration_secs);
     let hits = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    // Open loop: worker `w` owns the scheduled slots w, w + n, w + 2n, …
-    let interval = args
-        .rate
-        .filter(|r| *r > 0.0)
-        .map(|r| Duration::from_secs_f64(args.concurrency as f64 / r));
-    let slot_offset = |w: usize| {
-        args.rate
-            .filter(|r| *r > 0.0)
-            .map(|r| Duration::from_secs_f64(w as f64 / r))
-            .unwrap_or_default()
-    };
     for w in 0..args.concurrency {
         let channel = channels[w % channels.len()].clone();
         let call = call.clone();
         let hits = hits.clone();
-        let first_slot = start + slot_offset(w);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut errors = 0u64;
             let mut i = w as u64;
-            let mut slot = first_slot;
-            let mut free_at = start;
             loop {
-                // The slot a send belongs to decides whether it is measured:
-                // a warm-up slot woken late (a loaded machine) is not.
-                let (t0, scheduled) = match interval {
-                    Some(every) => {
-                        if slot >= end {
-                            break;
-                        }
-                        tokio::time::sleep_until(slot.into()).await;
-                        // Late because the previous call overran its slot:
-                        // count from the slot. Otherwise from the wake-up
-                        // (timer slop is not the server's).
-                        let t0 = if free_at > slot { slot } else { Instant::now() };
-                        let scheduled = slot;
-                        slot += every;
-                        (t0, scheduled)
-                    }
-                    None => {
-                        let now = Instant::now();
-                        (now, now)
-                    }
-                };
+                let t0 = Instant::now();
                 if t0 >= end {
                     break;
                 }
                 let result = call(channel.clone(), i).await;
-                free_at = Instant::now();
                 i += 1_000_003;
-                if scheduled < measure_from {
+                if t0 < measure_from {
                     continue;
                 }
                 match result {
@@ -271,13 +278,92 @@ where
     )
 }
 
+/// One phase, closed or open loop as the flags say.
+async fn phase<F, Fut>(
+    channels: &[Channel],
+    args: &Args,
+    call: F,
+) -> anyhow::Result<(PhaseStats, u64, Option<ScheduleStats>)>
+where
+    F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<bool, tonic::Status>> + Send + 'static,
+{
+    match args.rate {
+        None => {
+            let (stats, hits) = closed_phase(channels, args, call).await;
+            Ok((stats, hits, None))
+        }
+        Some(rate) => {
+            let open = OpenLoop {
+                rate,
+                spacing: args.spacing,
+                seed: args.seed,
+                spin: Duration::from_micros(args.spin_us),
+                concurrency: args.concurrency,
+                warmup: Duration::from_secs_f64(args.warmup_secs),
+                duration: Duration::from_secs_f64(args.duration_secs),
+            };
+            let (stats, hits, schedule) = open_loop::run(channels, &open, call).await?;
+            Ok((stats, hits, Some(schedule)))
+        }
+    }
+}
+
+/// Rejects flags no run can use, naming the flag.
+fn check(args: &Args) -> Result<(), String> {
+    for (flag, value) in [
+        ("--replicas", u64::from(args.replicas)),
+        ("--concurrency", args.concurrency as u64),
+        ("--connections", args.connections as u64),
+        ("--chain", u64::from(args.chain)),
+    ] {
+        if value == 0 {
+            return Err(format!("{flag}: must be at least 1"));
+        }
+    }
+    if !args.duration_secs.is_finite() || args.duration_secs <= 0.0 {
+        return Err(format!(
+            "--duration-secs: {} is not a positive number of seconds",
+            args.duration_secs
+        ));
+    }
+    if !args.warmup_secs.is_finite() || args.warmup_secs < 0.0 {
+        return Err(format!(
+            "--warmup-secs: {} is not a number of seconds (0 or more)",
+            args.warmup_secs
+        ));
+    }
+    if let Some(rate) = args.rate {
+        ic_loadgen::schedule::Schedule::new(rate, args.spacing, args.seed)?;
+    }
+    if args.spin_us > 10_000 {
+        return Err(format!(
+            "--spin-us: {} is above 10000 (a spin that long only burns a core)",
+            args.spin_us
+        ));
+    }
+    Ok(())
+}
+
+/// The server's lookup histogram, scraped from `url`.
+async fn lookup_histogram(url: &str) -> anyhow::Result<Histogram> {
+    let page = reqwest::get(url)
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| format!("scraping {url}"))?
+        .text()
+        .await
+        .with_context(|| format!("reading {url}"))?;
+    Histogram::parse(&page, LOOKUP_HISTOGRAM)
+        .with_context(|| format!("{LOOKUP_HISTOGRAM} missing from {url}"))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.replicas == 0 || args.concurrency == 0 || args.connections == 0 || args.chain == 0 {
-        bail!("--replicas, --concurrency, --connections and --chain must be at least 1");
-    }
+    check(&args).map_err(anyhow::Error::msg)?;
     let mut server = None;
+    let mut metrics_url = args.metrics_url.clone();
     let target = match &args.target {
         Some(t) => t.clone(),
         None => {
@@ -295,6 +381,7 @@ async fn main() -> anyhow::Result<()> {
             server_args.extend(args.server_arg.iter().map(String::as_str));
             let mut p = ServiceProcess::start(&bin, &server_args);
             let addr = p.addr("grpc").to_string();
+            metrics_url.get_or_insert_with(|| format!("http://{}/metrics", p.admin_addr()));
             server = Some(p);
             addr
         }
@@ -325,7 +412,7 @@ async fn main() -> anyhow::Result<()> {
     let (events, took) = preload(channels[0].clone(), fleet).await?;
 
     say("measuring the empty RPC (grpc.health.v1 Check)…".into());
-    let (empty, _) = phase(&channels, &args, |channel, _| async move {
+    let (empty, _, empty_schedule) = phase(&channels, &args, |channel, _| async move {
         HealthClient::new(channel)
             .check(HealthCheckRequest {
                 service: String::new(),
@@ -333,7 +420,7 @@ async fn main() -> anyhow::Result<()> {
             .await
             .map(|_| true)
     })
-    .await;
+    .await?;
 
     say(format!(
         "measuring LookupRoute ({}-block prompts)…",
@@ -341,7 +428,11 @@ async fn main() -> anyhow::Result<()> {
     ));
     let groups = fleet.groups();
     let prompt_blocks = args.prompt_blocks;
-    let (lookup, hits) = phase(&channels, &args, move |channel, i| {
+    let server_before = match &metrics_url {
+        Some(url) => Some(lookup_histogram(url).await?),
+        None => None,
+    };
+    let (lookup, hits, lookup_schedule) = phase(&channels, &args, move |channel, i| {
         let hashes = fleet.prompt(
             u32::try_from(i % u64::from(groups)).unwrap_or(0),
             i / u64::from(groups),
@@ -363,7 +454,17 @@ async fn main() -> anyhow::Result<()> {
             Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
         }
     })
-    .await;
+    .await?;
+    let server_lookup = match (&metrics_url, server_before) {
+        (Some(url), Some(before)) => Some(
+            lookup_histogram(url)
+                .await?
+                .since(&before)
+                .context("the server's lookup histogram changed its buckets")?
+                .summary(),
+        ),
+        _ => None,
+    };
 
     if let Some(mut p) = server {
         p.stop();
@@ -376,6 +477,16 @@ async fn main() -> anyhow::Result<()> {
         concurrency: args.concurrency,
         connections: args.connections,
         rate: args.rate,
+        open_loop: empty_schedule
+            .zip(lookup_schedule)
+            .map(|(empty_rpc, lookup_route)| OpenLoopReport {
+                spacing: args.spacing,
+                spin_us: args.spin_us,
+                seed: args.seed,
+                empty_rpc,
+                lookup_route,
+            }),
+        server_lookup,
         preload_events: events,
         preload_seconds: took.as_secs_f64(),
         preload_events_per_second: events as f64 / took.as_secs_f64().max(1e-9),
@@ -412,17 +523,45 @@ fn print_table(r: &Report) {
         r.preload_events, r.preload_seconds, r.preload_events_per_second
     );
     println!(
-        "{:<26} {:>10} {:>10} {:>10} {:>8}",
-        "phase", "qps", "p50 µs", "p99 µs", "errors"
+        "{:<26} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "phase", "qps", "p50 µs", "p99 µs", "p99.9 µs", "errors"
     );
     for (name, s) in [
         ("empty RPC (health Check)", &r.empty_rpc),
         ("LookupRoute", &r.lookup_route),
     ] {
         println!(
-            "{:<26} {:>10.0} {:>10.0} {:>10.0} {:>8}",
-            name, s.qps, s.p50_us, s.p99_us, s.errors
+            "{:<26} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>8}",
+            name, s.qps, s.p50_us, s.p99_us, s.p999_us, s.errors
         );
+    }
+    if let Some(s) = &r.server_lookup {
+        println!(
+            "{:<26} {:>10} {:>10.0} {:>10.0} {:>10.0}   (server's histogram, mean {:.0} µs)",
+            "LookupRoute in the server", "", s.p50_us, s.p99_us, s.p999_us, s.mean_us
+        );
+    }
+    if let Some(o) = &r.open_loop {
+        println!(
+            "schedule: {} spacing, spin {} µs; sends late by (p50 / p99 / p99.9 µs):",
+            o.spacing, o.spin_us
+        );
+        for (name, s) in [
+            ("empty RPC", &o.empty_rpc),
+            ("LookupRoute", &o.lookup_route),
+        ] {
+            println!(
+                "  {name}: {} due; hand-over {:.0} / {:.0} / {:.0}, request start {:.0} / {:.0} / {:.0}; spinning {:.0}% of a core",
+                s.scheduled,
+                s.dispatch_lateness_us.p50_us,
+                s.dispatch_lateness_us.p99_us,
+                s.dispatch_lateness_us.p999_us,
+                s.send_lateness_us.p50_us,
+                s.send_lateness_us.p99_us,
+                s.send_lateness_us.p999_us,
+                s.spin_fraction * 100.0
+            );
+        }
     }
     println!(
         "LookupRoute hit ratio {:.1}%, LookupRoute/empty qps {:.2}",

@@ -52,9 +52,9 @@ fn short_run_reports_every_phase() {
     assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
 }
 
-#[test]
-fn open_loop_runs_offer_no_more_than_the_rate() {
-    let report = index_loadgen(&[
+/// A short open-loop run at `rate` requests/s for 1 s (0.2 s warm-up).
+fn open_loop(rate: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "--replicas",
         "4",
         "--entries",
@@ -64,21 +64,106 @@ fn open_loop_runs_offer_no_more_than_the_rate() {
         "--concurrency",
         "8",
         "--connections",
-        "1",
+        "2",
         "--rate",
-        "200",
+        rate,
         "--duration-secs",
         "1",
         "--warmup-secs",
         "0.2",
-    ]);
-    assert_eq!(report["rate"], 200.0, "{report}");
+    ];
+    args.extend_from_slice(extra);
+    index_loadgen(&args)
+}
+
+/// Every measured send due in the window completed, and the window held
+/// `expect` sends within `tolerance`; the schedule's figures are there.
+fn check_open_phases(report: &serde_json::Value, expect: f64, tolerance: f64) {
     for phase in ["empty_rpc", "lookup_route"] {
-        // The measured second holds 200 scheduled slots; a closed loop
-        // would complete thousands.
-        let requests = report[phase]["requests"].as_u64().unwrap();
-        assert!((1..=201).contains(&requests), "{phase}: {report}");
+        let schedule = &report["open_loop"][phase];
+        let scheduled = schedule["scheduled"].as_u64().unwrap();
+        assert!(
+            (scheduled as f64 - expect).abs() <= tolerance,
+            "{phase}: {scheduled} due, {expect} ± {tolerance} expected: {report}"
+        );
+        // Each due send is sent (late if need be) and answered, none dropped.
+        assert_eq!(
+            report[phase]["requests"].as_u64().unwrap(),
+            scheduled,
+            "{phase}: {report}"
+        );
         assert_eq!(report[phase]["errors"], 0, "{report}");
+        for q in ["dispatch_lateness_us", "send_lateness_us"] {
+            for f in ["p50_us", "p99_us", "p999_us", "max_us"] {
+                assert!(
+                    schedule[q][f].as_f64().unwrap() >= 0.0,
+                    "{phase}.{q}.{f}: {report}"
+                );
+            }
+        }
+        assert!(
+            schedule["spin_fraction"].as_f64().unwrap() >= 0.0,
+            "{report}"
+        );
+        assert!(report[phase]["p999_us"].as_f64().unwrap() > 0.0, "{report}");
+    }
+}
+
+#[test]
+fn uniform_open_loop_sends_rate_times_duration() {
+    let report = open_loop("2000", &["--spacing", "uniform"]);
+    assert_eq!(report["rate"], 2000.0, "{report}");
+    assert_eq!(report["open_loop"]["spacing"], "uniform", "{report}");
+    assert_eq!(report["open_loop"]["spin_us"], 50, "{report}");
+    // Equal gaps: exactly rate x duration due in the window, but for the
+    // slot on its edge.
+    check_open_phases(&report, 2000.0, 1.0);
+    // The server's own histogram counted this phase's lookups: the
+    // measured ones and the warm-up's (2,400 due in all).
+    let server = &report["server_lookup"];
+    let count = server["count"].as_u64().unwrap();
+    assert!((2000..=2401).contains(&count), "{report}");
+    for f in ["mean_us", "p50_us", "p99_us", "p999_us"] {
+        assert!(
+            server[f].as_f64().unwrap() > 0.0,
+            "server_lookup.{f}: {report}"
+        );
+    }
+}
+
+#[test]
+fn poisson_open_loop_is_the_default_and_keeps_the_mean_rate() {
+    let report = open_loop("2000", &["--seed", "7"]);
+    assert_eq!(report["open_loop"]["spacing"], "poisson", "{report}");
+    assert_eq!(report["open_loop"]["seed"], 7, "{report}");
+    // A Poisson count over a second at 2,000/s: mean 2,000, deviation
+    // about 45; five of them.
+    check_open_phases(&report, 2000.0, 5.0 * 2000f64.sqrt());
+}
+
+#[test]
+fn bad_flags_are_refused_naming_the_flag() {
+    for (args, flag) in [
+        (&["--rate", "0"][..], "--rate"),
+        (&["--rate=-5"], "--rate"),
+        (&["--rate", "NaN"], "--rate"),
+        (&["--rate", "100", "--spacing", "bursty"], "--spacing"),
+        (&["--rate", "100", "--spin-us", "20000"], "--spin-us"),
+        (&["--spacing", "uniform"], "--rate"),
+        (&["--duration-secs", "0"], "--duration-secs"),
+        (&["--warmup-secs", "inf"], "--warmup-secs"),
+        (&["--concurrency", "0"], "--concurrency"),
+        (&["--connections", "0"], "--connections"),
+    ] {
+        // No server is started: the flags are checked first.
+        let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
+            .args(["--bin-dir", "/nonexistent", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(stderr.contains(flag), "{args:?}: {stderr}");
     }
 }
 

@@ -1,0 +1,171 @@
+//! The open loop: one OS thread keeps the schedule and hands each request
+//! to the tokio runtime at its own instant.
+//!
+//! Tokio's timer has a 1 ms granularity: workers sleeping on it wake
+//! together once a millisecond, so a 10,000/s load left in bursts of ten
+//! and the client's burst was measured as latency. This thread sleeps
+//! (timer slack lowered to 1 ns) to `--spin-us` before each due time and
+//! spins the rest, so sends leave at their own instants. Latency counts
+//! from the due time: a send that leaves late, or waits for one of the
+//! `--concurrency` slots, is charged for it (no coordinated omission); how
+//! late sends left is reported apart, so client and server can be told
+//! apart.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ic_loadgen::schedule::{Schedule, Spacing};
+use ic_loadgen::{PhaseStats, Quantiles, summarize};
+use serde::Serialize;
+use tokio::sync::{Semaphore, mpsc};
+use tonic::transport::Channel;
+
+/// Time for the thread to start before the first due send.
+const LEAD: Duration = Duration::from_millis(20);
+
+/// The open loop's settings.
+#[derive(Clone, Copy, Debug)]
+pub struct OpenLoop {
+    /// Sends per second.
+    pub rate: f64,
+    /// How sends are spaced.
+    pub spacing: Spacing,
+    /// Fixes a Poisson schedule.
+    pub seed: u64,
+    /// Spin this long before each due time instead of sleeping.
+    pub spin: Duration,
+    /// Requests in flight at most; later sends wait (and are charged).
+    pub concurrency: usize,
+    /// Unmeasured time first.
+    pub warmup: Duration,
+    /// Measured time.
+    pub duration: Duration,
+}
+
+/// How exactly the client kept the schedule in one phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScheduleStats {
+    /// Sends due in the measured window (all of them complete: requests
+    /// plus errors).
+    pub scheduled: u64,
+    /// Due time to the thread's hand-over: the scheduler's own accuracy.
+    pub dispatch_lateness_us: Quantiles,
+    /// Due time to the request starting on the runtime (hand-over, the
+    /// runtime's wake-up, waiting for one of `--concurrency` slots): what
+    /// of a latency is the client's, not the server's.
+    pub send_lateness_us: Quantiles,
+    /// Share of the phase the thread spent spinning (a core's share).
+    pub spin_fraction: f64,
+}
+
+struct Sample {
+    due: Instant,
+    dispatched: Instant,
+    started: Instant,
+    done: Instant,
+    /// `Some(hit)` on success.
+    hit: Option<bool>,
+}
+
+/// Sends `call` on the schedule `open` describes over `channels` (round
+/// robin); returns the measured window's stats, hits and schedule stats.
+pub async fn run<F, Fut>(
+    channels: &[Channel],
+    open: &OpenLoop,
+    call: F,
+) -> anyhow::Result<(PhaseStats, u64, ScheduleStats)>
+where
+    F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<bool, tonic::Status>> + Send + 'static,
+{
+    let schedule = Schedule::new(open.rate, open.spacing, open.seed).map_err(anyhow::Error::msg)?;
+    let call = Arc::new(call);
+    let handle = tokio::runtime::Handle::current();
+    let permits = Arc::new(Semaphore::new(open.concurrency));
+    let (tx, mut rx) = mpsc::unbounded_channel::<Sample>();
+    let start = Instant::now() + LEAD;
+    let measure_from = start + open.warmup;
+    let end = measure_from + open.duration;
+    let channels = channels.to_vec();
+    let spin = open.spin;
+    let thread = std::thread::Builder::new()
+        .name("ic-loadgen-schedule".into())
+        .spawn(move || {
+            // Without it a sleep ends up to 50 µs late (the default
+            // slack); the lateness figures show what remains.
+            let _ = nix::sys::prctl::set_timerslack(1);
+            let mut spun = Duration::ZERO;
+            for (k, offset) in schedule.enumerate() {
+                let due = start + offset;
+                if due >= end {
+                    break;
+                }
+                spun += wait_until(due, spin);
+                let dispatched = Instant::now();
+                let channel = channels[k % channels.len()].clone();
+                let (call, permits, tx) = (call.clone(), permits.clone(), tx.clone());
+                // Spread prompts over the families as the closed loop does.
+                let i = (k as u64).wrapping_mul(1_000_003);
+                handle.spawn(async move {
+                    let Ok(_permit) = permits.acquire_owned().await else {
+                        return;
+                    };
+                    let started = Instant::now();
+                    let result = call(channel, i).await;
+                    let done = Instant::now();
+                    let _ = tx.send(Sample {
+                        due,
+                        dispatched,
+                        started,
+                        done,
+                        hit: result.ok(),
+                    });
+                });
+            }
+            spun
+        })?;
+    let (mut latencies, mut dispatch, mut send) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut errors, mut hits) = (0, 0);
+    // Ends when the thread and every request it spawned dropped its sender.
+    while let Some(s) = rx.recv().await {
+        if s.due < measure_from {
+            continue;
+        }
+        dispatch.push(s.dispatched.saturating_duration_since(s.due));
+        send.push(s.started.saturating_duration_since(s.due));
+        match s.hit {
+            Some(hit) => {
+                latencies.push(s.done.saturating_duration_since(s.due));
+                hits += u64::from(hit);
+            }
+            None => errors += 1,
+        }
+    }
+    let spun = thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the schedule thread panicked"))?;
+    let stats = ScheduleStats {
+        scheduled: dispatch.len() as u64,
+        dispatch_lateness_us: Quantiles::of(dispatch),
+        send_lateness_us: Quantiles::of(send),
+        spin_fraction: spun.as_secs_f64() / (end - start).as_secs_f64(),
+    };
+    Ok((summarize(latencies, errors, open.duration), hits, stats))
+}
+
+/// Sleeps to `spin` before `due`, then spins to it; returns the time spun.
+fn wait_until(due: Instant, spin: Duration) -> Duration {
+    let now = Instant::now();
+    if due <= now {
+        return Duration::ZERO;
+    }
+    if due - now > spin {
+        std::thread::sleep(due - now - spin);
+    }
+    let spin_from = Instant::now();
+    while Instant::now() < due {
+        std::hint::spin_loop();
+    }
+    spin_from.elapsed()
+}
