@@ -666,6 +666,32 @@ impl LoadBoard {
             .collect()
     }
 
+    /// This server's own picks of each of `replica_ids` at `now_ms`, zero
+    /// included (a request that ended), for replicas on the board: what
+    /// changed since the last report, pushed to the peers at once.
+    pub fn own_picks_of<'a>(
+        &self,
+        replica_ids: impl IntoIterator<Item = &'a str>,
+        now_ms: i64,
+    ) -> Vec<(String, PeerPicks)> {
+        let map = self.entries.read();
+        let decay = self.decay_factor(now_ms);
+        replica_ids
+            .into_iter()
+            .filter_map(|id| {
+                let e = map.get(id)?;
+                let picks = PeerPicks {
+                    in_flight: f64::from(e.in_flight.load(Ordering::Relaxed)),
+                    recent: e.recent() * decay,
+                    queued_ms: (f64::from_bits(e.picked_busy_until.load(Ordering::Relaxed))
+                        - now_ms as f64)
+                        .max(0.0),
+                };
+                Some((id.to_owned(), picks))
+            })
+            .collect()
+    }
+
     /// The peers' picks of `replica_id`, summed, as of `now_ms`: they
     /// replace the previous figures and count until `now_ms + ttl_ms` (a
     /// silent peer's picks expire).

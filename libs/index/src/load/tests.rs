@@ -216,7 +216,10 @@ fn the_own_change_listener_hears_every_pick_start_and_end_and_nothing_else() {
     let heard = Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     let h = heard.clone();
     assert!(board.on_own_change(move |id| h.lock().push(id.to_owned())));
-    assert!(!board.on_own_change(|_| {}), "only the first listener is kept");
+    assert!(
+        !board.on_own_change(|_| {}),
+        "only the first listener is kept"
+    );
     board.picked("a", 0);
     board.picked_with_work("b", 0, |_| 5.0);
     board.started("b");
@@ -228,4 +231,38 @@ fn the_own_change_listener_hears_every_pick_start_and_end_and_nothing_else() {
     // A request ending on a replica never heard of changes nothing.
     board.finished("nobody");
     assert_eq!(*heard.lock(), ["a", "b", "b", "b"]);
+}
+
+#[test]
+fn own_picks_of_names_the_replicas_asked_for_zero_included() {
+    let board = LoadBoard::new(LoadSettings::default());
+    board.picked_with_work("a", 0, |_| 40.0);
+    board.started("b");
+    board.finished("b");
+    board.peer_picks(
+        "c",
+        PeerPicks {
+            in_flight: 3.0,
+            recent: 3.0,
+            queued_ms: 3.0,
+        },
+        0,
+        1_000,
+    );
+    let got = board.own_picks_of(["a", "b", "c", "nobody"], 10);
+    let ids: Vec<&str> = got.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["a", "b", "c"],
+        "every replica on the board, zero included"
+    );
+    assert!((got[0].1.recent - 1.0).abs() < 1e-3 && (got[0].1.queued_ms - 30.0).abs() < 1e-9);
+    // Only this server's own figures: the peers' are never reported back.
+    assert_eq!(got[1].1, PeerPicks::default());
+    assert_eq!(got[2].1, PeerPicks::default());
+    let all = board.own_picks(10);
+    assert_eq!(
+        all.iter().find(|(id, _)| id == "a").map(|(_, p)| *p),
+        Some(got[0].1)
+    );
 }
