@@ -8,8 +8,12 @@
 //! other replica ([`IndexPeerService::share_picks`]) its own per-engine
 //! figures ([`LoadBoard::own_picks`]); a receiver keeps each peer's newest
 //! report, and as often sums the fresh ones into its board
-//! ([`LoadBoard::peer_picks`]). A peer silent for `--peer-ttl-ms` counts no
-//! more. Peers are found like the subscribers find the replicas: a static
+//! ([`LoadBoard::peer_picks`]). Besides, with `--peer-push` (the default),
+//! each pick (and each request's start and end) is pushed to every peer at
+//! once, as a partial report of the engines it changed, which the receiver
+//! applies at once: a peer sees a pick within a round trip, not up to two
+//! intervals later (see [`send`]). A peer silent for `--peer-ttl-ms` counts
+//! no more. Peers are found like the subscribers find the replicas: a static
 //! `--peer` list, or a headless Service re-resolved (`--peer-discovery
 //! dns`); a replica that reaches itself learns it from the answer's
 //! instance id and stops sending there. Calls are authenticated like
@@ -20,11 +24,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ic_index::load::{LoadBoard, PeerPicks};
 use ic_proto::index_v1 as pb;
-use ic_proto::index_v1::index_peer_service_client::IndexPeerServiceClient;
 pub use ic_proto::index_v1::index_peer_service_server::{IndexPeerService, IndexPeerServiceServer};
 use ic_telemetry::MetricsRegistry;
 use parking_lot::Mutex;
@@ -37,6 +40,8 @@ use tonic::{Request, Response, Status};
 
 use crate::access::{ApiAccess, Caller};
 use crate::index_core::IndexCore;
+
+mod send;
 
 /// How the peers are found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -69,6 +74,13 @@ pub struct PeerFlags {
     /// sums of what the peers reported).
     #[arg(long, env = "IC_PEER_SHARE_INTERVAL_MS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(5..=10_000))]
     pub peer_share_interval_ms: u64,
+
+    /// Push this replica's picks to every peer as they happen (one call in
+    /// flight per peer; picks made during a call go in the next), besides
+    /// the full report every --peer-share-interval-ms: a peer then sees a
+    /// pick a round trip later instead of up to two intervals later.
+    #[arg(long, env = "IC_PEER_PUSH", default_value_t = true, action = clap::ArgAction::Set)]
+    pub peer_push: bool,
 
     /// A peer's figures count this long after its last report, ms.
     #[arg(long, env = "IC_PEER_TTL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
@@ -113,6 +125,7 @@ pub struct PeerSettings {
     discovery: PeerDiscovery,
     resolve_every: Duration,
     interval: Duration,
+    push: bool,
     ttl_ms: i64,
     max_peers: usize,
     max_endpoints: usize,
@@ -151,6 +164,7 @@ impl PeerFlags {
             discovery: self.peer_discovery,
             resolve_every: Duration::from_secs(self.peer_resolve_seconds),
             interval: Duration::from_millis(self.peer_share_interval_ms),
+            push: self.peer_push,
             ttl_ms: i64::try_from(self.peer_ttl_ms).unwrap_or(i64::MAX),
             max_peers: usize_of(self.peer_max),
             max_endpoints: usize_of(self.peer_max_endpoints),
@@ -173,6 +187,8 @@ impl PeerFlags {
 struct ShareLabel {
     /// `sent` or `received`.
     direction: &'static str,
+    /// `full` (every interval) or `push` (right after a pick).
+    report: &'static str,
     /// `ok`, `error`, `self`; received: `refused`, `invalid`, `over_peers`.
     outcome: &'static str,
 }
@@ -193,7 +209,7 @@ impl PeerMetrics {
             let r = r.sub_registry_with_prefix("index_peers");
             r.register(
                 "shares",
-                "Pick-load reports sent to or received from peer replicas, by direction and outcome",
+                "Pick-load reports sent to or received from peer replicas, by direction, kind (full or push) and outcome",
                 m.shares.clone(),
             );
             r.register(
@@ -215,9 +231,14 @@ impl PeerMetrics {
         m
     }
 
-    fn share(&self, direction: &'static str, outcome: &'static str) {
+    fn share(&self, direction: &'static str, partial: bool, outcome: &'static str) {
+        let report = if partial { "push" } else { "full" };
         self.shares
-            .get_or_create(&ShareLabel { direction, outcome })
+            .get_or_create(&ShareLabel {
+                direction,
+                report,
+                outcome,
+            })
             .inc();
     }
 }
@@ -228,7 +249,7 @@ impl PeerMetrics {
 #[derive(Debug)]
 struct Report {
     at_ms: i64,
-    endpoints: Vec<(String, PeerPicks)>,
+    endpoints: HashMap<String, PeerPicks>,
 }
 
 /// What the peers reported, and this process's instance id.
@@ -238,6 +259,8 @@ pub struct Exchange {
     settings: PeerSettings,
     reports: Mutex<HashMap<u64, Report>>,
     metrics: PeerMetrics,
+    /// Each reporter's engines changed since its last report (`--peer-push`).
+    pending: Mutex<Vec<Arc<send::Pending>>>,
 }
 
 impl Exchange {
@@ -248,15 +271,29 @@ impl Exchange {
             settings,
             reports: Mutex::new(HashMap::new()),
             metrics: PeerMetrics::register(registry),
+            pending: Mutex::new(Vec::new()),
         })
     }
 
-    /// Keeps `endpoints` as peer `instance`'s report at `now_ms`.
+    /// This server's own figures of `replica_id` changed: every reporter
+    /// pushes it with its next report.
+    fn changed(&self, replica_id: &str) {
+        for pending in self.pending.lock().iter() {
+            if !pending.mark(replica_id) {
+                self.metrics.endpoints_cut.inc();
+            }
+        }
+    }
+
+    /// Keeps `endpoints` as peer `instance`'s report at `now_ms`: a full
+    /// report replaces the peer's last one, a `partial` one updates the
+    /// engines it names.
     fn receive(
         &self,
         instance: u64,
         endpoints: Vec<(String, PeerPicks)>,
         now_ms: i64,
+        partial: bool,
     ) -> Result<(), Status> {
         let mut reports = self.reports.lock();
         if !reports.contains_key(&instance) && reports.len() >= self.settings.max_peers {
@@ -264,7 +301,7 @@ impl Exchange {
             let ttl = self.settings.ttl_ms;
             reports.retain(|_, r| now_ms.saturating_sub(r.at_ms) <= ttl);
             if reports.len() >= self.settings.max_peers {
-                self.metrics.share("received", "over_peers");
+                self.metrics.share("received", partial, "over_peers");
                 return Err(Status::resource_exhausted(format!(
                     "SharePicks: this replica keeps the reports of {} peers \
                      (--peer-max)",
@@ -272,14 +309,49 @@ impl Exchange {
                 )));
             }
         }
-        reports.insert(
-            instance,
-            Report {
-                at_ms: now_ms,
-                endpoints,
-            },
-        );
+        match reports.get_mut(&instance) {
+            Some(report) if partial => {
+                report.at_ms = now_ms;
+                report.endpoints.extend(endpoints);
+            }
+            _ => {
+                reports.insert(
+                    instance,
+                    Report {
+                        at_ms: now_ms,
+                        endpoints: endpoints.into_iter().collect(),
+                    },
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The fresh peers' figures of each of `ids`, summed (zero when no
+    /// fresh peer names one).
+    fn sum_of<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a str>,
+        now_ms: i64,
+    ) -> Vec<(&'a str, PeerPicks)> {
+        let ttl = self.settings.ttl_ms;
+        let reports = self.reports.lock();
+        ids.into_iter()
+            .map(|id| {
+                let mut s = PeerPicks::default();
+                for report in reports.values() {
+                    if now_ms.saturating_sub(report.at_ms) > ttl {
+                        continue;
+                    }
+                    if let Some(p) = report.endpoints.get(id) {
+                        s.in_flight += p.in_flight;
+                        s.recent += p.recent;
+                        s.queued_ms += p.queued_ms;
+                    }
+                }
+                (id, s)
+            })
+            .collect()
     }
 
     /// The fresh peers' figures summed per engine, and how many peers
@@ -369,8 +441,8 @@ impl PeerServer {
         }
     }
 
-    fn refused(&self, denied: &crate::access::Denied) -> Status {
-        self.exchange.metrics.share("received", "refused");
+    fn refused(&self, denied: &crate::access::Denied, partial: bool) -> Status {
+        self.exchange.metrics.share("received", partial, "refused");
         self.core.metrics().access_refused("SharePicks", denied);
         denied.to_status()
     }
@@ -386,36 +458,51 @@ impl IndexPeerService for PeerServer {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
+        let partial = request.get_ref().partial;
         let caller = self
             .access
             .authenticate(authorization)
             .await
-            .map_err(|d| self.refused(&d))?;
+            .map_err(|d| self.refused(&d, partial))?;
         if let Caller::User { user, admin: false } = &caller
             && !self.exchange.settings.identities.contains(&user.username)
         {
-            return Err(
-                self.refused(&crate::access::Denied::PermissionDenied(format!(
+            return Err(self.refused(
+                &crate::access::Denied::PermissionDenied(format!(
                     "SharePicks: {:?} is not an identity --peer-identity names (the index \
                  server's service account)",
                     user.username
-                ))),
-            );
+                )),
+                partial,
+            ));
         }
         let answer = Response::new(pb::SharePicksResponse {
             instance: self.exchange.instance,
         });
         let request = request.into_inner();
         if request.instance == self.exchange.instance {
-            self.exchange.metrics.share("received", "self");
+            self.exchange.metrics.share("received", partial, "self");
             return Ok(answer);
         }
         let (endpoints, cut) = decode(request.endpoints, self.exchange.settings.max_endpoints)
-            .inspect_err(|_| self.exchange.metrics.share("received", "invalid"))?;
+            .inspect_err(|_| self.exchange.metrics.share("received", partial, "invalid"))?;
         self.exchange.metrics.endpoints_cut.inc_by(cut);
+        let now_ms = self.core.now_ms();
+        let ids: Vec<String> = if partial {
+            endpoints.iter().map(|(id, _)| id.clone()).collect()
+        } else {
+            Vec::new()
+        };
         self.exchange
-            .receive(request.instance, endpoints, self.core.now_ms())?;
-        self.exchange.metrics.share("received", "ok");
+            .receive(request.instance, endpoints, now_ms, partial)?;
+        // A pushed pick counts at once, not at the next sum: the next
+        // request may come before it.
+        let board = self.core.routing().load_board();
+        let ttl = self.exchange.settings.ttl_ms;
+        for (id, picks) in self.exchange.sum_of(ids.iter().map(String::as_str), now_ms) {
+            board.peer_picks(id, picks, now_ms, ttl);
+        }
+        self.exchange.metrics.share("received", partial, "ok");
         Ok(answer)
     }
 }
@@ -449,121 +536,6 @@ async fn apply(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: Cancella
     }
 }
 
-/// The token to present, read from its file at most every 10 s.
-struct Token {
-    value: Option<tonic::metadata::AsciiMetadataValue>,
-    read_at: Option<Instant>,
-}
-
-impl Token {
-    fn get(&mut self, settings: &PeerSettings) -> Option<tonic::metadata::AsciiMetadataValue> {
-        let Some(path) = &settings.token_file else {
-            return settings
-                .static_token
-                .as_deref()
-                .and_then(ic_proto::bearer::metadata);
-        };
-        if self
-            .read_at
-            .is_none_or(|at| at.elapsed() >= Duration::from_secs(10))
-        {
-            self.read_at = Some(Instant::now());
-            match std::fs::read_to_string(path) {
-                Ok(token) => self.value = ic_proto::bearer::metadata(&token),
-                Err(error) => {
-                    tracing::warn!(path = %path.display(), %error, "--peer-token-file: cannot read");
-                }
-            }
-        }
-        self.value.clone()
-    }
-}
-
-/// Reports to one peer every interval until `stop`, or until the peer
-/// turns out to be this replica (then `addr` joins `selves`).
-async fn report_to(
-    exchange: Arc<Exchange>,
-    core: Arc<IndexCore>,
-    url: String,
-    addr: Option<SocketAddr>,
-    selves: Arc<Mutex<HashSet<String>>>,
-    stop: CancellationToken,
-) {
-    let endpoint =
-        match ic_proto::channel::endpoint_at(&url, addr, exchange.settings.ca_pem.as_deref(), FLAG)
-        {
-            Ok(e) => e.timeout(exchange.settings.interval.max(Duration::from_millis(250))),
-            Err(error) => {
-                tracing::error!(%url, %error, "peer URL unusable");
-                return;
-            }
-        };
-    let mut client = IndexPeerServiceClient::new(endpoint.connect_lazy());
-    let mut token = Token {
-        value: None,
-        read_at: None,
-    };
-    let mut tick = tokio::time::interval(exchange.settings.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failing = false;
-    exchange.metrics.destinations.inc();
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        let mut own = core.routing().load_board().own_picks(core.now_ms());
-        let max = exchange.settings.max_endpoints;
-        if own.len() > max {
-            // The busiest engines matter most to the peers' bounds.
-            own.sort_by(|a, b| b.1.recent.total_cmp(&a.1.recent));
-            exchange
-                .metrics
-                .endpoints_cut
-                .inc_by((own.len() - max) as u64);
-            own.truncate(max);
-        }
-        let mut request = Request::new(pb::SharePicksRequest {
-            instance: exchange.instance,
-            endpoints: own
-                .into_iter()
-                .map(|(replica_id, p)| pb::EndpointPicks {
-                    replica_id,
-                    in_flight: p.in_flight,
-                    recent_picks: p.recent,
-                    queued_ms: p.queued_ms,
-                })
-                .collect(),
-        });
-        if let Some(value) = token.get(&exchange.settings) {
-            request.metadata_mut().insert("authorization", value);
-        }
-        match client.share_picks(request).await {
-            Ok(answer) if answer.get_ref().instance == exchange.instance => {
-                exchange.metrics.share("sent", "self");
-                tracing::info!(%url, addr = ?addr, "a --peer address is this replica: not reporting there");
-                selves.lock().insert(key(&url, addr));
-                break;
-            }
-            Ok(_) => {
-                exchange.metrics.share("sent", "ok");
-                if failing {
-                    tracing::info!(%url, addr = ?addr, "peer reachable again");
-                    failing = false;
-                }
-            }
-            Err(status) => {
-                exchange.metrics.share("sent", "error");
-                if !failing {
-                    tracing::warn!(%url, addr = ?addr, code = ?status.code(), message = status.message(), "cannot report picks to a peer");
-                    failing = true;
-                }
-            }
-        }
-    }
-    exchange.metrics.destinations.dec();
-}
-
 fn key(url: &str, addr: Option<SocketAddr>) -> String {
     match addr {
         Some(a) => format!("{url}@{a}"),
@@ -581,8 +553,19 @@ pub fn start(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: Cancellati
         peers = exchange.settings.urls.len(),
         discovery = ?exchange.settings.discovery,
         interval_ms = exchange.settings.interval.as_millis() as u64,
+        push = exchange.settings.push,
         "sharing pick load with peer replicas"
     );
+    if exchange.settings.push {
+        let x = exchange.clone();
+        if !core
+            .routing()
+            .load_board()
+            .on_own_change(move |id| x.changed(id))
+        {
+            tracing::warn!("the load board already has a listener: picks are not pushed");
+        }
+    }
     tokio::spawn(apply(exchange.clone(), core.clone(), shutdown.clone()));
     tokio::spawn(discover(exchange, core, shutdown));
 }
@@ -592,7 +575,7 @@ pub fn start(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: Cancellati
 async fn discover(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: CancellationToken) {
     let selves: Arc<Mutex<HashSet<String>>> = Arc::default();
     let spawn = |url: &str, addr: Option<SocketAddr>, stop: CancellationToken| {
-        tokio::spawn(report_to(
+        tokio::spawn(send::report_to(
             exchange.clone(),
             core.clone(),
             url.to_owned(),
@@ -720,10 +703,15 @@ mod tests {
             recent: n,
             queued_ms: n,
         };
-        x.receive(1, vec![("a".into(), p(1.0))], 0).unwrap();
-        x.receive(2, vec![("a".into(), p(2.0)), ("b".into(), p(1.0))], 50)
-            .unwrap();
-        let refused = x.receive(3, vec![], 60).unwrap_err();
+        x.receive(1, vec![("a".into(), p(1.0))], 0, false).unwrap();
+        x.receive(
+            2,
+            vec![("a".into(), p(2.0)), ("b".into(), p(1.0))],
+            50,
+            false,
+        )
+        .unwrap();
+        let refused = x.receive(3, vec![], 60, true).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         let (sum, live) = x.sum(60);
         assert_eq!(live, 2);
@@ -732,7 +720,54 @@ mod tests {
         // room for another.
         let (sum, live) = x.sum(101);
         assert_eq!((live, sum["a"]), (1, p(2.0)));
-        x.receive(3, vec![], 101).unwrap();
+        x.receive(3, vec![], 101, false).unwrap();
         assert!(registry.encode().contains("index_peers_shares_total"));
+    }
+
+    #[test]
+    fn a_pushed_report_updates_the_engines_it_names_and_keeps_the_rest() {
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let x = Exchange::new(settings(&["--peer-ttl-ms", "100"]).unwrap(), &registry);
+        let p = |n: f64| PeerPicks {
+            in_flight: n,
+            recent: n,
+            queued_ms: n,
+        };
+        x.receive(
+            1,
+            vec![("a".into(), p(1.0)), ("b".into(), p(1.0))],
+            0,
+            false,
+        )
+        .unwrap();
+        x.receive(2, vec![("a".into(), p(2.0))], 0, false).unwrap();
+        // Peer 1 picked b again, and c: a push names only those.
+        x.receive(
+            1,
+            vec![("b".into(), p(5.0)), ("c".into(), p(1.0))],
+            10,
+            true,
+        )
+        .unwrap();
+        let sum = x.sum_of(["a", "b", "c", "d"], 10);
+        assert_eq!(
+            sum,
+            [("a", p(3.0)), ("b", p(5.0)), ("c", p(1.0)), ("d", p(0.0))]
+        );
+        // The push kept peer 1 fresh; peer 2 fell silent past the TTL.
+        assert_eq!(x.sum_of(["a"], 105), [("a", p(1.0))]);
+        // A full report replaces the peer's: b and c are gone.
+        x.receive(1, vec![("a".into(), p(4.0))], 110, false)
+            .unwrap();
+        assert_eq!(x.sum(110).0.keys().collect::<Vec<_>>(), ["a"]);
+        // A push from a peer never heard of starts its report.
+        x.receive(3, vec![("e".into(), p(1.0))], 110, true).unwrap();
+        assert_eq!(x.sum_of(["e"], 110), [("e", p(1.0))]);
+    }
+
+    #[test]
+    fn push_is_on_by_default_and_can_be_turned_off() {
+        assert!(settings(&[]).unwrap().push);
+        assert!(!settings(&["--peer-push", "false"]).unwrap().push);
     }
 }
