@@ -247,6 +247,42 @@ pub fn rank(input: &PickInput<'_>, weights: &ScoreWeights, loads: &[ReplicaLoad]
     )
 }
 
+/// Positions in `input.replicas` of the `n` best replicas by load alone,
+/// best first: [`rank`]'s order for a prompt no replica holds
+/// (`input.matches` and `input.speculative` are not read), from loads read
+/// already, scoring nothing in full and copying no name.
+pub fn best_by_load(
+    input: &PickInput<'_>,
+    weights: &ScoreWeights,
+    loads: &[ReplicaLoad],
+    n: usize,
+) -> Vec<usize> {
+    let fleet = Fleet::of(input.replicas.len(), loads);
+    let idle = ReplicaLoad::default();
+    let mut keys: Vec<(OtherKey, usize)> = input
+        .replicas
+        .iter()
+        .enumerate()
+        .map(|(i, (key, _))| {
+            let load = loads.get(i).unwrap_or(&idle);
+            (
+                OtherKey::new(input, weights, &fleet, load, id_hash(&key.replica_id)),
+                i,
+            )
+        })
+        .collect();
+    let better = |a: &(OtherKey, usize), b: &(OtherKey, usize)| {
+        a.0.rank_cmp(&b.0)
+            .then_with(|| input.replicas[a.1].0.cmp(input.replicas[b.1].0))
+    };
+    if keys.len() > n && n > 0 {
+        keys.select_nth_unstable_by(n - 1, better);
+    }
+    keys.truncate(n);
+    keys.sort_unstable_by(better);
+    keys.into_iter().map(|(_, i)| i).collect()
+}
+
 /// The fleet-wide figures every score is relative to: the busiest
 /// replica's requests and the fair share of the load.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -405,3 +405,64 @@ fn ranking_the_holders_and_the_best_others_by_their_key_is_ranking_all() {
         assert_eq!(got, expected, "case {case}");
     }
 }
+
+#[test]
+fn the_best_by_load_are_the_rank_order_of_a_prompt_nobody_holds() {
+    let ids: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let r = replicas(&names);
+    let r = refs(&r);
+    let mut seed = 11u64;
+    let mut next = move |n: u64| {
+        seed = mix(seed.wrapping_add(0x9e37_79b9_7f4a_7c15));
+        seed % n
+    };
+    let weights = [
+        ScoreWeights::default(),
+        ScoreWeights::by_ttft(TtftModel::DEFAULT),
+        ScoreWeights {
+            load_bound: None,
+            ..ScoreWeights::default()
+        },
+    ];
+    for case in 0..300 {
+        // Few distinct figures: ties are the hard part.
+        let load: Vec<ReplicaLoad> = (0..r.len())
+            .map(|_| ReplicaLoad {
+                requests: next(4) as f64,
+                own_requests: next(3) as f64,
+                queued_ms: (next(3) * 10) as f64,
+                kv_usage: next(2) as f64 * 0.5,
+                prefill_tokens_per_ms: None,
+            })
+            .collect();
+        let w = &weights[case % weights.len()];
+        let i = PickInput {
+            prompt_blocks: 0,
+            block_size: 0,
+            ..input(&r, &[], &[], next(1 << 20))
+        };
+        let ranked: Vec<usize> = rank(&i, w, &load)
+            .iter()
+            .map(|s| {
+                r.iter()
+                    .position(|(k, _)| **k == s.replica)
+                    .expect("a pool replica")
+            })
+            .collect();
+        for n in [1, 3, OTHERS_RANKED] {
+            assert_eq!(
+                best_by_load(&i, w, &load, n),
+                ranked[..n],
+                "case {case}, {n} best"
+            );
+        }
+        // rank returns OTHERS_RANKED of them; asked for every one, the
+        // rest follow in the same order.
+        let all = best_by_load(&i, w, &load, r.len() + 1);
+        assert_eq!(all[..OTHERS_RANKED], ranked[..], "case {case}");
+        let mut seen = all.clone();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..r.len()).collect::<Vec<_>>(), "case {case}");
+    }
+}

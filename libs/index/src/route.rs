@@ -23,8 +23,10 @@ use crate::load::{LoadBoard, ReplicaLoad};
 use crate::pick::{PickInput, ScoreWeights, Scored, id_hash};
 use crate::speculative::Speculation;
 
+mod members;
 mod shortlist;
 use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, Tier};
+pub use members::ScopeMembers;
 pub(crate) use shortlist::Shortlist;
 use shortlist::{Eligible, SHORTLIST_ABOVE, rank_eligible};
 
@@ -378,6 +380,10 @@ pub struct Ranked {
     pub by_load: Option<usize>,
     /// The prompt's block fingerprints (for recording the pick).
     pub blocks: Vec<Fingerprint>,
+    /// With a pool ([`Scoring::pool`]): each endpoint's load as the ranking
+    /// read it, in the pool's order, so the caller's fallbacks by load read
+    /// no load again; empty when the ranking did not run.
+    pub pool_loads: Vec<ReplicaLoad>,
 }
 
 impl Ranked {
@@ -569,6 +575,7 @@ pub fn route_ranked(
                 no_hint: Some(no_hint),
                 by_load: None,
                 blocks,
+                pool_loads: Vec::new(),
             };
         }
     };
@@ -736,5 +743,11 @@ pub fn route_ranked(
         no_hint,
         by_load,
         blocks,
+        // The pool's eligible list is the whole pool, in order.
+        pool_loads: if scoring.pool.is_some() {
+            eligible.loads
+        } else {
+            Vec::new()
+        },
     }
 }

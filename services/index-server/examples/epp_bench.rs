@@ -11,6 +11,8 @@
 //! tokenizer library alone on the rendered text.
 //!
 //! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
+//! (`EPP_BENCH_LOOKUP_TIMEOUT_MS=N`: the tenant's lookup budget, for runs
+//! under valgrind)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -107,6 +109,27 @@ async fn main() {
             dp_rank: 0,
         };
         ic_e2e::ingest::ingest(&grpc, ic_e2e::ingest::resync(&replica, events)).await;
+    }
+    if let Some(ms) = std::env::var("EPP_BENCH_LOOKUP_TIMEOUT_MS").ok().map(|v| {
+        v.parse::<u32>()
+            .expect("EPP_BENCH_LOOKUP_TIMEOUT_MS: milliseconds")
+    }) {
+        // Under valgrind the default 20 ms budget (tokenizing inside it)
+        // expires on every request, so the walk and the ranking never run.
+        pb::index_service_client::IndexServiceClient::connect(grpc.clone())
+            .await
+            .unwrap()
+            .set_policies(pb::SetPoliciesRequest {
+                policies: vec![pb::NamespacePolicy {
+                    namespace: "bench".into(),
+                    lookup_timeout_ms: ms,
+                    allow_tier2_matches: true,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
     }
     let bodies: Vec<Vec<u8>> = conversations
         .iter()

@@ -63,6 +63,7 @@ use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Ro
 use crate::openai::{self, Prompt as BodyPrompt};
 
 pub use crate::epp_wire::{DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE};
+pub use scope::PoolCache;
 
 /// The endpoint picker service.
 #[derive(Clone, Debug)]
@@ -643,33 +644,6 @@ fn is_immediate(r: &ProcessingResponse) -> bool {
 }
 
 impl EndpointPicker {
-    /// The endpoints this request may go to: the pool, narrowed by the
-    /// gateway's subset when it sent one.
-    fn eligible(&self, subset: Option<&[String]>) -> Result<Vec<String>, NoEndpoint> {
-        let endpoints = self.pool.endpoints.read();
-        let eligible: Vec<String> = match subset {
-            None => endpoints.clone(),
-            Some(subset) => {
-                // The subset narrows the pool: the gateway knows which
-                // endpoints are healthy for it right now.
-                let pool: HashSet<&String> = endpoints.iter().collect();
-                subset
-                    .iter()
-                    .filter(|e| pool.contains(e))
-                    .cloned()
-                    .collect()
-            }
-        };
-        drop(endpoints);
-        if eligible.is_empty() {
-            return Err(NoEndpoint::Empty(match subset {
-                Some(_) => "no endpoint of the gateway's subset is in the pool".to_owned(),
-                None => "the pool has no ready endpoint".to_owned(),
-            }));
-        }
-        Ok(eligible)
-    }
-
     /// Decides where a request of `priority` goes (CPU work: run off the
     /// I/O threads): read the body, narrow the pool, ask the core, add the
     /// fallbacks.
@@ -695,6 +669,7 @@ impl EndpointPicker {
             .map_or_else(String::new, |r| r.model.clone());
         let scope = self.scope_of(model, &eligible);
         let pool = self.scored_pool(&scope, &eligible);
+        let pool: &[(ic_index::ReplicaKey, String)] = &pool;
         let extras = request
             .as_ref()
             .filter(|r| !r.cache_salt.is_empty())
@@ -716,8 +691,9 @@ impl EndpointPicker {
             extras: extras.as_ref(),
             received,
             purpose: Purpose::Endpoint {
-                pool: &pool,
+                pool,
                 shed_at_requests: self.pool.shedding_under(&self.core.policies()).at(priority),
+                fallbacks: self.pool.fallbacks,
             },
         });
         match routed {
@@ -725,25 +701,19 @@ impl EndpointPicker {
                 pick,
                 by_prefix,
                 tokenized_in,
+                by_load,
             }) => {
                 let mut endpoints = vec![pick.address];
                 let mut replica_ids = vec![pick.replica.replica_id];
-                if self.pool.fallbacks > 0 {
-                    // Ranked as the core ranks: the namespace's CachePolicy
-                    // scoring over the flags.
-                    let scoring = self.core.policy(&self.pool.tenant).scoring;
-                    let by_load =
-                        self.core
-                            .routing()
-                            .rank_by_load(&pool, self.core.now_ms(), &scoring);
-                    for s in by_load {
-                        if endpoints.len() > self.pool.fallbacks {
-                            break;
-                        }
-                        if !endpoints.contains(&s.address) {
-                            endpoints.push(s.address);
-                            replica_ids.push(s.replica.replica_id);
-                        }
+                // Ranked by the core from the loads its decision read,
+                // under the namespace's CachePolicy scoring over the flags.
+                for (key, address) in by_load.into_iter().filter_map(|i| pool.get(i)) {
+                    if endpoints.len() > self.pool.fallbacks {
+                        break;
+                    }
+                    if !endpoints.contains(address) {
+                        endpoints.push(address.clone());
+                        replica_ids.push(key.replica_id.clone());
                     }
                 }
                 // Timed with the fallbacks: the whole decision the gateway waits for.

@@ -234,6 +234,9 @@ pub struct PoolConfig {
     /// Endpoints named after the pick, by load, for the gateway to retry
     /// on (0: the pick alone).
     pub fallbacks: usize,
+    /// What the pool's picks reuse between requests (its endpoints mapped
+    /// to index replicas), shared by every clone.
+    pub cache: Arc<crate::epp::PoolCache>,
 }
 
 impl PoolConfig {
@@ -375,6 +378,7 @@ impl EppFlags {
                 objectives: objectives.clone(),
                 max_body_bytes: self.epp_max_body_bytes,
                 fallbacks: self.epp_fallback_endpoints,
+                cache: Arc::default(),
             };
         // (namespace, name) -> endpoints, in the order first named.
         let mut named: Vec<((String, String), Vec<String>)> = Vec::new();

@@ -139,6 +139,10 @@ pub enum Purpose<'a> {
         pool: &'a [(ReplicaKey, String)],
         /// Refuse when even the least busy endpoint has this many requests.
         shed_at_requests: Option<f64>,
+        /// Endpoints the caller names after the pick, by load (the answer's
+        /// [`Routed::Endpoint::by_load`] holds one more, as the pick may be
+        /// among them).
+        fallbacks: usize,
     },
     /// Prefix matches only (llm-d's scores): nothing is counted.
     Scores,
@@ -176,6 +180,9 @@ pub enum Routed {
         /// Time spent rendering and tokenizing the prompt, so the picker
         /// can time its decision without it.
         tokenized_in: std::time::Duration,
+        /// Positions in the pool of the best endpoints by load alone, best
+        /// first, for the fallbacks (empty when none were asked for).
+        by_load: Vec<usize>,
     },
     /// [`Purpose::Scores`]: the replicas holding a prefix worth routing
     /// on, best first, or why there are none.
@@ -210,6 +217,7 @@ fn nothing_to_match() -> Ranked {
         )),
         by_load: None,
         blocks: Vec::new(),
+        pool_loads: Vec::new(),
     }
 }
 
@@ -312,6 +320,7 @@ impl IndexCore {
         if let Purpose::Endpoint {
             pool,
             shed_at_requests: Some(limit),
+            ..
         } = request.purpose
         {
             // Shed before tokenizing: a saturated pool spends nothing. The
@@ -406,43 +415,55 @@ impl IndexCore {
                 }
                 Ok(Routed::Hint(decision))
             }
-            Purpose::Endpoint { pool, .. } => {
-                let (best, blocks, block_size) = match &query {
-                    Some(query) => {
-                        let ranked = rank(query, Some(pool));
-                        let best = ranked.ranked.first().cloned().or_else(|| {
-                            self.routing
-                                .rank_by_load(pool, now_ms, &policy.scoring)
-                                .into_iter()
-                                .next()
-                        });
-                        let unheld = best
-                            .as_ref()
-                            .map_or(Vec::new(), |b| ranked.unheld_by(b).to_vec());
-                        (best, unheld, ranked.block_size)
+            Purpose::Endpoint {
+                pool, fallbacks, ..
+            } => {
+                let mut ranked = query.as_ref().map(|query| rank(query, Some(pool)));
+                // The pool's loads are read once: by the ranking, else here.
+                let loads = match ranked.as_mut() {
+                    Some(r) if r.pool_loads.len() == pool.len() => {
+                        std::mem::take(&mut r.pool_loads)
                     }
-                    None => (
-                        self.routing
-                            .rank_by_load(pool, now_ms, &policy.scoring)
-                            .into_iter()
-                            .next(),
-                        Vec::new(),
-                        self.default_block_size,
-                    ),
+                    _ => self.routing.pool_loads(pool, now_ms),
                 };
-                let Some(pick) = best else {
+                // The ranking's first, moved out (the rest is not answered).
+                let first = ranked
+                    .as_mut()
+                    .filter(|r| !r.ranked.is_empty())
+                    .map(|r| r.ranked.swap_remove(0));
+                let pick = first.or_else(|| {
+                    // Nothing to rank on (no prompt, a lookup that ended
+                    // early): load alone decides.
+                    self.routing
+                        .rank_loads(pool, &loads, now_ms, &policy.scoring)
+                        .into_iter()
+                        .next()
+                });
+                let Some(pick) = pick else {
                     return Err(RouteError::NoEndpoint(
                         "the pool has no ready endpoint".into(),
                     ));
                 };
+                let (blocks, block_size) = match &ranked {
+                    Some(r) => (r.unheld_by(&pick), r.block_size),
+                    None => (&[][..], self.default_block_size),
+                };
                 self.routing
-                    .picked(tag, &pick.replica.replica_id, &blocks, block_size, now_ms);
+                    .picked(tag, &pick.replica.replica_id, blocks, block_size, now_ms);
                 self.routing.started(&pick.replica.replica_id);
+                // One more than asked: the pick may be among them.
+                let by_load = if fallbacks == 0 {
+                    Vec::new()
+                } else {
+                    self.routing
+                        .best_by_load(pool, &loads, now_ms, &policy.scoring, fallbacks + 1)
+                };
                 let by_prefix = pick.matched_blocks > 0;
                 Ok(Routed::Endpoint {
                     pick,
                     by_prefix,
                     tokenized_in,
+                    by_load,
                 })
             }
         }

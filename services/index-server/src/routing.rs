@@ -368,19 +368,56 @@ impl Routing {
         now_ms: i64,
         scoring: &ic_index::route::ScoringOverrides,
     ) -> Vec<ic_index::pick::Scored> {
+        let loads = self.pool_loads(pool, now_ms);
+        self.rank_loads(pool, &loads, now_ms, scoring)
+    }
+
+    /// The load of each endpoint of `pool`, in order.
+    pub fn pool_loads(
+        &self,
+        pool: &[(ic_index::ReplicaKey, String)],
+        now_ms: i64,
+    ) -> Vec<ReplicaLoad> {
         let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
-        let loads = self.loads(&ids, now_ms);
+        self.loads(&ids, now_ms)
+    }
+
+    /// [`Self::rank_by_load`] with the pool's loads read already.
+    pub fn rank_loads(
+        &self,
+        pool: &[(ic_index::ReplicaKey, String)],
+        loads: &[ReplicaLoad],
+        now_ms: i64,
+        scoring: &ic_index::route::ScoringOverrides,
+    ) -> Vec<ic_index::pick::Scored> {
         let replicas: Vec<(&ic_index::ReplicaKey, &str)> =
             pool.iter().map(|(k, a)| (k, a.as_str())).collect();
-        let input = ic_index::pick::PickInput {
-            replicas: &replicas,
-            matches: &[],
-            speculative: &[],
-            prompt_blocks: 0,
-            block_size: 0,
-            tie_seed: u64::try_from(now_ms).unwrap_or_default(),
-        };
-        ic_index::pick::rank(&input, &scoring.over(&self.weights), &loads)
+        ic_index::pick::rank(
+            &by_load_input(&replicas, now_ms),
+            &scoring.over(&self.weights),
+            loads,
+        )
+    }
+
+    /// Positions in `pool` of the `n` first of [`Self::rank_by_load`]'s
+    /// order, from the pool's loads read already (nothing scored in full,
+    /// no name copied).
+    pub fn best_by_load(
+        &self,
+        pool: &[(ic_index::ReplicaKey, String)],
+        loads: &[ReplicaLoad],
+        now_ms: i64,
+        scoring: &ic_index::route::ScoringOverrides,
+        n: usize,
+    ) -> Vec<usize> {
+        let replicas: Vec<(&ic_index::ReplicaKey, &str)> =
+            pool.iter().map(|(k, a)| (k, a.as_str())).collect();
+        ic_index::pick::best_by_load(
+            &by_load_input(&replicas, now_ms),
+            &scoring.over(&self.weights),
+            loads,
+            n,
+        )
     }
 
     /// Whether replicas are scored by predicted time to first token (the
@@ -413,5 +450,20 @@ impl Routing {
     pub fn speculation_stats(&self) -> (usize, u64) {
         let s = self.speculation.lock();
         (s.len(), s.dropped_for_space())
+    }
+}
+
+/// A prompt-less ranking of `replicas`, its ties broken by the time.
+fn by_load_input<'a>(
+    replicas: &'a [(&'a ic_index::ReplicaKey, &'a str)],
+    now_ms: i64,
+) -> ic_index::pick::PickInput<'a> {
+    ic_index::pick::PickInput {
+        replicas,
+        matches: &[],
+        speculative: &[],
+        prompt_blocks: 0,
+        block_size: 0,
+        tie_seed: u64::try_from(now_ms).unwrap_or_default(),
     }
 }
