@@ -485,12 +485,13 @@ impl std::fmt::Debug for Scoring<'_> {
     }
 }
 
-/// A stable tag of `scope` for the speculation table.
+/// A tag of `scope` for the speculation table and the load board's
+/// per-scope entries, the same for the life of the process (never sent or
+/// stored). foldhash with a fixed seed: SipHash cost every lookup and every
+/// ingest batch about 480 instructions for the scope's names.
 pub fn scope_tag(scope: &Scope) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    scope.hash(&mut h);
-    h.finish()
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x5eed_5c09_e7a6_0001).hash_one(scope)
 }
 
 /// [`route`], then the scoring: the prefix match (real or speculative),

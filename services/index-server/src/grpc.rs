@@ -181,6 +181,31 @@ impl IndexServer {
     /// LookupRoute without gRPC: validate, route, convert. The budget
     /// starts now and covers tokenizing, fingerprinting and the walk.
     pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
+        self.lookup_with(req, None)
+    }
+
+    /// [`Self::lookup`] of a request the caller gives up: its block hashes
+    /// become the prompt's fingerprints in place, not copied.
+    pub fn lookup_owned(
+        &self,
+        mut req: pb::LookupRouteRequest,
+    ) -> Result<pb::LookupRouteResponse, Status> {
+        let hashes = match &mut req.key {
+            Some(pb::lookup_route_request::Key::BlockHashes(b)) => {
+                Some(std::mem::take(&mut b.hashes))
+            }
+            _ => None,
+        };
+        self.lookup_with(&req, hashes)
+    }
+
+    /// [`Self::lookup`], the block hashes taken from `hashes` when given
+    /// (`req`'s are then not read).
+    fn lookup_with(
+        &self,
+        req: &pb::LookupRouteRequest,
+        hashes: Option<Vec<u64>>,
+    ) -> Result<pb::LookupRouteResponse, Status> {
         let received = Instant::now();
         let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
         if req.candidate_replicas.len() > MAX_CANDIDATES {
@@ -210,12 +235,14 @@ impl IndexServer {
             }
             Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(Fingerprint(*fp)),
             Some(Key::BlockHashes(b)) => {
-                if b.hashes.len() > MAX_PROMPT_BLOCKS {
+                let hashes = hashes.unwrap_or_else(|| b.hashes.clone());
+                if hashes.len() > MAX_PROMPT_BLOCKS {
                     return Err(Status::invalid_argument(format!(
                         "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
                     )));
                 }
-                blocks = b.hashes.iter().copied().map(Fingerprint).collect();
+                // In place: a `Fingerprint` is its `u64`.
+                blocks = Fingerprint::from_raw(hashes);
                 Prompt::Blocks(&blocks)
             }
             Some(Key::TokenIds(t)) => {
@@ -361,11 +388,11 @@ impl IndexServer {
             // Tokenizing a long prompt is CPU work: keep it off the runtime's
             // I/O threads.
             let server = self.clone();
-            tokio::task::spawn_blocking(move || server.lookup(request.get_ref()))
+            tokio::task::spawn_blocking(move || server.lookup_owned(request.into_inner()))
                 .await
                 .map_err(|e| Status::internal(format!("lookup task failed: {e}")))?
         } else {
-            self.lookup(request.get_ref())
+            self.lookup_owned(request.into_inner())
         };
         match result {
             Ok(response) => Ok(Response::new(response)),
