@@ -221,7 +221,7 @@ impl KeyDirectory {
                         let r = self.table.rec_mut(id);
                         r.access_count += 1;
                         r.last_access = batch.ts;
-                        if r.in_lru {
+                        if r.in_lru() {
                             let salt = r.salt;
                             let mut list = self.lru.get(&salt).copied().unwrap_or_default();
                             self.table.unlink(&mut list, Links::Lru, id);
@@ -381,12 +381,12 @@ impl KeyDirectory {
             }
             .insert(id);
         }
-        if place.tier == StorageLevel::L2 && !self.table.rec(id).in_lru {
+        if place.tier == StorageLevel::L2 && !self.table.rec(id).in_lru() {
             let salt = self.table.rec(id).salt;
             let mut list = self.lru.get(&salt).copied().unwrap_or_default();
             self.table.push_back(&mut list, Links::Lru, id);
             self.lru.insert(salt, list);
-            self.table.rec_mut(id).in_lru = true;
+            self.table.rec_mut(id).set_in_lru(true);
         }
         old
     }
@@ -427,7 +427,7 @@ impl KeyDirectory {
                 .rec(id)
                 .places()
                 .any(|p| p.tier == StorageLevel::L2);
-        if !l2_left && self.table.rec(id).in_lru {
+        if !l2_left && self.table.rec(id).in_lru() {
             self.lru_unlink(id);
         }
         if everything {
@@ -446,7 +446,7 @@ impl KeyDirectory {
                 self.lru.insert(salt, list);
             }
         }
-        self.table.rec_mut(id).in_lru = false;
+        self.table.rec_mut(id).set_in_lru(false);
     }
 
     fn drop_key(&mut self, id: Id) {
@@ -781,7 +781,7 @@ impl KeyDirectory {
     /// order: touch its keys oldest first). A key not filed is ignored.
     pub fn lru_touch(&mut self, key: &ObjectKey) {
         if let Some(id) = self.table.find(key)
-            && self.table.rec(id).in_lru
+            && self.table.rec(id).in_lru()
         {
             let salt = self.table.rec(id).salt;
             let mut list = self.lru.get(&salt).copied().unwrap_or_default();

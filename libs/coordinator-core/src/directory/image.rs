@@ -403,14 +403,14 @@ impl KeyDirectory {
             for _ in 0..m {
                 let id = position(&mut r, "lru")?;
                 let rec = dir.table.rec(id);
-                if rec.in_lru
+                if rec.in_lru()
                     || rec.salt != salt
                     || !rec.places().any(|p| p.tier == StorageLevel::L2)
                 {
                     return Err(bad(format!("lru: key {id} does not belong")));
                 }
                 dir.table.push_back(&mut list, Links::Lru, id);
-                dir.table.rec_mut(id).in_lru = true;
+                dir.table.rec_mut(id).set_in_lru(true);
             }
             if list.len > 0 {
                 dir.lru.insert(salt, list);

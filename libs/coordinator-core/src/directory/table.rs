@@ -16,6 +16,8 @@ use crate::key::ObjectKey;
 
 mod pools;
 pub(crate) use pools::{Hashes, Interner};
+#[cfg(test)]
+mod tests;
 
 /// A record's id.
 pub(crate) type Id = u32;
@@ -26,56 +28,65 @@ pub(crate) const NIL: Id = u32::MAX;
 /// reporter shares one allocation.
 pub type Name = std::sync::Arc<str>;
 
-/// A record's key hash from the parts of a table a closure can borrow
-/// beside its id tables (inserts and their rehash callbacks).
-fn key_hash_in(recs: &[Rec], hashes: &Hashes, strings: &Interner, hasher: &Hasher, id: Id) -> u64 {
-    let r = &recs[id as usize];
-    hasher.hash_one((
-        hashes.get(r.hash_class, r.hash_place),
-        &**strings.name(r.model),
-        r.kv_rank,
-        r.object_group_id,
-        &**strings.name(r.salt),
-    ))
-}
-
-/// A record's chunk-hash hash, as [`key_hash_in`].
-fn chunk_hash_in(recs: &[Rec], hashes: &Hashes, hasher: &Hasher, id: Id) -> u64 {
-    let r = &recs[id as usize];
-    hasher.hash_one(hashes.get(r.hash_class, r.hash_place))
-}
-
 type Hasher = foldhash::fast::RandomState;
 
-/// Whether `id` holds the key of these parts (chunk hash, model, rank,
-/// group, salt): the one definition of key equality, for lookups and for a
-/// load's check of a key held twice.
-fn is_key_in(
-    recs: &[Rec],
-    hashes: &Hashes,
-    strings: &Interner,
-    id: Id,
-    (hash, model, rank, group, salt): (&[u8], &str, i64, i64, &str),
-) -> bool {
-    let r = &recs[id as usize];
-    r.kv_rank == rank
-        && r.object_group_id == group
-        && hashes.get(r.hash_class, r.hash_place) == hash
-        && **strings.name(r.model) == *model
-        && **strings.name(r.salt) == *salt
+/// A key's parts (chunk hash, model, rank, group, salt): what it is hashed
+/// and compared by.
+type Parts<'a> = (&'a [u8], &'a str, i64, i64, &'a str);
+
+/// The parts of a table a key's hash and equality read, borrowed beside
+/// the id tables (whose inserts call back for the hashes of ids).
+#[derive(Clone, Copy)]
+struct KeyView<'a> {
+    recs: &'a [Rec],
+    hashes: &'a Hashes,
+    strings: &'a Interner,
+    hasher: &'a Hasher,
 }
 
-/// Whether records `a` and `b` hold one key.
-fn same_key_in(recs: &[Rec], hashes: &Hashes, strings: &Interner, a: Id, b: Id) -> bool {
-    let r = &recs[b as usize];
-    let parts = (
-        hashes.get(r.hash_class, r.hash_place),
-        &**strings.name(r.model),
-        r.kv_rank,
-        r.object_group_id,
-        &**strings.name(r.salt),
-    );
-    is_key_in(recs, hashes, strings, a, parts)
+impl<'a> KeyView<'a> {
+    fn chunk(self, id: Id) -> &'a [u8] {
+        let r = &self.recs[id as usize];
+        self.hashes.get(r.hash_class(), r.hash_place)
+    }
+
+    fn parts(self, id: Id) -> Parts<'a> {
+        let r = &self.recs[id as usize];
+        (
+            self.chunk(id),
+            self.strings.name(r.model),
+            r.kv_rank,
+            r.object_group_id,
+            self.strings.name(r.salt),
+        )
+    }
+
+    /// A record's key hash (the one [`Table::find_parts`] computes from
+    /// the parts).
+    fn key_hash(self, id: Id) -> u64 {
+        self.hasher.hash_one(self.parts(id))
+    }
+
+    /// A record's chunk-hash hash.
+    fn chunk_hash(self, id: Id) -> u64 {
+        self.hasher.hash_one(self.chunk(id))
+    }
+
+    /// Whether `id` holds the key of these parts: the one definition of key
+    /// equality, for lookups and for a load's check of a key held twice.
+    fn is_key(self, id: Id, (hash, model, rank, group, salt): Parts<'_>) -> bool {
+        let r = &self.recs[id as usize];
+        r.kv_rank == rank
+            && r.object_group_id == group
+            && self.chunk(id) == hash
+            && **self.strings.name(r.model) == *model
+            && **self.strings.name(r.salt) == *salt
+    }
+
+    /// Whether records `a` and `b` hold one key.
+    fn same_key(self, a: Id, b: Id) -> bool {
+        self.is_key(a, self.parts(b))
+    }
 }
 
 /// log2 of the buckets of a hashbrown table of `capacity` (7/8 of its
@@ -132,7 +143,10 @@ pub(crate) struct Rec {
     /// Boxed: one pointer in every record, where a `Vec` would be three.
     #[allow(clippy::box_collection)]
     pub(crate) more: Option<Box<Vec<Place>>>,
-    pub(crate) hash_class: u32,
+    /// The hash's pool ([`Self::hash_class`]) and, in the top bit
+    /// ([`IN_LRU`]), whether the key is in its tenant's LRU: one word for
+    /// both keeps the record at 112 B with the chain's back link.
+    class_lru: u32,
     pub(crate) hash_place: u32,
     pub(crate) model: u32,
     pub(crate) salt: u32,
@@ -140,12 +154,35 @@ pub(crate) struct Rec {
     pub(crate) order_next: Id,
     pub(crate) lru_prev: Id,
     pub(crate) lru_next: Id,
-    /// The next key of the same chunk hash.
+    /// The next and previous keys of the same chunk hash (the first has no
+    /// previous): doubly linked, so a key leaves its chain in O(1).
     pub(crate) same_hash_next: Id,
-    pub(crate) in_lru: bool,
+    pub(crate) same_hash_prev: Id,
 }
 
+/// The top bit of [`Rec::class_lru`]. A pool per hash length cannot reach
+/// 2^31 pools: a key's length is bounded by the request or record holding it.
+const IN_LRU: u32 = 1 << 31;
+
 impl Rec {
+    /// The pool of the key's chunk hash.
+    pub(crate) fn hash_class(&self) -> u32 {
+        self.class_lru & !IN_LRU
+    }
+
+    /// Whether the key is in its tenant's L2 LRU.
+    pub(crate) fn in_lru(&self) -> bool {
+        self.class_lru & IN_LRU != 0
+    }
+
+    pub(crate) fn set_in_lru(&mut self, on: bool) {
+        self.class_lru = if on {
+            self.class_lru | IN_LRU
+        } else {
+            self.class_lru & !IN_LRU
+        };
+    }
+
     pub(crate) fn places(&self) -> impl Iterator<Item = &Place> {
         std::iter::once(&self.first).chain(self.more.as_deref().into_iter().flatten())
     }
@@ -287,26 +324,29 @@ impl Table {
 
     pub(crate) fn hash_of(&self, id: Id) -> &[u8] {
         let r = self.rec(id);
-        self.hashes.get(r.hash_class, r.hash_place)
+        self.hashes.get(r.hash_class(), r.hash_place)
     }
 
-    fn key_hash(&self, h: &[u8], model: &str, rank: i64, group: i64, salt: &str) -> u64 {
-        self.hasher.hash_one((h, model, rank, group, salt))
+    /// The records and pools, for a key's hash and equality.
+    fn view(&self) -> KeyView<'_> {
+        KeyView {
+            recs: &self.recs,
+            hashes: &self.hashes,
+            strings: &self.strings,
+            hasher: &self.hasher,
+        }
     }
 
-    fn rec_key_hash(&self, id: Id) -> u64 {
-        key_hash_in(&self.recs, &self.hashes, &self.strings, &self.hasher, id)
-    }
-
-    /// Whether `id` holds the key of these parts: the one definition of
-    /// key equality (lookups, and a load's check for a key held twice).
-    fn is_key(&self, id: Id, hash: &[u8], model: &str, rank: i64, group: i64, salt: &str) -> bool {
-        let parts = (hash, model, rank, group, salt);
-        is_key_in(&self.recs, &self.hashes, &self.strings, id, parts)
-    }
-
-    fn chunk_hash(&self, h: &[u8]) -> u64 {
-        self.hasher.hash_one(h)
+    /// The id tables, mutable, beside the view their inserts and rehashes
+    /// call back into.
+    fn split(&mut self) -> (&mut HashTable<Id>, &mut HashTable<Id>, KeyView<'_>) {
+        let view = KeyView {
+            recs: &self.recs,
+            hashes: &self.hashes,
+            strings: &self.strings,
+            hasher: &self.hasher,
+        };
+        (&mut self.by_key, &mut self.by_hash, view)
     }
 
     /// The id of `key`, if present.
@@ -329,23 +369,25 @@ impl Table {
         group: i64,
         salt: &str,
     ) -> Option<Id> {
-        let h = self.key_hash(hash, model, rank, group, salt);
+        let parts = (hash, model, rank, group, salt);
+        let view = self.view();
         self.by_key
-            .find(h, |&id| self.is_key(id, hash, model, rank, group, salt))
+            .find(self.hasher.hash_one(parts), |&id| view.is_key(id, parts))
             .copied()
     }
 
     /// The first id of a chunk hash.
     pub(crate) fn first_of_hash(&self, h: &[u8]) -> Option<Id> {
-        let hh = self.chunk_hash(h);
-        self.by_hash.find(hh, |&id| self.hash_of(id) == h).copied()
+        let view = self.view();
+        let hh = self.hasher.hash_one(h);
+        self.by_hash.find(hh, |&id| view.chunk(id) == h).copied()
     }
 
     /// The key of `id`, as an owned value.
     pub(crate) fn key(&self, id: Id) -> ObjectKey {
         let r = self.rec(id);
         ObjectKey {
-            chunk_hash: self.hashes.get(r.hash_class, r.hash_place).to_vec(),
+            chunk_hash: self.hashes.get(r.hash_class(), r.hash_place).to_vec(),
             model_name: self.strings.name(r.model).to_string(),
             kv_rank: r.kv_rank,
             object_group_id: r.object_group_id,
@@ -360,19 +402,9 @@ impl Table {
     /// Makes room for `additional` keys.
     pub(crate) fn reserve(&mut self, additional: usize) {
         self.recs.reserve(additional);
-        let Self {
-            by_key,
-            by_hash,
-            recs,
-            hashes,
-            strings,
-            hasher,
-            ..
-        } = self;
-        by_key.reserve(additional, |&id| {
-            key_hash_in(recs, hashes, strings, hasher, id)
-        });
-        by_hash.reserve(additional, |&id| chunk_hash_in(recs, hashes, hasher, id));
+        let (by_key, by_hash, view) = self.split();
+        by_key.reserve(additional, |&id| view.key_hash(id));
+        by_hash.reserve(additional, |&id| view.chunk_hash(id));
     }
 
     /// Adds a key (absent) with its first placement; returns its id. The
@@ -387,13 +419,13 @@ impl Table {
             kv_rank: key.kv_rank,
             object_group_id: key.object_group_id,
         };
-        let h = self.key_hash(
-            &key.chunk_hash,
-            &key.model_name,
+        let h = self.hasher.hash_one((
+            &key.chunk_hash[..],
+            &key.model_name[..],
             key.kv_rank,
             key.object_group_id,
-            &key.cache_salt,
-        );
+            &key.cache_salt[..],
+        ));
         let id = self.push_rec(&parts, first);
         self.file(id, h, &key.chunk_hash);
         id
@@ -407,6 +439,7 @@ impl Table {
 
     fn push_rec(&mut self, k: &KeyParts<'_>, first: Place) -> Id {
         let (hash_class, hash_place) = self.hashes.insert(k.hash);
+        debug_assert_eq!(hash_class & IN_LRU, 0, "a pool per hash length");
         let (model, salt) = (k.model, k.salt);
         let rec = Rec {
             kv_rank: k.kv_rank,
@@ -415,7 +448,7 @@ impl Table {
             last_access: 0.0,
             first,
             more: None,
-            hash_class,
+            class_lru: hash_class,
             hash_place,
             model,
             salt,
@@ -424,7 +457,7 @@ impl Table {
             lru_prev: NIL,
             lru_next: NIL,
             same_hash_next: NIL,
-            in_lru: false,
+            same_hash_prev: NIL,
         };
         let id = if self.has_free {
             let id = self.free;
@@ -443,33 +476,27 @@ impl Table {
 
     /// Files `id` (whose key hashes to `h`) in the two id tables.
     fn file(&mut self, id: Id, h: u64, chunk: &[u8]) {
-        let Self {
-            by_key,
-            by_hash,
-            recs,
-            hashes,
-            strings,
-            hasher,
-            ..
-        } = self;
-        by_key.insert_unique(h, id, |&id| key_hash_in(recs, hashes, strings, hasher, id));
+        let (by_key, by_hash, view) = self.split();
+        by_key.insert_unique(h, id, |&x| view.key_hash(x));
         // File it by its chunk hash: first of the hash, or second in the
         // chain behind the first.
-        let hh = hasher.hash_one(chunk);
-        let found = by_hash
-            .find(hh, |&other| {
-                let r = &recs[other as usize];
-                hashes.get(r.hash_class, r.hash_place) == chunk
-            })
+        let hh = view.hasher.hash_one(chunk);
+        let head = by_hash
+            .find(hh, |&other| view.chunk(other) == chunk)
             .copied();
-        match found {
+        match head {
             Some(head) => {
-                let next = recs[head as usize].same_hash_next;
-                recs[id as usize].same_hash_next = next;
-                recs[head as usize].same_hash_next = id;
+                let next = self.rec(head).same_hash_next;
+                if next != NIL {
+                    self.rec_mut(next).same_hash_prev = id;
+                }
+                let r = self.rec_mut(id);
+                r.same_hash_next = next;
+                r.same_hash_prev = head;
+                self.rec_mut(head).same_hash_next = id;
             }
             None => {
-                by_hash.insert_unique(hh, id, |&id| chunk_hash_in(recs, hashes, hasher, id));
+                by_hash.insert_unique(hh, id, |&x| view.chunk_hash(x));
             }
         }
     }
@@ -488,18 +515,9 @@ impl Table {
         // sorting by them first is sorting by bucket.
         let order = |capacity: usize, h: u64| h.rotate_right(bucket_bits(capacity));
         let chunked = {
-            let Self {
-                by_key,
-                by_hash,
-                recs,
-                hashes,
-                strings,
-                hasher,
-                ..
-            } = &mut *self;
-            let (recs, hashes, strings, hasher) = (&*recs, &*hashes, &*strings, &*hasher);
-            let key_of = |&id: &Id| key_hash_in(recs, hashes, strings, hasher, id);
-            let chunk_of = |&id: &Id| chunk_hash_in(recs, hashes, hasher, id);
+            let (by_key, by_hash, view) = self.split();
+            let key_of = |&id: &Id| view.key_hash(id);
+            let chunk_of = |&id: &Id| view.chunk_hash(id);
             // Reserved once to the final size, so the inserts below do not
             // rehash; if they did, the callbacks give the true hashes.
             by_key.reserve(n, key_of);
@@ -517,10 +535,7 @@ impl Table {
             // a random-seeded hasher, so the pairwise check stays cheap.
             for run in keyed.chunk_by(|a, b| a.0 == b.0) {
                 for (i, &(_, a)) in run.iter().enumerate() {
-                    if run[i + 1..]
-                        .iter()
-                        .any(|&(_, b)| same_key_in(recs, hashes, strings, a, b))
-                    {
+                    if run[i + 1..].iter().any(|&(_, b)| view.same_key(a, b)) {
                         return false;
                     }
                 }
@@ -535,10 +550,7 @@ impl Table {
             let mut chunked: Vec<(u64, Id)> = ids()
                 .map(|id| (order(hash_bits, chunk_of(&id)), id))
                 .collect();
-            let bytes = |id: Id| {
-                let r = &recs[id as usize];
-                hashes.get(r.hash_class, r.hash_place)
-            };
+            let bytes = |id: Id| view.chunk(id);
             chunked.sort_unstable();
             let shift = bucket_bits(hash_bits);
             for run in chunked.chunk_by_mut(|a, b| a.0 == b.0) {
@@ -564,6 +576,7 @@ impl Table {
         for w in chunked.windows(2) {
             if w[1].0 == 1 {
                 self.rec_mut(w[0].1).same_hash_next = w[1].1;
+                self.rec_mut(w[1].1).same_hash_prev = w[0].1;
             }
         }
         true
@@ -572,39 +585,35 @@ impl Table {
     /// Removes `id` (already unlinked from the order and LRU lists) from the
     /// tables; returns whether it was the last key of its chunk hash.
     pub(crate) fn remove(&mut self, id: Id) -> bool {
-        let h = self.rec_key_hash(id);
+        let view = self.view();
+        let (h, hh) = (view.key_hash(id), view.chunk_hash(id));
         if let Ok(e) = self.by_key.find_entry(h, |&x| x == id) {
             e.remove();
         }
-        let hh = self.chunk_hash(self.hash_of(id));
-        let next = self.rec(id).same_hash_next;
-        let mut last_of_hash = false;
-        let head = self.by_hash.find(hh, |&x| x == id).is_some();
-        if head {
-            if next == NIL {
-                if let Ok(e) = self.by_hash.find_entry(hh, |&x| x == id) {
-                    e.remove();
-                }
-                last_of_hash = true;
-            } else if let Some(slot) = self.by_hash.find_mut(hh, |&x| x == id) {
-                *slot = next;
+        // Out of its chunk hash's chain in O(1) whatever the chain's length
+        // (an emitter may report any number of groups and ranks of a chunk).
+        let (prev, next) = {
+            let r = self.rec(id);
+            (r.same_hash_prev, r.same_hash_next)
+        };
+        if next != NIL {
+            self.rec_mut(next).same_hash_prev = prev;
+        }
+        let last_of_hash = prev == NIL && next == NIL;
+        if prev != NIL {
+            self.rec_mut(prev).same_hash_next = next;
+        } else if next == NIL {
+            // The first and only key: the hash leaves the table.
+            if let Ok(e) = self.by_hash.find_entry(hh, |&x| x == id) {
+                e.remove();
             }
-        } else {
-            // A sibling: unlink it from its first's chain (chains are short:
-            // the groups and ranks of one chunk).
-            let h = self.hash_of(id).to_vec();
-            if let Some(mut cur) = self.first_of_hash(&h) {
-                while self.rec(cur).same_hash_next != id && self.rec(cur).same_hash_next != NIL {
-                    cur = self.rec(cur).same_hash_next;
-                }
-                if self.rec(cur).same_hash_next == id {
-                    self.rec_mut(cur).same_hash_next = next;
-                }
-            }
+        } else if let Some(slot) = self.by_hash.find_mut(hh, |&x| x == id) {
+            // The first: the next takes its slot.
+            *slot = next;
         }
         let (class, place, model, salt) = {
             let r = self.rec(id);
-            (r.hash_class, r.hash_place, r.model, r.salt)
+            (r.hash_class(), r.hash_place, r.model, r.salt)
         };
         self.hashes.remove(class, place);
         self.strings.release(model);
@@ -614,6 +623,7 @@ impl Table {
         r.more = None;
         r.order_next = free;
         r.same_hash_next = NIL;
+        r.same_hash_prev = NIL;
         self.free = id;
         self.has_free = true;
         self.live -= 1;

@@ -1,0 +1,153 @@
+use std::collections::BTreeSet;
+
+use super::*;
+use crate::directory::KeyDirectory;
+use crate::events::EventType;
+use crate::testutil::batch;
+
+fn key(hash: u8, group: i64) -> ObjectKey {
+    ObjectKey {
+        chunk_hash: vec![hash; 16],
+        model_name: "m".into(),
+        kv_rank: 0,
+        object_group_id: group,
+        cache_salt: String::new(),
+    }
+}
+
+fn place() -> Place {
+    Place {
+        size_bytes: 1,
+        incarnation: 1,
+        instance: 0,
+        backend: 0,
+        tier: StorageLevel::L2,
+        shared: false,
+    }
+}
+
+/// A fixed shuffle (xorshift), so a failure repeats.
+fn shuffle<T>(v: &mut [T], mut x: u64) {
+    for i in (1..v.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+}
+
+/// Checks a chunk hash's chain against the model (the groups it holds):
+/// walked forwards it holds exactly those keys, each once, every back link
+/// names the key before it, the first has none, and the chain is filed
+/// under its hash only while it holds a key.
+fn check_chain(t: &Table, hash: u8, model: &BTreeSet<i64>) {
+    let h = [hash; 16];
+    let ids: Vec<Id> = t.same_hash(&h).collect();
+    let groups: BTreeSet<i64> = ids.iter().map(|&id| t.rec(id).object_group_id).collect();
+    assert_eq!(&groups, model, "chain of hash {hash}");
+    assert_eq!(ids.len(), model.len(), "a key twice in the chain of {hash}");
+    let mut prev = NIL;
+    for &id in &ids {
+        assert_eq!(t.rec(id).same_hash_prev, prev, "back link of {id}");
+        assert_eq!(t.hash_of(id), &h[..]);
+        prev = id;
+    }
+    assert_eq!(t.first_of_hash(&h).is_some(), !model.is_empty());
+    for &g in model {
+        assert!(t.find(&key(hash, g)).is_some(), "key ({hash}, {g}) lost");
+    }
+}
+
+#[test]
+fn a_record_stays_112_bytes() {
+    // The chain's back link fits because the LRU flag shares the hash
+    // class's word; a larger record costs every key.
+    assert_eq!(std::mem::size_of::<Rec>(), 112);
+}
+
+#[test]
+fn the_lru_flag_leaves_the_hash_class_alone() {
+    let mut t = Table::default();
+    let short = t.insert(&key(1, 0), place());
+    let long = t.insert(
+        &ObjectKey {
+            chunk_hash: vec![2; 32],
+            ..key(2, 0)
+        },
+        place(),
+    );
+    for id in [short, long] {
+        let (class, hash) = (t.rec(id).hash_class(), t.hash_of(id).to_vec());
+        t.rec_mut(id).set_in_lru(true);
+        assert!(t.rec(id).in_lru());
+        assert_eq!((t.rec(id).hash_class(), t.hash_of(id)), (class, &hash[..]));
+        t.rec_mut(id).set_in_lru(false);
+        assert!(!t.rec(id).in_lru());
+        assert_eq!(t.rec(id).hash_class(), class);
+    }
+}
+
+#[test]
+fn keys_of_one_chunk_hash_leave_in_any_order() {
+    // 300 keys under hash 1 (groups), a few under hashes 2 and 3 so the
+    // tables hold other chains, removed in a shuffled order with inserts in
+    // between (freed ids reused, keys filed behind a chain's first).
+    let mut t = Table::default();
+    let mut model: [BTreeSet<i64>; 4] = Default::default();
+    let mut ids = std::collections::HashMap::new();
+    for g in 0..300 {
+        ids.insert((1u8, g), t.insert(&key(1, g), place()));
+        model[1].insert(g);
+    }
+    for (hash, g) in [(2u8, 0), (2, 1), (3, 0)] {
+        ids.insert((hash, g), t.insert(&key(hash, g), place()));
+        model[hash as usize].insert(g);
+    }
+    let mut order: Vec<(u8, i64)> = ids.keys().copied().collect();
+    order.sort_unstable();
+    shuffle(&mut order, 0x9E37_79B9_7F4A_7C15);
+    for (step, (hash, g)) in order.into_iter().enumerate() {
+        let id = ids.remove(&(hash, g)).unwrap();
+        let last = t.remove(id);
+        model[hash as usize].remove(&g);
+        assert_eq!(last, model[hash as usize].is_empty(), "step {step}");
+        assert!(t.find(&key(hash, g)).is_none());
+        if step % 7 == 3 {
+            // Back in, under a new group.
+            let g = 1_000 + step as i64;
+            ids.insert((hash, g), t.insert(&key(hash, g), place()));
+            model[hash as usize].insert(g);
+        }
+        for h in 1..=3 {
+            check_chain(&t, h, &model[h as usize]);
+        }
+    }
+    assert_eq!(t.len(), ids.len());
+}
+
+#[test]
+fn keys_of_a_loaded_chain_leave_in_any_order() {
+    // The chain a load links (file_all) carries the same back links; the
+    // keys leave through the directory's delete, as a node reports them.
+    let store = |event, keys: &[ObjectKey]| {
+        let entries: Vec<(ObjectKey, u64)> = keys.iter().map(|k| (k.clone(), 1)).collect();
+        batch("a", event, StorageLevel::L2, "fs", false, &entries)
+    };
+    let mut d = KeyDirectory::new();
+    let keys: Vec<ObjectKey> = (0..200).map(|g| key(5, g)).chain([key(6, 0)]).collect();
+    d.apply(&store(EventType::Store, &keys));
+    let mut raw = Vec::new();
+    d.encode_image(&mut raw);
+    let mut back = KeyDirectory::read_image(&raw[..], raw.len()).unwrap();
+    let mut model: BTreeSet<i64> = (0..200).collect();
+    check_chain(&back.table, 5, &model);
+    let mut order: Vec<i64> = (0..200).collect();
+    shuffle(&mut order, 42);
+    for g in order {
+        back.apply(&store(EventType::Delete, &[key(5, g)]));
+        model.remove(&g);
+        check_chain(&back.table, 5, &model);
+        check_chain(&back.table, 6, &BTreeSet::from([0]));
+    }
+    assert_eq!((back.len(), back.lru_len()), (1, 1));
+}
