@@ -21,22 +21,34 @@
 //! table's sequence number (odd while they run) and a miss is only
 //! answered when the sequence was even and unchanged around it.
 //!
-//! Because the tables are read without a lock they are never reallocated:
-//! each is allocated once, on its first key, at the size its share of the
-//! index's capacity needs. The index runs up to a sixteenth over capacity
-//! before it evicts, so a table is sized for 17/16 of its share plus slack
-//! (about 90 % full at capacity, 95 % at the overshoot's peak): some
-//! 7.3 bytes of table per entry of capacity, reserved whether or not the
-//! index is full; the tables do not shrink when the index empties.
+//! Because the tables are read without a lock they are never reallocated,
+//! but they grow: a table starts at a sixteenth of the size its share of
+//! the index's capacity needs and doubles when an insert would fill more
+//! than 9/10 of it, so memory follows the contents (a freshly started
+//! index allocates and faults in only what it fills). The buckets live in
+//! segments, each allocated once and never moved: the first, then one per
+//! doubling as large as the table before it. A bucket is picked by the
+//! tag's low bits (within the first segment) and a few high bits (which
+//! row of it), so a doubling sends each key either nowhere or to the one
+//! new bucket of the new segment that mirrors its bucket: the writer
+//! copies those keys there, publishes the new size in the sequence word
+//! (made odd, release), clears the originals, and makes the sequence even
+//! again. A reader takes the size and the sequence in one load, so it
+//! probes one consistent size and retries a miss as for a move. The index
+//! runs up to a sixteenth over capacity before it evicts, so a full table
+//! is sized for 17/16 of its share plus slack (about 90 % full at
+//! capacity, 95 % at the overshoot's peak): some 7.3 bytes of table per
+//! entry at capacity, 7–14 bytes per key below it; the tables do not
+//! shrink when the index empties.
 //!
-//! A bucket keeps its ten tags together (words 0–2, the occupancy mask in
-//! word 2's upper half), then the ten record ids (words 3–7), so that
-//! matching a tag, counting or finding free slots are a few register
-//! operations rather than a walk over the slots.
+//! A bucket (see [`bucket`]) keeps its ten tags together (words 0–2, the
+//! occupancy mask in word 2's upper half), then the ten record ids (words
+//! 3–7), so that matching a tag, counting or finding free slots are a few
+//! register operations rather than a walk over the slots.
 //!
-//! Buckets come from the tag alone (scaled to the table's size), so a table
-//! tells apart at most 2^16 tags, and the keys of one bucket share the
-//! tag's top bits: the store keeps many small tables (one or two thousand
+//! Buckets come from the tag alone (so growing reads no record), so a
+//! table tells apart at most 2^16 tags, and the keys of one bucket share
+//! most of the tag's bits: the store keeps many small tables (one or two thousand
 //! keys each, see [`crate::store`] and `KEYS_PER_TABLE`), where a probe
 //! meets a foreign key with its tag only a few percent of the time (one
 //! extra record read). Keys that cannot be placed in their buckets (only
@@ -54,177 +66,58 @@ use parking_lot::Mutex;
 use crate::arena::RecId;
 use crate::prefetch::prefetch;
 
-/// Slots per bucket: ten 2-byte tags and ten 4-byte ids, plus a 2-byte
-/// mask, fill a 64-byte line.
-const BUCKET_SLOTS: usize = 10;
-/// The occupancy mask of a full bucket.
-const FULL: u16 = (1 << BUCKET_SLOTS) - 1;
+mod bucket;
+
+use bucket::{BUCKET_SLOTS, Bucket, KeySlot, bits};
+
 const MIN_BUCKETS: usize = 2;
 /// Residents moved, at most, to make room for one insert.
 const MAX_KICKS: usize = 32;
-/// Where word 2 keeps the occupancy mask.
-const USED_SHIFT: u32 = 32;
 /// Overflowed keys a table keeps where searches read them without a lock.
 const OVERFLOW_SLOTS: usize = 8;
 /// Marks an occupied overflow slot (whose word is `OCCUPIED | tag << 32 | rec`).
 const OCCUPIED: u64 = 1 << 63;
+/// Doublings from a table's first size to its full one (it starts at a
+/// sixteenth, or at [`MIN_FIRST`] buckets if that is more).
+const DOUBLINGS: u32 = 4;
+/// The fewest buckets a table starts with.
+const MIN_FIRST: usize = 2;
+/// A table doubles when an insert would fill more than 9/10 of its slots.
+const GROW_NUM: usize = 9;
+const GROW_DEN: usize = 10;
+/// The sequence word keeps the doublings made above this bit (the count
+/// below it), so that one load gives a reader both.
+const SIZE_SHIFT: u32 = 56;
+const COUNT_MASK: u64 = (1 << SIZE_SHIFT) - 1;
 
 /// The writer's token: only the holder of the store's placement mutex has
 /// it, so a `&mut Sole` proves there is no other writer.
 #[derive(Debug, Default)]
 pub(crate) struct Sole(());
 
-/// A key's tag and record id.
-#[derive(Clone, Copy, Debug)]
-struct KeySlot {
-    tag: u16,
-    rec: RecId,
-}
-
-/// One cache line of slots: tags in words 0–2 (four per word), the
-/// occupancy mask in word 2's bits 32–41, record ids in words 3–7 (two per
-/// word).
-#[derive(Debug, Default)]
-#[repr(C, align(64))]
-struct Bucket {
-    w: [AtomicU64; 8],
-}
-
-/// Bit `i` set for each 16-bit lane `i` of `w` equal to `tag`: four
-/// compares in a few word operations (loads of atomics are not vectorised,
-/// and a compare per slot doubled the writer's probes).
-#[inline]
-fn lanes_equal(w: u64, tag: u16) -> u16 {
-    const ONES: u64 = 0x0001_0001_0001_0001;
-    const HIGH: u64 = 0x8000_8000_8000_8000;
-    let x = w ^ (u64::from(tag) * ONES);
-    // A lane's top bit ends up set unless the lane is zero; no carry
-    // crosses lanes (at most 0x7fff + 0x7fff).
-    let nonzero = ((x & !HIGH) + !HIGH) | x;
-    let zero = !nonzero & HIGH;
-    // Four bits, 16 apart, gathered.
-    #[allow(clippy::cast_possible_truncation)]
-    let m = ((zero >> 15) & 1 | (zero >> 30) & 2 | (zero >> 45) & 4 | (zero >> 60) & 8) as u16;
-    m
-}
-
-fn tag_at(words: [u64; 3], i: usize) -> u16 {
-    // A 16-bit lane.
-    #[allow(clippy::cast_possible_truncation)]
-    let t = (words[i / 4] >> ((i % 4) * 16)) as u16;
-    t
-}
-
-impl Bucket {
-    /// The occupancy mask (acquire: the slots it names are written).
-    #[inline]
-    fn used(&self) -> u16 {
-        // Masked to ten bits.
-        #[allow(clippy::cast_possible_truncation)]
-        let m = (self.w[2].load(Ordering::Acquire) >> USED_SHIFT) as u16 & FULL;
-        m
-    }
-
-    /// The occupied slots carrying `tag`, as a mask.
-    #[inline]
-    fn matching(&self, tag: u16) -> u16 {
-        // Word 2 first (acquire): the slots its mask names are written.
-        let w2 = self.w[2].load(Ordering::Acquire);
-        // Masked to ten bits.
-        #[allow(clippy::cast_possible_truncation)]
-        let used = (w2 >> USED_SHIFT) as u16 & FULL;
-        if used == 0 {
-            return 0;
-        }
-        let w0 = self.w[0].load(Ordering::Relaxed);
-        let w1 = self.w[1].load(Ordering::Relaxed);
-        (lanes_equal(w0, tag) | lanes_equal(w1, tag) << 4 | (lanes_equal(w2, tag) & 0b11) << 8)
-            & used
-    }
-
-    #[inline]
-    fn rec(&self, i: usize) -> RecId {
-        // A 32-bit half.
-        #[allow(clippy::cast_possible_truncation)]
-        let r = (self.w[3 + i / 2].load(Ordering::Relaxed) >> ((i % 2) * 32)) as RecId;
-        r
-    }
-
-    fn slot(&self, i: usize) -> KeySlot {
-        let words = [
-            self.w[0].load(Ordering::Relaxed),
-            self.w[1].load(Ordering::Relaxed),
-            self.w[2].load(Ordering::Relaxed),
-        ];
-        KeySlot {
-            tag: tag_at(words, i),
-            rec: self.rec(i),
-        }
-    }
-
-    /// Writes `slot` into slot `i` and marks it occupied, the mask last.
-    fn put(&self, _: &mut Sole, i: usize, slot: KeySlot) {
-        let r = &self.w[3 + i / 2];
-        let shift = (i % 2) * 32;
-        let old = r.load(Ordering::Relaxed);
-        r.store(
-            (old & !(0xffff_ffff << shift)) | (u64::from(slot.rec) << shift),
-            Ordering::Relaxed,
-        );
-        let shift = (i % 4) * 16;
-        let lane = !(0xffff_u64 << shift);
-        let tag = u64::from(slot.tag) << shift;
-        if i / 4 == 2 {
-            let w = self.w[2].load(Ordering::Relaxed);
-            self.w[2].store(
-                (w & lane) | tag | (1 << (USED_SHIFT as usize + i)),
-                Ordering::Release,
-            );
-        } else {
-            let t = &self.w[i / 4];
-            t.store((t.load(Ordering::Relaxed) & lane) | tag, Ordering::Relaxed);
-            let w = self.w[2].load(Ordering::Relaxed);
-            self.w[2].store(w | (1 << (USED_SHIFT as usize + i)), Ordering::Release);
-        }
-    }
-
-    /// Clears the occupancy bits of `mask`.
-    fn clear(&self, _: &mut Sole, mask: u16) {
-        let w = self.w[2].load(Ordering::Relaxed);
-        self.w[2].store(w & !(u64::from(mask) << USED_SHIFT), Ordering::Release);
-    }
-
-    fn free(&self) -> Option<usize> {
-        let i = (!self.used() & FULL).trailing_zeros() as usize;
-        (i < BUCKET_SLOTS).then_some(i)
-    }
-
-    fn count(&self) -> u32 {
-        self.used().count_ones()
-    }
-}
-
-/// The set bits of `mask`, lowest first.
-fn bits(mut mask: u16) -> impl Iterator<Item = usize> {
-    std::iter::from_fn(move || {
-        if mask == 0 {
-            return None;
-        }
-        let i = mask.trailing_zeros() as usize;
-        mask &= mask - 1;
-        Some(i)
-    })
-}
+/// A bucket's place: `r` within a segment row, `q` the row (see
+/// [`KeyTable::home`]).
+type Home = (usize, usize);
 
 /// The table.
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(crate) struct KeyTable {
-    /// Allocated on the first insert, never replaced.
-    buckets: OnceLock<Box<[Bucket]>>,
-    /// Buckets to allocate.
-    size: usize,
-    /// Odd while a key moves (a miss read meanwhile is not trusted).
+    /// Odd while keys move (a miss read meanwhile is not trusted); the
+    /// doublings made so far above [`SIZE_SHIFT`].
     seq: AtomicU64,
+    /// Overflowed keys, slots and spill list (zero: a search reads neither).
+    overflow_len: AtomicUsize,
+    /// Buckets of the first segment (the table starts with these).
+    first: u32,
+    /// Tag bits that pick a bucket within a row (the rest pick the row).
+    row_bits: u32,
+    /// Segment 0 holds the first `first` buckets, segment `s > 0` the
+    /// `first << (s - 1)` added by the `s`-th doubling: each allocated
+    /// once, before the doubling is published, and never moved.
+    segments: [OnceLock<Box<[Bucket]>>; DOUBLINGS as usize + 1],
+    /// Doublings this table may make (fewer than [`DOUBLINGS`] when small).
+    doublings: u32,
     len: AtomicUsize,
     /// Keys no bucket had room for, read without a lock; 0 is a free slot.
     /// Allocated on the first overflow, so that the table's header (read
@@ -234,11 +127,12 @@ pub(crate) struct KeyTable {
     /// that searches lock it only when it holds something.
     spill: Mutex<Vec<KeySlot>>,
     spill_len: AtomicUsize,
-    /// Overflowed keys, slots and spill list (zero: a search reads neither).
-    overflow_len: AtomicUsize,
     /// Moves made (for the tests that race readers against them).
     #[cfg(test)]
     moves: AtomicUsize,
+    /// Doublings made (for the tests that race readers against them).
+    #[cfg(test)]
+    grown: AtomicUsize,
 }
 
 /// The tag of a hash.
@@ -263,7 +157,7 @@ fn other(tag: u16) -> u16 {
 /// hash's share: a table then runs at most about 95 % full (two choices of
 /// ten slots place keys past 97 %; the overflow slots take what they
 /// cannot). Sized by entries, not keys: blocks shared by several replicas
-/// leave their tables emptier (the price of never reallocating).
+/// leave their tables emptier.
 fn buckets_for(keys: usize) -> usize {
     let peak = keys + keys / 16;
     let spread = 3 * peak.isqrt() / 2 + BUCKET_SLOTS;
@@ -271,15 +165,10 @@ fn buckets_for(keys: usize) -> usize {
     slots.div_ceil(BUCKET_SLOTS).clamp(MIN_BUCKETS, 1 << 16)
 }
 
-/// The bucket of 16-bit hash `u` among `n`: its share of the range.
-fn scaled(u: u16, n: usize) -> usize {
-    (usize::from(u) * n) >> 16
-}
-
 /// Where a key sits: bucket and slot, overflow slot, or spill list index.
 #[derive(Clone, Copy, Debug)]
 enum At {
-    Slot(usize, usize),
+    Slot(Home, usize),
     Overflow(usize),
     Spill(usize),
 }
@@ -300,19 +189,84 @@ fn unpacked(w: u64) -> Option<KeySlot> {
     (w & OCCUPIED != 0).then_some(slot)
 }
 
+/// The doublings a sequence word records.
+fn size_of_seq(seq: u64) -> u32 {
+    // The top byte.
+    #[allow(clippy::cast_possible_truncation)]
+    let d = (seq >> SIZE_SHIFT) as u32;
+    d
+}
+
 impl KeyTable {
-    /// An empty table for at most about `keys` keys (allocated on its
-    /// first insert).
+    /// An empty table for at most about `keys` keys (its first, small
+    /// segment allocated on its first insert; see the module docs).
     pub(crate) fn sized(keys: usize) -> Self {
+        let full = buckets_for(keys);
+        let mut doublings = DOUBLINGS;
+        while doublings > 0 && full >> doublings < MIN_FIRST {
+            doublings -= 1;
+        }
+        let first = full.div_ceil(1 << doublings);
         Self {
-            size: buckets_for(keys),
+            // At most 2^16 / 2^4 buckets: fits.
+            first: u32::try_from(first).unwrap_or(u32::MAX),
+            row_bits: 16 - doublings,
+            doublings,
             ..Self::default()
         }
     }
 
-    /// The two buckets of `tag` among `n`.
-    fn buckets_of(tag: u16, n: usize) -> [usize; 2] {
-        [scaled(tag, n), scaled(other(tag), n)]
+    /// The bucket of 16-bit hash `x` after `d` doublings: the low
+    /// `row_bits` bits pick one of the first segment's `first` buckets
+    /// (scaled), the next `d` bits the row, so that a doubling sends each
+    /// key of bucket `(r, q)` to `(r, q)` or `(r, q + 2^d)`, which is in
+    /// the new segment.
+    #[inline]
+    fn home(&self, x: u16, d: u32) -> Home {
+        let x = usize::from(x);
+        let r = ((x & ((1 << self.row_bits) - 1)) * self.first as usize) >> self.row_bits;
+        let q = (x >> self.row_bits) & ((1 << d) - 1);
+        (r, q)
+    }
+
+    /// The two buckets of `tag` after `d` doublings.
+    #[inline]
+    fn homes(&self, tag: u16, d: u32) -> [Home; 2] {
+        [self.home(tag, d), self.home(other(tag), d)]
+    }
+
+    /// The bucket at `home`, if its segment is allocated.
+    #[inline]
+    fn at(&self, (r, q): Home) -> Option<&Bucket> {
+        // Row q is in segment bit_length(q), which starts at row 2^(s-1).
+        let s = (usize::BITS - q.leading_zeros()) as usize;
+        let base = (1 << s) >> 1;
+        self.segments
+            .get(s)?
+            .get()?
+            .get(r + self.first as usize * (q - base))
+    }
+
+    /// Doublings made (the writer's view; readers take theirs from `seq`).
+    fn doubled(&self) -> u32 {
+        size_of_seq(self.seq.load(Ordering::Relaxed))
+    }
+
+    /// The allocated buckets, in segment order.
+    fn all_buckets(&self) -> impl Iterator<Item = &Bucket> {
+        self.segments
+            .iter()
+            .filter_map(OnceLock::get)
+            .flat_map(|s| s.iter())
+    }
+
+    /// Buckets allocated.
+    fn bucket_count(&self) -> usize {
+        self.segments
+            .iter()
+            .filter_map(OnceLock::get)
+            .map(|s| s.len())
+            .sum()
     }
 
     /// Entries.
@@ -322,9 +276,7 @@ impl KeyTable {
 
     /// Bytes this table holds on the heap.
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.buckets
-            .get()
-            .map_or(0, |b| b.len() * size_of::<Bucket>())
+        self.bucket_count() * size_of::<Bucket>()
             + self
                 .overflow
                 .get()
@@ -343,7 +295,7 @@ impl KeyTable {
         if self.len() == 0 {
             return 0;
         }
-        self.buckets.get().map_or(0, |b| b.len() * BUCKET_SLOTS)
+        self.bucket_count() * BUCKET_SLOTS
     }
 
     /// Keys in overflow slots or the spill list (not in their buckets).
@@ -376,22 +328,25 @@ impl KeyTable {
     /// Starts loading both buckets of hash `h`, so that their cache lines
     /// are on their way before [`KeyTable::find`] needs them.
     pub(crate) fn prefetch(&self, h: u64) {
-        let Some(buckets) = self.buckets.get() else {
-            return;
-        };
-        let [a, b] = Self::buckets_of(tag(h), buckets.len());
-        prefetch(&buckets[a]);
-        prefetch(&buckets[b]);
+        let d = size_of_seq(self.seq.load(Ordering::Relaxed));
+        for home in self.homes(tag(h), d) {
+            if let Some(b) = self.at(home) {
+                prefetch(b);
+            }
+        }
     }
 
-    /// The first slot of hash `h` that `wanted` accepts, as a record id
-    /// (no sequence check: see [`KeyTable::search`]).
+    /// The first slot of hash `h` that `wanted` accepts after `d`
+    /// doublings, as a record id (no sequence check: see
+    /// [`KeyTable::search`]).
     #[inline]
-    fn probe(&self, h: u64, wanted: &mut impl FnMut(RecId) -> bool) -> Option<RecId> {
-        let buckets = self.buckets.get()?;
+    fn probe(&self, h: u64, d: u32, wanted: &mut impl FnMut(RecId) -> bool) -> Option<RecId> {
         let t = tag(h);
-        for bucket in Self::buckets_of(t, buckets.len()) {
-            let found = &buckets[bucket];
+        for home in self.homes(t, d) {
+            let Some(found) = self.at(home) else {
+                // Not allocated: the table never held a key.
+                return None;
+            };
             for i in bits(found.matching(t)) {
                 let rec = found.rec(i);
                 if wanted(rec) {
@@ -405,13 +360,14 @@ impl KeyTable {
         self.probe_overflow(t, wanted)
     }
 
-    /// [`KeyTable::probe`], with a miss retried until no key moved while it
-    /// was read (a hit was confirmed by `wanted`).
+    /// [`KeyTable::probe`] at the size the sequence word names, with a
+    /// miss retried until no key moved (nor the table grew) while it was
+    /// read (a hit was confirmed by `wanted`).
     #[inline]
     fn search(&self, h: u64, mut wanted: impl FnMut(RecId) -> bool) -> Option<RecId> {
         loop {
             let before = self.seq.load(Ordering::Acquire);
-            if let Some(rec) = self.probe(h, &mut wanted) {
+            if let Some(rec) = self.probe(h, size_of_seq(before), &mut wanted) {
                 return Some(rec);
             }
             fence(Ordering::Acquire);
@@ -452,43 +408,104 @@ impl KeyTable {
 
     /// Adds `rec` under hash `h` (the caller knows its key is absent).
     pub(crate) fn insert(&self, sole: &mut Sole, h: u64, rec: RecId) {
-        let size = self.size;
-        let buckets = self
-            .buckets
-            .get_or_init(|| (0..size).map(|_| Bucket::default()).collect());
-        self.place(sole, buckets, KeySlot { tag: tag(h), rec });
+        let first = self.first as usize;
+        self.segments[0].get_or_init(|| (0..first).map(|_| Bucket::default()).collect());
+        let d = self.doubled();
+        let slots = (first << d) * BUCKET_SLOTS;
+        if d < self.doublings && (self.len() + 1) * GROW_DEN > slots * GROW_NUM {
+            self.grow(sole, d);
+        }
+        self.place(sole, KeySlot { tag: tag(h), rec });
         self.len.store(self.len() + 1, Ordering::Relaxed);
+    }
+
+    /// Doubles the table (from `d` doublings): the new segment is filled
+    /// with copies of the keys whose bucket moves into it, then published
+    /// (with the sequence made odd), then the originals are cleared, then
+    /// the sequence is even again. A reader of the old size finds a key in
+    /// its old bucket or retries its miss; one of the new size finds it
+    /// in either (the copies were written before the size it read).
+    fn grow(&self, sole: &mut Sole, d: u32) {
+        let first = self.first as usize;
+        let rows = 1 << d;
+        let new = &self.segments[d as usize + 1]
+            .get_or_init(|| (0..first * rows).map(|_| Bucket::default()).collect());
+        // Bucket (r, q) sends its movers to (r, q + rows): index
+        // r + first * q of the new segment, into the same slot.
+        let leaving = |home: Home, b: &Bucket| {
+            let mut mask = 0u16;
+            for i in bits(b.used()) {
+                let t = b.slot(i).tag;
+                let [x, y] = self.homes(t, d + 1);
+                mask |= u16::from(x != home && y != home) << i;
+            }
+            mask
+        };
+        for q in 0..rows {
+            for r in 0..first {
+                let Some(b) = self.at((r, q)) else { continue };
+                for i in bits(leaving((r, q), b)) {
+                    new[r + first * q].put(sole, i, b.slot(i));
+                }
+            }
+        }
+        // Publish the size (release: the copies and the segment are
+        // visible to a reader that sees it), odd for the clearing.
+        #[cfg(test)]
+        {
+            self.moves.fetch_add(1, Ordering::Relaxed);
+            self.grown.fetch_add(1, Ordering::Relaxed);
+        }
+        let s = self.seq.load(Ordering::Relaxed);
+        let odd = ((s & COUNT_MASK) + 1) | u64::from(d + 1) << SIZE_SHIFT;
+        self.seq.store(odd, Ordering::Release);
+        fence(Ordering::Release);
+        for q in 0..rows {
+            for r in 0..first {
+                let Some(b) = self.at((r, q)) else { continue };
+                let gone = leaving((r, q), b);
+                if gone != 0 {
+                    b.clear(sole, gone);
+                }
+            }
+        }
+        self.moved(sole);
     }
 
     /// Puts `slot` in the emptier of its buckets; when both are full, moves
     /// residents to their other buckets to make room, and failing that adds
     /// it to the overflow list.
-    fn place(&self, sole: &mut Sole, buckets: &[Bucket], mut slot: KeySlot) {
-        let n = buckets.len();
-        let [a, b] = Self::buckets_of(slot.tag, n);
-        let target = if buckets[b].count() < buckets[a].count() {
-            b
-        } else {
-            a
+    fn place(&self, sole: &mut Sole, mut slot: KeySlot) {
+        let d = self.doubled();
+        let [a, b] = self.homes(slot.tag, d);
+        let (Some(ba), Some(bb)) = (self.at(a), self.at(b)) else {
+            return;
         };
-        if let Some(free) = buckets[target].free() {
-            buckets[target].put(sole, free, slot);
+        let (target, mut bucket) = if bb.count() < ba.count() {
+            (bb, b)
+        } else {
+            (ba, a)
+        };
+        if let Some(free) = target.free() {
+            target.put(sole, free, slot);
             return;
         }
         // Both full: evict a resident to its other bucket, and so on. The
         // evicted key is in no bucket until it lands: readers' misses wait.
         self.moving(sole);
-        let mut bucket = target;
         for kick in 0..MAX_KICKS {
+            let Some(here) = self.at(bucket) else { break };
             // Vary the victim so that chains do not cycle.
             let victim = (usize::from(slot.tag) + kick) % BUCKET_SLOTS;
-            let evicted = buckets[bucket].slot(victim);
-            buckets[bucket].put(sole, victim, slot);
+            let evicted = here.slot(victim);
+            here.put(sole, victim, slot);
             slot = evicted;
-            let [x, y] = Self::buckets_of(slot.tag, n);
+            let [x, y] = self.homes(slot.tag, d);
             bucket = if x == bucket { y } else { x };
-            if let Some(free) = buckets[bucket].free() {
-                buckets[bucket].put(sole, free, slot);
+            if let Some(there) = self.at(bucket)
+                && let Some(free) = there.free()
+            {
+                there.put(sole, free, slot);
                 self.moved(sole);
                 return;
             }
@@ -511,12 +528,11 @@ impl KeyTable {
     }
 
     fn position(&self, h: u64, rec: RecId) -> Option<At> {
-        let buckets = self.buckets.get()?;
         let t = tag(h);
-        for bucket in Self::buckets_of(t, buckets.len()) {
-            let found = &buckets[bucket];
+        for home in self.homes(t, self.doubled()) {
+            let found = self.at(home)?;
             if let Some(i) = bits(found.matching(t)).find(|&i| found.rec(i) == rec) {
-                return Some(At::Slot(bucket, i));
+                return Some(At::Slot(home, i));
             }
         }
         if self.overflowed() == 0 {
@@ -549,9 +565,9 @@ impl KeyTable {
             rec: new,
         };
         match at {
-            At::Slot(b, s) => {
-                if let Some(buckets) = self.buckets.get() {
-                    buckets[b].put(sole, s, slot);
+            At::Slot(home, s) => {
+                if let Some(b) = self.at(home) {
+                    b.put(sole, s, slot);
                 }
             }
             At::Overflow(i) => self.overflow_slots()[i].store(packed(slot), Ordering::Release),
@@ -564,9 +580,9 @@ impl KeyTable {
     /// Removes the entry of `rec` (hash `h`); false if absent.
     pub(crate) fn remove(&self, sole: &mut Sole, h: u64, rec: RecId) -> bool {
         match self.position(h, rec) {
-            Some(At::Slot(b, s)) => {
-                if let Some(buckets) = self.buckets.get() {
-                    buckets[b].clear(sole, 1 << s);
+            Some(At::Slot(home, s)) => {
+                if let Some(b) = self.at(home) {
+                    b.clear(sole, 1 << s);
                 }
             }
             Some(At::Overflow(i)) => {
@@ -592,13 +608,12 @@ impl KeyTable {
     /// Removes every entry whose record `dead` names, in one pass over the
     /// table (cheaper than a probe each when they are many).
     pub(crate) fn remove_all(&self, sole: &mut Sole, dead: impl Fn(RecId) -> bool) {
-        // A table is allocated at its full share whether it holds a key or
-        // none: an empty one is not walked.
+        // The tables do not shrink: an empty one is not walked.
         if self.len() == 0 {
             return;
         }
         let mut removed = 0;
-        for bucket in self.buckets.get().map_or(&[][..], |b| &b[..]) {
+        for bucket in self.all_buckets() {
             let used = bucket.used();
             if used == 0 {
                 continue;

@@ -2,6 +2,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
+use super::bucket::{FULL, lanes_equal};
 use super::*;
 
 /// A deliberately weak hash so that keys share tags and buckets; the
@@ -104,7 +105,7 @@ fn a_table_at_its_size_stays_in_its_buckets() {
         t.insert(&mut sole, h(k), k);
     }
     assert_eq!(t.overflow_len.load(Ordering::Relaxed), 0);
-    let slots = t.buckets.get().map_or(0, |b| b.len()) * BUCKET_SLOTS;
+    let slots = t.swept_slots();
     assert!(t.len() * 10 >= slots * 7, "at least 70% full");
     for k in 0..2048 {
         assert_eq!(t.find(h(k), |r| r == k), Some(k));
@@ -161,7 +162,8 @@ fn a_table_is_allocated_on_its_first_key_only() {
     assert_eq!(t.heap_bytes(), 0);
     assert_eq!(t.find(5, |_| true), None);
     t.insert(&mut sole, crate::store::hash(1), 1);
-    assert_eq!(t.heap_bytes(), buckets_for(1000) * 64);
+    // A sixteenth of the full size.
+    assert_eq!(t.heap_bytes(), buckets_for(1000).div_ceil(16) * 64);
 }
 
 #[test]
@@ -171,12 +173,12 @@ fn readers_never_miss_a_key_present_throughout_while_others_move() {
     // buckets), removes them and re-points others: every search for a
     // resident key must find it. Fails if kicks or relocations are not
     // marked (a miss read during a move is then answered).
-    const RESIDENTS: u32 = 80;
-    let t = std::sync::Arc::new(KeyTable::sized(60));
+    const RESIDENTS: u32 = 70;
+    let t = std::sync::Arc::new(KeyTable::sized(40));
     let mut sole = Sole::default();
-    // 80 residents in 90 slots (sized for 60: 17/16 of it and slack
-    // make nine buckets): an insert often finds both its
-    // buckets full and kicks.
+    // 70 residents in 80 slots (sized for 40: 17/16 of it and slack
+    // make seven buckets, grown from four to eight): an insert often
+    // finds both its buckets full and kicks.
     let h = |k: u32| crate::store::hash(u64::from(k));
     for k in 0..RESIDENTS {
         t.insert(&mut sole, h(k), k);
@@ -220,6 +222,76 @@ fn readers_never_miss_a_key_present_throughout_while_others_move() {
     eprintln!("{moves} moves, {misses:?} misses");
     assert!(moves >= 120_000, "the writer moved keys: {moves}");
     assert_eq!(misses, Some(0), "misses of resident keys");
+}
+
+#[test]
+fn readers_never_miss_a_key_present_throughout_a_growth() {
+    // Tables fill from empty, one after another, each doubling four
+    // times on the way, while a reader looks up keys already in the table
+    // being filled: every search must find its key. Fails if a doubling
+    // clears the keys it moved before it publishes the new size, or
+    // publishes the size before the copies.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+    const TABLES: u32 = 1_500;
+    const FILL: u32 = 560;
+    let tables: Arc<Vec<KeyTable>> = Arc::new((0..TABLES).map(|_| KeyTable::sized(500)).collect());
+    assert_eq!(tables[0].doublings, 4);
+    let current = Arc::new(AtomicU32::new(0));
+    let filled = Arc::new(AtomicU32::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let h = |t: u32, k: u32| crate::store::hash(u64::from(t) << 32 | u64::from(k));
+    let reader = {
+        let (tables, current, filled, done) = (
+            tables.clone(),
+            current.clone(),
+            filled.clone(),
+            done.clone(),
+        );
+        std::thread::spawn(move || {
+            let (mut misses, mut searches, mut i) = (0u64, 0u64, 0u32);
+            while !done.load(Ordering::Acquire) {
+                // The table, then how many of its keys are in (the writer
+                // resets the count before it moves on).
+                let t = current.load(Ordering::Acquire);
+                let n = filled.load(Ordering::Acquire);
+                if t >= TABLES || n == 0 || current.load(Ordering::Acquire) != t {
+                    continue;
+                }
+                i = i.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                let k = (i >> 8) % n;
+                if tables[t as usize].find(h(t, k), |r| r == k).is_none() {
+                    misses += 1;
+                }
+                searches += 1;
+            }
+            (misses, searches)
+        })
+    };
+    let mut sole = Sole::default();
+    for t in 0..TABLES {
+        filled.store(0, Ordering::Release);
+        current.store(t, Ordering::Release);
+        for k in 0..FILL {
+            tables[t as usize].insert(&mut sole, h(t, k), k);
+            filled.store(k + 1, Ordering::Release);
+        }
+    }
+    done.store(true, Ordering::Release);
+    let (misses, searches) = reader.join().unwrap_or((u64::MAX, 0));
+    let grown: usize = tables.iter().map(|t| t.grown.load(Ordering::Relaxed)).sum();
+    eprintln!("{grown} doublings, {searches} searches, {misses} misses");
+    assert_eq!(grown, 4 * TABLES as usize, "every table doubled four times");
+    assert!(
+        searches > 100_000,
+        "the reader searched during the fill: {searches}"
+    );
+    assert_eq!(misses, 0, "misses of keys present throughout");
+    for t in (0..TABLES).step_by(97) {
+        for k in 0..FILL {
+            assert_eq!(tables[t as usize].find(h(t, k), |r| r == k), Some(k));
+        }
+    }
 }
 
 #[test]
