@@ -92,6 +92,14 @@ struct Args {
     config: ic_coordinator::Config,
     #[command(subcommand)]
     command: Option<Command>,
+    /// Threads of the async runtime that serves HTTP (0: one per core,
+    /// tokio's default). Event batches apply on a thread of their own
+    /// either way. With two, a lone request also wakes the idle worker (2
+    /// context switches a lookup against 1, measured): where the clients
+    /// share the cores, 1 answers one request at a time sooner and 8 at a
+    /// time slower (docs/coordinator.md).
+    #[arg(long, env = "IC_WORKER_THREADS", default_value_t = 0, global = true)]
+    worker_threads: usize,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -109,13 +117,32 @@ struct CoordinatorArgs {
     config: ic_coordinator::Config,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if args.worker_threads > 0 {
+        runtime.worker_threads(args.worker_threads);
+    }
+    match runtime.build() {
+        Ok(runtime) => runtime.block_on(serve(args)),
+        Err(error) => {
+            eprintln!(
+                "{}: cannot start the async runtime: {error}",
+                ic_coordinator::BINARY
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Args) -> ExitCode {
     let Args {
         log,
         config,
         command,
-    } = Args::parse();
+        worker_threads: _,
+    } = args;
     // The log and OTLP flags are global, so they parse before or after
     // the subcommand alike.
     let (config, replay) = match command {

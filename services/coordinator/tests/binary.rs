@@ -52,6 +52,7 @@ fn binary_lifecycle() {
         "coordinator",
         "--log-level",
         "--log-format",
+        "--worker-threads",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
@@ -92,4 +93,53 @@ fn binary_lifecycle() {
         "no shutdown log:\n{}",
         process.logs().join("\n")
     );
+}
+
+/// The threads named `tokio-rt-worker` in a running process.
+fn runtime_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
+            comm.is_ok_and(|c| c.trim() == "tokio-rt-worker")
+        })
+        .count()
+}
+
+/// `--worker-threads N` sizes the runtime, before or after the subcommand
+/// (and through `IC_WORKER_THREADS`), and the server answers with one
+/// worker.
+#[test]
+fn worker_threads_size_the_runtime() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    for (args, env, workers) in [
+        (
+            vec!["--worker-threads", "1", "coordinator", "--port", "0"],
+            vec![],
+            1,
+        ),
+        (
+            vec!["coordinator", "--port", "0", "--worker-threads", "3"],
+            vec![],
+            3,
+        ),
+        (
+            vec!["coordinator", "--port", "0"],
+            vec![("IC_WORKER_THREADS", "2")],
+            2,
+        ),
+    ] {
+        let mut all = vec!["--host", "127.0.0.1"];
+        all.extend(args.iter());
+        let mut process = ServiceProcess::start_with_env(bin, &all, &env);
+        let addr = process.admin_addr();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while http_get(addr, "/ready").0 != 200 {
+            assert!(Instant::now() < deadline, "/ready never became 200");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(runtime_workers(process.pid()), workers, "{args:?} {env:?}");
+        process.signal(Signal::SIGTERM);
+        assert!(process.wait_exit().success());
+    }
 }
