@@ -54,11 +54,20 @@ impl Wait {
 
 /// Pick-load reports this replica accepted from its peers.
 fn reports_received(http: SocketAddr) -> f64 {
+    shares(http, "received", "")
+}
+
+/// Pick-load reports sent (`direction`) or received, `ok`, of `report`
+/// (`full`, `push`; empty: both).
+fn shares(http: SocketAddr, direction: &str, report: &str) -> f64 {
     let (_, text) = ic_e2e::http_get(http, "/metrics");
+    let direction = format!("direction=\"{direction}\"");
+    let report = format!("report=\"{report}\"");
     text.lines()
         .filter(|l| {
             l.starts_with("inferencecache_index_peers_shares_total{")
-                && l.contains("direction=\"received\"")
+                && l.contains(&direction)
+                && (report == "report=\"\"" || l.contains(&report))
                 && l.contains("outcome=\"ok\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -70,6 +79,11 @@ fn replica(grpc_port: u16, peers: &str) -> ServiceProcess {
 }
 
 fn replica_with(grpc_port: u16, peers: &str, extra: &[&str]) -> ServiceProcess {
+    replica_every(grpc_port, peers, "50", extra)
+}
+
+/// A replica reporting in full every `interval_ms`.
+fn replica_every(grpc_port: u16, peers: &str, interval_ms: &str, extra: &[&str]) -> ServiceProcess {
     let grpc = format!("127.0.0.1:{grpc_port}");
     let mut args = vec![
         "--http-addr",
@@ -81,7 +95,7 @@ fn replica_with(grpc_port: u16, peers: &str, extra: &[&str]) -> ServiceProcess {
         "--peer",
         peers,
         "--peer-share-interval-ms",
-        "50",
+        interval_ms,
         // Every pick goes to the holder (no load bound), and keeps its
         // weight for the whole test.
         "--load-bound",
@@ -175,6 +189,76 @@ async fn a_replica_sees_the_picks_made_through_its_peer() {
             "each replica found its own address among --peer"
         );
     }
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    for mut r in replicas {
+        assert!(r.stop().success());
+    }
+}
+
+/// A pick is pushed to the peers at once (`--peer-push`, the default): with
+/// full reports 10 s apart, the second replica sees the picks made through
+/// the first without a full report in between (its count of full reports
+/// received is the same before and after). The peers' figures count for
+/// ten minutes, so a slow poll cannot miss them. Without the push every
+/// round sees a full report and picks again, until the runner's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pick_reaches_the_peer_before_the_next_full_report() {
+    let ports = [free_port(), free_port()];
+    let urls = ports
+        .iter()
+        .map(|p| fleet::url(*p))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut replicas: Vec<ServiceProcess> = ports
+        .iter()
+        .map(|p| replica_every(*p, &urls, "10000", &["--peer-ttl-ms", "600000"]))
+        .collect();
+    let https: Vec<SocketAddr> = replicas.iter_mut().map(|r| r.admin_addr()).collect();
+    let (mut engines, sidecars) = fleet::fleet(2, &urls, &[]).await;
+    engines[0].store(6).await;
+    engines[1].store(3).await;
+    for (port, http) in ports.iter().zip(&https) {
+        converge(*port, *http, &engines, "at start").await;
+    }
+    let (tokens, _) = engines[0].newest().unwrap();
+    let holder = engines[0].replica.clone();
+    // Pushes go only to a peer a full report reached (the first may have
+    // found the other replica not listening yet).
+    let mut wait = Wait::new();
+    while shares(https[0], "sent", "full") < 1.0 {
+        wait.still(|| "the first replica's first full report".into());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut picks = 0;
+    let seen = loop {
+        let full_before = shares(https[1], "received", "full");
+        for _ in 0..4 {
+            load_of(ports[0], &tokens, &holder, false).await.unwrap();
+        }
+        picks += 4;
+        let own = load_of(ports[0], &tokens, &holder, true).await.unwrap();
+        let mut wait = Wait::new();
+        let seen = loop {
+            let seen = load_of(ports[1], &tokens, &holder, true).await.unwrap();
+            if seen >= own * 0.99 {
+                break seen;
+            }
+            wait.still(|| format!("the second replica's load {seen}, the first's {own}"));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        if shares(https[1], "received", "full") == full_before {
+            break seen;
+        }
+        // A full report came in between: it proves nothing; pick again.
+    };
+    eprintln!("after {picks} picks the peer's load is {seen:.2}, without a full report");
+    assert!(seen >= 3.9, "the second replica sees the picks: {seen}");
+    assert!(
+        shares(https[0], "sent", "push") >= 1.0,
+        "the picks were pushed"
+    );
     for mut sidecar in sidecars {
         assert!(sidecar.stop().success());
     }
