@@ -551,7 +551,7 @@ fn print_table(r: &Report) {
             ("LookupRoute", &o.lookup_route),
         ] {
             println!(
-                "  {name}: {} due; hand-over {:.0} / {:.0} / {:.0}, request start {:.0} / {:.0} / {:.0}; spinning {:.0}% of a core",
+                "  {name}: {} due; hand-over {:.0} / {:.0} / {:.0}, request start {:.0} / {:.0} / {:.0}; from the start to the answer {:.0} / {:.0} / {:.0}; spinning {:.0}% of a core",
                 s.scheduled,
                 s.dispatch_lateness_us.p50_us,
                 s.dispatch_lateness_us.p99_us,
@@ -559,6 +559,9 @@ fn print_table(r: &Report) {
                 s.send_lateness_us.p50_us,
                 s.send_lateness_us.p99_us,
                 s.send_lateness_us.p999_us,
+                s.from_start_us.p50_us,
+                s.from_start_us.p99_us,
+                s.from_start_us.p999_us,
                 s.spin_fraction * 100.0
             );
         }

@@ -55,6 +55,9 @@ pub struct ScheduleStats {
     /// runtime's wake-up, waiting for one of `--concurrency` slots): what
     /// of a latency is the client's, not the server's.
     pub send_lateness_us: Quantiles,
+    /// Latency from the request's start instead of its due time (answered
+    /// requests): the round trip with the client's lateness taken out.
+    pub from_start_us: Quantiles,
     /// Share of the phase the thread spent spinning (a core's share).
     pub spin_fraction: f64,
 }
@@ -126,6 +129,7 @@ where
             spun
         })?;
     let (mut latencies, mut dispatch, mut send) = (Vec::new(), Vec::new(), Vec::new());
+    let mut from_start = Vec::new();
     let (mut errors, mut hits) = (0, 0);
     // Ends when the thread and every request it spawned dropped its sender.
     while let Some(s) = rx.recv().await {
@@ -137,6 +141,7 @@ where
         match s.hit {
             Some(hit) => {
                 latencies.push(s.done.saturating_duration_since(s.due));
+                from_start.push(s.done.saturating_duration_since(s.started));
                 hits += u64::from(hit);
             }
             None => errors += 1,
@@ -149,6 +154,7 @@ where
         scheduled: dispatch.len() as u64,
         dispatch_lateness_us: Quantiles::of(dispatch),
         send_lateness_us: Quantiles::of(send),
+        from_start_us: Quantiles::of(from_start),
         spin_fraction: spun.as_secs_f64() / (end - start).as_secs_f64(),
     };
     Ok((summarize(latencies, errors, open.duration), hits, stats))

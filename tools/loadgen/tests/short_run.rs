@@ -93,7 +93,7 @@ fn check_open_phases(report: &serde_json::Value, expect: f64, tolerance: f64) {
             "{phase}: {report}"
         );
         assert_eq!(report[phase]["errors"], 0, "{report}");
-        for q in ["dispatch_lateness_us", "send_lateness_us"] {
+        for q in ["dispatch_lateness_us", "send_lateness_us", "from_start_us"] {
             for f in ["p50_us", "p99_us", "p999_us", "max_us"] {
                 assert!(
                     schedule[q][f].as_f64().unwrap() >= 0.0,
