@@ -80,6 +80,8 @@ const OCCUPIED: u64 = 1 << 63;
 /// Doublings from a table's first size to its full one (it starts at a
 /// sixteenth, or at [`MIN_FIRST`] buckets if that is more).
 const DOUBLINGS: u32 = 4;
+/// Tag bits that pick a bucket within a row (the rest pick the row).
+const ROW_BITS: u32 = 16 - DOUBLINGS;
 /// The fewest buckets a table starts with.
 const MIN_FIRST: usize = 2;
 /// A table doubles when an insert would fill more than 9/10 of its slots.
@@ -109,9 +111,7 @@ pub(crate) struct KeyTable {
     /// Overflowed keys, slots and spill list (zero: a search reads neither).
     overflow_len: AtomicUsize,
     /// Buckets of the first segment (the table starts with these).
-    first: u32,
-    /// Tag bits that pick a bucket within a row (the rest pick the row).
-    row_bits: u32,
+    first: usize,
     /// Segment 0 holds the first `first` buckets, segment `s > 0` the
     /// `first << (s - 1)` added by the `s`-th doubling: each allocated
     /// once, before the doubling is published, and never moved.
@@ -208,24 +208,23 @@ impl KeyTable {
         }
         let first = full.div_ceil(1 << doublings);
         Self {
-            // At most 2^16 / 2^4 buckets: fits.
-            first: u32::try_from(first).unwrap_or(u32::MAX),
-            row_bits: 16 - doublings,
+            first,
             doublings,
             ..Self::default()
         }
     }
 
     /// The bucket of 16-bit hash `x` after `d` doublings: the low
-    /// `row_bits` bits pick one of the first segment's `first` buckets
+    /// [`ROW_BITS`] bits pick one of the first segment's `first` buckets
     /// (scaled), the next `d` bits the row, so that a doubling sends each
     /// key of bucket `(r, q)` to `(r, q)` or `(r, q + 2^d)`, which is in
-    /// the new segment.
+    /// the new segment. (Constant shifts: a table that doubles fewer
+    /// times leaves the top bits unused.)
     #[inline]
     fn home(&self, x: u16, d: u32) -> Home {
         let x = usize::from(x);
-        let r = ((x & ((1 << self.row_bits) - 1)) * self.first as usize) >> self.row_bits;
-        let q = (x >> self.row_bits) & ((1 << d) - 1);
+        let r = ((x & ((1 << ROW_BITS) - 1)) * self.first) >> ROW_BITS;
+        let q = (x >> ROW_BITS) & ((1 << d) - 1);
         (r, q)
     }
 
@@ -244,20 +243,12 @@ impl KeyTable {
         self.segments
             .get(s)?
             .get()?
-            .get(r + self.first as usize * (q - base))
+            .get(r + self.first * (q - base))
     }
 
     /// Doublings made (the writer's view; readers take theirs from `seq`).
     fn doubled(&self) -> u32 {
         size_of_seq(self.seq.load(Ordering::Relaxed))
-    }
-
-    /// The allocated buckets, in segment order.
-    fn all_buckets(&self) -> impl Iterator<Item = &Bucket> {
-        self.segments
-            .iter()
-            .filter_map(OnceLock::get)
-            .flat_map(|s| s.iter())
     }
 
     /// Buckets allocated.
@@ -342,11 +333,10 @@ impl KeyTable {
     #[inline]
     fn probe(&self, h: u64, d: u32, wanted: &mut impl FnMut(RecId) -> bool) -> Option<RecId> {
         let t = tag(h);
-        for home in self.homes(t, d) {
-            let Some(found) = self.at(home) else {
-                // Not allocated: the table never held a key.
-                return None;
-            };
+        let [a, b] = self.homes(t, d);
+        // Not allocated: the table never held a key.
+        let (a, b) = (self.at(a)?, self.at(b)?);
+        for found in [a, b] {
             for i in bits(found.matching(t)) {
                 let rec = found.rec(i);
                 if wanted(rec) {
@@ -408,7 +398,7 @@ impl KeyTable {
 
     /// Adds `rec` under hash `h` (the caller knows its key is absent).
     pub(crate) fn insert(&self, sole: &mut Sole, h: u64, rec: RecId) {
-        let first = self.first as usize;
+        let first = self.first;
         self.segments[0].get_or_init(|| (0..first).map(|_| Bucket::default()).collect());
         let d = self.doubled();
         let slots = (first << d) * BUCKET_SLOTS;
@@ -426,7 +416,7 @@ impl KeyTable {
     /// its old bucket or retries its miss; one of the new size finds it
     /// in either (the copies were written before the size it read).
     fn grow(&self, sole: &mut Sole, d: u32) {
-        let first = self.first as usize;
+        let first = self.first;
         let rows = 1 << d;
         let new = &self.segments[d as usize + 1]
             .get_or_init(|| (0..first * rows).map(|_| Bucket::default()).collect());
@@ -613,22 +603,25 @@ impl KeyTable {
             return;
         }
         let mut removed = 0;
-        for bucket in self.all_buckets() {
-            let used = bucket.used();
-            if used == 0 {
-                continue;
-            }
-            // Every slot, used or not, without a branch per slot: a share
-            // of dead keys scattered at random mispredicts a branch often
-            // enough to double the sweep.
-            let mut gone = 0u16;
-            for i in 0..BUCKET_SLOTS {
-                gone |= u16::from(dead(bucket.rec(i))) << i;
-            }
-            gone &= used;
-            if gone != 0 {
-                bucket.clear(sole, gone);
-                removed += gone.count_ones() as usize;
+        // Segment by segment: a flattened iterator costs more per bucket.
+        for segment in self.segments.iter().filter_map(OnceLock::get) {
+            for bucket in segment.iter() {
+                let used = bucket.used();
+                if used == 0 {
+                    continue;
+                }
+                // Every slot, used or not, without a branch per slot: a share
+                // of dead keys scattered at random mispredicts a branch often
+                // enough to double the sweep.
+                let mut gone = 0u16;
+                for i in 0..BUCKET_SLOTS {
+                    gone |= u16::from(dead(bucket.rec(i))) << i;
+                }
+                gone &= used;
+                if gone != 0 {
+                    bucket.clear(sole, gone);
+                    removed += gone.count_ones() as usize;
+                }
             }
         }
         if self.overflowed() > 0 {
