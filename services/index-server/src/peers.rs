@@ -30,7 +30,7 @@ use ic_index::load::{LoadBoard, PeerPicks};
 use ic_proto::index_v1 as pb;
 pub use ic_proto::index_v1::index_peer_service_server::{IndexPeerService, IndexPeerServiceServer};
 use ic_telemetry::MetricsRegistry;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -259,8 +259,9 @@ pub struct Exchange {
     settings: PeerSettings,
     reports: Mutex<HashMap<u64, Report>>,
     metrics: PeerMetrics,
-    /// Each reporter's engines changed since its last report (`--peer-push`).
-    pending: Mutex<Vec<Arc<send::Pending>>>,
+    /// Each reporter's engines changed since its last report (`--peer-push`);
+    /// read on every pick, written only when a reporter starts or stops.
+    pending: RwLock<Vec<Arc<send::Pending>>>,
 }
 
 impl Exchange {
@@ -271,14 +272,14 @@ impl Exchange {
             settings,
             reports: Mutex::new(HashMap::new()),
             metrics: PeerMetrics::register(registry),
-            pending: Mutex::new(Vec::new()),
+            pending: RwLock::new(Vec::new()),
         })
     }
 
     /// This server's own figures of `replica_id` changed: every reporter
     /// pushes it with its next report.
     fn changed(&self, replica_id: &str) {
-        for pending in self.pending.lock().iter() {
+        for pending in self.pending.read().iter() {
             if !pending.mark(replica_id) {
                 self.metrics.endpoints_cut.inc();
             }

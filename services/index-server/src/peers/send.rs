@@ -139,7 +139,7 @@ pub(super) async fn report_to(
     let max = exchange.settings.max_endpoints;
     let pending = exchange.settings.push.then(|| {
         let p = Arc::new(Pending::new(max));
-        exchange.pending.lock().push(p.clone());
+        exchange.pending.write().push(p.clone());
         p
     });
     let mut failing = false;
@@ -218,7 +218,7 @@ pub(super) async fn report_to(
         }
     }
     if let Some(p) = &pending {
-        exchange.pending.lock().retain(|q| !Arc::ptr_eq(p, q));
+        exchange.pending.write().retain(|q| !Arc::ptr_eq(p, q));
     }
     exchange.metrics.destinations.dec();
 }
