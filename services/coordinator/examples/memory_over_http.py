@@ -30,16 +30,31 @@ def call(c, method, path, body=None):
     return json.loads(data)
 
 
-try:
+def wait_for(what, check, deadline_s=120):
+    # The server may exit (bad flag, port taken) or never get there: fail with
+    # a reason instead of waiting forever.
+    deadline = time.monotonic() + deadline_s
     while True:
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port)
-            c.request("GET", "/ready")
-            if c.getresponse().status == 200:
-                break
-        except OSError:
-            pass
+        if p.poll() is not None:
+            raise SystemExit(f"the server exited with {p.returncode} before {what}")
+        if check():
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no {what} within {deadline_s} s")
         time.sleep(0.05)
+
+
+def ready():
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        c.request("GET", "/ready")
+        return c.getresponse().status == 200
+    except OSError:
+        return False
+
+
+try:
+    wait_for("readiness", ready)
     c = http.client.HTTPConnection("127.0.0.1", port)
     instances = 16
     for i in range(instances):
@@ -57,10 +72,9 @@ try:
         call(c, "POST", "/events", body)
         done += n
     fill_s = time.monotonic() - t0
-    time.sleep(1)
-    stored = call(c, "GET", "/directory/stats")["num_keys"]
-    if stored != keys:
-        raise SystemExit(f"the directory holds {stored} keys, {keys} sent")
+    # /events answers before the writer applies the batch: poll until every key
+    # is in the directory rather than guessing how long that takes.
+    wait_for(f"{keys} keys in the directory", lambda: call(c, "GET", "/directory/stats")["num_keys"] == keys)
     rss, hwm = status_kb("VmRSS:") * 1024, status_kb("VmHWM:") * 1024
     print(f"{keys} keys filled over HTTP in {fill_s:.1f} s; RSS {rss / 2**20:.0f} MiB = {rss / keys:.1f} B a key, "
           f"peak (VmHWM) {hwm / 2**20:.0f} MiB = {hwm / keys:.1f} B a key")
