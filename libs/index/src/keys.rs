@@ -82,6 +82,22 @@ const OCCUPIED: u64 = 1 << 63;
 const DOUBLINGS: u32 = 4;
 /// Tag bits that pick a bucket within a row (the rest pick the row).
 const ROW_BITS: u32 = 16 - DOUBLINGS;
+/// Row q's segment (its bit length: segment s > 0 holds rows 2^(s-1) to
+/// 2^s - 1) and its row within the segment, looked up rather than
+/// computed on every probe.
+const ROW_PLACE: [(u8, u8); 1 << DOUBLINGS] = {
+    let mut t = [(0, 0); 1 << DOUBLINGS];
+    let mut q = 1;
+    while q < t.len() {
+        let s = usize::BITS - q.leading_zeros();
+        // At most 2^DOUBLINGS rows: fits a byte.
+        #[allow(clippy::cast_possible_truncation)]
+        let place = (s as u8, (q - (1 << (s - 1))) as u8);
+        t[q] = place;
+        q += 1;
+    }
+    t
+};
 /// The fewest buckets a table starts with.
 const MIN_FIRST: usize = 2;
 /// A table doubles when an insert would fill more than 9/10 of its slots.
@@ -237,13 +253,11 @@ impl KeyTable {
     /// The bucket at `home`, if its segment is allocated.
     #[inline]
     fn at(&self, (r, q): Home) -> Option<&Bucket> {
-        // Row q is in segment bit_length(q), which starts at row 2^(s-1).
-        let s = (usize::BITS - q.leading_zeros()) as usize;
-        let base = (1 << s) >> 1;
+        let (s, k) = ROW_PLACE[q % ROW_PLACE.len()];
         self.segments
-            .get(s)?
+            .get(usize::from(s))?
             .get()?
-            .get(r + self.first * (q - base))
+            .get(r + self.first * usize::from(k))
     }
 
     /// Doublings made (the writer's view; readers take theirs from `seq`).

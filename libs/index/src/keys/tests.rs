@@ -385,3 +385,14 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn rows_map_to_their_segments() {
+    // Segment s > 0 holds rows 2^(s-1)..2^s: row 0 in segment 0, 1 in 1,
+    // 2-3 in 2, 4-7 in 3, 8-15 in 4.
+    assert_eq!(ROW_PLACE[0], (0, 0));
+    assert_eq!(ROW_PLACE[1], (1, 0));
+    assert_eq!((ROW_PLACE[2], ROW_PLACE[3]), ((2, 0), (2, 1)));
+    assert_eq!((ROW_PLACE[4], ROW_PLACE[7]), ((3, 0), (3, 3)));
+    assert_eq!((ROW_PLACE[8], ROW_PLACE[15]), ((4, 0), (4, 7)));
+}
