@@ -75,8 +75,12 @@ struct Args {
     #[arg(long, default_value = "poisson", requires = "rate")]
     spacing: Spacing,
     /// Open loop: the schedule thread spins this many microseconds before
-    /// each send instead of sleeping (0: sleep only).
-    #[arg(long, default_value_t = 50, requires = "rate")]
+    /// each send instead of sleeping (0: sleep only). The default is small
+    /// because client and server usually share the cores: at 10,000/s a
+    /// 10 µs spin took under 1 % of a core and most of the sleep's wake-up
+    /// lateness out of the hand-over, 50 µs took 14-24 %
+    /// (docs/benchmarks.md); a run warns when the spin passes 10 %.
+    #[arg(long, default_value_t = 10, requires = "rate")]
     spin_us: u64,
     /// Open loop: seed of the Poisson schedule (the same seed, the same
     /// sends).
@@ -495,6 +499,16 @@ async fn main() -> anyhow::Result<()> {
         empty_rpc: empty,
         lookup_route: lookup,
     };
+    if let Some(o) = &report.open_loop {
+        for (name, s) in [
+            ("empty RPC", &o.empty_rpc),
+            ("LookupRoute", &o.lookup_route),
+        ] {
+            if let Some(warning) = open_loop::spin_warning(name, o.spin_us, s) {
+                eprintln!("{warning}");
+            }
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

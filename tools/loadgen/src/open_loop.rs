@@ -160,6 +160,25 @@ where
     Ok((summarize(latencies, errors, open.duration), hits, stats))
 }
 
+/// Above this share of a core spent spinning, the run warns: on a machine
+/// where client and server share the cores the spin takes CPU from the
+/// server it measures.
+pub const SPIN_WARN_FRACTION: f64 = 0.1;
+
+/// The warning for a phase whose schedule thread spun more than
+/// [`SPIN_WARN_FRACTION`] of a core, if it did.
+pub fn spin_warning(phase: &str, spin_us: u64, stats: &ScheduleStats) -> Option<String> {
+    (stats.spin_fraction > SPIN_WARN_FRACTION).then(|| {
+        format!(
+            "warning: --spin-us {spin_us}: the schedule thread spun {:.0}% of a core in the \
+             {phase} phase (above {:.0}%), CPU the server it measures may need; \
+             lower --spin-us (0 sleeps only) when client and server share the cores",
+            stats.spin_fraction * 100.0,
+            SPIN_WARN_FRACTION * 100.0
+        )
+    })
+}
+
 /// Sleeps to `spin` before `due`, then spins to it; returns the time spun.
 fn wait_until(due: Instant, spin: Duration) -> Duration {
     let now = Instant::now();

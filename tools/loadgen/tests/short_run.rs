@@ -8,6 +8,11 @@ use std::process::Command;
 /// Runs `ic-loadgen --json` against the workspace's index server binary
 /// with `args`; returns its report.
 fn index_loadgen(args: &[&str]) -> serde_json::Value {
+    index_loadgen_stderr(args).0
+}
+
+/// [`index_loadgen`], with what the run printed to stderr.
+fn index_loadgen_stderr(args: &[&str]) -> (serde_json::Value, String) {
     let bin_dir = ic_e2e::workspace_binary("ic-index-server");
     let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
         .args([
@@ -23,7 +28,10 @@ fn index_loadgen(args: &[&str]) -> serde_json::Value {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    (
+        serde_json::from_slice(&out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -54,6 +62,11 @@ fn short_run_reports_every_phase() {
 
 /// A short open-loop run at `rate` requests/s for 1 s (0.2 s warm-up).
 fn open_loop(rate: &str, extra: &[&str]) -> serde_json::Value {
+    open_loop_stderr(rate, extra).0
+}
+
+/// [`open_loop`], with what the run printed to stderr.
+fn open_loop_stderr(rate: &str, extra: &[&str]) -> (serde_json::Value, String) {
     let mut args = vec![
         "--replicas",
         "4",
@@ -73,7 +86,7 @@ fn open_loop(rate: &str, extra: &[&str]) -> serde_json::Value {
         "0.2",
     ];
     args.extend_from_slice(extra);
-    index_loadgen(&args)
+    index_loadgen_stderr(&args)
 }
 
 /// Every measured send due in the window completed, and the window held
@@ -111,10 +124,12 @@ fn check_open_phases(report: &serde_json::Value, expect: f64, tolerance: f64) {
 
 #[test]
 fn uniform_open_loop_sends_rate_times_duration() {
-    let report = open_loop("2000", &["--spacing", "uniform"]);
+    let (report, stderr) = open_loop_stderr("2000", &["--spacing", "uniform"]);
     assert_eq!(report["rate"], 2000.0, "{report}");
     assert_eq!(report["open_loop"]["spacing"], "uniform", "{report}");
-    assert_eq!(report["open_loop"]["spin_us"], 50, "{report}");
+    assert_eq!(report["open_loop"]["spin_us"], 10, "{report}");
+    // The default spin stays under a tenth of a core: no warning.
+    assert!(!stderr.contains("--spin-us"), "{stderr}");
     // Equal gaps: exactly rate x duration due in the window, but for the
     // slot on its edge.
     check_open_phases(&report, 2000.0, 1.0);
@@ -139,6 +154,24 @@ fn poisson_open_loop_is_the_default_and_keeps_the_mean_rate() {
     // A Poisson count over a second at 2,000/s: mean 2,000, deviation
     // about 45; five of them.
     check_open_phases(&report, 2000.0, 5.0 * 2000f64.sqrt());
+}
+
+#[test]
+fn a_spin_above_a_tenth_of_a_core_warns() {
+    // Gaps of 500 µs and a 10 ms spin: the thread spins nearly all the time.
+    let (report, stderr) = open_loop_stderr("2000", &["--spin-us", "10000"]);
+    for phase in ["empty_rpc", "lookup_route"] {
+        let fraction = report["open_loop"][phase]["spin_fraction"]
+            .as_f64()
+            .unwrap();
+        assert!(fraction > 0.1, "{phase}: {report}");
+    }
+    for phase in ["empty RPC phase", "LookupRoute phase"] {
+        assert!(
+            stderr.contains("warning: --spin-us 10000") && stderr.contains(phase),
+            "{phase}: {stderr}"
+        );
+    }
 }
 
 #[test]
