@@ -464,10 +464,11 @@ impl KeyTable {
         let odd = ((s & COUNT_MASK) + 1) | u64::from(d + 1) << SIZE_SHIFT;
         self.seq.store(odd, Ordering::Release);
         fence(Ordering::Release);
+        // The movers are the new bucket's keys (it took no other).
         for q in 0..rows {
             for r in 0..first {
                 let Some(b) = self.at((r, q)) else { continue };
-                let gone = leaving((r, q), b);
+                let gone = new[r + first * q].used();
                 if gone != 0 {
                     b.clear(sole, gone);
                 }
