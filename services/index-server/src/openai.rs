@@ -277,6 +277,7 @@ mod tests {
     /// belong), then mutated byte by byte, on every kind of path.
     #[test]
     fn the_fast_reader_answers_as_the_tree() {
+        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
         let values = [
             r#""m""#,
             r#""""#,
@@ -287,6 +288,14 @@ mod tests {
             r#""a\nb\u00e9""#,
             "true",
             r#"["x"]"#,
+            // What the tree rejects wherever it stands: invalid UTF-8
+            // (BAD_BYTE, swapped in below), a lone surrogate, a number
+            // beyond f64, nesting past 128.
+            "\"x\u{1}\"",
+            r#""\ud800""#,
+            "1e400",
+            &deep,
+            r#"{"k":[1e400]}"#,
         ];
         let contents = [
             r#""hi""#,
@@ -313,6 +322,7 @@ mod tests {
             r#"[{"content":"x"}]"#,
             r#"[{"role":"user","role":"system","content":"x"}]"#,
             r#"[M,{"role":3}]"#,
+            r#"[{"role":"user","content":"x","name":V}]"#,
         ];
         let prompts = [
             r#""text""#,
@@ -333,6 +343,9 @@ mod tests {
             r#"{"mod\u0065l":V,"messages":L,"extra":{"deep":[1,{"x":null}]}}"#,
             r#"["m",L]"#,
             r#"{"model":V}"#,
+            // Skipped fields: the fast reader checks them as the tree does.
+            r#"{"model":"m","prompt":P,"user":V,"extra":[V]}"#,
+            r#"{"model":"m","messages":L,"tools":{"t":V}}"#,
         ];
         let paths = [
             "/v1/chat/completions",
@@ -355,6 +368,9 @@ mod tests {
                 .replacen('V', rng.pick(&values), 1)
                 .replace('V', rng.pick(&values));
             let mut bytes = body.into_bytes();
+            for b in bytes.iter_mut().filter(|b| **b == 1) {
+                *b = BAD_BYTE;
+            }
             // Half of them with a few bytes changed: syntax at the edges.
             if rng.next().is_multiple_of(2) {
                 for _ in 0..=rng.next() % 3 {
@@ -384,6 +400,82 @@ mod tests {
             fast < checked / 2,
             "fast reader used {fast} of {checked} times"
         );
+    }
+
+    /// Not UTF-8 anywhere: the byte the invalid-UTF-8 cases carry.
+    const BAD_BYTE: u8 = 0xff;
+
+    /// A value the tree rejects is rejected by the fast reader in every
+    /// field it skips: at the top, nested, as an object's key, in a
+    /// message, in a content part (each body is otherwise one the fast
+    /// reader reads, so the skipped value is why).
+    #[test]
+    fn the_fast_reader_rejects_in_skipped_fields_what_the_tree_rejects() {
+        let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+        // (value, whether it can stand as a key)
+        let bad = [
+            ("\"x\u{1}y\"", true),
+            (r#""\ud800""#, true),
+            (r#""\udc00x""#, true),
+            ("1e400", false),
+            ("-1e400", false),
+            (deep.as_str(), false),
+        ];
+        let bodies = [
+            ("/v1/completions", r#"{"model":"m","prompt":"p","extra":X}"#),
+            (
+                "/v1/completions",
+                r#"{"model":"m","prompt":"p","extra":{"deep":[1,X]}}"#,
+            ),
+            (
+                "/v1/completions",
+                r#"{"model":"m","prompt":"p","extra":{X:1}}"#,
+            ),
+            ("/v1/completions", r#"{"model":"m","prompt":"p",X:1}"#),
+            (
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"role":"u","content":"c","name":X}]}"#,
+            ),
+            (
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"role":"u","content":[{"type":"text","text":"a","x":X}]}]}"#,
+            ),
+            (
+                "/v1/chat/completions",
+                r#"{"model":"m","messages":[{"role":"u","content":"c","tool_calls":[{"f":X}]}]}"#,
+            ),
+        ];
+        let mut rejected = 0;
+        for (path, body) in bodies {
+            let good = body.replace('X', r#""ok""#);
+            assert!(fast::read(path, good.as_bytes()).is_some(), "{good}");
+            let as_key = body.contains("X:");
+            for (x, key_ok) in bad {
+                if as_key && !key_ok {
+                    continue;
+                }
+                let mut bytes = body.replace('X', x).into_bytes();
+                for b in bytes.iter_mut().filter(|b| **b == 1) {
+                    *b = BAD_BYTE;
+                }
+                let shown = String::from_utf8_lossy(&bytes).into_owned();
+                assert!(
+                    matches!(parse_tree(path, &bytes), Err(BodyError::NotJson(_))),
+                    "the tree reads {shown}"
+                );
+                assert_eq!(
+                    fast::read(path, &bytes),
+                    None,
+                    "the fast reader read {shown}"
+                );
+                assert!(
+                    matches!(parse(path, &bytes), Err(BodyError::NotJson(_))),
+                    "{shown}"
+                );
+                rejected += 1;
+            }
+        }
+        assert_eq!(rejected, 5 * 6 + 2 * 3);
     }
 
     #[test]

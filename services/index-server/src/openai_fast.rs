@@ -5,12 +5,14 @@
 //! well-formed request of the common shapes (a wrong type, a duplicate key,
 //! an empty list, a field in doubt), and the caller then reads it with the
 //! tree, whose errors name the field. So what this reader accepts it
-//! answers exactly as the tree would (tested on mutated bodies).
+//! answers exactly as the tree would (tested on mutated bodies), and it
+//! rejects what the tree rejects: skipped fields are checked as the tree
+//! checks them ([`Skip`]), without building one.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{InferenceRequest, Prompt, completion_prompt};
@@ -38,6 +40,52 @@ impl<'de> Deserialize<'de> for Text<'de> {
             }
         }
         d.deserialize_str(V)
+    }
+}
+
+/// A value routing does not read, validated as the tree validates it.
+/// serde's `IgnoredAny` would not do: serde_json skips it unchecked (invalid
+/// UTF-8 and lone surrogate escapes in strings, numbers beyond f64, nesting
+/// past 128 all pass), while `deserialize_any` parses strings and numbers
+/// and counts the depth as `Value` does; nothing is kept.
+struct Skip;
+
+impl<'de> Deserialize<'de> for Skip {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Skip;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
+                Ok(Skip)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
+                while seq.next_element::<Skip>()?.is_some() {}
+                Ok(Skip)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
+                while map.next_entry::<Skip, Skip>()?.is_some() {}
+                Ok(Skip)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -114,7 +162,7 @@ impl<'de> Deserialize<'de> for Part<'de> {
                         Key::Type => once(&mut map, &mut kind)?,
                         Key::TextField => once(&mut map, &mut text)?,
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            map.next_value::<Skip>()?;
                         }
                     }
                 }
@@ -189,7 +237,7 @@ impl<'de> Deserialize<'de> for Message<'de> {
                         Key::Role => once(&mut map, &mut role)?,
                         Key::Content => once(&mut map, &mut content)?,
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            map.next_value::<Skip>()?;
                         }
                     }
                 }
@@ -244,7 +292,7 @@ impl<'de> Deserialize<'de> for Body<'de> {
                         Key::Prompt => once(&mut map, &mut body.prompt)?,
                         Key::CacheSalt => once(&mut map, &mut body.cache_salt)?,
                         _ => {
-                            map.next_value::<IgnoredAny>()?;
+                            map.next_value::<Skip>()?;
                         }
                     }
                 }
