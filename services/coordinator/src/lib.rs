@@ -7,6 +7,10 @@
 //! and the house `/live` and `/ready`. Pure logic lives in
 //! `ic-coordinator-core`; this crate adds locks, HTTP, timers and files.
 
+// The crate's lints deny `unsafe_code` so that the binary's allocator
+// (main.rs) may allow it; the library itself never needs it.
+#![forbid(unsafe_code)]
+
 pub mod actions;
 pub mod clock;
 pub mod controller;
@@ -387,6 +391,13 @@ pub async fn start_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let app = build_with(config, clock, extra_controllers)?;
+    // The runtime's own count, so `--worker-threads` can be checked from
+    // outside (thread names cannot: blocking-pool threads share them).
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+    app.metrics
+        .metrics
+        .runtime_workers
+        .set(i64::try_from(workers).unwrap_or(i64::MAX));
     let kafka_clients = app
         .settings
         .kafka

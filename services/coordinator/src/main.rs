@@ -6,10 +6,13 @@ use clap::Parser;
 
 // The request paths allocate per key and per entry; mimalloc's fast paths
 // cost a fraction of glibc's there (docs/benchmarks.md). Blocks from
-// `HUGE` up go to the system allocator: the directory's tables grow by
-// doubling, and glibc moves a huge block's pages on `realloc` (mremap)
-// where mimalloc copies it, a stall of tens of ms under the views lock at
-// every doubling past a million keys (the `/events` p99 at 8 in flight).
+// `HUGE` up go to the system allocator: the directory's record slab grows
+// by doubling, and glibc moves an mmapped block's pages on `realloc`
+// (mremap) where mimalloc copies it, a stall of tens of ms under the views
+// lock at every doubling past a million keys (the `/events` p99 at 8 in
+// flight). glibc mmaps only above its dynamic threshold (128 KiB, rising
+// to at most 32 MiB as mmapped blocks are freed): blocks of 1-32 MiB may
+// still be copied, every block from 32 MiB up is moved.
 #[global_allocator]
 static ALLOCATOR: SplitAlloc = SplitAlloc;
 
@@ -98,9 +101,20 @@ struct Args {
     /// context switches a lookup against 1, measured): where the clients
     /// share the cores, 1 answers one request at a time sooner and 8 at a
     /// time slower (docs/coordinator.md).
-    #[arg(long, env = "IC_WORKER_THREADS", default_value_t = 0, global = true)]
-    worker_threads: usize,
+    /// At most 1024: each is an OS thread with its own stack, and more
+    /// than a few per core only adds switching.
+    #[arg(
+        long,
+        env = "IC_WORKER_THREADS",
+        default_value_t = 0,
+        global = true,
+        value_parser = clap::value_parser!(u16).range(0..=MAX_WORKER_THREADS)
+    )]
+    worker_threads: u16,
 }
+
+/// Upper bound of `--worker-threads`.
+const MAX_WORKER_THREADS: i64 = 1024;
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
@@ -122,7 +136,7 @@ fn main() -> ExitCode {
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if args.worker_threads > 0 {
-        runtime.worker_threads(args.worker_threads);
+        runtime.worker_threads(usize::from(args.worker_threads));
     }
     match runtime.build() {
         Ok(runtime) => runtime.block_on(serve(args)),

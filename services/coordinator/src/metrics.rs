@@ -227,6 +227,9 @@ pub struct Metrics {
     pub event_queue_depth: Gauge,
     /// Seconds the oldest waiting batch has waited; 0 when none waits.
     pub event_drain_lag: FGauge,
+    /// Worker threads of the async runtime serving HTTP
+    /// (`--worker-threads`, or one per core).
+    pub runtime_workers: Gauge,
 }
 
 /// The registries `/metrics` renders: ours (`lmcache_coordinator_`), the
@@ -450,6 +453,11 @@ impl MetricsSet {
             "event_entries_refused",
             "Event entries refused for claiming more than --max-event-entry-bytes or the declared capacity, by reason",
             m.event_entries_refused.clone(),
+        );
+        r.register(
+            "runtime_workers",
+            "Worker threads of the async runtime serving HTTP (--worker-threads, or one per core)",
+            m.runtime_workers.clone(),
         );
         let http_requests = Family::<HttpLabels, Counter>::default();
         let http_duration: Hist = Family::new_with_constructor(latency_histogram);

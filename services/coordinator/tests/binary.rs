@@ -95,23 +95,25 @@ fn binary_lifecycle() {
     );
 }
 
-/// The threads named `tokio-rt-worker` in a running process.
-fn runtime_workers(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter(|t| {
-            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
-            comm.is_ok_and(|c| c.trim() == "tokio-rt-worker")
-        })
-        .count()
+/// The runtime's worker count as `/metrics` reports it (tokio's own
+/// figure: thread names would also count the blocking pool's threads).
+fn runtime_workers(addr: std::net::SocketAddr) -> i64 {
+    let (status, text) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("lmcache_coordinator_runtime_workers "))
+        .unwrap_or_else(|| panic!("no runtime_workers gauge:\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 /// `--worker-threads N` sizes the runtime, before or after the subcommand
 /// (and through `IC_WORKER_THREADS`), and the server answers with one
-/// worker.
+/// worker; unset, one per core.
 #[test]
 fn worker_threads_size_the_runtime() {
     let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    let cores = std::thread::available_parallelism().unwrap().get() as i64;
     for (args, env, workers) in [
         (
             vec!["--worker-threads", "1", "coordinator", "--port", "0"],
@@ -128,6 +130,7 @@ fn worker_threads_size_the_runtime() {
             vec![("IC_WORKER_THREADS", "2")],
             2,
         ),
+        (vec!["coordinator", "--port", "0"], vec![], cores),
     ] {
         let mut all = vec!["--host", "127.0.0.1"];
         all.extend(args.iter());
@@ -138,8 +141,33 @@ fn worker_threads_size_the_runtime() {
             assert!(Instant::now() < deadline, "/ready never became 200");
             std::thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(runtime_workers(process.pid()), workers, "{args:?} {env:?}");
+        assert_eq!(runtime_workers(addr), workers, "{args:?} {env:?}");
         process.signal(Signal::SIGTERM);
         assert!(process.wait_exit().success());
+    }
+}
+
+/// A worker count past the bound is refused before any thread starts,
+/// naming the flag, from the command line and from the environment.
+#[test]
+fn worker_threads_past_the_bound_are_refused() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    for (args, env) in [
+        (vec!["--worker-threads", "1025", "coordinator"], vec![]),
+        (vec!["coordinator", "--worker-threads=-1"], vec![]),
+        (vec!["coordinator"], vec![("IC_WORKER_THREADS", "100000")]),
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("--worker-threads") && stderr.contains("0..=1024"),
+            "{args:?} {env:?}: {stderr}"
+        );
     }
 }
