@@ -252,12 +252,41 @@ struct Report {
     endpoints: HashMap<String, PeerPicks>,
 }
 
+/// The peers' reports and the engines whose peer figures are on the board.
+///
+/// One mutex over both, held while the board is written: a sum written by
+/// the upkeep cannot overwrite a push applied after it was computed, and an
+/// engine only a push put on the board is reset when no report names it.
+#[derive(Debug, Default)]
+struct Received {
+    reports: HashMap<u64, Report>,
+    on_board: HashSet<String>,
+}
+
+impl Received {
+    /// The fresh reports' figures of `id`, summed.
+    fn sum_of(&self, id: &str, now_ms: i64, ttl: i64) -> PeerPicks {
+        let mut s = PeerPicks::default();
+        for report in self.reports.values() {
+            if now_ms.saturating_sub(report.at_ms) > ttl {
+                continue;
+            }
+            if let Some(p) = report.endpoints.get(id) {
+                s.in_flight += p.in_flight;
+                s.recent += p.recent;
+                s.queued_ms += p.queued_ms;
+            }
+        }
+        s
+    }
+}
+
 /// What the peers reported, and this process's instance id.
 #[derive(Debug)]
 pub struct Exchange {
     instance: u64,
     settings: PeerSettings,
-    reports: Mutex<HashMap<u64, Report>>,
+    received: Mutex<Received>,
     metrics: PeerMetrics,
     /// Each reporter's engines changed since its last report (`--peer-push`);
     /// read on every pick, written only when a reporter starts or stops.
@@ -270,7 +299,7 @@ impl Exchange {
         Arc::new(Self {
             instance: random_instance(),
             settings,
-            reports: Mutex::new(HashMap::new()),
+            received: Mutex::new(Received::default()),
             metrics: PeerMetrics::register(registry),
             pending: RwLock::new(Vec::new()),
         })
@@ -288,15 +317,42 @@ impl Exchange {
 
     /// Keeps `endpoints` as peer `instance`'s report at `now_ms`: a full
     /// report replaces the peer's last one, a `partial` one updates the
-    /// engines it names.
-    fn receive(
+    /// engines it names (new ones only up to --peer-max-endpoints) and,
+    /// applied at once, writes their sums to `board`.
+    fn take(
         &self,
         instance: u64,
         endpoints: Vec<(String, PeerPicks)>,
         now_ms: i64,
         partial: bool,
+        board: &LoadBoard,
     ) -> Result<(), Status> {
-        let mut reports = self.reports.lock();
+        let mut received = self.received.lock();
+        let ids: Vec<String> = if partial {
+            endpoints.iter().map(|(id, _)| id.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        self.receive(&mut received, instance, endpoints, now_ms, partial)?;
+        // A pushed pick counts at once, not at the next sum: the next
+        // request may come before it.
+        let ttl = self.settings.ttl_ms;
+        for id in ids {
+            board.peer_picks(&id, received.sum_of(&id, now_ms, ttl), now_ms, ttl);
+            received.on_board.insert(id);
+        }
+        Ok(())
+    }
+
+    fn receive(
+        &self,
+        received: &mut Received,
+        instance: u64,
+        endpoints: Vec<(String, PeerPicks)>,
+        now_ms: i64,
+        partial: bool,
+    ) -> Result<(), Status> {
+        let reports = &mut received.reports;
         if !reports.contains_key(&instance) && reports.len() >= self.settings.max_peers {
             // Make room only from peers that fell silent.
             let ttl = self.settings.ttl_ms;
@@ -312,8 +368,23 @@ impl Exchange {
         }
         match reports.get_mut(&instance) {
             Some(report) if partial => {
-                report.at_ms = now_ms;
-                report.endpoints.extend(endpoints);
+                // A push leaves `at_ms` alone: only a full report vouches
+                // for the engines it does not name.
+                let max = self.settings.max_endpoints;
+                let mut cut = 0;
+                for (id, picks) in endpoints {
+                    let len = report.endpoints.len();
+                    match report.endpoints.entry(id) {
+                        std::collections::hash_map::Entry::Occupied(mut e) => {
+                            e.insert(picks);
+                        }
+                        std::collections::hash_map::Entry::Vacant(e) if len < max => {
+                            e.insert(picks);
+                        }
+                        std::collections::hash_map::Entry::Vacant(_) => cut += 1,
+                    }
+                }
+                self.metrics.endpoints_cut.inc_by(cut);
             }
             _ => {
                 reports.insert(
@@ -328,41 +399,15 @@ impl Exchange {
         Ok(())
     }
 
-    /// The fresh peers' figures of each of `ids`, summed (zero when no
-    /// fresh peer names one).
-    fn sum_of<'a>(
-        &self,
-        ids: impl IntoIterator<Item = &'a str>,
-        now_ms: i64,
-    ) -> Vec<(&'a str, PeerPicks)> {
+    /// Sums the fresh peers' figures into `board`: an engine on the board
+    /// that no fresh peer names any more is set to zero. Returns how many
+    /// peers counted.
+    fn apply_once(&self, board: &LoadBoard, now_ms: i64) -> usize {
         let ttl = self.settings.ttl_ms;
-        let reports = self.reports.lock();
-        ids.into_iter()
-            .map(|id| {
-                let mut s = PeerPicks::default();
-                for report in reports.values() {
-                    if now_ms.saturating_sub(report.at_ms) > ttl {
-                        continue;
-                    }
-                    if let Some(p) = report.endpoints.get(id) {
-                        s.in_flight += p.in_flight;
-                        s.recent += p.recent;
-                        s.queued_ms += p.queued_ms;
-                    }
-                }
-                (id, s)
-            })
-            .collect()
-    }
-
-    /// The fresh peers' figures summed per engine, and how many peers
-    /// counted.
-    fn sum(&self, now_ms: i64) -> (BTreeMap<String, PeerPicks>, usize) {
-        let ttl = self.settings.ttl_ms;
-        let reports = self.reports.lock();
+        let mut received = self.received.lock();
         let mut sum: BTreeMap<String, PeerPicks> = BTreeMap::new();
         let mut live = 0;
-        for report in reports.values() {
+        for report in received.reports.values() {
             if now_ms.saturating_sub(report.at_ms) > ttl {
                 continue;
             }
@@ -374,7 +419,15 @@ impl Exchange {
                 s.queued_ms += p.queued_ms;
             }
         }
-        (sum, live)
+        board.set_live_peers(u32::try_from(live).unwrap_or(u32::MAX));
+        for id in received.on_board.iter().filter(|id| !sum.contains_key(*id)) {
+            board.peer_picks(id, PeerPicks::default(), now_ms, ttl);
+        }
+        for (id, picks) in &sum {
+            board.peer_picks(id, *picks, now_ms, ttl);
+        }
+        received.on_board = sum.into_keys().collect();
+        live
     }
 }
 
@@ -489,20 +542,13 @@ impl IndexPeerService for PeerServer {
             .inspect_err(|_| self.exchange.metrics.share("received", partial, "invalid"))?;
         self.exchange.metrics.endpoints_cut.inc_by(cut);
         let now_ms = self.core.now_ms();
-        let ids: Vec<String> = if partial {
-            endpoints.iter().map(|(id, _)| id.clone()).collect()
-        } else {
-            Vec::new()
-        };
-        self.exchange
-            .receive(request.instance, endpoints, now_ms, partial)?;
-        // A pushed pick counts at once, not at the next sum: the next
-        // request may come before it.
-        let board = self.core.routing().load_board();
-        let ttl = self.exchange.settings.ttl_ms;
-        for (id, picks) in self.exchange.sum_of(ids.iter().map(String::as_str), now_ms) {
-            board.peer_picks(id, picks, now_ms, ttl);
-        }
+        self.exchange.take(
+            request.instance,
+            endpoints,
+            now_ms,
+            partial,
+            self.core.routing().load_board(),
+        )?;
         self.exchange.metrics.share("received", partial, "ok");
         Ok(answer)
     }
@@ -515,25 +561,13 @@ impl IndexPeerService for PeerServer {
 async fn apply(exchange: Arc<Exchange>, core: Arc<IndexCore>, shutdown: CancellationToken) {
     let mut tick = tokio::time::interval(exchange.settings.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut previous: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let now_ms = core.now_ms();
-        let (sum, live) = exchange.sum(now_ms);
+        let live = exchange.apply_once(core.routing().load_board(), core.now_ms());
         exchange.metrics.live.set(live as i64);
-        let board: &LoadBoard = core.routing().load_board();
-        board.set_live_peers(u32::try_from(live).unwrap_or(u32::MAX));
-        let ttl = exchange.settings.ttl_ms;
-        for id in previous.iter().filter(|id| !sum.contains_key(*id)) {
-            board.peer_picks(id, PeerPicks::default(), now_ms, ttl);
-        }
-        for (id, picks) in &sum {
-            board.peer_picks(id, *picks, now_ms, ttl);
-        }
-        previous = sum.into_keys().collect();
     }
 }
 
@@ -658,6 +692,45 @@ mod tests {
         Cli::try_parse_from(all)?.peers.settings(None)
     }
 
+    impl Exchange {
+        fn put(
+            &self,
+            instance: u64,
+            endpoints: Vec<(String, PeerPicks)>,
+            now_ms: i64,
+            partial: bool,
+        ) -> Result<(), Status> {
+            let mut received = self.received.lock();
+            self.receive(&mut received, instance, endpoints, now_ms, partial)
+        }
+
+        fn sum_of<'a>(
+            &self,
+            ids: impl IntoIterator<Item = &'a str>,
+            now_ms: i64,
+        ) -> Vec<(&'a str, PeerPicks)> {
+            let received = self.received.lock();
+            ids.into_iter()
+                .map(|id| (id, received.sum_of(id, now_ms, self.settings.ttl_ms)))
+                .collect()
+        }
+
+        fn sum(&self, now_ms: i64) -> (BTreeMap<String, PeerPicks>, usize) {
+            let received = self.received.lock();
+            let ttl = self.settings.ttl_ms;
+            let fresh: Vec<&Report> = received
+                .reports
+                .values()
+                .filter(|r| now_ms.saturating_sub(r.at_ms) <= ttl)
+                .collect();
+            let mut sum = BTreeMap::new();
+            for id in fresh.iter().flat_map(|r| r.endpoints.keys()) {
+                sum.insert(id.clone(), received.sum_of(id, now_ms, ttl));
+            }
+            (sum, fresh.len())
+        }
+    }
+
     #[test]
     fn flags_parse_and_bad_urls_name_the_flag() {
         let s = settings(&[
@@ -704,15 +777,15 @@ mod tests {
             recent: n,
             queued_ms: n,
         };
-        x.receive(1, vec![("a".into(), p(1.0))], 0, false).unwrap();
-        x.receive(
+        x.put(1, vec![("a".into(), p(1.0))], 0, false).unwrap();
+        x.put(
             2,
             vec![("a".into(), p(2.0)), ("b".into(), p(1.0))],
             50,
             false,
         )
         .unwrap();
-        let refused = x.receive(3, vec![], 60, true).unwrap_err();
+        let refused = x.put(3, vec![], 60, true).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         let (sum, live) = x.sum(60);
         assert_eq!(live, 2);
@@ -721,7 +794,7 @@ mod tests {
         // room for another.
         let (sum, live) = x.sum(101);
         assert_eq!((live, sum["a"]), (1, p(2.0)));
-        x.receive(3, vec![], 101, false).unwrap();
+        x.put(3, vec![], 101, false).unwrap();
         assert!(registry.encode().contains("index_peers_shares_total"));
     }
 
@@ -734,16 +807,16 @@ mod tests {
             recent: n,
             queued_ms: n,
         };
-        x.receive(
+        x.put(
             1,
             vec![("a".into(), p(1.0)), ("b".into(), p(1.0))],
             0,
             false,
         )
         .unwrap();
-        x.receive(2, vec![("a".into(), p(2.0))], 0, false).unwrap();
+        x.put(2, vec![("a".into(), p(2.0))], 0, false).unwrap();
         // Peer 1 picked b again, and c: a push names only those.
-        x.receive(
+        x.put(
             1,
             vec![("b".into(), p(5.0)), ("c".into(), p(1.0))],
             10,
@@ -755,15 +828,112 @@ mod tests {
             sum,
             [("a", p(3.0)), ("b", p(5.0)), ("c", p(1.0)), ("d", p(0.0))]
         );
-        // The push kept peer 1 fresh; peer 2 fell silent past the TTL.
-        assert_eq!(x.sum_of(["a"], 105), [("a", p(1.0))]);
         // A full report replaces the peer's: b and c are gone.
-        x.receive(1, vec![("a".into(), p(4.0))], 110, false)
-            .unwrap();
+        x.put(1, vec![("a".into(), p(4.0))], 110, false).unwrap();
         assert_eq!(x.sum(110).0.keys().collect::<Vec<_>>(), ["a"]);
         // A push from a peer never heard of starts its report.
-        x.receive(3, vec![("e".into(), p(1.0))], 110, true).unwrap();
+        x.put(3, vec![("e".into(), p(1.0))], 110, true).unwrap();
         assert_eq!(x.sum_of(["e"], 110), [("e", p(1.0))]);
+    }
+
+    fn p(n: f64) -> PeerPicks {
+        PeerPicks {
+            in_flight: n,
+            recent: 0.0,
+            queued_ms: 0.0,
+        }
+    }
+
+    fn board() -> LoadBoard {
+        LoadBoard::new(ic_index::load::LoadSettings::default())
+    }
+
+    #[test]
+    fn a_push_is_capped_and_does_not_keep_the_full_report_alive() {
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let s = settings(&["--peer-ttl-ms", "100", "--peer-max-endpoints", "2"]).unwrap();
+        let x = Exchange::new(s, &registry);
+        x.put(
+            1,
+            vec![("a".into(), p(1.0)), ("b".into(), p(1.0))],
+            0,
+            false,
+        )
+        .unwrap();
+        // c is a third engine: cut, counted; a and b are updated.
+        x.put(
+            1,
+            vec![("a".into(), p(2.0)), ("c".into(), p(1.0))],
+            90,
+            true,
+        )
+        .unwrap();
+        let (sum, live) = x.sum(90);
+        assert_eq!(live, 1);
+        assert_eq!(sum.keys().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(sum["a"], p(2.0));
+        let metrics = registry.encode();
+        assert!(
+            metrics.contains("index_peers_endpoints_cut_total 1\n"),
+            "{metrics}"
+        );
+        // The push at 90 did not refresh the report of 0: past the TTL
+        // the peer counts no more, b's figure included.
+        let (sum, live) = x.sum(150);
+        assert_eq!((sum.len(), live), (0, 0));
+        // A full report refreshes it.
+        x.put(1, vec![("a".into(), p(3.0))], 150, false).unwrap();
+        assert_eq!(x.sum(240).1, 1);
+    }
+
+    #[test]
+    fn an_engine_only_a_push_put_on_the_board_is_reset_by_the_next_sum() {
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let x = Exchange::new(settings(&["--peer-ttl-ms", "1000"]).unwrap(), &registry);
+        let board = board();
+        let requests = |id: &str, now_ms: i64| board.load(id, now_ms).requests;
+        x.take(1, vec![("a".into(), p(1.0))], 0, false, &board)
+            .unwrap();
+        x.apply_once(&board, 0);
+        x.take(1, vec![("c".into(), p(2.0))], 10, true, &board)
+            .unwrap();
+        assert_eq!(requests("c", 10), 2.0);
+        // The next full report, before any sum, no longer names c.
+        x.take(1, vec![("a".into(), p(1.0))], 20, false, &board)
+            .unwrap();
+        x.apply_once(&board, 20);
+        assert_eq!((requests("a", 20), requests("c", 20)), (1.0, 0.0));
+    }
+
+    #[test]
+    fn a_sum_never_overwrites_a_later_push() {
+        // The upkeep sums on one thread while pushes of ever larger
+        // figures land on another: once a push is taken, the board never
+        // shows less (a sum computed before it, written after it, would).
+        let registry = MetricsRegistry::new("inferencecache", "test");
+        let x = Exchange::new(settings(&["--peer-ttl-ms", "1000"]).unwrap(), &registry);
+        let board = board();
+        x.take(1, vec![("a".into(), p(0.0))], 0, false, &board)
+            .unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let mut stale = 0u32;
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    x.apply_once(&board, 0);
+                }
+            });
+            for n in 1..=50_000u32 {
+                let n = f64::from(n);
+                x.take(1, vec![("a".into(), p(n))], 0, true, &board)
+                    .unwrap();
+                if board.load("a", 0).requests < n {
+                    stale += 1;
+                }
+            }
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+        });
+        assert_eq!(stale, 0, "the board showed an older sum after a push");
     }
 
     #[test]
