@@ -60,15 +60,21 @@ fn reports_received(http: SocketAddr) -> f64 {
 /// Pick-load reports sent (`direction`) or received, `ok`, of `report`
 /// (`full`, `push`; empty: both).
 fn shares(http: SocketAddr, direction: &str, report: &str) -> f64 {
+    shares_with(http, direction, report, "ok")
+}
+
+/// As [`shares`], of `outcome` (empty: every outcome).
+fn shares_with(http: SocketAddr, direction: &str, report: &str, outcome: &str) -> f64 {
     let (_, text) = ic_e2e::http_get(http, "/metrics");
     let direction = format!("direction=\"{direction}\"");
     let report = format!("report=\"{report}\"");
+    let outcome = format!("outcome=\"{outcome}\"");
     text.lines()
         .filter(|l| {
             l.starts_with("inferencecache_index_peers_shares_total{")
                 && l.contains(&direction)
                 && (report == "report=\"\"" || l.contains(&report))
-                && l.contains("outcome=\"ok\"")
+                && (outcome == "outcome=\"\"" || l.contains(&outcome))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -265,6 +271,60 @@ async fn a_pick_reaches_the_peer_before_the_next_full_report() {
     for mut r in replicas {
         assert!(r.stop().success());
     }
+}
+
+/// No pushes go to a peer whose last call failed: the first replica's
+/// first full report finds the second not listening; picks made then push
+/// nothing (not one failing call per pick). Once the second is up and a
+/// full report reaches it, picks are pushed again. Without the rule the
+/// picks' pushes fail, counted as `report="push",outcome="error"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_picks_are_pushed_to_a_failing_peer_until_a_full_report_gets_through() {
+    let ports = [free_port(), free_port()];
+    let urls = ports
+        .iter()
+        .map(|p| fleet::url(*p))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut first = replica_every(ports[0], &urls, "1000", &["--peer-ttl-ms", "600000"]);
+    let http = first.admin_addr();
+    let (mut engines, sidecars) = fleet::fleet(1, &fleet::url(ports[0]), &[]).await;
+    engines[0].store(6).await;
+    converge(ports[0], http, &engines, "at start").await;
+    let (tokens, _) = engines[0].newest().unwrap();
+    let holder = engines[0].replica.clone();
+    let mut wait = Wait::new();
+    while shares_with(http, "sent", "full", "error") < 1.0 {
+        wait.still(|| "a failed full report to the second replica".into());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for _ in 0..4 {
+        load_of(ports[0], &tokens, &holder, false).await.unwrap();
+    }
+    let mut second = replica_every(ports[1], &urls, "10000", &["--peer-ttl-ms", "600000"]);
+    let mut wait = Wait::new();
+    while shares(http, "sent", "full") < 1.0 {
+        wait.still(|| "a full report reaching the second replica".into());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let failed_pushes = shares_with(http, "sent", "push", "error");
+    assert_eq!(
+        failed_pushes, 0.0,
+        "no push to the peer while its calls failed"
+    );
+    // The peer is back: picks are pushed again.
+    let mut wait = Wait::new();
+    while shares(http, "sent", "push") < 1.0 {
+        load_of(ports[0], &tokens, &holder, false).await.unwrap();
+        wait.still(|| "a push reaching the second replica".into());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(shares_with(http, "sent", "push", "error"), 0.0);
+    for mut sidecar in sidecars {
+        assert!(sidecar.stop().success());
+    }
+    assert!(first.stop().success());
+    assert!(second.stop().success());
 }
 
 /// A replica whose controller pushes policies is not ready before the
