@@ -56,7 +56,9 @@
 //! [`OVERFLOW_SLOTS`] overflow slots read without a lock (a search looks
 //! at them only while the table's overflow count is not zero); past those,
 //! in a spill list behind a mutex, which only a table with that many
-//! overflowed keys makes a search take.
+//! overflowed keys makes a search take. A doubling moves them to their
+//! buckets where these now have room (within its odd spell), so keys
+//! crowded out of a small table do not keep misses on the cold path.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
@@ -474,7 +476,54 @@ impl KeyTable {
                 }
             }
         }
+        // Still odd: keys that overflowed while the table was small go to
+        // their (now roomier) buckets, so misses stop taking the cold path.
+        if self.overflowed() > 0 {
+            self.replace_overflowed(sole, d + 1);
+        }
         self.moved(sole);
+    }
+
+    /// The free slot of the emptier of `tag`'s buckets after `d`
+    /// doublings, if either has one.
+    fn room(&self, tag: u16, d: u32) -> Option<(&Bucket, usize)> {
+        let [a, b] = self.homes(tag, d);
+        let (a, b) = (self.at(a)?, self.at(b)?);
+        let emptier = if b.count() < a.count() { b } else { a };
+        emptier.free().map(|i| (emptier, i))
+    }
+
+    /// Moves overflowed keys into their buckets where these have a free
+    /// slot (no kicks), each written there before it leaves its overflow
+    /// slot. Only within an odd spell of the sequence: a reader that
+    /// probed the bucket before the copy and the slot after its clearing
+    /// retries its miss.
+    fn replace_overflowed(&self, sole: &mut Sole, d: u32) {
+        let mut placed = 0;
+        for w in self.overflow_slots() {
+            if let Some(slot) = unpacked(w.load(Ordering::Relaxed))
+                && let Some((bucket, i)) = self.room(slot.tag, d)
+            {
+                bucket.put(sole, i, slot);
+                w.store(0, Ordering::Release);
+                placed += 1;
+            }
+        }
+        if self.spill_len.load(Ordering::Relaxed) > 0 {
+            let mut spill = self.spill.lock();
+            let before = spill.len();
+            spill.retain(|&slot| {
+                let Some((bucket, i)) = self.room(slot.tag, d) else {
+                    return true;
+                };
+                bucket.put(sole, i, slot);
+                false
+            });
+            placed += before - spill.len();
+            self.spill_len.store(spill.len(), Ordering::Release);
+        }
+        self.overflow_len
+            .store(self.overflowed() - placed, Ordering::Release);
     }
 
     /// Puts `slot` in the emptier of its buckets; when both are full, moves
@@ -483,8 +532,11 @@ impl KeyTable {
     fn place(&self, sole: &mut Sole, mut slot: KeySlot) {
         let d = self.doubled();
         let [a, b] = self.homes(slot.tag, d);
+        // Segments 0..=d exist (insert allocates the first; grow the next
+        // before it publishes d) and homes at d lie in them, so a missing
+        // bucket is a bug here, never the input's doing.
         let (Some(ba), Some(bb)) = (self.at(a), self.at(b)) else {
-            return;
+            unreachable!("bucket {a:?} or {b:?} of a table doubled {d} times is not allocated");
         };
         let (target, mut bucket) = if bb.count() < ba.count() {
             (bb, b)

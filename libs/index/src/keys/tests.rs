@@ -287,8 +287,16 @@ fn readers_never_miss_a_key_present_throughout_a_growth() {
                 // The reader searches this table (it has keys) before the
                 // writer goes on: however slow the reader, it keeps up.
                 let seen = searched.load(Ordering::Acquire);
+                let mut spins = 0u32;
                 while searched.load(Ordering::Acquire) == seen {
-                    std::thread::yield_now();
+                    // Spin first (a running reader answers in a search's
+                    // time); yield only if it is not running.
+                    spins += 1;
+                    if spins < 1_000 {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
                 }
                 waits += 1;
             }
@@ -307,6 +315,52 @@ fn readers_never_miss_a_key_present_throughout_a_growth() {
             assert_eq!(tables[t as usize].find(h(t, k), |r| r == k), Some(k));
         }
     }
+}
+
+#[test]
+fn keys_overflowed_while_small_go_to_their_buckets_when_the_table_grows() {
+    // Twelve keys whose two buckets are both bucket (0, 0) of the first
+    // size: ten fill it, two overflow. After the doubling the ten keep
+    // (0, 0) and the two have (0, 1), the new segment's empty bucket:
+    // they must move there (fails if a doubling leaves them overflowed).
+    let mut sole = Sole::default();
+    let t = KeyTable::sized(500);
+    assert_eq!((t.first, t.doublings), (4, 4));
+    let both = |tag: u16, d: u32, home: Home| t.homes(tag, d) == [home, home];
+    let crowded: Vec<u16> = (0..=u16::MAX)
+        .filter(|&g| both(g, 0, (0, 0)) && both(g, 1, (0, 0)))
+        .take(10)
+        .chain(
+            (0..=u16::MAX)
+                .filter(|&g| both(g, 0, (0, 0)) && both(g, 1, (0, 1)))
+                .take(2),
+        )
+        .collect();
+    assert_eq!(crowded.len(), 12);
+    let h = |tag: u16| u64::from(tag) << 48;
+    for (rec, &g) in (0..).zip(&crowded) {
+        t.insert(&mut sole, h(g), rec);
+    }
+    assert_eq!(t.overflowed(), 2, "two keys found no room");
+    // Keys that keep clear of bucket 0 of either size, until it doubles.
+    let others = (0..=u16::MAX).filter(|&g| {
+        let [a, b] = t.homes(g, 1);
+        a.0 != 0 && b.0 != 0
+    });
+    let mut rec = 100;
+    for g in others {
+        if t.grown.load(Ordering::Relaxed) == 1 {
+            break;
+        }
+        t.insert(&mut sole, h(g), rec);
+        rec += 1;
+    }
+    assert_eq!(t.grown.load(Ordering::Relaxed), 1, "the table doubled");
+    assert_eq!(t.overflowed(), 0, "the overflowed keys were re-placed");
+    for (rec, &g) in (0..).zip(&crowded) {
+        assert_eq!(t.find(h(g), |r| r == rec), Some(rec));
+    }
+    assert_eq!(t.len(), 12 + (rec - 100) as usize);
 }
 
 #[test]
