@@ -4,11 +4,15 @@
 //! model's scope). A child module of `epp`.
 //!
 //! The mapping is kept per pool and scope between requests ([`PoolCache`])
-//! and rebuilt only when the pool's endpoints or the scope's replicas
-//! (who, or where they serve) change: before, every pick copied every
-//! replica of the scope and searched it once per endpoint.
+//! and rebuilt only when the scope's replicas (who, or where they serve)
+//! change; the pool as scored is kept for the full pool and for the last
+//! gateway subset, so requests alternating the two reuse both. A subset is
+//! narrowed through a set of the pool's endpoints, kept while they do not
+//! change.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ic_index::route::ScopeMembers;
 use ic_index::{ReplicaKey, Scope};
@@ -20,44 +24,101 @@ use super::{EndpointPicker, NoEndpoint};
 /// address, when the index has not heard from it), in the pool's order.
 pub(crate) type ScoredPool = Arc<[(ReplicaKey, String)]>;
 
-/// What a pool's picks reuse: its endpoints as last read, and per replica
-/// scope the endpoints mapped to its replicas. Holds one entry per scope
-/// the index knows in the pool's namespace at most (a scope the index has
-/// no replicas of is mapped afresh, cheaply, and not kept).
+/// What a pool's picks reuse: its endpoints as last read (with the last
+/// gateway subset narrowed to them), and per replica scope the addresses
+/// mapped to its replicas. Holds one entry per scope the index knows in the
+/// pool's namespace at most (a scope the index has no replicas of is mapped
+/// afresh, cheaply, and not kept).
 #[derive(Debug, Default)]
 pub struct PoolCache {
-    endpoints: Mutex<Option<Arc<[String]>>>,
+    endpoints: Mutex<Option<Listed>>,
     mapped: Mutex<Vec<Mapped>>,
+    /// Times a scope's replicas were mapped to addresses (tests read it).
+    mappings_built: AtomicU64,
+}
+
+/// The pool's endpoints as last read.
+#[derive(Debug)]
+struct Listed {
+    list: Arc<[String]>,
+    set: HashSet<String>,
+    /// The last subset the gateway sent, and it narrowed to the pool.
+    subset: Option<(Vec<String>, Arc<[String]>)>,
 }
 
 #[derive(Debug)]
 struct Mapped {
     scope: Scope,
     members: ScopeMembers,
-    endpoints: Arc<[String]>,
-    pool: ScoredPool,
+    /// Each address to the first replica serving there.
+    keys: HashMap<String, ReplicaKey>,
+    /// The last two eligible lists scored (the full pool and a subset),
+    /// most recent first.
+    scored: [Option<(Arc<[String]>, ScoredPool)>; 2],
 }
 
 impl PoolCache {
-    /// The endpoints `current` holds, shared: the same list while they do
-    /// not change.
-    fn endpoints(&self, current: &[String]) -> Arc<[String]> {
+    /// The endpoints `current` holds narrowed by `subset`, shared: the same
+    /// list while neither changes.
+    fn eligible(&self, current: &[String], subset: Option<&[String]>) -> Arc<[String]> {
         let mut last = self.endpoints.lock();
-        match last.as_ref() {
-            Some(list) if **list == *current => list.clone(),
-            _ => last.insert(Arc::from(current)).clone(),
+        let listed = match last.take() {
+            Some(l) if *l.list == *current => l,
+            _ => Listed {
+                list: Arc::from(current),
+                set: current.iter().cloned().collect(),
+                subset: None,
+            },
+        };
+        let listed = last.insert(listed);
+        let Some(subset) = subset else {
+            return listed.list.clone();
+        };
+        if let Some((sent, narrowed)) = &listed.subset
+            && **sent == *subset
+        {
+            return narrowed.clone();
         }
+        // The subset narrows the pool: the gateway knows which endpoints
+        // are healthy for it right now.
+        let narrowed: Arc<[String]> = subset
+            .iter()
+            .filter(|e| listed.set.contains(e.as_str()))
+            .cloned()
+            .collect();
+        listed.subset = Some((subset.to_vec(), narrowed.clone()));
+        narrowed
+    }
+
+    /// Times a scope's replicas were mapped to addresses.
+    #[cfg(test)]
+    fn mappings_built(&self) -> u64 {
+        self.mappings_built.load(Ordering::Relaxed)
     }
 }
 
-/// `eligible` keyed by the replicas of `members` serving at each address.
-fn map(scope: &Scope, eligible: &[String], members: Option<&ScopeMembers>) -> ScoredPool {
+/// Each address of `members` to the first replica serving there.
+fn keys(members: &ScopeMembers) -> HashMap<String, ReplicaKey> {
+    let mut keys = HashMap::new();
+    for (key, address) in members.iter() {
+        keys.entry(address.to_owned())
+            .or_insert_with(|| key.clone());
+    }
+    keys
+}
+
+/// `eligible` keyed by the replicas serving at each address (`keys`).
+fn map(
+    scope: &Scope,
+    eligible: &[String],
+    keys: Option<&HashMap<String, ReplicaKey>>,
+) -> ScoredPool {
     eligible
         .iter()
         .map(|address| {
-            let key = members
-                .and_then(|m| m.iter().find(|(_, a)| a == address))
-                .map(|(k, _)| k.clone())
+            let key = keys
+                .and_then(|k| k.get(address))
+                .cloned()
                 .unwrap_or_else(|| ReplicaKey {
                     tenant: scope.tenant.clone(),
                     replica_id: address.clone(),
@@ -73,18 +134,7 @@ impl EndpointPicker {
     /// gateway's subset when it sent one.
     pub(super) fn eligible(&self, subset: Option<&[String]>) -> Result<Arc<[String]>, NoEndpoint> {
         let endpoints = self.pool.endpoints.read();
-        let eligible: Arc<[String]> = match subset {
-            None => self.pool.cache.endpoints(&endpoints),
-            Some(subset) => {
-                // The subset narrows the pool: the gateway knows which
-                // endpoints are healthy for it right now.
-                subset
-                    .iter()
-                    .filter(|e| endpoints.contains(e))
-                    .cloned()
-                    .collect()
-            }
-        };
+        let eligible = self.pool.cache.eligible(&endpoints, subset);
         drop(endpoints);
         if eligible.is_empty() {
             return Err(NoEndpoint::Empty(match subset {
@@ -110,24 +160,45 @@ impl EndpointPicker {
             return map(scope, eligible, None);
         };
         let mut cache = self.pool.cache.mapped.lock();
-        let entry = cache.iter_mut().find(|m| m.scope == *base);
-        if let Some(m) = &entry
-            && m.members == members
-            && (Arc::ptr_eq(&m.endpoints, eligible) || *m.endpoints == **eligible)
-        {
-            return m.pool.clone();
-        }
-        let pool = map(scope, eligible, Some(&members));
-        let fresh = Mapped {
-            scope: base.into_owned(),
-            members,
-            endpoints: eligible.clone(),
-            pool: pool.clone(),
+        let at = match cache.iter().position(|m| m.scope == *base) {
+            Some(at) if cache[at].members == members => at,
+            found => {
+                self.pool
+                    .cache
+                    .mappings_built
+                    .fetch_add(1, Ordering::Relaxed);
+                let fresh = Mapped {
+                    scope: base.into_owned(),
+                    keys: keys(&members),
+                    members,
+                    scored: [None, None],
+                };
+                match found {
+                    Some(at) => {
+                        cache[at] = fresh;
+                        at
+                    }
+                    None => {
+                        cache.push(fresh);
+                        cache.len() - 1
+                    }
+                }
+            }
         };
-        match entry {
-            Some(m) => *m = fresh,
-            None => cache.push(fresh),
+        let entry = &mut cache[at];
+        let hit = entry.scored.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|(e, _)| Arc::ptr_eq(e, eligible) || **e == **eligible)
+        });
+        if let Some(i) = hit {
+            entry.scored[..=i].rotate_right(1);
+            if let Some((_, pool)) = &entry.scored[0] {
+                return pool.clone();
+            }
         }
+        let pool = map(scope, eligible, Some(&entry.keys));
+        entry.scored.rotate_right(1);
+        entry.scored[0] = Some((eligible.clone(), pool.clone()));
         pool
     }
 
@@ -242,9 +313,11 @@ mod tests {
         serves(&index, "engine-b", B);
         assert_eq!(pick(&p, None), [format!("{A}=engine-a")]);
         // Asked again, the mapping is the one kept.
-        let kept = p.pool.cache.mapped.lock()[0].pool.clone();
+        let scored = |p: &EndpointPicker| p.pool.cache.mapped.lock()[0].scored[0].clone();
+        let kept = scored(&p).expect("scored").1;
         assert_eq!(pick(&p, None), [format!("{A}=engine-a")]);
-        assert!(Arc::ptr_eq(&kept, &p.pool.cache.mapped.lock()[0].pool));
+        assert!(Arc::ptr_eq(&kept, &scored(&p).expect("scored").1));
+        assert_eq!(p.pool.cache.mappings_built(), 1);
 
         // The pool changes: its new endpoint is mapped to its replica.
         *p.pool.endpoints.write() = vec![B.to_owned()];
@@ -265,5 +338,45 @@ mod tests {
         assert_eq!(pick(&p, Some(&subset)), [format!("{A}={A}")]);
         // One scope, one entry.
         assert_eq!(p.pool.cache.mapped.lock().len(), 1);
+    }
+
+    /// The gateway's subset narrows the pool (an endpoint outside it is
+    /// dropped), and requests alternating the subset and the full pool
+    /// reuse the mapping and both scored lists instead of rebuilding them.
+    #[test]
+    fn a_subset_narrows_the_pool_and_alternating_requests_reuse_the_mapping() {
+        const C: &str = "10.0.0.3:8000";
+        let p = picker(&[A, B, C]);
+        let index = p.core.index().clone();
+        serves(&index, "engine-a", A);
+        serves(&index, "engine-b", B);
+        serves(&index, "engine-c", C);
+        let subset = [B.to_owned(), "10.0.0.99:8000".to_owned()];
+        let other = [C.to_owned()];
+        for _ in 0..5 {
+            assert_eq!(pick(&p, Some(&subset)), [format!("{B}=engine-b")]);
+            let full = pick(&p, None);
+            assert_eq!(full.len(), 2, "the pick and one fallback: {full:?}");
+        }
+        assert_eq!(p.pool.cache.mappings_built(), 1);
+        // The narrowed subset is one list, kept while the gateway sends it.
+        let narrowed = p.eligible(Some(&subset)).expect("eligible");
+        assert_eq!(*narrowed, [B.to_owned()]);
+        assert!(Arc::ptr_eq(
+            &narrowed,
+            &p.eligible(Some(&subset)).expect("eligible")
+        ));
+        // Another subset is scored from the same mapping.
+        assert_eq!(pick(&p, Some(&other)), [format!("{C}=engine-c")]);
+        assert_eq!(p.pool.cache.mappings_built(), 1);
+        // A replica moving maps the scope again, once.
+        serves(&index, "engine-n", B);
+        serves(&index, "engine-b", "10.0.0.9:8000");
+        assert_eq!(pick(&p, Some(&subset)), [format!("{B}=engine-n")]);
+        pick(&p, None);
+        assert_eq!(p.pool.cache.mappings_built(), 2);
+        // No endpoint of the subset in the pool: refused, naming why.
+        let outside = ["10.0.0.99:8000".to_owned()];
+        assert!(p.eligible(Some(&outside)).is_err());
     }
 }
