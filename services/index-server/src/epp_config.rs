@@ -95,10 +95,15 @@ pub struct EppFlags {
 
     /// Endpoints named after the pick (least busy first) in
     /// `x-gateway-destination-endpoint`, for a gateway with retries to
-    /// fall back on (protocol v0.4+); 0 names the pick alone.
+    /// fall back on (protocol v0.4+); 0 names the pick alone, at most
+    /// [`MAX_FALLBACK_ENDPOINTS`].
     #[arg(long, env = "IC_EPP_FALLBACK_ENDPOINTS", default_value_t = 2)]
     pub epp_fallback_endpoints: usize,
 }
+
+/// Most fallback endpoints a pick may name: a gateway retries a few, and
+/// each one is ranked and written into every answer.
+pub const MAX_FALLBACK_ENDPOINTS: usize = 16;
 
 /// Shedding thresholds by request priority, requests on the least busy
 /// endpoint; `None` never sheds that class.
@@ -355,6 +360,12 @@ impl EppFlags {
                 self.epp_max_body_bytes
             );
         }
+        if self.epp_fallback_endpoints > MAX_FALLBACK_ENDPOINTS {
+            anyhow::bail!(
+                "--epp-fallback-endpoints must be at most {MAX_FALLBACK_ENDPOINTS} (got {})",
+                self.epp_fallback_endpoints
+            );
+        }
         let shedding = Shedding::from_counts(
             self.epp_shed_at_requests,
             self.epp_shed_standard_at_requests,
@@ -560,6 +571,31 @@ mod tests {
             select_pool(&one, None).unwrap().name.as_deref(),
             Some("batch")
         );
+    }
+
+    #[test]
+    fn fallback_endpoints_are_bounded() {
+        let with = |n: &str| {
+            flags(&[
+                "--epp-tenant",
+                "a",
+                "--epp-endpoint",
+                "10.0.0.1:1",
+                "--epp-fallback-endpoints",
+                n,
+            ])
+            .pools()
+        };
+        let most = with("16").unwrap().unwrap();
+        assert_eq!(most[0].fallbacks, MAX_FALLBACK_ENDPOINTS);
+        assert_eq!(with("0").unwrap().unwrap()[0].fallbacks, 0);
+        for over in ["17", &usize::MAX.to_string()] {
+            let e = with(over).unwrap_err().to_string();
+            assert!(
+                e.contains("--epp-fallback-endpoints must be at most 16"),
+                "{over}: {e}"
+            );
+        }
     }
 
     #[test]

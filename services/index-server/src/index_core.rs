@@ -455,8 +455,13 @@ impl IndexCore {
                 let by_load = if fallbacks == 0 {
                     Vec::new()
                 } else {
-                    self.routing
-                        .best_by_load(pool, &loads, now_ms, &policy.scoring, fallbacks + 1)
+                    self.routing.best_by_load(
+                        pool,
+                        &loads,
+                        now_ms,
+                        &policy.scoring,
+                        fallbacks.saturating_add(1),
+                    )
                 };
                 let by_prefix = pick.matched_blocks > 0;
                 Ok(Routed::Endpoint {
