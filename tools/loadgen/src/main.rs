@@ -91,6 +91,11 @@ struct Args {
     /// the started server's; none with --target).
     #[arg(long)]
     metrics_url: Option<String>,
+    /// The client's runtime: 0 one worker thread per core (tokio's
+    /// default), 1 a current-thread runtime (requests and answers on one
+    /// thread: no idle worker woken per request), N that many workers.
+    #[arg(long, default_value_t = 0)]
+    client_threads: usize,
     /// An extra flag for the ic-index-server this starts (repeatable, e.g.
     /// `--server-arg=--ttft-prefill-tokens-per-second=0` to compare builds
     /// whose defaults differ).
@@ -108,6 +113,8 @@ struct Report {
     connections: usize,
     /// Requests per second offered (open loop), if set.
     rate: Option<f64>,
+    /// `--client-threads` (0: one worker per core).
+    client_threads: usize,
     /// The open loop's schedule and how exactly it was kept, per phase.
     open_loop: Option<OpenLoopReport>,
     /// The LookupRoute phase (warm-up included) as the server's
@@ -340,6 +347,12 @@ fn check(args: &Args) -> Result<(), String> {
     if let Some(rate) = args.rate {
         ic_loadgen::schedule::Schedule::new(rate, args.spacing, args.seed)?;
     }
+    if args.client_threads > 64 {
+        return Err(format!(
+            "--client-threads: {} is above 64",
+            args.client_threads
+        ));
+    }
     if args.spin_us > 10_000 {
         return Err(format!(
             "--spin-us: {} is above 10000 (a spin that long only burns a core)",
@@ -362,10 +375,26 @@ async fn lookup_histogram(url: &str) -> anyhow::Result<Histogram> {
         .with_context(|| format!("{LOOKUP_HISTOGRAM} missing from {url}"))
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     check(&args).map_err(anyhow::Error::msg)?;
+    let runtime = match args.client_threads {
+        0 => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+        1 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        n => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+    }
+    .context("building the client's runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let mut server = None;
     let mut metrics_url = args.metrics_url.clone();
     let target = match &args.target {
@@ -470,8 +499,13 @@ async fn main() -> anyhow::Result<()> {
         _ => None,
     };
 
+    // Off the runtime: the server's graceful stop waits for the client's
+    // connections to close, which on a current-thread runtime nothing
+    // would do while `stop` blocked its one thread.
     if let Some(mut p) = server {
-        p.stop();
+        tokio::task::spawn_blocking(move || p.stop())
+            .await
+            .context("stopping the index server")?;
     }
     let report = Report {
         target,
@@ -481,6 +515,7 @@ async fn main() -> anyhow::Result<()> {
         concurrency: args.concurrency,
         connections: args.connections,
         rate: args.rate,
+        client_threads: args.client_threads,
         open_loop: empty_schedule
             .zip(lookup_schedule)
             .map(|(empty_rpc, lookup_route)| OpenLoopReport {

@@ -157,6 +157,13 @@ fn poisson_open_loop_is_the_default_and_keeps_the_mean_rate() {
 }
 
 #[test]
+fn a_current_thread_client_keeps_the_schedule() {
+    let report = open_loop("2000", &["--spacing", "uniform", "--client-threads", "1"]);
+    assert_eq!(report["client_threads"], 1, "{report}");
+    check_open_phases(&report, 2000.0, 1.0);
+}
+
+#[test]
 fn a_spin_above_a_tenth_of_a_core_warns() {
     // Gaps of 500 µs and a 10 ms spin: the thread spins nearly all the time.
     let (report, stderr) = open_loop_stderr("2000", &["--spin-us", "10000"]);
@@ -182,6 +189,7 @@ fn bad_flags_are_refused_naming_the_flag() {
         (&["--rate", "NaN"], "--rate"),
         (&["--rate", "100", "--spacing", "bursty"], "--spacing"),
         (&["--rate", "100", "--spin-us", "20000"], "--spin-us"),
+        (&["--client-threads", "65"], "--client-threads"),
         (&["--spacing", "uniform"], "--rate"),
         (&["--duration-secs", "0"], "--duration-secs"),
         (&["--warmup-secs", "inf"], "--warmup-secs"),
