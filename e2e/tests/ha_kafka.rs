@@ -70,12 +70,10 @@ impl Broker {
 
     fn spawn(bin: &Path, port: u16, dir: &Path) -> Child {
         ic_e2e::tansu::broker_command(bin, port, ic_e2e::tansu::Storage::Sqlite(dir))
-            // tansu's tracing goes to stdout: both streams into its log,
-            // warnings only (at info it logs every span, load on a broker
-            // whose slowness is what the log should explain).
+            // tansu's tracing goes to stdout: both streams into its log.
             .stdout(Self::log_file(dir))
             .stderr(Self::log_file(dir))
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info")
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL}", bin.display()))
     }
