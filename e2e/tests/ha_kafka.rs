@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use ic_e2e::tansu::INSTALL;
@@ -70,8 +70,7 @@ impl Broker {
 
     fn spawn(bin: &Path, port: u16, dir: &Path) -> Child {
         ic_e2e::tansu::broker_command(bin, port, ic_e2e::tansu::Storage::Sqlite(dir))
-            // tansu's tracing goes to stdout: both streams into its log.
-            .stdout(Self::log_file(dir))
+            .stdout(Stdio::null())
             .stderr(Self::log_file(dir))
             .env("RUST_LOG", "info")
             .spawn()

@@ -65,13 +65,6 @@ const CHUNK: usize = 4096;
 /// Records sent for ranks with nothing new, so the index servers know the
 /// engine is alive (the gRPC streams' heartbeat period).
 const HEARTBEAT: Duration = Duration::from_secs(5);
-/// The first and the longest wait between two producer replacements while
-/// the replaced producers deliver nothing.
-const REPLACE_FIRST: Duration = Duration::from_secs(1);
-const REPLACE_MAX: Duration = Duration::from_secs(30);
-/// send() errors in a row (not a full queue or an oversized record) that
-/// replace the producer.
-const SEND_ERRORS_BEFORE_REPLACING: u32 = 3;
 /// How long shutdown waits for queued records.
 const FLUSH: Duration = Duration::from_secs(5);
 
@@ -132,19 +125,11 @@ impl KafkaMetrics {
     }
 }
 
-/// One producer's delivery outcomes: failures make the sending loop
-/// replace it and resync; deliveries tell whether it worked at all.
-#[derive(Default)]
-struct Outcomes {
-    failures: AtomicU64,
-    delivered: AtomicU64,
-}
-
 /// Counts deliveries and remembers failures, which the sending loop turns
 /// into a resync of the destination.
 struct Delivery {
     metrics: KafkaMetrics,
-    outcomes: Arc<Outcomes>,
+    failures: Arc<AtomicU64>,
 }
 
 impl ClientContext for Delivery {}
@@ -156,11 +141,10 @@ impl ProducerContext for Delivery {
         match result {
             Ok(_) => {
                 self.metrics.delivered.inc();
-                self.outcomes.delivered.fetch_add(1, Ordering::Relaxed);
             }
             Err((error, _)) => {
                 self.metrics.dropped("delivery_failed");
-                self.outcomes.failures.fetch_add(1, Ordering::Relaxed);
+                self.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(%error, "a batch was not delivered to Kafka; the replica resyncs");
             }
         }
@@ -220,26 +204,17 @@ pub async fn run(
     use anyhow::Context as _;
     // Each producer counts its own failures: the purged records of a
     // replaced one must not count against the new one.
-    let create = |outcomes: &Arc<Outcomes>| -> anyhow::Result<ThreadedProducer<Delivery>> {
+    let create = |failures: &Arc<AtomicU64>| -> anyhow::Result<ThreadedProducer<Delivery>> {
         settings
             .client
             .create_with_context(Delivery {
                 metrics: metrics.clone(),
-                outcomes: outcomes.clone(),
+                failures: failures.clone(),
             })
             .context("cannot create the Kafka producer")
     };
-    let mut outcomes = Arc::new(Outcomes::default());
-    let mut producer = create(&outcomes)?;
-    // A slow broker times out a new producer's first records too: replacing
-    // it at every failure (each replacement one more InitProducerId and a
-    // whole resync for the broker) would deliver nothing, so replacements
-    // back off while the replaced producers delivered nothing.
-    let mut replacements = ic_clock::Backoff::new(REPLACE_FIRST, REPLACE_MAX);
-    let mut replace_after = tokio::time::Instant::now();
-    // send() refusing records for the producer's sake (not a full queue,
-    // not an oversized record), in a row.
-    let mut send_errors = 0u32;
+    let mut failures = Arc::new(AtomicU64::new(0));
+    let mut producer = create(&failures)?;
     let destination = lock(&outbox).add_destination();
     let notify = wakers.register();
     let key = ic_kafka_client::record_key(&pb::ReplicaIdentity {
@@ -270,9 +245,7 @@ pub async fn run(
                 () = shutdown.cancelled() => break,
             }
         }
-        let failed = outcomes.failures.load(Ordering::Relaxed) > 0
-            || send_errors >= SEND_ERRORS_BEFORE_REPLACING;
-        if failed && tokio::time::Instant::now() >= replace_after {
+        if failures.load(Ordering::Relaxed) > 0 {
             // A fresh producer (a new producer id) after any lost record:
             // an idempotent producer whose records timed out must otherwise
             // renegotiate its epoch with the brokers, which not every
@@ -281,24 +254,9 @@ pub async fn run(
             if let Some(error) = producer.client().fatal_error() {
                 tracing::warn!(error = ?error, "the Kafka producer failed for good");
             }
-            let worked = outcomes.delivered.load(Ordering::Relaxed) > 0;
-            let delay = if worked {
-                replacements.reset();
-                Duration::ZERO
-            } else {
-                replacements.next_delay()
-            };
-            replace_after = tokio::time::Instant::now() + delay;
-            tracing::info!(
-                send_errors,
-                next_replacement_not_before_ms =
-                    u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-                "replacing the Kafka producer after lost records"
-            );
-            send_errors = 0;
             producer.purge(PurgeConfig::default().queue().inflight().non_blocking());
-            outcomes = Arc::new(Outcomes::default());
-            let old = std::mem::replace(&mut producer, create(&outcomes)?);
+            failures = Arc::new(AtomicU64::new(0));
+            let old = std::mem::replace(&mut producer, create(&failures)?);
             tokio::task::spawn_blocking(move || drop(old));
             metrics.resyncs.inc();
             lock(&outbox).mark_for_resync(destination);
@@ -319,18 +277,10 @@ pub async fn run(
             let batches = forwarder::batches(&identity, &mut seqs, item, stats, incomplete(rank));
             let mut sent = true;
             for batch in batches {
-                match send(&producer, &settings.topic, &key, &batch, &metrics) {
-                    Ok(()) => send_errors = 0,
-                    Err(reason) => {
-                        metrics.dropped(reason);
-                        if reason == "other" {
-                            // A producer that refuses every record (fatal
-                            // error, bad state) is replaced, not retried.
-                            send_errors = send_errors.saturating_add(1);
-                        }
-                        sent = false;
-                        break;
-                    }
+                if let Err(reason) = send(&producer, &settings.topic, &key, &batch, &metrics) {
+                    metrics.dropped(reason);
+                    sent = false;
+                    break;
                 }
             }
             if !sent {
