@@ -210,16 +210,8 @@ fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
     }
 }
 
-/// What makes a subscriber publish to the topic instead of streaming, with
-/// a delivery timeout long enough that a loaded machine's slow broker does
-/// not turn every first delivery into a drop and a resync.
+/// What makes a subscriber publish to the topic instead of streaming.
 fn kafka_flags(broker: &str) -> Vec<&str> {
-    kafka_flags_timing_out(broker, "15000")
-}
-
-/// [`kafka_flags`] with a short delivery timeout, for the scenarios whose
-/// point is what a subscriber drops when the broker is away.
-fn kafka_flags_timing_out<'a>(broker: &'a str, delivery_timeout_ms: &'a str) -> Vec<&'a str> {
     vec![
         "--transport",
         "kafka",
@@ -230,7 +222,7 @@ fn kafka_flags_timing_out<'a>(broker: &'a str, delivery_timeout_ms: &'a str) -> 
         "--kafka-resync-interval-seconds",
         "20",
         "--kafka-delivery-timeout-ms",
-        delivery_timeout_ms,
+        "3000",
     ]
 }
 
@@ -336,106 +328,41 @@ async fn matches_engines(r: &mut Replica, engines: &[Engine]) -> Result<Answers,
 }
 
 /// Waits until every replica equals the engines, all answer alike and all
-/// are ready; returns how long it took. On failure it names every
-/// replica's state and dumps what tells a slow broker's causes apart: each
-/// replica's Kafka metrics, each subscriber's, and the broker's log tail.
-async fn converge(
-    replicas: &mut [&mut Replica],
-    engines: &[Engine],
-    broker: &Broker,
-    sidecars: &mut [ServiceProcess],
-    what: &str,
-) -> Duration {
+/// are ready; returns how long it took.
+async fn converge(replicas: &mut [&mut Replica], engines: &[Engine], what: &str) -> Duration {
     let started = Instant::now();
     loop {
-        let mut states = Vec::new();
+        let mut result = Ok(());
         let mut first: Option<Answers> = None;
         for (i, r) in replicas.iter_mut().enumerate() {
-            let state = match matches_engines(r, engines).await {
+            match matches_engines(r, engines).await {
                 Ok(a) => match &first {
-                    None => {
-                        first = Some(a);
-                        Ok(())
+                    None => first = Some(a),
+                    Some(f) if *f != a => {
+                        result = Err(format!("replica {i} answers {a:?}, replica 0 {f:?}"));
+                        break;
                     }
-                    Some(f) if *f != a => Err(format!("answers {a:?}, replica 0 {f:?}")),
-                    Some(_) => Ok(()),
+                    Some(_) => {}
                 },
-                Err(why) => Err(why),
-            };
+                Err(why) => {
+                    result = Err(format!("replica {i}: {why}"));
+                    break;
+                }
+            }
             let (status, _) = get(r, "/ready");
-            states.push(match state {
-                Ok(()) if status == 200 => Ok(()),
-                Ok(()) => Err(format!("replica {i}: /ready {status}")),
-                Err(why) => Err(format!("replica {i} (/ready {status}): {why}")),
-            });
+            if status != 200 {
+                result = Err(format!("replica {i}: /ready {status}"));
+                break;
+            }
         }
-        if states.iter().all(Result::is_ok) {
-            return started.elapsed();
-        }
-        if started.elapsed() >= CONVERGE {
-            let why: Vec<String> = states
-                .into_iter()
-                .map(|s| s.err().unwrap_or_else(|| "converged".into()))
-                .collect();
-            let dump = diagnose(replicas, sidecars, broker);
-            panic!(
-                "{what}: the replicas did not converge within {CONVERGE:?}:\n{}\n{dump}",
-                why.join("\n")
-            );
+        match result {
+            Ok(()) => return started.elapsed(),
+            Err(why) => assert!(
+                started.elapsed() < CONVERGE,
+                "{what}: the replicas did not converge within {CONVERGE:?}: {why}"
+            ),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The lines of `/metrics` under `prefix`, or why there are none.
-fn metrics_under(http: SocketAddr, prefix: &str) -> String {
-    match std::panic::catch_unwind(|| http_get(http, "/metrics")) {
-        Ok((_, text)) => text
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Err(_) => format!("(no /metrics from {http})"),
-    }
-}
-
-/// Each replica's Kafka batches, consumer errors and lag; each
-/// subscriber's produced, delivered, dropped and resync counts; the
-/// broker's log tail.
-fn diagnose(replicas: &[&mut Replica], sidecars: &mut [ServiceProcess], broker: &Broker) -> String {
-    let mut out = String::new();
-    for (i, r) in replicas.iter().enumerate() {
-        out += &format!(
-            "replica {i}:\n{}\n",
-            metrics_under(r.http, "inferencecache_index_kafka_")
-        );
-    }
-    for (i, s) in sidecars.iter_mut().enumerate() {
-        out += &format!(
-            "subscriber {i}:\n{}\n",
-            metrics_under(s.admin_addr(), "inferencecache_subscriber_kafka_")
-        );
-    }
-    let log = std::fs::read_to_string(broker.dir.path().join("broker.log")).unwrap_or_default();
-    let tail: Vec<&str> = log.lines().rev().take(40).collect();
-    out += "broker log tail:\n";
-    for line in tail.into_iter().rev() {
-        out += line;
-        out += "\n";
-    }
-    out
-}
-
-/// Waits (with the convergence deadline) until the subscribers have
-/// counted a dropped record beyond the `before` they had counted.
-async fn wait_dropped(sidecars: &mut [ServiceProcess], before: f64, what: &str) {
-    let started = Instant::now();
-    while records_dropped(sidecars) <= before {
-        assert!(
-            started.elapsed() < CONVERGE,
-            "{what}: no record counted as dropped within {CONVERGE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -501,14 +428,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let (mut engines, mut sidecars) =
         fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    let took = converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "two replicas",
-    )
-    .await;
+    let took = converge(&mut [&mut a, &mut b], &engines, "two replicas").await;
     figure(
         "two replicas, 3 engines",
         format!("converged in {} ms", took.as_millis()),
@@ -539,14 +459,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
         "the restarted replica loaded a non-empty snapshot: {loaded}"
     );
     rounds(&mut engines, 5).await;
-    converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "after kill -9 and restart",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b], &engines, "after kill -9 and restart").await;
     figure(
         "replica kill -9, restart from snapshot + tail",
         format!(
@@ -567,14 +480,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let started = Instant::now();
     let mut c = replica(&bootstrap, None);
     gateway.add(c.endpoint());
-    converge(
-        &mut [&mut a, &mut b, &mut c],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "a late replica",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b, &mut c], &engines, "a late replica").await;
     gateway.wait_ready(2, "a late replica").await;
     figure(
         "replica started late (no snapshot)",
@@ -591,8 +497,6 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let took = converge(
         &mut [&mut a, &mut b],
         &engines,
-        &broker,
-        &mut sidecars,
         "after a subscriber restart",
     )
     .await;
@@ -633,23 +537,11 @@ async fn replicas_converge_after_a_broker_outage() {
     let bootstrap = broker.bootstrap();
     let mut a = replica(&bootstrap, None);
     let mut b = replica(&bootstrap, None);
-    let (mut engines, mut sidecars) = fleet::fleet(
-        3,
-        NO_INDEX_SERVER,
-        &kafka_flags_timing_out(&bootstrap, "3000"),
-    )
-    .await;
+    let (mut engines, mut sidecars) =
+        fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "before the outage",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b], &engines, "before the outage").await;
     let before = snapshot_blocks(&mut a).unwrap();
-    let dropped_before = records_dropped(&mut sidecars);
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(broker.child.id()).unwrap()),
@@ -657,8 +549,8 @@ async fn replicas_converge_after_a_broker_outage() {
     )
     .unwrap();
     rounds(&mut engines, 5).await;
-    // Past --kafka-delivery-timeout-ms what was sent is dropped.
-    wait_dropped(&mut sidecars, dropped_before, "broker frozen").await;
+    // Longer than --kafka-delivery-timeout-ms: what was sent is dropped.
+    tokio::time::sleep(Duration::from_secs(6)).await;
     // The replicas kept their view and kept answering.
     assert_eq!(snapshot_blocks(&mut a).unwrap(), before);
     nix::sys::signal::kill(
@@ -668,16 +560,9 @@ async fn replicas_converge_after_a_broker_outage() {
     .unwrap();
     let back = Instant::now();
     rounds(&mut engines, 5).await;
-    converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "after the outage",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b], &engines, "after the outage").await;
     figure(
-        "broker frozen until a delivery timed out",
+        "broker frozen 6 s (deliveries timed out)",
         format!(
             "converged {} ms after it came back",
             back.elapsed().as_millis()
@@ -685,7 +570,7 @@ async fn replicas_converge_after_a_broker_outage() {
     );
     let dropped = records_dropped(&mut sidecars);
     assert!(
-        dropped > dropped_before,
+        dropped >= 1.0,
         "the outage dropped records and counted them"
     );
     for mut s in sidecars {
@@ -705,31 +590,19 @@ async fn replicas_converge_after_a_broker_restart() {
     let bootstrap = broker.bootstrap();
     let mut a = replica(&bootstrap, None);
     let mut b = replica(&bootstrap, None);
-    let (mut engines, mut sidecars) = fleet::fleet(
-        3,
-        NO_INDEX_SERVER,
-        &kafka_flags_timing_out(&bootstrap, "3000"),
-    )
-    .await;
+    let (mut engines, mut sidecars) =
+        fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "before the restart",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b], &engines, "before the restart").await;
     let before = snapshot_blocks(&mut a).unwrap();
-    let dropped_before = records_dropped(&mut sidecars);
     let gateway = Gateway::start([a.endpoint(), b.endpoint()]);
     gateway.wait_ready(0, "before the restart").await;
     gateway.wait_ready(1, "before the restart").await;
 
     broker.stop();
     rounds(&mut engines, 5).await;
-    // Past --kafka-delivery-timeout-ms what was sent is dropped.
-    wait_dropped(&mut sidecars, dropped_before, "broker stopped").await;
+    // Longer than --kafka-delivery-timeout-ms: what was sent is dropped.
+    tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         snapshot_blocks(&mut a).unwrap(),
         before,
@@ -738,16 +611,9 @@ async fn replicas_converge_after_a_broker_restart() {
     broker.start_again();
     let back = Instant::now();
     rounds(&mut engines, 5).await;
-    converge(
-        &mut [&mut a, &mut b],
-        &engines,
-        &broker,
-        &mut sidecars,
-        "after the restart",
-    )
-    .await;
+    converge(&mut [&mut a, &mut b], &engines, "after the restart").await;
     figure(
-        "broker stopped until a delivery timed out, restarted on its log",
+        "broker stopped, down 4 s, restarted on its log",
         format!(
             "converged {} ms after it came back",
             back.elapsed().as_millis()
@@ -755,7 +621,7 @@ async fn replicas_converge_after_a_broker_restart() {
     );
     let dropped = records_dropped(&mut sidecars);
     assert!(
-        dropped > dropped_before,
+        dropped >= 1.0,
         "the restart dropped records and counted them"
     );
     let (ok, failed, failures) = gateway.stop().await;
@@ -878,14 +744,7 @@ async fn a_subscriber_with_the_injected_kafka_arguments_feeds_the_replicas() {
     }];
     engines[0].engine.wait_for_subscriber().await;
     rounds(&mut engines, 10).await;
-    let took = converge(
-        &mut [&mut a],
-        &engines,
-        &broker,
-        std::slice::from_mut(&mut subscriber),
-        "injected Kafka arguments",
-    )
-    .await;
+    let took = converge(&mut [&mut a], &engines, "injected Kafka arguments").await;
     figure(
         "a subscriber with the webhook's injected Kafka arguments",
         format!("replica converged in {} ms", took.as_millis()),
