@@ -3,7 +3,9 @@
 //! this server and client) and LookupRoute on the same server in the same
 //! run. See docs/benchmarks.md for figures.
 
+mod floor;
 mod open_loop;
+mod placement;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::index_service_client::IndexServiceClient;
 use ic_sim::ServiceProcess;
 use open_loop::{OpenLoop, ScheduleStats};
+use placement::Cpus;
 use serde::Serialize;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
@@ -101,6 +104,23 @@ struct Args {
     /// whose defaults differ).
     #[arg(long, allow_hyphen_values = true)]
     server_arg: Vec<String>,
+    /// Pin the load generator's threads to these CPUs (`taskset -c`
+    /// spelling: `0`, `0-1`, `0,2`), a benchmark setting: on a small
+    /// machine client and server otherwise take each other's core.
+    #[arg(long)]
+    client_cpus: Option<Cpus>,
+    /// Pin the index server this starts (all its threads) and the
+    /// `--floor` echo threads to these CPUs.
+    #[arg(long)]
+    server_cpus: Option<Cpus>,
+    /// Worker threads of the index server this starts (its runtime's
+    /// TOKIO_WORKER_THREADS); 0 leaves tokio's default, one per core.
+    #[arg(long, default_value_t = 0)]
+    server_workers: usize,
+    /// Open loop: first measure the host's floor, a 64-byte TCP echo
+    /// answered by plain threads, on the same schedule (`tcp_floor`).
+    #[arg(long, requires = "rate")]
+    floor: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -115,6 +135,10 @@ struct Report {
     rate: Option<f64>,
     /// `--client-threads` (0: one worker per core).
     client_threads: usize,
+    /// `--client-cpus`, `--server-cpus`, `--server-workers`.
+    client_cpus: Option<String>,
+    server_cpus: Option<String>,
+    server_workers: usize,
     /// The open loop's schedule and how exactly it was kept, per phase.
     open_loop: Option<OpenLoopReport>,
     /// The LookupRoute phase (warm-up included) as the server's
@@ -124,6 +148,8 @@ struct Report {
     preload_events: u64,
     preload_seconds: f64,
     preload_events_per_second: f64,
+    /// `--floor`: the TCP echo on the same schedule.
+    tcp_floor: Option<PhaseStats>,
     empty_rpc: PhaseStats,
     lookup_route: PhaseStats,
     lookup_hit_ratio: f64,
@@ -135,6 +161,7 @@ struct OpenLoopReport {
     spacing: Spacing,
     spin_us: u64,
     seed: u64,
+    tcp_floor: Option<ScheduleStats>,
     empty_rpc: ScheduleStats,
     lookup_route: ScheduleStats,
 }
@@ -305,19 +332,38 @@ where
             Ok((stats, hits, None))
         }
         Some(rate) => {
-            let open = OpenLoop {
-                rate,
-                spacing: args.spacing,
-                seed: args.seed,
-                spin: Duration::from_micros(args.spin_us),
-                concurrency: args.concurrency,
-                warmup: Duration::from_secs_f64(args.warmup_secs),
-                duration: Duration::from_secs_f64(args.duration_secs),
-            };
-            let (stats, hits, schedule) = open_loop::run(channels, &open, call).await?;
+            let (stats, hits, schedule) =
+                open_loop::run(channels, &open_loop_settings(args, rate), call).await?;
             Ok((stats, hits, Some(schedule)))
         }
     }
+}
+
+fn open_loop_settings(args: &Args, rate: f64) -> OpenLoop {
+    OpenLoop {
+        rate,
+        spacing: args.spacing,
+        seed: args.seed,
+        spin: Duration::from_micros(args.spin_us),
+        concurrency: args.concurrency,
+        warmup: Duration::from_secs_f64(args.warmup_secs),
+        duration: Duration::from_secs_f64(args.duration_secs),
+    }
+}
+
+/// `--floor`: the TCP echo on the open loop's schedule.
+async fn floor_phase(args: &Args, rate: f64) -> anyhow::Result<(PhaseStats, ScheduleStats)> {
+    let addr = floor::start_echo(args.server_cpus.clone()).context("starting the echo")?;
+    let pool = floor::Pool::connect(addr, args.concurrency)
+        .await
+        .context("connecting to the echo")?;
+    let (stats, _, schedule) = open_loop::run(
+        &[pool],
+        &open_loop_settings(args, rate),
+        |pool, _| async move { pool.ping().await.map(|()| true) },
+    )
+    .await?;
+    Ok((stats, schedule))
 }
 
 /// Rejects flags no run can use, naming the flag.
@@ -353,6 +399,12 @@ fn check(args: &Args) -> Result<(), String> {
             args.client_threads
         ));
     }
+    if args.server_workers > 64 {
+        return Err(format!(
+            "--server-workers: {} is above 64",
+            args.server_workers
+        ));
+    }
     if args.spin_us > 10_000 {
         return Err(format!(
             "--spin-us: {} is above 10000 (a spin that long only burns a core)",
@@ -378,6 +430,11 @@ async fn lookup_histogram(url: &str) -> anyhow::Result<Histogram> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     check(&args).map_err(anyhow::Error::msg)?;
+    if let Some(cpus) = &args.client_cpus {
+        // Before the runtime: its threads, and the schedule thread, inherit it.
+        cpus.pin_this_thread()
+            .with_context(|| format!("--client-cpus {cpus}"))?;
+    }
     let runtime = match args.client_threads {
         0 => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -412,8 +469,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 &capacity,
             ];
             server_args.extend(args.server_arg.iter().map(String::as_str));
-            let mut p = ServiceProcess::start(&bin, &server_args);
+            let workers = args.server_workers.to_string();
+            let env: &[(&str, &str)] = match args.server_workers {
+                0 => &[],
+                _ => &[("TOKIO_WORKER_THREADS", &workers)],
+            };
+            let mut p = ServiceProcess::start_with_env(&bin, &server_args, env);
             let addr = p.addr("grpc").to_string();
+            if let Some(cpus) = &args.server_cpus {
+                cpus.pin_process(p.pid())
+                    .with_context(|| format!("--server-cpus {cpus}"))?;
+            }
             metrics_url.get_or_insert_with(|| format!("http://{}/metrics", p.admin_addr()));
             server = Some(p);
             addr
@@ -443,6 +509,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.entries, args.replicas
     ));
     let (events, took) = preload(channels[0].clone(), fleet).await?;
+
+    let floor = match args.rate.filter(|_| args.floor) {
+        Some(rate) => {
+            say("measuring the host's floor (TCP echo)…".into());
+            Some(floor_phase(&args, rate).await?)
+        }
+        None => None,
+    };
+    let (tcp_floor, floor_schedule) = floor.unzip();
 
     say("measuring the empty RPC (grpc.health.v1 Check)…".into());
     let (empty, _, empty_schedule) = phase(&channels, &args, |channel, _| async move {
@@ -516,12 +591,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
         connections: args.connections,
         rate: args.rate,
         client_threads: args.client_threads,
+        client_cpus: args.client_cpus.as_ref().map(Cpus::to_string),
+        server_cpus: args.server_cpus.as_ref().map(Cpus::to_string),
+        server_workers: args.server_workers,
         open_loop: empty_schedule
             .zip(lookup_schedule)
             .map(|(empty_rpc, lookup_route)| OpenLoopReport {
                 spacing: args.spacing,
                 spin_us: args.spin_us,
                 seed: args.seed,
+                tcp_floor: floor_schedule,
                 empty_rpc,
                 lookup_route,
             }),
@@ -529,16 +608,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         preload_events: events,
         preload_seconds: took.as_secs_f64(),
         preload_events_per_second: events as f64 / took.as_secs_f64().max(1e-9),
+        tcp_floor,
         lookup_hit_ratio: hits as f64 / (lookup.requests.max(1)) as f64,
         lookup_to_empty_qps_ratio: lookup.qps / empty.qps.max(1e-9),
         empty_rpc: empty,
         lookup_route: lookup,
     };
     if let Some(o) = &report.open_loop {
-        for (name, s) in [
+        let floor = o.tcp_floor.as_ref().map(|s| ("TCP floor", s));
+        for (name, s) in floor.into_iter().chain([
             ("empty RPC", &o.empty_rpc),
             ("LookupRoute", &o.lookup_route),
-        ] {
+        ]) {
             if let Some(warning) = open_loop::spin_warning(name, o.spin_us, s) {
                 eprintln!("{warning}");
             }
@@ -575,10 +656,11 @@ fn print_table(r: &Report) {
         "{:<26} {:>10} {:>10} {:>10} {:>10} {:>8}",
         "phase", "qps", "p50 µs", "p99 µs", "p99.9 µs", "errors"
     );
-    for (name, s) in [
+    let floor = r.tcp_floor.as_ref().map(|s| ("TCP echo (the floor)", s));
+    for (name, s) in floor.into_iter().chain([
         ("empty RPC (health Check)", &r.empty_rpc),
         ("LookupRoute", &r.lookup_route),
-    ] {
+    ]) {
         println!(
             "{:<26} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>8}",
             name, s.qps, s.p50_us, s.p99_us, s.p999_us, s.errors
@@ -595,10 +677,11 @@ fn print_table(r: &Report) {
             "schedule: {} spacing, spin {} µs; sends late by (p50 / p99 / p99.9 µs):",
             o.spacing, o.spin_us
         );
-        for (name, s) in [
+        let floor = o.tcp_floor.as_ref().map(|s| ("TCP floor", s));
+        for (name, s) in floor.into_iter().chain([
             ("empty RPC", &o.empty_rpc),
             ("LookupRoute", &o.lookup_route),
-        ] {
+        ]) {
             println!(
                 "  {name}: {} due; hand-over {:.0} / {:.0} / {:.0}, request start {:.0} / {:.0} / {:.0}; from the start to the answer {:.0} / {:.0} / {:.0}; spinning {:.0}% of a core",
                 s.scheduled,

@@ -19,7 +19,6 @@ use ic_loadgen::schedule::{Schedule, Spacing};
 use ic_loadgen::{PhaseStats, Quantiles, summarize};
 use serde::Serialize;
 use tokio::sync::{Semaphore, mpsc};
-use tonic::transport::Channel;
 
 /// Time for the thread to start before the first due send.
 const LEAD: Duration = Duration::from_millis(20);
@@ -72,15 +71,18 @@ struct Sample {
 }
 
 /// Sends `call` on the schedule `open` describes over `channels` (round
-/// robin); returns the measured window's stats, hits and schedule stats.
-pub async fn run<F, Fut>(
-    channels: &[Channel],
+/// robin: gRPC channels, or the floor's connection pool); returns the
+/// measured window's stats, hits and schedule stats.
+pub async fn run<C, F, Fut, E>(
+    channels: &[C],
     open: &OpenLoop,
     call: F,
 ) -> anyhow::Result<(PhaseStats, u64, ScheduleStats)>
 where
-    F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<bool, tonic::Status>> + Send + 'static,
+    C: Clone + Send + 'static,
+    F: Fn(C, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<bool, E>> + Send + 'static,
+    E: Send + 'static,
 {
     let schedule = Schedule::new(open.rate, open.spacing, open.seed).map_err(anyhow::Error::msg)?;
     let call = Arc::new(call);

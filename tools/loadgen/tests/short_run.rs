@@ -182,6 +182,44 @@ fn a_spin_above_a_tenth_of_a_core_warns() {
 }
 
 #[test]
+fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
+    // Client on CPU 0, server and echo on the last CPU (0 on one core),
+    // the server with one worker: every phase keeps the schedule.
+    let last = (std::thread::available_parallelism().unwrap().get() - 1).to_string();
+    let report = open_loop(
+        "2000",
+        &[
+            "--spacing",
+            "uniform",
+            "--floor",
+            "--client-cpus",
+            "0",
+            "--server-cpus",
+            &last,
+            "--server-workers",
+            "1",
+        ],
+    );
+    check_open_phases(&report, 2000.0, 1.0);
+    let floor = &report["open_loop"]["tcp_floor"];
+    let scheduled = floor["scheduled"].as_u64().unwrap();
+    assert!(scheduled.abs_diff(2000) <= 1, "{report}");
+    assert_eq!(
+        report["tcp_floor"]["requests"].as_u64(),
+        Some(scheduled),
+        "{report}"
+    );
+    assert_eq!(report["tcp_floor"]["errors"], 0, "{report}");
+    assert_eq!(report["client_cpus"], "0", "{report}");
+    assert_eq!(report["server_cpus"], last.as_str(), "{report}");
+    assert_eq!(report["server_workers"], 1, "{report}");
+    // Without --floor there is none.
+    let plain = open_loop("500", &[]);
+    assert!(plain["tcp_floor"].is_null(), "{plain}");
+    assert!(plain["open_loop"]["tcp_floor"].is_null(), "{plain}");
+}
+
+#[test]
 fn bad_flags_are_refused_naming_the_flag() {
     for (args, flag) in [
         (&["--rate", "0"][..], "--rate"),
@@ -190,6 +228,10 @@ fn bad_flags_are_refused_naming_the_flag() {
         (&["--rate", "100", "--spacing", "bursty"], "--spacing"),
         (&["--rate", "100", "--spin-us", "20000"], "--spin-us"),
         (&["--client-threads", "65"], "--client-threads"),
+        (&["--server-workers", "65"], "--server-workers"),
+        (&["--client-cpus", "2-1"], "--client-cpus"),
+        (&["--server-cpus", "x"], "--server-cpus"),
+        (&["--floor"], "--rate"),
         (&["--spacing", "uniform"], "--rate"),
         (&["--duration-secs", "0"], "--duration-secs"),
         (&["--warmup-secs", "inf"], "--warmup-secs"),
