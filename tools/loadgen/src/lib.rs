@@ -5,6 +5,7 @@
 //! replicas behind one model with a shared system prompt do), so lookups
 //! see realistic candidate sets.
 
+pub mod lean;
 pub mod prom;
 pub mod schedule;
 
@@ -77,6 +78,19 @@ impl Fleet {
     /// Replica groups.
     pub fn groups(&self) -> u32 {
         self.replicas.div_ceil(GROUP)
+    }
+
+    /// The `i`-th LookupRoute's prompt: groups in turn, each group's
+    /// families in turn, so a run cycles through
+    /// [`Self::distinct_prompts`] prompts.
+    pub fn lookup_prompt(&self, i: u64, blocks: u32) -> Vec<u64> {
+        let groups = u64::from(self.groups().max(1));
+        self.prompt(u32::try_from(i % groups).unwrap_or(0), i / groups, blocks)
+    }
+
+    /// Distinct prompts [`Self::lookup_prompt`] cycles through.
+    pub fn distinct_prompts(&self) -> u64 {
+        u64::from(self.groups().max(1)) * self.families_per_group().max(1)
     }
 }
 

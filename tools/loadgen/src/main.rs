@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use futures::StreamExt;
+use ic_loadgen::lean::{self, Bodies};
 use ic_loadgen::prom::{Histogram, ServerQuantiles};
 use ic_loadgen::schedule::Spacing;
 use ic_loadgen::{Fleet, PhaseStats, summarize};
@@ -99,6 +100,14 @@ struct Args {
     /// thread: no idle worker woken per request), N that many workers.
     #[arg(long, default_value_t = 0)]
     client_threads: usize,
+    /// How LookupRoute requests are sent: `lean` (each distinct body
+    /// encoded once before the phase and cycled, and only the answer's
+    /// `outcome` and `best` address decoded, the rest skipped, as a lean
+    /// gateway reads it) or `full` (the generated client: each request
+    /// built and encoded as it is sent, the whole answer decoded). The
+    /// server receives the same requests either way.
+    #[arg(long, value_enum, default_value_t = LookupClient::Lean)]
+    lookup_client: LookupClient,
     /// An extra flag for the ic-index-server this starts (repeatable, e.g.
     /// `--server-arg=--ttft-prefill-tokens-per-second=0` to compare builds
     /// whose defaults differ).
@@ -123,6 +132,14 @@ struct Args {
     floor: bool,
 }
 
+/// `--lookup-client`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum LookupClient {
+    Lean,
+    Full,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     target: String,
@@ -135,6 +152,11 @@ struct Report {
     rate: Option<f64>,
     /// `--client-threads` (0: one worker per core).
     client_threads: usize,
+    /// `--lookup-client`.
+    lookup_client: LookupClient,
+    /// Lean client: the distinct LookupRoute bodies encoded before the
+    /// phase (0: too many to keep, each encoded as it is sent).
+    lookup_bodies_pooled: Option<usize>,
     /// `--client-cpus`, `--server-cpus`, `--server-workers`.
     client_cpus: Option<String>,
     server_cpus: Option<String>,
@@ -178,6 +200,19 @@ fn scope() -> pb::IndexScope {
         model: MODEL.into(),
         hash_scheme: pb::HashScheme::Vllm as i32,
         adapter: String::new(),
+    }
+}
+
+/// The LookupRoute request for a prompt of `hashes`.
+fn lookup_request(hashes: Vec<u64>) -> pb::LookupRouteRequest {
+    pb::LookupRouteRequest {
+        scope: Some(scope()),
+        key: Some(pb::lookup_route_request::Key::BlockHashes(
+            pb::BlockHashes { hashes },
+        )),
+        candidate_replicas: vec![],
+        observe_only: false,
+        ..Default::default()
     }
 }
 
@@ -534,35 +569,40 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "measuring LookupRoute ({}-block prompts)…",
         args.prompt_blocks
     ));
-    let groups = fleet.groups();
     let prompt_blocks = args.prompt_blocks;
     let server_before = match &metrics_url {
         Some(url) => Some(lookup_histogram(url).await?),
         None => None,
     };
-    let (lookup, hits, lookup_schedule) = phase(&channels, &args, move |channel, i| {
-        let hashes = fleet.prompt(
-            u32::try_from(i % u64::from(groups)).unwrap_or(0),
-            i / u64::from(groups),
-            prompt_blocks,
-        );
-        async move {
-            let response = IndexServiceClient::new(channel)
-                .lookup_route(pb::LookupRouteRequest {
-                    scope: Some(scope()),
-                    key: Some(pb::lookup_route_request::Key::BlockHashes(
-                        pb::BlockHashes { hashes },
-                    )),
-                    candidate_replicas: vec![],
-                    observe_only: false,
-                    ..Default::default()
-                })
-                .await?
-                .into_inner();
-            Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
+    let mut lookup_bodies_pooled = None;
+    let (lookup, hits, lookup_schedule) = match args.lookup_client {
+        LookupClient::Lean => {
+            let bodies = Arc::new(Bodies::new(fleet, prompt_blocks, lookup_request));
+            lookup_bodies_pooled = Some(bodies.pooled());
+            phase(&channels, &args, move |channel, i| {
+                let body = bodies.get(i);
+                async move {
+                    lean::lookup_route(channel, body)
+                        .await
+                        .map(|answer| answer.routed_by_prefix())
+                }
+            })
+            .await?
         }
-    })
-    .await?;
+        LookupClient::Full => {
+            phase(&channels, &args, move |channel, i| {
+                let request = lookup_request(fleet.lookup_prompt(i, prompt_blocks));
+                async move {
+                    let response = IndexServiceClient::new(channel)
+                        .lookup_route(request)
+                        .await?
+                        .into_inner();
+                    Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
+                }
+            })
+            .await?
+        }
+    };
     let server_lookup = match (&metrics_url, server_before) {
         (Some(url), Some(before)) => Some(
             lookup_histogram(url)
@@ -591,6 +631,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         connections: args.connections,
         rate: args.rate,
         client_threads: args.client_threads,
+        lookup_client: args.lookup_client,
+        lookup_bodies_pooled,
         client_cpus: args.client_cpus.as_ref().map(Cpus::to_string),
         server_cpus: args.server_cpus.as_ref().map(Cpus::to_string),
         server_workers: args.server_workers,
@@ -645,8 +687,8 @@ fn print_table(r: &Report) {
         None => format!("{} in flight", r.concurrency),
     };
     println!(
-        "index server {}: {} replicas, {} entries, {}-block prompts, {load} over {} connections",
-        r.target, r.replicas, r.entries, r.prompt_blocks, r.connections
+        "index server {}: {} replicas, {} entries, {}-block prompts, {load} over {} connections, {:?} LookupRoute client",
+        r.target, r.replicas, r.entries, r.prompt_blocks, r.connections, r.lookup_client
     );
     println!(
         "preload (IngestEvents over gRPC): {} block events in {:.2} s = {:.0} events/s",
