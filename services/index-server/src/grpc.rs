@@ -84,9 +84,10 @@ fn score_of(c: Scored) -> pb::CandidateScore {
 }
 
 /// The core's decision as a protobuf answer: candidates are the replicas
-/// holding part of the prompt, best first. The decision is consumed, so
-/// the candidates' names move into the answer instead of being copied.
-fn response_of(decision: Ranked) -> pb::LookupRouteResponse {
+/// holding part of the prompt, best first, at most `max_candidates` of them
+/// (0: all). The decision is consumed, so the candidates' names move into
+/// the answer instead of being copied.
+fn response_of(decision: Ranked, max_candidates: u32) -> pb::LookupRouteResponse {
     let best = match (&decision.no_hint, decision.best()) {
         (None, Some(best)) => Some(score(best)),
         (Some(_), _) => decision.destination().map(score),
@@ -96,6 +97,10 @@ fn response_of(decision: Ranked) -> pb::LookupRouteResponse {
         .ranked
         .into_iter()
         .filter(|s| s.matched_blocks > 0)
+        .take(match max_candidates {
+            0 => usize::MAX,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        })
         .map(score_of)
         .collect();
     let base = pb::LookupRouteResponse {
@@ -273,7 +278,7 @@ impl IndexServer {
             }
             Err(e) => return Err(Status::invalid_argument(e.to_string())),
         };
-        let response = response_of(decision);
+        let response = response_of(decision, req.max_candidates);
         self.core
             .metrics()
             .record_lookup(&response, received.elapsed());

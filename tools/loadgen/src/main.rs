@@ -108,6 +108,10 @@ struct Args {
     /// server receives the same requests either way.
     #[arg(long, value_enum, default_value_t = LookupClient::Lean)]
     lookup_client: LookupClient,
+    /// LookupRoute's `max_candidates`: at most this many candidates in
+    /// each answer (0: every replica with a match, the server's default).
+    #[arg(long, default_value_t = 0)]
+    max_candidates: u32,
     /// An extra flag for the ic-index-server this starts (repeatable, e.g.
     /// `--server-arg=--ttft-prefill-tokens-per-second=0` to compare builds
     /// whose defaults differ).
@@ -154,6 +158,8 @@ struct Report {
     client_threads: usize,
     /// `--lookup-client`.
     lookup_client: LookupClient,
+    /// `--max-candidates`.
+    max_candidates: u32,
     /// Lean client: the distinct LookupRoute bodies encoded before the
     /// phase (0: too many to keep, each encoded as it is sent).
     lookup_bodies_pooled: Option<usize>,
@@ -204,7 +210,7 @@ fn scope() -> pb::IndexScope {
 }
 
 /// The LookupRoute request for a prompt of `hashes`.
-fn lookup_request(hashes: Vec<u64>) -> pb::LookupRouteRequest {
+fn lookup_request(hashes: Vec<u64>, max_candidates: u32) -> pb::LookupRouteRequest {
     pb::LookupRouteRequest {
         scope: Some(scope()),
         key: Some(pb::lookup_route_request::Key::BlockHashes(
@@ -212,6 +218,7 @@ fn lookup_request(hashes: Vec<u64>) -> pb::LookupRouteRequest {
         )),
         candidate_replicas: vec![],
         observe_only: false,
+        max_candidates,
         ..Default::default()
     }
 }
@@ -577,7 +584,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let mut lookup_bodies_pooled = None;
     let (lookup, hits, lookup_schedule) = match args.lookup_client {
         LookupClient::Lean => {
-            let bodies = Arc::new(Bodies::new(fleet, prompt_blocks, lookup_request));
+            let max = args.max_candidates;
+            let bodies = Arc::new(Bodies::new(fleet, prompt_blocks, move |h| {
+                lookup_request(h, max)
+            }));
             lookup_bodies_pooled = Some(bodies.pooled());
             phase(&channels, &args, move |channel, i| {
                 let body = bodies.get(i);
@@ -590,8 +600,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .await?
         }
         LookupClient::Full => {
+            let max = args.max_candidates;
             phase(&channels, &args, move |channel, i| {
-                let request = lookup_request(fleet.lookup_prompt(i, prompt_blocks));
+                let request = lookup_request(fleet.lookup_prompt(i, prompt_blocks), max);
                 async move {
                     let response = IndexServiceClient::new(channel)
                         .lookup_route(request)
@@ -632,6 +643,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         rate: args.rate,
         client_threads: args.client_threads,
         lookup_client: args.lookup_client,
+        max_candidates: args.max_candidates,
         lookup_bodies_pooled,
         client_cpus: args.client_cpus.as_ref().map(Cpus::to_string),
         server_cpus: args.server_cpus.as_ref().map(Cpus::to_string),
