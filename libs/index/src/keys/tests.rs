@@ -2,7 +2,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 
-use super::bucket::{FULL, lanes_equal};
+use super::bucket::{FULL, lanes_equal, tags_equal};
 use super::*;
 
 /// A deliberately weak hash so that keys share tags and buckets; the
@@ -30,6 +30,49 @@ fn lanes_are_compared_exactly() {
             );
             assert_eq!(lanes_equal(w, t) & (1 << ((lane + 1) % 4)), 0);
         }
+    }
+}
+
+/// The word-wise reference for [`tags_equal`]'s ten lanes.
+fn ten_lanes(w: [u64; 3], tag: u16) -> u16 {
+    lanes_equal(w[0], tag) | lanes_equal(w[1], tag) << 4 | (lanes_equal(w[2], tag) & 0b11) << 8
+}
+
+#[test]
+fn the_ten_tag_lanes_are_compared_exactly() {
+    // Word 2's upper half holds the occupancy mask, never a tag.
+    let w = [
+        0x8000_0000_7fff_0001,
+        0xffff_0001_0001_1234,
+        0x03ff_0000_0001_8000,
+    ];
+    assert_eq!(tags_equal(w, 0x0001) & FULL, 0b10_0110_0001);
+    assert_eq!(tags_equal(w, 0x8000) & FULL, 0b01_0000_1000);
+    assert_eq!(tags_equal(w, 0xffff) & FULL, 0b00_1000_0000);
+    assert_eq!(tags_equal(w, 0x0000) & FULL, 0b00_0000_0100);
+    assert_eq!(
+        tags_equal(w, 0x03ff) & FULL,
+        0,
+        "the mask's lane is not a tag"
+    );
+}
+
+proptest! {
+    #[test]
+    fn tag_lanes_agree_with_the_word_wise_compare(
+        w in proptest::array::uniform3(any::<u64>()),
+        lanes in proptest::array::uniform10(any::<bool>()),
+        tag in any::<u16>(),
+    ) {
+        // Plant the tag in some lanes so that matches are common.
+        let mut w = w;
+        for (i, &on) in lanes.iter().enumerate() {
+            if on {
+                let shift = (i % 4) * 16;
+                w[i / 4] = (w[i / 4] & !(0xffff << shift)) | u64::from(tag) << shift;
+            }
+        }
+        prop_assert_eq!(tags_equal(w, tag) & FULL, ten_lanes(w, tag));
     }
 }
 
