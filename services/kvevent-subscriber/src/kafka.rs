@@ -10,7 +10,12 @@
 //! (`--kafka-delivery-timeout-ms`). A record that cannot be queued or is
 //! not delivered in time is dropped and counted, and the destination
 //! resyncs: the index servers skip the broken sequence until that resync
-//! arrives. Every `--kafka-resync-interval-seconds` the destination
+//! arrives. A producer that had a failure is retired at once and never
+//! sent through again (its records may carry an epoch it bumped itself,
+//! which some brokers cannot take); the resync goes through a new one,
+//! created at once if the retired one had delivered anything, else after
+//! a growing wait (1 s doubling to 15 s) so a slow broker is not flooded
+//! with new producers. Every `--kafka-resync-interval-seconds` the destination
 //! resyncs anyway, so a replica replaying only the retained log still
 //! finds every engine's full state in it.
 
@@ -30,6 +35,7 @@ use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{
     BaseRecord, Producer as _, ProducerContext, PurgeConfig, ThreadedProducer,
 };
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::forwarder::{self, Identity};
@@ -65,6 +71,10 @@ const CHUNK: usize = 4096;
 /// Records sent for ranks with nothing new, so the index servers know the
 /// engine is alive (the gRPC streams' heartbeat period).
 const HEARTBEAT: Duration = Duration::from_secs(5);
+/// The first and the longest wait before the next producer while the
+/// retired ones delivered nothing.
+const REPLACE_FIRST: Duration = Duration::from_secs(1);
+const REPLACE_MAX: Duration = Duration::from_secs(15);
 /// How long shutdown waits for queued records.
 const FLUSH: Duration = Duration::from_secs(5);
 
@@ -83,6 +93,8 @@ pub struct KafkaMetrics {
     dropped: Family<ReasonLabel, Counter>,
     resyncs: Counter,
     in_flight: Gauge,
+    producers: Counter,
+    retired: Counter,
 }
 
 impl KafkaMetrics {
@@ -116,6 +128,16 @@ impl KafkaMetrics {
                 "Batches queued in the producer, not yet acknowledged",
                 m.in_flight.clone(),
             );
+            r.register(
+                "producers_created",
+                "Producers created: the first and each replacement of a retired one",
+                m.producers.clone(),
+            );
+            r.register(
+                "producers_retired",
+                "Producers retired after a failure (a lost record, a fatal error, a refused record); never sent through again",
+                m.retired.clone(),
+            );
         });
         m
     }
@@ -125,11 +147,39 @@ impl KafkaMetrics {
     }
 }
 
-/// Counts deliveries and remembers failures, which the sending loop turns
-/// into a resync of the destination.
+/// One producer's delivery outcomes and what was handed to it. A producer
+/// that had a failure is never sent through again: librdkafka's idempotent
+/// producer bumps its own epoch once a record times out, and a broker that
+/// did not create that epoch may fail on it (tansu 0.6's SQLite store
+/// panics and stops answering; docs/reliability.md).
+#[derive(Debug, Default)]
+struct Outcomes {
+    /// Records the brokers did not take: timed out, refused, purged.
+    failures: AtomicU64,
+    /// Records the brokers acknowledged.
+    delivered: AtomicU64,
+    /// send() refused a record for the producer's sake (not a full queue,
+    /// not an oversized record): a fatal error or a bad state.
+    refused: AtomicU64,
+    /// Records handed to this producer.
+    sent: AtomicU64,
+    /// Records handed to it after its first failure was reported: 0 unless
+    /// a failure lands between the check and the send.
+    sent_after_failure: AtomicU64,
+}
+
+impl Outcomes {
+    fn failed(&self) -> bool {
+        self.failures.load(Ordering::Relaxed) > 0 || self.refused.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// Counts deliveries, remembers failures and wakes the sending loop on
+/// one, which retires the producer at once.
 struct Delivery {
     metrics: KafkaMetrics,
-    failures: Arc<AtomicU64>,
+    outcomes: Arc<Outcomes>,
+    failed: Arc<Notify>,
 }
 
 impl ClientContext for Delivery {}
@@ -141,13 +191,91 @@ impl ProducerContext for Delivery {
         match result {
             Ok(_) => {
                 self.metrics.delivered.inc();
+                self.outcomes.delivered.fetch_add(1, Ordering::Relaxed);
             }
             Err((error, _)) => {
                 self.metrics.dropped("delivery_failed");
-                self.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%error, "a batch was not delivered to Kafka; the replica resyncs");
+                let first = self.outcomes.failures.fetch_add(1, Ordering::Relaxed) == 0;
+                if first {
+                    self.failed.notify_one();
+                    tracing::warn!(%error, "a batch was not delivered to Kafka; the producer is replaced and the replica resyncs");
+                }
             }
         }
+    }
+}
+
+/// The producer in use and its outcomes.
+struct Instance {
+    producer: ThreadedProducer<Delivery>,
+    outcomes: Arc<Outcomes>,
+}
+
+/// Why a batch was not queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NotSent {
+    /// Dropped and counted under this reason.
+    Dropped(&'static str),
+    /// The producer had failed: nothing more goes through it (not a drop:
+    /// the resync that follows its replacement supersedes the batch).
+    ProducerFailed,
+}
+
+impl Instance {
+    fn failed(&self) -> bool {
+        self.outcomes.failed() || self.producer.client().fatal_error().is_some()
+    }
+
+    /// Queues one batch, unless this producer has failed.
+    fn send(
+        &self,
+        topic: &str,
+        key: &str,
+        batch: &pb::IngestBatch,
+        metrics: &KafkaMetrics,
+    ) -> Result<(), NotSent> {
+        if self.outcomes.failed() {
+            return Err(NotSent::ProducerFailed);
+        }
+        let value = ic_kafka_client::encode(batch);
+        match self
+            .producer
+            .send(BaseRecord::to(topic).key(key).payload(&value))
+        {
+            Ok(()) => {
+                metrics.produced.inc();
+                self.outcomes.sent.fetch_add(1, Ordering::Relaxed);
+                if self.outcomes.failures.load(Ordering::Relaxed) > 0 {
+                    self.outcomes
+                        .sent_after_failure
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                Err(NotSent::Dropped("queue_full"))
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
+                Err(NotSent::Dropped("too_large"))
+            }
+            Err((error, _)) => {
+                // A producer refusing records for its own sake is replaced.
+                self.outcomes.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%error, "cannot queue a batch for Kafka; the producer is replaced");
+                Err(NotSent::Dropped("other"))
+            }
+        }
+    }
+
+    /// Purges what it still holds (superseded by the resync) and drops it
+    /// off the async threads (dropping waits for its threads).
+    fn retire(self) {
+        if let Some(error) = self.producer.client().fatal_error() {
+            tracing::warn!(error = ?error, "the Kafka producer failed for good");
+        }
+        self.producer
+            .purge(PurgeConfig::default().queue().inflight().non_blocking());
+        tokio::task::spawn_blocking(move || drop(self));
     }
 }
 
@@ -201,20 +329,54 @@ pub async fn run(
     metrics: KafkaMetrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    run_observed(
+        settings,
+        identity,
+        outbox,
+        wakers,
+        metrics,
+        shutdown,
+        |_: &Arc<Outcomes>| {},
+    )
+    .await
+}
+
+/// [`run`], telling `on_producer` about every producer it creates (the
+/// tests count what each one was sent).
+async fn run_observed(
+    settings: Settings,
+    identity: Identity,
+    outbox: Arc<Mutex<Outbox>>,
+    wakers: Arc<Wakers>,
+    metrics: KafkaMetrics,
+    shutdown: CancellationToken,
+    on_producer: impl Fn(&Arc<Outcomes>),
+) -> anyhow::Result<()> {
     use anyhow::Context as _;
-    // Each producer counts its own failures: the purged records of a
-    // replaced one must not count against the new one.
-    let create = |failures: &Arc<AtomicU64>| -> anyhow::Result<ThreadedProducer<Delivery>> {
-        settings
+    let failed = Arc::new(Notify::new());
+    // Each producer counts its own outcomes: the purged records of a
+    // retired one must not count against the next.
+    let create = || -> anyhow::Result<Instance> {
+        let outcomes = Arc::new(Outcomes::default());
+        let producer = settings
             .client
             .create_with_context(Delivery {
                 metrics: metrics.clone(),
-                failures: failures.clone(),
+                outcomes: outcomes.clone(),
+                failed: failed.clone(),
             })
-            .context("cannot create the Kafka producer")
+            .context("cannot create the Kafka producer")?;
+        metrics.producers.inc();
+        on_producer(&outcomes);
+        Ok(Instance { producer, outcomes })
     };
-    let mut failures = Arc::new(AtomicU64::new(0));
-    let mut producer = create(&failures)?;
+    let mut current = Some(create()?);
+    // A slow broker times out a new producer's first records too: creating
+    // the next one at once each time (one more InitProducerId and a whole
+    // resync for that broker) would deliver nothing, so while the retired
+    // producers delivered nothing the next one waits, longer each time.
+    let mut replacements = ic_clock::Backoff::new(REPLACE_FIRST, REPLACE_MAX);
+    let mut create_at = tokio::time::Instant::now();
     let destination = lock(&outbox).add_destination();
     let notify = wakers.register();
     let key = ic_kafka_client::record_key(&pb::ReplicaIdentity {
@@ -229,116 +391,134 @@ pub async fn run(
     resync.tick().await;
     let mut wait = false;
     loop {
+        let mut heartbeat_due = false;
         if wait {
+            let creating = current.is_none();
             tokio::select! {
                 () = notify.notified() => {}
-                _ = heartbeat.tick() => {
-                    if !heartbeats(&producer, &settings.topic, &key, &identity, &mut seqs, &outbox, &metrics) {
-                        metrics.resyncs.inc();
-                        lock(&outbox).mark_for_resync(destination);
-                    }
-                }
+                () = failed.notified() => {}
+                _ = heartbeat.tick() => heartbeat_due = true,
                 _ = resync.tick() => {
                     metrics.resyncs.inc();
                     lock(&outbox).mark_for_resync(destination);
                 }
+                () = tokio::time::sleep_until(create_at), if creating => {}
                 () = shutdown.cancelled() => break,
             }
         }
-        if failures.load(Ordering::Relaxed) > 0 {
-            // A fresh producer (a new producer id) after any lost record:
-            // an idempotent producer whose records timed out must otherwise
-            // renegotiate its epoch with the brokers, which not every
-            // Kafka-protocol broker supports, or it stopped for good. What
-            // the old one still holds is superseded by the resync.
-            if let Some(error) = producer.client().fatal_error() {
-                tracing::warn!(error = ?error, "the Kafka producer failed for good");
-            }
-            producer.purge(PurgeConfig::default().queue().inflight().non_blocking());
-            failures = Arc::new(AtomicU64::new(0));
-            let old = std::mem::replace(&mut producer, create(&failures)?);
-            tokio::task::spawn_blocking(move || drop(old));
+        // Before anything is sent: a producer that had a failure is
+        // retired at once, and the destination resyncs through the next.
+        if current.as_ref().is_some_and(Instance::failed) {
+            let Some(old) = current.take() else {
+                continue;
+            };
+            let delay = if old.outcomes.delivered.load(Ordering::Relaxed) > 0 {
+                replacements.reset();
+                Duration::ZERO
+            } else {
+                replacements.next_delay()
+            };
+            create_at = tokio::time::Instant::now() + delay;
+            tracing::info!(
+                next_producer_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "retiring the Kafka producer after a failure"
+            );
+            old.retire();
+            metrics.retired.inc();
             metrics.resyncs.inc();
             lock(&outbox).mark_for_resync(destination);
         }
-        let (work, stats, ready) = {
+        if current.is_none() && tokio::time::Instant::now() >= create_at {
+            current = Some(create()?);
+        }
+        let Some(producer) = current.as_ref() else {
+            // Until the next producer the destination stays marked for
+            // resync: the outbox keeps no changes for it, nothing is lost.
+            metrics.in_flight.set(0);
+            wait = true;
+            continue;
+        };
+        let mut ok = true;
+        if heartbeat_due {
+            ok = heartbeats(
+                producer,
+                &settings.topic,
+                &key,
+                &identity,
+                &mut seqs,
+                &outbox,
+                &metrics,
+            );
+        }
+        let work = if ok {
             let mut ob = lock(&outbox);
             let work = ob.take(destination, CHUNK);
             let ready: Vec<(u32, bool)> =
                 (0..ob.ranks()).map(|r| (r, ob.is_incomplete(r))).collect();
-            (work, (ob.tier2, ob.engine_load, ob.engine_cache), ready)
+            Some((work, (ob.tier2, ob.engine_load, ob.engine_cache), ready))
+        } else {
+            None
         };
-        wait = work.is_empty();
-        let incomplete = |rank: u32| ready.iter().any(|&(r, i)| r == rank && i);
-        for item in work {
-            let rank = match &item {
-                Outgoing::Resync { rank, .. } | Outgoing::Delta { rank, .. } => *rank,
-            };
-            let batches = forwarder::batches(&identity, &mut seqs, item, stats, incomplete(rank));
-            let mut sent = true;
-            for batch in batches {
-                if let Err(reason) = send(&producer, &settings.topic, &key, &batch, &metrics) {
-                    metrics.dropped(reason);
-                    sent = false;
-                    break;
+        wait = work.as_ref().is_none_or(|(w, _, _)| w.is_empty());
+        let mut not_sent = None;
+        if let Some((work, stats, ready)) = work {
+            let incomplete = |rank: u32| ready.iter().any(|&(r, i)| r == rank && i);
+            'items: for item in work {
+                let rank = match &item {
+                    Outgoing::Resync { rank, .. } | Outgoing::Delta { rank, .. } => *rank,
+                };
+                for batch in forwarder::batches(&identity, &mut seqs, item, stats, incomplete(rank))
+                {
+                    if let Err(why) = producer.send(&settings.topic, &key, &batch, &metrics) {
+                        not_sent = Some(why);
+                        break 'items;
+                    }
                 }
             }
-            if !sent {
-                // What follows would arrive after a hole anyway: resync
-                // once the queue has room again.
-                metrics.resyncs.inc();
-                lock(&outbox).mark_for_resync(destination);
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                    () = shutdown.cancelled() => {}
-                }
-                wait = false;
-                break;
-            }
+        } else {
+            not_sent = Some(NotSent::ProducerFailed);
         }
-        metrics.in_flight.set(i64::from(producer.in_flight_count()));
+        if let Some(why) = not_sent {
+            // What follows would arrive after a hole anyway: resync (a
+            // failed producer is retired at the top of the loop first).
+            metrics.resyncs.inc();
+            lock(&outbox).mark_for_resync(destination);
+            if let NotSent::Dropped(reason) = why {
+                metrics.dropped(reason);
+                if !producer.failed() {
+                    // The queue is full: let it drain a little.
+                    tokio::select! {
+                        () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        () = shutdown.cancelled() => {}
+                    }
+                }
+            }
+            wait = false;
+        }
+        if let Some(producer) = current.as_ref() {
+            metrics
+                .in_flight
+                .set(i64::from(producer.producer.in_flight_count()));
+        }
         if shutdown.is_cancelled() {
             break;
         }
     }
     wakers.unregister(&notify);
     lock(&outbox).remove_destination(destination);
-    let flushed = tokio::task::spawn_blocking(move || producer.flush(FLUSH)).await;
-    if let Ok(Err(error)) = flushed {
-        tracing::warn!(%error, "not every batch reached Kafka before stopping");
+    if let Some(Instance { producer, .. }) = current {
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(FLUSH)).await;
+        if let Ok(Err(error)) = flushed {
+            tracing::warn!(%error, "not every batch reached Kafka before stopping");
+        }
     }
     Ok(())
 }
 
-/// Queues one batch; `Err` names why it was dropped.
-fn send(
-    producer: &ThreadedProducer<Delivery>,
-    topic: &str,
-    key: &str,
-    batch: &pb::IngestBatch,
-    metrics: &KafkaMetrics,
-) -> Result<(), &'static str> {
-    let value = ic_kafka_client::encode(batch);
-    match producer.send(BaseRecord::to(topic).key(key).payload(&value)) {
-        Ok(()) => {
-            metrics.produced.inc();
-            Ok(())
-        }
-        Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => Err("queue_full"),
-        Err((KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge), _)) => {
-            Err("too_large")
-        }
-        Err((error, _)) => {
-            tracing::warn!(%error, "cannot queue a batch for Kafka");
-            Err("other")
-        }
-    }
-}
-
 /// An empty batch for every rank that has sent something to the topic;
-/// `false` when one was dropped (its rank's sequence has a hole).
+/// `false` when one was not sent (its rank's sequence has a hole).
 fn heartbeats(
-    producer: &ThreadedProducer<Delivery>,
+    producer: &Instance,
     topic: &str,
     key: &str,
     identity: &Identity,
@@ -359,13 +539,21 @@ fn heartbeats(
             continue;
         }
         let batch = forwarder::heartbeat(identity, seqs, rank, stats, incomplete);
-        if let Err(reason) = send(producer, topic, key, &batch, metrics) {
-            metrics.dropped(reason);
-            return false;
+        match producer.send(topic, key, &batch, metrics) {
+            Ok(()) => {}
+            Err(NotSent::Dropped(reason)) => {
+                metrics.dropped(reason);
+                return false;
+            }
+            Err(NotSent::ProducerFailed) => return false,
         }
     }
     true
 }
+
+#[cfg(test)]
+#[path = "kafka_tests.rs"]
+mod broker_tests;
 
 #[cfg(test)]
 mod tests {
