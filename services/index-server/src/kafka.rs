@@ -403,6 +403,7 @@ impl KafkaConsumer {
             ic_clock::Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
         while !shutdown.is_cancelled() {
             match self.step() {
+                // Records consumed (or a clean round): read again at once.
                 Ok(()) => backoff.reset(),
                 Err(error) => {
                     self.metrics.errors.inc();
@@ -417,18 +418,26 @@ impl KafkaConsumer {
         }
     }
 
-    /// One round: partitions, lag, a burst of records, a snapshot when due.
+    /// One round: partitions, a burst of records, the lag and a snapshot
+    /// when due. Reading never waits on the lag check: under a slow broker
+    /// a failed watermark query leaves the lag unknown (readiness as it
+    /// was), and the records fetched are still applied.
     fn step(&mut self) -> Result<(), String> {
         let now = Instant::now();
-        if self.partitions.is_empty() || now >= self.next_metadata {
+        if self.partitions.is_empty() {
             self.refresh_partitions()?;
             self.next_metadata = now + METADATA_EVERY;
-        }
-        if now >= self.next_watermarks {
-            self.next_watermarks = now + WATERMARKS_EVERY;
-            self.refresh_watermarks()?;
+        } else if now >= self.next_metadata {
+            self.next_metadata = now + METADATA_EVERY;
+            // Known partitions keep being read while metadata is slow.
+            if let Err(error) = self.refresh_partitions() {
+                self.metrics.errors.inc();
+                tracing::warn!(%error, "Kafka metadata refresh failed; reading the known partitions");
+            }
         }
         let mut timeout = POLL;
+        let mut consumed = 0usize;
+        let mut failed = None;
         for _ in 0..BURST {
             match self.consumer.poll(timeout) {
                 None => break,
@@ -437,16 +446,38 @@ impl KafkaConsumer {
                     let batch = ic_kafka_client::decode(msg.payload());
                     drop(msg);
                     self.handle(partition, offset, batch);
+                    consumed += 1;
                     timeout = Duration::ZERO;
                 }
-                Some(Err(error)) => return Err(format!("consume: {error}")),
+                Some(Err(error)) => {
+                    failed = Some(format!("consume: {error}"));
+                    break;
+                }
+            }
+        }
+        if Instant::now() >= self.next_watermarks {
+            self.next_watermarks = Instant::now() + WATERMARKS_EVERY;
+            if let Err(error) = self.refresh_watermarks() {
+                // Lag unknown: the last readiness holds (a broker outage
+                // must not take every replica out at once) and reading goes on.
+                self.metrics.errors.inc();
+                tracing::warn!(%error, "Kafka lag unknown; keeping the last readiness and reading on");
             }
         }
         if Instant::now() >= self.next_snapshot {
             self.next_snapshot = Instant::now() + self.settings.snapshot_every;
             self.take_snapshot();
         }
-        Ok(())
+        match failed {
+            // Records were applied: no backoff, the error is logged.
+            Some(error) if consumed > 0 => {
+                self.metrics.errors.inc();
+                tracing::warn!(%error, consumed, "Kafka consumer error after a burst");
+                Ok(())
+            }
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
     }
 
     /// Assigns every partition of the topic at its position.
