@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use ic_e2e::tansu::INSTALL;
@@ -70,9 +70,12 @@ impl Broker {
 
     fn spawn(bin: &Path, port: u16, dir: &Path) -> Child {
         ic_e2e::tansu::broker_command(bin, port, ic_e2e::tansu::Storage::Sqlite(dir))
-            .stdout(Stdio::null())
+            // tansu's tracing goes to stdout, a panic to stderr: both into
+            // its log, warnings only (at info it logs every span, load on
+            // the broker under test).
+            .stdout(Self::log_file(dir))
             .stderr(Self::log_file(dir))
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "warn")
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL}", bin.display()))
     }
@@ -121,6 +124,31 @@ impl Broker {
 
     fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Every `panicked at` line of the broker's whole log with the line
+    /// after it (the message). tansu 0.6's SQLite store panics on a
+    /// produce with a producer epoch it did not create, and then answers
+    /// every request with an error: our producers must never send one.
+    fn panics(&self) -> Vec<String> {
+        let log = std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains("panicked at"))
+            .map(|(i, l)| format!("{l}\n{}", lines.get(i + 1).unwrap_or(&"")))
+            .collect()
+    }
+
+    /// Fails the test when the broker panicked.
+    fn assert_no_panic(&self, what: &str) {
+        let panics = self.panics();
+        assert!(
+            panics.is_empty(),
+            "{what}: the broker panicked:\n{}",
+            panics.join("\n")
+        );
     }
 
     fn kill(&mut self) {
@@ -328,42 +356,114 @@ async fn matches_engines(r: &mut Replica, engines: &[Engine]) -> Result<Answers,
 }
 
 /// Waits until every replica equals the engines, all answer alike and all
-/// are ready; returns how long it took.
-async fn converge(replicas: &mut [&mut Replica], engines: &[Engine], what: &str) -> Duration {
+/// are ready; returns how long it took. On failure it names every
+/// replica's state and dumps what tells a slow broker's causes apart: each
+/// replica's Kafka metrics, each subscriber's, the broker's panics (from
+/// its whole log) and its log's tail.
+async fn converge(
+    replicas: &mut [&mut Replica],
+    engines: &[Engine],
+    broker: &Broker,
+    sidecars: &mut [ServiceProcess],
+    what: &str,
+) -> Duration {
     let started = Instant::now();
     loop {
-        let mut result = Ok(());
+        let mut states = Vec::new();
         let mut first: Option<Answers> = None;
         for (i, r) in replicas.iter_mut().enumerate() {
-            match matches_engines(r, engines).await {
+            let state = match matches_engines(r, engines).await {
                 Ok(a) => match &first {
-                    None => first = Some(a),
-                    Some(f) if *f != a => {
-                        result = Err(format!("replica {i} answers {a:?}, replica 0 {f:?}"));
-                        break;
+                    None => {
+                        first = Some(a);
+                        Ok(())
                     }
-                    Some(_) => {}
+                    Some(f) if *f != a => Err(format!("answers {a:?}, replica 0 {f:?}")),
+                    Some(_) => Ok(()),
                 },
-                Err(why) => {
-                    result = Err(format!("replica {i}: {why}"));
-                    break;
-                }
-            }
+                Err(why) => Err(why),
+            };
             let (status, _) = get(r, "/ready");
-            if status != 200 {
-                result = Err(format!("replica {i}: /ready {status}"));
-                break;
-            }
+            states.push(match state {
+                Ok(()) if status == 200 => Ok(()),
+                Ok(()) => Err(format!("replica {i}: /ready {status}")),
+                Err(why) => Err(format!("replica {i} (/ready {status}): {why}")),
+            });
         }
-        match result {
-            Ok(()) => return started.elapsed(),
-            Err(why) => assert!(
-                started.elapsed() < CONVERGE,
-                "{what}: the replicas did not converge within {CONVERGE:?}: {why}"
-            ),
+        if states.iter().all(Result::is_ok) {
+            return started.elapsed();
+        }
+        if started.elapsed() >= CONVERGE {
+            let why: Vec<String> = states
+                .into_iter()
+                .map(|s| s.err().unwrap_or_else(|| "converged".into()))
+                .collect();
+            let dump = diagnose(replicas, sidecars, broker);
+            panic!(
+                "{what}: the replicas did not converge within {CONVERGE:?}:\n{}\n{dump}",
+                why.join("\n")
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The lines of `/metrics` under `prefix`, or why there are none.
+fn metrics_under(http: SocketAddr, prefix: &str) -> String {
+    match std::panic::catch_unwind(|| http_get(http, "/metrics")) {
+        Ok((_, text)) => text
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Err(_) => format!("(no /metrics from {http})"),
+    }
+}
+
+/// Each replica's Kafka batches, consumer errors and lag; each
+/// subscriber's produced, delivered, dropped and resync counts and its
+/// producers created and retired; the broker's panics and log tail.
+fn diagnose(replicas: &[&mut Replica], sidecars: &mut [ServiceProcess], broker: &Broker) -> String {
+    let mut out = String::new();
+    for (i, r) in replicas.iter().enumerate() {
+        out += &format!(
+            "replica {i}:\n{}\n",
+            metrics_under(r.http, "inferencecache_index_kafka_")
+        );
+    }
+    for (i, s) in sidecars.iter_mut().enumerate() {
+        out += &format!(
+            "subscriber {i}:\n{}\n",
+            metrics_under(s.admin_addr(), "inferencecache_subscriber_kafka_")
+        );
+    }
+    let panics = broker.panics();
+    out += &format!("broker panics ({}):\n{}\n", panics.len(), panics.join("\n"));
+    let log = std::fs::read_to_string(broker.dir.path().join("broker.log")).unwrap_or_default();
+    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+    out += "broker log tail:\n";
+    for line in tail.into_iter().rev() {
+        out += line;
+        out += "\n";
+    }
+    out
+}
+
+/// Producers the subscribers created and retired after failures, summed.
+fn producers(sidecars: &mut [ServiceProcess]) -> String {
+    let (mut created, mut retired) = (0.0, 0.0);
+    for s in sidecars.iter_mut() {
+        let admin = s.admin_addr();
+        created += metric(
+            admin,
+            "inferencecache_subscriber_kafka_producers_created_total",
+        );
+        retired += metric(
+            admin,
+            "inferencecache_subscriber_kafka_producers_retired_total",
+        );
+    }
+    format!("{created} created, {retired} retired")
 }
 
 /// Records the subscribers could not deliver in time, summed.
@@ -428,7 +528,14 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let (mut engines, mut sidecars) =
         fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    let took = converge(&mut [&mut a, &mut b], &engines, "two replicas").await;
+    let took = converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "two replicas",
+    )
+    .await;
     figure(
         "two replicas, 3 engines",
         format!("converged in {} ms", took.as_millis()),
@@ -459,7 +566,14 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
         "the restarted replica loaded a non-empty snapshot: {loaded}"
     );
     rounds(&mut engines, 5).await;
-    converge(&mut [&mut a, &mut b], &engines, "after kill -9 and restart").await;
+    converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "after kill -9 and restart",
+    )
+    .await;
     figure(
         "replica kill -9, restart from snapshot + tail",
         format!(
@@ -480,7 +594,14 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let started = Instant::now();
     let mut c = replica(&bootstrap, None);
     gateway.add(c.endpoint());
-    converge(&mut [&mut a, &mut b, &mut c], &engines, "a late replica").await;
+    converge(
+        &mut [&mut a, &mut b, &mut c],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "a late replica",
+    )
+    .await;
     gateway.wait_ready(2, "a late replica").await;
     figure(
         "replica started late (no snapshot)",
@@ -497,6 +618,8 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     let took = converge(
         &mut [&mut a, &mut b],
         &engines,
+        &broker,
+        &mut sidecars,
         "after a subscriber restart",
     )
     .await;
@@ -518,6 +641,7 @@ async fn replicas_survive_kills_late_starts_and_subscriber_restarts() {
     );
     assert!(ok > 0, "the gateway picked at all");
     assert!(c.process.stop().success());
+    broker.assert_no_panic("kills, late start, subscriber restart");
 
     for mut s in sidecars {
         assert!(s.stop().success());
@@ -540,7 +664,14 @@ async fn replicas_converge_after_a_broker_outage() {
     let (mut engines, mut sidecars) =
         fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    converge(&mut [&mut a, &mut b], &engines, "before the outage").await;
+    converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "before the outage",
+    )
+    .await;
     let before = snapshot_blocks(&mut a).unwrap();
 
     nix::sys::signal::kill(
@@ -560,7 +691,14 @@ async fn replicas_converge_after_a_broker_outage() {
     .unwrap();
     let back = Instant::now();
     rounds(&mut engines, 5).await;
-    converge(&mut [&mut a, &mut b], &engines, "after the outage").await;
+    converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "after the outage",
+    )
+    .await;
     figure(
         "broker frozen 6 s (deliveries timed out)",
         format!(
@@ -573,6 +711,10 @@ async fn replicas_converge_after_a_broker_outage() {
         dropped >= 1.0,
         "the outage dropped records and counted them"
     );
+    figure("broker frozen 6 s: producers", producers(&mut sidecars));
+    // sqlite:// panics on a producer epoch it did not create (memory://
+    // would only fence it): our producers never send one.
+    broker.assert_no_panic("after the outage");
     for mut s in sidecars {
         assert!(s.stop().success());
     }
@@ -593,7 +735,14 @@ async fn replicas_converge_after_a_broker_restart() {
     let (mut engines, mut sidecars) =
         fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
     rounds(&mut engines, 20).await;
-    converge(&mut [&mut a, &mut b], &engines, "before the restart").await;
+    converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "before the restart",
+    )
+    .await;
     let before = snapshot_blocks(&mut a).unwrap();
     let gateway = Gateway::start([a.endpoint(), b.endpoint()]);
     gateway.wait_ready(0, "before the restart").await;
@@ -611,7 +760,14 @@ async fn replicas_converge_after_a_broker_restart() {
     broker.start_again();
     let back = Instant::now();
     rounds(&mut engines, 5).await;
-    converge(&mut [&mut a, &mut b], &engines, "after the restart").await;
+    converge(
+        &mut [&mut a, &mut b],
+        &engines,
+        &broker,
+        &mut sidecars,
+        "after the restart",
+    )
+    .await;
     figure(
         "broker stopped, down 4 s, restarted on its log",
         format!(
@@ -624,6 +780,8 @@ async fn replicas_converge_after_a_broker_restart() {
         dropped >= 1.0,
         "the restart dropped records and counted them"
     );
+    figure("broker restart: producers", producers(&mut sidecars));
+    broker.assert_no_panic("after the restart");
     let (ok, failed, failures) = gateway.stop().await;
     figure(
         "gateway picks through the broker restart",
@@ -744,7 +902,14 @@ async fn a_subscriber_with_the_injected_kafka_arguments_feeds_the_replicas() {
     }];
     engines[0].engine.wait_for_subscriber().await;
     rounds(&mut engines, 10).await;
-    let took = converge(&mut [&mut a], &engines, "injected Kafka arguments").await;
+    let took = converge(
+        &mut [&mut a],
+        &engines,
+        &broker,
+        std::slice::from_mut(&mut subscriber),
+        "injected Kafka arguments",
+    )
+    .await;
     figure(
         "a subscriber with the webhook's injected Kafka arguments",
         format!("replica converged in {} ms", took.as_millis()),
@@ -757,6 +922,7 @@ async fn a_subscriber_with_the_injected_kafka_arguments_feeds_the_replicas() {
         ) >= 1.0,
         "the sidecar produced to the topic"
     );
+    broker.assert_no_panic("injected Kafka arguments");
     assert!(subscriber.stop().success());
     assert!(a.process.stop().success());
 }
