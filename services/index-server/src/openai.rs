@@ -296,6 +296,30 @@ mod tests {
             "1e400",
             &deep,
             r#"{"k":[1e400]}"#,
+            // The byte reader's own edges: escapes, numbers, words,
+            // whitespace, text beyond ASCII.
+            r#""\ud83d\ude00 ok""#,
+            r#""\ud83dx""#,
+            r#""\ud83d\u0041""#,
+            r#""\u00G1""#,
+            r#""\x""#,
+            r#""tab\t\/\b\f\r\\""#,
+            "-0",
+            "1.5e3",
+            "-2E+2",
+            "1e-07",
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "1e",
+            "1e005",
+            "123456789012345678901234567890123456789012345",
+            "tru",
+            "nul",
+            "false",
+            " [ 1 , {\"a\" : null} ] ",
+            "\"é ü 漢字 \u{7f}\"",
         ];
         let contents = [
             r#""hi""#,
@@ -346,6 +370,9 @@ mod tests {
             // Skipped fields: the fast reader checks them as the tree does.
             r#"{"model":"m","prompt":P,"user":V,"extra":[V]}"#,
             r#"{"model":"m","messages":L,"tools":{"t":V}}"#,
+            // Whitespace where JSON allows it, and trailing bytes.
+            "{ \"model\" : V ,\n\t\"messages\" :L\r}\n",
+            r#"{"model":V,"messages":L} x"#,
         ];
         let paths = [
             "/v1/chat/completions",
@@ -476,6 +503,67 @@ mod tests {
             }
         }
         assert_eq!(rejected, 5 * 6 + 2 * 3);
+    }
+
+    /// Long strings, where the fast reader checks 64 bytes at a time: one
+    /// odd byte or escape at every offset around the chunk edges, in read
+    /// and in skipped fields. What the tree reads the fast reader reads
+    /// the same; what the tree refuses it leaves to the tree.
+    #[test]
+    fn long_strings_read_as_the_tree() {
+        // Each odd piece, and whether JSON allows it in a string.
+        let odd: [(&[u8], bool); 10] = [
+            (b"\x01", false),
+            (b"\x1f", false),
+            (&[BAD_BYTE], false),
+            (&[0xc3], false),
+            ("é".as_bytes(), true),
+            ("漢".as_bytes(), true),
+            (b"\x7f", true),
+            (br"\n", true),
+            (br#"\""#, true),
+            (br"\u00e9", true),
+        ];
+        let (mut read, mut refused) = (0, 0);
+        for len in [63, 64, 65, 130, 300] {
+            for at in [0, 1, 31, 62, 63, 64, 65, 127, 128, len - 1] {
+                for (bytes, allowed) in odd {
+                    if at >= len {
+                        continue;
+                    }
+                    let mut text = vec![b'a'; len];
+                    text.splice(at..=at, bytes.iter().copied());
+                    for shape in [
+                        &br#"{"model":"m","messages":[{"role":"user","content":"S"}]}"#[..],
+                        br#"{"model":"m","messages":[{"role":"user","content":"c","name":"S"}]}"#,
+                        br#"{"model":"m","prompt":"S"}"#,
+                    ] {
+                        let at_s = shape.iter().position(|&b| b == b'S').unwrap();
+                        let mut body = shape.to_vec();
+                        body.splice(at_s..=at_s, text.iter().copied());
+                        let path = if shape.ends_with(br#""S"}"#) {
+                            "/v1/completions"
+                        } else {
+                            "/v1/chat/completions"
+                        };
+                        let shown = String::from_utf8_lossy(&body).into_owned();
+                        let tree = parse_tree(path, &body);
+                        assert_eq!(tree.is_ok(), allowed, "{shown}");
+                        match tree {
+                            Ok(tree) => {
+                                assert_eq!(fast::read(path, &body), Some(tree), "{shown}");
+                                read += 1;
+                            }
+                            Err(_) => {
+                                assert_eq!(fast::read(path, &body), None, "{shown}");
+                                refused += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!((read, refused), (684, 456));
     }
 
     #[test]

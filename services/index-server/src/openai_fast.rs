@@ -1,180 +1,296 @@
-//! The body read without a JSON tree: only `model`, `messages`, `prompt`
-//! and `cache_salt` are decoded, strings borrowed from the body where they
-//! have no escapes, every other field skipped. A child module of
-//! `openai`; [`read`] answers `None` whenever the body is not a
-//! well-formed request of the common shapes (a wrong type, a duplicate key,
-//! an empty list, a field in doubt), and the caller then reads it with the
-//! tree, whose errors name the field. So what this reader accepts it
-//! answers exactly as the tree would (tested on mutated bodies), and it
-//! rejects what the tree rejects: skipped fields are checked as the tree
-//! checks them ([`Skip`]), without building one.
+//! The body read without a JSON tree: a reader over the bytes that decodes
+//! only `model`, `messages`, `prompt` and `cache_salt` (strings borrowed
+//! from the body where they have no escapes) and checks every other field
+//! as the tree would, keeping nothing. A child module of `openai`; [`read`]
+//! answers `None` whenever the body is not a well-formed request of the
+//! common shapes (a wrong type, a duplicate key, an empty list, a field in
+//! doubt), and the caller then reads it with the tree, whose errors name
+//! the field. So what this reader accepts it answers exactly as the tree
+//! would (tested on mutated bodies), and it rejects what the tree rejects:
+//! invalid UTF-8, control characters and lone surrogates in strings,
+//! numbers beyond f64, nesting past serde_json's limit; where checking as
+//! closely would cost more than it saves (very deep nesting, long numbers)
+//! it leaves the body to the tree.
+//!
+//! Why not serde_json with borrowed fields: it scans a string 8 bytes at a
+//! time and then checks its UTF-8 again, most of a pick's reading of a
+//! long prompt; here `memchr` finds the string's end and `simdutf8` checks
+//! it, both with the CPU's vector instructions.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{InferenceRequest, Prompt, completion_prompt};
 use crate::tokenize::ChatMessage;
 
-/// A string, borrowed from the body when it has no escapes.
-struct Text<'a>(Cow<'a, str>);
+/// Deepest nesting read; deeper bodies go to the tree (serde_json's own
+/// limit is 128 levels, and no request nests near this).
+const MAX_DEPTH: usize = 64;
 
-impl<'de> Deserialize<'de> for Text<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Text<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Borrowed(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
-                Ok(Text(Cow::Owned(s)))
-            }
+/// Longest number read, in bytes, and most exponent digits: within both,
+/// every number is finite as an f64, as the tree requires; others go to
+/// the tree.
+const MAX_NUMBER_BYTES: usize = 40;
+const MAX_EXPONENT_DIGITS: usize = 2;
+
+/// The bytes of a body and how far they are read.
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+/// `text` when it holds no control character (below U+0020: the tree
+/// refuses them raw in a string) and is UTF-8.
+fn text(bytes: &[u8]) -> Option<&str> {
+    // The minimum of 64 bytes at a time compiles to vector instructions.
+    let mut chunks = bytes.chunks_exact(64);
+    for chunk in &mut chunks {
+        if chunk.iter().fold(u8::MAX, |m, &b| m.min(b)) < 0x20 {
+            return None;
         }
-        d.deserialize_str(V)
     }
-}
-
-/// A value routing does not read, validated as the tree validates it.
-/// serde's `IgnoredAny` would not do: serde_json skips it unchecked (invalid
-/// UTF-8 and lone surrogate escapes in strings, numbers beyond f64, nesting
-/// past 128 all pass), while `deserialize_any` parses strings and numbers
-/// and counts the depth as `Value` does; nothing is kept.
-struct Skip;
-
-impl<'de> Deserialize<'de> for Skip {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Skip;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Skip, E> {
-                Ok(Skip)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Skip, A::Error> {
-                while seq.next_element::<Skip>()?.is_some() {}
-                Ok(Skip)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Skip, A::Error> {
-                while map.next_entry::<Skip, Skip>()?.is_some() {}
-                Ok(Skip)
-            }
-        }
-        d.deserialize_any(V)
+    if chunks.remainder().iter().any(|&b| b < 0x20) {
+        return None;
     }
+    simdutf8::basic::from_utf8(bytes).ok()
 }
 
-/// A key of an object: which field, without copying it.
-enum Key {
-    Model,
-    Messages,
-    Prompt,
-    CacheSalt,
-    Role,
-    Content,
-    Type,
-    TextField,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
+impl<'a> Reader<'a> {
+    /// The next byte past whitespace, not consumed.
+    fn peek(&mut self) -> Option<u8> {
+        while let Some(&c) = self.b.get(self.at) {
+            if !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
+                return Some(c);
             }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key, E> {
-                Ok(match s {
-                    "model" => Key::Model,
-                    "messages" => Key::Messages,
-                    "prompt" => Key::Prompt,
-                    "cache_salt" => Key::CacheSalt,
-                    "role" => Key::Role,
-                    "content" => Key::Content,
-                    "type" => Key::Type,
-                    "text" => Key::TextField,
-                    _ => Key::Other,
-                })
+            self.at += 1;
+        }
+        None
+    }
+
+    /// Consumes `c` (past whitespace), or fails.
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.at += 1)
+    }
+
+    /// Consumes `word` (`true`, `false`, `null`).
+    fn word(&mut self, word: &[u8]) -> Option<()> {
+        self.peek()?;
+        let end = self.at + word.len();
+        (self.b.get(self.at..end)? == word).then(|| self.at = end)
+    }
+
+    /// A string, borrowed when it has no escapes; with `keep` false an
+    /// escaped string is checked but not decoded (an empty string comes
+    /// back).
+    fn string(&mut self, keep: bool) -> Option<Cow<'a, str>> {
+        self.eat(b'"')?;
+        let (mut escaped, mut out) = (false, String::new());
+        loop {
+            let end = self.at + memchr::memchr2(b'"', b'\\', &self.b[self.at..])?;
+            let segment = text(&self.b[self.at..end])?;
+            if self.b[end] == b'"' {
+                self.at = end + 1;
+                if !escaped {
+                    return Some(Cow::Borrowed(segment));
+                }
+                if keep {
+                    out.push_str(segment);
+                }
+                return Some(Cow::Owned(out));
+            }
+            let c = self.escape(end)?;
+            if keep {
+                out.push_str(segment);
+                out.push(c);
+            }
+            escaped = true;
+        }
+    }
+
+    /// The escape at `at` (a backslash), decoded as the tree decodes it: a
+    /// surrogate only in a pair, high then low.
+    fn escape(&mut self, at: usize) -> Option<char> {
+        let e = *self.b.get(at + 1)?;
+        self.at = at + 2;
+        Some(match e {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let high = self.hex4()?;
+                match high {
+                    0xD800..=0xDBFF => {
+                        if self.b.get(self.at..self.at + 2)? != b"\\u" {
+                            return None;
+                        }
+                        self.at += 2;
+                        let low = self.hex4()?;
+                        if !(0xDC00..=0xDFFF).contains(&low) {
+                            return None;
+                        }
+                        char::from_u32(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))?
+                    }
+                    0xDC00..=0xDFFF => return None,
+                    _ => char::from_u32(high)?,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let digits = self.b.get(self.at..self.at + 4)?;
+        let mut v = 0;
+        for &d in digits {
+            v = v * 16 + char::from(d).to_digit(16)?;
+        }
+        self.at += 4;
+        Some(v)
+    }
+
+    /// A number in JSON's grammar, within [`MAX_NUMBER_BYTES`] and
+    /// [`MAX_EXPONENT_DIGITS`].
+    fn number(&mut self) -> Option<()> {
+        let start = self.at;
+        if self.b.get(self.at) == Some(&b'-') {
+            self.at += 1;
+        }
+        match self.b.get(self.at)? {
+            b'0' => self.at += 1,
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.b.get(self.at) == Some(&b'.') {
+            self.at += 1;
+            if self.digits() == 0 {
+                return None;
             }
         }
-        d.deserialize_identifier(V)
+        if matches!(self.b.get(self.at), Some(b'e' | b'E')) {
+            self.at += 1;
+            if matches!(self.b.get(self.at), Some(b'+' | b'-')) {
+                self.at += 1;
+            }
+            let n = self.digits();
+            if n == 0 || n > MAX_EXPONENT_DIGITS {
+                return None;
+            }
+        }
+        (self.at - start <= MAX_NUMBER_BYTES).then_some(())
+    }
+
+    /// Consumes ASCII digits; how many.
+    fn digits(&mut self) -> usize {
+        let n = self.b[self.at..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        self.at += n;
+        n
+    }
+
+    /// An object at `depth`, each key's value read by `field` (which must
+    /// consume it).
+    fn object(
+        &mut self,
+        depth: usize,
+        mut field: impl FnMut(&mut Self, &str) -> Option<()>,
+    ) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'{')?;
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            let key = self.string(true)?;
+            self.eat(b':')?;
+            field(self, &key)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// A list at `depth`, each element read by `element`.
+    fn list(
+        &mut self,
+        depth: usize,
+        mut element: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        self.eat(b'[')?;
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(());
+        }
+        loop {
+            element(self)?;
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Any value at `depth`, checked and not kept.
+    fn skip(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'"' => self.string(false).map(drop),
+            b'{' => self.object(depth, |r, _| r.skip(depth + 1)),
+            b'[' => self.list(depth, |r| r.skip(depth + 1)),
+            b't' => self.word(b"true"),
+            b'f' => self.word(b"false"),
+            b'n' => self.word(b"null"),
+            _ => self.number(),
+        }
+    }
+
+    /// `null` (`Some(None)`) or what `read` reads.
+    fn nullable<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        if self.peek()? == b'n' {
+            self.word(b"null")?;
+            return Some(None);
+        }
+        read(self).map(Some)
     }
 }
 
 /// Sets `slot` once: a duplicate key is left to the tree (its last value
 /// wins there).
-fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
-    map: &mut A,
-    slot: &mut Option<T>,
-) -> Result<(), A::Error> {
+fn once<T>(slot: &mut Option<T>, value: Option<T>) -> Option<()> {
     if slot.is_some() {
-        return Err(de::Error::custom("duplicate key"));
+        return None;
     }
-    *slot = Some(map.next_value()?);
-    Ok(())
+    *slot = Some(value?);
+    Some(())
 }
 
 /// One content part: its `type` and `text`.
 struct Part<'a> {
-    kind: Text<'a>,
-    text: Option<Text<'a>>,
-}
-
-impl<'de> Deserialize<'de> for Part<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Part<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a content part")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let (mut kind, mut text) = (None, None);
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Type => once(&mut map, &mut kind)?,
-                        Key::TextField => once(&mut map, &mut text)?,
-                        _ => {
-                            map.next_value::<Skip>()?;
-                        }
-                    }
-                }
-                Ok(Part {
-                    kind: kind.ok_or_else(|| de::Error::missing_field("type"))?,
-                    text,
-                })
-            }
-        }
-        // A map only: a list in its place is the tree's error to name.
-        d.deserialize_map(V)
-    }
+    kind: Cow<'a, str>,
+    text: Option<Cow<'a, str>>,
 }
 
 /// A message's `content`.
@@ -184,122 +300,76 @@ enum Content<'a> {
     Parts(Vec<Part<'a>>),
 }
 
-impl<'de> Deserialize<'de> for Content<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Content<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a string, null or content parts")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Borrowed(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(s.to_owned())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
-                Ok(Content::Text(Cow::Owned(s)))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(Content::Null)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut parts = Vec::with_capacity(seq.size_hint().unwrap_or(1));
-                while let Some(p) = seq.next_element()? {
-                    parts.push(p);
-                }
-                Ok(Content::Parts(parts))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
 /// One chat message.
 struct Message<'a> {
-    role: Text<'a>,
+    role: Cow<'a, str>,
     content: Content<'a>,
 }
 
-impl<'de> Deserialize<'de> for Message<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Message<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a message")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let (mut role, mut content) = (None, None);
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Role => once(&mut map, &mut role)?,
-                        Key::Content => once(&mut map, &mut content)?,
-                        _ => {
-                            map.next_value::<Skip>()?;
-                        }
-                    }
-                }
-                Ok(Message {
-                    role: role.ok_or_else(|| de::Error::missing_field("role"))?,
-                    // No content: an assistant turn with tool calls only.
-                    content: content.unwrap_or(Content::Null),
-                })
-            }
-        }
-        d.deserialize_map(V)
+/// A `prompt`: text read directly, any other value as its bytes (for the
+/// tree's reading of token ids and lists).
+enum PromptField<'a> {
+    Text(Cow<'a, str>),
+    Other(&'a [u8]),
+}
+
+impl<'a> Reader<'a> {
+    fn part(&mut self, depth: usize) -> Option<Part<'a>> {
+        let (mut kind, mut text) = (None, None);
+        self.object(depth, |r, key| match key {
+            "type" => once(&mut kind, r.string(true)),
+            "text" => once(&mut text, r.string(true)),
+            _ => r.skip(depth + 1),
+        })?;
+        Some(Part { kind: kind?, text })
     }
-}
 
-/// Wraps a present value, null included (`Option<T>` alone reads a null
-/// as absent; the tree tells the two apart).
-struct Present<T>(T);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Present<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        T::deserialize(d).map(Present)
-    }
-}
-
-/// The fields routing reads; each `Some` when the key was present.
-struct Body<'a> {
-    model: Option<Text<'a>>,
-    messages: Option<Present<Option<Vec<Message<'a>>>>>,
-    prompt: Option<Present<Value>>,
-    cache_salt: Option<Present<Option<Text<'a>>>>,
-}
-
-impl<'de> Deserialize<'de> for Body<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Body<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a request object")
+    fn content(&mut self, depth: usize) -> Option<Content<'a>> {
+        match self.peek()? {
+            b'"' => Some(Content::Text(self.string(true)?)),
+            b'n' => self.word(b"null").map(|()| Content::Null),
+            b'[' => {
+                let mut parts = Vec::new();
+                self.list(depth, |r| {
+                    parts.push(r.part(depth + 1)?);
+                    Some(())
+                })?;
+                Some(Content::Parts(parts))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut body = Body {
-                    model: None,
-                    messages: None,
-                    prompt: None,
-                    cache_salt: None,
-                };
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Model => once(&mut map, &mut body.model)?,
-                        Key::Messages => once(&mut map, &mut body.messages)?,
-                        Key::Prompt => once(&mut map, &mut body.prompt)?,
-                        Key::CacheSalt => once(&mut map, &mut body.cache_salt)?,
-                        _ => {
-                            map.next_value::<Skip>()?;
-                        }
-                    }
-                }
-                Ok(body)
-            }
+            _ => None,
         }
-        d.deserialize_map(V)
+    }
+
+    fn message(&mut self, depth: usize) -> Option<Message<'a>> {
+        let (mut role, mut content) = (None, None);
+        self.object(depth, |r, key| match key {
+            "role" => once(&mut role, r.string(true)),
+            "content" => once(&mut content, r.content(depth + 1)),
+            _ => r.skip(depth + 1),
+        })?;
+        Some(Message {
+            role: role?,
+            // No content: an assistant turn with tool calls only.
+            content: content.unwrap_or(Content::Null),
+        })
+    }
+
+    fn messages(&mut self, depth: usize) -> Option<Vec<Message<'a>>> {
+        let mut messages = Vec::new();
+        self.list(depth, |r| {
+            messages.push(r.message(depth + 1)?);
+            Some(())
+        })?;
+        Some(messages)
+    }
+
+    fn prompt(&mut self, depth: usize) -> Option<PromptField<'a>> {
+        if self.peek()? == b'"' {
+            return self.string(true).map(PromptField::Text);
+        }
+        let start = self.at;
+        self.skip(depth)?;
+        Some(PromptField::Other(&self.b[start..self.at]))
     }
 }
 
@@ -317,17 +387,17 @@ fn chat(messages: Vec<Message<'_>>) -> Option<Option<Vec<ChatMessage>>> {
             Content::Parts(parts) => {
                 let mut texts: Vec<Cow<'_, str>> = Vec::with_capacity(parts.len());
                 for part in parts {
-                    if part.kind.0 != "text" {
+                    if part.kind != "text" {
                         // Images, audio: no prompt to route on.
                         return Some(None);
                     }
-                    texts.push(part.text?.0);
+                    texts.push(part.text?);
                 }
                 texts.join("\n")
             }
         };
         out.push(ChatMessage {
-            role: m.role.0.into_owned(),
+            role: m.role.into_owned(),
             content,
         });
     }
@@ -337,19 +407,36 @@ fn chat(messages: Vec<Message<'_>>) -> Option<Option<Vec<ChatMessage>>> {
 /// Reads `body` sent to `path` (its query string removed) without a JSON
 /// tree; `None` when the tree must read it.
 pub(super) fn read(path: &str, body: &[u8]) -> Option<InferenceRequest> {
-    let body: Body<'_> = serde_json::from_slice(body).ok()?;
-    let model = body.model.filter(|m| !m.0.is_empty())?.0.into_owned();
+    let mut r = Reader { b: body, at: 0 };
+    let (mut model, mut messages, mut prompt, mut cache_salt) = (None, None, None, None);
+    r.object(1, |r, key| match key {
+        "model" => once(&mut model, r.string(true)),
+        "messages" => once(&mut messages, r.nullable(|r| r.messages(2))),
+        "prompt" => once(&mut prompt, r.prompt(2)),
+        "cache_salt" => once(&mut cache_salt, r.nullable(|r| r.string(true))),
+        _ => r.skip(2),
+    })?;
+    // Nothing but whitespace after the object, as the tree requires.
+    if r.peek().is_some() {
+        return None;
+    }
+    let model = model.filter(|m: &Cow<'_, str>| !m.is_empty())?.into_owned();
     let chat_path = path.ends_with("/chat/completions")
-        || (!path.ends_with("/completions") && body.messages.is_some());
+        || (!path.ends_with("/completions") && messages.is_some());
     let prompt = if chat_path {
-        chat(body.messages?.0?)?.map(Prompt::Chat)
+        chat(messages??)?.map(Prompt::Chat)
     } else {
-        Some(completion_prompt(&body.prompt?.0).ok()?)
+        Some(match prompt? {
+            PromptField::Text(text) => Prompt::Text(text.into_owned()),
+            PromptField::Other(bytes) => {
+                completion_prompt(&serde_json::from_slice::<Value>(bytes).ok()?).ok()?
+            }
+        })
     };
-    let cache_salt = match body.cache_salt {
-        Some(Present(Some(s))) => s.0.into_owned(),
-        Some(Present(None)) | None => String::new(),
-    };
+    let cache_salt = cache_salt
+        .flatten()
+        .map(Cow::into_owned)
+        .unwrap_or_default();
     Some(InferenceRequest {
         model,
         prompt,
