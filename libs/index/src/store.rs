@@ -1,8 +1,9 @@
-//! Where blocks live: records in pages (see [`crate::arena`]) and a sharded
-//! key table pointing at them (see [`crate::keys`]).
+//! Where blocks live: records in pages (see [`crate::arena`]) and key
+//! tables pointing at them (see [`crate::keys`]).
 //!
-//! Keys are spread over lock shards, and within a shard over many small
-//! tables (a few thousand keys each: see [`crate::keys`] for why).
+//! Keys are spread over many small tables (a few thousand keys each: see
+//! [`crate::keys`] for why), `shards × tables` of them in one slice (the
+//! shards, once lock shards, now only size it).
 //!
 //! Locking: the page directory and every page have their own `RwLock`;
 //! the key tables have none (readers load their slots, see
@@ -133,43 +134,19 @@ impl Scratch {
     }
 }
 
-/// One shard of the key tables (a share of the hash bits; no lock).
-type KeyShard = Box<[KeyTable]>;
-
 /// The store.
 #[derive(Debug)]
 pub(crate) struct Store {
-    keys: Box<[KeyShard]>,
-    /// Which shard and table a hash belongs to.
-    spread: Spread,
+    /// Shard-major: table `t` of shard `s` at `s | t << shard bits`, so
+    /// that one mask of the hash's bits 16 and up picks it (one bounds
+    /// check, no second pointer per probe).
+    keys: Box<[KeyTable]>,
+    /// `keys.len() - 1` (a power of two less one).
+    key_mask: usize,
     pages: Directory,
     place: Mutex<Placement>,
     /// Records moved by compaction, since start.
     relocations: AtomicU64,
-}
-
-/// Picks a hash's shard and table from bits 16–47 (tables home by the top
-/// 16 bits, so the three stay independent).
-#[derive(Clone, Copy, Debug)]
-struct Spread {
-    shard_bits: u32,
-    table_mask: usize,
-}
-
-impl Spread {
-    fn shard(self, h: u64) -> usize {
-        // Masked to `shard_bits` (≤ 10) bits: always a valid index.
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> 16) as usize) & ((1 << self.shard_bits) - 1);
-        i
-    }
-
-    fn table(self, h: u64) -> usize {
-        // Masked to the table count: always a valid index.
-        #[allow(clippy::cast_possible_truncation)]
-        let i = ((h >> (16 + self.shard_bits)) as usize) & self.table_mask;
-        i
-    }
 }
 
 /// The writer's single page write guard, switched as records move on.
@@ -294,27 +271,24 @@ impl Store {
         table_keys: usize,
         records: usize,
     ) -> Self {
-        let tables = tables.max(1).next_power_of_two();
+        let all = shards.max(1).next_power_of_two() * tables.max(1).next_power_of_two();
         Self {
-            keys: (0..shards)
-                .map(|_| (0..tables).map(|_| KeyTable::sized(table_keys)).collect())
-                .collect(),
-            spread: Spread {
-                shard_bits: shards.trailing_zeros(),
-                table_mask: tables - 1,
-            },
+            keys: (0..all).map(|_| KeyTable::sized(table_keys)).collect(),
+            key_mask: all - 1,
             pages: Directory::for_records(records),
             place: Mutex::default(),
             relocations: AtomicU64::new(0),
         }
     }
 
-    /// The key table of hash `h`.
+    /// The key table of hash `h`: bits 16 and up (tables home by the top
+    /// 16 bits, so the two stay independent).
     #[inline]
     fn table(&self, h: u64) -> Option<&KeyTable> {
-        self.keys
-            .get(self.spread.shard(h))?
-            .get(self.spread.table(h))
+        // Masked to the table count: always a valid index.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = ((h >> 16) as usize) & self.key_mask;
+        self.keys.get(i)
     }
 
     /// The first probe of a lookup, before it takes any lock: false when
@@ -618,34 +592,21 @@ impl Store {
                 .iter()
                 .map(|(_, p)| p.read().heap_bytes())
                 .sum::<usize>();
-        let keys = self
-            .keys
-            .iter()
-            .map(|shard| {
-                shard.len() * size_of::<KeyTable>()
-                    + shard.iter().map(KeyTable::heap_bytes).sum::<usize>()
-            })
-            .sum::<usize>()
-            + self.keys.len() * size_of::<KeyShard>();
+        let keys = self.keys.len() * size_of::<KeyTable>()
+            + self.keys.iter().map(KeyTable::heap_bytes).sum::<usize>();
         (records + lists, keys)
     }
 
     /// Keys that found no room in their buckets (in overflow slots or a
     /// spill list: searches of their tables read those too).
     pub(crate) fn overflowed_keys(&self) -> usize {
-        self.keys
-            .iter()
-            .map(|s| s.iter().map(KeyTable::overflowed).sum::<usize>())
-            .sum()
+        self.keys.iter().map(KeyTable::overflowed).sum()
     }
 
     /// Keys published.
     #[cfg(test)]
     pub(crate) fn key_count(&self) -> usize {
-        self.keys
-            .iter()
-            .map(|s| s.iter().map(KeyTable::len).sum::<usize>())
-            .sum()
+        self.keys.iter().map(KeyTable::len).sum()
     }
 }
 

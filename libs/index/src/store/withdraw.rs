@@ -160,7 +160,7 @@ impl Store {
                 clear_bit(&mut bits.pages, n);
             }
         }
-        for table in self.keys.iter().flat_map(|shard| shard.iter()) {
+        for table in &self.keys {
             table.remove_all(sole, |rec| bits.has(rec));
         }
         None
@@ -168,11 +168,7 @@ impl Store {
 
     /// Slots a sweep of every table walks (tables holding no key skipped).
     pub(super) fn swept_slots(&self) -> usize {
-        self.keys
-            .iter()
-            .flat_map(|shard| shard.iter())
-            .map(KeyTable::swept_slots)
-            .sum()
+        self.keys.iter().map(KeyTable::swept_slots).sum()
     }
 }
 
