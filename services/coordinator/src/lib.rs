@@ -7,8 +7,7 @@
 //! and the house `/live` and `/ready`. Pure logic lives in
 //! `ic-coordinator-core`; this crate adds locks, HTTP, timers and files.
 
-// The crate's lints deny `unsafe_code` so that the binary's allocator
-// (main.rs) may allow it; the library itself never needs it.
+// No `unsafe` here, nor in the binary (its allocator's is in libs/alloc).
 #![forbid(unsafe_code)]
 
 pub mod actions;

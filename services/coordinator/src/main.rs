@@ -4,86 +4,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-// The request paths allocate per key and per entry; mimalloc's fast paths
-// cost a fraction of glibc's there (docs/benchmarks.md). Blocks from
-// `HUGE` up go to the system allocator: the directory's record slab grows
-// by doubling, and glibc moves an mmapped block's pages on `realloc`
-// (mremap) where mimalloc copies it, a stall of tens of ms under the views
-// lock at every doubling past a million keys (the `/events` p99 at 8 in
-// flight). glibc mmaps only above its dynamic threshold (128 KiB, rising
-// to at most 32 MiB as mmapped blocks are freed): blocks of 1-32 MiB may
-// still be copied, every block from 32 MiB up is moved.
+// mimalloc below 1 MiB, the system allocator from there (libs/alloc): the
+// request paths allocate per key, where mimalloc's fast paths cost a
+// fraction of glibc's, and glibc moves a huge block's pages on `realloc`
+// where mimalloc copies it (the record slab's doublings; docs/coordinator.md).
 #[global_allocator]
-static ALLOCATOR: SplitAlloc = SplitAlloc;
-
-/// Bytes from which a block is the system allocator's.
-const HUGE: usize = 1 << 20;
-
-/// mimalloc below [`HUGE`] bytes, the system allocator from it. Which one
-/// owns a block follows from its layout's size alone, which every call
-/// carries.
-struct SplitAlloc;
-
-// SAFETY: every block is freed or resized by the allocator that made it
-// (chosen by its size, which `dealloc` and `realloc` are given unchanged);
-// a resize across `HUGE` allocates in the other one, copies, and frees.
-#[allow(unsafe_code)]
-unsafe impl std::alloc::GlobalAlloc for SplitAlloc {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: the caller's layout, passed on.
-        unsafe {
-            if layout.size() >= HUGE {
-                std::alloc::System.alloc(layout)
-            } else {
-                mimalloc::MiMalloc.alloc(layout)
-            }
-        }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
-        // SAFETY: as `alloc`.
-        unsafe {
-            if layout.size() >= HUGE {
-                std::alloc::System.alloc_zeroed(layout)
-            } else {
-                mimalloc::MiMalloc.alloc_zeroed(layout)
-            }
-        }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        // SAFETY: `ptr` came from the allocator its size chose.
-        unsafe {
-            if layout.size() >= HUGE {
-                std::alloc::System.dealloc(ptr, layout)
-            } else {
-                mimalloc::MiMalloc.dealloc(ptr, layout)
-            }
-        }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same-side resizes go to the owner; a crossing one makes a
-        // block of the new size (and the old alignment) on the other side,
-        // copies the smaller length, and frees the old block with its owner.
-        unsafe {
-            match (layout.size() >= HUGE, new_size >= HUGE) {
-                (true, true) => std::alloc::System.realloc(ptr, layout, new_size),
-                (false, false) => mimalloc::MiMalloc.realloc(ptr, layout, new_size),
-                _ => {
-                    let new_layout =
-                        std::alloc::Layout::from_size_align_unchecked(new_size, layout.align());
-                    let new = self.alloc(new_layout);
-                    if !new.is_null() {
-                        std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
-                        self.dealloc(ptr, layout);
-                    }
-                    new
-                }
-            }
-        }
-    }
-}
+static ALLOCATOR: ic_alloc::SplitAlloc = ic_alloc::SplitAlloc;
 
 /// ic-coordinator: the LMCache-compatible fleet coordinator.
 #[derive(Debug, Parser)]
@@ -188,55 +114,5 @@ async fn serve(args: Args) -> ExitCode {
             })
             .await
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// Blocks grown and shrunk across `HUGE` (each time moved to the other
-    /// allocator) and within either side keep their bytes, and free cleanly.
-    #[test]
-    fn blocks_keep_their_bytes_across_the_split() {
-        let fill = |v: &mut Vec<u64>, n: usize| {
-            let start = v.len();
-            v.extend((start..n).map(|i| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
-        };
-        let check = |v: &[u64]| {
-            v.iter()
-                .enumerate()
-                .all(|(i, x)| *x == (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        };
-        let words = |bytes: usize| bytes / std::mem::size_of::<u64>();
-        let mut v = Vec::with_capacity(words(super::HUGE / 4));
-        fill(&mut v, words(super::HUGE / 4));
-        // mimalloc to the system allocator, then within it (mremap).
-        v.reserve_exact(words(super::HUGE * 3));
-        fill(&mut v, words(super::HUGE * 3));
-        v.reserve_exact(words(super::HUGE * 8));
-        fill(&mut v, words(super::HUGE * 5));
-        assert!(check(&v), "the bytes moved intact");
-        // Back under the line: the system allocator to mimalloc.
-        v.truncate(words(super::HUGE / 8));
-        v.shrink_to_fit();
-        assert!(v.capacity() * 8 < super::HUGE);
-        assert!(check(&v), "the bytes kept after shrinking");
-        // Aligned past the system allocator's minimum, across the line.
-        #[repr(align(4096))]
-        #[derive(Clone, Copy, Debug, PartialEq)]
-        struct Page([u8; 4096]);
-        let mut pages: Vec<Page> = (0..64).map(|i| Page([i as u8; 4096])).collect();
-        pages.extend((64..600).map(|i| Page([i as u8; 4096])));
-        assert!(pages.capacity() * 4096 >= super::HUGE);
-        assert!(
-            pages
-                .iter()
-                .all(|p| (p.0.as_ptr() as usize).is_multiple_of(4096))
-        );
-        assert!(
-            pages
-                .iter()
-                .enumerate()
-                .all(|(i, p)| p.0.iter().all(|b| *b == i as u8))
-        );
     }
 }
