@@ -4,6 +4,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// mimalloc below 1 MiB: the endpoint picker's decision no longer waits for
+// glibc to consolidate what tokenizing the prompt freed, and tokenizing
+// itself allocates less dearly (docs/benchmarks.md, "The picker's decision
+// against LookupRoute"); huge blocks stay with glibc (libs/alloc).
+#[global_allocator]
+static ALLOCATOR: ic_alloc::SplitAlloc = ic_alloc::SplitAlloc;
+
 /// ic-index-server: the prefix index behind LookupRoute.
 #[derive(Debug, Parser)]
 #[command(name = ic_index_server::BINARY, version)]
