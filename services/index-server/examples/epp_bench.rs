@@ -8,7 +8,10 @@
 //! the same prompts as token ids (tokenized by the client), the decision
 //! without parsing, template and tokenizing; and, in this process, the
 //! picker's tokenizing of a body (template + tokenizer) against the
-//! tokenizer library alone on the rendered text.
+//! tokenizer library alone on the rendered text. Last, the same prompts
+//! as token ids to the picker (a completions body, nothing to tokenize)
+//! alternating with LookupRoute: the decision without a tokenizer run just
+//! before it.
 //!
 //! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
 //! (`EPP_BENCH_LOOKUP_TIMEOUT_MS=N`: the tenant's lookup budget, for runs
@@ -24,6 +27,7 @@ use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 use ic_proto::index_v1 as pb;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
+const CHAT: &str = "/v1/chat/completions";
 const SENTENCES: [&str; 4] = [
     "What is a KV cache and why does prefix reuse matter for latency? ",
     "The key value cache stores attention keys and values for every token. ",
@@ -149,7 +153,7 @@ async fn main() {
     // Alternating, half the time each, twice: the box's load drifts.
     let half = Duration::from_secs(seconds).max(Duration::from_secs(2)) / 2;
     for _ in 0..2 {
-        picks.extend(pick_phase(&epp, &bodies, concurrency, half).await);
+        picks.extend(pick_phase(&epp, CHAT, &bodies, concurrency, half).await);
         lookups.extend(lookup_phase(&grpc, &prompts, concurrency, half).await);
     }
     let measured = 2.0 * half.as_secs_f64();
@@ -196,6 +200,65 @@ async fn main() {
         lookup.count,
         decision.mean / lookup.mean,
     );
+    // Like for like: LookupRoute's timer starts with its token ids decoded,
+    // this one with the picker's body read (older servers lack it).
+    let name = "inferencecache_index_epp_decision_without_reading_or_tokenizing_seconds";
+    if metrics.contains(&format!("{name}_count ")) {
+        let from_read = histogram(&metrics, name);
+        println!(
+            "in the server: the picker's decision less reading the body and tokenizing mean \
+             {:.1} µs, p50 ≤ {:.0} µs; decision less reading / lookup {:.2}",
+            from_read.mean * 1e6,
+            from_read.p50_bound * 1e6,
+            from_read.mean / lookup.mean,
+        );
+    }
+    // The same prompts sent to the picker as token ids (a completions body:
+    // no template, no tokenizing), alternating with LookupRoute, each
+    // phase's share of the server's timers taken from /metrics around it:
+    // the decision with no tokenizer run before it, against the lookup.
+    if metrics.contains(&format!("{name}_count ")) {
+        let token_bodies: Vec<Vec<u8>> = prompts
+            .iter()
+            .map(|ids| {
+                serde_json::to_vec(&serde_json::json!({"model": "tiny-chat", "prompt": ids}))
+                    .unwrap()
+            })
+            .collect();
+        let lookup_name = "inferencecache_index_lookup_duration_seconds";
+        let (mut decided, mut looked) = ((0.0, 0.0), (0.0, 0.0));
+        for _ in 0..2 {
+            let before = sum_count(process.admin_addr(), name);
+            pick_phase(
+                &epp,
+                "/v1/completions",
+                &token_bodies,
+                concurrency,
+                half / 2,
+            )
+            .await;
+            let after = sum_count(process.admin_addr(), name);
+            decided = (
+                decided.0 + after.0 - before.0,
+                decided.1 + after.1 - before.1,
+            );
+            let before = sum_count(process.admin_addr(), lookup_name);
+            lookup_phase(&grpc, &prompts, concurrency, half / 2).await;
+            let after = sum_count(process.admin_addr(), lookup_name);
+            looked = (looked.0 + after.0 - before.0, looked.1 + after.1 - before.1);
+        }
+        let (d, l) = (decided.0 / decided.1, looked.0 / looked.1);
+        println!(
+            "the same prompts as token ids to the picker (/v1/completions, nothing to tokenize), \
+             alternating with LookupRoute: the decision less reading the body mean {:.1} µs \
+             ({} picks) against LookupRoute's handler {:.1} µs ({} lookups); decision / lookup {:.2}",
+            d * 1e6,
+            decided.1,
+            l * 1e6,
+            looked.1,
+            d / l,
+        );
+    }
     // Tokenizing, in this process, one thread: the picker's path (template
     // + tokenizer) and the tokenizer library alone on the rendered text.
     let library =
@@ -269,6 +332,18 @@ fn histogram(metrics: &str, name: &str) -> Histogram {
     }
 }
 
+/// A histogram's sum and count on the server's /metrics now.
+fn sum_count(admin: std::net::SocketAddr, name: &str) -> (f64, f64) {
+    let metrics = ic_e2e::http_get(admin, "/metrics").1;
+    let value = |suffix: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}_{suffix} ")))
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
+    (value("sum"), value("count"))
+}
+
 fn pct(all: &mut [Duration], p: f64) -> Duration {
     all.sort_unstable();
     all[((p / 100.0 * all.len() as f64).ceil() as usize).clamp(1, all.len()) - 1]
@@ -277,6 +352,7 @@ fn pct(all: &mut [Duration], p: f64) -> Duration {
 /// Picks over ext_proc for `phase`, `concurrency` gateways; the latency of each.
 async fn pick_phase(
     epp: &str,
+    path: &'static str,
     bodies: &[Vec<u8>],
     concurrency: usize,
     phase: Duration,
@@ -294,7 +370,7 @@ async fn pick_phase(
                 let started = Instant::now();
                 let mut responses = client
                     .process(futures::stream::iter(ic_e2e::ext_proc::buffered(
-                        "/v1/chat/completions",
+                        path,
                         &bodies[i % bodies.len()],
                     )))
                     .await

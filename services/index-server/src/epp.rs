@@ -656,6 +656,7 @@ impl EndpointPicker {
     ) -> Result<Pick, NoEndpoint> {
         let received = Instant::now();
         let eligible = self.eligible(subset)?;
+        let reading = Instant::now();
         let request = body.and_then(|b| match openai::parse(path, b) {
             Ok(r) => Some(r),
             Err(error) => {
@@ -664,6 +665,9 @@ impl EndpointPicker {
                 None
             }
         });
+        // Timed apart, as LookupRoute's timer starts with its request
+        // decoded (docs/benchmarks.md).
+        let read_in = reading.elapsed();
         let model = request
             .as_ref()
             .map_or_else(String::new, |r| r.model.clone());
@@ -703,8 +707,10 @@ impl EndpointPicker {
                 tokenized_in,
                 by_load,
             }) => {
-                let mut endpoints = vec![pick.address];
-                let mut replica_ids = vec![pick.replica.replica_id];
+                let mut endpoints = Vec::with_capacity(self.pool.fallbacks + 1);
+                let mut replica_ids = Vec::with_capacity(self.pool.fallbacks + 1);
+                endpoints.push(pick.address);
+                replica_ids.push(pick.replica.replica_id);
                 // Ranked by the core from the loads its decision read,
                 // under the namespace's CachePolicy scoring over the flags.
                 for (key, address) in by_load.into_iter().filter_map(|i| pool.get(i)) {
@@ -721,6 +727,7 @@ impl EndpointPicker {
                     if by_prefix { "prefix" } else { "load" },
                     received.elapsed(),
                     tokenized_in,
+                    read_in,
                 );
                 Ok(Pick {
                     endpoints,

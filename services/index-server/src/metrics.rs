@@ -119,9 +119,12 @@ pub struct Metrics {
     pub epp_unread: Family<ReasonLabel, Counter>,
     /// Time to decide a pick, tokenizing included.
     pub epp_decision_duration: Histogram,
-    /// The same decision less its rendering and tokenizing: what compares
-    /// with a LookupRoute of the same tokens (`lookup_duration`).
+    /// The same decision less its rendering and tokenizing.
     pub epp_decision_untokenized: Histogram,
+    /// The same decision less reading the body too: from the request read
+    /// to the pick, as `lookup_duration` runs from a LookupRoute decoded to
+    /// its answer; what compares with a LookupRoute of the same tokens.
+    pub epp_decision_from_read: Histogram,
     /// Responses whose usage and time to first byte recalibrated their
     /// endpoint's prefill rate (the TTFT estimate's).
     pub epp_prefill_rate_observations: Counter,
@@ -176,6 +179,7 @@ impl Metrics {
             epp_unread: Family::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_untokenized: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            epp_decision_from_read: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_prefill_rate_observations: Counter::default(),
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -304,6 +308,11 @@ impl Metrics {
                 m.epp_decision_untokenized.clone(),
             );
             e.register(
+                "decision_without_reading_or_tokenizing_seconds",
+                "Time to pick an endpoint less reading the request body, rendering and tokenizing the prompt",
+                m.epp_decision_from_read.clone(),
+            );
+            e.register(
                 "prefill_rate_observations",
                 "Responses whose usage and time to first byte recalibrated their endpoint's prefill rate",
                 m.epp_prefill_rate_observations.clone(),
@@ -348,12 +357,22 @@ impl Metrics {
     }
 
     /// Counts one endpoint-picker decision that took `took`, of which
-    /// `tokenizing` rendering and tokenizing the prompt.
-    pub fn epp_decided(&self, by: &'static str, took: Duration, tokenizing: Duration) {
+    /// `tokenizing` rendering and tokenizing the prompt and `reading`
+    /// reading the request body.
+    pub fn epp_decided(
+        &self,
+        by: &'static str,
+        took: Duration,
+        tokenizing: Duration,
+        reading: Duration,
+    ) {
         self.epp_picks.get_or_create(&HowLabel { by }).inc();
         self.epp_decision_duration.observe(took.as_secs_f64());
+        let untokenized = took.saturating_sub(tokenizing);
         self.epp_decision_untokenized
-            .observe(took.saturating_sub(tokenizing).as_secs_f64());
+            .observe(untokenized.as_secs_f64());
+        self.epp_decision_from_read
+            .observe(untokenized.saturating_sub(reading).as_secs_f64());
     }
 
     /// Counts a request the picker could not read.

@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(rejected, 5 * 6 + 2 * 3);
     }
 
-    /// Long strings, where the fast reader checks 64 bytes at a time: one
+    /// Long strings, where the fast reader checks 256 bytes at a time: one
     /// odd byte or escape at every offset around the chunk edges, in read
     /// and in skipped fields. What the tree reads the fast reader reads
     /// the same; what the tree refuses it leaves to the tree.
@@ -524,13 +524,14 @@ mod tests {
             (br#"\""#, true),
             (br"\u00e9", true),
         ];
-        let (mut read, mut refused) = (0, 0);
-        for len in [63, 64, 65, 130, 300] {
-            for at in [0, 1, 31, 62, 63, 64, 65, 127, 128, len - 1] {
+        let (mut read, mut refused, mut cases) = (0, 0, 0);
+        for len in [63, 64, 65, 130, 255, 256, 257, 600] {
+            let edges = [
+                0, 1, 31, 62, 63, 64, 65, 127, 128, 254, 255, 256, 257, 511, 512,
+            ];
+            for at in edges.into_iter().chain([len - 1]).filter(|&at| at < len) {
+                cases += 1;
                 for (bytes, allowed) in odd {
-                    if at >= len {
-                        continue;
-                    }
                     let mut text = vec![b'a'; len];
                     text.splice(at..=at, bytes.iter().copied());
                     for shape in [
@@ -563,7 +564,8 @@ mod tests {
                 }
             }
         }
-        assert_eq!((read, refused), (684, 456));
+        // Three shapes each: the allowed six of ten read, the rest refused.
+        assert_eq!((read, refused), (cases * 3 * 6, cases * 3 * 4));
     }
 
     #[test]
