@@ -12,13 +12,14 @@
 //! apart.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ic_loadgen::schedule::{Schedule, Spacing};
 use ic_loadgen::{PhaseStats, Quantiles, summarize};
 use serde::Serialize;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Notify, Semaphore, oneshot};
 
 /// Time for the thread to start before the first due send.
 const LEAD: Duration = Duration::from_millis(20);
@@ -88,12 +89,21 @@ where
     let call = Arc::new(call);
     let handle = tokio::runtime::Handle::current();
     let permits = Arc::new(Semaphore::new(open.concurrency));
-    let (tx, mut rx) = mpsc::unbounded_channel::<Sample>();
+    // Each request leaves its sample here and counts itself done: nothing
+    // waits on them while the phase runs, so an answer wakes no other
+    // thread (a channel woke the collecting task for every answer, a
+    // context switch per request on the client's core).
+    let slots = (open.rate * (LEAD + open.warmup + open.duration).as_secs_f64() * 1.1)
+        .min(f64::from(1 << 20)) as usize;
+    let samples = Arc::new(Mutex::new(Vec::<Sample>::with_capacity(slots)));
+    let finished = Arc::new((AtomicU64::new(0), Notify::new()));
+    let (sent_tx, sent_rx) = oneshot::channel::<(u64, Duration)>();
     let start = Instant::now() + LEAD;
     let measure_from = start + open.warmup;
     let end = measure_from + open.duration;
     let channels = channels.to_vec();
     let spin = open.spin;
+    let (to_samples, to_finished) = (samples.clone(), finished.clone());
     let thread = std::thread::Builder::new()
         .name("ic-loadgen-schedule".into())
         .spawn(move || {
@@ -101,6 +111,7 @@ where
             // slack); the lateness figures show what remains.
             let _ = nix::sys::prctl::set_timerslack(1);
             let mut spun = Duration::ZERO;
+            let mut sent = 0;
             for (k, offset) in schedule.enumerate() {
                 let due = start + offset;
                 if due >= end {
@@ -109,32 +120,52 @@ where
                 spun += wait_until(due, spin);
                 let dispatched = Instant::now();
                 let channel = channels[k % channels.len()].clone();
-                let (call, permits, tx) = (call.clone(), permits.clone(), tx.clone());
+                let (call, permits) = (call.clone(), permits.clone());
+                let (samples, finished) = (to_samples.clone(), to_finished.clone());
                 // Spread prompts over the families as the closed loop does.
                 let i = (k as u64).wrapping_mul(1_000_003);
+                sent += 1;
                 handle.spawn(async move {
-                    let Ok(_permit) = permits.acquire_owned().await else {
-                        return;
-                    };
-                    let started = Instant::now();
-                    let result = call(channel, i).await;
-                    let done = Instant::now();
-                    let _ = tx.send(Sample {
-                        due,
-                        dispatched,
-                        started,
-                        done,
-                        hit: result.ok(),
-                    });
+                    // The semaphore is never closed.
+                    if let Ok(_permit) = permits.acquire_owned().await {
+                        let started = Instant::now();
+                        let result = call(channel, i).await;
+                        let done = Instant::now();
+                        let sample = Sample {
+                            due,
+                            dispatched,
+                            started,
+                            done,
+                            hit: result.ok(),
+                        };
+                        samples
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(sample);
+                    }
+                    finished.0.fetch_add(1, Ordering::Release);
+                    // Stores a permit when no one waits yet: no wake-up.
+                    finished.1.notify_one();
                 });
             }
-            spun
+            let _ = sent_tx.send((sent, spun));
         })?;
+    let (sent, spun) = sent_rx
+        .await
+        .map_err(|_| anyhow::anyhow!("the schedule thread panicked"))?;
+    let _ = thread.join();
+    loop {
+        let next = finished.1.notified();
+        if finished.0.load(Ordering::Acquire) >= sent {
+            break;
+        }
+        next.await;
+    }
+    let samples = std::mem::take(&mut *samples.lock().unwrap_or_else(PoisonError::into_inner));
     let (mut latencies, mut dispatch, mut send) = (Vec::new(), Vec::new(), Vec::new());
     let mut from_start = Vec::new();
     let (mut errors, mut hits) = (0, 0);
-    // Ends when the thread and every request it spawned dropped its sender.
-    while let Some(s) = rx.recv().await {
+    for s in samples {
         if s.due < measure_from {
             continue;
         }
@@ -149,9 +180,6 @@ where
             None => errors += 1,
         }
     }
-    let spun = thread
-        .join()
-        .map_err(|_| anyhow::anyhow!("the schedule thread panicked"))?;
     let stats = ScheduleStats {
         scheduled: dispatch.len() as u64,
         dispatch_lateness_us: Quantiles::of(dispatch),
