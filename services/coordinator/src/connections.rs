@@ -11,8 +11,15 @@
 //! request; docs/coordinator.md). On a current-thread runtime the wake
 //! stays a push onto the thread's own queue. Each connection lives on one
 //! thread for its life; event batches still apply on the writer thread.
+//!
+//! A serving thread that stops while the coordinator serves (its runtime
+//! failed or panicked) stops the whole process, with an error and a
+//! non-zero exit: its share of new connections would otherwise go nowhere
+//! while the process looks healthy.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -46,6 +53,9 @@ pub struct ConnectionOptions {
 pub struct ConnectionThreads {
     threads: Vec<std::thread::JoinHandle<()>>,
     accept: tokio::task::JoinHandle<()>,
+    /// Set when a serving thread or the accept loop stopped before
+    /// `shutdown` (and cancelled it).
+    failed: Arc<AtomicBool>,
 }
 
 /// A connection accepted by the loop, on its way to a serving thread.
@@ -61,6 +71,7 @@ pub fn start(
     shutdown: CancellationToken,
 ) -> anyhow::Result<ConnectionThreads> {
     let local = listener.local_addr()?;
+    let failed = Arc::new(AtomicBool::new(false));
     let mut senders = Vec::new();
     let mut threads = Vec::new();
     for i in 0..options.threads.max(1) {
@@ -71,9 +82,17 @@ pub fn start(
         let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
         senders.push(tx);
         let (router, options, shutdown) = (router.clone(), options.clone(), shutdown.clone());
+        let guard = StopOnExit {
+            shutdown: shutdown.clone(),
+            failed: failed.clone(),
+            thread: i,
+            armed: true,
+        };
         let thread = std::thread::Builder::new()
             .name(format!("ic-http-{i}"))
             .spawn(move || {
+                // Fires on a panic too (dropped while unwinding).
+                let mut guard = guard;
                 // Ends this thread's serving when the accept loop is gone
                 // too (a runtime dropped without `shutdown`).
                 let stop = shutdown.child_token();
@@ -91,20 +110,54 @@ pub fn start(
                     options.header_read_timeouts,
                     stop,
                 ));
-                if let Err(error) = served {
-                    tracing::error!(%error, thread = i, "connection thread failed");
+                match served {
+                    // Stopped by `shutdown`, or by the accept loop gone.
+                    Ok(()) => guard.armed = false,
+                    Err(error) => tracing::error!(%error, thread = i, "connection thread failed"),
                 }
             })
             .context("cannot start a connection thread")?;
         threads.push(thread);
     }
-    let accept = tokio::spawn(accept_loop(listener, senders, shutdown));
-    Ok(ConnectionThreads { threads, accept })
+    let accept = tokio::spawn(accept_loop(listener, senders, shutdown, failed.clone()));
+    Ok(ConnectionThreads {
+        threads,
+        accept,
+        failed,
+    })
+}
+
+/// Stops the coordinator when a serving thread ends other than by
+/// `shutdown`.
+struct StopOnExit {
+    shutdown: CancellationToken,
+    failed: Arc<AtomicBool>,
+    thread: usize,
+    armed: bool,
+}
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        if self.armed && !self.shutdown.is_cancelled() {
+            tracing::error!(
+                thread = self.thread,
+                panicked = std::thread::panicking(),
+                "a connection thread stopped while serving; stopping the coordinator"
+            );
+            stop_failed(&self.shutdown, &self.failed);
+        }
+    }
+}
+
+fn stop_failed(shutdown: &CancellationToken, failed: &AtomicBool) {
+    failed.store(true, Ordering::SeqCst);
+    shutdown.cancel();
 }
 
 impl ConnectionThreads {
-    /// Waits for the accept loop and every serving thread to end.
-    pub async fn join(self) {
+    /// Waits for the accept loop and every serving thread to end; an
+    /// error when one of them stopped before `shutdown` (logged then).
+    pub async fn join(self) -> anyhow::Result<()> {
         let _ = self.accept.await;
         let threads = self.threads;
         let _ = tokio::task::spawn_blocking(move || {
@@ -113,6 +166,10 @@ impl ConnectionThreads {
             }
         })
         .await;
+        if self.failed.load(Ordering::SeqCst) {
+            anyhow::bail!("HTTP serving stopped: a connection thread stopped while serving");
+        }
+        Ok(())
     }
 }
 
@@ -121,6 +178,7 @@ async fn accept_loop(
     listener: TcpListener,
     senders: Vec<mpsc::UnboundedSender<Handoff>>,
     shutdown: CancellationToken,
+    failed: Arc<AtomicBool>,
 ) {
     let mut next = 0usize;
     loop {
@@ -148,7 +206,17 @@ async fn accept_loop(
         };
         next = (next + 1) % senders.len();
         if senders[next].send((stream, remote)).is_err() {
-            // A thread is gone only when shutting down.
+            // Threads end at shutdown; one gone before has already
+            // stopped the coordinator (`StopOnExit`), unless it ended
+            // without unwinding: stop it here then.
+            if !shutdown.is_cancelled() {
+                tracing::error!(
+                    thread = next,
+                    %remote,
+                    "a connection thread is gone while serving; stopping the coordinator"
+                );
+                stop_failed(&shutdown, &failed);
+            }
             return;
         }
     }
@@ -194,5 +262,88 @@ pub fn threads_for(flag: u16) -> usize {
     match flag {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => usize::from(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection dealt to a thread that is gone while serving stops
+    /// the coordinator (the loop used to return silently, leaving the
+    /// process up with no listener).
+    #[tokio::test]
+    async fn a_dead_thread_stops_the_coordinator() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
+        drop(rx);
+        let (shutdown, failed) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            vec![tx],
+            shutdown.clone(),
+            failed.clone(),
+        ));
+        let _client = TcpStream::connect(addr).await.unwrap();
+        accept.await.unwrap();
+        assert!(shutdown.is_cancelled(), "shutdown not cancelled");
+        assert!(failed.load(Ordering::SeqCst), "failure not recorded");
+    }
+
+    /// At shutdown a thread gone is no failure.
+    #[tokio::test]
+    async fn a_thread_gone_at_shutdown_is_no_failure() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tx, rx) = mpsc::unbounded_channel::<Handoff>();
+        drop(rx);
+        let (shutdown, failed) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        shutdown.cancel();
+        accept_loop(listener, vec![tx], shutdown, failed.clone()).await;
+        assert!(!failed.load(Ordering::SeqCst));
+    }
+
+    /// A serving thread that panics stops the coordinator at once, before
+    /// any connection is dealt to it; one that ends by `shutdown` does not.
+    #[test]
+    fn a_panicking_thread_stops_the_coordinator() {
+        let (shutdown, failed) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        let guard = StopOnExit {
+            shutdown: shutdown.clone(),
+            failed: failed.clone(),
+            thread: 0,
+            armed: true,
+        };
+        let thread = std::thread::spawn(move || {
+            let _guard = guard;
+            panic!("a serving runtime's panic");
+        });
+        assert!(thread.join().is_err());
+        assert!(shutdown.is_cancelled(), "shutdown not cancelled");
+        assert!(failed.load(Ordering::SeqCst), "failure not recorded");
+
+        let (shutdown, failed) = (CancellationToken::new(), Arc::new(AtomicBool::new(false)));
+        let mut guard = StopOnExit {
+            shutdown: shutdown.clone(),
+            failed: failed.clone(),
+            thread: 0,
+            armed: true,
+        };
+        guard.armed = false;
+        drop(guard);
+        assert!(!shutdown.is_cancelled() && !failed.load(Ordering::SeqCst));
+    }
+
+    /// `join` reports the failure, so the process exits non-zero.
+    #[tokio::test]
+    async fn join_reports_a_failure() {
+        let failed = Arc::new(AtomicBool::new(true));
+        let threads = ConnectionThreads {
+            threads: Vec::new(),
+            accept: tokio::spawn(async {}),
+            failed,
+        };
+        let error = threads.join().await.unwrap_err();
+        assert!(error.to_string().contains("connection thread"), "{error}");
     }
 }

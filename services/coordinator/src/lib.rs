@@ -506,7 +506,7 @@ async fn serve(
     tracing::info!("coordinator started");
     shutdown.cancelled().await;
     // Open connections finish their requests (at most 30 s).
-    connections.join().await;
+    let served = connections.join().await;
     loops.cancel();
     for t in tasks {
         let _ = t.await;
@@ -515,7 +515,8 @@ async fn serve(
     let persistence = app.persistence.clone();
     let _ = tokio::task::spawn_blocking(move || persistence.write_checkpoint()).await;
     tracing::info!("coordinator stopped");
-    Ok(())
+    // Non-zero exit when a connection thread stopped the coordinator.
+    served
 }
 
 /// Runs a controller's background task; one that panics or returns before
