@@ -12,7 +12,6 @@
 
 pub mod actions;
 pub mod clock;
-pub mod connections;
 pub mod controller;
 pub mod controllers;
 pub mod error;
@@ -36,6 +35,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use ic_telemetry::MetricsRegistry;
+use ic_telemetry::serving::{ServeOptions, ServingListener};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -193,12 +193,6 @@ pub struct Config {
     /// Logs are governed by `--log-level`.
     #[arg(short = 'q', long)]
     pub quiet: bool,
-    /// Threads that serve HTTP connections, each on a single-threaded
-    /// runtime, connections dealt to them in turn (0: one per core). Set
-    /// by the binary's global `--worker-threads` (main.rs), which parses
-    /// before or after the subcommand.
-    #[arg(skip)]
-    pub worker_threads: u16,
 }
 
 fn seconds(flag: &str, value: f64) -> anyhow::Result<Option<Duration>> {
@@ -396,8 +390,9 @@ pub async fn start_with(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let app = build_with(config, clock, extra_controllers)?;
-    // The count started, so `--worker-threads` can be checked from outside.
-    let workers = connections::threads_for(config.worker_threads);
+    // The runtime's own count, so `--worker-threads` can be checked from
+    // outside (thread names cannot: blocking-pool threads share them).
+    let workers = tokio::runtime::Handle::current().metrics().num_workers();
     app.metrics
         .metrics
         .runtime_workers
@@ -409,10 +404,16 @@ pub async fn start_with(
         .map(kafka::clients)
         .transpose()?;
     let addr = SocketAddr::new(config.host, config.port);
-    let listener = tokio::net::TcpListener::bind(addr)
+    let options = ServeOptions {
+        idle: (config.timeout_keep_alive > 0)
+            .then(|| std::time::Duration::from_secs(config.timeout_keep_alive)),
+        idle_closed: Some(app.metrics.metrics.idle_connections_closed.clone()),
+        ..ServeOptions::plain()
+    };
+    let listener = ServingListener::bind(addr, options)
         .await
         .with_context(|| format!("cannot bind {addr}"))?;
-    let addr = listener.local_addr()?;
+    let addr = listener.local_addr();
     tracing::info!(%addr, "admin server listening");
     ic_telemetry::listening::listening("admin", addr);
     let access = operator_access(config).await?;
@@ -426,21 +427,14 @@ pub async fn start_with(
             shutdown.clone(),
         );
     }
-    let options = connections::ConnectionOptions {
-        threads: workers,
-        idle: (config.timeout_keep_alive > 0)
-            .then(|| std::time::Duration::from_secs(config.timeout_keep_alive)),
-        idle_closed: app.metrics.metrics.idle_connections_closed.clone(),
-        header_read_timeout: config.header_deadline.timeout(),
-        header_read_timeouts: app.metrics.metrics.header_read_timeouts.clone(),
-    };
-    let connections = connections::start(
-        listener,
-        http::router_with(app.clone(), access),
-        options,
-        shutdown.clone(),
-    )?;
-    let task = tokio::spawn(serve(app.clone(), connections, kafka_clients, shutdown));
+    let header_read_timeout = config.header_deadline.timeout();
+    let task = tokio::spawn(serve(
+        app.clone(),
+        (listener, header_read_timeout),
+        kafka_clients,
+        access,
+        shutdown,
+    ));
     Ok(Running { addr, app, task })
 }
 
@@ -468,8 +462,9 @@ async fn operator_access(config: &Config) -> anyhow::Result<http::access::Operat
 
 async fn serve(
     app: App,
-    connections: connections::ConnectionThreads,
+    (listener, header_read_timeout): (ServingListener, std::time::Duration),
     kafka_clients: Option<kafka::Clients>,
+    access: http::access::OperatorAccess,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let loops = shutdown.child_token();
@@ -504,9 +499,15 @@ async fn serve(
         }
     }
     tracing::info!("coordinator started");
-    shutdown.cancelled().await;
-    // Open connections finish their requests (at most 30 s).
-    let served = connections.join().await;
+    let result = ic_telemetry::serving::serve_http(
+        listener,
+        http::router_with(app.clone(), access),
+        header_read_timeout,
+        app.metrics.metrics.header_read_timeouts.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .context("HTTP server");
     loops.cancel();
     for t in tasks {
         let _ = t.await;
@@ -515,8 +516,7 @@ async fn serve(
     let persistence = app.persistence.clone();
     let _ = tokio::task::spawn_blocking(move || persistence.write_checkpoint()).await;
     tracing::info!("coordinator stopped");
-    // Non-zero exit when a connection thread stopped the coordinator.
-    served
+    result
 }
 
 /// Runs a controller's background task; one that panics or returns before

@@ -21,9 +21,12 @@ struct Args {
     config: ic_coordinator::Config,
     #[command(subcommand)]
     command: Option<Command>,
-    /// Threads that serve HTTP connections, each on a single-threaded
-    /// runtime, connections dealt to them in turn (0: one per core). Event
-    /// batches apply on a thread of their own either way.
+    /// Threads of the async runtime that serves HTTP (0: one per core,
+    /// tokio's default). Event batches apply on a thread of their own
+    /// either way. With two, a lone request also wakes the idle worker (2
+    /// context switches a lookup against 1, measured): where the clients
+    /// share the cores, 1 answers one request at a time sooner and 8 at a
+    /// time slower (docs/coordinator.md).
     /// At most 1024: each is an OS thread with its own stack, and more
     /// than a few per core only adds switching.
     #[arg(
@@ -56,12 +59,12 @@ struct CoordinatorArgs {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    // One thread for the accept loop and the timers: HTTP connections are
-    // served on threads of their own (`--worker-threads`, lib.rs).
-    match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    if args.worker_threads > 0 {
+        runtime.worker_threads(usize::from(args.worker_threads));
+    }
+    match runtime.build() {
         Ok(runtime) => runtime.block_on(serve(args)),
         Err(error) => {
             eprintln!(
@@ -78,16 +81,15 @@ async fn serve(args: Args) -> ExitCode {
         log,
         config,
         command,
-        worker_threads,
+        worker_threads: _,
     } = args;
     // The log and OTLP flags are global, so they parse before or after
     // the subcommand alike.
-    let (mut config, replay) = match command {
+    let (config, replay) = match command {
         Some(Command::Coordinator(args)) => (args.config, None),
         Some(Command::Replay(args)) => (config, Some(args)),
         None => (config, None),
     };
-    config.worker_threads = worker_threads;
     match replay {
         None => {
             ic_telemetry::run_service(ic_coordinator::BINARY, &log, |shutdown| {

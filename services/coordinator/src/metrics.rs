@@ -227,7 +227,7 @@ pub struct Metrics {
     pub event_queue_depth: Gauge,
     /// Seconds the oldest waiting batch has waited; 0 when none waits.
     pub event_drain_lag: FGauge,
-    /// Threads serving HTTP connections, each a single-threaded runtime
+    /// Worker threads of the async runtime serving HTTP
     /// (`--worker-threads`, or one per core).
     pub runtime_workers: Gauge,
 }
@@ -456,7 +456,7 @@ impl MetricsSet {
         );
         r.register(
             "runtime_workers",
-            "Threads serving HTTP connections, each a single-threaded runtime (--worker-threads, or one per core)",
+            "Worker threads of the async runtime serving HTTP (--worker-threads, or one per core)",
             m.runtime_workers.clone(),
         );
         let http_requests = Family::<HttpLabels, Counter>::default();
