@@ -232,6 +232,10 @@ fn invalid_requests_name_the_field() {
     }
 }
 
+/// A server with the fixture tokenizer for model "m" and, for tenant "t",
+/// a lookup budget no loaded test machine runs past: the default 20 ms
+/// includes tokenizing, slow in a debug build on busy cores, and a lookup
+/// past it answers NO_HINT (LOOKUP_TIMEOUT) instead of the match asserted.
 fn with_tokenizer() -> IndexServer {
     let spec: ic_index_server::TokenizerSpec = format!(
         "m={}/tests/fixtures/tokenizer.json",
@@ -240,14 +244,23 @@ fn with_tokenizer() -> IndexServer {
     .parse()
     .unwrap();
     let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
-    IndexServer::over(Arc::new(
+    let s = IndexServer::over(Arc::new(
         IndexCore::new(
             Arc::new(Index::new(IndexConfig::default())),
             16,
             Metrics::register(&registry),
         )
         .with_tokenizers(Tokenizers::load(&[spec]).unwrap()),
-    ))
+    ));
+    let generous = pb::NamespacePolicy {
+        namespace: "t".into(),
+        lookup_timeout_ms: 10_000,
+        allow_tier2_matches: true,
+        ..Default::default()
+    };
+    s.core()
+        .set_policies(Policies::from_push(&[generous]).unwrap());
+    s
 }
 
 #[test]
@@ -280,7 +293,12 @@ fn prompt_text_is_tokenized_like_the_engine() {
     let r = s
         .lookup(&request(Key::PromptText(words.join(" "))))
         .unwrap();
-    assert_eq!(r.outcome, pb::LookupOutcome::PrefixMatch as i32);
+    assert_eq!(
+        r.outcome,
+        pb::LookupOutcome::PrefixMatch as i32,
+        "no_hint_reason {:?}",
+        pb::NoHintReason::try_from(r.no_hint_reason)
+    );
     let best = r.best.unwrap();
     assert_eq!(best.replica.unwrap().replica_id, "a");
     assert_eq!(best.matched_blocks, 4);
