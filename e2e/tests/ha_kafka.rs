@@ -189,6 +189,10 @@ const TOKENIZER: &str = concat!(
 const ENGINES: u64 = 3;
 
 fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
+    replica_with(broker, snapshots, &[])
+}
+
+fn replica_with(broker: &str, snapshots: Option<&Path>, extra: &[&str]) -> Replica {
     let mut args: Vec<String> = [
         "--http-addr",
         "127.0.0.1:0",
@@ -225,6 +229,7 @@ fn replica(broker: &str, snapshots: Option<&Path>) -> Replica {
         args.push("--kafka-snapshot-dir".into());
         args.push(dir.display().to_string());
     }
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut process = ServiceProcess::start(&workspace_binary("ic-index-server"), &args);
     let grpc = process.addr("grpc").port();
@@ -929,5 +934,76 @@ async fn a_subscriber_with_the_injected_kafka_arguments_feeds_the_replicas() {
     );
     broker.assert_no_panic("injected Kafka arguments");
     assert!(subscriber.stop().success());
+    assert!(a.process.stop().success());
+}
+
+/// The replica's lag and partition queries go to a loopback listener that
+/// accepts and never answers (the hidden --kafka-probe-brokers), its
+/// reading client to the real broker: every lag query hangs until its
+/// timeout and fails, yet the records are read and applied all along (the
+/// replica comes to equal the engines), the failed queries are counted and
+/// the replica, its lag unknown, stays not ready. With the lag check on the
+/// reading thread and a failed query ending the round, the first failed query kept
+/// the replica from reading at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_reads_while_its_lag_queries_fail() {
+    let broker = Broker::start_on(ic_e2e::free_port());
+    let bootstrap = broker.bootstrap();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    // Holds every connection open, unanswered, until the test ends.
+    std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().filter_map(Result::ok).collect();
+        drop(held);
+    });
+    let mut a = replica_with(
+        &bootstrap,
+        None,
+        &["--kafka-probe-brokers", silent_addr.as_str()],
+    );
+    let (mut engines, mut sidecars) =
+        fleet::fleet(3, NO_INDEX_SERVER, &kafka_flags(&bootstrap)).await;
+    rounds(&mut engines, 20).await;
+    let started = Instant::now();
+    loop {
+        match matches_engines(&mut a, &engines).await {
+            Ok(_) => break,
+            Err(why) if started.elapsed() >= CONVERGE => panic!(
+                "the replica did not apply the records while its lag queries hung: {why}\n{}",
+                diagnose(&[&mut a], &mut sidecars, &broker)
+            ),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let errors = "inferencecache_index_kafka_consumer_errors_total";
+    while metric(a.http, errors) < 1.0 {
+        assert!(
+            started.elapsed() < CONVERGE,
+            "the hung lag queries were never counted\n{}",
+            diagnose(&[&mut a], &mut sidecars, &broker)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // More records while the queries keep failing: still applied.
+    rounds(&mut engines, 5).await;
+    loop {
+        match matches_engines(&mut a, &engines).await {
+            Ok(_) => break,
+            Err(why) if started.elapsed() >= CONVERGE => {
+                panic!("later records were not applied: {why}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    assert_eq!(
+        metric(a.http, "inferencecache_index_kafka_consumer_ready"),
+        0.0,
+        "no lag known: not ready"
+    );
+    assert_ne!(get(&mut a, "/ready").0, 200, "no lag known: /ready fails");
+    broker.assert_no_panic("with the lag queries failing");
+    for mut s in sidecars {
+        assert!(s.stop().success());
+    }
     assert!(a.process.stop().success());
 }

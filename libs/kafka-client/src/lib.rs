@@ -8,9 +8,13 @@
 //!   [`record_key`] (tenant and pod), so one engine's batches land on one
 //!   partition and stay in order;
 //! * the record value: [`encode`] / [`decode`] of an
-//!   [`ic_proto::index_v1::IngestBatch`], the message gRPC streams carry.
+//!   [`ic_proto::index_v1::IngestBatch`], the message gRPC streams carry;
+//! * [`probe::BrokerProbe`], the lag check every consumer of ours runs off
+//!   its reading thread.
 
 use std::path::PathBuf;
+
+pub mod probe;
 
 use ic_proto::index_v1 as pb;
 use prost::Message as _;

@@ -10,18 +10,20 @@
 //! lock; malformed records advance the position too, so one bad record never
 //! stalls its partition.
 //!
-//! librdkafka reconnects on its own; this loop adds backoff around the calls
-//! that need the broker (metadata, watermarks) so a dead broker costs a few
-//! requests a second at most, and it reports every failure in metrics and
-//! `/status`. Those calls go through a second client that never fetches:
-//! on the consuming client they would queue behind its long-poll fetches and
-//! take up to `fetch.wait.max.ms` each.
+//! librdkafka reconnects on its own. The calls that ask the broker about the
+//! topic (metadata, watermarks) run on a thread of their own through a
+//! second client that never fetches ([`ic_kafka_client::probe`], shared with
+//! the index server), with backoff while they fail: a slow or failing broker
+//! delays the lag figure, never the records, and every failure is reported
+//! in metrics and `/status`. Only a fatal consumer error backs the reading
+//! loop off.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use ic_coordinator_core::kafka::{self, Backoff};
+use ic_kafka_client::probe::{BrokerProbe, ProbeCursor, ProbeTimes};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -141,16 +143,31 @@ pub fn run(app: App, clients: Clients, stop: CancellationToken) {
     let Some(settings) = app.settings.kafka.clone() else {
         return;
     };
+    let probe = match BrokerProbe::start(
+        clients.probe,
+        settings.topic.clone(),
+        ProbeTimes {
+            watermarks_every: WATERMARK_REFRESH,
+            metadata_every: METADATA_REFRESH,
+            timeout: BROKER_TIMEOUT,
+            backoff_max: BACKOFF_MAX,
+        },
+    ) {
+        Ok(probe) => probe,
+        Err(error) => {
+            tracing::error!(%error, "cannot start the Kafka lag thread; not consuming");
+            return;
+        }
+    };
     let mut session = Session {
         app,
         consumer: clients.consumer,
-        probe: clients.probe,
+        probe,
+        seen: ProbeCursor::default(),
         topic: settings.topic,
         max_ready_lag: settings.max_ready_lag,
         backoff: Backoff::new(BACKOFF_INITIAL, BACKOFF_MAX),
         assigned: Vec::new(),
-        next_metadata: Instant::now(),
-        next_watermarks: Instant::now(),
     };
     tracing::info!(topic = %session.topic, "Kafka consumer started");
     while !stop.is_cancelled() {
@@ -181,26 +198,46 @@ struct Failure(&'static str, String);
 struct Session {
     app: App,
     consumer: BaseConsumer,
-    probe: BaseConsumer,
+    probe: BrokerProbe,
+    seen: ProbeCursor,
     topic: String,
     max_ready_lag: Option<u64>,
     backoff: Backoff,
     assigned: Vec<i32>,
-    next_metadata: Instant,
-    next_watermarks: Instant,
 }
 
 impl Session {
+    /// What the lag thread learnt, then a burst of records. Only a fatal
+    /// consumer error returns `Err` (the caller backs off); a failed lag
+    /// or metadata query is reported and reading goes on.
     fn step(&mut self) -> Result<(), Failure> {
-        // After a failure the metadata call doubles as the reconnect probe.
-        let connected = self.app.kafka_status(|s| s.connected);
-        if self.assigned.is_empty() || !connected || Instant::now() >= self.next_metadata {
-            self.refresh_partitions()?;
-            self.next_metadata = Instant::now() + METADATA_REFRESH;
+        let news = self.probe.news(&mut self.seen);
+        if news.failures > 0 {
+            let m = &self.app.metrics.metrics;
+            let error = news
+                .last_error
+                .clone()
+                .unwrap_or(ic_kafka_client::probe::ProbeError {
+                    kind: "metadata",
+                    message: String::new(),
+                });
+            // Every failed call counted; the newest one logged and shown.
+            m.kafka_errors
+                .get_or_create(&KindLabel { kind: error.kind })
+                .inc_by(news.failures - 1);
+            self.failed(error.kind, &error.message);
         }
-        if Instant::now() >= self.next_watermarks {
-            self.refresh_watermarks()?;
-            self.next_watermarks = Instant::now() + WATERMARK_REFRESH;
+        if let Some(partitions) = news.partitions {
+            self.assign_partitions(partitions)?;
+        }
+        if let Some(marks) = news.watermarks {
+            self.update_lag(marks);
+        }
+        if self.assigned.is_empty() {
+            // Nothing to read until the lag thread's first partition
+            // lookup: wait for it without spinning.
+            std::thread::sleep(POLL);
+            return Ok(());
         }
         let mut timeout = POLL;
         for _ in 0..BURST {
@@ -217,7 +254,14 @@ impl Session {
                     // Drain what is already buffered without waiting.
                     timeout = Duration::ZERO;
                 }
-                Some(Err(error)) => return Err(Failure("consume", error.to_string())),
+                Some(Err(error)) => {
+                    if ic_kafka_client::probe::is_fatal(&self.consumer, &error) {
+                        return Err(Failure("consume", error.to_string()));
+                    }
+                    // librdkafka retries on its own: reported, no backoff.
+                    self.failed("consume", &error.to_string());
+                    break;
+                }
             }
         }
         if timeout.is_zero() {
@@ -227,37 +271,8 @@ impl Session {
     }
 
     /// Assigns every partition of the topic, each at its resume point, when
-    /// the set of partitions changed (first call, or the topic grew).
-    fn refresh_partitions(&mut self) -> Result<(), Failure> {
-        let metadata = self
-            .probe
-            .fetch_metadata(Some(&self.topic), BROKER_TIMEOUT)
-            .map_err(|e| Failure("metadata", e.to_string()))?;
-        let topic = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == self.topic)
-            .ok_or_else(|| {
-                Failure(
-                    "metadata",
-                    format!("topic {:?} not in metadata", self.topic),
-                )
-            })?;
-        if let Some(error) = topic.error() {
-            let error = rdkafka::error::RDKafkaErrorCode::from(error);
-            return Err(Failure(
-                "metadata",
-                format!("topic {:?}: {error}", self.topic),
-            ));
-        }
-        let mut partitions: Vec<i32> = topic.partitions().iter().map(|p| p.id()).collect();
-        partitions.sort_unstable();
-        if partitions.is_empty() {
-            return Err(Failure(
-                "metadata",
-                format!("topic {:?} has no partitions", self.topic),
-            ));
-        }
+    /// the set of partitions changed (first lookup, or the topic grew).
+    fn assign_partitions(&mut self, partitions: Vec<i32>) -> Result<(), Failure> {
         if partitions == self.assigned {
             return Ok(());
         }
@@ -293,17 +308,13 @@ impl Session {
         Ok(())
     }
 
-    /// Fetches high watermarks: lag metrics, the readiness gate, and a
-    /// cheap probe of the broker while no records arrive.
-    fn refresh_watermarks(&mut self) -> Result<(), Failure> {
-        let mut marks = BTreeMap::new();
-        for p in &self.assigned {
-            let m = self
-                .probe
-                .fetch_watermarks(&self.topic, *p, BROKER_TIMEOUT)
-                .map_err(|e| Failure("watermarks", e.to_string()))?;
-            marks.insert(*p, m);
-        }
+    /// Lag metrics and the readiness gate from the lag thread's newest
+    /// watermarks.
+    fn update_lag(&mut self, marks: BTreeMap<i32, (i64, i64)>) {
+        let marks: BTreeMap<i32, (i64, i64)> = marks
+            .into_iter()
+            .filter(|(p, _)| self.assigned.contains(p))
+            .collect();
         let lasts: Vec<Option<i64>> = self.app.views.read(|views| {
             marks
                 .keys()
@@ -340,7 +351,6 @@ impl Session {
             tracing::info!(topic = %self.topic, lags = ?lags, "Kafka consumer caught up; ready");
         }
         self.succeeded();
-        Ok(())
     }
 
     fn apply(
@@ -419,6 +429,6 @@ impl Session {
             s.failures += 1;
             s.last_error = Some(format!("{kind}: {error}"));
         });
-        tracing::warn!(topic = %self.topic, kind, error, "Kafka broker call failed; retrying with backoff");
+        tracing::warn!(topic = %self.topic, kind, error, "Kafka broker call failed");
     }
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use ic_index::ReplicaKey;
 use ic_index::ingest::{IngestLimits, Step};
+use ic_kafka_client::probe::{BrokerProbe, ProbeCursor, ProbeTimes};
 use ic_proto::index_v1 as pb;
 use ic_telemetry::MetricsRegistry;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -29,7 +30,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
-use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::Message as _;
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
@@ -59,6 +59,12 @@ pub struct KafkaConsumerFlags {
     /// the end of the topic (all partitions together).
     #[arg(long, env = "IC_KAFKA_READY_LAG_MESSAGES", default_value_t = 1000)]
     pub kafka_ready_lag_messages: u64,
+
+    /// Brokers the lag and partition queries go to (default:
+    /// --kafka-brokers). Hidden: tests point it at a listener that never
+    /// answers to show that reading does not wait on those queries.
+    #[arg(long, env = "IC_KAFKA_PROBE_BROKERS", hide = true)]
+    pub kafka_probe_brokers: Option<String>,
 }
 
 const CLIENT_ID: &str = "ic-index-server";
@@ -178,6 +184,8 @@ impl KafkaMetrics {
 #[derive(Debug)]
 pub struct Settings {
     client: rdkafka::ClientConfig,
+    /// The lag/metadata client's configuration (brokers may differ).
+    probe: rdkafka::ClientConfig,
     topic: String,
     snapshot_dir: Option<PathBuf>,
     snapshot_every: Duration,
@@ -210,8 +218,13 @@ impl KafkaConsumerFlags {
                 "fetch.message.max.bytes",
                 ic_kafka_client::MAX_MESSAGE_BYTES.to_string(),
             );
+        let mut probe = client.clone();
+        if let Some(brokers) = &self.kafka_probe_brokers {
+            probe.set("bootstrap.servers", brokers);
+        }
         Ok(Some(Settings {
             client,
+            probe,
             topic: self.client.kafka_topic.clone(),
             snapshot_dir: self.kafka_snapshot_dir.clone(),
             snapshot_every: Duration::from_secs(self.kafka_snapshot_interval_seconds),
@@ -247,7 +260,10 @@ struct Partition {
 pub struct KafkaConsumer {
     core: Arc<IndexCore>,
     consumer: BaseConsumer,
-    probe: BaseConsumer,
+    probe: BrokerProbe,
+    seen: ProbeCursor,
+    /// The partitions assigned to `consumer`, sorted.
+    assigned: Vec<i32>,
     settings: Settings,
     limits: IngestLimits,
     partitions: BTreeMap<i32, Partition>,
@@ -257,8 +273,6 @@ pub struct KafkaConsumer {
     snapshot_taken_ms: Arc<AtomicI64>,
     writing: Option<std::thread::JoinHandle<()>>,
     next_snapshot: Instant,
-    next_watermarks: Instant,
-    next_metadata: Instant,
 }
 
 /// What [`start`] hands back.
@@ -286,15 +300,28 @@ pub fn start(
         .create()
         .context("cannot create the Kafka consumer")?;
     let probe: BaseConsumer = settings
-        .client
+        .probe
         .create()
         .context("cannot create the Kafka metadata client")?;
+    let probe = BrokerProbe::start(
+        probe,
+        settings.topic.clone(),
+        ProbeTimes {
+            watermarks_every: WATERMARKS_EVERY,
+            metadata_every: METADATA_EVERY,
+            timeout: BROKER_TIMEOUT,
+            backoff_max: Duration::from_secs(10),
+        },
+    )
+    .context("cannot start the Kafka lag thread")?;
     let (ready, ready_rx) = watch::channel(false);
     let now = Instant::now();
     let mut this = KafkaConsumer {
         core,
         consumer,
         probe,
+        seen: ProbeCursor::default(),
+        assigned: Vec::new(),
         next_snapshot: now + settings.snapshot_every,
         settings,
         limits,
@@ -303,8 +330,6 @@ pub fn start(
         ready,
         snapshot_taken_ms: Arc::new(AtomicI64::new(0)),
         writing: None,
-        next_watermarks: now,
-        next_metadata: now,
     };
     let task = tokio::task::spawn_blocking(move || {
         this.load_snapshot();
@@ -418,26 +443,38 @@ impl KafkaConsumer {
         }
     }
 
-    /// One round: partitions, a burst of records, the lag and a snapshot
-    /// when due. Reading never waits on the lag check: under a slow broker
-    /// a failed watermark query leaves the lag unknown (readiness as it
-    /// was), and the records fetched are still applied.
+    /// One round: what the lag thread learnt (new partitions, the lag),
+    /// a burst of records, a snapshot when due. The lag and partition
+    /// queries run on their own thread ([`BrokerProbe`]): a slow broker
+    /// delays the lag figure (readiness stays as it was), never the
+    /// records. Only a fatal consumer error, or no partitions to read,
+    /// returns `Err` (the caller backs off).
     fn step(&mut self) -> Result<(), String> {
-        let now = Instant::now();
-        if self.partitions.is_empty() {
-            self.refresh_partitions()?;
-            self.next_metadata = now + METADATA_EVERY;
-        } else if now >= self.next_metadata {
-            self.next_metadata = now + METADATA_EVERY;
-            // Known partitions keep being read while metadata is slow.
-            if let Err(error) = self.refresh_partitions() {
-                self.metrics.errors.inc();
-                tracing::warn!(%error, "Kafka metadata refresh failed; reading the known partitions");
+        let news = self.probe.news(&mut self.seen);
+        if news.failures > 0 {
+            self.metrics.errors.inc_by(news.failures);
+            if let Some(error) = &news.last_error {
+                tracing::warn!(kind = error.kind, error = %error.message, failures = news.failures, "Kafka lag or metadata query failed; the last readiness holds and reading goes on");
             }
         }
+        if let Some(ids) = news.partitions {
+            self.adopt_partitions(&ids)?;
+        }
+        if self.assigned.is_empty() {
+            // Nothing to read yet: ask with the reading client too, so a
+            // lag thread that cannot reach its brokers does not keep the
+            // replica from reading.
+            let ids = ic_kafka_client::probe::topic_partitions(
+                &self.consumer,
+                &self.settings.topic,
+                BROKER_TIMEOUT,
+            )?;
+            self.adopt_partitions(&ids)?;
+        }
+        if let Some(marks) = news.watermarks {
+            self.update_lag(&marks);
+        }
         let mut timeout = POLL;
-        let mut consumed = 0usize;
-        let mut failed = None;
         for _ in 0..BURST {
             match self.consumer.poll(timeout) {
                 None => break,
@@ -446,70 +483,33 @@ impl KafkaConsumer {
                     let batch = ic_kafka_client::decode(msg.payload());
                     drop(msg);
                     self.handle(partition, offset, batch);
-                    consumed += 1;
                     timeout = Duration::ZERO;
                 }
                 Some(Err(error)) => {
-                    failed = Some(format!("consume: {error}"));
+                    if ic_kafka_client::probe::is_fatal(&self.consumer, &error) {
+                        return Err(format!("consume (fatal): {error}"));
+                    }
+                    // librdkafka retries on its own: count it, poll on.
+                    self.metrics.errors.inc();
+                    tracing::warn!(%error, "Kafka consumer error; polling on");
                     break;
                 }
-            }
-        }
-        if Instant::now() >= self.next_watermarks {
-            self.next_watermarks = Instant::now() + WATERMARKS_EVERY;
-            if let Err(error) = self.refresh_watermarks() {
-                // Lag unknown: the last readiness holds (a broker outage
-                // must not take every replica out at once) and reading goes on.
-                self.metrics.errors.inc();
-                tracing::warn!(%error, "Kafka lag unknown; keeping the last readiness and reading on");
             }
         }
         if Instant::now() >= self.next_snapshot {
             self.next_snapshot = Instant::now() + self.settings.snapshot_every;
             self.take_snapshot();
         }
-        match failed {
-            // Records were applied: no backoff, the error is logged.
-            Some(error) if consumed > 0 => {
-                self.metrics.errors.inc();
-                tracing::warn!(%error, consumed, "Kafka consumer error after a burst");
-                Ok(())
-            }
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        Ok(())
     }
 
-    /// Assigns every partition of the topic at its position.
-    fn refresh_partitions(&mut self) -> Result<(), String> {
-        let topic = self.settings.topic.clone();
-        let metadata = self
-            .probe
-            .fetch_metadata(Some(&topic), BROKER_TIMEOUT)
-            .map_err(|e| format!("metadata: {e}"))?;
-        let t = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .ok_or_else(|| format!("metadata: topic {topic:?} not found"))?;
-        if let Some(error) = t.error() {
-            return Err(format!(
-                "metadata: topic {topic:?}: {}",
-                RDKafkaErrorCode::from(error)
-            ));
-        }
-        let ids: Vec<i32> = t.partitions().iter().map(|p| p.id()).collect();
-        if ids.is_empty() {
-            return Err(format!("metadata: topic {topic:?} has no partitions"));
-        }
-        let known: Vec<i32> = self.partitions.keys().copied().collect();
-        let assigned = self.consumer.assignment().map(|a| a.count()).unwrap_or(0);
-        let mut sorted = ids.clone();
-        sorted.sort_unstable();
-        if sorted == known && assigned == known.len() {
+    /// Assigns every partition of the topic at its position when the set
+    /// changed (a local call: nothing waits on the broker).
+    fn adopt_partitions(&mut self, ids: &[i32]) -> Result<(), String> {
+        if ids == self.assigned.as_slice() {
             return Ok(());
         }
-        for id in &ids {
+        for id in ids {
             if !self.partitions.contains_key(id) {
                 let session = self.new_session();
                 self.partitions.insert(
@@ -523,7 +523,8 @@ impl KafkaConsumer {
             }
         }
         self.assign()?;
-        tracing::info!(topic = %topic, partitions = ?sorted, "Kafka partitions assigned");
+        self.assigned = ids.to_vec();
+        tracing::info!(topic = %self.settings.topic, partitions = ?ids, "Kafka partitions assigned");
         Ok(())
     }
 
@@ -540,14 +541,13 @@ impl KafkaConsumer {
             .map_err(|e| format!("assign: {e}"))
     }
 
-    /// Reads the watermarks: the lag and readiness.
-    fn refresh_watermarks(&mut self) -> Result<(), String> {
+    /// The lag and readiness from the lag thread's newest watermarks.
+    fn update_lag(&mut self, marks: &BTreeMap<i32, (i64, i64)>) {
         let mut lag: u64 = 0;
         for (id, p) in &mut self.partitions {
-            let (low, high) = self
-                .probe
-                .fetch_watermarks(&self.settings.topic, *id, BROKER_TIMEOUT)
-                .map_err(|e| format!("watermarks of partition {id}: {e}"))?;
+            let Some(&(low, high)) = marks.get(id) else {
+                continue;
+            };
             p.marks = Some((low, high));
             // Beyond the end counts as caught up: a broker may report a
             // high watermark below the last record (tansu 0.6 reports the
@@ -566,7 +566,6 @@ impl KafkaConsumer {
             let age = (self.core.now_ms() - taken).max(0) / 1000;
             self.metrics.snapshot_age.set(age);
         }
-        Ok(())
     }
 
     /// One record: through the ingest path, or skipped and counted.
