@@ -126,19 +126,9 @@ impl Broker {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Every `panicked at` line of the broker's whole log with the line
-    /// after it (the message). tansu 0.6's SQLite store panics on a
-    /// produce with a producer epoch it did not create, and then answers
-    /// every request with an error: our producers must never send one.
+    /// Every panic in the broker's whole log (`ic_e2e::tansu::panics`).
     fn panics(&self) -> Vec<String> {
-        let log = std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.contains("panicked at"))
-            .map(|(i, l)| format!("{l}\n{}", lines.get(i + 1).unwrap_or(&"")))
-            .collect()
+        ic_e2e::tansu::panics(&self.dir.path().join("broker.log"))
     }
 
     /// Fails the test when the broker panicked.

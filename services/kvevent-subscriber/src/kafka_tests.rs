@@ -67,16 +67,9 @@ impl Broker {
         assert!(status.success(), "kill {signal} the broker");
     }
 
-    /// Every `panicked at` line of the broker's log and the line after it.
+    /// Every panic in the broker's log.
     fn panics(&self) -> Vec<String> {
-        let log = std::fs::read_to_string(self.dir.join("broker.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.contains("panicked at"))
-            .map(|(i, l)| format!("{l} {}", lines.get(i + 1).unwrap_or(&"")))
-            .collect()
+        ic_e2e::tansu::panics(&self.dir.join("broker.log"))
     }
 }
 

@@ -102,6 +102,22 @@ pub fn wait_listening(child: &mut std::process::Child, port: u16, log: impl Fn()
     }
 }
 
+/// Every `panicked at` line of the broker log at `log`, each with the line
+/// after it (the message). tansu 0.6's SQLite store panics on a produce
+/// with a producer epoch it did not create and then answers every request
+/// with an error, so tests assert this is empty. A missing log reads as
+/// no panics.
+pub fn panics(log: &std::path::Path) -> Vec<String> {
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("panicked at"))
+        .map(|(i, l)| format!("{l}\n{}", lines.get(i + 1).unwrap_or(&"")))
+        .collect()
+}
+
 /// Creates topic `name` with `partitions` on the broker at 127.0.0.1:`port`
 /// (tansu does not create topics on its own).
 ///
