@@ -99,6 +99,18 @@ fn main() -> anyhow::Result<()> {
         stream.finals.len(),
         started.elapsed().as_secs_f64()
     );
+    let shape = stream.query_shape();
+    eprintln!(
+        "queries: {} of {} match no worker; blocks a walk reads (longest overlap + 1, at most the prompt): {} in all, {:.1} a query; finals: {} of {} match none, {} blocks, {:.1} a lookup",
+        shape.queries_unmatched,
+        stream.queries,
+        shape.query_blocks,
+        shape.query_blocks as f64 / stream.queries.max(1) as f64,
+        shape.finals_unmatched,
+        stream.finals.len(),
+        shape.final_blocks,
+        shape.final_blocks as f64 / stream.finals.len().max(1) as f64,
+    );
     let report = run::run(&stream, args.reps, args.only)?;
     println!("{}", report.table());
     if let Some(path) = args.json {

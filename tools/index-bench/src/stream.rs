@@ -89,6 +89,40 @@ pub struct Stream {
     pub finals: Vec<(u32, Vec<(u32, u32)>)>,
 }
 
+/// How much of the prompts a lookup walks (for instructions per block).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryShape {
+    pub queries_unmatched: u64,
+    /// Per query, its longest expected overlap plus the block that ends
+    /// it (at most the prompt's length): the blocks an exact walk reads.
+    pub query_blocks: u64,
+    pub finals_unmatched: u64,
+    pub final_blocks: u64,
+}
+
+impl Stream {
+    /// The queries' and final lookups' shape, from the expected overlaps.
+    pub fn query_shape(&self) -> QueryShape {
+        let walked = |prompt: u32, expected: &[(u32, u32)]| {
+            let longest = expected.iter().map(|e| e.1).max().unwrap_or(0);
+            let len = self.prompts.get(prompt as usize).map_or(0, Vec::len) as u64;
+            (u64::from(longest) + 1).min(len)
+        };
+        let mut shape = QueryShape::default();
+        for item in &self.items {
+            if let Item::Query { prompt, expected } = item {
+                shape.queries_unmatched += u64::from(expected.is_empty());
+                shape.query_blocks += walked(*prompt, expected);
+            }
+        }
+        for (prompt, expected) in &self.finals {
+            shape.finals_unmatched += u64::from(expected.is_empty());
+            shape.final_blocks += walked(*prompt, expected);
+        }
+        shape
+    }
+}
+
 fn mix(a: u64, b: u64) -> u64 {
     // splitmix64 finaliser over the pair: well spread, deterministic.
     let mut z = a ^ b.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(31);
