@@ -4,8 +4,9 @@
 //! holding a different share of it (or, with `HOLDERS`, only that many of
 //! them; the rest hold other blocks), with every replica on the load board;
 //! with `pick`, each ranking's destination is recorded as a pick (as
-//! LookupRoute does), so a large scope's shortlist is rebuilt as it would be
-//! under load (one ranking per ms: every 16 picks).
+//! LookupRoute does), so a large scope's shortlist follows picks and is
+//! rebuilt as it would be under load (one ranking per ms: once 20 ms old,
+//! or once picks made its listed replicas busier than the rest).
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings};
 use ic_index::pick::{ScoreWeights, TtftModel};
@@ -100,6 +101,7 @@ fn main() {
                 },
                 scope_tag: scope_tag(&scope),
                 pool: None,
+                others: ic_index::pick::OTHERS_RANKED,
             },
         );
         best += ranked.ranked.len();

@@ -77,8 +77,10 @@ pub struct LoadSettings {
     /// A large scope's shortlist of its least loaded replicas (and its
     /// fleet figures) is rebuilt once it is this old, ms.
     pub shortlist_refresh_ms: i64,
-    /// ... or once this many load changes (picks, reports, requests ended)
-    /// happened on the board since it was built.
+    /// ... or once this many load changes other than picks (engine
+    /// reports, requests started or ended, queued work, peers' figures)
+    /// happened on the board since it was built: picks only add to a
+    /// replica's load, which the shortlist follows exactly.
     pub shortlist_refresh_changes: u64,
 }
 
@@ -236,8 +238,8 @@ pub struct LoadBoard {
     scopes: RwLock<FastMap<u64, MemberLoads>>,
     /// Peer replicas whose figures are fresh ([`LoadBoard::set_live_peers`]).
     live_peers: AtomicU32,
-    /// Load changes so far (every pick, report, request start and end):
-    /// how stale a scope's shortlist is.
+    /// Load changes other than picks so far (reports, requests started and
+    /// ended, queued work, peers' figures): how stale a scope's shortlist is.
     changes: AtomicU64,
     /// Shortlists rebuilt (see [`LoadBoard::shortlist_refreshes`]).
     refreshes: AtomicU64,
@@ -378,9 +380,15 @@ impl LoadBoard {
         self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Runs `f` on `replica_id`'s entry, creating it when new.
+    /// Runs `f` on `replica_id`'s entry, creating it when new; a load
+    /// change.
     fn with_entry(&self, replica_id: &str, f: impl FnOnce(&Entry)) {
         self.changed();
+        self.with_entry_quiet(replica_id, f);
+    }
+
+    /// [`Self::with_entry`] without counting a change.
+    fn with_entry_quiet(&self, replica_id: &str, f: impl FnOnce(&Entry)) {
         if let Some(e) = self.entries.read().get(replica_id) {
             return f(e);
         }
@@ -495,15 +503,54 @@ impl LoadBoard {
                 self.epoch_ms.store(now_ms, Ordering::Relaxed);
             }
         }
+        // A pick only adds to its replica's figures, so a shortlist need
+        // not be rebuilt for it: the shortlists listing the replica add it
+        // to their fleet figures instead, and it is no change.
+        let lists = self.shortlists_of(replica_id);
         // Weighed under the map's lock, so a rebase never falls between.
-        self.with_entry(replica_id, |e| {
+        self.with_entry_quiet(replica_id, |e| {
+            let decay = self.decay_factor(now_ms);
+            let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
             e.add_recent(self.ahead(now_ms).max(0.0).exp2());
             let work = work_ms(e.prefill_rate());
             if work > 0.0 {
                 enqueue(&e.picked_busy_until, now_ms as f64, work);
             }
+            if let Some(before) = before {
+                let after = self.entry_load(e, now_ms, decay).requests;
+                for (list, members) in &lists {
+                    list.picked(*members, after - before, after);
+                }
+            }
         });
         self.own_listener.tell(replica_id);
+    }
+
+    /// The scopes' shortlists whose fleet counts `replica_id`, and how many
+    /// of its members it is in each (a pod's data-parallel ranks share it).
+    fn shortlists_of(
+        &self,
+        replica_id: &str,
+    ) -> smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> {
+        let mut lists = smallvec::SmallVec::new();
+        let scopes = self.scopes.read();
+        if scopes.is_empty() {
+            return lists;
+        }
+        let h = crate::pick::id_hash(replica_id);
+        for m in scopes.values() {
+            let Some(list) = m.shortlist.read().clone() else {
+                continue;
+            };
+            let n = m
+                .with_hash(h)
+                .filter(|&i| list.counts(i) && m.members[i].key.replica_id == replica_id)
+                .count();
+            if n > 0 {
+                lists.push((list, n));
+            }
+        }
+        lists
     }
 
     /// Calls `f` with the replica id after every change of this server's

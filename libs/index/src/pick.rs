@@ -346,6 +346,26 @@ impl OtherKey {
         }
     }
 
+    /// A key no worse than that of any non-holder whose figures are each
+    /// no better than `floor`'s (requests, own requests, KV usage and
+    /// queued work at least as large, prefill rate at most as fast): the
+    /// score is monotone in each figure and the bound is left out (a
+    /// replica within it ranks first), so `k.load_cmp(&floor) == Less`
+    /// proves `k` ranks before every such replica, whatever its tie-break.
+    pub(crate) fn floor(
+        input: &PickInput<'_>,
+        weights: &ScoreWeights,
+        fleet: &Fleet,
+        floor: &ReplicaLoad,
+    ) -> Self {
+        Self {
+            over_bound: false,
+            score: score(input, weights, fleet, floor, 0.0, 1.0),
+            requests: requests_key(weights, floor),
+            tie: 0,
+        }
+    }
+
     /// [`rank`]'s order, up to the replica key.
     pub fn rank_cmp(&self, other: &Self) -> std::cmp::Ordering {
         self.over_bound
@@ -430,6 +450,21 @@ pub fn rank_in(
     loads: &[ReplicaLoad],
     fleet: &Fleet,
 ) -> Vec<Scored> {
+    rank_top(input, weights, loads, fleet, OTHERS_RANKED)
+}
+
+/// [`rank_in`] returning the best `others` replicas holding none of the
+/// prompt (at least one) instead of [`OTHERS_RANKED`]: a caller that reads
+/// only the first of them (the hint is compared with it, and load alone
+/// sends a request there) copies no name for the rest.
+pub fn rank_top(
+    input: &PickInput<'_>,
+    weights: &ScoreWeights,
+    loads: &[ReplicaLoad],
+    fleet: &Fleet,
+    others: usize,
+) -> Vec<Scored> {
+    let keep = others.max(1);
     let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
     let bound = fleet.bound(weights);
     let matches = by_id_hash(input.matches, |m| &m.replica.replica_id);
@@ -495,9 +530,9 @@ pub fn rank_in(
     };
     // Only the best few of the rest are returned: select them in linear
     // time rather than sorting them all.
-    if others.len() > OTHERS_RANKED {
-        others.select_nth_unstable_by(OTHERS_RANKED - 1, better);
-        others.truncate(OTHERS_RANKED);
+    if others.len() > keep {
+        others.select_nth_unstable_by(keep - 1, better);
+        others.truncate(keep);
     }
     order.append(&mut others);
     order.sort_unstable_by(better);

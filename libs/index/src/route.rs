@@ -363,7 +363,7 @@ pub struct Ranked {
     /// Full blocks in the prompt (0 for a prefix-hash query).
     pub prompt_blocks: u32,
     /// Every eligible replica holding part of the prompt and the best
-    /// [`crate::pick::OTHERS_RANKED`] others, best first (empty when the
+    /// [`Scoring::others`] others, best first (empty when the
     /// routing core had nothing to score: unknown scope, short prompt,
     /// timeout, minimum).
     pub ranked: Vec<Scored>,
@@ -474,6 +474,11 @@ pub struct Scoring<'a> {
     /// scope's replicas: an endpoint picker's pool, where an endpoint the
     /// index has not heard from yet is still a candidate.
     pub pool: Option<&'a [(ReplicaKey, String)]>,
+    /// Replicas holding none of the prompt to rank in full, at most (at
+    /// least one): the first is what the hint is weighed against and where
+    /// load alone sends a request; [`crate::pick::OTHERS_RANKED`] keeps
+    /// fallbacks. Fewer cost fewer loads read and names copied.
+    pub others: usize,
 }
 
 impl std::fmt::Debug for Scoring<'_> {
@@ -492,6 +497,12 @@ impl std::fmt::Debug for Scoring<'_> {
 pub fn scope_tag(scope: &Scope) -> u64 {
     use std::hash::BuildHasher;
     foldhash::fast::FixedState::with_seed(0x5eed_5c09_e7a6_0001).hash_one(scope)
+}
+
+/// Whether a replica's score falls as each of its figures grows (weights
+/// of no sign below zero): what a shortlist's floors rely on.
+fn monotone(w: &ScoreWeights) -> bool {
+    w.prefix >= 0.0 && w.load >= 0.0 && w.kv_usage >= 0.0
 }
 
 /// [`route`], then the scoring: the prefix match (real or speculative),
@@ -628,7 +639,8 @@ pub fn route_ranked(
                 let mut keep = query.candidates.is_none()
                     && members.len() > SHORTLIST_ABOVE
                     && settings.shortlist_refresh_ms > 0
-                    && settings.shortlist_refresh_changes > 0;
+                    && settings.shortlist_refresh_changes > 0
+                    && monotone(scoring.weights);
                 if keep {
                     let shortlist = resolved.shortlist.read().clone();
                     if let Some(shortlist) =
@@ -641,9 +653,15 @@ pub fn route_ranked(
                             .map(|m| id_hash(&m.replica.replica_id))
                             .chain(speculative.iter().map(|(id, _)| id_hash(id)))
                             .collect();
-                        if let Some(eligible) =
-                            shortlist.eligible(members, resolved, reader, &holders, fresh_since)
-                        {
+                        if let Some(eligible) = shortlist.eligible(
+                            members,
+                            resolved,
+                            reader,
+                            &input,
+                            &holders,
+                            fresh_since,
+                            scoring.others,
+                        ) {
                             return eligible;
                         }
                     }
@@ -666,6 +684,7 @@ pub fn route_ranked(
                     // Built from the loads just read: the lookup that
                     // finds the shortlist stale pays one pass, as before.
                     let rebuilt = Shortlist::build(
+                        members.len(),
                         &positions,
                         &eligible.loads,
                         &input,
@@ -698,7 +717,7 @@ pub fn route_ranked(
         (None, None, _) => Eligible::default(),
     };
     // Every holder and the best few others, scored as among the whole scope.
-    let ranked = rank_eligible(&eligible, &input, scoring.weights);
+    let ranked = rank_eligible(&eligible, &input, scoring.weights, scoring.others);
     let holder_within = ranked
         .iter()
         .position(|s| s.matched_blocks > 0 && !s.over_bound)

@@ -47,6 +47,8 @@ struct Fleet {
     load: LoadBoard,
     speculation: Speculation,
     weights: ScoreWeights,
+    /// Others ranked in full ([`Scoring::others`]).
+    others: usize,
 }
 
 impl Fleet {
@@ -61,6 +63,7 @@ impl Fleet {
             load: LoadBoard::new(LoadSettings::default()),
             speculation: Speculation::new(SpeculationSettings::default()),
             weights,
+            others: crate::pick::OTHERS_RANKED,
         }
     }
 
@@ -87,6 +90,7 @@ impl Fleet {
                 },
                 scope_tag: scope_tag(&scope),
                 pool: None,
+                others: self.others,
             },
         )
     }
@@ -298,6 +302,7 @@ fn a_cold_prompt_with_candidates_gets_a_destination_by_load() {
                 },
                 scope_tag: scope_tag(&scope),
                 pool: None,
+                others: crate::pick::OTHERS_RANKED,
             },
         )
     };
@@ -607,6 +612,7 @@ fn ranks_as_every_replica(
                 },
                 scope_tag: tag,
                 pool: None,
+                others: crate::pick::OTHERS_RANKED,
             },
         );
         proptest::prop_assert_eq!(got.ranked, full_ranking(&fleet, &prompt, candidates, now));
@@ -652,7 +658,7 @@ proptest::proptest! {
 }
 
 /// A large scope's shortlist is rebuilt once its change budget or its age
-/// runs out, and not before (its staleness bound).
+/// runs out, and not before (its staleness bound); picks are no change.
 #[test]
 fn a_shortlist_is_rebuilt_after_its_changes_or_its_age() {
     let ids: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
@@ -670,10 +676,21 @@ fn a_shortlist_is_rebuilt_after_its_changes_or_its_age() {
     assert_eq!(fleet.load.shortlist_refreshes(), 1);
     fleet.ask(&prompt, T0);
     assert_eq!(fleet.load.shortlist_refreshes(), 1, "served");
+    // Picks of the best others (a shortlist follows them): no rebuild.
+    for id in ["r0", "r37", "r74", "r1"] {
+        fleet.load.picked(id, T0);
+    }
+    fleet.ask(&prompt, T0);
+    assert_eq!(fleet.load.shortlist_refreshes(), 1, "picks are no change");
     // r1 is on the board already (a replica new to it resolves the
     // scope's loads, and its shortlist, again).
+    let report = crate::load::EngineLoad {
+        waiting: 1,
+        running: 0,
+        kv_usage: 0.0,
+    };
     for _ in 1..settings.shortlist_refresh_changes {
-        fleet.load.picked("r1", T0);
+        fleet.load.report_engine("r1", report, T0);
     }
     fleet.ask(&prompt, T0);
     assert_eq!(
@@ -681,7 +698,7 @@ fn a_shortlist_is_rebuilt_after_its_changes_or_its_age() {
         1,
         "within the change budget"
     );
-    fleet.load.picked("r1", T0);
+    fleet.load.report_engine("r1", report, T0);
     fleet.ask(&prompt, T0);
     assert_eq!(fleet.load.shortlist_refreshes(), 2, "the budget ran out");
     fleet.ask(&prompt, T0 + settings.shortlist_refresh_ms - 1);
@@ -769,3 +786,6 @@ proptest::proptest! {
         );
     }
 }
+
+#[path = "route_tests/follows_picks.rs"]
+mod follows_picks;

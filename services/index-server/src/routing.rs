@@ -39,12 +39,13 @@ pub struct ScoringFlags {
     #[arg(long, env = "IC_PICK_HALF_LIFE_MS", default_value_t = 10_000)]
     pub pick_half_life_ms: u32,
     /// A scope of over 64 replicas keeps its least loaded replicas between
-    /// lookups, rebuilt once the list is this old, ms (0: rank every
-    /// replica on every lookup).
+    /// lookups (following picks exactly), rebuilt once the list is this
+    /// old, ms (0: rank every replica on every lookup).
     #[arg(long, env = "IC_SHORTLIST_REFRESH_MS", default_value_t = 20)]
     pub shortlist_refresh_ms: u32,
-    /// ... or once this many load changes happened since (0: rank every
-    /// replica on every lookup).
+    /// ... or once this many load changes other than picks (engine
+    /// reports, requests started or ended, queued work, peers' figures)
+    /// happened since (0: rank every replica on every lookup).
     #[arg(long, env = "IC_SHORTLIST_REFRESH_CHANGES", default_value_t = 16)]
     pub shortlist_refresh_changes: u32,
     /// How long a pick counts as a speculative holder of the prompt's
@@ -273,6 +274,9 @@ impl Routing {
                 source: self,
                 scope_tag,
                 pool,
+                // Both front ends read the first of the others only (the
+                // picker's fallbacks are ranked by load apart).
+                others: 1,
             },
         )
     }

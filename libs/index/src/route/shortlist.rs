@@ -1,17 +1,16 @@
 //! Which replicas of a scope the ranking scores in full: every replica
 //! holding part of the prompt (really or speculatively) and the best
-//! [`OTHERS_RANKED`] of the rest by [`OtherKey`], ranked with the whole
+//! `others` of the rest by [`OtherKey`], ranked with the whole
 //! scope's [`Fleet`] figures. [`rank_in`] then answers exactly what
 //! [`crate::pick::rank`] of every replica answers, while a replica that is
 //! neither costs one load read and one key instead of a full score, a name
 //! hash, two holder searches and a sort entry.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::load::{LoadReader, MemberLoads, ReplicaLoad};
-use crate::pick::{
-    Fleet, OTHERS_RANKED, OtherKey, PickInput, ScoreWeights, Scored, id_hash, rank_in,
-};
+use crate::pick::{Fleet, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, id_hash, rank_top};
 use crate::registry::ReplicaMeta;
 use crate::types::ReplicaKey;
 
@@ -47,12 +46,14 @@ impl<'a> Eligible<'a> {
 }
 
 /// Ranks `eligible` for the prompt of `input` (its `replicas` are ignored):
-/// every holder and the best [`OTHERS_RANKED`] others, best first.
+/// every holder and the best `others` others (at least one), best first.
 pub(super) fn rank_eligible(
     eligible: &Eligible<'_>,
     input: &PickInput<'_>,
     weights: &ScoreWeights,
+    others: usize,
 ) -> Vec<Scored> {
+    let others = others.max(1);
     let n = eligible.replicas.len();
     let fleet = eligible
         .fleet
@@ -63,13 +64,13 @@ pub(super) fn rank_eligible(
         .map(|m| id_hash(&m.replica.replica_id))
         .chain(input.speculative.iter().map(|(id, _)| id_hash(id)))
         .collect();
-    if n <= holders.len() + OTHERS_RANKED {
+    if n <= holders.len() + others {
         // Every replica would be scored anyway.
         let all = PickInput {
             replicas: &eligible.replicas,
             ..*input
         };
-        return rank_in(&all, weights, &eligible.loads, &fleet);
+        return rank_top(&all, weights, &eligible.loads, &fleet, others);
     }
     holders.sort_unstable();
     holders.dedup();
@@ -81,21 +82,21 @@ pub(super) fn rank_eligible(
         a.0.rank_cmp(&b.0)
             .then_with(|| key_of(a.1).cmp(key_of(b.1)))
     };
-    let mut chosen: Vec<usize> = Vec::with_capacity(holders.len() + OTHERS_RANKED);
+    let mut chosen: Vec<usize> = Vec::with_capacity(holders.len() + others);
     // The best others so far, best first.
-    let mut best: Vec<(OtherKey, usize)> = Vec::with_capacity(OTHERS_RANKED + 1);
+    let mut best: Vec<(OtherKey, usize)> = Vec::with_capacity(others + 1);
     for (i, (&h, load)) in eligible.id_hashes.iter().zip(&eligible.loads).enumerate() {
         if holds(h) {
             chosen.push(i);
             continue;
         }
         let key = (OtherKey::new(input, weights, &fleet, load, h), i);
-        if best.len() == OTHERS_RANKED && better(&key, &best[OTHERS_RANKED - 1]).is_ge() {
+        if best.len() == others && better(&key, &best[others - 1]).is_ge() {
             continue;
         }
         let at = best.partition_point(|b| better(b, &key).is_lt());
         best.insert(at, key);
-        best.truncate(OTHERS_RANKED);
+        best.truncate(others);
     }
     chosen.extend(best.iter().map(|(_, i)| *i));
     chosen.sort_unstable();
@@ -105,7 +106,7 @@ pub(super) fn rank_eligible(
         replicas: &replicas,
         ..*input
     };
-    rank_in(&part, weights, &loads, &fleet)
+    rank_top(&part, weights, &loads, &fleet, others)
 }
 
 /// Scopes with more replicas than this (stale ones counted) keep a [`Shortlist`]
@@ -113,23 +114,34 @@ pub(super) fn rank_eligible(
 /// instructions in all).
 pub(super) const SHORTLIST_ABOVE: usize = 64;
 
-/// Replicas a [`Shortlist`] keeps (and every replica tied with the last):
-/// twice [`OTHERS_RANKED`], so that a prompt held by some of them, or a
-/// member gone stale, still leaves that many others inside (else every
-/// replica is ranked). No room helps against picks: a replica outside that
-/// they left less loaded than those inside is missed until the rebuild.
-const SHORTLISTED: usize = 2 * OTHERS_RANKED;
+/// Replicas a [`Shortlist`] lists, best first. A lookup reads them in order
+/// only until the others asked for are proven the best, so the length
+/// only bounds how many picks (which make the first ones worse) a list
+/// outlives before it is rebuilt.
+const LISTED: usize = 64;
 
-/// A large scope's least loaded replicas, as of one moment, and the whole
-/// scope's [`Fleet`] figures then: a lookup reads the loads of these and of
-/// its holders only. Rebuilt (by a lookup that reads every load anyway)
-/// once [`crate::load::LoadSettings::shortlist_refresh_ms`] old or
-/// [`crate::load::LoadSettings::shortlist_refresh_changes`] load changes
-/// on. Until then a lookup answers as ranking every replica would have at
-/// the moment it was built, with the current loads of the replicas it
-/// scores: a replica outside is missed only if it became less loaded than
-/// the best others inside within that bound, and the scores are relative to
-/// a busiest replica and a fair share that old.
+/// A large scope's replicas in order of load as of one moment, each with a
+/// floor under its figures and those of every replica after it (and every
+/// replica not listed), and the whole scope's [`Fleet`] figures then, kept
+/// up to date by the scope's picks ([`Shortlist::picked`]).
+///
+/// A lookup reads its holders' loads and the listed replicas' in order,
+/// stopping once the others asked for (the routing core's
+/// [`super::Scoring::others`]) rank strictly before the floor
+/// of everything unread ([`OtherKey::floor`]): those are then the best
+/// others of the whole scope. Picks and queued work only make a replica's
+/// figures larger, so a floor stays a floor and a pick costs the list
+/// nothing; a list whose first replicas picks made too busy is read
+/// further, and rebuilt (by a lookup that reads every load anyway) once
+/// the floors prove nothing. At the moment it was built, whatever picks
+/// were made since, a lookup answers exactly what ranking every replica
+/// answers. Other changes (engine reports, requests started or ended,
+/// peers' figures) can make an unread replica less loaded: the list is
+/// rebuilt after [`crate::load::LoadSettings::shortlist_refresh_changes`]
+/// of them, or once [`crate::load::LoadSettings::shortlist_refresh_ms`]
+/// old (time lowers every load, not all alike); until then an unread
+/// replica is missed only if such a change or time made it less loaded
+/// than the others read.
 #[derive(Debug)]
 pub(crate) struct Shortlist {
     at_ms: i64,
@@ -143,8 +155,20 @@ pub(crate) struct Shortlist {
     /// prices the prefill): the shortlist serves that many tokens only.
     exact_tokens: Option<u64>,
     fleet: Fleet,
-    /// Member positions, ascending.
-    members: Box<[u32]>,
+    /// Member positions, best first by load when built.
+    listed: Box<[u32]>,
+    /// `floors[i]`: no more than the figures of `listed[i..]` and of every
+    /// eligible member not listed, when built (`None`: no such member).
+    floors: Box<[Option<ReplicaLoad>]>,
+    /// The members eligible when built, one bit each: whose picks change
+    /// the fleet's figures.
+    eligible: Box<[u64]>,
+    /// Requests the scope's picks added since, over its eligible members
+    /// (`f64` bits).
+    added_requests: AtomicU64,
+    /// The busiest eligible member's requests, picks since included
+    /// (`f64` bits).
+    max_requests: AtomicU64,
 }
 
 fn prompt_tokens(input: &PickInput<'_>) -> u64 {
@@ -155,10 +179,36 @@ fn prompt_class(input: &PickInput<'_>) -> u32 {
     prompt_tokens(input).ilog2()
 }
 
+/// The lowest of each figure of `a` and `b` (the fastest rate, a missing
+/// one read as `model_rate`, the rate its score assumes).
+fn lower(a: &ReplicaLoad, b: &ReplicaLoad, model_rate: f64) -> ReplicaLoad {
+    let rate = |l: &ReplicaLoad| l.prefill_tokens_per_ms.unwrap_or(model_rate);
+    ReplicaLoad {
+        requests: a.requests.min(b.requests),
+        kv_usage: a.kv_usage.min(b.kv_usage),
+        queued_ms: a.queued_ms.min(b.queued_ms),
+        prefill_tokens_per_ms: Some(rate(a).max(rate(b))),
+        own_requests: a.own_requests.min(b.own_requests),
+    }
+}
+
+fn add_f64(a: &AtomicU64, x: f64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+        Some((f64::from_bits(bits) + x).to_bits())
+    });
+}
+
+fn max_f64(a: &AtomicU64, x: f64) {
+    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+        (x > f64::from_bits(bits)).then(|| x.to_bits())
+    });
+}
+
 impl Shortlist {
     /// Built from every eligible member (`positions` in the scope's member
-    /// list, `loads` theirs).
+    /// list, ascending; `loads` theirs) of a scope of `members` members.
     pub(super) fn build(
+        members: usize,
         positions: &[u32],
         loads: &[ReplicaLoad],
         input: &PickInput<'_>,
@@ -170,21 +220,39 @@ impl Shortlist {
             && loads
                 .windows(2)
                 .any(|w| w[0].prefill_tokens_per_ms != w[1].prefill_tokens_per_ms);
+        let model_rate = weights
+            .ttft
+            .map_or(TtftModel::DEFAULT.tokens_per_ms, |m| m.tokens_per_ms);
         let mut keys: Vec<(OtherKey, u32)> = positions
             .iter()
             .zip(loads)
-            .map(|(&p, load)| (OtherKey::new(input, weights, &fleet, load, 0), p))
+            .enumerate()
+            .map(|(i, (_, load))| {
+                let i = u32::try_from(i).unwrap_or(u32::MAX);
+                (OtherKey::new(input, weights, &fleet, load, 0), i)
+            })
             .collect();
-        if keys.len() > SHORTLISTED {
-            let (_, last, _) =
-                keys.select_nth_unstable_by(SHORTLISTED - 1, |a, b| a.0.load_cmp(&b.0));
-            let last = last.0;
-            // Every replica tied with the last too: one left out would be
-            // missed by a prompt whose tie-break prefers it.
-            keys.retain(|(k, _)| k.load_cmp(&last).is_le());
+        let cmp = |a: &(OtherKey, u32), b: &(OtherKey, u32)| a.0.load_cmp(&b.0);
+        if keys.len() > LISTED {
+            keys.select_nth_unstable_by(LISTED - 1, cmp);
         }
-        let mut members: Vec<u32> = keys.into_iter().map(|(_, p)| p).collect();
-        members.sort_unstable();
+        let listed = keys.len().min(LISTED);
+        let (first, rest) = keys.split_at_mut(listed);
+        first.sort_unstable_by(cmp);
+        let mut floor = rest
+            .iter()
+            .map(|(_, i)| loads[*i as usize])
+            .reduce(|a, b| lower(&a, &b, model_rate));
+        let mut floors = vec![floor; first.len() + 1];
+        for (j, (_, i)) in first.iter().enumerate().rev() {
+            let l = &loads[*i as usize];
+            floor = Some(floor.map_or(*l, |f| lower(&f, l, model_rate)));
+            floors[j] = floor;
+        }
+        let mut eligible = vec![0u64; members.div_ceil(64)];
+        for &p in positions {
+            eligible[p as usize / 64] |= 1 << (p % 64);
+        }
         Self {
             at_ms: reader.now_ms(),
             changes: reader.changes(),
@@ -192,7 +260,37 @@ impl Shortlist {
             prompt_class: prompt_class(input),
             exact_tokens: rates_differ.then(|| prompt_tokens(input)),
             fleet,
-            members: members.into(),
+            listed: first.iter().map(|(_, i)| positions[*i as usize]).collect(),
+            floors: floors.into(),
+            eligible: eligible.into(),
+            added_requests: AtomicU64::new(0f64.to_bits()),
+            max_requests: AtomicU64::new(fleet.max_requests.to_bits()),
+        }
+    }
+
+    /// Whether member `p` was eligible when this was built.
+    pub(crate) fn counts(&self, p: usize) -> bool {
+        self.eligible
+            .get(p / 64)
+            .is_some_and(|w| w & (1 << (p % 64)) != 0)
+    }
+
+    /// A pick added `requests` to `members` eligible members (one replica
+    /// id's), each now busy with `now_requests`.
+    pub(crate) fn picked(&self, members: usize, requests: f64, now_requests: f64) {
+        if members > 0 && requests.is_finite() && now_requests.is_finite() {
+            add_f64(&self.added_requests, requests * members as f64);
+            max_f64(&self.max_requests, now_requests);
+        }
+    }
+
+    /// The scope's fleet figures now: as built, with the picks since.
+    fn fleet_now(&self) -> Fleet {
+        Fleet {
+            max_requests: f64::from_bits(self.max_requests.load(Ordering::Relaxed)),
+            total_requests: self.fleet.total_requests
+                + f64::from_bits(self.added_requests.load(Ordering::Relaxed)),
+            replicas: self.fleet.replicas,
         }
     }
 
@@ -212,51 +310,34 @@ impl Shortlist {
             && self.exact_tokens.is_none_or(|t| t == prompt_tokens(input))
     }
 
-    /// The eligible replicas to rank for a prompt held by the replicas
-    /// hashing to `holders` ([`id_hash`]): those and the shortlisted ones,
-    /// with the shortlist's fleet figures; `None` when fewer than
-    /// [`OTHERS_RANKED`] shortlisted replicas besides the holders are
-    /// eligible now (ranking every replica answers then).
+    /// The eligible replicas to rank for `input`, held by the replicas
+    /// hashing to `holders` ([`id_hash`]): those, and the listed others
+    /// read until `others` of them rank before the floor of the
+    /// rest, with the fleet's figures now; `None` when the floors prove
+    /// nothing (ranking every replica answers then).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn eligible<'a>(
         &self,
         members: &'a [Arc<ReplicaMeta>],
         resolved: &MemberLoads,
         reader: &LoadReader<'_>,
+        input: &PickInput<'_>,
         holders: &[u64],
         fresh_since: Option<i64>,
+        others: usize,
     ) -> Option<Eligible<'a>> {
-        if self.members.len() > 2 * SHORTLISTED {
-            // Most of the scope tied (an idle fleet): reading every load
-            // is no dearer.
-            return None;
-        }
-        let mut positions: Vec<usize> = Vec::with_capacity(self.members.len() + holders.len());
+        let others = others.max(1);
+        let fleet = self.fleet_now();
+        let weights = &self.weights;
+        let mut eligible = Eligible::with_capacity(holders.len() + 2 * others);
+        eligible.fleet = Some(fleet);
+        let mut held: Vec<usize> = Vec::with_capacity(holders.len());
         for &h in holders {
-            positions.extend(resolved.with_hash(h));
+            held.extend(resolved.with_hash(h));
         }
-        let mut others = 0;
-        for &p in self.members.iter() {
-            let p = p as usize;
-            if resolved
-                .id_hashes
-                .get(p)
-                .is_some_and(|h| !holders.contains(h))
-            {
-                if !members.get(p)?.answers(None, fresh_since) {
-                    continue;
-                }
-                others += 1;
-            }
-            positions.push(p);
-        }
-        if others < OTHERS_RANKED {
-            return None;
-        }
-        positions.sort_unstable();
-        positions.dedup();
-        let mut eligible = Eligible::with_capacity(positions.len());
-        eligible.fleet = Some(self.fleet);
-        for p in positions {
+        held.sort_unstable();
+        held.dedup();
+        for &p in &held {
             let m = members.get(p)?;
             if m.answers(None, fresh_since) {
                 eligible.push(
@@ -266,7 +347,39 @@ impl Shortlist {
                 );
             }
         }
-        Some(eligible)
+        // The best others read so far, by load (ties in any order).
+        let mut best: Vec<OtherKey> = Vec::with_capacity(others + 1);
+        let proven = |best: &[OtherKey], floor: &Option<ReplicaLoad>| {
+            best.len() == others
+                && floor.as_ref().is_none_or(|f| {
+                    best[others - 1]
+                        .load_cmp(&OtherKey::floor(input, weights, &fleet, f))
+                        .is_lt()
+                })
+        };
+        for (i, &p) in self.listed.iter().enumerate() {
+            if proven(&best, &self.floors[i]) {
+                return Some(eligible);
+            }
+            let p = p as usize;
+            let h = *resolved.id_hashes.get(p)?;
+            if holders.contains(&h) {
+                continue;
+            }
+            let m = members.get(p)?;
+            if !m.answers(None, fresh_since) {
+                continue;
+            }
+            let load = reader.member(resolved, p);
+            let key = OtherKey::new(input, weights, &fleet, &load, h);
+            if best.len() < others || key.load_cmp(&best[others - 1]).is_lt() {
+                let at = best.partition_point(|b| b.load_cmp(&key).is_le());
+                best.insert(at, key);
+                best.truncate(others);
+            }
+            eligible.push((&m.key, m.address.as_str()), load, h);
+        }
+        proven(&best, &self.floors[self.listed.len()]).then_some(eligible)
     }
 }
 

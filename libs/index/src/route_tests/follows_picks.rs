@@ -1,0 +1,150 @@
+//! A large scope's shortlist follows picks exactly: at one moment, over any
+//! sequence of picks (with their queued work), lookups, speculative picks
+//! and other load changes, a lookup answers what ranking every replica
+//! answers, while picks alone rebuild nothing.
+
+use super::*;
+
+/// One random sequence over a fleet of `n` replicas (loads drawn from few
+/// values, so ties are common); every other load change rebuilds the
+/// shortlist (a budget of one), so any answer that differs is the
+/// shortlist's following of picks.
+fn follows_picks(
+    n: usize,
+    seed: u64,
+    ttft: bool,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    let mut state = seed;
+    let mut next = move |m: u64| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut x = state;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (x ^ (x >> 31)) % m
+    };
+    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let model = TtftModel {
+        tokens_per_ms: 16.0,
+        overhead_ms: 2.0,
+    };
+    let weights = ScoreWeights {
+        ttft: ttft.then_some(model),
+        ..ScoreWeights::default()
+    };
+    let mut fleet = Fleet::new(&names, weights);
+    // As the server asks (the first other only), or for fallbacks.
+    fleet.others = if next(2) == 0 {
+        1
+    } else {
+        crate::pick::OTHERS_RANKED
+    };
+    fleet.load = LoadBoard::new(LoadSettings {
+        shortlist_refresh_changes: 1,
+        ..LoadSettings::default()
+    });
+    // Four prompt families, each held (a prefix of it) by a few replicas.
+    let prompts: Vec<Vec<Fingerprint>> = (0..4u64)
+        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
+        .collect();
+    let tag = scope_tag(&scope());
+    for id in &ids {
+        if next(6) == 0 {
+            let p = &prompts[next(4) as usize];
+            hold(&fleet.index, id, &p[..1 + next(8) as usize]);
+        }
+        for _ in 0..next(3) {
+            fleet.load.picked(id, T0 - next(20_000) as i64);
+        }
+        if next(3) == 0 {
+            fleet.load.report_engine(
+                id,
+                crate::load::EngineLoad {
+                    waiting: next(3) as u32,
+                    running: next(3) as u32,
+                    kv_usage: next(3) as f32 / 2.0,
+                },
+                T0 - next(40_000) as i64,
+            );
+        }
+    }
+    let mut now = T0;
+    let mut lookups = 0;
+    for _ in 0..200 {
+        let id = &ids[next(n as u64) as usize];
+        match next(10) {
+            // A lookup, checked, and its destination picked as LookupRoute
+            // records it.
+            0..=3 => {
+                let prompt = &prompts[next(4) as usize];
+                let got = fleet.ask(prompt, now);
+                lookups += 1;
+                // Every holder and the first others of ranking every replica.
+                let mut others = 0;
+                let mut want = full_ranking(&fleet, prompt, None, now);
+                want.retain(|s| {
+                    others += usize::from(s.matched_blocks == 0);
+                    s.matched_blocks > 0 || others <= fleet.others
+                });
+                proptest::prop_assert_eq!(&got.ranked, &want);
+                if let Some(to) = got.destination() {
+                    let unheld = got.unheld_by(to).len() as f64 * 16.0;
+                    fleet
+                        .load
+                        .picked_with_work(&to.replica.replica_id, now, |rate| {
+                            model.work_ms_at(unheld, rate)
+                        });
+                }
+            }
+            // Any replica picked, with or without work.
+            4..=6 => {
+                let work = next(3) as f64 * 40.0;
+                fleet.load.picked_with_work(id, now, |_| work);
+            }
+            7 => {
+                let p = &prompts[next(4) as usize];
+                fleet
+                    .speculation
+                    .record(tag, id, &p[next(4) as usize..], now);
+            }
+            // Another change, some moments later.
+            8 => {
+                now += next(3) as i64 * 7;
+                fleet.load.report_engine(
+                    id,
+                    crate::load::EngineLoad {
+                        waiting: next(3) as u32,
+                        running: next(2) as u32,
+                        kv_usage: next(3) as f32 / 2.0,
+                    },
+                    now,
+                );
+            }
+            _ => {
+                if next(2) == 0 {
+                    fleet.load.started(id);
+                } else {
+                    fleet.load.finished(id);
+                }
+            }
+        }
+    }
+    proptest::prop_assert!(
+        fleet.load.shortlist_refreshes() < lookups,
+        "some lookups were served by a kept shortlist"
+    );
+    Ok(())
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn a_shortlist_follows_picks_exactly(
+        n in 65usize..200,
+        seed in proptest::prelude::any::<u64>(),
+        ttft in proptest::prelude::any::<bool>(),
+    ) {
+        follows_picks(n, seed, ttft)?;
+    }
+}
