@@ -13,9 +13,11 @@
 //! arrives. A producer that had a failure is retired at once and never
 //! sent through again (its records may carry an epoch it bumped itself,
 //! which some brokers cannot take); the resync goes through a new one,
-//! created at once if the retired one had delivered anything, else after
-//! a growing wait (1 s doubling to 15 s) so a slow broker is not flooded
-//! with new producers. Every `--kafka-resync-interval-seconds` the destination
+//! created at once if the retired one had been healthy (it delivered for
+//! `--kafka-producer-healthy-seconds` without a failure), else after a
+//! growing wait (1 s doubling to 15 s), so a broker that is slow, or takes
+//! a record now and then and fails again, is not flooded with new
+//! producers. Every `--kafka-resync-interval-seconds` the destination
 //! resyncs anyway, so a replica replaying only the retained log still
 //! finds every engine's full state in it.
 
@@ -63,6 +65,14 @@ pub struct KafkaProducerFlags {
     /// them new records are dropped (counted; the replica resyncs).
     #[arg(long, env = "IC_KAFKA_QUEUE_MESSAGES", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub kafka_queue_messages: u64,
+
+    /// A failed producer is replaced at once only when it had delivered
+    /// for at least this many seconds without a failure (its first to its
+    /// last acknowledged record); otherwise the next one waits, 1 s
+    /// doubling to 15 s, reset only after such a healthy producer (waits
+    /// counted in replacements_delayed_total).
+    #[arg(long, env = "IC_KAFKA_PRODUCER_HEALTHY_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub kafka_producer_healthy_seconds: u64,
 }
 
 const CLIENT_ID: &str = "ic-kvevent-subscriber";
@@ -72,7 +82,7 @@ const CHUNK: usize = 4096;
 /// engine is alive (the gRPC streams' heartbeat period).
 const HEARTBEAT: Duration = Duration::from_secs(5);
 /// The first and the longest wait before the next producer while the
-/// retired ones delivered nothing.
+/// retired ones were not healthy.
 const REPLACE_FIRST: Duration = Duration::from_secs(1);
 const REPLACE_MAX: Duration = Duration::from_secs(15);
 /// How long shutdown waits for queued records.
@@ -95,6 +105,7 @@ pub struct KafkaMetrics {
     in_flight: Gauge,
     producers: Counter,
     retired: Counter,
+    delayed: Counter,
 }
 
 impl KafkaMetrics {
@@ -138,6 +149,11 @@ impl KafkaMetrics {
                 "Producers retired after a failure (a lost record, a fatal error, a refused record); never sent through again",
                 m.retired.clone(),
             );
+            r.register(
+                "replacements_delayed",
+                "Replacements of a retired producer that waited (1 s doubling to 15 s) because it had not delivered for --kafka-producer-healthy-seconds without a failure",
+                m.delayed.clone(),
+            );
         });
         m
     }
@@ -152,8 +168,9 @@ impl KafkaMetrics {
 /// producer bumps its own epoch once a record times out, and a broker that
 /// did not create that epoch may fail on it (tansu 0.6's SQLite store
 /// panics and stops answering; docs/reliability.md).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Outcomes {
+    created: std::time::Instant,
     /// Records the brokers did not take: timed out, refused, purged.
     failures: AtomicU64,
     /// Records the brokers acknowledged.
@@ -166,9 +183,58 @@ struct Outcomes {
     /// Records handed to it after its first failure was reported: 0 unless
     /// a failure lands between the check and the send.
     sent_after_failure: AtomicU64,
+    /// Records offered to it (send called) once it had failed, refused by
+    /// the check in [`Instance::send`]: the loop retires a failed producer
+    /// before it sends anything, so 0 unless a failure lands mid-round.
+    offered_after_failure: AtomicU64,
+    /// Milliseconds from `created` to its first and to its last
+    /// acknowledged record before any failure, plus one (0: none yet).
+    first_delivered: AtomicU64,
+    last_delivered: AtomicU64,
+    /// The wait chosen for its replacement when it was retired, in ms
+    /// (`u64::MAX` while in use).
+    replaced_after_ms: AtomicU64,
 }
 
 impl Outcomes {
+    fn new() -> Self {
+        Self {
+            created: std::time::Instant::now(),
+            failures: AtomicU64::new(0),
+            delivered: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            sent_after_failure: AtomicU64::new(0),
+            offered_after_failure: AtomicU64::new(0),
+            first_delivered: AtomicU64::new(0),
+            last_delivered: AtomicU64::new(0),
+            replaced_after_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// An acknowledged record: the healthy span grows while no failure was
+    /// seen.
+    fn delivered(&self) {
+        self.delivered.fetch_add(1, Ordering::Relaxed);
+        let at = u64::try_from(self.created.elapsed().as_millis())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        let _ = self
+            .first_delivered
+            .compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
+        if self.failures.load(Ordering::Relaxed) == 0 {
+            self.last_delivered.fetch_max(at, Ordering::Relaxed);
+        }
+    }
+
+    /// How long it delivered without a failure (first to last
+    /// acknowledgement); `None` when nothing was acknowledged.
+    fn healthy_for(&self) -> Option<Duration> {
+        let first = self.first_delivered.load(Ordering::Relaxed);
+        let last = self.last_delivered.load(Ordering::Relaxed);
+        (first > 0).then(|| Duration::from_millis(last.saturating_sub(first)))
+    }
+
     fn failed(&self) -> bool {
         self.failures.load(Ordering::Relaxed) > 0 || self.refused.load(Ordering::Relaxed) > 0
     }
@@ -191,7 +257,7 @@ impl ProducerContext for Delivery {
         match result {
             Ok(_) => {
                 self.metrics.delivered.inc();
-                self.outcomes.delivered.fetch_add(1, Ordering::Relaxed);
+                self.outcomes.delivered();
             }
             Err((error, _)) => {
                 self.metrics.dropped("delivery_failed");
@@ -235,6 +301,9 @@ impl Instance {
         metrics: &KafkaMetrics,
     ) -> Result<(), NotSent> {
         if self.outcomes.failed() {
+            self.outcomes
+                .offered_after_failure
+                .fetch_add(1, Ordering::Relaxed);
             return Err(NotSent::ProducerFailed);
         }
         let value = ic_kafka_client::encode(batch);
@@ -285,6 +354,7 @@ pub struct Settings {
     client: rdkafka::ClientConfig,
     topic: String,
     resync_every: Duration,
+    healthy: Duration,
 }
 
 impl KafkaProducerFlags {
@@ -316,6 +386,7 @@ impl KafkaProducerFlags {
             client,
             topic: self.client.kafka_topic.clone(),
             resync_every: Duration::from_secs(self.kafka_resync_interval_seconds),
+            healthy: Duration::from_secs(self.kafka_producer_healthy_seconds),
         }))
     }
 }
@@ -331,6 +402,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     run_observed(
         settings,
+        Timing::default(),
         identity,
         outbox,
         wakers,
@@ -341,10 +413,51 @@ pub async fn run(
     .await
 }
 
+/// The loop's periods (constants; the tests shorten them to make their
+/// rounds quicker).
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    heartbeat: Duration,
+    replace_first: Duration,
+    replace_max: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            heartbeat: HEARTBEAT,
+            replace_first: REPLACE_FIRST,
+            replace_max: REPLACE_MAX,
+        }
+    }
+}
+
+/// The wait before the producer that replaces a failed one: none when the
+/// failed one had delivered for `healthy` without a failure (the broker
+/// was fine until now: the failure is news), and the wait starts over;
+/// otherwise the next, longer wait. A producer that got a record or two
+/// through before failing does not count: a broker that takes a record
+/// now and then and stalls again would get a new producer (one more
+/// InitProducerId and a whole resync) after each.
+fn replacement_delay(
+    healthy_for: Option<Duration>,
+    healthy: Duration,
+    waits: &mut ic_clock::Backoff,
+) -> Duration {
+    if healthy_for.is_some_and(|d| d >= healthy) {
+        waits.reset();
+        Duration::ZERO
+    } else {
+        waits.next_delay()
+    }
+}
+
 /// [`run`], telling `on_producer` about every producer it creates (the
-/// tests count what each one was sent).
+/// tests count what each one was sent), with `timing`.
+#[allow(clippy::too_many_arguments)] // run's arguments plus the tests' two hooks.
 async fn run_observed(
     settings: Settings,
+    timing: Timing,
     identity: Identity,
     outbox: Arc<Mutex<Outbox>>,
     wakers: Arc<Wakers>,
@@ -357,7 +470,7 @@ async fn run_observed(
     // Each producer counts its own outcomes: the purged records of a
     // retired one must not count against the next.
     let create = || -> anyhow::Result<Instance> {
-        let outcomes = Arc::new(Outcomes::default());
+        let outcomes = Arc::new(Outcomes::new());
         let producer = settings
             .client
             .create_with_context(Delivery {
@@ -373,9 +486,9 @@ async fn run_observed(
     let mut current = Some(create()?);
     // A slow broker times out a new producer's first records too: creating
     // the next one at once each time (one more InitProducerId and a whole
-    // resync for that broker) would deliver nothing, so while the retired
-    // producers delivered nothing the next one waits, longer each time.
-    let mut replacements = ic_clock::Backoff::new(REPLACE_FIRST, REPLACE_MAX);
+    // resync for that broker) would deliver little or nothing, so until a
+    // producer was healthy the next one waits, longer each time.
+    let mut replacements = ic_clock::Backoff::new(timing.replace_first, timing.replace_max);
     let mut create_at = tokio::time::Instant::now();
     let destination = lock(&outbox).add_destination();
     let notify = wakers.register();
@@ -386,7 +499,7 @@ async fn run_observed(
     });
     tracing::info!(topic = %settings.topic, key = %key, "producing index batches to Kafka");
     let mut seqs: Vec<u64> = Vec::new();
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    let mut heartbeat = tokio::time::interval(timing.heartbeat);
     let mut resync = tokio::time::interval(settings.resync_every);
     resync.tick().await;
     let mut wait = false;
@@ -412,15 +525,20 @@ async fn run_observed(
             let Some(old) = current.take() else {
                 continue;
             };
-            let delay = if old.outcomes.delivered.load(Ordering::Relaxed) > 0 {
-                replacements.reset();
-                Duration::ZERO
-            } else {
-                replacements.next_delay()
-            };
+            let healthy_for = old.outcomes.healthy_for();
+            let delay = replacement_delay(healthy_for, settings.healthy, &mut replacements);
+            if !delay.is_zero() {
+                metrics.delayed.inc();
+            }
             create_at = tokio::time::Instant::now() + delay;
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX - 1);
+            old.outcomes
+                .replaced_after_ms
+                .store(delay_ms, Ordering::Relaxed);
             tracing::info!(
-                next_producer_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                next_producer_in_ms = delay_ms,
+                delivered_for_ms =
+                    healthy_for.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 "retiring the Kafka producer after a failure"
             );
             old.retire();
@@ -569,6 +687,39 @@ mod tests {
     }
 
     #[test]
+    fn only_a_healthy_producer_is_replaced_at_once_and_resets_the_wait() {
+        let healthy = Duration::from_secs(10);
+        let mut waits = ic_clock::Backoff::new(REPLACE_FIRST, REPLACE_MAX);
+        let s = Duration::from_secs;
+        // Nothing delivered, then a record or two over a short span: the
+        // waits grow (the old rule reset them after any delivery).
+        assert_eq!(replacement_delay(None, healthy, &mut waits), s(1));
+        assert_eq!(replacement_delay(Some(s(0)), healthy, &mut waits), s(2));
+        assert_eq!(replacement_delay(Some(s(9)), healthy, &mut waits), s(4));
+        // Healthy for the whole interval: at once, and the waits start over.
+        assert_eq!(replacement_delay(Some(s(10)), healthy, &mut waits), s(0));
+        assert_eq!(replacement_delay(Some(s(1)), healthy, &mut waits), s(1));
+        for _ in 0..6 {
+            replacement_delay(None, healthy, &mut waits);
+        }
+        assert_eq!(replacement_delay(None, healthy, &mut waits), REPLACE_MAX);
+    }
+
+    #[test]
+    fn the_healthy_span_runs_from_the_first_to_the_last_delivery_before_a_failure() {
+        let o = Outcomes::new();
+        assert_eq!(o.healthy_for(), None);
+        o.first_delivered.store(1_001, Ordering::Relaxed);
+        o.last_delivered.store(1_001, Ordering::Relaxed);
+        assert_eq!(o.healthy_for(), Some(Duration::ZERO));
+        o.failures.store(1, Ordering::Relaxed);
+        // A delivery after the failure does not lengthen it.
+        o.delivered();
+        assert_eq!(o.healthy_for(), Some(Duration::ZERO));
+        assert_eq!(o.delivered.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
     fn the_flags_make_an_idempotent_bounded_producer() {
         Cli::command().debug_assert();
         assert!(
@@ -597,6 +748,11 @@ mod tests {
         assert_eq!(s.client.get("queue.buffering.max.messages"), Some("50"));
         assert_eq!(s.client.get("delivery.timeout.ms"), Some("1500"));
         assert_eq!(s.resync_every, Duration::from_secs(600));
+        assert_eq!(s.healthy, Duration::from_secs(10));
+        assert!(
+            Cli::try_parse_from(["x", "--kafka-producer-healthy-seconds", "0"]).is_err(),
+            "a healthy interval of at least 1 s"
+        );
         assert!(
             Cli::try_parse_from(["x", "--kafka-queue-messages", "0"]).is_err(),
             "the queue holds at least one record"

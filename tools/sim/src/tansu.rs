@@ -1,5 +1,8 @@
-//! Where the tests find `tansu`, the Kafka-protocol broker they run on
-//! loopback. No broker is a failure, never a skip.
+//! `tansu`, the Kafka-protocol broker the tests run on loopback: where it
+//! is found, how it is started, and [`Broker`], one started with its log in
+//! SQLite, stopped, restarted, frozen and thawed as the tests need (the
+//! subscriber's producer tests and the e2e Kafka scenarios share it). No
+//! broker is a failure, never a skip.
 
 use std::path::PathBuf;
 
@@ -141,4 +144,215 @@ pub fn create_topic(bin: &std::path::Path, port: u16, name: &str, partitions: u3
         "tansu topic create {name} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+// === impl Broker ===
+
+/// A tansu broker on a loopback port with its log in a SQLite file (as a
+/// Kafka broker keeps its log on disk), its own output in `broker.log`
+/// beside it. A restart ([`Broker::stop`], [`Broker::start_again`]) takes
+/// the same port and comes back with the topics and their records. Killed
+/// on drop, frozen or not, and its directory removed.
+#[derive(Debug)]
+pub struct Broker {
+    child: std::process::Child,
+    bin: PathBuf,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+/// How long a broker may take to stop, or to freeze or thaw every thread.
+const SIGNAL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl Broker {
+    /// Starts a broker on 127.0.0.1:`port` and waits until it listens.
+    ///
+    /// # Panics
+    /// When there is no tansu, or it exits or does not listen in time.
+    pub fn start(port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir for the broker");
+        let bin = binary();
+        let child = Self::spawn(&bin, port, dir.path());
+        let mut broker = Self {
+            child,
+            bin,
+            port,
+            dir,
+        };
+        broker.wait_listening();
+        broker
+    }
+
+    fn spawn(bin: &std::path::Path, port: u16, dir: &std::path::Path) -> std::process::Child {
+        let log = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("broker.log"))
+                .expect("the broker's log file")
+        };
+        broker_command(bin, port, Storage::Sqlite(dir))
+            // tansu's tracing goes to stdout, a panic to stderr: both into
+            // its log, warnings only (at info it logs every span, load on
+            // the broker under test).
+            .stdout(log())
+            .stderr(log())
+            .env("RUST_LOG", "warn")
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}; {INSTALL}", bin.display()))
+    }
+
+    fn wait_listening(&mut self) {
+        let log = self.log_path();
+        wait_listening(&mut self.child, self.port, || {
+            format!(
+                "; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+    }
+
+    /// Creates topic `name` (tansu does not create topics on its own).
+    pub fn create_topic(&self, name: &str, partitions: u32) {
+        create_topic(&self.bin, self.port, name, partitions);
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:port`, for `--kafka-brokers`.
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The broker's own output, across restarts.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("broker.log")
+    }
+
+    /// Every panic in the broker's whole log ([`panics`]).
+    pub fn panics(&self) -> Vec<String> {
+        panics(&self.log_path())
+    }
+
+    /// Fails the test when the broker panicked.
+    ///
+    /// # Panics
+    /// When its log holds a panic, naming `what` and every panic.
+    pub fn assert_no_panic(&self, what: &str) {
+        let panics = self.panics();
+        assert!(
+            panics.is_empty(),
+            "{what}: the broker panicked:\n{}",
+            panics.join("\n")
+        );
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = i32::try_from(self.child.id()).expect("a pid fits in i32");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+            .unwrap_or_else(|e| panic!("{signal} to the broker: {e}"));
+    }
+
+    /// SIGSTOP, then waits until every thread of the broker is stopped:
+    /// its connections stay open and silent. `kill` returns before that
+    /// (the kernel wakes one thread to start the group stop, and the others
+    /// run on until it has been scheduled), so on a loaded machine a broker
+    /// "frozen" only by the signal's return went on answering for a while.
+    ///
+    /// # Panics
+    /// When a thread is still running after 60 s.
+    pub fn freeze(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+        self.wait_threads("stopped", |states| states.iter().all(|s| stopped(*s)));
+    }
+
+    /// SIGCONT, then waits until no thread of the broker is stopped.
+    ///
+    /// # Panics
+    /// When a thread is still stopped after 60 s.
+    pub fn thaw(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+        self.wait_threads("running", |states| !states.iter().any(|s| stopped(*s)));
+    }
+
+    fn wait_threads(&self, what: &str, done: impl Fn(&[char]) -> bool) {
+        let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
+        loop {
+            let states = thread_states(self.child.id());
+            if !states.is_empty() && done(&states) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broker's threads were not all {what} within {SIGNAL_DEADLINE:?}: {states:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// SIGTERM, as a broker pod's restart or a node drain stops it, and
+    /// waits for it to exit.
+    ///
+    /// # Panics
+    /// When it is still running after 60 s.
+    pub fn stop(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
+        while self
+            .child
+            .try_wait()
+            .expect("try_wait the broker")
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broker still ran {SIGNAL_DEADLINE:?} after SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Starts it again on the same port and log after [`Broker::stop`].
+    pub fn start_again(&mut self) {
+        self.child = Self::spawn(&self.bin, self.port, self.dir.path());
+        self.wait_listening();
+    }
+
+    /// SIGKILL (which also ends a frozen broker) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Stopped by a signal (`T`) or in a tracing stop (`t`).
+fn stopped(state: char) -> bool {
+    matches!(state, 'T' | 't')
+}
+
+/// The scheduler state of every thread of process `pid`
+/// (`/proc/PID/task/*/stat`, the field after the command name); empty when
+/// the process is gone.
+fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+        .filter_map(|stat| {
+            // The command name is in parentheses and may hold anything.
+            let (_, after) = stat.rsplit_once(')')?;
+            after.trim_start().chars().next()
+        })
+        .collect()
 }
