@@ -10,6 +10,14 @@
 //! `--concurrency` slots, is charged for it (no coordinated omission); how
 //! late sends left is reported apart, so client and server can be told
 //! apart.
+//!
+//! The measured window holds the sends due in it, whenever they leave: a
+//! stalled machine makes them late (and charged), never absent. A window
+//! in which no send is due at all (a rate too low for the duration, or a
+//! Poisson gap) is stretched along the schedule to the first send due
+//! after it, as the closed loop stretches its window to the first answer,
+//! rather than the run failing with "a phase completed no requests"; the
+//! rate is then over the stretched window.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,7 +105,7 @@ where
         .min(f64::from(1 << 20)) as usize;
     let samples = Arc::new(Mutex::new(Vec::<Sample>::with_capacity(slots)));
     let finished = Arc::new((AtomicU64::new(0), Notify::new()));
-    let (sent_tx, sent_rx) = oneshot::channel::<(u64, Duration)>();
+    let (sent_tx, sent_rx) = oneshot::channel::<(u64, Duration, Instant)>();
     let start = Instant::now() + LEAD;
     let measure_from = start + open.warmup;
     let end = measure_from + open.duration;
@@ -112,10 +120,18 @@ where
             let _ = nix::sys::prctl::set_timerslack(1);
             let mut spun = Duration::ZERO;
             let mut sent = 0;
+            // The window's end: `end`, or the due time of the first send
+            // due in the window when none was due before `end`.
+            let mut window_end = end;
+            let mut measured = 0u64;
             for (k, offset) in schedule.enumerate() {
                 let due = start + offset;
-                if due >= end {
+                if due >= end && measured > 0 {
                     break;
+                }
+                if due >= measure_from {
+                    measured += 1;
+                    window_end = window_end.max(due);
                 }
                 spun += wait_until(due, spin);
                 let dispatched = Instant::now();
@@ -148,9 +164,9 @@ where
                     finished.1.notify_one();
                 });
             }
-            let _ = sent_tx.send((sent, spun));
+            let _ = sent_tx.send((sent, spun, window_end));
         })?;
-    let (sent, spun) = sent_rx
+    let (sent, spun, window_end) = sent_rx
         .await
         .map_err(|_| anyhow::anyhow!("the schedule thread panicked"))?;
     let _ = thread.join();
@@ -185,9 +201,10 @@ where
         dispatch_lateness_us: Quantiles::of(dispatch),
         send_lateness_us: Quantiles::of(send),
         from_start_us: Quantiles::of(from_start),
-        spin_fraction: spun.as_secs_f64() / (end - start).as_secs_f64(),
+        spin_fraction: spun.as_secs_f64() / (window_end - start).as_secs_f64(),
     };
-    Ok((summarize(latencies, errors, open.duration), hits, stats))
+    let measured = window_end.saturating_duration_since(measure_from);
+    Ok((summarize(latencies, errors, measured), hits, stats))
 }
 
 /// Above this share of a core spent spinning, the run warns: on a machine
@@ -223,4 +240,60 @@ fn wait_until(due: Instant, spin: Duration) -> Duration {
         std::hint::spin_loop();
     }
     spin_from.elapsed()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The open loop with an answer that costs nothing (what is tested is
+    /// the schedule and the window, not a server).
+    async fn answered_at_once(
+        rate: f64,
+        warmup: f64,
+        duration: f64,
+    ) -> (PhaseStats, ScheduleStats) {
+        let open = OpenLoop {
+            rate,
+            spacing: Spacing::Uniform,
+            seed: 1,
+            spin: Duration::ZERO,
+            concurrency: 4,
+            warmup: Duration::from_secs_f64(warmup),
+            duration: Duration::from_secs_f64(duration),
+        };
+        let (stats, hits, schedule) = run(&[()], &open, |(), _| async { Ok::<bool, ()>(true) })
+            .await
+            .unwrap();
+        assert_eq!(hits, stats.requests);
+        (stats, schedule)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_window_no_send_is_due_in_is_stretched_to_the_next_send() {
+        // One send a second, due at 0 s (warm-up) and 1 s; the window is
+        // 0.2-0.25 s. Before, it measured nothing and the run failed with
+        // "a phase completed no requests".
+        let (stats, schedule) = answered_at_once(1.0, 0.2, 0.05).await;
+        assert_eq!((stats.requests, stats.errors), (1, 0), "{stats:?}");
+        assert_eq!(schedule.scheduled, 1);
+        // The rate is over the stretched window, 0.2-1.0 s (due times,
+        // not measured ones).
+        assert!((stats.qps - 1.0 / 0.8).abs() < 1e-9, "{stats:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_window_with_sends_due_is_not_stretched() {
+        // 100/s: the sends due at 0.10-0.29 s (and perhaps the one on the
+        // edge), over exactly the 0.2 s window.
+        let (stats, schedule) = answered_at_once(100.0, 0.1, 0.2).await;
+        assert!((20..=21).contains(&schedule.scheduled), "{schedule:?}");
+        assert_eq!(stats.requests, schedule.scheduled);
+        assert!(
+            (stats.qps - stats.requests as f64 / 0.2).abs() < 1e-9,
+            "{stats:?}"
+        );
+    }
 }
