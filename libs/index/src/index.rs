@@ -120,12 +120,10 @@ struct Writer {
     scratch: ChainScratch,
 }
 
-/// The blocks of a chain, the epoch each store is accounted in, and what
-/// storing each did.
+/// The blocks of a chain and what storing each did.
 #[derive(Debug, Default)]
 struct ChainScratch {
     blocks: Vec<Block>,
-    epochs: Vec<u32>,
     results: Vec<Result<Stored, u32>>,
 }
 
@@ -136,20 +134,15 @@ const SCRATCH_KEEP: usize = 256;
 impl ChainScratch {
     fn heap_bytes(&self) -> usize {
         self.blocks.capacity() * size_of::<Block>()
-            + self.epochs.capacity() * size_of::<u32>()
             + self.results.capacity() * size_of::<Result<Stored, u32>>()
     }
 
     /// Keeps the lists for the next chain unless they grew large.
-    fn keep(blocks: Vec<Block>, epochs: Vec<u32>, results: Vec<Result<Stored, u32>>) -> Self {
+    fn keep(blocks: Vec<Block>, results: Vec<Result<Stored, u32>>) -> Self {
         if blocks.capacity() > SCRATCH_KEEP {
             return Self::default();
         }
-        Self {
-            blocks,
-            epochs,
-            results,
-        }
+        Self { blocks, results }
     }
 }
 
@@ -628,8 +621,16 @@ impl Index {
                             .iter()
                             .map(|&fp| Block::new(entry_key(scope, fp), 0)),
                     );
-                    self.store
-                        .remove(&blocks, |h| h.replica() == idx, |h| self.forget(writer, h));
+                    let mut gone = 0;
+                    self.store.remove(
+                        &blocks,
+                        |h| h.replica() == idx,
+                        |h| {
+                            gone += 1;
+                            Self::forget(writer, h);
+                        },
+                    );
+                    self.count_entries(writer, 0, gone);
                     if blocks.capacity() <= SCRATCH_KEEP {
                         writer.scratch.blocks = blocks;
                     }
@@ -666,7 +667,6 @@ impl Index {
     ) {
         let ChainScratch {
             mut blocks,
-            mut epochs,
             mut results,
         } = std::mem::take(&mut writer.scratch);
         blocks.clear();
@@ -676,44 +676,71 @@ impl Index {
                 .min(MAX_DEPTH);
             Block::new(entry_key(scope, fp), depth)
         }));
-        // The epoch each store will be accounted in (the clock ticks per
-        // store, exactly as `account_store` advances it).
-        epochs.clear();
-        let (mut epoch, mut fill) = (writer.epoch, writer.epoch_fill);
-        for _ in &blocks {
-            epochs.push(epoch);
-            fill += 1;
-            if fill >= writer.epoch_size {
-                epoch = (epoch + 1) % EPOCHS;
-                fill = 0;
+        // The epoch each store is accounted in: the clock ticks per store,
+        // so the first `split` blocks take the current epoch and each
+        // `epoch_size` after them the next (a chunk of `apply_locked`, at
+        // most `epoch_size` long, crosses one boundary at most).
+        let (epoch, size) = (writer.epoch, writer.epoch_size.max(1));
+        let split = usize::try_from(size.saturating_sub(writer.epoch_fill)).unwrap_or(usize::MAX);
+        let epoch_of = |i: usize| -> u32 {
+            if i < split {
+                return epoch;
             }
-        }
+            let later = ((i - split) as u64 / size + 1) % u64::from(EPOCHS);
+            // Below EPOCHS.
+            #[allow(clippy::cast_possible_truncation)]
+            let later = later as u32;
+            (epoch + later) % EPOCHS
+        };
         if self
             .store
-            .store_chain(&blocks, |i| Holder::new(idx, tier, epochs[i]), &mut results)
+            .store_chain(
+                &blocks,
+                |i| Holder::new(idx, tier, epoch_of(i)),
+                &mut results,
+            )
             .is_err()
         {
             self.out_of_space.fetch_add(1, Ordering::Relaxed);
             errors.push(ContentError::OutOfSpace);
         } else {
-            for (((block, fp), result), &epoch) in
-                blocks.iter().zip(fingerprints).zip(&results).zip(&epochs)
-            {
-                match *result {
-                    Ok(stored) => self.account_store(writer, idx, tier, epoch, stored),
-                    Err(known) => {
-                        errors.push(ContentError::DepthMismatch {
-                            fingerprint: *fp,
-                            known,
-                            reported: block.depth,
-                        });
-                        // Keep the clock in step with the epochs handed out.
-                        self.tick_clock(writer);
+            // Accounted a run of one epoch at a time, the clock advanced
+            // once per run (rather than counts, entries and the clock per
+            // block): the state at each epoch boundary, where the clock
+            // may evict, is what block-by-block accounting would reach.
+            let mut start = 0;
+            while start < results.len() {
+                let end = if start < split {
+                    split.min(results.len())
+                } else {
+                    (start + usize::try_from(size).unwrap_or(usize::MAX)).min(results.len())
+                };
+                let run = start..end;
+                let mut added = 0u64;
+                let mut stored = 0u64;
+                for i in run.clone() {
+                    match results[i] {
+                        Ok(Stored::Added) => added += 1,
+                        Ok(Stored::Refreshed(previous)) => {
+                            self.account_refresh(writer, idx, tier, previous);
+                        }
+                        Err(known) => {
+                            errors.push(ContentError::DepthMismatch {
+                                fingerprint: fingerprints[i],
+                                known,
+                                reported: blocks[i].depth,
+                            });
+                            continue;
+                        }
                     }
+                    stored += 1;
                 }
+                self.account_run(writer, idx, tier, epoch_of(start), added, stored);
+                self.tick_clock_by(writer, (end - start) as u64);
+                start = end;
             }
         }
-        writer.scratch = ChainScratch::keep(blocks, epochs, results);
+        writer.scratch = ChainScratch::keep(blocks, results);
     }
 
     // === dump ===

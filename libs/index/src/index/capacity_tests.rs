@@ -60,3 +60,84 @@ fn every_replica_resyncing_at_full_capacity_stays_within_the_record_space() {
     eprintln!("peak pages {peak} of {bound}");
     assert!(peak * 10 <= bound * 9, "peak pages {peak} of {bound}");
 }
+
+/// Holders per store epoch, counted from the records themselves.
+fn holders_per_epoch(ix: &Index) -> Vec<u64> {
+    let mut per = vec![0u64; crate::arena::EPOCHS as usize];
+    for (_, page) in ix.store.directory().iter() {
+        let page = page.read();
+        for offset in page.live_offsets() {
+            if let Some(view) = page.view(offset) {
+                for &h in view.holders() {
+                    per[crate::arena::Holder::from_raw(h).epoch() as usize] += 1;
+                }
+            }
+        }
+    }
+    per
+}
+
+#[test]
+fn the_eviction_clock_counts_every_holder_in_the_epoch_it_carries() {
+    // Chains that cross epoch boundaries (an epoch is 1/16 of capacity:
+    // 25 stores here), blocks stored again (refreshed into a later
+    // epoch), depth conflicts (which tick the clock but store nothing),
+    // removals, and capacity evictions along the way. After every apply
+    // the writer's entries per epoch must equal the holders carrying
+    // that epoch, and the entry count the holders. Fails if a run of
+    // stores is accounted in another epoch than its holders were given.
+    let ix = Index::new(IndexConfig {
+        capacity_entries: 400,
+        shards: 2,
+    });
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for step in 0..400 {
+        let r = rand(3) as usize;
+        let from = rand(600);
+        let n = 1 + rand(60);
+        let change = match rand(5) {
+            0 => Change::Evicted {
+                fingerprints: Fingerprint::from_raw((from..from + n).collect()),
+            },
+            // A depth other than the one these blocks were stored at
+            // (their key), for some of them: conflicts.
+            1 => Change::Stored {
+                start_depth: 1,
+                fingerprints: Fingerprint::from_raw((from..from + n).collect()),
+                block_size: 16,
+                tier: Tier::T1,
+            },
+            _ => Change::Stored {
+                start_depth: u32::try_from(from).unwrap(),
+                fingerprints: Fingerprint::from_raw((from..from + n).collect()),
+                block_size: 16,
+                tier: if rand(4) == 0 { Tier::T2 } else { Tier::T1 },
+            },
+        };
+        ix.apply(&key(r), &scope(), "a:1", &[change], 1_000);
+        let per = holders_per_epoch(&ix);
+        let writer = ix.writer.lock();
+        for (e, (&counted, &held)) in writer.epoch_entries.iter().zip(&per).enumerate() {
+            assert_eq!(counted, held, "step {step}: epoch {e}");
+            // Each epoch takes `epoch_size` stores of the clock, no more.
+            assert!(
+                counted <= writer.epoch_size,
+                "step {step}: epoch {e} holds {counted}"
+            );
+        }
+        let held: u64 = per.iter().sum();
+        assert_eq!(ix.len(), held, "step {step}: entries");
+        let by_replica: u64 = writer.counts.iter().map(|c| c.entries).sum();
+        assert_eq!(by_replica, held, "step {step}: entries by replica");
+    }
+    assert!(
+        ix.capacity_evictions() > 0,
+        "the clock evicted along the way"
+    );
+}

@@ -5,44 +5,57 @@
 use std::sync::atomic::Ordering;
 
 use super::{Index, Writer};
-use crate::arena::{EPOCHS, EpochSet, Holder, Stored, add_epoch};
+use crate::arena::{EPOCHS, EpochSet, Holder, add_epoch};
 use crate::index::ReplicaIdx;
 use crate::types::Tier;
 
 impl Index {
-    /// Bookkeeping for one stored holder, and the eviction clock.
-    pub(super) fn account_store(
+    /// Bookkeeping for a run of stores into one epoch: `added` new
+    /// entries, `stored` holders stored in all (new or refreshed; a
+    /// refreshed one's previous epoch is [`Index::account_refresh`]'s).
+    pub(super) fn account_run(
         &self,
         writer: &mut Writer,
         idx: ReplicaIdx,
         tier: Tier,
         epoch: u32,
-        stored: Stored,
+        added: u64,
+        stored: u64,
     ) {
-        match stored {
-            Stored::Added => {
-                let counts = writer.counts(idx);
-                counts.entries += 1;
-                counts.t1 += u64::from(tier == Tier::T1);
-                self.count_entries(writer, true);
+        if added > 0 {
+            let counts = writer.counts(idx);
+            counts.entries += added;
+            if tier == Tier::T1 {
+                counts.t1 += added;
             }
-            Stored::Refreshed(previous) => {
-                writer.epoch_entries[previous.epoch() as usize] -= 1;
-                let counts = writer.counts(idx);
-                counts.t1 = counts.t1 - u64::from(previous.tier() == Tier::T1)
-                    + u64::from(tier == Tier::T1);
-            }
+            self.count_entries(writer, added, 0);
         }
-        writer.epoch_entries[epoch as usize] += 1;
-        self.tick_clock(writer);
+        writer.epoch_entries[epoch as usize] += stored;
     }
 
-    /// Advances the eviction clock by one store.
-    pub(super) fn tick_clock(&self, writer: &mut Writer) {
-        writer.epoch_fill += 1;
-        if writer.epoch_fill >= writer.epoch_size {
+    /// Bookkeeping for a holder stored again: its previous store leaves
+    /// its epoch (the new one is counted by [`Index::account_run`]).
+    pub(super) fn account_refresh(
+        &self,
+        writer: &mut Writer,
+        idx: ReplicaIdx,
+        tier: Tier,
+        previous: Holder,
+    ) {
+        writer.epoch_entries[previous.epoch() as usize] -= 1;
+        let counts = writer.counts(idx);
+        counts.t1 =
+            counts.t1 - u64::from(previous.tier() == Tier::T1) + u64::from(tier == Tier::T1);
+    }
+
+    /// Advances the eviction clock by `stores` stores, which reach at
+    /// most the end of the current epoch (the callers cut their runs
+    /// there), retiring the epoch the clock moves onto if it holds any.
+    pub(super) fn tick_clock_by(&self, writer: &mut Writer, stores: u64) {
+        writer.epoch_fill += stores;
+        while writer.epoch_fill >= writer.epoch_size {
             writer.epoch = (writer.epoch + 1) % EPOCHS;
-            writer.epoch_fill = 0;
+            writer.epoch_fill -= writer.epoch_size.max(1);
             // The clock wrapped onto the oldest epoch: retire it first.
             if writer.epoch_entries[writer.epoch as usize] > 0 {
                 self.evict_oldest(writer, 1);
@@ -50,24 +63,25 @@ impl Index {
         }
     }
 
-    /// Bookkeeping for one removed holder.
-    pub(super) fn forget(&self, writer: &mut Writer, holder: Holder) {
+    /// Bookkeeping for one removed holder, but for the index's entry
+    /// count, which the caller lowers once per removal
+    /// ([`Index::count_entries`]).
+    pub(super) fn forget(writer: &mut Writer, holder: Holder) {
         writer.epoch_entries[holder.epoch() as usize] -= 1;
         let counts = writer.counts(holder.replica());
         counts.entries = counts.entries.saturating_sub(1);
         counts.t1 = counts
             .t1
             .saturating_sub(u64::from(holder.tier() == Tier::T1));
-        self.count_entries(writer, false);
     }
 
-    /// Counts an entry in or out. Only the writer (whose guard this takes)
+    /// Counts entries in and out. Only the writer (whose guard this takes)
     /// changes the count and readers only load it, so a plain store does:
     /// an atomic add per block would also wait for every load in flight.
-    pub(super) fn count_entries(&self, _writer: &mut Writer, added: bool) {
+    pub(super) fn count_entries(&self, _writer: &mut Writer, added: u64, removed: u64) {
         let n = self.entries.load(Ordering::Relaxed);
-        let n = if added { n + 1 } else { n.saturating_sub(1) };
-        self.entries.store(n, Ordering::Relaxed);
+        self.entries
+            .store((n + added).saturating_sub(removed), Ordering::Relaxed);
     }
 
     /// Removes every entry of slot `idx` (at `tier`, if given): one pass
@@ -76,11 +90,16 @@ impl Index {
         if writer.counts(idx).entries == 0 {
             return;
         }
+        let mut gone = 0;
         self.store.remove_where(
             None,
             |h| h.replica() == idx && tier.is_none_or(|t| h.tier() == t),
-            |h| self.forget(writer, h),
+            |h| {
+                gone += 1;
+                Self::forget(writer, h);
+            },
         );
+        self.count_entries(writer, 0, gone);
     }
 
     /// Evicts beyond capacity, then lets the store reclaim emptied and
@@ -129,9 +148,10 @@ impl Index {
             |h| doomed[h.epoch() as usize],
             |h| {
                 evicted += 1;
-                self.forget(writer, h);
+                Self::forget(writer, h);
             },
         );
+        self.count_entries(writer, 0, evicted);
         self.capacity_evictions
             .fetch_add(evicted, Ordering::Relaxed);
     }
