@@ -51,6 +51,8 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
+#[path = "epp_decide.rs"]
+mod decide;
 #[path = "epp_scope.rs"]
 mod scope;
 
@@ -59,8 +61,7 @@ use crate::epp_config::{MESSAGE_OVERHEAD_BYTES, select_pool};
 use crate::epp_observed::{EndpointStats, Observations, ObservedResponse};
 use crate::epp_usage::{Usage, UsageReader};
 use crate::epp_wire::{self as wire, OBJECTIVE_HEADER, POOL_METADATA};
-use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
-use crate::openai::{self, Prompt as BodyPrompt};
+use crate::index_core::IndexCore;
 
 pub use crate::epp_wire::{DESTINATION, SUBSET_KEY, SUBSET_NAMESPACE};
 pub use scope::PoolCache;
@@ -346,14 +347,10 @@ impl EndpointPicker {
         let priority = self
             .pool
             .priority(&self.core.policies(), ex.objective.as_deref());
-        let me = self.clone();
-        let (path, subset) = (ex.path.clone(), ex.subset.clone());
-        let decided = tokio::task::spawn_blocking(move || {
-            me.decide(&path, body.as_deref(), subset.as_deref(), priority)
-        })
-        .instrument(span.clone())
-        .await
-        .unwrap_or_else(|e| Err(NoEndpoint::Empty(format!("pick task failed: {e}"))));
+        let decided = self
+            .decide_placed(&ex.path, body, ex.subset.as_deref(), priority)
+            .instrument(span.clone())
+            .await;
         span.record(
             "outcome",
             match &decided {
@@ -641,104 +638,4 @@ fn is_immediate(r: &ProcessingResponse) -> bool {
         r.response,
         Some(processing_response::Response::ImmediateResponse(_))
     )
-}
-
-impl EndpointPicker {
-    /// Decides where a request of `priority` goes (CPU work: run off the
-    /// I/O threads): read the body, narrow the pool, ask the core, add the
-    /// fallbacks.
-    fn decide(
-        &self,
-        path: &str,
-        body: Option<&[u8]>,
-        subset: Option<&[String]>,
-        priority: i32,
-    ) -> Result<Pick, NoEndpoint> {
-        let received = Instant::now();
-        let eligible = self.eligible(subset)?;
-        let reading = Instant::now();
-        let request = body.and_then(|b| match openai::parse(path, b) {
-            Ok(r) => Some(r),
-            Err(error) => {
-                tracing::debug!(%error, "request body not read; routing by load");
-                self.core.metrics().epp_unread("body");
-                None
-            }
-        });
-        // Timed apart, as LookupRoute's timer starts with its request
-        // decoded (docs/benchmarks.md).
-        let read_in = reading.elapsed();
-        let model = request
-            .as_ref()
-            .map_or_else(String::new, |r| r.model.clone());
-        let scope = self.scope_of(model, &eligible);
-        let pool = self.scored_pool(&scope, &eligible);
-        let pool: &[(ic_index::ReplicaKey, String)] = &pool;
-        let extras = request
-            .as_ref()
-            .filter(|r| !r.cache_salt.is_empty())
-            .map(|r| ic_kvevents::PromptExtras {
-                cache_salt: r.cache_salt.clone(),
-                ..Default::default()
-            });
-        // An adapter shares its base `model`'s tokenizer (the scope's model).
-        let prompt = match request.as_ref().and_then(|r| r.prompt.as_ref()) {
-            Some(BodyPrompt::Tokens(ids)) => Prompt::Tokens(ids),
-            Some(BodyPrompt::Text(text)) => Prompt::Text(text),
-            Some(BodyPrompt::Chat(messages)) => Prompt::Chat(messages),
-            None => Prompt::Unknown,
-        };
-        let routed = self.core.route(&RouteRequest {
-            scope: &scope,
-            prompt,
-            candidates: None,
-            extras: extras.as_ref(),
-            received,
-            purpose: Purpose::Endpoint {
-                pool,
-                shed_at_requests: self.pool.shedding_under(&self.core.policies()).at(priority),
-                fallbacks: self.pool.fallbacks,
-            },
-        });
-        match routed {
-            Ok(Routed::Endpoint {
-                pick,
-                by_prefix,
-                tokenized_in,
-                by_load,
-            }) => {
-                let mut endpoints = Vec::with_capacity(self.pool.fallbacks + 1);
-                let mut replica_ids = Vec::with_capacity(self.pool.fallbacks + 1);
-                endpoints.push(pick.address);
-                replica_ids.push(pick.replica.replica_id);
-                // Ranked by the core from the loads its decision read,
-                // under the namespace's CachePolicy scoring over the flags.
-                for (key, address) in by_load.into_iter().filter_map(|i| pool.get(i)) {
-                    if endpoints.len() > self.pool.fallbacks {
-                        break;
-                    }
-                    if !endpoints.contains(address) {
-                        endpoints.push(address.clone());
-                        replica_ids.push(key.replica_id.clone());
-                    }
-                }
-                // Timed with the fallbacks: the whole decision the gateway waits for.
-                self.core.metrics().epp_decided(
-                    if by_prefix { "prefix" } else { "load" },
-                    received.elapsed(),
-                    tokenized_in,
-                    read_in,
-                );
-                Ok(Pick {
-                    endpoints,
-                    replica_ids,
-                })
-            }
-            Err(RouteError::Saturated(detail)) => Err(NoEndpoint::Saturated(detail)),
-            Err(other) => Err(NoEndpoint::Empty(other.to_string())),
-            Ok(_) => Err(NoEndpoint::Empty(
-                "the core answered another purpose".into(),
-            )),
-        }
-    }
 }

@@ -235,7 +235,7 @@ impl EndpointPicker {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::sync::Arc;
 
     use ic_index::{HashScheme, Index, IndexConfig, ReplicaKey, Scope};
@@ -268,7 +268,8 @@ mod tests {
         index.touch(&key, &scope(), address, 1);
     }
 
-    fn picker(endpoints: &[&str]) -> EndpointPicker {
+    /// A picker over `endpoints` with an empty index and no tokenizer.
+    pub(in crate::epp) fn picker(endpoints: &[&str]) -> EndpointPicker {
         let registry = MetricsRegistry::new("inferencecache", "test");
         let index = Arc::new(Index::new(IndexConfig::default()));
         let core = IndexCore::new(index, 16, Metrics::register(&registry));

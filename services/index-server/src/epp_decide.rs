@@ -1,0 +1,265 @@
+//! Where and how the picker decides: the body read, the pool narrowed,
+//! the core asked, the fallbacks added, on the thread that received the
+//! request whenever nothing blocks. A child module of `epp`.
+
+use std::time::{Duration, Instant};
+
+use super::{EndpointPicker, NoEndpoint, Pick};
+use crate::index_core::{Prompt, Purpose, RouteError, RouteRequest, Routed};
+use crate::openai::{self, Prompt as BodyPrompt};
+
+/// Largest body read on the runtime's thread that received it: reading
+/// costs about an instruction a byte (more for token ids), so up to this
+/// it delays the thread's other streams by microseconds, less than a hand
+/// over to another thread costs; a larger body is read off the runtime.
+const INLINE_READ_BYTES: usize = 64 * 1024;
+
+/// A request body as read, and how long reading it took.
+struct Read {
+    request: Option<openai::InferenceRequest>,
+    took: Duration,
+}
+
+impl Read {
+    /// Whether the prompt must be rendered or tokenized (CPU work of
+    /// milliseconds: kept off the runtime's threads).
+    fn needs_tokenizer(&self) -> bool {
+        matches!(
+            self.request.as_ref().and_then(|r| r.prompt.as_ref()),
+            Some(BodyPrompt::Text(_) | BodyPrompt::Chat(_))
+        )
+    }
+}
+
+/// Runs `f` where blocking is allowed: in place on a multi-threaded
+/// runtime (the runtime hands this thread's other tasks to another
+/// thread, so the work goes on here, its caches warm, without waiting for
+/// a blocking thread to wake), on a blocking thread otherwise.
+async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    let multi_threaded = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi_threaded {
+        Ok(tokio::task::block_in_place(f))
+    } else {
+        tokio::task::spawn_blocking(f).await
+    }
+}
+
+impl EndpointPicker {
+    /// Decides where a request of `priority` goes, on the thread that
+    /// received it whenever nothing blocks: a small body is read here, and
+    /// a prompt needing no tokenizer (token ids, none at all) is decided
+    /// here too, as LookupRoute is. Rendering and tokenizing a prompt, or
+    /// reading a large body, runs where blocking is allowed, and the
+    /// decision right after it on the same thread ([`off_runtime`]).
+    pub(super) async fn decide_placed(
+        &self,
+        path: &str,
+        body: Option<Vec<u8>>,
+        subset: Option<&[String]>,
+        priority: i32,
+    ) -> Result<Pick, NoEndpoint> {
+        let arrived = Instant::now();
+        let read = if body.as_ref().is_none_or(|b| b.len() <= INLINE_READ_BYTES) {
+            let read = self.read(path, body.as_deref());
+            if !read.needs_tokenizer() {
+                return self.decide_read(read, subset, priority, arrived);
+            }
+            Some(read)
+        } else {
+            None
+        };
+        let me = self.clone();
+        let (path, subset) = (path.to_owned(), subset.map(<[String]>::to_vec));
+        off_runtime(move || {
+            let read = read.unwrap_or_else(|| me.read(&path, body.as_deref()));
+            me.decide_read(read, subset.as_deref(), priority, arrived)
+        })
+        .await
+        .unwrap_or_else(|e| Err(NoEndpoint::Empty(format!("pick task failed: {e}"))))
+    }
+
+    /// Decides where a request of `priority` goes, all on this thread (CPU
+    /// work: off the I/O threads): read the body, then [`Self::decide_read`].
+    #[cfg(test)]
+    pub(super) fn decide(
+        &self,
+        path: &str,
+        body: Option<&[u8]>,
+        subset: Option<&[String]>,
+        priority: i32,
+    ) -> Result<Pick, NoEndpoint> {
+        let arrived = Instant::now();
+        let read = self.read(path, body);
+        self.decide_read(read, subset, priority, arrived)
+    }
+
+    /// Reads the OpenAI body (`None` when it cannot be read: counted, and
+    /// the request goes by load).
+    fn read(&self, path: &str, body: Option<&[u8]>) -> Read {
+        let reading = Instant::now();
+        let request = body.and_then(|b| match openai::parse(path, b) {
+            Ok(r) => Some(r),
+            Err(error) => {
+                tracing::debug!(%error, "request body not read; routing by load");
+                self.core.metrics().epp_unread("body");
+                None
+            }
+        });
+        Read {
+            request,
+            took: reading.elapsed(),
+        }
+    }
+
+    /// Narrows the pool, asks the core (which renders and tokenizes the
+    /// prompt when it must), adds the fallbacks. The lookup's budget runs
+    /// from `arrived`, before the body was read.
+    fn decide_read(
+        &self,
+        read: Read,
+        subset: Option<&[String]>,
+        priority: i32,
+        arrived: Instant,
+    ) -> Result<Pick, NoEndpoint> {
+        let started = Instant::now();
+        // Reading is timed apart, as LookupRoute's timer starts with its
+        // request decoded (docs/benchmarks.md).
+        let Read {
+            request,
+            took: read_in,
+        } = read;
+        let eligible = self.eligible(subset)?;
+        let model = request
+            .as_ref()
+            .map_or_else(String::new, |r| r.model.clone());
+        let scope = self.scope_of(model, &eligible);
+        let pool = self.scored_pool(&scope, &eligible);
+        let pool: &[(ic_index::ReplicaKey, String)] = &pool;
+        let extras = request
+            .as_ref()
+            .filter(|r| !r.cache_salt.is_empty())
+            .map(|r| ic_kvevents::PromptExtras {
+                cache_salt: r.cache_salt.clone(),
+                ..Default::default()
+            });
+        // An adapter shares its base `model`'s tokenizer (the scope's model).
+        let prompt = match request.as_ref().and_then(|r| r.prompt.as_ref()) {
+            Some(BodyPrompt::Tokens(ids)) => Prompt::Tokens(ids),
+            Some(BodyPrompt::Text(text)) => Prompt::Text(text),
+            Some(BodyPrompt::Chat(messages)) => Prompt::Chat(messages),
+            None => Prompt::Unknown,
+        };
+        let routed = self.core.route(&RouteRequest {
+            scope: &scope,
+            prompt,
+            candidates: None,
+            extras: extras.as_ref(),
+            received: arrived,
+            purpose: Purpose::Endpoint {
+                pool,
+                shed_at_requests: self.pool.shedding_under(&self.core.policies()).at(priority),
+                fallbacks: self.pool.fallbacks,
+            },
+        });
+        match routed {
+            Ok(Routed::Endpoint {
+                pick,
+                by_prefix,
+                tokenized_in,
+                by_load,
+            }) => {
+                let mut endpoints = Vec::with_capacity(self.pool.fallbacks + 1);
+                let mut replica_ids = Vec::with_capacity(self.pool.fallbacks + 1);
+                endpoints.push(pick.address);
+                replica_ids.push(pick.replica.replica_id);
+                // Ranked by the core from the loads its decision read,
+                // under the namespace's CachePolicy scoring over the flags.
+                for (key, address) in by_load.into_iter().filter_map(|i| pool.get(i)) {
+                    if endpoints.len() > self.pool.fallbacks {
+                        break;
+                    }
+                    if !endpoints.contains(address) {
+                        endpoints.push(address.clone());
+                        replica_ids.push(key.replica_id.clone());
+                    }
+                }
+                // Timed with the fallbacks: the whole decision the gateway waits for.
+                self.core.metrics().epp_decided(
+                    if by_prefix { "prefix" } else { "load" },
+                    started.elapsed() + read_in,
+                    tokenized_in,
+                    read_in,
+                );
+                Ok(Pick {
+                    endpoints,
+                    replica_ids,
+                })
+            }
+            Err(RouteError::Saturated(detail)) => Err(NoEndpoint::Saturated(detail)),
+            Err(other) => Err(NoEndpoint::Empty(other.to_string())),
+            Ok(_) => Err(NoEndpoint::Empty(
+                "the core answered another purpose".into(),
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::scope::tests::picker;
+    use super::INLINE_READ_BYTES;
+
+    const A: &str = "10.0.0.1:8000";
+    const CHAT: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+    fn token_ids(n: usize) -> Vec<u8> {
+        let ids: Vec<u32> = (0..n).map(|i| 1000 + i as u32 % 30_000).collect();
+        serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": ids})).unwrap()
+    }
+
+    #[test]
+    fn only_a_prompt_to_render_or_tokenize_leaves_the_runtime() {
+        let p = picker(&[A]);
+        let needs = |path: &str, body: Option<&[u8]>| p.read(path, body).needs_tokenizer();
+        assert!(needs("/v1/chat/completions", Some(CHAT)));
+        assert!(needs(
+            "/v1/completions",
+            Some(br#"{"model":"m","prompt":"hi"}"#)
+        ));
+        assert!(!needs("/v1/completions", Some(&token_ids(16))));
+        // Unread (by load) and no body at all: nothing to tokenize.
+        assert!(!needs("/v1/chat/completions", Some(b"{not json")));
+        assert!(!needs("/v1/chat/completions", None));
+    }
+
+    /// Every placement answers: in place (token ids), handed off (a chat
+    /// prompt; a body too large to read on the runtime).
+    async fn every_placement_picks() {
+        let p = picker(&[A]);
+        let large = token_ids(INLINE_READ_BYTES / 4);
+        assert!(large.len() > INLINE_READ_BYTES);
+        for (path, body) in [
+            ("/v1/completions", token_ids(16)),
+            ("/v1/chat/completions", CHAT.to_vec()),
+            ("/v1/completions", large),
+        ] {
+            let pick = p.decide_placed(path, Some(body), None, 0).await;
+            assert_eq!(pick.expect("a pick").endpoints, [A], "{path}");
+        }
+    }
+
+    // A runtime of one thread cannot block in place: the work goes to a
+    // blocking thread there (block_in_place would panic).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_one_thread_runtime_hands_the_work_to_a_blocking_thread() {
+        every_placement_picks().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_multi_threaded_runtime_blocks_in_place() {
+        every_placement_picks().await;
+    }
+}
