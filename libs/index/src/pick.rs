@@ -348,10 +348,10 @@ impl OtherKey {
 
     /// A key no worse than that of any non-holder whose figures are each
     /// no better than `floor`'s (requests, own requests, KV usage and
-    /// queued work at least as large, prefill rate at most as fast): the
-    /// score is monotone in each figure and the bound is left out (a
-    /// replica within it ranks first), so `k.load_cmp(&floor) == Less`
-    /// proves `k` ranks before every such replica, whatever its tie-break.
+    /// queued work at least as large, prefill rate at most as fast): being
+    /// over the bound and the score are each monotone in every figure, so
+    /// `k.load_cmp(&floor) == Less` proves `k` ranks before every such
+    /// replica, whatever its tie-break.
     pub(crate) fn floor(
         input: &PickInput<'_>,
         weights: &ScoreWeights,
@@ -359,7 +359,7 @@ impl OtherKey {
         floor: &ReplicaLoad,
     ) -> Self {
         Self {
-            over_bound: false,
+            over_bound: over_bound(fleet.bound(weights), floor),
             score: score(input, weights, fleet, floor, 0.0, 1.0),
             requests: requests_key(weights, floor),
             tie: 0,

@@ -646,14 +646,12 @@ pub fn route_ranked(
                     if let Some(shortlist) =
                         shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
                     {
-                        // Fresh but of no use to this prompt: not rebuilt.
-                        keep = false;
                         let holders: Vec<u64> = matches
                             .iter()
                             .map(|m| id_hash(&m.replica.replica_id))
                             .chain(speculative.iter().map(|(id, _)| id_hash(id)))
                             .collect();
-                        if let Some(eligible) = shortlist.eligible(
+                        match shortlist.eligible(
                             members,
                             resolved,
                             reader,
@@ -662,7 +660,10 @@ pub fn route_ranked(
                             fresh_since,
                             scoring.others,
                         ) {
-                            return eligible;
+                            Ok(eligible) => return eligible,
+                            // Fresh but of no use to this prompt: rebuilt
+                            // only when picks wore it out.
+                            Err(worn) => keep = worn,
                         }
                     }
                 }

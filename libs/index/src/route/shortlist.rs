@@ -169,6 +169,8 @@ pub(crate) struct Shortlist {
     /// The busiest eligible member's requests, picks since included
     /// (`f64` bits).
     max_requests: AtomicU64,
+    /// Picks of its eligible members since it was built.
+    picks: AtomicU64,
 }
 
 fn prompt_tokens(input: &PickInput<'_>) -> u64 {
@@ -233,10 +235,24 @@ impl Shortlist {
             })
             .collect();
         let cmp = |a: &(OtherKey, u32), b: &(OtherKey, u32)| a.0.load_cmp(&b.0);
+        let mut listed = keys.len();
         if keys.len() > LISTED {
-            keys.select_nth_unstable_by(LISTED - 1, cmp);
+            let (_, last, _) = keys.select_nth_unstable_by(LISTED - 1, cmp);
+            let last = last.0;
+            // Every replica tied with the last too: the floor of the rest
+            // is then above the list's last, so the list can prove its
+            // best others (a tie with an unread replica proves nothing).
+            let (first, rest) = keys.split_at_mut(LISTED);
+            let mut tied = 0;
+            for i in 0..rest.len() {
+                if rest[i].0.load_cmp(&last).is_eq() {
+                    rest.swap(tied, i);
+                    tied += 1;
+                }
+            }
+            let _ = first;
+            listed = LISTED + tied;
         }
-        let listed = keys.len().min(LISTED);
         let (first, rest) = keys.split_at_mut(listed);
         first.sort_unstable_by(cmp);
         let mut floor = rest
@@ -265,6 +281,7 @@ impl Shortlist {
             eligible: eligible.into(),
             added_requests: AtomicU64::new(0f64.to_bits()),
             max_requests: AtomicU64::new(fleet.max_requests.to_bits()),
+            picks: AtomicU64::new(0),
         }
     }
 
@@ -279,9 +296,18 @@ impl Shortlist {
     /// id's), each now busy with `now_requests`.
     pub(crate) fn picked(&self, members: usize, requests: f64, now_requests: f64) {
         if members > 0 && requests.is_finite() && now_requests.is_finite() {
+            self.picks.fetch_add(1, Ordering::Relaxed);
             add_f64(&self.added_requests, requests * members as f64);
             max_f64(&self.max_requests, now_requests);
         }
+    }
+
+    /// Whether picks were made since it was built: a list whose floors
+    /// prove nothing then is worn out, and rebuilt (one that proves
+    /// nothing without picks is tied with the rest, as in an idle fleet,
+    /// and a rebuild would prove nothing either).
+    fn worn(&self) -> bool {
+        self.picks.load(Ordering::Relaxed) > 0
     }
 
     /// The scope's fleet figures now: as built, with the picks since.
@@ -313,8 +339,8 @@ impl Shortlist {
     /// The eligible replicas to rank for `input`, held by the replicas
     /// hashing to `holders` ([`id_hash`]): those, and the listed others
     /// read until `others` of them rank before the floor of the
-    /// rest, with the fleet's figures now; `None` when the floors prove
-    /// nothing (ranking every replica answers then).
+    /// rest, with the fleet's figures now; else (ranking every replica
+    /// answers then) whether the list is worn out and should be rebuilt.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn eligible<'a>(
         &self,
@@ -325,7 +351,7 @@ impl Shortlist {
         holders: &[u64],
         fresh_since: Option<i64>,
         others: usize,
-    ) -> Option<Eligible<'a>> {
+    ) -> Result<Eligible<'a>, bool> {
         let others = others.max(1);
         let fleet = self.fleet_now();
         let weights = &self.weights;
@@ -338,7 +364,7 @@ impl Shortlist {
         held.sort_unstable();
         held.dedup();
         for &p in &held {
-            let m = members.get(p)?;
+            let m = members.get(p).ok_or(false)?;
             if m.answers(None, fresh_since) {
                 eligible.push(
                     (&m.key, m.address.as_str()),
@@ -359,14 +385,14 @@ impl Shortlist {
         };
         for (i, &p) in self.listed.iter().enumerate() {
             if proven(&best, &self.floors[i]) {
-                return Some(eligible);
+                return Ok(eligible);
             }
             let p = p as usize;
-            let h = *resolved.id_hashes.get(p)?;
+            let h = *resolved.id_hashes.get(p).ok_or(false)?;
             if holders.contains(&h) {
                 continue;
             }
-            let m = members.get(p)?;
+            let m = members.get(p).ok_or(false)?;
             if !m.answers(None, fresh_since) {
                 continue;
             }
@@ -379,7 +405,13 @@ impl Shortlist {
             }
             eligible.push((&m.key, m.address.as_str()), load, h);
         }
-        proven(&best, &self.floors[self.listed.len()]).then_some(eligible)
+        if proven(&best, &self.floors[self.listed.len()]) {
+            Ok(eligible)
+        } else {
+            // Too few others listed for this prompt (its holders are
+            // most of the list) is no wear.
+            Err(best.len() == others && self.worn())
+        }
     }
 }
 
