@@ -16,6 +16,7 @@ pub mod gate;
 pub mod kafka;
 pub mod key;
 pub mod lax;
+pub mod lookup;
 pub mod metadata;
 pub mod pins;
 pub mod registry;

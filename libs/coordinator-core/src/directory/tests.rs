@@ -672,10 +672,34 @@ fn probe_lends_what_get_materializes() {
         assert_eq!(view.access_count(), got.access_count);
         assert_eq!(view.last_access(), got.last_access);
         assert_eq!(view.tokens(), d.tokens_for_hash(&k.chunk_hash));
+        let by_parts = d
+            .probe_parts(
+                &k.chunk_hash,
+                &k.model_name,
+                k.kv_rank,
+                k.object_group_id,
+                &k.cache_salt,
+            )
+            .unwrap();
+        assert_eq!(
+            by_parts.placements().collect::<Vec<_>>(),
+            view.placements().collect::<Vec<_>>()
+        );
+        assert_eq!(by_parts.access_count(), view.access_count());
     }
     assert_eq!(d.probe(&key(1, "t")).unwrap().placements().count(), 2);
     assert_eq!(d.probe(&key(1, "t")).unwrap().tokens(), &[4, 5]);
     assert!(d.probe(&key(3, "")).is_none());
+    let k3 = key(3, "");
+    assert!(
+        d.probe_parts(&k3.chunk_hash, &k3.model_name, k3.kv_rank, 0, "")
+            .is_none()
+    );
+    let k1 = key(1, "t");
+    assert!(
+        d.probe_parts(&k1.chunk_hash, &k1.model_name, k1.kv_rank, 0, "u")
+            .is_none()
+    );
     let k = key(1, "t");
     // By owner: instance, then tier, then backend, whatever the report order.
     d.apply(&batch(

@@ -76,6 +76,22 @@ impl KeyDirectory {
         let id = self.table.find(key)?;
         Some(KeyView { dir: self, id })
     }
+
+    /// [`Self::probe`] by a key's parts (a lookup's request read in place:
+    /// no `ObjectKey` built).
+    pub fn probe_parts(
+        &self,
+        chunk_hash: &[u8],
+        model_name: &str,
+        kv_rank: i64,
+        object_group_id: i64,
+        cache_salt: &str,
+    ) -> Option<KeyView<'_>> {
+        let id =
+            self.table
+                .find_parts(chunk_hash, model_name, kv_rank, object_group_id, cache_salt)?;
+        Some(KeyView { dir: self, id })
+    }
 }
 
 impl<'a> KeyView<'a> {

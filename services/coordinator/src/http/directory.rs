@@ -10,8 +10,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use ic_coordinator_core::LevelFilter;
-use ic_coordinator_core::directory::{KeyDirectory, KeyFilter};
+use ic_coordinator_core::directory::{KeyDirectory, KeyFilter, KeyView};
 use ic_coordinator_core::key::{ObjectKey, WireKey, WireKeyRef as KeyRef};
+use ic_coordinator_core::lookup::{KeyText, read_keys};
 use ic_coordinator_core::resolve::{TokenQuery, resolve};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -75,6 +76,16 @@ struct Echo<'a> {
 }
 
 impl<'a> Echo<'a> {
+    fn text(k: &KeyText<'a>) -> Self {
+        Self {
+            cache_salt: k.cache_salt,
+            chunk_hash_hex: k.chunk_hash_hex,
+            kv_rank: k.kv_rank,
+            model_name: k.model_name,
+            object_group_id: k.object_group_id,
+        }
+    }
+
     fn of(w: &'a WireKey) -> Self {
         Self {
             cache_salt: &w.cache_salt,
@@ -101,6 +112,11 @@ impl Answer {
 
     /// Decimal digits without `fmt` (its machinery was ~10 % of a lookup).
     fn int(&mut self, mut n: u64) {
+        // Most of an answer's numbers (counts, ranks, groups) are one digit.
+        if n < 10 {
+            self.buf.push(b'0' + n as u8);
+            return;
+        }
         let mut digits = [0u8; 20];
         let mut i = digits.len();
         loop {
@@ -139,28 +155,43 @@ impl Answer {
         self.buf.extend_from_slice(s);
     }
 
+    /// A JSON string known to need no escape (a plain string of the
+    /// request, [`ic_coordinator_core::lookup::PlainLookup`]): copied between quotes.
+    fn plain(&mut self, s: &str) {
+        self.buf.reserve(s.len() + 2);
+        self.buf.push(b'"');
+        self.buf.extend_from_slice(s.as_bytes());
+        self.buf.push(b'"');
+    }
+
     fn result(&mut self, key: &Echo<'_>, d: &KeyDirectory, object: &ObjectKey) {
-        if self.results > 0 {
-            self.buf.push(b',');
-        }
-        self.results += 1;
         // Borrowed from the directory, already in the answer's order: no
         // materialized entry, no name's reference count touched, and for
         // a key with one placement no allocation.
         let view = d.probe(object);
+        self.entry(key, false, view, d.tokens_for_hash(&object.chunk_hash));
+    }
+
+    /// One result; `plain`: the echoed strings need no escape.
+    fn entry(&mut self, key: &Echo<'_>, plain: bool, view: Option<KeyView<'_>>, tokens: &[u32]) {
+        if self.results > 0 {
+            self.buf.push(b',');
+        }
+        self.results += 1;
         let access_count = view.map_or(0, |v| v.access_count());
         let placements = view.into_iter().flat_map(|v| v.placements_by_owner());
+        let echo = |a: &mut Self, s: &str| if plain { a.plain(s) } else { a.string(s) };
         // Field names are fixed text; only the values are escaped.
         self.raw(b"{\"access_count\":");
         self.int(access_count);
         self.raw(b",\"key\":{\"cache_salt\":");
-        self.string(key.cache_salt);
+        echo(self, key.cache_salt);
         self.raw(b",\"chunk_hash_hex\":");
-        self.string(key.chunk_hash_hex);
+        echo(self, key.chunk_hash_hex);
         self.raw(b",\"kv_rank\":");
         self.signed(key.kv_rank);
         self.raw(b",\"model_name\":");
-        self.string(key.model_name);
+        echo(self, key.model_name);
         self.raw(b",\"object_group_id\":");
         self.signed(key.object_group_id);
         self.raw(b"},\"placements\":[");
@@ -183,7 +214,7 @@ impl Answer {
             self.raw(b"\"}");
         }
         self.raw(b"],\"token_ids\":[");
-        for (i, t) in d.tokens_for_hash(&object.chunk_hash).iter().enumerate() {
+        for (i, t) in tokens.iter().enumerate() {
             if i > 0 {
                 self.buf.push(b',');
             }
@@ -266,6 +297,28 @@ pub(crate) async fn lookup(
 ) -> Result<Response, ApiError> {
     let bytes = body.map_err(crate::error::body_rejection)?;
     let json_type = is_json(&headers);
+    // The usual body, read in place; then serde's borrowed reading; then
+    // the reference's validation with its errors. Each takes only bodies
+    // the next would take the same way.
+    if let Some(req) = json_type.then(|| read_keys(&bytes)).flatten() {
+        let mut answer = Answer::new(req.keys.len());
+        answer.chunks(req.keys.len());
+        app.views.read(|views| {
+            let d = &views.directory;
+            for k in &req.keys {
+                let hash = req.hash(k);
+                let view = d.probe_parts(
+                    hash,
+                    k.model_name,
+                    k.kv_rank,
+                    k.object_group_id,
+                    k.cache_salt,
+                );
+                answer.entry(&Echo::text(k), true, view, d.tokens_for_hash(hash));
+            }
+        });
+        return Ok(answer.finish());
+    }
     if let Some((keys, parsed)) = keys_form(json_type, &bytes) {
         let mut answer = Answer::new(parsed.len());
         answer.chunks(parsed.len());
@@ -508,6 +561,213 @@ mod tests {
             assert!(keys_form(false, body.as_bytes()).is_none());
         }
         assert_eq!(cheap, 5);
+    }
+
+    /// A small deterministic generator (xorshift), so failures repeat.
+    struct Gen(u64);
+
+    impl Gen {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+
+        fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+            from[self.below(from.len())]
+        }
+
+        /// From `good` four times in five, else from `bad`.
+        fn choose<'a>(&mut self, good: &[&'a str], bad: &[&'a str]) -> &'a str {
+            if self.below(5) > 0 {
+                self.pick(good)
+            } else {
+                self.pick(bad)
+            }
+        }
+
+        fn ws(&mut self) -> &'static str {
+            self.pick(&["", "", "", " ", "\n\t", "\r "])
+        }
+
+        fn key(&mut self) -> String {
+            let hex = self.choose(
+                &[r#""00fF""#, r#""0011223344556677""#, r#""""#],
+                &[r#""0""#, r#""zz""#, r#""0\u0030""#, "null", "12"],
+            );
+            let model = self.choose(
+                &[r#""m""#, r#""loadgen-model""#, r#""é""#, r#""o/m""#],
+                &[r#""m@x""#, r#""m\"x""#, "null"],
+            );
+            let rank = self.choose(
+                &["0", "7", "-1", "16777472", "123456789012345678"],
+                &[
+                    "-0",
+                    "01",
+                    "1.0",
+                    "1e2",
+                    r#""3""#,
+                    "true",
+                    "9223372036854775807",
+                    "-123456789012345678",
+                ],
+            );
+            let mut fields = vec![
+                format!(r#""chunk_hash_hex":{hex}"#),
+                format!(r#""model_name":{model}"#),
+                format!(r#""kv_rank":{rank}"#),
+            ];
+            if self.below(2) == 0 {
+                let group = self.choose(&["0", "3"], &["-1", "null"]);
+                fields.push(format!(r#""object_group_id":{group}"#));
+            }
+            if self.below(2) == 0 {
+                let salt = self.choose(
+                    &[r#""""#, r#""t""#],
+                    &[r#""a/b""#, r#""a@b""#, r#""t\u00e9""#, r#""\\""#, "null"],
+                );
+                fields.push(format!(r#""cache_salt":{salt}"#));
+            }
+            match self.below(12) {
+                0 => {
+                    fields.pop();
+                }
+                1 => fields.push(r#""extra":[1,{"a":null}]"#.into()),
+                2 => fields.push(r#""kv_rank":1"#.into()),
+                _ => {}
+            }
+            for i in (1..fields.len()).rev() {
+                fields.swap(i, self.below(i + 1));
+            }
+            let sep = format!("{},{}", self.ws(), self.ws());
+            format!("{{{}{}{}}}", self.ws(), fields.join(&sep), self.ws())
+        }
+
+        fn body(&mut self) -> String {
+            let n = 1 + self.below(3) - usize::from(self.below(10) == 0);
+            let keys: Vec<String> = (0..n).map(|_| self.key()).collect();
+            let mut fields = vec![format!(r#""keys":[{}]"#, keys.join(","))];
+            for (field, values) in [
+                ("token_ids", &["null", "[]", "[ ]", "[1]", "{}"][..]),
+                ("model_name", &["null", r#""m""#, "1"][..]),
+                ("world_size", &["1", "2", "0", "-1", r#""2""#, "1.0"][..]),
+                ("cache_salt", &[r#""""#, r#""s""#, "null"][..]),
+            ] {
+                if self.below(3) == 0 {
+                    fields.push(format!(r#""{field}":{}"#, self.pick(values)));
+                }
+            }
+            if self.below(10) == 0 {
+                fields.push(r#""keys":[]"#.into());
+            }
+            for i in (1..fields.len()).rev() {
+                fields.swap(i, self.below(i + 1));
+            }
+            format!("{}{{{}}}{}", self.ws(), fields.join(","), self.ws())
+        }
+
+        /// `body` with one byte deleted, replaced or inserted, or cut.
+        fn mutate(&mut self, body: &str) -> Vec<u8> {
+            let mut b = body.as_bytes().to_vec();
+            if b.is_empty() {
+                return b;
+            }
+            let at = self.below(b.len());
+            const BYTES: &[u8] = b"{}[]\":,0-1.e \\u@/x\x00\xff";
+            let byte = BYTES[self.below(BYTES.len())];
+            match self.below(4) {
+                0 => {
+                    b.remove(at);
+                }
+                1 => b[at] = byte,
+                2 => b.insert(at, byte),
+                _ => b.truncate(at),
+            }
+            b
+        }
+    }
+
+    /// The in-place reading ([`read_keys`]) takes a body only when serde's
+    /// borrowed reading ([`keys_form`], itself held to the reference's
+    /// decoding above) takes it, with the same keys, the same echo and the
+    /// same answer bytes; over generated bodies and one-byte mutations.
+    #[test]
+    fn the_in_place_reading_agrees_with_serde() {
+        // Every good key of the generator stored, in object group 0 and
+        // without salt: lookups both hit and miss.
+        let mut entries = Vec::new();
+        for hex in ["00ff", "0011223344556677", ""] {
+            for model in ["m", "loadgen-model", "é", "o/m"] {
+                for rank in ["0", "7", "-1", "16777472", "123456789012345678"] {
+                    entries.push(format!(
+                        r#"{{"key":{{"chunk_hash_hex":"{hex}","model_name":"{model}","kv_rank":{rank}}},"size_bytes":5}}"#
+                    ));
+                }
+            }
+        }
+        let store = format!(
+            r#"{{"batches":[{{"instance_id":"mp-0","incarnation":1,"seq":1,"event_type":"store","tier":"l2","backend":"fs","entries":[{}]}}]}}"#,
+            entries.join(",")
+        );
+        let mut d = KeyDirectory::new();
+        let batches = ic_coordinator_core::events::decode_valid(store.as_bytes());
+        for batch in batches.expect("a valid batch") {
+            d.apply(&batch);
+        }
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        let (mut taken, mut left, mut hits) = (0, 0, 0);
+        for round in 0..40_000 {
+            let body = g.body();
+            let bytes = if round % 2 == 0 {
+                body.into_bytes()
+            } else {
+                g.mutate(&body)
+            };
+            let fast = read_keys(&bytes);
+            let slow = keys_form(true, &bytes);
+            let Some(fast) = fast else {
+                left += usize::from(slow.is_some());
+                continue;
+            };
+            let text = String::from_utf8_lossy(&bytes);
+            let (wire, parsed) = slow.unwrap_or_else(|| panic!("serde refuses {text}"));
+            assert_eq!(fast.keys.len(), parsed.len(), "{text}");
+            let (mut a, mut b) = (Answer::new(0), Answer::new(0));
+            a.chunks(parsed.len());
+            b.chunks(parsed.len());
+            for ((k, w), key) in fast.keys.iter().zip(&wire).zip(&parsed) {
+                let e = echo(w);
+                assert_eq!(
+                    (k.chunk_hash_hex, k.model_name, k.cache_salt),
+                    (e.chunk_hash_hex, e.model_name, e.cache_salt),
+                    "{text}"
+                );
+                assert_eq!(
+                    (k.kv_rank, k.object_group_id),
+                    (key.kv_rank, key.object_group_id)
+                );
+                assert_eq!(fast.hash(k), &key.chunk_hash[..], "{text}");
+                let view = d.probe_parts(
+                    fast.hash(k),
+                    k.model_name,
+                    k.kv_rank,
+                    k.object_group_id,
+                    k.cache_salt,
+                );
+                hits += usize::from(view.is_some());
+                a.entry(&Echo::text(k), true, view, d.tokens_for_hash(fast.hash(k)));
+                b.result(&e, &d, key);
+            }
+            assert_eq!(a.buf, b.buf, "{text}");
+            taken += 1;
+        }
+        // Both readings are exercised: the usual bodies in place, the
+        // rest (escapes, coercions, repeated fields...) by serde.
+        assert!(
+            taken > 1_000 && left > 500 && hits > 300,
+            "{taken} {left} {hits}"
+        );
     }
 
     /// `is_json`'s allocation-free reading of an ASCII header answers as
