@@ -212,8 +212,8 @@ impl Outcomes {
         }
     }
 
-    /// An acknowledged record: the healthy span grows while no failure was
-    /// seen.
+    /// An acknowledged record: the healthy span grows while no failure
+    /// (lost or refused record) was seen.
     fn delivered(&self) {
         self.delivered.fetch_add(1, Ordering::Relaxed);
         let at = u64::try_from(self.created.elapsed().as_millis())
@@ -222,7 +222,7 @@ impl Outcomes {
         let _ = self
             .first_delivered
             .compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
-        if self.failures.load(Ordering::Relaxed) == 0 {
+        if !self.failed() {
             self.last_delivered.fetch_max(at, Ordering::Relaxed);
         }
     }
@@ -717,6 +717,35 @@ mod tests {
         o.delivered();
         assert_eq!(o.healthy_for(), Some(Duration::ZERO));
         assert_eq!(o.delivered.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_refused_record_ends_the_healthy_span_as_a_lost_one_does() {
+        // Created 5 s ago, so a delivery now lands well after the span's
+        // end (1 ms) if it were counted.
+        let backdated = || Outcomes {
+            created: std::time::Instant::now()
+                .checked_sub(Duration::from_secs(5))
+                .unwrap(),
+            ..Outcomes::new()
+        };
+        for failure in ["lost", "refused"] {
+            let o = backdated();
+            o.first_delivered.store(1, Ordering::Relaxed);
+            o.last_delivered.store(1, Ordering::Relaxed);
+            match failure {
+                "lost" => o.failures.store(1, Ordering::Relaxed),
+                _ => o.refused.store(1, Ordering::Relaxed),
+            }
+            assert!(o.failed());
+            o.delivered();
+            assert_eq!(o.healthy_for(), Some(Duration::ZERO), "{failure}");
+        }
+        // Without a failure the same delivery lengthens it.
+        let o = backdated();
+        o.first_delivered.store(1, Ordering::Relaxed);
+        o.delivered();
+        assert!(o.healthy_for() >= Some(Duration::from_secs(5)));
     }
 
     #[test]
