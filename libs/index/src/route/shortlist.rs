@@ -114,13 +114,16 @@ pub(super) fn rank_eligible(
 /// instructions in all).
 pub(super) const SHORTLIST_ABOVE: usize = 64;
 
-/// Replicas a [`Shortlist`] lists, best first. A lookup reads them in order
-/// only until the others asked for are proven the best, so the length
-/// only bounds how many picks (which make the first ones worse) a list
-/// outlives before it is rebuilt.
-const LISTED: usize = 64;
+/// Replicas a [`Shortlist`] lists, best first (and every replica tied with
+/// the last). A lookup reads them in order only until the others asked for
+/// are proven the best; picks make the first ones busier, so a list is read
+/// further as it ages, until it is worn out and rebuilt. Longer lists
+/// outlive more picks but cost every lookup more reads: at 256 replicas
+/// under LookupRoute's load, 24 cost the fewest instructions of 24 and 64
+/// (callgrind, docs/benchmarks.md).
+const LISTED: usize = 24;
 
-/// A large scope's replicas in order of load as of one moment, each with a
+/// A large scope's least loaded replicas in order of load as of one moment, each with a
 /// floor under its figures and those of every replica after it (and every
 /// replica not listed), and the whole scope's [`Fleet`] figures then, kept
 /// up to date by the scope's picks ([`Shortlist::picked`]).
@@ -353,6 +356,11 @@ impl Shortlist {
         others: usize,
     ) -> Result<Eligible<'a>, bool> {
         let others = others.max(1);
+        if self.listed.len() > 4 * LISTED {
+            // Most of the scope tied (an idle fleet): reading every load
+            // is no dearer, and a rebuild would tie again.
+            return Err(false);
+        }
         let fleet = self.fleet_now();
         let weights = &self.weights;
         let mut eligible = Eligible::with_capacity(holders.len() + 2 * others);

@@ -179,10 +179,11 @@ fn a_shortlist_outlives_the_picks_of_a_level_fleet() {
                 .picked_with_work(&to.replica.replica_id, now, |_| 0.0);
         }
     }
-    // 14 by age (286 ms at 20 ms); the rest worn out by picks: about one a
-    // hundred lookups here, where a list made stale by every 16th pick
-    // was rebuilt 125 times, and one whose floors ignored the load bound
-    // (every replica over it) 330 times.
+    // 14 by age (286 ms at 20 ms); the rest worn out by picks: 73 in all
+    // with 24 listed (one a 27 lookups; 30 with 64 listed, whose deeper
+    // reads cost more), where a list made stale by every 16th pick was
+    // rebuilt 125 times by picks alone, and one whose floors ignored the
+    // load bound (every replica over it here) 330 times.
     let refreshes = fleet.load.shortlist_refreshes();
-    assert!(refreshes <= 40, "{refreshes} rebuilds in {lookups} lookups");
+    assert!(refreshes <= 90, "{refreshes} rebuilds in {lookups} lookups");
 }
