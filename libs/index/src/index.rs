@@ -17,7 +17,10 @@
 //! * eviction works in store *epochs*: every entry carries the epoch it was
 //!   last stored in, and the capacity bound removes whole oldest epochs in
 //!   one pass over the pages that hold them (an epoch is 1/16 of capacity;
-//!   a pass evicts at least 1/8 of capacity, so passes stay rare);
+//!   a pass evicts at least 1/8 of capacity, so passes stay rare); the
+//!   epochs are a ring of 1,024, so an entry not stored again for a whole
+//!   turn (64 capacities of stores) is evicted, alone, when the clock comes
+//!   round to its epoch, however full the index is;
 //! * dropping a replica's entries (drain, scope move, resync, clear) is a
 //!   pass over the pages. A resync first builds the new state under a
 //!   fresh, not yet visible replica slot and then swaps the slots in the
@@ -38,6 +41,8 @@ use crate::types::{
 
 #[cfg(test)]
 mod capacity_tests;
+#[cfg(test)]
+mod clock_tests;
 mod evict;
 
 /// Capacity is clamped here so record ids (32 bits; dead records are at
@@ -676,69 +681,54 @@ impl Index {
                 .min(MAX_DEPTH);
             Block::new(entry_key(scope, fp), depth)
         }));
-        // The epoch each store is accounted in: the clock ticks per store,
-        // so the first `split` blocks take the current epoch and each
-        // `epoch_size` after them the next (a chunk of `apply_locked`, at
-        // most `epoch_size` long, crosses one boundary at most).
-        let (epoch, size) = (writer.epoch, writer.epoch_size.max(1));
-        let split = usize::try_from(size.saturating_sub(writer.epoch_fill)).unwrap_or(usize::MAX);
-        let epoch_of = |i: usize| -> u32 {
-            if i < split {
-                return epoch;
+        // Stored and accounted a run of one epoch at a time, the clock
+        // advanced once per run (rather than counts, entries and the clock
+        // per block): a run fills the current epoch at most, so the clock
+        // reaches the next epoch, and retires what it still holds from the
+        // clock's last turn, before anything is stored in it.
+        let mut start = 0;
+        while start < blocks.len() {
+            let room = writer.epoch_size.max(1).saturating_sub(writer.epoch_fill);
+            let end = start
+                + usize::try_from(room)
+                    .map_or(usize::MAX, |r| r.max(1))
+                    .min(blocks.len() - start);
+            let epoch = writer.epoch;
+            if self
+                .store
+                .store_chain(
+                    &blocks[start..end],
+                    |_| Holder::new(idx, tier, epoch),
+                    &mut results,
+                )
+                .is_err()
+            {
+                self.out_of_space.fetch_add(1, Ordering::Relaxed);
+                errors.push(ContentError::OutOfSpace);
+                break;
             }
-            let later = ((i - split) as u64 / size + 1) % u64::from(EPOCHS);
-            // Below EPOCHS.
-            #[allow(clippy::cast_possible_truncation)]
-            let later = later as u32;
-            (epoch + later) % EPOCHS
-        };
-        if self
-            .store
-            .store_chain(
-                &blocks,
-                |i| Holder::new(idx, tier, epoch_of(i)),
-                &mut results,
-            )
-            .is_err()
-        {
-            self.out_of_space.fetch_add(1, Ordering::Relaxed);
-            errors.push(ContentError::OutOfSpace);
-        } else {
-            // Accounted a run of one epoch at a time, the clock advanced
-            // once per run (rather than counts, entries and the clock per
-            // block): the state at each epoch boundary, where the clock
-            // may evict, is what block-by-block accounting would reach.
-            let mut start = 0;
-            while start < results.len() {
-                let end = if start < split {
-                    split.min(results.len())
-                } else {
-                    (start + usize::try_from(size).unwrap_or(usize::MAX)).min(results.len())
-                };
-                let run = start..end;
-                let mut added = 0u64;
-                let mut stored = 0u64;
-                for i in run.clone() {
-                    match results[i] {
-                        Ok(Stored::Added) => added += 1,
-                        Ok(Stored::Refreshed(previous)) => {
-                            self.account_refresh(writer, idx, tier, previous);
-                        }
-                        Err(known) => {
-                            errors.push(ContentError::DepthMismatch {
-                                fingerprint: fingerprints[i],
-                                known,
-                                reported: blocks[i].depth,
-                            });
-                            continue;
-                        }
+            let mut added = 0u64;
+            let mut stored = 0u64;
+            for (i, result) in (start..end).zip(&results) {
+                match *result {
+                    Ok(Stored::Added) => added += 1,
+                    Ok(Stored::Refreshed(previous)) => {
+                        self.account_refresh(writer, idx, tier, previous);
                     }
-                    stored += 1;
+                    Err(known) => {
+                        errors.push(ContentError::DepthMismatch {
+                            fingerprint: fingerprints[i],
+                            known,
+                            reported: blocks[i].depth,
+                        });
+                        continue;
+                    }
                 }
-                self.account_run(writer, idx, tier, epoch_of(start), added, stored);
-                self.tick_clock_by(writer, (end - start) as u64);
-                start = end;
+                stored += 1;
             }
+            self.account_run(writer, idx, tier, epoch, added, stored);
+            self.tick_clock_by(writer, (end - start) as u64);
+            start = end;
         }
         writer.scratch = ChainScratch::keep(blocks, results);
     }

@@ -49,16 +49,22 @@ impl Index {
     }
 
     /// Advances the eviction clock by `stores` stores, which reach at
-    /// most the end of the current epoch (the callers cut their runs
-    /// there), retiring the epoch the clock moves onto if it holds any.
+    /// most the end of the current epoch (the caller cuts its runs there
+    /// and stores nothing in the next epoch before the clock reaches it).
     pub(super) fn tick_clock_by(&self, writer: &mut Writer, stores: u64) {
         writer.epoch_fill += stores;
         while writer.epoch_fill >= writer.epoch_size {
             writer.epoch = (writer.epoch + 1) % EPOCHS;
             writer.epoch_fill -= writer.epoch_size.max(1);
-            // The clock wrapped onto the oldest epoch: retire it first.
-            if writer.epoch_entries[writer.epoch as usize] > 0 {
-                self.evict_oldest(writer, 1);
+            // The clock came round: what this epoch still holds was not
+            // stored again for a whole turn, the oldest entries there are.
+            // Those go, and only those (the index may be far below
+            // capacity), before the epoch is reused.
+            let e = writer.epoch as usize;
+            if writer.epoch_entries[e] > 0 {
+                let mut doomed = vec![false; EPOCHS as usize];
+                doomed[e] = true;
+                self.evict_epochs(writer, &doomed);
             }
         }
     }
@@ -135,9 +141,14 @@ impl Index {
                 break;
             }
         }
-        if selected == 0 {
-            return;
+        if selected > 0 {
+            self.evict_epochs(writer, &doomed);
         }
+    }
+
+    /// Removes every holder stored in a `doomed` epoch, in one pass over
+    /// the pages holding any of them.
+    fn evict_epochs(&self, writer: &mut Writer, doomed: &[bool]) {
         let mut epochs: EpochSet = [0; (EPOCHS / 64) as usize];
         for (e, _) in doomed.iter().enumerate().filter(|(_, d)| **d) {
             add_epoch(&mut epochs, u32::try_from(e).unwrap_or(0));
