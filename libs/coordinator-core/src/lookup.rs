@@ -236,11 +236,13 @@ impl<'a> Reader<'a> {
         let start = self.i;
         let mut n: i64 = 0;
         while let Some(d @ b'0'..=b'9') = self.peek() {
-            n = n * 10 + i64::from(d - b'0');
-            self.i += 1;
-            if self.i - start > 18 {
+            // Counted before accumulating: 18 digits always fit i64, a
+            // 19th may not (and would panic where overflow is checked).
+            if self.i - start == 18 {
                 return None;
             }
+            n = n * 10 + i64::from(d - b'0');
+            self.i += 1;
         }
         let digits = self.i - start;
         let zero_led = self.b.get(start) == Some(&b'0');
@@ -435,6 +437,12 @@ mod tests {
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":01}]}"#.into(),
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":1e2}]}"#.into(),
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":1234567890123456789}]}"#.into(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":9999999999999999999}]}"#.into(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":-9999999999999999999}]}"#.into(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":99999999999999999999}]}"#.into(),
+            r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":0,"object_group_id":9999999999999999999}]}"#.into(),
+            format!(r#"{{"keys":[{k}],"world_size":9999999999999999999}}"#),
+            format!(r#"{{"keys":[{k}],"world_size":-99999999999999999999}}"#),
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m\u0040","kv_rank":0}]}"#.into(),
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m"}]}"#.into(),
             r#"{"keys":[{"chunk_hash_hex":"00","model_name":"m","kv_rank":0,"kv_rank":0}]}"#.into(),

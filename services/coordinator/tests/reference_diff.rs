@@ -510,6 +510,41 @@ async fn requests_and_errors_match_the_reference() {
         cases.len(),
         mismatches.join("\n")
     );
+    // A documented edge (docs/coordinator.md, "Request edges not
+    // reproduced"): an integer past i64 in a lookup, which Python takes, is
+    // ours to refuse as `int_parsing` naming the field — never a dropped
+    // connection (the in-place reader's 19th digit once overflowed).
+    for (value, body, loc) in [
+        (
+            "9999999999999999999",
+            r#"{"keys":[{"chunk_hash_hex":"ab","model_name":"m","kv_rank":9999999999999999999}]}"#,
+            json!(["body", "keys", 0, "kv_rank"]),
+        ),
+        (
+            "-9999999999999999999",
+            r#"{"keys":[{"chunk_hash_hex":"ab","model_name":"m","kv_rank":-9999999999999999999}]}"#,
+            json!(["body", "keys", 0, "kv_rank"]),
+        ),
+        (
+            "99999999999999999999",
+            r#"{"keys":[{"chunk_hash_hex":"ab","model_name":"m","kv_rank":0,"object_group_id":99999999999999999999}]}"#,
+            json!(["body", "keys", 0, "object_group_id"]),
+        ),
+        (
+            "9999999999999999999",
+            r#"{"keys":[{"chunk_hash_hex":"ab","model_name":"m","kv_rank":0}],"world_size":9999999999999999999}"#,
+            json!(["body", "world_size"]),
+        ),
+    ] {
+        let r = raw("POST", "/directory/lookup", Some("application/json"), body);
+        assert_eq!(send(&http, rp, &r).await.status, 200, "reference: {body}");
+        let got = send(&http, op, &r).await;
+        let want: Value = serde_json::from_str(&format!(
+            r#"{{"detail":[{{"type":"int_parsing","loc":{loc},"msg":"Input should be a valid integer, unable to parse string as an integer","input":{value}}}]}}"#
+        ))
+        .unwrap();
+        assert_eq!((got.status, got.body), (422, want), "{body}");
+    }
 }
 
 /// Every flag of `lmcache coordinator` (and the output flags every LMCache

@@ -611,6 +611,11 @@ mod tests {
                     "true",
                     "9223372036854775807",
                     "-123456789012345678",
+                    // Past i64 on the 19th digit, and 20 digits.
+                    "9999999999999999999",
+                    "-9999999999999999999",
+                    "99999999999999999999",
+                    "-99999999999999999999",
                 ],
             );
             let mut fields = vec![
@@ -619,7 +624,7 @@ mod tests {
                 format!(r#""kv_rank":{rank}"#),
             ];
             if self.below(2) == 0 {
-                let group = self.choose(&["0", "3"], &["-1", "null"]);
+                let group = self.choose(&["0", "3"], &["-1", "null", "9999999999999999999"]);
                 fields.push(format!(r#""object_group_id":{group}"#));
             }
             if self.below(2) == 0 {
@@ -651,7 +656,10 @@ mod tests {
             for (field, values) in [
                 ("token_ids", &["null", "[]", "[ ]", "[1]", "{}"][..]),
                 ("model_name", &["null", r#""m""#, "1"][..]),
-                ("world_size", &["1", "2", "0", "-1", r#""2""#, "1.0"][..]),
+                (
+                    "world_size",
+                    &["1", "2", "0", "-1", r#""2""#, "1.0", "-9999999999999999999"][..],
+                ),
                 ("cache_salt", &[r#""""#, r#""s""#, "null"][..]),
             ] {
                 if self.below(3) == 0 {
