@@ -688,6 +688,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             if let Some(warning) = open_loop::spin_warning(name, o.spin_us, s) {
                 eprintln!("{warning}");
             }
+            let duration = Duration::from_secs_f64(args.duration_secs);
+            if let Some(warning) = open_loop::stretch_warning(name, duration, s) {
+                eprintln!("{warning}");
+            }
         }
     }
     if args.json {

@@ -16,8 +16,11 @@
 //! in which no send is due at all (a rate too low for the duration, or a
 //! Poisson gap) is stretched along the schedule to the first send due
 //! after it, as the closed loop stretches its window to the first answer,
-//! rather than the run failing with "a phase completed no requests"; the
-//! rate is then over the stretched window.
+//! rather than the run failing with "a phase completed no requests". The
+//! stretched window ends halfway from that send to the one after it (not
+//! at the send, which left its gap out and put the rate 1.25 times too
+//! high for a 1/s schedule in a 0.2 s window); the rate is over it, and a
+//! window stretched past twice the requested duration is warned about.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +71,9 @@ pub struct ScheduleStats {
     pub from_start_us: Quantiles,
     /// Share of the phase the thread spent spinning (a core's share).
     pub spin_fraction: f64,
+    /// The measured window, seconds: the requested duration, or longer
+    /// when no send was due in it (stretched along the schedule).
+    pub window_seconds: f64,
 }
 
 struct Sample {
@@ -120,18 +126,24 @@ where
             let _ = nix::sys::prctl::set_timerslack(1);
             let mut spun = Duration::ZERO;
             let mut sent = 0;
-            // The window's end: `end`, or the due time of the first send
-            // due in the window when none was due before `end`.
+            // The window's end: `end`, or, when no send was due before
+            // `end`, halfway from the first send due after it to the next.
             let mut window_end = end;
+            let mut stretched_to = None;
             let mut measured = 0u64;
             for (k, offset) in schedule.enumerate() {
                 let due = start + offset;
                 if due >= end && measured > 0 {
+                    if let Some(last) = stretched_to {
+                        window_end = last + (due - last) / 2;
+                    }
                     break;
                 }
                 if due >= measure_from {
                     measured += 1;
-                    window_end = window_end.max(due);
+                    if due >= end {
+                        stretched_to = Some(due);
+                    }
                 }
                 spun += wait_until(due, spin);
                 let dispatched = Instant::now();
@@ -202,9 +214,28 @@ where
         send_lateness_us: Quantiles::of(send),
         from_start_us: Quantiles::of(from_start),
         spin_fraction: spun.as_secs_f64() / (window_end - start).as_secs_f64(),
+        window_seconds: window_end
+            .saturating_duration_since(measure_from)
+            .as_secs_f64(),
     };
     let measured = window_end.saturating_duration_since(measure_from);
     Ok((summarize(latencies, errors, measured), hits, stats))
+}
+
+/// The warning for a phase whose window was stretched past twice the
+/// requested `duration` (a rate too low for it), if it was: the run took
+/// that much longer, and its figures rest on a few sends.
+pub fn stretch_warning(phase: &str, duration: Duration, stats: &ScheduleStats) -> Option<String> {
+    (stats.window_seconds > 2.0 * duration.as_secs_f64()).then(|| {
+        format!(
+            "warning: no send was due in the {phase} phase's {:.3} s window at this --rate: \
+             it was stretched to {:.3} s along the schedule ({} sends measured); raise \
+             --duration-secs or --rate for a steadier figure",
+            duration.as_secs_f64(),
+            stats.window_seconds,
+            stats.scheduled
+        )
+    })
 }
 
 /// Above this share of a core spent spinning, the run warns: on a machine
@@ -279,9 +310,25 @@ mod tests {
         let (stats, schedule) = answered_at_once(1.0, 0.2, 0.05).await;
         assert_eq!((stats.requests, stats.errors), (1, 0), "{stats:?}");
         assert_eq!(schedule.scheduled, 1);
-        // The rate is over the stretched window, 0.2-1.0 s (due times,
-        // not measured ones).
-        assert!((stats.qps - 1.0 / 0.8).abs() < 1e-9, "{stats:?}");
+        // The rate is over the stretched window, which ends halfway to
+        // the send after it: 0.2-1.5 s (due times, not measured ones).
+        // Ending at the send it holds (1.0 s) put that send's whole gap
+        // out of the window: 1.25/s for a 1/s schedule.
+        assert!((stats.qps - 1.0 / 1.3).abs() < 1e-9, "{stats:?}");
+        assert!((schedule.window_seconds - 1.3).abs() < 1e-9, "{schedule:?}");
+        // 1.3 s for 0.05 s asked: warned about.
+        let warning = stretch_warning("LookupRoute", Duration::from_secs_f64(0.05), &schedule);
+        assert!(
+            warning
+                .as_deref()
+                .is_some_and(|w| w.contains("LookupRoute") && w.contains("1.300 s")),
+            "{warning:?}"
+        );
+        // Stretched, but not past twice the duration asked: no warning.
+        assert_eq!(
+            stretch_warning("LookupRoute", Duration::from_secs_f64(0.65), &schedule),
+            None
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,6 +341,11 @@ mod tests {
         assert!(
             (stats.qps - stats.requests as f64 / 0.2).abs() < 1e-9,
             "{stats:?}"
+        );
+        assert!((schedule.window_seconds - 0.2).abs() < 1e-9, "{schedule:?}");
+        assert_eq!(
+            stretch_warning("LookupRoute", Duration::from_secs_f64(0.2), &schedule),
+            None
         );
     }
 }
