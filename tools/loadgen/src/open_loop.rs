@@ -229,7 +229,7 @@ pub fn stretch_warning(phase: &str, duration: Duration, stats: &ScheduleStats) -
     (stats.window_seconds > 2.0 * duration.as_secs_f64()).then(|| {
         format!(
             "warning: no send was due in the {phase} phase's {:.3} s window at this --rate: \
-             it was stretched to {:.3} s along the schedule ({} sends measured); raise \
+             it was stretched to {:.3} s along the schedule (sends measured: {}); raise \
              --duration-secs or --rate for a steadier figure",
             duration.as_secs_f64(),
             stats.window_seconds,
