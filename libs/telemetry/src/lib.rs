@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod otel;
 pub mod process;
 pub mod process_metrics;
+pub mod repoll;
 pub mod serving;
 pub mod shutdown;
 pub mod tls;

@@ -315,7 +315,9 @@ where
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
         let (open, timeouts, shutdown) = (open.clone(), timeouts.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        // Reading a body wakes the connection's own task: polled again at
+        // once rather than requeued with an idle worker woken (repoll.rs).
+        tokio::spawn(crate::repoll::Repoll::new(async move {
             let _open = open;
             let mut connection = std::pin::pin!(connection);
             let result = tokio::select! {
@@ -334,7 +336,7 @@ where
                     tracing::debug!(%error, ?peer, "connection ended with an error");
                 }
             }
-        });
+        }));
     }
     drop(listener);
     drop(open);

@@ -171,3 +171,108 @@ fn worker_threads_past_the_bound_are_refused() {
         );
     }
 }
+
+/// Voluntary context switches of each of `pid`'s threads, by thread id.
+fn voluntary_switches(pid: u32) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let task = task.unwrap();
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let n = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .map(|v| v.trim().parse::<u64>().unwrap())
+            .unwrap();
+        out.insert(task.file_name().to_string_lossy().into_owned(), n);
+    }
+    out
+}
+
+/// Requests with a body, one at a time on one keep-alive connection, are
+/// served by one thread that wakes no other: hyper's server task wakes
+/// itself while it reads a body, and tokio's multi-threaded runtime took
+/// that self-wake for a yield and unparked the idle worker for every
+/// lookup (a futex wake and two context switches on the cores the clients
+/// share; 373 wake-ups of other threads over 400 lookups before
+/// `ic_telemetry::repoll`). The count is of wake-ups, not of time: each is
+/// a thread blocking again.
+#[test]
+fn a_lookup_wakes_no_other_thread() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    let mut process = ServiceProcess::start(
+        bin,
+        &[
+            "coordinator",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--worker-threads",
+            "2",
+        ],
+    );
+    let addr = process.admin_addr();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(addr, "/ready").0 != 200 {
+        assert!(Instant::now() < deadline, "/ready never became 200");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let key =
+        r#"{"chunk_hash_hex":"00000000000000000000000000000001","model_name":"m","kv_rank":0}"#;
+    let body = format!(r#"{{"keys":[{key},{key}]}}"#);
+    let request = format!(
+        "POST /directory/lookup HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_nodelay(true).unwrap();
+    let mut lookup = || {
+        conn.write_all(request.as_bytes()).unwrap();
+        // One answer: the head, then exactly Content-Length bytes.
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            conn.read_exact(&mut byte).unwrap();
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8(head).unwrap();
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap();
+        let mut answer = vec![0u8; len];
+        conn.read_exact(&mut answer).unwrap();
+    };
+    // Warm: every lazy start done.
+    for _ in 0..50 {
+        lookup();
+    }
+    const LOOKUPS: u64 = 400;
+    let before = voluntary_switches(process.pid());
+    for _ in 0..LOOKUPS {
+        lookup();
+    }
+    let after = voluntary_switches(process.pid());
+    let mut woken: Vec<(String, u64)> = after
+        .iter()
+        .map(|(tid, n)| (tid.clone(), n - before.get(tid).copied().unwrap_or(0)))
+        .collect();
+    woken.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    // The serving thread waits for most requests (the measure works).
+    assert!(woken[0].1 >= LOOKUPS / 4, "{woken:?}");
+    // The others: timers only (the liveness sweep, the idle deadline).
+    let others: u64 = woken[1..].iter().map(|(_, n)| n).sum();
+    assert!(
+        others < LOOKUPS / 10,
+        "{others} wake-ups of other threads over {LOOKUPS} lookups: {woken:?}"
+    );
+    process.signal(Signal::SIGTERM);
+    assert!(process.wait_exit().success());
+}
