@@ -118,6 +118,8 @@ impl EndpointPicker {
             request,
             took: read_in,
         } = read;
+        #[cfg(test)]
+        tests::decided_here(request.as_ref());
         let eligible = self.eligible(subset)?;
         let model = request
             .as_ref()
@@ -196,6 +198,10 @@ impl EndpointPicker {
 
 #[cfg(test)]
 mod tests {
+    use std::thread::{self, ThreadId};
+
+    use parking_lot::Mutex;
+
     use super::super::scope::tests::picker;
     use super::INLINE_READ_BYTES;
 
@@ -222,29 +228,72 @@ mod tests {
         assert!(!needs("/v1/chat/completions", None));
     }
 
-    /// Every placement answers: in place (token ids), handed off (a chat
-    /// prompt; a body too large to read on the runtime).
-    async fn every_placement_picks() {
+    /// The thread each decision ran on, by the request's model (tests run
+    /// side by side: each names its own models).
+    static DECIDED_ON: Mutex<Vec<(String, ThreadId)>> = Mutex::new(Vec::new());
+
+    pub(super) fn decided_here(request: Option<&crate::openai::InferenceRequest>) {
+        if let Some(r) = request {
+            DECIDED_ON
+                .lock()
+                .push((r.model.clone(), thread::current().id()));
+        }
+    }
+
+    fn decided_on(model: &str) -> Vec<ThreadId> {
+        let decided = DECIDED_ON.lock();
+        decided
+            .iter()
+            .filter(|(m, _)| m == model)
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
+    /// Each placement answers where it should: token ids on the runtime
+    /// thread that received them, a chat prompt and a body too large to
+    /// read on the runtime on another thread (a blocking one).
+    async fn every_placement_picks(runtime: &str) {
         let p = picker(&[A]);
+        let with_model = |body: &[u8], model: &str| {
+            let mut v: serde_json::Value = serde_json::from_slice(body).unwrap();
+            v["model"] = model.into();
+            serde_json::to_vec(&v).unwrap()
+        };
         let large = token_ids(INLINE_READ_BYTES / 4);
         assert!(large.len() > INLINE_READ_BYTES);
-        for (path, body) in [
-            ("/v1/completions", token_ids(16)),
-            ("/v1/chat/completions", CHAT.to_vec()),
-            ("/v1/completions", large),
+        for (path, body, case, in_place) in [
+            ("/v1/completions", token_ids(16), "token-ids", true),
+            ("/v1/chat/completions", CHAT.to_vec(), "chat", false),
+            ("/v1/completions", large, "large", false),
         ] {
+            let model = format!("{runtime}-{case}");
+            let body = with_model(&body, &model);
+            // No await between this and an in-place decision: the task is
+            // still on this thread when it decides.
+            let here = thread::current().id();
             let pick = p.decide_placed(path, Some(body), None, 0).await;
-            assert_eq!(pick.expect("a pick").endpoints, [A], "{path}");
+            assert_eq!(pick.expect("a pick").endpoints, [A], "{case}");
+            let on = decided_on(&model);
+            assert_eq!(on.len(), 1, "{case}: one decision");
+            assert_eq!(
+                on[0] == here,
+                in_place,
+                "{case}: decided in place: {in_place}"
+            );
         }
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_one_thread_runtime_picks_in_place_and_handed_off() {
-        every_placement_picks().await;
+        every_placement_picks("one-thread").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_multi_threaded_runtime_picks_in_place_and_handed_off() {
-        every_placement_picks().await;
+        // On a worker, as the server's picks run (the test's own body runs
+        // on the thread that started the runtime).
+        tokio::spawn(every_placement_picks("multi-thread"))
+            .await
+            .expect("the picks");
     }
 }
