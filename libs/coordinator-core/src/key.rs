@@ -81,6 +81,14 @@ pub fn validate_model(model: &str) -> Result<(), KeyError> {
     Ok(())
 }
 
+/// Checks an object group.
+pub fn validate_group(group: i64) -> Result<(), KeyError> {
+    if group < 0 {
+        return Err(KeyError::NegativeGroup(group));
+    }
+    Ok(())
+}
+
 /// A key shared between the views that index it (one allocation per key
 /// per batch, however many views keep it).
 pub type SharedKey = std::sync::Arc<ObjectKey>;
@@ -126,9 +134,7 @@ impl ObjectKey {
             .ok_or_else(|| KeyError::BadHex(chunk_hash_hex.to_owned()))?;
         validate_model(model_name)?;
         validate_salt(cache_salt)?;
-        if object_group_id < 0 {
-            return Err(KeyError::NegativeGroup(object_group_id));
-        }
+        validate_group(object_group_id)?;
         Ok(Self {
             chunk_hash,
             model_name: model_name.to_owned(),

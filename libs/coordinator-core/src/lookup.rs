@@ -11,7 +11,7 @@
 //! it to that (services/coordinator, `http::directory`).
 
 use crate::events::plain_len;
-use crate::key::MAX_SALT_LEN;
+use crate::key::{validate_group, validate_model, validate_salt};
 
 /// A key of the request, its strings as the body spells them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,26 +134,6 @@ enum Field {
     Group,
     Salt,
 }
-
-/// Byte classes of a key's strings, one table lookup a byte: what ends or
-/// spoils a plain string (`"`, `\`, control), and the characters a model
-/// name or a salt must not hold.
-const STOP: u8 = 1;
-const AT: u8 = 2;
-const SLASH: u8 = 4;
-const CLASS: [u8; 256] = {
-    let mut t = [0u8; 256];
-    let mut c = 0;
-    while c < 0x20 {
-        t[c] = STOP;
-        c += 1;
-    }
-    t[b'"' as usize] = STOP;
-    t[b'\\' as usize] = STOP;
-    t[b'@' as usize] = AT;
-    t[b'/' as usize] = SLASH;
-    t
-};
 
 /// Hex digit values; 0xFF for anything else.
 const NIBBLE: [u8; 256] = {
@@ -287,25 +267,6 @@ impl<'a> Reader<'a> {
         Some(field)
     }
 
-    /// A plain string holding none of the `forbidden` classes, borrowed.
-    fn checked(&mut self, forbidden: u8) -> Option<&'a str> {
-        self.eat(b'"')?;
-        let start = self.i;
-        loop {
-            let c = *self.b.get(self.i)?;
-            if CLASS[usize::from(c)] & (STOP | forbidden) != 0 {
-                if c != b'"' {
-                    return None;
-                }
-                break;
-            }
-            self.i += 1;
-        }
-        let s = self.text.get(start..self.i)?;
-        self.i += 1;
-        Some(s)
-    }
-
     /// A hex string of even length, decoded onto `out` as it is read.
     fn hex(&mut self, out: &mut Vec<u8>) -> Option<&'a str> {
         self.eat(b'"')?;
@@ -347,12 +308,10 @@ impl<'a> Reader<'a> {
                     hash = (from, u32::try_from(hashes.len()).ok()?);
                     hex.replace(h).is_none()
                 }
-                // A plain string holds no `\` or NUL; the salt's other
-                // forbidden characters and the model's `@` are classes.
-                Field::Model => model.replace(self.checked(AT)?).is_none(),
+                Field::Model => model.replace(self.string()?).is_none(),
                 Field::Rank => rank.replace(self.int()?).is_none(),
                 Field::Group => group.replace(self.int()?).is_none(),
-                Field::Salt => salt.replace(self.checked(AT | SLASH)?).is_none(),
+                Field::Salt => salt.replace(self.string()?).is_none(),
             };
             if !fresh {
                 return None;
@@ -366,10 +325,12 @@ impl<'a> Reader<'a> {
         }
         let (chunk_hash_hex, model_name, kv_rank) = (hex?, model?, rank?);
         let (object_group_id, cache_salt) = (group.unwrap_or(0), salt.unwrap_or(""));
-        // The rest of `ObjectKey::from_parts`'s rules.
-        let valid = object_group_id >= 0
-            && (cache_salt.len() <= MAX_SALT_LEN || cache_salt.chars().count() <= MAX_SALT_LEN);
-        valid.then_some(KeyText {
+        // `ObjectKey::from_parts`'s own checks, on the borrowed strings (an
+        // invalid key is rare, and then serde's reading names the error).
+        validate_model(model_name).ok()?;
+        validate_salt(cache_salt).ok()?;
+        validate_group(object_group_id).ok()?;
+        Some(KeyText {
             chunk_hash_hex,
             model_name,
             kv_rank,
@@ -383,7 +344,7 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::{ObjectKey, decode_hex};
+    use crate::key::{MAX_SALT_LEN, ObjectKey, decode_hex};
 
     #[test]
     fn reads_the_plain_body_and_its_hashes() {
