@@ -2,6 +2,7 @@
 //! the core asked, the fallbacks added, on the thread that received the
 //! request whenever nothing blocks. A child module of `epp`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{EndpointPicker, NoEndpoint, Pick};
@@ -49,20 +50,27 @@ impl EndpointPicker {
         priority: i32,
     ) -> Result<Pick, NoEndpoint> {
         let arrived = Instant::now();
+        // No endpoint: refused before the body is read (or counted unread).
+        let eligible = self.eligible(subset)?;
         let read = if body.as_ref().is_none_or(|b| b.len() <= INLINE_READ_BYTES) {
             let read = self.read(path, body.as_deref());
             if !read.needs_tokenizer() {
-                return self.decide_read(read, subset, priority, arrived);
+                return self.decide_read(read, &eligible, priority, arrived);
             }
             Some(read)
         } else {
             None
         };
+        // The wait for a blocking thread is not the lookup's: its budget
+        // and the decision's timer count the work done here and there.
+        let spent = arrived.elapsed();
         let me = self.clone();
-        let (path, subset) = (path.to_owned(), subset.map(<[String]>::to_vec));
+        let path = path.to_owned();
         tokio::task::spawn_blocking(move || {
+            let resumed = Instant::now();
+            let arrived = resumed.checked_sub(spent).unwrap_or(resumed);
             let read = read.unwrap_or_else(|| me.read(&path, body.as_deref()));
-            me.decide_read(read, subset.as_deref(), priority, arrived)
+            me.decide_read(read, &eligible, priority, arrived)
         })
         .await
         .unwrap_or_else(|e| Err(NoEndpoint::Empty(format!("pick task failed: {e}"))))
@@ -79,8 +87,9 @@ impl EndpointPicker {
         priority: i32,
     ) -> Result<Pick, NoEndpoint> {
         let arrived = Instant::now();
+        let eligible = self.eligible(subset)?;
         let read = self.read(path, body);
-        self.decide_read(read, subset, priority, arrived)
+        self.decide_read(read, &eligible, priority, arrived)
     }
 
     /// Reads the OpenAI body (`None` when it cannot be read: counted, and
@@ -101,17 +110,18 @@ impl EndpointPicker {
         }
     }
 
-    /// Narrows the pool, asks the core (which renders and tokenizes the
-    /// prompt when it must), adds the fallbacks. The lookup's budget runs
-    /// from `arrived`, before the body was read.
+    /// Asks the core (which renders and tokenizes the prompt when it
+    /// must) to pick among the `eligible` endpoints, adds the fallbacks.
+    /// The lookup's budget and the decision's timer run from `arrived`,
+    /// before the pool was narrowed and the body read (less any wait for a
+    /// blocking thread).
     fn decide_read(
         &self,
         read: Read,
-        subset: Option<&[String]>,
+        eligible: &Arc<[String]>,
         priority: i32,
         arrived: Instant,
     ) -> Result<Pick, NoEndpoint> {
-        let started = Instant::now();
         // Reading is timed apart, as LookupRoute's timer starts with its
         // request decoded (docs/benchmarks.md).
         let Read {
@@ -120,12 +130,11 @@ impl EndpointPicker {
         } = read;
         #[cfg(test)]
         tests::decided_here(request.as_ref());
-        let eligible = self.eligible(subset)?;
         let model = request
             .as_ref()
             .map_or_else(String::new, |r| r.model.clone());
-        let scope = self.scope_of(model, &eligible);
-        let pool = self.scored_pool(&scope, &eligible);
+        let scope = self.scope_of(model, eligible);
+        let pool = self.scored_pool(&scope, eligible);
         let pool: &[(ic_index::ReplicaKey, String)] = &pool;
         let extras = request
             .as_ref()
@@ -178,7 +187,7 @@ impl EndpointPicker {
                 // Timed with the fallbacks: the whole decision the gateway waits for.
                 self.core.metrics().epp_decided(
                     if by_prefix { "prefix" } else { "load" },
-                    started.elapsed() + read_in,
+                    arrived.elapsed(),
                     tokenized_in,
                     read_in,
                 );
@@ -198,19 +207,31 @@ impl EndpointPicker {
 
 #[cfg(test)]
 mod tests {
+    use std::pin::pin;
+    use std::sync::mpsc;
+    use std::task::Poll;
     use std::thread::{self, ThreadId};
+    use std::time::Duration;
 
+    use ic_index::{Change, HashScheme, ReplicaKey, Scope, Tier};
+    use ic_proto::index_v1 as pb;
     use parking_lot::Mutex;
 
-    use super::super::scope::tests::picker;
+    use super::super::NoEndpoint;
+    use super::super::scope::tests::{counted_picker, picker};
     use super::INLINE_READ_BYTES;
+    use crate::policy::Policies;
 
     const A: &str = "10.0.0.1:8000";
+    const B: &str = "10.0.0.2:8000";
     const CHAT: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 
+    fn ids(n: usize) -> Vec<u32> {
+        (0..n).map(|i| 1000 + i as u32 % 30_000).collect()
+    }
+
     fn token_ids(n: usize) -> Vec<u8> {
-        let ids: Vec<u32> = (0..n).map(|i| 1000 + i as u32 % 30_000).collect();
-        serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": ids})).unwrap()
+        serde_json::to_vec(&serde_json::json!({"model": "m", "prompt": ids(n)})).unwrap()
     }
 
     #[test]
@@ -295,5 +316,110 @@ mod tests {
         tokio::spawn(every_placement_picks("multi-thread"))
             .await
             .expect("the picks");
+    }
+
+    /// A pool (or subset) with no endpoint is refused before the body is
+    /// read: an unreadable body is not counted as unread then.
+    #[tokio::test(flavor = "current_thread")]
+    async fn no_endpoint_is_refused_before_the_body_is_read() {
+        let (p, registry) = counted_picker(&[A]);
+        let unread = || {
+            registry
+                .encode()
+                .contains(r#"epp_unread_total{reason="body"} 1"#)
+        };
+        let body = || Some(b"{not json".to_vec());
+        let outside = ["10.0.0.99:8000".to_owned()];
+        let refused = p
+            .decide_placed("/v1/completions", body(), Some(&outside), 0)
+            .await;
+        assert!(matches!(refused, Err(NoEndpoint::Empty(_))));
+        let (empty, _) = counted_picker(&[]);
+        let refused = empty
+            .decide_placed("/v1/completions", body(), None, 0)
+            .await;
+        assert!(matches!(refused, Err(NoEndpoint::Empty(_))));
+        assert!(!unread(), "{}", registry.encode());
+        // With an endpoint, the same body is read, and counted unread.
+        let pick = p.decide_placed("/v1/completions", body(), None, 0).await;
+        assert_eq!(pick.expect("a pick by load").endpoints, [A]);
+        assert!(unread(), "{}", registry.encode());
+    }
+
+    /// A pick waiting for a blocking thread is not charged the wait: its
+    /// lookup's budget counts the work done on either thread. Here the
+    /// only blocking thread is held past the budget while a pick handed
+    /// off waits for it; the pick is still decided by its prefix.
+    #[test]
+    fn the_wait_for_a_blocking_thread_is_not_the_lookup_s() {
+        const BUDGET_MS: u32 = 500;
+        let (p, registry) = counted_picker(&[A, B]);
+        let policy = pb::NamespacePolicy {
+            namespace: "t".into(),
+            lookup_timeout_ms: BUDGET_MS,
+            ..Default::default()
+        };
+        p.core
+            .set_policies(Policies::from_push(&[policy]).expect("a policy"));
+        // engine-a at A holds the whole prompt, engine-b at B none of it.
+        let prompt = ids(INLINE_READ_BYTES / 4);
+        let scope = Scope {
+            tenant: "t".into(),
+            model: "m".into(),
+            hash_scheme: HashScheme::Vllm,
+            adapter: String::new(),
+        };
+        let key = |id: &str| ReplicaKey {
+            tenant: "t".into(),
+            replica_id: id.into(),
+            dp_rank: 0,
+        };
+        let stored = Change::Stored {
+            start_depth: 0,
+            fingerprints: ic_kvevents::chain_fingerprints(None, &prompt, 16),
+            block_size: 16,
+            tier: Tier::T1,
+        };
+        let index = p.core.index();
+        let now = p.core.now_ms();
+        assert!(
+            index
+                .apply(&key("engine-a"), &scope, A, &[stored], now)
+                .is_empty()
+        );
+        index.touch(&key("engine-b"), &scope, B, now);
+        // A body too large to read on the runtime: handed off.
+        let body = token_ids(INLINE_READ_BYTES / 4);
+        assert!(body.len() > INLINE_READ_BYTES);
+
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (release, held) = mpsc::channel::<()>();
+            let (busy, holding) = mpsc::channel();
+            let blocker = tokio::task::spawn_blocking(move || {
+                busy.send(()).expect("the test waits");
+                held.recv().ok();
+            });
+            holding.recv().expect("the blocking thread held");
+            let mut pick = pin!(p.decide_placed("/v1/completions", Some(body), None, 0));
+            std::future::poll_fn(|cx| {
+                assert!(pick.as_mut().poll(cx).is_pending(), "waits for the thread");
+                Poll::Ready(())
+            })
+            .await;
+            std::thread::sleep(Duration::from_millis(u64::from(BUDGET_MS) * 6 / 5));
+            release.send(()).expect("the blocker waits");
+            blocker.await.expect("the blocker");
+            let pick = pick.await.expect("a pick");
+            assert_eq!(pick.endpoints[0], A, "{:?}", pick.endpoints);
+        });
+        let metrics = registry.encode();
+        assert!(
+            metrics.contains(r#"epp_picks_total{by="prefix"} 1"#),
+            "{metrics}"
+        );
     }
 }

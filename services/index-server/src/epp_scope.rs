@@ -270,10 +270,15 @@ pub(super) mod tests {
 
     /// A picker over `endpoints` with an empty index and no tokenizer.
     pub(in crate::epp) fn picker(endpoints: &[&str]) -> EndpointPicker {
+        counted_picker(endpoints).0
+    }
+
+    /// [`picker`] and the registry its metrics are counted in.
+    pub(in crate::epp) fn counted_picker(endpoints: &[&str]) -> (EndpointPicker, MetricsRegistry) {
         let registry = MetricsRegistry::new("inferencecache", "test");
         let index = Arc::new(Index::new(IndexConfig::default()));
         let core = IndexCore::new(index, 16, Metrics::register(&registry));
-        EndpointPicker::new(
+        let picker = EndpointPicker::new(
             Arc::new(core),
             PoolConfig {
                 tenant: "t".into(),
@@ -289,7 +294,8 @@ pub(super) mod tests {
                 fallbacks: 1,
                 cache: Arc::default(),
             },
-        )
+        );
+        (picker, registry)
     }
 
     /// The replica each endpoint of a pick (the pick, then its fallback)
