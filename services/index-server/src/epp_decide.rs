@@ -1,4 +1,4 @@
-//! Where and how the picker decides: the body read, the pool narrowed,
+//! Where and how the picker decides: the pool narrowed, the body read,
 //! the core asked, the fallbacks added, on the thread that received the
 //! request whenever nothing blocks. A child module of `epp`.
 
