@@ -1,7 +1,7 @@
 //! Which replicas of a scope the ranking scores in full: every replica
 //! holding part of the prompt (really or speculatively) and the best
 //! `others` of the rest by [`OtherKey`], ranked with the whole
-//! scope's [`Fleet`] figures. [`rank_in`] then answers exactly what
+//! scope's [`Fleet`] figures. [`rank_top`] then answers exactly what
 //! [`crate::pick::rank`] of every replica answers, while a replica that is
 //! neither costs one load read and one key instead of a full score, a name
 //! hash, two holder searches and a sort entry.
