@@ -287,6 +287,12 @@ pub(crate) struct MemberLoads {
     by_hash: Box<[(u64, u32)]>,
     /// The scope's shortlist, when it is large enough to keep one.
     pub(crate) shortlist: RwLock<Option<Arc<crate::route::Shortlist>>>,
+    /// Held shared by a pick of a member (from before it reads the list
+    /// until it has added itself to it) and exclusively by a lookup
+    /// rebuilding the list (from reading the loads until it is published):
+    /// a pick is then in the new list's loads or in its figures, never
+    /// lost between the two.
+    pub(crate) rebuilding: RwLock<()>,
 }
 
 impl MemberLoads {
@@ -416,62 +422,77 @@ impl LoadBoard {
             decay: self.decay_factor(now_ms),
             changes: self.changes.load(Ordering::Relaxed),
         };
+        let current = |m: &&MemberLoads| {
+            Arc::ptr_eq(&m.members, members)
+                && m.generation == self.generation.load(Ordering::Relaxed)
+        };
         {
             let scopes = self.scopes.read();
-            if let Some(m) = scopes.get(&scope_tag).filter(|m| {
-                Arc::ptr_eq(&m.members, members)
-                    && m.generation == self.generation.load(Ordering::Relaxed)
-            }) {
+            if let Some(m) = scopes.get(&scope_tag).filter(current) {
                 return f(&reader, m);
             }
         }
-        let resolved = {
-            // Every member gets its entry now: a replica's first pick or
-            // report then changes no generation, so a large scope is not
-            // resolved again once per replica as its replicas are first
-            // picked (256 resolutions of 256 members, warming up).
-            let missing = {
-                let map = self.entries.read();
-                members
-                    .iter()
-                    .any(|m| !map.contains_key(m.key.replica_id.as_str()))
-            };
-            if missing {
-                let mut map = self.entries.write();
-                for m in members.iter() {
-                    if !map.contains_key(m.key.replica_id.as_str()) {
-                        map.insert(m.key.replica_id.as_str().into(), Arc::default());
-                    }
-                }
-                self.generation.fetch_add(1, Ordering::Relaxed);
-            }
-            let map = self.entries.read();
-            let id_hashes: Box<[u64]> = members
-                .iter()
-                .map(|m| crate::pick::id_hash(&m.key.replica_id))
-                .collect();
-            let mut by_hash: Vec<(u64, u32)> = id_hashes
-                .iter()
-                .enumerate()
-                .map(|(i, h)| (*h, u32::try_from(i).unwrap_or(u32::MAX)))
-                .collect();
-            by_hash.sort_unstable();
-            MemberLoads {
-                members: Arc::clone(members),
-                // Read under the map's lock: an entry added later bumps it.
-                generation: self.generation.load(Ordering::Relaxed),
-                entries: members
-                    .iter()
-                    .map(|m| map.get(m.key.replica_id.as_str()).cloned())
-                    .collect(),
-                id_hashes,
-                by_hash: by_hash.into(),
-                shortlist: RwLock::new(None),
-            }
-        };
-        let answer = f(&reader, &resolved);
+        // Inserted before `f` runs, so picks find (and hold) the shortlist
+        // it builds.
+        let resolved = self.resolve(members);
         self.scopes.write().insert(scope_tag, resolved);
-        answer
+        {
+            let scopes = self.scopes.read();
+            if let Some(m) = scopes.get(&scope_tag).filter(current) {
+                return f(&reader, m);
+            }
+        }
+        // Replaced meanwhile (the members or the board's replicas changed
+        // again): answered from entries of its own, whose shortlist no pick
+        // could find and which is therefore not kept.
+        f(&reader, &self.resolve(members))
+    }
+
+    /// The board's entries of `members`, each member given one.
+    fn resolve(&self, members: &Members) -> MemberLoads {
+        // Every member gets its entry now: a replica's first pick or
+        // report then changes no generation, so a large scope is not
+        // resolved again once per replica as its replicas are first
+        // picked (256 resolutions of 256 members, warming up).
+        let missing = {
+            let map = self.entries.read();
+            members
+                .iter()
+                .any(|m| !map.contains_key(m.key.replica_id.as_str()))
+        };
+        if missing {
+            let mut map = self.entries.write();
+            for m in members.iter() {
+                if !map.contains_key(m.key.replica_id.as_str()) {
+                    map.insert(m.key.replica_id.as_str().into(), Arc::default());
+                }
+            }
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+        let map = self.entries.read();
+        let id_hashes: Box<[u64]> = members
+            .iter()
+            .map(|m| crate::pick::id_hash(&m.key.replica_id))
+            .collect();
+        let mut by_hash: Vec<(u64, u32)> = id_hashes
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (*h, u32::try_from(i).unwrap_or(u32::MAX)))
+            .collect();
+        by_hash.sort_unstable();
+        MemberLoads {
+            members: Arc::clone(members),
+            // Read under the map's lock: an entry added later bumps it.
+            generation: self.generation.load(Ordering::Relaxed),
+            entries: members
+                .iter()
+                .map(|m| map.get(m.key.replica_id.as_str()).cloned())
+                .collect(),
+            id_hashes,
+            by_hash: by_hash.into(),
+            shortlist: RwLock::new(None),
+            rebuilding: RwLock::new(()),
+        }
     }
 
     /// `replica_id` was recommended for a request at `now_ms`.
@@ -505,8 +526,34 @@ impl LoadBoard {
         }
         // A pick only adds to its replica's figures, so a shortlist need
         // not be rebuilt for it: the shortlists listing the replica add it
-        // to their fleet figures instead, and it is no change.
-        let lists = self.shortlists_of(replica_id);
+        // to their fleet figures instead, and it is no change. Each scope
+        // holding the replica is held from here until the pick is added,
+        // so no list is rebuilt without it meanwhile.
+        let scopes = self.scopes.read();
+        let mut held: smallvec::SmallVec<[parking_lot::RwLockReadGuard<'_, ()>; 1]> =
+            smallvec::SmallVec::new();
+        let mut lists: smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> =
+            smallvec::SmallVec::new();
+        if !scopes.is_empty() {
+            let h = crate::pick::id_hash(replica_id);
+            for m in scopes.values() {
+                let mut of = m
+                    .with_hash(h)
+                    .filter(|&i| m.members[i].key.replica_id == replica_id)
+                    .peekable();
+                if of.peek().is_none() {
+                    continue;
+                }
+                held.push(m.rebuilding.read());
+                let Some(list) = m.shortlist.read().clone() else {
+                    continue;
+                };
+                let n = of.filter(|&i| list.counts(i)).count();
+                if n > 0 {
+                    lists.push((list, n));
+                }
+            }
+        }
         // Weighed under the map's lock, so a rebase never falls between.
         self.with_entry_quiet(replica_id, |e| {
             let decay = self.decay_factor(now_ms);
@@ -523,34 +570,9 @@ impl LoadBoard {
                 }
             }
         });
+        drop(held);
+        drop(scopes);
         self.own_listener.tell(replica_id);
-    }
-
-    /// The scopes' shortlists whose fleet counts `replica_id`, and how many
-    /// of its members it is in each (a pod's data-parallel ranks share it).
-    fn shortlists_of(
-        &self,
-        replica_id: &str,
-    ) -> smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> {
-        let mut lists = smallvec::SmallVec::new();
-        let scopes = self.scopes.read();
-        if scopes.is_empty() {
-            return lists;
-        }
-        let h = crate::pick::id_hash(replica_id);
-        for m in scopes.values() {
-            let Some(list) = m.shortlist.read().clone() else {
-                continue;
-            };
-            let n = m
-                .with_hash(h)
-                .filter(|&i| list.counts(i) && m.members[i].key.replica_id == replica_id)
-                .count();
-            if n > 0 {
-                lists.push((list, n));
-            }
-        }
-        lists
     }
 
     /// Calls `f` with the replica id after every change of this server's

@@ -667,6 +667,8 @@ pub fn route_ranked(
                         }
                     }
                 }
+                // No pick adds itself to the old list and misses the new.
+                let rebuilding = keep.then(|| resolved.rebuilding.write());
                 let mut eligible = Eligible::with_capacity(members.len());
                 let mut positions = Vec::with_capacity(if keep { members.len() } else { 0 });
                 for (i, m) in members.iter().enumerate() {
@@ -695,6 +697,7 @@ pub fn route_ranked(
                     *resolved.shortlist.write() = Some(std::sync::Arc::new(rebuilt));
                     reader.refreshed();
                 }
+                drop(rebuilding);
                 eligible
             })
         }

@@ -187,3 +187,69 @@ fn a_shortlist_outlives_the_picks_of_a_level_fleet() {
     let refreshes = fleet.load.shortlist_refreshes();
     assert!(refreshes <= 90, "{refreshes} rebuilds in {lookups} lookups");
 }
+
+/// Picks on one thread while lookups on another rebuild the shortlist (all
+/// at one moment, no other change, so only picks wear a list out): a pick
+/// made while a list is being built is in its loads or in its figures,
+/// never lost, and every lookup after answers exactly what ranking every
+/// replica answers.
+#[test]
+fn a_pick_made_during_a_rebuild_is_not_lost() {
+    let n = 96;
+    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let prompts: Vec<Vec<Fingerprint>> = (0..8u64)
+        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
+        .collect();
+    for round in 0..300 {
+        let mut fleet = Fleet::new(&names, ScoreWeights::default());
+        fleet.others = 1;
+        fleet.load = LoadBoard::new(LoadSettings {
+            shortlist_refresh_changes: u64::MAX,
+            ..LoadSettings::default()
+        });
+        for (i, id) in ids.iter().enumerate().take(16) {
+            hold(&fleet.index, id, &prompts[i % 8]);
+        }
+        // The board's first pick sets its epoch (a rebase, which a lookup
+        // reading at the old epoch would miss: not this test's race).
+        fleet.load.picked(&ids[n - 1], T0);
+        let fleet = &fleet;
+        let ids = &ids;
+        let prompts = &prompts;
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                s.spawn(move || {
+                    for k in 0..60 {
+                        if t == 0 {
+                            // The lookups' destinations, as LookupRoute
+                            // records them: the lists wear out and are
+                            // rebuilt.
+                            let got = fleet.ask(&prompts[k % 8], T0);
+                            if let Some(to) = got.destination() {
+                                fleet.load.picked(&to.replica.replica_id, T0);
+                            }
+                        } else {
+                            // The busiest replica, busier: a pick a list
+                            // lost lowers its fleet's maximum, which
+                            // scales every score.
+                            for _ in 0..4 {
+                                fleet.load.picked(&ids[n - 1], T0);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        for prompt in prompts {
+            let got = fleet.ask(prompt, T0);
+            let mut others = 0;
+            let mut want = full_ranking(fleet, prompt, None, T0);
+            want.retain(|s| {
+                others += usize::from(s.matched_blocks == 0);
+                s.matched_blocks > 0 || others <= fleet.others
+            });
+            assert_eq!(got.ranked, want, "round {round}");
+        }
+    }
+}
