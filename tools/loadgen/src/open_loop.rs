@@ -17,10 +17,13 @@
 //! Poisson gap) is stretched along the schedule to the first send due
 //! after it, as the closed loop stretches its window to the first answer,
 //! rather than the run failing with "a phase completed no requests". The
-//! stretched window ends halfway from that send to the one after it (not
-//! at the send, which left its gap out and put the rate 1.25 times too
-//! high for a 1/s schedule in a 0.2 s window); the rate is over it, and a
-//! window stretched past twice the requested duration is warned about.
+//! stretched window is that send's own gap: from halfway between the send
+//! due before it and it, to halfway to the one after it (ending at the
+//! send, or starting at the window's start, biased the rate by the gap's
+//! share left out or let in: 1/s in a 0.2 s window read 1.25/s, then
+//! 0.77/s); the rate is over it (the scheduled rate for a uniform
+//! spacing), and a window stretched past twice the requested duration is
+//! warned about.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,8 +74,9 @@ pub struct ScheduleStats {
     pub from_start_us: Quantiles,
     /// Share of the phase the thread spent spinning (a core's share).
     pub spin_fraction: f64,
-    /// The measured window, seconds: the requested duration, or longer
-    /// when no send was due in it (stretched along the schedule).
+    /// The measured window, seconds: the requested duration, or, when no
+    /// send was due in it, the gap around the first send due after it
+    /// (halfway from the send before to halfway to the send after).
     pub window_seconds: f64,
 }
 
@@ -111,7 +115,7 @@ where
         .min(f64::from(1 << 20)) as usize;
     let samples = Arc::new(Mutex::new(Vec::<Sample>::with_capacity(slots)));
     let finished = Arc::new((AtomicU64::new(0), Notify::new()));
-    let (sent_tx, sent_rx) = oneshot::channel::<(u64, Duration, Instant)>();
+    let (sent_tx, sent_rx) = oneshot::channel::<(u64, Duration, Instant, Instant)>();
     let start = Instant::now() + LEAD;
     let measure_from = start + open.warmup;
     let end = measure_from + open.duration;
@@ -126,9 +130,12 @@ where
             let _ = nix::sys::prctl::set_timerslack(1);
             let mut spun = Duration::ZERO;
             let mut sent = 0;
-            // The window's end: `end`, or, when no send was due before
-            // `end`, halfway from the first send due after it to the next.
-            let mut window_end = end;
+            // The window: `measure_from..end`, or, when no send was due
+            // in it, from halfway between the send due before it and the
+            // first due after it, on to halfway to the next: the gap
+            // around that one send (1/g for a uniform spacing g).
+            let (mut window_start, mut window_end) = (measure_from, end);
+            let mut before = None;
             let mut stretched_to = None;
             let mut measured = 0u64;
             for (k, offset) in schedule.enumerate() {
@@ -136,6 +143,9 @@ where
                 if due >= end && measured > 0 {
                     if let Some(last) = stretched_to {
                         window_end = last + (due - last) / 2;
+                        if let Some(prev) = before {
+                            window_start = prev + (last - prev) / 2;
+                        }
                     }
                     break;
                 }
@@ -144,6 +154,8 @@ where
                     if due >= end {
                         stretched_to = Some(due);
                     }
+                } else {
+                    before = Some(due);
                 }
                 spun += wait_until(due, spin);
                 let dispatched = Instant::now();
@@ -176,9 +188,9 @@ where
                     finished.1.notify_one();
                 });
             }
-            let _ = sent_tx.send((sent, spun, window_end));
+            let _ = sent_tx.send((sent, spun, window_start, window_end));
         })?;
-    let (sent, spun, window_end) = sent_rx
+    let (sent, spun, window_start, window_end) = sent_rx
         .await
         .map_err(|_| anyhow::anyhow!("the schedule thread panicked"))?;
     let _ = thread.join();
@@ -215,10 +227,10 @@ where
         from_start_us: Quantiles::of(from_start),
         spin_fraction: spun.as_secs_f64() / (window_end - start).as_secs_f64(),
         window_seconds: window_end
-            .saturating_duration_since(measure_from)
+            .saturating_duration_since(window_start)
             .as_secs_f64(),
     };
-    let measured = window_end.saturating_duration_since(measure_from);
+    let measured = window_end.saturating_duration_since(window_start);
     Ok((summarize(latencies, errors, measured), hits, stats))
 }
 
@@ -310,23 +322,24 @@ mod tests {
         let (stats, schedule) = answered_at_once(1.0, 0.2, 0.05).await;
         assert_eq!((stats.requests, stats.errors), (1, 0), "{stats:?}");
         assert_eq!(schedule.scheduled, 1);
-        // The rate is over the stretched window, which ends halfway to
-        // the send after it: 0.2-1.5 s (due times, not measured ones).
-        // Ending at the send it holds (1.0 s) put that send's whole gap
-        // out of the window: 1.25/s for a 1/s schedule.
-        assert!((stats.qps - 1.0 / 1.3).abs() < 1e-9, "{stats:?}");
-        assert!((schedule.window_seconds - 1.3).abs() < 1e-9, "{schedule:?}");
-        // 1.3 s for 0.05 s asked: warned about.
+        // The rate is over the stretched window, halfway from the send
+        // before it to the send it holds and on halfway to the next:
+        // 0.5-1.5 s (due times), the schedule's own 1/s. Ending at the
+        // send reported 1.25/s; ending halfway to the next but starting at
+        // 0.2 s reported 1/1.3 s.
+        assert!((stats.qps - 1.0).abs() < 1e-9, "{stats:?}");
+        assert!((schedule.window_seconds - 1.0).abs() < 1e-9, "{schedule:?}");
+        // 1 s for 0.05 s asked: warned about.
         let warning = stretch_warning("LookupRoute", Duration::from_secs_f64(0.05), &schedule);
         assert!(
             warning
                 .as_deref()
-                .is_some_and(|w| w.contains("LookupRoute") && w.contains("1.300 s")),
+                .is_some_and(|w| w.contains("LookupRoute") && w.contains("1.000 s")),
             "{warning:?}"
         );
         // Stretched, but not past twice the duration asked: no warning.
         assert_eq!(
-            stretch_warning("LookupRoute", Duration::from_secs_f64(0.65), &schedule),
+            stretch_warning("LookupRoute", Duration::from_secs_f64(0.5), &schedule),
             None
         );
     }
