@@ -244,7 +244,7 @@ pub struct Index {
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
-    /// Chains (or chunks of one) not stored for want of record space.
+    /// Chains not (wholly) stored for want of record space.
     out_of_space: AtomicU64,
     /// Scope ids handed out (the registry's scope list's length; ids are
     /// never reused), readable without the registry's lock.
@@ -324,8 +324,8 @@ impl Index {
         self.capacity_evictions.load(Ordering::Relaxed)
     }
 
-    /// Chains (or chunks of a long one) left unstored because the record
-    /// space was exhausted ([`ContentError::OutOfSpace`]), since start.
+    /// Chains left unstored, from the run that failed onward, because the
+    /// record space was exhausted ([`ContentError::OutOfSpace`]), since start.
     pub fn chains_out_of_space(&self) -> u64 {
         self.out_of_space.load(Ordering::Relaxed)
     }
@@ -613,8 +613,14 @@ impl Index {
                     let chunk = usize::try_from(writer.epoch_size).unwrap_or(usize::MAX);
                     let mut depth = *start_depth;
                     for part in fingerprints.chunks(chunk.max(1)) {
-                        self.store_chain(writer, scope, idx, depth, part, *tier, &mut errors);
+                        let whole =
+                            self.store_chain(writer, scope, idx, depth, part, *tier, &mut errors);
                         self.evict_excess(writer);
+                        // Blocks past a hole could never be matched (a
+                        // lookup walks from the first block): stop here.
+                        if !whole {
+                            break;
+                        }
                         depth = depth.saturating_add(u32::try_from(part.len()).unwrap_or(u32::MAX));
                     }
                 }
@@ -658,7 +664,8 @@ impl Index {
     }
 
     /// Stores a chain of blocks; the bookkeeping happens after the store
-    /// released its locks.
+    /// released its locks. False when the record space ran out: the run
+    /// that failed and the rest of the chain were not stored.
     #[allow(clippy::too_many_arguments)]
     fn store_chain(
         &self,
@@ -669,7 +676,7 @@ impl Index {
         fingerprints: &[Fingerprint],
         tier: Tier,
         errors: &mut Vec<ContentError>,
-    ) {
+    ) -> bool {
         let ChainScratch {
             mut blocks,
             mut results,
@@ -687,6 +694,7 @@ impl Index {
         // reaches the next epoch, and retires what it still holds from the
         // clock's last turn, before anything is stored in it.
         let mut start = 0;
+        let mut whole = true;
         while start < blocks.len() {
             let room = writer.epoch_size.max(1).saturating_sub(writer.epoch_fill);
             let end = start
@@ -705,6 +713,7 @@ impl Index {
             {
                 self.out_of_space.fetch_add(1, Ordering::Relaxed);
                 errors.push(ContentError::OutOfSpace);
+                whole = false;
                 break;
             }
             let mut added = 0u64;
@@ -731,6 +740,7 @@ impl Index {
             start = end;
         }
         writer.scratch = ChainScratch::keep(blocks, results);
+        whole
     }
 
     // === dump ===

@@ -213,8 +213,8 @@ pub enum ContentError {
     /// Every replica slot is in use; the change was not applied.
     TooManyReplicas,
     /// The record space (the page directory, sized at four times the
-    /// capacity's pages) is exhausted; the chain, or the 1/16-capacity
-    /// chunk of it being stored, was not stored. Not expected: a resync of
+    /// capacity's pages) is exhausted; the chain from the run that failed
+    /// onward was not stored (what came before it was). Not expected: a resync of
     /// every replica at full capacity peaks at about half that room; counted
     /// by [`crate::Index::chains_out_of_space`].
     OutOfSpace,

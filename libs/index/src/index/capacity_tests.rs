@@ -141,3 +141,24 @@ fn the_eviction_clock_counts_every_holder_in_the_epoch_it_carries() {
         "the clock evicted along the way"
     );
 }
+
+#[test]
+fn a_chain_that_runs_out_of_record_space_stops_at_the_run_that_failed() {
+    // Epochs of 1,000 stores over a record space of 192 pages of 8
+    // records (1,536): the chain's first chunk fits, its second does not,
+    // its third (300 blocks) would. Nothing after the failed part may be
+    // stored: a lookup walks from the first block, so blocks past the
+    // hole could never match yet would hold capacity.
+    const CAPACITY: u64 = 16_000;
+    let mut ix = Index::new(IndexConfig {
+        capacity_entries: CAPACITY,
+        shards: 1,
+    });
+    let tables = super::tables_per_shard(CAPACITY, 1);
+    ix.store =
+        crate::store::Store::with_records(1, tables, super::table_keys(CAPACITY, 1, tables), 1);
+    let errors = ix.apply(&key(0), &scope(), "a:1", &chain(1, 2_300), 1_000);
+    assert_eq!(errors, [ContentError::OutOfSpace]);
+    assert_eq!(ix.chains_out_of_space(), 1);
+    assert_eq!(ix.len(), 1_000, "only the chunk before the failed one");
+}
