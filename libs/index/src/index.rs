@@ -20,7 +20,8 @@
 //!   a pass evicts at least 1/8 of capacity, so passes stay rare); the
 //!   epochs are a ring of 1,024, so an entry not stored again for a whole
 //!   turn (64 capacities of stores) is evicted, alone, when the clock comes
-//!   round to its epoch, however full the index is;
+//!   round to its epoch, however full the index is (counted apart:
+//!   [`Index::clock_evictions`]);
 //! * dropping a replica's entries (drain, scope move, resync, clear) is a
 //!   pass over the pages. A resync first builds the new state under a
 //!   fresh, not yet visible replica slot and then swaps the slots in the
@@ -244,6 +245,8 @@ pub struct Index {
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
+    /// Entries the store clock retired (not stored again for a turn).
+    clock_evictions: AtomicU64,
     /// Chains not (wholly) stored for want of record space.
     out_of_space: AtomicU64,
     /// Scope ids handed out (the registry's scope list's length; ids are
@@ -281,6 +284,7 @@ impl Index {
             }),
             entries: AtomicU64::new(0),
             capacity_evictions: AtomicU64::new(0),
+            clock_evictions: AtomicU64::new(0),
             out_of_space: AtomicU64::new(0),
             scopes_known: AtomicU32::new(0),
         }
@@ -322,6 +326,14 @@ impl Index {
     /// Entries evicted to stay within capacity, since start.
     pub fn capacity_evictions(&self) -> u64 {
         self.capacity_evictions.load(Ordering::Relaxed)
+    }
+
+    /// Entries retired by the store clock since start: not stored again
+    /// within 64 capacities' worth of stores (1,024 epochs of 1/16 of
+    /// capacity), however empty the index. Not counted in
+    /// [`Index::capacity_evictions`].
+    pub fn clock_evictions(&self) -> u64 {
+        self.clock_evictions.load(Ordering::Relaxed)
     }
 
     /// Chains left unstored, from the run that failed onward, because the

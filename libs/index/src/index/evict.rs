@@ -2,7 +2,7 @@
 //! the store-epoch clock, dropping a replica's entries, and evicting whole
 //! oldest epochs to stay within capacity.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Index, Writer};
 use crate::arena::{EPOCHS, EpochSet, Holder, add_epoch};
@@ -64,7 +64,7 @@ impl Index {
             if writer.epoch_entries[e] > 0 {
                 let mut doomed = vec![false; EPOCHS as usize];
                 doomed[e] = true;
-                self.evict_epochs(writer, &doomed);
+                self.evict_epochs(writer, &doomed, &self.clock_evictions);
             }
         }
     }
@@ -142,13 +142,13 @@ impl Index {
             }
         }
         if selected > 0 {
-            self.evict_epochs(writer, &doomed);
+            self.evict_epochs(writer, &doomed, &self.capacity_evictions);
         }
     }
 
     /// Removes every holder stored in a `doomed` epoch, in one pass over
-    /// the pages holding any of them.
-    fn evict_epochs(&self, writer: &mut Writer, doomed: &[bool]) {
+    /// the pages holding any of them, counted in `counter`.
+    fn evict_epochs(&self, writer: &mut Writer, doomed: &[bool], counter: &AtomicU64) {
         let mut epochs: EpochSet = [0; (EPOCHS / 64) as usize];
         for (e, _) in doomed.iter().enumerate().filter(|(_, d)| **d) {
             add_epoch(&mut epochs, u32::try_from(e).unwrap_or(0));
@@ -163,7 +163,6 @@ impl Index {
             },
         );
         self.count_entries(writer, 0, evicted);
-        self.capacity_evictions
-            .fetch_add(evicted, Ordering::Relaxed);
+        counter.fetch_add(evicted, Ordering::Relaxed);
     }
 }
