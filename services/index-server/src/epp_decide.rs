@@ -62,13 +62,23 @@ impl EndpointPicker {
             None
         };
         // The wait for a blocking thread is not the lookup's: its budget
-        // and the decision's timer count the work done here and there.
-        let spent = arrived.elapsed();
+        // and the decision's timer count the work done here and there; the
+        // wait is counted apart.
+        drop(eligible);
+        let handed = Instant::now();
+        let spent = handed.saturating_duration_since(arrived);
         let me = self.clone();
         let path = path.to_owned();
+        let subset = subset.map(<[String]>::to_vec);
         tokio::task::spawn_blocking(move || {
             let resumed = Instant::now();
+            me.core
+                .metrics()
+                .epp_handoff_waited(resumed.saturating_duration_since(handed));
             let arrived = resumed.checked_sub(spent).unwrap_or(resumed);
+            // Narrowed again: endpoints may have left the pool during the
+            // wait (the pool's cache makes this a copy of an Arc when not).
+            let eligible = me.eligible(subset.as_deref())?;
             let read = read.unwrap_or_else(|| me.read(&path, body.as_deref()));
             me.decide_read(read, &eligible, priority, arrived)
         })
@@ -114,7 +124,7 @@ impl EndpointPicker {
     /// must) to pick among the `eligible` endpoints, adds the fallbacks.
     /// The lookup's budget and the decision's timer run from `arrived`,
     /// before the pool was narrowed and the body read (less any wait for a
-    /// blocking thread).
+    /// blocking thread, which `epp_handoff_wait_seconds` counts).
     fn decide_read(
         &self,
         read: Read,
@@ -344,6 +354,47 @@ mod tests {
         let pick = p.decide_placed("/v1/completions", body(), None, 0).await;
         assert_eq!(pick.expect("a pick by load").endpoints, [A]);
         assert!(unread(), "{}", registry.encode());
+    }
+
+    /// A pick handed off chooses among the pool as it is when its blocking
+    /// thread resumes, not as it was on arrival: an endpoint removed while
+    /// the pick waited is neither the pick nor a fallback.
+    #[test]
+    fn a_pick_handed_off_sees_the_pool_as_it_resumes() {
+        let (p, registry) = counted_picker(&[A, B]);
+        // A body too large to read on the runtime: handed off.
+        let body = token_ids(INLINE_READ_BYTES / 4);
+        assert!(body.len() > INLINE_READ_BYTES);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (release, held) = mpsc::channel::<()>();
+            let (busy, holding) = mpsc::channel();
+            let blocker = tokio::task::spawn_blocking(move || {
+                busy.send(()).expect("the test waits");
+                held.recv().ok();
+            });
+            holding.recv().expect("the blocking thread held");
+            let mut pick = pin!(p.decide_placed("/v1/completions", Some(body), None, 0));
+            std::future::poll_fn(|cx| {
+                assert!(pick.as_mut().poll(cx).is_pending(), "waits for the thread");
+                Poll::Ready(())
+            })
+            .await;
+            // A leaves the pool while the pick waits.
+            *p.pool.endpoints.write() = vec![B.to_owned()];
+            release.send(()).expect("the blocker waits");
+            blocker.await.expect("the blocker");
+            let pick = pick.await.expect("a pick");
+            assert_eq!(pick.endpoints, [B]);
+        });
+        let metrics = registry.encode();
+        assert!(
+            metrics.contains("epp_handoff_wait_seconds_count 1"),
+            "{metrics}"
+        );
     }
 
     /// A pick waiting for a blocking thread is not charged the wait: its

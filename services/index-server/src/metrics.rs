@@ -125,6 +125,9 @@ pub struct Metrics {
     /// to the pick, as `lookup_duration` runs from a LookupRoute decoded to
     /// its answer; what compares with a LookupRoute of the same tokens.
     pub epp_decision_from_read: Histogram,
+    /// Time a pick handed to a blocking thread waited for one (left out
+    /// of the decision's timers and its lookup's budget).
+    pub epp_handoff_wait: Histogram,
     /// Responses whose usage and time to first byte recalibrated their
     /// endpoint's prefill rate (the TTFT estimate's).
     pub epp_prefill_rate_observations: Counter,
@@ -180,6 +183,7 @@ impl Metrics {
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_untokenized: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_from_read: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            epp_handoff_wait: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_prefill_rate_observations: Counter::default(),
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -313,6 +317,11 @@ impl Metrics {
                 m.epp_decision_from_read.clone(),
             );
             e.register(
+                "handoff_wait_seconds",
+                "Time a pick handed to a blocking thread (to render and tokenize the prompt, or read a large body) waited for one; not in the decision's timers",
+                m.epp_handoff_wait.clone(),
+            );
+            e.register(
                 "prefill_rate_observations",
                 "Responses whose usage and time to first byte recalibrated their endpoint's prefill rate",
                 m.epp_prefill_rate_observations.clone(),
@@ -373,6 +382,11 @@ impl Metrics {
             .observe(untokenized.as_secs_f64());
         self.epp_decision_from_read
             .observe(untokenized.saturating_sub(reading).as_secs_f64());
+    }
+
+    /// Counts the wait of a pick handed to a blocking thread.
+    pub fn epp_handoff_waited(&self, wait: Duration) {
+        self.epp_handoff_wait.observe(wait.as_secs_f64());
     }
 
     /// Counts a request the picker could not read.
