@@ -129,6 +129,11 @@ struct Entry {
     /// since, the peers are assumed to have picked alike.
     own_recent_at_peer: AtomicU64,
     own_in_flight_at_peer: AtomicU32,
+    /// The tag of the first scope resolved with this entry (0: none), and
+    /// whether another was too: a pick tagged with its only scope visits
+    /// that scope alone ([`LoadBoard::picked_in_scope`]).
+    first_scope: AtomicU64,
+    many_scopes: std::sync::atomic::AtomicBool,
 }
 
 /// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
@@ -159,11 +164,31 @@ impl Default for Entry {
             peer_until_ms: AtomicI64::new(i64::MIN),
             own_recent_at_peer: AtomicU64::new(0),
             own_in_flight_at_peer: AtomicU32::new(0),
+            first_scope: AtomicU64::new(0),
+            many_scopes: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
 
 impl Entry {
+    /// A scope tagged `tag` was resolved with this entry (set before the
+    /// scope's entry is published: a pick that finds it finds this too).
+    fn note_scope(&self, tag: u64) {
+        let other = tag == 0
+            || self
+                .first_scope
+                .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire)
+                .is_err_and(|t| t != tag);
+        if other {
+            self.many_scopes.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether no scope but `tag`'s was resolved with this entry.
+    fn only_in(&self, tag: u64) -> bool {
+        !self.many_scopes.load(Ordering::Acquire) && self.first_scope.load(Ordering::Acquire) == tag
+    }
+
     fn add_recent(&self, w: f64) {
         let _ = self
             .recent
@@ -434,7 +459,7 @@ impl LoadBoard {
         }
         // Inserted before `f` runs, so picks find (and hold) the shortlist
         // it builds.
-        let resolved = self.resolve(members);
+        let resolved = self.resolve(scope_tag, members);
         self.scopes.write().insert(scope_tag, resolved);
         {
             let scopes = self.scopes.read();
@@ -445,11 +470,11 @@ impl LoadBoard {
         // Replaced meanwhile (the members or the board's replicas changed
         // again): answered from entries of its own, whose shortlist no pick
         // could find and which is therefore not kept.
-        f(&reader, &self.resolve(members))
+        f(&reader, &self.resolve(scope_tag, members))
     }
 
     /// The board's entries of `members`, each member given one.
-    fn resolve(&self, members: &Members) -> MemberLoads {
+    fn resolve(&self, scope_tag: u64, members: &Members) -> MemberLoads {
         // Every member gets its entry now: a replica's first pick or
         // report then changes no generation, so a large scope is not
         // resolved again once per replica as its replicas are first
@@ -470,6 +495,13 @@ impl LoadBoard {
             self.generation.fetch_add(1, Ordering::Relaxed);
         }
         let map = self.entries.read();
+        let entries: Box<[Option<Arc<Entry>>]> = members
+            .iter()
+            .map(|m| map.get(m.key.replica_id.as_str()).cloned())
+            .collect();
+        for e in entries.iter().flatten() {
+            e.note_scope(scope_tag);
+        }
         let id_hashes: Box<[u64]> = members
             .iter()
             .map(|m| crate::pick::id_hash(&m.key.replica_id))
@@ -484,10 +516,7 @@ impl LoadBoard {
             members: Arc::clone(members),
             // Read under the map's lock: an entry added later bumps it.
             generation: self.generation.load(Ordering::Relaxed),
-            entries: members
-                .iter()
-                .map(|m| map.get(m.key.replica_id.as_str()).cloned())
-                .collect(),
+            entries,
             id_hashes,
             by_hash: by_hash.into(),
             shortlist: RwLock::new(None),
@@ -509,6 +538,29 @@ impl LoadBoard {
         now_ms: i64,
         work_ms: impl FnOnce(Option<f64>) -> f64,
     ) {
+        self.pick(None, replica_id, now_ms, work_ms);
+    }
+
+    /// [`Self::picked_with_work`] of a pick routed in the scope tagged
+    /// `scope_tag` ([`crate::route::scope_tag`]): when no other scope holds
+    /// the replica, only that scope's shortlist is visited.
+    pub fn picked_in_scope(
+        &self,
+        scope_tag: u64,
+        replica_id: &str,
+        now_ms: i64,
+        work_ms: impl FnOnce(Option<f64>) -> f64,
+    ) {
+        self.pick(Some(scope_tag), replica_id, now_ms, work_ms);
+    }
+
+    fn pick(
+        &self,
+        scope_tag: Option<u64>,
+        replica_id: &str,
+        now_ms: i64,
+        work_ms: impl FnOnce(Option<f64>) -> f64,
+    ) {
         let ahead = self.ahead(now_ms);
         if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
             // Re-express every weight as of now (also the first pick's
@@ -524,38 +576,7 @@ impl LoadBoard {
                 self.epoch_ms.store(now_ms, Ordering::Relaxed);
             }
         }
-        // A pick only adds to its replica's figures, so a shortlist need
-        // not be rebuilt for it: the shortlists listing the replica add it
-        // to their fleet figures instead, and it is no change. Each scope
-        // holding the replica is held from here until the pick is added,
-        // so no list is rebuilt without it meanwhile.
-        let scopes = self.scopes.read();
-        let mut held: smallvec::SmallVec<[parking_lot::RwLockReadGuard<'_, ()>; 1]> =
-            smallvec::SmallVec::new();
-        let mut lists: smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> =
-            smallvec::SmallVec::new();
-        if !scopes.is_empty() {
-            let h = crate::pick::id_hash(replica_id);
-            for m in scopes.values() {
-                let mut of = m
-                    .with_hash(h)
-                    .filter(|&i| m.members[i].key.replica_id == replica_id)
-                    .peekable();
-                if of.peek().is_none() {
-                    continue;
-                }
-                held.push(m.rebuilding.read());
-                let Some(list) = m.shortlist.read().clone() else {
-                    continue;
-                };
-                let n = of.filter(|&i| list.counts(i)).count();
-                if n > 0 {
-                    lists.push((list, n));
-                }
-            }
-        }
-        // Weighed under the map's lock, so a rebase never falls between.
-        self.with_entry_quiet(replica_id, |e| {
+        let update = |e: &Entry, lists: &[(Arc<crate::route::Shortlist>, usize)]| {
             let decay = self.decay_factor(now_ms);
             let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
             e.add_recent(self.ahead(now_ms).max(0.0).exp2());
@@ -565,12 +586,60 @@ impl LoadBoard {
             }
             if let Some(before) = before {
                 let after = self.entry_load(e, now_ms, decay).requests;
-                for (list, members) in &lists {
+                for (list, members) in lists {
                     list.picked(*members, after - before, after);
                 }
             }
-        });
+        };
+        // A pick only adds to its replica's figures, so a shortlist need
+        // not be rebuilt for it: the shortlists listing the replica add it
+        // to their fleet figures instead, and it is no change. Each scope
+        // holding the replica is held from here until the pick is added,
+        // so no list is rebuilt without it meanwhile. Weighed under the
+        // map's lock, so a rebase never falls between.
+        let scopes = self.scopes.read();
+        let map = self.entries.read();
+        let Some(e) = map.get(replica_id) else {
+            // New to the board: in no resolved scope (resolving gives
+            // every member its entry), so in no list.
+            drop(map);
+            drop(scopes);
+            self.with_entry_quiet(replica_id, |e| update(e, &[]));
+            self.own_listener.tell(replica_id);
+            return;
+        };
+        let mut held: smallvec::SmallVec<[parking_lot::RwLockReadGuard<'_, ()>; 1]> =
+            smallvec::SmallVec::new();
+        let mut lists: smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> =
+            smallvec::SmallVec::new();
+        let h = crate::pick::id_hash(replica_id);
+        let only = scope_tag.filter(|&t| e.only_in(t));
+        let visited = only.and_then(|t| scopes.get(&t)).into_iter().chain(
+            only.is_none()
+                .then(|| scopes.values())
+                .into_iter()
+                .flatten(),
+        );
+        for m in visited {
+            let mut of = m
+                .with_hash(h)
+                .filter(|&i| m.members[i].key.replica_id == replica_id)
+                .peekable();
+            if of.peek().is_none() {
+                continue;
+            }
+            held.push(m.rebuilding.read());
+            let Some(list) = m.shortlist.read().clone() else {
+                continue;
+            };
+            let n = of.filter(|&i| list.counts(i)).count();
+            if n > 0 {
+                lists.push((list, n));
+            }
+        }
+        update(e, &lists);
         drop(held);
+        drop(map);
         drop(scopes);
         self.own_listener.tell(replica_id);
     }

@@ -292,15 +292,15 @@ impl Routing {
         block_size: u32,
         now_ms: i64,
     ) {
-        match self.weights.ttft {
-            // One visit of the replica's load entry, not three.
-            Some(model) => {
-                let tokens = unheld.len() as f64 * f64::from(block_size);
-                self.load
-                    .picked_with_work(replica_id, now_ms, |rate| model.work_ms_at(tokens, rate));
-            }
-            None => self.load.picked(replica_id, now_ms),
-        }
+        // One visit of the replica's load entry, not three; of the scope's
+        // shortlist only, when the replica is in no other scope.
+        let tokens = unheld.len() as f64 * f64::from(block_size);
+        self.load
+            .picked_in_scope(scope_tag, replica_id, now_ms, |rate| {
+                self.weights
+                    .ttft
+                    .map_or(0.0, |model| model.work_ms_at(tokens, rate))
+            });
         if !unheld.is_empty() {
             self.speculation_mut(|s| s.record(scope_tag, replica_id, unheld, now_ms));
         }

@@ -253,3 +253,54 @@ fn a_pick_made_during_a_rebuild_is_not_lost() {
         }
     }
 }
+
+/// A pick tagged with its scope visits that scope's list alone only when
+/// the replica is in no other: tagged with a scope the replica shares with
+/// another (or with one it is not in), it still reaches every list.
+#[test]
+fn a_pick_tagged_with_one_scope_reaches_every_list_of_its_replica() {
+    let n = 96;
+    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let prompts: Vec<Vec<Fingerprint>> = (0..8u64)
+        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
+        .collect();
+    let mut fleet = Fleet::new(&names, ScoreWeights::default());
+    fleet.others = 1;
+    fleet.load = LoadBoard::new(LoadSettings {
+        shortlist_refresh_changes: u64::MAX,
+        ..LoadSettings::default()
+    });
+    for (i, id) in ids.iter().enumerate().take(16) {
+        hold(&fleet.index, id, &prompts[i % 8]);
+    }
+    let own = scope_tag(&scope());
+    let shared = own ^ 1;
+    let unknown = own ^ 2;
+    fleet.ask(&prompts[0], T0);
+    for (k, tag) in [(0, unknown), (1, shared), (2, own)] {
+        if k == 1 {
+            // The same replicas resolved in a second scope.
+            let members = fleet.index.members(&scope()).expect("members");
+            fleet.load.with_members(shared, &members, T0, |_, _| ());
+        }
+        for j in 0..40 {
+            let prompt = &prompts[j % 8];
+            let got = fleet.ask(prompt, T0);
+            let mut others = 0;
+            let mut want = full_ranking(&fleet, prompt, None, T0);
+            want.retain(|s| {
+                others += usize::from(s.matched_blocks == 0);
+                s.matched_blocks > 0 || others <= fleet.others
+            });
+            assert_eq!(got.ranked, want, "tagged {k}, lookup {j}");
+            if let Some(to) = got.destination() {
+                fleet
+                    .load
+                    .picked_in_scope(tag, &to.replica.replica_id, T0, |_| 0.0);
+            }
+            // The busiest replica, busier (its fleet's maximum).
+            fleet.load.picked_in_scope(tag, &ids[n - 1], T0, |_| 0.0);
+        }
+    }
+}
