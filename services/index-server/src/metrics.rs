@@ -445,6 +445,7 @@ impl Metrics {
 /// (`inferencecache_index_memory_bytes{part=…}`; counting walks every record
 /// page, so it runs per scrape rather than per ingest batch) and the
 /// index's own monotonic totals as counters (`…_capacity_evictions_total`,
+/// `…_clock_evictions_total`,
 /// `…_records_relocated_total`), read where they are kept rather than
 /// copied into gauges.
 #[derive(Debug)]
@@ -491,13 +492,18 @@ impl Collector for IndexMemoryCollector {
                 self.0.capacity_evictions(),
             ),
             (
+                "clock_evictions",
+                "Entries retired by the store clock: not stored again within 64 capacities of stores, however empty the index",
+                self.0.clock_evictions(),
+            ),
+            (
                 "records_relocated",
                 "Records moved by compaction of sparse pages",
                 self.0.records_relocated(),
             ),
             (
                 "chains_out_of_space",
-                "Chains (or 1/16-capacity chunks of one) not stored because the record space was exhausted",
+                "Chains not stored, from the run that failed onward, because the record space was exhausted",
                 self.0.chains_out_of_space(),
             ),
         ] {
@@ -521,6 +527,8 @@ mod tests {
         for line in [
             "# TYPE inferencecache_index_capacity_evictions counter",
             "inferencecache_index_capacity_evictions_total 0",
+            "# TYPE inferencecache_index_clock_evictions counter",
+            "inferencecache_index_clock_evictions_total 0",
             "# TYPE inferencecache_index_records_relocated counter",
             "inferencecache_index_records_relocated_total 0",
             "# TYPE inferencecache_index_chains_out_of_space counter",
