@@ -80,6 +80,8 @@ impl EndpointPicker {
             // wait (the pool's cache makes this a copy of an Arc when not).
             let eligible = me.eligible(subset.as_deref())?;
             let read = read.unwrap_or_else(|| me.read(&path, body.as_deref()));
+            #[cfg(test)]
+            tests::resumed(read.request.as_ref(), arrived, resumed);
             me.decide_read(read, &eligible, priority, arrived)
         })
         .await
@@ -221,16 +223,13 @@ mod tests {
     use std::sync::mpsc;
     use std::task::Poll;
     use std::thread::{self, ThreadId};
-    use std::time::Duration;
+    use std::time::Instant;
 
-    use ic_index::{Change, HashScheme, ReplicaKey, Scope, Tier};
-    use ic_proto::index_v1 as pb;
     use parking_lot::Mutex;
 
     use super::super::NoEndpoint;
     use super::super::scope::tests::{counted_picker, picker};
     use super::INLINE_READ_BYTES;
-    use crate::policy::Policies;
 
     const A: &str = "10.0.0.1:8000";
     const B: &str = "10.0.0.2:8000";
@@ -397,57 +396,41 @@ mod tests {
         );
     }
 
-    /// A pick waiting for a blocking thread is not charged the wait: its
-    /// lookup's budget counts the work done on either thread. Here the
-    /// only blocking thread is held past the budget while a pick handed
-    /// off waits for it; the pick is still decided by its prefix.
+    /// The clock each handed-off decision ran from and when its blocking
+    /// thread resumed, by the request's model.
+    static HANDED_OFF: Mutex<Vec<(String, Instant, Instant)>> = Mutex::new(Vec::new());
+
+    pub(super) fn resumed(
+        request: Option<&crate::openai::InferenceRequest>,
+        arrived: Instant,
+        resumed: Instant,
+    ) {
+        if let Some(r) = request {
+            HANDED_OFF.lock().push((r.model.clone(), arrived, resumed));
+        }
+    }
+
+    /// A pick waiting for a blocking thread is not charged the wait: the
+    /// clock its decision (its lookup's budget, its timers) runs from is
+    /// carried over as the time spent on the receiving thread. The only
+    /// blocking thread is held (by a channel) for longer than the first
+    /// poll took; the bounds below hold by construction with the clock
+    /// carried, and fail without it.
     #[test]
     fn the_wait_for_a_blocking_thread_is_not_the_lookup_s() {
-        const BUDGET_MS: u32 = 500;
-        let (p, registry) = counted_picker(&[A, B]);
-        let policy = pb::NamespacePolicy {
-            namespace: "t".into(),
-            lookup_timeout_ms: BUDGET_MS,
-            ..Default::default()
-        };
-        p.core
-            .set_policies(Policies::from_push(&[policy]).expect("a policy"));
-        // engine-a at A holds the whole prompt, engine-b at B none of it.
-        let prompt = ids(INLINE_READ_BYTES / 4);
-        let scope = Scope {
-            tenant: "t".into(),
-            model: "m".into(),
-            hash_scheme: HashScheme::Vllm,
-            adapter: String::new(),
-        };
-        let key = |id: &str| ReplicaKey {
-            tenant: "t".into(),
-            replica_id: id.into(),
-            dp_rank: 0,
-        };
-        let stored = Change::Stored {
-            start_depth: 0,
-            fingerprints: ic_kvevents::chain_fingerprints(None, &prompt, 16),
-            block_size: 16,
-            tier: Tier::T1,
-        };
-        let index = p.core.index();
-        let now = p.core.now_ms();
-        assert!(
-            index
-                .apply(&key("engine-a"), &scope, A, &[stored], now)
-                .is_empty()
-        );
-        index.touch(&key("engine-b"), &scope, B, now);
+        let p = picker(&[A]);
         // A body too large to read on the runtime: handed off.
-        let body = token_ids(INLINE_READ_BYTES / 4);
+        let body = serde_json::to_vec(&serde_json::json!({
+            "model": "carried-clock",
+            "prompt": ids(INLINE_READ_BYTES / 4),
+        }))
+        .unwrap();
         assert!(body.len() > INLINE_READ_BYTES);
-
         let runtime = tokio::runtime::Builder::new_current_thread()
             .max_blocking_threads(1)
             .build()
             .expect("a runtime");
-        runtime.block_on(async {
+        let (before, polled, released) = runtime.block_on(async {
             let (release, held) = mpsc::channel::<()>();
             let (busy, holding) = mpsc::channel();
             let blocker = tokio::task::spawn_blocking(move || {
@@ -455,22 +438,52 @@ mod tests {
                 held.recv().ok();
             });
             holding.recv().expect("the blocking thread held");
+            let before = Instant::now();
             let mut pick = pin!(p.decide_placed("/v1/completions", Some(body), None, 0));
             std::future::poll_fn(|cx| {
                 assert!(pick.as_mut().poll(cx).is_pending(), "waits for the thread");
                 Poll::Ready(())
             })
             .await;
-            std::thread::sleep(Duration::from_millis(u64::from(BUDGET_MS) * 6 / 5));
+            // Arrival and hand-off both fell within [before, polled].
+            let polled = Instant::now();
+            // Held until the wait exceeds the first poll (not a timed
+            // assertion: a longer hold only widens the margin).
+            let released = loop {
+                let now = Instant::now();
+                if now - polled > polled - before {
+                    break now;
+                }
+                thread::sleep(polled - before);
+            };
             release.send(()).expect("the blocker waits");
             blocker.await.expect("the blocker");
-            let pick = pick.await.expect("a pick");
-            assert_eq!(pick.endpoints[0], A, "{:?}", pick.endpoints);
+            assert_eq!(pick.await.expect("a pick").endpoints, [A]);
+            (before, polled, released)
         });
-        let metrics = registry.encode();
+        let handed: Vec<_> = HANDED_OFF
+            .lock()
+            .iter()
+            .filter(|(m, ..)| m == "carried-clock")
+            .map(|(_, a, r)| (*a, *r))
+            .collect();
+        let [(arrived, resumed)] = handed[..] else {
+            panic!("one hand-off: {handed:?}");
+        };
+        // The clock moved on by at least the wait (resumed >= released,
+        // handed off <= polled)...
         assert!(
-            metrics.contains(r#"epp_picks_total{by="prefix"} 1"#),
-            "{metrics}"
+            arrived >= before + (released - polled),
+            "the decision's clock includes the wait: {:?} after the first poll began",
+            arrived.saturating_duration_since(before)
+        );
+        // ...and from it to the thread resuming is only the receiving
+        // thread's work, within the first poll.
+        assert!(
+            resumed - arrived <= polled - before,
+            "charged {:?}, the first poll took {:?}",
+            resumed - arrived,
+            polled - before
         );
     }
 }
