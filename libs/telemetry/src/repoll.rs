@@ -180,4 +180,143 @@ mod tests {
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
         assert_eq!(poll_once(&mut f, &count), Poll::Ready(()));
     }
+
+    /// Wakes the polling thread: counted, and a flag so that only a real
+    /// wake (never a spurious unpark) polls again.
+    struct Unpark {
+        woken: std::sync::Mutex<bool>,
+        cv: std::sync::Condvar,
+        count: AtomicUsize,
+    }
+
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.count.fetch_add(1, Ordering::SeqCst);
+            *self
+                .woken
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+            self.cv.notify_one();
+        }
+    }
+
+    #[test]
+    fn a_wake_racing_the_poll_from_another_thread_is_never_lost() {
+        // The other thread wakes the inner waker WAKES times, each as
+        // soon as the poll has seen the one before (so most land inside
+        // that poll's work, some just after it); the future is ready once
+        // a poll has seen them all. One lost wake leaves the task parked
+        // and the other thread waiting for ever: the deadline below
+        // catches that (it bounds a hang, it times nothing).
+        const WAKES: usize = 5_000;
+        struct ReadyOnLastWake {
+            seen: Arc<AtomicUsize>,
+            observed: Arc<AtomicUsize>,
+            slot: Arc<std::sync::Mutex<Option<Waker>>>,
+        }
+        impl Future for ReadyOnLastWake {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+                let mut slot = self
+                    .slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if slot.is_none() {
+                    *slot = Some(cx.waker().clone());
+                }
+                drop(slot);
+                let seen = self.seen.load(Ordering::SeqCst);
+                self.observed.store(seen, Ordering::SeqCst);
+                // Some work, so that the next wake lands inside the poll.
+                for _ in 0..2_000 {
+                    std::hint::spin_loop();
+                }
+                if seen >= WAKES {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+        let seen = Arc::new(AtomicUsize::new(0));
+        let observed = Arc::new(AtomicUsize::new(0));
+        let slot = Arc::new(std::sync::Mutex::new(None::<Waker>));
+        let unpark = Arc::new(Unpark {
+            woken: std::sync::Mutex::new(false),
+            cv: std::sync::Condvar::new(),
+            count: AtomicUsize::new(0),
+        });
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let executor = {
+            let (seen, observed, slot, unpark) =
+                (seen.clone(), observed.clone(), slot.clone(), unpark.clone());
+            std::thread::spawn(move || {
+                let mut f = Repoll::new(ReadyOnLastWake {
+                    seen,
+                    observed,
+                    slot,
+                });
+                let waker = Waker::from(unpark.clone());
+                let mut polls = 0usize;
+                loop {
+                    polls += 1;
+                    if Pin::new(&mut f)
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_ready()
+                    {
+                        break;
+                    }
+                    let mut woken = unpark
+                        .woken
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    while !*woken {
+                        woken = unpark
+                            .cv
+                            .wait(woken)
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    }
+                    *woken = false;
+                }
+                let _ = done_tx.send(polls);
+            })
+        };
+        let hammer = std::thread::spawn(move || {
+            let waker = loop {
+                if let Some(w) = slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+                {
+                    break w;
+                }
+                std::thread::yield_now();
+            };
+            for i in 1..=WAKES {
+                // Counted before the wake: a poll after this wake sees it.
+                seen.store(i, Ordering::SeqCst);
+                waker.wake_by_ref();
+                while observed.load(Ordering::SeqCst) < i {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let polls = done_rx.recv_timeout(std::time::Duration::from_secs(120));
+        assert!(
+            polls.is_ok(),
+            "the task never completed: a wake was lost ({} outer wakes)",
+            unpark.count.load(Ordering::SeqCst)
+        );
+        hammer
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        executor
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        // Every poll but the first was asked for by a wake.
+        assert!(polls.unwrap_or(0) <= 1 + unpark.count.load(Ordering::SeqCst));
+    }
 }
