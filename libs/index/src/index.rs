@@ -45,6 +45,8 @@ mod capacity_tests;
 #[cfg(test)]
 mod clock_tests;
 mod evict;
+#[cfg(test)]
+mod test_support;
 
 /// Capacity is clamped here so record ids (32 bits; dead records are at
 /// most a quarter of all, plus the page being filled) can never run out.

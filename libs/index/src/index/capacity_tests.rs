@@ -1,31 +1,10 @@
 //! The record space under resyncs of every replica at full capacity.
 
+use super::test_support::{holders_per_epoch, scope, stored as chain};
 use crate::*;
 
-fn scope() -> Scope {
-    Scope {
-        tenant: "t".into(),
-        model: "m".into(),
-        hash_scheme: HashScheme::Vllm,
-        adapter: String::new(),
-    }
-}
-
 fn key(id: usize) -> ReplicaKey {
-    ReplicaKey {
-        tenant: "t".into(),
-        replica_id: format!("r{id}"),
-        dp_rank: 0,
-    }
-}
-
-fn chain(from: u64, n: u64) -> Vec<Change> {
-    vec![Change::Stored {
-        start_depth: 0,
-        fingerprints: Fingerprint::from_raw((from..from + n).collect()),
-        block_size: 16,
-        tier: Tier::T1,
-    }]
+    super::test_support::key(&format!("r{id}"))
 }
 
 #[test]
@@ -59,22 +38,6 @@ fn every_replica_resyncing_at_full_capacity_stays_within_the_record_space() {
     assert_eq!(ix.chains_out_of_space(), 0);
     eprintln!("peak pages {peak} of {bound}");
     assert!(peak * 10 <= bound * 9, "peak pages {peak} of {bound}");
-}
-
-/// Holders per store epoch, counted from the records themselves.
-fn holders_per_epoch(ix: &Index) -> Vec<u64> {
-    let mut per = vec![0u64; crate::arena::EPOCHS as usize];
-    for (_, page) in ix.store.directory().iter() {
-        let page = page.read();
-        for offset in page.live_offsets() {
-            if let Some(view) = page.view(offset) {
-                for &h in view.holders() {
-                    per[crate::arena::Holder::from_raw(h).epoch() as usize] += 1;
-                }
-            }
-        }
-    }
-    per
 }
 
 #[test]

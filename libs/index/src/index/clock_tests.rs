@@ -2,6 +2,7 @@
 //! holds entries (stored one whole cycle of the clock ago), exactly those
 //! are retired.
 
+use super::test_support::{holders_per_epoch, key, scope, stored};
 use crate::*;
 
 /// An epoch is 1/16 of capacity: 10 stores; the clock has 1,024 of them,
@@ -11,52 +12,10 @@ const CAPACITY: u64 = 160;
 /// that brings the clock round crosses the epoch boundary.
 const CHAIN: u64 = 7;
 
-fn scope() -> Scope {
-    Scope {
-        tenant: "t".into(),
-        model: "m".into(),
-        hash_scheme: HashScheme::Vllm,
-        adapter: String::new(),
-    }
-}
-
-fn key(id: &str) -> ReplicaKey {
-    ReplicaKey {
-        tenant: "t".into(),
-        replica_id: id.into(),
-        dp_rank: 0,
-    }
-}
-
-fn stored(from: u64, n: u64) -> Vec<Change> {
-    vec![Change::Stored {
-        start_depth: 0,
-        fingerprints: Fingerprint::from_raw((from..from + n).collect()),
-        block_size: 16,
-        tier: Tier::T1,
-    }]
-}
-
 fn evicted(from: u64, n: u64) -> Vec<Change> {
     vec![Change::Evicted {
         fingerprints: Fingerprint::from_raw((from..from + n).collect()),
     }]
-}
-
-/// Holders per store epoch, counted from the records themselves.
-fn holders_per_epoch(ix: &Index) -> Vec<u64> {
-    let mut per = vec![0u64; crate::arena::EPOCHS as usize];
-    for (_, page) in ix.store.directory().iter() {
-        let page = page.read();
-        for offset in page.live_offsets() {
-            if let Some(view) = page.view(offset) {
-                for &h in view.holders() {
-                    per[crate::arena::Holder::from_raw(h).epoch() as usize] += 1;
-                }
-            }
-        }
-    }
-    per
 }
 
 /// One entry (replica "old"'s) stored first and never again; then replica
