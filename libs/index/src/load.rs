@@ -13,12 +13,16 @@
 //! comes from the engine alone. Times are Unix milliseconds passed in.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 
 use parking_lot::RwLock;
 
 use crate::index::FastMap;
-use crate::registry::Members;
+
+mod entry;
+mod scopes;
+use entry::{Entry, enqueue};
+pub(crate) use scopes::{LoadReader, MemberLoads};
 
 /// What an engine last reported about itself.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -95,148 +99,6 @@ impl Default for LoadSettings {
     }
 }
 
-/// One replica's figures, each its own atomic: a pick or a report changes
-/// one replica without a lock that lookups wait on, and a reader that sees
-/// one field a moment older than another reads a load that was true a
-/// moment ago.
-#[derive(Debug)]
-struct Entry {
-    in_flight: AtomicU32,
-    /// Recent picks, weighted as of the board's epoch (`f64` bits).
-    recent: AtomicU64,
-    waiting: AtomicU32,
-    running: AtomicU32,
-    /// KV-cache usage (`f32` bits).
-    kv_usage: AtomicU32,
-    /// When the engine last reported (`i64::MIN`: never).
-    reported_at_ms: AtomicI64,
-    /// When the work this server's picks sent is done, ms (`f64` bits).
-    picked_busy_until: AtomicU64,
-    /// When the work the engine's events showed is done, ms (`f64` bits).
-    observed_busy_until: AtomicU64,
-    /// Observed prefill rate, tokens per ms (`f64` bits; 0 = unknown).
-    prefill_tokens_per_ms: AtomicU64,
-    /// Peers' picks ([`LoadBoard::peer_picks`]): in flight, recent weight
-    /// as of `peer_at_ms`, their work's finish time (`f64` bits each).
-    peer_in_flight: AtomicU64,
-    peer_recent: AtomicU64,
-    peer_busy_until: AtomicU64,
-    peer_at_ms: AtomicI64,
-    /// The peers' figures count until then (`i64::MIN`: never set).
-    peer_until_ms: AtomicI64,
-    /// This server's own recent weight (as of `peer_at_ms`, `f64` bits)
-    /// and in flight when the peers' figures were last set: what it picked
-    /// since, the peers are assumed to have picked alike.
-    own_recent_at_peer: AtomicU64,
-    own_in_flight_at_peer: AtomicU32,
-    /// The tag of the first scope resolved with this entry (0: none), and
-    /// whether another was too: a pick tagged with its only scope visits
-    /// that scope alone ([`LoadBoard::picked_in_scope`]).
-    first_scope: AtomicU64,
-    many_scopes: std::sync::atomic::AtomicBool,
-}
-
-/// Adds `work_ms` of work arriving at `now_ms` to a queue that is done at
-/// `busy_until` (a virtual finish time: the engine drains a millisecond of
-/// work per millisecond).
-fn enqueue(busy_until: &AtomicU64, now_ms: f64, work_ms: f64) {
-    let _ = busy_until.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-        Some((f64::from_bits(bits).max(now_ms) + work_ms).to_bits())
-    });
-}
-
-impl Default for Entry {
-    fn default() -> Self {
-        Self {
-            in_flight: AtomicU32::new(0),
-            recent: AtomicU64::new(0),
-            waiting: AtomicU32::new(0),
-            running: AtomicU32::new(0),
-            kv_usage: AtomicU32::new(0),
-            reported_at_ms: AtomicI64::new(i64::MIN),
-            picked_busy_until: AtomicU64::new(0),
-            observed_busy_until: AtomicU64::new(0),
-            prefill_tokens_per_ms: AtomicU64::new(0),
-            peer_in_flight: AtomicU64::new(0),
-            peer_recent: AtomicU64::new(0),
-            peer_busy_until: AtomicU64::new(0),
-            peer_at_ms: AtomicI64::new(0),
-            peer_until_ms: AtomicI64::new(i64::MIN),
-            own_recent_at_peer: AtomicU64::new(0),
-            own_in_flight_at_peer: AtomicU32::new(0),
-            first_scope: AtomicU64::new(0),
-            many_scopes: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-}
-
-impl Entry {
-    /// A scope tagged `tag` was resolved with this entry (set before the
-    /// scope's entry is published: a pick that finds it finds this too).
-    fn note_scope(&self, tag: u64) {
-        let other = tag == 0
-            || self
-                .first_scope
-                .compare_exchange(0, tag, Ordering::AcqRel, Ordering::Acquire)
-                .is_err_and(|t| t != tag);
-        if other {
-            self.many_scopes.store(true, Ordering::Release);
-        }
-    }
-
-    /// Whether no scope but `tag`'s was resolved with this entry.
-    fn only_in(&self, tag: u64) -> bool {
-        !self.many_scopes.load(Ordering::Acquire) && self.first_scope.load(Ordering::Acquire) == tag
-    }
-
-    fn add_recent(&self, w: f64) {
-        let _ = self
-            .recent
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
-                Some((f64::from_bits(bits) + w).to_bits())
-            });
-    }
-
-    fn recent(&self) -> f64 {
-        f64::from_bits(self.recent.load(Ordering::Relaxed))
-    }
-
-    fn prefill_rate(&self) -> Option<f64> {
-        let rate = f64::from_bits(self.prefill_tokens_per_ms.load(Ordering::Relaxed));
-        (rate > 0.0).then_some(rate)
-    }
-
-    /// The peers' picks at `now_ms` (zero once expired), with `live_peers`
-    /// times this server's own picks since their figures were set
-    /// (`own_recent` now, weighted as of now).
-    ///
-    /// Why the estimate: every replica reads the same shared figures
-    /// between two reports, so each fills the same gap (an idle engine, a
-    /// light one) as if alone, and the engine gets the gap `live_peers + 1`
-    /// times over at once. Assuming the peers pick as this server does
-    /// until their next report lets each fill only its share.
-    fn peer(&self, now_ms: i64, half_life: f64, own_recent: f64, live_peers: u32) -> PeerPicks {
-        if now_ms > self.peer_until_ms.load(Ordering::Relaxed) {
-            return PeerPicks::default();
-        }
-        let f = |a: &AtomicU64| f64::from_bits(a.load(Ordering::Relaxed));
-        let age = now_ms.saturating_sub(self.peer_at_ms.load(Ordering::Relaxed)) as f64;
-        let aged = (-(age.max(0.0)) / half_life).exp2();
-        let peers = f64::from(live_peers);
-        let recent_since = (own_recent - f(&self.own_recent_at_peer) * aged).max(0.0);
-        let in_flight_since = f64::from(
-            self.in_flight
-                .load(Ordering::Relaxed)
-                .saturating_sub(self.own_in_flight_at_peer.load(Ordering::Relaxed)),
-        );
-        PeerPicks {
-            in_flight: f(&self.peer_in_flight) + peers * in_flight_since,
-            recent: f(&self.peer_recent) * aged + peers * recent_since,
-            queued_ms: (f(&self.peer_busy_until) - now_ms as f64).max(0.0),
-        }
-    }
-}
-
 /// Load of every replica the picker has heard of, by replica id.
 ///
 /// Every pick decays at the same rate, so the board keeps each replica's
@@ -256,6 +118,10 @@ pub struct LoadBoard {
     settings: LoadSettings,
     entries: RwLock<FastMap<Box<str>, Arc<Entry>>>,
     epoch_ms: AtomicI64,
+    /// Twice the rebases so far, plus one while one is under way (written
+    /// under the map's write lock): a [`LoadReader`] that reads without
+    /// the lock checks each read against it.
+    rebases: AtomicU64,
     /// Bumped (under the map's write lock) when a replica joins or leaves
     /// the board: resolved [`MemberLoads`] of an older generation are stale.
     generation: AtomicU64,
@@ -295,82 +161,6 @@ impl OwnListener {
         if let Some(f) = self.0.get() {
             f(replica_id);
         }
-    }
-}
-
-/// The board's entries of one scope's members, in the members' order, and
-/// the hash of each member's replica id ([`crate::pick::id_hash`]).
-#[derive(Debug)]
-pub(crate) struct MemberLoads {
-    /// The member list these were resolved for (held, so its address is
-    /// never another list's).
-    members: Members,
-    generation: u64,
-    entries: Box<[Option<Arc<Entry>>]>,
-    pub(crate) id_hashes: Box<[u64]>,
-    /// `(id_hashes[i], i)`, sorted: finds a holder's members.
-    by_hash: Box<[(u64, u32)]>,
-    /// The scope's shortlist, when it is large enough to keep one.
-    pub(crate) shortlist: RwLock<Option<Arc<crate::route::Shortlist>>>,
-    /// Held shared by a pick of a member (from before it reads the list
-    /// until it has added itself to it) and exclusively by a lookup
-    /// rebuilding the list (from reading the loads until it is published):
-    /// a pick is then in the new list's loads or in its figures, never
-    /// lost between the two.
-    pub(crate) rebuilding: RwLock<()>,
-}
-
-impl MemberLoads {
-    /// The members whose replica id hashes to `h` (a pod's data-parallel
-    /// ranks share their id).
-    pub(crate) fn with_hash(&self, h: u64) -> impl Iterator<Item = usize> + '_ {
-        let from = self.by_hash.partition_point(|(x, _)| *x < h);
-        self.by_hash[from..]
-            .iter()
-            .take_while(move |(x, _)| *x == h)
-            .map(|(_, i)| *i as usize)
-    }
-}
-
-/// Reads loads at one moment (the decay factor computed once).
-#[derive(Debug)]
-pub(crate) struct LoadReader<'a> {
-    board: &'a LoadBoard,
-    now_ms: i64,
-    decay: f64,
-    changes: u64,
-}
-
-impl LoadReader<'_> {
-    /// The moment it reads at.
-    pub(crate) fn now_ms(&self) -> i64 {
-        self.now_ms
-    }
-
-    /// The board's load changes when this reader was made.
-    pub(crate) fn changes(&self) -> u64 {
-        self.changes
-    }
-
-    /// The board's settings.
-    pub(crate) fn settings(&self) -> &LoadSettings {
-        &self.board.settings
-    }
-
-    /// Counts a shortlist rebuilt.
-    pub(crate) fn refreshed(&self) {
-        self.board.refreshes.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The load of member `i` of `members` (idle when not on the board).
-    pub(crate) fn member(&self, members: &MemberLoads, i: usize) -> ReplicaLoad {
-        members
-            .entries
-            .get(i)
-            .and_then(Option::as_deref)
-            .map_or_else(ReplicaLoad::default, |e| {
-                self.board.entry_load(e, self.now_ms, self.decay)
-            })
     }
 }
 
@@ -431,99 +221,6 @@ impl LoadBoard {
         f(e);
     }
 
-    /// Runs `f` with a reader at `now_ms` and the resolved entries of the
-    /// scope tagged `scope_tag` whose members are `members` (resolving them
-    /// when the members or the board's replicas changed since).
-    pub(crate) fn with_members<R>(
-        &self,
-        scope_tag: u64,
-        members: &Members,
-        now_ms: i64,
-        f: impl FnOnce(&LoadReader<'_>, &MemberLoads) -> R,
-    ) -> R {
-        let reader = LoadReader {
-            board: self,
-            now_ms,
-            decay: self.decay_factor(now_ms),
-            changes: self.changes.load(Ordering::Relaxed),
-        };
-        let current = |m: &&MemberLoads| {
-            Arc::ptr_eq(&m.members, members)
-                && m.generation == self.generation.load(Ordering::Relaxed)
-        };
-        {
-            let scopes = self.scopes.read();
-            if let Some(m) = scopes.get(&scope_tag).filter(current) {
-                return f(&reader, m);
-            }
-        }
-        // Inserted before `f` runs, so picks find (and hold) the shortlist
-        // it builds.
-        let resolved = self.resolve(scope_tag, members);
-        self.scopes.write().insert(scope_tag, resolved);
-        {
-            let scopes = self.scopes.read();
-            if let Some(m) = scopes.get(&scope_tag).filter(current) {
-                return f(&reader, m);
-            }
-        }
-        // Replaced meanwhile (the members or the board's replicas changed
-        // again): answered from entries of its own, whose shortlist no pick
-        // could find and which is therefore not kept.
-        f(&reader, &self.resolve(scope_tag, members))
-    }
-
-    /// The board's entries of `members`, each member given one.
-    fn resolve(&self, scope_tag: u64, members: &Members) -> MemberLoads {
-        // Every member gets its entry now: a replica's first pick or
-        // report then changes no generation, so a large scope is not
-        // resolved again once per replica as its replicas are first
-        // picked (256 resolutions of 256 members, warming up).
-        let missing = {
-            let map = self.entries.read();
-            members
-                .iter()
-                .any(|m| !map.contains_key(m.key.replica_id.as_str()))
-        };
-        if missing {
-            let mut map = self.entries.write();
-            for m in members.iter() {
-                if !map.contains_key(m.key.replica_id.as_str()) {
-                    map.insert(m.key.replica_id.as_str().into(), Arc::default());
-                }
-            }
-            self.generation.fetch_add(1, Ordering::Relaxed);
-        }
-        let map = self.entries.read();
-        let entries: Box<[Option<Arc<Entry>>]> = members
-            .iter()
-            .map(|m| map.get(m.key.replica_id.as_str()).cloned())
-            .collect();
-        for e in entries.iter().flatten() {
-            e.note_scope(scope_tag);
-        }
-        let id_hashes: Box<[u64]> = members
-            .iter()
-            .map(|m| crate::pick::id_hash(&m.key.replica_id))
-            .collect();
-        let mut by_hash: Vec<(u64, u32)> = id_hashes
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (*h, u32::try_from(i).unwrap_or(u32::MAX)))
-            .collect();
-        by_hash.sort_unstable();
-        MemberLoads {
-            members: Arc::clone(members),
-            // Read under the map's lock: an entry added later bumps it.
-            generation: self.generation.load(Ordering::Relaxed),
-            entries,
-            id_hashes,
-            by_hash: by_hash.into(),
-            shortlist: RwLock::new(None),
-            rebuilding: RwLock::new(()),
-        }
-    }
-
     /// `replica_id` was recommended for a request at `now_ms`.
     pub fn picked(&self, replica_id: &str, now_ms: i64) {
         self.picked_with_work(replica_id, now_ms, |_| 0.0);
@@ -568,12 +265,17 @@ impl LoadBoard {
             let map = self.entries.write();
             let ahead = self.ahead(now_ms);
             if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
+                // A sequence lock's write: odd while the scale changes.
+                let rebases = self.rebases.load(Ordering::Relaxed);
+                self.rebases.store(rebases + 1, Ordering::Relaxed);
+                fence(Ordering::Release);
                 let factor = self.decay_factor(now_ms);
                 for e in map.values() {
                     e.recent
                         .store((e.recent() * factor).to_bits(), Ordering::Relaxed);
                 }
                 self.epoch_ms.store(now_ms, Ordering::Relaxed);
+                self.rebases.store(rebases + 2, Ordering::Release);
             }
         }
         let update = |e: &Entry, lists: &[(Arc<crate::route::Shortlist>, usize)]| {

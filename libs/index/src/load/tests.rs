@@ -175,23 +175,57 @@ fn an_observed_prefill_rate_is_part_of_the_load() {
     assert_eq!(board.prefill_rate("a"), Some(12.5));
 }
 
-#[test]
-fn a_member_s_first_pick_leaves_its_scope_resolved() {
+/// A scope's member list of replicas `ids`.
+fn members_of(ids: &[&str]) -> crate::registry::Members {
     use crate::registry::ReplicaMeta;
     use crate::types::ReplicaKey;
-    let meta = |id: &str| {
-        Arc::new(ReplicaMeta {
-            key: ReplicaKey {
-                tenant: "t".into(),
-                replica_id: id.into(),
-                dp_rank: 0,
-            },
-            scope: 0,
-            address: format!("{id}:8000"),
-            last_seen_ms: std::sync::atomic::AtomicI64::new(0),
+    ids.iter()
+        .map(|id| {
+            Arc::new(ReplicaMeta {
+                key: ReplicaKey {
+                    tenant: "t".into(),
+                    replica_id: (*id).into(),
+                    dp_rank: 0,
+                },
+                scope: 0,
+                address: format!("{id}:8000"),
+                last_seen_ms: std::sync::atomic::AtomicI64::new(0),
+            })
         })
-    };
-    let members: crate::registry::Members = vec![meta("a"), meta("b")].into();
+        .collect()
+}
+
+#[test]
+fn a_lookup_under_way_reads_every_load_at_one_scale_through_a_rebase() {
+    let members = members_of(&["a", "b"]);
+    let board = LoadBoard::new(LoadSettings {
+        pick_half_life_ms: 1_000,
+        ..LoadSettings::default()
+    });
+    // 1,000 half-lives after the board's first epoch: the reader's factor
+    // is 2^-1000 until the first pick rebases the weights to now.
+    let now = 1_000_000;
+    board.with_members(7, &members, now, |reader, m| {
+        assert_eq!(reader.member(m, 0).requests, 0.0);
+        board.picked("a", now);
+        assert_eq!(
+            reader.member(m, 0).requests,
+            1.0,
+            "the pick, read at the new epoch's scale by a lookup already under way"
+        );
+        assert_eq!(reader.member(m, 1).requests, 0.0);
+        // Rebased again (a clock stepping back: its weights then count as
+        // of the earlier epoch, so both replicas read a quarter at `now`).
+        board.picked("b", now - 2_000);
+        assert_eq!(reader.member(m, 0).requests, board.load("a", now).requests);
+        assert_eq!(reader.member(m, 1).requests, board.load("b", now).requests);
+        assert_eq!(reader.member(m, 1).requests, 0.25);
+    });
+}
+
+#[test]
+fn a_member_s_first_pick_leaves_its_scope_resolved() {
+    let members = members_of(&["a", "b"]);
     let board = LoadBoard::default();
     board.picked("a", 0);
     board.with_members(7, &members, 0, |_, _| ());
