@@ -706,17 +706,32 @@ mod tests {
     }
 
     #[test]
-    fn the_healthy_span_runs_from_the_first_to_the_last_delivery_before_a_failure() {
-        let o = Outcomes::new();
-        assert_eq!(o.healthy_for(), None);
-        o.first_delivered.store(1_001, Ordering::Relaxed);
-        o.last_delivered.store(1_001, Ordering::Relaxed);
-        assert_eq!(o.healthy_for(), Some(Duration::ZERO));
-        o.failures.store(1, Ordering::Relaxed);
-        // A delivery after the failure does not lengthen it.
+    fn the_healthy_span_runs_from_the_first_to_the_last_acknowledgement() {
+        // Deliveries land at the age of `created`, so moving it back stands
+        // for time passing between acknowledgements, without sleeping.
+        let mut o = Outcomes {
+            created: std::time::Instant::now()
+                .checked_sub(Duration::from_secs(5))
+                .unwrap(),
+            ..Outcomes::new()
+        };
+        assert_eq!(o.healthy_for(), None, "nothing acknowledged yet");
+        let started = std::time::Instant::now();
+        // The first acknowledgement, 5 s after the creation: the span starts.
         o.delivered();
         assert_eq!(o.healthy_for(), Some(Duration::ZERO));
-        assert_eq!(o.delivered.load(Ordering::Relaxed), 1);
+        // The last, 3 s later: the 3 s between them (plus this test's own
+        // time meanwhile, and a millisecond of rounding).
+        o.created = o.created.checked_sub(Duration::from_secs(3)).unwrap();
+        o.delivered();
+        let span = o.healthy_for().unwrap();
+        let at_most = Duration::from_secs(3) + started.elapsed() + Duration::from_millis(1);
+        assert!(
+            span >= Duration::from_secs(3) && span <= at_most,
+            "{span:?}, not 3 s to {at_most:?}"
+        );
+        assert_eq!(o.delivered.load(Ordering::Relaxed), 2);
+        // Its end at a failure: a_refused_record_ends_the_healthy_span_as_a_lost_one_does.
     }
 
     #[test]
