@@ -237,22 +237,36 @@ pub fn decode_hex(hex: &str) -> Option<Vec<u8>> {
     if !raw.len().is_multiple_of(2) {
         return None;
     }
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
+    // Two table reads a byte and one check at the end: the per-digit
+    // `match` with an early return was ~410 instructions a 16-byte hash
+    // (a sixth of a batch entry's decoding).
+    let mut out = vec![0u8; raw.len() / 2];
+    let mut flags = 0u8;
+    for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
+        let (hi, lo) = (NIBBLE[usize::from(pair[0])], NIBBLE[usize::from(pair[1])]);
+        flags |= hi | lo;
+        *o = hi << 4 | lo;
     }
-    // A plain loop into a sized Vec: the collecting iterator was ~380
-    // instructions per 16-byte hash, a tenth of a batch entry's cost.
-    let mut out = Vec::with_capacity(raw.len() / 2);
-    for pair in raw.chunks_exact(2) {
-        out.push(nibble(pair[0])? << 4 | nibble(pair[1])?);
-    }
-    Some(out)
+    // A digit is at most 0x0F; anything else set a high bit.
+    (flags <= 0x0F).then_some(out)
 }
+
+/// Hex digit values; 0xFF for anything else.
+pub(crate) const NIBBLE: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut c = 0;
+    while c < 10 {
+        t[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        t[b'a' as usize + c] = 10 + c as u8;
+        t[b'A' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    t
+};
 
 #[cfg(test)]
 mod tests {
@@ -265,6 +279,24 @@ mod tests {
             kv_rank: 16777472,
             object_group_id: group,
             cache_salt: salt.into(),
+        }
+    }
+
+    #[test]
+    fn hex_decodes_every_digit_and_refuses_every_other_byte() {
+        assert_eq!(decode_hex(""), Some(vec![]));
+        assert_eq!(decode_hex("00fFA9"), Some(vec![0x00, 0xff, 0xa9]));
+        assert_eq!(decode_hex("abc"), None);
+        for b in 0..=255u8 {
+            let digit = char::from(b).to_digit(16);
+            for (at, text) in [(0, [b, b'0']), (1, [b'0', b])] {
+                let Ok(text) = std::str::from_utf8(&text) else {
+                    assert!(digit.is_none());
+                    continue;
+                };
+                let want = digit.map(|d| vec![(d as u8) << (4 * (1 - at))]);
+                assert_eq!(decode_hex(text), want, "{text:?}");
+            }
         }
     }
 

@@ -11,7 +11,7 @@
 //! it to that (services/coordinator, `http::directory`).
 
 use crate::events::plain_len;
-use crate::key::{validate_group, validate_model, validate_salt};
+use crate::key::{NIBBLE, validate_group, validate_model, validate_salt};
 
 /// A key of the request, its strings as the body spells them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,23 +134,6 @@ enum Field {
     Group,
     Salt,
 }
-
-/// Hex digit values; 0xFF for anything else.
-const NIBBLE: [u8; 256] = {
-    let mut t = [0xFFu8; 256];
-    let mut c = 0;
-    while c < 10 {
-        t[b'0' as usize + c] = c as u8;
-        c += 1;
-    }
-    let mut c = 0;
-    while c < 6 {
-        t[b'a' as usize + c] = 10 + c as u8;
-        t[b'A' as usize + c] = 10 + c as u8;
-        c += 1;
-    }
-    t
-};
 
 struct Reader<'a> {
     text: &'a str,
