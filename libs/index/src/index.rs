@@ -19,9 +19,12 @@
 //!   one pass over the pages that hold them (an epoch is 1/16 of capacity;
 //!   a pass evicts at least 1/8 of capacity, so passes stay rare); the
 //!   epochs are a ring of 1,024, so an entry not stored again for a whole
-//!   turn (64 capacities of stores) is evicted, alone, when the clock comes
-//!   round to its epoch, however full the index is (counted apart:
-//!   [`Index::clock_evictions`]);
+//!   turn (64 capacities of stores) is met again when the clock comes
+//!   round to its epoch: while the index has room for another epoch it
+//!   stays, counted as stored in the epoch now starting (its holder
+//!   already carries it, so nothing is written), and within an epoch of
+//!   capacity it is retired, alone with the rest of that epoch's
+//!   leftovers (counted apart: [`Index::clock_evictions`]);
 //! * dropping a replica's entries (drain, scope move, resync, clear) is a
 //!   pass over the pages. A resync first builds the new state under a
 //!   fresh, not yet visible replica slot and then swaps the slots in the
@@ -247,7 +250,8 @@ pub struct Index {
     writer: Mutex<Writer>,
     entries: AtomicU64,
     capacity_evictions: AtomicU64,
-    /// Entries the store clock retired (not stored again for a turn).
+    /// Entries the store clock retired (not stored again for a turn, met
+    /// near capacity).
     clock_evictions: AtomicU64,
     /// Chains not (wholly) stored for want of record space.
     out_of_space: AtomicU64,
@@ -332,7 +336,8 @@ impl Index {
 
     /// Entries retired by the store clock since start: not stored again
     /// within 64 capacities' worth of stores (1,024 epochs of 1/16 of
-    /// capacity), however empty the index. Not counted in
+    /// capacity) and met by the clock while the index was within an epoch
+    /// (1/16) of capacity; below that they are kept. Not counted in
     /// [`Index::capacity_evictions`].
     pub fn clock_evictions(&self) -> u64 {
         self.clock_evictions.load(Ordering::Relaxed)
@@ -705,8 +710,9 @@ impl Index {
         // Stored and accounted a run of one epoch at a time, the clock
         // advanced once per run (rather than counts, entries and the clock
         // per block): a run fills the current epoch at most, so the clock
-        // reaches the next epoch, and retires what it still holds from the
-        // clock's last turn, before anything is stored in it.
+        // reaches the next epoch, and settles what it still holds from the
+        // clock's last turn (kept or retired), before anything is stored in
+        // it.
         let mut start = 0;
         let mut whole = true;
         while start < blocks.len() {

@@ -58,15 +58,30 @@ impl Index {
             writer.epoch_fill -= writer.epoch_size.max(1);
             // The clock came round: what this epoch still holds was not
             // stored again for a whole turn, the oldest entries there are.
-            // Those go, and only those (the index may be far below
-            // capacity), before the epoch is reused.
+            // While the index has room for the epoch about to be filled,
+            // they stay: their holders already carry this epoch, so they
+            // now count as stored in it (re-stamped at no cost: no record
+            // is written, so lock-free readers see nothing change), and
+            // capacity eviction, which takes the oldest epochs first,
+            // reaches them last. An engine reports a block once when it
+            // stores it and nothing on a cache hit, so an entry alone in
+            // an old epoch is often a hot prefix the engine still holds.
+            // Within an epoch of capacity they go, and only they (the
+            // oldest), before the epoch is reused.
             let e = writer.epoch as usize;
-            if writer.epoch_entries[e] > 0 {
+            if writer.epoch_entries[e] > 0 && self.near_capacity(writer) {
                 let mut doomed = vec![false; EPOCHS as usize];
                 doomed[e] = true;
                 self.evict_epochs(writer, &doomed, &self.clock_evictions);
             }
         }
+    }
+
+    /// Whether storing one more epoch's worth of new entries could take
+    /// the index past capacity (so an epoch's leftovers from the clock's
+    /// last turn are retired rather than kept).
+    fn near_capacity(&self, writer: &Writer) -> bool {
+        self.len().saturating_add(writer.epoch_size) > self.config.capacity_entries
     }
 
     /// Bookkeeping for one removed holder, but for the index's entry
