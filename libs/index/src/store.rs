@@ -166,12 +166,18 @@ impl<'a> PageWriter<'a> {
     }
 
     /// Page `n`, write-locked, to write one record to.
+    // Inlined by request (as `look`): every stored or removed block calls
+    // it, and the partition of the crate into codegen units otherwise
+    // decides, so unrelated edits moved `Index::apply` by 3 % (129.5 M →
+    // 133.5 M instructions at 16 k pairs with no change on its path).
+    #[inline]
     fn page(&mut self, n: usize) -> Option<&mut Page> {
         self.writes += 1;
         self.look(n)
     }
 
     /// Page `n`, write-locked, to look at (not counted as a write).
+    #[inline]
     fn look(&mut self, n: usize) -> Option<&mut Page> {
         let keep = self.held.as_ref().is_some_and(|h| h.0 == n) && self.writes <= WRITE_BATCH;
         if !keep {

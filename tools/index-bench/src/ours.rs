@@ -137,4 +137,9 @@ impl Ours {
     pub fn len(&self) -> u64 {
         self.index.len()
     }
+
+    /// The index's heap bytes by part, as it counts them.
+    pub fn memory(&self) -> ic_index::IndexMemory {
+        self.index.memory()
+    }
 }

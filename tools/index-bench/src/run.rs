@@ -160,6 +160,16 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
     let rss_bytes = alloc::rss() - rss0;
     let resident_pairs = index.len();
     let live1 = alloc::live();
+    // Where the bytes go, as the index counts them (outside the heap
+    // figure: counted before the drop that measures it).
+    let parts = index.memory();
+    let per = |b: u64| b as f64 / resident_pairs.max(1) as f64;
+    eprintln!(
+        "rep {rep} ours heap by part, per resident pair: records {:.2} B, key tables {:.2} B, replicas {:.2} B",
+        per(parts.records),
+        per(parts.key_tables),
+        per(parts.replicas)
+    );
     drop(index);
     let heap_bytes = live1 - alloc::live();
     debug_assert!(live0 <= live1);
