@@ -6,6 +6,8 @@
 //!   PUB and replay ROUTER), and a publisher of garbage frames;
 //! * [`process`]: the real binaries as child processes, with the addresses
 //!   they bound read back from their `--listen-report` file;
+//! * [`freeze`]: SIGSTOP and SIGCONT that return once every thread of the
+//!   process has stopped, or runs again;
 //! * [`ext_proc`]: what a gateway sends an endpoint picker;
 //! * [`ingest`]: IngestEvents batches as a subscriber sends them;
 //! * [`tansu`]: where the Kafka-protocol broker the tests run is found.
@@ -15,6 +17,7 @@
 
 pub mod engine;
 pub mod ext_proc;
+pub mod freeze;
 pub mod ingest;
 pub mod process;
 pub mod tansu;

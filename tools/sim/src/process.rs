@@ -21,6 +21,8 @@ pub const PROCESS_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct ServiceProcess {
     child: Child,
+    /// The binary's file name, for messages.
+    name: String,
     /// Holds the `--listen-report` file the binary writes its addresses to.
     report_dir: tempfile::TempDir,
     logs: Receiver<String>,
@@ -71,6 +73,10 @@ impl ServiceProcess {
         });
         Self {
             child,
+            name: binary.file_name().map_or_else(
+                || binary.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
             report_dir,
             logs,
             seen: Vec::new(),
@@ -156,6 +162,23 @@ impl ServiceProcess {
     pub fn signal(&self, signal: Signal) {
         let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid fits in i32"));
         kill(pid, signal).expect("signal delivered");
+    }
+
+    /// SIGSTOP, returning once every thread of the process is stopped
+    /// ([`crate::freeze::freeze`]): its connections stay open and silent.
+    ///
+    /// # Panics
+    /// When it has exited, or a thread still runs after 60 s.
+    pub fn freeze(&self) {
+        crate::freeze::freeze(self.child.id(), &self.name);
+    }
+
+    /// SIGCONT, returning once no thread of the process is stopped.
+    ///
+    /// # Panics
+    /// When it has exited, or a thread is still stopped after 60 s.
+    pub fn thaw(&self) {
+        crate::freeze::thaw(self.child.id(), &self.name);
     }
 
     /// Asks the process to stop with SIGTERM (unless it already exited, e.g.

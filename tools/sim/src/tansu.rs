@@ -161,8 +161,8 @@ pub struct Broker {
     dir: tempfile::TempDir,
 }
 
-/// How long a broker may take to stop, or to freeze or thaw every thread.
-const SIGNAL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a broker may take to stop.
+const STOP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Broker {
     /// Starts a broker on 127.0.0.1:`port` and waits until it listens.
@@ -256,41 +256,21 @@ impl Broker {
             .unwrap_or_else(|e| panic!("{signal} to the broker: {e}"));
     }
 
-    /// SIGSTOP, then waits until every thread of the broker is stopped:
-    /// its connections stay open and silent. `kill` returns before that
-    /// (the kernel wakes one thread to start the group stop, and the others
-    /// run on until it has been scheduled), so on a loaded machine a broker
-    /// "frozen" only by the signal's return went on answering for a while.
+    /// SIGSTOP, returning once every thread of the broker is stopped
+    /// ([`crate::freeze::freeze`]): its connections stay open and silent.
     ///
     /// # Panics
-    /// When a thread is still running after 60 s.
+    /// When it has exited, or a thread still runs after 60 s.
     pub fn freeze(&self) {
-        self.signal(nix::sys::signal::Signal::SIGSTOP);
-        self.wait_threads("stopped", |states| states.iter().all(|s| stopped(*s)));
+        crate::freeze::freeze(self.child.id(), "the broker");
     }
 
-    /// SIGCONT, then waits until no thread of the broker is stopped.
+    /// SIGCONT, returning once no thread of the broker is stopped.
     ///
     /// # Panics
-    /// When a thread is still stopped after 60 s.
+    /// When it has exited, or a thread is still stopped after 60 s.
     pub fn thaw(&self) {
-        self.signal(nix::sys::signal::Signal::SIGCONT);
-        self.wait_threads("running", |states| !states.iter().any(|s| stopped(*s)));
-    }
-
-    fn wait_threads(&self, what: &str, done: impl Fn(&[char]) -> bool) {
-        let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
-        loop {
-            let states = thread_states(self.child.id());
-            if !states.is_empty() && done(&states) {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the broker's threads were not all {what} within {SIGNAL_DEADLINE:?}: {states:?}"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        crate::freeze::thaw(self.child.id(), "the broker");
     }
 
     /// SIGTERM, as a broker pod's restart or a node drain stops it, and
@@ -300,7 +280,7 @@ impl Broker {
     /// When it is still running after 60 s.
     pub fn stop(&mut self) {
         self.signal(nix::sys::signal::Signal::SIGTERM);
-        let deadline = std::time::Instant::now() + SIGNAL_DEADLINE;
+        let deadline = std::time::Instant::now() + STOP_DEADLINE;
         while self
             .child
             .try_wait()
@@ -309,7 +289,7 @@ impl Broker {
         {
             assert!(
                 std::time::Instant::now() < deadline,
-                "the broker still ran {SIGNAL_DEADLINE:?} after SIGTERM"
+                "the broker still ran {STOP_DEADLINE:?} after SIGTERM"
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
@@ -332,27 +312,4 @@ impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Stopped by a signal (`T`) or in a tracing stop (`t`).
-fn stopped(state: char) -> bool {
-    matches!(state, 'T' | 't')
-}
-
-/// The scheduler state of every thread of process `pid`
-/// (`/proc/PID/task/*/stat`, the field after the command name); empty when
-/// the process is gone.
-fn thread_states(pid: u32) -> Vec<char> {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
-        .filter_map(|stat| {
-            // The command name is in parentheses and may hold anything.
-            let (_, after) = stat.rsplit_once(')')?;
-            after.trim_start().chars().next()
-        })
-        .collect()
 }
