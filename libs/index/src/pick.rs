@@ -210,9 +210,10 @@ pub fn id_hash(replica_id: &str) -> u64 {
 }
 
 /// Positions in `items` sorted by the hash of their replica id, so each
-/// replica finds its entries by binary search.
-fn by_id_hash<T>(items: &[T], id: impl Fn(&T) -> &str) -> Vec<(u64, usize)> {
-    let mut hashed: Vec<(u64, usize)> = items
+/// replica finds its entries by binary search (on the stack for the few
+/// holders of a usual prompt).
+fn by_id_hash<T>(items: &[T], id: impl Fn(&T) -> &str) -> smallvec::SmallVec<[(u64, usize); 8]> {
+    let mut hashed: smallvec::SmallVec<[(u64, usize); 8]> = items
         .iter()
         .enumerate()
         .map(|(i, item)| (id_hash(id(item)), i))
@@ -464,6 +465,20 @@ pub fn rank_top(
     fleet: &Fleet,
     others: usize,
 ) -> Vec<Scored> {
+    rank_hashed(input, weights, loads, fleet, others, None)
+}
+
+/// [`rank_top`] given [`id_hash`] of each of `input.replicas` (in order)
+/// when the caller has them already: a replica id is hashed once per
+/// lookup, not once per use.
+pub(crate) fn rank_hashed(
+    input: &PickInput<'_>,
+    weights: &ScoreWeights,
+    loads: &[ReplicaLoad],
+    fleet: &Fleet,
+    others: usize,
+    id_hashes: Option<&[u64]>,
+) -> Vec<Scored> {
     let keep = others.max(1);
     let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
     let bound = fleet.bound(weights);
@@ -478,7 +493,9 @@ pub fn rank_top(
         .enumerate()
         .map(|(i, (key, _))| {
             let load = load_of(i);
-            let h = id_hash(&key.replica_id);
+            let h = id_hashes
+                .and_then(|hs| hs.get(i).copied())
+                .unwrap_or_else(|| id_hash(&key.replica_id));
             // A pod's data-parallel ranks share its address: the best rank's
             // match is the pod's.
             let real = with_hash(&matches, h)

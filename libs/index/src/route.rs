@@ -602,7 +602,7 @@ pub fn route_ranked(
     let speculative = match query.key {
         RouteKey::PrefixHash(_) => Vec::new(),
         _ => {
-            let holders: Vec<(&str, u32)> = matches
+            let holders: smallvec::SmallVec<[(&str, u32); 8]> = matches
                 .iter()
                 .map(|m| (m.replica.replica_id.as_str(), m.matched_blocks))
                 .collect();
@@ -646,7 +646,7 @@ pub fn route_ranked(
                     if let Some(shortlist) =
                         shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
                     {
-                        let holders: Vec<u64> = matches
+                        let holders: smallvec::SmallVec<[u64; 16]> = matches
                             .iter()
                             .map(|m| id_hash(&m.replica.replica_id))
                             .chain(speculative.iter().map(|(id, _)| id_hash(id)))

@@ -1,7 +1,7 @@
 //! Which replicas of a scope the ranking scores in full: every replica
 //! holding part of the prompt (really or speculatively) and the best
 //! `others` of the rest by [`OtherKey`], ranked with the whole
-//! scope's [`Fleet`] figures. [`rank_top`] then answers exactly what
+//! scope's [`Fleet`] figures. [`crate::pick::rank_top`] then answers exactly what
 //! [`crate::pick::rank`] of every replica answers, while a replica that is
 //! neither costs one load read and one key instead of a full score, a name
 //! hash, two holder searches and a sort entry.
@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::load::{LoadReader, MemberLoads, ReplicaLoad};
-use crate::pick::{Fleet, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, id_hash, rank_top};
+use crate::pick::{
+    Fleet, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, id_hash, rank_hashed,
+};
 use crate::registry::ReplicaMeta;
 use crate::types::ReplicaKey;
 
@@ -58,20 +60,27 @@ pub(super) fn rank_eligible(
     let fleet = eligible
         .fleet
         .unwrap_or_else(|| Fleet::of(n, &eligible.loads));
-    let mut holders: Vec<u64> = input
-        .matches
-        .iter()
-        .map(|m| id_hash(&m.replica.replica_id))
-        .chain(input.speculative.iter().map(|(id, _)| id_hash(id)))
-        .collect();
-    if n <= holders.len() + others {
+    if n <= input.matches.len() + input.speculative.len() + others {
         // Every replica would be scored anyway.
         let all = PickInput {
             replicas: &eligible.replicas,
             ..*input
         };
-        return rank_top(&all, weights, &eligible.loads, &fleet, others);
+        return rank_hashed(
+            &all,
+            weights,
+            &eligible.loads,
+            &fleet,
+            others,
+            Some(&eligible.id_hashes),
+        );
     }
+    let mut holders: smallvec::SmallVec<[u64; 16]> = input
+        .matches
+        .iter()
+        .map(|m| id_hash(&m.replica.replica_id))
+        .chain(input.speculative.iter().map(|(id, _)| id_hash(id)))
+        .collect();
     holders.sort_unstable();
     holders.dedup();
     // A hash shared by a holder and another replica only scores that one in
@@ -102,11 +111,12 @@ pub(super) fn rank_eligible(
     chosen.sort_unstable();
     let replicas: Vec<(&ReplicaKey, &str)> = chosen.iter().map(|&i| eligible.replicas[i]).collect();
     let loads: Vec<ReplicaLoad> = chosen.iter().map(|&i| eligible.loads[i]).collect();
+    let hashes: Vec<u64> = chosen.iter().map(|&i| eligible.id_hashes[i]).collect();
     let part = PickInput {
         replicas: &replicas,
         ..*input
     };
-    rank_top(&part, weights, &loads, &fleet, others)
+    rank_hashed(&part, weights, &loads, &fleet, others, Some(&hashes))
 }
 
 /// Scopes with more replicas than this (stale ones counted) keep a [`Shortlist`]
@@ -122,6 +132,13 @@ pub(super) const SHORTLIST_ABOVE: usize = 64;
 /// under LookupRoute's load, 24 cost the fewest instructions of 24 and 64
 /// (callgrind, docs/benchmarks.md).
 const LISTED: usize = 24;
+
+/// A list of more replicas than this (those tied with the
+/// [`LISTED`]th included) is not kept in order: most of the scope is tied
+/// (an idle or level fleet), reading every load is no dearer than reading
+/// such a list, and its floors would prove nothing. Such a list only
+/// marks the scope as tied until it is stale.
+const TIED_ABOVE: usize = 4 * LISTED;
 
 /// A large scope's least loaded replicas in order of load as of one moment, each with a
 /// floor under its figures and those of every replica after it (and every
@@ -158,6 +175,9 @@ pub(crate) struct Shortlist {
     /// prices the prefill): the shortlist serves that many tokens only.
     exact_tokens: Option<u64>,
     fleet: Fleet,
+    /// More than [`TIED_ABOVE`] replicas tied with the last listed one:
+    /// nothing is listed, and lookups read every load until it is stale.
+    tied: bool,
     /// Member positions, best first by load when built.
     listed: Box<[u32]>,
     /// `floors[i]`: no more than the figures of `listed[i..]` and of every
@@ -256,21 +276,29 @@ impl Shortlist {
             let _ = first;
             listed = LISTED + tied;
         }
+        let mut eligible = vec![0u64; members.div_ceil(64)];
+        for &p in positions {
+            eligible[p as usize / 64] |= 1 << (p % 64);
+        }
+        let tied = listed > TIED_ABOVE;
+        if tied {
+            // Counted, not sorted: the list would be discarded.
+            listed = 0;
+        }
         let (first, rest) = keys.split_at_mut(listed);
         first.sort_unstable_by(cmp);
-        let mut floor = rest
-            .iter()
-            .map(|(_, i)| loads[*i as usize])
-            .reduce(|a, b| lower(&a, &b, model_rate));
+        let mut floor = (!tied)
+            .then(|| {
+                rest.iter()
+                    .map(|(_, i)| loads[*i as usize])
+                    .reduce(|a, b| lower(&a, &b, model_rate))
+            })
+            .flatten();
         let mut floors = vec![floor; first.len() + 1];
         for (j, (_, i)) in first.iter().enumerate().rev() {
             let l = &loads[*i as usize];
             floor = Some(floor.map_or(*l, |f| lower(&f, l, model_rate)));
             floors[j] = floor;
-        }
-        let mut eligible = vec![0u64; members.div_ceil(64)];
-        for &p in positions {
-            eligible[p as usize / 64] |= 1 << (p % 64);
         }
         Self {
             at_ms: reader.now_ms(),
@@ -279,6 +307,7 @@ impl Shortlist {
             prompt_class: prompt_class(input),
             exact_tokens: rates_differ.then(|| prompt_tokens(input)),
             fleet,
+            tied,
             listed: first.iter().map(|(_, i)| positions[*i as usize]).collect(),
             floors: floors.into(),
             eligible: eligible.into(),
@@ -356,16 +385,18 @@ impl Shortlist {
         others: usize,
     ) -> Result<Eligible<'a>, bool> {
         let others = others.max(1);
-        if self.listed.len() > 4 * LISTED {
+        if self.tied {
             // Most of the scope tied (an idle fleet): reading every load
             // is no dearer, and a rebuild would tie again.
             return Err(false);
         }
         let fleet = self.fleet_now();
         let weights = &self.weights;
-        let mut eligible = Eligible::with_capacity(holders.len() + 2 * others);
+        // Room for every holder's members and every listed replica: no
+        // growing while reading.
+        let mut eligible = Eligible::with_capacity(holders.len() + self.listed.len());
         eligible.fleet = Some(fleet);
-        let mut held: Vec<usize> = Vec::with_capacity(holders.len());
+        let mut held: smallvec::SmallVec<[usize; 16]> = smallvec::SmallVec::new();
         for &h in holders {
             held.extend(resolved.with_hash(h));
         }
@@ -436,6 +467,51 @@ mod tests {
             block_size,
             tie_seed: 0,
         }
+    }
+
+    /// A shortlist of `loads` (every member eligible), and what a lookup
+    /// holding nothing makes of it.
+    fn built(loads: &[ReplicaLoad]) -> (Shortlist, Result<usize, bool>) {
+        let board = crate::load::LoadBoard::default();
+        let members: crate::registry::Members = Vec::new().into();
+        let positions: Vec<u32> = (0..loads.len() as u32).collect();
+        let weights = ScoreWeights::default();
+        board.with_members(1, &members, 0, |reader, resolved| {
+            let list = Shortlist::build(
+                loads.len(),
+                &positions,
+                loads,
+                &input(8, 16),
+                &weights,
+                reader,
+            );
+            let read = list
+                .eligible(&[], resolved, reader, &input(8, 16), &[], None, 1)
+                .map(|e| e.replicas.len());
+            (list, read)
+        })
+    }
+
+    #[test]
+    fn a_list_tied_over_most_of_the_scope_is_counted_not_kept() {
+        let busy = |requests: f64| ReplicaLoad {
+            requests,
+            ..ReplicaLoad::default()
+        };
+        // 200 idle replicas: every one tied with the 24th.
+        let (list, read) = built(&vec![ReplicaLoad::default(); 200]);
+        assert!(list.tied && list.listed.is_empty());
+        assert_eq!(read, Err(false), "every load is read, nothing rebuilt");
+        // 24 idle and 73 more tied with them (97 > 96): tied too.
+        let mut loads = vec![busy(5.0); 103];
+        loads[..97].fill(ReplicaLoad::default());
+        assert!(built(&loads).0.tied);
+        // 96 tied with the 24th: kept, in order, the tied ones listed.
+        loads[96] = busy(5.0);
+        let (list, _) = built(&loads);
+        assert!(!list.tied);
+        assert_eq!(list.listed.len(), 96);
+        assert!(list.listed.iter().all(|&p| p < 96));
     }
 
     #[test]
