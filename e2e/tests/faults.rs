@@ -133,7 +133,9 @@ async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
     converge(port, http, &engines, "before the freeze").await;
     let admin = sidecars[0].admin_addr();
 
-    server.signal(Signal::SIGSTOP);
+    // Returns once every thread of the server has stopped: `kill` returns
+    // before that, and a server still running would take batches meanwhile.
+    server.freeze();
     let frozen = Instant::now();
     // Far more batches than the queue, HTTP/2 windows and socket buffers hold.
     let rounds = 400;
@@ -151,7 +153,7 @@ async fn a_frozen_index_server_costs_counted_drops_and_a_resync() {
     }
     let dropped = metric(admin, "inferencecache_subscriber_queue_dropped_total");
     assert!(metric(admin, "inferencecache_subscriber_queue_depth") <= 32.0);
-    server.signal(Signal::SIGCONT);
+    server.thaw();
     let thawed = Instant::now();
     let took = converge(port, http, &engines, "after SIGCONT").await;
     figure(
