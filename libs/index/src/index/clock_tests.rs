@@ -25,7 +25,9 @@ fn evicted(from: u64, n: u64) -> Vec<Change> {
 /// index stays below capacity throughout, so no capacity eviction is due;
 /// when the clock comes round to the old entry's epoch, the entry is kept
 /// if the index has room for another epoch then, else retired alone.
-fn wrap_holding(window: u64) {
+/// `kept` is the branch the caller expects; the fixture is checked to be in
+/// that regime before anything is asserted about the index.
+fn wrap_holding(window: u64, kept: bool) {
     let ix = Index::new(IndexConfig {
         capacity_entries: CAPACITY,
         shards: 2,
@@ -38,7 +40,11 @@ fn wrap_holding(window: u64) {
     // boundary (stores run 1 + CHAIN * k before it, so (wrap - 2) % CHAIN
     // + 1 of them): "new" holds `window` chains and that part, "old" 1.
     let at_wrap = window * CHAIN + (wrap - 2) % CHAIN + 1 + 1;
-    let kept = at_wrap + epoch <= CAPACITY;
+    assert_eq!(
+        at_wrap + epoch <= CAPACITY,
+        kept,
+        "fixture no longer in the intended regime: {at_wrap} entries at the wrap, epoch {epoch}"
+    );
     let mut stores = 1;
     let mut chain = 0;
     while stores < wrap + 1_000 {
@@ -106,14 +112,14 @@ fn an_entry_not_stored_again_for_a_turn_stays_while_the_index_has_room() {
     // of capacity a capacity eviction selects at least), so a hot prefix
     // an engine holds without storing it again is not dropped. Failed
     // before the clock kept leftovers (the old entry retired at the wrap).
-    wrap_holding(2);
+    wrap_holding(2, true);
 }
 
 #[test]
 fn an_entry_not_stored_again_for_a_turn_stays_below_an_epoch_of_capacity() {
     // 35 entries and the old one, more than 1/8 of capacity, all of them
     // stored after the old one, and room for another epoch (10): kept.
-    wrap_holding(5);
+    wrap_holding(5, true);
 }
 
 #[test]
@@ -123,5 +129,5 @@ fn the_clock_coming_round_near_capacity_retires_only_its_own_epoch() {
     // oldest, is retired, and only it (a capacity eviction would take at
     // least 1/8 of capacity). Fails if leftovers are kept regardless of
     // room, or if the clock retires more than its own epoch.
-    wrap_holding(21);
+    wrap_holding(21, false);
 }
