@@ -55,8 +55,8 @@ impl MemberLoads {
 /// Each read is therefore checked against the board's rebase count, as a
 /// sequence lock: a rebase makes it odd while under way and even again
 /// after, so a read that saw neither change read one scale; any other is
-/// read again under the map's read lock, which no rebase holds meanwhile,
-/// with the factor of the new epoch.
+/// read again with the factor of the new epoch, and checked the same way
+/// (never under the map's lock: see [`LoadReader::reread`]).
 #[derive(Debug)]
 pub(crate) struct LoadReader<'a> {
     board: &'a LoadBoard,
@@ -82,20 +82,48 @@ impl<'a> LoadReader<'a> {
             reader.rebases.set(rebases);
             reader.decay.set(board.decay_factor(now_ms));
         } else {
-            drop(reader.reread());
+            reader.reread(|_| ());
         }
         reader
     }
 
-    /// Reads the rebase count and the factor again, under the map's read
-    /// lock (no rebase under way or starting meanwhile); returns the guard.
-    fn reread(
-        &self,
-    ) -> parking_lot::RwLockReadGuard<'a, crate::index::FastMap<Box<str>, Arc<Entry>>> {
-        let map = self.board.entries.read();
-        self.rebases.set(self.board.rebases.load(Ordering::Acquire));
-        self.decay.set(self.board.decay_factor(self.now_ms));
-        map
+    /// Reads the factor again, and with it `read(factor)`, as a sequence
+    /// lock's read: retried until no rebase was under way or completed
+    /// between reading the count and checking it again; then keeps the
+    /// factor and the count it was read at.
+    ///
+    /// Takes no lock: a lookup calls this while it holds a scope's
+    /// `rebuilding` lock, which a pick waits for while holding the map's
+    /// read lock, so waiting here for the map (behind a queued writer)
+    /// would close a cycle. A rebase holds the count odd only while it
+    /// rescales the weights under the map's write lock, waiting for
+    /// nothing, so the spin is bounded by one rescale.
+    #[cold]
+    #[inline(never)]
+    fn reread<T>(&self, read: impl Fn(f64) -> T) -> T {
+        let mut tries = 0_u32;
+        loop {
+            let rebases = self.board.rebases.load(Ordering::Acquire);
+            if rebases.is_multiple_of(2) {
+                let decay = self.board.decay_factor(self.now_ms);
+                let value = read(decay);
+                // The figures' loads before the count's (a sequence
+                // lock's read).
+                fence(Ordering::Acquire);
+                if self.board.rebases.load(Ordering::Relaxed) == rebases {
+                    self.rebases.set(rebases);
+                    self.decay.set(decay);
+                    return value;
+                }
+            }
+            // A rebase under way: its writer may be off the CPU.
+            tries += 1;
+            if tries.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
     }
 }
 
@@ -131,8 +159,7 @@ impl LoadReader<'_> {
         if self.board.rebases.load(Ordering::Relaxed) == self.rebases.get() {
             return load;
         }
-        let _map = self.reread();
-        self.board.entry_load(e, self.now_ms, self.decay.get())
+        self.reread(|decay| self.board.entry_load(e, self.now_ms, decay))
     }
 }
 

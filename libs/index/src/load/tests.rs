@@ -224,6 +224,50 @@ fn a_lookup_under_way_reads_every_load_at_one_scale_through_a_rebase() {
 }
 
 #[test]
+fn a_lookup_rereading_after_a_rebase_never_waits_for_the_map() {
+    // A lookup rebuilding a shortlist holds the scope's `rebuilding` lock
+    // while it reads its members; a pick holds the map's read lock while it
+    // waits for `rebuilding`; a writer queued on the map (another rebase, a
+    // new replica, a retain) then holds off every new reader of the map. A
+    // reread that took the map's lock would close the cycle: here the
+    // writer holds the map, and the lookup's read must not wait for it.
+    const HANG: std::time::Duration = std::time::Duration::from_secs(30);
+    let members = members_of(&["a", "b"]);
+    let board = LoadBoard::new(LoadSettings {
+        pick_half_life_ms: 1_000,
+        ..LoadSettings::default()
+    });
+    let now = 1_000_000;
+    board.with_members(7, &members, now, |reader, m| {
+        assert_eq!(reader.member(m, 0).requests, 0.0);
+        // Rebases the board (its first pick) after the reader was made.
+        board.picked("a", now);
+        std::thread::scope(|s| {
+            let (held_tx, held_rx) = std::sync::mpsc::channel();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let entries = &board.entries;
+            let writer = s.spawn(move || {
+                let map = entries.write();
+                held_tx.send(()).unwrap();
+                // Bounds a hang (released after the bound so the test
+                // ends and fails), times nothing.
+                let waited_out = done_rx.recv_timeout(HANG).is_err();
+                drop(map);
+                waited_out
+            });
+            held_rx.recv().unwrap();
+            let load = reader.member(m, 0);
+            done_tx.send(()).unwrap();
+            assert!(
+                !writer.join().unwrap(),
+                "the lookup's read waited for the map's writer"
+            );
+            assert_eq!(load.requests, 1.0, "the pick, at the new epoch's scale");
+        });
+    });
+}
+
+#[test]
 fn a_member_s_first_pick_leaves_its_scope_resolved() {
     let members = members_of(&["a", "b"]);
     let board = LoadBoard::default();
