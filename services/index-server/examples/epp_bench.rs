@@ -15,7 +15,9 @@
 //!
 //! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
 //! (`EPP_BENCH_LOOKUP_TIMEOUT_MS=N`: the tenant's lookup budget, for runs
-//! under valgrind)
+//! under valgrind; `EPP_BENCH_ENVOY_ORDER=1`: each gateway sends the body
+//! only once the headers are answered, as Envoy does in BUFFERED mode,
+//! instead of both at once)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -358,6 +360,7 @@ async fn pick_phase(
     phase: Duration,
 ) -> Vec<Duration> {
     let deadline = Instant::now() + phase;
+    let envoy_order = std::env::var_os("EPP_BENCH_ENVOY_ORDER").is_some();
     let mut tasks = Vec::new();
     for g in 0..concurrency {
         let epp = epp.to_owned();
@@ -368,17 +371,32 @@ async fn pick_phase(
             let mut i = g;
             while Instant::now() < deadline {
                 let started = Instant::now();
+                let [headers, body]: [_; 2] =
+                    ic_e2e::ext_proc::buffered(path, &bodies[i % bodies.len()])
+                        .try_into()
+                        .unwrap();
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                tx.send(headers).unwrap();
+                // The body, then the gateway's half-close.
+                let mut send_body = Some(move || tx.send(body).unwrap());
+                if !envoy_order {
+                    send_body.take().unwrap()();
+                }
                 let mut responses = client
-                    .process(futures::stream::iter(ic_e2e::ext_proc::buffered(
-                        path,
-                        &bodies[i % bodies.len()],
-                    )))
+                    .process(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
                     .await
                     .unwrap()
                     .into_inner();
+                // With EPP_BENCH_ENVOY_ORDER, as Envoy in BUFFERED mode: the
+                // body once the headers are answered (its
+                // `send_body_without_waiting_for_header_response` applies to
+                // STREAMED only). By default both at once, as before.
                 let mut n = 0;
                 while let Some(_r) = responses.message().await.unwrap() {
                     n += 1;
+                    if let Some(send) = send_body.take() {
+                        send();
+                    }
                 }
                 assert_eq!(n, 2, "headers and body answered");
                 latencies.push(started.elapsed());

@@ -68,7 +68,8 @@ impl EndpointPicker {
         let handed = Instant::now();
         let spent = handed.saturating_duration_since(arrived);
         let me = self.clone();
-        let path = path.to_owned();
+        // The path only for a body still to read.
+        let path = read.is_none().then(|| path.to_owned());
         let subset = subset.map(<[String]>::to_vec);
         tokio::task::spawn_blocking(move || {
             let resumed = Instant::now();
@@ -79,7 +80,8 @@ impl EndpointPicker {
             // Narrowed again: endpoints may have left the pool during the
             // wait (the pool's cache makes this a copy of an Arc when not).
             let eligible = me.eligible(subset.as_deref())?;
-            let read = read.unwrap_or_else(|| me.read(&path, body.as_deref()));
+            let read =
+                read.unwrap_or_else(|| me.read(path.as_deref().unwrap_or(""), body.as_deref()));
             #[cfg(test)]
             tests::resumed(read.request.as_ref(), arrived, resumed);
             me.decide_read(read, &eligible, priority, arrived)
@@ -142,21 +144,18 @@ impl EndpointPicker {
         } = read;
         #[cfg(test)]
         tests::decided_here(request.as_ref());
-        let model = request
-            .as_ref()
-            .map_or_else(String::new, |r| r.model.clone());
+        // The request's parts moved out, not copied.
+        let (model, body_prompt, cache_salt) =
+            request.map_or_else(Default::default, |r| (r.model, r.prompt, r.cache_salt));
         let scope = self.scope_of(model, eligible);
         let pool = self.scored_pool(&scope, eligible);
         let pool: &[(ic_index::ReplicaKey, String)] = &pool;
-        let extras = request
-            .as_ref()
-            .filter(|r| !r.cache_salt.is_empty())
-            .map(|r| ic_kvevents::PromptExtras {
-                cache_salt: r.cache_salt.clone(),
-                ..Default::default()
-            });
+        let extras = (!cache_salt.is_empty()).then(|| ic_kvevents::PromptExtras {
+            cache_salt,
+            ..Default::default()
+        });
         // An adapter shares its base `model`'s tokenizer (the scope's model).
-        let prompt = match request.as_ref().and_then(|r| r.prompt.as_ref()) {
+        let prompt = match &body_prompt {
             Some(BodyPrompt::Tokens(ids)) => Prompt::Tokens(ids),
             Some(BodyPrompt::Text(text)) => Prompt::Text(text),
             Some(BodyPrompt::Chat(messages)) => Prompt::Chat(messages),

@@ -357,6 +357,27 @@ mod tests {
             "[]",
             "null",
             "{}",
+            // Token ids at the edges of the fast reader's: u32's ends,
+            // whitespace, what JSON or the tree refuses as an id, batches.
+            "[0,4294967295]",
+            "[4294967296]",
+            "[99999999999]",
+            " [ 7 ,\n\t8\r] ",
+            "[01]",
+            "[-0]",
+            "[1.0]",
+            "[1e2]",
+            "[1E0,2]",
+            "[1,]",
+            "[1 2]",
+            "[[]]",
+            "[[],[1]]",
+            r#"[[1,2],"x",{"k":[3]}]"#,
+            "[[1],[2,]]",
+            "[1,[2]]",
+            r#"[1,"a"]"#,
+            "[[1]",
+            "[1",
         ];
         let shapes = [
             r#"{"model":V,"messages":L,"stream":true}"#,
@@ -427,6 +448,40 @@ mod tests {
             fast < checked / 2,
             "fast reader used {fast} of {checked} times"
         );
+    }
+
+    /// Token ids are read by the byte reader straight into the prompt's
+    /// ids, in every form a well-formed request sends them (a list, the
+    /// first of a batch, with whitespace): no JSON tree is built for them.
+    #[test]
+    fn token_ids_are_read_without_a_tree() {
+        let by_tree = || fast::PROMPTS_BY_TREE.with(std::cell::Cell::get);
+        let ids: Vec<u32> = (0..2_000).map(|i| i * 2_147_483 + i % 7).collect();
+        let list = serde_json::to_string(&ids).unwrap();
+        for (prompt, expected) in [
+            (list.clone(), ids.clone()),
+            (format!("[{list}, [1], \"x\"]"), ids.clone()),
+            ("[ 0 ,\n4294967295 ]".to_owned(), vec![0, u32::MAX]),
+            ("[[5]]".to_owned(), vec![5]),
+        ] {
+            let body = format!(r#"{{"model":"m","prompt":{prompt},"max_tokens":8}}"#);
+            let before = by_tree();
+            let read = fast::read("/v1/completions", body.as_bytes()).expect("read fast");
+            assert_eq!(read.prompt, Some(Prompt::Tokens(expected)), "{prompt}");
+            assert_eq!(by_tree(), before, "{prompt}: left to the tree");
+            assert_eq!(Ok(read), parse_tree("/v1/completions", body.as_bytes()));
+        }
+        // What is not a list of ids goes to the tree, which names the field.
+        let before = by_tree();
+        let err = parse(
+            "/v1/completions",
+            br#"{"model":"m","prompt":[1,4294967296]}"#,
+        );
+        assert_eq!(
+            err.unwrap_err().to_string(),
+            "prompt[1]: expected a token id (0..2^32)"
+        );
+        assert_eq!(by_tree(), before + 1);
     }
 
     /// Not UTF-8 anywhere: the byte the invalid-UTF-8 cases carry.

@@ -1,7 +1,8 @@
 //! The body read without a JSON tree: a reader over the bytes that decodes
 //! only `model`, `messages`, `prompt` and `cache_salt` (strings borrowed
-//! from the body where they have no escapes) and checks every other field
-//! as the tree would, keeping nothing. A child module of `openai`; [`read`]
+//! from the body where they have no escapes, token ids straight into the
+//! prompt's `Vec<u32>`) and checks every other field as the tree would,
+//! keeping nothing. A child module of `openai`; [`read`]
 //! answers `None` whenever the body is not a well-formed request of the
 //! common shapes (a wrong type, a duplicate key, an empty list, a field in
 //! doubt), and the caller then reads it with the tree, whose errors name
@@ -33,6 +34,12 @@ const MAX_DEPTH: usize = 64;
 /// the tree.
 const MAX_NUMBER_BYTES: usize = 40;
 const MAX_EXPONENT_DIGITS: usize = 2;
+
+#[cfg(test)]
+thread_local! {
+    /// `prompt` values this thread left to the tree (tests read it).
+    pub(super) static PROMPTS_BY_TREE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 /// The bytes of a body and how far they are read.
 struct Reader<'a> {
@@ -304,10 +311,11 @@ struct Message<'a> {
     content: Content<'a>,
 }
 
-/// A `prompt`: text read directly, any other value as its bytes (for the
-/// tree's reading of token ids and lists).
+/// A `prompt`: text and token ids read directly, any other value as its
+/// bytes (for the tree's reading of lists of strings and its errors).
 enum PromptField<'a> {
     Text(Cow<'a, str>),
+    Tokens(Vec<u32>),
     Other(&'a [u8]),
 }
 
@@ -366,8 +374,85 @@ impl<'a> Reader<'a> {
             return self.string(true).map(PromptField::Text);
         }
         let start = self.at;
+        if let Some(ids) = self.token_prompt(depth) {
+            return Some(PromptField::Tokens(ids));
+        }
+        // Not plain token ids: the value is checked here and read (or
+        // refused, naming the field) by the tree.
+        self.at = start;
         self.skip(depth)?;
+        #[cfg(test)]
+        PROMPTS_BY_TREE.with(|n| n.set(n.get() + 1));
         Some(PromptField::Other(&self.b[start..self.at]))
+    }
+
+    /// Token ids as the tree reads a `prompt` (`[1,2]`, or of a batch
+    /// `[[1,2],…]` the first, the rest checked and not kept) straight into
+    /// a `Vec<u32>`; `None` when the tree must read it (text, an empty
+    /// list, a number that is not an id, anything in doubt).
+    fn token_prompt(&mut self, depth: usize) -> Option<Vec<u32>> {
+        self.eat(b'[')?;
+        if self.peek()? != b'[' {
+            return self.token_ids();
+        }
+        // A batch: the first prompt decides, the others are only checked.
+        self.at += 1;
+        let ids = self.token_ids()?;
+        loop {
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    self.skip(depth + 1)?;
+                }
+                b']' => {
+                    self.at += 1;
+                    return Some(ids);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// The ids of a list whose `[` is consumed, up to its `]`: each a
+    /// non-negative integer below 2^32 written as JSON writes one (no
+    /// fraction or exponent, which the tree reads as a float and refuses as
+    /// an id). `None` for an empty list or any other element.
+    fn token_ids(&mut self) -> Option<Vec<u32>> {
+        // Sized once: the list's commas, up to the first `]` (its own when
+        // it holds ids only; else it is refused below anyway).
+        let rest = &self.b[self.at..];
+        let end = memchr::memchr(b']', rest)?;
+        let mut ids = Vec::with_capacity(memchr::memchr_iter(b',', &rest[..end]).count() + 1);
+        loop {
+            self.peek()?;
+            ids.push(self.token_id()?);
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(ids);
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// One id: ASCII digits, no leading zero, within `u32`.
+    fn token_id(&mut self) -> Option<u32> {
+        let rest = &self.b[self.at..];
+        let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        // Ten digits hold every u32; a leading zero is not JSON.
+        if n == 0 || n > 10 || (n > 1 && rest[0] == b'0') {
+            return None;
+        }
+        if matches!(rest.get(n), Some(b'.' | b'e' | b'E')) {
+            return None;
+        }
+        let value = rest[..n]
+            .iter()
+            .fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+        self.at += n;
+        u32::try_from(value).ok()
     }
 }
 
@@ -426,6 +511,7 @@ pub(super) fn read(path: &str, body: &[u8]) -> Option<InferenceRequest> {
     } else {
         Some(match prompt? {
             PromptField::Text(text) => Prompt::Text(text.into_owned()),
+            PromptField::Tokens(ids) => Prompt::Tokens(ids),
             PromptField::Other(bytes) => {
                 completion_prompt(&serde_json::from_slice::<Value>(bytes).ok()?).ok()?
             }
