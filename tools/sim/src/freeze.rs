@@ -26,9 +26,7 @@ pub const SIGNAL_DEADLINE: Duration = Duration::from_secs(60);
 /// still runs after [`SIGNAL_DEADLINE`].
 pub fn freeze(pid: u32, what: &str) {
     signal(pid, Signal::SIGSTOP, what);
-    wait_threads(pid, what, "stopped", |states| {
-        states.iter().all(|s| stopped(*s))
-    });
+    wait_threads(pid, what, "stopped", all_stopped);
 }
 
 /// SIGCONT to process `pid`, then waits until none of its threads is
@@ -39,9 +37,7 @@ pub fn freeze(pid: u32, what: &str) {
 /// is still stopped after [`SIGNAL_DEADLINE`].
 pub fn thaw(pid: u32, what: &str) {
     signal(pid, Signal::SIGCONT, what);
-    wait_threads(pid, what, "running", |states| {
-        !states.iter().any(|s| stopped(*s))
-    });
+    wait_threads(pid, what, "running", none_stopped);
 }
 
 fn signal(pid: u32, signal: Signal, what: &str) {
@@ -67,6 +63,19 @@ fn wait_threads(pid: u32, what: &str, state: &str, done: impl Fn(&[char]) -> boo
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Every thread is stopped, a thread that has exited counting as one: it
+/// never stops (a process whose leader thread has exited while the others
+/// run keeps the leader as a zombie until the last one exits), so waiting
+/// for it would wait out [`SIGNAL_DEADLINE`].
+fn all_stopped(states: &[char]) -> bool {
+    states.iter().all(|s| stopped(*s) || gone(*s))
+}
+
+/// No thread is stopped (one that has exited is not: it counts as done).
+fn none_stopped(states: &[char]) -> bool {
+    !states.iter().any(|s| stopped(*s))
 }
 
 /// Stopped by a signal (`T`) or in a tracing stop (`t`).
@@ -103,6 +112,26 @@ mod tests {
 
     use super::*;
 
+    /// A child process, thawed, killed and reaped when this drops unless
+    /// it has exited: a failed assertion while it is frozen would otherwise
+    /// leave it stopped for good.
+    struct KillOnDrop(std::process::Child);
+
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            // Waited for already, or exited and reaped now: nothing to
+            // stop, and its pid may be another process's.
+            if !matches!(self.0.try_wait(), Ok(None)) {
+                return;
+            }
+            if let Ok(raw) = i32::try_from(self.0.id()) {
+                let _ = kill(Pid::from_raw(raw), Signal::SIGCONT);
+            }
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     /// Set in the environment of [`spinning_child`]'s process.
     const CHILD: &str = "IC_SIM_FREEZE_TEST_CHILD";
     const SPINNERS: usize = 4;
@@ -132,14 +161,16 @@ mod tests {
     /// returns with threads still running: this fails without the wait.)
     #[test]
     fn freeze_returns_only_once_every_thread_is_stopped() {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "freeze::tests::spinning_child", "--ignored"])
-            .env(CHILD, "1")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let pid = child.id();
+        let mut child = KillOnDrop(
+            std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "freeze::tests::spinning_child", "--ignored"])
+                .env(CHILD, "1")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.0.id();
         // The harness's thread, the test's and the spinners.
         let deadline = Instant::now() + SIGNAL_DEADLINE;
         while thread_states(pid).len() < SPINNERS + 1 {
@@ -163,8 +194,21 @@ mod tests {
                 "round {round}: thawed, yet {states:?}"
             );
         }
-        drop(child.stdin.take());
-        assert!(child.wait().unwrap().success());
+        drop(child.0.stdin.take());
+        assert!(child.0.wait().unwrap().success());
+    }
+
+    /// A thread that has exited (`Z`, `X`) among live ones is done for both
+    /// waits: a zombie leader never stops, and freeze waited out the
+    /// deadline for it. A running or sleeping thread is not stopped.
+    #[test]
+    fn an_exited_thread_among_live_ones_is_done() {
+        assert!(all_stopped(&['Z', 'T', 'T']));
+        assert!(all_stopped(&['X', 't']));
+        assert!(!all_stopped(&['Z', 'T', 'R']));
+        assert!(!all_stopped(&['Z', 'S']));
+        assert!(none_stopped(&['Z', 'R', 'S']));
+        assert!(!none_stopped(&['Z', 'R', 'T']));
     }
 
     /// A process that has exited is named as such (at once, not as a
