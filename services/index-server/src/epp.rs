@@ -202,6 +202,7 @@ impl ExternalProcessor for EndpointPicker {
             .map(str::to_owned);
         let pool = select_pool(&self.pools, selector.as_deref());
         let mut incoming = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
         let picker = match pool {
             Ok(pool) => EndpointPicker {
                 pool,
@@ -211,7 +212,6 @@ impl ExternalProcessor for EndpointPicker {
                 // Answer the first message, as for any refusal.
                 self.core.metrics().epp_refused("unknown_pool");
                 tracing::warn!(%detail, "request refused");
-                let (tx, rx) = tokio::sync::mpsc::channel(1);
                 tokio::spawn(async move {
                     if let Some(Ok(_)) = incoming.next().await {
                         let refusal = wire::refusal(StatusCode::ServiceUnavailable, &detail);
@@ -223,145 +223,107 @@ impl ExternalProcessor for EndpointPicker {
                 )));
             }
         };
-        let ex = Exchange {
-            trace_context: stream_context,
-            ..Exchange::default()
-        };
-        Ok(Response::new(Box::pin(picker.replies(ex, incoming))))
+        tokio::spawn(async move {
+            let ex = Exchange {
+                trace_context: stream_context,
+                ..Exchange::default()
+            };
+            picker.run(ex, incoming, tx).await;
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
-}
-
-/// A stream's state between its messages.
-struct Replying {
-    picker: EndpointPicker,
-    ex: Exchange,
-    incoming: Streaming<ProcessingRequest>,
-    in_flight: InFlight,
-    /// Replies to the last message not yet sent.
-    pending: std::collections::VecDeque<ProcessingResponse>,
-    /// No message is read after the pending replies.
-    ended: bool,
 }
 
 impl EndpointPicker {
-    /// The replies of one stream, message by message, until the gateway
-    /// half-closes, the stream breaks or the picker answers with an
-    /// immediate response. Each message is handled when the reply stream
-    /// is polled, in the gRPC stream's own task, as LookupRoute's handler
-    /// runs: no task of its own, no channel between the two (each such
-    /// hand-over may wake the other runtime thread and move the decision
-    /// to a core whose caches are cold, docs/benchmarks.md).
-    fn replies(
-        self,
-        ex: Exchange,
-        incoming: Streaming<ProcessingRequest>,
-    ) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static {
-        let in_flight = InFlight {
+    /// One stream, message by message, until the gateway half-closes, the
+    /// stream breaks or the picker answers with an immediate response.
+    async fn run(
+        &self,
+        mut ex: Exchange,
+        mut incoming: Streaming<ProcessingRequest>,
+        tx: tokio::sync::mpsc::Sender<Result<ProcessingResponse, Status>>,
+    ) {
+        let mut in_flight = InFlight {
             picker: self.clone(),
             replica_id: None,
         };
-        let state = Replying {
-            picker: self,
-            ex,
-            incoming,
-            in_flight,
-            pending: std::collections::VecDeque::new(),
-            ended: false,
-        };
-        futures::stream::unfold(state, |mut s| async move {
-            loop {
-                if let Some(reply) = s.pending.pop_front() {
-                    if is_immediate(&reply) {
-                        // The stream ends with it.
-                        s.pending.clear();
-                        s.ended = true;
+        while let Some(message) = incoming.next().await {
+            let message = match message {
+                Ok(m) => m,
+                Err(status) if status.code() == tonic::Code::OutOfRange => {
+                    // A message over the gRPC limit (a BUFFERED body): say
+                    // so, rather than end the stream without a word.
+                    self.core.metrics().epp_refused("too_large");
+                    let detail = format!(
+                        "the request body is over the endpoint picker's limit \
+                         (--epp-max-body-bytes {}): {}",
+                        self.pool.max_body_bytes,
+                        status.message()
+                    );
+                    tracing::warn!(%detail, "request refused");
+                    let _ = tx
+                        .send(Ok(wire::refusal(StatusCode::PayloadTooLarge, &detail)))
+                        .await;
+                    return;
+                }
+                Err(status) => {
+                    tracing::debug!(%status, "ext_proc stream ended by the gateway");
+                    break;
+                }
+            };
+            if let Some(config) = &message.protocol_config {
+                ex.mode = ex
+                    .mode
+                    .or_else(|| BodySendMode::try_from(config.request_body_mode).ok());
+                ex.response_mode = ex
+                    .response_mode
+                    .or_else(|| BodySendMode::try_from(config.response_body_mode).ok());
+            }
+            if let Some(subset) = wire::subset_hint(&message) {
+                ex.subset = Some(subset);
+            }
+            if let Some(served) = wire::served_endpoint(&message) {
+                self.served_by(&served, &ex, &mut in_flight);
+            }
+            let replies = match message.request {
+                Some(processing_request::Request::RequestHeaders(h)) => {
+                    self.on_headers(&mut ex, &h, &mut in_flight).await
+                }
+                Some(processing_request::Request::RequestBody(b)) => {
+                    self.on_body(&mut ex, b, &mut in_flight).await
+                }
+                Some(processing_request::Request::RequestTrailers(_)) => {
+                    self.on_trailers(&mut ex, &mut in_flight).await
+                }
+                Some(processing_request::Request::ResponseHeaders(h)) => {
+                    let content_type = wire::header(&h, "content-type");
+                    ex.usage = Some(UsageReader::new(content_type.as_deref()));
+                    if h.end_of_stream {
+                        self.response_ended(&mut ex, &mut in_flight);
                     }
-                    return Some((Ok(reply), s));
+                    vec![wire::response_headers()]
                 }
-                if s.ended {
-                    return None;
+                Some(processing_request::Request::ResponseBody(b)) => {
+                    self.on_response_body(&mut ex, b, &mut in_flight)
                 }
-                let message = s.incoming.next().await?;
-                let Some(replies) = s.picker.handle(&mut s.ex, message, &mut s.in_flight).await
-                else {
-                    s.ended = true;
-                    continue;
-                };
-                s.pending.extend(replies);
-            }
-        })
-    }
-
-    /// One message of a stream: its replies, or `None` when the stream
-    /// ends (after the replies already pending).
-    async fn handle(
-        &self,
-        ex: &mut Exchange,
-        message: Result<ProcessingRequest, Status>,
-        in_flight: &mut InFlight,
-    ) -> Option<Vec<ProcessingResponse>> {
-        let message = match message {
-            Ok(m) => m,
-            Err(status) if status.code() == tonic::Code::OutOfRange => {
-                // A message over the gRPC limit (a BUFFERED body): say
-                // so, rather than end the stream without a word.
-                self.core.metrics().epp_refused("too_large");
-                let detail = format!(
-                    "the request body is over the endpoint picker's limit \
-                     (--epp-max-body-bytes {}): {}",
-                    self.pool.max_body_bytes,
-                    status.message()
+                Some(processing_request::Request::ResponseTrailers(_)) => {
+                    self.response_ended(&mut ex, &mut in_flight);
+                    vec![wire::response_trailers()]
+                }
+                None => Vec::new(),
+            };
+            for reply in replies {
+                let immediate = matches!(
+                    reply.response,
+                    Some(processing_response::Response::ImmediateResponse(_))
                 );
-                tracing::warn!(%detail, "request refused");
-                return Some(vec![wire::refusal(StatusCode::PayloadTooLarge, &detail)]);
-            }
-            Err(status) => {
-                tracing::debug!(%status, "ext_proc stream ended by the gateway");
-                return None;
-            }
-        };
-        if let Some(config) = &message.protocol_config {
-            ex.mode = ex
-                .mode
-                .or_else(|| BodySendMode::try_from(config.request_body_mode).ok());
-            ex.response_mode = ex
-                .response_mode
-                .or_else(|| BodySendMode::try_from(config.response_body_mode).ok());
-        }
-        if let Some(subset) = wire::subset_hint(&message) {
-            ex.subset = Some(subset);
-        }
-        if let Some(served) = wire::served_endpoint(&message) {
-            self.served_by(&served, ex, in_flight);
-        }
-        let replies = match message.request {
-            Some(processing_request::Request::RequestHeaders(h)) => {
-                self.on_headers(ex, &h, in_flight).await
-            }
-            Some(processing_request::Request::RequestBody(b)) => {
-                self.on_body(ex, b, in_flight).await
-            }
-            Some(processing_request::Request::RequestTrailers(_)) => {
-                self.on_trailers(ex, in_flight).await
-            }
-            Some(processing_request::Request::ResponseHeaders(h)) => {
-                let content_type = wire::header(&h, "content-type");
-                ex.usage = Some(UsageReader::new(content_type.as_deref()));
-                if h.end_of_stream {
-                    self.response_ended(ex, in_flight);
+                if tx.send(Ok(reply)).await.is_err() || immediate {
+                    return;
                 }
-                vec![wire::response_headers()]
             }
-            Some(processing_request::Request::ResponseBody(b)) => {
-                self.on_response_body(ex, b, in_flight)
-            }
-            Some(processing_request::Request::ResponseTrailers(_)) => {
-                self.response_ended(ex, in_flight);
-                vec![wire::response_trailers()]
-            }
-            None => Vec::new(),
-        };
-        Some(replies)
+        }
     }
 
     async fn pick_or_refuse(
