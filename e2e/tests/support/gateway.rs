@@ -195,10 +195,19 @@ fn http_get_quiet(addr: SocketAddr, path: &str) -> Option<u16> {
 
 /// One pick over ext_proc in BUFFERED mode, as Envoy sends it: the body's
 /// response must name an endpoint.
+///
+/// The reply stream is read to its end (the picker ends it once the
+/// gateway has half-closed), trailers and status included. Dropping it
+/// after the last expected reply instead cancels the stream while the
+/// picker's trailers are still on the way; once h2 has forgotten a
+/// cancelled stream (more than 50 cancelled within its 1 s memory), the
+/// late trailers are a stream error the client answers with its own
+/// RST_STREAM, and after 1024 of those on the one connection the client's
+/// h2 closes it with GOAWAY `too_many_internal_resets`, failing every pick
+/// in flight on it.
 async fn pick(channel: Channel, n: usize) -> Result<String, String> {
     let body = serde_json::json!({"model": MODEL, "prompt": format!("hello world {}", n % 7)});
     let messages = buffered("/v1/completions", &serde_json::to_vec(&body).unwrap());
-    let expect = messages.len();
     let mut client = ExternalProcessorClient::new(channel);
     let call = async {
         let mut responses = client
@@ -207,10 +216,7 @@ async fn pick(channel: Channel, n: usize) -> Result<String, String> {
             .map_err(|e| e.to_string())?
             .into_inner();
         let mut picked = None;
-        for _ in 0..expect {
-            let Some(r) = responses.message().await.map_err(|e| e.to_string())? else {
-                break;
-            };
+        while let Some(r) = responses.message().await.map_err(|e| e.to_string())? {
             picked = picked.or_else(|| destination(&r));
         }
         picked.ok_or_else(|| "no endpoint picked".to_owned())
