@@ -47,6 +47,18 @@ struct Reader<'a> {
     at: usize,
 }
 
+/// The room for the ids of a list whose `[` is consumed: its commas up to
+/// the first `]` (the list's own when it holds ids only; else it is refused
+/// anyway), at most `(end + 1) / 2`, since each id takes a digit and all but
+/// the last a comma. The cap keeps a hostile body (commas inside a later
+/// string element) from sizing the Vec past what the span could hold.
+/// `None` without a `]`.
+fn id_capacity(rest: &[u8]) -> Option<usize> {
+    let end = memchr::memchr(b']', rest)?;
+    let commas = memchr::memchr_iter(b',', &rest[..end]).count();
+    Some((commas + 1).min(end.div_ceil(2)).max(1))
+}
+
 /// `text` when it holds no control character (below U+0020: the tree
 /// refuses them raw in a string) and is UTF-8.
 fn text(bytes: &[u8]) -> Option<&str> {
@@ -418,11 +430,7 @@ impl<'a> Reader<'a> {
     /// fraction or exponent, which the tree reads as a float and refuses as
     /// an id). `None` for an empty list or any other element.
     fn token_ids(&mut self) -> Option<Vec<u32>> {
-        // Sized once: the list's commas, up to the first `]` (its own when
-        // it holds ids only; else it is refused below anyway).
-        let rest = &self.b[self.at..];
-        let end = memchr::memchr(b']', rest)?;
-        let mut ids = Vec::with_capacity(memchr::memchr_iter(b',', &rest[..end]).count() + 1);
+        let mut ids = Vec::with_capacity(id_capacity(&self.b[self.at..])?);
         loop {
             self.peek()?;
             ids.push(self.token_id()?);
@@ -526,4 +534,29 @@ pub(super) fn read(path: &str, body: &[u8]) -> Option<InferenceRequest> {
         prompt,
         cache_salt,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::id_capacity;
+
+    #[test]
+    fn id_capacity_is_the_lists_ids_and_no_more_than_its_span_holds() {
+        // A list of ids: exactly its ids, whitespace or not.
+        assert_eq!(id_capacity(b"1,2,3]"), Some(3));
+        assert_eq!(id_capacity(b" 10 , 2 ,3 ]"), Some(3));
+        assert_eq!(id_capacity(b"7]"), Some(1));
+        assert_eq!(id_capacity(b"]"), Some(1));
+        assert_eq!(id_capacity(b"1,2"), None);
+        // Commas inside a later string element: the span's bound, not
+        // one slot a comma.
+        let hostile = [&b"1,\""[..], &[b','; 10_000], b"\"]"].concat();
+        let end = hostile.len() - 1;
+        let cap = id_capacity(&hostile).unwrap();
+        assert!(
+            cap <= end.div_ceil(2),
+            "{cap} slots for a span of {end} bytes"
+        );
+        assert!(cap < 10_000 / 2 + 3, "{cap}");
+    }
 }
