@@ -5,6 +5,7 @@
 //! replicas behind one model with a shared system prompt do), so lookups
 //! see realistic candidate sets.
 
+pub mod http1;
 pub mod lean;
 pub mod prom;
 pub mod schedule;

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use ic_loadgen::http1::Conn;
 use ic_loadgen::{PhaseStats, summarize};
 use ic_sim::ServiceProcess;
 use serde::Serialize;
@@ -95,176 +96,6 @@ struct LookupAnswer {
 #[derive(serde::Deserialize)]
 struct LookupResult {
     placements: Vec<serde::de::IgnoredAny>,
-}
-
-/// One keep-alive HTTP/1.1 connection of one worker, spoken by hand (the
-/// same client for both servers): each request is encoded whole before the
-/// clock starts and sent with one write; the answer is read with a minimal
-/// parser (status line, `Content-Length`, body) into a buffer kept for the
-/// connection's life, and checked after the clock stops. hyper's client
-/// cost about 35 µs of CPU and a hand-off between two tasks a request
-/// (docs/benchmarks.md), which both servers' latencies carried.
-struct Conn {
-    stream: tokio::net::TcpStream,
-    host: String,
-    /// The bytes of one answer: head, then body.
-    buf: Vec<u8>,
-    /// The server said `connection: close`: open a new one before the next.
-    closing: bool,
-}
-
-/// One answer, read whole.
-struct Answer {
-    status: u16,
-    /// Where the body lies in [`Conn::buf`].
-    body: std::ops::Range<usize>,
-    /// When its last byte was read.
-    done: Instant,
-}
-
-/// What the head of an answer says.
-#[derive(Debug, PartialEq, Eq)]
-struct Head {
-    status: u16,
-    /// Bytes up to and including the blank line.
-    len: usize,
-    content_length: usize,
-    close: bool,
-}
-
-/// An answer head larger than this is refused.
-const MAX_HEAD: usize = 64 * 1024;
-/// An answer body larger than this is refused.
-const MAX_BODY: usize = 256 * 1024 * 1024;
-
-/// The head at the start of `buf`: `None` until its blank line has
-/// arrived; an error for anything this client does not read (chunked or
-/// unframed bodies, interim answers, a malformed status line).
-fn parse_head(buf: &[u8]) -> anyhow::Result<Option<Head>> {
-    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-        if buf.len() > MAX_HEAD {
-            bail!("answer head longer than {MAX_HEAD} bytes");
-        }
-        return Ok(None);
-    };
-    let text = std::str::from_utf8(&buf[..end]).context("answer head is not UTF-8")?;
-    let mut lines = text.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status = status_line
-        .strip_prefix("HTTP/1.1 ")
-        .or_else(|| status_line.strip_prefix("HTTP/1.0 "))
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse::<u16>().ok())
-        .filter(|code| (200..600).contains(code))
-        .with_context(|| format!("not an HTTP/1.x final status line: {status_line:?}"))?;
-    let mut close = status_line.starts_with("HTTP/1.0 ");
-    let mut content_length = None;
-    for line in lines {
-        let (name, value) = line
-            .split_once(':')
-            .with_context(|| format!("malformed answer header line {line:?}"))?;
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            let n: usize = value
-                .parse()
-                .with_context(|| format!("content-length {value:?}"))?;
-            if content_length.is_some_and(|m| m != n) {
-                bail!("two different content-length headers");
-            }
-            content_length = Some(n);
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            bail!("transfer-encoding {value:?}: this client reads content-length answers only");
-        } else if name.eq_ignore_ascii_case("connection") {
-            close = value.eq_ignore_ascii_case("close");
-        }
-    }
-    // 204 and 304 carry no body; every other answer here is framed by its length.
-    let content_length = match (status, content_length) {
-        (204 | 304, _) => 0,
-        (_, Some(n)) if n <= MAX_BODY => n,
-        (_, Some(n)) => bail!("content-length {n} over {MAX_BODY}"),
-        (_, None) => bail!("HTTP {status} without content-length"),
-    };
-    Ok(Some(Head {
-        status,
-        len: end + 4,
-        content_length,
-        close,
-    }))
-}
-
-impl Conn {
-    async fn open(base: &str) -> anyhow::Result<Self> {
-        let host = base
-            .strip_prefix("http://")
-            .with_context(|| format!("{base}: only http:// targets"))?
-            .trim_end_matches('/')
-            .to_owned();
-        let stream = tokio::net::TcpStream::connect(&host)
-            .await
-            .with_context(|| format!("connecting to {host}"))?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream,
-            host,
-            buf: Vec::with_capacity(64 * 1024),
-            closing: false,
-        })
-    }
-
-    /// `POST path` with a JSON body, encoded whole into `out`.
-    fn encode(&self, out: &mut Vec<u8>, path: &str, body: &[u8]) {
-        use std::io::Write;
-        out.clear();
-        // Writing into a Vec cannot fail.
-        let _ = write!(
-            out,
-            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            self.host,
-            body.len()
-        );
-        out.extend_from_slice(body);
-    }
-
-    /// Sends an encoded request and reads its answer whole.
-    async fn exchange(&mut self, request: &[u8]) -> anyhow::Result<Answer> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        if self.closing {
-            // The server said it closes after its last answer.
-            *self = Self::open(&format!("http://{}", self.host)).await?;
-        }
-        self.buf.clear();
-        self.stream.write_all(request).await?;
-        let head = loop {
-            self.buf.reserve(16 * 1024);
-            if self.stream.read_buf(&mut self.buf).await? == 0 {
-                bail!("the server closed the connection before answering");
-            }
-            if let Some(head) = parse_head(&self.buf)? {
-                break head;
-            }
-        };
-        let total = head.len + head.content_length;
-        while self.buf.len() < total {
-            self.buf.reserve(total - self.buf.len());
-            if self.stream.read_buf(&mut self.buf).await? == 0 {
-                bail!("the server closed the connection inside an answer");
-            }
-        }
-        let done = Instant::now();
-        if self.buf.len() > total {
-            bail!(
-                "{} bytes past the answer's content-length",
-                self.buf.len() - total
-            );
-        }
-        self.closing = head.close;
-        Ok(Answer {
-            status: head.status,
-            body: head.len..total,
-            done,
-        })
-    }
 }
 
 /// A lookup's answer checked: status 200 and a lookup body; (keys asked,
@@ -718,10 +549,17 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 let seq = produced[k] / entries as u64 + 1;
                 write_batch(&mut body, owned[k], seq, produced[k], entries);
                 conn.encode(&mut request, "/events", body.as_bytes());
+                // A connection the server closed is opened again before
+                // the clock starts.
+                if conn.ready().await.is_err() {
+                    errors += 1;
+                    reopen(&base, &mut conn, &mut failures, end).await;
+                    continue;
+                }
                 // From the first byte written to the last byte read.
                 let t0 = Instant::now();
                 let answer = match conn.exchange(&request).await {
-                    Ok(a) => events_answer(a.status, &conn.buf[a.body]).map(|e| (e, a.done)),
+                    Ok(a) => events_answer(a.status, conn.body(&a)).map(|e| (e, a.done)),
                     Err(e) => Err(e),
                 };
                 match answer {
@@ -794,9 +632,14 @@ async fn run(args: &Args, base: &str, concurrency: usize) -> anyhow::Result<Repo
                 }
                 body.push_str("]}");
                 conn.encode(&mut request, "/directory/lookup", body.as_bytes());
+                if conn.ready().await.is_err() {
+                    errors += 1;
+                    reopen(&base, &mut conn, &mut failures, end).await;
+                    continue;
+                }
                 let t0 = Instant::now();
                 let answer = match conn.exchange(&request).await {
-                    Ok(a) => lookup_hits(a.status, &conn.buf[a.body]).map(|h| (h, a.done)),
+                    Ok(a) => lookup_hits(a.status, conn.body(&a)).map(|h| (h, a.done)),
                     Err(e) => Err(e),
                 };
                 match answer {
@@ -910,62 +753,6 @@ mod tests {
         assert_eq!(backoff(6), Duration::from_millis(640));
         assert_eq!(backoff(7), Duration::from_secs(1));
         assert_eq!(backoff(u32::MAX), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn an_answer_head_is_read_as_hyper_and_uvicorn_write_it() {
-        let hyper = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 42\r\ndate: Sun, 06 Dec 2026 03:00:00 GMT\r\n\r\n{";
-        let head = parse_head(hyper).unwrap().unwrap();
-        assert_eq!(
-            head,
-            Head {
-                status: 200,
-                len: hyper.len() - 1,
-                content_length: 42,
-                close: false
-            }
-        );
-        let uvicorn = b"HTTP/1.1 422 Unprocessable Entity\r\ndate: x\r\nserver: uvicorn\r\nContent-Length: 7\r\ncontent-type: application/json\r\nConnection: close\r\n\r\n";
-        let head = parse_head(uvicorn).unwrap().unwrap();
-        assert_eq!(
-            (head.status, head.content_length, head.close),
-            (422, 7, true)
-        );
-        // Not all there yet.
-        assert_eq!(parse_head(&hyper[..40]).unwrap(), None);
-        let no_content = parse_head(b"HTTP/1.1 204 No Content\r\n\r\n")
-            .unwrap()
-            .unwrap();
-        assert_eq!(no_content.content_length, 0);
-    }
-
-    #[test]
-    fn an_answer_this_client_cannot_frame_is_an_error() {
-        for (head, says) in [
-            (
-                &b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"[..],
-                "transfer-encoding",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\nserver: x\r\n\r\n",
-                "without content-length",
-            ),
-            (b"HTTP/1.1 100 Continue\r\n\r\n", "status line"),
-            (b"HTTP/2 200\r\n\r\n", "status line"),
-            (
-                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
-                "two different",
-            ),
-            (
-                b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n",
-                "content-length",
-            ),
-            (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "malformed"),
-        ] {
-            let error = parse_head(head).unwrap_err().to_string();
-            assert!(error.contains(says), "{error:?} for {head:?}");
-        }
-        assert!(parse_head(&vec![b'x'; MAX_HEAD + 1]).is_err());
     }
 
     #[test]
