@@ -479,6 +479,11 @@ pub(crate) fn rank_hashed(
     others: usize,
     id_hashes: Option<&[u64]>,
 ) -> Vec<Scored> {
+    // Both callers build the hashes alongside the replicas (one entry per
+    // replica, in order): a length mismatch is a bug, not an input.
+    if let Some(hs) = id_hashes {
+        debug_assert_eq!(hs.len(), input.replicas.len());
+    }
     let keep = others.max(1);
     let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
     let bound = fleet.bound(weights);
@@ -493,9 +498,7 @@ pub(crate) fn rank_hashed(
         .enumerate()
         .map(|(i, (key, _))| {
             let load = load_of(i);
-            let h = id_hashes
-                .and_then(|hs| hs.get(i).copied())
-                .unwrap_or_else(|| id_hash(&key.replica_id));
+            let h = id_hashes.map_or_else(|| id_hash(&key.replica_id), |hs| hs[i]);
             // A pod's data-parallel ranks share its address: the best rank's
             // match is the pod's.
             let real = with_hash(&matches, h)

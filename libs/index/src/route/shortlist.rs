@@ -469,11 +469,31 @@ mod tests {
         }
     }
 
-    /// A shortlist of `loads` (every member eligible), and what a lookup
-    /// holding nothing makes of it.
+    /// A scope of `n` members, `r0`, `r1`, ... (no loads reported: each
+    /// reads as idle).
+    fn members_of(n: usize) -> crate::registry::Members {
+        (0..n)
+            .map(|i| {
+                Arc::new(ReplicaMeta {
+                    key: ReplicaKey {
+                        tenant: "t".into(),
+                        replica_id: format!("r{i}"),
+                        dp_rank: 0,
+                    },
+                    scope: 0,
+                    address: format!("r{i}:8000"),
+                    last_seen_ms: std::sync::atomic::AtomicI64::new(0),
+                })
+            })
+            .collect()
+    }
+
+    /// A shortlist of `loads` (one member each, every member eligible),
+    /// and what a lookup holding nothing makes of it: how many replicas
+    /// it reads, or whether every load must be read instead.
     fn built(loads: &[ReplicaLoad]) -> (Shortlist, Result<usize, bool>) {
         let board = crate::load::LoadBoard::default();
-        let members: crate::registry::Members = Vec::new().into();
+        let members = members_of(loads.len());
         let positions: Vec<u32> = (0..loads.len() as u32).collect();
         let weights = ScoreWeights::default();
         board.with_members(1, &members, 0, |reader, resolved| {
@@ -486,7 +506,7 @@ mod tests {
                 reader,
             );
             let read = list
-                .eligible(&[], resolved, reader, &input(8, 16), &[], None, 1)
+                .eligible(&members, resolved, reader, &input(8, 16), &[], None, 1)
                 .map(|e| e.replicas.len());
             (list, read)
         })
@@ -505,13 +525,47 @@ mod tests {
         // 24 idle and 73 more tied with them (97 > 96): tied too.
         let mut loads = vec![busy(5.0); 103];
         loads[..97].fill(ReplicaLoad::default());
-        assert!(built(&loads).0.tied);
+        let (list, read) = built(&loads);
+        assert!(list.tied);
+        assert_eq!(read, Err(false), "every load is read, nothing rebuilt");
         // 96 tied with the 24th: kept, in order, the tied ones listed.
         loads[96] = busy(5.0);
-        let (list, _) = built(&loads);
+        let (list, read) = built(&loads);
         assert!(!list.tied);
         assert_eq!(list.listed.len(), 96);
         assert!(list.listed.iter().all(|&p| p < 96));
+        // Read through the tied ones, proven by the busy rest's floor: the
+        // list answers without reading those 7.
+        assert_eq!(read, Ok(96));
+    }
+
+    /// Hashes given for fewer replicas than ranked break
+    /// [`rank_hashed`]'s contract (both callers build them alongside the
+    /// replicas): caught, not silently hashed again.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "assertion `left == right` failed")]
+    fn ranking_with_a_hash_missing_is_a_bug() {
+        let members = members_of(2);
+        let replicas: Vec<(&ReplicaKey, &str)> = members
+            .iter()
+            .map(|m| (&m.key, m.address.as_str()))
+            .collect();
+        let part = PickInput {
+            replicas: &replicas,
+            ..input(8, 16)
+        };
+        let loads = [ReplicaLoad::default(); 2];
+        let fleet = Fleet::of(2, &loads);
+        let hashes = [id_hash(&members[0].key.replica_id)];
+        let _ = rank_hashed(
+            &part,
+            &ScoreWeights::default(),
+            &loads,
+            &fleet,
+            1,
+            Some(&hashes),
+        );
     }
 
     #[test]
