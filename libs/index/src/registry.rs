@@ -146,3 +146,24 @@ impl Registry {
             + replicas
     }
 }
+
+/// A scope's member list of replicas `ids` (tenant "t", dp rank 0, scope 0,
+/// never seen): the one fixture the load board's and the shortlist's tests
+/// build scopes from.
+#[cfg(test)]
+pub(crate) fn members_named(ids: &[&str]) -> Members {
+    ids.iter()
+        .map(|id| {
+            Arc::new(ReplicaMeta {
+                key: ReplicaKey {
+                    tenant: "t".into(),
+                    replica_id: (*id).into(),
+                    dp_rank: 0,
+                },
+                scope: 0,
+                address: format!("{id}:8000"),
+                last_seen_ms: AtomicI64::new(0),
+            })
+        })
+        .collect()
+}

@@ -175,33 +175,19 @@ fn an_observed_prefill_rate_is_part_of_the_load() {
     assert_eq!(board.prefill_rate("a"), Some(12.5));
 }
 
-/// A scope's member list of replicas `ids`.
-fn members_of(ids: &[&str]) -> crate::registry::Members {
-    use crate::registry::ReplicaMeta;
-    use crate::types::ReplicaKey;
-    ids.iter()
-        .map(|id| {
-            Arc::new(ReplicaMeta {
-                key: ReplicaKey {
-                    tenant: "t".into(),
-                    replica_id: (*id).into(),
-                    dp_rank: 0,
-                },
-                scope: 0,
-                address: format!("{id}:8000"),
-                last_seen_ms: std::sync::atomic::AtomicI64::new(0),
-            })
-        })
-        .collect()
-}
-
-#[test]
-fn a_lookup_under_way_reads_every_load_at_one_scale_through_a_rebase() {
-    let members = members_of(&["a", "b"]);
+/// Replicas "a" and "b" in one scope, and a board whose picks halve every
+/// second: a lookup's rebase tests start 1,000 half-lives after its epoch.
+fn a_and_b_on_a_fast_board() -> (crate::registry::Members, LoadBoard) {
     let board = LoadBoard::new(LoadSettings {
         pick_half_life_ms: 1_000,
         ..LoadSettings::default()
     });
+    (crate::registry::members_named(&["a", "b"]), board)
+}
+
+#[test]
+fn a_lookup_under_way_reads_every_load_at_one_scale_through_a_rebase() {
+    let (members, board) = a_and_b_on_a_fast_board();
     // 1,000 half-lives after the board's first epoch: the reader's factor
     // is 2^-1000 until the first pick rebases the weights to now.
     let now = 1_000_000;
@@ -232,11 +218,7 @@ fn a_lookup_rereading_after_a_rebase_never_waits_for_the_map() {
     // reread that took the map's lock would close the cycle: here the
     // writer holds the map, and the lookup's read must not wait for it.
     const HANG: std::time::Duration = std::time::Duration::from_secs(30);
-    let members = members_of(&["a", "b"]);
-    let board = LoadBoard::new(LoadSettings {
-        pick_half_life_ms: 1_000,
-        ..LoadSettings::default()
-    });
+    let (members, board) = a_and_b_on_a_fast_board();
     let now = 1_000_000;
     board.with_members(7, &members, now, |reader, m| {
         assert_eq!(reader.member(m, 0).requests, 0.0);
@@ -269,7 +251,7 @@ fn a_lookup_rereading_after_a_rebase_never_waits_for_the_map() {
 
 #[test]
 fn a_member_s_first_pick_leaves_its_scope_resolved() {
-    let members = members_of(&["a", "b"]);
+    let members = crate::registry::members_named(&["a", "b"]);
     let board = LoadBoard::default();
     board.picked("a", 0);
     board.with_members(7, &members, 0, |_, _| ());

@@ -472,20 +472,9 @@ mod tests {
     /// A scope of `n` members, `r0`, `r1`, ... (no loads reported: each
     /// reads as idle).
     fn members_of(n: usize) -> crate::registry::Members {
-        (0..n)
-            .map(|i| {
-                Arc::new(ReplicaMeta {
-                    key: ReplicaKey {
-                        tenant: "t".into(),
-                        replica_id: format!("r{i}"),
-                        dp_rank: 0,
-                    },
-                    scope: 0,
-                    address: format!("r{i}:8000"),
-                    last_seen_ms: std::sync::atomic::AtomicI64::new(0),
-                })
-            })
-            .collect()
+        let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+        crate::registry::members_named(&names)
     }
 
     /// A shortlist of `loads` (one member each, every member eligible),

@@ -188,6 +188,16 @@ fn a_shortlist_outlives_the_picks_of_a_level_fleet() {
     assert!(refreshes <= 90, "{refreshes} rebuilds in {lookups} lookups");
 }
 
+/// The rebuild tests' fleet: 96 replicas `r0`..`r95`, and eight 8-block
+/// prompts.
+fn ninety_six_replicas_and_eight_prompts() -> (Vec<String>, Vec<Vec<Fingerprint>>) {
+    let ids = (0..96).map(|i| format!("r{i}")).collect();
+    let prompts = (0..8u64)
+        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
+        .collect();
+    (ids, prompts)
+}
+
 /// Picks on one thread while lookups on another rebuild the shortlist (all
 /// at one moment, no other change, so only picks wear a list out): a pick
 /// made while a list is being built is in its loads or in its figures,
@@ -195,12 +205,9 @@ fn a_shortlist_outlives_the_picks_of_a_level_fleet() {
 /// replica answers.
 #[test]
 fn a_pick_made_during_a_rebuild_is_not_lost() {
-    let n = 96;
-    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let (ids, prompts) = ninety_six_replicas_and_eight_prompts();
+    let n = ids.len();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let prompts: Vec<Vec<Fingerprint>> = (0..8u64)
-        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
-        .collect();
     for round in 0..300 {
         let mut fleet = Fleet::new(&names, ScoreWeights::default());
         fleet.others = 1;
@@ -259,12 +266,9 @@ fn a_pick_made_during_a_rebuild_is_not_lost() {
 /// another (or with one it is not in), it still reaches every list.
 #[test]
 fn a_pick_tagged_with_one_scope_reaches_every_list_of_its_replica() {
-    let n = 96;
-    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let (ids, prompts) = ninety_six_replicas_and_eight_prompts();
+    let n = ids.len();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let prompts: Vec<Vec<Fingerprint>> = (0..8u64)
-        .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
-        .collect();
     let mut fleet = Fleet::new(&names, ScoreWeights::default());
     fleet.others = 1;
     fleet.load = LoadBoard::new(LoadSettings {
