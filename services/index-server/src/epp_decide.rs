@@ -357,24 +357,36 @@ mod tests {
     /// A pick handed off chooses among the pool as it is when its blocking
     /// thread resumes, not as it was on arrival: an endpoint removed while
     /// the pick waited is neither the pick nor a fallback.
+    /// A runtime with a single blocking thread, so a test can occupy it.
+    fn one_blocking_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .build()
+            .expect("a runtime")
+    }
+
+    /// Occupies the runtime's one blocking thread until `release` is sent;
+    /// returns once the thread is held.
+    fn hold_the_blocking_thread() -> (mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+        let (release, held) = mpsc::channel::<()>();
+        let (busy, holding) = mpsc::channel();
+        let blocker = tokio::task::spawn_blocking(move || {
+            busy.send(()).expect("the test waits");
+            held.recv().ok();
+        });
+        holding.recv().expect("the blocking thread held");
+        (release, blocker)
+    }
+
     #[test]
     fn a_pick_handed_off_sees_the_pool_as_it_resumes() {
         let (p, registry) = counted_picker(&[A, B]);
         // A body too large to read on the runtime: handed off.
         let body = token_ids(INLINE_READ_BYTES / 4);
         assert!(body.len() > INLINE_READ_BYTES);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .max_blocking_threads(1)
-            .build()
-            .expect("a runtime");
+        let runtime = one_blocking_thread();
         runtime.block_on(async {
-            let (release, held) = mpsc::channel::<()>();
-            let (busy, holding) = mpsc::channel();
-            let blocker = tokio::task::spawn_blocking(move || {
-                busy.send(()).expect("the test waits");
-                held.recv().ok();
-            });
-            holding.recv().expect("the blocking thread held");
+            let (release, blocker) = hold_the_blocking_thread();
             let mut pick = pin!(p.decide_placed("/v1/completions", Some(body), None, 0));
             std::future::poll_fn(|cx| {
                 assert!(pick.as_mut().poll(cx).is_pending(), "waits for the thread");
@@ -425,18 +437,9 @@ mod tests {
         }))
         .unwrap();
         assert!(body.len() > INLINE_READ_BYTES);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .max_blocking_threads(1)
-            .build()
-            .expect("a runtime");
+        let runtime = one_blocking_thread();
         let (before, polled, released) = runtime.block_on(async {
-            let (release, held) = mpsc::channel::<()>();
-            let (busy, holding) = mpsc::channel();
-            let blocker = tokio::task::spawn_blocking(move || {
-                busy.send(()).expect("the test waits");
-                held.recv().ok();
-            });
-            holding.recv().expect("the blocking thread held");
+            let (release, blocker) = hold_the_blocking_thread();
             let before = Instant::now();
             let mut pick = pin!(p.decide_placed("/v1/completions", Some(body), None, 0));
             std::future::poll_fn(|cx| {
