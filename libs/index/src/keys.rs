@@ -384,11 +384,12 @@ impl KeyTable {
         }
     }
 
-    /// Whether some entry carries the tag of hash `h` (false: no key of
-    /// that hash is here, without reading a record).
+    /// The record of some entry carrying the tag of hash `h` (`None`: no
+    /// key of that hash is here, found without reading a record). Not
+    /// confirmed: the caller checks the record's key.
     #[inline]
-    pub(crate) fn has_tag(&self, h: u64) -> bool {
-        self.search(h, |_| true).is_some()
+    pub(crate) fn tagged(&self, h: u64) -> Option<RecId> {
+        self.search(h, |_| true)
     }
 
     /// The record with hash `h` that `is_it` confirms.

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
-use crate::arena::Holder;
+use crate::arena::{Holder, RecId};
 use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
 use crate::store::{Block, hash};
 use crate::types::{
@@ -127,13 +127,22 @@ struct Scoring {
     finished: SmallVec<[(ReplicaIdx, u32, Tier); 8]>,
     /// Blocks matched by the replicas still active.
     matched: u32,
-    /// The previous block's holders, raw: a block held exactly as its
-    /// predecessor changes nothing.
-    last: SmallVec<[u32; 8]>,
+    /// The previous block's holders, raw, when at most [`LAST`]: a block
+    /// held exactly as its predecessor changes nothing. (An array, not a
+    /// small vector: this is read for every block, and a small vector's
+    /// length and slice each test where it lives.)
+    last: [u32; LAST],
+    /// How many of `last` are the previous block's holders; `usize::MAX`
+    /// when it had more than [`LAST`] (no length equals that, so the next
+    /// block takes the slow step).
+    last_len: usize,
     /// `last`'s only holder, when it has exactly one (`u64::MAX`
     /// otherwise): the common block is checked without touching `last`.
     last_single: u64,
 }
+
+/// Holders [`Scoring::last`] keeps.
+const LAST: usize = 8;
 
 impl Default for Scoring {
     fn default() -> Self {
@@ -141,7 +150,8 @@ impl Default for Scoring {
             active: SmallVec::new(),
             finished: SmallVec::new(),
             matched: 0,
-            last: SmallVec::new(),
+            last: [0; LAST],
+            last_len: 0,
             last_single: u64::MAX,
         }
     }
@@ -161,7 +171,7 @@ impl Scoring {
         }
         // Element by element: holder lists are short, and slice equality
         // would call memcmp for each block.
-        if holders.len() == self.last.len() && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
+        if holders.len() == self.last_len && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
             self.matched += 1;
             return true;
         }
@@ -170,8 +180,12 @@ impl Scoring {
 
     /// Remembers `holders` as the last block's.
     fn set_last(&mut self, holders: &[u32]) {
-        self.last.clear();
-        self.last.extend_from_slice(holders);
+        if let Some(last) = self.last.get_mut(..holders.len()) {
+            last.copy_from_slice(holders);
+            self.last_len = holders.len();
+        } else {
+            self.last_len = usize::MAX;
+        }
         self.last_single = match holders {
             [one] => u64::from(*one),
             _ => u64::MAX,
@@ -300,13 +314,13 @@ impl Index {
         answer(found.view())
     }
 
-    /// Whether a key of the prompt's first block's hash may be in the
-    /// tables (false: a sure miss; see [`crate::store::Store::first_probe`]).
+    /// A record that may be the prompt's first block's (`None`: a sure
+    /// miss; see [`crate::store::Store::first_probe`]).
     #[inline]
-    fn first_probe(&self, scope: ScopeId, fingerprints: &[Fingerprint]) -> bool {
+    fn first_probe(&self, scope: ScopeId, fingerprints: &[Fingerprint]) -> Option<RecId> {
         fingerprints
             .first()
-            .is_some_and(|&first| self.store.first_probe(hash(entry_key(scope, first))))
+            .and_then(|&first| self.store.first_probe(hash(entry_key(scope, first))))
     }
 
     /// The handle of `scope` for [`Index::lookup_resolved_until`], once a
@@ -340,7 +354,7 @@ impl Index {
         // Before any lock: most prompts a fleet has never seen end here,
         // having locked nothing.
         let first = self.first_probe(scope.0, fingerprints);
-        if !first {
+        if first.is_none() {
             return answer(LookupView::NoEntry);
         }
         let reg = self.registry.read();
@@ -357,7 +371,8 @@ impl Index {
     }
 
     /// Scores the prompt; `maybe` is [`Index::first_probe`]'s answer for
-    /// its first block (false: it is in no key table).
+    /// its first block (`None`: it is in no key table; a record: the one
+    /// to try before probing the table again).
     #[allow(clippy::too_many_arguments)]
     fn score<'a>(
         &self,
@@ -367,17 +382,24 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
-        maybe: bool,
+        maybe: Option<RecId>,
     ) -> Found<'a> {
         let Some((&first, rest)) = fingerprints.split_first() else {
             return Found::no_entry();
         };
-        if !maybe {
+        let Some(tagged) = maybe else {
             return Found::no_entry();
-        }
+        };
         let mut reader = self.store.reader(self.store.directory());
-        let first = Block::new(entry_key(scope_id, first), 0);
-        let Some(mut prev) = reader.find(first.key, first.h) else {
+        let key = entry_key(scope_id, first);
+        // The record the first probe found, when it is the key's (all but
+        // a few percent of the time: another key may share its tag).
+        let found = if reader.is(tagged, key) {
+            Some(tagged)
+        } else {
+            reader.find(key, hash(key))
+        };
+        let Some(mut prev) = found else {
             return Found::no_entry();
         };
         let mut scoring = Scoring::default();

@@ -297,12 +297,14 @@ impl Store {
         self.keys.get(i)
     }
 
-    /// The first probe of a lookup, before it takes any lock: false when
+    /// The first probe of a lookup, before it takes any lock: `None` when
     /// no key of hash `h` can be in the tables (no entry carries its tag:
-    /// a sure miss, answered with no lock at all).
+    /// a sure miss, answered with no lock at all); otherwise the record of
+    /// the first entry carrying the tag, which is the key's unless another
+    /// key shares the tag (the caller checks, and probes again if not).
     #[inline]
-    pub(crate) fn first_probe(&self, h: u64) -> bool {
-        self.table(h).is_some_and(|t| t.has_tag(h))
+    pub(crate) fn first_probe(&self, h: u64) -> Option<RecId> {
+        self.table(h).and_then(|t| t.tagged(h))
     }
 
     /// The page directory (no lock: see [`Directory`]).
@@ -338,13 +340,18 @@ impl Store {
         recs.reserve(blocks.len());
         let mut reader = self.reader(&self.pages);
         let mut prev = None;
+        // Whether the last block was found just before its predecessor.
+        let mut back = false;
         // Key tables this small stay in cache: prefetching them saves no
         // wait and costs a shard lookup per block (an eighth of `locate`'s
         // instructions at 16,000 keys).
         if place.records.saturating_sub(place.dead) < PREFETCH_MIN_KEYS {
             for b in blocks {
-                let rec = reader.find_near(prev, b.key, b.h);
-                prev = rec.or(prev);
+                let rec = reader.find_near(prev, back, b.key, b.h);
+                if let Some(r) = rec {
+                    back = prev.is_some_and(|p| r.wrapping_add(1) == p);
+                    prev = Some(r);
+                }
                 recs.push(rec);
             }
             return;
@@ -357,8 +364,11 @@ impl Store {
                 reader.prefetch(b.h);
             }
             for b in chunk {
-                let rec = reader.find_near(prev, b.key, b.h);
-                prev = rec.or(prev);
+                let rec = reader.find_near(prev, back, b.key, b.h);
+                if let Some(r) = rec {
+                    back = prev.is_some_and(|p| r.wrapping_add(1) == p);
+                    prev = Some(r);
+                }
                 recs.push(rec);
             }
         }

@@ -108,10 +108,28 @@ impl<'a> Reader<'a> {
 
     /// The record of `key`, trying the neighbours of `prev` first: a chain
     /// stored in one event was laid out in order, and evictions name a
-    /// chain's blocks in order or in reverse.
-    #[inline]
-    pub(crate) fn find_near(&mut self, prev: Option<RecId>, key: u64, h: u64) -> Option<RecId> {
+    /// chain's blocks in order or in reverse (`back`: the record before
+    /// `prev` is tried first, as the last block was found before its
+    /// predecessor: a tail-first eviction).
+    // Always inlined into `locate` (its only caller, once per stored or
+    // removed block): left to the codegen units, it came out of line with
+    // unrelated edits to the lookup (+2.6 % on `Index::apply`).
+    #[inline(always)]
+    pub(crate) fn find_near(
+        &mut self,
+        prev: Option<RecId>,
+        back: bool,
+        key: u64,
+        h: u64,
+    ) -> Option<RecId> {
         if let Some(prev) = prev {
+            let before = (offset_of(prev) > 0).then(|| prev - 1);
+            if back
+                && let Some(b) = before
+                && self.is(b, key)
+            {
+                return Some(b);
+            }
             let next = if offset_of(prev) + 1 < PAGE_RECORDS {
                 prev + 1
             } else {
@@ -120,8 +138,11 @@ impl<'a> Reader<'a> {
             if page_of(next) < MAX_PAGES && self.is(next, key) {
                 return Some(next);
             }
-            if offset_of(prev) > 0 && self.is(prev - 1, key) {
-                return Some(prev - 1);
+            if !back
+                && let Some(b) = before
+                && self.is(b, key)
+            {
+                return Some(b);
             }
         }
         self.find(key, h)

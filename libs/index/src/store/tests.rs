@@ -159,7 +159,7 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
     let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
     let mut prev = first;
     for b in &blocks[1..] {
-        let rec = reader.find_near(Some(prev), b.key, b.h).unwrap();
+        let rec = reader.find_near(Some(prev), false, b.key, b.h).unwrap();
         assert_eq!(
             rec,
             if offset_of(prev) + 1 < PAGE_RECORDS {
@@ -169,6 +169,16 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
             }
         );
         prev = rec;
+    }
+    // Tail first (as engines evict), with the hint either way: the record
+    // before is found whichever neighbour is tried first.
+    for back in [true, false] {
+        let mut prev = reader.find(blocks[19].key, blocks[19].h).unwrap();
+        for b in blocks[..19].iter().rev() {
+            let rec = reader.find_near(Some(prev), back, b.key, b.h).unwrap();
+            assert_eq!(Some(rec), reader.find(b.key, b.h));
+            prev = rec;
+        }
     }
 }
 
@@ -290,7 +300,7 @@ fn holes_left_by_random_evictions_are_refilled_without_copying() {
         let mut prev = reader.find(chain[0].key, chain[0].h);
         assert!(prev.is_some(), "chain {c}");
         for b in &chain[1..] {
-            let rec = reader.find_near(prev, b.key, b.h);
+            let rec = reader.find_near(prev, false, b.key, b.h);
             assert_eq!(rec, reader.find(b.key, b.h), "chain {c}");
             prev = rec;
         }
