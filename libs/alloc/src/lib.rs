@@ -12,6 +12,11 @@
 //! freed): blocks of 1–32 MiB may still be copied, every block from 32 MiB
 //! up is moved.
 //!
+//! mimalloc returns pages left free for a second to the OS (`madvise`)
+//! from inside the next allocation or free, a request's on a server;
+//! [`keep_freed_pages`] turns that off for a binary that asks
+//! (`ic-coordinator`).
+//!
 //! A binary opts in with
 //! `#[global_allocator] static ALLOCATOR: ic_alloc::SplitAlloc = ic_alloc::SplitAlloc;`
 //! (no `unsafe` there); the `unsafe` is here, in the one impl.
@@ -86,6 +91,53 @@ unsafe impl GlobalAlloc for SplitAlloc {
                 }
             }
         }
+    }
+}
+
+// === Returning freed pages ===
+
+/// mimalloc's `mi_option_purge_delay` (the enum's index in mimalloc.h of
+/// the version `libmimalloc-sys` builds; `tests/purge.rs` checks it reads
+/// that option's default).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+// The C functions of the mimalloc that `libmimalloc-sys` links (its
+// `extended` feature declares them too, but pulls in a crate for C types
+// this needs none of).
+#[allow(unsafe_code)]
+unsafe extern "C" {
+    fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+
+/// Keeps the pages mimalloc frees mapped instead of returning them to the
+/// OS. By default mimalloc returns (`madvise(MADV_DONTNEED)`) the pages
+/// left free for a second, from inside whatever allocation or free comes
+/// next: on a server that is a request, which then pays the system call
+/// and, when the memory is used again, a page fault per page. A process
+/// whose small-block memory comes back to its peak (request buffers,
+/// batches) loses nothing by keeping it; its resident size stays at that
+/// peak. Call it first thing in `main`; `MIMALLOC_PURGE_DELAY` in the
+/// environment (mimalloc's own setting) still wins. Blocks from [`HUGE`]
+/// up are the system allocator's and unaffected.
+pub fn keep_freed_pages() {
+    // mimalloc's own variable, where an operator set one, decides.
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+        return;
+    }
+    // SAFETY: sets an option word; mimalloc reads it at each purge decision.
+    #[allow(unsafe_code)]
+    unsafe {
+        mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+    }
+}
+
+/// mimalloc's purge delay in ms (-1: freed pages are kept).
+pub fn purge_delay_ms() -> std::ffi::c_long {
+    // SAFETY: reads an option word.
+    #[allow(unsafe_code)]
+    unsafe {
+        mi_option_get(MI_OPTION_PURGE_DELAY)
     }
 }
 

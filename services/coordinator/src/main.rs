@@ -58,6 +58,10 @@ struct CoordinatorArgs {
 }
 
 fn main() -> ExitCode {
+    // Pages freed after an ingest burst were returned to the OS from inside
+    // later requests (`madvise`, ~15-40 a second after each burst) and
+    // faulted back in by the next burst (docs/coordinator.md).
+    ic_alloc::keep_freed_pages();
     let args = Args::parse();
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
