@@ -21,11 +21,24 @@ struct Args {
     config: ic_index_server::Config,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let Args { log, config } = Args::parse();
-    ic_telemetry::run_service(ic_index_server::BINARY, &log, |shutdown| {
-        ic_index_server::run(config, shutdown)
-    })
-    .await
+    if let Err(error) = config.runtime.check() {
+        eprintln!("{error}");
+        return ExitCode::from(2);
+    }
+    // Built from the flags (--worker-threads), not #[tokio::main]: one
+    // thread or several.
+    let runtime = match config.runtime.build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(ic_telemetry::run_service(
+        ic_index_server::BINARY,
+        &log,
+        |shutdown| ic_index_server::run(config, shutdown),
+    ))
 }
