@@ -156,22 +156,23 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
         .unwrap();
     let dir = store.directory();
     let mut reader = store.reader(dir);
-    let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
-    let mut prev = first;
-    for b in &blocks[1..] {
-        let rec = reader.find_near(Some(prev), false, b.key, b.h).unwrap();
-        assert_eq!(
-            rec,
-            if offset_of(prev) + 1 < PAGE_RECORDS {
-                prev + 1
-            } else {
-                rec_id(page_of(prev) + 1, 0)
-            }
-        );
-        prev = rec;
+    // In order, and tail first (as engines evict), with the hint either
+    // way: the right neighbour is found whichever is tried first.
+    for back in [false, true] {
+        let mut prev = reader.find(blocks[0].key, blocks[0].h).unwrap();
+        for b in &blocks[1..] {
+            let rec = reader.find_near(Some(prev), back, b.key, b.h).unwrap();
+            assert_eq!(
+                rec,
+                if offset_of(prev) + 1 < PAGE_RECORDS {
+                    prev + 1
+                } else {
+                    rec_id(page_of(prev) + 1, 0)
+                }
+            );
+            prev = rec;
+        }
     }
-    // Tail first (as engines evict), with the hint either way: the record
-    // before is found whichever neighbour is tried first.
     for back in [true, false] {
         let mut prev = reader.find(blocks[19].key, blocks[19].h).unwrap();
         for b in blocks[..19].iter().rev() {
