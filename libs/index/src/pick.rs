@@ -40,7 +40,7 @@
 //! weights. A T2 block counts as held for `t2_credit` of its tokens.
 
 use crate::load::ReplicaLoad;
-use crate::types::{Candidate, ReplicaKey, Tier};
+use crate::types::{Match, ReplicaKey, Tier};
 
 /// The weights of the score and the load bound.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -180,9 +180,11 @@ impl Scored {
 pub struct PickInput<'a> {
     /// Every replica that may be answered, with its address.
     pub replicas: &'a [(&'a ReplicaKey, &'a str)],
-    /// The index's matches (replicas holding at least the first block);
-    /// their addresses are not read (`replicas` has them).
-    pub matches: &'a [Candidate],
+    /// The index's matches (replicas holding at least the first block),
+    /// borrowed from the index or from owned candidates
+    /// ([`crate::Candidate::as_match`]); their addresses are not read
+    /// (`replicas` has them).
+    pub matches: &'a [Match<'a>],
     /// Speculative holdings: replica id and blocks held from the start.
     pub speculative: &'a [(String, u32)],
     /// Blocks in the prompt (0 for a prefix-hash query: a match is whole).

@@ -1,6 +1,7 @@
 //! Tests of the ranking ([`super`]): scores, order, load bound, TTFT.
 
 use super::*;
+use crate::Candidate;
 
 #[test]
 fn by_ttft_the_prefix_weight_prices_a_prefill_against_a_wait() {
@@ -10,6 +11,7 @@ fn by_ttft_the_prefix_weight_prices_a_prefill_against_a_wait() {
     // holds nothing and is idle. At 8 tokens per ms and 2 ms a request:
     // a 30 + 2 + 2 = 34 ms, b 2 + 20 = 22 ms.
     let m = [matched("a", 9, Tier::T1)];
+    let m = as_matches(&m);
     let mut load = loads(&r, |_| 0.0);
     load[0].queued_ms = 30.0;
     let ttft = |prefix: f64| ScoreWeights {
@@ -52,6 +54,7 @@ fn by_ttft_at_the_default_the_ranking_does_not_depend_on_the_rate_assumed() {
         let m: Vec<Candidate> = (0..next(5))
             .map(|_| matched(&format!("r{}", next(12)), 1 + next(10) as u32, Tier::T1))
             .collect();
+        let m = as_matches(&m);
         let queued_tokens: Vec<f64> = (0..12).map(|_| (next(6) * 160) as f64).collect();
         let order = |tokens_per_ms: f64| {
             let model = TtftModel {
@@ -116,9 +119,14 @@ fn matched(id: &str, blocks: u32, tier: Tier) -> Candidate {
     }
 }
 
+/// The matches as the ranking reads them.
+fn as_matches(c: &[Candidate]) -> Vec<Match<'_>> {
+    c.iter().map(Candidate::as_match).collect()
+}
+
 fn input<'a>(
     replicas: &'a [(&'a ReplicaKey, &'a str)],
-    matches: &'a [Candidate],
+    matches: &'a [Match<'a>],
     speculative: &'a [(String, u32)],
     seed: u64,
 ) -> PickInput<'a> {
@@ -146,6 +154,7 @@ fn the_longest_match_wins_when_loads_are_equal() {
     let r = replicas(&["a", "b", "c"]);
     let r = refs(&r);
     let m = [matched("a", 4, Tier::T1), matched("b", 8, Tier::T1)];
+    let m = as_matches(&m);
     let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
     assert_eq!(ranked[0].replica.replica_id, "b");
     assert_eq!(ranked[1].replica.replica_id, "a");
@@ -157,6 +166,7 @@ fn t1_beats_t2_at_equal_length() {
     let r = replicas(&["a", "b"]);
     let r = refs(&r);
     let m = [matched("a", 8, Tier::T2), matched("b", 8, Tier::T1)];
+    let m = as_matches(&m);
     let ranked = rank(&input(&r, &m, &[], 1), &ScoreWeights::default(), &[]);
     assert_eq!(ranked[0].replica.replica_id, "b");
 }
@@ -171,6 +181,7 @@ fn equal_matches_spread_over_requests_instead_of_piling_up() {
         .iter()
         .map(|id| matched(id, 1, Tier::T1))
         .collect();
+    let m = as_matches(&m);
     let picks: std::collections::BTreeSet<String> = (0..64)
         .map(|seed| {
             rank(&input(&r, &m, &[], seed), &ScoreWeights::default(), &[])[0]
@@ -195,6 +206,7 @@ fn by_ttft_equal_predictions_go_by_the_own_picks_not_the_peers() {
         .iter()
         .map(|id| matched(id, 1, Tier::T1))
         .collect();
+    let m = as_matches(&m);
     let l = loads(&r, |id| if id == "a" { 10.0 } else { 11.0 });
     let weights = ScoreWeights::by_ttft(TtftModel::DEFAULT);
     let picks: std::collections::BTreeSet<String> = (0..64)
@@ -223,6 +235,7 @@ fn a_replica_over_the_load_bound_is_passed_over() {
     let r = replicas(&["a", "b", "c", "d"]);
     let r = refs(&r);
     let m = [matched("a", 10, Tier::T1)];
+    let m = as_matches(&m);
     // a: 9 requests, the rest 1 each: fair share after this one is
     // (12 + 1) / 4 = 3.25, the bound 1.25 × 3.25 ≈ 4.06 < 9 + 1.
     let load = loads(&r, |id| if id == "a" { 9.0 } else { 1.0 });
@@ -243,6 +256,7 @@ fn load_outweighs_a_small_prefix_difference() {
     let r = replicas(&["a", "b"]);
     let r = refs(&r);
     let m = [matched("a", 6, Tier::T1), matched("b", 5, Tier::T1)];
+    let m = as_matches(&m);
     let load = loads(&r, |id| if id == "a" { 4.0 } else { 0.0 });
     let weights = ScoreWeights {
         load_bound: None,
@@ -261,6 +275,7 @@ fn a_speculative_holding_counts_until_the_real_one_is_longer() {
     assert_eq!(ranked[0].replica.replica_id, "b");
     assert!(ranked[0].speculative);
     let m = [matched("b", 10, Tier::T1)];
+    let m = as_matches(&m);
     let ranked = rank(&input(&r, &m, &spec, 1), &ScoreWeights::default(), &[]);
     assert!(!ranked[0].speculative, "the real match replaces it");
 }
@@ -274,6 +289,7 @@ fn every_holder_and_only_the_least_loaded_others_are_returned_in_order() {
     // Two holders, the second heavily loaded; the others loaded in
     // reverse order of their names, so the least loaded come last.
     let m = [matched("r00", 10, Tier::T1), matched("r01", 10, Tier::T1)];
+    let m = as_matches(&m);
     let load = loads(&r, |id| match id {
         "r00" => 0.0,
         "r01" => 50.0,
@@ -354,6 +370,7 @@ fn ranking_the_holders_and_the_best_others_by_their_key_is_ranking_all() {
                 )
             })
             .collect();
+        let m = as_matches(&m);
         let loads: Vec<ReplicaLoad> = (0..n)
             .map(|_| ReplicaLoad {
                 requests: next(4) as f64,

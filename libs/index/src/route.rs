@@ -20,15 +20,18 @@ use ic_kvevents::{PromptExtras, keyed_chain_fingerprints_from};
 
 use crate::Index;
 use crate::load::{LoadBoard, ReplicaLoad};
-use crate::pick::{PickInput, ScoreWeights, Scored, id_hash};
+use crate::pick::{ScoreWeights, Scored};
 use crate::speculative::Speculation;
 
 mod members;
+mod rank;
 mod shortlist;
-use crate::types::{Candidate, Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, Tier};
+use crate::types::{
+    Deadline, Fingerprint, LookupView, Match, ReplicaKey, Scope, ScopeHandle, Tier,
+};
+use members::InScope;
 pub use members::ScopeMembers;
 pub(crate) use shortlist::Shortlist;
-use shortlist::{Eligible, SHORTLIST_ABOVE, rank_eligible};
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]
@@ -252,13 +255,13 @@ pub fn route<R>(
     answer: impl FnOnce(RouteDecision<'_>) -> R,
 ) -> R {
     let replica_scope = query.replica_scope();
-    let block_size = index
-        .block_size(&replica_scope)
-        .unwrap_or(default_block_size);
+    let resolved = InScope::resolve(index, &replica_scope);
+    let block_size = InScope::block_size_or(resolved.as_ref(), default_block_size);
     route_in(
         index,
         query,
         &replica_scope,
+        resolved.as_ref().map(|s| s.handle),
         block_size,
         policy,
         now_ms,
@@ -267,13 +270,15 @@ pub fn route<R>(
     )
 }
 
-/// [`route`] in `scope` (the query's replica scope) with its block size
-/// looked up already.
+/// [`route`] in `scope` (the query's replica scope, resolved to `handle`:
+/// `None` when the index never heard of it) with its block size looked up
+/// already.
 #[allow(clippy::too_many_arguments)]
 fn route_in<R>(
     index: &Index,
     query: &RouteQuery<'_>,
     scope: &Scope,
+    handle: Option<ScopeHandle>,
     block_size: u32,
     policy: &RoutePolicy,
     now_ms: i64,
@@ -349,9 +354,17 @@ fn route_in<R>(
             };
             index.lookup_prefix_hash_with(scope, fp, query.candidates, fresh_since, decide)
         }
-        Some(fps) => {
-            index.lookup_until(scope, fps, query.candidates, fresh_since, deadline, decide)
-        }
+        Some(fps) => match handle {
+            Some(handle) => index.lookup_resolved_until(
+                handle,
+                fps,
+                query.candidates,
+                fresh_since,
+                deadline,
+                decide,
+            ),
+            None => decide(LookupView::UnknownScope),
+        },
     }
 }
 
@@ -408,7 +421,9 @@ impl Ranked {
 
 /// Where the load-aware scoring reads load and speculative holders. It is
 /// asked only after the index walk, so an implementation behind locks holds
-/// them briefly.
+/// them briefly; but while the index's registry is still read-locked (the
+/// ranking borrows the holders' names from it), so it must not read the
+/// index, nor hold its own locks while waiting for the index's.
 pub trait ScoringSource {
     /// Replicas speculatively holding `blocks` from the start (alone, or
     /// continuing the real holdings of `holders`: replica id and blocks
@@ -515,6 +530,10 @@ fn monotone(w: &ScoreWeights) -> bool {
 /// `ranked` still says where. A gateway calling LookupRoute may not follow a
 /// hint; one that names its candidates is given a load-based destination
 /// when there is no hint ([`Ranked::by_load`]), so its every pick counts.
+///
+/// The scope is resolved once (its handle, block size and members in one
+/// read of the registry), and the ranking runs inside the walk's answer:
+/// the holders' names are the index's, borrowed, not copied.
 #[allow(clippy::too_many_arguments)]
 pub fn route_ranked(
     index: &Index,
@@ -528,9 +547,9 @@ pub fn route_ranked(
     // Borrowed unless an adapter names a fingerprint domain: no copy of the
     // scope's names per lookup.
     let replica_scope = query.replica_scope();
-    let block_size = index
-        .block_size(&replica_scope)
-        .unwrap_or(default_block_size);
+    // The scope's handle, block size and members, read at once.
+    let resolved = InScope::resolve(index, &replica_scope);
+    let block_size = InScope::block_size_or(resolved.as_ref(), default_block_size);
     let blocks: Vec<Fingerprint> = match query.key {
         RouteKey::PrefixHash(fp) => vec![fp],
         _ => query
@@ -546,232 +565,59 @@ pub fn route_ranked(
         },
         ..*query
     };
-    let decided = route_in(
+    let (handle, members) = match resolved {
+        Some(s) => (Some(s.handle), s.members),
+        None => (None, None),
+    };
+    // Ranked inside the walk's answer, while the index lends the holders'
+    // names: nothing of theirs is copied (the registry stays read-locked
+    // meanwhile; the ranking takes only the load board's and the
+    // speculation's locks, which no holder of them waits on the registry
+    // with, and resolves nothing in the index again).
+    let mut ranked = route_in(
         index,
         query,
         &replica_scope,
+        handle,
         block_size,
         policy,
         now_ms,
         deadline,
         |d| {
-            let outcome = match d.outcome {
-                // The ranking reads the matches' names, not their
-                // addresses (those come from the scope's members or the
-                // pool): one copy per holder less.
-                RouteOutcome::Route(m) => Ok(m
-                    .iter()
-                    .map(|m| Candidate {
-                        replica: m.replica.clone(),
-                        address: String::new(),
-                        matched_blocks: m.matched_blocks,
-                        block_size: m.block_size,
-                        tier: m.tier,
-                    })
-                    .collect()),
-                RouteOutcome::NoHint { reason, detail } => Err((reason, detail)),
+            let matches: &[Match<'_>] = match &d.outcome {
+                RouteOutcome::Route(m) => m,
+                RouteOutcome::NoHint {
+                    reason: NoHintReason::NoEntry,
+                    ..
+                } => &[],
+                RouteOutcome::NoHint { reason, detail } => {
+                    return Ranked {
+                        block_size: d.block_size,
+                        prompt_blocks: d.prompt_blocks,
+                        ranked: Vec::new(),
+                        hint: None,
+                        no_hint: Some((*reason, detail.clone())),
+                        by_load: None,
+                        blocks: Vec::new(),
+                        pool_loads: Vec::new(),
+                    };
+                }
             };
-            (d.block_size, d.prompt_blocks, outcome)
+            rank::rank_matches(
+                &rank::Decided {
+                    query,
+                    matches,
+                    members: members.as_ref(),
+                    blocks: &blocks,
+                    block_size: d.block_size,
+                    prompt_blocks: d.prompt_blocks,
+                },
+                policy,
+                now_ms,
+                &scoring,
+            )
         },
     );
-    let (block_size, prompt_blocks, outcome) = decided;
-    let matches: Vec<Candidate> = match outcome {
-        Ok(m) => m,
-        Err((NoHintReason::NoEntry, _)) => Vec::new(),
-        Err(no_hint) => {
-            return Ranked {
-                block_size,
-                prompt_blocks,
-                ranked: Vec::new(),
-                hint: None,
-                no_hint: Some(no_hint),
-                by_load: None,
-                blocks,
-                pool_loads: Vec::new(),
-            };
-        }
-    };
-    let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
-    // Borrowed from the pool or the scope's shared member list: nothing
-    // per replica is copied before the ranking has chosen.
-    let members = match scoring.pool {
-        Some(_) => None,
-        None => index.members(&replica_scope),
-    };
-    let fresh_since = Some(now_ms.saturating_sub(stale_ms));
-    let speculative = match query.key {
-        RouteKey::PrefixHash(_) => Vec::new(),
-        _ => {
-            let holders: smallvec::SmallVec<[(&str, u32); 8]> = matches
-                .iter()
-                .map(|m| (m.replica.replica_id.as_str(), m.matched_blocks))
-                .collect();
-            scoring
-                .source
-                .speculative(scoring.scope_tag, &blocks, &holders, now_ms)
-        }
-    };
-    let input = PickInput {
-        replicas: &[],
-        matches: &matches,
-        speculative: &speculative,
-        prompt_blocks,
-        block_size,
-        tie_seed: blocks.last().map_or(0, |f| f.0),
-    };
-    let eligible = match (scoring.pool, &members, scoring.source.board()) {
-        (Some(pool), _, _) => {
-            let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
-            let loads = scoring.source.loads(&ids, now_ms);
-            Eligible {
-                replicas: pool.iter().map(|(k, a)| (k, a.as_str())).collect(),
-                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
-                loads,
-                fleet: None,
-            }
-        }
-        (None, Some(members), Some(board)) => {
-            board.with_members(scoring.scope_tag, members, now_ms, |reader, resolved| {
-                // A large scope without a candidate set reads its holders
-                // and its shortlist only; a bound of 0 keeps none (every
-                // replica ranked, nothing built).
-                let settings = reader.settings();
-                let mut keep = query.candidates.is_none()
-                    && members.len() > SHORTLIST_ABOVE
-                    && settings.shortlist_refresh_ms > 0
-                    && settings.shortlist_refresh_changes > 0
-                    && monotone(scoring.weights);
-                if keep {
-                    let shortlist = resolved.shortlist.read().clone();
-                    if let Some(shortlist) =
-                        shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
-                    {
-                        let holders: smallvec::SmallVec<[u64; 16]> = matches
-                            .iter()
-                            .map(|m| id_hash(&m.replica.replica_id))
-                            .chain(speculative.iter().map(|(id, _)| id_hash(id)))
-                            .collect();
-                        match shortlist.eligible(
-                            members,
-                            resolved,
-                            reader,
-                            &input,
-                            &holders,
-                            fresh_since,
-                            scoring.others,
-                        ) {
-                            Ok(eligible) => return eligible,
-                            // Fresh but of no use to this prompt: rebuilt
-                            // only when picks wore it out.
-                            Err(worn) => keep = worn,
-                        }
-                    }
-                }
-                // No pick adds itself to the old list and misses the new.
-                let rebuilding = keep.then(|| resolved.rebuilding.write());
-                let mut eligible = Eligible::with_capacity(members.len());
-                let mut positions = Vec::with_capacity(if keep { members.len() } else { 0 });
-                for (i, m) in members.iter().enumerate() {
-                    if m.answers(query.candidates, fresh_since) {
-                        eligible.push(
-                            (&m.key, m.address.as_str()),
-                            reader.member(resolved, i),
-                            resolved.id_hashes[i],
-                        );
-                        if keep {
-                            positions.push(u32::try_from(i).unwrap_or(u32::MAX));
-                        }
-                    }
-                }
-                if keep {
-                    // Built from the loads just read: the lookup that
-                    // finds the shortlist stale pays one pass, as before.
-                    let rebuilt = Shortlist::build(
-                        members.len(),
-                        &positions,
-                        &eligible.loads,
-                        &input,
-                        scoring.weights,
-                        reader,
-                    );
-                    *resolved.shortlist.write() = Some(std::sync::Arc::new(rebuilt));
-                    reader.refreshed();
-                }
-                drop(rebuilding);
-                eligible
-            })
-        }
-        (None, Some(members), None) => {
-            let replicas: Vec<(&ReplicaKey, &str)> = members
-                .iter()
-                .filter(|m| m.answers(query.candidates, fresh_since))
-                .map(|m| (&m.key, m.address.as_str()))
-                .collect();
-            let ids: Vec<&str> = replicas
-                .iter()
-                .map(|(k, _)| k.replica_id.as_str())
-                .collect();
-            Eligible {
-                loads: scoring.source.loads(&ids, now_ms),
-                id_hashes: ids.iter().map(|id| id_hash(id)).collect(),
-                replicas,
-                fleet: None,
-            }
-        }
-        (None, None, _) => Eligible::default(),
-    };
-    // Every holder and the best few others, scored as among the whole scope.
-    let ranked = rank_eligible(&eligible, &input, scoring.weights, scoring.others);
-    let holder_within = ranked
-        .iter()
-        .position(|s| s.matched_blocks > 0 && !s.over_bound)
-        // By predicted TTFT a holder ranked below a non-holder answers
-        // later: hinting it anyway sent every prompt sharing a first block
-        // to that block's holder (the chat workload's collapse).
-        .filter(|&i| scoring.weights.ttft.is_none() || i == 0);
-    let other_within = ranked
-        .iter()
-        .any(|s| s.matched_blocks == 0 && !s.over_bound);
-    let hint = holder_within.or_else(|| {
-        // Nobody is within the bound (too little load seen to tell): the
-        // best holder still gets the hint.
-        (!other_within)
-            .then(|| ranked.iter().position(|s| s.matched_blocks > 0))
-            .flatten()
-    });
-    let no_hint = match hint {
-        Some(_) => None,
-        None if matches.is_empty() && speculative.is_empty() => Some((
-            NoHintReason::NoEntry,
-            "no replica holds the first block".to_owned(),
-        )),
-        None => Some((
-            NoHintReason::LoadBound,
-            if scoring.weights.ttft.is_some() {
-                "a replica holding none of the prompt is predicted to answer first"
-            } else {
-                "every replica holding the prefix is over its load bound"
-            }
-            .to_owned(),
-        )),
-    };
-    // Load alone decides for a gateway that named its candidates: it sends
-    // the request somewhere anyway, and a pick the index never hears of
-    // hides that load from every later decision.
-    let by_load = (hint.is_none() && query.candidates.is_some() && !ranked.is_empty()).then_some(0);
-    Ranked {
-        block_size,
-        prompt_blocks,
-        ranked,
-        hint,
-        no_hint,
-        by_load,
-        blocks,
-        // The pool's eligible list is the whole pool, in order.
-        pool_loads: if scoring.pool.is_some() {
-            eligible.loads
-        } else {
-            Vec::new()
-        },
-    }
+    ranked.blocks = blocks;
+    ranked
 }

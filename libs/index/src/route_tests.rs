@@ -500,6 +500,7 @@ fn full_ranking(
     let speculative = fleet
         .speculation
         .holdings(scope_tag(&scope), blocks, &holders, now_ms);
+    let matches: Vec<Match<'_>> = matches.iter().map(Candidate::as_match).collect();
     let input = crate::pick::PickInput {
         replicas: &replicas,
         matches: &matches,

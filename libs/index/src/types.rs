@@ -101,6 +101,18 @@ impl Candidate {
     pub fn matched_tokens(&self) -> u64 {
         u64::from(self.matched_blocks) * u64::from(self.block_size)
     }
+
+    /// Borrowed, as the index lends a match ([`crate::pick::PickInput`]
+    /// reads matches so).
+    pub fn as_match(&self) -> Match<'_> {
+        Match {
+            replica: &self.replica,
+            address: &self.address,
+            matched_blocks: self.matched_blocks,
+            block_size: self.block_size,
+            tier: self.tier,
+        }
+    }
 }
 
 /// One replica's match, borrowed from the index while a
