@@ -22,6 +22,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ".inferencecache.index.v1.BlockHashes",
             "crate::packed::BlockHashes",
         )
+        // A hand-written encoder for LookupRoute's candidates (src/score.rs).
+        .extern_path(
+            ".inferencecache.index.v1.CandidateScore",
+            "crate::score::CandidateScore",
+        )
         .build_client(true)
         .build_server(true)
         .compile_with_config(config, &files, &[root.to_owned()])?;

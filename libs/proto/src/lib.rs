@@ -13,9 +13,11 @@ pub mod index_v1 {
     // Hand-written (build.rs maps the message to it); named here as the
     // generated one was.
     pub use crate::packed::BlockHashes;
+    pub use crate::score::CandidateScore;
 }
 
 pub mod packed;
+pub mod score;
 
 /// `indexer.v1`: llm-d's remote indexer API (GetPodScores), byte-compatible
 /// with llm-d-kv-cache's `indexer.proto`.
