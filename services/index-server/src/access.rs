@@ -112,6 +112,24 @@ pub fn service_account(username: &str) -> Option<(&str, &str)> {
     username.strip_prefix(SA_PREFIX)?.split_once(':')
 }
 
+/// The bearer token of an `authorization` value.
+fn token_of(authorization: Option<&str>) -> Result<&str, Denied> {
+    bearer(authorization).ok_or_else(|| {
+        Denied::Unauthenticated("missing bearer token: send 'authorization: Bearer <token>'".into())
+    })
+}
+
+/// Static-token mode: the caller presents `expected`.
+fn static_caller(expected: &str, authorization: Option<&str>) -> Result<Caller, Denied> {
+    if same_secret(token_of(authorization)?.as_bytes(), expected.as_bytes()) {
+        Ok(Caller::Unrestricted)
+    } else {
+        Err(Denied::Unauthenticated(
+            "bearer token rejected: does not match the configured token".into(),
+        ))
+    }
+}
+
 /// Whether a pod-bound service-account token may report `replica_id` in
 /// `tenant` (pure, so every refusal is a unit test).
 pub fn may_ingest(user: &ReviewedUser, tenant: &str, replica_id: &str) -> Result<(), Denied> {
@@ -209,25 +227,10 @@ impl ApiAccess {
 
     /// Who the caller is, from its `authorization` value.
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Denied> {
-        let token = || {
-            bearer(authorization).ok_or_else(|| {
-                Denied::Unauthenticated(
-                    "missing bearer token: send 'authorization: Bearer <token>'".into(),
-                )
-            })
-        };
         match self {
             Self::Open => Ok(Caller::Unrestricted),
-            Self::Static(expected) => {
-                if same_secret(token()?.as_bytes(), expected.as_bytes()) {
-                    Ok(Caller::Unrestricted)
-                } else {
-                    Err(Denied::Unauthenticated(
-                        "bearer token rejected: does not match the configured token".into(),
-                    ))
-                }
-            }
-            Self::Kubernetes(k) => match k.reviewer.review(token()?).await {
+            Self::Static(expected) => static_caller(expected, authorization),
+            Self::Kubernetes(k) => match k.reviewer.review(token_of(authorization)?).await {
                 Ok(user) => {
                     let admin = k.admins.contains(&user.username);
                     Ok(Caller::User { user, admin })
@@ -235,6 +238,17 @@ impl ApiAccess {
                 Err(AuthError::Unavailable(e)) => Err(Denied::Unavailable(e)),
                 Err(e) => Err(Denied::Unauthenticated(e.to_string())),
             },
+        }
+    }
+
+    /// [`Self::authenticate`] when it needs no review, as in open and
+    /// static-token modes (`None` in Kubernetes mode, which asks the API
+    /// server): a handler then answers without waiting.
+    pub fn authenticate_now(&self, authorization: Option<&str>) -> Option<Result<Caller, Denied>> {
+        match self {
+            Self::Open => Some(Ok(Caller::Unrestricted)),
+            Self::Static(expected) => Some(static_caller(expected, authorization)),
+            Self::Kubernetes(_) => None,
         }
     }
 
@@ -394,5 +408,24 @@ mod tests {
             ApiAccess::Open.authenticate(None).await,
             Ok(Caller::Unrestricted)
         );
+    }
+
+    #[tokio::test]
+    async fn open_and_static_modes_decide_at_once_what_they_decide_awaited() {
+        for access in [ApiAccess::Open, ApiAccess::Static("s3cret".into())] {
+            for authorization in [
+                Some("Bearer s3cret"),
+                Some("Bearer nope"),
+                Some("s3cret"),
+                None,
+            ] {
+                assert_eq!(
+                    access.authenticate_now(authorization),
+                    Some(access.authenticate(authorization).await),
+                    "{} {authorization:?}",
+                    access.mode()
+                );
+            }
+        }
     }
 }

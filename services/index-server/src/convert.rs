@@ -21,6 +21,34 @@ pub(crate) fn checked_scope(
     allow_probe_tenant: bool,
 ) -> Result<Scope, String> {
     let scope = scope.ok_or_else(|| format!("{path}: required"))?;
+    let hash_scheme = checked_fields(scope, path, allow_probe_tenant)?;
+    Ok(Scope {
+        tenant: scope.tenant.clone(),
+        model: scope.model.clone(),
+        hash_scheme,
+        adapter: scope.adapter.clone(),
+    })
+}
+
+/// [`scope_from_pb`] of a scope the caller gives up: its names move into
+/// the [`Scope`] instead of being copied (a LookupRoute's request).
+pub fn scope_from_pb_owned(scope: Option<pb::IndexScope>, path: &str) -> Result<Scope, String> {
+    let scope = scope.ok_or_else(|| format!("{path}: required"))?;
+    let hash_scheme = checked_fields(&scope, path, false)?;
+    Ok(Scope {
+        tenant: scope.tenant,
+        model: scope.model,
+        hash_scheme,
+        adapter: scope.adapter,
+    })
+}
+
+/// Checks a scope's fields; its hash scheme when they are valid.
+fn checked_fields(
+    scope: &pb::IndexScope,
+    path: &str,
+    allow_probe_tenant: bool,
+) -> Result<HashScheme, String> {
     if scope.tenant.is_empty() {
         return Err(format!("{path}.tenant: required"));
     }
@@ -35,21 +63,13 @@ pub(crate) fn checked_scope(
     if scope.model.is_empty() {
         return Err(format!("{path}.model: required"));
     }
-    let hash_scheme = match pb::HashScheme::try_from(scope.hash_scheme) {
-        Ok(pb::HashScheme::Vllm) => HashScheme::Vllm,
-        Ok(pb::HashScheme::Sglang) => HashScheme::Sglang,
-        _ => {
-            return Err(format!(
-                "{path}.hash_scheme: must be HASH_SCHEME_VLLM or HASH_SCHEME_SGLANG"
-            ));
-        }
-    };
-    Ok(Scope {
-        tenant: scope.tenant.clone(),
-        model: scope.model.clone(),
-        hash_scheme,
-        adapter: scope.adapter.clone(),
-    })
+    match pb::HashScheme::try_from(scope.hash_scheme) {
+        Ok(pb::HashScheme::Vllm) => Ok(HashScheme::Vllm),
+        Ok(pb::HashScheme::Sglang) => Ok(HashScheme::Sglang),
+        _ => Err(format!(
+            "{path}.hash_scheme: must be HASH_SCHEME_VLLM or HASH_SCHEME_SGLANG"
+        )),
+    }
 }
 
 /// Most multimodal items, and most per-block key entries, in one lookup.

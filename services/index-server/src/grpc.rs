@@ -15,7 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
 use crate::access::{ApiAccess, Caller};
-use crate::convert::{reason_to_pb, scope_from_pb};
+use crate::convert::{reason_to_pb, scope_from_pb, scope_from_pb_owned};
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed, StepEnd};
 use crate::ingest::{IngestStream, engine_facts};
 use crate::metrics::Metrics;
@@ -46,6 +46,14 @@ pub struct IndexServer {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Readiness: a resync under way on a stream holds it back.
     pub readiness: Arc<crate::readiness::Readiness>,
+}
+
+/// A request's `authorization` metadata, when it is text.
+fn authorization<T>(request: &Request<T>) -> Option<&str> {
+    request
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
 }
 
 fn score(c: &Scored) -> pb::CandidateScore {
@@ -140,12 +148,8 @@ impl IndexServer {
         request: &Request<T>,
         path: &'static str,
     ) -> Result<Caller, Status> {
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok());
         self.access
-            .authenticate(authorization)
+            .authenticate(authorization(request))
             .await
             .map_err(|d| self.refused(path, &d))
     }
@@ -186,33 +190,40 @@ impl IndexServer {
     /// LookupRoute without gRPC: validate, route, convert. The budget
     /// starts now and covers tokenizing, fingerprinting and the walk.
     pub fn lookup(&self, req: &pb::LookupRouteRequest) -> Result<pb::LookupRouteResponse, Status> {
-        self.lookup_with(req, None)
+        let received = Instant::now();
+        let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
+        self.lookup_with(req, scope, None, received)
     }
 
-    /// [`Self::lookup`] of a request the caller gives up: its block hashes
-    /// become the prompt's fingerprints in place, not copied.
+    /// [`Self::lookup`] of a request the caller gives up: its scope's names
+    /// and its block hashes move into the query (the hashes become the
+    /// prompt's fingerprints in place), not copied.
     pub fn lookup_owned(
         &self,
         mut req: pb::LookupRouteRequest,
     ) -> Result<pb::LookupRouteResponse, Status> {
+        let received = Instant::now();
+        let scope =
+            scope_from_pb_owned(req.scope.take(), "scope").map_err(Status::invalid_argument)?;
         let hashes = match &mut req.key {
             Some(pb::lookup_route_request::Key::BlockHashes(b)) => {
                 Some(std::mem::take(&mut b.hashes))
             }
             _ => None,
         };
-        self.lookup_with(&req, hashes)
+        self.lookup_with(&req, scope, hashes, received)
     }
 
-    /// [`Self::lookup`], the block hashes taken from `hashes` when given
-    /// (`req`'s are then not read).
+    /// [`Self::lookup`] in `scope` (`req`'s, validated), received at
+    /// `received`, the block hashes taken from `hashes` when given (`req`'s
+    /// are then not read).
     fn lookup_with(
         &self,
         req: &pb::LookupRouteRequest,
+        scope: ic_index::Scope,
         hashes: Option<Vec<u64>>,
+        received: Instant,
     ) -> Result<pb::LookupRouteResponse, Status> {
-        let received = Instant::now();
-        let scope = scope_from_pb(req.scope.as_ref(), "scope").map_err(Status::invalid_argument)?;
         if req.candidate_replicas.len() > MAX_CANDIDATES {
             return Err(Status::invalid_argument(format!(
                 "candidate_replicas: at most {MAX_CANDIDATES} entries"
@@ -324,14 +335,28 @@ impl IndexService for IndexServer {
             matched_blocks = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
-        ic_telemetry::otel::adopt(
-            &span,
-            ic_telemetry::otel::parent_from_metadata(request.metadata()),
+        if !span.is_disabled() {
+            ic_telemetry::otel::adopt(
+                &span,
+                ic_telemetry::otel::parent_from_metadata(request.metadata()),
+            );
+        }
+        let is_text = matches!(
+            request.get_ref().key,
+            Some(pb::lookup_route_request::Key::PromptText(_))
         );
-        let result = self
-            .lookup_route_checked(request)
-            .instrument(span.clone())
-            .await;
+        // Open and static-token callers are known at once, and may look up
+        // any namespace: a prompt that needs no tokenizing is answered
+        // without awaiting anything. The rest waits in a future of its own,
+        // so this one (moved by value into tonic's boxes) stays small.
+        let result = match self.access.authenticate_now(authorization(&request)) {
+            Some(Ok(Caller::Unrestricted)) if !is_text => {
+                let _entered = span.enter();
+                self.lookup_answered(request.into_inner())
+            }
+            Some(Err(denied)) => Err(self.refused("lookup", &denied)),
+            _ => Box::pin(self.lookup_route_checked(request).instrument(span.clone())).await,
+        };
         match &result {
             Ok(response) => {
                 let r = response.get_ref();
@@ -389,17 +414,24 @@ impl IndexServer {
             request.get_ref().key,
             Some(pb::lookup_route_request::Key::PromptText(_))
         );
-        let result = if is_text {
+        if is_text {
             // Tokenizing a long prompt is CPU work: keep it off the runtime's
             // I/O threads.
             let server = self.clone();
-            tokio::task::spawn_blocking(move || server.lookup_owned(request.into_inner()))
+            tokio::task::spawn_blocking(move || server.lookup_answered(request.into_inner()))
                 .await
                 .map_err(|e| Status::internal(format!("lookup task failed: {e}")))?
         } else {
-            self.lookup_owned(request.into_inner())
-        };
-        match result {
+            self.lookup_answered(request.into_inner())
+        }
+    }
+
+    /// [`Self::lookup_owned`] as the call's answer, its errors counted.
+    fn lookup_answered(
+        &self,
+        request: pb::LookupRouteRequest,
+    ) -> Result<Response<pb::LookupRouteResponse>, Status> {
+        match self.lookup_owned(request) {
             Ok(response) => Ok(Response::new(response)),
             Err(status) => {
                 self.core.metrics().lookup_errors.inc();

@@ -336,9 +336,16 @@ impl IndexCore {
                 )));
             }
         }
-        let tokenizing = Instant::now();
-        let tokenized = self.tokens(request);
-        let tokenized_in = tokenizing.elapsed();
+        // Only text and chat are tokenized (and timed): the other forms
+        // read no clock here.
+        let (tokenized, tokenized_in) = match request.prompt {
+            Prompt::Text(_) | Prompt::Chat(_) => {
+                let tokenizing = Instant::now();
+                let tokenized = self.tokens(request);
+                (tokenized, tokenizing.elapsed())
+            }
+            _ => (Ok(None), std::time::Duration::ZERO),
+        };
         let tokens = match tokenized {
             Ok(tokens) => tokens,
             Err(error) if matches!(request.purpose, Purpose::Endpoint { .. }) => {

@@ -423,3 +423,39 @@ fn observing_lookups_do_not_count_as_routed_requests() {
     assert_eq!(best(false), "a");
     assert_eq!(best(false), "b");
 }
+
+/// With a static token, LookupRoute is answered without awaiting anything
+/// (the caller is known at once), and refusals are still refused, named
+/// and counted as the awaited path counts them.
+#[tokio::test]
+async fn a_static_token_lookup_is_answered_at_once_and_refusals_are_counted() {
+    let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "test");
+    let mut s = IndexServer::new(
+        Arc::new(Index::new(IndexConfig::default())),
+        16,
+        Metrics::register(&registry),
+    );
+    s.access = Arc::new(ic_index_server::access::ApiAccess::Static("s3cret".into()));
+    hold(&s, "a", 4, Tier::T1);
+    let call = |token: Option<&str>| {
+        let mut r = tonic::Request::new(request(tokens()));
+        if let Some(t) = token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        r
+    };
+    let r = s.lookup_route(call(Some("s3cret"))).await.unwrap();
+    let best = r.into_inner().best.unwrap().replica.unwrap().replica_id;
+    assert_eq!(best, "a");
+    for token in [Some("nope"), None] {
+        let status = s.lookup_route(call(token)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated, "{token:?}");
+    }
+    let refused = registry
+        .encode()
+        .lines()
+        .find(|l| l.contains("access_refusals") && l.contains("path=\"lookup\""))
+        .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned());
+    assert_eq!(refused.as_deref(), Some("2"));
+}
