@@ -743,3 +743,34 @@ fn a_resolved_scope_answers_as_its_name_does() {
         LookupOutcome::UnknownScope
     );
 }
+
+#[test]
+fn a_first_block_sharing_another_keys_tag_is_not_taken_for_it() {
+    // One key table, so that two fingerprints whose hashes share their top
+    // 16 bits (the tag) share a bucket pair: the lock-free first probe then
+    // hands the walk the other key's record, which it must not take.
+    let ix = Index::new(IndexConfig {
+        capacity_entries: 1_000,
+        shards: 1,
+    });
+    // The scope's id is 0 (the first one the index hears of).
+    let tag = |fp: u64| crate::store::hash(crate::index::entry_key(0, Fingerprint(fp))) >> 48;
+    let held = 1u64;
+    let twin = (2..).find(|&fp| tag(fp) == tag(held)).unwrap();
+    put(&ix, "t", "a", &[stored(0, &fps(&[held, 7]), Tier::T1)]);
+    assert_eq!(
+        ix.lookup(&scope("t"), &fps(&[twin, 7]), None, None),
+        LookupOutcome::NoEntry
+    );
+    let handle = ix.resolve_scope(&scope("t")).unwrap();
+    let resolved = |prompt: &[u64]| {
+        ix.lookup_resolved_until(handle, &fps(prompt), None, None, &NoDeadline, |v| {
+            v.to_outcome()
+        })
+    };
+    assert_eq!(resolved(&[twin, 7]), LookupOutcome::NoEntry);
+    assert_eq!(
+        matches(resolved(&[held, 7])),
+        vec![("a".to_owned(), 2, Tier::T1)]
+    );
+}
