@@ -110,15 +110,26 @@ impl UsageView {
         if !matches!(batch.event_type, EventType::Store | EventType::Delete) {
             return;
         }
+        // Owner, tier and backend are the batch's; the salt is an entry's,
+        // and entries come in runs of one salt: each run moves its rollups
+        // once (three map probes a run instead of an entry).
+        let mut run: Option<(&str, u64, u64)> = None;
         for (e, &old) in batch.entries.iter().zip(old_sizes) {
-            self.adjust(
-                batch.tier,
-                &e.key.cache_salt,
-                owner,
-                &batch.backend,
-                old,
-                new_size(e.size_bytes),
-            );
+            let (salt, new) = (e.key.cache_salt.as_str(), new_size(e.size_bytes));
+            match &mut run {
+                Some((s, removed, added)) if *s == salt => {
+                    *removed = removed.saturating_add(old);
+                    *added = added.saturating_add(new);
+                }
+                _ => {
+                    if let Some((s, removed, added)) = run.replace((salt, old, new)) {
+                        self.adjust(batch.tier, s, owner, &batch.backend, removed, added);
+                    }
+                }
+            }
+        }
+        if let Some((s, removed, added)) = run {
+            self.adjust(batch.tier, s, owner, &batch.backend, removed, added);
         }
     }
 
@@ -166,7 +177,10 @@ impl UsageView {
             None => salts.entry(salt.to_owned()).or_insert(0),
         };
         // Saturating: a rollup never wraps, whatever order callers keep.
-        *slot = slot.saturating_sub(old) + new;
+        // Added before removed: a run's sums then roll up as its entries
+        // one by one would (a key stored twice in a run removes bytes the
+        // run itself added).
+        *slot = slot.saturating_add(new).saturating_sub(old);
         if *slot == 0 {
             salts.remove(salt);
         }
@@ -179,7 +193,7 @@ impl UsageView {
             Some(slot) => slot,
             None => backends.entry(backend.to_owned()).or_insert(0),
         };
-        *slot = slot.saturating_sub(old) + new;
+        *slot = slot.saturating_add(new).saturating_sub(old);
         if *slot == 0 {
             backends.remove(backend);
             if tiers.iter().all(BTreeMap::is_empty) {
@@ -387,6 +401,45 @@ mod tests {
         assert_eq!(u.by_module, rebuilt.by_module);
         assert!(u.salts(StorageLevel::L1).is_empty());
         assert_eq!(u.salt_bytes(StorageLevel::L2, "t"), 100);
+    }
+
+    /// A batch's runs of one salt roll up as its entries one at a time do:
+    /// repeats and re-stores within a run, runs that come back, a delete.
+    #[test]
+    fn a_batch_rolls_up_as_its_entries_one_by_one() {
+        let entries = [
+            (key(1, "t"), 10),
+            (key(1, "t"), 30),
+            (key(2, "t"), 5),
+            (key(3, "u"), 7),
+            (key(2, "t"), 1),
+            (key(4, "t"), 9),
+            (key(3, "u"), 2),
+            (key(5, ""), 4),
+        ];
+        let (mut d, mut whole) = (KeyDirectory::new(), UsageView::new());
+        let (mut d1, mut single) = (KeyDirectory::new(), UsageView::new());
+        let mk = |event, entries: &[(ObjectKey, u64)]| {
+            batch("a", event, StorageLevel::L1, "dram", false, entries)
+        };
+        for (event, entries) in [
+            (EventType::Store, &entries[..]),
+            (EventType::Store, &entries[2..6]),
+            (EventType::Delete, &entries[1..4]),
+        ] {
+            feed(&mut d, &mut whole, &mk(event, entries));
+            for e in entries {
+                feed(&mut d1, &mut single, &mk(event, std::slice::from_ref(e)));
+            }
+            assert_eq!(
+                whole.salts(StorageLevel::L1),
+                single.salts(StorageLevel::L1)
+            );
+            assert_eq!(whole.by_module, single.by_module);
+        }
+        assert_eq!(whole.salt_bytes(StorageLevel::L1, "t"), 9);
+        assert_eq!(whole.salt_bytes(StorageLevel::L1, "u"), 0);
+        assert_eq!(whole.salt_bytes(StorageLevel::L1, ""), 4);
     }
 
     #[test]
