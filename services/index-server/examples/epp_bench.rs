@@ -11,7 +11,9 @@
 //! tokenizer library alone on the rendered text. Last, the same prompts
 //! as token ids to the picker (a completions body, nothing to tokenize)
 //! alternating with LookupRoute: the decision without a tokenizer run just
-//! before it.
+//! before it. Beside each kind of phase, the server's context switches and
+//! CPU migrations per request, summed over its threads from
+//! `/proc/<pid>/task/*/sched` around the phases.
 //!
 //! `cargo run --release -p ic-index-server --example epp_bench -- [concurrency] [seconds]`
 //! (`EPP_BENCH_LOOKUP_TIMEOUT_MS=N`: the tenant's lookup budget, for runs
@@ -21,6 +23,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -152,11 +155,19 @@ async fn main() {
         .collect();
     let mut picks = Vec::new();
     let mut lookups = Vec::new();
+    let server = process.pid();
+    let (mut chat_sched, mut lookup_sched) = (Scheduled::default(), Scheduled::default());
     // Alternating, half the time each, twice: the box's load drifts.
     let half = Duration::from_secs(seconds).max(Duration::from_secs(2)) / 2;
     for _ in 0..2 {
-        picks.extend(pick_phase(&epp, CHAT, &bodies, concurrency, half).await);
-        lookups.extend(lookup_phase(&grpc, &prompts, concurrency, half).await);
+        let before = threads(server);
+        let phase = pick_phase(&epp, CHAT, &bodies, concurrency, half).await;
+        chat_sched.add(server, &before, phase.len());
+        picks.extend(phase);
+        let before = threads(server);
+        let phase = lookup_phase(&grpc, &prompts, concurrency, half).await;
+        lookup_sched.add(server, &before, phase.len());
+        lookups.extend(phase);
     }
     let measured = 2.0 * half.as_secs_f64();
     let metrics = ic_e2e::http_get(process.admin_addr(), "/metrics").1;
@@ -202,6 +213,9 @@ async fn main() {
         lookup.count,
         decision.mean / lookup.mean,
     );
+    println!(
+        "the server's threads in those phases: per chat pick {chat_sched}; per LookupRoute {lookup_sched}"
+    );
     // Like for like: LookupRoute's timer starts with its token ids decoded,
     // this one with the picker's body read (older servers lack it).
     let name = "inferencecache_index_epp_decision_without_reading_or_tokenizing_seconds";
@@ -229,9 +243,11 @@ async fn main() {
             .collect();
         let lookup_name = "inferencecache_index_lookup_duration_seconds";
         let (mut decided, mut looked) = ((0.0, 0.0), (0.0, 0.0));
+        let (mut token_sched, mut lookup_sched) = (Scheduled::default(), Scheduled::default());
         for _ in 0..2 {
             let before = sum_count(process.admin_addr(), name);
-            pick_phase(
+            let threads_before = threads(server);
+            let phase = pick_phase(
                 &epp,
                 "/v1/completions",
                 &token_bodies,
@@ -239,13 +255,16 @@ async fn main() {
                 half / 2,
             )
             .await;
+            token_sched.add(server, &threads_before, phase.len());
             let after = sum_count(process.admin_addr(), name);
             decided = (
                 decided.0 + after.0 - before.0,
                 decided.1 + after.1 - before.1,
             );
             let before = sum_count(process.admin_addr(), lookup_name);
-            lookup_phase(&grpc, &prompts, concurrency, half / 2).await;
+            let threads_before = threads(server);
+            let phase = lookup_phase(&grpc, &prompts, concurrency, half / 2).await;
+            lookup_sched.add(server, &threads_before, phase.len());
             let after = sum_count(process.admin_addr(), lookup_name);
             looked = (looked.0 + after.0 - before.0, looked.1 + after.1 - before.1);
         }
@@ -259,6 +278,10 @@ async fn main() {
             l * 1e6,
             looked.1,
             d / l,
+        );
+        println!(
+            "the server's threads in those phases: per token-id pick {}; per LookupRoute {}",
+            token_sched, lookup_sched,
         );
     }
     // Tokenizing, in this process, one thread: the picker's path (template
@@ -300,6 +323,70 @@ async fn main() {
         lookup_p50.as_micros(),
     );
     assert!(process.stop().success());
+}
+
+/// Each thread of process `pid` by id: its context switches and its moves
+/// between CPUs so far (`/proc/<pid>/task/<tid>/sched`; empty where the
+/// kernel keeps no such file).
+fn threads(pid: u32) -> HashMap<u64, [u64; 2]> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return HashMap::new();
+    };
+    let mut all = HashMap::new();
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        let Ok(sched) = std::fs::read_to_string(task.path().join("sched")) else {
+            continue;
+        };
+        let mut counts = [0; 2];
+        for (name, value) in sched.lines().filter_map(|l| l.split_once(':')) {
+            let slot = match name.trim() {
+                "nr_switches" => 0,
+                "se.nr_migrations" => 1,
+                _ => continue,
+            };
+            counts[slot] = value.trim().parse().unwrap_or(0);
+        }
+        all.insert(tid, counts);
+    }
+    all
+}
+
+/// The server's context switches and CPU migrations over some phases, and
+/// the requests they served.
+#[derive(Default)]
+struct Scheduled {
+    switches: u64,
+    migrations: u64,
+    requests: usize,
+}
+
+impl Scheduled {
+    /// Adds a phase of `requests` that began with `before` (a thread that
+    /// ended during the phase is not counted; one that began, all of it).
+    fn add(&mut self, pid: u32, before: &HashMap<u64, [u64; 2]>, requests: usize) {
+        for (tid, [switches, migrations]) in threads(pid) {
+            let [s0, m0] = before.get(&tid).copied().unwrap_or_default();
+            self.switches += switches.saturating_sub(s0);
+            self.migrations += migrations.saturating_sub(m0);
+        }
+        self.requests += requests;
+    }
+}
+
+impl std::fmt::Display for Scheduled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.requests.max(1) as f64;
+        write!(
+            f,
+            "{:.2} context switches, {:.2} CPU migrations ({} requests)",
+            self.switches as f64 / n,
+            self.migrations as f64 / n,
+            self.requests
+        )
+    }
 }
 
 /// A histogram of the server's /metrics: its mean and the upper bound of

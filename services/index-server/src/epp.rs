@@ -114,12 +114,14 @@ impl EndpointPicker {
 /// Most endpoints whose responses are remembered (a pool is far smaller).
 const OBSERVED_MAX_ENDPOINTS: usize = 4096;
 
-/// A pick: the endpoints in preference order (the pick first) and the
-/// load-board key of each.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A pick: the endpoints in preference order (the pick first), the
+/// load-board key of each, and the in-flight count the pick took on the
+/// first (ended if the pick is dropped before its stream takes it).
+#[derive(Debug)]
 struct Pick {
     endpoints: Vec<String>,
     replica_ids: Vec<String>,
+    in_flight: InFlight,
 }
 
 /// Why no endpoint was picked.
@@ -155,18 +157,36 @@ struct Exchange {
     response_ended: bool,
 }
 
-/// The picker's in-flight count of one request: taken at the pick, moved
-/// to the endpoint the gateway reports serving it, ended with the response
-/// (or, failing that, the stream).
+/// The picker's in-flight count of one request (the load board's
+/// `started`): taken at the pick, moved to the endpoint the gateway reports
+/// serving it, ended with the response or, failing that, when dropped. The
+/// pick carries it until the stream takes it over, so a pick decided on a
+/// blocking thread for a stream the gateway reset meanwhile (its reply
+/// stream dropped, the pick with nobody to take it) leaves no count behind.
+#[derive(Debug)]
 struct InFlight {
-    picker: EndpointPicker,
+    core: Arc<IndexCore>,
     replica_id: Option<String>,
 }
 
 impl InFlight {
+    /// The count `core` took on `replica_id`.
+    fn taken(core: &Arc<IndexCore>, replica_id: String) -> Self {
+        Self {
+            core: Arc::clone(core),
+            replica_id: Some(replica_id),
+        }
+    }
+
+    /// Takes over `other`'s count (ending this one's, if any).
+    fn take_over(&mut self, other: &mut Self) {
+        self.end();
+        self.replica_id = other.replica_id.take();
+    }
+
     fn end(&mut self) {
         if let Some(id) = self.replica_id.take() {
-            self.picker.core.finished(&id);
+            self.core.finished(&id);
         }
     }
 }
@@ -202,7 +222,6 @@ impl ExternalProcessor for EndpointPicker {
             .map(str::to_owned);
         let pool = select_pool(&self.pools, selector.as_deref());
         let mut incoming = request.into_inner();
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<ProcessingResponse, Status>>(16);
         let picker = match pool {
             Ok(pool) => EndpointPicker {
                 pool,
@@ -212,6 +231,7 @@ impl ExternalProcessor for EndpointPicker {
                 // Answer the first message, as for any refusal.
                 self.core.metrics().epp_refused("unknown_pool");
                 tracing::warn!(%detail, "request refused");
+                let (tx, rx) = tokio::sync::mpsc::channel(1);
                 tokio::spawn(async move {
                     if let Some(Ok(_)) = incoming.next().await {
                         let refusal = wire::refusal(StatusCode::ServiceUnavailable, &detail);
@@ -223,107 +243,151 @@ impl ExternalProcessor for EndpointPicker {
                 )));
             }
         };
-        tokio::spawn(async move {
-            let ex = Exchange {
-                trace_context: stream_context,
-                ..Exchange::default()
-            };
-            picker.run(ex, incoming, tx).await;
-        });
-        Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        )))
+        let ex = Exchange {
+            trace_context: stream_context,
+            ..Exchange::default()
+        };
+        Ok(Response::new(Box::pin(picker.replies(ex, incoming))))
     }
 }
 
+/// A stream's state between its messages.
+struct Replying<S> {
+    picker: EndpointPicker,
+    ex: Exchange,
+    incoming: S,
+    in_flight: InFlight,
+    /// Replies to the last message not yet sent.
+    pending: std::collections::VecDeque<ProcessingResponse>,
+    /// No message is read after the pending replies.
+    ended: bool,
+}
+
 impl EndpointPicker {
-    /// One stream, message by message, until the gateway half-closes, the
-    /// stream breaks or the picker answers with an immediate response.
-    async fn run(
-        &self,
-        mut ex: Exchange,
-        mut incoming: Streaming<ProcessingRequest>,
-        tx: tokio::sync::mpsc::Sender<Result<ProcessingResponse, Status>>,
-    ) {
-        let mut in_flight = InFlight {
-            picker: self.clone(),
+    /// The replies of one stream, message by message, until the gateway
+    /// half-closes, the stream breaks or the picker answers with an
+    /// immediate response. Each message is handled when the reply stream
+    /// is polled, in the gRPC stream's own task, as LookupRoute's handler
+    /// runs: no task of its own, no channel between the two (each such
+    /// hand-over may wake the other runtime thread and move the decision
+    /// to a core whose caches are cold, docs/benchmarks.md). When the
+    /// gateway resets the stream, the reply stream is dropped wherever it
+    /// waits: its [`InFlight`] ends its count, and a pick still on a
+    /// blocking thread ends its own when dropped there.
+    fn replies<S>(
+        self,
+        ex: Exchange,
+        incoming: S,
+    ) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static
+    where
+        S: Stream<Item = Result<ProcessingRequest, Status>> + Send + Unpin + 'static,
+    {
+        let in_flight = InFlight {
+            core: Arc::clone(&self.core),
             replica_id: None,
         };
-        while let Some(message) = incoming.next().await {
-            let message = match message {
-                Ok(m) => m,
-                Err(status) if status.code() == tonic::Code::OutOfRange => {
-                    // A message over the gRPC limit (a BUFFERED body): say
-                    // so, rather than end the stream without a word.
-                    self.core.metrics().epp_refused("too_large");
-                    let detail = format!(
-                        "the request body is over the endpoint picker's limit \
-                         (--epp-max-body-bytes {}): {}",
-                        self.pool.max_body_bytes,
-                        status.message()
-                    );
-                    tracing::warn!(%detail, "request refused");
-                    let _ = tx
-                        .send(Ok(wire::refusal(StatusCode::PayloadTooLarge, &detail)))
-                        .await;
-                    return;
-                }
-                Err(status) => {
-                    tracing::debug!(%status, "ext_proc stream ended by the gateway");
-                    break;
-                }
-            };
-            if let Some(config) = &message.protocol_config {
-                ex.mode = ex
-                    .mode
-                    .or_else(|| BodySendMode::try_from(config.request_body_mode).ok());
-                ex.response_mode = ex
-                    .response_mode
-                    .or_else(|| BodySendMode::try_from(config.response_body_mode).ok());
-            }
-            if let Some(subset) = wire::subset_hint(&message) {
-                ex.subset = Some(subset);
-            }
-            if let Some(served) = wire::served_endpoint(&message) {
-                self.served_by(&served, &ex, &mut in_flight);
-            }
-            let replies = match message.request {
-                Some(processing_request::Request::RequestHeaders(h)) => {
-                    self.on_headers(&mut ex, &h, &mut in_flight).await
-                }
-                Some(processing_request::Request::RequestBody(b)) => {
-                    self.on_body(&mut ex, b, &mut in_flight).await
-                }
-                Some(processing_request::Request::RequestTrailers(_)) => {
-                    self.on_trailers(&mut ex, &mut in_flight).await
-                }
-                Some(processing_request::Request::ResponseHeaders(h)) => {
-                    let content_type = wire::header(&h, "content-type");
-                    ex.usage = Some(UsageReader::new(content_type.as_deref()));
-                    if h.end_of_stream {
-                        self.response_ended(&mut ex, &mut in_flight);
+        let state = Replying {
+            picker: self,
+            ex,
+            incoming,
+            in_flight,
+            pending: std::collections::VecDeque::new(),
+            ended: false,
+        };
+        futures::stream::unfold(state, |mut s| async move {
+            loop {
+                if let Some(reply) = s.pending.pop_front() {
+                    if is_immediate(&reply) {
+                        // The stream ends with it.
+                        s.pending.clear();
+                        s.ended = true;
                     }
-                    vec![wire::response_headers()]
+                    return Some((Ok(reply), s));
                 }
-                Some(processing_request::Request::ResponseBody(b)) => {
-                    self.on_response_body(&mut ex, b, &mut in_flight)
+                if s.ended {
+                    return None;
                 }
-                Some(processing_request::Request::ResponseTrailers(_)) => {
-                    self.response_ended(&mut ex, &mut in_flight);
-                    vec![wire::response_trailers()]
-                }
-                None => Vec::new(),
-            };
-            for reply in replies {
-                let immediate = matches!(
-                    reply.response,
-                    Some(processing_response::Response::ImmediateResponse(_))
-                );
-                if tx.send(Ok(reply)).await.is_err() || immediate {
-                    return;
-                }
+                let message = s.incoming.next().await?;
+                let Some(replies) = s.picker.handle(&mut s.ex, message, &mut s.in_flight).await
+                else {
+                    s.ended = true;
+                    continue;
+                };
+                s.pending.extend(replies);
             }
+        })
+    }
+
+    /// One message of a stream: its replies, or `None` when the stream
+    /// ends (after the replies already pending).
+    async fn handle(
+        &self,
+        ex: &mut Exchange,
+        message: Result<ProcessingRequest, Status>,
+        in_flight: &mut InFlight,
+    ) -> Option<Vec<ProcessingResponse>> {
+        let message = match message {
+            Ok(m) => m,
+            Err(status) if status.code() == tonic::Code::OutOfRange => {
+                // A message over the gRPC limit (a BUFFERED body): say
+                // so, rather than end the stream without a word.
+                self.core.metrics().epp_refused("too_large");
+                let detail = format!(
+                    "the request body is over the endpoint picker's limit \
+                     (--epp-max-body-bytes {}): {}",
+                    self.pool.max_body_bytes,
+                    status.message()
+                );
+                tracing::warn!(%detail, "request refused");
+                return Some(vec![wire::refusal(StatusCode::PayloadTooLarge, &detail)]);
+            }
+            Err(status) => {
+                tracing::debug!(%status, "ext_proc stream ended by the gateway");
+                return None;
+            }
+        };
+        if let Some(config) = &message.protocol_config {
+            ex.mode = ex
+                .mode
+                .or_else(|| BodySendMode::try_from(config.request_body_mode).ok());
+            ex.response_mode = ex
+                .response_mode
+                .or_else(|| BodySendMode::try_from(config.response_body_mode).ok());
         }
+        if let Some(subset) = wire::subset_hint(&message) {
+            ex.subset = Some(subset);
+        }
+        if let Some(served) = wire::served_endpoint(&message) {
+            self.served_by(&served, ex, in_flight);
+        }
+        let replies = match message.request {
+            Some(processing_request::Request::RequestHeaders(h)) => {
+                self.on_headers(ex, &h, in_flight).await
+            }
+            Some(processing_request::Request::RequestBody(b)) => {
+                self.on_body(ex, b, in_flight).await
+            }
+            Some(processing_request::Request::RequestTrailers(_)) => {
+                self.on_trailers(ex, in_flight).await
+            }
+            Some(processing_request::Request::ResponseHeaders(h)) => {
+                let content_type = wire::header(&h, "content-type");
+                ex.usage = Some(UsageReader::new(content_type.as_deref()));
+                if h.end_of_stream {
+                    self.response_ended(ex, in_flight);
+                }
+                vec![wire::response_headers()]
+            }
+            Some(processing_request::Request::ResponseBody(b)) => {
+                self.on_response_body(ex, b, in_flight)
+            }
+            Some(processing_request::Request::ResponseTrailers(_)) => {
+                self.response_ended(ex, in_flight);
+                vec![wire::response_trailers()]
+            }
+            None => Vec::new(),
+        };
+        Some(replies)
     }
 
     async fn pick_or_refuse(
@@ -361,9 +425,9 @@ impl EndpointPicker {
         );
         let _entered = span.enter();
         match decided {
-            Ok(pick) => {
+            Ok(mut pick) => {
                 span.record("replica", pick.replica_ids[0].as_str());
-                in_flight.replica_id = Some(pick.replica_ids[0].clone());
+                in_flight.take_over(&mut pick.in_flight);
                 ex.picked_at = Some(Instant::now());
                 Ok(pick)
             }

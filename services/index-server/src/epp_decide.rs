@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{EndpointPicker, NoEndpoint, Pick};
+use super::{EndpointPicker, InFlight, NoEndpoint, Pick};
 use crate::index_core::{Prompt, Purpose, RouteError, RouteRequest, Routed};
 use crate::openai::{self, Prompt as BodyPrompt};
 
@@ -180,6 +180,8 @@ impl EndpointPicker {
                 tokenized_in,
                 by_load,
             }) => {
+                // The count `route` took, ended unless the stream takes it.
+                let in_flight = InFlight::taken(&self.core, pick.replica.replica_id.clone());
                 let mut endpoints = Vec::with_capacity(self.pool.fallbacks + 1);
                 let mut replica_ids = Vec::with_capacity(self.pool.fallbacks + 1);
                 endpoints.push(pick.address);
@@ -205,6 +207,7 @@ impl EndpointPicker {
                 Ok(Pick {
                     endpoints,
                     replica_ids,
+                    in_flight,
                 })
             }
             Err(RouteError::Saturated(detail)) => Err(NoEndpoint::Saturated(detail)),
@@ -226,8 +229,10 @@ mod tests {
 
     use parking_lot::Mutex;
 
-    use super::super::NoEndpoint;
+    use futures::{Stream as _, StreamExt as _};
+
     use super::super::scope::tests::{counted_picker, picker};
+    use super::super::{Exchange, NoEndpoint};
     use super::INLINE_READ_BYTES;
 
     const A: &str = "10.0.0.1:8000";
@@ -404,6 +409,60 @@ mod tests {
         assert!(
             metrics.contains("epp_handoff_wait_seconds_count 1"),
             "{metrics}"
+        );
+    }
+
+    /// A gateway that resets its stream while the stream's pick waits for
+    /// a blocking thread leaves nothing in flight: the pick is made there
+    /// after the stream is gone (the load board counts it started) and its
+    /// count ends with it. The stream's replies are dropped as tonic drops
+    /// them on a reset; the pick's task is known to be over when the one
+    /// blocking thread runs the next task (an event, not a wait).
+    #[test]
+    fn a_stream_reset_while_its_pick_is_handed_off_leaves_nothing_in_flight() {
+        let (p, registry) = counted_picker(&[A]);
+        let chat = br#"{"model":"reset-mid-pick","messages":[{"role":"user","content":"hi"}]}"#;
+        let runtime = one_blocking_thread();
+        runtime.block_on(async {
+            let (release, blocker) = hold_the_blocking_thread();
+            let (gateway, incoming) = tokio::sync::mpsc::unbounded_channel();
+            for message in ic_e2e::ext_proc::buffered("/v1/chat/completions", chat) {
+                gateway.send(Ok(message)).expect("the stream reads");
+            }
+            let incoming = tokio_stream::wrappers::UnboundedReceiverStream::new(incoming);
+            let mut replies = Box::pin(p.clone().replies(Exchange::default(), incoming));
+            // The headers are answered; the body's pick is handed off.
+            let headers = replies.next().await.expect("a reply").expect("no error");
+            assert_eq!(ic_e2e::ext_proc::destination(&headers), None);
+            std::future::poll_fn(|cx| {
+                assert!(
+                    replies.as_mut().poll_next(cx).is_pending(),
+                    "the pick waits for the thread"
+                );
+                Poll::Ready(())
+            })
+            .await;
+            // The gateway resets the stream.
+            drop(replies);
+            drop(gateway);
+            release.send(()).expect("the blocker waits");
+            blocker.await.expect("the blocker");
+            // Queued behind the pick's task on the one blocking thread.
+            tokio::task::spawn_blocking(|| ())
+                .await
+                .expect("the next blocking task");
+        });
+        let metrics = registry.encode();
+        // The pick was made after the reset, by load (no tokenizer here)...
+        assert!(
+            metrics.contains(r#"epp_picks_total{by="load"} 1"#),
+            "{metrics}"
+        );
+        // ...and nothing is counted in flight on any replica.
+        let own = p.core.routing().load_board().own_picks(0);
+        assert!(
+            own.iter().all(|(_, picks)| picks.in_flight == 0.0),
+            "{own:?}"
         );
     }
 
