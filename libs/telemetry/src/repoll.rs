@@ -6,11 +6,13 @@
 //! tokio's multi-threaded scheduler takes a task woken during its own poll
 //! for a yield: back of the queue, and an idle worker unparked to steal it
 //! — a futex wake and a context switch a request on an idle server
-//! (docs/benchmarks.md, "The lookup path on one thread"). [`Repoll`] keeps
-//! work stealing for everything else: only a wake that arrives while the
-//! task is inside its own poll is absorbed, and at most [`MAX_REPOLLS`]
-//! times a poll, so a deliberate yield (hyper's after 16 loops, tokio's
-//! cooperative budget) still yields.
+//! (found with strace: `git show 81cafa9c:docs/benchmarks.md`, "The lookup
+//! path on one thread" and "The lookup's own work and the self-wake"; the
+//! effect now in docs/benchmarks.md, "What the request path does, and what
+//! was tried"). [`Repoll`] keeps work stealing for everything else: only a
+//! wake that arrives while the task is inside its own poll is absorbed, and
+//! at most [`MAX_REPOLLS`] times a poll, so a deliberate yield (hyper's
+//! after 16 loops, tokio's cooperative budget) still yields.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -13,8 +13,9 @@ use anyhow::{Context, bail};
 /// connection's life, and checked after the clock stops. Against hyper's
 /// client (a connection task beside the worker's, a hand-off between the
 /// two each way) this saved a few µs at p50 on a ~25-µs floor, the same for
-/// both servers (docs/benchmarks.md, "A lean client and the batch's names";
-/// far less than the 35 µs of client CPU a lookup measured before suggested).
+/// both servers (`git show 81cafa9c:docs/benchmarks.md`, "A lean client and
+/// the batch's names"; far less than the 35 µs of client CPU a lookup
+/// measured before suggested).
 #[derive(Debug)]
 pub struct Conn {
     stream: tokio::net::TcpStream,
