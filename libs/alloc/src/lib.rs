@@ -15,11 +15,15 @@
 //! mimalloc returns pages left free for a second to the OS (`madvise`)
 //! from inside the next allocation or free, a request's on a server;
 //! [`keep_freed_pages`] turns that off for a binary that asks
-//! (`ic-coordinator`).
+//! (`ic-coordinator`), [`set_purge_delay_ms`] sets the delay to any value
+//! (its `--allocator-purge-delay-ms`) and [`purge_delay_ms`] reads it.
 //!
 //! A binary opts in with
 //! `#[global_allocator] static ALLOCATOR: ic_alloc::SplitAlloc = ic_alloc::SplitAlloc;`
-//! (no `unsafe` there); the `unsafe` is here, in the one impl.
+//! (no `unsafe` there). The `unsafe` is all here, in three places: the
+//! `GlobalAlloc` impl, the declaration of mimalloc's two option functions
+//! (`mi_option_get`, `mi_option_set`), and the two calls to them in
+//! [`set_purge_delay_ms`] and [`purge_delay_ms`].
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -96,10 +100,17 @@ unsafe impl GlobalAlloc for SplitAlloc {
 
 // === Returning freed pages ===
 
-/// mimalloc's `mi_option_purge_delay` (the enum's index in mimalloc.h of
-/// the version `libmimalloc-sys` builds; `tests/purge.rs` checks it reads
-/// that option's default).
+/// mimalloc's `mi_option_purge_delay`: its index in the `mi_option_e` enum
+/// of `c_src/mimalloc/v3/include/mimalloc.h` in `libmimalloc-sys` 0.1.49,
+/// the version the workspace pins exactly (`mimalloc` and
+/// `libmimalloc-sys` in the root `Cargo.toml`), since that crate exports no
+/// constant for it and another version may number the options otherwise.
+/// `tests/purge.rs` checks that it reads that option's default (1,000 ms).
 const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+/// mimalloc's environment variables for the purge delay (the second its
+/// legacy name), which it reads at start.
+pub const PURGE_DELAY_ENV: [&str; 2] = ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"];
 
 // The C functions of the mimalloc that `libmimalloc-sys` links (its
 // `extended` feature declares them too, but pulls in a crate for C types
@@ -117,28 +128,38 @@ unsafe extern "C" {
 /// and, when the memory is used again, a page fault per page. A process
 /// whose small-block memory comes back to its peak (request buffers,
 /// batches) loses nothing by keeping it; its resident size stays at that
-/// peak. Call it first thing in `main`; `MIMALLOC_PURGE_DELAY` in the
-/// environment (mimalloc's own setting) still wins. Blocks from [`HUGE`]
-/// up are the system allocator's and unaffected.
+/// peak. Call it first thing in `main`; mimalloc's own variables
+/// ([`PURGE_DELAY_ENV`]), where set, still win. Blocks from [`HUGE`] up
+/// are the system allocator's and unaffected.
 pub fn keep_freed_pages() {
     // mimalloc's own variable, where an operator set one, decides.
-    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+    if PURGE_DELAY_ENV
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+    {
         return;
     }
+    set_purge_delay_ms(-1);
+}
+
+/// Sets mimalloc's purge delay: pages left free this many ms go back to
+/// the OS (0: at once; -1: never, as [`keep_freed_pages`]). Overrides
+/// mimalloc's environment variables.
+pub fn set_purge_delay_ms(ms: i32) {
     // SAFETY: sets an option word; mimalloc reads it at each purge decision.
     #[allow(unsafe_code)]
     unsafe {
-        mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        mi_option_set(MI_OPTION_PURGE_DELAY, std::ffi::c_long::from(ms));
     }
 }
 
 /// mimalloc's purge delay in ms (-1: freed pages are kept).
-pub fn purge_delay_ms() -> std::ffi::c_long {
+pub fn purge_delay_ms() -> i64 {
     // SAFETY: reads an option word.
     #[allow(unsafe_code)]
-    unsafe {
-        mi_option_get(MI_OPTION_PURGE_DELAY)
-    }
+    let ms = unsafe { mi_option_get(MI_OPTION_PURGE_DELAY) };
+    // `c_long` is `i64` or `i32`, by platform: widening either way.
+    ms as i64
 }
 
 #[cfg(test)]

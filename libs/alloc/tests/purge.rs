@@ -1,10 +1,18 @@
-//! `keep_freed_pages`: mimalloc stops returning freed pages to the OS.
-//! One test in its own process, so the option starts at mimalloc's default.
+//! `keep_freed_pages` and `set_purge_delay_ms`: mimalloc stops (or starts
+//! again) returning freed pages to the OS. mimalloc reads its variables
+//! (`MIMALLOC_PURGE_DELAY`, legacy `MIMALLOC_RESET_DELAY`) once at start,
+//! so each test runs its body in a child process of this test binary with
+//! an environment it sets itself, whatever the caller's environment holds.
 
-use ic_alloc::{SplitAlloc, keep_freed_pages, purge_delay_ms};
+use std::process::Command;
+
+use ic_alloc::{PURGE_DELAY_ENV, SplitAlloc, keep_freed_pages, purge_delay_ms, set_purge_delay_ms};
 
 #[global_allocator]
 static ALLOCATOR: SplitAlloc = SplitAlloc;
+
+/// Set in a child: the body to run there.
+const CHILD: &str = "IC_ALLOC_PURGE_CHILD";
 
 // Collects every thread-free and empty page now, purging those due, as
 // mimalloc would a second later from inside some allocation.
@@ -37,22 +45,88 @@ fn kept_after_free(bytes: usize) -> (usize, usize) {
     (filled, resident_bytes())
 }
 
-#[test]
-fn freed_pages_stay_mapped_once_kept() {
-    const BYTES: usize = 64 << 20;
-    // The option index is mimalloc's purge delay: its default, 1,000 ms.
-    assert_eq!(purge_delay_ms(), 1000);
-    // By default the freed pages go back to the OS.
-    let (filled, after) = kept_after_free(BYTES);
+const BYTES: usize = 64 << 20;
+
+fn purged(bytes: usize) {
+    let (filled, after) = kept_after_free(bytes);
     assert!(
-        filled.saturating_sub(after) > BYTES / 2,
-        "purged by default: resident {filled} -> {after} bytes"
+        filled.saturating_sub(after) > bytes / 2,
+        "purged: resident {filled} -> {after} bytes"
     );
-    keep_freed_pages();
-    assert_eq!(purge_delay_ms(), -1);
-    let (filled, after) = kept_after_free(BYTES);
+}
+
+fn kept(bytes: usize) {
+    let (filled, after) = kept_after_free(bytes);
     assert!(
-        filled.saturating_sub(after) < BYTES / 8,
+        filled.saturating_sub(after) < bytes / 8,
         "kept: resident {filled} -> {after} bytes"
     );
+}
+
+/// Runs `test` (this binary's test of that name) in a child process with
+/// mimalloc's variables removed and `env` set, and fails with its output
+/// when it fails. In the child (`CHILD` set) returns false: run the body.
+fn in_child(test: &str, env: &[(&str, &str)]) -> bool {
+    if std::env::var_os(CHILD).is_some() {
+        return false;
+    }
+    let mut child = Command::new(std::env::current_exe().expect("this test binary"));
+    child
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1");
+    for name in PURGE_DELAY_ENV {
+        child.env_remove(name);
+    }
+    child.envs(env.iter().copied());
+    let out = child.output().expect("the test binary runs again");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{test} in a child with {env:?}: {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The child ran the one test (not zero: a renamed test would pass).
+    assert!(stdout.contains("1 passed"), "{test}: {stdout}");
+    true
+}
+
+#[test]
+fn freed_pages_stay_mapped_once_kept() {
+    if in_child("freed_pages_stay_mapped_once_kept", &[]) {
+        return;
+    }
+    // The option index is mimalloc's purge delay: its default, 1,000 ms.
+    assert_eq!(
+        purge_delay_ms(),
+        1000,
+        "MI_OPTION_PURGE_DELAY does not read mimalloc's purge delay default \
+         (MIMALLOC_PURGE_DELAY and MIMALLOC_RESET_DELAY are removed here)"
+    );
+    // By default the freed pages go back to the OS.
+    purged(BYTES);
+    keep_freed_pages();
+    assert_eq!(purge_delay_ms(), -1);
+    kept(BYTES);
+    // `--allocator-purge-delay-ms 0`: they go back again.
+    set_purge_delay_ms(0);
+    assert_eq!(purge_delay_ms(), 0);
+    purged(BYTES);
+}
+
+/// mimalloc's own variable, where set, wins over `keep_freed_pages`, and
+/// `set_purge_delay_ms` over it.
+#[test]
+fn mimallocs_variable_wins_over_keep() {
+    if in_child(
+        "mimallocs_variable_wins_over_keep",
+        &[("MIMALLOC_PURGE_DELAY", "250")],
+    ) {
+        return;
+    }
+    assert_eq!(purge_delay_ms(), 250);
+    keep_freed_pages();
+    assert_eq!(purge_delay_ms(), 250);
+    set_purge_delay_ms(-1);
+    assert_eq!(purge_delay_ms(), -1);
 }
