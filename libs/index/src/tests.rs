@@ -754,10 +754,22 @@ fn a_first_block_sharing_another_keys_tag_is_not_taken_for_it() {
         shards: 1,
     });
     // The scope's id is 0 (the first one the index hears of).
-    let tag = |fp: u64| crate::store::hash(crate::index::entry_key(0, Fingerprint(fp))) >> 48;
+    let h = |fp: u64| crate::store::hash(crate::index::entry_key(0, Fingerprint(fp)));
+    let tag = |fp: u64| h(fp) >> 48;
     let held = 1u64;
     let twin = (2..).find(|&fp| tag(fp) == tag(held)).unwrap();
     put(&ix, "t", "a", &[stored(0, &fps(&[held, 7]), Tier::T1)]);
+    // The premise: the twin's first probe finds the held key's record. Were
+    // the two keys' tables or buckets apart (sharding or sizing changed),
+    // the probe would be a sure miss and the answers below would hold
+    // without testing the check.
+    let held_record = ix.store.first_probe(h(held));
+    assert!(held_record.is_some(), "the held key's first probe");
+    assert_eq!(
+        ix.store.first_probe(h(twin)),
+        held_record,
+        "the twin's first probe"
+    );
     assert_eq!(
         ix.lookup(&scope("t"), &fps(&[twin, 7]), None, None),
         LookupOutcome::NoEntry
