@@ -28,7 +28,6 @@ pub mod pool;
 pub mod probe;
 pub mod readiness;
 pub mod routing;
-pub mod runtime;
 pub mod snapshot;
 pub mod streams;
 pub mod tokenize;
@@ -217,10 +216,6 @@ pub struct Config {
     /// The peer replicas' pick-load exchange.
     #[command(flatten)]
     pub peers: peers::PeerFlags,
-
-    /// The runtime's threads and busy polling.
-    #[command(flatten)]
-    pub runtime: runtime::RuntimeFlags,
 }
 
 /// The engine family of a pool, which fixes its fingerprint scheme.
@@ -406,7 +401,6 @@ async fn routing_upkeep(core: Arc<IndexCore>, shutdown: CancellationToken) {
 async fn serve_epp(
     addr: SocketAddr,
     options: ServeOptions,
-    busy_poll: Option<Arc<runtime::BusyPoll>>,
     picker: epp::EndpointPicker,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(
@@ -437,10 +431,7 @@ async fn serve_epp(
             tonic::transport::Server::builder()
                 .add_service(health)
                 .add_service(picker.into_server())
-                .serve_with_incoming_shutdown(
-                    conn::incoming(listener, busy_poll),
-                    shutdown.cancelled_owned(),
-                )
+                .serve_with_incoming_shutdown(conn::incoming(listener), shutdown.cancelled_owned())
                 .await
         }),
         reporter,
@@ -469,18 +460,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let peer_settings = config.peers.settings(config.api_static_token.as_deref())?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
-    let busy_poll = config.runtime.busy_poll(registry.register_with(|r| {
-        let spun = prometheus_client::metrics::counter::Counter::default();
-        r.sub_registry_with_prefix("index").register(
-            "busy_poll_seconds",
-            "Time the runtime spent polling its sockets awake after reads (--busy-poll-us)",
-            spun.clone(),
-        );
-        spun
-    }));
-    if let Some(poller) = &busy_poll {
-        tokio::spawn(poller.clone().run(shutdown.clone()));
-    }
     let auth = probe_auth(&config, &metrics).await?;
     let access = Arc::new(api_access(&config, &metrics).await?);
     if matches!(*access, access::ApiAccess::Open) {
@@ -597,14 +576,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 }
             }
             let picker = epp::EndpointPicker::serving(core.clone(), pools);
-            let (task, reporter) = serve_epp(
-                addr,
-                serve_options(&[b"h2"]),
-                busy_poll.clone(),
-                picker,
-                shutdown.clone(),
-            )
-            .await?;
+            let (task, reporter) =
+                serve_epp(addr, serve_options(&[b"h2"]), picker, shutdown.clone()).await?;
             reporters.push((reporter, EPP_READY_SERVICES.to_vec()));
             Some(task)
         }
@@ -641,7 +614,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .add_service(peer_service)
                 .add_service(IndexServiceServer::new(service))
                 .serve_with_incoming_shutdown(
-                    conn::incoming(grpc_listener, busy_poll),
+                    conn::incoming(grpc_listener),
                     shutdown.cancelled_owned(),
                 )
                 .await

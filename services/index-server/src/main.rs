@@ -21,24 +21,11 @@ struct Args {
     config: ic_index_server::Config,
 }
 
-fn main() -> ExitCode {
+#[tokio::main]
+async fn main() -> ExitCode {
     let Args { log, config } = Args::parse();
-    if let Err(error) = config.runtime.check() {
-        eprintln!("{error}");
-        return ExitCode::from(2);
-    }
-    // Built from the flags (--worker-threads), not #[tokio::main]: one
-    // thread or several.
-    let runtime = match config.runtime.build() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(ic_telemetry::run_service(
-        ic_index_server::BINARY,
-        &log,
-        |shutdown| ic_index_server::run(config, shutdown),
-    ))
+    ic_telemetry::run_service(ic_index_server::BINARY, &log, |shutdown| {
+        ic_index_server::run(config, shutdown)
+    })
+    .await
 }
