@@ -112,7 +112,9 @@ impl UsageView {
         }
         // Owner, tier and backend are the batch's; the salt is an entry's,
         // and entries come in runs of one salt: each run moves its rollups
-        // once (three map probes a run instead of an entry).
+        // once (three map probes a run instead of an entry). While no rollup
+        // has saturated, a run's sums move it as its entries one by one
+        // would; see `adjust` for when they differ.
         let mut run: Option<(&str, u64, u64)> = None;
         for (e, &old) in batch.entries.iter().zip(old_sizes) {
             let (salt, new) = (e.key.cache_salt.as_str(), new_size(e.size_bytes));
@@ -177,9 +179,13 @@ impl UsageView {
             None => salts.entry(salt.to_owned()).or_insert(0),
         };
         // Saturating: a rollup never wraps, whatever order callers keep.
-        // Added before removed: a run's sums then roll up as its entries
-        // one by one would (a key stored twice in a run removes bytes the
-        // run itself added).
+        // Added before removed: while the slot has not saturated, a run's
+        // sums then roll up as its entries one by one would (a key stored
+        // twice in a run removes bytes the run itself added). Once it has
+        // (sizes summing past u64::MAX, nonsense input, where the rollup is
+        // no longer exact anyway) they can differ: a slot clamped at MAX,
+        // then a run that replaces MAX bytes by 1 and adds 5 more, ends at
+        // 0 where entries one by one end at 5.
         *slot = slot.saturating_add(new).saturating_sub(old);
         if *slot == 0 {
             salts.remove(salt);
@@ -405,6 +411,9 @@ mod tests {
 
     /// A batch's runs of one salt roll up as its entries one at a time do:
     /// repeats and re-stores within a run, runs that come back, a delete.
+    /// The one exception, a rollup saturated at u64::MAX, is pinned at the
+    /// end: neither path panics or wraps, and where they part is the
+    /// documented case.
     #[test]
     fn a_batch_rolls_up_as_its_entries_one_by_one() {
         let entries = [
@@ -440,6 +449,23 @@ mod tests {
         assert_eq!(whole.salt_bytes(StorageLevel::L1, "t"), 9);
         assert_eq!(whole.salt_bytes(StorageLevel::L1, "u"), 0);
         assert_eq!(whole.salt_bytes(StorageLevel::L1, ""), 4);
+
+        // The exception: two keys of one salt at u64::MAX bytes clamp the
+        // rollup (both paths agree there), then [A: MAX -> 1, C: 0 -> 5].
+        let (a, b, c) = (key(11, "s"), key(12, "s"), key(13, "s"));
+        let saturate = [(a.clone(), u64::MAX), (b, u64::MAX)];
+        let after = [(a, 1), (c, 5)];
+        for (entries, whole_bytes, single_bytes) in
+            [(&saturate[..], u64::MAX, u64::MAX), (&after[..], 0, 5)]
+        {
+            feed(&mut d, &mut whole, &mk(EventType::Store, entries));
+            for e in entries {
+                let one = mk(EventType::Store, std::slice::from_ref(e));
+                feed(&mut d1, &mut single, &one);
+            }
+            assert_eq!(whole.salt_bytes(StorageLevel::L1, "s"), whole_bytes);
+            assert_eq!(single.salt_bytes(StorageLevel::L1, "s"), single_bytes);
+        }
     }
 
     #[test]
