@@ -458,12 +458,16 @@ mod tests {
             metrics.contains(r#"epp_picks_total{by="load"} 1"#),
             "{metrics}"
         );
-        // ...and nothing is counted in flight on any replica.
-        let own = p.core.routing().load_board().own_picks(0);
-        assert!(
-            own.iter().all(|(_, picks)| picks.in_flight == 0.0),
-            "{own:?}"
-        );
+        // ...and nothing is counted in flight on its replica, whose entry
+        // the pick made (asked by id: `own_picks` leaves out idle entries).
+        let replica = p.replica_of(A).expect("A is in the pool");
+        let own = p
+            .core
+            .routing()
+            .load_board()
+            .own_picks_of([replica.as_str()], 0);
+        assert_eq!(own.len(), 1, "A's replica is on the board: {own:?}");
+        assert_eq!(own[0].1.in_flight, 0.0, "{own:?}");
     }
 
     /// The clock each handed-off decision ran from and when its blocking
