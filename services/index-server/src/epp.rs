@@ -163,10 +163,18 @@ struct Exchange {
 /// pick carries it until the stream takes it over, so a pick decided on a
 /// blocking thread for a stream the gateway reset meanwhile (its reply
 /// stream dropped, the pick with nobody to take it) leaves no count behind.
-#[derive(Debug)]
 struct InFlight {
     core: Arc<IndexCore>,
     replica_id: Option<String>,
+}
+
+/// Only the replica: the core is shared, and its Debug is the whole index.
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("replica_id", &self.replica_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl InFlight {

@@ -470,6 +470,20 @@ mod tests {
         assert_eq!(own[0].1.in_flight, 0.0, "{own:?}");
     }
 
+    /// A pick's Debug names the replica its in-flight count is on, not the
+    /// shared core it holds (whose Debug is the whole index).
+    #[test]
+    fn a_pick_s_debug_names_its_replica_not_the_core() {
+        let p = picker(&[A]);
+        let pick = p.decide("/v1/chat/completions", Some(CHAT), None, 0);
+        let shown = format!("{:?}", pick.expect("a pick"));
+        assert!(
+            shown.contains(&format!("InFlight {{ replica_id: Some({A:?}), .. }}")),
+            "{shown}"
+        );
+        assert!(!shown.contains("IndexCore"), "{shown}");
+    }
+
     /// The clock each handed-off decision ran from and when its blocking
     /// thread resumed, by the request's model.
     static HANDED_OFF: Mutex<Vec<(String, Instant, Instant)>> = Mutex::new(Vec::new());
