@@ -7,12 +7,13 @@
 //! breaks — so a prompt costs a handful of random reads, not one per block.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
 use crate::arena::{Holder, RecId};
-use crate::index::{Index, Registry, ReplicaIdx, ScopeId, entry_key};
+use crate::index::{Index, Registry, ReplicaIdx, ReplicaMeta, ScopeId, entry_key};
 use crate::store::{Block, hash};
 use crate::types::{
     Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
@@ -36,6 +37,9 @@ fn eligible(
 /// eight).
 type Matches<'a> = SmallVec<[Match<'a>; 8]>;
 
+/// The registry entries of a lookup's matches, in their order.
+type Metas<'a> = SmallVec<[&'a Arc<ReplicaMeta>; 8]>;
+
 /// What a lookup found, borrowing the registry. One per lookup, on the
 /// stack: the inline matches are the point (boxing would allocate).
 #[allow(clippy::large_enum_variant)]
@@ -44,23 +48,31 @@ enum Found<'a> {
     UnknownScope,
     /// The deadline passed before the walk ended.
     TimedOut,
-    /// The matches (none: no entry).
-    Matches(Matches<'a>),
+    /// The matches (none: no entry), and their registry entries.
+    Matches(Matches<'a>, Metas<'a>),
 }
 
 impl<'a> Found<'a> {
     const UNKNOWN_SCOPE: Self = Found::UnknownScope;
 
     fn no_entry() -> Self {
-        Found::Matches(SmallVec::new())
+        Found::Matches(SmallVec::new(), SmallVec::new())
+    }
+
+    /// The matches' registry entries, in their order.
+    fn metas(&self) -> &[&'a Arc<ReplicaMeta>] {
+        match self {
+            Found::Matches(_, metas) => metas,
+            _ => &[],
+        }
     }
 
     fn view(&self) -> LookupView<'_> {
         match self {
             Found::UnknownScope => LookupView::UnknownScope,
             Found::TimedOut => LookupView::TimedOut,
-            Found::Matches(m) if m.is_empty() => LookupView::NoEntry,
-            Found::Matches(m) => LookupView::Matches(m),
+            Found::Matches(m, _) if m.is_empty() => LookupView::NoEntry,
+            Found::Matches(m, _) => LookupView::Matches(m),
         }
     }
 }
@@ -104,8 +116,10 @@ fn ranked<'a>(
             .collect();
     }
     let mut out = Matches::new();
+    let mut metas = Metas::new();
     for (idx, matched_blocks, tier) in matches {
         if let Some(meta) = meta(idx) {
+            metas.push(meta);
             out.push(Match {
                 replica: &meta.key,
                 address: &meta.address,
@@ -115,7 +129,7 @@ fn ranked<'a>(
             });
         }
     }
-    Found::Matches(out)
+    Found::Matches(out, metas)
 }
 
 /// The running score of one lookup.
@@ -348,14 +362,37 @@ impl Index {
         deadline: &dyn Deadline,
         answer: impl FnOnce(LookupView<'_>) -> R,
     ) -> R {
+        self.lookup_resolved_in(
+            scope,
+            fingerprints,
+            candidates,
+            fresh_since_ms,
+            deadline,
+            |_, view| answer(view),
+        )
+    }
+
+    /// [`Index::lookup_resolved_until`] whose answer is also handed the
+    /// matches' registry entries, in their order (the names are borrowed
+    /// from them): the router keeps its own references to them and ranks
+    /// after the registry is released.
+    pub(crate) fn lookup_resolved_in<R>(
+        &self,
+        scope: ScopeHandle,
+        fingerprints: &[Fingerprint],
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        deadline: &dyn Deadline,
+        answer: impl for<'r> FnOnce(&'r [&'r Arc<ReplicaMeta>], LookupView<'r>) -> R,
+    ) -> R {
         if scope.0 >= self.scopes_known.load(Ordering::Acquire) {
-            return answer(LookupView::UnknownScope);
+            return answer(&[], LookupView::UnknownScope);
         }
         // Before any lock: most prompts a fleet has never seen end here,
         // having locked nothing.
         let first = self.first_probe(scope.0, fingerprints);
         if first.is_none() {
-            return answer(LookupView::NoEntry);
+            return answer(&[], LookupView::NoEntry);
         }
         let reg = self.registry.read();
         let found = self.score(
@@ -367,7 +404,7 @@ impl Index {
             deadline,
             first,
         );
-        answer(found.view())
+        answer(found.metas(), found.view())
     }
 
     /// Scores the prompt; `maybe` is [`Index::first_probe`]'s answer for
@@ -497,9 +534,24 @@ impl Index {
         fresh_since_ms: Option<i64>,
         answer: impl FnOnce(LookupView<'_>) -> R,
     ) -> R {
+        self.lookup_prefix_hash_in(scope, fingerprint, candidates, fresh_since_ms, |_, view| {
+            answer(view)
+        })
+    }
+
+    /// [`Index::lookup_prefix_hash_with`] whose answer is also handed the
+    /// matches' registry entries, as [`Index::lookup_resolved_in`].
+    pub(crate) fn lookup_prefix_hash_in<R>(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        candidates: Option<&HashSet<String>>,
+        fresh_since_ms: Option<i64>,
+        answer: impl for<'r> FnOnce(&'r [&'r Arc<ReplicaMeta>], LookupView<'r>) -> R,
+    ) -> R {
         let reg = self.registry.read();
         let found = self.holders_of(&reg, scope, fingerprint, candidates, fresh_since_ms);
-        answer(found.view())
+        answer(found.metas(), found.view())
     }
 
     fn holders_of<'a>(

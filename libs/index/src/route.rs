@@ -14,11 +14,14 @@
 
 use std::borrow::Cow;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ic_kvevents::{PromptExtras, keyed_chain_fingerprints_from};
+use smallvec::SmallVec;
 
 use crate::Index;
+use crate::index::ReplicaMeta;
 use crate::load::{LoadBoard, ReplicaLoad};
 use crate::pick::{ScoreWeights, Scored};
 use crate::speculative::Speculation;
@@ -266,7 +269,7 @@ pub fn route<R>(
         policy,
         now_ms,
         deadline,
-        answer,
+        |_, d| answer(d),
     )
 }
 
@@ -283,7 +286,7 @@ fn route_in<R>(
     policy: &RoutePolicy,
     now_ms: i64,
     deadline: &dyn Deadline,
-    answer: impl FnOnce(RouteDecision<'_>) -> R,
+    answer: impl for<'r> FnOnce(&'r [&'r Arc<ReplicaMeta>], RouteDecision<'r>) -> R,
 ) -> R {
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
     let fresh_since = Some(now_ms.saturating_sub(stale_ms));
@@ -291,7 +294,7 @@ fn route_in<R>(
     let prompt_blocks = blocks
         .as_ref()
         .map_or(0, |b| u32::try_from(b.len()).unwrap_or(u32::MAX));
-    let decide = |view: LookupView<'_>| {
+    let decide = |metas: &[&Arc<ReplicaMeta>], view: LookupView<'_>| {
         let outcome = match view {
             LookupView::UnknownScope => no_hint(
                 NoHintReason::UnknownModel,
@@ -337,25 +340,28 @@ fn route_in<R>(
                 }
             }
         };
-        answer(RouteDecision {
-            block_size,
-            prompt_blocks,
-            outcome,
-        })
+        answer(
+            metas,
+            RouteDecision {
+                block_size,
+                prompt_blocks,
+                outcome,
+            },
+        )
     };
     if deadline.expired() {
         // Fingerprinting a long prompt already spent the budget.
-        return decide(LookupView::TimedOut);
+        return decide(&[], LookupView::TimedOut);
     }
     match &blocks {
         None => {
             let RouteKey::PrefixHash(fp) = query.key else {
-                return decide(LookupView::NoEntry);
+                return decide(&[], LookupView::NoEntry);
             };
-            index.lookup_prefix_hash_with(scope, fp, query.candidates, fresh_since, decide)
+            index.lookup_prefix_hash_in(scope, fp, query.candidates, fresh_since, decide)
         }
         Some(fps) => match handle {
-            Some(handle) => index.lookup_resolved_until(
+            Some(handle) => index.lookup_resolved_in(
                 handle,
                 fps,
                 query.candidates,
@@ -363,7 +369,7 @@ fn route_in<R>(
                 deadline,
                 decide,
             ),
-            None => decide(LookupView::UnknownScope),
+            None => decide(&[], LookupView::UnknownScope),
         },
     }
 }
@@ -420,10 +426,10 @@ impl Ranked {
 }
 
 /// Where the load-aware scoring reads load and speculative holders. It is
-/// asked only after the index walk, so an implementation behind locks holds
-/// them briefly; but while the index's registry is still read-locked (the
-/// ranking borrows the holders' names from it), so it must not read the
-/// index, nor hold its own locks while waiting for the index's.
+/// asked only after the index walk has released the index's registry (the
+/// ranking keeps a reference to each holder's registry entry instead), so
+/// it may read the index; an implementation behind locks should hold them
+/// briefly, since every lookup takes them.
 pub trait ScoringSource {
     /// Replicas speculatively holding `blocks` from the start (alone, or
     /// continuing the real holdings of `holders`: replica id and blocks
@@ -520,6 +526,50 @@ fn monotone(w: &ScoreWeights) -> bool {
     w.prefix >= 0.0 && w.load >= 0.0 && w.kv_usage >= 0.0
 }
 
+/// A walk's holders, each held by a reference to its registry entry, so
+/// they outlive the registry's read lock without a copy of their names
+/// (copies cost 6.2 k instructions more per lookup of 8 holders; the
+/// references 1.4 k: docs/benchmarks.md, "Index server over gRPC").
+struct Holders {
+    block_size: u32,
+    prompt_blocks: u32,
+    held: Held,
+    /// Why there is nothing to rank (a reason other than no entry).
+    no_hint: Option<(NoHintReason, String)>,
+}
+
+/// Each holder's registry entry, blocks matched, block size and tier.
+type Held = SmallVec<[(Arc<ReplicaMeta>, u32, u32, Tier); 8]>;
+
+impl Holders {
+    /// `matches`' entries among `metas` (the walk's matches' entries, in
+    /// their order; `matches` is that list or a part of it, in order).
+    fn of(metas: &[&Arc<ReplicaMeta>], matches: &[Match<'_>]) -> Held {
+        let mut metas = metas.iter();
+        matches
+            .iter()
+            .filter_map(|m| {
+                let meta = metas.find(|meta| std::ptr::eq(&meta.key, m.replica))?;
+                Some((Arc::clone(meta), m.matched_blocks, m.block_size, m.tier))
+            })
+            .collect()
+    }
+
+    /// The holders as matches, borrowing from `self`.
+    fn matches(&self) -> SmallVec<[Match<'_>; 8]> {
+        self.held
+            .iter()
+            .map(|(meta, matched_blocks, block_size, tier)| Match {
+                replica: &meta.key,
+                address: &meta.address,
+                matched_blocks: *matched_blocks,
+                block_size: *block_size,
+                tier: *tier,
+            })
+            .collect()
+    }
+}
+
 /// [`route`], then the scoring: the prefix match (real or speculative),
 /// load and the load bound decide the order of every eligible replica.
 ///
@@ -532,8 +582,11 @@ fn monotone(w: &ScoreWeights) -> bool {
 /// when there is no hint ([`Ranked::by_load`]), so its every pick counts.
 ///
 /// The scope is resolved once (its handle, block size and members in one
-/// read of the registry), and the ranking runs inside the walk's answer:
-/// the holders' names are the index's, borrowed, not copied.
+/// read of the registry). The walk's answer takes a reference to each
+/// holder's registry entry (names borrowed from it, not copied), and the
+/// ranking runs after the registry's read lock is released: the load
+/// board, the speculation and a shortlist rebuild never hold it, so a
+/// replica joining, leaving or resyncing waits for the walk only.
 #[allow(clippy::too_many_arguments)]
 pub fn route_ranked(
     index: &Index,
@@ -569,12 +622,13 @@ pub fn route_ranked(
         Some(s) => (Some(s.handle), s.members),
         None => (None, None),
     };
-    // Ranked inside the walk's answer, while the index lends the holders'
-    // names: nothing of theirs is copied (the registry stays read-locked
-    // meanwhile; the ranking takes only the load board's and the
-    // speculation's locks, which no holder of them waits on the registry
-    // with, and resolves nothing in the index again).
-    let mut ranked = route_in(
+    // The walk's answer keeps a reference to each holder's entry (one
+    // reference count each, no name copied) and the registry is released
+    // before the ranking: an ingest writer (a replica joining, leaving or
+    // resyncing) waits for the walk only, not for the load board, the
+    // speculation or a shortlist rebuild, and no lookup queues behind it
+    // for that long (see [`ScoringSource`]).
+    let holders = route_in(
         index,
         query,
         &replica_scope,
@@ -583,41 +637,49 @@ pub fn route_ranked(
         policy,
         now_ms,
         deadline,
-        |d| {
+        |metas, d| {
             let matches: &[Match<'_>] = match &d.outcome {
                 RouteOutcome::Route(m) => m,
-                RouteOutcome::NoHint {
-                    reason: NoHintReason::NoEntry,
-                    ..
-                } => &[],
-                RouteOutcome::NoHint { reason, detail } => {
-                    return Ranked {
-                        block_size: d.block_size,
-                        prompt_blocks: d.prompt_blocks,
-                        ranked: Vec::new(),
-                        hint: None,
-                        no_hint: Some((*reason, detail.clone())),
-                        by_load: None,
-                        blocks: Vec::new(),
-                        pool_loads: Vec::new(),
-                    };
-                }
+                RouteOutcome::NoHint { .. } => &[],
             };
-            rank::rank_matches(
-                &rank::Decided {
-                    query,
-                    matches,
-                    members: members.as_ref(),
-                    blocks: &blocks,
-                    block_size: d.block_size,
-                    prompt_blocks: d.prompt_blocks,
+            Holders {
+                block_size: d.block_size,
+                prompt_blocks: d.prompt_blocks,
+                held: Holders::of(metas, matches),
+                no_hint: match &d.outcome {
+                    RouteOutcome::NoHint { reason, detail } if *reason != NoHintReason::NoEntry => {
+                        Some((*reason, detail.clone()))
+                    }
+                    _ => None,
                 },
-                policy,
-                now_ms,
-                &scoring,
-            )
+            }
         },
     );
+    let mut ranked = match holders.no_hint {
+        Some(no_hint) => Ranked {
+            block_size: holders.block_size,
+            prompt_blocks: holders.prompt_blocks,
+            ranked: Vec::new(),
+            hint: None,
+            no_hint: Some(no_hint),
+            by_load: None,
+            blocks: Vec::new(),
+            pool_loads: Vec::new(),
+        },
+        None => rank::rank_matches(
+            &rank::Decided {
+                query,
+                matches: &holders.matches()[..],
+                members: members.as_ref(),
+                blocks: &blocks,
+                block_size: holders.block_size,
+                prompt_blocks: holders.prompt_blocks,
+            },
+            policy,
+            now_ms,
+            &scoring,
+        ),
+    };
     ranked.blocks = blocks;
     ranked
 }

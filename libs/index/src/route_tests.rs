@@ -790,3 +790,5 @@ proptest::proptest! {
 
 #[path = "route_tests/follows_picks.rs"]
 mod follows_picks;
+#[path = "route_tests/registry_released.rs"]
+mod registry_released;

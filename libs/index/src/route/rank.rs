@@ -1,7 +1,8 @@
 //! The load-aware half of [`super::route_ranked`]: the walk's matches,
 //! real and speculative, scored with every eligible replica's load, and the
-//! hint chosen. Runs inside the walk's answer, so the matches' names are
-//! the index's, borrowed.
+//! hint chosen. Runs after the walk has released the index's registry;
+//! the matches' names are borrowed from their registry entries, which the
+//! caller keeps.
 
 use crate::pick::{PickInput, id_hash};
 use crate::registry::Members;
