@@ -161,6 +161,11 @@ impl EndpointPicker {
             Some(BodyPrompt::Chat(messages)) => Prompt::Chat(messages),
             None => Prompt::Unknown,
         };
+        // Read into a local: a `policies()` guard left as a temporary in the
+        // request below would live through `route`, which reads the policies
+        // again, and parking_lot queues that second read behind a waiting
+        // `set_policies` writer: the thread would hang for good.
+        let shed_at_requests = self.pool.shedding_under(&self.core.policies()).at(priority);
         let routed = self.core.route(&RouteRequest {
             scope: &scope,
             prompt,
@@ -169,7 +174,7 @@ impl EndpointPicker {
             received: arrived,
             purpose: Purpose::Endpoint {
                 pool,
-                shed_at_requests: self.pool.shedding_under(&self.core.policies()).at(priority),
+                shed_at_requests,
                 fallbacks: self.pool.fallbacks,
             },
         });
