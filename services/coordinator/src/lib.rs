@@ -397,6 +397,12 @@ pub async fn start_with(
         .metrics
         .runtime_workers
         .set(i64::try_from(workers).unwrap_or(i64::MAX));
+    // The allocator's own setting (the flag, mimalloc's variable or its
+    // default), read back so the gauge shows what is in effect.
+    app.metrics
+        .metrics
+        .allocator_purge_delay_ms
+        .set(ic_alloc::purge_delay_ms());
     let kafka_clients = app
         .settings
         .kafka

@@ -37,10 +37,30 @@ struct Args {
         value_parser = clap::value_parser!(u16).range(0..=MAX_WORKER_THREADS)
     )]
     worker_threads: u16,
+    /// Milliseconds a page mimalloc freed stays mapped before it goes back
+    /// to the OS (`madvise`, from inside whatever allocation or free comes
+    /// next: on a server, a request's). Unset: -1, freed pages are kept
+    /// and resident memory stays at the peak of the small-block memory,
+    /// unless mimalloc's own `MIMALLOC_PURGE_DELAY` is set; 0 returns them
+    /// at once, N after N ms (mimalloc's default 1000). At most 3600000.
+    /// `lmcache_coordinator_allocator_purge_delay_ms` shows the delay in
+    /// effect (docs/coordinator.md).
+    #[arg(
+        long,
+        env = "IC_ALLOCATOR_PURGE_DELAY_MS",
+        global = true,
+        allow_negative_numbers = true,
+        value_parser = clap::value_parser!(i32).range(-1..=MAX_PURGE_DELAY_MS)
+    )]
+    allocator_purge_delay_ms: Option<i32>,
 }
 
 /// Upper bound of `--worker-threads`.
 const MAX_WORKER_THREADS: i64 = 1024;
+
+/// Upper bound of `--allocator-purge-delay-ms`: an hour (longer is as good
+/// as -1).
+const MAX_PURGE_DELAY_MS: i64 = 3_600_000;
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
@@ -58,11 +78,15 @@ struct CoordinatorArgs {
 }
 
 fn main() -> ExitCode {
+    let args = Args::parse();
     // Pages freed after an ingest burst were returned to the OS from inside
     // later requests (`madvise`, ~15-40 a second after each burst) and
-    // faulted back in by the next burst (docs/coordinator.md).
-    ic_alloc::keep_freed_pages();
-    let args = Args::parse();
+    // faulted back in by the next burst: kept unless the flag or
+    // mimalloc's variable says otherwise (docs/coordinator.md).
+    match args.allocator_purge_delay_ms {
+        Some(ms) => ic_alloc::set_purge_delay_ms(ms),
+        None => ic_alloc::keep_freed_pages(),
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     runtime.enable_all();
     if args.worker_threads > 0 {
@@ -86,6 +110,7 @@ async fn serve(args: Args) -> ExitCode {
         config,
         command,
         worker_threads: _,
+        allocator_purge_delay_ms: _,
     } = args;
     // The log and OTLP flags are global, so they parse before or after
     // the subcommand alike.

@@ -230,6 +230,9 @@ pub struct Metrics {
     /// Worker threads of the async runtime serving HTTP
     /// (`--worker-threads`, or one per core).
     pub runtime_workers: Gauge,
+    /// mimalloc's purge delay in effect, ms (-1: freed pages are kept;
+    /// `--allocator-purge-delay-ms`).
+    pub allocator_purge_delay_ms: Gauge,
 }
 
 /// The registries `/metrics` renders: ours (`lmcache_coordinator_`), the
@@ -458,6 +461,11 @@ impl MetricsSet {
             "runtime_workers",
             "Worker threads of the async runtime serving HTTP (--worker-threads, or one per core)",
             m.runtime_workers.clone(),
+        );
+        r.register(
+            "allocator_purge_delay_ms",
+            "Milliseconds a page the allocator freed stays mapped before it goes back to the OS; -1: kept, resident memory stays at its peak (--allocator-purge-delay-ms)",
+            m.allocator_purge_delay_ms.clone(),
         );
         let http_requests = Family::<HttpLabels, Counter>::default();
         let http_duration: Hist = Family::new_with_constructor(latency_histogram);

@@ -53,6 +53,7 @@ fn binary_lifecycle() {
         "--log-level",
         "--log-format",
         "--worker-threads",
+        "--allocator-purge-delay-ms",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
@@ -95,16 +96,144 @@ fn binary_lifecycle() {
     );
 }
 
+/// The value of the gauge `lmcache_coordinator_<name>` on `/metrics`.
+fn gauge(addr: std::net::SocketAddr, name: &str) -> i64 {
+    let (status, text) = http_get(addr, "/metrics");
+    assert_eq!(status, 200, "{text}");
+    let prefix = format!("lmcache_coordinator_{name} ");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {name} gauge:\n{text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
 /// The runtime's worker count as `/metrics` reports it (tokio's own
 /// figure: thread names would also count the blocking pool's threads).
 fn runtime_workers(addr: std::net::SocketAddr) -> i64 {
-    let (status, text) = http_get(addr, "/metrics");
-    assert_eq!(status, 200, "{text}");
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("lmcache_coordinator_runtime_workers "))
-        .unwrap_or_else(|| panic!("no runtime_workers gauge:\n{text}"));
-    line.rsplit(' ').next().unwrap().parse().unwrap()
+    gauge(addr, "runtime_workers")
+}
+
+/// Starts the binary with `args` and `env`, waits until ready, and returns
+/// the process with its address.
+fn start_ready(
+    bin: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (ServiceProcess, std::net::SocketAddr) {
+    let mut all = vec!["--host", "127.0.0.1"];
+    all.extend(args.iter());
+    let mut process = ServiceProcess::start_with_env(bin, &all, env);
+    let addr = process.admin_addr();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http_get(addr, "/ready").0 != 200 {
+        assert!(Instant::now() < deadline, "/ready never became 200");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (process, addr)
+}
+
+/// `--allocator-purge-delay-ms` sets mimalloc's purge delay, before or
+/// after the subcommand and through `IC_ALLOCATOR_PURGE_DELAY_MS`, over
+/// mimalloc's own `MIMALLOC_PURGE_DELAY`; unset, freed pages are kept (-1)
+/// unless that variable is set. The gauge reads mimalloc's option back.
+#[test]
+fn allocator_purge_delay_follows_the_flag() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    // The test's own environment may set mimalloc's variables, which the
+    // default case would then follow (and `ServiceProcess` cannot remove).
+    let inherited = ["MIMALLOC_PURGE_DELAY", "MIMALLOC_RESET_DELAY"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    let mut cases = vec![
+        (
+            vec![
+                "--allocator-purge-delay-ms",
+                "0",
+                "coordinator",
+                "--port",
+                "0",
+            ],
+            vec![],
+            0,
+        ),
+        (
+            vec![
+                "coordinator",
+                "--port",
+                "0",
+                "--allocator-purge-delay-ms",
+                "250",
+            ],
+            vec![],
+            250,
+        ),
+        (
+            vec!["coordinator", "--port", "0"],
+            vec![("IC_ALLOCATOR_PURGE_DELAY_MS", "1000")],
+            1000,
+        ),
+        (
+            vec![
+                "coordinator",
+                "--port",
+                "0",
+                "--allocator-purge-delay-ms=-1",
+            ],
+            vec![("MIMALLOC_PURGE_DELAY", "250")],
+            -1,
+        ),
+        (
+            vec!["coordinator", "--port", "0"],
+            vec![("MIMALLOC_PURGE_DELAY", "250")],
+            250,
+        ),
+    ];
+    if inherited {
+        eprintln!("MIMALLOC_PURGE_DELAY or MIMALLOC_RESET_DELAY is set: the unset case is skipped");
+    } else {
+        cases.push((vec!["coordinator", "--port", "0"], vec![], -1));
+    }
+    for (args, env, delay) in cases {
+        let (mut process, addr) = start_ready(bin, &args, &env);
+        assert_eq!(
+            gauge(addr, "allocator_purge_delay_ms"),
+            delay,
+            "{args:?} {env:?}"
+        );
+        process.signal(Signal::SIGTERM);
+        assert!(process.wait_exit().success());
+    }
+}
+
+/// A purge delay outside -1..=3600000 is refused at start, naming the flag.
+#[test]
+fn allocator_purge_delay_out_of_range_is_refused() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    for (args, env) in [
+        (vec!["coordinator", "--allocator-purge-delay-ms=-2"], vec![]),
+        (
+            vec!["--allocator-purge-delay-ms", "3600001", "coordinator"],
+            vec![],
+        ),
+        (
+            vec!["coordinator"],
+            vec![("IC_ALLOCATOR_PURGE_DELAY_MS", "soon")],
+        ),
+    ] {
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("--allocator-purge-delay-ms"),
+            "{args:?} {env:?}: {stderr}"
+        );
+    }
 }
 
 /// `--worker-threads N` sizes the runtime, before or after the subcommand
@@ -255,21 +384,31 @@ fn a_lookup_wakes_no_other_thread() {
         lookup();
     }
     const LOOKUPS: u64 = 400;
-    let before = voluntary_switches(process.pid());
-    for _ in 0..LOOKUPS {
-        lookup();
+    // The serving thread waits for most requests (the measure works),
+    // unless the cores are busy (another test starting servers): then it
+    // is preempted while the client sends the next request, finds it
+    // there and does not wait; such a window measures nothing and is
+    // taken again, up to 5 times.
+    let mut woken = Vec::new();
+    for _ in 0..5 {
+        let before = voluntary_switches(process.pid());
+        for _ in 0..LOOKUPS {
+            lookup();
+        }
+        let after = voluntary_switches(process.pid());
+        woken = after
+            .iter()
+            // A thread id reused by a newer thread may count fewer: not negative.
+            .map(|(tid, n)| {
+                let was = before.get(tid).copied().unwrap_or(0);
+                (tid.clone(), n.saturating_sub(was))
+            })
+            .collect();
+        woken.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        if woken[0].1 >= LOOKUPS / 4 {
+            break;
+        }
     }
-    let after = voluntary_switches(process.pid());
-    let mut woken: Vec<(String, u64)> = after
-        .iter()
-        // A thread id reused by a newer thread may count fewer: not negative.
-        .map(|(tid, n)| {
-            let was = before.get(tid).copied().unwrap_or(0);
-            (tid.clone(), n.saturating_sub(was))
-        })
-        .collect();
-    woken.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
-    // The serving thread waits for most requests (the measure works).
     assert!(woken[0].1 >= LOOKUPS / 4, "{woken:?}");
     // The others: timers only (the liveness sweep, the idle deadline).
     let others: u64 = woken[1..].iter().map(|(_, n)| n).sum();
