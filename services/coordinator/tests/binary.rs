@@ -261,15 +261,7 @@ fn worker_threads_size_the_runtime() {
         ),
         (vec!["coordinator", "--port", "0"], vec![], cores),
     ] {
-        let mut all = vec!["--host", "127.0.0.1"];
-        all.extend(args.iter());
-        let mut process = ServiceProcess::start_with_env(bin, &all, &env);
-        let addr = process.admin_addr();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get(addr, "/ready").0 != 200 {
-            assert!(Instant::now() < deadline, "/ready never became 200");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let (mut process, addr) = start_ready(bin, &args, &env);
         assert_eq!(runtime_workers(addr), workers, "{args:?} {env:?}");
         process.signal(Signal::SIGTERM);
         assert!(process.wait_exit().success());
