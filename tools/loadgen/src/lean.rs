@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 use crate::Fleet;
 
 /// LookupRoute's gRPC path.
-const LOOKUP_ROUTE: &str = "/inferencecache.index.v1.IndexService/LookupRoute";
+pub const LOOKUP_ROUTE: &str = "/inferencecache.index.v1.IndexService/LookupRoute";
 
 /// Most bodies kept ahead (~1.1 KB each at 128 blocks); a run with more
 /// distinct prompts encodes each request as it sends it.

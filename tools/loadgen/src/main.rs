@@ -3,31 +3,34 @@
 //! this server and client) and LookupRoute on the same server in the same
 //! run. See docs/benchmarks.md for figures.
 
+mod closed_loop;
+mod direct;
 mod floor;
 mod open_loop;
 mod placement;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use clap::Parser;
 use futures::StreamExt;
 use ic_loadgen::lean::{self, Bodies};
 use ic_loadgen::prom::{Histogram, ServerQuantiles};
 use ic_loadgen::schedule::Spacing;
-use ic_loadgen::{Fleet, PhaseStats, summarize};
+use ic_loadgen::{Fleet, PhaseStats};
 use ic_proto::index_v1 as pb;
 use ic_proto::index_v1::index_service_client::IndexServiceClient;
 use ic_sim::ServiceProcess;
 use open_loop::{OpenLoop, ScheduleStats};
 use placement::Cpus;
+use prost::Message as _;
 use serde::Serialize;
 use tonic::transport::Channel;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 /// Load generator for the index server.
 #[derive(Debug, Parser)]
@@ -81,9 +84,9 @@ struct Args {
     /// Open loop: the schedule thread spins this many microseconds before
     /// each send instead of sleeping (0: sleep only). The default is small
     /// because client and server usually share the cores: at 10,000/s a
-    /// 10 µs spin took under 1 % of a core and most of the sleep's wake-up
-    /// lateness out of the hand-over, 50 µs took 14-24 %
-    /// (docs/benchmarks.md); a run warns when the spin passes 10 %.
+    /// 10 µs spin took 0.7-1.0 % of a core and most of the sleep's
+    /// wake-up lateness out of the hand-over, 50 µs took 14-29 % (8a52d7f5,
+    /// docs/benchmarks.md); a run warns when the spin passes 10 %.
     #[arg(long, default_value_t = 10, requires = "rate")]
     spin_us: u64,
     /// Open loop: seed of the Poisson schedule (the same seed, the same
@@ -134,6 +137,22 @@ struct Args {
     /// answered by plain threads, on the same schedule (`tcp_floor`).
     #[arg(long, requires = "rate")]
     floor: bool,
+    /// Open loop: how requests are sent. `direct`: the schedule thread
+    /// owns the connections (hyper's HTTP/2 client on its own one-thread
+    /// runtime) and starts each request itself at its due time; `channel`:
+    /// it hands each request to the client's runtime, which sends it
+    /// through tonic's `Channel` (a worker's wake-up and a buffer task's
+    /// hop per request). The floor's echo is sent the same way.
+    #[arg(long, value_enum, default_value_t = OpenLoopClient::Direct, requires = "rate")]
+    open_loop_client: OpenLoopClient,
+}
+
+/// `--open-loop-client`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum OpenLoopClient {
+    Direct,
+    Channel,
 }
 
 /// `--lookup-client`.
@@ -186,6 +205,8 @@ struct Report {
 
 #[derive(Debug, Serialize)]
 struct OpenLoopReport {
+    /// `--open-loop-client`.
+    client: OpenLoopClient,
     spacing: Spacing,
     spin_us: u64,
     seed: u64,
@@ -193,6 +214,9 @@ struct OpenLoopReport {
     empty_rpc: ScheduleStats,
     lookup_route: ScheduleStats,
 }
+
+/// The empty RPC's gRPC path.
+const HEALTH_CHECK: &str = "/grpc.health.v1.Health/Check";
 
 /// The server's lookup histogram.
 const LOOKUP_HISTOGRAM: &str = "inferencecache_index_lookup_duration_seconds";
@@ -299,76 +323,6 @@ async fn preload(channel: Channel, fleet: Fleet) -> anyhow::Result<(u64, Duratio
     Ok((total, started.elapsed()))
 }
 
-/// Closed loop: runs `call` from `concurrency` tasks over `channels`
-/// for warmup plus duration, each sending again as soon as its answer
-/// returns; latencies are kept for the measured part only. `call` returns
-/// whether the answer was a hit. A window in which no request started (a
-/// stalled machine: every call in flight from before it until after it)
-/// is stretched until one answer is measured, rather than ending the run
-/// with "a phase completed no requests"; the rate is then over the
-/// stretched window.
-async fn closed_phase<F, Fut>(channels: &[Channel], args: &Args, call: F) -> (PhaseStats, u64)
-where
-    F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<bool, tonic::Status>> + Send,
-{
-    let call = Arc::new(call);
-    let start = Instant::now();
-    let measure_from = start + Duration::from_secs_f64(args.warmup_secs);
-    let end = measure_from + Duration::from_secs_f64(args.duration_secs);
-    let hits = Arc::new(AtomicU64::new(0));
-    let answered = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for w in 0..args.concurrency {
-        let channel = channels[w % channels.len()].clone();
-        let call = call.clone();
-        let hits = hits.clone();
-        let answered = answered.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
-            let mut errors = 0u64;
-            let mut last_start = None;
-            let mut i = w as u64;
-            loop {
-                let t0 = Instant::now();
-                if t0 >= end && answered.load(Ordering::Relaxed) > 0 {
-                    break;
-                }
-                let result = call(channel.clone(), i).await;
-                i += 1_000_003;
-                if t0 < measure_from {
-                    continue;
-                }
-                answered.fetch_add(1, Ordering::Relaxed);
-                last_start = Some(t0);
-                match result {
-                    Ok(hit) => {
-                        latencies.push(t0.elapsed());
-                        hits.fetch_add(u64::from(hit), Ordering::Relaxed);
-                    }
-                    Err(_) => errors += 1,
-                }
-            }
-            (latencies, errors, last_start)
-        }));
-    }
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    let mut window_end = end;
-    for t in tasks {
-        if let Ok((l, e, last)) = t.await {
-            latencies.extend(l);
-            errors += e;
-            window_end = window_end.max(last.unwrap_or(end));
-        }
-    }
-    let measured = window_end.saturating_duration_since(measure_from);
-    (
-        summarize(latencies, errors, measured),
-        hits.load(Ordering::Relaxed),
-    )
-}
-
 /// One phase, closed or open loop as the flags say.
 async fn phase<F, Fut>(
     channels: &[Channel],
@@ -381,7 +335,14 @@ where
 {
     match args.rate {
         None => {
-            let (stats, hits) = closed_phase(channels, args, call).await;
+            let (stats, hits) = closed_loop::closed_phase(
+                channels,
+                args.concurrency,
+                Duration::from_secs_f64(args.warmup_secs),
+                Duration::from_secs_f64(args.duration_secs),
+                call,
+            )
+            .await;
             Ok((stats, hits, None))
         }
         Some(rate) => {
@@ -407,15 +368,26 @@ fn open_loop_settings(args: &Args, rate: f64) -> OpenLoop {
 /// `--floor`: the TCP echo on the open loop's schedule.
 async fn floor_phase(args: &Args, rate: f64) -> anyhow::Result<(PhaseStats, ScheduleStats)> {
     let addr = floor::start_echo(args.server_cpus.clone()).context("starting the echo")?;
-    let pool = floor::Pool::connect(addr, args.concurrency)
-        .await
-        .context("connecting to the echo")?;
-    let (stats, _, schedule) = open_loop::run(
-        &[pool],
-        &open_loop_settings(args, rate),
-        |pool, _| async move { pool.ping().await.map(|()| true) },
-    )
-    .await?;
+    let open = open_loop_settings(args, rate);
+    let n = args.concurrency;
+    let ping = |pool: Arc<floor::Pool>, _| async move { pool.ping().await.map(|()| true) };
+    let (stats, _, schedule) = match args.open_loop_client {
+        OpenLoopClient::Channel => {
+            let pool = floor::Pool::connect(addr, n)
+                .await
+                .context("connecting to the echo")?;
+            open_loop::run(&[pool], &open, ping).await?
+        }
+        OpenLoopClient::Direct => {
+            let connect = move || async move {
+                let pool = floor::Pool::connect(addr, n)
+                    .await
+                    .context("connecting to the echo")?;
+                Ok(vec![pool])
+            };
+            open_loop::run_owned(&open, connect, ping).await?
+        }
+    };
     Ok((stats, schedule))
 }
 
@@ -572,16 +544,43 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let (tcp_floor, floor_schedule) = floor.unzip();
 
+    // `--open-loop-client direct`: the open loop's own connections.
+    let direct = args
+        .rate
+        .filter(|_| args.open_loop_client == OpenLoopClient::Direct)
+        .map(|rate| open_loop_settings(&args, rate));
+    let direct_phase = |open: &OpenLoop| direct::Phase {
+        target: target.clone(),
+        connections: args.connections,
+        open: *open,
+    };
     say("measuring the empty RPC (grpc.health.v1 Check)…".into());
-    let (empty, _, empty_schedule) = phase(&channels, &args, |channel, _| async move {
-        HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: String::new(),
+    let (empty, _, empty_schedule) = match &direct {
+        Some(open) => {
+            let check = Bytes::from(HealthCheckRequest::default().encode_to_vec());
+            direct_phase(open)
+                .run(
+                    HEALTH_CHECK,
+                    move |_| check.clone(),
+                    |answer| {
+                        HealthCheckResponse::decode(answer)?;
+                        Ok(true)
+                    },
+                )
+                .await?
+        }
+        None => {
+            phase(&channels, &args, |channel, _| async move {
+                HealthClient::new(channel)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .map(|_| true)
             })
-            .await
-            .map(|_| true)
-    })
-    .await?;
+            .await?
+        }
+    };
 
     say(format!(
         "measuring LookupRoute ({}-block prompts)…",
@@ -600,29 +599,55 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 lookup_request(h, max)
             }));
             lookup_bodies_pooled = Some(bodies.pooled());
-            phase(&channels, &args, move |channel, i| {
-                let body = bodies.get(i);
-                async move {
-                    lean::lookup_route(channel, body)
-                        .await
-                        .map(|answer| answer.routed_by_prefix())
+            match &direct {
+                Some(open) => {
+                    let body = move |i| bodies.get(i);
+                    direct_phase(open)
+                        .run(lean::LOOKUP_ROUTE, body, |answer| {
+                            Ok(lean::LeanAnswer::decode(answer)?.routed_by_prefix())
+                        })
+                        .await?
                 }
-            })
-            .await?
+                None => {
+                    phase(&channels, &args, move |channel, i| {
+                        let body = bodies.get(i);
+                        async move {
+                            lean::lookup_route(channel, body)
+                                .await
+                                .map(|answer| answer.routed_by_prefix())
+                        }
+                    })
+                    .await?
+                }
+            }
         }
         LookupClient::Full => {
             let max = args.max_candidates;
-            phase(&channels, &args, move |channel, i| {
-                let request = lookup_request(fleet.lookup_prompt(i, prompt_blocks), max);
-                async move {
-                    let response = IndexServiceClient::new(channel)
-                        .lookup_route(request)
+            let request = move |i| lookup_request(fleet.lookup_prompt(i, prompt_blocks), max);
+            match &direct {
+                Some(open) => {
+                    let body = move |i| Bytes::from(request(i).encode_to_vec());
+                    direct_phase(open)
+                        .run(lean::LOOKUP_ROUTE, body, |answer| {
+                            let response = pb::LookupRouteResponse::decode(answer)?;
+                            Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
+                        })
                         .await?
-                        .into_inner();
-                    Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
                 }
-            })
-            .await?
+                None => {
+                    phase(&channels, &args, move |channel, i| {
+                        let request = request(i);
+                        async move {
+                            let response = IndexServiceClient::new(channel)
+                                .lookup_route(request)
+                                .await?
+                                .into_inner();
+                            Ok(response.outcome == pb::LookupOutcome::PrefixMatch as i32)
+                        }
+                    })
+                    .await?
+                }
+            }
         }
     };
     let server_lookup = match (&metrics_url, server_before) {
@@ -662,6 +687,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         open_loop: empty_schedule
             .zip(lookup_schedule)
             .map(|(empty_rpc, lookup_route)| OpenLoopReport {
+                client: args.open_loop_client,
                 spacing: args.spacing,
                 spin_us: args.spin_us,
                 seed: args.seed,

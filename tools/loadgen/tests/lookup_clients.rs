@@ -60,6 +60,10 @@ fn server() -> (ServiceProcess, String) {
 }
 
 fn run(client: &str) -> serde_json::Value {
+    run_with(client, &[])
+}
+
+fn run_with(client: &str, extra: &[&str]) -> serde_json::Value {
     let (mut server, target) = server();
     let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
         .args([
@@ -83,6 +87,7 @@ fn run(client: &str) -> serde_json::Value {
             "--lookup-client",
             client,
         ])
+        .args(extra)
         .output()
         .unwrap();
     server.stop();
@@ -113,6 +118,28 @@ fn lean_and_full_clients_both_get_routed_answers() {
     // 16 replicas in 4 groups, 1,250 blocks each: 2 families per group.
     assert_eq!(run("lean")["lookup_bodies_pooled"], 8);
     assert!(run("full")["lookup_bodies_pooled"].is_null());
+}
+
+#[test]
+fn the_open_loops_own_client_reads_both_kinds_of_answer() {
+    // `--open-loop-client direct` (the open loop's default) sends the same
+    // requests on hyper's HTTP/2 client and reads the answers itself: the
+    // lean reading (outcome and best) and the full one see every prompt
+    // as a hit, as through tonic.
+    for client in ["lean", "full"] {
+        let report = run_with(client, &["--rate", "400", "--open-loop-client", "direct"]);
+        assert_eq!(report["open_loop"]["client"], "direct", "{report}");
+        let scheduled = report["open_loop"]["lookup_route"]["scheduled"].as_u64();
+        assert!(scheduled.is_some_and(|n| n > 0), "{report}");
+        assert_eq!(
+            report["lookup_route"]["requests"].as_u64(),
+            scheduled,
+            "{report}"
+        );
+        assert_eq!(report["lookup_route"]["errors"], 0, "{report}");
+        assert_eq!(report["empty_rpc"]["errors"], 0, "{report}");
+        assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
+    }
 }
 
 #[test]

@@ -154,6 +154,7 @@ fn uniform_open_loop_sends_rate_times_duration() {
 fn poisson_open_loop_is_the_default_and_keeps_the_mean_rate() {
     let report = open_loop("2000", &["--seed", "7"]);
     assert_eq!(report["open_loop"]["spacing"], "poisson", "{report}");
+    assert_eq!(report["open_loop"]["client"], "direct", "{report}");
     assert_eq!(report["open_loop"]["seed"], 7, "{report}");
     // A Poisson count over a second at 2,000/s: mean 2,000, deviation
     // about 45; five of them.
@@ -165,6 +166,31 @@ fn a_current_thread_client_keeps_the_schedule() {
     let report = open_loop("2000", &["--spacing", "uniform", "--client-threads", "1"]);
     assert_eq!(report["client_threads"], 1, "{report}");
     check_open_phases(&report, 2000.0, 1.0);
+}
+
+#[test]
+fn both_open_loop_clients_keep_the_schedule_with_the_floor() {
+    // `direct`: the schedule thread sends on connections of its own;
+    // `channel`: through the runtime and tonic's channel. Every send due
+    // is sent and answered either way, the floor's echo too.
+    for client in ["direct", "channel"] {
+        let report = open_loop(
+            "2000",
+            &[
+                "--spacing",
+                "uniform",
+                "--floor",
+                "--open-loop-client",
+                client,
+            ],
+        );
+        assert_eq!(report["open_loop"]["client"], client, "{report}");
+        check_open_phases(&report, 2000.0, 1.0);
+        let floor = report["open_loop"]["tcp_floor"]["scheduled"].as_u64();
+        assert_eq!(report["tcp_floor"]["requests"].as_u64(), floor, "{report}");
+        assert_eq!(report["tcp_floor"]["errors"], 0, "{report}");
+        assert_eq!(report["lookup_hit_ratio"], 1.0, "{report}");
+    }
 }
 
 #[test]
@@ -237,6 +263,11 @@ fn bad_flags_are_refused_naming_the_flag() {
         (&["--server-cpus", "x"], "--server-cpus"),
         (&["--floor"], "--rate"),
         (&["--spacing", "uniform"], "--rate"),
+        (&["--open-loop-client", "channel"], "--rate"),
+        (
+            &["--rate", "100", "--open-loop-client", "tonic"],
+            "--open-loop-client",
+        ),
         (&["--duration-secs", "0"], "--duration-secs"),
         (&["--warmup-secs", "inf"], "--warmup-secs"),
         (&["--concurrency", "0"], "--concurrency"),
