@@ -345,7 +345,9 @@ impl KeyDirectory {
 
     fn store_place(&mut self, key: &ObjectKey, place: Place) -> u64 {
         let t = &mut self.totals[tier_index(place.tier)];
-        let (id, old) = match self.table.find(key) {
+        // Hashed once for the probe and, when absent, the insert.
+        let h = self.table.key_hash(key);
+        let (id, old) = match self.table.find_hashed(key, h) {
             Some(id) => {
                 let r = self.table.rec_mut(id);
                 if let Some(existing) = r.places_mut().find(|p| p.same_identity(&place)) {
@@ -368,7 +370,7 @@ impl KeyDirectory {
                 let t = &mut self.totals[tier_index(place.tier)];
                 t.count += 1;
                 t.bytes = t.bytes.saturating_add(place.size_bytes);
-                let id = self.table.insert(key, place);
+                let id = self.table.insert_hashed(key, place, h);
                 self.table.push_back(&mut self.order, Links::Order, id);
                 (id, 0)
             }

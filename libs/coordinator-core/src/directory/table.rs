@@ -34,6 +34,17 @@ type Hasher = foldhash::fast::RandomState;
 /// and compared by.
 type Parts<'a> = (&'a [u8], &'a str, i64, i64, &'a str);
 
+/// `key`'s [`Parts`].
+fn key_parts(key: &ObjectKey) -> Parts<'_> {
+    (
+        &key.chunk_hash,
+        &key.model_name,
+        key.kv_rank,
+        key.object_group_id,
+        &key.cache_salt,
+    )
+}
+
 /// The parts of a table a key's hash and equality read, borrowed beside
 /// the id tables (whose inserts call back for the hashes of ids).
 #[derive(Clone, Copy)]
@@ -351,13 +362,20 @@ impl Table {
 
     /// The id of `key`, if present.
     pub(crate) fn find(&self, key: &ObjectKey) -> Option<Id> {
-        self.find_parts(
-            &key.chunk_hash,
-            &key.model_name,
-            key.kv_rank,
-            key.object_group_id,
-            &key.cache_salt,
-        )
+        self.find_hashed(key, self.key_hash(key))
+    }
+
+    /// What `key` is filed by in the id table: a store computes it once
+    /// for [`Self::find_hashed`] and [`Self::insert_hashed`].
+    pub(crate) fn key_hash(&self, key: &ObjectKey) -> u64 {
+        self.hasher.hash_one(key_parts(key))
+    }
+
+    /// [`Self::find`] with `key`'s [`Self::key_hash`].
+    pub(crate) fn find_hashed(&self, key: &ObjectKey, h: u64) -> Option<Id> {
+        let parts = key_parts(key);
+        let view = self.view();
+        self.by_key.find(h, |&id| view.is_key(id, parts)).copied()
     }
 
     /// The id of the key of these parts, if present.
@@ -409,7 +427,14 @@ impl Table {
 
     /// Adds a key (absent) with its first placement; returns its id. The
     /// lists are the caller's to link.
+    #[cfg(test)]
     pub(crate) fn insert(&mut self, key: &ObjectKey, first: Place) -> Id {
+        self.insert_hashed(key, first, self.key_hash(key))
+    }
+
+    /// Adds a key (absent, whose [`Self::key_hash`] is `h`) with its first
+    /// placement; returns its id. The lists are the caller's to link.
+    pub(crate) fn insert_hashed(&mut self, key: &ObjectKey, first: Place, h: u64) -> Id {
         let model = self.strings.acquire(&key.model_name);
         let salt = self.strings.acquire(&key.cache_salt);
         let parts = KeyParts {
@@ -419,13 +444,6 @@ impl Table {
             kv_rank: key.kv_rank,
             object_group_id: key.object_group_id,
         };
-        let h = self.hasher.hash_one((
-            &key.chunk_hash[..],
-            &key.model_name[..],
-            key.kv_rank,
-            key.object_group_id,
-            &key.cache_salt[..],
-        ));
         let id = self.push_rec(&parts, first);
         self.file(id, h, &key.chunk_hash);
         id

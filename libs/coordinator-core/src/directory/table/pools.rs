@@ -18,6 +18,11 @@ pub(crate) struct Interner {
     refs: Vec<u64>,
     free: Vec<u32>,
     index: FastMap<Name, u32>,
+    /// The ids of the last two names acquired: a batch's keys repeat one
+    /// model and one salt, so these are compared before the index is
+    /// hashed and probed (a hit is checked live and equal, so a stale id
+    /// only misses).
+    recent: [u32; 2],
 }
 
 impl Interner {
@@ -27,6 +32,23 @@ impl Interner {
 
     /// The id of `s`, one reference more.
     pub(crate) fn acquire(&mut self, s: &str) -> u32 {
+        for id in self.recent {
+            let i = id as usize;
+            if let (Some(refs), Some(name)) = (self.refs.get_mut(i), self.names.get(i))
+                && *refs > 0
+                && **name == *s
+            {
+                *refs += 1;
+                return id;
+            }
+        }
+        let id = self.acquire_indexed(s);
+        self.recent = [id, self.recent[0]];
+        id
+    }
+
+    /// [`Self::acquire`] through the index.
+    fn acquire_indexed(&mut self, s: &str) -> u32 {
         if let Some(&id) = self.index.get(s) {
             self.refs[id as usize] += 1;
             return id;
@@ -109,6 +131,7 @@ impl Interner {
             refs,
             free,
             index,
+            recent: [0; 2],
         })
     }
 }

@@ -151,3 +151,31 @@ fn keys_of_a_loaded_chain_leave_in_any_order() {
     }
     assert_eq!((back.len(), back.lru_len()), (1, 1));
 }
+
+/// The interner's shortcut for the last names acquired never hands out a
+/// freed slot or a slot that now holds another name: each id keeps naming
+/// what was acquired, and the counts still free a name with its last key.
+#[test]
+fn recently_acquired_names_stay_live_and_exact() {
+    let mut s = pools::Interner::default();
+    let a = s.acquire("a");
+    s.release(a);
+    // "" equals the freed slot's placeholder: it must get a live slot.
+    let empty = s.acquire("");
+    let b = s.acquire("b");
+    assert_eq!(&**s.name(empty), "");
+    assert_eq!(&**s.name(b), "b");
+    // A repeat through the shortcut counts as a reference.
+    assert_eq!(s.acquire("b"), b);
+    assert_eq!(s.acquire(""), empty);
+    s.release(b);
+    assert_eq!(s.get("b"), Some(b));
+    s.release(b);
+    assert_eq!(s.get("b"), None);
+    // Its slot, reused for another name, is not "b" to the shortcut.
+    let c = s.acquire("c");
+    assert_eq!(s.acquire("b"), s.get("b").unwrap());
+    assert_ne!(s.get("b"), Some(c));
+    assert_eq!(&**s.name(c), "c");
+    assert_eq!(&**s.name(empty), "");
+}
