@@ -788,6 +788,8 @@ proptest::proptest! {
     }
 }
 
+#[path = "route_tests/all_hold.rs"]
+mod all_hold;
 #[path = "route_tests/follows_picks.rs"]
 mod follows_picks;
 #[path = "route_tests/registry_released.rs"]
