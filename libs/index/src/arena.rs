@@ -505,6 +505,15 @@ impl Page {
             .filter(|(_, r)| r.live())
             .map(|(i, _)| i)
     }
+
+    /// The keys of the live records at depth 0 (chains' first blocks).
+    pub(crate) fn first_keys(&self) -> impl Iterator<Item = u64> + '_ {
+        // Depth bits zero: depth 0, and not dead (all ones).
+        self.records
+            .iter()
+            .filter(|r| r.meta() & !SPILLED == 0)
+            .map(Record::key)
+    }
 }
 
 #[cfg(test)]

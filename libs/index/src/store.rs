@@ -32,11 +32,13 @@ use crate::keys::{KeyTable, Sole};
 
 mod compact;
 mod directory;
+mod firsts;
 mod reader;
 mod refill;
 mod withdraw;
 
 pub(crate) use directory::Directory;
+use firsts::{Firsts, FirstsCount};
 use withdraw::Doomed;
 
 /// Most records written under one page lock.
@@ -110,6 +112,8 @@ struct Placement {
     scratch: Scratch,
     /// The key tables' writer token.
     sole: Sole,
+    /// The first-block filter's bookkeeping.
+    firsts: FirstsCount,
 }
 
 /// The writer's per-event working lists, emptied and reused.
@@ -143,6 +147,9 @@ pub(crate) struct Store {
     keys: Box<[KeyTable]>,
     /// `keys.len() - 1` (a power of two less one).
     key_mask: usize,
+    /// Which keys may have a depth-0 record, consulted before the key
+    /// tables by a lookup's first block (see [`firsts`]).
+    firsts: Firsts,
     pages: Directory,
     place: Mutex<Placement>,
     /// Records moved by compaction, since start.
@@ -281,6 +288,7 @@ impl Store {
         Self {
             keys: (0..all).map(|_| KeyTable::sized(table_keys)).collect(),
             key_mask: all - 1,
+            firsts: Firsts::for_records(records),
             pages: Directory::for_records(records),
             place: Mutex::default(),
             relocations: AtomicU64::new(0),
@@ -297,13 +305,18 @@ impl Store {
         self.keys.get(i)
     }
 
-    /// The first probe of a lookup, before it takes any lock: `None` when
-    /// no key of hash `h` can be in the tables (no entry carries its tag:
-    /// a sure miss, answered with no lock at all); otherwise the record of
-    /// the first entry carrying the tag, which is the key's unless another
-    /// key shares the tag (the caller checks, and probes again if not).
+    /// The first probe of a lookup (of a prompt's first block), before it
+    /// takes any lock: `None` when no depth-0 record of hash `h` can exist
+    /// (the first-block filter says so, or no entry of the key tables
+    /// carries its tag: a sure miss, answered with no lock at all);
+    /// otherwise the record of the first entry carrying the tag, which is
+    /// the key's unless another key shares the tag (the caller checks, and
+    /// probes again if not).
     #[inline]
     pub(crate) fn first_probe(&self, h: u64) -> Option<RecId> {
+        if !self.firsts.may_hold(h) {
+            return None;
+        }
         self.table(h).and_then(|t| t.tagged(h))
     }
 
@@ -446,6 +459,11 @@ impl Store {
                     place.records += 1;
                     rec_id(page_no, page.append(b.key, b.depth, &holders))
                 };
+                if b.depth == 0 {
+                    // Before its key is published.
+                    let place = &mut *place;
+                    self.firsts.add(&mut place.sole, &mut place.firsts, b.h);
+                }
                 recs[i] = Some(rec);
                 created.push((b.h, rec));
                 results.push(Ok(Stored::Added));
@@ -609,7 +627,8 @@ impl Store {
                 .map(|(_, p)| p.read().heap_bytes())
                 .sum::<usize>();
         let keys = self.keys.len() * size_of::<KeyTable>()
-            + self.keys.iter().map(KeyTable::heap_bytes).sum::<usize>();
+            + self.keys.iter().map(KeyTable::heap_bytes).sum::<usize>()
+            + self.firsts.heap_bytes();
         (records + lists, keys)
     }
 
@@ -617,6 +636,12 @@ impl Store {
     /// spill list: searches of their tables read those too).
     pub(crate) fn overflowed_keys(&self) -> usize {
         self.keys.iter().map(KeyTable::overflowed).sum()
+    }
+
+    /// Rebuilds of the first-block filter so far.
+    #[cfg(test)]
+    pub(crate) fn firsts_rebuilds(&self) -> u64 {
+        self.place.lock().firsts.rebuilds
     }
 
     /// Keys published.

@@ -631,6 +631,7 @@ fn counting_memory_while_new_replicas_register_never_deadlocks() {
     assert_eq!(result, Ok(true), "memory count and writer deadlocked");
 }
 
+mod firsts;
 mod routing;
 
 #[test]
@@ -759,6 +760,17 @@ fn a_first_block_sharing_another_keys_tag_is_not_taken_for_it() {
     let held = 1u64;
     let twin = (2..).find(|&fp| tag(fp) == tag(held)).unwrap();
     put(&ix, "t", "a", &[stored(0, &fps(&[held, 7]), Tier::T1)]);
+    // The twin was a first block once: its bits stay in the first-block
+    // filter (until a rebuild), so its first probe reads the key table.
+    put(&ix, "t", "b", &[stored(0, &fps(&[twin]), Tier::T1)]);
+    put(
+        &ix,
+        "t",
+        "b",
+        &[Change::Evicted {
+            fingerprints: fps(&[twin]),
+        }],
+    );
     // The premise: the twin's first probe finds the held key's record. Were
     // the two keys' tables or buckets apart (sharding or sizing changed),
     // the probe would be a sure miss and the answers below would hold

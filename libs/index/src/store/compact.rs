@@ -56,6 +56,23 @@ impl Store {
             }
         }
         self.pick_refills(&mut place);
+        if self.firsts.due(&place.firsts) {
+            self.rebuild_firsts(&mut place);
+        }
+    }
+
+    /// Rebuilds the first-block filter from the live depth-0 records (see
+    /// [`super::firsts`]): one pass over the pages, each read-locked in
+    /// turn (the placement mutex, held, keeps new ones from appearing).
+    fn rebuild_firsts(&self, place: &mut Placement) {
+        let mut fresh = self.firsts.fresh();
+        for (_, page) in self.pages.iter() {
+            for key in page.read().first_keys() {
+                fresh.add(hash(key));
+            }
+        }
+        self.firsts
+            .replace(&mut place.sole, &mut place.firsts, &fresh);
     }
 
     /// The pages to empty so that dead records fall to their target share,
