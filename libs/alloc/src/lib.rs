@@ -2,8 +2,11 @@
 //! `ic-index-server`): mimalloc below [`HUGE`] bytes, the system allocator
 //! from there. The request paths allocate small blocks per request and per
 //! key, where mimalloc's fast paths cost a fraction of glibc's and it does
-//! not stop a later request to consolidate what an earlier one freed (the
-//! endpoint picker's decision after tokenizing a prompt; docs/benchmarks.md).
+//! not stop a later request to consolidate what an earlier one freed
+//! (glibc's `malloc_consolidate` of a tokenized prompt's frees was a fifth
+//! of what the endpoint picker's decision took beyond a lookup: 75 µs
+//! without fastbins against 92–102 µs, 2026-12-05; `git show
+//! 5242aa15:docs/benchmarks.md`, since pruned from it).
 //! Blocks from [`HUGE`] up go to the system allocator: a table that grows
 //! by doubling is moved by glibc's `realloc` (mremap) where mimalloc copies
 //! it, a stall of tens of ms at every doubling past a million keys (the

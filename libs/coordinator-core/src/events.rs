@@ -318,12 +318,16 @@ fn validate_parts<'s>(
                 "token_offset must be >= -1",
             ));
         }
-        let token_ids = e
-            .token_ids
-            .iter()
-            .map(|&t| u32::try_from(t).ok())
-            .collect::<Option<Vec<u32>>>()
-            .unwrap_or_default();
+        // Most store entries carry no tokens: no collect then.
+        let token_ids = if e.token_ids.is_empty() {
+            Vec::new()
+        } else {
+            e.token_ids
+                .iter()
+                .map(|&t| u32::try_from(t).ok())
+                .collect::<Option<Vec<u32>>>()
+                .unwrap_or_default()
+        };
         entries.push(Entry {
             key: SharedKey::new(key),
             size_bytes,

