@@ -43,11 +43,12 @@ pub struct Settings {
 }
 
 /// Resident memory one directory key may cost with its usage and LRU
-/// entries at the worst moment, rounded up: a warm restart peaks at
-/// 239–243 B a key (release build, compact key table, 1 M and 10 M keys;
-/// docs/benchmarks.md, "Coordinator memory and restart"), and a checkpoint
-/// holds its ~94 B-a-key image in memory while it is written; so the bound
-/// also survives a restart and a checkpoint.
+/// entries at the worst moment, rounded up: a restart of 10 M keys peaks
+/// at 163 B a key (the release server, 2026-12-06; 239–243 B in process
+/// before the checkpoint was read as decoded; docs/benchmarks.md,
+/// "Coordinator memory and restart"), and a checkpoint holds its
+/// ~94 B-a-key image in memory while it is written; so the bound also
+/// survives a restart and a checkpoint.
 pub const DIRECTORY_KEY_BYTES: u64 = 400;
 
 /// The default `--max-directory-keys`: half the memory limit's worth of

@@ -5,7 +5,9 @@
 //! the keys of one chunk hash are lists threaded through the records, and
 //! the two hash tables hold ids only. A key costs one record (112 B), its
 //! hash bytes and a few bytes of table, where a map of owned keys cost
-//! ~470 B (docs/benchmarks.md, "Coordinator memory and restart").
+//! ~470 B (`git show bf2f2007:docs/benchmarks.md`, "Coordinator memory
+//! and restart"; the current figures are in that section of
+//! docs/benchmarks.md).
 
 use std::hash::BuildHasher;
 
