@@ -99,7 +99,36 @@ pub struct EppFlags {
     /// [`MAX_FALLBACK_ENDPOINTS`].
     #[arg(long, env = "IC_EPP_FALLBACK_ENDPOINTS", default_value_t = 2)]
     pub epp_fallback_endpoints: usize,
+
+    /// Largest request body whose text or chat prompt the picker renders,
+    /// tokenizes and decides on the runtime thread that received it,
+    /// bytes; a larger one is handed to a blocking thread and back (four
+    /// context switches more a pick). 0 (the default) hands every one
+    /// over: inline, a ~2,000-token chat holds its runtime thread ~1 ms
+    /// (about 2 M tokens/s a core), and two streams landing on one thread
+    /// then wait for each other (2 gateways on 2 cores: a fifth fewer
+    /// picks/s, docs/benchmarks.md); a lone stream saves the hand-over's
+    /// wake-ups. At most [`INLINE_READ_BYTES`] (a larger body is read off
+    /// the runtime anyway). `inferencecache_index_epp_tokenizing_total`
+    /// counts each kind by thread.
+    #[arg(
+        long,
+        env = "IC_EPP_INLINE_TOKENIZE_BYTES",
+        default_value_t = DEFAULT_INLINE_TOKENIZE_BYTES
+    )]
+    pub epp_inline_tokenize_bytes: usize,
 }
+
+/// `--epp-inline-tokenize-bytes`'s default: every prompt to tokenize
+/// handed to a blocking thread.
+pub const DEFAULT_INLINE_TOKENIZE_BYTES: usize = 0;
+
+/// Largest body read on the runtime's thread that received it: reading
+/// costs about an instruction a byte (more for token ids), so up to this
+/// it delays the thread's other streams by microseconds, less than a hand
+/// over to another thread costs; a larger body is read off the runtime.
+/// Also the largest `--epp-inline-tokenize-bytes`.
+pub const INLINE_READ_BYTES: usize = 64 * 1024;
 
 /// Most fallback endpoints a pick may name: a gateway retries a few, and
 /// each one is ranked and written into every answer.
@@ -239,6 +268,9 @@ pub struct PoolConfig {
     /// Endpoints named after the pick, by load, for the gateway to retry
     /// on (0: the pick alone).
     pub fallbacks: usize,
+    /// Largest body whose prompt is tokenized on the runtime's thread that
+    /// received it (`--epp-inline-tokenize-bytes`).
+    pub inline_tokenize_bytes: usize,
     /// What the pool's picks reuse between requests (its endpoints mapped
     /// to index replicas), shared by every clone.
     pub cache: Arc<crate::epp::PoolCache>,
@@ -366,6 +398,13 @@ impl EppFlags {
                 self.epp_fallback_endpoints
             );
         }
+        if self.epp_inline_tokenize_bytes > INLINE_READ_BYTES {
+            anyhow::bail!(
+                "--epp-inline-tokenize-bytes must be at most {INLINE_READ_BYTES} (a \
+                 larger body is read off the runtime; got {})",
+                self.epp_inline_tokenize_bytes
+            );
+        }
         let shedding = Shedding::from_counts(
             self.epp_shed_at_requests,
             self.epp_shed_standard_at_requests,
@@ -389,6 +428,7 @@ impl EppFlags {
                 objectives: objectives.clone(),
                 max_body_bytes: self.epp_max_body_bytes,
                 fallbacks: self.epp_fallback_endpoints,
+                inline_tokenize_bytes: self.epp_inline_tokenize_bytes,
                 cache: Arc::default(),
             };
         // (namespace, name) -> endpoints, in the order first named.
@@ -596,6 +636,35 @@ mod tests {
                 "{over}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn inline_tokenizing_is_bounded_by_the_body_read_inline() {
+        let with = |n: Option<&str>| {
+            let mut args = vec!["--epp-tenant", "a", "--epp-endpoint", "10.0.0.1:1"];
+            args.extend(
+                n.map(|n| ["--epp-inline-tokenize-bytes", n])
+                    .into_iter()
+                    .flatten(),
+            );
+            flags(&args).pools()
+        };
+        let default = with(None).unwrap().unwrap();
+        assert_eq!(
+            default[0].inline_tokenize_bytes,
+            DEFAULT_INLINE_TOKENIZE_BYTES
+        );
+        let most = with(Some("65536")).unwrap().unwrap();
+        assert_eq!(most[0].inline_tokenize_bytes, INLINE_READ_BYTES);
+        assert_eq!(
+            with(Some("0")).unwrap().unwrap()[0].inline_tokenize_bytes,
+            0
+        );
+        let e = with(Some("65537")).unwrap_err().to_string();
+        assert!(
+            e.contains("--epp-inline-tokenize-bytes must be at most 65536"),
+            "{e}"
+        );
     }
 
     #[test]

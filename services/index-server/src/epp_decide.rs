@@ -6,14 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{EndpointPicker, InFlight, NoEndpoint, Pick};
+use crate::epp_config::INLINE_READ_BYTES;
 use crate::index_core::{Prompt, Purpose, RouteError, RouteRequest, Routed};
 use crate::openai::{self, Prompt as BodyPrompt};
-
-/// Largest body read on the runtime's thread that received it: reading
-/// costs about an instruction a byte (more for token ids), so up to this
-/// it delays the thread's other streams by microseconds, less than a hand
-/// over to another thread costs; a larger body is read off the runtime.
-const INLINE_READ_BYTES: usize = 64 * 1024;
 
 /// A request body as read, and how long reading it took.
 struct Read {
@@ -23,7 +18,8 @@ struct Read {
 
 impl Read {
     /// Whether the prompt must be rendered or tokenized (CPU work of
-    /// milliseconds: kept off the runtime's threads).
+    /// about a millisecond for 2,000 tokens: kept off the runtime's
+    /// threads above `--epp-inline-tokenize-bytes`).
     fn needs_tokenizer(&self) -> bool {
         matches!(
             self.request.as_ref().and_then(|r| r.prompt.as_ref()),
@@ -34,14 +30,16 @@ impl Read {
 
 impl EndpointPicker {
     /// Decides where a request of `priority` goes, on the thread that
-    /// received it whenever nothing blocks: a small body is read here, and
-    /// a prompt needing no tokenizer (token ids, none at all) is decided
-    /// here too, as LookupRoute is, with no hand-over to a blocking thread
-    /// (which took 0.19-0.29 ms on a loaded machine, docs/benchmarks.md).
-    /// Rendering and tokenizing a prompt, or reading a large body, runs on
-    /// a blocking thread, and the decision right after it there.
-    /// (`block_in_place` instead kept the work on this thread, but handing
-    /// the runtime's other tasks to a new thread cost more on two cores.)
+    /// received it whenever nothing blocks for long: a small body is read
+    /// here, and a prompt needing no tokenizer (token ids, none at all), or
+    /// one in a body up to `--epp-inline-tokenize-bytes`, is decided here
+    /// too, as LookupRoute is, with no hand-over to a blocking thread and
+    /// back (four context switches more a pick, five against one,
+    /// docs/benchmarks.md). Rendering and tokenizing a larger prompt, or
+    /// reading a large body, runs on a blocking thread, and the decision
+    /// right after it there. (`block_in_place` instead kept the work on
+    /// this thread, but handing the runtime's other tasks to a new thread
+    /// cost more on two cores.)
     pub(super) async fn decide_placed(
         &self,
         path: &str,
@@ -52,9 +50,14 @@ impl EndpointPicker {
         let arrived = Instant::now();
         // No endpoint: refused before the body is read (or counted unread).
         let eligible = self.eligible(subset)?;
-        let read = if body.as_ref().is_none_or(|b| b.len() <= INLINE_READ_BYTES) {
+        let size = body.as_ref().map_or(0, Vec::len);
+        let read = if size <= INLINE_READ_BYTES {
             let read = self.read(path, body.as_deref());
             if !read.needs_tokenizer() {
+                return self.decide_read(read, &eligible, priority, arrived);
+            }
+            if size <= self.pool.inline_tokenize_bytes {
+                self.core.metrics().epp_tokenizing_on("runtime");
                 return self.decide_read(read, &eligible, priority, arrived);
             }
             Some(read)
@@ -82,6 +85,9 @@ impl EndpointPicker {
             let eligible = me.eligible(subset.as_deref())?;
             let read =
                 read.unwrap_or_else(|| me.read(path.as_deref().unwrap_or(""), body.as_deref()));
+            if read.needs_tokenizer() {
+                me.core.metrics().epp_tokenizing_on("blocking");
+            }
             #[cfg(test)]
             tests::resumed(read.request.as_ref(), arrived, resumed);
             me.decide_read(read, &eligible, priority, arrived)
@@ -237,12 +243,21 @@ mod tests {
     use futures::{Stream as _, StreamExt as _};
 
     use super::super::scope::tests::{counted_picker, picker};
-    use super::super::{Exchange, NoEndpoint};
+    use super::super::{EndpointPicker, Exchange, NoEndpoint};
     use super::INLINE_READ_BYTES;
 
     const A: &str = "10.0.0.1:8000";
     const B: &str = "10.0.0.2:8000";
     const CHAT: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+
+    /// `p` with prompts tokenized on the runtime's thread up to `bytes`
+    /// of body (0: every one handed over).
+    fn inline_up_to(mut p: EndpointPicker, bytes: usize) -> EndpointPicker {
+        let mut pool = (*p.pool).clone();
+        pool.inline_tokenize_bytes = bytes;
+        p.pool = std::sync::Arc::new(pool);
+        p
+    }
 
     fn ids(n: usize) -> Vec<u32> {
         (0..n).map(|i| 1000 + i as u32 % 30_000).collect()
@@ -288,9 +303,10 @@ mod tests {
             .collect()
     }
 
-    /// Each placement answers where it should: token ids on the runtime
-    /// thread that received them, a chat prompt and a body too large to
-    /// read on the runtime on another thread (a blocking one).
+    /// Each placement answers where it should: token ids, and a chat
+    /// prompt in a body up to `--epp-inline-tokenize-bytes`, on the runtime
+    /// thread that received them; a larger chat body and a body too large
+    /// to read on the runtime on another thread (a blocking one).
     async fn every_placement_picks(runtime: &str) {
         let p = picker(&[A]);
         let with_model = |body: &[u8], model: &str| {
@@ -300,13 +316,25 @@ mod tests {
         };
         let large = token_ids(INLINE_READ_BYTES / 4);
         assert!(large.len() > INLINE_READ_BYTES);
-        for (path, body, case, in_place) in [
-            ("/v1/completions", token_ids(16), "token-ids", true),
-            ("/v1/chat/completions", CHAT.to_vec(), "chat", false),
-            ("/v1/completions", large, "large", false),
+        // A chat body as long as the bound, then one byte over it.
+        for (path, body, case, over_bound, in_place) in [
+            ("/v1/completions", token_ids(16), "token-ids", None, true),
+            ("/v1/chat/completions", CHAT.to_vec(), "chat", Some(0), true),
+            (
+                "/v1/chat/completions",
+                CHAT.to_vec(),
+                "chat-over",
+                Some(1),
+                false,
+            ),
+            ("/v1/completions", large, "large", None, false),
         ] {
             let model = format!("{runtime}-{case}");
             let body = with_model(&body, &model);
+            let p = match over_bound {
+                Some(over) => inline_up_to(p.clone(), body.len() - over),
+                None => p.clone(),
+            };
             // No await between this and an in-place decision: the task is
             // still on this thread when it decides.
             let here = thread::current().id();
@@ -334,6 +362,37 @@ mod tests {
         tokio::spawn(every_placement_picks("multi-thread"))
             .await
             .expect("the picks");
+    }
+
+    /// Picks with a prompt to tokenize are counted by the thread deciding
+    /// them: a chat body within an 8 KiB bound on the runtime's, the same
+    /// body under the default (0) on a blocking one; token ids in neither.
+    #[tokio::test(flavor = "current_thread")]
+    async fn picks_to_tokenize_are_counted_by_thread() {
+        let (handing, registry) = counted_picker(&[A]);
+        let p = inline_up_to(handing.clone(), 8 * 1024);
+        let chat = || Some(CHAT.to_vec());
+        for _ in 0..2 {
+            let pick = p
+                .decide_placed("/v1/chat/completions", chat(), None, 0)
+                .await;
+            assert_eq!(pick.expect("a pick").endpoints, [A]);
+        }
+        let pick = handing
+            .decide_placed("/v1/chat/completions", chat(), None, 0)
+            .await;
+        assert_eq!(pick.expect("a pick").endpoints, [A]);
+        let pick = p
+            .decide_placed("/v1/completions", Some(token_ids(16)), None, 0)
+            .await;
+        assert_eq!(pick.expect("a pick").endpoints, [A]);
+        let metrics = registry.encode();
+        for counted in [
+            r#"epp_tokenizing_total{thread="runtime"} 2"#,
+            r#"epp_tokenizing_total{thread="blocking"} 1"#,
+        ] {
+            assert!(metrics.contains(counted), "{counted}: {metrics}");
+        }
     }
 
     /// A pool (or subset) with no endpoint is refused before the body is
@@ -426,6 +485,8 @@ mod tests {
     #[test]
     fn a_stream_reset_while_its_pick_is_handed_off_leaves_nothing_in_flight() {
         let (p, registry) = counted_picker(&[A]);
+        // Every chat body handed over (`--epp-inline-tokenize-bytes 0`).
+        let p = inline_up_to(p, 0);
         let chat = br#"{"model":"reset-mid-pick","messages":[{"role":"user","content":"hi"}]}"#;
         let runtime = one_blocking_thread();
         runtime.block_on(async {

@@ -242,7 +242,7 @@ pub(super) mod tests {
     use ic_telemetry::MetricsRegistry;
 
     use super::super::{EndpointPicker, PoolConfig};
-    use crate::epp_config::{Objectives, Shedding};
+    use crate::epp_config::{DEFAULT_INLINE_TOKENIZE_BYTES, Objectives, Shedding};
     use crate::index_core::IndexCore;
     use crate::metrics::Metrics;
 
@@ -292,6 +292,7 @@ pub(super) mod tests {
                 objectives: Objectives::default(),
                 max_body_bytes: 1 << 20,
                 fallbacks: 1,
+                inline_tokenize_bytes: DEFAULT_INLINE_TOKENIZE_BYTES,
                 cache: Arc::default(),
             },
         );

@@ -128,6 +128,10 @@ pub struct Metrics {
     /// Time a pick handed to a blocking thread waited for one (left out
     /// of the decision's timers and its lookup's budget).
     pub epp_handoff_wait: Histogram,
+    /// Picks with a text or chat prompt to render and tokenize, by the
+    /// thread deciding them: `runtime` (the one that received the body,
+    /// up to --epp-inline-tokenize-bytes) or `blocking` (handed over).
+    pub epp_tokenizing: Family<ThreadLabel, Counter>,
     /// Responses whose usage and time to first byte recalibrated their
     /// endpoint's prefill rate (the TTFT estimate's).
     pub epp_prefill_rate_observations: Counter,
@@ -143,6 +147,13 @@ pub struct Metrics {
 pub struct OutcomeLabel {
     /// A fixed word per call site.
     pub outcome: &'static str,
+}
+
+/// The kind of thread work ran on.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ThreadLabel {
+    /// `runtime` or `blocking`.
+    pub thread: &'static str,
 }
 
 /// What decided a pick.
@@ -184,6 +195,7 @@ impl Metrics {
             epp_decision_untokenized: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_from_read: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_handoff_wait: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
+            epp_tokenizing: Family::default(),
             epp_prefill_rate_observations: Counter::default(),
             llmd_pod_scores: Family::default(),
             llmd_pod_scores_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -322,6 +334,11 @@ impl Metrics {
                 m.epp_handoff_wait.clone(),
             );
             e.register(
+                "tokenizing",
+                "Picks with a text or chat prompt to render and tokenize, by the thread deciding them: runtime (the one that received the body, up to --epp-inline-tokenize-bytes) or blocking (handed over)",
+                m.epp_tokenizing.clone(),
+            );
+            e.register(
                 "prefill_rate_observations",
                 "Responses whose usage and time to first byte recalibrated their endpoint's prefill rate",
                 m.epp_prefill_rate_observations.clone(),
@@ -387,6 +404,14 @@ impl Metrics {
     /// Counts the wait of a pick handed to a blocking thread.
     pub fn epp_handoff_waited(&self, wait: Duration) {
         self.epp_handoff_wait.observe(wait.as_secs_f64());
+    }
+
+    /// Counts a pick with a prompt to render and tokenize, decided on
+    /// `thread` (`runtime` or `blocking`).
+    pub fn epp_tokenizing_on(&self, thread: &'static str) {
+        self.epp_tokenizing
+            .get_or_create(&ThreadLabel { thread })
+            .inc();
     }
 
     /// Counts a request the picker could not read.
