@@ -102,6 +102,7 @@ fn main() {
                 scope_tag: scope_tag(&scope),
                 pool: None,
                 others: ic_index::pick::OTHERS_RANKED,
+                holders: usize::MAX,
             },
         );
         best += ranked.ranked.len();

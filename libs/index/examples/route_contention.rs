@@ -1,5 +1,5 @@
 //! Lookups beside registry writers, for the tail both see:
-//! `target/release/examples/route_contention ROUTERS APPLIES GAP_US HOLDERS [solo N]`
+//! `target/release/examples/route_contention ROUTERS APPLIES GAP_US HOLDERS [solo N] [top K]`
 //! builds a scope of 256 engines on the load board, HOLDERS of them
 //! holding a share of a 32-block prompt (the rest other blocks); ROUTERS threads rank the prompt and
 //! record each destination as a pick (LookupRoute's path: a large scope's
@@ -10,7 +10,8 @@
 //! walk, with the registry read-locked, made each resync wait for it).
 //! With `solo N`: one thread, N
 //! rankings, no writer and no timing (for callgrind: run two N and
-//! difference).
+//! difference). With `top K`: each ranking answers the best K holders
+//! only (LookupRoute's `max_candidates`; default all).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -106,7 +107,7 @@ impl Fleet {
     }
 
     /// One LookupRoute: ranked, and the destination recorded as a pick.
-    fn route(&self, weights: &ScoreWeights, tag: u64) -> usize {
+    fn route(&self, weights: &ScoreWeights, tag: u64, top: usize) -> usize {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         let query = RouteQuery {
             scope: &self.scope,
@@ -123,6 +124,7 @@ impl Fleet {
             scope_tag: tag,
             pool: None,
             others: 1,
+            holders: top,
         };
         // Every engine stays fresh however far the logical clock runs.
         let policy = RoutePolicy {
@@ -159,13 +161,22 @@ fn main() {
     let applies: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5_000);
     let gap_us: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(200);
     let holders: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(8);
-    let solo = args.next().is_some_and(|a| a == "solo");
-    let solo_n: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(2_000);
+    let mut solo = false;
+    let mut solo_n: usize = 2_000;
+    let mut top = usize::MAX;
+    while let Some(a) = args.next() {
+        let n = args.next().and_then(|n| n.parse().ok());
+        match a.as_str() {
+            "solo" => (solo, solo_n) = (true, n.unwrap_or(solo_n)),
+            "top" => top = n.unwrap_or(top),
+            _ => {}
+        }
+    }
     let fleet = Arc::new(Fleet::new(holders));
     let weights = ScoreWeights::default();
     let tag = scope_tag(&fleet.scope);
     if solo {
-        let ranked: usize = (0..solo_n).map(|_| fleet.route(&weights, tag)).sum();
+        let ranked: usize = (0..solo_n).map(|_| fleet.route(&weights, tag, top)).sum();
         println!("{ranked}");
         return;
     }
@@ -178,7 +189,7 @@ fn main() {
                 let mut ns = Vec::with_capacity(1 << 20);
                 while !done.load(Ordering::Relaxed) {
                     let t = Instant::now();
-                    std::hint::black_box(fleet.route(&weights, tag));
+                    std::hint::black_box(fleet.route(&weights, tag, top));
                     ns.push(t.elapsed().as_nanos() as u64);
                 }
                 ns

@@ -467,18 +467,22 @@ pub fn rank_top(
     fleet: &Fleet,
     others: usize,
 ) -> Vec<Scored> {
-    rank_hashed(input, weights, loads, fleet, others, None)
+    rank_hashed(input, weights, loads, fleet, others, usize::MAX, None)
 }
 
 /// [`rank_top`] given [`id_hash`] of each of `input.replicas` (in order)
 /// when the caller has them already: a replica id is hashed once per
-/// lookup, not once per use.
+/// lookup, not once per use. Only the best `holders` replicas holding part
+/// of the prompt (at least one) are returned: replicas within the load
+/// bound rank before every one over it, so the best holder is among them
+/// whatever the cut, and the rest are neither copied nor sorted.
 pub(crate) fn rank_hashed(
     input: &PickInput<'_>,
     weights: &ScoreWeights,
     loads: &[ReplicaLoad],
     fleet: &Fleet,
     others: usize,
+    holders: usize,
     id_hashes: Option<&[u64]>,
 ) -> Vec<Scored> {
     // Both callers build the hashes alongside the replicas (one entry per
@@ -550,11 +554,17 @@ pub(crate) fn rank_hashed(
             .rank_cmp(&b.order())
             .then_with(|| key_of(a).cmp(key_of(b)))
     };
-    // Only the best few of the rest are returned: select them in linear
-    // time rather than sorting them all.
+    // Only the best few of the rest (and of the holders, when a caller
+    // answers only the first few) are returned: select them in linear time
+    // rather than sorting them all.
     if others.len() > keep {
         others.select_nth_unstable_by(keep - 1, better);
         others.truncate(keep);
+    }
+    let holders = holders.max(1);
+    if order.len() > holders {
+        order.select_nth_unstable_by(holders - 1, better);
+        order.truncate(holders);
     }
     order.append(&mut others);
     order.sort_unstable_by(better);

@@ -381,8 +381,8 @@ pub struct Ranked {
     pub block_size: u32,
     /// Full blocks in the prompt (0 for a prefix-hash query).
     pub prompt_blocks: u32,
-    /// Every eligible replica holding part of the prompt and the best
-    /// [`Scoring::others`] others, best first (empty when the
+    /// The best [`Scoring::holders`] eligible replicas holding part of the
+    /// prompt and the best [`Scoring::others`] others, best first (empty when the
     /// routing core had nothing to score: unknown scope, short prompt,
     /// timeout, minimum).
     pub ranked: Vec<Scored>,
@@ -500,6 +500,16 @@ pub struct Scoring<'a> {
     /// load alone sends a request; [`crate::pick::OTHERS_RANKED`] keeps
     /// fallbacks. Fewer cost fewer loads read and names copied.
     pub others: usize,
+    /// Replicas holding part of the prompt to answer, at most (at least
+    /// one; `usize::MAX`: all): every holder is scored, but only the best
+    /// this many are sorted and copied into [`Ranked::ranked`]. The hint,
+    /// the load-only destination and the order of those kept are the same
+    /// as with all kept (a holder within its load bound ranks before any
+    /// over it), so a caller answering only the first few (LookupRoute's
+    /// `max_candidates`) copies no name for the rest: a prompt every
+    /// replica of a large scope holds (a fleet-wide system prompt) no
+    /// longer costs a copy of every replica's names.
+    pub holders: usize,
 }
 
 impl std::fmt::Debug for Scoring<'_> {

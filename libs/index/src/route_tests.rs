@@ -49,6 +49,8 @@ struct Fleet {
     weights: ScoreWeights,
     /// Others ranked in full ([`Scoring::others`]).
     others: usize,
+    /// Holders answered ([`Scoring::holders`]).
+    holders: usize,
 }
 
 impl Fleet {
@@ -64,6 +66,7 @@ impl Fleet {
             speculation: Speculation::new(SpeculationSettings::default()),
             weights,
             others: crate::pick::OTHERS_RANKED,
+            holders: usize::MAX,
         }
     }
 
@@ -91,6 +94,7 @@ impl Fleet {
                 scope_tag: scope_tag(&scope),
                 pool: None,
                 others: self.others,
+                holders: self.holders,
             },
         )
     }
@@ -303,6 +307,7 @@ fn a_cold_prompt_with_candidates_gets_a_destination_by_load() {
                 scope_tag: scope_tag(&scope),
                 pool: None,
                 others: crate::pick::OTHERS_RANKED,
+                holders: usize::MAX,
             },
         )
     };
@@ -614,6 +619,7 @@ fn ranks_as_every_replica(
                 scope_tag: tag,
                 pool: None,
                 others: crate::pick::OTHERS_RANKED,
+                holders: usize::MAX,
             },
         );
         proptest::prop_assert_eq!(got.ranked, full_ranking(&fleet, &prompt, candidates, now));

@@ -271,16 +271,25 @@ impl IndexServer {
             }
             Some(Key::PromptText(text)) => Prompt::Text(text),
         };
-        let routed = self.core.route(&RouteRequest {
-            scope: &scope,
-            prompt,
-            candidates: candidates.as_ref(),
-            extras: extras.as_ref(),
-            received,
-            purpose: Purpose::Hint {
-                record_pick: !req.observe_only,
+        // Holders past `max_candidates` are scored but not answered: not
+        // copied either.
+        let holders = match req.max_candidates {
+            0 => usize::MAX,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        let routed = self.core.route_top(
+            &RouteRequest {
+                scope: &scope,
+                prompt,
+                candidates: candidates.as_ref(),
+                extras: extras.as_ref(),
+                received,
+                purpose: Purpose::Hint {
+                    record_pick: !req.observe_only,
+                },
             },
-        });
+            holders,
+        );
         let decision = match routed {
             Ok(Routed::Hint(decision)) => decision,
             Ok(_) => return Err(Status::internal("the core answered another purpose")),

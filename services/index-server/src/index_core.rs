@@ -314,6 +314,17 @@ impl IndexCore {
     /// `received`, the prompt's tokens, the decision for the purpose, and
     /// the feedback the answer leaves in the load board.
     pub fn route(&self, request: &RouteRequest<'_>) -> Result<Routed, RouteError> {
+        self.route_top(request, usize::MAX)
+    }
+
+    /// [`Self::route`] answering at most `holders` replicas holding part
+    /// of the prompt (at least one: LookupRoute's `max_candidates`): the
+    /// same hint and pick, and no name copied for a holder not answered.
+    pub fn route_top(
+        &self,
+        request: &RouteRequest<'_>,
+        holders: usize,
+    ) -> Result<Routed, RouteError> {
         let policy = self.policy(&request.scope.tenant);
         let deadline = InstantDeadline(request.received + policy.lookup_timeout);
         let now_ms = self.now_ms();
@@ -380,6 +391,7 @@ impl IndexCore {
                 &deadline,
                 pool,
                 tag,
+                holders,
             )
         };
         match request.purpose {

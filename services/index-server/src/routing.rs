@@ -247,7 +247,9 @@ impl Routing {
     /// Routes and scores `query` (the locks are taken after the index walk);
     /// `pool` restricts the scoring to an endpoint picker's endpoints;
     /// `scope_tag` is [`ic_index::route::scope_tag`] of the query's scope
-    /// (the caller's, hashed once per request).
+    /// (the caller's, hashed once per request); `holders` is how many
+    /// replicas holding part of the prompt to answer, at most
+    /// ([`Scoring::holders`]).
     #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
@@ -259,6 +261,7 @@ impl Routing {
         deadline: &dyn Deadline,
         pool: Option<&[(ic_index::ReplicaKey, String)]>,
         scope_tag: u64,
+        holders: usize,
     ) -> Ranked {
         // The namespace's CachePolicy over the server's flags.
         let weights = policy.scoring.over(&self.weights);
@@ -277,6 +280,7 @@ impl Routing {
                 // Both front ends read the first of the others only (the
                 // picker's fallbacks are ranked by load apart).
                 others: 1,
+                holders,
             },
         )
     }

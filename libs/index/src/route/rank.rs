@@ -174,7 +174,13 @@ pub(super) fn rank_matches(
         (None, None, _) => Eligible::default(),
     };
     // Every holder and the best few others, scored as among the whole scope.
-    let ranked = rank_eligible(&eligible, &input, scoring.weights, scoring.others);
+    let ranked = rank_eligible(
+        &eligible,
+        &input,
+        scoring.weights,
+        scoring.others,
+        scoring.holders,
+    );
     let holder_within = ranked
         .iter()
         .position(|s| s.matched_blocks > 0 && !s.over_bound)

@@ -48,12 +48,14 @@ impl<'a> Eligible<'a> {
 }
 
 /// Ranks `eligible` for the prompt of `input` (its `replicas` are ignored):
-/// every holder and the best `others` others (at least one), best first.
+/// the best `holders` holders and the best `others` others (each at least
+/// one), best first.
 pub(super) fn rank_eligible(
     eligible: &Eligible<'_>,
     input: &PickInput<'_>,
     weights: &ScoreWeights,
     others: usize,
+    holders: usize,
 ) -> Vec<Scored> {
     let others = others.max(1);
     let n = eligible.replicas.len();
@@ -72,26 +74,27 @@ pub(super) fn rank_eligible(
             &eligible.loads,
             &fleet,
             others,
+            holders,
             Some(&eligible.id_hashes),
         );
     }
-    let mut holders: smallvec::SmallVec<[u64; 16]> = input
+    let mut held: smallvec::SmallVec<[u64; 16]> = input
         .matches
         .iter()
         .map(|m| id_hash(&m.replica.replica_id))
         .chain(input.speculative.iter().map(|(id, _)| id_hash(id)))
         .collect();
-    holders.sort_unstable();
-    holders.dedup();
+    held.sort_unstable();
+    held.dedup();
     // A hash shared by a holder and another replica only scores that one in
     // full too: a superset of the holders changes nothing.
-    let holds = |h: u64| holders.binary_search(&h).is_ok();
+    let holds = |h: u64| held.binary_search(&h).is_ok();
     let key_of = |i: usize| eligible.replicas[i].0;
     let better = |a: &(OtherKey, usize), b: &(OtherKey, usize)| {
         a.0.rank_cmp(&b.0)
             .then_with(|| key_of(a.1).cmp(key_of(b.1)))
     };
-    let mut chosen: Vec<usize> = Vec::with_capacity(holders.len() + others);
+    let mut chosen: Vec<usize> = Vec::with_capacity(held.len() + others);
     // The best others so far, best first.
     let mut best: Vec<(OtherKey, usize)> = Vec::with_capacity(others + 1);
     for (i, (&h, load)) in eligible.id_hashes.iter().zip(&eligible.loads).enumerate() {
@@ -116,7 +119,15 @@ pub(super) fn rank_eligible(
         replicas: &replicas,
         ..*input
     };
-    rank_hashed(&part, weights, &loads, &fleet, others, Some(&hashes))
+    rank_hashed(
+        &part,
+        weights,
+        &loads,
+        &fleet,
+        others,
+        holders,
+        Some(&hashes),
+    )
 }
 
 /// Scopes with more replicas than this (stale ones counted) keep a [`Shortlist`]
@@ -129,8 +140,10 @@ pub(super) const SHORTLIST_ABOVE: usize = 64;
 /// are proven the best; picks make the first ones busier, so a list is read
 /// further as it ages, until it is worn out and rebuilt. Longer lists
 /// outlive more picks but cost every lookup more reads: at 256 replicas
-/// under LookupRoute's load, 24 cost the fewest instructions of 24 and 64
-/// (callgrind, docs/benchmarks.md).
+/// under LookupRoute's load (callgrind, `--shortlist-refresh-ms 1000`),
+/// reading a worn list of 64 cost 23 k instructions a lookup
+/// (`Shortlist::eligible`), one of 24 5.9 k (commit `c9ce1ee4`; the
+/// figures left docs/benchmarks.md when it was pruned, see `git log -p`).
 const LISTED: usize = 24;
 
 /// A list of more replicas than this (those tied with the
@@ -553,6 +566,7 @@ mod tests {
             &loads,
             &fleet,
             1,
+            usize::MAX,
             Some(&hashes),
         );
     }

@@ -41,9 +41,9 @@ fn store(ix: &Index, r: u64, blocks: &[Fingerprint], start_depth: u32, tier: Tie
     );
 }
 
-#[test]
-fn every_holder_is_answered_with_its_own_blocks_and_tier() {
-    let prompt = fps(&(1..=BLOCKS).collect::<Vec<_>>());
+/// The scope of [`N`] replicas, each holding [`held`] blocks of the
+/// prompt, stored in an order that differs between the blocks.
+fn fleet_holding(prompt: &[Fingerprint]) -> Fleet {
     let index = Index::new(IndexConfig::default());
     // The first four blocks in one order, the rest in another: each
     // block's holder list orders the replicas differently from the last.
@@ -61,13 +61,20 @@ fn every_holder_is_answered_with_its_own_blocks_and_tier() {
             store(&index, r, &prompt[4..held(r) as usize], 4, tier);
         }
     }
-    let fleet = Fleet {
+    Fleet {
         index,
         load: LoadBoard::new(LoadSettings::default()),
         speculation: Speculation::new(SpeculationSettings::default()),
         weights: ScoreWeights::default(),
         others: 1,
-    };
+        holders: usize::MAX,
+    }
+}
+
+#[test]
+fn every_holder_is_answered_with_its_own_blocks_and_tier() {
+    let prompt = fps(&(1..=BLOCKS).collect::<Vec<_>>());
+    let fleet = fleet_holding(&prompt);
     let ranked = fleet.ask(&prompt, T0);
     let mut answered: Vec<(u64, u32, Tier)> = ranked
         .ranked
@@ -92,4 +99,44 @@ fn every_holder_is_answered_with_its_own_blocks_and_tier() {
     // The hint is a replica holding the whole prompt.
     let best = ranked.best().unwrap();
     assert_eq!(u64::from(best.matched_blocks), BLOCKS);
+}
+
+/// Answering the best few holders ([`Scoring::holders`], LookupRoute's
+/// `max_candidates`) answers exactly the first few of the whole ranking,
+/// the same hint and the same best other, with some holders busy (the load
+/// bound) and some speculatively holding more.
+#[test]
+fn the_best_few_holders_are_the_whole_ranking_s_first() {
+    let prompt = fps(&(1..=BLOCKS).collect::<Vec<_>>());
+    let mut fleet = fleet_holding(&prompt);
+    let tag = scope_tag(&scope());
+    for r in (0..N).filter(|r| r % 3 == 0) {
+        for _ in 0..(r % 4) {
+            fleet.load.picked(&format!("r{r}"), T0);
+        }
+    }
+    fleet
+        .speculation
+        .record(tag, "r7", &prompt[held(7) as usize..], T0);
+    let all = fleet.ask(&prompt, T0);
+    let holders = |r: &Ranked| r.ranked.iter().filter(|s| s.matched_blocks > 0).count();
+    assert_eq!(holders(&all), N as usize);
+    for keep in [1, 3, 10] {
+        fleet.holders = keep;
+        let few = fleet.ask(&prompt, T0);
+        assert_eq!(holders(&few), keep);
+        let kept: Vec<_> = all
+            .ranked
+            .iter()
+            .filter(|s| s.matched_blocks > 0)
+            .take(keep)
+            .collect();
+        let few_holders: Vec<_> = few.ranked.iter().filter(|s| s.matched_blocks > 0).collect();
+        assert_eq!(few_holders, kept, "keep {keep}");
+        assert_eq!(few.best(), all.best(), "keep {keep}");
+        assert_eq!(few.destination(), all.destination(), "keep {keep}");
+        assert_eq!(few.no_hint, all.no_hint, "keep {keep}");
+        let other = |r: &Ranked| r.ranked.iter().find(|s| s.matched_blocks == 0).cloned();
+        assert_eq!(other(&few), other(&all), "keep {keep}");
+    }
 }

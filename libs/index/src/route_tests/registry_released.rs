@@ -80,6 +80,7 @@ fn the_ranking_holds_no_registry_lock_and_keeps_its_holders_names() {
             scope_tag: scope_tag(&scope),
             pool: None,
             others: fleet.others,
+            holders: fleet.holders,
         },
     );
     assert_eq!(
