@@ -81,12 +81,16 @@ struct Args {
     /// server's best case at the rate).
     #[arg(long, default_value = "poisson", requires = "rate")]
     spacing: Spacing,
-    /// Open loop: the schedule thread spins this many microseconds before
-    /// each send instead of sleeping (0: sleep only). The default is small
-    /// because client and server usually share the cores: at 10,000/s a
-    /// 10 µs spin took 0.7-1.0 % of a core and most of the sleep's
-    /// wake-up lateness out of the hand-over, 50 µs took 14-29 % (8a52d7f5,
-    /// docs/benchmarks.md); a run warns when the spin passes 10 %.
+    /// Open loop: the schedule thread wakes this many microseconds before
+    /// each due time and spins the rest (0: it only waits). Spinning takes
+    /// CPU from a server that shares the cores, so the default is small:
+    /// where the thread wakes later than that, as it did at the median with
+    /// either --open-loop-client on the benchmark host, it seldom spins. A
+    /// larger spin takes the wake-up lateness out but spends a share of a
+    /// core, and with `direct` answers that arrive while the thread spins
+    /// wait for it, which raised LookupRoute's p99 there (docs/benchmarks.md,
+    /// "The open loop made exact"). A run warns when the spin passes 10 %
+    /// of a core.
     #[arg(long, default_value_t = 10, requires = "rate")]
     spin_us: u64,
     /// Open loop: seed of the Poisson schedule (the same seed, the same
