@@ -7,6 +7,7 @@ mod closed_loop;
 mod direct;
 mod floor;
 mod open_loop;
+mod phases;
 mod placement;
 
 use std::path::PathBuf;
@@ -327,74 +328,6 @@ async fn preload(channel: Channel, fleet: Fleet) -> anyhow::Result<(u64, Duratio
     Ok((total, started.elapsed()))
 }
 
-/// One phase, closed or open loop as the flags say.
-async fn phase<F, Fut>(
-    channels: &[Channel],
-    args: &Args,
-    call: F,
-) -> anyhow::Result<(PhaseStats, u64, Option<ScheduleStats>)>
-where
-    F: Fn(Channel, u64) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<bool, tonic::Status>> + Send + 'static,
-{
-    match args.rate {
-        None => {
-            let (stats, hits) = closed_loop::closed_phase(
-                channels,
-                args.concurrency,
-                Duration::from_secs_f64(args.warmup_secs),
-                Duration::from_secs_f64(args.duration_secs),
-                call,
-            )
-            .await;
-            Ok((stats, hits, None))
-        }
-        Some(rate) => {
-            let (stats, hits, schedule) =
-                open_loop::run(channels, &open_loop_settings(args, rate), call).await?;
-            Ok((stats, hits, Some(schedule)))
-        }
-    }
-}
-
-fn open_loop_settings(args: &Args, rate: f64) -> OpenLoop {
-    OpenLoop {
-        rate,
-        spacing: args.spacing,
-        seed: args.seed,
-        spin: Duration::from_micros(args.spin_us),
-        concurrency: args.concurrency,
-        warmup: Duration::from_secs_f64(args.warmup_secs),
-        duration: Duration::from_secs_f64(args.duration_secs),
-    }
-}
-
-/// `--floor`: the TCP echo on the open loop's schedule.
-async fn floor_phase(args: &Args, rate: f64) -> anyhow::Result<(PhaseStats, ScheduleStats)> {
-    let addr = floor::start_echo(args.server_cpus.clone()).context("starting the echo")?;
-    let open = open_loop_settings(args, rate);
-    let n = args.concurrency;
-    let ping = |pool: Arc<floor::Pool>, _| async move { pool.ping().await.map(|()| true) };
-    let (stats, _, schedule) = match args.open_loop_client {
-        OpenLoopClient::Channel => {
-            let pool = floor::Pool::connect(addr, n)
-                .await
-                .context("connecting to the echo")?;
-            open_loop::run(&[pool], &open, ping).await?
-        }
-        OpenLoopClient::Direct => {
-            let connect = move || async move {
-                let pool = floor::Pool::connect(addr, n)
-                    .await
-                    .context("connecting to the echo")?;
-                Ok(vec![pool])
-            };
-            open_loop::run_owned(&open, connect, ping).await?
-        }
-    };
-    Ok((stats, schedule))
-}
-
 /// Rejects flags no run can use, naming the flag.
 fn check(args: &Args) -> Result<(), String> {
     for (flag, value) in [
@@ -542,7 +475,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let floor = match args.rate.filter(|_| args.floor) {
         Some(rate) => {
             say("measuring the host's floor (TCP echo)…".into());
-            Some(floor_phase(&args, rate).await?)
+            Some(phases::floor_phase(&args, rate).await?)
         }
         None => None,
     };
@@ -552,7 +485,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let direct = args
         .rate
         .filter(|_| args.open_loop_client == OpenLoopClient::Direct)
-        .map(|rate| open_loop_settings(&args, rate));
+        .map(|rate| phases::open_loop_settings(&args, rate));
     let direct_phase = |open: &OpenLoop| direct::Phase {
         target: target.clone(),
         connections: args.connections,
@@ -574,7 +507,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .await?
         }
         None => {
-            phase(&channels, &args, |channel, _| async move {
+            phases::phase(&channels, &args, |channel, _| async move {
                 HealthClient::new(channel)
                     .check(HealthCheckRequest {
                         service: String::new(),
@@ -613,7 +546,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         .await?
                 }
                 None => {
-                    phase(&channels, &args, move |channel, i| {
+                    phases::phase(&channels, &args, move |channel, i| {
                         let body = bodies.get(i);
                         async move {
                             lean::lookup_route(channel, body)
@@ -639,7 +572,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                         .await?
                 }
                 None => {
-                    phase(&channels, &args, move |channel, i| {
+                    phases::phase(&channels, &args, move |channel, i| {
                         let request = request(i);
                         async move {
                             let response = IndexServiceClient::new(channel)
