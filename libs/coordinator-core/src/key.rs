@@ -16,11 +16,11 @@ pub enum KeyError {
     #[error("model_name must not contain '@' (got '{0}')")]
     ModelHasAt(String),
     /// `cache_salt` contains a forbidden character.
-    #[error("cache_salt must not contain frozenset({{'{ch}'}}) (got '{salt}')")]
+    #[error("cache_salt must not contain frozenset({{'{ch}'}}) (got {salt})")]
     SaltChar {
         /// The offending character, escaped like Python's repr.
         ch: String,
-        /// The salt as sent.
+        /// The salt as sent, as Python's repr (quoted).
         salt: String,
     },
     /// `cache_salt` is longer than [`MAX_SALT_LEN`].
@@ -62,7 +62,7 @@ pub fn validate_salt(salt: &str) -> Result<(), KeyError> {
         if salt.contains(ch) {
             return Err(KeyError::SaltChar {
                 ch: repr.to_owned(),
-                salt: salt.to_owned(),
+                salt: crate::lax::py_str(salt),
             });
         }
     }

@@ -236,13 +236,15 @@ fn model_fields(model: &Model, input: &Value, loc: &[Value], errs: &mut Vec<PydE
 
 fn value(ty: &Ty, v: &Value, loc: &[Value], errs: &mut Vec<PydError>) -> Value {
     let r = match ty {
-        Ty::Int { ge, le } => int(v, loc).and_then(|i| {
-            bound_i(i, *ge, *le, v, loc)?;
-            Ok(json!(i))
-        }),
+        Ty::Int { ge, le } => int(v, loc)
+            .map_err(|e| beyond_i64(v, *ge, *le, loc).unwrap_or(e))
+            .and_then(|i| {
+                bound_i(i, *ge, *le, v, loc)?;
+                Ok(json!(i))
+            }),
         Ty::Float { ge } => float(v, loc).and_then(|x| {
             bound_f(x, *ge, v, loc)?;
-            Ok(json!(x))
+            finite(x, v, loc)
         }),
         Ty::OptFloat { ge } if v.is_null() => {
             let _ = ge;
@@ -250,7 +252,7 @@ fn value(ty: &Ty, v: &Value, loc: &[Value], errs: &mut Vec<PydError>) -> Value {
         }
         Ty::OptFloat { ge } => float(v, loc).and_then(|x| {
             bound_f(x, *ge, v, loc)?;
-            Ok(json!(x))
+            finite(x, v, loc)
         }),
         Ty::Str { strip, min_len } => match v.as_str() {
             None => Err(PydError::new(
@@ -358,31 +360,83 @@ fn bound_i(
     if let Some(ge) = ge
         && i < ge
     {
-        return Err(PydError::new(
-            "greater_than_equal",
-            loc,
-            format!("Input should be greater than or equal to {ge}"),
-            v,
-        )
-        .with_ctx(json!({ "ge": ge })));
+        return Err(below(ge, v, loc));
     }
     if let Some(le) = le
         && i > le
     {
-        return Err(PydError::new(
-            "less_than_equal",
-            loc,
-            format!("Input should be less than or equal to {le}"),
-            v,
-        )
-        .with_ctx(json!({ "le": le })));
+        return Err(above(le, v, loc));
     }
     Ok(())
 }
 
+fn below(ge: i64, v: &Value, loc: &[Value]) -> PydError {
+    PydError::new(
+        "greater_than_equal",
+        loc,
+        format!("Input should be greater than or equal to {ge}"),
+        v,
+    )
+    .with_ctx(json!({ "ge": ge }))
+}
+
+fn above(le: i64, v: &Value, loc: &[Value]) -> PydError {
+    PydError::new(
+        "less_than_equal",
+        loc,
+        format!("Input should be less than or equal to {le}"),
+        v,
+    )
+    .with_ctx(json!({ "le": le }))
+}
+
+/// An integer pydantic holds and `i64` cannot (a JSON integer or a string
+/// of digits past 64 bits): where a bound on its side refuses it, that
+/// bound's error, as in the reference; `None` otherwise (the caller's
+/// `int_parsing_size` stands, a documented difference).
+fn beyond_i64(v: &Value, ge: Option<i64>, le: Option<i64>, loc: &[Value]) -> Option<PydError> {
+    let negative = match v {
+        // Past u64 serde reads a float, which pydantic refuses by size.
+        Value::Number(n) if n.is_u64() => false,
+        Value::String(s) => {
+            let t = s.trim();
+            let (neg, body) = match t.as_bytes().first() {
+                Some(b'-') => (true, &t[1..]),
+                Some(b'+') => (false, &t[1..]),
+                _ => (false, t),
+            };
+            digits(body)?;
+            neg
+        }
+        _ => return None,
+    };
+    if negative {
+        ge.map(|ge| below(ge, v, loc))
+    } else {
+        le.map(|le| above(le, v, loc))
+    }
+}
+
+/// pydantic's `float` holds `inf` and `nan` (`"inf"`, `"nan"`, `"1e400"`);
+/// JSON cannot carry them on to the handlers, so they are refused with
+/// pydantic's own error for a field that allows neither.
+fn finite(x: f64, v: &Value, loc: &[Value]) -> Result<Value, PydError> {
+    if x.is_finite() {
+        Ok(json!(x))
+    } else {
+        Err(PydError::new(
+            "finite_number",
+            loc,
+            "Input should be a finite number",
+            v,
+        ))
+    }
+}
+
 fn bound_f(x: f64, ge: Option<f64>, v: &Value, loc: &[Value]) -> Result<(), PydError> {
+    // `nan >= ge` is false in Python: nan fails every bound.
     if let Some(ge) = ge
-        && x < ge
+        && (x < ge || x.is_nan())
     {
         return Err(PydError::new(
             "greater_than_equal",
@@ -396,6 +450,41 @@ fn bound_f(x: f64, ge: Option<f64>, v: &Value, loc: &[Value]) -> Result<(), PydE
     Ok(())
 }
 
+/// Python's `repr` of a `str`: in single quotes unless it holds a `'` and
+/// no `"`; the backslash, that quote, and control characters escaped.
+pub fn py_str(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            // C0 and C1 controls, DEL, no-break space, soft hyphen.
+            '\0'..='\u{1f}' | '\u{7f}'..='\u{a0}' | '\u{ad}' => {
+                out.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            // Format characters and separators Python does not print.
+            '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{feff}' => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
+    out
+}
+
 /// Python's `repr` of a float (`0.0`, `1.5`, `1e+20`).
 pub fn py_float(x: f64) -> String {
     if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e16 {
@@ -407,12 +496,22 @@ pub fn py_float(x: f64) -> String {
 
 /// Pydantic's lax integer: JSON integers, floats without a fraction,
 /// booleans, and strings of an integer (`" 3 "`, `"+3"`, `"3_0"`, `"3.0"`).
+/// A number past `i64` is `int_parsing_size`, pydantic's error for a float
+/// past 64 bits.
 pub fn int(v: &Value, loc: &[Value]) -> Result<i64, PydError> {
     let parsing = || {
         PydError::new(
             "int_parsing",
             loc,
             "Input should be a valid integer, unable to parse string as an integer",
+            v,
+        )
+    };
+    let size = || {
+        PydError::new(
+            "int_parsing_size",
+            loc,
+            "Unable to parse input string as an integer, exceeded maximum size",
             v,
         )
     };
@@ -430,10 +529,19 @@ pub fn int(v: &Value, loc: &[Value]) -> Result<i64, PydError> {
                     v,
                 ));
             }
-            float_to_i64(f).ok_or_else(parsing)
+            float_to_i64(f).ok_or_else(size)
         }
         Value::Bool(b) => Ok(i64::from(*b)),
-        Value::String(s) => int_str(s).ok_or_else(parsing),
+        Value::String(s) => int_str(s).ok_or_else(|| {
+            // Digits that overflow: pydantic holds them (up to 4,300).
+            let t = s.trim();
+            let t = t.strip_prefix(['-', '+']).unwrap_or(t);
+            if digits(t).is_some() {
+                size()
+            } else {
+                parsing()
+            }
+        }),
         _ => Err(PydError::new(
             "int_type",
             loc,
@@ -540,6 +648,13 @@ pub fn boolean(v: &Value, loc: &[Value]) -> Result<bool, PydError> {
         Value::Number(n) => match n.as_f64() {
             Some(0.0) => Ok(false),
             Some(1.0) => Ok(true),
+            // A fraction is not even a candidate: `bool_type`, as pydantic.
+            Some(x) if x.fract() != 0.0 => Err(PydError::new(
+                "bool_type",
+                loc,
+                "Input should be a valid boolean",
+                v,
+            )),
             _ => Err(parsing()),
         },
         Value::String(s) => match s.to_ascii_lowercase().as_str() {

@@ -12,8 +12,10 @@ use clap::Parser;
 static ALLOCATOR: ic_alloc::SplitAlloc = ic_alloc::SplitAlloc;
 
 /// ic-coordinator: the LMCache-compatible fleet coordinator.
+// `infer_long_args`: an unambiguous prefix of a flag is that flag, as
+// Python's argparse takes it (`lmcache coordinator --chunk 16`).
 #[derive(Debug, Parser)]
-#[command(name = ic_coordinator::BINARY, version)]
+#[command(name = ic_coordinator::BINARY, version, infer_long_args = true)]
 struct Args {
     #[command(flatten)]
     log: ic_telemetry::LogArgs,
@@ -66,6 +68,7 @@ const MAX_PURGE_DELAY_MS: i64 = 3_600_000;
 enum Command {
     /// Run the coordinator, as `lmcache coordinator ...` does (the same
     /// flags; the bare form without a subcommand is the same thing).
+    #[command(infer_long_args = true)]
     Coordinator(Box<CoordinatorArgs>),
     /// Replay a recorded `.lct` event trace into a running coordinator.
     Replay(ic_coordinator_client::replay::ReplayArgs),

@@ -273,12 +273,13 @@ impl MetricsSet {
         );
         r.register(
             "key_directory_placements",
-            "Placements in the key directory",
+            // The reference's help, word for word (the crate adds the period).
+            "Placements recorded in the key directory, by tier. A placement is one place a key is stored: L1 on one server, or one L2 backend",
             m.placements.clone(),
         );
         r.register(
             "key_directory_placement_bytes",
-            "Reported bytes of the placements in the key directory",
+            "Reported logical bytes of the placements recorded in the key directory, by tier",
             m.placement_bytes.clone(),
         );
         r.register(
@@ -482,12 +483,12 @@ impl MetricsSet {
         let mut legacy = Registry::with_prefix("lmcache_mp");
         legacy.register(
             "key_directory_placement_count",
-            "Placements in the key directory (legacy name)",
+            "Deprecated: use lmcache_coordinator.key_directory.placements",
             m.legacy_placements.clone(),
         );
         legacy.register(
             "key_directory_placement_size_bytes",
-            "Reported bytes in the key directory (legacy name)",
+            "Deprecated: use lmcache_coordinator.key_directory.placement_bytes",
             m.legacy_bytes.clone(),
         );
         legacy.register(

@@ -160,3 +160,30 @@ async fn silent_connections_are_closed_after_the_keep_alive_timeout() {
         "{metrics}"
     );
 }
+
+/// Paths are routed as Starlette decodes them (`%71uota` is `quota`), and
+/// the operator guard sees the decoded route: an encoded operator path is
+/// refused without the token and served with it, never let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn percent_encoded_operator_paths_stay_guarded() {
+    let c = Coord::start(&["--api-static-token", "s3cret"]).await;
+    let body = serde_json::json!({"limit_gb": 1, "model_name": "m", "world_size": 1});
+    for (method, path) in [
+        (Method::PUT, "/%71uota/t1"),
+        (Method::PUT, "/quota/%74%31"),
+        (Method::POST, "/cache/%70ins"),
+    ] {
+        let (status, resp) = c.call(method.clone(), path, Some(body.clone())).await;
+        assert_eq!(status, 401, "{method} {path}: {resp}");
+    }
+    let resp = c
+        .http
+        .put(c.url("/%71uota/t%31"))
+        .bearer_auth("s3cret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(c.get("/quota/t1").await.1["quota_limit_gb"], 1.0);
+}

@@ -22,6 +22,8 @@ pub fn decode(bytes: &[u8]) -> Result<Value, DecodeError> {
     if bytes.is_empty() {
         return Ok(Value::Null);
     }
+    // `json.loads(bytes)` takes a UTF-8 byte order mark as the encoding's.
+    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
     let text = std::str::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)?;
     let chars: Vec<char> = text.chars().collect();
     let mut p = Parser { s: &chars, i: 0 };

@@ -248,26 +248,60 @@ pub static LOOKUP: Model = Model {
     }),
 };
 
-/// Python's `base64.b64decode(s, validate=True)` failures, then the
-/// `uint32` length check of `decode_tokens`.
+/// Python 3.11's `base64.b64decode(s, validate=True)` (binascii's strict
+/// mode) of `s`: the length of what it decodes, or its first failure in
+/// scan order, in its words.
+pub fn b64_strict_len(s: &str) -> Result<usize, String> {
+    if !s.is_ascii() {
+        return Err("string argument should contain only ASCII characters".to_owned());
+    }
+    let b = s.as_bytes();
+    if b.first() == Some(&b'=') {
+        return Err("Leading padding not allowed".to_owned());
+    }
+    // Position in the current quad, pads seen after its second character,
+    // whether padding began, bytes out.
+    let (mut quad, mut pads, mut padding, mut len) = (0_usize, 0_usize, false, 0_usize);
+    for (i, &c) in b.iter().enumerate() {
+        if c == b'=' {
+            padding = true;
+            if quad >= 2 {
+                pads += 1;
+                if quad + pads >= 4 {
+                    if i + 1 < b.len() {
+                        return Err("Excess data after padding".to_owned());
+                    }
+                    return Ok(len);
+                }
+            }
+            continue;
+        }
+        if !(c.is_ascii_alphanumeric() || c == b'+' || c == b'/') {
+            return Err("Only base64 data is allowed".to_owned());
+        }
+        if padding {
+            return Err("Discontinuous padding not allowed".to_owned());
+        }
+        pads = 0;
+        if quad > 0 {
+            len += 1;
+        }
+        quad = (quad + 1) % 4;
+    }
+    match quad {
+        0 => Ok(len),
+        1 => Err(format!(
+            "Invalid base64-encoded string: number of data characters ({}) cannot be 1 more than a multiple of 4",
+            len / 3 * 4 + 1
+        )),
+        _ => Err("Incorrect padding".to_owned()),
+    }
+}
+
+/// `b64decode` failures, then the `uint32` length check of `decode_tokens`.
 fn tokens_b64(v: &Value) -> Result<(), String> {
-    let s = v.as_str().unwrap_or("");
-    let alphabet = |c: char| c.is_ascii_alphanumeric() || c == '+' || c == '/';
-    let data = s.trim_end_matches('=');
-    let pad = s.len() - data.len();
-    if !data.chars().all(alphabet) || pad > 2 {
-        return Err("tokens_b64 is not valid base64: Only base64 data is allowed".to_owned());
-    }
-    if data.len() % 4 == 1 {
-        return Err(format!(
-            "tokens_b64 is not valid base64: Invalid base64-encoded string: number of data characters ({}) cannot be 1 more than a multiple of 4",
-            data.len()
-        ));
-    }
-    if !(data.len() + pad).is_multiple_of(4) {
-        return Err("tokens_b64 is not valid base64: Incorrect padding".to_owned());
-    }
-    let bytes = data.len() * 3 / 4;
+    let bytes = b64_strict_len(v.as_str().unwrap_or(""))
+        .map_err(|e| format!("tokens_b64 is not valid base64: {e}"))?;
     if !bytes.is_multiple_of(4) {
         return Err(format!(
             "tokens_b64 byte length {bytes} is not a multiple of 4 (malformed uint32 token buffer)"

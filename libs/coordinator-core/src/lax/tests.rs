@@ -107,3 +107,94 @@ fn malformed_json_reports_pythons_message_and_position() {
     assert_eq!(decode(b"").unwrap(), serde_json::Value::Null);
     assert_eq!(decode(b"{\"a\":1,\"a\":2}").unwrap(), json!({"a": 2}));
 }
+
+/// Python 3.11's `base64.b64decode(s, validate=True)` on each input, as
+/// the conformance venv's interpreter answered (2026-12-06).
+#[test]
+fn base64_decodes_as_python_strict_mode() {
+    use super::models::b64_strict_len;
+    let bad = |m: &str| Err::<usize, String>(m.to_owned());
+    for (s, want) in [
+        ("", Ok(0)),
+        ("AA==", Ok(1)),
+        ("AAA=", Ok(2)),
+        ("AAAA=", Ok(3)),
+        ("AAAA====", Ok(3)),
+        (
+            "\u{e9}",
+            bad("string argument should contain only ASCII characters"),
+        ),
+        ("=AAA", bad("Leading padding not allowed")),
+        ("A=AA", bad("Discontinuous padding not allowed")),
+        ("AB=C", bad("Discontinuous padding not allowed")),
+        ("AA==AA==", bad("Excess data after padding")),
+        ("AAA==", bad("Excess data after padding")),
+        ("AAAA\n", bad("Only base64 data is allowed")),
+        ("AA=", bad("Incorrect padding")),
+        ("AAAAAA=", bad("Incorrect padding")),
+        (
+            "AAAAA",
+            bad(
+                "Invalid base64-encoded string: number of data characters (5) cannot be 1 more than a multiple of 4",
+            ),
+        ),
+        (
+            "A===",
+            bad(
+                "Invalid base64-encoded string: number of data characters (1) cannot be 1 more than a multiple of 4",
+            ),
+        ),
+    ] {
+        assert_eq!(b64_strict_len(s), want, "{s:?}");
+    }
+}
+
+#[test]
+fn python_reprs_of_strings() {
+    use super::py_str;
+    assert_eq!(py_str("a/b"), "'a/b'");
+    assert_eq!(py_str("a\\b"), "'a\\\\b'");
+    assert_eq!(py_str("it's"), "\"it's\"");
+    assert_eq!(py_str("'\""), "'\\'\"'");
+    assert_eq!(
+        py_str("a\u{0}\t\n\u{7f}\u{ad}\u{2028}"),
+        "'a\\x00\\t\\n\\x7f\\xad\\u2028'"
+    );
+}
+
+#[test]
+fn numbers_pydantic_holds_and_json_cannot() {
+    // A fraction is not a boolean candidate; 2.0 is one that fails.
+    let force = |v| {
+        let body = json!({"instance_id": "x", "model_name": "m", "world_size": 1, "force": v});
+        errs(&super::models::DELETE, body)[0]["type"].clone()
+    };
+    assert_eq!(force(json!(0.5)), "bool_type");
+    assert_eq!(force(json!(2.0)), "bool_parsing");
+    // nan fails a bound; inf, which JSON cannot carry on, is refused.
+    let quota = |v| errs(&super::models::SET_QUOTA, json!({"limit_gb": v}))[0].clone();
+    assert_eq!(quota(json!("nan"))["type"], "greater_than_equal");
+    assert_eq!(quota(json!("-inf"))["type"], "greater_than_equal");
+    assert_eq!(
+        quota(json!("inf")),
+        json!({"type": "finite_number", "loc": ["body", "limit_gb"],
+        "msg": "Input should be a finite number", "input": "inf"})
+    );
+    // Past 64 bits: the bound on its side, else int_parsing_size.
+    let port = |v| errs(&REGISTER, json!({"ip": "h", "http_port": v}))[0].clone();
+    assert_eq!(
+        port(json!(9_223_372_036_854_775_808_u64))["type"],
+        "less_than_equal"
+    );
+    assert_eq!(
+        port(json!("-99999999999999999999"))["type"],
+        "greater_than_equal"
+    );
+    assert_eq!(port(json!(1.5e300))["type"], "int_parsing_size");
+    let rank = |v| {
+        let key = json!({"chunk_hash_hex": "ab", "model_name": "m", "kv_rank": v});
+        errs(&LOOKUP, json!({"keys": [key]}))[0]["type"].clone()
+    };
+    assert_eq!(rank(json!("99999999999999999999")), "int_parsing_size");
+    assert_eq!(rank(json!("--3")), "int_parsing");
+}

@@ -1,13 +1,19 @@
 //! Starlette's routing edges, as the reference coordinator answers them:
-//! routes are tried in the reference's registration order; a path that
-//! matches only with another method is `405` with the `Allow` of the first
-//! such route (so `HEAD` on a `GET` route is 405, as in FastAPI); a path
-//! that matches nothing but would with its trailing slash toggled is a
-//! `307` to that URL. `/openapi.json` and `/docs` are served as FastAPI
-//! serves them.
+//! routes are matched against the percent-decoded path (uvicorn's
+//! `scope["path"]`: `/%69nstances` is `/instances`, `a%2Fb` is two
+//! segments) in the reference's registration order; a path that matches
+//! only with another method is `405` with the `Allow` of the first such
+//! route (so `HEAD` on a `GET` route is 405, as in FastAPI); a path that
+//! matches nothing but would with its trailing slashes stripped (or one
+//! added) is a `307` to that URL; anything else is `404`, whatever axum's
+//! router matched (it takes an empty segment as a parameter).
+//! `/openapi.json`, `/docs`, `/docs/oauth2-redirect` and `/redoc` are
+//! served as FastAPI serves them.
 
-use axum::extract::Request;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use std::borrow::Cow;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use serde_json::json;
@@ -42,11 +48,18 @@ const ROUTES: &[(&str, &str, Option<&str>)] = &[
     ("/cache/pins", "POST", Some("FleetEvictionController")),
     ("/cache/pins", "DELETE", Some("FleetEvictionController")),
     ("/cache/pins", "GET", Some("FleetEvictionController")),
+    // FastAPI's other pages: no other route shares their paths, so their
+    // place in the order only sets what the exact match scans first.
+    ("/docs/oauth2-redirect", "GET", None),
+    ("/redoc", "GET", None),
     // House extensions (not in the reference).
     ("/status", "GET", None),
     ("/live", "GET", None),
     ("/ready", "GET", None),
 ];
+
+/// FastAPI's own pages: Starlette routes, so `GET` and `HEAD`.
+const PAGES: [&str; 4] = ["/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"];
 
 fn path_matches(pattern: &str, path: &str) -> bool {
     let mut p = pattern.split('/');
@@ -56,6 +69,20 @@ fn path_matches(pattern: &str, path: &str) -> bool {
             (None, None) => return true,
             (Some("{}"), Some(seg)) if !seg.is_empty() => {}
             (Some(a), Some(b)) if a == b => {}
+            _ => return false,
+        }
+    }
+}
+
+/// Whether a table pattern (`{}` parameters) and an axum route
+/// (`{name}` parameters) are the same route.
+fn same_pattern(table: &str, axum: &str) -> bool {
+    let (mut t, mut a) = (table.split('/'), axum.split('/'));
+    loop {
+        match (t.next(), a.next()) {
+            (None, None) => return true,
+            (Some("{}"), Some(seg)) if seg.starts_with('{') => {}
+            (Some(x), Some(y)) if x == y => {}
             _ => return false,
         }
     }
@@ -77,16 +104,20 @@ pub enum Routing {
 /// Decides like Starlette's router, over the routes whose controller is
 /// enabled.
 pub fn route(method: &Method, path: &str, enabled: &dyn Fn(&str) -> bool) -> Routing {
-    // A live route's own path and method is served whatever comes before
-    // it (the walk below serves the first route taking both): one compare
-    // a route instead of splitting the path against each pattern.
-    let exact = ROUTES
-        .iter()
-        .any(|&(p, m, c)| p == path && m == method.as_str() && c.is_none_or(enabled));
-    if exact {
+    if exact(method, path, enabled) {
         return Routing::Serve;
     }
     walk(method, path, enabled)
+}
+
+/// A live route's own path and method is served whatever comes before it
+/// (the walk serves the first route taking both): one compare a route
+/// instead of splitting the path against each pattern. No pattern holds a
+/// `%`, so a path this takes is its own decoding.
+fn exact(method: &Method, path: &str, enabled: &dyn Fn(&str) -> bool) -> bool {
+    ROUTES
+        .iter()
+        .any(|&(p, m, c)| p == path && m == method.as_str() && c.is_none_or(enabled))
 }
 
 /// [`route`] by walking every pattern.
@@ -95,25 +126,23 @@ fn walk(method: &Method, path: &str, enabled: &dyn Fn(&str) -> bool) -> Routing 
     let mut partial = None;
     for &(pattern, m, _) in live() {
         if path_matches(pattern, path) {
-            if m == method.as_str()
-                || (pattern == "/openapi.json" || pattern == "/docs") && method == Method::HEAD
-            {
+            // FastAPI's own pages are Starlette routes: GET and HEAD.
+            let page = PAGES.contains(&pattern);
+            if m == method.as_str() || page && method == Method::HEAD {
                 return Routing::Serve;
             }
-            partial.get_or_insert(if pattern == "/openapi.json" || pattern == "/docs" {
-                "HEAD, GET"
-            } else {
-                m
-            });
+            partial.get_or_insert(if page { "GET, HEAD" } else { m });
         }
     }
     if let Some(allow) = partial {
         return Routing::MethodNotAllowed(allow);
     }
     if path != "/" {
-        let other = match path.strip_suffix('/') {
-            Some(p) => p.to_owned(),
-            None => format!("{path}/"),
+        // Starlette strips every trailing slash (`rstrip("/")`).
+        let other = if path.ends_with('/') {
+            path.trim_end_matches('/').to_owned()
+        } else {
+            format!("{path}/")
         };
         if live().any(|(pattern, _, _)| path_matches(pattern, &other)) {
             return Routing::Redirect(other);
@@ -122,14 +151,103 @@ fn walk(method: &Method, path: &str, enabled: &dyn Fn(&str) -> bool) -> Routing 
     Routing::NotFound
 }
 
-/// The middleware: applies [`route`] before axum's router sees the request.
+/// Python's `urllib.parse.unquote` (what uvicorn makes `scope["path"]`
+/// of): `%XX` escapes decoded, the bytes read as UTF-8 with U+FFFD for
+/// what is not, a `%` not followed by two hex digits kept.
+pub fn unquote(path: &str) -> Cow<'_, str> {
+    if !path.as_bytes().contains(&b'%') {
+        return Cow::Borrowed(path);
+    }
+    let b = path.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| char::from(c).to_digit(16);
+        if b[i] == b'%'
+            && let (Some(h), Some(l)) = (
+                b.get(i + 1).copied().and_then(hex),
+                b.get(i + 2).copied().and_then(hex),
+            )
+        {
+            // Two hex digits: at most 0xff.
+            out.push(u8::try_from(h * 16 + l).unwrap_or(u8::MAX));
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Cow::Owned(String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Python's `urllib.parse.quote(s, safe)`: every byte of the UTF-8 form
+/// outside the unreserved set and `safe` becomes `%XX`.
+fn quote(s: &str, safe: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &c in s.as_bytes() {
+        if c.is_ascii_alphanumeric() || b"_.-~".contains(&c) || safe.contains(&c) {
+            out.push(char::from(c));
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
+/// The middleware: applies [`route`] to the decoded path. A request whose
+/// path decodes to another is handed to `reroute` (the routes without this
+/// layer) with that path, escaped again so that axum's extractors decode it
+/// once to Starlette's values; any other goes on to the route axum matched.
 pub async fn starlette_edges(
     enabled: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>,
-    req: Request,
+    reroute: std::sync::Arc<axum::Router>,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    match route(req.method(), req.uri().path(), &*enabled) {
-        Routing::Serve | Routing::NotFound => next.run(req).await,
+    // The usual request (a route's own path) is served without decoding.
+    if exact(req.method(), req.uri().path(), &*enabled) {
+        return next.run(req).await;
+    }
+    let decoded = unquote(req.uri().path());
+    match walk(req.method(), &decoded, &*enabled) {
+        Routing::Serve => {
+            if let Cow::Owned(path) = decoded {
+                let mut parts = req.uri().clone().into_parts();
+                let query = req
+                    .uri()
+                    .query()
+                    .map(|q| format!("?{q}"))
+                    .unwrap_or_default();
+                // Path-segment characters stay; `%` and the rest are escaped.
+                let escaped = quote(&path, b"/:@!$&'()*+,;=");
+                parts.path_and_query = format!("{escaped}{query}").parse().ok();
+                if let Ok(uri) = Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+                // What the first routing recorded (matched path, path
+                // parameters) would be added to by the second.
+                req.extensions_mut().clear();
+                return match tower::ServiceExt::oneshot((*reroute).clone(), req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                };
+            }
+            next.run(req).await
+        }
+        // A route of the table that axum matched where Starlette does not
+        // (an empty segment as a parameter) is not found; a route the
+        // table does not list (a controller's own) is axum's to answer.
+        Routing::NotFound => {
+            let listed = req
+                .extensions()
+                .get::<MatchedPath>()
+                .is_some_and(|m| ROUTES.iter().any(|(p, _, _)| same_pattern(p, m.as_str())));
+            if listed {
+                super::not_found().await
+            } else {
+                next.run(req).await
+            }
+        }
         Routing::MethodNotAllowed(allow) => (
             StatusCode::METHOD_NOT_ALLOWED,
             [(header::ALLOW, HeaderValue::from_static(allow))],
@@ -137,22 +255,25 @@ pub async fn starlette_edges(
         )
             .into_response(),
         Routing::Redirect(path) => {
-            let host = req
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .unwrap_or("localhost");
+            let host = req.headers().get(header::HOST).map_or_else(
+                || "localhost".to_owned(),
+                |h| String::from_utf8_lossy(h.as_bytes()).into_owned(),
+            );
             let query = req
                 .uri()
                 .query()
                 .map(|q| format!("?{q}"))
                 .unwrap_or_default();
-            let location = format!("http://{host}{path}{query}");
+            // Starlette's RedirectResponse quotes the whole URL.
+            let location = quote(
+                &format!("http://{host}{path}{query}"),
+                b":/%#?=@[]!$&'()*+,;",
+            );
             match HeaderValue::from_str(&location) {
                 Ok(loc) => {
                     (StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, loc)]).into_response()
                 }
-                Err(_) => next.run(req).await,
+                Err(_) => super::not_found().await,
             }
         }
     }
@@ -166,9 +287,20 @@ pub(crate) async fn openapi() -> Response {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
-/// FastAPI's Swagger UI page pointing at `/openapi.json`.
+/// FastAPI's Swagger UI page over `/openapi.json`, as the reference serves
+/// it (byte for byte).
 pub(crate) async fn docs() -> Html<&'static str> {
     Html(include_str!("docs.html"))
+}
+
+/// FastAPI's Swagger UI OAuth2 redirect page, as the reference serves it.
+pub(crate) async fn oauth2_redirect() -> Html<&'static str> {
+    Html(include_str!("oauth2-redirect.html"))
+}
+
+/// FastAPI's ReDoc page over `/openapi.json`, as the reference serves it.
+pub(crate) async fn redoc() -> Html<&'static str> {
+    Html(include_str!("redoc.html"))
 }
 
 #[cfg(test)]
@@ -199,11 +331,43 @@ mod tests {
         );
         assert_eq!(route(&Method::HEAD, "/docs", &all), Routing::Serve);
         assert_eq!(
+            route(&Method::PUT, "/redoc", &all),
+            Routing::MethodNotAllowed("GET, HEAD")
+        );
+        assert_eq!(
+            route(&Method::GET, "/quota//", &all),
+            Routing::Redirect("/quota".into())
+        );
+        assert_eq!(
+            route(&Method::PUT, "/instances//heartbeat", &all),
+            Routing::NotFound
+        );
+        assert_eq!(
             route(&Method::POST, "/instances/", &all),
             Routing::Redirect("/instances".into())
         );
         assert_eq!(route(&Method::GET, "/nothing/", &all), Routing::NotFound);
         assert_eq!(route(&Method::GET, "/quota", &|_| false), Routing::NotFound);
+    }
+
+    #[test]
+    fn table_patterns_match_axum_routes() {
+        assert!(same_pattern(
+            "/instances/{}/heartbeat",
+            "/instances/{instance_id}/heartbeat"
+        ));
+        assert!(same_pattern("/quota", "/quota"));
+        assert!(!same_pattern("/quota/{}", "/quota/config"));
+        assert!(!same_pattern("/quota", "/acme/reaper"));
+    }
+
+    #[test]
+    fn paths_are_unquoted_as_python_does() {
+        assert_eq!(unquote("/instances"), "/instances");
+        assert_eq!(unquote("/%69nstances%2F"), "/instances/");
+        assert_eq!(unquote("/a%2fb%zz%4"), "/a/b%zz%4");
+        assert_eq!(unquote("/%C3%A9/%FF"), "/\u{e9}/\u{fffd}");
+        assert_eq!(quote("/a b%/\u{e9}", b"/"), "/a%20b%25/%C3%A9");
     }
 
     /// The exact-match shortcut answers as the walk does, for every route's

@@ -8,7 +8,6 @@ use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
 use ic_coordinator_core::LevelFilter;
 use ic_coordinator_core::directory::{KeyDirectory, KeyFilter, KeyView};
 use ic_coordinator_core::key::{ObjectKey, WireKey, WireKeyRef as KeyRef};
@@ -468,24 +467,22 @@ impl Schema for BlendRequest {
 }
 
 fn models_tokens_ok(b64: &str) -> bool {
-    base64::engine::general_purpose::STANDARD
-        .decode(b64.as_bytes())
-        .is_ok_and(|raw| raw.len().is_multiple_of(4))
+    models::b64_strict_len(b64).is_ok_and(|len| len.is_multiple_of(4))
 }
 
 /// Blend lookup is off in this build (the reference's default), so a valid
 /// request always matches nothing; the request is still validated.
 pub(crate) async fn blend_lookup(Body(req): Body<BlendRequest>) -> Result<Json<Value>, ApiError> {
-    let raw = base64::engine::general_purpose::STANDARD
-        .decode(req.tokens_b64.as_bytes())
+    // As Python decodes it (padding after whole quads, spare bits).
+    let len = models::b64_strict_len(&req.tokens_b64)
         .map_err(|e| ApiError::body("tokens_b64", format!("tokens_b64 is not base64: {e}")))?;
-    if !raw.len().is_multiple_of(4) {
+    if !len.is_multiple_of(4) {
         return Err(ApiError::body(
             "tokens_b64",
             "tokens_b64 length is not a multiple of 4",
         ));
     }
-    if !raw.is_empty() && req.model_name.is_none() {
+    if len > 0 && req.model_name.is_none() {
         return Err(ApiError::body(
             "model_name",
             "model_name is required with tokens_b64",

@@ -93,6 +93,12 @@ pub(crate) async fn deregister(
     StatusCode::NO_CONTENT
 }
 
+/// `DELETE /instances/usage`: in the reference's route order
+/// `DELETE /instances/{instance_id}` comes first and takes `usage` as an id.
+pub(crate) async fn deregister_usage(State(app): State<App>) -> impl IntoResponse {
+    deregister(State(app), Path("usage".to_owned())).await
+}
+
 pub(crate) async fn list(State(app): State<App>) -> Json<Value> {
     let instances: Vec<InstanceRecord> = app.instances.records();
     Json(json!({"instances": instances}))

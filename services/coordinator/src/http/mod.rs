@@ -35,13 +35,18 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
     let mut router = Router::new()
         .route("/openapi.json", get(compat::openapi))
         .route("/docs", get(compat::docs))
+        .route("/docs/oauth2-redirect", get(compat::oauth2_redirect))
+        .route("/redoc", get(compat::redoc))
         .route("/healthz", get(healthz))
         .route("/live", get(|| async { "ok\n" }))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/status", get(status::status))
         .route("/instances", post(instances::register).get(instances::list))
-        .route("/instances/usage", get(instances::fleet_usage))
+        .route(
+            "/instances/usage",
+            get(instances::fleet_usage).delete(instances::deregister_usage),
+        )
         .route("/instances/{instance_id}", delete(instances::deregister))
         .route(
             "/instances/{instance_id}/heartbeat",
@@ -73,14 +78,19 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
             access::guard,
         ));
     }
-    router
+    let routed = router
         .route_layer(axum::middleware::from_fn_with_state(app, observe))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(move |req, next| {
-            compat::starlette_edges(enabled.clone(), req, next)
-        }))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+    // Starlette's edges decide on the percent-decoded path. They run after
+    // axum's routing (a layer does), which matched the raw path: a request
+    // whose decoded path differs is routed again through `routed` (which
+    // has no edges, so holds no reference back to them).
+    let reroute = std::sync::Arc::new(routed.clone());
+    routed.layer(axum::middleware::from_fn(move |req, next| {
+        compat::starlette_edges(enabled.clone(), reroute.clone(), req, next)
+    }))
 }
 
 /// Counts and times every request that matched a route.
