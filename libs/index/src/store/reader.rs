@@ -149,23 +149,45 @@ impl<'a> Reader<'a> {
     }
 
     /// Visits the records right after `prev` while they carry `keys` in
-    /// order (stopping early when `visit` returns false).
+    /// order (stopping early when `visit` returns false), on into the
+    /// next page when a run fills its page to the end (record ids run on
+    /// across pages: a chain stored across a page boundary, as into a
+    /// page the directory appended, continues at the next page's first
+    /// record; where it does not, its key says so).
     #[inline]
     pub(crate) fn walk(
         &mut self,
         prev: RecId,
-        keys: impl Iterator<Item = u64>,
-        visit: impl FnMut(&[u32]) -> bool,
+        mut keys: impl Iterator<Item = u64>,
+        mut visit: impl FnMut(&[u32]) -> bool,
     ) -> Walked {
-        let from = offset_of(prev) + 1;
-        let Some(page) = self.pages.page(page_of(prev)) else {
-            return Walked {
-                blocks: 0,
-                stopped: false,
+        let mut at = prev.wrapping_add(1);
+        let mut blocks = 0;
+        loop {
+            let (page_no, from) = (page_of(at), offset_of(at));
+            if at == 0 || page_no >= MAX_PAGES {
+                break;
+            }
+            let Some(page) = self.pages.page(page_no) else {
+                break;
             };
-        };
-        let (blocks, stopped) = page.walk(from, keys, visit);
-        Walked { blocks, stopped }
+            let (n, stopped) = page.walk(from, keys.by_ref(), &mut visit);
+            blocks += n;
+            if stopped {
+                return Walked {
+                    blocks,
+                    stopped: true,
+                };
+            }
+            if from + n < PAGE_RECORDS {
+                break;
+            }
+            at = rec_id(page_no + 1, 0);
+        }
+        Walked {
+            blocks,
+            stopped: false,
+        }
     }
 
     /// The live record `rec` (found by [`Reader::find`]).

@@ -184,6 +184,34 @@ fn a_chain_is_laid_out_in_order_and_found_by_its_neighbour() {
 }
 
 #[test]
+fn a_walk_goes_on_into_the_next_page() {
+    // 20 records over three pages of 8: one walk from the first record
+    // visits all 19 after it, and stops at the first wrong key.
+    let store = Store::new(4, 2, 8);
+    let blocks = store_numbered_chain(&store, 3, 20);
+    let dir = store.directory();
+    let mut reader = store.reader(dir);
+    let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
+    assert_eq!(offset_of(first), 0, "the chain starts a page");
+    let mut seen = 0;
+    let walked = reader.walk(first, blocks[1..].iter().map(|b| b.key), |_| {
+        seen += 1;
+        true
+    });
+    assert_eq!((walked.blocks, walked.stopped, seen), (19, false, 19));
+    let keys = blocks[1..12].iter().map(|b| b.key).chain([7, 8]);
+    let walked = reader.walk(first, keys, |_| true);
+    assert_eq!((walked.blocks, walked.stopped), (11, false));
+    // Stopping when asked, past the page boundary.
+    let mut left = 10;
+    let walked = reader.walk(first, blocks[1..].iter().map(|b| b.key), |_| {
+        left -= 1;
+        left > 0
+    });
+    assert_eq!((walked.blocks, walked.stopped), (10, true));
+}
+
+#[test]
 fn duplicates_are_spotted_including_key_zero() {
     assert!(!has_duplicate([1u64, 2, 3, 0].into_iter(), 4));
     assert!(has_duplicate([0u64, 5, 0].into_iter(), 3));
