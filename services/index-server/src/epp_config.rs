@@ -106,10 +106,11 @@ pub struct EppFlags {
     /// context switches more a pick). 0 (the default) hands every one
     /// over: inline, a ~2,000-token chat holds its runtime thread ~1 ms
     /// (about 2 M tokens/s a core), and two streams landing on one thread
-    /// then wait for each other (2 gateways on 2 cores: a fifth fewer
-    /// picks/s, docs/benchmarks.md); a lone stream saves the hand-over's
-    /// wake-ups. At most [`INLINE_READ_BYTES`] (a larger body is read off
-    /// the runtime anyway). `inferencecache_index_epp_tokenizing_total`
+    /// then wait for each other (2 gateways on 2 cores: a sixth to a third
+    /// fewer picks/s, 1,028-1,100 against 1,325-1,506, docs/benchmarks.md);
+    /// a lone stream saves the hand-over's wake-ups. At most
+    /// [`INLINE_READ_BYTES`] (a larger body is read off the runtime
+    /// anyway). `inferencecache_index_epp_tokenizing_total`
     /// counts each kind by thread.
     #[arg(
         long,
