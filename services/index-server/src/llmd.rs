@@ -184,9 +184,13 @@ impl LlmdIndexer {
         }
     }
 
-    /// The tier of each block `m` holds, from one lookup per block
-    /// narrowed to its replica; `None` when the blocks do not cover the
-    /// match (the index changed in between).
+    /// The tier of each block `m` holds, from one look per block at that
+    /// block's holders narrowed to its replica; `None` when the blocks do
+    /// not cover the match (the index changed in between). Each block is
+    /// asked through [`ic_index::Index::lookup_prefix_hash`], which finds a
+    /// block at any depth: [`ic_index::Index::lookup`] takes a prompt from
+    /// its first block, and a block after the first asked that way is a
+    /// miss.
     fn tiers_of(
         &self,
         scope: &Scope,
@@ -200,7 +204,7 @@ impl LlmdIndexer {
             .get(..n)?
             .iter()
             .map(
-                |fp| match index.lookup(scope, std::slice::from_ref(fp), Some(&only), None) {
+                |&fp| match index.lookup_prefix_hash(scope, fp, Some(&only), None) {
                     LookupOutcome::Matches(found) => found
                         .into_iter()
                         .find(|c| c.replica == m.replica)
