@@ -319,6 +319,16 @@ impl Index {
     /// blocks of `fingerprints` from the start. `candidates` restricts the
     /// answer to those replica ids; `fresh_since_ms` drops replicas not seen
     /// since then.
+    ///
+    /// `fingerprints` is a prompt: its first element is the prompt's first
+    /// block (stored at depth 0). The first block is read in the first-block
+    /// filter, which holds only depth-0 records' keys, so a list starting at
+    /// a later block of a chain (one block asked alone, a window of a
+    /// prompt) is not a prompt and is answered as a miss
+    /// ([`LookupOutcome::NoEntry`]; a rare filter false positive may match
+    /// it instead, as one block: rely on neither). Ask about one block at
+    /// any depth, and which replicas hold it at which tier, through
+    /// [`Index::lookup_prefix_hash`].
     pub fn lookup(
         &self,
         scope: &Scope,
@@ -335,6 +345,9 @@ impl Index {
     /// names borrowed from the index instead of copied. The registry stays
     /// read-locked while `answer` runs (replicas cannot join or leave
     /// meanwhile), so it should only turn the view into its own form.
+    /// `fingerprints` starts at the prompt's first block (depth 0), as for
+    /// [`Index::lookup`]: a block after the first is asked through
+    /// [`Index::lookup_prefix_hash_with`].
     pub fn lookup_with<R>(
         &self,
         scope: &Scope,
@@ -569,7 +582,11 @@ impl Index {
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
-    /// ending with it); matched blocks come from its recorded depth.
+    /// ending with it); matched blocks come from its recorded depth, the
+    /// tier is each holder's tier for this block. The block may be at any
+    /// depth (no first-block filter is read): this, not [`Index::lookup`]
+    /// of the one fingerprint, is how to ask about a block after a
+    /// prompt's first.
     pub fn lookup_prefix_hash(
         &self,
         scope: &Scope,

@@ -1,6 +1,8 @@
 //! The first-block filter never hides a held chain: not while chains are
 //! stored and looked up at once, not after the records were refilled or
-//! moved, and not across the filter's rebuilds.
+//! moved, and not across the filter's rebuilds. And the contract it sets: a
+//! lookup's fingerprints start at a prompt's first block; a block after it
+//! is asked through `lookup_prefix_hash`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -85,6 +87,56 @@ fn the_first_block_filter_never_hides_a_held_chain() {
             matches(ix.lookup(&scope("t"), &chain(k), None, None)),
             [("stable".into(), LEN as u32, Tier::T1)],
             "chain {k}"
+        );
+    }
+}
+
+#[test]
+fn a_block_after_the_first_is_asked_by_prefix_hash_not_as_a_prompt() {
+    // One chain stored at depths 0..4, its block 3 held only in the
+    // offload tier (as an engine that offloaded it reports it).
+    let ix = index();
+    let chain = fps(&[11, 12, 13, 14, 15]);
+    put(
+        &ix,
+        "t",
+        "a",
+        &[
+            stored(0, &chain[..3], Tier::T1),
+            stored(3, &chain[3..4], Tier::T2),
+            stored(4, &chain[4..], Tier::T1),
+        ],
+    );
+    // Asked by itself, block 3 is found at any depth: its holder with the
+    // four blocks of the prefix it ends, and this block's own tier. (Asked
+    // as a one-block prompt, as llm-d's GetPodScores once did, it misses.)
+    assert_eq!(
+        matches(ix.lookup_prefix_hash(&scope("t"), chain[3], None, None)),
+        [("a".into(), 4, Tier::T2)]
+    );
+    assert_eq!(
+        matches(ix.lookup_prefix_hash(&scope("t"), chain[4], None, None)),
+        [("a".into(), 5, Tier::T1)]
+    );
+    // The prompt from its first block: five blocks at the coldest tier.
+    assert_eq!(
+        matches(ix.lookup(&scope("t"), &chain, None, None)),
+        [("a".into(), 5, Tier::T2)]
+    );
+    // A list starting at block 3 is not a prompt: the first-block filter
+    // holds only depth-0 keys, so it is a miss (documented on
+    // `Index::lookup`), by name and by resolved scope alike.
+    let handle = ix.resolve_scope(&scope("t")).expect("t reported");
+    for late in [&chain[3..4], &chain[3..]] {
+        assert_eq!(
+            ix.lookup(&scope("t"), late, None, None),
+            LookupOutcome::NoEntry,
+            "{late:?}"
+        );
+        assert_eq!(
+            ix.lookup_resolved_until(handle, late, None, None, &NoDeadline, |v| v.to_outcome()),
+            LookupOutcome::NoEntry,
+            "{late:?}"
         );
     }
 }
