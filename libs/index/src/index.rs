@@ -329,6 +329,20 @@ impl Index {
         }
     }
 
+    /// Rebuilds of the first-block filter since start: each drops the
+    /// bits of first blocks no longer held, in one pass over the record
+    /// pages while stores wait (see `store/firsts.rs`).
+    pub fn first_filter_rebuilds(&self) -> u64 {
+        self.store.firsts_rebuilds()
+    }
+
+    /// Heap bytes of the first-block filter: derived from the record
+    /// capacity at start (half a bit per record, 512 B to 1 MiB), not a
+    /// limit of its own; counted in [`IndexMemory::key_tables`] too.
+    pub fn first_filter_bytes(&self) -> u64 {
+        self.store.firsts_bytes() as u64
+    }
+
     /// Entries evicted to stay within capacity, since start.
     pub fn capacity_evictions(&self) -> u64 {
         self.capacity_evictions.load(Ordering::Relaxed)

@@ -639,9 +639,14 @@ impl Store {
     }
 
     /// Rebuilds of the first-block filter so far.
-    #[cfg(test)]
     pub(crate) fn firsts_rebuilds(&self) -> u64 {
         self.place.lock().firsts.rebuilds
+    }
+
+    /// Heap bytes of the first-block filter (fixed at start from the
+    /// record capacity; also counted in [`Self::heap_bytes`]' key part).
+    pub(crate) fn firsts_bytes(&self) -> usize {
+        self.firsts.heap_bytes()
     }
 
     /// Keys published.

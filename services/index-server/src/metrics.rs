@@ -471,7 +471,7 @@ impl Metrics {
 /// page, so it runs per scrape rather than per ingest batch) and the
 /// index's own monotonic totals as counters (`…_capacity_evictions_total`,
 /// `…_clock_evictions_total`,
-/// `…_records_relocated_total`), read where they are kept rather than
+/// `…_records_relocated_total`, `…_first_filter_rebuilds_total`), read where they are kept rather than
 /// copied into gauges.
 #[derive(Debug)]
 pub struct IndexMemoryCollector(pub Arc<Index>);
@@ -510,6 +510,13 @@ impl Collector for IndexMemoryCollector {
             MetricType::Gauge,
         )?;
         gauge(self.0.key_table_overflow_keys()).encode(overflow)?;
+        let filter = encoder.encode_descriptor(
+            "first_filter_bytes",
+            "Heap bytes of the first-block filter, derived from --capacity-entries at start (half a bit per record, 512 B to 1 MiB); also counted in memory_bytes{part=\"key_tables\"}",
+            None,
+            MetricType::Gauge,
+        )?;
+        gauge(self.0.first_filter_bytes()).encode(filter)?;
         for (name, help, total) in [
             (
                 "capacity_evictions",
@@ -525,6 +532,11 @@ impl Collector for IndexMemoryCollector {
                 "records_relocated",
                 "Records moved by compaction of sparse pages",
                 self.0.records_relocated(),
+            ),
+            (
+                "first_filter_rebuilds",
+                "Rebuilds of the first-block filter completed (each a pass over the record pages, a few pages per ingest batch)",
+                self.0.first_filter_rebuilds(),
             ),
             (
                 "chains_out_of_space",
@@ -560,6 +572,9 @@ mod tests {
             "inferencecache_index_chains_out_of_space_total 0",
             "# TYPE inferencecache_index_key_table_overflow_keys gauge",
             "inferencecache_index_key_table_overflow_keys 0",
+            "# TYPE inferencecache_index_first_filter_rebuilds counter",
+            "inferencecache_index_first_filter_rebuilds_total 0",
+            "# TYPE inferencecache_index_first_filter_bytes gauge",
         ] {
             assert!(text.contains(line), "{line} not in\n{text}");
         }

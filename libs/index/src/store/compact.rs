@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
+use super::firsts::{Firsts, REBUILD_PAGES};
 use super::{OutOfSpace, PageWriter, Placement, Store, hash, next_room};
 use crate::arena::{Page, RecId, offset_of, rec_id};
 
@@ -56,23 +57,36 @@ impl Store {
             }
         }
         self.pick_refills(&mut place);
-        if self.firsts.due(&place.firsts) {
+        if place.firsts.pending.is_some() || self.firsts.due(&place.firsts) {
             self.rebuild_firsts(&mut place);
         }
     }
 
-    /// Rebuilds the first-block filter from the live depth-0 records (see
-    /// [`super::firsts`]): one pass over the pages, each read-locked in
-    /// turn (the placement mutex, held, keeps new ones from appearing).
+    /// Goes on with the rebuild of the first-block filter from the live
+    /// depth-0 records (see [`super::firsts`]), starting one if none is
+    /// under way: the next [`REBUILD_PAGES`] pages, each read-locked in
+    /// turn (the placement mutex, held, keeps their records still); after
+    /// the last page, the filter takes the rebuilt bits.
     fn rebuild_firsts(&self, place: &mut Placement) {
-        let mut fresh = self.firsts.fresh();
-        for (_, page) in self.pages.iter() {
-            for key in page.read().first_keys() {
-                fresh.add(hash(key));
+        let (mut fresh, from) = place
+            .firsts
+            .pending
+            .take()
+            .unwrap_or_else(|| (self.firsts.fresh(), 0));
+        let to = (from + REBUILD_PAGES).min(self.pages.len());
+        for n in from..to {
+            if let Some(page) = self.pages.get(n) {
+                for key in page.read().first_keys() {
+                    fresh.add(hash(key));
+                }
             }
         }
-        self.firsts
-            .replace(&mut place.sole, &mut place.firsts, &fresh);
+        if to < self.pages.len() {
+            place.firsts.pending = Some((fresh, to));
+        } else {
+            self.firsts
+                .replace(&mut place.sole, &mut place.firsts, &fresh);
+        }
     }
 
     /// The pages to empty so that dead records fall to their target share,
@@ -153,6 +167,10 @@ impl Store {
                 let to = next_room(place, &mut writer).ok_or(OutOfSpace)?;
                 let page = writer.page(to).ok_or(OutOfSpace)?;
                 let at = page.append(key, depth, &holders);
+                if depth == 0 {
+                    // Its bits are set; a rebuild under way needs them too.
+                    Firsts::moved(&mut place.firsts, hash(key));
+                }
                 place.records += 1;
                 moved.push((hash(key), rec_id(n, offset), rec_id(to, at)));
             }

@@ -12,17 +12,31 @@
 //!
 //! A blocked Bloom filter: a key sets two bits of one 64-bit word, both
 //! taken from its hash (words from the low bits, which pick neither a key
-//! table nor a bucket). **Never a false negative:** the writer sets a
-//! record's bits when it creates a depth-0 record (before its key is
-//! published), and bits are only cleared by [`Firsts::replace`], which the
-//! writer runs holding the placement mutex (nothing is stored meanwhile)
-//! from the live depth-0 records of every page, storing each word whole: a
-//! reader loads either the old word or the new, and both hold every live
-//! first block's bits. Removals clear nothing (a stale bit only costs the
-//! probe it would have cost anyway); rebuilds keep stale bits from piling
-//! up, once the first blocks created since the last one outnumber those it
-//! found (and an eighth of the bits), so their cost — a pass
-//! over the pages — is spread over at least that many stores.
+//! table nor a bucket). Its size is derived from the record capacity at
+//! start (half a bit per record, 512 B to 1 MiB: 512 KiB at 5 M), not a
+//! limit of its own: a smaller filter only answers "maybe" more often.
+//!
+//! Removals clear nothing (a stale bit only costs the probe it would have
+//! cost anyway); rebuilds keep stale bits from piling up, once the first
+//! blocks created since the last one outnumber those it found (and an
+//! eighth of the bits). A rebuild is a pass over the pages, made in
+//! slices of [`REBUILD_PAGES`] pages, one slice a [`super::Store::compact`]
+//! call (under the placement mutex, so stores wait for one slice, not the
+//! pass: at 5 M records the whole pass held them 3.9-8.7 ms), into a
+//! [`Fresh`] filter that replaces the bits when the last page is read.
+//!
+//! **Never a false negative.** The writer sets a record's bits when it
+//! creates a depth-0 record (before its key is published), and bits are
+//! only cleared by [`Firsts::replace`], storing each word whole: a reader
+//! loads either the old word or the new. The new words hold every depth-0
+//! record live when the pass ends: every record is written under the
+//! placement mutex (created, refilled into a hole, or moved by
+//! compaction), and while a pass is under way each depth-0 record written
+//! is also marked in its [`Fresh`] ([`Firsts::add`], [`Firsts::moved`]);
+//! a record not written during the pass sat in the same page slot
+//! throughout, and its page was read by a slice (a record's depth never
+//! changes in place), so it was marked then. Pages made during the pass
+//! hold only records written during it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +45,10 @@ use crate::keys::Sole;
 /// The fewest and most bits the filter has (512 bytes to 1 MiB).
 const MIN_BITS: usize = 1 << 12;
 const MAX_BITS: usize = 1 << 23;
+
+/// Pages a rebuild reads in one [`super::Store::compact`] call (at 2,048
+/// records a page, about 16 k records: a few tens of microseconds).
+pub(crate) const REBUILD_PAGES: usize = 8;
 
 /// The filter.
 #[derive(Debug)]
@@ -50,6 +68,9 @@ pub(crate) struct FirstsCount {
     pub(crate) found: usize,
     /// Rebuilds so far.
     pub(crate) rebuilds: u64,
+    /// The rebuild under way, if any: the filter being built and the next
+    /// page to read.
+    pub(crate) pending: Option<(Fresh, usize)>,
 }
 
 /// A filter being built from the live depth-0 records (see
@@ -110,11 +131,21 @@ impl Firsts {
     pub(crate) fn add(&self, _sole: &mut Sole, count: &mut FirstsCount, h: u64) {
         let (word, bits) = place(h, self.mask);
         count.added += 1;
+        Self::moved(count, h);
         if let Some(w) = self.words.get(word) {
             let old = w.load(Ordering::Relaxed);
             if old & bits != bits {
                 w.store(old | bits, Ordering::Release);
             }
+        }
+    }
+
+    /// Marks a depth-0 record of hash `h` written elsewhere (moved by
+    /// compaction, its bits already set) in the rebuild under way, if any.
+    #[inline]
+    pub(crate) fn moved(count: &mut FirstsCount, h: u64) {
+        if let Some((fresh, _)) = &mut count.pending {
+            fresh.add(h);
         }
     }
 
@@ -135,7 +166,9 @@ impl Firsts {
 
     /// Replaces the bits with `fresh`'s, word by word. `fresh` must hold
     /// every live depth-0 record (the caller holds the placement mutex, so
-    /// none is created meanwhile).
+    /// none is created meanwhile; see the module's doc for a pass made in
+    /// slices). `found` counts a record created in a page not yet read
+    /// twice: the next rebuild comes at most that much later.
     pub(crate) fn replace(&self, _sole: &mut Sole, count: &mut FirstsCount, fresh: &Fresh) {
         for (w, &f) in self.words.iter().zip(&fresh.words) {
             if w.load(Ordering::Relaxed) != f {
@@ -146,6 +179,7 @@ impl Firsts {
             added: 0,
             found: fresh.found,
             rebuilds: count.rebuilds + 1,
+            pending: None,
         };
     }
 

@@ -371,3 +371,44 @@ fn holes_left_by_evicting_chain_tails_are_refilled_too() {
         }
     }
 }
+
+#[test]
+fn a_first_block_moved_into_a_page_the_rebuild_has_read_stays_held() {
+    // A rebuild of the first-block filter reads a few pages a compaction;
+    // between two slices, compaction moves the live records of sparse
+    // pages not yet read into freed pages it has read. Their first blocks
+    // must reach the rebuilt filter all the same.
+    let store = Store::new(4, 2, 8);
+    let chains: Vec<Vec<Block>> = (0..40u64)
+        .map(|c| store_numbered_chain(&store, c, 4))
+        .collect();
+    // Pages 0 and 1 (chains 0-3) empty; the rebuild starts and reads
+    // pages 0-7.
+    for chain in &chains[..4] {
+        store.remove(chain, |_| true, |_| {});
+    }
+    store.place.lock().firsts.added = usize::MAX / 2;
+    store.compact();
+    assert!(store.place.lock().firsts.pending.is_some());
+    // Every other chain of pages 10-19 goes: the dead share passes its
+    // limit, and their live halves move, first into the freed pages 0-1.
+    for chain in chains[20..].iter().step_by(2) {
+        store.remove(chain, |_| true, |_| {});
+    }
+    let mut slices = 1;
+    loop {
+        store.compact();
+        slices += 1;
+        if store.place.lock().firsts.pending.is_none() {
+            break;
+        }
+        assert!(slices < 100, "the rebuild never ends");
+    }
+    assert!(store.relocations() > 0, "nothing was moved");
+    assert_eq!(store.firsts_rebuilds(), 1);
+    let live = (4..20).chain((21..40).step_by(2));
+    for c in live {
+        let first = chains[c][0];
+        assert!(store.firsts.may_hold(first.h), "chain {c}'s first block");
+    }
+}
