@@ -153,10 +153,21 @@ struct Scoring {
     /// `last`'s only holder, when it has exactly one (`u64::MAX`
     /// otherwise): the common block is checked without touching `last`.
     last_single: u64,
-    /// Scratch of [`Scoring::step_many`]: a bit per replica holding the
-    /// block, then a bit per one holding it at T2 (empty until a block has
-    /// more than [`LAST`] replicas still matching).
+    /// Scratch of [`Scoring::step_many`]: per 64 replica slots, a word of
+    /// bits of those holding the block, then a word of those holding it at
+    /// T2 (empty until a block has more than [`LAST`] replicas still
+    /// matching; then the thread's [`MARKS`], given back by
+    /// [`Scoring::finish`]). All zeros between blocks.
     marks: Vec<u64>,
+    /// Words of `marks` this walk uses (two per 64 slots up to the highest
+    /// active replica's).
+    words: usize,
+}
+
+thread_local! {
+    /// [`Scoring::marks`] kept between walks on this thread (all zeros), so
+    /// a walk through a widely held prefix allocates none.
+    static MARKS: std::cell::Cell<Vec<u64>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Holders [`Scoring::last`] keeps.
@@ -172,6 +183,7 @@ impl Default for Scoring {
             last_len: 0,
             last_single: u64::MAX,
             marks: Vec::new(),
+            words: 0,
         }
     }
 }
@@ -266,18 +278,23 @@ impl Scoring {
         if self.marks.is_empty() {
             // Sized once a walk: the active replicas only ever get fewer.
             let top = self.active.iter().map(|a| a.0).max().unwrap_or(0);
-            self.marks = vec![0; 2 * (top as usize / 64 + 1)];
+            self.words = 2 * (top as usize / 64 + 1);
+            self.marks = MARKS.with(std::cell::Cell::take);
+            if self.marks.len() < self.words {
+                self.marks.resize(self.words, 0);
+            }
         }
-        let words = self.marks.len() / 2;
-        let (held, cold) = self.marks.split_at_mut(words);
-        let at = |r: u32| (r as usize / 64, 1u64 << (r % 64));
+        let words = self.words;
+        let marks = &mut self.marks[..words];
+        // Word pair of replica `r`: held at 2w, held at T2 at 2w + 1.
+        let at = |r: u32| (2 * (r as usize / 64), 1u64 << (r % 64));
         for &x in holders {
             let x = Holder::from_raw(x);
             let (w, bit) = at(x.replica());
-            if let Some(word) = held.get_mut(w) {
-                *word |= bit;
+            if let Some([held, cold]) = marks.get_mut(w..w + 2) {
+                *held |= bit;
                 if x.tier() == Tier::T2 {
-                    cold[w] |= bit;
+                    *cold |= bit;
                 }
             }
         }
@@ -285,19 +302,27 @@ impl Scoring {
         for k in 0..self.active.len() {
             let (idx, tier) = self.active[k];
             let (w, bit) = at(idx);
-            if held[w] & bit != 0 {
-                let t = if cold[w] & bit != 0 {
-                    Tier::T2
-                } else {
-                    Tier::T1
-                };
-                self.active[kept] = (idx, tier.max(t));
-                kept += 1;
-            } else {
-                self.finished.push((idx, self.matched, tier));
+            match marks.get(w..w + 2) {
+                Some(&[held, cold]) if held & bit != 0 => {
+                    let t = if cold & bit != 0 { Tier::T2 } else { Tier::T1 };
+                    self.active[kept] = (idx, tier.max(t));
+                    kept += 1;
+                }
+                _ => self.finished.push((idx, self.matched, tier)),
             }
         }
-        self.marks.fill(0);
+        // Cleared by the holders' words when they are fewer than the
+        // walk's words (a few replicas of many slots), else all at once.
+        if holders.len() * 2 < words {
+            for &x in holders {
+                let (w, _) = at(Holder::from_raw(x).replica());
+                if let Some(pair) = marks.get_mut(w..w + 2) {
+                    pair.fill(0);
+                }
+            }
+        } else {
+            marks.fill(0);
+        }
         self.active.truncate(kept);
         if self.active.is_empty() {
             return false;
@@ -308,6 +333,11 @@ impl Scoring {
 
     fn finish(mut self) -> SmallVec<[(ReplicaIdx, u32, Tier); 8]> {
         let matched = self.matched;
+        if self.marks.capacity() > 0 {
+            // All zeros: kept for this thread's next walk.
+            let marks = std::mem::take(&mut self.marks);
+            MARKS.with(|m| m.set(marks));
+        }
         self.finished
             .extend(self.active.iter().map(|&(idx, tier)| (idx, matched, tier)));
         self.finished
