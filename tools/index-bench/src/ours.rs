@@ -142,4 +142,9 @@ impl Ours {
     pub fn memory(&self) -> ic_index::IndexMemory {
         self.index.memory()
     }
+
+    /// Rebuilds of the index's first-block filter so far.
+    pub fn first_filter_rebuilds(&self) -> u64 {
+        self.index.first_filter_rebuilds()
+    }
 }

@@ -165,10 +165,11 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
     let parts = index.memory();
     let per = |b: u64| b as f64 / resident_pairs.max(1) as f64;
     eprintln!(
-        "rep {rep} ours heap by part, per resident pair: records {:.2} B, key tables {:.2} B, replicas {:.2} B",
+        "rep {rep} ours heap by part, per resident pair: records {:.2} B, key tables {:.2} B, replicas {:.2} B; first-block filter rebuilds {}",
         per(parts.records),
         per(parts.key_tables),
-        per(parts.replicas)
+        per(parts.replicas),
+        index.first_filter_rebuilds()
     );
     drop(index);
     let heap_bytes = live1 - alloc::live();
