@@ -221,3 +221,7 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "walk_tests.rs"]
+mod walk_tests;
