@@ -150,15 +150,15 @@ impl<'a> Reader<'a> {
 
     /// Visits the records right after `prev` while they carry `keys` in
     /// order (stopping early when `visit` returns false), on into the
-    /// next page when a run fills its page to the end (record ids run on
-    /// across pages: a chain stored across a page boundary, as into a
-    /// page the directory appended, continues at the next page's first
-    /// record; where it does not, its key says so).
+    /// next page when a run fills its page to the end and keys are left
+    /// (record ids run on across pages: a chain stored across a page
+    /// boundary, as into a page the directory appended, continues at the
+    /// next page's first record; where it does not, its key says so).
     #[inline]
     pub(crate) fn walk(
         &mut self,
         prev: RecId,
-        mut keys: impl Iterator<Item = u64>,
+        mut keys: impl ExactSizeIterator<Item = u64>,
         mut visit: impl FnMut(&[u32]) -> bool,
     ) -> Walked {
         let mut at = prev.wrapping_add(1);
@@ -179,7 +179,14 @@ impl<'a> Reader<'a> {
                     stopped: true,
                 };
             }
-            if from + n < PAGE_RECORDS {
+            // A run that ended before the page's end met a record not
+            // carrying its key (that key is spent) or the end of a page
+            // not yet full; one that filled its page goes on only for a
+            // key left (no lock on a page the lookup does not need). The
+            // keys' count, not a peek, keeps the records' loop as it was
+            // (`Peekable`'s test on every key: +2.2 % on `Index::score`,
+            // `lookup_loop`).
+            if from + n < PAGE_RECORDS || keys.len() == 0 {
                 break;
             }
             at = rec_id(page_no + 1, 0);

@@ -199,8 +199,8 @@ fn a_walk_goes_on_into_the_next_page() {
         true
     });
     assert_eq!((walked.blocks, walked.stopped, seen), (19, false, 19));
-    let keys = blocks[1..12].iter().map(|b| b.key).chain([7, 8]);
-    let walked = reader.walk(first, keys, |_| true);
+    let keys: Vec<u64> = blocks[1..12].iter().map(|b| b.key).chain([7, 8]).collect();
+    let walked = reader.walk(first, keys.into_iter(), |_| true);
     assert_eq!((walked.blocks, walked.stopped), (11, false));
     // Stopping when asked, past the page boundary.
     let mut left = 10;

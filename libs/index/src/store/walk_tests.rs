@@ -1,6 +1,7 @@
 //! [`Reader::walk`] across a page boundary: it goes on into the next page
-//! only when a run filled its page to the end, and takes the next page's
-//! first record only if it is live and carries the next key.
+//! only when a run filled its page to the end with keys left, and takes
+//! the next page's first record only if it is live and carries the next
+//! key.
 
 use super::*;
 use crate::arena::Holder;
@@ -98,4 +99,26 @@ fn a_freed_next_page_or_another_chains_record_there_ends_the_walk() {
     let mut reader = store.reader(store.directory());
     let walked = reader.walk(first, keys(&a[1..=PAGE_RECORDS]), |_| true);
     assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
+}
+
+#[test]
+fn keys_ending_at_a_pages_last_record_leave_the_next_page_unlocked() {
+    let store = Store::new(4, 2, 8);
+    let a = two_pages(&store);
+    let first = recs(&store, &a[..1])[0].unwrap();
+    let dir = store.directory();
+    let next_page = dir.get(page_of(first) + 1).unwrap();
+    // The prompt ends at the page's last record: nothing on the next
+    // page is needed.
+    let mut reader = store.reader(dir);
+    let walked = reader.walk(first, keys(&a[1..PAGE_RECORDS]), |_| true);
+    assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
+    assert!(!next_page.is_locked(), "the next page was read-locked");
+    // One key more: the reader goes on, and holds the next page's guard
+    // (the observation above can see it).
+    let walked = reader.walk(first, keys(&a[1..=PAGE_RECORDS]), |_| true);
+    assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS, false));
+    assert!(next_page.is_locked());
+    drop(reader);
+    assert!(!next_page.is_locked());
 }
