@@ -106,8 +106,10 @@ pub struct EppFlags {
     /// context switches more a pick). 0 (the default) hands every one
     /// over: inline, a ~2,000-token chat holds its runtime thread ~1 ms
     /// (about 2 M tokens/s a core), and two streams landing on one thread
-    /// then wait for each other (2 gateways on 2 cores: a sixth to a third
-    /// fewer picks/s, 1,028-1,100 against 1,325-1,506, docs/benchmarks.md);
+    /// then wait for each other (2 gateways on 2 cores: 1,028-1,100
+    /// picks/s inline against 1,211-1,477 for the same server handing
+    /// over, 9-30 % fewer, and 1,325-1,506 for an earlier server
+    /// (bf2f2007) handing over, 17-32 % fewer; docs/benchmarks.md);
     /// a lone stream saves the hand-over's wake-ups. At most
     /// [`INLINE_READ_BYTES`] (a larger body is read off the runtime
     /// anyway). `inferencecache_index_epp_tokenizing_total`
