@@ -417,9 +417,6 @@ fn moving_a_replica_to_another_scope_drops_its_old_entries() {
 
 #[test]
 fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
     // Round k stores chain k for replica "stable", one block per event,
     // each followed by two filler blocks of replica "churn"; then the fillers
     // are evicted, so the pages holding chain k fall below half live and
@@ -427,38 +424,12 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
     // up. Pages hold 8 records under test: this moves records constantly.
     const ROUNDS: u64 = 150;
     const LEN: u64 = 24;
-    let chain = |k: u64| -> Vec<Fingerprint> {
-        (0..LEN).map(|d| Fingerprint((k + 1) * 1_000 + d)).collect()
-    };
-    let ix = Arc::new(Index::new(IndexConfig {
+    let chain = |k: u64| chain_readers::chain(k, LEN);
+    let ix = std::sync::Arc::new(Index::new(IndexConfig {
         capacity_entries: 1_000_000,
         shards: 4,
     }));
-    let published = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2u64)
-        .map(|seed| {
-            let (ix, published, done) = (ix.clone(), published.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut x = seed + 1;
-                let mut lookups = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    let n = published.load(Ordering::Acquire);
-                    if n == 0 {
-                        std::thread::yield_now();
-                        continue;
-                    }
-                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                    // Half the time the chain being compacted right now.
-                    let k = if x % 2 == 0 { n - 1 } else { (x >> 33) % n };
-                    let got = matches(ix.lookup(&scope("t"), &chain(k), None, None));
-                    assert_eq!(got, [("stable".into(), LEN as u32, Tier::T1)], "chain {k}");
-                    lookups += 1;
-                }
-                lookups
-            })
-        })
-        .collect();
+    let readers = chain_readers::ChainReaders::spawn(&ix, LEN);
     for k in 0..ROUNDS {
         // Two fillers per block: a page keeps under half its records.
         let fillers: Vec<Fingerprint> = (0..2 * LEN)
@@ -469,7 +440,7 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
             let f = &fillers[2 * d..2 * d + 2];
             put(&ix, "t", "churn", &[stored(2 * d as u32, f, Tier::T1)]);
         }
-        published.store(k + 1, Ordering::Release);
+        readers.publish(k + 1);
         put(
             &ix,
             "t",
@@ -479,9 +450,7 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
             }],
         );
     }
-    done.store(true, Ordering::Relaxed);
-    let lookups: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
-    assert!(lookups > 0);
+    readers.finish();
     assert!(
         ix.records_relocated() >= ROUNDS * LEN / 2,
         "records were moved while read"
@@ -631,6 +600,7 @@ fn counting_memory_while_new_replicas_register_never_deadlocks() {
     assert_eq!(result, Ok(true), "memory count and writer deadlocked");
 }
 
+mod chain_readers;
 mod firsts;
 mod routing;
 

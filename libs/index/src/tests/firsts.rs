@@ -4,10 +4,8 @@
 //! lookup's fingerprints start at a prompt's first block; a block after it
 //! is asked through `lookup_prefix_hash`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
 use super::*;
+use std::sync::Arc;
 
 #[test]
 fn the_first_block_filter_never_hides_a_held_chain() {
@@ -20,40 +18,15 @@ fn the_first_block_filter_never_hides_a_held_chain() {
     // compaction empties (pages hold 8 records under test).
     const ROUNDS: u64 = 5_000;
     const LEN: u64 = 3;
-    let chain = |k: u64| -> Vec<Fingerprint> {
-        (0..LEN).map(|d| Fingerprint((k + 1) * 1_000 + d)).collect()
-    };
+    let chain = |k: u64| chain_readers::chain(k, LEN);
     let ix = Arc::new(Index::new(IndexConfig {
         capacity_entries: 20_000,
         shards: 4,
     }));
-    let published = Arc::new(AtomicU64::new(0));
-    let done = Arc::new(AtomicBool::new(false));
-    let readers: Vec<_> = (0..2u64)
-        .map(|seed| {
-            let (ix, published, done) = (ix.clone(), published.clone(), done.clone());
-            std::thread::spawn(move || {
-                let mut x = seed + 1;
-                let mut lookups = 0u64;
-                while !done.load(Ordering::Relaxed) {
-                    let n = published.load(Ordering::Acquire);
-                    if n == 0 {
-                        std::thread::yield_now();
-                        continue;
-                    }
-                    x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                    let k = if x % 2 == 0 { n - 1 } else { (x >> 33) % n };
-                    let got = matches(ix.lookup(&scope("t"), &chain(k), None, None));
-                    assert_eq!(got, [("stable".into(), LEN as u32, Tier::T1)], "chain {k}");
-                    lookups += 1;
-                }
-                lookups
-            })
-        })
-        .collect();
+    let readers = chain_readers::ChainReaders::spawn(&ix, LEN);
     for k in 0..ROUNDS {
         put(&ix, "t", "stable", &[stored(0, &chain(k), Tier::T1)]);
-        published.store(k + 1, Ordering::Release);
+        readers.publish(k + 1);
         let churn: Vec<Fingerprint> = (0..2)
             .map(|d| Fingerprint(1_000_000_000 + k * 1_000 + d))
             .collect();
@@ -72,9 +45,7 @@ fn the_first_block_filter_never_hides_a_held_chain() {
             }],
         );
     }
-    done.store(true, Ordering::Relaxed);
-    let lookups: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
-    assert!(lookups > 0);
+    readers.finish();
     assert!(
         ix.store.firsts_rebuilds() >= 3,
         "rebuilt {} times",
