@@ -182,10 +182,18 @@ async fn a_replica_sees_the_picks_made_through_its_peer() {
     );
 
     for http in &https {
-        assert!(
-            metric(*http, "inferencecache_index_peers_live") == 1.0,
-            "each replica counts one live peer"
-        );
+        // Live peers are counted when a replica next applies what its peers
+        // sent (`apply_once` in peers.rs), on its own schedule, not when the
+        // picks above became visible: wait for the count, do not read it once.
+        let mut wait = Wait::new();
+        loop {
+            let live = metric(*http, "inferencecache_index_peers_live");
+            if live == 1.0 {
+                break;
+            }
+            wait.still(|| format!("{http} counts {live} live peers, not one"));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let (_, text) = ic_e2e::http_get(*http, "/metrics");
         assert!(
             text.lines()
