@@ -20,6 +20,19 @@ fn scope() -> Scope {
     }
 }
 
+/// A seeded stream of numbers below the bound each call names
+/// (splitmix64), for the property tests' fleets.
+fn seeded_below(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |m: u64| {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut x = state;
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (x ^ (x >> 31)) % m
+    }
+}
+
 fn fps(v: &[u64]) -> Vec<Fingerprint> {
     Fingerprint::from_raw(v.to_vec())
 }

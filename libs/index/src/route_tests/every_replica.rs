@@ -16,14 +16,7 @@ fn ranks_as_every_replica(
     named: bool,
     holders: usize,
 ) -> Result<(), proptest::test_runner::TestCaseError> {
-    let mut state = seed;
-    let mut next = move |m: u64| {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut x = state;
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (x ^ (x >> 31)) % m
-    };
+    let mut next = seeded_below(seed);
     let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
     let names: Vec<&str> = ids.iter().map(String::as_str).collect();
     let weights = ScoreWeights {

@@ -240,7 +240,7 @@ fn a_block_repeated_in_one_chain_gets_one_record() {
 }
 
 /// Chain `c` of `len` blocks, stored by replica 1.
-fn store_numbered_chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
+pub(super) fn store_numbered_chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
     let blocks: Vec<Block> = (0..len)
         .map(|d| Block::new(c * 100 + u64::from(d), d))
         .collect();

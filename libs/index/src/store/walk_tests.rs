@@ -4,20 +4,9 @@
 //! key.
 
 use super::*;
-use crate::arena::Holder;
 use crate::store::Block;
-use crate::types::Tier;
 
-/// Chain `c` of `len` blocks, stored by replica 1.
-fn chain(store: &Store, c: u64, len: u32) -> Vec<Block> {
-    let blocks: Vec<Block> = (0..len)
-        .map(|d| Block::new(c * 100 + u64::from(d), d))
-        .collect();
-    store
-        .store_chain(&blocks, |_| Holder::new(1, Tier::T1, 0), &mut Vec::new())
-        .unwrap();
-    blocks
-}
+use crate::store::tests::store_numbered_chain as chain;
 
 fn keys(blocks: &[Block]) -> impl ExactSizeIterator<Item = u64> + '_ {
     blocks.iter().map(|b| b.key)
