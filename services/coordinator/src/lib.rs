@@ -15,6 +15,7 @@ pub mod clock;
 pub mod controller;
 pub mod controllers;
 pub mod error;
+mod hot;
 pub mod http;
 pub mod ingest;
 pub mod kafka;
@@ -505,9 +506,17 @@ async fn serve(
         }
     }
     tracing::info!("coordinator started");
+    // With the operator endpoints open, lookups skip the router (hot.rs).
+    let open = matches!(access, http::access::OperatorAccess::Open);
+    let router = http::router_with(app.clone(), access);
+    let router = if open {
+        hot::with_hot_routes(app.clone(), router)
+    } else {
+        router
+    };
     let result = ic_telemetry::serving::serve_http(
         listener,
-        http::router_with(app.clone(), access),
+        router,
         header_read_timeout,
         app.metrics.metrics.header_read_timeouts.clone(),
         shutdown.clone(),

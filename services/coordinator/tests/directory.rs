@@ -363,3 +363,43 @@ async fn lookup_answer_is_the_compact_sorted_json_of_its_value() {
     assert_eq!(value["results"][1]["placements"], json!([]));
     assert_eq!(value["chunks"], 2);
 }
+
+/// `POST /directory/lookup` is served before the router (src/hot.rs) and
+/// keeps what the router gave it: the 32 MiB body limit (not axum's 2 MiB
+/// default), the request counted and timed under the route's labels
+/// (answers and refusals), and every other method left to the router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lookup_route_keeps_the_routers_body_limit_metrics_and_methods() {
+    const H: &str = "abababababababababababababababababababababababababababababababab";
+    let c = Coord::start(&[]).await;
+    c.events(vec![batch(
+        "mp-a",
+        1,
+        1,
+        "store",
+        "l1",
+        "dram",
+        &[(key(H, ""), 1)],
+    )])
+    .await;
+    // 3 MiB of whitespace after a valid request: over axum's default.
+    let padded = format!("{}{}", json!({"keys": [key(H, "")]}), " ".repeat(3 << 20));
+    let (status, body) = c.post_raw("/directory/lookup", padded).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["results"][0]["placements"][0]["instance_id"], "mp-a");
+    let huge = vec![b' '; ic_coordinator::http::MAX_BODY_BYTES + 10];
+    assert_eq!(c.post_raw("/directory/lookup", huge).await.0, 413);
+    assert_eq!(
+        c.post("/directory/lookup", json!({"keys": []})).await.0,
+        422
+    );
+    assert_eq!(c.get("/directory/lookup").await.0, 405);
+    let text = c.metrics_text().await;
+    for needle in [
+        r#"lmcache_coordinator_http_requests_total{method="POST",route="/directory/lookup",status="2xx"} 1"#,
+        r#"lmcache_coordinator_http_requests_total{method="POST",route="/directory/lookup",status="4xx"} 2"#,
+        r#"lmcache_coordinator_http_request_duration_seconds_count{route="/directory/lookup"} 3"#,
+    ] {
+        assert!(text.contains(needle), "missing {needle}:\n{text}");
+    }
+}
