@@ -9,6 +9,7 @@ pub mod http1;
 pub mod lean;
 pub mod prom;
 pub mod schedule;
+pub mod stalls;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

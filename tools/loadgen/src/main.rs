@@ -6,6 +6,7 @@
 mod closed_loop;
 mod direct;
 mod floor;
+mod host_probe;
 mod open_loop;
 mod phases;
 mod placement;
@@ -150,6 +151,17 @@ struct Args {
     /// hop per request). The floor's echo is sent the same way.
     #[arg(long, value_enum, default_value_t = OpenLoopClient::Direct, requires = "rate")]
     open_loop_client: OpenLoopClient,
+    /// Open loop: a probe thread on each of --client-cpus and --server-cpus
+    /// (every CPU without them), at real-time priority 90, sleeps this many
+    /// µs at a time and keeps its late wake-ups; each phase reports them
+    /// (`host_stalls`). Its wake-ups cost the phases a little (see
+    /// docs/benchmarks.md); 0: no probe.
+    #[arg(long, default_value_t = 1000)]
+    host_probe_us: u64,
+    /// A probe wake-up this many µs late is a stall, a request this slow
+    /// is slow (`host_stalls`).
+    #[arg(long, default_value_t = 500)]
+    host_stall_us: u64,
 }
 
 /// `--open-loop-client`.
@@ -373,6 +385,15 @@ fn check(args: &Args) -> Result<(), String> {
             args.spin_us
         ));
     }
+    if args.host_probe_us > 0 && !(50..=100_000).contains(&args.host_probe_us) {
+        return Err(format!(
+            "--host-probe-us: {} is outside 50-100000 (0 turns the probe off)",
+            args.host_probe_us
+        ));
+    }
+    if args.host_stall_us == 0 {
+        return Err("--host-stall-us: must be at least 1".into());
+    }
     Ok(())
 }
 
@@ -471,6 +492,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.entries, args.replicas
     ));
     let (events, took) = preload(channels[0].clone(), fleet).await?;
+    if args.rate.is_some() && args.host_probe_us > 0 {
+        let cpus = host_probe::cpus(args.client_cpus.as_ref(), args.server_cpus.as_ref());
+        let period = Duration::from_micros(args.host_probe_us);
+        let over = Duration::from_micros(args.host_stall_us);
+        if let Some(warning) = host_probe::start(cpus, period, over)? {
+            eprintln!("{warning}");
+        }
+    }
 
     let floor = match args.rate.filter(|_| args.floor) {
         Some(rate) => {
@@ -728,6 +757,9 @@ fn print_table(r: &Report) {
                 s.from_start_us.p999_us,
                 s.spin_fraction * 100.0
             );
+            if let Some(h) = &s.host_stalls {
+                println!("    {}", h.describe());
+            }
         }
     }
     println!(

@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use ic_loadgen::schedule::{Schedule, Spacing};
+use ic_loadgen::stalls::{self, StallReport};
 use ic_loadgen::{PhaseStats, Quantiles, summarize};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
@@ -85,6 +86,9 @@ pub struct ScheduleStats {
     /// send was due in it, the gap around the first send due after it
     /// (halfway from the send before to halfway to the send after).
     pub window_seconds: f64,
+    /// `--host-probe-us`: the probe's stalls in the window and the
+    /// requests they touched.
+    pub host_stalls: Option<StallReport>,
 }
 
 struct Sample {
@@ -193,7 +197,7 @@ fn request_index(k: usize) -> u64 {
 /// samples.
 fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) {
     let (mut latencies, mut dispatch, mut send) = (Vec::new(), Vec::new(), Vec::new());
-    let mut from_start = Vec::new();
+    let (mut from_start, mut lives) = (Vec::new(), Vec::new());
     let (mut errors, mut hits) = (0, 0);
     for s in samples {
         if s.due < sent.measure_from {
@@ -205,6 +209,7 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
             Some(hit) => {
                 latencies.push(s.done.saturating_duration_since(s.due));
                 from_start.push(s.done.saturating_duration_since(s.started));
+                lives.push((s.due, s.done));
                 hits += u64::from(hit);
             }
             None => errors += 1,
@@ -220,6 +225,15 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
             .window_end
             .saturating_duration_since(sent.window_start)
             .as_secs_f64(),
+        host_stalls: crate::host_probe::running().map(|probe| {
+            stalls::attribute(
+                &probe.stalls(),
+                &lives,
+                (sent.window_start, sent.window_end),
+                (&probe.cpus, probe.period),
+                probe.over,
+            )
+        }),
     };
     let measured = sent.window_end.saturating_duration_since(sent.window_start);
     (summarize(latencies, errors, measured), hits, stats)

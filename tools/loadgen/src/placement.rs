@@ -61,6 +61,11 @@ impl FromStr for Cpus {
 }
 
 impl Cpus {
+    /// The CPUs, ascending.
+    pub fn list(&self) -> &[usize] {
+        &self.0
+    }
+
     fn set(&self) -> nix::Result<CpuSet> {
         let mut set = CpuSet::new();
         for cpu in &self.0 {

@@ -243,10 +243,34 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
     assert_eq!(report["client_cpus"], "0", "{report}");
     assert_eq!(report["server_cpus"], last.as_str(), "{report}");
     assert_eq!(report["server_workers"], 1, "{report}");
-    // Without --floor there is none.
-    let plain = open_loop("500", &[]);
+    // The host probe sat on the client's and the server's CPUs through
+    // every phase.
+    let mut cpus = vec![0, last.parse::<u64>().unwrap()];
+    cpus.dedup();
+    for phase in ["tcp_floor", "empty_rpc", "lookup_route"] {
+        let stalls = &report["open_loop"][phase]["host_stalls"];
+        let listed: Vec<u64> = stalls["cpus"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{phase}: no host_stalls: {report}"))
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect();
+        assert_eq!(listed, cpus, "{phase}: {report}");
+        assert_eq!(stalls["period_us"], 1000, "{phase}: {report}");
+        assert_eq!(stalls["over_us"], 500, "{phase}: {report}");
+        let slow = stalls["slow"].as_u64().unwrap();
+        assert!(stalls["slow_touched"].as_u64().unwrap() <= slow, "{report}");
+    }
+    // Without --floor there is none; with --host-probe-us 0 no probe.
+    let plain = open_loop("500", &["--host-probe-us", "0"]);
     assert!(plain["tcp_floor"].is_null(), "{plain}");
     assert!(plain["open_loop"]["tcp_floor"].is_null(), "{plain}");
+    for phase in ["empty_rpc", "lookup_route"] {
+        assert!(
+            plain["open_loop"][phase]["host_stalls"].is_null(),
+            "{phase}: {plain}"
+        );
+    }
 }
 
 #[test]
@@ -272,6 +296,14 @@ fn bad_flags_are_refused_naming_the_flag() {
         (&["--warmup-secs", "inf"], "--warmup-secs"),
         (&["--concurrency", "0"], "--concurrency"),
         (&["--connections", "0"], "--connections"),
+        (
+            &["--rate", "100", "--host-probe-us", "10"],
+            "--host-probe-us",
+        ),
+        (
+            &["--rate", "100", "--host-stall-us", "0"],
+            "--host-stall-us",
+        ),
     ] {
         // No server is started: the flags are checked first.
         let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))

@@ -1,0 +1,243 @@
+//! Host stalls beside a phase's latencies: the moments a probe thread,
+//! pinned to a benchmark CPU at a real-time priority above the client's
+//! and the server's, woke later than it asked to. No thread of ours can
+//! keep such a thread off its CPU, so a stall is the host's (the vCPU not
+//! running) or the kernel's (an interrupt, or another process in a
+//! kernel path that does not yield). Pure: intervals in, a summary out.
+//!
+//! A request is "touched" by a stall when its life (due time to answer)
+//! meets the stall, or the queue the stall leaves: the stall is taken to
+//! begin up to one probe period before the probe noticed it (it may have
+//! begun right after the probe's last wake-up) and to reach on after it
+//! ended by its own length (the requests it held back drain at the rate
+//! the server answers, which at the loads measured here is faster than
+//! they arrived).
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::Quantiles;
+
+/// One late wake-up of the probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stall {
+    /// The probe's CPU.
+    pub cpu: usize,
+    /// When it should have woken.
+    pub due: Instant,
+    /// When it woke.
+    pub woke: Instant,
+}
+
+impl Stall {
+    /// How late the probe woke.
+    pub fn late(&self) -> Duration {
+        self.woke.saturating_duration_since(self.due)
+    }
+
+    /// The span whose requests the stall may have held back: from one
+    /// probe `period` before `due` to the stall's own length after it.
+    fn reach(&self, period: Duration) -> (Instant, Instant) {
+        let from = self.due.checked_sub(period).unwrap_or(self.due);
+        (from, self.woke + self.late())
+    }
+}
+
+/// A phase's stalls and the requests they touched.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StallReport {
+    /// The probe's CPUs.
+    pub cpus: Vec<usize>,
+    /// How often each probe woke, µs.
+    pub period_us: u64,
+    /// A wake-up this late counts as a stall, µs; so does a request this
+    /// slow count as slow.
+    pub over_us: u64,
+    /// Stalls that met the measured window (all CPUs).
+    pub count: u64,
+    /// The longest, µs (0 with none).
+    pub max_us: f64,
+    /// Their sum, µs.
+    pub total_us: f64,
+    /// Answered requests of the window slower than `over_us`.
+    pub slow: u64,
+    /// Of them, those a stall touched.
+    pub slow_touched: u64,
+    /// Answered requests a stall touched, slow or not.
+    pub touched: u64,
+    /// The latencies of the answered requests no stall touched.
+    pub untouched_us: Quantiles,
+}
+
+impl StallReport {
+    /// One line for the table.
+    pub fn describe(&self) -> String {
+        format!(
+            "host stalls over {} µs: {} (max {:.0} µs, total {:.0} µs); requests over {} µs: {}, \
+             {} of them touched by a stall; without the {} touched: p50 / p99 / p99.9 \
+             {:.0} / {:.0} / {:.0} µs",
+            self.over_us,
+            self.count,
+            self.max_us,
+            self.total_us,
+            self.over_us,
+            self.slow,
+            self.slow_touched,
+            self.touched,
+            self.untouched_us.p50_us,
+            self.untouched_us.p99_us,
+            self.untouched_us.p999_us
+        )
+    }
+}
+
+/// What `stalls` did to a phase whose measured window is `window` and
+/// whose answered requests lived `requests` (due time, answer time);
+/// stalls are wake-ups at least `over` late of probes that woke every
+/// `period` on `cpus`.
+pub fn attribute(
+    stalls: &[Stall],
+    requests: &[(Instant, Instant)],
+    window: (Instant, Instant),
+    probe: (&[usize], Duration),
+    over: Duration,
+) -> StallReport {
+    let (cpus, period) = probe;
+    let counted: Vec<(Duration, (Instant, Instant))> = stalls
+        .iter()
+        .filter(|s| s.late() >= over && s.woke >= window.0 && s.due <= window.1)
+        .map(|s| (s.late(), s.reach(period)))
+        .collect();
+    let (mut slow, mut slow_touched, mut touched) = (0, 0, 0);
+    let mut untouched = Vec::with_capacity(requests.len());
+    for &(due, done) in requests {
+        let latency = done.saturating_duration_since(due);
+        let hit = counted
+            .iter()
+            .any(|(_, (from, to))| due <= *to && done >= *from);
+        let is_slow = latency > over;
+        slow += u64::from(is_slow);
+        slow_touched += u64::from(is_slow && hit);
+        touched += u64::from(hit);
+        if !hit {
+            untouched.push(latency);
+        }
+    }
+    StallReport {
+        cpus: cpus.to_vec(),
+        period_us: micros(period),
+        over_us: micros(over),
+        count: counted.len() as u64,
+        max_us: counted
+            .iter()
+            .map(|(late, _)| late.as_secs_f64() * 1e6)
+            .fold(0.0, f64::max),
+        total_us: counted
+            .iter()
+            .map(|(late, _)| late.as_secs_f64() * 1e6)
+            .sum(),
+        slow,
+        slow_touched,
+        touched,
+        untouched_us: Quantiles::of(untouched),
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn requests_a_stall_or_its_queue_meets_are_touched_and_left_out() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let period = us(250);
+        // CPU 1 stalls 2 ms: the probe, due at 10,000 µs, wakes at 12,000.
+        // It reaches from 9,750 (a period before) to 14,000 (its length
+        // after). A 300 µs stall on CPU 0 is under the threshold.
+        let stalls = [
+            Stall {
+                cpu: 1,
+                due: at(10_000),
+                woke: at(12_000),
+            },
+            Stall {
+                cpu: 0,
+                due: at(20_000),
+                woke: at(20_300),
+            },
+        ];
+        let requests = [
+            (at(1_000), at(1_200)),   // 200 µs, well before
+            (at(9_000), at(9_700)),   // 700 µs, slow, ends before the reach
+            (at(9_600), at(9_900)),   // 300 µs, in flight when it may have begun
+            (at(11_000), at(12_400)), // 1,400 µs, slow, due in the stall
+            (at(13_900), at(14_600)), // 700 µs, slow, due in its queue
+            (at(14_100), at(14_300)), // 200 µs, after the queue
+            (at(20_000), at(20_450)), // 450 µs, beside the short stall
+        ];
+        let report = attribute(
+            &stalls,
+            &requests,
+            (at(0), at(30_000)),
+            (&[0, 1], period),
+            us(500),
+        );
+        assert_eq!(report.count, 1);
+        assert!((report.max_us - 2_000.0).abs() < 1e-6, "{report:?}");
+        assert!((report.total_us - 2_000.0).abs() < 1e-6, "{report:?}");
+        assert_eq!((report.period_us, report.over_us), (250, 500));
+        assert_eq!(report.cpus, vec![0, 1]);
+        assert_eq!((report.slow, report.slow_touched), (3, 2), "{report:?}");
+        assert_eq!(report.touched, 3, "{report:?}");
+        // Left: 200, 700, 200, 450 µs.
+        assert!((report.untouched_us.max_us - 700.0).abs() < 1e-6);
+        assert!((report.untouched_us.p50_us - 200.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn stalls_outside_the_window_are_not_counted() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let stalls = [
+            // Ends before the window opens.
+            Stall {
+                cpu: 0,
+                due: at(0),
+                woke: at(900),
+            },
+            // Begins after it closes.
+            Stall {
+                cpu: 0,
+                due: at(6_000),
+                woke: at(7_000),
+            },
+            // Straddles its start.
+            Stall {
+                cpu: 0,
+                due: at(800),
+                woke: at(1_600),
+            },
+        ];
+        let report = attribute(
+            &stalls,
+            &[(at(1_100), at(1_300))],
+            (at(1_000), at(5_000)),
+            (&[0], us(100)),
+            us(500),
+        );
+        assert_eq!(report.count, 1);
+        assert!((report.max_us - 800.0).abs() < 1e-6, "{report:?}");
+        assert_eq!((report.slow, report.touched), (0, 1));
+        assert_eq!(report.untouched_us.max_us, 0.0);
+    }
+}
