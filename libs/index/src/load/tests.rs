@@ -326,3 +326,85 @@ fn own_picks_of_names_the_replicas_asked_for_zero_included() {
         Some(got[0].1)
     );
 }
+
+/// Picks of one scope's replicas made concurrently with each other and
+/// with lookups of the scope leave the board where the same picks made one
+/// by one leave it: none is lost (the scope's entries are the board's), and
+/// no lookup reads more than every pick.
+#[test]
+fn concurrent_picks_and_lookups_leave_the_loads_of_the_picks_one_by_one() {
+    const PICKS: usize = 3_000;
+    let ids = ["a", "b", "c", "d", "e"];
+    let members = crate::registry::members_named(&ids[..4]);
+    let board = LoadBoard::default();
+    // Resolved: the picks find their entries through the scope ("e" is in
+    // none, and is found through the map).
+    board.with_members(7, &members, 0, |_, _| ());
+    let pickers = 3;
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let at = |t: usize, i: usize| ids[(i * (t + 1)) % ids.len()];
+    std::thread::scope(|s| {
+        for t in 0..pickers {
+            let (board, done) = (&board, &done);
+            s.spawn(move || {
+                for i in 0..PICKS {
+                    board.picked_in_scope(7, at(t, i), 0, |_| 0.0);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        let bound = (pickers * PICKS) as f64;
+        while done.load(Ordering::Relaxed) < pickers {
+            board.with_members(7, &members, 0, |reader, m| {
+                for (i, id) in ids.iter().enumerate().take(members.len()) {
+                    let r = reader.member(m, i).requests;
+                    assert!(r.is_finite() && r <= bound, "{id} read {r}");
+                }
+            });
+        }
+    });
+    let replay = LoadBoard::default();
+    for t in 0..pickers {
+        for i in 0..PICKS {
+            replay.picked(at(t, i), 0);
+        }
+    }
+    for id in ids {
+        let (got, want) = (board.load(id, 0), replay.load(id, 0));
+        assert_eq!(got, want, "{id}: concurrently, one by one");
+        assert!(want.requests >= 1.0);
+    }
+}
+
+/// A rebase that starts while a pick of an entry is under way (its weight
+/// weighed at the old epoch, not yet added) waits for it before it
+/// rescales the entry: the pick is rescaled with the rest, not added at the
+/// old scale to the new.
+#[test]
+fn a_rebase_waits_for_a_pick_under_way() {
+    let (_, board) = a_and_b_on_a_fast_board();
+    board.picked("a", 0);
+    let r0 = board.rebases.load(Ordering::Relaxed);
+    let map = board.entries.read();
+    let e = Arc::clone(&map["a"]);
+    drop(map);
+    std::thread::scope(|s| {
+        board.picking(&e, || {
+            let w = board.ahead(0).max(0.0).exp2();
+            // 100 half-lives on: another pick rebases the board.
+            let rebase = s.spawn(|| board.picked("b", 100_000));
+            // Waits for the rebase to start (or, were it not to wait for
+            // this pick, to end).
+            while board.rebases.load(Ordering::Acquire) == r0 {
+                std::thread::yield_now();
+            }
+            e.add_recent(w);
+            rebase
+        });
+    });
+    // Both picks of "a" at 0, read 100 half-lives on.
+    let want = 2.0 * (-100.0_f64).exp2();
+    let got = board.load("a", 100_000).requests;
+    assert!((got - want).abs() <= 1e-9 * want, "{got}, not {want}");
+    assert_eq!(board.load("b", 100_000).requests, 1.0);
+}

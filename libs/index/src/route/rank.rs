@@ -8,7 +8,7 @@ use crate::pick::{PickInput, id_hash};
 use crate::registry::Members;
 use crate::types::{Fingerprint, Match, ReplicaKey};
 
-use super::shortlist::{Eligible, SHORTLIST_ABOVE, Shortlist, rank_eligible};
+use super::shortlist::{Eligible, Shortlist, keeps_shortlist, rank_eligible};
 use super::{NoHintReason, Ranked, RouteKey, RoutePolicy, RouteQuery, Scoring, monotone};
 
 /// What the walk decided, borrowed for the ranking.
@@ -90,14 +90,15 @@ pub(super) fn rank_matches(
                 // replica ranked, nothing built).
                 let settings = reader.settings();
                 let mut keep = query.candidates.is_none()
-                    && members.len() > SHORTLIST_ABOVE
+                    && keeps_shortlist(members.len())
                     && settings.shortlist_refresh_ms > 0
                     && settings.shortlist_refresh_changes > 0
                     && monotone(scoring.weights);
                 if keep {
-                    let shortlist = resolved.shortlist.read().clone();
-                    if let Some(shortlist) =
-                        shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
+                    let shortlist = resolved.shortlist.load();
+                    if let Some(shortlist) = shortlist
+                        .as_deref()
+                        .filter(|s| s.serves(&input, scoring.weights, reader))
                     {
                         let holders: smallvec::SmallVec<[u64; 16]> = matches
                             .iter()
@@ -147,7 +148,7 @@ pub(super) fn rank_matches(
                         scoring.weights,
                         reader,
                     );
-                    *resolved.shortlist.write() = Some(std::sync::Arc::new(rebuilt));
+                    resolved.shortlist.store(Some(std::sync::Arc::new(rebuilt)));
                     reader.refreshed();
                 }
                 drop(rebuilding);
