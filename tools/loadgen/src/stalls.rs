@@ -60,6 +60,9 @@ pub struct StallReport {
     pub max_us: f64,
     /// Their sum, µs.
     pub total_us: f64,
+    /// Moments every probed CPU was stalled at once (with two or more):
+    /// the whole machine paused, which only its host can do.
+    pub every_cpu: u64,
     /// Answered requests of the window slower than `over_us`.
     pub slow: u64,
     /// Of them, those a stall touched.
@@ -74,13 +77,14 @@ impl StallReport {
     /// One line for the table.
     pub fn describe(&self) -> String {
         format!(
-            "host stalls over {} µs: {} (max {:.0} µs, total {:.0} µs); requests over {} µs: {}, \
+            "host stalls over {} µs: {} (max {:.0} µs, total {:.0} µs, {} on every CPU at once); requests over {} µs: {}, \
              {} of them touched by a stall; without the {} touched: p50 / p99 / p99.9 \
              {:.0} / {:.0} / {:.0} µs",
             self.over_us,
             self.count,
             self.max_us,
             self.total_us,
+            self.every_cpu,
             self.over_us,
             self.slow,
             self.slow_touched,
@@ -104,9 +108,12 @@ pub fn attribute(
     over: Duration,
 ) -> StallReport {
     let (cpus, period) = probe;
-    let counted: Vec<(Duration, (Instant, Instant))> = stalls
+    let in_window: Vec<&Stall> = stalls
         .iter()
         .filter(|s| s.late() >= over && s.woke >= window.0 && s.due <= window.1)
+        .collect();
+    let counted: Vec<(Duration, (Instant, Instant))> = in_window
+        .iter()
         .map(|s| (s.late(), s.reach(period)))
         .collect();
     let (mut slow, mut slow_touched, mut touched) = (0, 0, 0);
@@ -137,11 +144,33 @@ pub fn attribute(
             .iter()
             .map(|(late, _)| late.as_secs_f64() * 1e6)
             .sum(),
+        every_cpu: every_cpu(&in_window, cpus),
         slow,
         slow_touched,
         touched,
         untouched_us: Quantiles::of(untouched),
     }
+}
+
+/// The stalls of the first of `cpus` (two or more) that overlap, late
+/// wake-up to late wake-up, a stall of each other CPU.
+fn every_cpu(stalls: &[&Stall], cpus: &[usize]) -> u64 {
+    let Some((first, others)) = cpus.split_first() else {
+        return 0;
+    };
+    if others.is_empty() {
+        return 0;
+    }
+    let meets = |a: &Stall, b: &Stall| a.due < b.woke && b.due < a.woke;
+    stalls
+        .iter()
+        .filter(|s| s.cpu == *first)
+        .filter(|s| {
+            others
+                .iter()
+                .all(|c| stalls.iter().any(|t| t.cpu == *c && meets(s, t)))
+        })
+        .count() as u64
 }
 
 fn micros(d: Duration) -> u64 {
@@ -197,11 +226,38 @@ mod tests {
         assert!((report.total_us - 2_000.0).abs() < 1e-6, "{report:?}");
         assert_eq!((report.period_us, report.over_us), (250, 500));
         assert_eq!(report.cpus, vec![0, 1]);
+        // CPU 0's stall was too short to count: nothing on both at once.
+        assert_eq!(report.every_cpu, 0);
         assert_eq!((report.slow, report.slow_touched), (3, 2), "{report:?}");
         assert_eq!(report.touched, 3, "{report:?}");
         // Left: 200, 700, 200, 450 µs.
         assert!((report.untouched_us.max_us - 700.0).abs() < 1e-6);
         assert!((report.untouched_us.p50_us - 200.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_pause_of_every_cpu_at_once_is_told_apart() {
+        let t0 = Instant::now();
+        let at = |n: u64| t0 + us(n);
+        let stall = |cpu, due, woke| Stall {
+            cpu,
+            due: at(due),
+            woke: at(woke),
+        };
+        let stalls = [
+            // Both CPUs wake late at the same moment: one pause.
+            stall(0, 1_000, 4_000),
+            stall(1, 1_700, 4_000),
+            // CPU 1 alone, then CPU 0 alone right after it.
+            stall(1, 10_000, 11_000),
+            stall(0, 11_000, 12_000),
+        ];
+        let window = (at(0), at(20_000));
+        let report = attribute(&stalls, &[], window, (&[0, 1], us(1_000)), us(500));
+        assert_eq!((report.count, report.every_cpu), (4, 1), "{report:?}");
+        // One CPU probed: nothing to compare.
+        let report = attribute(&stalls, &[], window, (&[0], us(1_000)), us(500));
+        assert_eq!(report.every_cpu, 0, "{report:?}");
     }
 
     #[test]
