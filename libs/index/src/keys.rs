@@ -587,7 +587,10 @@ impl KeyTable {
 
     fn position(&self, h: u64, rec: RecId) -> Option<At> {
         let t = tag(h);
-        for home in self.homes(t, self.doubled()) {
+        let d = self.doubled();
+        // The second bucket worked out only when the first lacks the key.
+        for x in [t, other(t)] {
+            let home = self.home(x, d);
             let found = self.at(home)?;
             if let Some(i) = bits(found.matching(t)).find(|&i| found.rec(i) == rec) {
                 return Some(At::Slot(home, i));

@@ -198,6 +198,10 @@ impl<'a> PageWriter<'a> {
     }
 }
 
+/// Slots of [`has_duplicate`]'s set kept in a fixed array (chains of up to
+/// 32 new blocks).
+const SMALL_SET: usize = 64;
+
 /// Whether `keys` (`n` of them) repeat one: a small open-addressing set,
 /// cheaper than sorting for the chain lengths engines report.
 fn has_duplicate(keys: impl Iterator<Item = u64>, n: usize) -> bool {
@@ -205,8 +209,16 @@ fn has_duplicate(keys: impl Iterator<Item = u64>, n: usize) -> bool {
     let mask = capacity - 1;
     // Key 0 marks an empty slot; it is tracked on the side. On the stack
     // for the chains most events carry (an allocation per event showed in
-    // the apply profile).
-    let mut seen: SmallVec<[u64; 256]> = SmallVec::from_elem(0, capacity);
+    // the apply profile), zeroed whole: `SmallVec::from_elem` wrote its
+    // slots one by one (some 400 instructions for 32 slots).
+    let mut small = [0u64; SMALL_SET];
+    let mut large: SmallVec<[u64; 256]> = SmallVec::new();
+    let seen: &mut [u64] = if capacity <= SMALL_SET {
+        &mut small[..capacity]
+    } else {
+        large.resize(capacity, 0);
+        &mut large
+    };
     let mut zero = false;
     for key in keys {
         if key == 0 {

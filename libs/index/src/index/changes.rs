@@ -60,15 +60,23 @@ impl Index {
                             .iter()
                             .map(|&fp| Block::new(entry_key(scope, fp), 0)),
                     );
-                    let mut gone = 0;
+                    // Every holder dropped is this replica's: its counts
+                    // are settled once for the event (only the epochs'
+                    // counts per holder), not per holder.
+                    let (mut gone, mut t1_gone) = (0u64, 0u64);
+                    let epochs = &mut writer.epoch_entries;
                     self.store.remove(
                         &blocks,
                         |h| h.replica() == idx,
                         |h| {
                             gone += 1;
-                            Self::forget(writer, h);
+                            t1_gone += u64::from(h.tier() == Tier::T1);
+                            epochs[h.epoch() as usize] -= 1;
                         },
                     );
+                    let counts = writer.counts(idx);
+                    counts.entries = counts.entries.saturating_sub(gone);
+                    counts.t1 = counts.t1.saturating_sub(t1_gone);
                     self.count_entries(writer, 0, gone);
                     if blocks.capacity() <= SCRATCH_KEEP {
                         writer.scratch.blocks = blocks;
