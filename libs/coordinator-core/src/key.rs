@@ -233,22 +233,33 @@ pub fn encode_hex(bytes: &[u8]) -> String {
 
 /// Decodes even-length hex of either case; `None` when it is not hex.
 pub fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    let raw = hex.as_bytes();
-    if !raw.len().is_multiple_of(2) {
-        return None;
-    }
-    // Two table reads a byte and one check at the end: the per-digit
-    // `match` with an early return was ~410 instructions a 16-byte hash
-    // (a sixth of a batch entry's decoding).
-    let mut out = vec![0u8; raw.len() / 2];
+    let mut out = Vec::with_capacity(hex.len() / 2);
+    decode_hex_onto(hex.as_bytes(), &mut out).then_some(out)
+}
+
+/// Appends the bytes of even-length hex of either case to `out`; `false`,
+/// with `out` as it was, when it is not hex. The one hex decoding of a key
+/// (a batch's entries and a lookup's keys).
+pub(crate) fn decode_hex_onto(hex: &[u8], out: &mut Vec<u8>) -> bool {
+    let (pairs, []) = hex.as_chunks::<2>() else {
+        return false;
+    };
+    // Two table reads a byte and one check at the end (the per-digit
+    // `match` with an early return was ~410 instructions a 16-byte hash),
+    // written by `extend`: one capacity check for the whole hash.
+    let start = out.len();
     let mut flags = 0u8;
-    for (o, pair) in out.iter_mut().zip(raw.chunks_exact(2)) {
-        let (hi, lo) = (NIBBLE[usize::from(pair[0])], NIBBLE[usize::from(pair[1])]);
+    out.extend(pairs.iter().map(|&[hi, lo]| {
+        let (hi, lo) = (NIBBLE[usize::from(hi)], NIBBLE[usize::from(lo)]);
         flags |= hi | lo;
-        *o = hi << 4 | lo;
-    }
+        hi << 4 | lo
+    }));
     // A digit is at most 0x0F; anything else set a high bit.
-    (flags <= 0x0F).then_some(out)
+    if flags > 0x0F {
+        out.truncate(start);
+        return false;
+    }
+    true
 }
 
 /// Hex digit values; 0xFF for anything else.

@@ -11,7 +11,7 @@
 //! it to that (services/coordinator, `http::directory`).
 
 use crate::events::plain_len;
-use crate::key::{NIBBLE, validate_group, validate_model, validate_salt};
+use crate::key::{decode_hex_onto, validate_group, validate_model, validate_salt};
 
 /// A key of the request, its strings as the body spells them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,25 +250,18 @@ impl<'a> Reader<'a> {
         Some(field)
     }
 
-    /// A hex string of even length, decoded onto `out` as it is read.
+    /// A hex string of even length, decoded onto `out`.
     fn hex(&mut self, out: &mut Vec<u8>) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.i;
-        loop {
-            let hi = *self.b.get(self.i)?;
-            if hi == b'"' {
-                break;
-            }
-            let lo = *self.b.get(self.i + 1)?;
-            let (h, l) = (NIBBLE[usize::from(hi)], NIBBLE[usize::from(lo)]);
-            if (h | l) > 0x0F {
-                return None;
-            }
-            out.push(h << 4 | l);
-            self.i += 2;
+        let len = self.b.get(start..)?.iter().position(|&c| c == b'"')?;
+        let digits = self.b.get(start..start + len)?;
+        if !decode_hex_onto(digits, out) {
+            return None;
         }
-        let s = self.text.get(start..self.i)?;
-        self.i += 1;
+        // Both ends are ASCII (a quote, or hex digits): char bounds.
+        let s = self.text.get(start..start + len)?;
+        self.i = start + len + 1;
         Some(s)
     }
 
