@@ -94,23 +94,25 @@ pub(super) fn rank_matches(
                     && settings.shortlist_refresh_ms > 0
                     && settings.shortlist_refresh_changes > 0
                     && monotone(scoring.weights);
+                let holders = || -> smallvec::SmallVec<[u64; 16]> {
+                    matches
+                        .iter()
+                        .map(|m| id_hash(&m.replica.replica_id))
+                        .chain(speculative.iter().map(|(id, _)| id_hash(id)))
+                        .collect()
+                };
                 if keep {
                     let shortlist = resolved.shortlist.load();
                     if let Some(shortlist) = shortlist
                         .as_deref()
                         .filter(|s| s.serves(&input, scoring.weights, reader))
                     {
-                        let holders: smallvec::SmallVec<[u64; 16]> = matches
-                            .iter()
-                            .map(|m| id_hash(&m.replica.replica_id))
-                            .chain(speculative.iter().map(|(id, _)| id_hash(id)))
-                            .collect();
                         match shortlist.eligible(
                             members,
                             resolved,
                             reader,
                             &input,
-                            &holders,
+                            &holders(),
                             fresh_since,
                             scoring.others,
                         ) {
@@ -140,16 +142,35 @@ pub(super) fn rank_matches(
                 if keep {
                     // Built from the loads just read: the lookup that
                     // finds the shortlist stale pays one pass, as before.
-                    let rebuilt = Shortlist::build(
+                    let rebuilt = std::sync::Arc::new(Shortlist::build(
                         members.len(),
                         &positions,
                         &eligible.loads,
                         &input,
                         scoring.weights,
                         reader,
-                    );
-                    resolved.shortlist.store(Some(std::sync::Arc::new(rebuilt)));
+                    ));
+                    resolved
+                        .shortlist
+                        .store(Some(std::sync::Arc::clone(&rebuilt)));
                     reader.refreshed();
+                    drop(rebuilding);
+                    // Answered from the list just built, as the next
+                    // lookups are (the same answer as ranking every
+                    // replica): its holders and the few listed others
+                    // ranked, not every load a second time.
+                    if let Ok(listed) = rebuilt.eligible(
+                        members,
+                        resolved,
+                        reader,
+                        &input,
+                        &holders(),
+                        fresh_since,
+                        scoring.others,
+                    ) {
+                        return listed;
+                    }
+                    return eligible;
                 }
                 drop(rebuilding);
                 eligible
