@@ -38,14 +38,16 @@ pub struct HostProbe {
 
 static PROBE: OnceLock<HostProbe> = OnceLock::new();
 
-/// The probe's CPUs: the client's and the server's, or every CPU this
-/// process may run on when neither is pinned.
+/// The probe's CPUs: the client's and the server's when both are pinned,
+/// or every CPU this process may run on when either is not (the unpinned
+/// side may run on any of them).
 pub fn cpus(client: Option<&Cpus>, server: Option<&Cpus>) -> Vec<usize> {
-    let mut cpus: Vec<usize> = client
-        .into_iter()
-        .chain(server)
-        .flat_map(|c| c.list().iter().copied())
-        .collect();
+    let mut cpus: Vec<usize> = match (client, server) {
+        (Some(client), Some(server)) => {
+            client.list().iter().chain(server.list()).copied().collect()
+        }
+        _ => Vec::new(),
+    };
     if cpus.is_empty() {
         cpus = nix::sched::sched_getaffinity(Pid::from_raw(0))
             .map(|set| {
@@ -148,5 +150,26 @@ fn probe(cpu: usize, period: Duration, over: Duration, stalls: &Mutex<Vec<Stall>
                 .unwrap_or_else(PoisonError::into_inner)
                 .push(Stall { cpu, due, woke });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn one_side_unpinned_probes_every_cpu_and_both_pinned_probe_theirs() {
+        let every = cpus(None, None);
+        assert!(!every.is_empty());
+        let zero: Cpus = "0".parse().unwrap();
+        let last: Cpus = every.last().unwrap().to_string().parse().unwrap();
+        // The unpinned side may run anywhere: every CPU is probed.
+        assert_eq!(cpus(Some(&zero), None), every);
+        assert_eq!(cpus(None, Some(&last)), every);
+        let mut both = vec![0, *every.last().unwrap()];
+        both.dedup();
+        assert_eq!(cpus(Some(&zero), Some(&last)), both);
     }
 }

@@ -152,16 +152,16 @@ struct Args {
     #[arg(long, value_enum, default_value_t = OpenLoopClient::Direct, requires = "rate")]
     open_loop_client: OpenLoopClient,
     /// Open loop, a diagnostic run: a probe thread on each of --client-cpus
-    /// and --server-cpus (every CPU without them), at real-time priority
+    /// and --server-cpus (every CPU this process may use unless both are given), at real-time priority
     /// 90, sleeps this many µs at a time and keeps its late wake-ups; each
     /// phase reports them (`host_stalls`). Off by default (0): its wake-ups
     /// move the latencies measured (p50 +6-15 µs at 1000, see
     /// docs/benchmarks.md), so figures compared or quoted are taken without it.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, requires = "rate")]
     host_probe_us: u64,
     /// A probe wake-up this many µs late is a stall, a request this slow
     /// is slow (`host_stalls`).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 500, requires = "rate")]
     host_stall_us: u64,
 }
 

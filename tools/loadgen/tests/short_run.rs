@@ -260,8 +260,15 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
         assert_eq!(listed, cpus, "{phase}: {report}");
         assert_eq!(stalls["period_us"], 1000, "{phase}: {report}");
         assert_eq!(stalls["over_us"], 500, "{phase}: {report}");
-        let slow = stalls["slow"].as_u64().unwrap();
-        assert!(stalls["slow_touched"].as_u64().unwrap() <= slow, "{report}");
+        // Every slow request touched is a request touched; the counts of
+        // stalls are there.
+        let touched = stalls["touched"].as_u64().unwrap();
+        assert!(
+            stalls["slow_touched"].as_u64().unwrap() <= touched,
+            "{report}"
+        );
+        assert!(stalls["count"].is_u64(), "{phase}: {report}");
+        assert!(stalls["every_cpu"].is_u64(), "{phase}: {report}");
     }
     // Without --floor there is none; without --host-probe-us no probe
     // (it is a diagnostic run's, off by default).
@@ -291,6 +298,8 @@ fn bad_flags_are_refused_naming_the_flag() {
         (&["--floor"], "--rate"),
         (&["--spacing", "uniform"], "--rate"),
         (&["--open-loop-client", "channel"], "--rate"),
+        (&["--host-probe-us", "1000"], "--rate"),
+        (&["--host-stall-us", "800"], "--rate"),
         (
             &["--rate", "100", "--open-loop-client", "tonic"],
             "--open-loop-client",
