@@ -133,17 +133,14 @@ pub fn attribute(
     }
     StallReport {
         cpus: cpus.to_vec(),
-        period_us: micros(period),
-        over_us: micros(over),
+        period_us: period.as_micros().try_into().unwrap_or(u64::MAX),
+        over_us: over.as_micros().try_into().unwrap_or(u64::MAX),
         count: counted.len() as u64,
         max_us: counted
             .iter()
-            .map(|(late, _)| late.as_secs_f64() * 1e6)
+            .map(|(late, _)| crate::micros(*late))
             .fold(0.0, f64::max),
-        total_us: counted
-            .iter()
-            .map(|(late, _)| late.as_secs_f64() * 1e6)
-            .sum(),
+        total_us: counted.iter().map(|(late, _)| crate::micros(*late)).sum(),
         every_cpu: every_cpu(&in_window, cpus),
         slow,
         slow_touched,
@@ -171,10 +168,6 @@ fn every_cpu(stalls: &[&Stall], cpus: &[usize]) -> u64 {
                 .all(|c| stalls.iter().any(|t| t.cpu == *c && meets(s, t)))
         })
         .count() as u64
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]
@@ -258,6 +251,25 @@ mod tests {
         // One CPU probed: nothing to compare.
         let report = attribute(&stalls, &[], window, (&[0], us(1_000)), us(500));
         assert_eq!(report.every_cpu, 0, "{report:?}");
+    }
+
+    #[test]
+    fn a_stalls_length_is_exact_to_the_nanosecond() {
+        let t0 = Instant::now();
+        // 500,042 ns: `as_secs_f64() * 1e6` gives 500.04200000000003.
+        let stall = Stall {
+            cpu: 0,
+            due: t0 + us(1_000),
+            woke: t0 + us(1_000) + Duration::from_nanos(500_042),
+        };
+        let report = attribute(
+            &[stall],
+            &[],
+            (t0, t0 + us(5_000)),
+            (&[0], us(1_000)),
+            us(500),
+        );
+        assert_eq!((report.max_us, report.total_us), (500.042, 500.042));
     }
 
     #[test]
