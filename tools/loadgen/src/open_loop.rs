@@ -231,7 +231,7 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
                 &lives,
                 (sent.window_start, sent.window_end),
                 (&probe.cpus, probe.period),
-                probe.over,
+                (probe.over, stalls::SLOW),
             )
         }),
     };
