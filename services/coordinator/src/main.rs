@@ -80,8 +80,102 @@ struct CoordinatorArgs {
     config: ic_coordinator::Config,
 }
 
+/// The long flags of LMCache 0.5.6's `lmcache coordinator` (its argparse
+/// parser, `--help` included).
+const REFERENCE_FLAGS: &[&str] = &[
+    "help",
+    "host",
+    "port",
+    "instance-timeout",
+    "health-check-interval",
+    "eviction-check-interval",
+    "eviction-ratio",
+    "trigger-watermark",
+    "chunk-size",
+    "hash-algorithm",
+    "enable-blend-lookup",
+    "blend-probe-stride",
+    "checkpoint-path",
+    "checkpoint-interval",
+    "extra-config",
+    "metadata-path",
+    "timeout-keep-alive",
+    "disable-metrics",
+    "otlp-endpoint",
+    "event-transport",
+    "kafka-bootstrap-servers",
+    "kafka-topic",
+    "kafka-group-id",
+    "format",
+    "output",
+    "quiet",
+];
+
+/// Our long flags (the coordinator's and the global ones), from clap.
+fn our_flags() -> Vec<String> {
+    let cmd = <Args as clap::CommandFactory>::command();
+    let sub = cmd.find_subcommand("coordinator").cloned();
+    cmd.get_arguments()
+        .chain(sub.iter().flat_map(|s| s.get_arguments()))
+        .filter_map(|a| a.get_long())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// An abbreviation argparse reads as one of the reference's flags (the one
+/// flag of the reference it begins) but that begins more than one of ours
+/// (a house flag shares the prefix: `--eve` is also `--events-require-auth`)
+/// is written out as the reference's flag, so it means here what it means
+/// there; any other argument is left to clap, which takes a prefix that
+/// names one flag of ours. Not for `replay` (no reference command).
+fn expand_reference_abbreviations(
+    args: Vec<std::ffi::OsString>,
+    ours: &[String],
+) -> Vec<std::ffi::OsString> {
+    if args.iter().any(|a| a == "replay") {
+        return args;
+    }
+    let mut rest = false;
+    args.into_iter()
+        .map(|arg| {
+            rest |= arg == "--";
+            match arg.to_str().filter(|_| !rest).and_then(|a| expand(a, ours)) {
+                Some(full) => full.into(),
+                None => arg,
+            }
+        })
+        .collect()
+}
+
+/// The reference's flag `argument` abbreviates, written out, when our own
+/// flags make the abbreviation ambiguous; `None` to leave it as it is.
+fn expand(argument: &str, ours: &[String]) -> Option<String> {
+    let flag = argument.strip_prefix("--")?;
+    let (name, value) = match flag.split_once('=') {
+        Some((name, value)) => (name, Some(value)),
+        None => (flag, None),
+    };
+    if name.is_empty() || ours.iter().any(|f| f == name) {
+        return None;
+    }
+    let mut theirs = REFERENCE_FLAGS.iter().filter(|f| f.starts_with(name));
+    let (Some(full), None) = (theirs.next(), theirs.next()) else {
+        return None;
+    };
+    if ours.iter().filter(|f| f.starts_with(name)).count() < 2 {
+        return None;
+    }
+    Some(match value {
+        Some(v) => format!("--{full}={v}"),
+        None => format!("--{full}"),
+    })
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_from(expand_reference_abbreviations(
+        std::env::args_os().collect(),
+        &our_flags(),
+    ));
     // Pages freed after an ingest burst were returned to the OS from inside
     // later requests (`madvise`, ~15-40 a second after each burst) and
     // faulted back in by the next burst: kept unless the flag or

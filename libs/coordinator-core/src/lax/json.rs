@@ -12,8 +12,66 @@ use super::PydError;
 pub enum DecodeError {
     /// 422 `json_invalid` (Python's message and position).
     Invalid(Box<PydError>),
-    /// Not UTF-8: FastAPI answers 400 "There was an error parsing the body".
+    /// Not text in the encoding `json.loads` detects (UTF-8, or UTF-16 or
+    /// UTF-32 by their byte order mark or zero bytes): FastAPI answers 400
+    /// "There was an error parsing the body".
     NotUtf8,
+}
+
+/// The text of a body as `json.loads(bytes)` reads it: the encoding
+/// Python's `json.detect_encoding` picks (a byte order mark, else the zero
+/// bytes around the first characters, else UTF-8), its mark dropped.
+/// A lone surrogate, which Python's `surrogatepass` lets through, is read
+/// as U+FFFD (a Rust string cannot hold it): one character either way, so
+/// error positions agree.
+fn text(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, DecodeError> {
+    // (bytes a unit, big-endian, byte order mark length)
+    let (unit, big, mark) = match bytes {
+        [0, 0, 0xfe, 0xff, ..] => (4, true, 4),
+        [0xff, 0xfe, 0, 0, ..] => (4, false, 4),
+        [0xfe, 0xff, ..] => (2, true, 2),
+        [0xff, 0xfe, ..] => (2, false, 2),
+        [0, b1, _, _, ..] => (if *b1 == 0 { 4 } else { 2 }, true, 0),
+        [_, 0, b2, b3, ..] => (if *b2 == 0 && *b3 == 0 { 4 } else { 2 }, false, 0),
+        [0, _] => (2, true, 0),
+        [_, 0] => (2, false, 0),
+        _ => {
+            let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+            let text = std::str::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)?;
+            return Ok(std::borrow::Cow::Borrowed(text));
+        }
+    };
+    let body = &bytes[mark..];
+    if !body.len().is_multiple_of(unit) {
+        return Err(DecodeError::NotUtf8);
+    }
+    let fold = |n: u32, b: &u8| n << 8 | u32::from(*b);
+    let word = |c: &[u8]| {
+        if big {
+            c.iter().fold(0, fold)
+        } else {
+            c.iter().rev().fold(0, fold)
+        }
+    };
+    let text = if unit == 2 {
+        let units = body
+            .chunks_exact(2)
+            .map(|c| u16::try_from(word(c)).unwrap_or(0));
+        Some(
+            char::decode_utf16(units)
+                .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+                .collect::<String>(),
+        )
+    } else {
+        body.chunks_exact(4)
+            .map(|c| match word(c) {
+                0xd800..=0xdfff => Some(char::REPLACEMENT_CHARACTER),
+                w => char::from_u32(w),
+            })
+            .collect()
+    };
+    text.map(std::borrow::Cow::Owned)
+        .ok_or(DecodeError::NotUtf8)
 }
 
 /// Decodes `bytes` as `json.loads` would; an empty body or `null` is
@@ -22,9 +80,8 @@ pub fn decode(bytes: &[u8]) -> Result<Value, DecodeError> {
     if bytes.is_empty() {
         return Ok(Value::Null);
     }
-    // `json.loads(bytes)` takes a UTF-8 byte order mark as the encoding's.
-    let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
-    let text = std::str::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)?;
+    let text = text(bytes)?;
+    let text = &*text;
     let chars: Vec<char> = text.chars().collect();
     let mut p = Parser { s: &chars, i: 0 };
     match p.document() {

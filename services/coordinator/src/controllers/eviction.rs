@@ -18,6 +18,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::controller::{ConsumeError, Context, Controller, Task};
+use crate::http::compat::no_allow;
 use crate::metrics::{ReasonLabel, SaltLabel};
 use crate::views::Views;
 
@@ -166,26 +167,32 @@ impl Controller for FleetEvictionController {
         let state = (ctx, self);
         Some(
             Router::new()
-                .route("/quota", get(routes::list_quotas))
+                .route("/quota", no_allow(get(routes::list_quotas)))
                 .route(
                     "/quota/config",
-                    put(routes::put_default)
-                        .get(routes::get_default)
-                        .delete(routes::delete_config_salt),
+                    no_allow(
+                        put(routes::put_default)
+                            .get(routes::get_default)
+                            .delete(routes::delete_config_salt),
+                    ),
                 )
                 .route(
                     "/quota/{cache_salt}",
-                    put(routes::put_quota)
-                        .get(routes::get_quota)
-                        .delete(routes::delete_quota),
+                    no_allow(
+                        put(routes::put_quota)
+                            .get(routes::get_quota)
+                            .delete(routes::delete_quota),
+                    ),
                 )
                 .route(
                     "/cache/pins",
-                    post(routes::pin)
-                        .delete(routes::unpin)
-                        .get(routes::list_pins),
+                    no_allow(
+                        post(routes::pin)
+                            .delete(routes::unpin)
+                            .get(routes::list_pins),
+                    ),
                 )
-                .route("/cache/delete", post(routes::delete))
+                .route("/cache/delete", no_allow(post(routes::delete)))
                 .with_state(state),
         )
     }

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use crate::actions::ActionError;
 use crate::controller::{Context, Controller};
 use crate::error::{ApiError, Body};
+use crate::http::compat::no_allow;
 use crate::metrics::inc;
 
 /// The prefetch controller (stateless: the node tracks its jobs).
@@ -27,8 +28,11 @@ impl Controller for PrefetchManager {
     fn routes(self: Arc<Self>, ctx: Context) -> Option<Router> {
         Some(
             Router::new()
-                .route("/cache/prefetches", post(submit))
-                .route("/cache/prefetches/{instance_id}/{request_id}", get(status))
+                .route("/cache/prefetches", no_allow(post(submit)))
+                .route(
+                    "/cache/prefetches/{instance_id}/{request_id}",
+                    no_allow(get(status)),
+                )
                 .with_state(ctx),
         )
     }

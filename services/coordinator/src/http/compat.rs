@@ -12,10 +12,11 @@
 
 use std::borrow::Cow;
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
+use axum::routing::MethodRouter;
 use serde_json::json;
 
 /// `(path pattern, method, owning controller)`, in the reference's order;
@@ -58,6 +59,61 @@ const ROUTES: &[(&str, &str, Option<&str>)] = &[
     ("/ready", "GET", None),
 ];
 
+/// The methods uvicorn's HTTP parser (httptools, llhttp 9) reads, case
+/// included; it answers any other with [`invalid_request`] before the
+/// application sees it.
+const PARSER_METHODS: [&str; 35] = [
+    "DELETE",
+    "GET",
+    "HEAD",
+    "POST",
+    "PUT",
+    "CONNECT",
+    "OPTIONS",
+    "TRACE",
+    "COPY",
+    "LOCK",
+    "MKCOL",
+    "MOVE",
+    "PROPFIND",
+    "PROPPATCH",
+    "SEARCH",
+    "UNLOCK",
+    "BIND",
+    "REBIND",
+    "UNBIND",
+    "ACL",
+    "REPORT",
+    "MKACTIVITY",
+    "CHECKOUT",
+    "MERGE",
+    "M-SEARCH",
+    "NOTIFY",
+    "SUBSCRIBE",
+    "UNSUBSCRIBE",
+    "PATCH",
+    "PURGE",
+    "MKCALENDAR",
+    "LINK",
+    "UNLINK",
+    "SOURCE",
+    "QUERY",
+];
+
+/// uvicorn's answer to a request its parser refuses (a method outside
+/// [`PARSER_METHODS`]): 400, plain text, and the connection closed.
+fn invalid_request() -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CONNECTION, "close"),
+        ],
+        "Invalid HTTP request received.",
+    )
+        .into_response()
+}
+
 /// FastAPI's own pages: Starlette routes, so `GET` and `HEAD`.
 const PAGES: [&str; 4] = ["/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"];
 
@@ -74,15 +130,15 @@ fn path_matches(pattern: &str, path: &str) -> bool {
     }
 }
 
-/// Whether a table pattern (`{}` parameters) and an axum route
-/// (`{name}` parameters) are the same route.
-fn same_pattern(table: &str, axum: &str) -> bool {
-    let (mut t, mut a) = (table.split('/'), axum.split('/'));
+/// Whether axum's router matches a table pattern on the raw path: a
+/// parameter takes any one segment, an empty one too.
+fn axum_matches(pattern: &str, raw: &str) -> bool {
+    let (mut p, mut s) = (pattern.split('/'), raw.split('/'));
     loop {
-        match (t.next(), a.next()) {
+        match (p.next(), s.next()) {
             (None, None) => return true,
-            (Some("{}"), Some(seg)) if seg.starts_with('{') => {}
-            (Some(x), Some(y)) if x == y => {}
+            (Some("{}"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
             _ => return false,
         }
     }
@@ -194,6 +250,14 @@ fn quote(s: &str, safe: &[u8]) -> String {
     out
 }
 
+/// A route's method router that adds no `Allow` of its own. The edges
+/// answer every method a route does not serve (405 with the reference's
+/// `Allow`, a 404, uvicorn's 400); axum's method router would add the
+/// route's `Allow` to each of those answers.
+pub fn no_allow<S: Clone + Send + Sync + 'static>(m: MethodRouter<S>) -> MethodRouter<S> {
+    m.merge(axum::routing::any(super::method_not_allowed))
+}
+
 /// The middleware: applies [`route`] to the decoded path. A request whose
 /// path decodes to another is handed to `reroute` (the routes without this
 /// layer) with that path, escaped again so that axum's extractors decode it
@@ -207,6 +271,9 @@ pub async fn starlette_edges(
     // The usual request (a route's own path) is served without decoding.
     if exact(req.method(), req.uri().path(), &*enabled) {
         return next.run(req).await;
+    }
+    if !PARSER_METHODS.contains(&req.method().as_str()) {
+        return invalid_request();
     }
     let decoded = unquote(req.uri().path());
     match walk(req.method(), &decoded, &*enabled) {
@@ -234,15 +301,13 @@ pub async fn starlette_edges(
             }
             next.run(req).await
         }
-        // A route of the table that axum matched where Starlette does not
-        // (an empty segment as a parameter) is not found; a route the
-        // table does not list (a controller's own) is axum's to answer.
+        // A route of the table that axum would match where Starlette does
+        // not (an empty segment as a parameter) is not found; a path the
+        // table does not list (a controller's own route) is axum's to
+        // answer.
         Routing::NotFound => {
-            let listed = req
-                .extensions()
-                .get::<MatchedPath>()
-                .is_some_and(|m| ROUTES.iter().any(|(p, _, _)| same_pattern(p, m.as_str())));
-            if listed {
+            let raw = req.uri().path();
+            if ROUTES.iter().any(|(p, _, _)| axum_matches(p, raw)) {
                 super::not_found().await
             } else {
                 next.run(req).await
@@ -351,14 +416,18 @@ mod tests {
     }
 
     #[test]
-    fn table_patterns_match_axum_routes() {
-        assert!(same_pattern(
+    fn table_patterns_match_as_axum_matches_raw_paths() {
+        assert!(axum_matches(
             "/instances/{}/heartbeat",
-            "/instances/{instance_id}/heartbeat"
+            "/instances//heartbeat"
         ));
-        assert!(same_pattern("/quota", "/quota"));
-        assert!(!same_pattern("/quota/{}", "/quota/config"));
-        assert!(!same_pattern("/quota", "/acme/reaper"));
+        assert!(axum_matches(
+            "/instances/{}/heartbeat",
+            "/instances/a%2Fb/heartbeat"
+        ));
+        assert!(axum_matches("/quota", "/quota"));
+        assert!(!axum_matches("/quota/{}", "/quota/a/b"));
+        assert!(!axum_matches("/quota", "/acme/reaper"));
     }
 
     #[test]

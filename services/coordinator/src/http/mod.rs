@@ -33,34 +33,49 @@ pub fn router(app: App) -> Router {
 /// Builds the whole router, the operator endpoints guarded by `access`.
 pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
     let mut router = Router::new()
-        .route("/openapi.json", get(compat::openapi))
-        .route("/docs", get(compat::docs))
-        .route("/docs/oauth2-redirect", get(compat::oauth2_redirect))
-        .route("/redoc", get(compat::redoc))
-        .route("/healthz", get(healthz))
-        .route("/live", get(|| async { "ok\n" }))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .route("/status", get(status::status))
-        .route("/instances", post(instances::register).get(instances::list))
+        .route("/openapi.json", compat::no_allow(get(compat::openapi)))
+        .route("/docs", compat::no_allow(get(compat::docs)))
+        .route(
+            "/docs/oauth2-redirect",
+            compat::no_allow(get(compat::oauth2_redirect)),
+        )
+        .route("/redoc", compat::no_allow(get(compat::redoc)))
+        .route("/healthz", compat::no_allow(get(healthz)))
+        .route("/live", compat::no_allow(get(|| async { "ok\n" })))
+        .route("/ready", compat::no_allow(get(ready)))
+        .route("/metrics", compat::no_allow(get(metrics)))
+        .route("/status", compat::no_allow(get(status::status)))
+        .route(
+            "/instances",
+            compat::no_allow(post(instances::register).get(instances::list)),
+        )
         .route(
             "/instances/usage",
-            get(instances::fleet_usage).delete(instances::deregister_usage),
+            compat::no_allow(get(instances::fleet_usage).delete(instances::deregister_usage)),
         )
-        .route("/instances/{instance_id}", delete(instances::deregister))
+        .route(
+            "/instances/{instance_id}",
+            compat::no_allow(delete(instances::deregister)),
+        )
         .route(
             "/instances/{instance_id}/heartbeat",
-            put(instances::heartbeat),
+            compat::no_allow(put(instances::heartbeat)),
         )
         .route(
             "/instances/{instance_id}/usage",
-            get(instances::instance_usage),
+            compat::no_allow(get(instances::instance_usage)),
         )
-        .route("/events", post(events::post_events))
-        .route("/directory/lookup", post(directory::lookup))
-        .route("/directory/keys", get(directory::keys))
-        .route("/directory/stats", get(directory::stats))
-        .route("/directory/blend-lookup", post(directory::blend_lookup))
+        .route("/events", compat::no_allow(post(events::post_events)))
+        .route(
+            "/directory/lookup",
+            compat::no_allow(post(directory::lookup)),
+        )
+        .route("/directory/keys", compat::no_allow(get(directory::keys)))
+        .route("/directory/stats", compat::no_allow(get(directory::stats)))
+        .route(
+            "/directory/blend-lookup",
+            compat::no_allow(post(directory::blend_lookup)),
+        )
         .with_state(app.clone());
     for c in app.controllers.iter() {
         if let Some(routes) = c.clone().routes(app.context()) {
@@ -86,7 +101,10 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
     // Starlette's edges decide on the percent-decoded path. They run after
     // axum's routing (a layer does), which matched the raw path: a request
     // whose decoded path differs is routed again through `routed` (which
-    // has no edges, so holds no reference back to them).
+    // has no edges, so holds no reference back to them). Every route's
+    // method router is `compat::no_allow`: the edges answer the methods a
+    // route does not serve, and axum would add the route's `Allow` to what
+    // they answer (a 404, uvicorn's 400).
     let reroute = std::sync::Arc::new(routed.clone());
     routed.layer(axum::middleware::from_fn(move |req, next| {
         compat::starlette_edges(enabled.clone(), reroute.clone(), req, next)
@@ -164,7 +182,7 @@ async fn not_found() -> Response {
     (StatusCode::NOT_FOUND, Json(json!({"detail": "Not Found"}))).into_response()
 }
 
-async fn method_not_allowed() -> Response {
+pub(crate) async fn method_not_allowed() -> Response {
     (
         StatusCode::METHOD_NOT_ALLOWED,
         Json(json!({"detail": "Method Not Allowed"})),

@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::{Req, j, raw};
+use super::{Req, encoded, j, raw};
 
 pub(super) fn cases() -> Vec<Req> {
     vec![
@@ -112,5 +112,47 @@ pub(super) fn cases() -> Vec<Req> {
             "/cache/pins",
             json!({"model_name": "m", "world_size": 1, "cache_salt": "it's/"}),
         ),
+        // Session 11: methods outside uvicorn's parser (httptools) are its
+        // 400, before any routing; the ones it knows reach Starlette.
+        raw("FOO", "/instances", None, ""),
+        raw("get", "/instances", None, ""),
+        raw("DESCRIBE", "/nothing", None, ""),
+        raw("PROPFIND", "/instances", None, ""),
+        raw("QUERY", "/quota/t1", None, ""),
+        // A wrong method on a path Starlette does not match but axum's
+        // router does (an empty or encoded-slash segment): a plain 404.
+        raw("GET", "/instances//heartbeat", None, ""),
+        raw("GET", "/instances/a%2Fb/heartbeat", None, ""),
+        raw("PUT", "/cache/prefetches//b", None, ""),
+        // JSON in UTF-16 and UTF-32, as json.loads(bytes) detects them.
+        encoded("/quota/t5", r#"{"limit_gb": 2, "tier": "l1"}"#, "utf-16"),
+        encoded("/quota/t5", r#"{"limit_gb": 3, "tier": "l2"}"#, "utf-16-le"),
+        encoded("/quota/t5", r#"{"limit_gb": 4}"#, "utf-16-be"),
+        encoded("/quota/t5", r#"{"limit_gb": 5, "tier": "l1"}"#, "utf-32"),
+        encoded(
+            "/quota/t5",
+            r#"{"limit_gb": 6, "tier": "all"}"#,
+            "utf-32-le",
+        ),
+        encoded("/quota/t5", r#"{"limit_gb": 7}"#, "utf-32-be"),
+        encoded("/quota/t5", r#"{"limit_gb": }"#, "utf-16-be"),
+        encoded("/quota/t5", "{\"tier\": \"\u{1f600}\u{e9}\"}", "utf-16"),
+        encoded("/quota/t5", r#"{"tier": "l9"}"#, "utf-32-le"),
+        encoded("/quota/t5", "7", "utf-16-le"),
+        // An odd byte count is no UTF-16: the 400 of any undecodable body.
+        Req(
+            "PUT",
+            "/quota/t5",
+            Some("application/json"),
+            vec![0xff, 0xfe, b'{'],
+        ),
+        // A lone surrogate (Python's surrogatepass keeps it): one character.
+        Req(
+            "PUT",
+            "/quota/t5",
+            Some("application/json"),
+            vec![0xfe, 0xff, 0xd8, 0x00, 0x00, b'{'],
+        ),
+        raw("GET", "/quota/t5", None, ""),
     ]
 }
