@@ -1,13 +1,14 @@
 //! `--host-probe-us`: a thread per benchmark CPU that only sleeps, at a
 //! real-time priority above the client's and the server's, and keeps the
 //! moments it woke late (see [`ic_loadgen::stalls`]). Each open-loop
-//! phase reports them beside its latencies, so a reader can tell a stall
-//! of the host (or of the kernel) from a queue in the server.
+//! phase reports them beside its latencies (`cpu_stalls`): moments the CPU
+//! was unavailable to a priority-90 thread (the host, interrupts, or any
+//! process's kernel path, ours included), apart from a queue in the server.
 //!
 //! The priority is set with `chrt` on the thread (the workspace forbids
 //! the `unsafe` a direct `sched_setscheduler` needs); without the right
-//! to (not root), the probe runs at the process's own priority and says
-//! so.
+//! to (not root, no `chrt`), the probe runs at the process's own priority
+//! and says so, on stderr and as `prioritized: false` in each phase.
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -33,6 +34,8 @@ pub struct HostProbe {
     pub period: Duration,
     /// A wake-up this late is a stall.
     pub over: Duration,
+    /// Whether every probe thread got its real-time priority.
+    pub prioritized: bool,
     stalls: Arc<Mutex<Vec<Stall>>>,
 }
 
@@ -91,6 +94,7 @@ pub fn start(cpus: Vec<usize>, period: Duration, over: Duration) -> anyhow::Resu
         cpus,
         period,
         over,
+        prioritized: unprioritized.is_empty(),
         stalls,
     };
     PROBE
@@ -99,8 +103,8 @@ pub fn start(cpus: Vec<usize>, period: Duration, over: Duration) -> anyhow::Resu
     Ok((!unprioritized.is_empty()).then(|| {
         format!(
             "warning: the host probe on CPU {} runs without its real-time priority \
-             (`chrt -f -p {PRIORITY}` failed): its stalls then include this machine's \
-             other threads",
+             (`chrt -f -p {PRIORITY}` failed): its stalls then include every other \
+             runnable thread's turn, ours too (`prioritized`: false)",
             unprioritized.join(",")
         )
     }))

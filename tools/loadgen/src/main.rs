@@ -154,12 +154,12 @@ struct Args {
     /// Open loop, a diagnostic run: a probe thread on each of --client-cpus
     /// and --server-cpus (every CPU this process may use unless both are given), at real-time priority
     /// 90, sleeps this many µs at a time and keeps its late wake-ups; each
-    /// phase reports them (`host_stalls`). Off by default (0): its wake-ups
+    /// phase reports them (`cpu_stalls`). Off by default (0): its wake-ups
     /// move the latencies measured (p50 +6-15 µs at 1000, see
     /// docs/benchmarks.md), so figures compared or quoted are taken without it.
     #[arg(long, default_value_t = 0, requires = "rate")]
     host_probe_us: u64,
-    /// A probe wake-up this many µs late is a stall (`host_stalls`); a
+    /// A probe wake-up this many µs late is a stall (`cpu_stalls`); a
     /// request is slow over the p99 target, 500 µs, whatever this is.
     #[arg(long, default_value_t = 500, requires = "rate")]
     host_stall_us: u64,
@@ -758,7 +758,7 @@ fn print_table(r: &Report) {
                 s.from_start_us.p999_us,
                 s.spin_fraction * 100.0
             );
-            if let Some(h) = &s.host_stalls {
+            if let Some(h) = &s.cpu_stalls {
                 println!("    {}", h.describe());
             }
         }

@@ -86,9 +86,9 @@ pub struct ScheduleStats {
     /// send was due in it, the gap around the first send due after it
     /// (halfway from the send before to halfway to the send after).
     pub window_seconds: f64,
-    /// `--host-probe-us`: the probe's stalls in the window and the
-    /// requests they touched.
-    pub host_stalls: Option<StallReport>,
+    /// `--host-probe-us`: the moments in the window the CPUs were
+    /// unavailable to the priority-90 probe, and the requests they touched.
+    pub cpu_stalls: Option<StallReport>,
 }
 
 struct Sample {
@@ -225,12 +225,12 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
             .window_end
             .saturating_duration_since(sent.window_start)
             .as_secs_f64(),
-        host_stalls: crate::host_probe::running().map(|probe| {
+        cpu_stalls: crate::host_probe::running().map(|probe| {
             stalls::attribute(
                 &probe.stalls(),
                 &lives,
                 (sent.window_start, sent.window_end),
-                (&probe.cpus, probe.period),
+                (&probe.cpus, probe.period, probe.prioritized),
                 (probe.over, stalls::SLOW),
             )
         }),

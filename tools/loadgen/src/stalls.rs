@@ -1,9 +1,12 @@
-//! Host stalls beside a phase's latencies: the moments a probe thread,
-//! pinned to a benchmark CPU at a real-time priority above the client's
-//! and the server's, woke later than it asked to. No thread of ours can
-//! keep such a thread off its CPU, so a stall is the host's (the vCPU not
-//! running) or the kernel's (an interrupt, or another process in a
-//! kernel path that does not yield). Pure: intervals in, a summary out.
+//! CPU stalls beside a phase's latencies: the moments a probe thread,
+//! pinned to a benchmark CPU at real-time priority 90 (SCHED_FIFO, above
+//! the client's and the server's), woke later than it asked to. Such a
+//! stall says the CPU was unavailable to a priority-90 thread: the host
+//! (the vCPU not running), interrupts, or any process's kernel path,
+//! ours included (the guest kernel here runs preempt=none, so a thread of
+//! the server or the client in the kernel holds its CPU as rustc does).
+//! Without its priority (`prioritized` false) the probe is also delayed
+//! by any runnable thread. Pure: intervals in, a summary out.
 //!
 //! A request is "touched" by a stall when its life (due time to answer)
 //! meets the stall, or the queue the stall leaves: the stall is taken to
@@ -49,6 +52,9 @@ impl Stall {
 pub struct StallReport {
     /// The probe's CPUs.
     pub cpus: Vec<usize>,
+    /// Whether every probe thread got its real-time priority; false: its
+    /// stalls include any other runnable thread's turn, ours too.
+    pub prioritized: bool,
     /// How often each probe woke, µs.
     pub period_us: u64,
     /// A wake-up this late counts as a stall, µs.
@@ -80,9 +86,14 @@ impl StallReport {
     /// One line for the table.
     pub fn describe(&self) -> String {
         format!(
-            "host stalls over {} µs: {} (max {:.0} µs, total {:.0} µs, {} on every CPU at once); requests over {} µs: {}, \
+            "CPU unavailable to the priority-90 probe{} over {} µs: {} (max {:.0} µs, total {:.0} µs, {} on every CPU at once); requests over {} µs: {}, \
              {} of them touched by a stall; without the {} touched: p50 / p99 / p99.9 \
              {:.0} / {:.0} / {:.0} µs",
+            if self.prioritized {
+                ""
+            } else {
+                " (which lacked its priority: any thread delays it)"
+            },
             self.over_us,
             self.count,
             self.max_us,
@@ -105,15 +116,16 @@ pub const SLOW: Duration = Duration::from_micros(500);
 /// What `stalls` did to a phase whose measured window is `window` and
 /// whose answered requests lived `requests` (due time, answer time);
 /// stalls are wake-ups at least `over` late of probes that woke every
-/// `period` on `cpus`; requests slower than `slow_over` are slow.
+/// `period` on `cpus` (with their real-time priority when `prioritized`);
+/// requests slower than `slow_over` are slow.
 pub fn attribute(
     stalls: &[Stall],
     requests: &[(Instant, Instant)],
     window: (Instant, Instant),
-    probe: (&[usize], Duration),
+    probe: (&[usize], Duration, bool),
     (over, slow_over): (Duration, Duration),
 ) -> StallReport {
-    let (cpus, period) = probe;
+    let (cpus, period, prioritized) = probe;
     let in_window: Vec<&Stall> = stalls
         .iter()
         .filter(|s| s.late() >= over && s.woke >= window.0 && s.due <= window.1)
@@ -139,6 +151,7 @@ pub fn attribute(
     }
     StallReport {
         cpus: cpus.to_vec(),
+        prioritized,
         period_us: period.as_micros().try_into().unwrap_or(u64::MAX),
         over_us: over.as_micros().try_into().unwrap_or(u64::MAX),
         slow_over_us: slow_over.as_micros().try_into().unwrap_or(u64::MAX),
@@ -218,7 +231,7 @@ mod tests {
             &stalls,
             &requests,
             (at(0), at(30_000)),
-            (&[0, 1], period),
+            (&[0, 1], period, true),
             (us(500), SLOW),
         );
         assert_eq!(report.count, 1);
@@ -253,10 +266,22 @@ mod tests {
             stall(0, 11_000, 12_000),
         ];
         let window = (at(0), at(20_000));
-        let report = attribute(&stalls, &[], window, (&[0, 1], us(1_000)), (us(500), SLOW));
+        let report = attribute(
+            &stalls,
+            &[],
+            window,
+            (&[0, 1], us(1_000), true),
+            (us(500), SLOW),
+        );
         assert_eq!((report.count, report.every_cpu), (4, 1), "{report:?}");
         // One CPU probed: nothing to compare.
-        let report = attribute(&stalls, &[], window, (&[0], us(1_000)), (us(500), SLOW));
+        let report = attribute(
+            &stalls,
+            &[],
+            window,
+            (&[0], us(1_000), true),
+            (us(500), SLOW),
+        );
         assert_eq!(report.every_cpu, 0, "{report:?}");
     }
 
@@ -273,7 +298,7 @@ mod tests {
             &[stall],
             &[],
             (t0, t0 + us(5_000)),
-            (&[0], us(1_000)),
+            (&[0], us(1_000), true),
             (us(500), SLOW),
         );
         assert_eq!((report.max_us, report.total_us), (500.042, 500.042));
@@ -295,7 +320,7 @@ mod tests {
             &[stall],
             &requests,
             window,
-            (&[0], us(1_000)),
+            (&[0], us(1_000), true),
             (us(2_000), SLOW),
         );
         assert_eq!((report.count, report.over_us), (0, 2_000), "{report:?}");
@@ -330,7 +355,7 @@ mod tests {
             &stalls,
             &[(at(1_100), at(1_300))],
             (at(1_000), at(5_000)),
-            (&[0], us(100)),
+            (&[0], us(100), true),
             (us(500), SLOW),
         );
         assert_eq!(report.count, 1);

@@ -250,15 +250,17 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
     let mut cpus = vec![0, last.parse::<u64>().unwrap()];
     cpus.dedup();
     for phase in ["tcp_floor", "empty_rpc", "lookup_route"] {
-        let stalls = &report["open_loop"][phase]["host_stalls"];
+        let stalls = &report["open_loop"][phase]["cpu_stalls"];
         let listed: Vec<u64> = stalls["cpus"]
             .as_array()
-            .unwrap_or_else(|| panic!("{phase}: no host_stalls: {report}"))
+            .unwrap_or_else(|| panic!("{phase}: no cpu_stalls: {report}"))
             .iter()
             .map(|c| c.as_u64().unwrap())
             .collect();
         assert_eq!(listed, cpus, "{phase}: {report}");
         assert_eq!(stalls["period_us"], 1000, "{phase}: {report}");
+        // Run as root here, with chrt on the PATH.
+        assert_eq!(stalls["prioritized"], true, "{phase}: {report}");
         assert_eq!(stalls["over_us"], 500, "{phase}: {report}");
         // Every slow request touched is a request touched; the counts of
         // stalls are there.
@@ -277,10 +279,56 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
     assert!(plain["open_loop"]["tcp_floor"].is_null(), "{plain}");
     for phase in ["empty_rpc", "lookup_route"] {
         assert!(
-            plain["open_loop"][phase]["host_stalls"].is_null(),
+            plain["open_loop"][phase]["cpu_stalls"].is_null(),
             "{phase}: {plain}"
         );
     }
+}
+
+#[test]
+fn a_probe_without_its_priority_says_so_in_the_report() {
+    // No `chrt` on the PATH: the probe cannot raise its priority.
+    let bin_dir = ic_e2e::workspace_binary("ic-index-server");
+    let empty = std::env::temp_dir().join(format!("ic-loadgen-no-chrt-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ic-loadgen"))
+        .env("PATH", &empty)
+        .args([
+            "--bin-dir",
+            bin_dir.parent().unwrap().to_str().unwrap(),
+            "--json",
+        ])
+        .args([
+            "--replicas",
+            "2",
+            "--entries",
+            "200",
+            "--prompt-blocks",
+            "4",
+        ])
+        .args([
+            "--rate",
+            "200",
+            "--duration-secs",
+            "0.3",
+            "--warmup-secs",
+            "0.1",
+        ])
+        .args(["--host-probe-us", "1000"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir(&empty);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for phase in ["empty_rpc", "lookup_route"] {
+        let stalls = &report["open_loop"][phase]["cpu_stalls"];
+        assert_eq!(stalls["prioritized"], false, "{phase}: {report}");
+    }
+    assert!(
+        stderr.contains("without its real-time priority"),
+        "{stderr}"
+    );
 }
 
 #[test]
