@@ -111,7 +111,8 @@ const REFERENCE_FLAGS: &[&str] = &[
     "quiet",
 ];
 
-/// Our long flags (the coordinator's and the global ones), from clap.
+/// Our long flags (the coordinator's and the global ones, each once), from
+/// clap.
 fn our_flags() -> Vec<String> {
     let cmd = <Args as clap::CommandFactory>::command();
     let sub = cmd.find_subcommand("coordinator").cloned();
@@ -119,6 +120,8 @@ fn our_flags() -> Vec<String> {
         .chain(sub.iter().flat_map(|s| s.get_arguments()))
         .filter_map(|a| a.get_long())
         .map(str::to_owned)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect()
 }
 
@@ -241,6 +244,51 @@ async fn serve(args: Args) -> ExitCode {
                 anyhow::Ok(())
             })
             .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(v: &[&str]) -> Vec<std::ffi::OsString> {
+        v.iter().map(std::ffi::OsString::from).collect()
+    }
+
+    #[test]
+    fn a_reference_abbreviation_is_written_out_where_ours_are_ambiguous() {
+        let ours = our_flags();
+        assert_eq!(
+            expand_reference_abbreviations(
+                args(&[
+                    "ic", "--eve", "http", "--m=/x", "--chunk", "16", "--hea", "0"
+                ]),
+                &ours
+            ),
+            args(&[
+                "ic",
+                "--event-transport",
+                "http",
+                "--metadata-path=/x",
+                "--chunk",
+                "16",
+                "--health-check-interval",
+                "0"
+            ])
+        );
+        // After `--`, and for `replay`, nothing is rewritten.
+        let untouched = [
+            args(&["ic", "--", "--eve"]),
+            args(&["ic", "replay", "--eve"]),
+        ];
+        for a in untouched {
+            assert_eq!(expand_reference_abbreviations(a.clone(), &ours), a);
+        }
+        // Ambiguous in the reference too, a full name, a house flag's own
+        // abbreviation: left to clap.
+        for a in ["--ev", "--event-transport", "--events", "--o", "-q", "--"] {
+            assert_eq!(expand(a, &ours), None, "{a}");
         }
     }
 }
