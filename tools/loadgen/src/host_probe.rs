@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use ic_loadgen::stalls::Stall;
+use ic_loadgen::stalls::{Stall, StallLog, Taken};
 use nix::sched::{CpuSet, sched_setaffinity};
 use nix::unistd::{Pid, gettid};
 
@@ -36,7 +36,7 @@ pub struct HostProbe {
     pub over: Duration,
     /// Whether every probe thread got its real-time priority.
     pub prioritized: bool,
-    stalls: Arc<Mutex<Vec<Stall>>>,
+    stalls: Arc<Mutex<StallLog>>,
 }
 
 static PROBE: OnceLock<HostProbe> = OnceLock::new();
@@ -68,9 +68,15 @@ pub fn cpus(client: Option<&Cpus>, server: Option<&Cpus>) -> Vec<usize> {
 /// Starts one probe thread per CPU of `cpus`, each waking every `period`;
 /// wake-ups `over` late count as stalls. The threads run until the
 /// process ends. Returns a warning when they could not be given their
-/// real-time priority. Once per process.
-pub fn start(cpus: Vec<usize>, period: Duration, over: Duration) -> anyhow::Result<Option<String>> {
-    let stalls = Arc::new(Mutex::new(Vec::with_capacity(4096)));
+/// real-time priority. Keeps at most `cap` stalls between two phases'
+/// tallies, counting the rest. Once per process.
+pub fn start(
+    cpus: Vec<usize>,
+    period: Duration,
+    over: Duration,
+    cap: usize,
+) -> anyhow::Result<Option<String>> {
+    let stalls = Arc::new(Mutex::new(StallLog::new(cap)));
     let mut unprioritized = Vec::new();
     for &cpu in &cpus {
         let stalls = stalls.clone();
@@ -116,12 +122,13 @@ pub fn running() -> Option<&'static HostProbe> {
 }
 
 impl HostProbe {
-    /// The stalls kept so far.
-    pub fn stalls(&self) -> Vec<Stall> {
+    /// The stalls kept since the last take, and how many were dropped;
+    /// the next phase starts from none.
+    pub fn take(&self) -> Taken {
         self.stalls
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .take()
     }
 }
 
@@ -143,7 +150,7 @@ fn settle(cpu: usize) -> nix::Result<bool> {
 }
 
 /// Sleeps `period` at a time, keeping the wake-ups `over` late or later.
-fn probe(cpu: usize, period: Duration, over: Duration, stalls: &Mutex<Vec<Stall>>) {
+fn probe(cpu: usize, period: Duration, over: Duration, stalls: &Mutex<StallLog>) {
     loop {
         let due = Instant::now() + period;
         std::thread::sleep(period);

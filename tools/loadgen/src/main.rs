@@ -163,6 +163,10 @@ struct Args {
     /// request is slow over the p99 target, 500 µs, whatever this is.
     #[arg(long, default_value_t = 500, requires = "rate")]
     host_stall_us: u64,
+    /// The most probe stalls kept between two phases' tallies (about 40
+    /// bytes each); those past it are counted (`cpu_stalls.dropped`).
+    #[arg(long, default_value_t = 65_536, requires = "rate")]
+    host_stall_cap: usize,
 }
 
 /// `--open-loop-client`.
@@ -395,6 +399,12 @@ fn check(args: &Args) -> Result<(), String> {
     if args.host_stall_us == 0 {
         return Err("--host-stall-us: must be at least 1".into());
     }
+    if !(1..=10_000_000).contains(&args.host_stall_cap) {
+        return Err(format!(
+            "--host-stall-cap: {} is outside 1-10000000",
+            args.host_stall_cap
+        ));
+    }
     Ok(())
 }
 
@@ -497,7 +507,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let cpus = host_probe::cpus(args.client_cpus.as_ref(), args.server_cpus.as_ref());
         let period = Duration::from_micros(args.host_probe_us);
         let over = Duration::from_micros(args.host_stall_us);
-        if let Some(warning) = host_probe::start(cpus, period, over)? {
+        if let Some(warning) = host_probe::start(cpus, period, over, args.host_stall_cap)? {
             eprintln!("{warning}");
         }
     }

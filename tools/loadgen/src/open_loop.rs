@@ -227,7 +227,7 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
             .as_secs_f64(),
         cpu_stalls: crate::host_probe::running().map(|probe| {
             stalls::attribute(
-                &probe.stalls(),
+                &probe.take(),
                 &lives,
                 (sent.window_start, sent.window_end),
                 (&probe.cpus, probe.period, probe.prioritized),

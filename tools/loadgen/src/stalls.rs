@@ -47,6 +47,54 @@ impl Stall {
     }
 }
 
+/// The stalls kept since the last phase's tally, at most `cap` of them;
+/// those past the cap are counted, not kept.
+#[derive(Debug)]
+pub struct StallLog {
+    kept: Vec<Stall>,
+    cap: usize,
+    dropped: u64,
+}
+
+/// What [`StallLog::take`] hands a phase's tally.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The stalls kept.
+    pub stalls: Vec<Stall>,
+    /// Stalls not kept, the log being full.
+    pub dropped: u64,
+}
+
+impl StallLog {
+    /// An empty log keeping at most `cap` stalls.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            kept: Vec::with_capacity(cap.min(4096)),
+            cap,
+            dropped: 0,
+        }
+    }
+
+    /// Keeps `stall`, or counts it dropped when the log is full.
+    pub fn push(&mut self, stall: Stall) {
+        if self.kept.len() < self.cap {
+            self.kept.push(stall);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// The stalls kept and the count dropped since the last take; the log
+    /// starts again empty.
+    pub fn take(&mut self) -> Taken {
+        let fresh = Vec::with_capacity(self.cap.min(4096));
+        Taken {
+            stalls: std::mem::replace(&mut self.kept, fresh),
+            dropped: std::mem::take(&mut self.dropped),
+        }
+    }
+}
+
 /// A phase's stalls and the requests they touched.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StallReport {
@@ -65,6 +113,9 @@ pub struct StallReport {
     pub slow_over_us: u64,
     /// Stalls that met the measured window (all CPUs).
     pub count: u64,
+    /// Stalls not kept since the phase before (`--host-stall-cap` full):
+    /// with any, `count` and the rest are short of them.
+    pub dropped: u64,
     /// The longest, µs (0 with none).
     pub max_us: f64,
     /// Their sum, µs.
@@ -86,7 +137,7 @@ impl StallReport {
     /// One line for the table.
     pub fn describe(&self) -> String {
         format!(
-            "CPU unavailable to the priority-90 probe{} over {} µs: {} (max {:.0} µs, total {:.0} µs, {} on every CPU at once); requests over {} µs: {}, \
+            "CPU unavailable to the priority-90 probe{} over {} µs: {} (max {:.0} µs, total {:.0} µs, {} on every CPU at once, {} not kept); requests over {} µs: {}, \
              {} of them touched by a stall; without the {} touched: p50 / p99 / p99.9 \
              {:.0} / {:.0} / {:.0} µs",
             if self.prioritized {
@@ -99,6 +150,7 @@ impl StallReport {
             self.max_us,
             self.total_us,
             self.every_cpu,
+            self.dropped,
             self.slow_over_us,
             self.slow,
             self.slow_touched,
@@ -119,14 +171,15 @@ pub const SLOW: Duration = Duration::from_micros(500);
 /// `period` on `cpus` (with their real-time priority when `prioritized`);
 /// requests slower than `slow_over` are slow.
 pub fn attribute(
-    stalls: &[Stall],
+    taken: &Taken,
     requests: &[(Instant, Instant)],
     window: (Instant, Instant),
     probe: (&[usize], Duration, bool),
     (over, slow_over): (Duration, Duration),
 ) -> StallReport {
     let (cpus, period, prioritized) = probe;
-    let in_window: Vec<&Stall> = stalls
+    let in_window: Vec<&Stall> = taken
+        .stalls
         .iter()
         .filter(|s| s.late() >= over && s.woke >= window.0 && s.due <= window.1)
         .collect();
@@ -156,6 +209,7 @@ pub fn attribute(
         over_us: over.as_micros().try_into().unwrap_or(u64::MAX),
         slow_over_us: slow_over.as_micros().try_into().unwrap_or(u64::MAX),
         count: counted.len() as u64,
+        dropped: taken.dropped,
         max_us: counted
             .iter()
             .map(|(late, _)| crate::micros(*late))
@@ -198,6 +252,42 @@ mod tests {
         Duration::from_micros(n)
     }
 
+    fn kept(stalls: &[Stall]) -> Taken {
+        Taken {
+            stalls: stalls.to_vec(),
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn the_log_keeps_up_to_its_cap_counts_the_rest_and_empties_when_taken() {
+        let t0 = Instant::now();
+        let stall = |n: u64| Stall {
+            cpu: 0,
+            due: t0 + us(n),
+            woke: t0 + us(n + 600),
+        };
+        let mut log = StallLog::new(2);
+        for n in 0..5 {
+            log.push(stall(n * 1_000));
+        }
+        let taken = log.take();
+        assert_eq!(taken.stalls, vec![stall(0), stall(1_000)]);
+        assert_eq!(taken.dropped, 3);
+        let report = attribute(
+            &taken,
+            &[],
+            (t0, t0 + us(10_000)),
+            (&[0], us(1_000), true),
+            (us(500), SLOW),
+        );
+        assert_eq!((report.count, report.dropped), (2, 3), "{report:?}");
+        // The next phase starts from nothing.
+        log.push(stall(9_000));
+        let taken = log.take();
+        assert_eq!((taken.stalls, taken.dropped), (vec![stall(9_000)], 0));
+    }
+
     #[test]
     fn requests_a_stall_or_its_queue_meets_are_touched_and_left_out() {
         let t0 = Instant::now();
@@ -228,7 +318,7 @@ mod tests {
             (at(20_000), at(20_450)), // 450 µs, beside the short stall
         ];
         let report = attribute(
-            &stalls,
+            &kept(&stalls),
             &requests,
             (at(0), at(30_000)),
             (&[0, 1], period, true),
@@ -267,7 +357,7 @@ mod tests {
         ];
         let window = (at(0), at(20_000));
         let report = attribute(
-            &stalls,
+            &kept(&stalls),
             &[],
             window,
             (&[0, 1], us(1_000), true),
@@ -276,7 +366,7 @@ mod tests {
         assert_eq!((report.count, report.every_cpu), (4, 1), "{report:?}");
         // One CPU probed: nothing to compare.
         let report = attribute(
-            &stalls,
+            &kept(&stalls),
             &[],
             window,
             (&[0], us(1_000), true),
@@ -295,7 +385,7 @@ mod tests {
             woke: t0 + us(1_000) + Duration::from_nanos(500_042),
         };
         let report = attribute(
-            &[stall],
+            &kept(&[stall]),
             &[],
             (t0, t0 + us(5_000)),
             (&[0], us(1_000), true),
@@ -317,7 +407,7 @@ mod tests {
         let requests = [(at(10_000), at(10_700)), (at(20_000), at(20_200))];
         let window = (at(0), at(30_000));
         let report = attribute(
-            &[stall],
+            &kept(&[stall]),
             &requests,
             window,
             (&[0], us(1_000), true),
@@ -352,7 +442,7 @@ mod tests {
             },
         ];
         let report = attribute(
-            &stalls,
+            &kept(&stalls),
             &[(at(1_100), at(1_300))],
             (at(1_000), at(5_000)),
             (&[0], us(100), true),

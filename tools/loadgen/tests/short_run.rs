@@ -271,6 +271,7 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
         );
         assert!(stalls["count"].is_u64(), "{phase}: {report}");
         assert!(stalls["every_cpu"].is_u64(), "{phase}: {report}");
+        assert_eq!(stalls["dropped"], 0, "{phase}: {report}");
     }
     // Without --floor there is none; without --host-probe-us no probe
     // (it is a diagnostic run's, off by default).
@@ -363,6 +364,10 @@ fn bad_flags_are_refused_naming_the_flag() {
         (
             &["--rate", "100", "--host-stall-us", "0"],
             "--host-stall-us",
+        ),
+        (
+            &["--rate", "100", "--host-stall-cap", "0"],
+            "--host-stall-cap",
         ),
     ] {
         // No server is started: the flags are checked first.
