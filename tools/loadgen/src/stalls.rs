@@ -121,7 +121,9 @@ pub struct StallReport {
     /// Their sum, µs.
     pub total_us: f64,
     /// Moments every probed CPU was stalled at once (with two or more):
-    /// the whole machine paused, which only its host can do.
+    /// consistent with a pause of the host, not proof of one (two guest
+    /// processes in kernel paths, or a guest-wide IPI or stop_machine,
+    /// can hold every CPU at once too).
     pub every_cpu: u64,
     /// Answered requests of the window slower than `slow_over_us`.
     pub slow: u64,
