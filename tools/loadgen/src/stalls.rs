@@ -129,9 +129,14 @@ pub struct StallReport {
     pub slow: u64,
     /// Of them, those a stall touched.
     pub slow_touched: u64,
-    /// Answered requests a stall touched, slow or not.
+    /// Answered requests a stall touched, slow or not: the base rate to
+    /// judge `slow_touched / slow` against (`touched / answered`).
     pub touched: u64,
-    /// The latencies of the answered requests no stall touched.
+    /// The latencies of the answered requests no stall touched: a lower
+    /// bound, each stall being given its widest reach (a whole period
+    /// before its due time, its full length after it ended); when
+    /// `touched` is over 1 % of the answered, more than the p99's tail is
+    /// left out.
     pub untouched_us: Quantiles,
 }
 
