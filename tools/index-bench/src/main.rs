@@ -43,6 +43,11 @@ struct Args {
     /// Run only one side (for profiling): `ours` or `theirs`.
     #[arg(long)]
     only: Option<run::Side>,
+    /// Also read this thread's time on CPU around each of ic-index's
+    /// interleaved applies (`/proc/thread-self/schedstat`), to tell its own
+    /// slow applies from the machine's preemptions (slows the replay).
+    #[arg(long)]
+    slow_applies: bool,
     /// Also write the figures as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -111,7 +116,7 @@ fn main() -> anyhow::Result<()> {
         shape.final_blocks,
         shape.final_blocks as f64 / stream.finals.len().max(1) as f64,
     );
-    let report = run::run(&stream, args.reps, args.only)?;
+    let report = run::run(&stream, args.reps, args.only, args.slow_applies)?;
     println!("{}", report.table());
     if let Some(path) = args.json {
         std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;

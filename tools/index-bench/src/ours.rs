@@ -143,6 +143,11 @@ impl Ours {
         self.index.memory()
     }
 
+    /// Records the index's compaction moved so far.
+    pub fn records_relocated(&self) -> u64 {
+        self.index.records_relocated()
+    }
+
     /// Rebuilds of the index's first-block filter so far.
     pub fn first_filter_rebuilds(&self) -> u64 {
         self.index.first_filter_rebuilds()

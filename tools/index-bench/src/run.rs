@@ -77,7 +77,12 @@ pub struct Report {
 }
 
 /// Runs `reps` repetitions, alternating which side goes first.
-pub fn run(stream: &Stream, reps: u32, only: Option<Side>) -> anyhow::Result<Report> {
+pub fn run(
+    stream: &Stream,
+    reps: u32,
+    only: Option<Side>,
+    slow_applies: bool,
+) -> anyhow::Result<Report> {
     let mut runs = Vec::new();
     for rep in 0..reps {
         let order = if rep % 2 == 0 {
@@ -90,7 +95,7 @@ pub fn run(stream: &Stream, reps: u32, only: Option<Side>) -> anyhow::Result<Rep
                 continue;
             }
             let f = match side {
-                Side::Ours => run_ours(stream, rep),
+                Side::Ours => run_ours(stream, rep, slow_applies),
                 Side::Theirs => run_theirs(stream, rep),
             };
             eprintln!("{}", line(&f));
@@ -108,6 +113,60 @@ pub fn run(stream: &Stream, reps: u32, only: Option<Side>) -> anyhow::Result<Rep
     })
 }
 
+/// The interleaved replay's applies that took over a millisecond, and
+/// how many of them moved records (compaction).
+#[derive(Debug, Default)]
+struct SlowApplies {
+    count: u64,
+    relocating: u64,
+    /// Of those, the ones also over a millisecond on the CPU.
+    on_cpu: u64,
+    /// Minor page faults taken by those.
+    faults: u64,
+    max_ns: u128,
+    max_cpu_ns: u64,
+    /// Records moved so far, as of the last apply.
+    moved: u64,
+}
+
+impl SlowApplies {
+    fn note(&mut self, ns: u128, cpu_ns: u64, faults: u64, moved: u64) {
+        if ns > 1_000_000 {
+            self.count += 1;
+            self.relocating += u64::from(moved > self.moved);
+            if cpu_ns > 1_000_000 {
+                self.on_cpu += 1;
+                self.faults += faults;
+            }
+        }
+        self.max_ns = self.max_ns.max(ns);
+        self.max_cpu_ns = self.max_cpu_ns.max(cpu_ns);
+        self.moved = moved;
+    }
+}
+
+/// This thread's time on CPU so far, in ns, and its minor page faults (0
+/// where the kernel does not say).
+fn cpu_and_faults() -> (u64, u64) {
+    let cpu = std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    // Field 10 of `stat` (minflt), the 8th after the command's ')'.
+    let faults = std::fs::read_to_string("/proc/thread-self/stat")
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(7)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    (cpu, faults)
+}
+
 fn sorted(mut v: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
     v.sort_unstable();
     v
@@ -117,12 +176,13 @@ fn rate(events: u64, ns: u128) -> f64 {
     events as f64 / (ns.max(1) as f64 / 1e9)
 }
 
-fn run_ours(stream: &Stream, rep: u32) -> Figures {
+fn run_ours(stream: &Stream, rep: u32, on_cpu: bool) -> Figures {
     let prompts = Ours::prompts(stream);
     let mut query_ns = Vec::with_capacity(stream.items.len());
     let mut final_ns = Vec::with_capacity(stream.finals.len());
     let capacity = u64::from(stream.workers) * stream.capacity as u64;
     let (mut errors, mut correct, mut finals_correct, mut apply_ns) = (0u64, 0u64, 0u64, 0u128);
+    let mut slow = SlowApplies::default();
 
     alloc::trim();
     let (rss0, live0) = (alloc::rss(), alloc::live());
@@ -133,9 +193,18 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
     // freed as it is applied would hide the tree's growth in RSS.
     for (i, item) in stream.items.iter().enumerate() {
         if let Some(event) = Ours::event(item) {
+            let (cpu0, faults0) = if on_cpu { cpu_and_faults() } else { (0, 0) };
             let t = Instant::now();
             let rejected = index.apply(&event, i as i64);
-            apply_ns += t.elapsed().as_nanos();
+            let ns = t.elapsed().as_nanos();
+            let (cpu, faults) = if on_cpu {
+                let (c, f) = cpu_and_faults();
+                (c.saturating_sub(cpu0), f.saturating_sub(faults0))
+            } else {
+                (0, 0)
+            };
+            apply_ns += ns;
+            slow.note(ns, cpu, faults, index.records_relocated());
             errors += rejected as u64;
         } else if let Item::Query { prompt, expected } = item {
             // Copied untimed into a reused buffer, as Dynamo's side clones
@@ -170,6 +239,16 @@ fn run_ours(stream: &Stream, rep: u32) -> Figures {
         per(parts.key_tables),
         per(parts.replicas),
         index.first_filter_rebuilds()
+    );
+    eprintln!(
+        "rep {rep} ours applies over 1 ms: {} (of which {} moved records: compaction; {} over 1 ms on CPU, with --slow-applies, taking {} page faults), slowest {:.1} ms ({:.1} ms on CPU); records moved in all {}",
+        slow.count,
+        slow.relocating,
+        slow.on_cpu,
+        slow.faults,
+        slow.max_ns as f64 / 1e6,
+        slow.max_cpu_ns as f64 / 1e6,
+        index.records_relocated()
     );
     drop(index);
     let heap_bytes = live1 - alloc::live();
