@@ -1,4 +1,4 @@
-"""Sends the same 1,825 edge-case requests to two coordinators and prints
+"""Sends the same 1,874 edge-case requests to two coordinators and prints
 every answer that differs (status, Allow/Location/Content-Type, JSON body).
 
 Usage: python3 coordinator_diff.py REF_PORT OURS_PORT [SHOW_CHARS] [FULL.json]
