@@ -768,6 +768,13 @@ fn print_table(r: &Report) {
                 s.from_start_us.p999_us,
                 s.spin_fraction * 100.0
             );
+            if let Some(steal) = &s.steal {
+                let per_cpu: Vec<String> = steal
+                    .iter()
+                    .map(|c| format!("CPU {} {:.0} ms", c.cpu, c.ms))
+                    .collect();
+                println!("    steal over the phase: {}", per_cpu.join(", "));
+            }
             if let Some(h) = &s.cpu_stalls {
                 println!("    {}", h.describe());
             }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use ic_loadgen::schedule::{Schedule, Spacing};
-use ic_loadgen::stalls::{self, StallReport};
+use ic_loadgen::stalls::{self, CpuSteal, StallReport};
 use ic_loadgen::{PhaseStats, Quantiles, summarize};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
@@ -86,6 +86,10 @@ pub struct ScheduleStats {
     /// send was due in it, the gap around the first send due after it
     /// (halfway from the send before to halfway to the send after).
     pub window_seconds: f64,
+    /// Each CPU's steal time over the phase, warm-up included (from
+    /// /proc/stat; absent where it cannot be read): the host running
+    /// something else while a vCPU wanted to run. Costs nothing.
+    pub steal: Option<Vec<CpuSteal>>,
     /// `--host-probe-us`: the moments in the window the CPUs were
     /// unavailable to the priority-90 probe, and the requests they touched.
     pub cpu_stalls: Option<StallReport>,
@@ -116,6 +120,15 @@ struct Pacer {
     stretched_to: Option<Instant>,
     /// Sends due in the window so far.
     measured: u64,
+    /// Each CPU's steal count when the phase began.
+    steal_from: Option<Vec<(usize, u64)>>,
+}
+
+/// Each CPU's steal count now, if /proc/stat can be read.
+fn steal_now() -> Option<Vec<(usize, u64)>> {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .map(|text| stalls::steal_ticks(&text))
 }
 
 impl Pacer {
@@ -134,6 +147,7 @@ impl Pacer {
             before: None,
             stretched_to: None,
             measured: 0,
+            steal_from: steal_now(),
         })
     }
 
@@ -174,6 +188,7 @@ impl Pacer {
             measure_from: self.measure_from,
             window_start: self.window_start,
             window_end: self.window_end,
+            steal_from: self.steal_from.clone(),
         }
     }
 }
@@ -186,6 +201,7 @@ struct Sent {
     measure_from: Instant,
     window_start: Instant,
     window_end: Instant,
+    steal_from: Option<Vec<(usize, u64)>>,
 }
 
 /// Spreads prompts over the families as the closed loop does.
@@ -225,6 +241,11 @@ fn tally(samples: Vec<Sample>, sent: &Sent) -> (PhaseStats, u64, ScheduleStats) 
             .window_end
             .saturating_duration_since(sent.window_start)
             .as_secs_f64(),
+        steal: sent
+            .steal_from
+            .as_ref()
+            .zip(steal_now())
+            .map(|(from, to)| stalls::steal_between(from, &to)),
         cpu_stalls: crate::host_probe::running().map(|probe| {
             stalls::attribute(
                 &probe.take(),

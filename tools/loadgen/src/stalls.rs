@@ -95,6 +95,47 @@ impl StallLog {
     }
 }
 
+/// One CPU's steal time over a phase: time the host ran something else
+/// while this vCPU wanted to run, as the guest kernel counts it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CpuSteal {
+    /// The CPU (`cpuN` of /proc/stat).
+    pub cpu: usize,
+    /// Steal time, ms (10 ms ticks).
+    pub ms: f64,
+}
+
+/// /proc/stat counts in USER_HZ, 100 a second on Linux.
+const TICK_MS: f64 = 10.0;
+
+/// Each CPU's steal count (ticks) from /proc/stat's text: the eighth
+/// number of each `cpuN` line.
+pub fn steal_ticks(proc_stat: &str) -> Vec<(usize, u64)> {
+    proc_stat
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_ascii_whitespace();
+            let cpu = fields.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let steal = fields.nth(7)?.parse().ok()?;
+            Some((cpu, steal))
+        })
+        .collect()
+}
+
+/// The steal of each CPU between two readings of [`steal_ticks`].
+pub fn steal_between(before: &[(usize, u64)], after: &[(usize, u64)]) -> Vec<CpuSteal> {
+    after
+        .iter()
+        .filter_map(|&(cpu, to)| {
+            let &(_, from) = before.iter().find(|(c, _)| *c == cpu)?;
+            Some(CpuSteal {
+                cpu,
+                ms: to.saturating_sub(from) as f64 * TICK_MS,
+            })
+        })
+        .collect()
+}
+
 /// A phase's stalls and the requests they touched.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StallReport {
@@ -422,6 +463,20 @@ mod tests {
         );
         assert_eq!((report.count, report.over_us), (0, 2_000), "{report:?}");
         assert_eq!((report.slow, report.slow_over_us), (1, 500), "{report:?}");
+    }
+
+    #[test]
+    fn steal_is_read_per_cpu_and_told_between_two_readings() {
+        let before = "cpu  10 0 5 100 0 0 1 7 0 0\ncpu0 5 0 2 50 0 0 1 3 0 0\n\
+                      cpu1 5 0 3 50 0 0 0 4 0 0\nintr 1 2 3\nctxt 99\n";
+        let after = "cpu  10 0 5 100 0 0 1 9 0 0\ncpu0 5 0 2 50 0 0 1 3 0 0\n\
+                     cpu1 5 0 3 50 0 0 0 6 0 0\nintr 1 2 3\n";
+        assert_eq!(steal_ticks(before), vec![(0, 3), (1, 4)]);
+        let steal = steal_between(&steal_ticks(before), &steal_ticks(after));
+        assert_eq!(
+            steal,
+            vec![CpuSteal { cpu: 0, ms: 0.0 }, CpuSteal { cpu: 1, ms: 20.0 }]
+        );
     }
 
     #[test]

@@ -283,6 +283,14 @@ fn the_floor_and_cpu_placement_run_on_the_same_schedule() {
             plain["open_loop"][phase]["cpu_stalls"].is_null(),
             "{phase}: {plain}"
         );
+        // Steal time is read with or without the probe, for every CPU.
+        let steal = plain["open_loop"][phase]["steal"].as_array().unwrap();
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert!(steal.len() >= cpus, "{phase}: {plain}");
+        assert!(
+            steal.iter().all(|s| s["ms"].as_f64().unwrap() >= 0.0),
+            "{plain}"
+        );
     }
 }
 
