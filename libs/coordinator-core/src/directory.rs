@@ -241,16 +241,12 @@ impl KeyDirectory {
     /// dropped key is only a lookup the coordinator cannot answer, and the
     /// instance still holds (and evicts) the chunk itself.
     /// Whatever `max` says, the bound is at most [`MAX_KEYS`] (a `u32`
-    /// record id, one value kept as the list terminator). An empty
-    /// directory's id tables are sized for it here (`Table::reserve_ids`).
+    /// record id, one value kept as the list terminator).
     pub fn set_max_keys(&mut self, max: Option<usize>) {
         self.max_keys = max;
         let bound = self.key_bound();
         while self.table.len() > bound {
             self.drop_oldest();
-        }
-        if self.table.len() == 0 {
-            self.table.reserve_ids(bound);
         }
     }
 

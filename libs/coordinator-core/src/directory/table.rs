@@ -303,13 +303,6 @@ impl Links {
     }
 }
 
-/// Most keys the id tables are sized for before any arrives
-/// ([`Table::reserve_ids`]): 2^22 buckets each at hashbrown's 7/8 load, so
-/// 4 MiB of control bytes a table written at once and up to 16 MiB of `u32`
-/// slots touched as keys arrive; a table grown to ~1.84 M keys is that size
-/// anyway.
-pub(crate) const UP_FRONT_IDS: usize = (1 << 22) / 8 * 7;
-
 /// The slab, the interned strings, the hash pools and the two id tables.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Table {
@@ -432,26 +425,6 @@ impl Table {
         let (by_key, by_hash, view) = self.split();
         by_key.reserve(additional, |&id| view.key_hash(id));
         by_hash.reserve(additional, |&id| view.chunk_hash(id));
-    }
-
-    /// Sizes the two id tables for `keys` keys ([`UP_FRONT_IDS`] at most)
-    /// at once, so that filling them up to there rehashes nothing: growing
-    /// by doubling rehashed every key at each step (~134 K instructions a
-    /// 256-entry store batch while a directory fills, and at each step a
-    /// stall of the writer, the views held, as long as the table is big).
-    pub(crate) fn reserve_ids(&mut self, keys: usize) {
-        let keys = keys.min(UP_FRONT_IDS);
-        let (by_key, by_hash, view) = self.split();
-        by_key.reserve(keys.saturating_sub(by_key.len()), |&id| view.key_hash(id));
-        by_hash.reserve(keys.saturating_sub(by_hash.len()), |&id| {
-            view.chunk_hash(id)
-        });
-    }
-
-    /// How many keys each id table holds before it grows.
-    #[cfg(test)]
-    pub(crate) fn id_capacity(&self) -> (usize, usize) {
-        (self.by_key.capacity(), self.by_hash.capacity())
     }
 
     /// Adds a key (absent) with its first placement; returns its id. The

@@ -323,43 +323,6 @@ fn group_expansion_sorted() {
 }
 
 #[test]
-fn an_empty_directorys_id_tables_are_sized_for_its_bound_at_once() {
-    let mut d = KeyDirectory::new();
-    d.set_max_keys(Some(3_000));
-    let sized = d.table.id_capacity();
-    assert!(sized.0 >= 3_000 && sized.1 >= 3_000, "{sized:?}");
-    // Filling it to the bound (distinct chunk hashes) grows neither table.
-    let entries: Vec<(ObjectKey, u64)> = (0..3_000u32)
-        .map(|n| {
-            let mut k = key(0, "");
-            k.chunk_hash = n.to_le_bytes().to_vec();
-            (k, 1)
-        })
-        .collect();
-    let fill = batch(
-        "a",
-        EventType::Store,
-        StorageLevel::L2,
-        "fs",
-        false,
-        &entries,
-    );
-    d.apply(&fill);
-    assert_eq!(d.len(), 3_000);
-    assert_eq!(d.table.id_capacity(), sized);
-    // No bound: sized for `UP_FRONT_IDS`, not for `MAX_KEYS`.
-    let mut unbounded = KeyDirectory::new();
-    unbounded.set_max_keys(None);
-    assert_eq!(
-        unbounded.table.id_capacity(),
-        (table::UP_FRONT_IDS, table::UP_FRONT_IDS)
-    );
-    // A directory that holds keys (a restored one) keeps its tables' size.
-    d.set_max_keys(Some(1_000_000));
-    assert_eq!(d.table.id_capacity(), sized);
-}
-
-#[test]
 fn a_bounded_directory_drops_its_oldest_keys_and_keeps_its_counts_true() {
     let mut d = KeyDirectory::new();
     d.set_max_keys(Some(3));
