@@ -497,69 +497,60 @@ pub(crate) fn rank_hashed(
     let speculative = by_id_hash(input.speculative, |(id, _)| id);
     // Scored in place as small keys; names and addresses are copied once,
     // for the replicas returned (a scope may hold hundreds of replicas, and
-    // every lookup scores them all). Both lists are sized once (holders:
-    // about one a match or speculative holding), not grown while scoring
-    // (a partition grew them: 0.7-1.1 k instructions a ranking at 256).
-    let n = input.replicas.len();
-    let mut order: Vec<RankKey> =
-        Vec::with_capacity(n.min(input.matches.len() + input.speculative.len()));
-    let mut others: Vec<RankKey> = Vec::with_capacity(n);
-    input
-        .replicas
-        .iter()
-        .enumerate()
-        .map(|(i, (key, _))| {
-            let load = load_of(i);
-            let h = id_hashes.map_or_else(|| id_hash(&key.replica_id), |hs| hs[i]);
-            // A pod's data-parallel ranks share its address: the best rank's
-            // match is the pod's.
-            let real = with_hash(&matches, h)
-                .map(|j| &input.matches[j])
-                .filter(|m| {
-                    m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant
-                })
-                .max_by(|a, b| {
-                    a.matched_blocks
-                        .cmp(&b.matched_blocks)
-                        .then(b.tier.cmp(&a.tier))
-                });
-            let spec = with_hash(&speculative, h)
-                .map(|j| &input.speculative[j])
-                .find(|(id, _)| *id == key.replica_id)
-                .map_or(0, |(_, b)| *b);
-            let (matched_blocks, tier, speculative) = match real {
-                Some(m) if m.matched_blocks >= spec => (m.matched_blocks, m.tier, false),
-                _ if spec > 0 => (spec, Tier::T1, true),
-                _ => (0, Tier::T1, false),
-            };
-            let held = if input.prompt_blocks == 0 {
-                f64::from(u8::from(matched_blocks > 0))
-            } else {
-                (f64::from(matched_blocks) / f64::from(input.prompt_blocks)).min(1.0)
-            };
-            let credit = if tier == Tier::T1 {
-                1.0
-            } else {
-                weights.t2_credit
-            };
-            RankKey {
-                index: i,
-                over_bound: over_bound(bound, &load),
-                score: score(input, weights, fleet, &load, held, credit),
-                requests: requests_key(weights, &load),
-                tie: mix(input.tie_seed ^ h),
-                matched_blocks,
-                tier,
-                speculative,
-            }
-        })
-        .for_each(|k| {
-            if k.matched_blocks > 0 {
-                order.push(k);
-            } else {
-                others.push(k);
-            }
-        });
+    // every lookup scores them all). One list, sized once for every
+    // replica and split in place: holders first, then the others (two
+    // lists cost a second allocation, and joining them grew the first).
+    let mut keys: Vec<RankKey> = Vec::with_capacity(input.replicas.len());
+    keys.extend(input.replicas.iter().enumerate().map(|(i, (key, _))| {
+        let load = load_of(i);
+        let h = id_hashes.map_or_else(|| id_hash(&key.replica_id), |hs| hs[i]);
+        // A pod's data-parallel ranks share its address: the best rank's
+        // match is the pod's.
+        let real = with_hash(&matches, h)
+            .map(|j| &input.matches[j])
+            .filter(|m| m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant)
+            .max_by(|a, b| {
+                a.matched_blocks
+                    .cmp(&b.matched_blocks)
+                    .then(b.tier.cmp(&a.tier))
+            });
+        let spec = with_hash(&speculative, h)
+            .map(|j| &input.speculative[j])
+            .find(|(id, _)| *id == key.replica_id)
+            .map_or(0, |(_, b)| *b);
+        let (matched_blocks, tier, speculative) = match real {
+            Some(m) if m.matched_blocks >= spec => (m.matched_blocks, m.tier, false),
+            _ if spec > 0 => (spec, Tier::T1, true),
+            _ => (0, Tier::T1, false),
+        };
+        let held = if input.prompt_blocks == 0 {
+            f64::from(u8::from(matched_blocks > 0))
+        } else {
+            (f64::from(matched_blocks) / f64::from(input.prompt_blocks)).min(1.0)
+        };
+        let credit = if tier == Tier::T1 {
+            1.0
+        } else {
+            weights.t2_credit
+        };
+        RankKey {
+            index: i,
+            over_bound: over_bound(bound, &load),
+            score: score(input, weights, fleet, &load, held, credit),
+            requests: requests_key(weights, &load),
+            tie: mix(input.tie_seed ^ h),
+            matched_blocks,
+            tier,
+            speculative,
+        }
+    }));
+    let mut held = 0;
+    for i in 0..keys.len() {
+        if keys[i].matched_blocks > 0 {
+            keys.swap(held, i);
+            held += 1;
+        }
+    }
     let key_of = |k: &RankKey| input.replicas[k.index].0;
     let better = |a: &RankKey, b: &RankKey| {
         a.order()
@@ -569,19 +560,21 @@ pub(crate) fn rank_hashed(
     // Only the best few of the rest (and of the holders, when a caller
     // answers only the first few) are returned: select them in linear time
     // rather than sorting them all.
+    let (order, others) = keys.split_at_mut(held);
+    let kept_others = others.len().min(keep);
     if others.len() > keep {
         others.select_nth_unstable_by(keep - 1, better);
-        others.truncate(keep);
     }
     let holders = holders.max(1);
-    if order.len() > holders {
+    let kept_holders = held.min(holders);
+    if held > holders {
         order.select_nth_unstable_by(holders - 1, better);
-        order.truncate(holders);
     }
-    order.append(&mut others);
-    order.sort_unstable_by(better);
-    order
-        .into_iter()
+    // The kept others follow the kept holders.
+    keys.truncate(held + kept_others);
+    keys.drain(kept_holders..held);
+    keys.sort_unstable_by(better);
+    keys.into_iter()
         .map(|k| {
             let (replica, address) = input.replicas[k.index];
             Scored {

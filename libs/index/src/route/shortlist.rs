@@ -94,9 +94,13 @@ pub(super) fn rank_eligible(
         a.0.rank_cmp(&b.0)
             .then_with(|| key_of(a.1).cmp(key_of(b.1)))
     };
-    let mut chosen: Vec<usize> = Vec::with_capacity(held.len() + others);
+    // On the stack for the usual few holders and others (five allocations
+    // a ranking otherwise).
+    let mut chosen: smallvec::SmallVec<[usize; 16]> =
+        smallvec::SmallVec::with_capacity(held.len() + others);
     // The best others so far, best first.
-    let mut best: Vec<(OtherKey, usize)> = Vec::with_capacity(others + 1);
+    let mut best: smallvec::SmallVec<[(OtherKey, usize); 9]> =
+        smallvec::SmallVec::with_capacity(others + 1);
     for (i, (&h, load)) in eligible.id_hashes.iter().zip(&eligible.loads).enumerate() {
         if holds(h) {
             chosen.push(i);
@@ -112,9 +116,12 @@ pub(super) fn rank_eligible(
     }
     chosen.extend(best.iter().map(|(_, i)| *i));
     chosen.sort_unstable();
-    let replicas: Vec<(&ReplicaKey, &str)> = chosen.iter().map(|&i| eligible.replicas[i]).collect();
-    let loads: Vec<ReplicaLoad> = chosen.iter().map(|&i| eligible.loads[i]).collect();
-    let hashes: Vec<u64> = chosen.iter().map(|&i| eligible.id_hashes[i]).collect();
+    let replicas: smallvec::SmallVec<[(&ReplicaKey, &str); 16]> =
+        chosen.iter().map(|&i| eligible.replicas[i]).collect();
+    let loads: smallvec::SmallVec<[ReplicaLoad; 16]> =
+        chosen.iter().map(|&i| eligible.loads[i]).collect();
+    let hashes: smallvec::SmallVec<[u64; 16]> =
+        chosen.iter().map(|&i| eligible.id_hashes[i]).collect();
     let part = PickInput {
         replicas: &replicas,
         ..*input
