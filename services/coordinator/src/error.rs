@@ -78,16 +78,29 @@ impl ApiError {
     }
 }
 
+/// A 422 body whose errors keep their fields in pydantic's order (`type`,
+/// `loc`, `msg`, `input`, `ctx`), as FastAPI writes them: `json!` would
+/// sort the keys. (Objects echoed as `input` are still sorted.)
+#[derive(serde::Serialize)]
+struct Detail<T> {
+    detail: T,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            ApiError::Validation { loc, msg } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Json(json!({"detail": [{"type": "value_error", "loc": loc, "msg": msg, "input": null}]})),
-            )
-                .into_response(),
-            ApiError::Pydantic(errs) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"detail": errs}))).into_response()
+            ApiError::Validation { loc, msg } => {
+                let detail = [PydError {
+                    kind: "value_error",
+                    loc: loc.into(),
+                    msg: msg.into(),
+                    input: Value::Null,
+                    ctx: None,
+                }];
+                (StatusCode::UNPROCESSABLE_ENTITY, Json(Detail { detail })).into_response()
+            }
+            ApiError::Pydantic(detail) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, Json(Detail { detail })).into_response()
             }
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, Json(json!({"detail": m}))).into_response(),
             ApiError::NotFound(m) => (StatusCode::NOT_FOUND, Json(json!({"detail": m}))).into_response(),

@@ -704,3 +704,55 @@ async fn metrics_exposition_parses_like_the_references() {
         }
     }
 }
+
+/// 422 bodies are the reference's byte for byte where the input echoed is
+/// no object (the errors' fields in pydantic's order: `type`, `loc`,
+/// `msg`, `input`, `ctx`; docs/coordinator.md, "JSON key order").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_are_the_references_byte_for_byte() {
+    let http = reqwest::Client::new();
+    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
+    let mut reference = start_reference(rp, &[]);
+    let mut ours = start_ours(op, &[]);
+    wait_ready(&http, rp, &mut reference).await;
+    wait_ready(&http, op, &mut ours).await;
+    let cases = [
+        j("POST", "/instances", json!({"ip": "h", "http_port": "x"})),
+        j(
+            "POST",
+            "/instances",
+            json!({"ip": "h", "http_port": 4.5, "mq_port": -1}),
+        ),
+        j("PUT", "/quota/t1", json!({"limit_gb": -1})),
+        j("PUT", "/quota/t1", json!({"limit_gb": 1, "tier": "l9"})),
+        raw("GET", "/directory/keys?limit=0&offset=x", None, ""),
+        raw("POST", "/instances", Some("application/json"), r#"{"ip":1"#),
+        raw("POST", "/instances", Some("application/json"), ""),
+    ];
+    let text = |port: u16, r: &Req| {
+        let mut b = http.request(
+            r.0.parse().unwrap(),
+            format!("http://127.0.0.1:{port}{}", r.1),
+        );
+        if let Some(ct) = r.2 {
+            b = b.header("content-type", ct);
+        }
+        let b = b.body(r.3.clone());
+        async move {
+            let resp = b.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    let mut wrong = Vec::new();
+    for r in &cases {
+        let (want, got) = (text(rp, r).await, text(op, r).await);
+        assert_eq!(want.0, 422, "{} {}", r.0, r.1);
+        if want != got {
+            wrong.push(format!(
+                "{} {}\n  reference: {}\n  ours:      {}",
+                r.0, r.1, want.1, got.1
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
