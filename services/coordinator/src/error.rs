@@ -102,14 +102,26 @@ impl IntoResponse for ApiError {
             ApiError::Pydantic(detail) => {
                 (StatusCode::UNPROCESSABLE_ENTITY, Json(Detail { detail })).into_response()
             }
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, Json(json!({"detail": m}))).into_response(),
-            ApiError::NotFound(m) => (StatusCode::NOT_FOUND, Json(json!({"detail": m}))).into_response(),
-            ApiError::UnknownInstance(m) => (StatusCode::NOT_FOUND, Json(json!({"error": m}))).into_response(),
-            ApiError::TooLarge(m) => (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({"detail": m}))).into_response(),
-            ApiError::Internal(m) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"detail": m}))).into_response()
+            ApiError::BadRequest(m) => {
+                (StatusCode::BAD_REQUEST, Json(json!({"detail": m}))).into_response()
             }
-            ApiError::BadGateway(m) => (StatusCode::BAD_GATEWAY, Json(json!({"detail": m}))).into_response(),
+            ApiError::NotFound(m) => {
+                (StatusCode::NOT_FOUND, Json(json!({"detail": m}))).into_response()
+            }
+            ApiError::UnknownInstance(m) => {
+                (StatusCode::NOT_FOUND, Json(json!({"error": m}))).into_response()
+            }
+            ApiError::TooLarge(m) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, Json(json!({"detail": m}))).into_response()
+            }
+            ApiError::Internal(m) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"detail": m})),
+            )
+                .into_response(),
+            ApiError::BadGateway(m) => {
+                (StatusCode::BAD_GATEWAY, Json(json!({"detail": m}))).into_response()
+            }
             ApiError::Unavailable(m) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 [(axum::http::header::RETRY_AFTER, "1")],
