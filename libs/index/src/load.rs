@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 
-use arc_swap::ArcSwap;
 use parking_lot::RwLock;
 
 use crate::index::FastMap;
@@ -110,13 +109,10 @@ impl Default for LoadSettings {
 /// order of the replicas' pick weights never changes as time passes.
 ///
 /// The map is write-locked only when a replica first appears, leaves, or
-/// the epoch moves (every 64 half-lives); reports and reads by replica id
-/// take its read lock and change one replica's atomics. A lookup reads its
-/// scope's entries through [`MemberLoads`], resolved once per change of
-/// the scope's members or of the board's replicas and published in a map
-/// read without a lock, so it probes no map per replica; a pick in a
-/// resolved scope finds its entry there too, and takes no lock shared by
-/// the scope's lookups unless the scope keeps a shortlist.
+/// the epoch moves (every 64 half-lives); picks, reports and reads take its
+/// read lock and change one replica's atomics. A lookup reads its scope's
+/// entries through [`MemberLoads`], resolved once per change of the scope's
+/// members or of the board's replicas, so it probes no map per replica.
 #[derive(Debug, Default)]
 pub struct LoadBoard {
     settings: LoadSettings,
@@ -129,9 +125,8 @@ pub struct LoadBoard {
     /// Bumped (under the map's write lock) when a replica joins or leaves
     /// the board: resolved [`MemberLoads`] of an older generation are stale.
     generation: AtomicU64,
-    /// Each scope's resolved entries, by the caller's scope tag: read
-    /// without a lock, replaced whole (copied) when a scope is resolved.
-    scopes: ArcSwap<FastMap<u64, Arc<MemberLoads>>>,
+    /// Each scope's resolved entries, by the caller's scope tag.
+    scopes: RwLock<FastMap<u64, MemberLoads>>,
     /// Peer replicas whose figures are fresh ([`LoadBoard::set_live_peers`]).
     live_peers: AtomicU32,
     /// Load changes other than picks so far (reports, requests started and
@@ -172,19 +167,6 @@ impl OwnListener {
 /// Half-lives after the epoch when the board rebases its weights, well
 /// inside an `f64`'s range.
 const REBASE_HALF_LIVES: f64 = 64.0;
-
-/// A scope's published shortlist, read without a lock.
-type ShortlistGuard = arc_swap::Guard<Option<Arc<crate::route::Shortlist>>>;
-
-/// A spin that yields now and then: what it waits for may be off the CPU.
-fn spin_or_yield(tries: &mut u32) {
-    *tries += 1;
-    if tries.is_multiple_of(64) {
-        std::thread::yield_now();
-    } else {
-        std::hint::spin_loop();
-    }
-}
 
 impl LoadBoard {
     /// An empty board.
@@ -276,143 +258,63 @@ impl LoadBoard {
         now_ms: i64,
         work_ms: impl FnOnce(Option<f64>) -> f64,
     ) {
-        if !(0.0..REBASE_HALF_LIVES).contains(&self.ahead(now_ms)) {
-            self.rebase(now_ms);
-        }
-        let scopes = self.scopes.load();
-        let h = crate::pick::id_hash(replica_id);
-        // Its entry through the pick's scope when resolved and current
-        // (no map probed, no lock taken); else through the map.
-        let generation = self.generation.load(Ordering::Relaxed);
-        let through_scope = scope_tag
-            .and_then(|t| scopes.get(&t))
-            .filter(|m| m.generation == generation)
-            .and_then(|m| {
-                m.with_hash(h)
-                    .find(|&i| m.members[i].key.replica_id == replica_id)
-                    .and_then(|i| m.entries.get(i)?.as_deref())
-            });
-        if let Some(e) = through_scope {
-            self.pick_entry(e, &scopes, scope_tag, replica_id, h, now_ms, work_ms);
-        } else {
-            let map = self.entries.read();
-            if let Some(e) = map.get(replica_id) {
-                self.pick_entry(e, &scopes, scope_tag, replica_id, h, now_ms, work_ms);
-            } else {
-                // New to the board: in no resolved scope (resolving gives
-                // every member its entry), so in no list.
-                drop(map);
-                self.with_entry_quiet(replica_id, |e| {
-                    self.picking(e, || self.add_pick(e, now_ms, work_ms, &[]));
-                });
+        let ahead = self.ahead(now_ms);
+        if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
+            // Re-express every weight as of now (also the first pick's
+            // epoch, and a clock that stepped back).
+            let map = self.entries.write();
+            let ahead = self.ahead(now_ms);
+            if !(0.0..REBASE_HALF_LIVES).contains(&ahead) {
+                // A sequence lock's write: odd while the scale changes.
+                let rebases = self.rebases.load(Ordering::Relaxed);
+                self.rebases.store(rebases + 1, Ordering::Relaxed);
+                fence(Ordering::Release);
+                let factor = self.decay_factor(now_ms);
+                for e in map.values() {
+                    e.recent
+                        .store((e.recent() * factor).to_bits(), Ordering::Relaxed);
+                }
+                self.epoch_ms.store(now_ms, Ordering::Relaxed);
+                self.rebases.store(rebases + 2, Ordering::Release);
             }
         }
-        drop(scopes);
-        self.own_listener.tell(replica_id);
-    }
-
-    /// Re-expresses every weight as of `now_ms` (also the first pick's
-    /// epoch, and a clock that stepped back).
-    #[cold]
-    #[inline(never)]
-    fn rebase(&self, now_ms: i64) {
-        let map = self.entries.write();
-        if (0.0..REBASE_HALF_LIVES).contains(&self.ahead(now_ms)) {
-            return;
-        }
-        // A sequence lock's write: odd while the scale changes. Each
-        // entry's picks under way (see [`Self::picking`]) end first; later
-        // ones see the count odd and wait for the new epoch.
-        let rebases = self.rebases.load(Ordering::Relaxed);
-        self.rebases.store(rebases + 1, Ordering::SeqCst);
-        fence(Ordering::Release);
-        let factor = self.decay_factor(now_ms);
-        for e in map.values() {
-            let mut tries = 0_u32;
-            while e.picking.load(Ordering::SeqCst) != 0 {
-                spin_or_yield(&mut tries);
+        let update = |e: &Entry, lists: &[(Arc<crate::route::Shortlist>, usize)]| {
+            let decay = self.decay_factor(now_ms);
+            let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
+            e.add_recent(self.ahead(now_ms).max(0.0).exp2());
+            let work = work_ms(e.prefill_rate());
+            if work > 0.0 {
+                enqueue(&e.picked_busy_until, now_ms as f64, work);
             }
-            e.recent
-                .store((e.recent() * factor).to_bits(), Ordering::Relaxed);
-        }
-        self.epoch_ms.store(now_ms, Ordering::Relaxed);
-        self.rebases.store(rebases + 2, Ordering::Release);
-        drop(map);
-    }
-
-    /// Runs `f`, a pick's change of `e`'s weight, at one epoch: marked on
-    /// the entry (whose line the pick writes anyway) rather than under a
-    /// lock every pick shares. A rebase waits for the entry's picks under
-    /// way; a pick that sees one under way waits for it to end (a rebase
-    /// waits for nothing but the picks already marked).
-    fn picking<R>(&self, e: &Entry, f: impl FnOnce() -> R) -> R {
-        let mut tries = 0_u32;
-        loop {
-            // Dekker's pattern with the rebase's count and its reads of
-            // `picking`, all sequentially consistent: either the rebase
-            // sees this pick marked, or this pick sees the rebase.
-            e.picking.fetch_add(1, Ordering::SeqCst);
-            if self.rebases.load(Ordering::SeqCst).is_multiple_of(2) {
-                break;
+            if let Some(before) = before {
+                let after = self.entry_load(e, now_ms, decay).requests;
+                for (list, members) in lists {
+                    list.picked(*members, after - before, after);
+                }
             }
-            e.picking.fetch_sub(1, Ordering::Release);
-            while !self.rebases.load(Ordering::Acquire).is_multiple_of(2) {
-                spin_or_yield(&mut tries);
-            }
-        }
-        let out = f();
-        e.picking.fetch_sub(1, Ordering::Release);
-        out
-    }
-
-    /// Adds a pick at `now_ms` to `e`, and its added load to the shortlists
-    /// of `lists` (each with the number of its members that are `e`'s
-    /// replica); runs inside [`Self::picking`].
-    fn add_pick(
-        &self,
-        e: &Entry,
-        now_ms: i64,
-        work_ms: impl FnOnce(Option<f64>) -> f64,
-        lists: &[(&crate::route::Shortlist, usize)],
-    ) {
-        let decay = self.decay_factor(now_ms);
-        let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
-        e.add_recent(self.ahead(now_ms).max(0.0).exp2());
-        let work = work_ms(e.prefill_rate());
-        if work > 0.0 {
-            enqueue(&e.picked_busy_until, now_ms as f64, work);
-        }
-        if let Some(before) = before {
-            let after = self.entry_load(e, now_ms, decay).requests;
-            for (list, members) in lists {
-                list.picked(*members, after - before, after);
-            }
-        }
-    }
-
-    /// A pick of `e` (`replica_id`'s entry, its id hashing to `h`) and the
-    /// shortlists of the scopes listing it.
-    #[allow(clippy::too_many_arguments)]
-    fn pick_entry(
-        &self,
-        e: &Entry,
-        scopes: &FastMap<u64, Arc<MemberLoads>>,
-        scope_tag: Option<u64>,
-        replica_id: &str,
-        h: u64,
-        now_ms: i64,
-        work_ms: impl FnOnce(Option<f64>) -> f64,
-    ) {
+        };
         // A pick only adds to its replica's figures, so a shortlist need
         // not be rebuilt for it: the shortlists listing the replica add it
         // to their fleet figures instead, and it is no change. Each scope
-        // that keeps a shortlist and holds the replica is held from here
-        // until the pick is added, so no list is rebuilt without it
-        // meanwhile; a scope too small for one is not held at all.
+        // holding the replica is held from here until the pick is added,
+        // so no list is rebuilt without it meanwhile. Weighed under the
+        // map's lock, so a rebase never falls between.
+        let scopes = self.scopes.read();
+        let map = self.entries.read();
+        let Some(e) = map.get(replica_id) else {
+            // New to the board: in no resolved scope (resolving gives
+            // every member its entry), so in no list.
+            drop(map);
+            drop(scopes);
+            self.with_entry_quiet(replica_id, |e| update(e, &[]));
+            self.own_listener.tell(replica_id);
+            return;
+        };
         let mut held: smallvec::SmallVec<[parking_lot::RwLockReadGuard<'_, ()>; 1]> =
             smallvec::SmallVec::new();
-        let mut guards: smallvec::SmallVec<[(ShortlistGuard, usize); 1]> =
+        let mut lists: smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> =
             smallvec::SmallVec::new();
+        let h = crate::pick::id_hash(replica_id);
         let only = scope_tag.filter(|&t| e.only_in(t));
         let visited = only.and_then(|t| scopes.get(&t)).into_iter().chain(
             only.is_none()
@@ -421,9 +323,6 @@ impl LoadBoard {
                 .flatten(),
         );
         for m in visited {
-            if !crate::route::keeps_shortlist(m.members.len()) {
-                continue;
-            }
             let mut of = m
                 .with_hash(h)
                 .filter(|&i| m.members[i].key.replica_id == replica_id)
@@ -432,23 +331,19 @@ impl LoadBoard {
                 continue;
             }
             held.push(m.rebuilding.read());
-            let list = m.shortlist.load();
-            let Some(l) = list.as_deref() else {
+            let Some(list) = m.shortlist.read().clone() else {
                 continue;
             };
-            let n = of.filter(|&i| l.counts(i)).count();
+            let n = of.filter(|&i| list.counts(i)).count();
             if n > 0 {
-                guards.push((list, n));
+                lists.push((list, n));
             }
         }
-        let lists: smallvec::SmallVec<[(&crate::route::Shortlist, usize); 1]> = guards
-            .iter()
-            .filter_map(|(g, n)| Some((g.as_deref()?, *n)))
-            .collect();
-        self.picking(e, || self.add_pick(e, now_ms, work_ms, &lists));
-        drop(lists);
-        drop(guards);
+        update(e, &lists);
         drop(held);
+        drop(map);
+        drop(scopes);
+        self.own_listener.tell(replica_id);
     }
 
     /// Calls `f` with the replica id after every change of this server's
@@ -682,7 +577,7 @@ impl LoadBoard {
         }
         drop(map);
         // Scopes gone from the index are forgotten here too.
-        self.scopes.store(Arc::default());
+        self.scopes.write().clear();
     }
 
     /// Replicas on the board.

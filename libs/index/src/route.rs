@@ -34,7 +34,7 @@ use crate::types::{
 };
 use members::InScope;
 pub use members::ScopeMembers;
-pub(crate) use shortlist::{Shortlist, keeps_shortlist};
+pub(crate) use shortlist::Shortlist;
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]

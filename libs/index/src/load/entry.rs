@@ -13,9 +13,6 @@ pub(super) struct Entry {
     pub(super) in_flight: AtomicU32,
     /// Recent picks, weighted as of the board's epoch (`f64` bits).
     pub(super) recent: AtomicU64,
-    /// Picks of this entry under way ([`super::LoadBoard::picking`]): a
-    /// rebase waits for them before it rescales `recent`.
-    pub(super) picking: AtomicU32,
     pub(super) waiting: AtomicU32,
     pub(super) running: AtomicU32,
     /// KV-cache usage (`f32` bits).
@@ -62,7 +59,6 @@ impl Default for Entry {
         Self {
             in_flight: AtomicU32::new(0),
             recent: AtomicU64::new(0),
-            picking: AtomicU32::new(0),
             waiting: AtomicU32::new(0),
             running: AtomicU32::new(0),
             kv_usage: AtomicU32::new(0),

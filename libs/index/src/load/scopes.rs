@@ -6,12 +6,10 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use arc_swap::ArcSwapOption;
 use parking_lot::RwLock;
 
 use super::entry::Entry;
 use super::{LoadBoard, LoadSettings, ReplicaLoad};
-use crate::index::FastMap;
 use crate::registry::Members;
 
 /// The board's entries of one scope's members, in the members' order, and
@@ -21,17 +19,15 @@ pub(crate) struct MemberLoads {
     /// The member list these were resolved for (held, so its address is
     /// never another list's).
     pub(super) members: Members,
-    pub(super) generation: u64,
-    pub(super) entries: Box<[Option<Arc<Entry>>]>,
+    generation: u64,
+    entries: Box<[Option<Arc<Entry>>]>,
     pub(crate) id_hashes: Box<[u64]>,
     /// `(id_hashes[i], i)`, sorted: finds a holder's members.
     by_hash: Box<[(u64, u32)]>,
-    /// The scope's shortlist, when it is large enough to keep one
-    /// ([`crate::route::keeps_shortlist`]); read without a lock.
-    pub(crate) shortlist: ArcSwapOption<crate::route::Shortlist>,
-    /// Held shared by a pick of a member of a scope that keeps a list
-    /// (from before it reads the list until it has added itself to it)
-    /// and exclusively by a lookup
+    /// The scope's shortlist, when it is large enough to keep one.
+    pub(crate) shortlist: RwLock<Option<Arc<crate::route::Shortlist>>>,
+    /// Held shared by a pick of a member (from before it reads the list
+    /// until it has added itself to it) and exclusively by a lookup
     /// rebuilding the list (from reading the loads until it is published):
     /// a pick is then in the new list's loads or in its figures, never
     /// lost between the two.
@@ -121,7 +117,12 @@ impl<'a> LoadReader<'a> {
                 }
             }
             // A rebase under way: its writer may be off the CPU.
-            super::spin_or_yield(&mut tries);
+            tries += 1;
+            if tries.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 }
@@ -174,30 +175,29 @@ impl LoadBoard {
         f: impl FnOnce(&LoadReader<'_>, &MemberLoads) -> R,
     ) -> R {
         let reader = LoadReader::new(self, now_ms);
-        let current = |m: &MemberLoads| {
+        let current = |m: &&MemberLoads| {
             Arc::ptr_eq(&m.members, members)
                 && m.generation == self.generation.load(Ordering::Relaxed)
         };
         {
-            let scopes = self.scopes.load();
-            if let Some(m) = scopes.get(&scope_tag).filter(|m| current(m)) {
+            let scopes = self.scopes.read();
+            if let Some(m) = scopes.get(&scope_tag).filter(current) {
                 return f(&reader, m);
             }
         }
-        // Published before `f` runs, so picks find (and hold) the
-        // shortlist it builds.
-        let resolved = Arc::new(self.resolve(scope_tag, members));
-        self.scopes.rcu(|scopes| {
-            let mut scopes = FastMap::clone(scopes);
-            scopes.insert(scope_tag, Arc::clone(&resolved));
-            scopes
-        });
-        if current(&resolved) {
-            return f(&reader, &resolved);
+        // Inserted before `f` runs, so picks find (and hold) the shortlist
+        // it builds.
+        let resolved = self.resolve(scope_tag, members);
+        self.scopes.write().insert(scope_tag, resolved);
+        {
+            let scopes = self.scopes.read();
+            if let Some(m) = scopes.get(&scope_tag).filter(current) {
+                return f(&reader, m);
+            }
         }
-        // The board's replicas changed meanwhile: answered from entries of
-        // its own, whose shortlist no pick could find and which is
-        // therefore not kept.
+        // Replaced meanwhile (the members or the board's replicas changed
+        // again): answered from entries of its own, whose shortlist no pick
+        // could find and which is therefore not kept.
         f(&reader, &self.resolve(scope_tag, members))
     }
 
@@ -247,7 +247,7 @@ impl LoadBoard {
             entries,
             id_hashes,
             by_hash: by_hash.into(),
-            shortlist: ArcSwapOption::empty(),
+            shortlist: RwLock::new(None),
             rebuilding: RwLock::new(()),
         }
     }

@@ -375,36 +375,3 @@ fn concurrent_picks_and_lookups_leave_the_loads_of_the_picks_one_by_one() {
         assert!(want.requests >= 1.0);
     }
 }
-
-/// A rebase that starts while a pick of an entry is under way (its weight
-/// weighed at the old epoch, not yet added) waits for it before it
-/// rescales the entry: the pick is rescaled with the rest, not added at the
-/// old scale to the new.
-#[test]
-fn a_rebase_waits_for_a_pick_under_way() {
-    let (_, board) = a_and_b_on_a_fast_board();
-    board.picked("a", 0);
-    let r0 = board.rebases.load(Ordering::Relaxed);
-    let map = board.entries.read();
-    let e = Arc::clone(&map["a"]);
-    drop(map);
-    std::thread::scope(|s| {
-        board.picking(&e, || {
-            let w = board.ahead(0).max(0.0).exp2();
-            // 100 half-lives on: another pick rebases the board.
-            let rebase = s.spawn(|| board.picked("b", 100_000));
-            // Waits for the rebase to start (or, were it not to wait for
-            // this pick, to end).
-            while board.rebases.load(Ordering::Acquire) == r0 {
-                std::thread::yield_now();
-            }
-            e.add_recent(w);
-            rebase
-        });
-    });
-    // Both picks of "a" at 0, read 100 half-lives on.
-    let want = 2.0 * (-100.0_f64).exp2();
-    let got = board.load("a", 100_000).requests;
-    assert!((got - want).abs() <= 1e-9 * want, "{got}, not {want}");
-    assert_eq!(board.load("b", 100_000).requests, 1.0);
-}

@@ -8,7 +8,7 @@ use crate::pick::{PickInput, id_hash};
 use crate::registry::Members;
 use crate::types::{Fingerprint, Match, ReplicaKey};
 
-use super::shortlist::{Eligible, Shortlist, keeps_shortlist, rank_eligible};
+use super::shortlist::{Eligible, SHORTLIST_ABOVE, Shortlist, rank_eligible};
 use super::{NoHintReason, Ranked, RouteKey, RoutePolicy, RouteQuery, Scoring, monotone};
 
 /// What the walk decided, borrowed for the ranking.
@@ -90,7 +90,7 @@ pub(super) fn rank_matches(
                 // replica ranked, nothing built).
                 let settings = reader.settings();
                 let mut keep = query.candidates.is_none()
-                    && keeps_shortlist(members.len())
+                    && members.len() > SHORTLIST_ABOVE
                     && settings.shortlist_refresh_ms > 0
                     && settings.shortlist_refresh_changes > 0
                     && monotone(scoring.weights);
@@ -102,10 +102,9 @@ pub(super) fn rank_matches(
                         .collect()
                 };
                 if keep {
-                    let shortlist = resolved.shortlist.load();
-                    if let Some(shortlist) = shortlist
-                        .as_deref()
-                        .filter(|s| s.serves(&input, scoring.weights, reader))
+                    let shortlist = resolved.shortlist.read().clone();
+                    if let Some(shortlist) =
+                        shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
                     {
                         match shortlist.eligible(
                             members,
@@ -150,9 +149,7 @@ pub(super) fn rank_matches(
                         scoring.weights,
                         reader,
                     ));
-                    resolved
-                        .shortlist
-                        .store(Some(std::sync::Arc::clone(&rebuilt)));
+                    *resolved.shortlist.write() = Some(std::sync::Arc::clone(&rebuilt));
                     reader.refreshed();
                     drop(rebuilding);
                     // Answered from the list just built, as the next

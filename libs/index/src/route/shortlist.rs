@@ -142,13 +142,6 @@ pub(super) fn rank_eligible(
 /// instructions in all).
 pub(super) const SHORTLIST_ABOVE: usize = 64;
 
-/// Whether a scope of `members` members (stale ones counted) may keep a
-/// [`Shortlist`]: a pick of a smaller scope's replica has no list to add
-/// itself to, and holds nothing of the scope.
-pub(crate) fn keeps_shortlist(members: usize) -> bool {
-    members > SHORTLIST_ABOVE
-}
-
 /// Replicas a [`Shortlist`] lists, best first (and every replica tied with
 /// the last). A lookup reads them in order only until the others asked for
 /// are proven the best; picks make the first ones busier, so a list is read
