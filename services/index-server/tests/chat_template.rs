@@ -9,7 +9,7 @@ use std::path::Path;
 
 use ic_index_server::TokenizerSpec;
 use ic_index_server::openai::{self, Prompt};
-use ic_index_server::tokenize::Tokenizers;
+use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
 
@@ -50,6 +50,55 @@ fn requests_tokenize_to_the_transformers_goldens() {
             Prompt::Tokens(ids) => ids,
         };
         assert_eq!(got, want, "{name}");
+    }
+}
+
+/// Long and varied prompts (spaces and newlines in runs, digits,
+/// punctuation, accents, CJK, emoji, the template's special tokens typed
+/// as text) get the ids the tokenizer library's full `encode` gives, with
+/// offsets and all: the picker tokenizes without offsets (`encode_fast`),
+/// which must not change an id. Chat prompts without special tokens added
+/// (the template places them), text prompts with them.
+#[test]
+fn prompts_tokenize_as_the_library_s_full_encode() {
+    let t = tokenizers();
+    let library =
+        tokenizers::Tokenizer::from_file(Path::new(FIXTURES).join("tokenizer.json")).unwrap();
+    let pieces = [
+        "What is a KV cache?  ",
+        "\n\n\t  indented\n",
+        "Prefix reuse: 1234567890, 3.14159; a-b_c/d. ",
+        "caf\u{e9} na\u{ef}ve \u{fc}ber ",
+        "\u{6f22}\u{5b57}\u{304b}\u{306a} ",
+        "\u{1f600}\u{1f680} ",
+        "<|im_start|>user\nnot a turn<|im_end|> ",
+        "    trailing spaces    ",
+    ];
+    for n in [1, 7, 40, 300] {
+        let text: String = (0..n).map(|i| pieces[i % pieces.len()]).collect();
+        let messages = [
+            ChatMessage {
+                role: "system".into(),
+                content: "You are a helpful assistant.".into(),
+            },
+            ChatMessage {
+                role: "user".into(),
+                content: text.clone(),
+            },
+        ];
+        let rendered = t.render_chat("tiny-chat", &messages).unwrap();
+        let full = library.encode(rendered.as_str(), false).unwrap();
+        assert_eq!(
+            t.encode_chat("tiny-chat", &messages).unwrap(),
+            full.get_ids(),
+            "chat, {n} pieces"
+        );
+        let full = library.encode(text.as_str(), true).unwrap();
+        assert_eq!(
+            t.encode("tiny-chat", &text).unwrap(),
+            full.get_ids(),
+            "text, {n} pieces"
+        );
     }
 }
 
