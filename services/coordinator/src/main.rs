@@ -112,17 +112,24 @@ const REFERENCE_FLAGS: &[&str] = &[
 ];
 
 /// Our long flags (the coordinator's and the global ones, each once), from
-/// clap.
-fn our_flags() -> Vec<String> {
+/// clap: all of them, and those that take a value.
+fn our_flags() -> (Vec<String>, Vec<String>) {
     let cmd = <Args as clap::CommandFactory>::command();
     let sub = cmd.find_subcommand("coordinator").cloned();
-    cmd.get_arguments()
+    let mut all = std::collections::BTreeSet::new();
+    let mut valued = std::collections::BTreeSet::new();
+    for a in cmd
+        .get_arguments()
         .chain(sub.iter().flat_map(|s| s.get_arguments()))
-        .filter_map(|a| a.get_long())
-        .map(str::to_owned)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect()
+    {
+        if let Some(long) = a.get_long() {
+            all.insert(long.to_owned());
+            if a.get_action().takes_values() {
+                valued.insert(long.to_owned());
+            }
+        }
+    }
+    (all.into_iter().collect(), valued.into_iter().collect())
 }
 
 /// An abbreviation argparse reads as one of the reference's flags (the one
@@ -134,8 +141,9 @@ fn our_flags() -> Vec<String> {
 fn expand_reference_abbreviations(
     args: Vec<std::ffi::OsString>,
     ours: &[String],
+    valued: &[String],
 ) -> Vec<std::ffi::OsString> {
-    if args.iter().any(|a| a == "replay") {
+    if is_replay(&args, ours, valued) {
         return args;
     }
     let mut rest = false;
@@ -148,6 +156,43 @@ fn expand_reference_abbreviations(
             }
         })
         .collect()
+}
+
+/// Whether the command is `replay`: its first argument that is neither a
+/// flag nor a flag's value (`--kafka-topic replay` names a topic). A flag
+/// is known by its full name, by a prefix of one of ours, or by the
+/// reference's flag it abbreviates; our only short flag, `-q`, takes no
+/// value.
+fn is_replay(args: &[std::ffi::OsString], ours: &[String], valued: &[String]) -> bool {
+    let mut rest = args.iter().skip(1);
+    while let Some(arg) = rest.next() {
+        let Some(arg) = arg.to_str() else {
+            return false;
+        };
+        if arg == "--" {
+            return false;
+        }
+        if let Some(flag) = arg.strip_prefix("--") {
+            if flag.contains('=') {
+                continue;
+            }
+            let mut prefixed = ours.iter().filter(|f| f.starts_with(flag));
+            let name = match (prefixed.next(), prefixed.next()) {
+                _ if ours.iter().any(|f| f == flag) => Some(flag.to_owned()),
+                (Some(one), None) => Some(one.clone()),
+                _ => expand(arg, ours).map(|full| full.trim_start_matches('-').to_owned()),
+            };
+            if name.is_some_and(|n| valued.contains(&n)) {
+                rest.next();
+            }
+            continue;
+        }
+        if arg.starts_with('-') && arg.len() > 1 {
+            continue;
+        }
+        return arg == "replay";
+    }
+    false
 }
 
 /// The reference's flag `argument` abbreviates, written out, when our own
@@ -175,9 +220,11 @@ fn expand(argument: &str, ours: &[String]) -> Option<String> {
 }
 
 fn main() -> ExitCode {
+    let (ours, valued) = our_flags();
     let args = Args::parse_from(expand_reference_abbreviations(
         std::env::args_os().collect(),
-        &our_flags(),
+        &ours,
+        &valued,
     ));
     // Pages freed after an ingest burst were returned to the OS from inside
     // later requests (`madvise`, ~15-40 a second after each burst) and
@@ -258,13 +305,14 @@ mod tests {
 
     #[test]
     fn a_reference_abbreviation_is_written_out_where_ours_are_ambiguous() {
-        let ours = our_flags();
+        let (ours, valued) = our_flags();
         assert_eq!(
             expand_reference_abbreviations(
                 args(&[
                     "ic", "--eve", "http", "--m=/x", "--chunk", "16", "--hea", "0"
                 ]),
-                &ours
+                &ours,
+                &valued
             ),
             args(&[
                 "ic",
@@ -281,9 +329,30 @@ mod tests {
         let untouched = [
             args(&["ic", "--", "--eve"]),
             args(&["ic", "replay", "--eve"]),
+            args(&["ic", "--log-format", "json", "replay", "--eve"]),
+            args(&["ic", "-q", "replay", "--eve"]),
         ];
         for a in untouched {
-            assert_eq!(expand_reference_abbreviations(a.clone(), &ours), a);
+            assert_eq!(expand_reference_abbreviations(a.clone(), &ours, &valued), a);
+        }
+        // `replay` as a flag's value (full, abbreviated, or after `=`)
+        // is no command: the reference's abbreviations are still written
+        // out.
+        for value_first in [
+            &["ic", "--kafka-topic", "replay"][..],
+            &["ic", "coordinator", "--kafka-group-id", "replay"],
+            &["ic", "--kafka-g", "replay"],
+            &["ic", "--checkpoint-path=replay"],
+        ] {
+            let mut given = value_first.to_vec();
+            given.extend(["--eve", "http"]);
+            let mut want = value_first.to_vec();
+            want.extend(["--event-transport", "http"]);
+            assert_eq!(
+                expand_reference_abbreviations(args(&given), &ours, &valued),
+                args(&want),
+                "{given:?}"
+            );
         }
         // Ambiguous in the reference too, a full name, a house flag's own
         // abbreviation: left to clap.

@@ -18,12 +18,14 @@ pub enum DecodeError {
     NotUtf8,
 }
 
-/// The text of a body as `json.loads(bytes)` reads it: the encoding
-/// Python's `json.detect_encoding` picks (a byte order mark, else the zero
-/// bytes around the first characters, else UTF-8), its mark dropped.
-/// A lone surrogate, which Python's `surrogatepass` lets through, is read
-/// as U+FFFD (a Rust string cannot hold it): one character either way, so
-/// error positions agree.
+/// The text of a body in the encoding `json.loads(bytes)` reads it in:
+/// the one Python's `json.detect_encoding` picks (a byte order mark, else
+/// the zero bytes around the first characters, else UTF-8), its mark
+/// dropped. A lone surrogate unit of UTF-16 or UTF-32, which Python's
+/// `surrogatepass` lets through, is read as U+FFFD (a Rust string cannot
+/// hold it): one character either way, so error positions agree. UTF-8
+/// bytes encoding a surrogate are refused (`NotUtf8`), where Python takes
+/// them (docs/coordinator.md, "Bodies").
 fn text(bytes: &[u8]) -> Result<std::borrow::Cow<'_, str>, DecodeError> {
     // (bytes a unit, big-endian, byte order mark length)
     let (unit, big, mark) = match bytes {
@@ -302,5 +304,57 @@ impl Parser<'_> {
                 _ => return self.fail(self.i, "Expecting ',' delimiter"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DecodeError, text};
+
+    /// The encodings `json.detect_encoding` tells apart, with and without
+    /// their byte order marks, and what Python's codecs refuse.
+    #[test]
+    fn a_body_is_read_in_the_encoding_python_detects() {
+        let read = |bytes: &[u8]| text(bytes).map(|t| t.into_owned());
+        // UTF-32 big-endian by its mark, and little-endian by its zeros.
+        assert_eq!(
+            read(&[0, 0, 0xfe, 0xff, 0, 0, 0, b'1']).ok().as_deref(),
+            Some("1")
+        );
+        assert_eq!(read(&[b'2', 0, 0, 0]).ok().as_deref(), Some("2"));
+        // A lone surrogate unit is one U+FFFD, in UTF-32 and in UTF-16.
+        assert_eq!(
+            read(&[b'"', 0, 0, 0, 0x00, 0xd8, 0, 0, b'"', 0, 0, 0])
+                .ok()
+                .as_deref(),
+            Some("\"\u{fffd}\"")
+        );
+        assert_eq!(
+            read(&[0xfe, 0xff, 0xd8, 0x00]).ok().as_deref(),
+            Some("\u{fffd}")
+        );
+        // Past U+10FFFF, and a unit cut short: no text.
+        assert!(matches!(
+            read(&[b'1', 0, 0, 0, 0, 0, 0x11, 0]),
+            Err(DecodeError::NotUtf8)
+        ));
+        assert!(matches!(
+            read(&[0xff, 0xfe, b'1', 0, b'2']),
+            Err(DecodeError::NotUtf8)
+        ));
+        // A body that is only a byte order mark is empty text.
+        for mark in [
+            &[0xff, 0xfe][..],
+            &[0xfe, 0xff],
+            &[0xef, 0xbb, 0xbf],
+            &[0xff, 0xfe, 0, 0],
+        ] {
+            assert_eq!(read(mark).ok().as_deref(), Some(""), "{mark:?}");
+        }
+        // UTF-8 bytes of a surrogate are refused (a documented difference).
+        assert!(matches!(
+            read(b"\"\xed\xa0\x80\""),
+            Err(DecodeError::NotUtf8)
+        ));
     }
 }

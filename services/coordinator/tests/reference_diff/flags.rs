@@ -373,13 +373,20 @@ async fn the_references_flags_act_the_same_here() {
     for port in [rp, op] {
         assert_eq!(send(&http, port, &register).await.status, 200);
     }
+    // Within 8 s: the defaults (30 s, swept every 10 s) would take 30-40.
+    let swept_by = std::time::Instant::now() + Duration::from_secs(8);
     for port in [rp, op] {
         let list = raw("GET", "/instances", None, "");
         while send(&http, port, &list).await.body != json!({"instances": []}) {
+            assert!(
+                std::time::Instant::now() < swept_by,
+                "server on {port} kept a silent instance past 8 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    // An idle keep-alive connection is closed after --timeout-keep-alive.
+    // An idle keep-alive connection is closed after --timeout-keep-alive
+    // (1 s): not at once, and well before the default's 10 s (5 s here).
     for port in [rp, op] {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
@@ -388,9 +395,10 @@ async fn the_references_flags_act_the_same_here() {
         s.write_all(b"GET /healthz HTTP/1.1\r\nHost: h\r\n\r\n")
             .await
             .unwrap();
+        let asked = std::time::Instant::now();
         let mut seen = Vec::new();
         let mut buf = [0u8; 4096];
-        let closed = tokio::time::timeout(Duration::from_secs(60), async {
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
                 match s.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
@@ -399,7 +407,12 @@ async fn the_references_flags_act_the_same_here() {
             }
         })
         .await;
-        assert!(closed.is_ok(), "server on {port} kept the connection");
+        assert!(closed.is_ok(), "server on {port} kept the connection 5 s");
+        let open_for = asked.elapsed();
+        assert!(
+            open_for >= Duration::from_millis(500),
+            "server on {port} closed the connection after {open_for:?}, not after 1 s idle"
+        );
         assert!(
             seen.starts_with(b"HTTP/1.1 200"),
             "{}",
