@@ -32,34 +32,12 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::Ex
 use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 use ic_proto::index_v1 as pb;
 
+#[path = "common/conversations.rs"]
+mod conversations;
+use conversations::messages;
+
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
 const CHAT: &str = "/v1/chat/completions";
-const SENTENCES: [&str; 4] = [
-    "What is a KV cache and why does prefix reuse matter for latency? ",
-    "The key value cache stores attention keys and values for every token. ",
-    "Routing a prompt to the engine that already holds its prefix saves prefill. ",
-    "Summarize the conversation so far in three short sentences please. ",
-];
-
-fn messages(conversation: usize, tokenizers: &Tokenizers) -> Vec<ChatMessage> {
-    let mut user = format!("Conversation {conversation}. ");
-    loop {
-        let m = vec![
-            ChatMessage {
-                role: "system".into(),
-                content: "You are a helpful assistant.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: user.clone(),
-            },
-        ];
-        if tokenizers.encode_chat("tiny-chat", &m).unwrap().len() >= 2_000 {
-            return m;
-        }
-        user.push_str(SENTENCES[user.len() % SENTENCES.len()]);
-    }
-}
 
 #[tokio::main]
 async fn main() {

@@ -39,35 +39,11 @@ use ic_index_server::tokenize::{ChatMessage, Tokenizers};
 use ic_proto::index_v1 as pb;
 use ic_telemetry::MetricsRegistry;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
-const SENTENCES: [&str; 4] = [
-    "What is a KV cache and why does prefix reuse matter for latency? ",
-    "The key value cache stores attention keys and values for every token. ",
-    "Routing a prompt to the engine that already holds its prefix saves prefill. ",
-    "Summarize the conversation so far in three short sentences please. ",
-];
+#[path = "common/conversations.rs"]
+mod conversations;
+use conversations::messages;
 
-/// `epp_bench`'s conversations: a system turn and a user turn of at least
-/// 2,000 tokens once rendered.
-fn messages(conversation: usize, tokenizers: &Tokenizers) -> Vec<ChatMessage> {
-    let mut user = format!("Conversation {conversation}. ");
-    loop {
-        let m = vec![
-            ChatMessage {
-                role: "system".into(),
-                content: "You are a helpful assistant.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: user.clone(),
-            },
-        ];
-        if tokenizers.encode_chat("tiny-chat", &m).unwrap().len() >= 2_000 {
-            return m;
-        }
-        user.push_str(SENTENCES[user.len() % SENTENCES.len()]);
-    }
-}
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
 
 /// Per-phase totals of one order.
 #[derive(Default)]
