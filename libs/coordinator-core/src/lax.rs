@@ -485,12 +485,40 @@ pub fn py_str(s: &str) -> String {
     out
 }
 
-/// Python's `repr` of a float (`0.0`, `1.5`, `1e+20`).
+/// Python's `repr` of a float (`0.0`, `1.5`, `1e+16`, `-1e-05`), which
+/// its `json.dumps` and f-strings write: the shortest digits that read
+/// back as `x` (Rust's `{:e}` finds the same), positional from 1e-4 up to
+/// below 1e16 (with `.0` when whole), else `d.ddde±XX`.
 pub fn py_float(x: f64) -> String {
-    if x.is_finite() && x.fract() == 0.0 && x.abs() < 1e16 {
-        format!("{x:.1}")
+    if x.is_nan() {
+        return "nan".to_owned();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.to_owned();
+    }
+    let sign = if x.is_sign_negative() { "-" } else { "" };
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    // Digits before the decimal point (`0.001` has -2).
+    let point = exp.parse::<i32>().unwrap_or(0) + 1;
+    let n = i32::try_from(digits.len()).unwrap_or(i32::MAX);
+    if !(-4 < point && point <= 16) {
+        let (first, rest) = digits.split_at(1);
+        let dot = if rest.is_empty() { "" } else { "." };
+        let e = point - 1;
+        let esign = if e < 0 { '-' } else { '+' };
+        return format!("{sign}{first}{dot}{rest}e{esign}{:02}", e.unsigned_abs());
+    }
+    if point <= 0 {
+        let zeros = "0".repeat(point.unsigned_abs() as usize);
+        format!("{sign}0.{zeros}{digits}")
+    } else if point < n {
+        let (int, frac) = digits.split_at(point.unsigned_abs() as usize);
+        format!("{sign}{int}.{frac}")
     } else {
-        format!("{x}")
+        let zeros = "0".repeat((point - n).unsigned_abs() as usize);
+        format!("{sign}{digits}{zeros}.0")
     }
 }
 

@@ -86,6 +86,39 @@ struct Detail<T> {
     detail: T,
 }
 
+/// Writes floats as Python's `json.dumps` does (`1e-05`, `1e+16`, `2.0`:
+/// [`lax::py_float`]) where serde_json writes `1e-5` and `1e16`, so an
+/// echoed float is the reference's byte for byte.
+struct PyFloats;
+
+impl serde_json::ser::Formatter for PyFloats {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, x: f64) -> std::io::Result<()> {
+        w.write_all(lax::py_float(x).as_bytes())
+    }
+}
+
+/// A 422 with `detail`, its floats written as Python writes them.
+fn unprocessable<T: serde::Serialize>(detail: T) -> Response {
+    let mut body = Vec::new();
+    let mut writer = serde_json::Serializer::with_formatter(&mut body, PyFloats);
+    match serde::Serialize::serialize(&Detail { detail }, &mut writer) {
+        Ok(()) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"detail": format!("cannot write a 422 body: {e}")})),
+        )
+            .into_response(),
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
@@ -97,11 +130,9 @@ impl IntoResponse for ApiError {
                     input: Value::Null,
                     ctx: None,
                 }];
-                (StatusCode::UNPROCESSABLE_ENTITY, Json(Detail { detail })).into_response()
+                unprocessable(detail)
             }
-            ApiError::Pydantic(detail) => {
-                (StatusCode::UNPROCESSABLE_ENTITY, Json(Detail { detail })).into_response()
-            }
+            ApiError::Pydantic(detail) => unprocessable(detail),
             ApiError::BadRequest(m) => {
                 (StatusCode::BAD_REQUEST, Json(json!({"detail": m}))).into_response()
             }

@@ -728,6 +728,25 @@ async fn error_bodies_are_the_references_byte_for_byte() {
         raw("GET", "/directory/keys?limit=0&offset=x", None, ""),
         raw("POST", "/instances", Some("application/json"), r#"{"ip":1"#),
         raw("POST", "/instances", Some("application/json"), ""),
+        // Echoed floats in exponent form, written as Python writes them.
+        raw(
+            "PUT",
+            "/quota/t1",
+            Some("application/json"),
+            r#"{"limit_gb": -1e-05}"#,
+        ),
+        raw(
+            "PUT",
+            "/quota/t1",
+            Some("application/json"),
+            r#"{"limit_gb": -1.5e16}"#,
+        ),
+        raw(
+            "POST",
+            "/instances",
+            Some("application/json"),
+            r#"{"ip": "h", "http_port": 2.5e-7}"#,
+        ),
     ];
     let text = |port: u16, r: &Req| {
         let mut b = http.request(

@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::json::{DecodeError, decode};
 use super::models::{EVENTS, KEYS_QUERY, LOOKUP, REGISTER};
-use super::{validate_body, validate_query};
+use super::{py_float, validate_body, validate_query};
 
 fn errs(model: &super::Model, body: serde_json::Value) -> serde_json::Value {
     json!(validate_body(model, &body).expect_err("should fail"))
@@ -197,4 +197,41 @@ fn numbers_pydantic_holds_and_json_cannot() {
     };
     assert_eq!(rank(json!("99999999999999999999")), "int_parsing_size");
     assert_eq!(rank(json!("--3")), "int_parsing");
+}
+
+/// `py_float` writes what CPython 3.11's `repr` writes (the strings below
+/// are its output for the same literals).
+#[test]
+fn floats_are_written_as_python_writes_them() {
+    let cases: [(f64, &str); 26] = [
+        (0.0, "0.0"),
+        (-0.0, "-0.0"),
+        (1.0, "1.0"),
+        (1.5, "1.5"),
+        (-1e-05, "-1e-05"),
+        (1e-05, "1e-05"),
+        (0.0001, "0.0001"),
+        (0.00012345, "0.00012345"),
+        (1e16, "1e+16"),
+        (1e15, "1000000000000000.0"),
+        (123456789012345.6, "123456789012345.6"),
+        (1234567890123456.7, "1234567890123456.8"),
+        (1.5e16, "1.5e+16"),
+        (2.5e-07, "2.5e-07"),
+        (1e308, "1e+308"),
+        (5e-324, "5e-324"),
+        (0.1, "0.1"),
+        (0.3, "0.3"),
+        (100.0, "100.0"),
+        (-2.0, "-2.0"),
+        (1e22, "1e+22"),
+        (123.456, "123.456"),
+        (9999999999999998.0, "9999999999999998.0"),
+        (1.7976931348623157e308, "1.7976931348623157e+308"),
+        (f64::INFINITY, "inf"),
+        (f64::NAN, "nan"),
+    ];
+    for (x, want) in cases {
+        assert_eq!(py_float(x), want, "{x:e}");
+    }
 }
