@@ -86,9 +86,9 @@ struct Detail<T> {
     detail: T,
 }
 
-/// Writes floats as Python's `json.dumps` does (`1e-05`, `1e+16`, `2.0`:
-/// [`lax::py_float`]) where serde_json writes `1e-5` and `1e16`, so an
-/// echoed float is the reference's byte for byte.
+/// Writes floats as Python's `json.dumps` does (`-1e-05`, `2.5e-07`,
+/// `2.0`: [`lax::py_float`]) where serde_json writes `-0.00001` and
+/// `2.5e-7`, so an echoed float is the reference's byte for byte.
 struct PyFloats;
 
 impl serde_json::ser::Formatter for PyFloats {
