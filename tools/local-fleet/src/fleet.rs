@@ -491,12 +491,15 @@ pub async fn run_routed(
         placements: Vec::with_capacity(trace.len()),
     };
     let start = tokio::time::Instant::now();
+    // The replay's clock stopped while the first request's blocks reach
+    // the index (below).
+    let mut paused = Duration::ZERO;
     let first_ts = trace.first().map_or(0, |r| r.timestamp_ms);
     for (i, request) in trace.iter().enumerate() {
         let at = Duration::from_secs_f64(
             (request.timestamp_ms - first_ts) as f64 / 1000.0 / speed.max(1e-9),
         );
-        tokio::time::sleep_until(start + at).await;
+        tokio::time::sleep_until(start + paused + at).await;
         let tokens: Vec<u32> = request
             .hash_ids
             .iter()
@@ -553,12 +556,54 @@ pub async fn run_routed(
             asked,
         )
         .await;
+        if i == 0 {
+            // The trace's clock runs `speed` times faster than the events'
+            // way to the index (1-4 ms): the next requests would otherwise
+            // race the first one's blocks (a shared prompt then lands on
+            // one engine or on several by chance, and prefix-only routing
+            // collapses or not). In a fleet, requests 100 ms apart see
+            // them: so does the replay.
+            let waited = tokio::time::Instant::now();
+            first_blocks_visible(&mut clients, tenant, model, &tokens).await?;
+            paused = waited.elapsed();
+        }
         progress(i + 1);
     }
     run.caches = caches;
     run.elapsed = start.elapsed();
     run.result = std::mem::take(&mut run.result).finish();
     Ok(run)
+}
+
+/// Waits until every replica names a replica holding the start of
+/// `tokens` (a lookup that records no pick); an error after 10 s.
+async fn first_blocks_visible(
+    clients: &mut [IndexServiceClient<tonic::transport::Channel>],
+    tenant: &str,
+    model: &str,
+    tokens: &[u32],
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    for client in clients.iter_mut() {
+        loop {
+            let answer = client
+                .lookup_route(lookup_request(tenant, model, tokens, true))
+                .await?
+                .into_inner();
+            // Held somewhere, whether or not the policy routes by it.
+            if answer.candidates.iter().any(|c| c.matched_blocks > 0) {
+                break;
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "the first request's blocks did not reach the index in 10 s \
+                     (no replica holds them; last answer {answer:?})"
+                );
+            }
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
