@@ -94,27 +94,29 @@ pub(super) fn rank_matches(
                     && settings.shortlist_refresh_ms > 0
                     && settings.shortlist_refresh_changes > 0
                     && monotone(scoring.weights);
-                let holders = || -> smallvec::SmallVec<[u64; 16]> {
-                    matches
+                // The prompt's holders and the list's best others, ranked.
+                let from_list = |list: &Shortlist| {
+                    let holders: smallvec::SmallVec<[u64; 16]> = matches
                         .iter()
                         .map(|m| id_hash(&m.replica.replica_id))
                         .chain(speculative.iter().map(|(id, _)| id_hash(id)))
-                        .collect()
+                        .collect();
+                    list.eligible(
+                        members,
+                        resolved,
+                        reader,
+                        &input,
+                        &holders,
+                        fresh_since,
+                        scoring.others,
+                    )
                 };
                 if keep {
                     let shortlist = resolved.shortlist.read().clone();
                     if let Some(shortlist) =
                         shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
                     {
-                        match shortlist.eligible(
-                            members,
-                            resolved,
-                            reader,
-                            &input,
-                            &holders(),
-                            fresh_since,
-                            scoring.others,
-                        ) {
+                        match from_list(&shortlist) {
                             Ok(eligible) => return eligible,
                             // Fresh but of no use to this prompt: rebuilt
                             // only when picks wore it out.
@@ -156,15 +158,7 @@ pub(super) fn rank_matches(
                     // lookups are (the same answer as ranking every
                     // replica): its holders and the few listed others
                     // ranked, not every load a second time.
-                    if let Ok(listed) = rebuilt.eligible(
-                        members,
-                        resolved,
-                        reader,
-                        &input,
-                        &holders(),
-                        fresh_since,
-                        scoring.others,
-                    ) {
+                    if let Ok(listed) = from_list(&rebuilt) {
                         return listed;
                     }
                     return eligible;
