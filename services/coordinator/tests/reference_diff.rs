@@ -90,6 +90,17 @@ async fn wait_ready(http: &reqwest::Client, port: u16, proc: &mut Proc) {
     }
 }
 
+/// Both servers, started with the same extra flags (loops off unless the
+/// flags name them), ready.
+async fn pair(http: &reqwest::Client, extra: &[&str]) -> ((u16, Proc), (u16, Proc)) {
+    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
+    let mut reference = start_reference(rp, extra);
+    let mut ours = start_ours(op, extra);
+    wait_ready(http, rp, &mut reference).await;
+    wait_ready(http, op, &mut ours).await;
+    ((rp, reference), (op, ours))
+}
+
 /// One request: method, path (with query), content type (None: no header),
 /// raw body.
 struct Req(&'static str, &'static str, Option<&'static str>, Vec<u8>);
@@ -654,11 +665,7 @@ fn parse_families(text: &str) -> Vec<(String, String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_exposition_parses_like_the_references() {
     let http = reqwest::Client::new();
-    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
-    let mut reference = start_reference(rp, &[]);
-    let mut ours = start_ours(op, &[]);
-    wait_ready(&http, rp, &mut reference).await;
-    wait_ready(&http, op, &mut ours).await;
+    let ((rp, _reference), (op, _ours)) = pair(&http, &[]).await;
     let get = |port: u16| {
         let http = http.clone();
         async move {
@@ -711,11 +718,7 @@ async fn metrics_exposition_parses_like_the_references() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_bodies_are_the_references_byte_for_byte() {
     let http = reqwest::Client::new();
-    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
-    let mut reference = start_reference(rp, &[]);
-    let mut ours = start_ours(op, &[]);
-    wait_ready(&http, rp, &mut reference).await;
-    wait_ready(&http, op, &mut ours).await;
+    let ((rp, _reference), (op, _ours)) = pair(&http, &[]).await;
     let cases = [
         j("POST", "/instances", json!({"ip": "h", "http_port": "x"})),
         j(

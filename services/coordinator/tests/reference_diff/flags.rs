@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{
-    Proc, Req, batch, j, key, lmcache, raw, send, start_ours, start_reference, wait_ready,
+    Proc, Req, batch, j, key, lmcache, pair, raw, send, start_ours, start_reference, wait_ready,
 };
 
 /// Every flag of `lmcache coordinator` (and the output flags every LMCache
@@ -178,32 +178,19 @@ print(json.dumps(sorted(out.items())))
 /// '--disable-metrics'"); None for an argument refused as unknown or
 /// ambiguous.
 fn our_reading(argument: &str) -> Option<String> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"))
-        .args([
-            "coordinator",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            argument,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut ours = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"));
+    ours.args([
+        "coordinator",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        argument,
+    ]);
     // Every argument here is refused while parsing; one that was not would
-    // start a server, which this stops rather than wait on.
-    let started = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("{argument} was accepted: the server started");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(!out.status.success(), "{argument} was accepted");
-    let err = String::from_utf8_lossy(&out.stderr);
+    // start a server, which `refusal` stops rather than wait on.
+    let (accepted, err) = refusal(ours);
+    assert!(!accepted, "{argument} was accepted");
     let at = err.find(" for '--")? + " for '".len();
     let flag: String = err[at..]
         .chars()
@@ -250,7 +237,7 @@ fn refusal(mut cmd: Command) -> (bool, String) {
             let _ = child.kill();
             panic!("{cmd:?} started instead of refusing");
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     let out = child.wait_with_output().unwrap();
     (
@@ -265,17 +252,6 @@ fn terminate(mut proc: Proc) {
     let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(status.success(), "kill -TERM {pid}");
     let _ = proc.0.wait();
-}
-
-/// Both servers, started with the same extra flags (loops off unless the
-/// flags name them), ready.
-async fn pair(http: &reqwest::Client, extra: &[&str]) -> ((u16, Proc), (u16, Proc)) {
-    let (rp, op) = (ic_e2e::free_port(), ic_e2e::free_port());
-    let mut reference = start_reference(rp, extra);
-    let mut ours = start_ours(op, extra);
-    wait_ready(http, rp, &mut reference).await;
-    wait_ready(http, op, &mut ours).await;
-    ((rp, reference), (op, ours))
 }
 
 /// The same requests, in order, to both: the answers that differ.
