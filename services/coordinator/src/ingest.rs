@@ -3,11 +3,13 @@
 //! transports (`POST /events`, Kafka) go through here.
 //!
 //! `POST /events` applies one request at a time, in arrival order
-//! ([`Ingest::submit`]): every request joins a bounded queue that one
-//! writer thread drains (never applied on a runtime worker: see
-//! `Writer`). Each is answered as soon as its own batches are applied, and no request waits
-//! for a lock handed around between eight writers (which is what made
-//! `/events` p99 grow with concurrency). The
+//! ([`Ingest::submit`]): a request that finds the writer idle and nobody
+//! waiting applies itself, on its own thread with the runtime's worker
+//! handed on (`block_in_place`); any other joins a bounded queue that one
+//! writer thread drains (see `Writer`). Each is answered as soon as its
+//! own batches are applied, and no request waits for a lock handed around
+//! between eight writers (which is what made `/events` p99 grow with
+//! concurrency). The
 //! views lock is taken once per batch (`ViewStore::change`), so a lookup
 //! waits for at most one batch's apply and never for a checkpoint's capture
 //! (docs/coordinator.md). A deregistration goes through the same queue,
@@ -81,13 +83,17 @@ struct Applier {
 /// The requests waiting for the writer thread, which applies one job at a
 /// time in arrival order (the order requests take the state lock).
 ///
-/// A request never applies on its own thread, even with the writer idle:
-/// that blocks a runtime worker for the apply (or for as long as the
-/// views are held), and a task parked in that worker's LIFO slot cannot be
-/// stolen meanwhile — `events_queue_for_one_writer_and_are_refused_when_full`
-/// hung that way. Measured before it was taken out: `/events` p50 at one
-/// in flight 0.25–0.33 ms with it (`git show 81cafa9c:docs/benchmarks.md`,
-/// "Request path, 2026-12-05 16:00–17:15").
+/// A request that finds nothing applied and nothing queued takes the turn
+/// itself ([`Writer::claim_idle`]) and applies on its own thread inside
+/// `block_in_place`: at one request in flight that saves two wake-ups
+/// across cores on the answer's path (the writer's and the worker's
+/// again), +20–25 % batches/s (docs/benchmarks.md, "Coordinator over
+/// HTTP"). Applying inline without handing the worker on blocked it for
+/// the apply (or as long as the views are held), and a task parked in its
+/// LIFO slot could not be stolen meanwhile:
+/// `events_queue_for_one_writer_and_are_refused_when_full` hung that way;
+/// `block_in_place` moves that task to the stealable queue and hands the
+/// worker to another thread first.
 #[derive(Default)]
 struct Writer {
     state: parking_lot::Mutex<WriterState>,
@@ -138,6 +144,23 @@ impl Writer {
         st.jobs.push_back(job);
         self.work.notify_one();
         Ok(())
+    }
+
+    /// Takes the turn when nothing is being applied or waits, so the
+    /// caller applies its job on its own thread (in arrival order: a
+    /// request arriving meanwhile queues behind the turn). Only on a
+    /// multi-threaded runtime, where `block_in_place` hands the caller's
+    /// worker on (its queued tasks, the LIFO slot's too, stay runnable);
+    /// elsewhere the job is queued as usual.
+    fn claim_idle(&self) -> Option<Turn<'_>> {
+        let multi = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+        let mut st = self.state.lock();
+        if !multi || st.busy || !st.jobs.is_empty() || st.closed {
+            return None;
+        }
+        st.busy = true;
+        Some(Turn(self))
     }
 
     /// The writer thread: applies queued jobs in order, each in its turn.
@@ -322,6 +345,17 @@ impl Ingest {
             max_entry_bytes,
             reply,
         });
+        if let Some(turn) = self.writer.claim_idle() {
+            // The writer idle and nothing queued: this request's turn now,
+            // applied on this thread with the runtime's worker handed on
+            // meanwhile (no wake-up of the writer thread, and none back,
+            // on the answer's path).
+            tokio::task::block_in_place(|| {
+                let _turn = turn;
+                self.apply.run(job);
+            });
+            return Self::answered(answer.await);
+        }
         match self.writer.offer(job, Some(self.max_pending)) {
             Ok(()) => {}
             Err(_) => {
@@ -329,7 +363,13 @@ impl Ingest {
                 return Err(SubmitError::QueueFull(self.max_pending));
             }
         }
-        match answer.await {
+        Self::answered(answer.await)
+    }
+
+    fn answered(
+        answer: Result<Result<EventsResponse, Refused>, oneshot::error::RecvError>,
+    ) -> Result<EventsResponse, SubmitError> {
+        match answer {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(refused)) => Err(SubmitError::Refused(refused)),
             Err(_) => Err(SubmitError::WriterFailed),
@@ -628,5 +668,55 @@ impl Applier {
         for c in self.controllers.iter() {
             c.fence(instance_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drop_job() -> Job {
+        let (done, _) = oneshot::channel();
+        Job::DropStream {
+            instance_id: "a".into(),
+            forget_capacity: false,
+            done,
+        }
+    }
+
+    /// A request takes the writer's turn itself only when nothing is being
+    /// applied and nothing waits, and only where `block_in_place` can hand
+    /// its runtime worker on; the turn ends (also for the thread) when it
+    /// is dropped.
+    #[test]
+    fn a_request_applies_itself_only_when_the_writer_is_idle() {
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let single = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let w = Writer::default();
+        multi.block_on(async {
+            let turn = w.claim_idle().expect("idle: the caller's turn");
+            {
+                let st = w.state.lock();
+                assert_eq!((st.busy, st.jobs.len()), (true, 0));
+            }
+            assert!(w.claim_idle().is_none(), "one turn at a time");
+            drop(turn);
+            assert!(!w.state.lock().busy);
+            // Something waits for the writer thread: behind it.
+            assert!(w.offer(drop_job(), None).is_ok());
+            assert!(w.claim_idle().is_none(), "a queued job goes first");
+            w.state.lock().jobs.clear();
+            assert!(w.claim_idle().is_some());
+        });
+        // No worker to hand on: queued for the writer thread instead.
+        single.block_on(async { assert!(w.claim_idle().is_none()) });
+        assert!(w.claim_idle().is_none(), "outside any runtime");
+        w.state.lock().closed = true;
+        multi.block_on(async { assert!(w.claim_idle().is_none(), "closed") });
     }
 }

@@ -3,7 +3,7 @@
 //! (models, salts, instances, backends) are interned to ids; chunk hashes
 //! live in one byte pool per hash length; the insertion order, the LRU and
 //! the keys of one chunk hash are lists threaded through the records, and
-//! the two hash tables hold ids only. A key costs one record (112 B), its
+//! the two hash tables hold ids (each with half of its hash). A key costs one record (112 B), its
 //! hash bytes and a few bytes of table, where a map of owned keys cost
 //! ~470 B (`git show bf2f2007:docs/benchmarks.md`, "Coordinator memory
 //! and restart"; the current figures are in that section of
@@ -100,6 +100,39 @@ impl<'a> KeyView<'a> {
     fn same_key(self, a: Id, b: Id) -> bool {
         self.is_key(a, self.parts(b))
     }
+}
+
+/// An id as the id tables file it: with the high half of its key's (or
+/// chunk hash's) hash beside it, so a table that grows moves its slots by
+/// what they hold instead of reading every record and its hash bytes
+/// again. Doubling a table of 917 k keys that way was a stall of about
+/// half a second for the request that filled it (and for every lookup
+/// behind it), one per table; a key costs 4 more bytes of table for it.
+#[derive(Clone, Copy, Debug)]
+struct Filed {
+    id: Id,
+    tag: u32,
+}
+
+/// The half of a hash a [`Filed`] keeps.
+fn tag_of(h: u64) -> u32 {
+    let tag = (h >> 32) as u32;
+    // This crate's tests keep 12 bits of it: keys whose tags collide (some
+    // 12 k pairs among 10 M keys) then meet in every test of the tables.
+    if cfg!(test) { tag & 0xFFF } else { tag }
+}
+
+/// The hash the id tables file `tag` by: an odd multiple, so its low bits
+/// (the bucket) are a one-to-one function of the tag's low bits at every
+/// size up to 2^32 buckets, and its top bits (hashbrown's control byte)
+/// mix all of them.
+fn spread(tag: u32) -> u64 {
+    u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// What a growing id table rehashes a slot by.
+fn refiled(f: &Filed) -> u64 {
+    spread(f.tag)
 }
 
 /// log2 of the buckets of a hashbrown table of `capacity` (7/8 of its
@@ -315,9 +348,9 @@ pub(crate) struct Table {
     /// Instance ids and backends (kept).
     pub(crate) names: Interner,
     /// Every live id, by the whole key.
-    by_key: HashTable<Id>,
+    by_key: HashTable<Filed>,
     /// The first id of each chunk hash, by the hash bytes.
-    by_hash: HashTable<Id>,
+    by_hash: HashTable<Filed>,
     hasher: Hasher,
     live: usize,
 }
@@ -352,7 +385,7 @@ impl Table {
 
     /// The id tables, mutable, beside the view their inserts and rehashes
     /// call back into.
-    fn split(&mut self) -> (&mut HashTable<Id>, &mut HashTable<Id>, KeyView<'_>) {
+    fn split(&mut self) -> (&mut HashTable<Filed>, &mut HashTable<Filed>, KeyView<'_>) {
         let view = KeyView {
             recs: &self.recs,
             hashes: &self.hashes,
@@ -375,9 +408,15 @@ impl Table {
 
     /// [`Self::find`] with `key`'s [`Self::key_hash`].
     pub(crate) fn find_hashed(&self, key: &ObjectKey, h: u64) -> Option<Id> {
-        let parts = key_parts(key);
-        let view = self.view();
-        self.by_key.find(h, |&id| view.is_key(id, parts)).copied()
+        self.find_filed(h, key_parts(key))
+    }
+
+    /// The id of the key of `parts`, whose hash is `h`.
+    fn find_filed(&self, h: u64, parts: Parts<'_>) -> Option<Id> {
+        let (tag, view) = (tag_of(h), self.view());
+        self.by_key
+            .find(spread(tag), |f| f.tag == tag && view.is_key(f.id, parts))
+            .map(|f| f.id)
     }
 
     /// The id of the key of these parts, if present.
@@ -390,17 +429,16 @@ impl Table {
         salt: &str,
     ) -> Option<Id> {
         let parts = (hash, model, rank, group, salt);
-        let view = self.view();
-        self.by_key
-            .find(self.hasher.hash_one(parts), |&id| view.is_key(id, parts))
-            .copied()
+        self.find_filed(self.hasher.hash_one(parts), parts)
     }
 
     /// The first id of a chunk hash.
     pub(crate) fn first_of_hash(&self, h: &[u8]) -> Option<Id> {
         let view = self.view();
-        let hh = self.hasher.hash_one(h);
-        self.by_hash.find(hh, |&id| view.chunk(id) == h).copied()
+        let tag = tag_of(self.hasher.hash_one(h));
+        self.by_hash
+            .find(spread(tag), |f| f.tag == tag && view.chunk(f.id) == h)
+            .map(|f| f.id)
     }
 
     /// The key of `id`, as an owned value.
@@ -422,9 +460,8 @@ impl Table {
     /// Makes room for `additional` keys.
     pub(crate) fn reserve(&mut self, additional: usize) {
         self.recs.reserve(additional);
-        let (by_key, by_hash, view) = self.split();
-        by_key.reserve(additional, |&id| view.key_hash(id));
-        by_hash.reserve(additional, |&id| view.chunk_hash(id));
+        self.by_key.reserve(additional, refiled);
+        self.by_hash.reserve(additional, refiled);
     }
 
     /// Adds a key (absent) with its first placement; returns its id. The
@@ -497,13 +534,14 @@ impl Table {
     /// Files `id` (whose key hashes to `h`) in the two id tables.
     fn file(&mut self, id: Id, h: u64, chunk: &[u8]) {
         let (by_key, by_hash, view) = self.split();
-        by_key.insert_unique(h, id, |&x| view.key_hash(x));
+        let tag = tag_of(h);
+        by_key.insert_unique(spread(tag), Filed { id, tag }, refiled);
         // File it by its chunk hash: first of the hash, or second in the
         // chain behind the first.
-        let hh = view.hasher.hash_one(chunk);
+        let tag = tag_of(view.hasher.hash_one(chunk));
         let head = by_hash
-            .find(hh, |&other| view.chunk(other) == chunk)
-            .copied();
+            .find(spread(tag), |f| f.tag == tag && view.chunk(f.id) == chunk)
+            .map(|f| f.id);
         match head {
             Some(head) => {
                 let next = self.rec(head).same_hash_next;
@@ -516,7 +554,7 @@ impl Table {
                 self.rec_mut(head).same_hash_next = id;
             }
             None => {
-                by_hash.insert_unique(hh, id, |&x| view.chunk_hash(x));
+                by_hash.insert_unique(spread(tag), Filed { id, tag }, refiled);
             }
         }
     }
@@ -533,29 +571,35 @@ impl Table {
         let ids = || (0..n).map(|i| u32::try_from(i).unwrap_or(NIL));
         // hashbrown finds a slot from the hash's low bits (bucket mask):
         // sorting by them first is sorting by bucket.
-        let order = |capacity: usize, h: u64| h.rotate_right(bucket_bits(capacity));
+        // Each id with the order of its filed hash and its tag.
+        let sorted = |capacity: usize, hash: &dyn Fn(Id) -> u64| {
+            let shift = bucket_bits(capacity);
+            let mut v: Vec<(u64, u32, Id)> = ids()
+                .map(|id| {
+                    let tag = tag_of(hash(id));
+                    (spread(tag).rotate_right(shift), tag, id)
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        };
         let chunked = {
             let (by_key, by_hash, view) = self.split();
-            let key_of = |&id: &Id| view.key_hash(id);
-            let chunk_of = |&id: &Id| view.chunk_hash(id);
             // Reserved once to the final size, so the inserts below do not
-            // rehash; if they did, the callbacks give the true hashes.
-            by_key.reserve(n, key_of);
-            by_hash.reserve(n, chunk_of);
-            let key_bits = by_key.capacity();
-            let mut keyed: Vec<(u64, Id)> =
-                ids().map(|id| (order(key_bits, key_of(&id)), id)).collect();
-            keyed.sort_unstable();
-            let shift = bucket_bits(key_bits);
-            for &(o, id) in &keyed {
-                by_key.insert_unique(o.rotate_left(shift), id, key_of);
+            // rehash.
+            by_key.reserve(n, refiled);
+            by_hash.reserve(n, refiled);
+            let keyed = sorted(by_key.capacity(), &|id| view.key_hash(id));
+            for &(_, tag, id) in &keyed {
+                by_key.insert_unique(spread(tag), Filed { id, tag }, refiled);
             }
-            // A key held twice has one 64-bit hash: its copies are in one
-            // run of equal hashes. A run of more than one is a collision of
-            // a random-seeded hasher, so the pairwise check stays cheap.
-            for run in keyed.chunk_by(|a, b| a.0 == b.0) {
-                for (i, &(_, a)) in run.iter().enumerate() {
-                    if run[i + 1..].iter().any(|&(_, b)| view.same_key(a, b)) {
+            // A key held twice has one hash, so one tag: its copies are in
+            // one run of equal tags. A run of more than one is a collision
+            // of 32 bits of a random-seeded hash (some 12 k pairs at 10 M
+            // keys), so the pairwise check stays cheap.
+            for run in keyed.chunk_by(|a, b| a.1 == b.1) {
+                for (i, &(_, _, a)) in run.iter().enumerate() {
+                    if run[i + 1..].iter().any(|&(_, _, b)| view.same_key(a, b)) {
                         return false;
                     }
                 }
@@ -566,23 +610,18 @@ impl Table {
             // number of groups, ranks and salts under one chunk), linked in
             // one pass: the lowest id is filed, the rest chained behind it
             // in id order.
-            let hash_bits = by_hash.capacity();
-            let mut chunked: Vec<(u64, Id)> = ids()
-                .map(|id| (order(hash_bits, chunk_of(&id)), id))
-                .collect();
+            let mut chunked = sorted(by_hash.capacity(), &|id| view.chunk_hash(id));
             let bytes = |id: Id| view.chunk(id);
-            chunked.sort_unstable();
-            let shift = bucket_bits(hash_bits);
-            for run in chunked.chunk_by_mut(|a, b| a.0 == b.0) {
-                // A run of one 64-bit hash is one chunk hash unless the
-                // hasher collided: then sorted by (bytes, id) so each chunk
+            for run in chunked.chunk_by_mut(|a, b| a.1 == b.1) {
+                // A run of one tag is one chunk hash unless 32 bits of the
+                // hash collided: then sorted by (bytes, id) so each chunk
                 // hash's keys are together.
-                if run.windows(2).any(|w| bytes(w[0].1) != bytes(w[1].1)) {
-                    run.sort_unstable_by(|a, b| bytes(a.1).cmp(bytes(b.1)).then(a.1.cmp(&b.1)));
+                if run.windows(2).any(|w| bytes(w[0].2) != bytes(w[1].2)) {
+                    run.sort_unstable_by(|a, b| bytes(a.2).cmp(bytes(b.2)).then(a.2.cmp(&b.2)));
                 }
-                for same in run.chunk_by_mut(|a, b| bytes(a.1) == bytes(b.1)) {
-                    let (o, head) = same[0];
-                    by_hash.insert_unique(o.rotate_left(shift), head, chunk_of);
+                for same in run.chunk_by_mut(|a, b| bytes(a.2) == bytes(b.2)) {
+                    let (_, tag, head) = same[0];
+                    by_hash.insert_unique(spread(tag), Filed { id: head, tag }, refiled);
                     // Marks the run's first for the linking pass below (the
                     // records are borrowed here).
                     same[0].0 = 0;
@@ -595,8 +634,8 @@ impl Table {
         };
         for w in chunked.windows(2) {
             if w[1].0 == 1 {
-                self.rec_mut(w[0].1).same_hash_next = w[1].1;
-                self.rec_mut(w[1].1).same_hash_prev = w[0].1;
+                self.rec_mut(w[0].2).same_hash_next = w[1].2;
+                self.rec_mut(w[1].2).same_hash_prev = w[0].2;
             }
         }
         true
@@ -606,8 +645,11 @@ impl Table {
     /// tables; returns whether it was the last key of its chunk hash.
     pub(crate) fn remove(&mut self, id: Id) -> bool {
         let view = self.view();
-        let (h, hh) = (view.key_hash(id), view.chunk_hash(id));
-        if let Ok(e) = self.by_key.find_entry(h, |&x| x == id) {
+        let (h, hh) = (
+            spread(tag_of(view.key_hash(id))),
+            spread(tag_of(view.chunk_hash(id))),
+        );
+        if let Ok(e) = self.by_key.find_entry(h, |f| f.id == id) {
             e.remove();
         }
         // Out of its chunk hash's chain in O(1) whatever the chain's length
@@ -624,12 +666,13 @@ impl Table {
             self.rec_mut(prev).same_hash_next = next;
         } else if next == NIL {
             // The first and only key: the hash leaves the table.
-            if let Ok(e) = self.by_hash.find_entry(hh, |&x| x == id) {
+            if let Ok(e) = self.by_hash.find_entry(hh, |f| f.id == id) {
                 e.remove();
             }
-        } else if let Some(slot) = self.by_hash.find_mut(hh, |&x| x == id) {
-            // The first: the next takes its slot.
-            *slot = next;
+        } else if let Some(slot) = self.by_hash.find_mut(hh, |f| f.id == id) {
+            // The first: the next (of the same chunk hash, so the same
+            // tag) takes its slot.
+            slot.id = next;
         }
         let (class, place, model, salt) = {
             let r = self.rec(id);

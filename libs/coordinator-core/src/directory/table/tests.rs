@@ -152,6 +152,92 @@ fn keys_of_a_loaded_chain_leave_in_any_order() {
     assert_eq!((back.len(), back.lru_len()), (1, 1));
 }
 
+/// Keys and chunk hashes whose filed tags collide (this crate's tests keep
+/// 12 bits of a tag: 20 k keys share 4,096 tags) are each found as
+/// themselves, through the tables' growth, removals and a load; a chunk
+/// hash's first key hands its slot on to the next of that hash only.
+#[test]
+fn keys_whose_tags_collide_are_told_apart_by_their_bytes() {
+    let hash = |i: u32| {
+        let mut h = [0u8; 16];
+        h[..4].copy_from_slice(&i.to_le_bytes());
+        h
+    };
+    // 10 k chunk hashes, two groups each.
+    let k = |i: u32, g: i64| ObjectKey {
+        chunk_hash: hash(i).to_vec(),
+        ..key(0, g)
+    };
+    let mut t = Table::default();
+    let mut ids = std::collections::HashMap::new();
+    for i in 0..10_000u32 {
+        for g in 0..2 {
+            assert!(t.find(&k(i, g)).is_none(), "({i}, {g}) before its insert");
+            ids.insert((i, g), t.insert(&k(i, g), place()));
+        }
+    }
+    let tags: BTreeSet<u32> = (0..10_000u32)
+        .map(|i| tag_of(t.hasher.hash_one(key_parts(&k(i, 0)))))
+        .collect();
+    assert!(
+        tags.len() < 5_000,
+        "tags collide in this test: {}",
+        tags.len()
+    );
+    let found = |t: &Table, i: u32, g: i64| t.find(&k(i, g));
+    for (&(i, g), &id) in &ids {
+        assert_eq!(found(&t, i, g), Some(id), "({i}, {g})");
+        assert_eq!(t.hash_of(id), &hash(i)[..]);
+    }
+    // Every even hash loses its first key (group 0, filed by its hash):
+    // group 1 takes the slot; every odd one loses group 1.
+    for i in 0..10_000u32 {
+        let g = i64::from(i % 2);
+        let id = ids.remove(&(i, g)).unwrap_or(NIL);
+        assert!(!t.remove(id), "({i}, {g}) was not its hash's last key");
+    }
+    for i in 0..10_000u32 {
+        let g = 1 - i64::from(i % 2);
+        let id = ids[&(i, g)];
+        assert_eq!(found(&t, i, g), Some(id));
+        assert_eq!(found(&t, i, 1 - g), None, "({i}, {}) removed", 1 - g);
+        assert_eq!(t.same_hash(&hash(i)).collect::<Vec<_>>(), vec![id]);
+    }
+    // Loaded from an image: filed again in bucket order, the tags' runs
+    // told apart by their bytes.
+    let store = |keys: Vec<ObjectKey>| {
+        let entries: Vec<(ObjectKey, u64)> = keys.into_iter().map(|k| (k, 1)).collect();
+        batch(
+            "a",
+            EventType::Store,
+            StorageLevel::L2,
+            "fs",
+            false,
+            &entries,
+        )
+    };
+    let mut d = KeyDirectory::new();
+    d.apply(&store(
+        (0..10_000u32).flat_map(|i| [k(i, 0), k(i, 1)]).collect(),
+    ));
+    let mut raw = Vec::new();
+    d.encode_image(&mut raw);
+    let back = KeyDirectory::read_image(&raw[..], raw.len()).unwrap();
+    for i in 0..10_000u32 {
+        let chain: Vec<i64> = back
+            .table
+            .same_hash(&hash(i))
+            .map(|id| back.table.rec(id).object_group_id)
+            .collect();
+        assert_eq!(chain.len(), 2, "chain of {i}");
+        for g in 0..2 {
+            let id = back.table.find(&k(i, g)).unwrap_or(NIL);
+            assert_eq!(back.table.rec(id).object_group_id, g);
+            assert_eq!(back.table.hash_of(id), &hash(i)[..]);
+        }
+    }
+}
+
 /// The interner's shortcut for the last names acquired never hands out a
 /// freed slot or a slot that now holds another name: each id keeps naming
 /// what was acquired, and the counts still free a name with its last key.
