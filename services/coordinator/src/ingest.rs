@@ -84,7 +84,7 @@ struct Applier {
 /// time in arrival order (the order requests take the state lock).
 ///
 /// A request that finds nothing applied and nothing queued takes the turn
-/// itself ([`Writer::claim_idle`]) and applies on its own thread inside
+/// itself ([`Writer::turn_or_queue`]) and applies on its own thread inside
 /// `block_in_place`: at one request in flight that saves two wake-ups
 /// across cores on the answer's path (the writer's and the worker's
 /// again), +20–25 % batches/s (docs/benchmarks.md, "Coordinator over
@@ -137,7 +137,10 @@ impl Writer {
     /// Queues `job` for the writer thread (refused past `bound`, if one
     /// is given).
     fn offer(&self, job: Job, bound: Option<usize>) -> Result<(), Job> {
-        let mut st = self.state.lock();
+        self.queue(&mut self.state.lock(), job, bound)
+    }
+
+    fn queue(&self, st: &mut WriterState, job: Job, bound: Option<usize>) -> Result<(), Job> {
         if bound.is_some_and(|b| st.jobs.len() >= b) {
             return Err(job);
         }
@@ -146,21 +149,26 @@ impl Writer {
         Ok(())
     }
 
-    /// Takes the turn when nothing is being applied or waits, so the
-    /// caller applies its job on its own thread (in arrival order: a
-    /// request arriving meanwhile queues behind the turn). Only on a
-    /// multi-threaded runtime, where `block_in_place` hands the caller's
-    /// worker on (its queued tasks, the LIFO slot's too, stay runnable);
-    /// elsewhere the job is queued as usual.
-    fn claim_idle(&self) -> Option<Turn<'_>> {
+    /// Under one hold of the state lock, so requests keep the order in
+    /// which they take it: the turn, with `job` back, when nothing is
+    /// being applied or waits (the caller applies it on its own thread);
+    /// else `job` queued for the writer thread (`Ok(None)`), or refused
+    /// past `bound`. The turn only on a multi-threaded runtime, where
+    /// `block_in_place` hands the caller's worker on (its queued tasks, the
+    /// LIFO slot's too, stay runnable); elsewhere the job is queued.
+    fn turn_or_queue(
+        &self,
+        job: Job,
+        bound: Option<usize>,
+    ) -> Result<Option<(Turn<'_>, Job)>, Job> {
         let multi = tokio::runtime::Handle::try_current()
             .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
         let mut st = self.state.lock();
-        if !multi || st.busy || !st.jobs.is_empty() || st.closed {
-            return None;
+        if multi && !st.busy && st.jobs.is_empty() && !st.closed {
+            st.busy = true;
+            return Ok(Some((Turn(self), job)));
         }
-        st.busy = true;
-        Some(Turn(self))
+        self.queue(&mut st, job, bound).map(|()| None)
     }
 
     /// The writer thread: applies queued jobs in order, each in its turn.
@@ -345,19 +353,18 @@ impl Ingest {
             max_entry_bytes,
             reply,
         });
-        if let Some(turn) = self.writer.claim_idle() {
-            // The writer idle and nothing queued: this request's turn now,
-            // applied on this thread with the runtime's worker handed on
-            // meanwhile (no wake-up of the writer thread, and none back,
-            // on the answer's path).
-            tokio::task::block_in_place(|| {
-                let _turn = turn;
-                self.apply.run(job);
-            });
-            return Self::answered(answer.await);
-        }
-        match self.writer.offer(job, Some(self.max_pending)) {
-            Ok(()) => {}
+        match self.writer.turn_or_queue(job, Some(self.max_pending)) {
+            Ok(Some((turn, job))) => {
+                // The writer idle and nothing queued: this request's turn
+                // now, applied on this thread with the runtime's worker
+                // handed on meanwhile (no wake-up of the writer thread, and
+                // none back, on the answer's path).
+                tokio::task::block_in_place(|| {
+                    let _turn = turn;
+                    self.apply.run(job);
+                });
+            }
+            Ok(None) => {}
             Err(_) => {
                 self.apply.metrics.metrics.event_queue_full.inc();
                 return Err(SubmitError::QueueFull(self.max_pending));
@@ -673,7 +680,12 @@ impl Applier {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use ic_coordinator_core::events::decode_valid;
+
     use super::*;
+    use crate::controller::ConsumeError;
 
     fn drop_job() -> Job {
         let (done, _) = oneshot::channel();
@@ -684,39 +696,126 @@ mod tests {
         }
     }
 
+    fn multi_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_time()
+            .build()
+            .unwrap()
+    }
+
     /// A request takes the writer's turn itself only when nothing is being
     /// applied and nothing waits, and only where `block_in_place` can hand
-    /// its runtime worker on; the turn ends (also for the thread) when it
-    /// is dropped.
+    /// its runtime worker on; otherwise it queues, or is refused past the
+    /// bound.
     #[test]
-    fn a_request_applies_itself_only_when_the_writer_is_idle() {
-        let multi = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .build()
-            .unwrap();
+    fn a_request_takes_the_turn_only_when_the_writer_is_idle() {
         let single = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let w = Writer::default();
-        multi.block_on(async {
-            let turn = w.claim_idle().expect("idle: the caller's turn");
-            {
-                let st = w.state.lock();
-                assert_eq!((st.busy, st.jobs.len()), (true, 0));
-            }
-            assert!(w.claim_idle().is_none(), "one turn at a time");
+        let queued = |w: &Writer| w.state.lock().jobs.len();
+        multi_thread().block_on(async {
+            let Ok(Some((turn, _))) = w.turn_or_queue(drop_job(), None) else {
+                panic!("idle: the caller's turn");
+            };
+            assert!(w.state.lock().busy);
+            // One turn at a time: the next queues behind it, in order.
+            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
+            assert_eq!(queued(&w), 1);
+            assert!(
+                w.turn_or_queue(drop_job(), Some(1)).is_err(),
+                "refused past the bound"
+            );
             drop(turn);
             assert!(!w.state.lock().busy);
-            // Something waits for the writer thread: behind it.
-            assert!(w.offer(drop_job(), None).is_ok());
-            assert!(w.claim_idle().is_none(), "a queued job goes first");
+            // Something waits for the writer thread: it goes first.
+            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
             w.state.lock().jobs.clear();
-            assert!(w.claim_idle().is_some());
+            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(Some(_))));
         });
         // No worker to hand on: queued for the writer thread instead.
-        single.block_on(async { assert!(w.claim_idle().is_none()) });
-        assert!(w.claim_idle().is_none(), "outside any runtime");
+        single.block_on(async {
+            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
+        });
+        w.state.lock().jobs.clear();
+        assert!(
+            matches!(w.turn_or_queue(drop_job(), None), Ok(None)),
+            "outside any runtime"
+        );
+        w.state.lock().jobs.clear();
         w.state.lock().closed = true;
-        multi.block_on(async { assert!(w.claim_idle().is_none(), "closed") });
+        multi_thread().block_on(async {
+            assert!(
+                matches!(w.turn_or_queue(drop_job(), None), Ok(None)),
+                "closed"
+            );
+        });
+    }
+
+    /// Records the thread each admitted batch is applied on.
+    #[derive(Debug, Default)]
+    struct Threads(Mutex<Vec<Option<String>>>);
+
+    impl Controller for Threads {
+        fn name(&self) -> &'static str {
+            "threads"
+        }
+        fn consumes_events(&self) -> bool {
+            true
+        }
+        fn consume(&self, _batch: &Batch, _views: &Views) -> Result<(), ConsumeError> {
+            let name = std::thread::current().name().map(str::to_owned);
+            self.0.lock().unwrap().push(name);
+            Ok(())
+        }
+    }
+
+    fn store(seq: u64) -> Vec<Batch> {
+        let body = format!(
+            r#"{{"batches":[{{"instance_id":"mp-a","incarnation":1,"seq":{seq},"event_type":"store","tier":"l2","backend":"fs","entries":[{{"key":{{"chunk_hash_hex":"{seq:064x}","model_name":"m","kv_rank":0}},"size_bytes":1}}]}}]}}"#
+        );
+        decode_valid(body.as_bytes()).unwrap()
+    }
+
+    /// A lone request applies on its own thread; one that finds the turn
+    /// taken waits in the queue, and the end of the turn wakes the writer
+    /// thread, which applies it.
+    #[test]
+    fn a_lone_request_applies_on_its_thread_and_a_queued_one_on_the_writer_s() {
+        let threads = Arc::new(Threads::default());
+        let metrics = Arc::new(MetricsSet::new(ic_telemetry::MetricsRegistry::new(
+            "t", "t",
+        )));
+        let ingest = Arc::new(
+            Ingest::new(
+                Arc::new(ViewStore::default()),
+                Arc::from([threads.clone() as Arc<dyn Controller>]),
+                metrics,
+                8,
+            )
+            .unwrap(),
+        );
+        let applied = |r: Result<EventsResponse, SubmitError>| r.unwrap().applied;
+        let rt = multi_thread();
+        rt.block_on(async {
+            assert_eq!(applied(ingest.submit(store(1), None).await), 1);
+            let first = threads.0.lock().unwrap()[0].clone();
+            assert_ne!(first.as_deref(), Some("event-writer"), "applied inline");
+            // The turn held (as by a request applying): the next one queues.
+            let Ok(Some((turn, _))) = ingest.writer.turn_or_queue(drop_job(), None) else {
+                panic!("idle writer");
+            };
+            let i = ingest.clone();
+            let second = tokio::spawn(async move { i.submit(store(2), None).await });
+            while ingest.writer_state() != (true, 1) {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            drop(turn);
+            assert_eq!(applied(second.await.unwrap()), 1);
+        });
+        let names = threads.0.lock().unwrap().clone();
+        assert_eq!(names.len(), 2);
+        assert_eq!(names[1].as_deref(), Some("event-writer"));
     }
 }

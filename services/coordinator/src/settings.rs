@@ -44,7 +44,7 @@ pub struct Settings {
 
 /// Resident memory one directory key may cost with its usage and LRU
 /// entries at the worst moment, rounded up: a restart of 10 M keys peaks
-/// at 163 B a key (the release server, 2026-12-06; 239–243 B in process
+/// at 176 B a key (the release server, 2026-12-06; 239–243 B in process
 /// before the checkpoint was read as decoded; docs/benchmarks.md,
 /// "Coordinator memory and restart"), and a checkpoint holds its
 /// ~94 B-a-key image in memory while it is written; so the bound also

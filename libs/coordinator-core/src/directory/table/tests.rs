@@ -224,12 +224,19 @@ fn keys_whose_tags_collide_are_told_apart_by_their_bytes() {
     d.encode_image(&mut raw);
     let back = KeyDirectory::read_image(&raw[..], raw.len()).unwrap();
     for i in 0..10_000u32 {
-        let chain: Vec<i64> = back
-            .table
-            .same_hash(&hash(i))
-            .map(|id| back.table.rec(id).object_group_id)
+        let chain: Vec<Id> = back.table.same_hash(&hash(i)).collect();
+        let groups: BTreeSet<i64> = chain
+            .iter()
+            .map(|&id| back.table.rec(id).object_group_id)
             .collect();
+        assert_eq!(groups, BTreeSet::from([0, 1]), "chain of {i}");
         assert_eq!(chain.len(), 2, "chain of {i}");
+        let mut prev = NIL;
+        for &id in &chain {
+            assert_eq!(back.table.hash_of(id), &hash(i)[..]);
+            assert_eq!(back.table.rec(id).same_hash_prev, prev, "back link of {id}");
+            prev = id;
+        }
         for g in 0..2 {
             let id = back.table.find(&k(i, g)).unwrap_or(NIL);
             assert_eq!(back.table.rec(id).object_group_id, g);
