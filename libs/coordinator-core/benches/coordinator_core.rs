@@ -36,7 +36,7 @@ fn store_batch(seq: u64, first: u64, n: u64) -> Batch {
         backend: "fs".into(),
         entries: (first..first + n)
             .map(|i| Entry {
-                key: std::sync::Arc::new(key(i)),
+                key: key(i),
                 size_bytes: 1 << 20,
                 token_ids: Vec::new(),
                 token_offset: -1,

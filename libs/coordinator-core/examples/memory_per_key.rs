@@ -65,13 +65,13 @@ fn batch(seq: u64, first: u64, n: u64) -> Batch {
                 hash[..8].copy_from_slice(&i.wrapping_mul(0x9E37_79B9_7F4A_7C15).to_be_bytes());
                 hash[8..].copy_from_slice(&i.to_le_bytes());
                 Entry {
-                    key: std::sync::Arc::new(ObjectKey {
+                    key: ObjectKey {
                         chunk_hash: hash.to_vec(),
                         model_name: "meta-llama/Llama-3.1-8B".into(),
                         kv_rank: 16_777_472,
                         object_group_id: 0,
                         cache_salt: String::new(),
-                    }),
+                    },
                     size_bytes: 1 << 20,
                     token_ids: Vec::new(),
                     token_offset: -1,

@@ -6,8 +6,6 @@
 //! `cargo build --release -p ic-coordinator-core --example remove_same_hash`, then
 //! `valgrind --tool=callgrind --toggle-collect='*delete_all*' target/release/examples/remove_same_hash K`.
 
-use std::sync::Arc;
-
 use ic_coordinator_core::StorageLevel;
 use ic_coordinator_core::directory::KeyDirectory;
 use ic_coordinator_core::events::{Batch, Entry, EventType};
@@ -24,13 +22,13 @@ fn batch(event_type: EventType, seq: u64, groups: &[i64]) -> Batch {
         entries: groups
             .iter()
             .map(|&g| Entry {
-                key: Arc::new(ObjectKey {
+                key: ObjectKey {
                     chunk_hash: vec![7; 16],
                     model_name: "m".into(),
                     kv_rank: 0,
                     object_group_id: g,
                     cache_salt: String::new(),
-                }),
+                },
                 size_bytes: 1,
                 token_ids: Vec::new(),
                 token_offset: -1,

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use serde::{Deserialize, Serialize};
 
 use crate::StorageLevel;
-use crate::key::{ObjectKey, SharedKey, WireKey, WireKeyRef};
+use crate::key::{ObjectKey, WireKey, WireKeyRef};
 
 mod scan;
 
@@ -135,7 +135,7 @@ pub struct Batch {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Entry {
     /// The key.
-    pub key: SharedKey,
+    pub key: ObjectKey,
     /// Size.
     pub size_bytes: u64,
     /// Tokens, when every one fits in u32 (out-of-range sequences are dropped,
@@ -329,7 +329,7 @@ fn validate_parts<'s>(
                 .unwrap_or_default()
         };
         entries.push(Entry {
-            key: SharedKey::new(key),
+            key,
             size_bytes,
             token_ids,
             token_offset: e.token_offset,

@@ -89,8 +89,9 @@ pub fn validate_group(group: i64) -> Result<(), KeyError> {
     Ok(())
 }
 
-/// A key shared between the views that index it (one allocation per key
-/// per batch, however many views keep it).
+/// A key handed to several consumers at once (the keys the directory's
+/// bound dropped, told to every controller). A batch's entries hold their
+/// keys by value: every view borrows them while the batch applies.
 pub type SharedKey = std::sync::Arc<ObjectKey>;
 
 /// A cache key. Equality compares the chunk hash as bytes, so upper- and

@@ -32,7 +32,7 @@ pub(crate) fn batch(
         entries: entries
             .iter()
             .map(|(k, s)| Entry {
-                key: std::sync::Arc::new(k.clone()),
+                key: k.clone(),
                 size_bytes: *s,
                 token_ids: Vec::new(),
                 token_offset: -1,
