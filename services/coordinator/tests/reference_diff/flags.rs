@@ -172,12 +172,8 @@ print(json.dumps(sorted(out.items())))
     serde_json::from_str(line).unwrap()
 }
 
-/// The flag our binary names when it refuses `argument` (clap names the
-/// flag it resolved an abbreviation to: "a value is required for
-/// '--chunk-size <CHUNK_SIZE>'", "unexpected value 'x' for
-/// '--disable-metrics'"); None for an argument refused as unknown or
-/// ambiguous.
-fn our_reading(argument: &str) -> Option<String> {
+/// Our coordinator subcommand on a free loopback port with `argument`.
+fn ours_with(argument: &str) -> Command {
     let mut ours = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"));
     ours.args([
         "coordinator",
@@ -187,6 +183,16 @@ fn our_reading(argument: &str) -> Option<String> {
         "0",
         argument,
     ]);
+    ours
+}
+
+/// The flag our binary names when it refuses `argument` (clap names the
+/// flag it resolved an abbreviation to: "a value is required for
+/// '--chunk-size <CHUNK_SIZE>'", "unexpected value 'x' for
+/// '--disable-metrics'"); None for an argument refused as unknown or
+/// ambiguous.
+fn our_reading(argument: &str) -> Option<String> {
+    let ours = ours_with(argument);
     // Every argument here is refused while parsing; one that was not would
     // start a server, which `refusal` stops rather than wait on.
     let (accepted, err) = refusal(ours);
@@ -419,15 +425,7 @@ async fn the_references_flags_act_the_same_here() {
     let mut r = start_reference(rp, &["--enable-blend-lookup"]);
     wait_ready(&http, rp, &mut r).await;
     drop(r);
-    let mut ours = Command::new(env!("CARGO_BIN_EXE_ic-coordinator"));
-    ours.args([
-        "coordinator",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--enable-blend-lookup",
-    ]);
+    let ours = ours_with("--enable-blend-lookup");
     let (ok, err) = refusal(ours);
     assert!(!ok && err.contains("--enable-blend-lookup"), "ours: {err}");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));

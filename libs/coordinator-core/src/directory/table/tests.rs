@@ -26,6 +26,20 @@ fn place() -> Place {
     }
 }
 
+/// A batch of `event` on `keys` from instance `a` (L2, `fs`), 1 byte each.
+fn on_keys(event: EventType, keys: &[ObjectKey]) -> crate::events::Batch {
+    let entries: Vec<(ObjectKey, u64)> = keys.iter().map(|k| (k.clone(), 1)).collect();
+    batch("a", event, StorageLevel::L2, "fs", false, &entries)
+}
+
+/// `d` written to its checkpoint image and read back (ids filed again by
+/// [`Table::file_all`]).
+fn reloaded(d: &KeyDirectory) -> KeyDirectory {
+    let mut raw = Vec::new();
+    d.encode_image(&mut raw);
+    KeyDirectory::read_image(&raw[..], raw.len()).unwrap()
+}
+
 /// A fixed shuffle (xorshift), so a failure repeats.
 fn shuffle<T>(v: &mut [T], mut x: u64) {
     for i in (1..v.len()).rev() {
@@ -129,22 +143,16 @@ fn keys_of_one_chunk_hash_leave_in_any_order() {
 fn keys_of_a_loaded_chain_leave_in_any_order() {
     // The chain a load links (file_all) carries the same back links; the
     // keys leave through the directory's delete, as a node reports them.
-    let store = |event, keys: &[ObjectKey]| {
-        let entries: Vec<(ObjectKey, u64)> = keys.iter().map(|k| (k.clone(), 1)).collect();
-        batch("a", event, StorageLevel::L2, "fs", false, &entries)
-    };
     let mut d = KeyDirectory::new();
     let keys: Vec<ObjectKey> = (0..200).map(|g| key(5, g)).chain([key(6, 0)]).collect();
-    d.apply(&store(EventType::Store, &keys));
-    let mut raw = Vec::new();
-    d.encode_image(&mut raw);
-    let mut back = KeyDirectory::read_image(&raw[..], raw.len()).unwrap();
+    d.apply(&on_keys(EventType::Store, &keys));
+    let mut back = reloaded(&d);
     let mut model: BTreeSet<i64> = (0..200).collect();
     check_chain(&back.table, 5, &model);
     let mut order: Vec<i64> = (0..200).collect();
     shuffle(&mut order, 42);
     for g in order {
-        back.apply(&store(EventType::Delete, &[key(5, g)]));
+        back.apply(&on_keys(EventType::Delete, &[key(5, g)]));
         model.remove(&g);
         check_chain(&back.table, 5, &model);
         check_chain(&back.table, 6, &BTreeSet::from([0]));
@@ -205,24 +213,10 @@ fn keys_whose_tags_collide_are_told_apart_by_their_bytes() {
     }
     // Loaded from an image: filed again in bucket order, the tags' runs
     // told apart by their bytes.
-    let store = |keys: Vec<ObjectKey>| {
-        let entries: Vec<(ObjectKey, u64)> = keys.into_iter().map(|k| (k, 1)).collect();
-        batch(
-            "a",
-            EventType::Store,
-            StorageLevel::L2,
-            "fs",
-            false,
-            &entries,
-        )
-    };
     let mut d = KeyDirectory::new();
-    d.apply(&store(
-        (0..10_000u32).flat_map(|i| [k(i, 0), k(i, 1)]).collect(),
-    ));
-    let mut raw = Vec::new();
-    d.encode_image(&mut raw);
-    let back = KeyDirectory::read_image(&raw[..], raw.len()).unwrap();
+    let keys: Vec<ObjectKey> = (0..10_000u32).flat_map(|i| [k(i, 0), k(i, 1)]).collect();
+    d.apply(&on_keys(EventType::Store, &keys));
+    let back = reloaded(&d);
     for i in 0..10_000u32 {
         let chain: Vec<Id> = back.table.same_hash(&hash(i)).collect();
         let groups: BTreeSet<i64> = chain
