@@ -3,13 +3,11 @@
 //! transports (`POST /events`, Kafka) go through here.
 //!
 //! `POST /events` applies one request at a time, in arrival order
-//! ([`Ingest::submit`]): a request that finds the writer idle and nobody
-//! waiting applies itself, on its own thread with the runtime's worker
-//! handed on (`block_in_place`); any other joins a bounded queue that one
-//! writer thread drains (see `Writer`). Each is answered as soon as its
-//! own batches are applied, and no request waits for a lock handed around
-//! between eight writers (which is what made `/events` p99 grow with
-//! concurrency). The
+//! ([`Ingest::submit`]): every request joins a bounded queue that one
+//! writer thread drains (never applied on a runtime worker: see
+//! `Writer`). Each is answered as soon as its own batches are applied, and no request waits
+//! for a lock handed around between eight writers (which is what made
+//! `/events` p99 grow with concurrency). The
 //! views lock is taken once per batch (`ViewStore::change`), so a lookup
 //! waits for at most one batch's apply and never for a checkpoint's capture
 //! (docs/coordinator.md). A deregistration goes through the same queue,
@@ -83,17 +81,13 @@ struct Applier {
 /// The requests waiting for the writer thread, which applies one job at a
 /// time in arrival order (the order requests take the state lock).
 ///
-/// A request that finds nothing applied and nothing queued takes the turn
-/// itself ([`Writer::turn_or_queue`]) and applies on its own thread inside
-/// `block_in_place`: at one request in flight that saves two wake-ups
-/// across cores on the answer's path (the writer's and the worker's
-/// again), +20–25 % batches/s (docs/benchmarks.md, "Coordinator over
-/// HTTP"). Applying inline without handing the worker on blocked it for
-/// the apply (or as long as the views are held), and a task parked in its
-/// LIFO slot could not be stolen meanwhile:
-/// `events_queue_for_one_writer_and_are_refused_when_full` hung that way;
-/// `block_in_place` moves that task to the stealable queue and hands the
-/// worker to another thread first.
+/// A request never applies on its own thread, even with the writer idle:
+/// that blocks a runtime worker for the apply (or for as long as the
+/// views are held), and a task parked in that worker's LIFO slot cannot be
+/// stolen meanwhile — `events_queue_for_one_writer_and_are_refused_when_full`
+/// hung that way. Measured before it was taken out: `/events` p50 at one
+/// in flight 0.25–0.33 ms with it (`git show 81cafa9c:docs/benchmarks.md`,
+/// "Request path, 2026-12-05 16:00–17:15").
 #[derive(Default)]
 struct Writer {
     state: parking_lot::Mutex<WriterState>,
@@ -137,38 +131,13 @@ impl Writer {
     /// Queues `job` for the writer thread (refused past `bound`, if one
     /// is given).
     fn offer(&self, job: Job, bound: Option<usize>) -> Result<(), Job> {
-        self.queue(&mut self.state.lock(), job, bound)
-    }
-
-    fn queue(&self, st: &mut WriterState, job: Job, bound: Option<usize>) -> Result<(), Job> {
+        let mut st = self.state.lock();
         if bound.is_some_and(|b| st.jobs.len() >= b) {
             return Err(job);
         }
         st.jobs.push_back(job);
         self.work.notify_one();
         Ok(())
-    }
-
-    /// Under one hold of the state lock, so requests keep the order in
-    /// which they take it: the turn, with `job` back, when nothing is
-    /// being applied or waits (the caller applies it on its own thread);
-    /// else `job` queued for the writer thread (`Ok(None)`), or refused
-    /// past `bound`. The turn only on a multi-threaded runtime, where
-    /// `block_in_place` hands the caller's worker on (its queued tasks, the
-    /// LIFO slot's too, stay runnable); elsewhere the job is queued.
-    fn turn_or_queue(
-        &self,
-        job: Job,
-        bound: Option<usize>,
-    ) -> Result<Option<(Turn<'_>, Job)>, Job> {
-        let multi = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-        let mut st = self.state.lock();
-        if multi && !st.busy && st.jobs.is_empty() && !st.closed {
-            st.busy = true;
-            return Ok(Some((Turn(self), job)));
-        }
-        self.queue(&mut st, job, bound).map(|()| None)
     }
 
     /// The writer thread: applies queued jobs in order, each in its turn.
@@ -353,30 +322,14 @@ impl Ingest {
             max_entry_bytes,
             reply,
         });
-        match self.writer.turn_or_queue(job, Some(self.max_pending)) {
-            Ok(Some((turn, job))) => {
-                // The writer idle and nothing queued: this request's turn
-                // now, applied on this thread with the runtime's worker
-                // handed on meanwhile (no wake-up of the writer thread, and
-                // none back, on the answer's path).
-                tokio::task::block_in_place(|| {
-                    let _turn = turn;
-                    self.apply.run(job);
-                });
-            }
-            Ok(None) => {}
+        match self.writer.offer(job, Some(self.max_pending)) {
+            Ok(()) => {}
             Err(_) => {
                 self.apply.metrics.metrics.event_queue_full.inc();
                 return Err(SubmitError::QueueFull(self.max_pending));
             }
         }
-        Self::answered(answer.await)
-    }
-
-    fn answered(
-        answer: Result<Result<EventsResponse, Refused>, oneshot::error::RecvError>,
-    ) -> Result<EventsResponse, SubmitError> {
-        match answer {
+        match answer.await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(refused)) => Err(SubmitError::Refused(refused)),
             Err(_) => Err(SubmitError::WriterFailed),
@@ -675,147 +628,5 @@ impl Applier {
         for c in self.controllers.iter() {
             c.fence(instance_id);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Mutex;
-
-    use ic_coordinator_core::events::decode_valid;
-
-    use super::*;
-    use crate::controller::ConsumeError;
-
-    fn drop_job() -> Job {
-        let (done, _) = oneshot::channel();
-        Job::DropStream {
-            instance_id: "a".into(),
-            forget_capacity: false,
-            done,
-        }
-    }
-
-    fn multi_thread() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_time()
-            .build()
-            .unwrap()
-    }
-
-    /// A request takes the writer's turn itself only when nothing is being
-    /// applied and nothing waits, and only where `block_in_place` can hand
-    /// its runtime worker on; otherwise it queues, or is refused past the
-    /// bound.
-    #[test]
-    fn a_request_takes_the_turn_only_when_the_writer_is_idle() {
-        let single = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let w = Writer::default();
-        let queued = |w: &Writer| w.state.lock().jobs.len();
-        multi_thread().block_on(async {
-            let Ok(Some((turn, _))) = w.turn_or_queue(drop_job(), None) else {
-                panic!("idle: the caller's turn");
-            };
-            assert!(w.state.lock().busy);
-            // One turn at a time: the next queues behind it, in order.
-            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
-            assert_eq!(queued(&w), 1);
-            assert!(
-                w.turn_or_queue(drop_job(), Some(1)).is_err(),
-                "refused past the bound"
-            );
-            drop(turn);
-            assert!(!w.state.lock().busy);
-            // Something waits for the writer thread: it goes first.
-            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
-            w.state.lock().jobs.clear();
-            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(Some(_))));
-        });
-        // No worker to hand on: queued for the writer thread instead.
-        single.block_on(async {
-            assert!(matches!(w.turn_or_queue(drop_job(), None), Ok(None)));
-        });
-        w.state.lock().jobs.clear();
-        assert!(
-            matches!(w.turn_or_queue(drop_job(), None), Ok(None)),
-            "outside any runtime"
-        );
-        w.state.lock().jobs.clear();
-        w.state.lock().closed = true;
-        multi_thread().block_on(async {
-            assert!(
-                matches!(w.turn_or_queue(drop_job(), None), Ok(None)),
-                "closed"
-            );
-        });
-    }
-
-    /// Records the thread each admitted batch is applied on.
-    #[derive(Debug, Default)]
-    struct Threads(Mutex<Vec<Option<String>>>);
-
-    impl Controller for Threads {
-        fn name(&self) -> &'static str {
-            "threads"
-        }
-        fn consumes_events(&self) -> bool {
-            true
-        }
-        fn consume(&self, _batch: &Batch, _views: &Views) -> Result<(), ConsumeError> {
-            let name = std::thread::current().name().map(str::to_owned);
-            self.0.lock().unwrap().push(name);
-            Ok(())
-        }
-    }
-
-    fn store(seq: u64) -> Vec<Batch> {
-        let body = format!(
-            r#"{{"batches":[{{"instance_id":"mp-a","incarnation":1,"seq":{seq},"event_type":"store","tier":"l2","backend":"fs","entries":[{{"key":{{"chunk_hash_hex":"{seq:064x}","model_name":"m","kv_rank":0}},"size_bytes":1}}]}}]}}"#
-        );
-        decode_valid(body.as_bytes()).unwrap()
-    }
-
-    /// A lone request applies on its own thread; one that finds the turn
-    /// taken waits in the queue, and the end of the turn wakes the writer
-    /// thread, which applies it.
-    #[test]
-    fn a_lone_request_applies_on_its_thread_and_a_queued_one_on_the_writer_s() {
-        let threads = Arc::new(Threads::default());
-        let metrics = Arc::new(MetricsSet::new(ic_telemetry::MetricsRegistry::new(
-            "t", "t",
-        )));
-        let ingest = Arc::new(
-            Ingest::new(
-                Arc::new(ViewStore::default()),
-                Arc::from([threads.clone() as Arc<dyn Controller>]),
-                metrics,
-                8,
-            )
-            .unwrap(),
-        );
-        let applied = |r: Result<EventsResponse, SubmitError>| r.unwrap().applied;
-        let rt = multi_thread();
-        rt.block_on(async {
-            assert_eq!(applied(ingest.submit(store(1), None).await), 1);
-            let first = threads.0.lock().unwrap()[0].clone();
-            assert_ne!(first.as_deref(), Some("event-writer"), "applied inline");
-            // The turn held (as by a request applying): the next one queues.
-            let Ok(Some((turn, _))) = ingest.writer.turn_or_queue(drop_job(), None) else {
-                panic!("idle writer");
-            };
-            let i = ingest.clone();
-            let second = tokio::spawn(async move { i.submit(store(2), None).await });
-            while ingest.writer_state() != (true, 1) {
-                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-            }
-            drop(turn);
-            assert_eq!(applied(second.await.unwrap()), 1);
-        });
-        let names = threads.0.lock().unwrap().clone();
-        assert_eq!(names.len(), 2);
-        assert_eq!(names[1].as_deref(), Some("event-writer"));
     }
 }
