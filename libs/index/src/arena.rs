@@ -391,6 +391,8 @@ impl Page {
 
     /// Records `holder` on the live record at `offset`; `Err(known_depth)`
     /// when it was recorded at another depth (nothing changes then).
+    /// Inlined into the index's apply (see [`HolderLists::insert`]).
+    #[inline]
     pub(crate) fn store(
         &mut self,
         offset: usize,

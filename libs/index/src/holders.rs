@@ -124,7 +124,10 @@ pub(crate) enum Left {
 }
 
 impl HolderLists {
-    /// Stores a list of at least two holders.
+    /// Stores a list of at least two holders. Inlined, as `push`, into the
+    /// index's apply: left to the compiler, either moved out of line with
+    /// unrelated edits to the crate (+5 % of `apply_locked`'s instructions).
+    #[inline]
     pub(crate) fn insert(&mut self, holders: &[u32]) -> Handle {
         let len = holders.len();
         if len <= FOUR {
@@ -170,6 +173,7 @@ impl HolderLists {
     }
 
     /// Adds `holder` to the list; returns the list's handle now.
+    #[inline]
     pub(crate) fn push(&mut self, handle: Handle, holder: u32) -> Handle {
         match at(handle) {
             place @ (At::Four(len, slot) | At::Eight(len, slot)) if place.fits(len + 1) => {

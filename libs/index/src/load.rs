@@ -567,17 +567,19 @@ impl LoadBoard {
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
-    /// the board never outlives a replica.
-    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+    /// the board never outlives a replica; returns how many left.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> usize {
         let mut map = self.entries.write();
         let before = map.len();
         map.retain(|id, _| keep(id));
-        if map.len() != before {
+        let left = before - map.len();
+        if left > 0 {
             self.generation.fetch_add(1, Ordering::Relaxed);
         }
         drop(map);
         // Scopes gone from the index are forgotten here too.
         self.scopes.write().clear();
+        left
     }
 
     /// Replicas on the board.

@@ -7,15 +7,23 @@
 //! never shows it; a replica's speculations go when it leaves the index
 //! (`retain`) or its events speak for those blocks (`confirm`); the number of
 //! remembered blocks is bounded, the oldest going first.
+//!
+//! Every pick with a new tail writes here and every lookup may read here,
+//! so the table is split into shards by (scope, block), each behind its
+//! own short lock, and a key's presence is readable with no lock at all:
+//! a pick takes one shard's lock per block it records, for that block
+//! only, and two lookups meet on a lock only when they touch a block of
+//! the same shard at the same moment (one table behind one lock cost
+//! LookupRoute over half its rate at 64 in flight, docs/benchmarks.md).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
-use crate::index::FastMap;
-
+use parking_lot::Mutex;
 use smallvec::SmallVec;
 
+use crate::index::FastMap;
 use crate::types::Fingerprint;
 
 /// Bounds of the speculation table.
@@ -36,11 +44,8 @@ impl Default for SpeculationSettings {
     }
 }
 
-/// A block's speculative holders: replica id and expiry.
-type Holders = SmallVec<[(Box<str>, i64); 2]>;
-
-/// Which (scope, block) keys the table holds, read without the table's
-/// lock: a count of keys per hash slot, so a lookup whose blocks all fall in
+/// Which (scope, block) keys the table holds (the blocks its runs start
+/// at), read without a lock: a count of keys per hash slot, so a lookup whose blocks all fall in
 /// empty slots knows the table has nothing for it (the usual case: most
 /// prompts are held for real) and skips the lock and the walk.
 #[derive(Debug)]
@@ -62,8 +67,7 @@ impl Default for Presence {
 
 impl Presence {
     fn slot(&self, scope: u64, fp: Fingerprint) -> &AtomicU32 {
-        let h = (scope ^ fp.0.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        &self.slots[(h >> 48) as usize % PRESENCE_SLOTS]
+        &self.slots[(key_hash(scope, fp) >> 48) as usize % PRESENCE_SLOTS]
     }
 
     fn added(&self, scope: u64, fp: Fingerprint) {
@@ -97,37 +101,204 @@ impl Presence {
     }
 }
 
-/// The speculation table. `scope` is a caller-chosen tag of the index scope
-/// (the same prompt in two scopes is two different things).
+/// A (scope, block) key's hash: its presence slot from the top 16 bits,
+/// its shard from the 6 below them (a multiplicative hash mixes only
+/// upwards: its low bits follow the key's low bits alone).
+fn key_hash(scope: u64, fp: Fingerprint) -> u64 {
+    (scope ^ fp.0.rotate_left(29)).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Most shards, and the fewest entries a shard is sized for: a small
+/// table (a test's, a tiny `max_entries`) is one shard, bounded oldest
+/// first over all its runs.
+const MAX_SHARDS: usize = 64;
+const MIN_SHARD_ENTRIES: usize = 4_096;
+
+/// A pick's speculative holding: the blocks its replica did not hold, in
+/// prompt order, kept whole under the key of its first block. Fingerprints
+/// chain, so a block names its whole prefix: a lookup reaching the run's
+/// first block compares the rest of its prompt with `blocks` in one
+/// sequential read, where a table of single blocks would take a random
+/// read (and a lock) per block to record, expire and walk.
+#[derive(Debug)]
+struct Run {
+    replica: Arc<str>,
+    expires: i64,
+    blocks: Box<[Fingerprint]>,
+}
+
+/// The runs starting at one block (most blocks start one, or none).
+type Runs = SmallVec<[Run; 1]>;
+
+/// One shard: its runs by (scope, first block), in the order they
+/// expire, behind its lock, and how many keys it holds (written under the
+/// lock, read without it). Aligned so that two shards' locks never share
+/// a cache line.
 #[derive(Debug, Default)]
-pub struct Speculation {
-    settings: SpeculationSettings,
-    blocks: FastMap<(u64, Fingerprint), Holders>,
-    /// The keys of `blocks`, for readers without the lock.
-    presence: Arc<Presence>,
-    /// Insertion order, for expiry and the size bound.
+#[repr(align(128))]
+struct Shard {
+    table: Mutex<Table>,
+    keys: AtomicUsize,
+}
+
+/// A shard's table.
+#[derive(Debug, Default)]
+struct Table {
+    runs: FastMap<(u64, Fingerprint), Runs>,
+    /// Runs' keys in insertion order (with their expiry), for expiry and
+    /// the size bound.
     order: VecDeque<(u64, Fingerprint, i64)>,
+    /// (block, replica) entries: the runs' blocks.
     entries: usize,
     dropped_for_space: u64,
+}
+
+impl Table {
+    /// Removes the runs at `key` that `gone` selects; their blocks.
+    fn remove(
+        &mut self,
+        key: (u64, Fingerprint),
+        presence: &Presence,
+        mut gone: impl FnMut(&Run) -> bool,
+    ) -> usize {
+        let Some(runs) = self.runs.get_mut(&key) else {
+            return 0;
+        };
+        let before: usize = runs.iter().map(|r| r.blocks.len()).sum();
+        runs.retain(|r| !gone(r));
+        let after: usize = runs.iter().map(|r| r.blocks.len()).sum();
+        if runs.is_empty() {
+            self.runs.remove(&key);
+            presence.removed(key.0, key.1);
+        }
+        self.entries -= before - after;
+        before - after
+    }
+
+    /// Drops what expired by `now_ms`.
+    fn expire(&mut self, now_ms: i64, presence: &Presence) {
+        while let Some(&(scope, fp, expires)) = self.order.front() {
+            if expires > now_ms {
+                break;
+            }
+            self.order.pop_front();
+            self.remove((scope, fp), presence, |r| r.expires <= now_ms);
+        }
+    }
+
+    /// Adds `run` at `key`.
+    fn insert(&mut self, key: (u64, Fingerprint), run: Run, presence: &Presence) {
+        let runs = self.runs.entry(key).or_default();
+        if runs.is_empty() {
+            presence.added(key.0, key.1);
+        }
+        self.entries += run.blocks.len();
+        self.order.push_back((key.0, key.1, run.expires));
+        runs.push(run);
+    }
+
+    /// The most blocks of `prompt` (from its first) that one of
+    /// `replica_id`'s live runs at `key` holds.
+    fn longest(
+        &self,
+        key: (u64, Fingerprint),
+        replica_id: &str,
+        prompt: &[Fingerprint],
+        now_ms: i64,
+    ) -> usize {
+        self.runs.get(&key).map_or(0, |runs| {
+            runs.iter()
+                .filter(|r| r.expires > now_ms && &*r.replica == replica_id)
+                .map(|r| common_prefix(&r.blocks, prompt))
+                .max()
+                .unwrap_or(0)
+        })
+    }
+}
+
+/// How many blocks `a` and `b` share from their first.
+fn common_prefix(a: &[Fingerprint], b: &[Fingerprint]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The speculation table. `scope` is a caller-chosen tag of the index scope
+/// (the same prompt in two scopes is two different things). Shared by
+/// reference: every method takes `&self`.
+#[derive(Debug)]
+pub struct Speculation {
+    settings: SpeculationSettings,
+    /// The runs' keys in every shard, for readers without a lock.
+    presence: Presence,
+    shards: Box<[Shard]>,
+    /// Shards holding any run: changed only when one empties or fills
+    /// (under its lock), so picks into a busy table never write it; an
+    /// event reads it once to skip an empty table.
+    held_shards: AtomicUsize,
+    /// Entries a shard keeps at most: its share of `max_entries`.
+    shard_max_entries: usize,
+}
+
+impl Default for Speculation {
+    fn default() -> Self {
+        Self::new(SpeculationSettings::default())
+    }
 }
 
 impl Speculation {
     /// An empty table.
     pub fn new(settings: SpeculationSettings) -> Self {
+        let wanted = (settings.max_entries / MIN_SHARD_ENTRIES).clamp(1, MAX_SHARDS);
+        // A power of two, so a shard is a mask of the hash's bits.
+        let shards = 1 << wanted.ilog2();
         Self {
             settings,
-            ..Self::default()
+            presence: Presence::default(),
+            shards: (0..shards).map(|_| Shard::default()).collect(),
+            held_shards: AtomicUsize::new(0),
+            shard_max_entries: settings.max_entries.div_ceil(shards),
         }
     }
 
-    /// The table's keys, readable without its lock ([`Presence`]).
-    pub fn presence(&self) -> Arc<Presence> {
-        Arc::clone(&self.presence)
+    /// The table's keys, readable without a lock ([`Presence`]).
+    pub fn presence(&self) -> &Presence {
+        &self.presence
     }
 
     /// Whether speculation is on.
     pub fn enabled(&self) -> bool {
         self.settings.ttl_ms > 0 && self.settings.max_entries > 0
+    }
+
+    fn shard(&self, scope: u64, fp: Fingerprint) -> &Mutex<Table> {
+        &self.shard_of(scope, fp).table
+    }
+
+    fn shard_of(&self, scope: u64, fp: Fingerprint) -> &Shard {
+        let i = (key_hash(scope, fp) >> 42) as usize & (self.shards.len() - 1);
+        &self.shards[i]
+    }
+
+    /// Publishes that `shard` (locked by the caller) holds `keys` keys, and
+    /// counts it among the shards holding any.
+    fn publish(&self, shard: &Shard, keys: usize) {
+        let before = shard.keys.swap(keys, Ordering::Relaxed);
+        if (before == 0) != (keys == 0) {
+            if keys == 0 {
+                self.held_shards.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                self.held_shards.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Runs `f` on the table of `(scope, fp)`'s shard, then publishes how
+    /// many keys it holds.
+    fn with_shard<R>(&self, scope: u64, fp: Fingerprint, f: impl FnOnce(&mut Table) -> R) -> R {
+        let shard = self.shard_of(scope, fp);
+        let mut t = shard.table.lock();
+        let r = f(&mut t);
+        self.publish(shard, t.runs.len());
+        r
     }
 
     /// `replica_id` was picked for a prompt of `blocks` at `now_ms` (the
@@ -136,127 +307,155 @@ impl Speculation {
     /// A block it already holds speculatively keeps its expiry: a pick the
     /// speculation itself attracted must not keep it alive, or a few picks
     /// made before the real holder was known would split a hot prompt for
-    /// as long as traffic flows. Only the engine's events confirm it.
-    pub fn record(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
+    /// as long as traffic flows. Only the engine's events confirm it. The
+    /// rest is one run, under one shard's lock, that shard's expired runs
+    /// dropped first and its oldest while it is over its share of
+    /// `max_entries`.
+    pub fn record(&self, scope: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
         if !self.enabled() {
             return;
         }
-        self.expire(now_ms);
-        let expires = now_ms.saturating_add(self.settings.ttl_ms);
-        for &fp in blocks {
-            let holders = self.blocks.entry((scope, fp)).or_default();
-            if holders.iter().any(|(id, _)| &**id == replica_id) {
+        let held = self.extension(scope, replica_id, blocks, now_ms) as usize;
+        let Some(new) = blocks.get(held..).filter(|b| !b.is_empty()) else {
+            return;
+        };
+        let key = (scope, new[0]);
+        let run = Run {
+            replica: replica_id.into(),
+            expires: now_ms.saturating_add(self.settings.ttl_ms),
+            blocks: new.into(),
+        };
+        self.with_shard(scope, new[0], |t| {
+            t.expire(now_ms, &self.presence);
+            t.insert(key, run, &self.presence);
+            while t.entries > self.shard_max_entries {
+                let Some((scope, fp, _)) = t.order.pop_front() else {
+                    break;
+                };
+                let dropped = t.remove((scope, fp), &self.presence, |_| true);
+                t.dropped_for_space += dropped as u64;
+            }
+        });
+    }
+
+    /// Drops what expired by `now_ms`, shard by shard.
+    pub fn expire(&self, now_ms: i64) {
+        for shard in &self.shards {
+            let mut t = shard.table.lock();
+            t.expire(now_ms, &self.presence);
+            self.publish(shard, t.runs.len());
+        }
+    }
+
+    /// The engine's events for `replica_id` now speak for `blocks`, in
+    /// prompt order (stored: the real holding replaces the speculation;
+    /// evicted: it is gone). Each of `replica_id`'s runs starting at one of
+    /// them ends; what such a run holds past the event's blocks (a prefill
+    /// stored in chunks) stays, as a run of its own with the same expiry.
+    /// A run the event's blocks start inside is left to its TTL. A block
+    /// no run starts at takes no lock, a block of an empty shard reads one
+    /// word of a few kilobytes that stay in cache, and an event into an
+    /// empty table (ingest while no pick left blocks unheld) one word in
+    /// all.
+    pub fn confirm(&self, scope: u64, replica_id: &str, blocks: &[Fingerprint]) {
+        if self.held_shards.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        for (i, &fp) in blocks.iter().enumerate() {
+            if self.shard_of(scope, fp).keys.load(Ordering::Relaxed) == 0
+                || !self.presence.may_hold(scope, fp)
+            {
                 continue;
             }
-            if holders.is_empty() {
-                self.presence.added(scope, fp);
-            }
-            holders.push((replica_id.into(), expires));
-            self.entries += 1;
-            self.order.push_back((scope, fp, expires));
-        }
-        while self.entries > self.settings.max_entries {
-            let Some((scope, fp, _)) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(holders) = self.blocks.remove(&(scope, fp)) {
-                self.presence.removed(scope, fp);
-                self.entries -= holders.len();
-                self.dropped_for_space += holders.len() as u64;
+            let mut rest = None;
+            self.with_shard(scope, fp, |t| {
+                t.remove((scope, fp), &self.presence, |r| {
+                    if &*r.replica != replica_id {
+                        return false;
+                    }
+                    let spoken = common_prefix(&r.blocks, &blocks[i..]);
+                    // Of two runs here (an expired one not yet dropped),
+                    // the later one's rest.
+                    if spoken < r.blocks.len()
+                        && rest.as_ref().is_none_or(|x: &Run| x.expires < r.expires)
+                    {
+                        rest = Some(Run {
+                            replica: Arc::clone(&r.replica),
+                            expires: r.expires,
+                            blocks: r.blocks[spoken..].into(),
+                        });
+                    }
+                    true
+                })
+            });
+            if let Some(run) = rest {
+                let first = run.blocks[0];
+                self.with_shard(scope, first, |t| {
+                    t.insert((scope, first), run, &self.presence);
+                });
             }
         }
     }
 
-    /// Drops what expired by `now_ms`.
-    pub fn expire(&mut self, now_ms: i64) {
-        while let Some(&(scope, fp, expires)) = self.order.front() {
-            if expires > now_ms {
-                break;
-            }
-            self.order.pop_front();
-            if let Some(holders) = self.blocks.get_mut(&(scope, fp)) {
-                let before = holders.len();
-                holders.retain(|(_, e)| *e > now_ms);
-                self.entries -= before - holders.len();
-                if holders.is_empty() {
-                    self.blocks.remove(&(scope, fp));
-                    self.presence.removed(scope, fp);
+    /// Keeps only replicas `keep` accepts (those still in the index),
+    /// shard by shard.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        for shard in &self.shards {
+            let mut t = shard.table.lock();
+            let t = &mut *t;
+            let mut removed = 0;
+            let presence = &self.presence;
+            t.runs.retain(|&(scope, fp), runs| {
+                runs.retain(|r| {
+                    let kept = keep(&r.replica);
+                    if !kept {
+                        removed += r.blocks.len();
+                    }
+                    kept
+                });
+                if runs.is_empty() {
+                    presence.removed(scope, fp);
                 }
-            }
+                !runs.is_empty()
+            });
+            t.entries -= removed;
+            self.publish(shard, t.runs.len());
         }
-    }
-
-    /// The engine's events for `replica_id` now speak for `blocks` (stored:
-    /// the real holding replaces the speculation; evicted: it is gone).
-    pub fn confirm(&mut self, scope: u64, replica_id: &str, blocks: &[Fingerprint]) {
-        for &fp in blocks {
-            if let Some(holders) = self.blocks.get_mut(&(scope, fp)) {
-                let before = holders.len();
-                holders.retain(|(id, _)| &**id != replica_id);
-                self.entries -= before - holders.len();
-                if holders.is_empty() {
-                    self.blocks.remove(&(scope, fp));
-                    self.presence.removed(scope, fp);
-                }
-            }
-        }
-    }
-
-    /// Keeps only replicas `keep` accepts (those still in the index).
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        let mut removed = 0;
-        let presence = &self.presence;
-        self.blocks.retain(|&(scope, fp), holders| {
-            let before = holders.len();
-            holders.retain(|(id, _)| keep(id));
-            removed += before - holders.len();
-            if holders.is_empty() {
-                presence.removed(scope, fp);
-            }
-            !holders.is_empty()
-        });
-        self.entries -= removed;
     }
 
     /// For each replica speculatively holding the prompt's first block, how
     /// many of `blocks` it holds in a row from the start, at `now_ms`.
     pub fn matched(&self, scope: u64, blocks: &[Fingerprint], now_ms: i64) -> Vec<(String, u32)> {
-        let live = |fp: Fingerprint| {
-            self.blocks
-                .get(&(scope, fp))
-                .map_or(&[][..], |h| h.as_slice())
-                .iter()
-                .filter(move |(_, e)| *e > now_ms)
-        };
-        let Some((&first, rest)) = blocks.split_first() else {
+        let Some(&first) = blocks.first() else {
             return Vec::new();
         };
-        let mut active: Vec<(String, u32)> =
-            live(first).map(|(id, _)| (id.to_string(), 1)).collect();
-        for (depth, &fp) in (1u32..).zip(rest) {
-            if active.is_empty() {
-                break;
-            }
-            // Compared in place: a prompt walks one block per step, and
-            // nothing here should allocate per block.
-            let mut any = false;
-            for (id, run) in &mut active {
-                if *run == depth && live(fp).any(|(holder, _)| **holder == **id) {
-                    *run += 1;
-                    any = true;
+        if !self.presence.may_hold(scope, first) {
+            return Vec::new();
+        }
+        let mut replicas: SmallVec<[Arc<str>; 4]> = SmallVec::new();
+        if let Some(runs) = self.shard(scope, first).lock().runs.get(&(scope, first)) {
+            for r in runs.iter().filter(|r| r.expires > now_ms) {
+                if !replicas.contains(&r.replica) {
+                    replicas.push(Arc::clone(&r.replica));
                 }
             }
-            if !any {
-                break;
-            }
         }
-        active
+        replicas
+            .into_iter()
+            .map(|id| {
+                let run = self.extension(scope, &id, blocks, now_ms);
+                (id.to_string(), run)
+            })
+            .filter(|(_, run)| *run > 0)
+            .collect()
     }
 
     /// Every speculative holding of `blocks` at `now_ms`: runs from the
     /// first block, and runs continuing the real holdings of `holders`
     /// (replica id and blocks really held from the start); per replica,
     /// the blocks held from the start, real and speculative together.
+    /// Costs a lock-free read of a block or two when no run starts where
+    /// one could be found ([`Presence::may_hold_any`]).
     pub fn holdings(
         &self,
         scope: u64,
@@ -264,7 +463,7 @@ impl Speculation {
         holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)> {
-        if self.entries == 0 {
+        if !self.presence.may_hold_any(scope, blocks, holders) {
             return Vec::new();
         }
         let mut found = self.matched(scope, blocks, now_ms);
@@ -286,7 +485,8 @@ impl Speculation {
 
     /// How many of `blocks`, from the first, `replica_id` holds
     /// speculatively at `now_ms` (continuing a real holding that ends
-    /// where `blocks` starts).
+    /// where `blocks` starts): its runs followed from one to the next, one
+    /// lock a run.
     pub fn extension(
         &self,
         scope: u64,
@@ -294,33 +494,41 @@ impl Speculation {
         blocks: &[Fingerprint],
         now_ms: i64,
     ) -> u32 {
-        let mut run = 0;
-        for &fp in blocks {
-            let held = self
-                .blocks
-                .get(&(scope, fp))
-                .is_some_and(|h| h.iter().any(|(id, e)| *e > now_ms && &**id == replica_id));
-            if !held {
+        let mut held = 0;
+        while let Some(&fp) = blocks.get(held) {
+            if !self.presence.may_hold(scope, fp) {
                 break;
             }
-            run += 1;
+            let run = self.shard(scope, fp).lock().longest(
+                (scope, fp),
+                replica_id,
+                &blocks[held..],
+                now_ms,
+            );
+            if run == 0 {
+                break;
+            }
+            held += run;
         }
-        run
+        u32::try_from(held).unwrap_or(u32::MAX)
     }
 
-    /// (block, replica) entries remembered.
+    /// (block, replica) entries remembered (each shard locked in turn).
     pub fn len(&self) -> usize {
-        self.entries
+        self.shards.iter().map(|s| s.table.lock().entries).sum()
     }
 
     /// Whether nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.entries == 0
+        self.len() == 0
     }
 
     /// Entries dropped to stay within `max_entries`, since start.
     pub fn dropped_for_space(&self) -> u64 {
-        self.dropped_for_space
+        self.shards
+            .iter()
+            .map(|s| s.table.lock().dropped_for_space)
+            .sum()
     }
 }
 
@@ -341,7 +549,7 @@ mod tests {
 
     #[test]
     fn a_pick_stands_in_until_its_ttl() {
-        let mut s = table(1_000, 100);
+        let s = table(1_000, 100);
         s.record(1, "a", &fps(&[10, 11, 12]), 0);
         assert_eq!(
             s.matched(1, &fps(&[10, 11, 12, 13]), 500),
@@ -362,7 +570,7 @@ mod tests {
 
     #[test]
     fn runs_are_counted_per_replica_from_the_start() {
-        let mut s = table(1_000, 100);
+        let s = table(1_000, 100);
         s.record(1, "a", &fps(&[10, 11, 12]), 0);
         s.record(1, "b", &fps(&[10, 11]), 0);
         let mut m = s.matched(1, &fps(&[10, 11, 12]), 1);
@@ -372,7 +580,7 @@ mod tests {
 
     #[test]
     fn real_events_and_departures_replace_it() {
-        let mut s = table(1_000, 100);
+        let s = table(1_000, 100);
         s.record(1, "a", &fps(&[10, 11]), 0);
         s.record(1, "b", &fps(&[10, 11]), 0);
         s.confirm(1, "a", &fps(&[10, 11]));
@@ -384,21 +592,24 @@ mod tests {
 
     #[test]
     fn the_table_is_bounded_oldest_first() {
-        let mut s = table(10_000, 4);
+        let s = table(10_000, 4);
         s.record(1, "a", &fps(&[1, 2, 3]), 0);
         s.record(1, "b", &fps(&[4, 5]), 1);
-        assert_eq!(s.len(), 4);
-        assert_eq!(s.dropped_for_space(), 1);
+        // A pick's run goes whole: a's three blocks for b's two.
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.dropped_for_space(), 3);
         assert!(
             s.matched(1, &fps(&[1]), 2).is_empty(),
             "the oldest went first"
         );
         assert_eq!(s.matched(1, &fps(&[4, 5]), 2), vec![("b".into(), 2)]);
+        s.record(1, "c", &fps(&[6, 7]), 2);
+        assert_eq!((s.len(), s.dropped_for_space()), (4, 3), "within the bound");
     }
 
     #[test]
     fn a_pick_does_not_renew_a_speculation_and_extends_a_real_holding() {
-        let mut s = table(1_000, 100);
+        let s = table(1_000, 100);
         s.record(1, "a", &fps(&[10, 11]), 0);
         // Picked again (the speculation attracted it): the expiry stands.
         s.record(1, "a", &fps(&[10, 11]), 900);
@@ -413,29 +624,32 @@ mod tests {
 
     #[test]
     fn a_zero_ttl_disables_it() {
-        let mut s = table(0, 100);
+        let s = table(0, 100);
         s.record(1, "a", &fps(&[1]), 0);
         assert!(s.is_empty());
     }
 
     #[test]
     fn presence_follows_the_table_and_never_misses_a_holding() {
-        let mut s = table(1_000, 3);
+        let s = table(1_000, 3);
         let p = s.presence();
         assert!(!p.may_hold_any(1, &fps(&[10, 11]), &[]));
         s.record(1, "a", &fps(&[10, 11]), 0);
         s.record(1, "b", &fps(&[10]), 0);
         assert!(p.may_hold_any(1, &fps(&[10, 11]), &[]));
-        // A holder really holding 10 continues at 11.
-        assert!(p.may_hold_any(1, &fps(&[9, 11]), &[("a", 1)]));
         assert!(!p.may_hold(2, fps(&[10])[0]), "another scope");
+        // a's events store 10: what its run holds past it starts at 11, so
+        // a holder really holding 10 continues there.
+        s.confirm(1, "a", &fps(&[10]));
+        assert!(p.may_hold_any(1, &fps(&[9, 11]), &[("a", 1)]));
+        assert_eq!(s.extension(1, "a", &fps(&[11, 12]), 1), 1);
         s.confirm(1, "a", &fps(&[11]));
         assert!(!p.may_hold(1, fps(&[11])[0]));
         s.record(1, "c", &fps(&[12, 13]), 0);
-        assert_eq!(s.dropped_for_space(), 2, "10 went for space");
+        s.record(1, "d", &fps(&[14]), 0);
+        assert_eq!(s.dropped_for_space(), 1, "b's run at 10 went for space");
         assert!(!p.may_hold(1, fps(&[10])[0]));
         s.retain(|id| id != "c");
-        s.record(1, "d", &fps(&[14]), 0);
         s.expire(1_000);
         assert!(s.is_empty());
         assert!(
@@ -444,5 +658,107 @@ mod tests {
                 .all(|&b| !p.may_hold(1, fps(&[b])[0])),
             "every key gone from the table is gone from the presence"
         );
+        assert!(
+            s.shards
+                .iter()
+                .all(|sh| sh.keys.load(Ordering::Relaxed) == 0),
+            "and from its shard's count, which events read first"
+        );
+    }
+
+    #[test]
+    fn runs_chain_fork_and_end_where_the_events_speak() {
+        let s = table(1_000, 100);
+        // a holds 1..=3 speculatively; a later pick of a (attracted by that)
+        // for a longer prompt adds only what follows, as a run of its own.
+        s.record(1, "a", &fps(&[1, 2, 3]), 0);
+        s.record(1, "a", &fps(&[1, 2, 3, 4, 5]), 10);
+        assert_eq!(s.len(), 5);
+        assert_eq!(
+            s.matched(1, &fps(&[1, 2, 3, 4, 5, 6]), 20),
+            vec![("a".into(), 5)]
+        );
+        // A prompt forking inside the first run: a's fork is a run at 3'.
+        s.record(1, "a", &fps(&[1, 2, 30, 31]), 10);
+        assert_eq!(s.len(), 7);
+        assert_eq!(s.extension(1, "a", &fps(&[1, 2, 30, 31, 32]), 20), 4);
+        assert_eq!(s.extension(1, "a", &fps(&[1, 2, 3, 4]), 20), 4);
+        // The first run expires at 1,000; what the later picks added
+        // stays until 1,010.
+        assert_eq!(s.extension(1, "a", &fps(&[4, 5]), 1_005), 2);
+        assert_eq!(s.extension(1, "a", &fps(&[1, 2, 3]), 1_005), 0);
+        // A prefill stored in two chunks: the first chunk's event leaves
+        // the rest speculative, the second's ends it.
+        let s = table(1_000, 100);
+        s.record(1, "b", &fps(&[7, 8, 9, 10]), 0);
+        s.confirm(1, "b", &fps(&[7, 8]));
+        assert_eq!(s.len(), 2);
+        assert!(s.matched(1, &fps(&[7, 8, 9]), 1).is_empty());
+        assert_eq!(s.extension(1, "b", &fps(&[9, 10, 11]), 1), 2);
+        s.confirm(1, "b", &fps(&[9, 10]));
+        assert!(s.is_empty());
+        assert_eq!(s.shards[0].keys.load(Ordering::Relaxed), 0);
+        // Another replica's events end nothing of b's.
+        s.record(1, "b", &fps(&[7, 8]), 0);
+        s.confirm(1, "c", &fps(&[7, 8]));
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn a_large_table_is_sharded_and_each_shard_is_bounded() {
+        let s = table(10_000, 8_192);
+        assert_eq!(s.shards.len(), 2);
+        for i in 0..10_000_u64 {
+            s.record(1, "a", &fps(&[1_000_000 + i]), 0);
+        }
+        assert!(s.len() <= 8_192);
+        assert_eq!(s.len() as u64 + s.dropped_for_space(), 10_000);
+        // The newest of each shard is kept; the oldest went.
+        assert_eq!(s.extension(1, "a", &fps(&[1_009_999]), 1), 1);
+        assert_eq!(s.extension(1, "a", &fps(&[1_000_000]), 1), 0);
+        assert_eq!(table(1, 1_000_000).shards.len(), MAX_SHARDS);
+    }
+
+    #[test]
+    fn concurrent_picks_and_events_lose_nothing() {
+        // Shards of 15,625 entries: 16,000 pass one only if the keys
+        // crowd into few shards.
+        let s = table(1_000, 1_000_000);
+        assert_eq!(s.shards.len(), MAX_SHARDS);
+        let prompt = |p: u64| fps(&(0..16).map(|b| p * 100 + b).collect::<Vec<_>>());
+        std::thread::scope(|scope| {
+            for t in 0..4_u64 {
+                let s = &s;
+                scope.spawn(move || {
+                    let id = format!("r{t}");
+                    for p in 0..500 {
+                        s.record(1, &id, &prompt(p), 0);
+                        // Each thread's events end its odd prompts.
+                        if p % 2 == 1 {
+                            s.confirm(1, &id, &prompt(p));
+                        }
+                        let _ = s.holdings(1, &prompt(p / 2), &[(&id, 0)], 1);
+                    }
+                });
+            }
+        });
+        assert_eq!(s.len(), 4 * 250 * 16);
+        assert_eq!(s.dropped_for_space(), 0);
+        let held = s
+            .shards
+            .iter()
+            .filter(|sh| sh.keys.load(Ordering::Relaxed) > 0)
+            .count();
+        assert_eq!(s.held_shards.load(Ordering::Relaxed), held);
+        for p in 0..500 {
+            let mut m = s.matched(1, &prompt(p), 1);
+            m.sort();
+            let want: Vec<(String, u32)> = if p % 2 == 1 {
+                Vec::new()
+            } else {
+                (0..4).map(|t| (format!("r{t}"), 16)).collect()
+            };
+            assert_eq!(m, want, "prompt {p}");
+        }
     }
 }

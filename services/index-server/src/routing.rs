@@ -1,17 +1,12 @@
-//! The server's load board and speculation table behind short locks, and the
-//! scoring flags. Every routing front end (LookupRoute, the endpoint picker)
+//! The server's load board and speculation table (each shared, with short
+//! locks of their own), and the scoring flags. Every routing front end (LookupRoute, the endpoint picker)
 //! decides through [`Routing::decide`] and reports what it did with the
 //! answer through the methods here.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use parking_lot::{Mutex, MutexGuard};
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings, ReplicaLoad};
 use ic_index::pick::{ScoreWeights, TtftModel};
 use ic_index::route::{Ranked, RoutePolicy, RouteQuery, Scoring, ScoringSource, route_ranked};
-use ic_index::speculative::{Presence, Speculation, SpeculationSettings};
+use ic_index::speculative::{Speculation, SpeculationSettings};
 use ic_index::{Deadline, Fingerprint, Index};
 
 /// Scoring flags (server-wide; docs/routing.md has the formula).
@@ -151,12 +146,9 @@ impl ScoringFlags {
 pub struct Routing {
     weights: ScoreWeights,
     load: LoadBoard,
-    speculation: Mutex<Speculation>,
-    /// The speculation table's entries, readable without its lock.
-    speculative_entries: AtomicUsize,
-    /// The speculation table's keys, readable without its lock: a lookup
-    /// whose prompt the table cannot hold skips the lock and the walk.
-    speculative_keys: Arc<Presence>,
+    /// Sharded: a pick locks one shard per block it records, a lookup
+    /// whose prompt the table cannot hold takes no lock at all.
+    speculation: Speculation,
 }
 
 impl Default for Routing {
@@ -177,14 +169,7 @@ impl ScoringSource for Routing {
         holders: &[(&str, u32)],
         now_ms: i64,
     ) -> Vec<(String, u32)> {
-        if !self
-            .speculative_keys
-            .may_hold_any(scope_tag, blocks, holders)
-        {
-            return Vec::new();
-        }
         self.speculation
-            .lock()
             .holdings(scope_tag, blocks, holders, now_ms)
     }
 
@@ -204,22 +189,11 @@ impl Routing {
         load: LoadSettings,
         speculation: SpeculationSettings,
     ) -> Self {
-        let speculation = Speculation::new(speculation);
         Self {
             weights,
             load: LoadBoard::new(load),
-            speculative_keys: speculation.presence(),
-            speculation: Mutex::new(speculation),
-            speculative_entries: AtomicUsize::new(0),
+            speculation: Speculation::new(speculation),
         }
-    }
-
-    /// Changes the speculation table, then publishes its size.
-    fn speculation_mut<R>(&self, change: impl FnOnce(&mut MutexGuard<'_, Speculation>) -> R) -> R {
-        let mut s = self.speculation.lock();
-        let r = change(&mut s);
-        self.speculative_entries.store(s.len(), Ordering::Relaxed);
-        r
     }
 
     /// Large scopes' shortlists rebuilt so far.
@@ -306,7 +280,8 @@ impl Routing {
                     .map_or(0.0, |model| model.work_ms_at(tokens, rate))
             });
         if !unheld.is_empty() {
-            self.speculation_mut(|s| s.record(scope_tag, replica_id, unheld, now_ms));
+            self.speculation
+                .record(scope_tag, replica_id, unheld, now_ms);
         }
     }
 
@@ -346,25 +321,25 @@ impl Routing {
 
     /// The engine's events now show `replica_id` holding `blocks`.
     pub fn confirm(&self, scope_tag: u64, replica_id: &str, blocks: &[Fingerprint]) {
-        if self.speculative_entries.load(Ordering::Relaxed) == 0 {
-            return;
-        }
-        self.speculation_mut(|s| s.confirm(scope_tag, replica_id, blocks));
+        self.speculation.confirm(scope_tag, replica_id, blocks);
     }
 
     /// Ends every speculation naming `replica_id` (its cache was cleared).
     pub fn forget_speculation(&self, replica_id: &str) {
-        self.speculation_mut(|s| s.retain(|id| id != replica_id));
+        self.speculation.retain(|id| id != replica_id);
     }
 
     /// Drops the state of replicas gone from the index and expired
-    /// speculation.
+    /// speculation. The speculation table is read through only when a
+    /// replica left the board: every replica it names was picked, so on
+    /// the board, and a walk of a full table (a million entries) holds
+    /// each shard's lock for a millisecond or more.
     pub fn retain(&self, present: &std::collections::HashSet<String>, now_ms: i64) {
-        self.load.retain(|id| present.contains(id));
-        self.speculation_mut(|s| {
-            s.expire(now_ms);
-            s.retain(|id| present.contains(id));
-        });
+        let left = self.load.retain(|id| present.contains(id));
+        self.speculation.expire(now_ms);
+        if left > 0 {
+            self.speculation.retain(|id| present.contains(id));
+        }
     }
 
     /// Ranks `pool` by load alone (no prompt to match): where a request
@@ -456,8 +431,7 @@ impl Routing {
 
     /// Speculative entries held and entries dropped for space.
     pub fn speculation_stats(&self) -> (usize, u64) {
-        let s = self.speculation.lock();
-        (s.len(), s.dropped_for_space())
+        (self.speculation.len(), self.speculation.dropped_for_space())
     }
 }
 

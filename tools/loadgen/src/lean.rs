@@ -10,7 +10,7 @@
 
 use std::marker::PhantomData;
 
-use bytes::{BufMut, Bytes};
+use bytes::{BufMut, Bytes, BytesMut};
 use ic_proto::index_v1 as pb;
 use prost::Message;
 use tonic::Status;
@@ -18,7 +18,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
-use crate::Fleet;
+use crate::{Fleet, fresh_fingerprint};
 
 /// LookupRoute's gRPC path.
 pub const LOOKUP_ROUTE: &str = "/inferencecache.index.v1.IndexService/LookupRoute";
@@ -68,30 +68,59 @@ impl LeanAnswer {
 }
 
 /// The request bodies of a run: the `i`-th request is
-/// `build(fleet.lookup_prompt(i, prompt_blocks))`, encoded.
+/// `build(fleet.lookup_prompt_with_new(i, prompt_blocks, new_blocks))`,
+/// encoded.
 pub struct Bodies<B> {
     pool: Vec<Bytes>,
+    /// With a new tail: where each pooled body's tail starts (`fixed64`
+    /// hashes, 8 bytes each), rewritten for each request.
+    tails: Vec<usize>,
     fleet: Fleet,
     prompt_blocks: u32,
+    new_blocks: u32,
     build: B,
 }
 
 impl<B: Fn(Vec<u64>) -> pb::LookupRouteRequest> Bodies<B> {
     /// Encodes every distinct body ahead when there are at most
-    /// [`MAX_POOL`].
-    pub fn new(fleet: Fleet, prompt_blocks: u32, build: B) -> Self {
+    /// [`MAX_POOL`] (a new tail, `new_blocks` > 0, is written into a copy
+    /// of its body for each request).
+    pub fn new(fleet: Fleet, prompt_blocks: u32, new_blocks: u32, build: B) -> Self {
+        let new_blocks = new_blocks.min(prompt_blocks);
         let distinct = fleet.distinct_prompts();
-        let pool = if distinct <= MAX_POOL {
-            (0..distinct)
-                .map(|i| encode(&build(fleet.lookup_prompt(i, prompt_blocks))))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let mut pool = Vec::new();
+        let mut tails = Vec::new();
+        if distinct <= MAX_POOL {
+            for i in 0..distinct {
+                let body = encode(&build(fleet.lookup_prompt_with_new(
+                    i,
+                    prompt_blocks,
+                    new_blocks,
+                )));
+                if new_blocks > 0 {
+                    // Found where it was written: 8 random bytes.
+                    let first = fresh_fingerprint(i, 0).to_le_bytes();
+                    let at = body
+                        .windows(first.len())
+                        .position(|w| w == first)
+                        .unwrap_or(usize::MAX);
+                    tails.push(at);
+                }
+                pool.push(body);
+            }
+            if tails.contains(&usize::MAX) {
+                // Not found (the field's encoding changed): encoded as
+                // sent instead.
+                pool.clear();
+                tails.clear();
+            }
+        }
         Self {
             pool,
+            tails,
             fleet,
             prompt_blocks,
+            new_blocks,
             build,
         }
     }
@@ -103,12 +132,25 @@ impl<B: Fn(Vec<u64>) -> pb::LookupRouteRequest> Bodies<B> {
 
     /// The `i`-th request's body.
     pub fn get(&self, i: u64) -> Bytes {
-        match self.pool.len() as u64 {
-            0 => encode(&(self.build)(
-                self.fleet.lookup_prompt(i, self.prompt_blocks),
-            )),
-            n => self.pool[usize::try_from(i % n).unwrap_or(0)].clone(),
+        let n = self.pool.len() as u64;
+        if n == 0 {
+            return encode(&(self.build)(self.fleet.lookup_prompt_with_new(
+                i,
+                self.prompt_blocks,
+                self.new_blocks,
+            )));
         }
+        let k = usize::try_from(i % n).unwrap_or(0);
+        if self.new_blocks == 0 {
+            return self.pool[k].clone();
+        }
+        let mut body = BytesMut::from(&self.pool[k][..]);
+        let mut at = self.tails[k];
+        for j in 0..self.new_blocks {
+            body[at..at + 8].copy_from_slice(&fresh_fingerprint(i, j).to_le_bytes());
+            at += 8;
+        }
+        body.freeze()
     }
 }
 
@@ -118,6 +160,7 @@ impl<B> std::fmt::Debug for Bodies<B> {
             .field("pooled", &self.pool.len())
             .field("fleet", &self.fleet)
             .field("prompt_blocks", &self.prompt_blocks)
+            .field("new_blocks", &self.new_blocks)
             .finish_non_exhaustive()
     }
 }
@@ -222,7 +265,7 @@ mod tests {
                 entries,
                 chain: 1024,
             };
-            let bodies = Bodies::new(fleet, 16, request);
+            let bodies = Bodies::new(fleet, 16, 0, request);
             let distinct = fleet.distinct_prompts();
             assert_eq!(bodies.pooled() as u64, distinct);
             let mut seen = std::collections::HashSet::new();
@@ -250,13 +293,42 @@ mod tests {
             entries: 4 * MAX_POOL + 4,
             chain: 1024,
         };
-        let bodies = Bodies::new(fleet, 4, request);
+        let bodies = Bodies::new(fleet, 4, 0, request);
         assert_eq!(bodies.pooled(), 0);
         assert!(fleet.distinct_prompts() > MAX_POOL);
         let groups = u64::from(fleet.groups());
         for i in [0, 1, groups + 5, 3 * groups + 1] {
             let full = request(fleet.prompt(u32::try_from(i % groups).unwrap(), i / groups, 4));
             assert_eq!(pb::LookupRouteRequest::decode(bodies.get(i)).unwrap(), full);
+        }
+    }
+
+    #[test]
+    fn a_new_tail_is_each_request_s_own_pooled_or_not() {
+        for (replicas, entries) in [(16, 200_000), (4 * 70_000, 4 * 70_000)] {
+            let fleet = Fleet {
+                replicas,
+                entries,
+                chain: 1024,
+            };
+            let bodies = Bodies::new(fleet, 16, 5, request);
+            assert_eq!(bodies.pooled() > 0, fleet.distinct_prompts() <= MAX_POOL);
+            let mut tails = std::collections::HashSet::new();
+            for i in [0, 1, 7, 1_000_003, 7_000_021, u64::MAX] {
+                let sent = pb::LookupRouteRequest::decode(bodies.get(i)).unwrap();
+                assert_eq!(
+                    sent,
+                    request(fleet.lookup_prompt_with_new(i, 16, 5)),
+                    "request {i}"
+                );
+                let Some(pb::lookup_route_request::Key::BlockHashes(h)) = sent.key else {
+                    panic!("request {i} has no block hashes");
+                };
+                assert!(
+                    tails.insert(h.hashes[11..].to_vec()),
+                    "request {i}'s tail repeats"
+                );
+            }
         }
     }
 

@@ -26,6 +26,14 @@ pub fn fingerprint(family: u64, depth: u32) -> u64 {
     x ^ (x >> 31)
 }
 
+/// Block `j` of request `i`'s new tail ([`Fleet::lookup_prompt_with_new`]):
+/// well mixed, and apart from every [`fingerprint`] in practice.
+pub fn fresh_fingerprint(i: u64, j: u32) -> u64 {
+    let x = (i.rotate_left(17) ^ u64::from(j) ^ 0x5bd1_e995_0000_0000)
+        .wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^ (x >> 29)
+}
+
 /// The synthetic fleet's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fleet {
@@ -88,6 +96,17 @@ impl Fleet {
     pub fn lookup_prompt(&self, i: u64, blocks: u32) -> Vec<u64> {
         let groups = u64::from(self.groups().max(1));
         self.prompt(u32::try_from(i % groups).unwrap_or(0), i / groups, blocks)
+    }
+
+    /// [`Self::lookup_prompt`] whose last `new` of its `blocks` blocks are
+    /// [`fresh_fingerprint`]s of request `i`: held up to there, then a
+    /// tail no replica holds and no other request names (as a prompt
+    /// ending in a new user turn).
+    pub fn lookup_prompt_with_new(&self, i: u64, blocks: u32, new: u32) -> Vec<u64> {
+        let new = new.min(blocks);
+        let mut prompt = self.lookup_prompt(i, blocks - new);
+        prompt.extend((0..new).map(|j| fresh_fingerprint(i, j)));
+        prompt
     }
 
     /// Distinct prompts [`Self::lookup_prompt`] cycles through.
@@ -211,6 +230,18 @@ mod tests {
         assert_eq!(fleet.groups(), 2);
         let prompt = fleet.prompt(1, 0, 16);
         assert_eq!(prompt[3], fingerprint(chains[0].0, 3));
+        // A new tail: held blocks first, then fresh ones of this request only.
+        let with_new = fleet.lookup_prompt_with_new(1, 16, 4);
+        assert_eq!(with_new[..12], fleet.lookup_prompt(1, 12)[..]);
+        assert_eq!(
+            with_new[12..],
+            [0, 1, 2, 3].map(|j| fresh_fingerprint(1, j))
+        );
+        assert_ne!(fleet.lookup_prompt_with_new(2, 16, 4)[12..], with_new[12..]);
+        assert_eq!(
+            fleet.lookup_prompt_with_new(1, 16, 0),
+            fleet.lookup_prompt(1, 16)
+        );
     }
 
     #[test]

@@ -57,6 +57,13 @@ struct Args {
     /// Blocks per LookupRoute prompt.
     #[arg(long, default_value_t = 128)]
     prompt_blocks: u32,
+    /// The last this many blocks of each LookupRoute prompt are new: no
+    /// replica holds them and no other request names them (a prompt
+    /// ending in a new user turn), so each pick records them as
+    /// speculative holdings (0: every block is held). Below
+    /// --prompt-blocks.
+    #[arg(long, default_value_t = 0)]
+    new_blocks: u32,
     /// Requests in flight.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -191,6 +198,8 @@ struct Report {
     replicas: u32,
     entries: u64,
     prompt_blocks: u32,
+    /// `--new-blocks`.
+    new_blocks: u32,
     concurrency: usize,
     connections: usize,
     /// Requests per second offered (open loop), if set.
@@ -371,6 +380,13 @@ fn check(args: &Args) -> Result<(), String> {
     }
     if let Some(rate) = args.rate {
         ic_loadgen::schedule::Schedule::new(rate, args.spacing, args.seed)?;
+    }
+    if args.new_blocks >= args.prompt_blocks && args.new_blocks > 0 {
+        return Err(format!(
+            "--new-blocks: {} leaves no held block of the {} of --prompt-blocks \
+             (a prompt nobody holds is routed by load alone)",
+            args.new_blocks, args.prompt_blocks
+        ));
     }
     if args.client_threads > 64 {
         return Err(format!(
@@ -564,6 +580,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         args.prompt_blocks
     ));
     let prompt_blocks = args.prompt_blocks;
+    let new_blocks = args.new_blocks;
     let server_before = match &metrics_url {
         Some(url) => Some(lookup_histogram(url).await?),
         None => None,
@@ -572,7 +589,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (lookup, hits, lookup_schedule) = match args.lookup_client {
         LookupClient::Lean => {
             let max = args.max_candidates;
-            let bodies = Arc::new(Bodies::new(fleet, prompt_blocks, move |h| {
+            let bodies = Arc::new(Bodies::new(fleet, prompt_blocks, new_blocks, move |h| {
                 lookup_request(h, max)
             }));
             lookup_bodies_pooled = Some(bodies.pooled());
@@ -600,7 +617,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
         LookupClient::Full => {
             let max = args.max_candidates;
-            let request = move |i| lookup_request(fleet.lookup_prompt(i, prompt_blocks), max);
+            let request = move |i| {
+                lookup_request(
+                    fleet.lookup_prompt_with_new(i, prompt_blocks, new_blocks),
+                    max,
+                )
+            };
             match &direct {
                 Some(open) => {
                     let body = move |i| Bytes::from(request(i).encode_to_vec());
@@ -651,6 +673,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         replicas: args.replicas,
         entries: args.entries,
         prompt_blocks: args.prompt_blocks,
+        new_blocks: args.new_blocks,
         concurrency: args.concurrency,
         connections: args.connections,
         rate: args.rate,

@@ -26,7 +26,7 @@ fn ranks_as_every_replica(
         }),
         ..ScoreWeights::default()
     };
-    let mut fleet = Fleet::new(&names, weights);
+    let fleet = Fleet::new(&names, weights);
     // Block 1 (which every replica holds) is not part of it.
     let prompt = fps(&[2, 3, 4, 5, 6, 7, 8, 9]);
     let tag = scope_tag(&scope());
