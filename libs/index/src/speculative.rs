@@ -9,12 +9,13 @@
 //! remembered blocks is bounded, the oldest going first.
 //!
 //! Every pick with a new tail writes here and every lookup may read here,
-//! so the table is split into shards by (scope, block), each behind its
-//! own short lock, and a key's presence is readable with no lock at all:
-//! a pick takes one shard's lock per block it records, for that block
-//! only, and two lookups meet on a lock only when they touch a block of
-//! the same shard at the same moment (one table behind one lock cost
-//! LookupRoute over half its rate at 64 in flight, docs/benchmarks.md).
+//! so a pick's blocks are kept as one run, the table is split into shards
+//! by (scope, the run's first block), each behind its own short lock, and
+//! a key's presence is readable with no lock at all: a pick takes one
+//! shard's lock for its run, and two lookups meet on a lock only when
+//! they read runs of the same shard at the same moment (one table of
+//! single blocks behind one lock cost LookupRoute over half its rate at 64
+//! in flight with new prompt tails, docs/benchmarks.md).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -310,7 +311,9 @@ impl Speculation {
     /// as long as traffic flows. Only the engine's events confirm it. The
     /// rest is one run, under one shard's lock, that shard's expired runs
     /// dropped first and its oldest while it is over its share of
-    /// `max_entries`.
+    /// `max_entries`; a run longer than that share keeps its first blocks
+    /// (what a lookup matches first), so the newest pick is never the one
+    /// dropped.
     pub fn record(&self, scope: u64, replica_id: &str, blocks: &[Fingerprint], now_ms: i64) {
         if !self.enabled() {
             return;
@@ -319,6 +322,7 @@ impl Speculation {
         let Some(new) = blocks.get(held..).filter(|b| !b.is_empty()) else {
             return;
         };
+        let new = &new[..new.len().min(self.shard_max_entries)];
         let key = (scope, new[0]);
         let run = Run {
             replica: replica_id.into(),
@@ -367,33 +371,34 @@ impl Speculation {
             {
                 continue;
             }
-            let mut rest = None;
-            self.with_shard(scope, fp, |t| {
-                t.remove((scope, fp), &self.presence, |r| {
-                    if &*r.replica != replica_id {
-                        return false;
-                    }
+            // What the runs ending here hold past the event, put in first,
+            // so that no reader (nor this shard's count) sees neither.
+            let rests: SmallVec<[Run; 1]> = self
+                .shard(scope, fp)
+                .lock()
+                .runs
+                .get(&(scope, fp))
+                .into_iter()
+                .flatten()
+                .filter(|r| &*r.replica == replica_id)
+                .filter_map(|r| {
                     let spoken = common_prefix(&r.blocks, &blocks[i..]);
-                    // Of two runs here (an expired one not yet dropped),
-                    // the later one's rest.
-                    if spoken < r.blocks.len()
-                        && rest.as_ref().is_none_or(|x: &Run| x.expires < r.expires)
-                    {
-                        rest = Some(Run {
-                            replica: Arc::clone(&r.replica),
-                            expires: r.expires,
-                            blocks: r.blocks[spoken..].into(),
-                        });
-                    }
-                    true
+                    (spoken < r.blocks.len()).then(|| Run {
+                        replica: Arc::clone(&r.replica),
+                        expires: r.expires,
+                        blocks: r.blocks[spoken..].into(),
+                    })
                 })
-            });
-            if let Some(run) = rest {
+                .collect();
+            for run in rests {
                 let first = run.blocks[0];
                 self.with_shard(scope, first, |t| {
                     t.insert((scope, first), run, &self.presence);
                 });
             }
+            self.with_shard(scope, fp, |t| {
+                t.remove((scope, fp), &self.presence, |r| &*r.replica == replica_id)
+            });
         }
     }
 
@@ -698,7 +703,28 @@ mod tests {
         s.confirm(1, "b", &fps(&[9, 10]));
         assert!(s.is_empty());
         assert_eq!(s.shards[0].keys.load(Ordering::Relaxed), 0);
+        // Two forks of b's at one key (picks that raced): a chunk's event
+        // keeps both rests.
+        let s = table(1_000, 100);
+        s.record(1, "b", &fps(&[7, 8]), 0);
+        s.record(1, "b", &fps(&[7, 8]), 0);
+        let t = &s.shards[0];
+        let mut guard = t.table.lock();
+        let forked = guard.runs.get_mut(&(1, fps(&[7])[0])).unwrap();
+        assert_eq!(forked.len(), 1, "the second pick added nothing");
+        forked.push(Run {
+            replica: "b".into(),
+            expires: 1_000,
+            blocks: fps(&[7, 9]).into(),
+        });
+        guard.entries += 2;
+        drop(guard);
+        s.confirm(1, "b", &fps(&[7]));
+        assert_eq!(s.extension(1, "b", &fps(&[8]), 1), 1);
+        assert_eq!(s.extension(1, "b", &fps(&[9]), 1), 1);
+        assert_eq!(s.len(), 2);
         // Another replica's events end nothing of b's.
+        let s = table(1_000, 100);
         s.record(1, "b", &fps(&[7, 8]), 0);
         s.confirm(1, "c", &fps(&[7, 8]));
         assert_eq!(s.len(), 2);
@@ -717,6 +743,15 @@ mod tests {
         assert_eq!(s.extension(1, "a", &fps(&[1_009_999]), 1), 1);
         assert_eq!(s.extension(1, "a", &fps(&[1_000_000]), 1), 0);
         assert_eq!(table(1, 1_000_000).shards.len(), MAX_SHARDS);
+        // A prompt longer than a shard's share keeps its first blocks (an
+        // older run of its shard may go for it).
+        let s = table(10_000, 8_192);
+        s.record(1, "a", &fps(&[1]), 0);
+        let long: Vec<u64> = (100..100 + 5_000).collect();
+        s.record(1, "b", &fps(&long), 0);
+        assert_eq!(s.extension(1, "b", &fps(&long), 1), 4_096);
+        assert!(s.dropped_for_space() <= 1);
+        assert_eq!(s.len() as u64 + s.dropped_for_space(), 4_097);
     }
 
     #[test]

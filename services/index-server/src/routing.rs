@@ -270,6 +270,13 @@ impl Routing {
         block_size: u32,
         now_ms: i64,
     ) {
+        // Speculation first: a replica's board entry then outlives any run
+        // of it an upkeep's sweep could miss (a pick racing the upkeep), so
+        // the next upkeep sees it leave the board and sweeps again.
+        if !unheld.is_empty() {
+            self.speculation
+                .record(scope_tag, replica_id, unheld, now_ms);
+        }
         // One visit of the replica's load entry, not three; of the scope's
         // shortlist only, when the replica is in no other scope.
         let tokens = unheld.len() as f64 * f64::from(block_size);
@@ -279,10 +286,6 @@ impl Routing {
                     .ttft
                     .map_or(0.0, |model| model.work_ms_at(tokens, rate))
             });
-        if !unheld.is_empty() {
-            self.speculation
-                .record(scope_tag, replica_id, unheld, now_ms);
-        }
     }
 
     /// The engine behind `replica_id` stored `blocks` blocks of
