@@ -117,10 +117,13 @@ async fn a_flood_of_ten_times_the_bound_keeps_memory_flat() {
         "LRU must track exactly the bound: {tracked}"
     );
     let growth = rss_end.saturating_sub(rss_at_bound);
-    // 8 MiB of slack for allocator noise; the leak was ~50 MB over these
-    // 100,000 keys.
+    // 16 MiB of slack for the allocator: a thread's heap takes memory in
+    // segments of megabytes, and which runtime threads handle the flood
+    // varies with the machine's load (8,196 KiB once in a loaded `.ci/run`
+    // on 2026-12-06, with no coordinator change; at most 8 MiB alone). The
+    // leak this guards against was ~50 MB over these 100,000 keys.
     assert!(
-        growth < 8 * 1024,
+        growth < 16 * 1024,
         "RSS grew {growth} KiB from {rss_at_bound} KiB after the bound was reached"
     );
 }
