@@ -407,23 +407,12 @@ impl Speculation {
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
         for shard in &self.shards {
             let mut t = shard.table.lock();
-            let t = &mut *t;
-            let mut removed = 0;
-            let presence = &self.presence;
-            t.runs.retain(|&(scope, fp), runs| {
-                runs.retain(|r| {
-                    let kept = keep(&r.replica);
-                    if !kept {
-                        removed += r.blocks.len();
-                    }
-                    kept
-                });
-                if runs.is_empty() {
-                    presence.removed(scope, fp);
-                }
-                !runs.is_empty()
-            });
-            t.entries -= removed;
+            // Rare (a replica left, or its cache was cleared): the keys are
+            // listed first so that every removal is counted in one place.
+            let keys: Vec<(u64, Fingerprint)> = t.runs.keys().copied().collect();
+            for key in keys {
+                t.remove(key, &self.presence, |r| !keep(&r.replica));
+            }
             self.publish(shard, t.runs.len());
         }
     }

@@ -1,7 +1,7 @@
 //! The server's load board and speculation table (each shared, with short
-//! locks of their own), and the scoring flags. Every routing front end (LookupRoute, the endpoint picker)
-//! decides through [`Routing::decide`] and reports what it did with the
-//! answer through the methods here.
+//! locks of their own), and the scoring flags. Every routing front end
+//! (LookupRoute, the endpoint picker) decides through [`Routing::decide`]
+//! and reports what it did with the answer through the methods here.
 
 use ic_index::load::{EngineLoad, LoadBoard, LoadSettings, ReplicaLoad};
 use ic_index::pick::{ScoreWeights, TtftModel};
@@ -146,8 +146,8 @@ impl ScoringFlags {
 pub struct Routing {
     weights: ScoreWeights,
     load: LoadBoard,
-    /// Sharded: a pick locks one shard per block it records, a lookup
-    /// whose prompt the table cannot hold takes no lock at all.
+    /// Sharded: a pick locks one shard for the run it records, a lookup
+    /// whose prompt no run can concern takes no lock at all.
     speculation: Speculation,
 }
 
