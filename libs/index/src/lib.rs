@@ -31,6 +31,7 @@ pub mod pod_scores;
 mod prefetch;
 mod registry;
 pub mod route;
+pub mod sharded;
 pub mod speculative;
 mod store;
 mod types;

@@ -15,9 +15,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering, fence};
 
-use parking_lot::RwLock;
-
 use crate::index::FastMap;
+use crate::route::Shortlist;
+use crate::sharded::ShardedRwLock;
+
+/// A read guard of a [`ShardedRwLock`].
+type ReadGuard<'a, T> = crossbeam_utils::sync::ShardedLockReadGuard<'a, T>;
+
+/// A scope's shortlist, read-locked by a pick, and how many of its
+/// eligible members are the picked replica.
+type ListedPick<'a> = (ReadGuard<'a, Option<Arc<Shortlist>>>, usize);
 
 mod entry;
 mod scopes;
@@ -116,7 +123,7 @@ impl Default for LoadSettings {
 #[derive(Debug, Default)]
 pub struct LoadBoard {
     settings: LoadSettings,
-    entries: RwLock<FastMap<Box<str>, Arc<Entry>>>,
+    entries: ShardedRwLock<FastMap<Box<str>, Arc<Entry>>>,
     epoch_ms: AtomicI64,
     /// Twice the rebases so far, plus one while one is under way (written
     /// under the map's write lock): a [`LoadReader`] that reads without
@@ -126,7 +133,7 @@ pub struct LoadBoard {
     /// the board: resolved [`MemberLoads`] of an older generation are stale.
     generation: AtomicU64,
     /// Each scope's resolved entries, by the caller's scope tag.
-    scopes: RwLock<FastMap<u64, MemberLoads>>,
+    scopes: ShardedRwLock<FastMap<u64, MemberLoads>>,
     /// Peer replicas whose figures are fresh ([`LoadBoard::set_live_peers`]).
     live_peers: AtomicU32,
     /// Load changes other than picks so far (reports, requests started and
@@ -278,27 +285,15 @@ impl LoadBoard {
                 self.rebases.store(rebases + 2, Ordering::Release);
             }
         }
-        let update = |e: &Entry, lists: &[(Arc<crate::route::Shortlist>, usize)]| {
-            let decay = self.decay_factor(now_ms);
-            let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
-            e.add_recent(self.ahead(now_ms).max(0.0).exp2());
-            let work = work_ms(e.prefill_rate());
-            if work > 0.0 {
-                enqueue(&e.picked_busy_until, now_ms as f64, work);
-            }
-            if let Some(before) = before {
-                let after = self.entry_load(e, now_ms, decay).requests;
-                for (list, members) in lists {
-                    list.picked(*members, after - before, after);
-                }
-            }
-        };
         // A pick only adds to its replica's figures, so a shortlist need
         // not be rebuilt for it: the shortlists listing the replica add it
         // to their fleet figures instead, and it is no change. Each scope
         // holding the replica is held from here until the pick is added,
         // so no list is rebuilt without it meanwhile. Weighed under the
-        // map's lock, so a rebase never falls between.
+        // map's lock, so a rebase never falls between. Every lock here is
+        // read through the thread's own shard ([`ShardedRwLock`]), and the
+        // lists are borrowed, not cloned: a pick writes no line that the
+        // concurrent lookups' locks share, only the figures it changes.
         let scopes = self.scopes.read();
         let map = self.entries.read();
         let Some(e) = map.get(replica_id) else {
@@ -306,14 +301,14 @@ impl LoadBoard {
             // every member its entry), so in no list.
             drop(map);
             drop(scopes);
-            self.with_entry_quiet(replica_id, |e| update(e, &[]));
+            self.with_entry_quiet(replica_id, |e| {
+                self.add_pick(e, now_ms, work_ms, &[]);
+            });
             self.own_listener.tell(replica_id);
             return;
         };
-        let mut held: smallvec::SmallVec<[parking_lot::RwLockReadGuard<'_, ()>; 1]> =
-            smallvec::SmallVec::new();
-        let mut lists: smallvec::SmallVec<[(Arc<crate::route::Shortlist>, usize); 1]> =
-            smallvec::SmallVec::new();
+        let mut held: smallvec::SmallVec<[ReadGuard<'_, ()>; 1]> = smallvec::SmallVec::new();
+        let mut lists: smallvec::SmallVec<[ListedPick<'_>; 1]> = smallvec::SmallVec::new();
         let h = crate::pick::id_hash(replica_id);
         let only = scope_tag.filter(|&t| e.only_in(t));
         let visited = only.and_then(|t| scopes.get(&t)).into_iter().chain(
@@ -331,19 +326,50 @@ impl LoadBoard {
                 continue;
             }
             held.push(m.rebuilding.read());
-            let Some(list) = m.shortlist.read().clone() else {
-                continue;
-            };
-            let n = of.filter(|&i| list.counts(i)).count();
+            let list = m.shortlist.read();
+            let n = list
+                .as_deref()
+                .map_or(0, |list| of.filter(|&i| list.counts(i)).count());
             if n > 0 {
                 lists.push((list, n));
             }
         }
-        update(e, &lists);
+        let listed: smallvec::SmallVec<[(&Shortlist, usize); 1]> = lists
+            .iter()
+            .filter_map(|(list, n)| list.as_deref().map(|list| (list, *n)))
+            .collect();
+        self.add_pick(e, now_ms, work_ms, &listed);
+        drop(listed);
+        drop(lists);
         drop(held);
         drop(map);
         drop(scopes);
         self.own_listener.tell(replica_id);
+    }
+
+    /// Adds a pick at `now_ms` to `e` (and the work `work_ms` makes of
+    /// its prefill rate), and to the fleet figures of `lists`, each with
+    /// the number of its eligible members that are `e`'s replica.
+    fn add_pick(
+        &self,
+        e: &Entry,
+        now_ms: i64,
+        work_ms: impl FnOnce(Option<f64>) -> f64,
+        lists: &[(&Shortlist, usize)],
+    ) {
+        let decay = self.decay_factor(now_ms);
+        let before = (!lists.is_empty()).then(|| self.entry_load(e, now_ms, decay).requests);
+        e.add_recent(self.ahead(now_ms).max(0.0).exp2());
+        let work = work_ms(e.prefill_rate());
+        if work > 0.0 {
+            enqueue(&e.picked_busy_until, now_ms as f64, work);
+        }
+        if let Some(before) = before {
+            let after = self.entry_load(e, now_ms, decay).requests;
+            for (list, members) in lists {
+                list.picked(*members, after - before, after);
+            }
+        }
     }
 
     /// Calls `f` with the replica id after every change of this server's
@@ -575,10 +601,14 @@ impl LoadBoard {
         let left = before - map.len();
         if left > 0 {
             self.generation.fetch_add(1, Ordering::Relaxed);
+            drop(map);
+            // Every resolved scope is stale now (the generation moved),
+            // and a scope gone from the index took its replicas with it:
+            // forgotten here. Otherwise each scope keeps its resolution
+            // and its shortlist (a scope's tag is resolved again when its
+            // members change).
+            self.scopes.write().clear();
         }
-        drop(map);
-        // Scopes gone from the index are forgotten here too.
-        self.scopes.write().clear();
         left
     }
 

@@ -27,10 +27,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ic_index::load::{LoadBoard, PeerPicks};
+use ic_index::sharded::ShardedRwLock;
 use ic_proto::index_v1 as pb;
 pub use ic_proto::index_v1::index_peer_service_server::{IndexPeerService, IndexPeerServiceServer};
 use ic_telemetry::MetricsRegistry;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -289,8 +290,9 @@ pub struct Exchange {
     received: Mutex<Received>,
     metrics: PeerMetrics,
     /// Each reporter's engines changed since its last report (`--peer-push`);
-    /// read on every pick, written only when a reporter starts or stops.
-    pending: RwLock<Vec<Arc<send::Pending>>>,
+    /// read on every pick (through the thread's own shard), written only
+    /// when a reporter starts or stops.
+    pending: ShardedRwLock<Vec<Arc<send::Pending>>>,
 }
 
 impl Exchange {
@@ -301,7 +303,7 @@ impl Exchange {
             settings,
             received: Mutex::new(Received::default()),
             metrics: PeerMetrics::register(registry),
-            pending: RwLock::new(Vec::new()),
+            pending: ShardedRwLock::new(Vec::new()),
         })
     }
 

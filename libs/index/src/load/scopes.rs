@@ -6,11 +6,10 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use parking_lot::RwLock;
-
 use super::entry::Entry;
 use super::{LoadBoard, LoadSettings, ReplicaLoad};
 use crate::registry::Members;
+use crate::sharded::ShardedRwLock;
 
 /// The board's entries of one scope's members, in the members' order, and
 /// the hash of each member's replica id ([`crate::pick::id_hash`]).
@@ -25,13 +24,13 @@ pub(crate) struct MemberLoads {
     /// `(id_hashes[i], i)`, sorted: finds a holder's members.
     by_hash: Box<[(u64, u32)]>,
     /// The scope's shortlist, when it is large enough to keep one.
-    pub(crate) shortlist: RwLock<Option<Arc<crate::route::Shortlist>>>,
+    pub(crate) shortlist: ShardedRwLock<Option<Arc<crate::route::Shortlist>>>,
     /// Held shared by a pick of a member (from before it reads the list
     /// until it has added itself to it) and exclusively by a lookup
     /// rebuilding the list (from reading the loads until it is published):
     /// a pick is then in the new list's loads or in its figures, never
     /// lost between the two.
-    pub(crate) rebuilding: RwLock<()>,
+    pub(crate) rebuilding: ShardedRwLock<()>,
 }
 
 impl MemberLoads {
@@ -247,8 +246,8 @@ impl LoadBoard {
             entries,
             id_hashes,
             by_hash: by_hash.into(),
-            shortlist: RwLock::new(None),
-            rebuilding: RwLock::new(()),
+            shortlist: ShardedRwLock::new(None),
+            rebuilding: ShardedRwLock::new(()),
         }
     }
 }

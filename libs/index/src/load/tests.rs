@@ -56,6 +56,26 @@ fn retain_drops_replicas_gone_from_the_index() {
 }
 
 #[test]
+fn an_upkeep_keeps_resolved_scopes_until_a_replica_leaves() {
+    let members = crate::registry::members_named(&["a", "b"]);
+    let board = LoadBoard::default();
+    let resolved = || board.with_members(7, &members, 0, |_, m| m.id_hashes.as_ptr() as usize);
+    let first = resolved();
+    assert_eq!(board.retain(|_| true), 0);
+    let kept = board
+        .scopes
+        .read()
+        .get(&7)
+        .map(|m| m.id_hashes.as_ptr() as usize);
+    assert_eq!(kept, Some(first), "kept: its shortlist lives on");
+    assert_eq!(board.retain(|id| id == "b"), 1);
+    assert!(board.scopes.read().is_empty(), "every resolution forgotten");
+    // Resolved again, "a" given its idle entry back.
+    let _ = resolved();
+    assert_eq!(board.len(), 2);
+}
+
+#[test]
 fn peers_picks_add_to_the_own_and_expire() {
     let board = LoadBoard::new(LoadSettings {
         pick_half_life_ms: 1_000,

@@ -112,11 +112,14 @@ pub(super) fn rank_matches(
                     )
                 };
                 if keep {
-                    let shortlist = resolved.shortlist.read().clone();
-                    if let Some(shortlist) =
-                        shortlist.filter(|s| s.serves(&input, scoring.weights, reader))
+                    // Read under the lock, not cloned: a clone's count is
+                    // one more write every lookup and pick would share.
+                    let shortlist = resolved.shortlist.read();
+                    if let Some(shortlist) = shortlist
+                        .as_deref()
+                        .filter(|s| s.serves(&input, scoring.weights, reader))
                     {
-                        match from_list(&shortlist) {
+                        match from_list(shortlist) {
                             Ok(eligible) => return eligible,
                             // Fresh but of no use to this prompt: rebuilt
                             // only when picks wore it out.

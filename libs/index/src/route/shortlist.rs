@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam_utils::CachePadded;
+
 use crate::load::{LoadReader, MemberLoads, ReplicaLoad};
 use crate::pick::{
     Fleet, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, id_hash, rank_hashed,
@@ -206,13 +208,21 @@ pub(crate) struct Shortlist {
     /// The members eligible when built, one bit each: whose picks change
     /// the fleet's figures.
     eligible: Box<[u64]>,
-    /// Requests the scope's picks added since, over its eligible members
-    /// (`f64` bits).
+    /// What the scope's picks changed since, on cache lines of their own:
+    /// every pick writes them, and the fields above are read by every
+    /// lookup.
+    since: CachePadded<PicksSince>,
+}
+
+/// The picks of a [`Shortlist`]'s eligible members since it was built.
+#[derive(Debug)]
+struct PicksSince {
+    /// Requests they added, over the eligible members (`f64` bits).
     added_requests: AtomicU64,
-    /// The busiest eligible member's requests, picks since included
-    /// (`f64` bits).
+    /// The busiest eligible member's requests, picks included (`f64`
+    /// bits).
     max_requests: AtomicU64,
-    /// Picks of its eligible members since it was built.
+    /// How many.
     picks: AtomicU64,
 }
 
@@ -331,9 +341,11 @@ impl Shortlist {
             listed: first.iter().map(|(_, i)| positions[*i as usize]).collect(),
             floors: floors.into(),
             eligible: eligible.into(),
-            added_requests: AtomicU64::new(0f64.to_bits()),
-            max_requests: AtomicU64::new(fleet.max_requests.to_bits()),
-            picks: AtomicU64::new(0),
+            since: CachePadded::new(PicksSince {
+                added_requests: AtomicU64::new(0f64.to_bits()),
+                max_requests: AtomicU64::new(fleet.max_requests.to_bits()),
+                picks: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -348,9 +360,9 @@ impl Shortlist {
     /// id's), each now busy with `now_requests`.
     pub(crate) fn picked(&self, members: usize, requests: f64, now_requests: f64) {
         if members > 0 && requests.is_finite() && now_requests.is_finite() {
-            self.picks.fetch_add(1, Ordering::Relaxed);
-            add_f64(&self.added_requests, requests * members as f64);
-            max_f64(&self.max_requests, now_requests);
+            self.since.picks.fetch_add(1, Ordering::Relaxed);
+            add_f64(&self.since.added_requests, requests * members as f64);
+            max_f64(&self.since.max_requests, now_requests);
         }
     }
 
@@ -359,15 +371,15 @@ impl Shortlist {
     /// nothing without picks is tied with the rest, as in an idle fleet,
     /// and a rebuild would prove nothing either).
     fn worn(&self) -> bool {
-        self.picks.load(Ordering::Relaxed) > 0
+        self.since.picks.load(Ordering::Relaxed) > 0
     }
 
     /// The scope's fleet figures now: as built, with the picks since.
     fn fleet_now(&self) -> Fleet {
         Fleet {
-            max_requests: f64::from_bits(self.max_requests.load(Ordering::Relaxed)),
+            max_requests: f64::from_bits(self.since.max_requests.load(Ordering::Relaxed)),
             total_requests: self.fleet.total_requests
-                + f64::from_bits(self.added_requests.load(Ordering::Relaxed)),
+                + f64::from_bits(self.since.added_requests.load(Ordering::Relaxed)),
             replicas: self.fleet.replicas,
         }
     }

@@ -15,6 +15,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
 use std::time::{Duration, Instant};
 
 use ic_index::load::PeerPicks;
@@ -29,45 +30,90 @@ use super::{Exchange, FLAG, PeerSettings, key};
 use crate::index_core::IndexCore;
 
 /// The engines one reporter has yet to push, and the wake-up.
+///
+/// Every pick marks its engine here (once per peer), so the usual mark, of
+/// an engine already waiting for the next push, takes no lock: `marked`
+/// keeps the hash of each waiting engine, direct-mapped (a slot holds the
+/// last engine marked into it), and a mark that finds its engine's hash
+/// there is done. Others (a new engine, or one whose slot another holds)
+/// take the set's lock. Slots are set under that lock and cleared under it
+/// when the reporter takes the set, so a slot names an engine in the set.
+/// Between a pick and the reporter, a Dekker pairing of fences: the pick
+/// writes its figures, fences, reads the slot; the reporter clears the
+/// slots, fences, reads the figures. Either the pick sees its slot cleared
+/// (and marks its engine for the next push) or the reporter reads the
+/// pick's figures. Two engines with one 64-bit hash would make the second's
+/// pushes wait for the next full report.
 #[derive(Debug)]
 pub(super) struct Pending {
     ids: Mutex<HashSet<Box<str>>>,
+    marked: Box<[AtomicU64]>,
     max: usize,
     notify: Notify,
+}
+
+/// Slots of [`Pending::marked`] (8 KiB a peer): as many engines as a busy
+/// scope picks between two pushes, mostly without sharing a slot.
+const MARKED_SLOTS: usize = 1 << 10;
+
+/// The slot and the (non-zero) value that mark `replica_id`.
+fn slot_of(replica_id: &str) -> (usize, u64) {
+    let h = ic_index::pick::id_hash(replica_id).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let slot = usize::try_from(h >> (64 - MARKED_SLOTS.trailing_zeros())).unwrap_or(0);
+    (slot, h | 1)
 }
 
 impl Pending {
     fn new(max: usize) -> Self {
         Self {
             ids: Mutex::new(HashSet::new()),
+            marked: (0..MARKED_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             max,
             notify: Notify::new(),
         }
     }
 
-    /// Notes `replica_id` for the next push; false when it is left out
-    /// (already `max` engines waiting: the next full report carries it).
+    /// Notes `replica_id`, whose figures were just written, for the next
+    /// push; false when it is left out (already `max` engines waiting: the
+    /// next full report carries it).
     pub(super) fn mark(&self, replica_id: &str) -> bool {
-        let mut ids = self.ids.lock();
-        if ids.contains(replica_id) {
+        let (slot, h) = slot_of(replica_id);
+        // The figures' writes before the slot's read (see the type).
+        fence(Ordering::SeqCst);
+        if self.marked[slot].load(Ordering::Relaxed) == h {
             return true;
         }
-        if ids.len() >= self.max {
-            return false;
+        let mut ids = self.ids.lock();
+        if !ids.contains(replica_id) {
+            if ids.len() >= self.max {
+                return false;
+            }
+            let first = ids.is_empty();
+            ids.insert(replica_id.into());
+            if first {
+                // Stores a permit when the reporter is busy sending: it
+                // sends again right after, with everything marked
+                // meanwhile.
+                self.notify.notify_one();
+            }
         }
-        let first = ids.is_empty();
-        ids.insert(replica_id.into());
-        drop(ids);
-        if first {
-            // Stores a permit when the reporter is busy sending: it sends
-            // again right after, with everything marked meanwhile.
-            self.notify.notify_one();
-        }
+        self.marked[slot].store(h, Ordering::Relaxed);
         true
     }
 
+    /// The engines marked since the last take; their figures are to be
+    /// read after it.
     fn take(&self) -> HashSet<Box<str>> {
-        std::mem::take(&mut *self.ids.lock())
+        let mut ids = self.ids.lock();
+        let taken = std::mem::take(&mut *ids);
+        for id in &taken {
+            let (slot, h) = slot_of(id);
+            let _ = self.marked[slot].compare_exchange(h, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        drop(ids);
+        // The slots' clearing before the figures' reads (see the type).
+        fence(Ordering::SeqCst);
+        taken
     }
 }
 
@@ -246,5 +292,111 @@ mod tests {
         assert!(p.notify.notified().now_or_never().is_none());
         assert!(p.mark("c"));
         assert!(p.notify.notified().now_or_never().is_some());
+    }
+
+    /// Marks `id` on another thread while this one holds the set's lock:
+    /// whether it returned without the lock (within a second).
+    fn marks_without_the_lock(p: &Arc<Pending>, id: &'static str) -> bool {
+        let held = p.ids.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q = Arc::clone(p);
+        let marker = std::thread::spawn(move || {
+            let _ = tx.send(q.mark(id));
+        });
+        let quick = rx.recv_timeout(Duration::from_secs(1)).is_ok();
+        drop(held);
+        let _ = marker.join();
+        quick
+    }
+
+    #[test]
+    fn a_pick_of_an_engine_already_waiting_takes_no_lock() {
+        let p = Arc::new(Pending::new(16));
+        assert!(p.mark("a"));
+        assert!(marks_without_the_lock(&p, "a"));
+        assert!(
+            !marks_without_the_lock(&p, "b"),
+            "a new engine is added under the lock"
+        );
+        // Taken: the next pick marks it again (its slot was cleared), so
+        // the push after carries it.
+        assert_eq!(p.take().len(), 2);
+        assert!(!marks_without_the_lock(&p, "a"));
+        assert_eq!(p.take().len(), 1);
+    }
+
+    #[test]
+    fn engines_sharing_a_slot_are_each_marked() {
+        let (slot, _) = slot_of("e0");
+        let other = (1..100_000)
+            .map(|i| format!("e{i}"))
+            .find(|id| slot_of(id).0 == slot)
+            .expect("a second id in the slot among 100,000");
+        let p = Pending::new(16);
+        for _ in 0..3 {
+            assert!(p.mark("e0"));
+            assert!(p.mark(&other));
+            assert!(p.mark("e0"));
+            let mut ids: Vec<Box<str>> = p.take().into_iter().collect();
+            ids.sort();
+            assert_eq!(ids.len(), 2, "{ids:?}");
+        }
+    }
+
+    /// Pickers write an engine's figure, then mark it; a reporter takes
+    /// the marks and reads the figures: the last figure of every engine is
+    /// read by some take (a mark that found its engine waiting was carried
+    /// by the take that cleared it, or saw the slot cleared and marked it
+    /// again).
+    #[test]
+    fn no_pick_is_left_out_of_every_push() {
+        const ENGINES: usize = 8;
+        const PICKS: u64 = 20_000;
+        let p = Arc::new(Pending::new(ENGINES));
+        let figures: Arc<Vec<AtomicU64>> =
+            Arc::new((0..ENGINES).map(|_| AtomicU64::new(0)).collect());
+        let ids: Vec<String> = (0..ENGINES).map(|i| format!("engine-{i}")).collect();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pickers: Vec<_> = (0..2)
+            .map(|t| {
+                let (p, figures, ids) = (Arc::clone(&p), Arc::clone(&figures), ids.clone());
+                std::thread::spawn(move || {
+                    for n in 1..=PICKS {
+                        let e = (n as usize + t) % ENGINES;
+                        figures[e].fetch_max(n, Ordering::Relaxed);
+                        assert!(p.mark(&ids[e]));
+                    }
+                })
+            })
+            .collect();
+        let reporter = {
+            let (p, figures, ids, done) = (
+                Arc::clone(&p),
+                Arc::clone(&figures),
+                ids.clone(),
+                Arc::clone(&done),
+            );
+            std::thread::spawn(move || {
+                let mut seen = vec![0u64; ENGINES];
+                loop {
+                    let last = done.load(Ordering::Acquire);
+                    for id in p.take() {
+                        let e = ids.iter().position(|x| **x == *id).expect("a known engine");
+                        seen[e] = figures[e].load(Ordering::Relaxed);
+                    }
+                    if last {
+                        return seen;
+                    }
+                }
+            })
+        };
+        for picker in pickers {
+            picker.join().expect("a picker");
+        }
+        done.store(true, Ordering::Release);
+        let seen = reporter.join().expect("the reporter");
+        for (e, figure) in figures.iter().enumerate() {
+            assert_eq!(seen[e], figure.load(Ordering::Relaxed), "engine {e}");
+        }
     }
 }
