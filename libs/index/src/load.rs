@@ -291,7 +291,7 @@ impl LoadBoard {
         // holding the replica is held from here until the pick is added,
         // so no list is rebuilt without it meanwhile. Weighed under the
         // map's lock, so a rebase never falls between. Every lock here is
-        // read through the thread's own shard ([`ShardedRwLock`]), and the
+        // read through the thread's shard ([`ShardedRwLock`]), and the
         // lists are borrowed, not cloned: a pick writes no line that the
         // concurrent lookups' locks share, only the figures it changes.
         let scopes = self.scopes.read();
@@ -593,23 +593,48 @@ impl LoadBoard {
     }
 
     /// Keeps only the replicas `keep` accepts (those still in the index), so
-    /// the board never outlives a replica; returns how many left.
+    /// the board never outlives a replica; returns how many left. Called
+    /// every upkeep: it also forgets the resolutions of scopes no lookup
+    /// used since the previous call (gone from the index, or their
+    /// replicas moved to another scope), and takes a write lock only for
+    /// what it removes.
     pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) -> usize {
-        let mut map = self.entries.write();
-        let before = map.len();
-        map.retain(|id, _| keep(id));
-        let left = before - map.len();
+        let leaving = self.entries.read().keys().any(|id| !keep(id));
+        let left = if leaving {
+            let mut map = self.entries.write();
+            let before = map.len();
+            map.retain(|id, _| keep(id));
+            before - map.len()
+        } else {
+            0
+        };
         if left > 0 {
+            // Every resolved scope is stale now (the generation moved).
             self.generation.fetch_add(1, Ordering::Relaxed);
-            drop(map);
-            // Every resolved scope is stale now (the generation moved),
-            // and a scope gone from the index took its replicas with it:
-            // forgotten here. Otherwise each scope keeps its resolution
-            // and its shortlist (a scope's tag is resolved again when its
-            // members change).
             self.scopes.write().clear();
+            return left;
         }
-        left
+        // Each scope keeps its resolution and its shortlist while used.
+        let unused: smallvec::SmallVec<[u64; 4]> = self
+            .scopes
+            .read()
+            .iter()
+            .filter(|(_, m)| !m.used.swap(false, Ordering::Relaxed))
+            .map(|(tag, _)| *tag)
+            .collect();
+        if !unused.is_empty() {
+            let mut scopes = self.scopes.write();
+            for tag in unused {
+                // Unless a lookup used it meanwhile.
+                if scopes
+                    .get(&tag)
+                    .is_some_and(|m| !m.used.load(Ordering::Relaxed))
+                {
+                    scopes.remove(&tag);
+                }
+            }
+        }
+        0
     }
 
     /// Replicas on the board.

@@ -5,9 +5,11 @@
 //! One `RwLock` keeps its readers' count in one word: every read lock and
 //! unlock writes that cache line, so concurrent lookups on several cores
 //! pass it between them on every request even though none ever waits.
-//! Here each thread reads through a shard of its own (its own cache line,
-//! crossbeam's `ShardedLock`), and a writer takes every shard: reads
-//! write nothing another core reads, writes cost a lock per shard. The
+//! Here a thread reads through one of eight shards, chosen by its index
+//! (crossbeam's `ShardedLock`, each shard on a cache line of its own), and
+//! a writer takes every shard: up to eight threads read writing nothing
+//! another's reads write (threads past eight share shards), and writes
+//! cost a lock per shard. The
 //! exclusion is a reader-writer lock's, so code written for one keeps its
 //! reasoning unchanged.
 

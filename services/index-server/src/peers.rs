@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
 use std::time::Duration;
 
 use ic_index::load::{LoadBoard, PeerPicks};
@@ -290,7 +291,7 @@ pub struct Exchange {
     received: Mutex<Received>,
     metrics: PeerMetrics,
     /// Each reporter's engines changed since its last report (`--peer-push`);
-    /// read on every pick (through the thread's own shard), written only
+    /// read on every pick (through the thread's shard), written only
     /// when a reporter starts or stops.
     pending: ShardedRwLock<Vec<Arc<send::Pending>>>,
 }
@@ -310,7 +311,14 @@ impl Exchange {
     /// This server's own figures of `replica_id` changed: every reporter
     /// pushes it with its next report.
     fn changed(&self, replica_id: &str) {
-        for pending in self.pending.read().iter() {
+        let pending = self.pending.read();
+        if pending.is_empty() {
+            return;
+        }
+        // The pick's figures written before any mark reads its slot
+        // (`send::Pending`: the other half is the sender's, after it takes).
+        fence(Ordering::SeqCst);
+        for pending in pending.iter() {
             if !pending.mark(replica_id) {
                 self.metrics.endpoints_cut.inc();
             }

@@ -4,7 +4,7 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{Ordering, fence};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 use super::entry::Entry;
 use super::{LoadBoard, LoadSettings, ReplicaLoad};
@@ -31,6 +31,10 @@ pub(crate) struct MemberLoads {
     /// a pick is then in the new list's loads or in its figures, never
     /// lost between the two.
     pub(crate) rebuilding: ShardedRwLock<()>,
+    /// Looked up since the board's last upkeep ([`LoadBoard::retain`]),
+    /// which forgets a scope no lookup used between two upkeeps (a scope
+    /// gone from the index, or one whose replicas moved to another).
+    pub(super) used: AtomicBool,
 }
 
 impl MemberLoads {
@@ -181,6 +185,10 @@ impl LoadBoard {
         {
             let scopes = self.scopes.read();
             if let Some(m) = scopes.get(&scope_tag).filter(current) {
+                // Written once an upkeep, not on every lookup.
+                if !m.used.load(Ordering::Relaxed) {
+                    m.used.store(true, Ordering::Relaxed);
+                }
                 return f(&reader, m);
             }
         }
@@ -248,6 +256,7 @@ impl LoadBoard {
             by_hash: by_hash.into(),
             shortlist: ShardedRwLock::new(None),
             rebuilding: ShardedRwLock::new(()),
+            used: AtomicBool::new(true),
         }
     }
 }

@@ -68,6 +68,14 @@ fn an_upkeep_keeps_resolved_scopes_until_a_replica_leaves() {
         .get(&7)
         .map(|m| m.id_hashes.as_ptr() as usize);
     assert_eq!(kept, Some(first), "kept: its shortlist lives on");
+    // Not looked up between two upkeeps (gone, or its replicas moved to
+    // another scope): forgotten; looked up again, resolved again.
+    assert_eq!(board.retain(|_| true), 0);
+    assert!(board.scopes.read().is_empty(), "an unused scope forgotten");
+    assert_ne!(resolved(), 0);
+    let _ = resolved();
+    assert_eq!(board.retain(|_| true), 0);
+    assert_eq!(board.scopes.read().len(), 1, "used since: kept");
     assert_eq!(board.retain(|id| id == "b"), 1);
     assert!(board.scopes.read().is_empty(), "every resolution forgotten");
     // Resolved again, "a" given its idle entry back.

@@ -75,11 +75,11 @@ impl Pending {
 
     /// Notes `replica_id`, whose figures were just written, for the next
     /// push; false when it is left out (already `max` engines waiting: the
-    /// next full report carries it).
+    /// next full report carries it). The caller fences (`SeqCst`) between
+    /// writing the figures and marking (once for every peer's mark:
+    /// [`super::Exchange::changed`]), the pick's half of the pairing.
     pub(super) fn mark(&self, replica_id: &str) -> bool {
         let (slot, h) = slot_of(replica_id);
-        // The figures' writes before the slot's read (see the type).
-        fence(Ordering::SeqCst);
         if self.marked[slot].load(Ordering::Relaxed) == h {
             return true;
         }
@@ -295,15 +295,15 @@ mod tests {
     }
 
     /// Marks `id` on another thread while this one holds the set's lock:
-    /// whether it returned without the lock (within a second).
-    fn marks_without_the_lock(p: &Arc<Pending>, id: &'static str) -> bool {
+    /// whether it returned without the lock within `wait`.
+    fn marks_without_the_lock(p: &Arc<Pending>, id: &'static str, wait: Duration) -> bool {
         let held = p.ids.lock();
         let (tx, rx) = std::sync::mpsc::channel();
         let q = Arc::clone(p);
         let marker = std::thread::spawn(move || {
             let _ = tx.send(q.mark(id));
         });
-        let quick = rx.recv_timeout(Duration::from_secs(1)).is_ok();
+        let quick = rx.recv_timeout(wait).is_ok();
         drop(held);
         let _ = marker.join();
         quick
@@ -312,16 +312,19 @@ mod tests {
     #[test]
     fn a_pick_of_an_engine_already_waiting_takes_no_lock() {
         let p = Arc::new(Pending::new(16));
+        // Returns as soon as it is done (30 s only for a loaded machine);
+        // a mark expected to wait for the lock is given 300 ms.
+        let (done, waits) = (Duration::from_secs(30), Duration::from_millis(300));
         assert!(p.mark("a"));
-        assert!(marks_without_the_lock(&p, "a"));
+        assert!(marks_without_the_lock(&p, "a", done));
         assert!(
-            !marks_without_the_lock(&p, "b"),
+            !marks_without_the_lock(&p, "b", waits),
             "a new engine is added under the lock"
         );
         // Taken: the next pick marks it again (its slot was cleared), so
         // the push after carries it.
         assert_eq!(p.take().len(), 2);
-        assert!(!marks_without_the_lock(&p, "a"));
+        assert!(!marks_without_the_lock(&p, "a", waits));
         assert_eq!(p.take().len(), 1);
     }
 
@@ -364,6 +367,7 @@ mod tests {
                     for n in 1..=PICKS {
                         let e = (n as usize + t) % ENGINES;
                         figures[e].fetch_max(n, Ordering::Relaxed);
+                        fence(Ordering::SeqCst);
                         assert!(p.mark(&ids[e]));
                     }
                 })
