@@ -11,7 +11,9 @@
 //! With `solo N`: one thread, N
 //! rankings, no writer and no timing (for callgrind: run two N and
 //! difference). With `top K`: each ranking answers the best K holders
-//! only (LookupRoute's `max_candidates`; default all).
+//! only (LookupRoute's `max_candidates`; default all). With `idle 1`: no
+//! engine reports, so every engine is as idle as the next (a level fleet,
+//! which the shortlist keeps as one tied group).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -67,7 +69,7 @@ fn holding(prompt: &[Fingerprint], r: u64, holders: u64) -> Change {
 }
 
 impl Fleet {
-    fn new(holders: u64) -> Self {
+    fn new(holders: u64, idle: bool) -> Self {
         let scope = Scope {
             tenant: "t".into(),
             model: "m".into(),
@@ -85,6 +87,9 @@ impl Fleet {
                 &[holding(&prompt, r, holders)],
                 T0,
             );
+            if idle {
+                continue;
+            }
             load.report_engine(
                 &key(r).replica_id,
                 EngineLoad {
@@ -164,15 +169,17 @@ fn main() {
     let mut solo = false;
     let mut solo_n: usize = 2_000;
     let mut top = usize::MAX;
+    let mut idle = false;
     while let Some(a) = args.next() {
         let n = args.next().and_then(|n| n.parse().ok());
         match a.as_str() {
             "solo" => (solo, solo_n) = (true, n.unwrap_or(solo_n)),
             "top" => top = n.unwrap_or(top),
+            "idle" => idle = n.unwrap_or(0) != 0,
             _ => {}
         }
     }
-    let fleet = Arc::new(Fleet::new(holders));
+    let fleet = Arc::new(Fleet::new(holders, idle));
     let weights = ScoreWeights::default();
     let tag = scope_tag(&fleet.scope);
     if solo {

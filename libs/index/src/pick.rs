@@ -334,6 +334,7 @@ pub struct OtherKey {
 
 impl OtherKey {
     /// The key of a non-holder with `load` in `fleet`, for `input`'s prompt.
+    #[inline]
     pub fn new(
         input: &PickInput<'_>,
         weights: &ScoreWeights,
@@ -345,7 +346,7 @@ impl OtherKey {
             over_bound: over_bound(fleet.bound(weights), load),
             score: score(input, weights, fleet, load, 0.0, 1.0),
             requests: requests_key(weights, load),
-            tie: mix(input.tie_seed ^ id_hash),
+            tie: Self::tie_of(input, id_hash),
         }
     }
 
@@ -367,6 +368,18 @@ impl OtherKey {
             requests: requests_key(weights, floor),
             tie: 0,
         }
+    }
+
+    /// The tie-break of the replica whose id hashes to `id_hash` for
+    /// `input`'s prompt (larger ranks first): [`Self::new`]'s, computed
+    /// without the replica's load.
+    pub(crate) fn tie_of(input: &PickInput<'_>, id_hash: u64) -> u64 {
+        mix(input.tie_seed ^ id_hash)
+    }
+
+    /// This key's tie-break ([`Self::tie_of`]).
+    pub(crate) fn tie(&self) -> u64 {
+        self.tie
     }
 
     /// [`rank`]'s order, up to the replica key.

@@ -157,10 +157,32 @@ const LISTED: usize = 24;
 
 /// A list of more replicas than this (those tied with the
 /// [`LISTED`]th included) is not kept in order: most of the scope is tied
-/// (an idle or level fleet), reading every load is no dearer than reading
-/// such a list, and its floors would prove nothing. Such a list only
-/// marks the scope as tied until it is stale.
+/// (an idle or level fleet), and floors would prove nothing among equals.
+/// The list keeps the replicas before the tie in order and the tied ones
+/// as a [`Tied`] group, whose best for a prompt is its tie-break's.
 const TIED_ABOVE: usize = 4 * LISTED;
+
+/// Members of the tied group a lookup reads before it gives up on the
+/// list (each read is a tied member picks made busier since the build).
+const TIED_READS: usize = 8;
+
+/// The members tied with the [`LISTED`]th of a [`Shortlist`] (more than
+/// [`TIED_ABOVE`] of them: an idle or level fleet). Among equal loads a
+/// prompt's ranking prefers the largest tie-break (a hash of the prompt
+/// and the replica id), so a lookup hashes the group's ids, reads the
+/// loads of the largest few only, and proves them against the group's
+/// floor: every unread member's load is at least the floor (picks only
+/// add), and its tie-break is below the reads'.
+#[derive(Debug)]
+struct Tied {
+    /// Member positions.
+    positions: Box<[u32]>,
+    /// No more than the figures of any member of the group, when built.
+    floor: ReplicaLoad,
+    /// No more than the figures of any eligible member after the group
+    /// (none: no such member).
+    rest: Option<ReplicaLoad>,
+}
 
 /// A large scope's least loaded replicas in order of load as of one moment, each with a
 /// floor under its figures and those of every replica after it (and every
@@ -197,13 +219,14 @@ pub(crate) struct Shortlist {
     /// prices the prefill): the shortlist serves that many tokens only.
     exact_tokens: Option<u64>,
     fleet: Fleet,
-    /// More than [`TIED_ABOVE`] replicas tied with the last listed one:
-    /// nothing is listed, and lookups read every load until it is stale.
-    tied: bool,
+    /// More than [`TIED_ABOVE`] replicas tied with the [`LISTED`]th: they
+    /// are this group, and `listed` holds only those before them.
+    tied: Option<Tied>,
     /// Member positions, best first by load when built.
     listed: Box<[u32]>,
     /// `floors[i]`: no more than the figures of `listed[i..]` and of every
-    /// eligible member not listed, when built (`None`: no such member).
+    /// eligible member not listed (the tied group's included), when built
+    /// (`None`: no such member).
     floors: Box<[Option<ReplicaLoad>]>,
     /// The members eligible when built, one bit each: whose picks change
     /// the fleet's figures.
@@ -310,20 +333,43 @@ impl Shortlist {
         for &p in positions {
             eligible[p as usize / 64] |= 1 << (p % 64);
         }
-        let tied = listed > TIED_ABOVE;
-        if tied {
-            // Counted, not sorted: the list would be discarded.
-            listed = 0;
+        // `keys[..listed]` in order, `keys[listed..level_end]` the tied
+        // group (none unless more than TIED_ABOVE tie), the rest after.
+        let level_end = listed;
+        if listed > TIED_ABOVE {
+            // Those before the LISTEDth's load to the front, in order; the
+            // ones tied with it are the group, not sorted.
+            let level = keys[LISTED - 1].0;
+            let mut before = 0;
+            for i in 0..listed {
+                if keys[i].0.load_cmp(&level).is_lt() {
+                    keys.swap(before, i);
+                    before += 1;
+                }
+            }
+            listed = before;
         }
-        let (first, rest) = keys.split_at_mut(listed);
-        first.sort_unstable_by(cmp);
-        let mut floor = (!tied)
-            .then(|| {
-                rest.iter()
-                    .map(|(_, i)| loads[*i as usize])
-                    .reduce(|a, b| lower(&a, &b, model_rate))
-            })
-            .flatten();
+        keys[..listed].sort_unstable_by(cmp);
+        let lowest = |part: &[(OtherKey, u32)]| {
+            part.iter()
+                .map(|(_, i)| loads[*i as usize])
+                .reduce(|a, b| lower(&a, &b, model_rate))
+        };
+        let rest = lowest(&keys[level_end..]);
+        let tied = lowest(&keys[listed..level_end]).map(|floor| Tied {
+            positions: keys[listed..level_end]
+                .iter()
+                .map(|(_, i)| positions[*i as usize])
+                .collect(),
+            floor,
+            rest,
+        });
+        let mut floor = match (&tied, rest) {
+            (Some(t), Some(r)) => Some(lower(&t.floor, &r, model_rate)),
+            (Some(t), None) => Some(t.floor),
+            (None, r) => r,
+        };
+        let first = &keys[..listed];
         let mut floors = vec![floor; first.len() + 1];
         for (j, (_, i)) in first.iter().enumerate().rev() {
             let l = &loads[*i as usize];
@@ -417,11 +463,6 @@ impl Shortlist {
         others: usize,
     ) -> Result<Eligible<'a>, bool> {
         let others = others.max(1);
-        if self.tied {
-            // Most of the scope tied (an idle fleet): reading every load
-            // is no dearer, and a rebuild would tie again.
-            return Err(false);
-        }
         let fleet = self.fleet_now();
         let weights = &self.weights;
         // Room for every holder's members and every listed replica: no
@@ -444,7 +485,7 @@ impl Shortlist {
                 );
             }
         }
-        // The best others read so far, by load (ties in any order).
+        // The best others read so far, in the ranking's order.
         let mut best: Vec<OtherKey> = Vec::with_capacity(others + 1);
         let proven = |best: &[OtherKey], floor: &Option<ReplicaLoad>| {
             best.len() == others
@@ -469,20 +510,142 @@ impl Shortlist {
             }
             let load = reader.member(resolved, p);
             let key = OtherKey::new(input, weights, &fleet, &load, h);
-            if best.len() < others || key.load_cmp(&best[others - 1]).is_lt() {
-                let at = best.partition_point(|b| b.load_cmp(&key).is_le());
-                best.insert(at, key);
-                best.truncate(others);
-            }
+            keep_best(&mut best, key, others);
             eligible.push((&m.key, m.address.as_str()), load, h);
         }
         if proven(&best, &self.floors[self.listed.len()]) {
-            Ok(eligible)
-        } else {
-            // Too few others listed for this prompt (its holders are
-            // most of the list) is no wear.
-            Err(best.len() == others && self.worn())
+            return Ok(eligible);
         }
+        if let Some(tied) = &self.tied {
+            let read = Reading {
+                members,
+                resolved,
+                reader,
+                input,
+                holders,
+                fresh_since,
+                others,
+                fleet: &fleet,
+            };
+            if read.tied(tied, weights, &mut eligible, &mut best)? {
+                return Ok(eligible);
+            }
+        }
+        // Too few others listed for this prompt (its holders are most of
+        // the list) is no wear.
+        Err(best.len() == others && self.worn())
+    }
+}
+
+/// Adds `key` to `best`, the best `others` keys read so far in the
+/// ranking's order, if it is among them.
+#[inline(always)]
+fn keep_best(best: &mut Vec<OtherKey>, key: OtherKey, others: usize) {
+    if best.len() < others || key.rank_cmp(&best[others - 1]).is_lt() {
+        let at = best.partition_point(|b| b.rank_cmp(&key).is_le());
+        best.insert(at, key);
+        best.truncate(others);
+    }
+}
+
+/// What a lookup reading a shortlist reads with.
+struct Reading<'r, 'a> {
+    members: &'a [Arc<ReplicaMeta>],
+    resolved: &'r MemberLoads,
+    reader: &'r LoadReader<'r>,
+    input: &'r PickInput<'r>,
+    holders: &'r [u64],
+    fresh_since: Option<i64>,
+    others: usize,
+    fleet: &'r Fleet,
+}
+
+impl<'a> Reading<'_, 'a> {
+    /// Reads the tied group's members in order of their tie-break for
+    /// this prompt until the best `others` read (listed ones included)
+    /// rank before every unread member: Ok(true) then, Ok(false) when
+    /// [`TIED_READS`] reads did not prove it (or the rest after the group
+    /// may rank before them), Err on a member list out of step.
+    fn tied(
+        &self,
+        tied: &Tied,
+        weights: &ScoreWeights,
+        eligible: &mut Eligible<'a>,
+        best: &mut Vec<OtherKey>,
+    ) -> Result<bool, bool> {
+        let (input, fleet, others) = (self.input, self.fleet, self.others);
+        let hashes = &self.resolved.id_hashes;
+        // The non-holders' largest tie-breaks (holders are ranked apart),
+        // largest first: one pass, a handful kept (the tie-breaks are
+        // hashes, so few replace a kept one).
+        const KEPT: usize = TIED_READS + 2;
+        let mut top: smallvec::SmallVec<[(u64, u32); KEPT]> = smallvec::SmallVec::new();
+        let mut candidates = 0usize;
+        for &p in &tied.positions {
+            let h = *hashes.get(p as usize).ok_or(false)?;
+            if self.holders.contains(&h) {
+                continue;
+            }
+            candidates += 1;
+            let tie = OtherKey::tie_of(input, h);
+            if top.len() == KEPT {
+                if top[KEPT - 1].0 >= tie {
+                    continue;
+                }
+                top.pop();
+            }
+            let at = top.partition_point(|(t, _)| *t > tie);
+            top.insert(at, (tie, p));
+        }
+        // Members beyond those kept: their largest tie-break is unknown.
+        let more = candidates > top.len();
+        let floor = OtherKey::floor(input, weights, fleet, &tied.floor);
+        let rest = tied
+            .rest
+            .as_ref()
+            .map(|r| OtherKey::floor(input, weights, fleet, r));
+        for (read, next) in (0..).map(|i| (i, top.get(i).copied())) {
+            if next.is_none() && more {
+                return Ok(false);
+            }
+            if best.len() == others {
+                let last = &best[others - 1];
+                // Every unread member of the group: a load of at least the
+                // floor, and a smaller tie-break (an equal one proves
+                // nothing: the replica key decides then).
+                let before_group = next.is_none_or(|(tie, _)| match last.load_cmp(&floor) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Equal => last.tie() > tie,
+                    std::cmp::Ordering::Greater => false,
+                });
+                let before_rest = rest.as_ref().is_none_or(|r| last.load_cmp(r).is_lt());
+                if !before_rest {
+                    // Reading the group cannot rank anything before the
+                    // unread rest.
+                    return Ok(false);
+                }
+                if before_group {
+                    return Ok(true);
+                }
+            }
+            let Some((_, p)) = next else {
+                return Ok(false);
+            };
+            if read > TIED_READS {
+                return Ok(false);
+            }
+            let p = p as usize;
+            let m = self.members.get(p).ok_or(false)?;
+            if !m.answers(None, self.fresh_since) {
+                continue;
+            }
+            let h = hashes[p];
+            let load = self.reader.member(self.resolved, p);
+            let key = OtherKey::new(input, weights, fleet, &load, h);
+            keep_best(best, key, others);
+            eligible.push((&m.key, m.address.as_str()), load, h);
+        }
+        Ok(false)
     }
 }
 
@@ -534,25 +697,40 @@ mod tests {
     }
 
     #[test]
-    fn a_list_tied_over_most_of_the_scope_is_counted_not_kept() {
+    fn a_list_tied_over_most_of_the_scope_keeps_the_tied_as_a_group() {
         let busy = |requests: f64| ReplicaLoad {
             requests,
             ..ReplicaLoad::default()
         };
-        // 200 idle replicas: every one tied with the 24th.
+        // 200 idle replicas: every one tied with the 24th. A lookup reads
+        // the one its prompt's tie-break prefers, proven by the group's
+        // floor (its own load) and the tie-breaks of the rest.
         let (list, read) = built(&vec![ReplicaLoad::default(); 200]);
-        assert!(list.tied && list.listed.is_empty());
-        assert_eq!(read, Err(false), "every load is read, nothing rebuilt");
-        // 24 idle and 73 more tied with them (97 > 96): tied too.
+        assert!(list.listed.is_empty());
+        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(200));
+        assert_eq!(read, Ok(1));
+        // Two less loaded than the rest when built: listed before the
+        // group, read first. The board reads them idle now (as every
+        // replica here), tied with the group's floor: the group's best
+        // tie-break is read too, and the best of the three is proven.
+        let mut loads = vec![ReplicaLoad::default(); 200];
+        loads[0] = busy(-1.0);
+        loads[1] = busy(-1.0);
+        let (list, read) = built(&loads);
+        assert_eq!(list.listed.len(), 2, "the two less loaded, in order");
+        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(198));
+        assert_eq!(read, Ok(3));
+        // 24 idle and 73 more tied with them (97 > 96): a group, proven
+        // before the busy rest's floor.
         let mut loads = vec![busy(5.0); 103];
         loads[..97].fill(ReplicaLoad::default());
         let (list, read) = built(&loads);
-        assert!(list.tied);
-        assert_eq!(read, Err(false), "every load is read, nothing rebuilt");
+        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(97));
+        assert_eq!(read, Ok(1));
         // 96 tied with the 24th: kept, in order, the tied ones listed.
         loads[96] = busy(5.0);
         let (list, read) = built(&loads);
-        assert!(!list.tied);
+        assert!(list.tied.is_none());
         assert_eq!(list.listed.len(), 96);
         assert!(list.listed.iter().all(|&p| p < 96));
         // Read through the tied ones, proven by the busy rest's floor: the
