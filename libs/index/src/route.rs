@@ -35,6 +35,8 @@ use crate::types::{
 use members::InScope;
 pub use members::ScopeMembers;
 pub(crate) use shortlist::Shortlist;
+#[cfg(test)]
+pub(crate) use shortlist::TIED_ANSWERS;
 
 /// What to route on.
 #[derive(Clone, Copy, Debug)]

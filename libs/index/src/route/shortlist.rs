@@ -467,7 +467,8 @@ impl Shortlist {
         let weights = &self.weights;
         // Room for every holder's members and every listed replica: no
         // growing while reading.
-        let mut eligible = Eligible::with_capacity(holders.len() + self.listed.len());
+        let mut eligible =
+            Eligible::with_capacity(holders.len() + self.listed.len() + TIED_READS + 1);
         eligible.fleet = Some(fleet);
         let mut held: smallvec::SmallVec<[usize; 16]> = smallvec::SmallVec::new();
         for &h in holders {
@@ -537,6 +538,16 @@ impl Shortlist {
     }
 }
 
+/// Lookups a tied group answered (tests: that the group is exercised).
+#[cfg(test)]
+pub(crate) static TIED_ANSWERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+#[inline]
+fn count_tied_answer() {
+    #[cfg(test)]
+    TIED_ANSWERS.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Adds `key` to `best`, the best `others` keys read so far in the
 /// ranking's order, if it is among them.
 #[inline(always)]
@@ -564,8 +575,8 @@ impl<'a> Reading<'_, 'a> {
     /// Reads the tied group's members in order of their tie-break for
     /// this prompt until the best `others` read (listed ones included)
     /// rank before every unread member: Ok(true) then, Ok(false) when
-    /// [`TIED_READS`] reads did not prove it (or the rest after the group
-    /// may rank before them), Err on a member list out of step.
+    /// [`TIED_READS`] reads did not prove it (or the rest's floor is no
+    /// higher than the group's), Err on a member list out of step.
     fn tied(
         &self,
         tied: &Tied,
@@ -575,18 +586,28 @@ impl<'a> Reading<'_, 'a> {
     ) -> Result<bool, bool> {
         let (input, fleet, others) = (self.input, self.fleet, self.others);
         let hashes = &self.resolved.id_hashes;
+        let floor = OtherKey::floor(input, weights, fleet, &tied.floor);
+        let rest = tied
+            .rest
+            .as_ref()
+            .map(|r| OtherKey::floor(input, weights, fleet, r));
+        if rest.as_ref().is_some_and(|r| r.load_cmp(&floor).is_le()) {
+            // No member of the group can rank before the rest's floor, and
+            // the listed ones read did not (the list's last floor covers
+            // both): only reading every load tells.
+            return Ok(false);
+        }
         // The non-holders' largest tie-breaks (holders are ranked apart),
         // largest first: one pass, a handful kept (the tie-breaks are
-        // hashes, so few replace a kept one).
+        // hashes, so few replace a kept one). The last kept bounds those
+        // of every member not kept.
         const KEPT: usize = TIED_READS + 2;
         let mut top: smallvec::SmallVec<[(u64, u32); KEPT]> = smallvec::SmallVec::new();
-        let mut candidates = 0usize;
         for &p in &tied.positions {
             let h = *hashes.get(p as usize).ok_or(false)?;
             if self.holders.contains(&h) {
                 continue;
             }
-            candidates += 1;
             let tie = OtherKey::tie_of(input, h);
             if top.len() == KEPT {
                 if top[KEPT - 1].0 >= tie {
@@ -597,34 +618,20 @@ impl<'a> Reading<'_, 'a> {
             let at = top.partition_point(|(t, _)| *t > tie);
             top.insert(at, (tie, p));
         }
-        // Members beyond those kept: their largest tie-break is unknown.
-        let more = candidates > top.len();
-        let floor = OtherKey::floor(input, weights, fleet, &tied.floor);
-        let rest = tied
-            .rest
-            .as_ref()
-            .map(|r| OtherKey::floor(input, weights, fleet, r));
         for (read, next) in (0..).map(|i| (i, top.get(i).copied())) {
-            if next.is_none() && more {
-                return Ok(false);
-            }
             if best.len() == others {
                 let last = &best[others - 1];
                 // Every unread member of the group: a load of at least the
-                // floor, and a smaller tie-break (an equal one proves
-                // nothing: the replica key decides then).
+                // floor, and a tie-break no larger than `next`'s (an equal
+                // one proves nothing: the replica key decides then).
                 let before_group = next.is_none_or(|(tie, _)| match last.load_cmp(&floor) {
                     std::cmp::Ordering::Less => true,
                     std::cmp::Ordering::Equal => last.tie() > tie,
                     std::cmp::Ordering::Greater => false,
                 });
                 let before_rest = rest.as_ref().is_none_or(|r| last.load_cmp(r).is_lt());
-                if !before_rest {
-                    // Reading the group cannot rank anything before the
-                    // unread rest.
-                    return Ok(false);
-                }
-                if before_group {
+                if before_group && before_rest {
+                    count_tied_answer();
                     return Ok(true);
                 }
             }
