@@ -486,6 +486,17 @@ impl Shortlist {
                 );
             }
         }
+        let read = Reading {
+            members,
+            resolved,
+            reader,
+            input,
+            weights,
+            holders,
+            fresh_since,
+            others,
+            fleet: &fleet,
+        };
         // The best others read so far, in the ranking's order.
         let mut best: Vec<OtherKey> = Vec::with_capacity(others + 1);
         let proven = |best: &[OtherKey], floor: &Option<ReplicaLoad>| {
@@ -502,35 +513,17 @@ impl Shortlist {
             }
             let p = p as usize;
             let h = *resolved.id_hashes.get(p).ok_or(false)?;
-            if holders.contains(&h) {
-                continue;
+            if !holders.contains(&h) {
+                read.other(p, h, &mut eligible, &mut best)?;
             }
-            let m = members.get(p).ok_or(false)?;
-            if !m.answers(None, fresh_since) {
-                continue;
-            }
-            let load = reader.member(resolved, p);
-            let key = OtherKey::new(input, weights, &fleet, &load, h);
-            keep_best(&mut best, key, others);
-            eligible.push((&m.key, m.address.as_str()), load, h);
         }
         if proven(&best, &self.floors[self.listed.len()]) {
             return Ok(eligible);
         }
-        if let Some(tied) = &self.tied {
-            let read = Reading {
-                members,
-                resolved,
-                reader,
-                input,
-                holders,
-                fresh_since,
-                others,
-                fleet: &fleet,
-            };
-            if read.tied(tied, weights, &mut eligible, &mut best)? {
-                return Ok(eligible);
-            }
+        if let Some(tied) = &self.tied
+            && read.tied(tied, &mut eligible, &mut best)?
+        {
+            return Ok(eligible);
         }
         // Too few others listed for this prompt (its holders are most of
         // the list) is no wear.
@@ -565,6 +558,7 @@ struct Reading<'r, 'a> {
     resolved: &'r MemberLoads,
     reader: &'r LoadReader<'r>,
     input: &'r PickInput<'r>,
+    weights: &'r ScoreWeights,
     holders: &'r [u64],
     fresh_since: Option<i64>,
     others: usize,
@@ -572,6 +566,26 @@ struct Reading<'r, 'a> {
 }
 
 impl<'a> Reading<'_, 'a> {
+    /// Reads member `p` (its id hashing to `h`) as an other, unless it
+    /// does not answer: its load into `eligible`, its key into `best`.
+    #[inline(always)]
+    fn other(
+        &self,
+        p: usize,
+        h: u64,
+        eligible: &mut Eligible<'a>,
+        best: &mut Vec<OtherKey>,
+    ) -> Result<(), bool> {
+        let m = self.members.get(p).ok_or(false)?;
+        if m.answers(None, self.fresh_since) {
+            let load = self.reader.member(self.resolved, p);
+            let key = OtherKey::new(self.input, self.weights, self.fleet, &load, h);
+            keep_best(best, key, self.others);
+            eligible.push((&m.key, m.address.as_str()), load, h);
+        }
+        Ok(())
+    }
+
     /// Reads the tied group's members in order of their tie-break for
     /// this prompt until the best `others` read (listed ones included)
     /// rank before every unread member: Ok(true) then, Ok(false) when
@@ -580,11 +594,10 @@ impl<'a> Reading<'_, 'a> {
     fn tied(
         &self,
         tied: &Tied,
-        weights: &ScoreWeights,
         eligible: &mut Eligible<'a>,
         best: &mut Vec<OtherKey>,
     ) -> Result<bool, bool> {
-        let (input, fleet, others) = (self.input, self.fleet, self.others);
+        let (input, weights, fleet, others) = (self.input, self.weights, self.fleet, self.others);
         let hashes = &self.resolved.id_hashes;
         let floor = OtherKey::floor(input, weights, fleet, &tied.floor);
         let rest = tied
@@ -618,7 +631,9 @@ impl<'a> Reading<'_, 'a> {
             let at = top.partition_point(|(t, _)| *t > tie);
             top.insert(at, (tie, p));
         }
-        for (read, next) in (0..).map(|i| (i, top.get(i).copied())) {
+        // Up to TIED_READS + 1 read; the next kept bounds the unread.
+        for read in 0..KEPT {
+            let next = top.get(read).copied();
             if best.len() == others {
                 let last = &best[others - 1];
                 // Every unread member of the group: a load of at least the
@@ -635,22 +650,13 @@ impl<'a> Reading<'_, 'a> {
                     return Ok(true);
                 }
             }
-            let Some((_, p)) = next else {
-                return Ok(false);
-            };
-            if read > TIED_READS {
-                return Ok(false);
+            match next {
+                Some((_, p)) if read <= TIED_READS => {
+                    let p = p as usize;
+                    self.other(p, hashes[p], eligible, best)?;
+                }
+                _ => break,
             }
-            let p = p as usize;
-            let m = self.members.get(p).ok_or(false)?;
-            if !m.answers(None, self.fresh_since) {
-                continue;
-            }
-            let h = hashes[p];
-            let load = self.reader.member(self.resolved, p);
-            let key = OtherKey::new(input, weights, fleet, &load, h);
-            keep_best(best, key, others);
-            eligible.push((&m.key, m.address.as_str()), load, h);
         }
         Ok(false)
     }
