@@ -13,7 +13,11 @@
 //! difference). With `top K`: each ranking answers the best K holders
 //! only (LookupRoute's `max_candidates`; default all). With `idle 1`: no
 //! engine reports, so every engine is as idle as the next (a level fleet,
-//! which the shortlist keeps as one tied group).
+//! which the shortlist keeps as one tied group). With `replicas R` and
+//! `blocks B`: R engines (default 256) and a B-block prompt (default 32);
+//! with `whole 1` each holder holds the whole prompt (ic-loadgen's
+//! preload: four engines storing one chain, so each block's record lists
+//! them all).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -28,7 +32,6 @@ use ic_index::speculative::{Speculation, SpeculationSettings};
 use ic_index::{Change, Fingerprint, HashScheme, Index, IndexConfig, ReplicaKey, Scope, Tier};
 
 const T0: i64 = 1_700_000_000_000;
-const REPLICAS: u64 = 256;
 
 struct Fleet {
     index: Index,
@@ -38,6 +41,18 @@ struct Fleet {
     prompt: Vec<Fingerprint>,
     clock: AtomicI64,
     holders: u64,
+    replicas: u64,
+    whole: bool,
+}
+
+/// The fleet's shape, from the command line.
+#[derive(Clone, Copy)]
+struct Shape {
+    holders: u64,
+    idle: bool,
+    replicas: u64,
+    blocks: u64,
+    whole: bool,
 }
 
 fn key(r: u64) -> ReplicaKey {
@@ -54,8 +69,12 @@ fn address(r: u64) -> String {
 
 /// Engine `r`'s blocks: a share of the prompt for the first `holders`,
 /// a block of its own for the rest.
-fn holding(prompt: &[Fingerprint], r: u64, holders: u64) -> Change {
-    let held = usize::try_from(r % 33).unwrap_or(0).max(1);
+fn holding(prompt: &[Fingerprint], r: u64, holders: u64, whole: bool) -> Change {
+    let held = if whole {
+        prompt.len()
+    } else {
+        usize::try_from(r % 33).unwrap_or(0).clamp(1, prompt.len())
+    };
     Change::Stored {
         start_depth: 0,
         fingerprints: if r < holders {
@@ -69,7 +88,14 @@ fn holding(prompt: &[Fingerprint], r: u64, holders: u64) -> Change {
 }
 
 impl Fleet {
-    fn new(holders: u64, idle: bool) -> Self {
+    fn new(shape: Shape) -> Self {
+        let Shape {
+            holders,
+            idle,
+            replicas,
+            blocks,
+            whole,
+        } = shape;
         let scope = Scope {
             tenant: "t".into(),
             model: "m".into(),
@@ -78,13 +104,13 @@ impl Fleet {
         };
         let index = Index::new(IndexConfig::default());
         let load = LoadBoard::new(LoadSettings::default());
-        let prompt: Vec<Fingerprint> = Fingerprint::from_raw((1..=32).collect());
-        for r in 0..REPLICAS {
+        let prompt: Vec<Fingerprint> = Fingerprint::from_raw((1..=blocks).collect());
+        for r in 0..replicas {
             let _ = index.apply(
                 &key(r),
                 &scope,
                 &address(r),
-                &[holding(&prompt, r, holders)],
+                &[holding(&prompt, r, holders, whole)],
                 T0,
             );
             if idle {
@@ -108,6 +134,8 @@ impl Fleet {
             prompt,
             clock: AtomicI64::new(T0),
             holders,
+            replicas,
+            whole,
         }
     }
 
@@ -170,16 +198,28 @@ fn main() {
     let mut solo_n: usize = 2_000;
     let mut top = usize::MAX;
     let mut idle = false;
+    let mut replicas: u64 = 256;
+    let mut blocks: u64 = 32;
+    let mut whole = false;
     while let Some(a) = args.next() {
         let n = args.next().and_then(|n| n.parse().ok());
         match a.as_str() {
             "solo" => (solo, solo_n) = (true, n.unwrap_or(solo_n)),
             "top" => top = n.unwrap_or(top),
             "idle" => idle = n.unwrap_or(0) != 0,
+            "replicas" => replicas = n.map_or(replicas, |n| n as u64).max(1),
+            "blocks" => blocks = n.map_or(blocks, |n| n as u64).max(1),
+            "whole" => whole = n.unwrap_or(0) != 0,
             _ => {}
         }
     }
-    let fleet = Arc::new(Fleet::new(holders, idle));
+    let fleet = Arc::new(Fleet::new(Shape {
+        holders,
+        idle,
+        replicas,
+        blocks,
+        whole,
+    }));
     let weights = ScoreWeights::default();
     let tag = scope_tag(&fleet.scope);
     if solo {
@@ -205,8 +245,8 @@ fn main() {
         .collect();
     let mut apply_ns = Vec::with_capacity(applies);
     for i in 0..applies {
-        let r = i as u64 % REPLICAS;
-        let change = holding(&fleet.prompt, r, fleet.holders);
+        let r = i as u64 % fleet.replicas;
+        let change = holding(&fleet.prompt, r, fleet.holders, fleet.whole);
         let now = fleet.clock.load(Ordering::Relaxed);
         let t = Instant::now();
         let _ = fleet

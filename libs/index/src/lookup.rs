@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::arena::{Holder, RecId};
-use crate::index::{Index, Registry, ReplicaIdx, ReplicaMeta, ScopeId, entry_key};
+use crate::index::{Index, Registry, ReplicaIdx, ReplicaMeta, ScopeId, entry_key, scope_salt};
 use crate::store::{Block, hash};
 use crate::types::{
     Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
@@ -173,6 +173,23 @@ thread_local! {
 /// Holders [`Scoring::last`] keeps.
 const LAST: usize = 8;
 
+/// Whether `holders` are the first holders of `last`, their count
+/// already checked equal. Up to four, by length (each length's comparison
+/// is a few instructions, where a loop of single compares cost six a
+/// holder and slice equality a `memcmp` call a block: a prompt four
+/// replicas share is the common case), then one by one.
+#[inline(always)]
+fn same_holders(holders: &[u32], last: &[u32; LAST]) -> bool {
+    let l = last;
+    match *holders {
+        [a] => a == l[0],
+        [a, b] => [a, b] == [l[0], l[1]],
+        [a, b, c] => [a, b, c] == [l[0], l[1], l[2]],
+        [a, b, c, d] => [a, b, c, d] == [l[0], l[1], l[2], l[3]],
+        _ => holders.iter().zip(l).all(|(a, b)| a == b),
+    }
+}
+
 impl Default for Scoring {
     fn default() -> Self {
         Self {
@@ -188,6 +205,13 @@ impl Default for Scoring {
     }
 }
 
+impl crate::arena::Visit for &mut Scoring {
+    #[inline(always)]
+    fn visit(&mut self, holders: &[u32]) -> bool {
+        self.step(holders)
+    }
+}
+
 impl Scoring {
     /// Folds in the next block's holders; false once no replica is left.
     /// Inlined into the walk: most blocks are held by one replica, as the
@@ -200,9 +224,7 @@ impl Scoring {
             self.matched += 1;
             return true;
         }
-        // Element by element: holder lists are short, and slice equality
-        // would call memcmp for each block.
-        if holders.len() == self.last_len && holders.iter().zip(&self.last).all(|(a, b)| a == b) {
+        if holders.len() == self.last_len && same_holders(holders, &self.last) {
             self.matched += 1;
             return true;
         }
@@ -555,6 +577,7 @@ impl Index {
             return Found::no_entry();
         }
         scoring.matched = 1;
+        let salt = scope_salt(scope_id);
         let mut next = 0;
         // The distance between the last two blocks found through the key
         // table: blocks of concurrent requests reported one at a time
@@ -573,8 +596,8 @@ impl Index {
             let until = rest.len().min(next + DEADLINE_EVERY - since_look);
             let walked = reader.walk(
                 prev,
-                rest[next..until].iter().map(|&fp| entry_key(scope_id, fp)),
-                |holders| scoring.step(holders),
+                rest[next..until].iter().map(|&fp| fp.0 ^ salt),
+                &mut scoring,
             );
             since_look += walked.blocks.max(1);
             next += walked.blocks;
@@ -687,5 +710,27 @@ impl Index {
                 .collect()
         };
         ranked(reg, scope_id, matches)
+    }
+}
+
+#[cfg(test)]
+mod same_holders_tests {
+    use super::{LAST, same_holders};
+
+    #[test]
+    fn holder_lists_compare_equal_only_when_every_holder_is_the_same() {
+        let last: [u32; LAST] = [11, 22, 33, 44, 55, 66, 77, 88];
+        for len in 1..=LAST {
+            assert!(same_holders(&last[..len], &last), "length {len}");
+            for at in 0..len {
+                let mut other = last;
+                other[at] ^= 1 << 20;
+                assert!(!same_holders(&other[..len], &last), "length {len}, at {at}");
+            }
+        }
+        // Holders beyond the list's own length are not read.
+        let mut longer = last;
+        longer[3] = 0;
+        assert!(same_holders(&last[..3], &longer));
     }
 }

@@ -5,7 +5,7 @@
 use parking_lot::RwLockReadGuard;
 
 use super::{Directory, Store};
-use crate::arena::{MAX_PAGES, PAGE_RECORDS, Page, RecId, View, offset_of, page_of, rec_id};
+use crate::arena::{MAX_PAGES, PAGE_RECORDS, Page, RecId, View, Visit, offset_of, page_of, rec_id};
 
 /// Page read guards a reader keeps at once.
 const READER_PAGES: usize = 4;
@@ -163,7 +163,7 @@ impl<'a> Reader<'a> {
         &mut self,
         prev: RecId,
         mut keys: impl ExactSizeIterator<Item = u64>,
-        mut visit: impl FnMut(&[u32]) -> bool,
+        mut visit: impl Visit,
     ) -> Walked {
         let mut at = prev.wrapping_add(1);
         let mut blocks = 0;
