@@ -38,10 +38,16 @@ fn fps(v: &[u64]) -> Vec<Fingerprint> {
 }
 
 fn hold(ix: &Index, id: &str, fps: &[Fingerprint]) {
+    hold_as(ix, id, 0, fps, T0);
+}
+
+/// [`hold`] by data-parallel rank `rank` of pod `id` (its ranks share
+/// its address), reported at `at_ms`.
+fn hold_as(ix: &Index, id: &str, rank: u32, fps: &[Fingerprint], at_ms: i64) {
     let key = ReplicaKey {
         tenant: "t".into(),
         replica_id: id.into(),
-        dp_rank: 0,
+        dp_rank: rank,
     };
     let change = Change::Stored {
         start_depth: 0,
@@ -50,7 +56,7 @@ fn hold(ix: &Index, id: &str, fps: &[Fingerprint]) {
         tier: Tier::T1,
     };
     assert!(
-        ix.apply(&key, &scope(), &format!("{id}:8000"), &[change], T0)
+        ix.apply(&key, &scope(), &format!("{id}:8000"), &[change], at_ms)
             .is_empty()
     );
 }

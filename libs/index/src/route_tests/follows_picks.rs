@@ -8,16 +8,21 @@ use super::*;
 /// One random sequence over a fleet of `n` replicas (loads drawn from few
 /// values, so ties are common); every other load change rebuilds the
 /// shortlist (a budget of one), so any answer that differs is the
-/// shortlist's following of picks.
+/// shortlist's following of picks. With `mixed`, some pods also report
+/// a second data-parallel rank (two members, one load entry and one
+/// tie-break between them), and some replicas were last heard from
+/// longer ago than the stale bound (members never answered, whose picks
+/// and reports still reach the load board).
 fn follows_picks(
     n: usize,
     seed: u64,
     ttft: bool,
     level: bool,
+    mixed: bool,
 ) -> Result<(), proptest::test_runner::TestCaseError> {
     let mut next = seeded_below(seed);
-    let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
-    let names: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let fresh: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
+    let names: Vec<&str> = fresh.iter().map(String::as_str).collect();
     let model = TtftModel {
         tokens_per_ms: 16.0,
         overhead_ms: 2.0,
@@ -42,6 +47,30 @@ fn follows_picks(
         .map(|f| fps(&(f * 100 + 2..f * 100 + 10).collect::<Vec<u64>>()))
         .collect();
     let tag = scope_tag(&scope());
+    let mut ids = fresh.clone();
+    if mixed {
+        let stale_at = T0 - RoutePolicy::default().replica_stale_after.as_millis() as i64 - 1_000;
+        for i in 0..n / 8 {
+            let id = format!("stale{i}");
+            let held = &prompts[next(4) as usize];
+            hold_as(
+                &fleet.index,
+                &id,
+                0,
+                &held[..1 + next(8) as usize],
+                stale_at,
+            );
+            ids.push(id);
+        }
+        for id in &fresh {
+            if next(6) != 0 {
+                continue;
+            }
+            let held = &prompts[next(4) as usize];
+            hold_as(&fleet.index, id, 1, &held[..1 + next(8) as usize], T0);
+        }
+    }
+    let n = ids.len();
     for id in &ids {
         if next(6) == 0 {
             let p = &prompts[next(4) as usize];
@@ -174,8 +203,9 @@ proptest::proptest! {
         n in 65usize..200,
         seed in proptest::prelude::any::<u64>(),
         ttft in proptest::prelude::any::<bool>(),
+        mixed in proptest::prelude::any::<bool>(),
     ) {
-        follows_picks(n, seed, ttft, false)?;
+        follows_picks(n, seed, ttft, false, mixed)?;
     }
 
     /// The same in a level fleet, where the list's tied group answers.
@@ -184,8 +214,9 @@ proptest::proptest! {
         n in 120usize..300,
         seed in proptest::prelude::any::<u64>(),
         ttft in proptest::prelude::any::<bool>(),
+        mixed in proptest::prelude::any::<bool>(),
     ) {
-        follows_picks(n, seed, ttft, true)?;
+        follows_picks(n, seed, ttft, true, mixed)?;
     }
 }
 
