@@ -80,7 +80,7 @@ fn holding(prompt: &[Fingerprint], r: u64, holders: u64, whole: bool) -> Change 
         fingerprints: if r < holders {
             prompt[..held].to_vec()
         } else {
-            Fingerprint::from_raw(vec![1_000 + r])
+            Fingerprint::from_raw(vec![prompt.len() as u64 + 1_000 + r])
         },
         block_size: 16,
         tier: Tier::T1,

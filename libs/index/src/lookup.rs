@@ -729,8 +729,10 @@ mod same_holders_tests {
             }
         }
         // Holders beyond the list's own length are not read.
-        let mut longer = last;
-        longer[3] = 0;
-        assert!(same_holders(&last[..3], &longer));
+        for len in 1..LAST {
+            let mut longer = last;
+            longer[len] = 0;
+            assert!(same_holders(&last[..len], &longer), "length {len}");
+        }
     }
 }

@@ -48,8 +48,8 @@ fn follows_picks(
         .collect();
     let tag = scope_tag(&scope());
     let mut ids = fresh.clone();
+    let stale_at = T0 - RoutePolicy::default().replica_stale_after.as_millis() as i64 - 1_000;
     if mixed {
-        let stale_at = T0 - RoutePolicy::default().replica_stale_after.as_millis() as i64 - 1_000;
         for i in 0..n / 8 {
             let id = format!("stale{i}");
             let held = &prompts[next(4) as usize];
@@ -71,10 +71,12 @@ fn follows_picks(
         }
     }
     let n = ids.len();
-    for id in &ids {
+    for (i, id) in ids.iter().enumerate() {
         if next(6) == 0 {
             let p = &prompts[next(4) as usize];
-            hold(&fleet.index, id, &p[..1 + next(8) as usize]);
+            // A stale replica's holdings are as old as the rest of it.
+            let at = if i < fresh.len() { T0 } else { stale_at };
+            hold_as(&fleet.index, id, 0, &p[..1 + next(8) as usize], at);
         }
         // A level fleet: most replicas idle, more tied for the best than
         // a list holds (the shortlist keeps them as its tied group), the
