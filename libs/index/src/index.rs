@@ -81,7 +81,7 @@ fn table_keys(capacity: u64, shards: usize, tables: usize) -> usize {
 /// scope is also checked on every answer, so a cross-scope key collision
 /// could never leak a replica).
 pub(crate) fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
-    fp.0 ^ scope_salt(scope)
+    salted_key(scope_salt(scope), fp)
 }
 
 /// What [`entry_key`] mixes into each fingerprint of `scope` (worked out
@@ -89,6 +89,12 @@ pub(crate) fn entry_key(scope: ScopeId, fp: Fingerprint) -> u64 {
 #[inline]
 pub(crate) fn scope_salt(scope: ScopeId) -> u64 {
     u64::from(scope).wrapping_mul(0xd6e8_feb8_6659_fd93)
+}
+
+/// [`entry_key`] of `fp` in the scope whose [`scope_salt`] is `salt`.
+#[inline(always)]
+pub(crate) fn salted_key(salt: u64, fp: Fingerprint) -> u64 {
+    fp.0 ^ salt
 }
 
 /// Advances a replica's last-seen time. Only the writer (whose lock the

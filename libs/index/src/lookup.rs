@@ -13,7 +13,9 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use crate::arena::{Holder, RecId};
-use crate::index::{Index, Registry, ReplicaIdx, ReplicaMeta, ScopeId, entry_key, scope_salt};
+use crate::index::{
+    Index, Registry, ReplicaIdx, ReplicaMeta, ScopeId, entry_key, salted_key, scope_salt,
+};
 use crate::store::{Block, hash};
 use crate::types::{
     Deadline, Fingerprint, LookupOutcome, LookupView, Match, NoDeadline, Scope, ScopeHandle, Tier,
@@ -596,7 +598,7 @@ impl Index {
             let until = rest.len().min(next + DEADLINE_EVERY - since_look);
             let walked = reader.walk(
                 prev,
-                rest[next..until].iter().map(|&fp| fp.0 ^ salt),
+                rest[next..until].iter().map(|&fp| salted_key(salt, fp)),
                 &mut scoring,
             );
             since_look += walked.blocks.max(1);
