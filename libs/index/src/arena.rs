@@ -278,17 +278,24 @@ impl Page {
     /// Visits the live records from `offset` on while they carry `keys` in
     /// order, passing each one's holders; stops early when `visit` returns
     /// false. Returns the records visited and whether `visit` stopped it.
+    /// (`key_of` gives each key; records and keys are indexed with one
+    /// counter, which a zip of the records with an iterator of keys did
+    /// not compile to.)
     #[inline]
-    pub(crate) fn walk(
+    pub(crate) fn walk<K>(
         &self,
         offset: usize,
-        keys: impl Iterator<Item = u64>,
+        keys: &[K],
+        key_of: impl Fn(&K) -> u64,
         visit: &mut impl Visit,
     ) -> (usize, bool) {
-        let mut n = 0;
-        for (r, key) in self.records.get(offset..).unwrap_or(&[]).iter().zip(keys) {
-            if r.key() != key || !r.live() {
-                break;
+        let records = self.records.get(offset..).unwrap_or(&[]);
+        let n = records.len().min(keys.len());
+        let (records, keys) = (&records[..n], &keys[..n]);
+        for i in 0..n {
+            let r = &records[i];
+            if r.key() != key_of(&keys[i]) || !r.live() {
+                return (i, false);
             }
             let payload = r.payload();
             let holders = if r.meta() & SPILLED == 0 {
@@ -296,9 +303,8 @@ impl Page {
             } else {
                 self.lists.get(payload)
             };
-            n += 1;
             if !visit.visit(holders) {
-                return (n, true);
+                return (i + 1, true);
             }
         }
         (n, false)

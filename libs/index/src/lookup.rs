@@ -83,6 +83,17 @@ impl<'a> Found<'a> {
 /// read; a block is a few nanoseconds).
 const DEADLINE_EVERY: usize = 256;
 
+/// The order a lookup answers its matches in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MatchOrder {
+    /// Best first (see [`ranked`]): what every public lookup answers.
+    Best,
+    /// The walk's own order: for the load-aware ranking, which orders every
+    /// holder itself (sorting them first cost ~1 k instructions a lookup
+    /// of four holders, their names compared on ties).
+    Walk,
+}
+
 /// Orders matches best first: longest, then T1 before T2, then the replica
 /// heard from most recently, then by key (deterministic). Names are
 /// borrowed: copying them was most of a lookup's time once the blocks
@@ -91,10 +102,11 @@ fn ranked<'a>(
     reg: &'a Registry,
     scope: ScopeId,
     mut matches: SmallVec<[(ReplicaIdx, u32, Tier); 8]>,
+    order: MatchOrder,
 ) -> Found<'a> {
     let block_size = reg.block_size(scope);
     let meta = |idx: ReplicaIdx| reg.replicas.get(idx as usize).and_then(Option::as_ref);
-    if matches.len() > 1 {
+    if matches.len() > 1 && order == MatchOrder::Best {
         // Sorted as indices (12 bytes each, not the 40 of a `Match`); the
         // registry is read only to break ties.
         // Last-seen read once per match: ingest advances it concurrently, and
@@ -446,6 +458,7 @@ impl Index {
                     fresh_since_ms,
                     deadline,
                     first,
+                    MatchOrder::Best,
                 )
             }
             None => Found::UNKNOWN_SCOPE,
@@ -493,6 +506,7 @@ impl Index {
             candidates,
             fresh_since_ms,
             deadline,
+            MatchOrder::Best,
             |_, view| answer(view),
         )
     }
@@ -500,7 +514,8 @@ impl Index {
     /// [`Index::lookup_resolved_until`] whose answer is also handed the
     /// matches' registry entries, in their order (the names are borrowed
     /// from them): the router keeps its own references to them and ranks
-    /// after the registry is released.
+    /// after the registry is released. The matches come in `order`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn lookup_resolved_in<R>(
         &self,
         scope: ScopeHandle,
@@ -508,6 +523,7 @@ impl Index {
         candidates: Option<&HashSet<String>>,
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
+        order: MatchOrder,
         answer: impl for<'r> FnOnce(&'r [&'r Arc<ReplicaMeta>], LookupView<'r>) -> R,
     ) -> R {
         if scope.0 >= self.scopes_known.load(Ordering::Acquire) {
@@ -528,6 +544,7 @@ impl Index {
             fresh_since_ms,
             deadline,
             first,
+            order,
         );
         answer(found.metas(), found.view())
     }
@@ -545,6 +562,7 @@ impl Index {
         fresh_since_ms: Option<i64>,
         deadline: &dyn Deadline,
         maybe: Option<RecId>,
+        order: MatchOrder,
     ) -> Found<'a> {
         let Some((&first, rest)) = fingerprints.split_first() else {
             return Found::no_entry();
@@ -598,7 +616,8 @@ impl Index {
             let until = rest.len().min(next + DEADLINE_EVERY - since_look);
             let walked = reader.walk(
                 prev,
-                rest[next..until].iter().map(|&fp| salted_key(salt, fp)),
+                &rest[next..until],
+                |&fp| salted_key(salt, fp),
                 &mut scoring,
             );
             since_look += walked.blocks.max(1);
@@ -633,7 +652,7 @@ impl Index {
             next += 1;
         }
         drop(reader);
-        ranked(reg, scope_id, scoring.finish())
+        ranked(reg, scope_id, scoring.finish(), order)
     }
 
     /// Replicas holding the block `fingerprint` (and so the whole prefix
@@ -711,7 +730,7 @@ impl Index {
                 .map(|x| (x.replica(), view.depth.saturating_add(1), x.tier()))
                 .collect()
         };
-        ranked(reg, scope_id, matches)
+        ranked(reg, scope_id, matches, MatchOrder::Best)
     }
 }
 

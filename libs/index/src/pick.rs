@@ -224,6 +224,47 @@ fn by_id_hash<T>(items: &[T], id: impl Fn(&T) -> &str) -> smallvec::SmallVec<[(u
     hashed
 }
 
+/// The prompt's holders, real and speculative, by [`id_hash`] of their
+/// replica ids: hashed once per ranking, then read by every step of it
+/// (which replicas are holders, and each replica's match).
+#[derive(Debug, Default)]
+pub(crate) struct HeldHashes {
+    /// `(hash, position in PickInput::matches)`, sorted.
+    matches: smallvec::SmallVec<[(u64, usize); 8]>,
+    /// `(hash, position in PickInput::speculative)`, sorted.
+    speculative: smallvec::SmallVec<[(u64, usize); 8]>,
+}
+
+impl HeldHashes {
+    /// The holders of `input`.
+    pub(crate) fn of(input: &PickInput<'_>) -> Self {
+        Self {
+            matches: by_id_hash(input.matches, |m| &m.replica.replica_id),
+            speculative: by_id_hash(input.speculative, |(id, _)| id),
+        }
+    }
+
+    /// Whether a holder's id hashes to `h` (a replica sharing a holder's
+    /// hash reads as one: scoring a non-holder in full changes nothing).
+    pub(crate) fn holds(&self, h: u64) -> bool {
+        let found = |list: &[(u64, usize)]| list.binary_search_by_key(&h, |&(x, _)| x).is_ok();
+        found(&self.matches) || found(&self.speculative)
+    }
+
+    /// How many holdings (a replica may hold really and speculatively).
+    pub(crate) fn len(&self) -> usize {
+        self.matches.len() + self.speculative.len()
+    }
+
+    /// Every holder's hash (a hash may come twice).
+    pub(crate) fn hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.matches
+            .iter()
+            .chain(&self.speculative)
+            .map(|&(h, _)| h)
+    }
+}
+
 /// The entries of `hashed` whose hash is `h`.
 fn with_hash(hashed: &[(u64, usize)], h: u64) -> impl Iterator<Item = usize> + '_ {
     let from = hashed.partition_point(|(x, _)| *x < h);
@@ -480,7 +521,7 @@ pub fn rank_top(
     fleet: &Fleet,
     others: usize,
 ) -> Vec<Scored> {
-    rank_hashed(input, weights, loads, fleet, others, usize::MAX, None)
+    rank_hashed(input, weights, loads, fleet, others, usize::MAX, None, None)
 }
 
 /// [`rank_top`] given [`id_hash`] of each of `input.replicas` (in order)
@@ -488,7 +529,9 @@ pub fn rank_top(
 /// lookup, not once per use. Only the best `holders` replicas holding part
 /// of the prompt (at least one) are returned: replicas within the load
 /// bound rank before every one over it, so the best holder is among them
-/// whatever the cut, and the rest are neither copied nor sorted.
+/// whatever the cut, and the rest are neither copied nor sorted. `held`:
+/// [`HeldHashes::of`] `input`, when the caller has it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rank_hashed(
     input: &PickInput<'_>,
     weights: &ScoreWeights,
@@ -497,6 +540,7 @@ pub(crate) fn rank_hashed(
     others: usize,
     holders: usize,
     id_hashes: Option<&[u64]>,
+    held: Option<&HeldHashes>,
 ) -> Vec<Scored> {
     // Both callers build the hashes alongside the replicas (one entry per
     // replica, in order): a length mismatch is a bug, not an input.
@@ -506,8 +550,15 @@ pub(crate) fn rank_hashed(
     let keep = others.max(1);
     let load_of = |i: usize| loads.get(i).copied().unwrap_or_default();
     let bound = fleet.bound(weights);
-    let matches = by_id_hash(input.matches, |m| &m.replica.replica_id);
-    let speculative = by_id_hash(input.speculative, |(id, _)| id);
+    let hashed_here;
+    let held_hashes = match held {
+        Some(h) => h,
+        None => {
+            hashed_here = HeldHashes::of(input);
+            &hashed_here
+        }
+    };
+    let (matches, speculative) = (&held_hashes.matches, &held_hashes.speculative);
     // Scored in place as small keys; names and addresses are copied once,
     // for the replicas returned (a scope may hold hundreds of replicas, and
     // every lookup scores them all). One list, sized once for every
@@ -519,7 +570,7 @@ pub(crate) fn rank_hashed(
         let h = id_hashes.map_or_else(|| id_hash(&key.replica_id), |hs| hs[i]);
         // A pod's data-parallel ranks share its address: the best rank's
         // match is the pod's.
-        let real = with_hash(&matches, h)
+        let real = with_hash(matches, h)
             .map(|j| &input.matches[j])
             .filter(|m| m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant)
             .max_by(|a, b| {
@@ -527,7 +578,7 @@ pub(crate) fn rank_hashed(
                     .cmp(&b.matched_blocks)
                     .then(b.tier.cmp(&a.tier))
             });
-        let spec = with_hash(&speculative, h)
+        let spec = with_hash(speculative, h)
             .map(|j| &input.speculative[j])
             .find(|(id, _)| *id == key.replica_id)
             .map_or(0, |(_, b)| *b);

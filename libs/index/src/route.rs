@@ -23,6 +23,7 @@ use smallvec::SmallVec;
 use crate::Index;
 use crate::index::ReplicaMeta;
 use crate::load::{LoadBoard, ReplicaLoad};
+use crate::lookup::MatchOrder;
 use crate::pick::{ScoreWeights, Scored};
 use crate::speculative::Speculation;
 
@@ -271,13 +272,14 @@ pub fn route<R>(
         policy,
         now_ms,
         deadline,
+        MatchOrder::Best,
         |_, d| answer(d),
     )
 }
 
 /// [`route`] in `scope` (the query's replica scope, resolved to `handle`:
 /// `None` when the index never heard of it) with its block size looked up
-/// already.
+/// already. The matches come in `order` (the ranking orders them itself).
 #[allow(clippy::too_many_arguments)]
 fn route_in<R>(
     index: &Index,
@@ -288,6 +290,7 @@ fn route_in<R>(
     policy: &RoutePolicy,
     now_ms: i64,
     deadline: &dyn Deadline,
+    order: MatchOrder,
     answer: impl for<'r> FnOnce(&'r [&'r Arc<ReplicaMeta>], RouteDecision<'r>) -> R,
 ) -> R {
     let stale_ms = i64::try_from(policy.replica_stale_after.as_millis()).unwrap_or(i64::MAX);
@@ -325,7 +328,12 @@ fn route_in<R>(
                     .filter(|m| policy.allow_tier2_matches || m.tier == Tier::T1)
                     .copied()
                     .collect();
-                match allowed.first() {
+                // The longest match (the first, when best first).
+                let best = match order {
+                    MatchOrder::Best => allowed.first(),
+                    MatchOrder::Walk => allowed.iter().max_by_key(|m| m.matched_blocks),
+                };
+                match best {
                     None => no_hint(
                         NoHintReason::NoEntry,
                         "only tier-2 matches, which this namespace's policy excludes".into(),
@@ -369,6 +377,7 @@ fn route_in<R>(
                 query.candidates,
                 fresh_since,
                 deadline,
+                order,
                 decide,
             ),
             None => decide(&[], LookupView::UnknownScope),
@@ -649,6 +658,7 @@ pub fn route_ranked(
         policy,
         now_ms,
         deadline,
+        MatchOrder::Walk,
         |metas, d| {
             let matches: &[Match<'_>] = match &d.outcome {
                 RouteOutcome::Route(m) => m,

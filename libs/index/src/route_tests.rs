@@ -90,6 +90,10 @@ impl Fleet {
     }
 
     fn ask(&self, blocks: &[Fingerprint], now_ms: i64) -> Ranked {
+        self.ask_under(blocks, now_ms, &RoutePolicy::default())
+    }
+
+    fn ask_under(&self, blocks: &[Fingerprint], now_ms: i64, policy: &RoutePolicy) -> Ranked {
         let scope = scope();
         let query = RouteQuery {
             scope: &scope,
@@ -100,7 +104,7 @@ impl Fleet {
         route_ranked(
             &self.index,
             &query,
-            &RoutePolicy::default(),
+            policy,
             16,
             now_ms,
             &NoDeadline,
@@ -674,3 +678,29 @@ mod every_replica;
 mod follows_picks;
 #[path = "route_tests/registry_released.rs"]
 mod registry_released;
+
+#[test]
+fn the_minimum_prefix_is_the_longest_holders_whatever_order_the_walk_found_them_in() {
+    // The ranking takes the walk's matches unsorted, and the walk answers
+    // the replicas that stopped matching first: "short" (one block) before
+    // "long" (three blocks of 16 tokens).
+    let fleet = Fleet::new(&["short", "long"], ScoreWeights::default());
+    hold(&fleet.index, "long", &fps(&[1, 2, 3]));
+    let prompt = fps(&[1, 2, 3]);
+    let under = |minimum_prefix_tokens| RoutePolicy {
+        minimum_prefix_tokens,
+        ..RoutePolicy::default()
+    };
+    let met = fleet.ask_under(&prompt, T0, &under(48));
+    assert_eq!(met.no_hint, None);
+    assert_eq!(
+        met.best()
+            .map(|s| (s.replica.replica_id.as_str(), s.matched_blocks)),
+        Some(("long", 3))
+    );
+    let missed = fleet.ask_under(&prompt, T0, &under(49));
+    assert_eq!(
+        missed.no_hint.map(|(reason, _)| reason),
+        Some(NoHintReason::BelowMinimumPrefix)
+    );
+}

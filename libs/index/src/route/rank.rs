@@ -4,7 +4,7 @@
 //! the matches' names are borrowed from their registry entries, which the
 //! caller keeps.
 
-use crate::pick::{PickInput, id_hash};
+use crate::pick::{HeldHashes, PickInput, id_hash};
 use crate::registry::Members;
 use crate::types::{Fingerprint, Match, ReplicaKey};
 
@@ -16,7 +16,7 @@ use super::{NoHintReason, Ranked, RouteKey, RoutePolicy, RouteQuery, Scoring, mo
 pub(super) struct Decided<'a, 'q> {
     /// The query, its key the prompt's fingerprints (or a prefix hash).
     pub(super) query: &'a RouteQuery<'q>,
-    /// The holders worth routing on, best first (empty: none).
+    /// The holders worth routing on, in the walk's order (empty: none).
     pub(super) matches: &'a [Match<'a>],
     /// The scope's members (`None`: none, or a pool is scored instead).
     pub(super) members: Option<&'a Members>,
@@ -72,6 +72,8 @@ pub(super) fn rank_matches(
         block_size,
         tie_seed: blocks.last().map_or(0, |f| f.0),
     };
+    // Each holder's id hashed once for the whole ranking.
+    let held = HeldHashes::of(&input);
     let eligible = match (scoring.pool, members, scoring.source.board()) {
         (Some(pool), _, _) => {
             let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();
@@ -96,11 +98,7 @@ pub(super) fn rank_matches(
                     && monotone(scoring.weights);
                 // The prompt's holders and the list's best others, ranked.
                 let from_list = |list: &Shortlist| {
-                    let holders: smallvec::SmallVec<[u64; 16]> = matches
-                        .iter()
-                        .map(|m| id_hash(&m.replica.replica_id))
-                        .chain(speculative.iter().map(|(id, _)| id_hash(id)))
-                        .collect();
+                    let holders: smallvec::SmallVec<[u64; 16]> = held.hashes().collect();
                     list.eligible(
                         members,
                         resolved,
@@ -193,6 +191,7 @@ pub(super) fn rank_matches(
     let ranked = rank_eligible(
         &eligible,
         &input,
+        &held,
         scoring.weights,
         scoring.others,
         scoring.holders,

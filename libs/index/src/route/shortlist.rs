@@ -13,7 +13,7 @@ use crossbeam_utils::CachePadded;
 
 use crate::load::{LoadReader, MemberLoads, ReplicaLoad};
 use crate::pick::{
-    Fleet, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, id_hash, rank_hashed,
+    Fleet, HeldHashes, OtherKey, PickInput, ScoreWeights, Scored, TtftModel, rank_hashed,
 };
 use crate::registry::ReplicaMeta;
 use crate::types::ReplicaKey;
@@ -49,12 +49,13 @@ impl<'a> Eligible<'a> {
     }
 }
 
-/// Ranks `eligible` for the prompt of `input` (its `replicas` are ignored):
-/// the best `holders` holders and the best `others` others (each at least
-/// one), best first.
+/// Ranks `eligible` for the prompt of `input` (its `replicas` are ignored,
+/// its holders hashed in `held`): the best `holders` holders and the best
+/// `others` others (each at least one), best first.
 pub(super) fn rank_eligible(
     eligible: &Eligible<'_>,
     input: &PickInput<'_>,
+    held: &HeldHashes,
     weights: &ScoreWeights,
     others: usize,
     holders: usize,
@@ -78,19 +79,12 @@ pub(super) fn rank_eligible(
             others,
             holders,
             Some(&eligible.id_hashes),
+            Some(held),
         );
     }
-    let mut held: smallvec::SmallVec<[u64; 16]> = input
-        .matches
-        .iter()
-        .map(|m| id_hash(&m.replica.replica_id))
-        .chain(input.speculative.iter().map(|(id, _)| id_hash(id)))
-        .collect();
-    held.sort_unstable();
-    held.dedup();
     // A hash shared by a holder and another replica only scores that one in
     // full too: a superset of the holders changes nothing.
-    let holds = |h: u64| held.binary_search(&h).is_ok();
+    let holds = |h: u64| held.holds(h);
     let key_of = |i: usize| eligible.replicas[i].0;
     let better = |a: &(OtherKey, usize), b: &(OtherKey, usize)| {
         a.0.rank_cmp(&b.0)
@@ -136,6 +130,7 @@ pub(super) fn rank_eligible(
         others,
         holders,
         Some(&hashes),
+        Some(held),
     )
 }
 
@@ -769,7 +764,7 @@ mod tests {
         };
         let loads = [ReplicaLoad::default(); 2];
         let fleet = Fleet::of(2, &loads);
-        let hashes = [id_hash(&members[0].key.replica_id)];
+        let hashes = [crate::pick::id_hash(&members[0].key.replica_id)];
         let _ = rank_hashed(
             &part,
             &ScoreWeights::default(),
@@ -778,6 +773,7 @@ mod tests {
             1,
             usize::MAX,
             Some(&hashes),
+            None,
         );
     }
 

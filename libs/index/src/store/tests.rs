@@ -194,20 +194,30 @@ fn a_walk_goes_on_into_the_next_page() {
     let first = reader.find(blocks[0].key, blocks[0].h).unwrap();
     assert_eq!(offset_of(first), 0, "the chain starts a page");
     let mut seen = 0;
-    let walked = reader.walk(first, blocks[1..].iter().map(|b| b.key), |_: &[u32]| {
-        seen += 1;
-        true
-    });
+    let walked = reader.walk(
+        first,
+        &blocks[1..],
+        |b| b.key,
+        |_: &[u32]| {
+            seen += 1;
+            true
+        },
+    );
     assert_eq!((walked.blocks, walked.stopped, seen), (19, false, 19));
     let keys: Vec<u64> = blocks[1..12].iter().map(|b| b.key).chain([7, 8]).collect();
-    let walked = reader.walk(first, keys.into_iter(), |_: &[u32]| true);
+    let walked = reader.walk(first, &keys, |&k| k, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (11, false));
     // Stopping when asked, past the page boundary.
     let mut left = 10;
-    let walked = reader.walk(first, blocks[1..].iter().map(|b| b.key), |_: &[u32]| {
-        left -= 1;
-        left > 0
-    });
+    let walked = reader.walk(
+        first,
+        &blocks[1..],
+        |b| b.key,
+        |_: &[u32]| {
+            left -= 1;
+            left > 0
+        },
+    );
     assert_eq!((walked.blocks, walked.stopped), (10, true));
 }
 

@@ -8,8 +8,8 @@ use crate::store::Block;
 
 use crate::store::tests::store_numbered_chain as chain;
 
-fn keys(blocks: &[Block]) -> impl ExactSizeIterator<Item = u64> + '_ {
-    blocks.iter().map(|b| b.key)
+fn key(block: &Block) -> u64 {
+    block.key
 }
 
 /// Where each of `blocks` is stored.
@@ -40,14 +40,14 @@ fn a_mismatch_mid_page_does_not_walk_on_into_the_next_page() {
     let mut reader = store.reader(store.directory());
     let absent = 999_999;
     let prompt = [a[1].key, a[2].key, absent, a[8].key, a[9].key];
-    let walked = reader.walk(first, prompt.into_iter(), |_: &[u32]| true);
+    let walked = reader.walk(first, &prompt, |&k| k, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (2, false));
     drop(reader);
     // The same with the record there dead (its block evicted).
     store.remove(&a[3..4], |_| true, |_| {});
     let mut reader = store.reader(store.directory());
     let prompt = [a[1].key, a[2].key, a[3].key, a[8].key, a[9].key];
-    let walked = reader.walk(first, prompt.into_iter(), |_: &[u32]| true);
+    let walked = reader.walk(first, &prompt, |&k| k, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (2, false));
 }
 
@@ -58,7 +58,7 @@ fn a_dead_first_record_of_the_next_page_ends_the_walk() {
     let first = recs(&store, &a[..1])[0].unwrap();
     store.remove(&a[PAGE_RECORDS..=PAGE_RECORDS], |_| true, |_| {});
     let mut reader = store.reader(store.directory());
-    let walked = reader.walk(first, keys(&a[1..]), |_: &[u32]| true);
+    let walked = reader.walk(first, &a[1..], key, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
 }
 
@@ -74,7 +74,7 @@ fn a_freed_next_page_or_another_chains_record_there_ends_the_walk() {
     {
         let mut reader = store.reader(store.directory());
         assert!(reader.view(next).is_none(), "the page was freed");
-        let walked = reader.walk(first, keys(&a[1..]), |_: &[u32]| true);
+        let walked = reader.walk(first, &a[1..], key, |_: &[u32]| true);
         assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
     }
     // Another chain takes the freed page, and the first chain's next
@@ -86,7 +86,7 @@ fn a_freed_next_page_or_another_chains_record_there_ends_the_walk() {
     let again = recs(&store, &a[PAGE_RECORDS..=PAGE_RECORDS])[0].unwrap();
     assert_ne!(again, next);
     let mut reader = store.reader(store.directory());
-    let walked = reader.walk(first, keys(&a[1..=PAGE_RECORDS]), |_: &[u32]| true);
+    let walked = reader.walk(first, &a[1..=PAGE_RECORDS], key, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
 }
 
@@ -100,12 +100,12 @@ fn keys_ending_at_a_pages_last_record_leave_the_next_page_unlocked() {
     // The prompt ends at the page's last record: nothing on the next
     // page is needed.
     let mut reader = store.reader(dir);
-    let walked = reader.walk(first, keys(&a[1..PAGE_RECORDS]), |_: &[u32]| true);
+    let walked = reader.walk(first, &a[1..PAGE_RECORDS], key, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS - 1, false));
     assert!(!next_page.is_locked(), "the next page was read-locked");
     // One key more: the reader goes on, and holds the next page's guard
     // (the observation above can see it).
-    let walked = reader.walk(first, keys(&a[1..=PAGE_RECORDS]), |_: &[u32]| true);
+    let walked = reader.walk(first, &a[1..=PAGE_RECORDS], key, |_: &[u32]| true);
     assert_eq!((walked.blocks, walked.stopped), (PAGE_RECORDS, false));
     assert!(next_page.is_locked());
     drop(reader);
