@@ -115,6 +115,14 @@ pub(crate) enum Stored {
 /// edits (a call a block, +1.5 k instructions a 128-block lookup).
 pub(crate) trait Visit {
     fn visit(&mut self, holders: &[u32]) -> bool;
+
+    /// [`Visit::visit`] of a record with one holder, kept inline: a visitor
+    /// that compares it as a word leaves it in a register (a slice of it
+    /// needs it in memory, four instructions of a block's twenty-two).
+    #[inline(always)]
+    fn visit_one(&mut self, holder: u32) -> bool {
+        self.visit(std::slice::from_ref(&holder))
+    }
 }
 
 impl<F: FnMut(&[u32]) -> bool> Visit for F {
@@ -298,12 +306,12 @@ impl Page {
                 return (i, false);
             }
             let payload = r.payload();
-            let holders = if r.meta() & SPILLED == 0 {
-                std::slice::from_ref(&payload)
+            let goes_on = if r.meta() & SPILLED == 0 {
+                visit.visit_one(payload)
             } else {
-                self.lists.get(payload)
+                visit.visit(self.lists.get(payload))
             };
-            if !visit.visit(holders) {
+            if !goes_on {
                 return (i + 1, true);
             }
         }

@@ -224,6 +224,15 @@ impl crate::arena::Visit for &mut Scoring {
     fn visit(&mut self, holders: &[u32]) -> bool {
         self.step(holders)
     }
+
+    #[inline(always)]
+    fn visit_one(&mut self, holder: u32) -> bool {
+        if u64::from(holder) == self.last_single {
+            self.matched += 1;
+            return true;
+        }
+        self.step_slow(std::slice::from_ref(&holder))
+    }
 }
 
 impl Scoring {
