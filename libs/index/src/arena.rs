@@ -123,6 +123,14 @@ pub(crate) trait Visit {
     fn visit_one(&mut self, holder: u32) -> bool {
         self.visit(std::slice::from_ref(&holder))
     }
+
+    /// [`Visit::visit`] of a pooled list of two to four holders: the first
+    /// `len` of `slot`. A visitor may compare the whole slot at once under
+    /// a mask of `len` (no branch on the length).
+    #[inline(always)]
+    fn visit_four(&mut self, slot: &[u32; 4], len: usize) -> bool {
+        self.visit(&slot[..len.min(4)])
+    }
 }
 
 impl<F: FnMut(&[u32]) -> bool> Visit for F {
@@ -308,6 +316,8 @@ impl Page {
             let payload = r.payload();
             let goes_on = if r.meta() & SPILLED == 0 {
                 visit.visit_one(payload)
+            } else if let Some((slot, len)) = self.lists.four(payload) {
+                visit.visit_four(slot, len)
             } else {
                 visit.visit(self.lists.get(payload))
             };

@@ -154,6 +154,17 @@ impl HolderLists {
         .unwrap_or(&[])
     }
 
+    /// A list of two to four holders as its whole 16-byte slot and its
+    /// length (`None` for a longer list): the holders are the slot's first
+    /// `len`, the rest of the slot is not theirs.
+    #[inline(always)]
+    pub(crate) fn four(&self, handle: Handle) -> Option<(&[u32; FOUR], usize)> {
+        match at(handle) {
+            At::Four(len, slot) => self.four.slots.get(slot).map(|l| (l, len)),
+            _ => None,
+        }
+    }
+
     /// The holders under `handle`, to overwrite in place.
     pub(crate) fn get_mut(&mut self, handle: Handle) -> &mut [u32] {
         match at(handle) {

@@ -233,7 +233,39 @@ impl crate::arena::Visit for &mut Scoring {
         }
         self.step_slow(std::slice::from_ref(&holder))
     }
+
+    #[inline(always)]
+    fn visit_four(&mut self, slot: &[u32; 4], len: usize) -> bool {
+        // The slot and the last block's first four holders, as two words
+        // each, compared under a mask of the list's length.
+        let words = |l: &[u32]| {
+            (
+                u64::from(l[0]) | u64::from(l[1]) << 32,
+                u64::from(l[2]) | u64::from(l[3]) << 32,
+            )
+        };
+        let (mask_lo, mask_hi) = FOUR_MASKS[len & 3];
+        let (a, b) = words(slot);
+        let (x, y) = words(&self.last);
+        if len == self.last_len && ((a ^ x) & mask_lo) | ((b ^ y) & mask_hi) == 0 {
+            self.matched += 1;
+            return true;
+        }
+        self.step_slow(&slot[..len.min(4)])
+    }
 }
+
+/// The masks of the two words of a 16-byte slot that hold a list's
+/// holders, by the length's low two bits (a pooled list has two to four:
+/// 4 is entry 0; entry 1, no pooled length, compares two, which only makes
+/// a match stricter). Indexed so, not by the length capped at four: the
+/// cap cost the four-holder block's loop 5 instructions (`lookup_loop`).
+const FOUR_MASKS: [(u64, u64); 4] = [
+    (u64::MAX, u64::MAX),
+    (u64::MAX, 0),
+    (u64::MAX, 0),
+    (u64::MAX, u64::MAX >> 32),
+];
 
 impl Scoring {
     /// Folds in the next block's holders; false once no replica is left.
@@ -745,7 +777,46 @@ impl Index {
 
 #[cfg(test)]
 mod same_holders_tests {
-    use super::{LAST, same_holders};
+    use super::{LAST, Scoring, same_holders};
+    use crate::arena::{Holder, Visit};
+
+    #[test]
+    fn a_pooled_list_is_compared_over_its_own_holders_only() {
+        for len in 2..=4 {
+            let held: Vec<u32> = (1..=len as u32).collect();
+            let fresh = || {
+                let mut s = Scoring {
+                    active: held
+                        .iter()
+                        .map(|&h| (Holder::from_raw(h).replica(), Holder::from_raw(h).tier()))
+                        .collect(),
+                    matched: 1,
+                    ..Scoring::default()
+                };
+                s.set_last(&held);
+                s
+            };
+            // The slot's tail is not the list's: it differs, and the block
+            // still counts as held as the last.
+            let mut slot = [7u32; 4];
+            slot[..len].copy_from_slice(&held);
+            let mut s = fresh();
+            assert!((&mut s).visit_four(&slot, len), "length {len}");
+            assert_eq!((s.matched, s.active.len()), (2, len), "length {len}");
+            // Any holder of the list changed: that replica stops matching.
+            for at in 0..len {
+                let mut other = slot;
+                other[at] ^= 1 << 20;
+                let mut s = fresh();
+                assert!((&mut s).visit_four(&other, len), "length {len}, at {at}");
+                assert_eq!(
+                    (s.matched, s.active.len(), s.finished.len()),
+                    (2, len - 1, 1),
+                    "length {len}, at {at}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn holder_lists_compare_equal_only_when_every_holder_is_the_same() {
