@@ -131,6 +131,12 @@ pub(crate) trait Visit {
     fn visit_four(&mut self, slot: &[u32; 4], len: usize) -> bool {
         self.visit(&slot[..len.min(4)])
     }
+
+    /// [`Visit::visit_four`] for a pooled list of five to eight holders.
+    #[inline(always)]
+    fn visit_eight(&mut self, slot: &[u32; 8], len: usize) -> bool {
+        self.visit(&slot[..len.min(8)])
+    }
 }
 
 impl<F: FnMut(&[u32]) -> bool> Visit for F {
@@ -318,6 +324,8 @@ impl Page {
                 visit.visit_one(payload)
             } else if let Some((slot, len)) = self.lists.four(payload) {
                 visit.visit_four(slot, len)
+            } else if let Some((slot, len)) = self.lists.eight(payload) {
+                visit.visit_eight(slot, len)
             } else {
                 visit.visit(self.lists.get(payload))
             };

@@ -165,6 +165,15 @@ impl HolderLists {
         }
     }
 
+    /// [`HolderLists::four`] for a list of five to eight holders.
+    #[inline(always)]
+    pub(crate) fn eight(&self, handle: Handle) -> Option<(&[u32; EIGHT], usize)> {
+        match at(handle) {
+            At::Eight(len, slot) => self.eight.slots.get(slot).map(|l| (l, len)),
+            _ => None,
+        }
+    }
+
     /// The holders under `handle`, to overwrite in place.
     pub(crate) fn get_mut(&mut self, handle: Handle) -> &mut [u32] {
         match at(handle) {

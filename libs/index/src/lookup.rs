@@ -253,6 +253,23 @@ impl crate::arena::Visit for &mut Scoring {
         }
         self.step_slow(&slot[..len.min(4)])
     }
+
+    #[inline(always)]
+    fn visit_eight(&mut self, slot: &[u32; 8], len: usize) -> bool {
+        // As `visit_four`, over four words: the first two always the
+        // list's, the last two masked by its length.
+        let word = |l: &[u32], i: usize| u64::from(l[2 * i]) | u64::from(l[2 * i + 1]) << 32;
+        let (mask_2, mask_3) = EIGHT_MASKS[len & 3];
+        let differ = (word(slot, 0) ^ word(&self.last, 0))
+            | (word(slot, 1) ^ word(&self.last, 1))
+            | ((word(slot, 2) ^ word(&self.last, 2)) & mask_2)
+            | ((word(slot, 3) ^ word(&self.last, 3)) & mask_3);
+        if len == self.last_len && differ == 0 {
+            self.matched += 1;
+            return true;
+        }
+        self.step_slow(&slot[..len.min(8)])
+    }
 }
 
 /// The masks of the two words of a 16-byte slot that hold a list's
@@ -263,6 +280,15 @@ impl crate::arena::Visit for &mut Scoring {
 const FOUR_MASKS: [(u64, u64); 4] = [
     (u64::MAX, u64::MAX),
     (u64::MAX, 0),
+    (u64::MAX, 0),
+    (u64::MAX, u64::MAX >> 32),
+];
+
+/// [`FOUR_MASKS`] for the last two of a 32-byte slot's four words, a
+/// pooled list of five to eight holders (8 is entry 0).
+const EIGHT_MASKS: [(u64, u64); 4] = [
+    (u64::MAX, u64::MAX),
+    (u64::MAX >> 32, 0),
     (u64::MAX, 0),
     (u64::MAX, u64::MAX >> 32),
 ];
@@ -782,7 +808,7 @@ mod same_holders_tests {
 
     #[test]
     fn a_pooled_list_is_compared_over_its_own_holders_only() {
-        for len in 2..=4 {
+        for len in 2..=8 {
             let held: Vec<u32> = (1..=len as u32).collect();
             let fresh = || {
                 let mut s = Scoring {
@@ -798,17 +824,26 @@ mod same_holders_tests {
             };
             // The slot's tail is not the list's: it differs, and the block
             // still counts as held as the last.
-            let mut slot = [7u32; 4];
+            let visit = |s: &mut Scoring, slot: &[u32; 8]| {
+                let mut s = s;
+                if len <= 4 {
+                    let four: [u32; 4] = [slot[0], slot[1], slot[2], slot[3]];
+                    s.visit_four(&four, len)
+                } else {
+                    s.visit_eight(slot, len)
+                }
+            };
+            let mut slot = [7u32; 8];
             slot[..len].copy_from_slice(&held);
             let mut s = fresh();
-            assert!((&mut s).visit_four(&slot, len), "length {len}");
+            assert!(visit(&mut s, &slot), "length {len}");
             assert_eq!((s.matched, s.active.len()), (2, len), "length {len}");
             // Any holder of the list changed: that replica stops matching.
             for at in 0..len {
                 let mut other = slot;
                 other[at] ^= 1 << 20;
                 let mut s = fresh();
-                assert!((&mut s).visit_four(&other, len), "length {len}, at {at}");
+                assert!(visit(&mut s, &other), "length {len}, at {at}");
                 assert_eq!(
                     (s.matched, s.active.len(), s.finished.len()),
                     (2, len - 1, 1),
