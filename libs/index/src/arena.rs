@@ -314,9 +314,8 @@ impl Page {
         let records = self.records.get(offset..).unwrap_or(&[]);
         let n = records.len().min(keys.len());
         let (records, keys) = (&records[..n], &keys[..n]);
-        for i in 0..n {
-            let r = &records[i];
-            if r.key() != key_of(&keys[i]) || !r.live() {
+        for (i, (r, k)) in records.iter().zip(keys).enumerate() {
+            if r.key() != key_of(k) || !r.live() {
                 return (i, false);
             }
             let payload = r.payload();

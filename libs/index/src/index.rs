@@ -31,7 +31,7 @@
 //!   registry, so lookups see the old state or the new, never a mix.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -471,12 +471,12 @@ impl Index {
         let changed_scope = old_scope != Some(scope_id);
         reg.set_replica(
             idx,
-            Some(Arc::new(ReplicaMeta {
-                key: key.clone(),
-                scope: scope_id,
-                address: address.to_owned(),
-                last_seen_ms: AtomicI64::new(now_ms),
-            })),
+            Some(Arc::new(ReplicaMeta::new(
+                key.clone(),
+                scope_id,
+                address.to_owned(),
+                now_ms,
+            ))),
         );
         drop(reg);
         if changed_scope && old_scope.is_some() {

@@ -244,6 +244,19 @@ impl HeldHashes {
         }
     }
 
+    /// The holders of `input`, `match_hashes` the [`id_hash`] of each of
+    /// its matches' replica ids in their order (the registry keeps them).
+    pub(crate) fn with_match_hashes(input: &PickInput<'_>, match_hashes: &[u64]) -> Self {
+        debug_assert_eq!(match_hashes.len(), input.matches.len());
+        let mut matches: smallvec::SmallVec<[(u64, usize); 8]> =
+            match_hashes.iter().copied().zip(0..).collect();
+        matches.sort_unstable();
+        Self {
+            matches,
+            speculative: by_id_hash(input.speculative, |(id, _)| id),
+        }
+    }
+
     /// Whether a holder's id hashes to `h` (a replica sharing a holder's
     /// hash reads as one: scoring a non-holder in full changes nothing).
     pub(crate) fn holds(&self, h: u64) -> bool {

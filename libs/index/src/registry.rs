@@ -23,9 +23,22 @@ pub(crate) struct ReplicaMeta {
     pub(crate) scope: ScopeId,
     pub(crate) address: String,
     pub(crate) last_seen_ms: AtomicI64,
+    /// [`crate::pick::id_hash`] of the replica id: hashed once here, not by
+    /// every ranking the replica holds part of.
+    pub(crate) id_hash: u64,
 }
 
 impl ReplicaMeta {
+    pub(crate) fn new(key: ReplicaKey, scope: ScopeId, address: String, last_seen_ms: i64) -> Self {
+        Self {
+            id_hash: crate::pick::id_hash(&key.replica_id),
+            key,
+            scope,
+            address,
+            last_seen_ms: AtomicI64::new(last_seen_ms),
+        }
+    }
+
     /// Whether a lookup limited to `candidates` (when given), answering
     /// only replicas seen since `fresh_since_ms` (when given), may answer
     /// this replica.
@@ -154,16 +167,16 @@ impl Registry {
 pub(crate) fn members_named(ids: &[&str]) -> Members {
     ids.iter()
         .map(|id| {
-            Arc::new(ReplicaMeta {
-                key: ReplicaKey {
+            Arc::new(ReplicaMeta::new(
+                ReplicaKey {
                     tenant: "t".into(),
                     replica_id: (*id).into(),
                     dp_rank: 0,
                 },
-                scope: 0,
-                address: format!("{id}:8000"),
-                last_seen_ms: AtomicI64::new(0),
-            })
+                0,
+                format!("{id}:8000"),
+                0,
+            ))
         })
         .collect()
 }

@@ -576,6 +576,12 @@ impl Holders {
             .collect()
     }
 
+    /// [`crate::pick::id_hash`] of each holder's replica id, in
+    /// [`Self::matches`]' order (hashed when the replica registered).
+    fn id_hashes(&self) -> SmallVec<[u64; 8]> {
+        self.held.iter().map(|(meta, ..)| meta.id_hash).collect()
+    }
+
     /// The holders as matches, borrowing from `self`.
     fn matches(&self) -> SmallVec<[Match<'_>; 8]> {
         self.held
@@ -692,6 +698,7 @@ pub fn route_ranked(
             &rank::Decided {
                 query,
                 matches: &holders.matches()[..],
+                match_hashes: &holders.id_hashes()[..],
                 members: members.as_ref(),
                 blocks: &blocks,
                 block_size: holders.block_size,

@@ -237,10 +237,7 @@ impl LoadBoard {
         for e in entries.iter().flatten() {
             e.note_scope(scope_tag);
         }
-        let id_hashes: Box<[u64]> = members
-            .iter()
-            .map(|m| crate::pick::id_hash(&m.key.replica_id))
-            .collect();
+        let id_hashes: Box<[u64]> = members.iter().map(|m| m.id_hash).collect();
         let mut by_hash: Vec<(u64, u32)> = id_hashes
             .iter()
             .enumerate()

@@ -18,6 +18,8 @@ pub(super) struct Decided<'a, 'q> {
     pub(super) query: &'a RouteQuery<'q>,
     /// The holders worth routing on, in the walk's order (empty: none).
     pub(super) matches: &'a [Match<'a>],
+    /// [`id_hash`] of each of `matches`' replica ids, in their order.
+    pub(super) match_hashes: &'a [u64],
     /// The scope's members (`None`: none, or a pool is scored instead).
     pub(super) members: Option<&'a Members>,
     /// The prompt's fingerprints.
@@ -72,8 +74,8 @@ pub(super) fn rank_matches(
         block_size,
         tie_seed: blocks.last().map_or(0, |f| f.0),
     };
-    // Each holder's id hashed once for the whole ranking.
-    let held = HeldHashes::of(&input);
+    // The holders' id hashes, read once for the whole ranking.
+    let held = HeldHashes::with_match_hashes(&input, decided.match_hashes);
     let eligible = match (scoring.pool, members, scoring.source.board()) {
         (Some(pool), _, _) => {
             let ids: Vec<&str> = pool.iter().map(|(k, _)| k.replica_id.as_str()).collect();

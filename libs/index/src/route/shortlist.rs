@@ -442,8 +442,8 @@ impl Shortlist {
     }
 
     /// The eligible replicas to rank for `input`, held by the replicas
-    /// hashing to `holders` ([`id_hash`]): those, and the listed others
-    /// read until `others` of them rank before the floor of the
+    /// hashing to `holders` ([`id_hash`]): those, and the best `others` of
+    /// the listed others, read until those rank before the floor of the
     /// rest, with the fleet's figures now; else (ranking every replica
     /// answers then) whether the list is worn out and should be rebuilt.
     #[allow(clippy::too_many_arguments)]
@@ -460,17 +460,15 @@ impl Shortlist {
         let others = others.max(1);
         let fleet = self.fleet_now();
         let weights = &self.weights;
-        // Room for every holder's members and every listed replica: no
-        // growing while reading.
-        let mut eligible =
-            Eligible::with_capacity(holders.len() + self.listed.len() + TIED_READS + 1);
-        eligible.fleet = Some(fleet);
         let mut held: smallvec::SmallVec<[usize; 16]> = smallvec::SmallVec::new();
         for &h in holders {
             held.extend(resolved.with_hash(h));
         }
         held.sort_unstable();
         held.dedup();
+        // Room for every holder's members and the best others: no growing.
+        let mut eligible = Eligible::with_capacity(held.len() + others);
+        eligible.fleet = Some(fleet);
         for &p in &held {
             let m = members.get(p).ok_or(false)?;
             if m.answers(None, fresh_since) {
@@ -489,40 +487,49 @@ impl Shortlist {
             weights,
             holders,
             fresh_since,
-            others,
             fleet: &fleet,
         };
-        // The best others read so far, in the ranking's order.
-        let mut best: Vec<OtherKey> = Vec::with_capacity(others + 1);
-        let proven = |best: &[OtherKey], floor: &Option<ReplicaLoad>| {
-            best.len() == others
+        // The best others read so far, in the ranking's order: only they
+        // join the holders in `eligible`, so the ranking scores the holders
+        // and these few, not every replica read on the way to the proof.
+        let mut best = BestOthers::new(others);
+        let proven = |best: &BestOthers, floor: &Option<ReplicaLoad>| {
+            best.full()
                 && floor.as_ref().is_none_or(|f| {
-                    best[others - 1]
+                    best.last()
                         .load_cmp(&OtherKey::floor(input, weights, &fleet, f))
                         .is_lt()
                 })
         };
-        for (i, &p) in self.listed.iter().enumerate() {
-            if proven(&best, &self.floors[i]) {
-                return Ok(eligible);
+        let outcome = 'read: {
+            for (i, &p) in self.listed.iter().enumerate() {
+                if proven(&best, &self.floors[i]) {
+                    break 'read Ok(());
+                }
+                let p = p as usize;
+                let h = *resolved.id_hashes.get(p).ok_or(false)?;
+                if !holders.contains(&h) {
+                    read.other(p, h, &mut best)?;
+                }
             }
-            let p = p as usize;
-            let h = *resolved.id_hashes.get(p).ok_or(false)?;
-            if !holders.contains(&h) {
-                read.other(p, h, &mut eligible, &mut best)?;
+            if proven(&best, &self.floors[self.listed.len()]) {
+                break 'read Ok(());
             }
+            if let Some(tied) = &self.tied
+                && read.tied(tied, &mut best)?
+            {
+                break 'read Ok(());
+            }
+            // Too few others listed for this prompt (its holders are most of
+            // the list) is no wear.
+            Err(best.full() && self.worn())
+        };
+        outcome?;
+        for other in best.kept {
+            let m = &members[other.position];
+            eligible.push((&m.key, m.address.as_str()), other.load, other.id_hash);
         }
-        if proven(&best, &self.floors[self.listed.len()]) {
-            return Ok(eligible);
-        }
-        if let Some(tied) = &self.tied
-            && read.tied(tied, &mut eligible, &mut best)?
-        {
-            return Ok(eligible);
-        }
-        // Too few others listed for this prompt (its holders are most of
-        // the list) is no wear.
-        Err(best.len() == others && self.worn())
+        Ok(eligible)
     }
 }
 
@@ -536,14 +543,63 @@ fn count_tied_answer() {
     TIED_ANSWERS.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Adds `key` to `best`, the best `others` keys read so far in the
-/// ranking's order, if it is among them.
-#[inline(always)]
-fn keep_best(best: &mut Vec<OtherKey>, key: OtherKey, others: usize) {
-    if best.len() < others || key.rank_cmp(&best[others - 1]).is_lt() {
-        let at = best.partition_point(|b| b.rank_cmp(&key).is_le());
-        best.insert(at, key);
-        best.truncate(others);
+#[cfg(test)]
+thread_local! {
+    /// Others a lookup on this thread read from a list (tests: how far a
+    /// list is read).
+    static OTHERS_READ: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A non-holder read from a [`Shortlist`]: its member position, id hash,
+/// load and key.
+struct Other {
+    key: OtherKey,
+    position: usize,
+    id_hash: u64,
+    load: ReplicaLoad,
+}
+
+/// The best `others` non-holders read so far, best first in the ranking's
+/// order: by key, equal keys (a pod's data-parallel ranks) by replica, as
+/// [`rank_eligible`] breaks them.
+struct BestOthers {
+    others: usize,
+    kept: smallvec::SmallVec<[Other; 2]>,
+}
+
+impl BestOthers {
+    fn new(others: usize) -> Self {
+        Self {
+            others: others.max(1),
+            kept: smallvec::SmallVec::new(),
+        }
+    }
+
+    /// Whether `others` were read.
+    fn full(&self) -> bool {
+        self.kept.len() == self.others
+    }
+
+    /// The key of the last kept (only when [`Self::full`]).
+    fn last(&self) -> &OtherKey {
+        &self.kept[self.others - 1].key
+    }
+
+    /// Keeps `other` if it is among the best read.
+    #[inline(always)]
+    fn offer(&mut self, other: Other, members: &[Arc<ReplicaMeta>]) {
+        let key_of = |o: &Other| &members[o.position].key;
+        let better = |a: &Other, b: &Other| {
+            a.key
+                .rank_cmp(&b.key)
+                .then_with(|| key_of(a).cmp(key_of(b)))
+        };
+        if self.full() && better(&other, &self.kept[self.others - 1]).is_ge() {
+            return;
+        }
+        let at = self.kept.partition_point(|b| better(b, &other).is_lt());
+        self.kept.insert(at, other);
+        self.kept.truncate(self.others);
     }
 }
 
@@ -556,27 +612,29 @@ struct Reading<'r, 'a> {
     weights: &'r ScoreWeights,
     holders: &'r [u64],
     fresh_since: Option<i64>,
-    others: usize,
     fleet: &'r Fleet,
 }
 
 impl<'a> Reading<'_, 'a> {
     /// Reads member `p` (its id hashing to `h`) as an other, unless it
-    /// does not answer: its load into `eligible`, its key into `best`.
+    /// does not answer: kept in `best` if it is among them.
     #[inline(always)]
-    fn other(
-        &self,
-        p: usize,
-        h: u64,
-        eligible: &mut Eligible<'a>,
-        best: &mut Vec<OtherKey>,
-    ) -> Result<(), bool> {
+    fn other(&self, p: usize, h: u64, best: &mut BestOthers) -> Result<(), bool> {
         let m = self.members.get(p).ok_or(false)?;
         if m.answers(None, self.fresh_since) {
+            #[cfg(test)]
+            OTHERS_READ.with(|n| n.set(n.get() + 1));
             let load = self.reader.member(self.resolved, p);
             let key = OtherKey::new(self.input, self.weights, self.fleet, &load, h);
-            keep_best(best, key, self.others);
-            eligible.push((&m.key, m.address.as_str()), load, h);
+            best.offer(
+                Other {
+                    key,
+                    position: p,
+                    id_hash: h,
+                    load,
+                },
+                self.members,
+            );
         }
         Ok(())
     }
@@ -586,13 +644,8 @@ impl<'a> Reading<'_, 'a> {
     /// rank before every unread member: Ok(true) then, Ok(false) when
     /// [`TIED_READS`] reads did not prove it (or the rest's floor is no
     /// higher than the group's), Err on a member list out of step.
-    fn tied(
-        &self,
-        tied: &Tied,
-        eligible: &mut Eligible<'a>,
-        best: &mut Vec<OtherKey>,
-    ) -> Result<bool, bool> {
-        let (input, weights, fleet, others) = (self.input, self.weights, self.fleet, self.others);
+    fn tied(&self, tied: &Tied, best: &mut BestOthers) -> Result<bool, bool> {
+        let (input, weights, fleet) = (self.input, self.weights, self.fleet);
         let hashes = &self.resolved.id_hashes;
         let floor = OtherKey::floor(input, weights, fleet, &tied.floor);
         let rest = tied
@@ -629,8 +682,8 @@ impl<'a> Reading<'_, 'a> {
         // Up to TIED_READS + 1 read; the next kept bounds the unread.
         for read in 0..KEPT {
             let next = top.get(read).copied();
-            if best.len() == others {
-                let last = &best[others - 1];
+            if best.full() {
+                let last = best.last();
                 // Every unread member of the group: a load of at least the
                 // floor, and a tie-break no larger than `next`'s (an equal
                 // one proves nothing: the replica key decides then).
@@ -648,7 +701,7 @@ impl<'a> Reading<'_, 'a> {
             match next {
                 Some((_, p)) if read <= TIED_READS => {
                     let p = p as usize;
-                    self.other(p, hashes[p], eligible, best)?;
+                    self.other(p, hashes[p], best)?;
                 }
                 _ => break,
             }
@@ -658,132 +711,4 @@ impl<'a> Reading<'_, 'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn input(prompt_blocks: u32, block_size: u32) -> PickInput<'static> {
-        PickInput {
-            replicas: &[],
-            matches: &[],
-            speculative: &[],
-            prompt_blocks,
-            block_size,
-            tie_seed: 0,
-        }
-    }
-
-    /// A scope of `n` members, `r0`, `r1`, ... (no loads reported: each
-    /// reads as idle).
-    fn members_of(n: usize) -> crate::registry::Members {
-        let ids: Vec<String> = (0..n).map(|i| format!("r{i}")).collect();
-        let names: Vec<&str> = ids.iter().map(String::as_str).collect();
-        crate::registry::members_named(&names)
-    }
-
-    /// A shortlist of `loads` (one member each, every member eligible),
-    /// and what a lookup holding nothing makes of it: how many replicas
-    /// it reads, or whether every load must be read instead.
-    fn built(loads: &[ReplicaLoad]) -> (Shortlist, Result<usize, bool>) {
-        let board = crate::load::LoadBoard::default();
-        let members = members_of(loads.len());
-        let positions: Vec<u32> = (0..loads.len() as u32).collect();
-        let weights = ScoreWeights::default();
-        board.with_members(1, &members, 0, |reader, resolved| {
-            let list = Shortlist::build(
-                loads.len(),
-                &positions,
-                loads,
-                &input(8, 16),
-                &weights,
-                reader,
-            );
-            let read = list
-                .eligible(&members, resolved, reader, &input(8, 16), &[], None, 1)
-                .map(|e| e.replicas.len());
-            (list, read)
-        })
-    }
-
-    #[test]
-    fn a_list_tied_over_most_of_the_scope_keeps_the_tied_as_a_group() {
-        let busy = |requests: f64| ReplicaLoad {
-            requests,
-            ..ReplicaLoad::default()
-        };
-        // 200 idle replicas: every one tied with the 24th. A lookup reads
-        // the one its prompt's tie-break prefers, proven by the group's
-        // floor (its own load) and the tie-breaks of the rest.
-        let (list, read) = built(&vec![ReplicaLoad::default(); 200]);
-        assert!(list.listed.is_empty());
-        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(200));
-        assert_eq!(read, Ok(1));
-        // Two less loaded than the rest when built: listed before the
-        // group, read first. The board reads them idle now (as every
-        // replica here), tied with the group's floor: the group's best
-        // tie-break is read too, and the best of the three is proven.
-        let mut loads = vec![ReplicaLoad::default(); 200];
-        loads[0] = busy(-1.0);
-        loads[1] = busy(-1.0);
-        let (list, read) = built(&loads);
-        assert_eq!(list.listed.len(), 2, "the two less loaded, in order");
-        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(198));
-        assert_eq!(read, Ok(3));
-        // 24 idle and 73 more tied with them (97 > 96): a group, proven
-        // before the busy rest's floor.
-        let mut loads = vec![busy(5.0); 103];
-        loads[..97].fill(ReplicaLoad::default());
-        let (list, read) = built(&loads);
-        assert_eq!(list.tied.as_ref().map(|t| t.positions.len()), Some(97));
-        assert_eq!(read, Ok(1));
-        // 96 tied with the 24th: kept, in order, the tied ones listed.
-        loads[96] = busy(5.0);
-        let (list, read) = built(&loads);
-        assert!(list.tied.is_none());
-        assert_eq!(list.listed.len(), 96);
-        assert!(list.listed.iter().all(|&p| p < 96));
-        // Read through the tied ones, proven by the busy rest's floor: the
-        // list answers without reading those 7.
-        assert_eq!(read, Ok(96));
-    }
-
-    /// Hashes given for fewer replicas than ranked break
-    /// [`rank_hashed`]'s contract (both callers build them alongside the
-    /// replicas): caught, not silently hashed again.
-    #[test]
-    #[cfg(debug_assertions)]
-    #[should_panic(expected = "assertion `left == right` failed")]
-    fn ranking_with_a_hash_missing_is_a_bug() {
-        let members = members_of(2);
-        let replicas: Vec<(&ReplicaKey, &str)> = members
-            .iter()
-            .map(|m| (&m.key, m.address.as_str()))
-            .collect();
-        let part = PickInput {
-            replicas: &replicas,
-            ..input(8, 16)
-        };
-        let loads = [ReplicaLoad::default(); 2];
-        let fleet = Fleet::of(2, &loads);
-        let hashes = [crate::pick::id_hash(&members[0].key.replica_id)];
-        let _ = rank_hashed(
-            &part,
-            &ScoreWeights::default(),
-            &loads,
-            &fleet,
-            1,
-            usize::MAX,
-            Some(&hashes),
-            None,
-        );
-    }
-
-    #[test]
-    fn a_prompt_class_is_its_power_of_two_of_tokens_at_any_size() {
-        assert_eq!(prompt_class(&input(128, 16)), 11);
-        assert_eq!(prompt_class(&input(255, 16)), 11);
-        assert_eq!(prompt_class(&input(256, 16)), 12);
-        assert_eq!(prompt_class(&input(0, 0)), 0);
-        // No overflow at the largest sizes a request could name.
-        assert_eq!(prompt_class(&input(u32::MAX, u32::MAX)), 63);
-    }
-}
+mod tests;
