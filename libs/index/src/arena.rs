@@ -300,9 +300,11 @@ impl Page {
     /// Visits the live records from `offset` on while they carry `keys` in
     /// order, passing each one's holders; stops early when `visit` returns
     /// false. Returns the records visited and whether `visit` stopped it.
-    /// (`key_of` gives each key; records and keys are indexed with one
-    /// counter, which a zip of the records with an iterator of keys did
-    /// not compile to.)
+    /// (`key_of` gives each key. The loop's form is chosen by what the
+    /// server's build makes of it, which moves with unrelated edits: two
+    /// slices zipped, not an iterator of keys (two counters and a reload
+    /// a block) nor records indexed by a count (the address recomputed
+    /// from it); see docs/benchmarks.md.)
     #[inline]
     pub(crate) fn walk<K>(
         &self,
