@@ -585,7 +585,12 @@ pub(crate) fn rank_hashed(
         // match is the pod's.
         let real = with_hash(matches, h)
             .map(|j| &input.matches[j])
-            .filter(|m| m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant)
+            // A scope's holders and members are the same registry entries:
+            // the same address is the same replica, names unread.
+            .filter(|m| {
+                std::ptr::eq(m.replica, *key)
+                    || (m.replica.replica_id == key.replica_id && m.replica.tenant == key.tenant)
+            })
             .max_by(|a, b| {
                 a.matched_blocks
                     .cmp(&b.matched_blocks)
