@@ -2,7 +2,8 @@
 //! continuously the way Envoy and a Kubernetes Service do — round-robin
 //! over the replicas whose `/ready` answers 200 (polled every 100 ms, as
 //! endpoints follow readiness), a replica whose connection fails set aside
-//! at once (outlier detection) — counting the picks that fail.
+//! at once (outlier detection) until a readiness check made after the
+//! failure passes — counting the picks that fail.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,8 +32,9 @@ struct Backend {
     epp: Channel,
     http: SocketAddr,
     ready: bool,
-    /// Its connection failed: skipped until `/ready` answers again.
-    ejected: bool,
+    /// Its connection failed then: skipped until a `/ready` asked after
+    /// that answers 200 (one asked before it, answered after, is stale).
+    ejected: Option<Instant>,
 }
 
 /// The gateway: workers picking continuously, a poller following `/ready`.
@@ -53,7 +55,7 @@ fn backend(endpoint: Endpoint) -> Backend {
             .connect_lazy(),
         http: endpoint.http,
         ready: false,
-        ejected: false,
+        ejected: None,
     }
 }
 
@@ -72,6 +74,7 @@ impl Gateway {
         gateway.tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 let addrs: Vec<SocketAddr> = backends.lock().iter().map(|b| b.http).collect();
+                let asked = Instant::now();
                 let ready = tokio::task::spawn_blocking(move || {
                     addrs
                         .into_iter()
@@ -82,8 +85,8 @@ impl Gateway {
                 .unwrap();
                 for (b, ready) in backends.lock().iter_mut().zip(ready) {
                     b.ready = ready;
-                    if ready {
-                        b.ejected = false;
+                    if ready && b.ejected.is_some_and(|at| at < asked) {
+                        b.ejected = None;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -104,7 +107,7 @@ impl Gateway {
                     let chosen = {
                         let list = backends.lock();
                         let usable: Vec<usize> = (0..list.len())
-                            .filter(|&i| list[i].ready && !list[i].ejected)
+                            .filter(|&i| list[i].ready && list[i].ejected.is_none())
                             .collect();
                         (!usable.is_empty()).then(|| {
                             let i = usable[n % usable.len()];
@@ -122,7 +125,7 @@ impl Gateway {
                         Err(error) => {
                             failed.fetch_add(1, Ordering::Relaxed);
                             failures.lock().push(format!("replica {i}: {error}"));
-                            backends.lock()[i].ejected = true;
+                            backends.lock()[i].ejected = Some(Instant::now());
                         }
                     }
                 }
