@@ -215,11 +215,12 @@ pub fn id_hash(replica_id: &str) -> u64 {
 /// replica finds its entries by binary search (on the stack for the few
 /// holders of a usual prompt).
 fn by_id_hash<T>(items: &[T], id: impl Fn(&T) -> &str) -> smallvec::SmallVec<[(u64, usize); 8]> {
-    let mut hashed: smallvec::SmallVec<[(u64, usize); 8]> = items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| (id_hash(id(item)), i))
-        .collect();
+    sorted_by_hash(items.iter().map(|item| id_hash(id(item))))
+}
+
+/// `(hash, position)` of each of `hashes`, sorted.
+fn sorted_by_hash(hashes: impl Iterator<Item = u64>) -> smallvec::SmallVec<[(u64, usize); 8]> {
+    let mut hashed: smallvec::SmallVec<[(u64, usize); 8]> = hashes.zip(0..).collect();
     hashed.sort_unstable();
     hashed
 }
@@ -248,11 +249,8 @@ impl HeldHashes {
     /// its matches' replica ids in their order (the registry keeps them).
     pub(crate) fn with_match_hashes(input: &PickInput<'_>, match_hashes: &[u64]) -> Self {
         debug_assert_eq!(match_hashes.len(), input.matches.len());
-        let mut matches: smallvec::SmallVec<[(u64, usize); 8]> =
-            match_hashes.iter().copied().zip(0..).collect();
-        matches.sort_unstable();
         Self {
-            matches,
+            matches: sorted_by_hash(match_hashes.iter().copied()),
             speculative: by_id_hash(input.speculative, |(id, _)| id),
         }
     }
