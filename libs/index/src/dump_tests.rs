@@ -203,6 +203,7 @@ fn a_session_survives_export_and_import_mid_resync() {
         max_ranks: 8,
         max_stream_resync_bytes: 50 * one,
         budget: budget.clone(),
+        ..IngestLimits::default()
     };
     let mut s = IngestSession::with_limits(limits.clone());
     assert_eq!(s.accept(batch(10, true, false, 1)), Step::Buffered);
@@ -244,6 +245,7 @@ fn an_import_beyond_the_bounds_leaves_ranks_out() {
         max_ranks: 1,
         max_stream_resync_bytes: 50 << 10,
         budget,
+        ..IngestLimits::default()
     });
     let rank = |id: &str| RankState {
         key: key("t", id, 0),

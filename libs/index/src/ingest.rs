@@ -24,7 +24,20 @@ pub struct IngestLimits {
     pub max_stream_resync_bytes: u64,
     /// Bytes all streams together may hold in unfinished resyncs.
     pub budget: ResyncBudget,
+    /// Longest model, adapter, replica id or address a batch may name, in
+    /// bytes: each new scope and replica is kept (a scope for good), so an
+    /// unbounded name is memory a stream could take without end.
+    pub max_name_bytes: usize,
+    /// Data-parallel ranks a replica may have (`dp_rank` below this): each
+    /// rank takes a replica slot until it goes silent.
+    pub max_dp_ranks: u32,
 }
+
+/// Default of [`IngestLimits::max_name_bytes`] (a Kubernetes name is at most
+/// 253 bytes; a model or adapter path rarely a few hundred).
+pub const DEFAULT_MAX_NAME_BYTES: usize = 1024;
+/// Default of [`IngestLimits::max_dp_ranks`].
+pub const DEFAULT_MAX_DP_RANKS: u32 = 1024;
 
 /// Default of [`IngestLimits::max_stream_resync_bytes`]: 64 MiB.
 pub const DEFAULT_MAX_STREAM_RESYNC_BYTES: u64 = 64 << 20;
@@ -38,6 +51,8 @@ impl Default for IngestLimits {
             max_ranks: 1024,
             max_stream_resync_bytes: DEFAULT_MAX_STREAM_RESYNC_BYTES,
             budget: ResyncBudget::new(DEFAULT_RESYNC_BUDGET_BYTES),
+            max_name_bytes: DEFAULT_MAX_NAME_BYTES,
+            max_dp_ranks: DEFAULT_MAX_DP_RANKS,
         }
     }
 }
@@ -97,6 +112,10 @@ pub enum Limit {
     StreamResync,
     /// [`IngestLimits::budget`].
     ResyncBudget,
+    /// [`IngestLimits::max_name_bytes`].
+    NameBytes,
+    /// [`IngestLimits::max_dp_ranks`].
+    DpRanks,
 }
 
 impl Limit {
@@ -106,6 +125,8 @@ impl Limit {
             Self::Ranks => "ranks_per_stream",
             Self::StreamResync => "stream_resync_bytes",
             Self::ResyncBudget => "resync_budget_bytes",
+            Self::NameBytes => "name_bytes",
+            Self::DpRanks => "dp_ranks",
         }
     }
 }
@@ -337,6 +358,38 @@ impl IngestSession {
         self.ranks.contains_key(key)
     }
 
+    /// The refusal of a batch naming a replica past the name or rank
+    /// bounds, the field named (checked before anything is kept).
+    fn over_bounds(&self, key: &ReplicaKey, scope: &Scope, address: &str) -> Option<Step> {
+        let max = self.limits.max_name_bytes;
+        let long = [
+            ("replica.scope.model", scope.model.as_str()),
+            ("replica.scope.adapter", scope.adapter.as_str()),
+            ("replica.replica_id", key.replica_id.as_str()),
+            ("replica.address", address),
+        ]
+        .into_iter()
+        .find(|(_, name)| name.len() > max);
+        if let Some((field, name)) = long {
+            return Some(Step::Refused(
+                Limit::NameBytes,
+                format!(
+                    "{field}: {} bytes, longer than {max} (--max-ingest-name-bytes)",
+                    name.len()
+                ),
+            ));
+        }
+        (key.dp_rank >= self.limits.max_dp_ranks).then(|| {
+            Step::Refused(
+                Limit::DpRanks,
+                format!(
+                    "replica.dp_rank: {} is not below {} (--max-dp-ranks)",
+                    key.dp_rank, self.limits.max_dp_ranks
+                ),
+            )
+        })
+    }
+
     /// Classifies one batch.
     pub fn accept(&mut self, batch: IngestBatch) -> Step {
         let IngestBatch {
@@ -350,6 +403,9 @@ impl IngestSession {
             changes,
             tier2,
         } = batch;
+        if let Some(refused) = self.over_bounds(&key, &scope, &address) {
+            return refused;
+        }
         if resync_begin {
             if !self.ranks.contains_key(&key) && self.ranks.len() >= self.limits.max_ranks {
                 return Step::Refused(
@@ -518,6 +574,7 @@ mod tests {
             max_ranks,
             max_stream_resync_bytes: stream * u(),
             budget: budget.clone(),
+            ..IngestLimits::default()
         })
     }
 
@@ -610,6 +667,54 @@ mod tests {
         // A known rank may resync again.
         assert!(matches!(
             s.accept(for_rank(batch(5, true, true, 7), 1)),
+            Step::Replace { .. }
+        ));
+    }
+
+    #[test]
+    fn names_and_ranks_past_the_bounds_are_refused_naming_the_field() {
+        let mut s = IngestSession::with_limits(IngestLimits {
+            // The test batch's address is 12 bytes.
+            max_name_bytes: 12,
+            max_dp_ranks: 4,
+            ..IngestLimits::default()
+        });
+        assert!(matches!(
+            s.accept(batch(1, true, true, 7)),
+            Step::Replace { .. }
+        ));
+        let long = "x".repeat(13);
+        let refused = |s: &mut IngestSession, b: IngestBatch| match s.accept(b) {
+            Step::Refused(limit, detail) => (limit, detail),
+            other => panic!("{other:?}"),
+        };
+        for (field, edit) in [
+            (
+                "replica.scope.model",
+                &(|b: &mut IngestBatch, l: &str| b.scope.model = l.into())
+                    as &dyn Fn(&mut IngestBatch, &str),
+            ),
+            ("replica.scope.adapter", &|b, l| b.scope.adapter = l.into()),
+            ("replica.replica_id", &|b, l| b.key.replica_id = l.into()),
+            ("replica.address", &|b, l| b.address = l.into()),
+        ] {
+            let mut b = batch(2, false, false, 7);
+            edit(&mut b, &long);
+            let (limit, detail) = refused(&mut s, b);
+            assert_eq!(limit, Limit::NameBytes);
+            assert!(detail.starts_with(field), "{detail}");
+            assert!(detail.contains("--max-ingest-name-bytes"), "{detail}");
+        }
+        // A name at the bound is taken; the stream's sequence was not moved
+        // by the refusals.
+        let mut b = batch(2, false, false, 7);
+        b.address = "x".repeat(12);
+        assert!(matches!(s.accept(b), Step::Apply { .. }));
+        let (limit, detail) = refused(&mut s, for_rank(batch(1, true, true, 7), 4));
+        assert_eq!(limit, Limit::DpRanks);
+        assert!(detail.starts_with("replica.dp_rank: 4"), "{detail}");
+        assert!(matches!(
+            s.accept(for_rank(batch(1, true, true, 7), 3)),
             Step::Replace { .. }
         ));
     }

@@ -6,7 +6,7 @@
 pub use ic_index::ingest::Step;
 use ic_index::ingest::{IngestBatch, IngestLimits, IngestSession};
 use ic_index::load::EngineLoad;
-use ic_index::{Change, Fingerprint, ReplicaKey, Tier};
+use ic_index::{Change, Fingerprint, ReplicaKey};
 use ic_proto::index_v1 as pb;
 
 use crate::index_core::EngineFacts;
@@ -132,8 +132,11 @@ fn change_from_pb(event: pb::IndexEvent, i: usize) -> Result<Change, InvalidBatc
         Some(Kind::Evicted(e)) => Ok(Change::Evicted {
             fingerprints: Fingerprint::from_raw(e.fingerprints),
         }),
+        // An unknown tier clears nothing rather than the replica's HBM.
         Some(Kind::Cleared(c)) => Ok(Change::Cleared {
-            tier: ic_proto::tier::from_pb(c.tier).unwrap_or(Tier::T1),
+            tier: ic_proto::tier::from_pb(c.tier).ok_or_else(|| {
+                InvalidBatch(format!("events[{i}].cleared.tier: must be T1 or T2"))
+            })?,
         }),
         None => Err(InvalidBatch(format!("events[{i}]: empty event"))),
     }
@@ -235,5 +238,19 @@ mod tests {
         let mut b = batch(1, true, true, 7);
         b.events[0].kind = None;
         assert_eq!(s.accept(b).unwrap_err().0, "events[0]: empty event");
+        // A clear of no known tier is refused, not taken as the HBM's.
+        for tier in [pb::Tier::Unspecified as i32, 99] {
+            let mut b = batch(1, true, true, 7);
+            b.events.push(pb::IndexEvent {
+                kind: Some(pb::index_event::Kind::Cleared(pb::ReplicaCleared {
+                    tier,
+                    at_unix_ms: 0,
+                })),
+            });
+            assert_eq!(
+                s.accept(b).unwrap_err().0,
+                "events[1].cleared.tier: must be T1 or T2"
+            );
+        }
     }
 }

@@ -242,6 +242,8 @@ pub fn limits(grpc: &IngestLimits) -> IngestLimits {
         max_ranks: usize::MAX,
         max_stream_resync_bytes: grpc.budget.limit(),
         budget: grpc.budget.clone(),
+        max_name_bytes: grpc.max_name_bytes,
+        max_dp_ranks: grpc.max_dp_ranks,
     }
 }
 

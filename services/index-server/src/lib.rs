@@ -163,6 +163,16 @@ pub struct Config {
     #[arg(long, env = "IC_RESYNC_BUDGET_BYTES", default_value_t = ic_index::ingest::DEFAULT_RESYNC_BUDGET_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_budget_bytes: u64,
 
+    /// Longest model, adapter, replica id or address an ingest batch may
+    /// name, in bytes (every scope and replica it names is kept).
+    #[arg(long, env = "IC_MAX_INGEST_NAME_BYTES", default_value_t = ic_index::ingest::DEFAULT_MAX_NAME_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_ingest_name_bytes: u64,
+
+    /// Data-parallel ranks a replica may report (`dp_rank` below this;
+    /// each rank takes one of the index's replica slots).
+    #[arg(long, env = "IC_MAX_DP_RANKS", default_value_t = u64::from(ic_index::ingest::DEFAULT_MAX_DP_RANKS), value_parser = clap::value_parser!(u64).range(1..=u64::from(u32::MAX)))]
+    pub max_dp_ranks: u64,
+
     /// The endpoint picker (Envoy ext_proc).
     #[command(flatten)]
     pub epp: epp_config::EppFlags,
@@ -198,6 +208,13 @@ pub struct Config {
     /// within 5 s); after it, readiness waits for resyncs under way.
     #[arg(long, env = "IC_READY_WARMUP_SECONDS", default_value_t = 10)]
     pub ready_warmup_seconds: u64,
+
+    /// Until it is first ready, the replica waits for each resync under
+    /// way at most this long from its first batch (a subscriber that never
+    /// ends its resync cannot keep it out of the Service); once ready,
+    /// resyncs no longer hold it back.
+    #[arg(long, env = "IC_READY_RESYNC_WAIT_SECONDS", default_value_t = readiness::DEFAULT_RESYNC_WAIT.as_secs())]
+    pub ready_resync_wait_seconds: u64,
 
     /// Not ready until the controller's first policy push, for at most
     /// this many seconds after start (0: do not wait; the chart sets it
@@ -267,6 +284,8 @@ fn ingest_control(config: &Config) -> streams::IngestControl {
             max_ranks: usize_of(config.max_ranks_per_stream),
             max_stream_resync_bytes: config.max_stream_resync_bytes,
             budget: ic_index::ingest::ResyncBudget::new(config.resync_budget_bytes),
+            max_name_bytes: usize_of(config.max_ingest_name_bytes),
+            max_dp_ranks: u32::try_from(config.max_dp_ranks).unwrap_or(u32::MAX),
         },
         usize_of(config.max_ingest_streams),
         usize_of(config.max_ingest_streams_per_client),
@@ -460,6 +479,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let peer_settings = config.peers.settings(config.api_static_token.as_deref())?;
     let registry = MetricsRegistry::new("inferencecache", BINARY);
     let metrics = Metrics::register(&registry);
+    readiness.wait_for_resyncs(
+        Duration::from_secs(config.ready_resync_wait_seconds),
+        metrics.ready_resyncs_not_waited_for.clone(),
+    );
     let auth = probe_auth(&config, &metrics).await?;
     let access = Arc::new(api_access(&config, &metrics).await?);
     if matches!(*access, access::ApiAccess::Open) {

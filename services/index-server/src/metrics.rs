@@ -87,6 +87,8 @@ pub struct Metrics {
     pub ingest_refused: Family<ReasonLabel, Counter>,
     /// Completed resyncs.
     pub resyncs: Counter,
+    /// Resyncs readiness stopped waiting for (`--ready-resync-wait-seconds`).
+    pub ready_resyncs_not_waited_for: Counter,
     /// Changes that contradicted the index (skipped).
     pub content_errors: Counter,
     /// Resident (replica, block) entries.
@@ -178,6 +180,7 @@ impl Metrics {
             ingest_refused: Family::default(),
             access_refusals: Family::default(),
             resyncs: Counter::default(),
+            ready_resyncs_not_waited_for: Counter::default(),
             content_errors: Counter::default(),
             entries: Gauge::default(),
             capacity_entries: Gauge::default(),
@@ -247,6 +250,11 @@ impl Metrics {
                 m.ingest_refused.clone(),
             );
             r.register("resyncs", "Completed replica resyncs", m.resyncs.clone());
+            r.register(
+                "ready_resyncs_not_waited_for",
+                "Resyncs still under way after --ready-resync-wait-seconds, which readiness stopped waiting for",
+                m.ready_resyncs_not_waited_for.clone(),
+            );
             r.register(
                 "content_errors",
                 "Changes that contradicted the index",

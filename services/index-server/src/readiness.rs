@@ -5,8 +5,14 @@
 //! * the warm-up is over (`--ready-warmup-seconds`): by then every live
 //!   subscriber has found it (they resolve the headless Service every few
 //!   seconds and reconnect with at most 5 s of backoff) and begun its resync;
-//! * no ingest stream is in the middle of a resync it began (the replica
-//!   is still filling in what some engine holds);
+//! * until it has first been ready, no ingest stream is in the middle of
+//!   a resync it began less than `--ready-resync-wait-seconds` ago (the
+//!   replica is still filling in what some engine holds). Once ready, a
+//!   resync no longer takes it out of the Service: it only adds to what
+//!   the replica answers from (a resync is swapped in at its end), and
+//!   every subscriber resyncs every replica at once, so holding readiness
+//!   back then would take every replica away together, and a stream that
+//!   never ended its resync would keep the replica out for good;
 //! * every gate another part registered is open (the Kafka consumer's:
 //!   its lag is small);
 //! * when the controller pushes policies (`--ready-policies-seconds`), the
@@ -24,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use ic_telemetry::Health;
 use parking_lot::Mutex;
+use prometheus_client::metrics::counter::Counter;
 use tokio_util::sync::CancellationToken;
 
 /// How often readiness is evaluated.
@@ -34,7 +41,15 @@ const EVERY: Duration = Duration::from_millis(200);
 pub struct Readiness {
     started: Instant,
     warmup: Duration,
-    resyncs_under_way: AtomicUsize,
+    /// Resyncs under way (until the replica was first ready).
+    resyncs: Mutex<Vec<Resync>>,
+    next_resync: AtomicUsize,
+    /// How long readiness waits for one resync.
+    resync_wait: Mutex<Duration>,
+    /// Resyncs readiness stopped waiting for.
+    resyncs_not_waited_for: Mutex<Counter>,
+    /// Set once the replica was ready: resyncs no longer hold it back.
+    filled: AtomicBool,
     gates: Mutex<Vec<(&'static str, Arc<AtomicBool>)>>,
     /// How long readiness waits for the first policy push (zero: not at
     /// all).
@@ -64,13 +79,29 @@ pub enum NotReady {
     Gate(&'static str),
 }
 
+/// A resync readiness waits for.
+#[derive(Debug)]
+struct Resync {
+    id: usize,
+    began: Instant,
+    /// Past the wait: counted once, no longer waited for.
+    given_up: bool,
+}
+
+/// Default of `--ready-resync-wait-seconds`.
+pub const DEFAULT_RESYNC_WAIT: Duration = Duration::from_secs(60);
+
 impl Readiness {
     /// Conditions for a replica started now with this warm-up.
     pub fn new(warmup: Duration) -> Arc<Self> {
         Arc::new(Self {
             started: Instant::now(),
             warmup,
-            resyncs_under_way: AtomicUsize::new(0),
+            resyncs: Mutex::new(Vec::new()),
+            next_resync: AtomicUsize::new(0),
+            resync_wait: Mutex::new(DEFAULT_RESYNC_WAIT),
+            resyncs_not_waited_for: Mutex::new(Counter::default()),
+            filled: AtomicBool::new(false),
             gates: Mutex::new(Vec::new()),
             policies_bound: Mutex::new(Duration::ZERO),
             policies_pushed: AtomicBool::new(false),
@@ -103,10 +134,46 @@ impl Readiness {
         Gate(flag)
     }
 
-    /// Marks a resync under way until the returned guard drops.
+    /// Waits at most `bound` for any one resync (from its first batch),
+    /// counting those it stops waiting for in `given_up`.
+    pub fn wait_for_resyncs(&self, bound: Duration, given_up: Counter) {
+        *self.resync_wait.lock() = bound;
+        *self.resyncs_not_waited_for.lock() = given_up;
+    }
+
+    /// Marks a resync under way until the returned guard drops (waited
+    /// for only until the replica is first ready).
     pub fn resync_begun(self: &Arc<Self>) -> ResyncUnderWay {
-        self.resyncs_under_way.fetch_add(1, Ordering::AcqRel);
-        ResyncUnderWay(self.clone())
+        let id = self.next_resync.fetch_add(1, Ordering::Relaxed);
+        if !self.filled.load(Ordering::Acquire) {
+            self.resyncs.lock().push(Resync {
+                id,
+                began: Instant::now(),
+                given_up: false,
+            });
+        }
+        ResyncUnderWay(self.clone(), id)
+    }
+
+    /// Resyncs under way that readiness still waits for.
+    fn resyncs_waited_for(&self) -> usize {
+        let wait = *self.resync_wait.lock();
+        let mut resyncs = self.resyncs.lock();
+        let mut waited = 0;
+        for r in resyncs.iter_mut() {
+            if r.began.elapsed() < wait {
+                waited += 1;
+            } else if !r.given_up {
+                r.given_up = true;
+                self.resyncs_not_waited_for.lock().inc();
+                tracing::warn!(
+                    after_seconds = r.began.elapsed().as_secs_f64(),
+                    "a resync has not ended within --ready-resync-wait-seconds: \
+                     readiness no longer waits for it"
+                );
+            }
+        }
+        waited
     }
 
     /// `Ok` when the replica may take traffic (drain aside).
@@ -114,9 +181,11 @@ impl Readiness {
         if self.started.elapsed() < self.warmup {
             return Err(NotReady::WarmingUp);
         }
-        match self.resyncs_under_way.load(Ordering::Acquire) {
-            0 => {}
-            n => return Err(NotReady::Resyncing(n)),
+        if !self.filled.load(Ordering::Acquire) {
+            match self.resyncs_waited_for() {
+                0 => {}
+                n => return Err(NotReady::Resyncing(n)),
+            }
         }
         if let Some((name, _)) = self
             .gates
@@ -130,6 +199,9 @@ impl Readiness {
         if !self.policies_pushed.load(Ordering::Acquire) && self.started.elapsed() < bound {
             return Err(NotReady::Gate("policies"));
         }
+        if !self.filled.swap(true, Ordering::AcqRel) {
+            self.resyncs.lock().clear();
+        }
         Ok(())
     }
 }
@@ -137,11 +209,11 @@ impl Readiness {
 /// A resync some stream began; dropping it (the resync ended, or the
 /// stream did) no longer holds readiness back.
 #[derive(Debug)]
-pub struct ResyncUnderWay(Arc<Readiness>);
+pub struct ResyncUnderWay(Arc<Readiness>, usize);
 
 impl Drop for ResyncUnderWay {
     fn drop(&mut self) {
-        self.0.resyncs_under_way.fetch_sub(1, Ordering::AcqRel);
+        self.0.resyncs.lock().retain(|r| r.id != self.1);
     }
 }
 
@@ -217,12 +289,17 @@ mod tests {
     #[test]
     fn ready_after_the_warm_up_with_no_resync_under_way_and_every_gate_open() {
         let readiness = Readiness::new(Duration::ZERO);
-        assert_eq!(readiness.check(), Ok(()));
         let one = readiness.resync_begun();
         let two = readiness.resync_begun();
         assert_eq!(readiness.check(), Err(NotReady::Resyncing(2)));
         drop(one);
+        assert_eq!(readiness.check(), Err(NotReady::Resyncing(1)));
         drop(two);
+        assert_eq!(readiness.check(), Ok(()));
+        // Once ready, a resync adds to what it answers from: it stays in.
+        let later = readiness.resync_begun();
+        assert_eq!(readiness.check(), Ok(()));
+        drop(later);
         let kafka = readiness.gate("kafka");
         assert_eq!(readiness.check(), Err(NotReady::Gate("kafka")));
         kafka.set(true);
@@ -246,6 +323,23 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1));
         assert_eq!(alone.check(), Ok(()));
         assert!(alone.policies_given_up());
+    }
+
+    #[test]
+    fn a_resync_that_does_not_end_is_waited_for_only_within_its_bound() {
+        let readiness = Readiness::new(Duration::ZERO);
+        let given_up = Counter::default();
+        readiness.wait_for_resyncs(Duration::from_millis(50), given_up.clone());
+        let endless = readiness.resync_begun();
+        assert_eq!(readiness.check(), Err(NotReady::Resyncing(1)));
+        std::thread::sleep(Duration::from_millis(60));
+        let fresh = readiness.resync_begun();
+        assert_eq!(readiness.check(), Err(NotReady::Resyncing(1)));
+        assert_eq!(given_up.get(), 1);
+        drop(fresh);
+        assert_eq!(readiness.check(), Ok(()));
+        assert_eq!(given_up.get(), 1, "counted once");
+        drop(endless);
     }
 
     #[test]

@@ -315,3 +315,125 @@ async fn two_endless_resyncs_of_removals_stay_within_the_byte_budget() {
     assert_eq!(refused(admin, "stream_resync_bytes").await, 2.0);
     assert_eq!(prefix_count(admin, "flood-a").await, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_and_ranks_past_their_bounds_end_the_stream_and_keep_what_was_applied() {
+    let (_p, grpc, admin) = start(&["--max-ingest-name-bytes=64", "--max-dp-ranks=4"]);
+    // One stream: a good resync, then a batch whose model is 1 MiB long.
+    let (tx, call) = open_stream(&grpc).await;
+    tx.send(resync(&GOOD, vec![stored(vec![1, 2, 3], 16, pb::Tier::T1)]))
+        .await
+        .unwrap();
+    let long = "m".repeat(1 << 20);
+    let mut next = resync(
+        &Replica {
+            model: &long,
+            ..GOOD
+        },
+        vec![stored(vec![4], 16, pb::Tier::T1)],
+    );
+    next.resync_begin = false;
+    next.resync_end = false;
+    next.seq = 2;
+    tx.send(next).await.unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("replica.scope.model: 1048576 bytes")
+            && status.message().contains("--max-ingest-name-bytes"),
+        "{status:?}"
+    );
+    assert_eq!(refused(admin, "name_bytes").await, 1.0);
+    assert_eq!(prefix_count(admin, "good").await, Some(3));
+
+    // A rank at the bound is refused before it takes a replica slot.
+    let (tx, call) = open_stream(&grpc).await;
+    let ranked = |dp_rank| Replica {
+        replica_id: "ranked",
+        dp_rank,
+        ..GOOD
+    };
+    tx.send(resync(&ranked(3), vec![stored(vec![5], 16, pb::Tier::T1)]))
+        .await
+        .unwrap();
+    tx.send(resync(&ranked(4), vec![stored(vec![6], 16, pb::Tier::T1)]))
+        .await
+        .unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("replica.dp_rank: 4 is not below 4 (--max-dp-ranks)"),
+        "{status:?}"
+    );
+    assert_eq!(refused(admin, "dp_ranks").await, 1.0);
+    assert_eq!(prefix_count(admin, "ranked").await, Some(1));
+}
+
+/// `/ready`'s status, polled until it is `want` (or 5 s pass).
+async fn ready_becomes(admin: SocketAddr, want: u16) -> u16 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = reqwest::get(format!("http://{admin}/ready"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if status == want || std::time::Instant::now() > deadline {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_that_never_ends_holds_readiness_back_only_within_its_wait() {
+    let started = std::time::Instant::now();
+    let (_p, grpc, admin) = start(&["--ready-warmup-seconds=2", "--ready-resync-wait-seconds=4"]);
+    // A resync begun during the warm-up and never ended, its stream kept
+    // open (the warm-up leaves seconds for it to begin).
+    let (tx, _call) = open_stream(&grpc).await;
+    let mut first = resync(&GOOD, vec![stored(vec![1], 16, pb::Tier::T1)]);
+    first.resync_end = false;
+    tx.send(first).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "began in the warm-up"
+    );
+    // After the warm-up only the resync holds readiness back...
+    tokio::time::sleep(Duration::from_millis(2600).saturating_sub(started.elapsed())).await;
+    let status = |admin| async move {
+        reqwest::get(format!("http://{admin}/ready"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(status(admin).await, 503);
+    // ... until its wait is over, counted once.
+    assert_eq!(ready_becomes(admin, 200).await, 200);
+    let line = "inferencecache_index_ready_resyncs_not_waited_for_total ";
+    let counted = metrics(admin)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(line).map(|v| v.parse::<f64>().unwrap()));
+    assert_eq!(counted, Some(1.0));
+    // Ready now: another subscriber's resync does not take it out again.
+    let (tx2, _call2) = open_stream(&grpc).await;
+    let mut other = resync(
+        &Replica {
+            replica_id: "other",
+            ..GOOD
+        },
+        vec![stored(vec![2], 16, pb::Tier::T1)],
+    );
+    other.resync_end = false;
+    tx2.send(other).await.unwrap();
+    // Readiness is published every 200 ms.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(status(admin).await, 200);
+    drop((tx, tx2));
+}
