@@ -211,7 +211,13 @@ pub struct ReplicaState {
     reparented: bool,
     /// Blocks held per LoRA adapter.
     adapters: HashMap<Arc<str>, u64>,
+    /// Whether each KV cache group is main attention, as its stores said
+    /// (a removal carries no kind: the group it names is judged by them).
+    group_kinds: HashMap<u32, bool>,
 }
+
+/// KV cache groups whose kind a replica remembers (a model has a few).
+const MAX_GROUP_KINDS: usize = 64;
 
 /// Accumulates consecutive stored blocks into one [`IndexChange::Stored`].
 struct Run {
@@ -249,6 +255,7 @@ impl ReplicaState {
         self.orphaned.clear();
         self.reparented = false;
         self.adapters.clear();
+        self.group_kinds.clear();
     }
 
     /// Blocks held per LoRA adapter (adapters with none held are absent).
@@ -402,6 +409,11 @@ impl ReplicaState {
         out: &mut Vec<IndexChange>,
         stats: &mut ApplyStats,
     ) {
+        if let (Some(group), Some(_)) = (ev.group_idx, &ev.kv_cache_spec_kind)
+            && (self.group_kinds.len() < MAX_GROUP_KINDS || self.group_kinds.contains_key(&group))
+        {
+            self.group_kinds.insert(group, ev.is_main_attention());
+        }
         if !ev.is_main_attention() {
             stats.non_main_attention_events += 1;
             return;
@@ -561,7 +573,13 @@ impl ReplicaState {
         out: &mut Vec<IndexChange>,
         stats: &mut ApplyStats,
     ) {
-        if !ev.is_main_attention() {
+        // The group's stores said what it is; before any, group 0 (or
+        // none) is taken for main attention.
+        let main = ev
+            .group_idx
+            .and_then(|g| self.group_kinds.get(&g).copied())
+            .unwrap_or_else(|| ev.is_main_attention());
+        if !main {
             stats.non_main_attention_events += 1;
             return;
         }

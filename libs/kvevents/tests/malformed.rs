@@ -79,13 +79,57 @@ fn token_ids_out_of_u32_range_are_rejected() {
 }
 
 #[test]
-fn trailing_bytes_are_rejected() {
+fn trailing_bytes_are_reported_and_the_events_kept() {
     let mut payload = batch_with(&[CLEARED]);
     payload.push(0x00);
+    let batch = decode_batch(&payload).unwrap();
+    assert_eq!(batch.events, vec![KvEvent::AllBlocksCleared]);
     assert!(matches!(
-        decode_batch(&payload),
-        Err(WireError::TrailingBytes { .. })
+        batch.damaged,
+        Some(WireError::TrailingBytes { .. })
     ));
+}
+
+#[test]
+fn a_bad_field_beside_the_events_keeps_them() {
+    // [1.5, [cleared, cleared], -1]: a negative rank.
+    let mut payload = batch_with(&[CLEARED, CLEARED]);
+    *payload.last_mut().unwrap() = 0xff;
+    let batch = decode_batch(&payload).unwrap();
+    assert_eq!(batch.events.len(), 2);
+    assert_eq!(batch.data_parallel_rank, None);
+    assert_eq!(
+        batch.damaged.as_ref().map(WireError::reason),
+        Some("wrong_type")
+    );
+    // A bad timestamp is skipped whole: the events after it still read.
+    let mut payload = batch_with(&[CLEARED]);
+    payload[1..10].copy_from_slice(&[0xa8, b'n', b'o', b't', b'-', b't', b'i', b'm', b'e']);
+    let batch = decode_batch(&payload).unwrap();
+    assert_eq!(batch.events, vec![KvEvent::AllBlocksCleared]);
+    assert_eq!(batch.ts, 0.0);
+    assert_eq!(
+        batch.damaged.as_ref().map(WireError::reason),
+        Some("wrong_type")
+    );
+}
+
+#[test]
+fn a_frame_that_breaks_off_keeps_the_events_before_the_break() {
+    let payload = batch_with(&[CLEARED, CLEARED, CLEARED]);
+    // Cut inside the third event (and before the rank).
+    let cut = payload.len() - 1 - CLEARED.len() / 2;
+    let batch = decode_batch(&payload[..cut]).unwrap();
+    assert_eq!(
+        batch.events,
+        vec![KvEvent::AllBlocksCleared, KvEvent::AllBlocksCleared]
+    );
+    assert_eq!(
+        batch.damaged.as_ref().map(WireError::reason),
+        Some("truncated")
+    );
+    // Cut inside the first: nothing to keep, an error as before.
+    assert!(decode_batch(&payload[..14]).is_err());
 }
 
 proptest! {
@@ -101,8 +145,9 @@ proptest! {
         let payload = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/wire/vllm_v0_23_array_full.msgpack")).unwrap();
         let cut = cut.min(payload.len());
         let _ = decode_batch(&payload[..cut]);
+        // Cut short, a frame is an error or says it was damaged.
         if cut < payload.len() {
-            prop_assert!(decode_batch(&payload[..cut]).is_err());
+            prop_assert!(decode_batch(&payload[..cut]).map_or(true, |b| b.damaged.is_some()));
         }
     }
 

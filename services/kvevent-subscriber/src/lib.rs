@@ -174,7 +174,7 @@ pub struct Config {
     /// Seconds a rank waits at start-up for the engine's first batch when
     /// its replay buffer gave nothing, before resyncing an empty replica;
     /// meanwhile the index keeps its view of the engine.
-    #[arg(long, env = "IC_STARTUP_GRACE_SECONDS", default_value_t = 30)]
+    #[arg(long, env = "IC_STARTUP_GRACE_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub startup_grace_seconds: u64,
 
     /// Tokens a rank whose history is incomplete must store, with no store

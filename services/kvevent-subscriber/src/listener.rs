@@ -143,7 +143,9 @@ pub async fn run(endpoints: RankEndpoints, ctx: ListenerContext, shutdown: Cance
         digests: std::collections::VecDeque::new(),
         peer_lost: false,
     };
-    let mut ready_by = Some(tokio::time::Instant::now() + ctx.startup_grace);
+    // The flag's range keeps this far from the clock's end; saturated anyway.
+    let now = tokio::time::Instant::now();
+    let mut ready_by = Some(now.checked_add(ctx.startup_grace).unwrap_or(now));
     if endpoints.replay.is_some() {
         tokio::select! {
             () = rebuild_from_replay(&endpoints, &ctx, &mut stream) => {}
@@ -611,6 +613,11 @@ async fn recover(
     let missing = wanted.saturating_sub(applied).min(ctx.max_sequence_jump);
     if losses == Losses::Lost {
         ctx.metrics.lost_batches.inc_by(missing);
+        // What the lost batches stored is unknown to the view (and what
+        // they freed still in it): said, not kept silent.
+        if missing > 0 {
+            note_incomplete(endpoints, ctx, true);
+        }
     } else if losses == Losses::Unreplayable && missing > 0 {
         // The start of the engine's stream (before this subscriber's view,
         // or of a new incarnation) is gone: blocks stored then are unknown.
@@ -663,7 +670,13 @@ fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {
         }
     };
     m.batches_decoded.inc();
-    for (_, error) in &batch.rejected {
+    if let Some(error) = &batch.damaged {
+        // Counted as a failed frame; the events before the damage apply.
+        m.failed(error.reason());
+        tracing::debug!(rank, %error, kept = batch.events.len(), "damaged batch: its events before the damage kept");
+    }
+    for (index, error) in &batch.rejected {
+        tracing::debug!(rank, index, %error, "event skipped");
         m.events_rejected
             .get_or_create(&ReasonLabel {
                 reason: error.reason(),

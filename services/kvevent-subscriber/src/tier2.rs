@@ -37,8 +37,8 @@ pub(crate) fn samples(text: &str) -> impl Iterator<Item = (&str, f64)> {
 /// Sums the tier-2 counters over all their label sets. `None` unless the
 /// engine exports both (absent counters stay absent; they are not zero).
 pub fn parse_tier2(text: &str) -> Option<Tier2Counters> {
-    let mut hits = None;
-    let mut queries = None;
+    let mut hits: Option<u64> = None;
+    let mut queries: Option<u64> = None;
     for (name, value) in samples(text) {
         let slot = match name {
             HITS => &mut hits,
@@ -49,7 +49,7 @@ pub fn parse_tier2(text: &str) -> Option<Tier2Counters> {
             // Counters are integral; a float rendering ("12.0") is normal.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let v = value as u64;
-            *slot = Some(slot.unwrap_or(0) + v);
+            *slot = Some(slot.unwrap_or(0).saturating_add(v));
         }
     }
     Some(Tier2Counters {
@@ -266,6 +266,19 @@ vllm:prefix_cache_hits_total{engine=\"0\"} 999
             Some(Tier2Counters {
                 hits: 15,
                 queries: 40
+            })
+        );
+        // Sums past u64 saturate (a debug build overflowed here).
+        let huge = "\
+vllm:external_prefix_cache_hits_total{engine=\"0\"} 1e19
+vllm:external_prefix_cache_hits_total{engine=\"1\"} 1e19
+vllm:external_prefix_cache_queries_total{engine=\"0\"} 1e19
+";
+        assert_eq!(
+            parse_tier2(huge),
+            Some(Tier2Counters {
+                hits: u64::MAX,
+                queries: 10_000_000_000_000_000_000
             })
         );
     }

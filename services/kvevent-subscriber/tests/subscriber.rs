@@ -266,6 +266,22 @@ async fn gaps_without_replay_are_counted_as_loss() {
         1.0
     );
     assert_eq!(index.tiers("engine-0", 0), expect(&[(fps[0], T1)]));
+    // The view misses what the lost batch stored: the rank says so.
+    assert_eq!(
+        sub.metric("inferencecache_subscriber_history_incomplete")
+            .await,
+        1.0
+    );
+    wait_until(WAIT, "batches flagged incomplete", || {
+        index
+            .recorded
+            .lock()
+            .unwrap()
+            .batches
+            .iter()
+            .any(|b| b.history_incomplete)
+    })
+    .await;
     sub.stop().await;
 }
 

@@ -224,6 +224,50 @@ fn non_main_attention_groups_are_ignored() {
     assert_eq!(h.stats.non_main_attention_events, 2);
 }
 
+/// A hybrid model whose full-attention group is not group 0: removals are
+/// judged by what each group's stores said, not by the group's number.
+#[test]
+fn removals_follow_the_kind_their_group_was_stored_with() {
+    let mut h = Harness::new(false);
+    let in_group = |mut ev: KvEvent, group: u32, kind: &str| {
+        if let KvEvent::BlockStored(s) = &mut ev {
+            s.group_idx = Some(group);
+            s.kv_cache_spec_kind = Some(kind.into());
+        }
+        ev
+    };
+    let removal = |group| {
+        KvEvent::BlockRemoved(BlockRemoved {
+            block_hashes: vec![EngineHash(1)],
+            medium: Medium::Gpu,
+            group_idx: Some(group),
+        })
+    };
+    let stored_out = h.apply(in_group(
+        stored(&[1], None, Medium::Gpu),
+        1,
+        "full_attention",
+    ));
+    assert_eq!(stored_fps(&stored_out).len(), 1);
+    assert!(
+        h.apply(in_group(
+            stored(&[1], None, Medium::Gpu),
+            0,
+            "sliding_window"
+        ))
+        .is_empty()
+    );
+    // The sliding-window group frees its copy: the block is still held.
+    assert!(h.apply(removal(0)).is_empty());
+    assert_eq!(h.state.len(), 1);
+    // The full-attention group frees it: gone from the index.
+    assert!(matches!(
+        &h.apply(removal(1))[..],
+        [IndexChange::Evicted { .. }]
+    ));
+    assert!(h.state.is_empty());
+}
+
 fn stored_fps(changes: &[IndexChange]) -> Vec<Fingerprint> {
     changes
         .iter()
