@@ -19,7 +19,7 @@ pub fn report_to(path: PathBuf) {
     let _ = REPORT.set(path);
 }
 
-/// Records that the server `name` (`admin`, `grpc`, `https`) is listening
+/// Records that the server `name` (`admin`, `grpc`, `https`, `epp`) is listening
 /// on `addr` and rewrites the report (the caller logs its own line).
 pub fn listening(name: &'static str, addr: SocketAddr) {
     // Written under the lock: two servers binding at once must not let the

@@ -28,7 +28,7 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 
     /// Write the addresses this process listens on, as a JSON object by
-    /// server (`admin`, `grpc`, `https`), to this file once each is bound
+    /// server (`admin`, `grpc`, `https`, `epp`), to this file once each is bound
     /// (for supervisors and tests that bind port 0).
     #[arg(long, env = "IC_LISTEN_REPORT", global = true)]
     pub listen_report: Option<std::path::PathBuf>,

@@ -507,7 +507,7 @@ impl PeerServer {
 
     fn refused(&self, denied: &crate::access::Denied, partial: bool) -> Status {
         self.exchange.metrics.share("received", partial, "refused");
-        self.core.metrics().access_refused("SharePicks", denied);
+        self.core.metrics().access_refused("share_picks", denied);
         denied.to_status()
     }
 }

@@ -59,7 +59,8 @@ pub struct ResultLabel {
 /// Labels of rejected HTTP requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RejectLabel {
-    /// `malformed`, `wrong_type`, `missing_request`, `too_large`, `body_read`, `timeout`.
+    /// `malformed`, `wrong_type`, `missing_request`, `too_large`, `body_read`, `timeout`,
+    /// `encode`.
     pub reason: &'static str,
 }
 
