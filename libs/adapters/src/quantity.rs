@@ -221,7 +221,7 @@ pub fn parse(input: &str) -> Result<ParsedQuantity, QuantityError> {
         .ok_or_else(too_large)?;
     if dropped_nonzero {
         // Round away from zero, as the apiserver does for sub-nano precision.
-        mantissa += 1;
+        mantissa = mantissa.checked_add(1).ok_or_else(too_large)?;
     }
     if mantissa > MAX_UNITS * NANO {
         return Err(too_large());
@@ -391,6 +391,8 @@ mod tests {
         // Sub-nano precision rounds away from zero.
         assert_eq!(n("0.0000000001"), 1);
         assert_eq!(n("-1e-12"), -1);
+        // Rounding the largest mantissa up is too large, not an overflow.
+        assert!(parse("170141183460469231731687303715884105727.1n").is_err());
     }
 
     #[test]

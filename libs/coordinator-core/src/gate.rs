@@ -109,7 +109,9 @@ impl Gate {
                 self.stats.fences += u64::from(fence);
                 self.stats.gaps += u64::from(gap);
                 if dropped_events > 0 {
-                    self.stats.dropped_events += dropped_events;
+                    // A client's figure: summed without overflowing.
+                    self.stats.dropped_events =
+                        self.stats.dropped_events.saturating_add(dropped_events);
                     if let Some(c) = self.cursors.get_mut(instance_id) {
                         c.gap_detected = true;
                     }
@@ -162,6 +164,18 @@ mod tests {
         let mut g = Gate::new();
         assert_eq!(g.offer("a", 1000, 1, 0), ADMIT);
         assert_eq!(g.cursor("a").unwrap().last_seq, 1);
+    }
+
+    #[test]
+    fn dropped_event_counts_sum_without_overflowing() {
+        let mut g = Gate::new();
+        for seq in 1..=3 {
+            assert!(matches!(
+                g.offer("a", 1, seq, u64::MAX / 2),
+                Verdict::Admit { .. }
+            ));
+        }
+        assert_eq!(g.stats().dropped_events, u64::MAX);
     }
 
     #[test]

@@ -33,7 +33,9 @@ pub fn chunk_hashes(tokens: &[u32], chunk_size: usize) -> Vec<[u8; 32]> {
     }
     let mut prev = none_hash();
     let mut out = Vec::with_capacity(tokens.len() / chunk_size);
-    let mut buf = Vec::with_capacity(32 + chunk_size * 4);
+    // Sized by what a chunk of these tokens can hold: `--chunk-size` may be
+    // far larger than any request.
+    let mut buf = Vec::with_capacity(32 + chunk_size.min(tokens.len()) * 4);
     for chunk in tokens.chunks_exact(chunk_size) {
         buf.clear();
         buf.extend_from_slice(&prev);
@@ -158,6 +160,12 @@ mod tests {
             encode_hex(&none_hash()),
             "7e3eff9ef7613a50340eb12677ee03b83ac759fcba9bb32705f07248d56d473b"
         );
+    }
+
+    #[test]
+    fn a_chunk_size_beyond_any_request_allocates_nothing_for_it() {
+        // 16 GiB of buffer before the chunk size was bounded by the tokens.
+        assert!(chunk_hashes(&[1, 2, 3], u32::MAX as usize).is_empty());
     }
 
     #[test]

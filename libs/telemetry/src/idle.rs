@@ -38,6 +38,9 @@ impl<T> IdleTimeout<T> {
     /// Wraps `inner`; `closed` (if any) is incremented when the timeout
     /// ends the connection.
     pub fn new(inner: T, idle: Duration, closed: Option<Counter>) -> Self {
+        // However large the flag, a deadline the clock can hold (a century
+        // is never in practice).
+        let idle = idle.min(Duration::from_secs(100 * 365 * 86_400));
         Self {
             inner,
             idle,

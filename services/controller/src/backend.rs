@@ -157,6 +157,10 @@ impl BackendContext {
             self.probes.lock().forget(key);
             self.cascades.lock().forget(key);
         }
+        // A deleted Degraded backend's series goes with it, whether or not
+        // the index server's snapshot (whose poll also prunes it) answers.
+        self.metrics
+            .retain_degraded_backends(&live.iter().cloned().collect());
     }
 }
 

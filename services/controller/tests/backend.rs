@@ -278,6 +278,37 @@ async fn timeout_degrades_then_an_event_recovers() {
 }
 
 #[tokio::test]
+async fn a_deleted_degraded_backend_takes_its_degraded_series_along() {
+    let story = Story::new("", "/nonexistent".into());
+    story.fake.insert(&managed_backend());
+    story.reconcile().await;
+    story.roll_out();
+    story.reconcile().await;
+    story.clock.advance(Duration::from_secs(6 * 60));
+    let b = story.reconcile().await;
+    assert_eq!(
+        condition(&b, "Degraded"),
+        pair("True", "NoKVEventsObserved")
+    );
+    let series = ic_controller::metrics::BackendReasonLabels {
+        backend: format!("{NS}/cache"),
+        reason: "NoKVEventsObserved".into(),
+    };
+    let degraded = |story: &Story| {
+        story
+            .ctx
+            .metrics
+            .backend_degraded
+            .get(&series)
+            .map(|g| g.get())
+    };
+    assert_eq!(degraded(&story), Some(1));
+    // Deleted while no snapshot poll prunes it (index server unreachable).
+    story.ctx.forget_deleted(&std::collections::HashSet::new());
+    assert_eq!(degraded(&story), None);
+}
+
+#[tokio::test]
 async fn deleted_backends_are_forgotten() {
     let story = Story::new("", "/nonexistent".into());
     story.fake.insert(&managed_backend());

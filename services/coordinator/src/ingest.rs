@@ -17,7 +17,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use ic_coordinator_core::capacity::ClaimError;
-use ic_coordinator_core::events::{Batch, EventsResponse};
+use ic_coordinator_core::events::{Batch, EventType, EventsResponse};
 use ic_coordinator_core::gate::Verdict;
 use tokio::sync::oneshot;
 
@@ -425,16 +425,25 @@ impl Applier {
         let applied = catch_unwind(AssertUnwindSafe(|| {
             self.views.change(|change| {
                 let refused = change.read(|views| {
+                    // A request declaring capacity before it stores is
+                    // checked as it will apply, each batch against the
+                    // declarations the batches before it leave (declaring
+                    // is rare: the copy is made only then).
+                    let mut declared = batches
+                        .iter()
+                        .any(|b| b.event_type == EventType::Config)
+                        .then(|| views.capacity.clone());
                     batches.iter().enumerate().find_map(|(i, b)| {
-                        views
-                            .capacity
-                            .check_claims(b, max_entry_bytes)
-                            .err()
-                            .map(|error| Refused {
-                                batch: i,
-                                instance_id: b.instance_id.clone(),
-                                error,
-                            })
+                        let capacity = declared.as_ref().unwrap_or(&views.capacity);
+                        let refused = capacity.check_claims(b, max_entry_bytes).err();
+                        if let Some(declared) = declared.as_mut() {
+                            declared.apply(b);
+                        }
+                        refused.map(|error| Refused {
+                            batch: i,
+                            instance_id: b.instance_id.clone(),
+                            error,
+                        })
                     })
                 });
                 if let Some(r) = refused {

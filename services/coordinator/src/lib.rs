@@ -177,8 +177,8 @@ pub struct Config {
     pub max_event_entry_bytes: u64,
     /// Most `POST /events` requests waiting for the event writer (one
     /// thread applies every request in arrival order); a request that finds
-    /// the queue full waits for room (`events_queue_full_total`). House
-    /// extension.
+    /// the queue full is refused at once with 503 and `Retry-After: 1`,
+    /// nothing applied (`events_queue_full_total`). House extension.
     #[arg(long, env = "IC_MAX_PENDING_EVENT_REQUESTS", default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_pending_event_requests: u64,

@@ -216,6 +216,43 @@ async fn event_entries_cannot_claim_more_than_the_bounds() {
     }
 }
 
+/// A request that declares a capacity and stores in one body is checked as
+/// it applies: each store against the declaration the batches before it
+/// leave, as when they come in separate requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_declared_earlier_in_the_request_bounds_its_stores() {
+    let (_p, base) = tokio::task::block_in_place(|| start(&[]));
+    let http = reqwest::Client::new();
+    let url = format!("{base}/events");
+    let config = |seq: u64, revision: u64, capacity: u64| {
+        json!({"instance_id": "mp-a", "incarnation": 1, "seq": seq, "event_type": "config",
+            "tier": "l2", "backend": "fs", "capacity_bytes": capacity, "capacity_revision": revision})
+    };
+    let stored = |seq: u64, size: u64| store("mp-a", seq, seq, 1, size)["batches"][0].clone();
+    let (status, body) = post(
+        &http,
+        &url,
+        &json!({"batches": [config(1, 1, 100), stored(2, 1000)]}),
+        None,
+    )
+    .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(
+        body["detail"][0]["loc"],
+        json!(["body", "batches", 1, "entries", 0])
+    );
+    // Nothing of the refused request applied: the capacity is undeclared,
+    // and a request raising it before storing is taken.
+    let (status, body) = post(
+        &http,
+        &url,
+        &json!({"batches": [config(1, 1, 100), config(2, 2, 5000), stored(3, 1000)]}),
+        None,
+    )
+    .await;
+    assert_eq!((status, &body["applied"]), (200, &json!(3)), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_can_require_authentication() {
     let (_p, base) = tokio::task::block_in_place(|| {

@@ -426,7 +426,7 @@ pub(super) async fn delete(
         "instance_id": req.instance_id,
         "requested": r.chunks,
         "affected": affected,
-        "skipped": skipped + i64::try_from(pin_skipped).unwrap_or(i64::MAX),
+        "skipped": skipped.saturating_add(i64::try_from(pin_skipped).unwrap_or(i64::MAX)),
         "status": "deleted",
     })))
 }
