@@ -300,12 +300,13 @@ impl Page {
     /// Visits the live records from `offset` on while they carry `keys` in
     /// order, passing each one's holders; stops early when `visit` returns
     /// false. Returns the records visited and whether `visit` stopped it.
-    /// (`key_of` gives each key. The loop's form is chosen by what the
-    /// server's build makes of it, which moves with unrelated edits: two
-    /// slices zipped, not an iterator of keys (two counters and a reload
-    /// a block) nor records indexed by a count (the address recomputed
-    /// from it); see docs/benchmarks.md.)
-    #[inline]
+    /// (`key_of` gives each key.) Out of line, so that the loop's code is
+    /// its own: inlined into the lookup, what the compiler made of it
+    /// moved with unrelated edits anywhere in the crate (40 or 44
+    /// instructions a block, the record's address kept or recomputed as
+    /// count × 14). The records are iterated by pointer and the keys by
+    /// the count; see docs/benchmarks.md for the forms tried.
+    #[inline(never)]
     pub(crate) fn walk<K>(
         &self,
         offset: usize,
@@ -316,7 +317,8 @@ impl Page {
         let records = self.records.get(offset..).unwrap_or(&[]);
         let n = records.len().min(keys.len());
         let (records, keys) = (&records[..n], &keys[..n]);
-        for (i, (r, k)) in records.iter().zip(keys).enumerate() {
+        for (i, r) in records.iter().enumerate() {
+            let k = &keys[i];
             if r.key() != key_of(k) || !r.live() {
                 return (i, false);
             }
