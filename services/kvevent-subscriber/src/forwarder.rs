@@ -21,7 +21,10 @@ use crate::convert;
 use crate::metrics::Metrics;
 use crate::outbox::{DestinationId, Outbox, Outgoing, Wakers, lock};
 
-/// Changes per message; resync snapshots are split into chunks of this size.
+mod split;
+
+/// Changes per message; resync snapshots are split into chunks of this size
+/// (and any batch at [`split::MAX_BATCH_FINGERPRINTS`]).
 const CHUNK: usize = 4096;
 /// An empty batch is sent this often so the server knows the replica is alive.
 const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -225,14 +228,7 @@ pub fn batches(
     match item {
         Outgoing::Resync { rank, snapshot } => {
             let events: Vec<pb::IndexEvent> = snapshot.into_iter().map(convert::event).collect();
-            let chunks: Vec<Vec<pb::IndexEvent>> = if events.is_empty() {
-                vec![Vec::new()]
-            } else {
-                events
-                    .chunks(CHUNK)
-                    .map(<[pb::IndexEvent]>::to_vec)
-                    .collect()
-            };
+            let chunks = split::batched(events, CHUNK, split::MAX_BATCH_FINGERPRINTS);
             let last = chunks.len() - 1;
             chunks
                 .into_iter()
@@ -253,9 +249,14 @@ pub fn batches(
         }
         Outgoing::Delta { rank, changes } => {
             let events = changes.into_iter().map(convert::event).collect();
-            vec![build(
-                identity, rank, seqs, events, false, false, stats, incomplete,
-            )]
+            split::batched(events, CHUNK, split::MAX_BATCH_FINGERPRINTS)
+                .into_iter()
+                .map(|events| {
+                    build(
+                        identity, rank, seqs, events, false, false, stats, incomplete,
+                    )
+                })
+                .collect()
         }
     }
 }

@@ -171,6 +171,15 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_SEQUENCE_JUMP", default_value_t = ic_kvevents::seq::DEFAULT_MAX_JUMP, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_sequence_jump: u64,
 
+    /// Milliseconds one request to the engine's replay buffer may take
+    /// (the whole buffer at start-up and on a reconnect, a gap's batches
+    /// otherwise); past it the reply is counted in `replay_failures_total`
+    /// and handled as no reply: on a reconnect the engine is taken for a
+    /// new one (the replica cleared and rebuilt), a gap's batches count as
+    /// lost. Raise it for engines with large buffers on busy nodes.
+    #[arg(long, env = "IC_REPLAY_TIMEOUT_MS", default_value_t = 3000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub replay_timeout_ms: u64,
+
     /// Seconds a rank waits at start-up for the engine's first batch when
     /// its replay buffer gave nothing, before resyncing an empty replica;
     /// meanwhile the index keeps its view of the engine.
@@ -282,6 +291,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics: metrics.clone(),
         max_receive_errors: config.max_receive_errors,
         max_sequence_jump: config.max_sequence_jump,
+        replay_timeout: Duration::from_millis(config.replay_timeout_ms),
         startup_grace: Duration::from_secs(config.startup_grace_seconds),
     };
     for rank in 0..config.dp_ranks {

@@ -42,9 +42,6 @@ use crate::forwarder::Backoff;
 use crate::metrics::{KindLabel, Metrics, ReasonLabel};
 use crate::outbox::{Outbox, Wakers, lock};
 
-/// How long one replay may take before the rest of the gap counts as lost.
-const REPLAY_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// How often the engine is probed while its connection is lost and the
 /// socket's own reconnect (which backs off to 30 s) is still pending.
 const PROBE_INTERVAL: Duration = Duration::from_millis(500);
@@ -93,6 +90,8 @@ pub struct ListenerContext {
     /// before resyncing what it has (nothing), keeping the index's view
     /// of the engine meanwhile.
     pub startup_grace: Duration,
+    /// How long one replay request may take (`--replay-timeout-ms`).
+    pub replay_timeout: Duration,
 }
 
 /// What one rank's listener knows about its stream.
@@ -293,7 +292,7 @@ async fn rebuild_from_replay(
     let Some(replay) = &endpoints.replay else {
         return;
     };
-    let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, 0, u64::MAX))
+    let batches = match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, 0, u64::MAX))
         .await
     {
         Ok(Ok(batches)) => batches,
@@ -352,7 +351,7 @@ async fn probe(
         }
         return;
     };
-    let batches = match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, 0, u64::MAX))
+    let batches = match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, 0, u64::MAX))
         .await
     {
         Ok(Ok(batches)) => batches,
@@ -589,7 +588,7 @@ async fn recover(
     let wanted = to - from + 1;
     let mut applied = 0u64;
     if let Some(replay) = &endpoints.replay {
-        match tokio::time::timeout(REPLAY_TIMEOUT, fetch_replay(replay, from, to)).await {
+        match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, from, to)).await {
             Ok(Ok(batches)) => {
                 for (seq, payload) in batches {
                     if (from..=to).contains(&seq) {

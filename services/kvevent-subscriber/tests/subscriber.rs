@@ -620,3 +620,50 @@ async fn receive_errors_back_off_and_a_stuck_socket_is_replaced() {
     );
     sub.stop().await;
 }
+
+/// One event of 70,000 blocks, then a cleared HBM (one removal of all of
+/// them): both reach the index in batches of at most 65,536 fingerprints
+/// (a single batch would pass the index server's 4 MiB message limit),
+/// a stored chain's pieces linked, so the index ends as the engine does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_larger_than_a_batch_go_out_in_pieces() {
+    const BLOCKS: u32 = 70_000;
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let sub = Subscriber::start(&engine, &index.url(), SubscriberOptions::default());
+    engine.wait_for_subscriber().await;
+    let hashes: Vec<u64> = (1..=u64::from(BLOCKS)).collect();
+    engine
+        .publish(&[gpu_store(hashes, None, tokens(0, BLOCKS), 1)])
+        .await;
+    wait_until(WAIT, "the whole chain", || {
+        index.tiers("engine-0", 0).len() == BLOCKS as usize
+    })
+    .await;
+    engine
+        .publish(&[ic_kvevents::KvEvent::AllBlocksCleared])
+        .await;
+    wait_until(WAIT, "nothing held", || {
+        index.tiers("engine-0", 0).is_empty()
+    })
+    .await;
+    let largest = index
+        .recorded
+        .lock()
+        .unwrap()
+        .batches
+        .iter()
+        .map(|b| {
+            b.events
+                .iter()
+                .map(|e| match &e.kind {
+                    Some(pb::index_event::Kind::Stored(s)) => s.fingerprints.len(),
+                    Some(pb::index_event::Kind::Evicted(e)) => e.fingerprints.len(),
+                    _ => 0,
+                })
+                .sum::<usize>()
+        })
+        .max();
+    assert_eq!(largest, Some(65_536));
+    sub.stop().await;
+}
