@@ -93,9 +93,39 @@ fn inference_pool_resource() -> ApiResource {
     )
 }
 
+/// The endpoints of `pool` among `pods`: a pool edited into an unusable
+/// spec keeps the selector and ports of its last usable one (`last_good`),
+/// still following its pods, so that one bad edit does not take every
+/// endpoint away; the error is returned beside them to be logged. A pool
+/// with no usable spec yet, or a missing one, has none.
+pub fn pool_endpoints(
+    pool: Option<&Value>,
+    pods: &[Pod],
+    last_good: &mut Option<Value>,
+) -> (Vec<String>, Option<PoolError>) {
+    let Some(pool) = pool else {
+        *last_good = None;
+        return (Vec::new(), None);
+    };
+    match endpoints_of(pool, pods) {
+        Ok(list) => {
+            *last_good = Some(pool.clone());
+            (list, None)
+        }
+        Err(error) => {
+            let kept = last_good
+                .as_ref()
+                .and_then(|good| endpoints_of(good, pods).ok())
+                .unwrap_or_default();
+            (kept, Some(error))
+        }
+    }
+}
+
 /// Keeps `endpoints` equal to what InferencePool `name` in `namespace`
-/// selects, until `shutdown`. A pool that is missing or invalid has no
-/// endpoints (the picker answers 503), logged when that changes.
+/// selects, until `shutdown`. A missing pool has no endpoints (the picker
+/// answers 503); an invalid one keeps its last usable spec
+/// ([`pool_endpoints`]); either is logged when it changes.
 pub async fn watch_pool(
     client: kube::Client,
     namespace: String,
@@ -116,6 +146,7 @@ pub async fn watch_pool(
         kube::runtime::reflector(pod_writer, watcher(pods, watcher::Config::default())).map(|_| ());
     let mut events = futures::stream::select(Box::pin(pool_events), Box::pin(pod_events));
     let mut last: Option<Result<usize, PoolError>> = None;
+    let mut last_good = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
@@ -126,29 +157,35 @@ pub async fn watch_pool(
             .into_iter()
             .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
         let pods: Vec<Pod> = pod_reader.state().iter().map(|p| (**p).clone()).collect();
-        let computed = match &pool {
-            Some(pool) => serde_json::to_value(&pool.data)
-                .map_err(|e| PoolError::Ports(e.to_string()))
-                .and_then(|v| endpoints_of(&v, &pods)),
-            None => Ok(Vec::new()),
+        let spec = pool.as_ref().map(|p| serde_json::to_value(&p.data));
+        let (list, error) = match spec {
+            Some(Err(e)) => (Vec::new(), Some(PoolError::Ports(e.to_string()))),
+            Some(Ok(v)) => pool_endpoints(Some(&v), &pods, &mut last_good),
+            None => pool_endpoints(None, &pods, &mut last_good),
         };
-        let summary = computed.as_ref().map(Vec::len).map_err(Clone::clone);
+        let summary = match &error {
+            Some(error) => Err(error.clone()),
+            None => Ok(list.len()),
+        };
         if last.as_ref() != Some(&summary) {
-            match &computed {
-                Ok(list) if pool.is_none() => {
+            match &error {
+                None if pool.is_none() => {
                     tracing::warn!(%namespace, %name, "InferencePool not found; no endpoints");
-                    debug_assert!(list.is_empty());
                 }
-                Ok(list) => {
+                None => {
                     tracing::info!(%namespace, %name, endpoints = list.len(), "pool endpoints")
                 }
-                Err(error) => {
+                Some(error) if last_good.is_some() => tracing::warn!(
+                    %namespace, %name, %error, endpoints = list.len(),
+                    "InferencePool unusable; keeping the selector and ports of its last usable spec"
+                ),
+                Some(error) => {
                     tracing::warn!(%namespace, %name, %error, "InferencePool unusable; no endpoints")
                 }
             }
             last = Some(summary);
         }
-        *endpoints.write() = computed.unwrap_or_default();
+        *endpoints.write() = list;
     }
 }
 
@@ -191,6 +228,29 @@ mod tests {
                 "[fd00::5]:8001"
             ]
         );
+    }
+
+    #[test]
+    fn an_unusable_edit_keeps_the_last_usable_spec_and_follows_its_pods() {
+        let mut last_good = None;
+        let a = pod("a", json!({"app": "vllm"}), "10.0.0.1", true);
+        let b = pod("b", json!({"app": "vllm"}), "10.0.0.2", true);
+        let good = pool(json!([{"number": 8000}]));
+        let (list, error) = pool_endpoints(Some(&good), std::slice::from_ref(&a), &mut last_good);
+        assert_eq!((list, error), (vec!["10.0.0.1:8000".to_owned()], None));
+        // A port of 0: refused, and the endpoints of the last usable spec
+        // kept, with the pods of now.
+        let bad = pool(json!([{"number": 0}]));
+        let (list, error) = pool_endpoints(Some(&bad), &[a.clone(), b], &mut last_good);
+        assert_eq!(list, ["10.0.0.1:8000", "10.0.0.2:8000"]);
+        assert!(error.is_some());
+        // Gone: no endpoints, and nothing kept for a later bad spec.
+        assert_eq!(
+            pool_endpoints(None, &[], &mut last_good),
+            (Vec::new(), None)
+        );
+        let (list, error) = pool_endpoints(Some(&bad), &[a], &mut last_good);
+        assert!(list.is_empty() && error.is_some());
     }
 
     #[test]
