@@ -232,7 +232,13 @@ pub struct IndexCore {
     reports: EngineReports,
     metrics: Metrics,
     clock: Arc<dyn Clock>,
+    /// When changes contradicting the index were last logged (ms).
+    content_logged_ms: std::sync::atomic::AtomicI64,
 }
+
+/// Changes contradicting the index are logged at most this often (each is
+/// counted in `content_errors_total`).
+const CONTENT_LOG_EVERY_MS: i64 = 10_000;
 
 impl IndexCore {
     /// A core over `index` with default policies and scoring, no
@@ -248,6 +254,7 @@ impl IndexCore {
             reports: EngineReports::default(),
             metrics,
             clock: Arc::new(SystemClock::default()),
+            content_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
         }
     }
 
@@ -541,6 +548,9 @@ impl IndexCore {
                     self.index.apply(&key, &scope, &address, &changes, now)
                 };
                 self.metrics.content_errors.inc_by(errors.len() as u64);
+                if let Some(first) = errors.first() {
+                    self.log_content_errors(&key, errors.len(), first, now);
+                }
                 self.index.set_tier2(&key, tier2);
                 if resync {
                     self.metrics.resyncs.inc();
@@ -561,6 +571,38 @@ impl IndexCore {
         }
         self.metrics.set_index_size(&self.index);
         Ok(())
+    }
+
+    /// Names the replica and the first of `count` changes the index could
+    /// not take (counted either way), at most every
+    /// [`CONTENT_LOG_EVERY_MS`] so that a broken producer cannot flood
+    /// the log.
+    fn log_content_errors(
+        &self,
+        key: &ic_index::ReplicaKey,
+        count: usize,
+        first: &ic_index::ContentError,
+        now_ms: i64,
+    ) {
+        use std::sync::atomic::Ordering;
+        let last = self.content_logged_ms.load(Ordering::Relaxed);
+        if now_ms.saturating_sub(last) < CONTENT_LOG_EVERY_MS
+            || self
+                .content_logged_ms
+                .compare_exchange(last, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        tracing::warn!(
+            tenant = %key.tenant,
+            replica = %key.replica_id,
+            rank = key.dp_rank,
+            count,
+            first = ?first,
+            "changes contradicting the index were skipped (content_errors_total; \
+             logged at most every 10 s)"
+        );
     }
 
     /// The engine's own word replaces the replica's speculative holding:
