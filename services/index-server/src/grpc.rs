@@ -25,12 +25,35 @@ use crate::tokenize::EncodeError;
 /// Ingest steps of more blocks than this run on the blocking pool.
 const BLOCKING_STEP_BLOCKS: u64 = 4096;
 
-/// Largest prompt accepted, in blocks or tokens.
+/// Default of [`LookupLimits::max_prompt_blocks`].
 pub const MAX_PROMPT_BLOCKS: usize = 1 << 16;
-/// Largest prompt accepted as token ids.
+/// Default of [`LookupLimits::max_prompt_tokens`].
 pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
-/// Largest candidate list accepted.
+/// Default of [`LookupLimits::max_candidates`].
 pub const MAX_CANDIDATES: usize = 4096;
+
+/// How large a lookup may be (`--max-prompt-blocks`, `--max-prompt-tokens`,
+/// `--max-candidates`); one past them is refused naming the field and the
+/// flag, and counted in `lookups_refused_total{limit}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookupLimits {
+    /// Block hashes in one lookup.
+    pub max_prompt_blocks: usize,
+    /// Token ids in one lookup.
+    pub max_prompt_tokens: usize,
+    /// Candidate replicas (LookupRoute) or pods (GetPodScores) named.
+    pub max_candidates: usize,
+}
+
+impl Default for LookupLimits {
+    fn default() -> Self {
+        Self {
+            max_prompt_blocks: MAX_PROMPT_BLOCKS,
+            max_prompt_tokens: MAX_PROMPT_TOKENS,
+            max_candidates: MAX_CANDIDATES,
+        }
+    }
+}
 
 /// The gRPC front end: the core, plus what only this transport needs
 /// (who may call, the IngestEvents stream bounds, shutdown).
@@ -46,6 +69,8 @@ pub struct IndexServer {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Readiness: a resync under way on a stream holds it back.
     pub readiness: Arc<crate::readiness::Readiness>,
+    /// How large a lookup may be.
+    pub limits: LookupLimits,
 }
 
 /// A request's `authorization` metadata, when it is text.
@@ -154,6 +179,12 @@ impl IndexServer {
             .map_err(|d| self.refused(path, &d))
     }
 
+    /// A lookup past one of [`LookupLimits`], counted under `limit`.
+    pub(crate) fn over_limit(&self, limit: &'static str, detail: String) -> Status {
+        self.core.metrics().lookup_refused(limit);
+        Status::invalid_argument(detail)
+    }
+
     /// Counts `denied` and turns it into the call's status.
     pub(crate) fn refused(&self, path: &'static str, denied: &crate::access::Denied) -> Status {
         self.core.metrics().access_refused(path, denied);
@@ -174,6 +205,7 @@ impl IndexServer {
             access: Arc::new(ApiAccess::Open),
             shutdown: tokio_util::sync::CancellationToken::new(),
             readiness: crate::readiness::Readiness::new(std::time::Duration::ZERO),
+            limits: LookupLimits::default(),
         }
     }
 
@@ -224,10 +256,15 @@ impl IndexServer {
         hashes: Option<Vec<u64>>,
         received: Instant,
     ) -> Result<pb::LookupRouteResponse, Status> {
-        if req.candidate_replicas.len() > MAX_CANDIDATES {
-            return Err(Status::invalid_argument(format!(
-                "candidate_replicas: at most {MAX_CANDIDATES} entries"
-            )));
+        let limits = self.limits;
+        if req.candidate_replicas.len() > limits.max_candidates {
+            return Err(self.over_limit(
+                "candidates",
+                format!(
+                    "candidate_replicas: at most {} entries (--max-candidates)",
+                    limits.max_candidates
+                ),
+            ));
         }
         let extras = crate::convert::extras_from_pb(req).map_err(Status::invalid_argument)?;
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
@@ -252,20 +289,28 @@ impl IndexServer {
             Some(Key::PrefixHash(fp)) => Prompt::PrefixHash(Fingerprint(*fp)),
             Some(Key::BlockHashes(b)) => {
                 let hashes = hashes.unwrap_or_else(|| b.hashes.clone());
-                if hashes.len() > MAX_PROMPT_BLOCKS {
-                    return Err(Status::invalid_argument(format!(
-                        "block_hashes.hashes: at most {MAX_PROMPT_BLOCKS} blocks"
-                    )));
+                if hashes.len() > limits.max_prompt_blocks {
+                    return Err(self.over_limit(
+                        "prompt_blocks",
+                        format!(
+                            "block_hashes.hashes: at most {} blocks (--max-prompt-blocks)",
+                            limits.max_prompt_blocks
+                        ),
+                    ));
                 }
                 // In place: a `Fingerprint` is its `u64`.
                 blocks = Fingerprint::from_raw(hashes);
                 Prompt::Blocks(&blocks)
             }
             Some(Key::TokenIds(t)) => {
-                if t.ids.len() > MAX_PROMPT_TOKENS {
-                    return Err(Status::invalid_argument(format!(
-                        "token_ids.ids: at most {MAX_PROMPT_TOKENS} tokens"
-                    )));
+                if t.ids.len() > limits.max_prompt_tokens {
+                    return Err(self.over_limit(
+                        "prompt_tokens",
+                        format!(
+                            "token_ids.ids: at most {} tokens (--max-prompt-tokens)",
+                            limits.max_prompt_tokens
+                        ),
+                    ));
                 }
                 Prompt::Tokens(&t.ids)
             }

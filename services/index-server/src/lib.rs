@@ -163,6 +163,19 @@ pub struct Config {
     #[arg(long, env = "IC_RESYNC_BUDGET_BYTES", default_value_t = ic_index::ingest::DEFAULT_RESYNC_BUDGET_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
     pub resync_budget_bytes: u64,
 
+    /// Most block hashes one lookup may carry.
+    #[arg(long, env = "IC_MAX_PROMPT_BLOCKS", default_value_t = grpc::MAX_PROMPT_BLOCKS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_prompt_blocks: u64,
+
+    /// Most token ids one lookup may carry.
+    #[arg(long, env = "IC_MAX_PROMPT_TOKENS", default_value_t = grpc::MAX_PROMPT_TOKENS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_prompt_tokens: u64,
+
+    /// Most candidate replicas (LookupRoute) or pods (llm-d's
+    /// GetPodScores) one lookup may name.
+    #[arg(long, env = "IC_MAX_CANDIDATES", default_value_t = grpc::MAX_CANDIDATES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_candidates: u64,
+
     /// Longest model, adapter, replica id or address an ingest batch may
     /// name, in bytes (every scope and replica it names is kept).
     #[arg(long, env = "IC_MAX_INGEST_NAME_BYTES", default_value_t = ic_index::ingest::DEFAULT_MAX_NAME_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -506,6 +519,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     );
     let mut service = IndexServer::over(core.clone());
     service.ingest = Arc::new(ingest_control(&config));
+    service.limits = grpc::LookupLimits {
+        max_prompt_blocks: usize::try_from(config.max_prompt_blocks).unwrap_or(usize::MAX),
+        max_prompt_tokens: usize::try_from(config.max_prompt_tokens).unwrap_or(usize::MAX),
+        max_candidates: usize::try_from(config.max_candidates).unwrap_or(usize::MAX),
+    };
     service.access = access.clone();
     service.shutdown = shutdown.clone();
     service.readiness = readiness.clone();

@@ -24,7 +24,7 @@ use ic_proto::llmd_indexer_v1 as pb;
 use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerService;
 use tonic::{Request, Response, Status};
 
-use crate::grpc::{IndexServer, MAX_CANDIDATES};
+use crate::grpc::IndexServer;
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed};
 use crate::tokenize::EncodeError;
 
@@ -73,10 +73,15 @@ impl LlmdIndexer {
         if req.prompt.is_empty() {
             return Err(invalid("prompt: required".into()));
         }
-        if req.pod_identifiers.len() > MAX_CANDIDATES {
-            return Err(invalid(format!(
-                "pod_identifiers: at most {MAX_CANDIDATES} entries"
-            )));
+        let max = self.server.limits.max_candidates;
+        if req.pod_identifiers.len() > max {
+            return Err((
+                self.server.over_limit(
+                    "candidates",
+                    format!("pod_identifiers: at most {max} entries (--max-candidates)"),
+                ),
+                "invalid",
+            ));
         }
         let scope = Scope {
             tenant: self.config.tenant.clone(),

@@ -44,6 +44,13 @@ pub struct StageLabels {
     pub outcome: &'static str,
 }
 
+/// Which lookup bound refused a lookup (fixed set).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// `prompt_blocks`, `prompt_tokens` or `candidates`.
+    pub limit: &'static str,
+}
+
 /// Probe refusal labels (fixed set).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
@@ -73,6 +80,8 @@ pub struct Metrics {
     prefix_matches: Counter,
     /// Lookups refused as invalid or unsupported.
     pub lookup_errors: Counter,
+    /// Lookups refused by a size bound, by which.
+    pub lookups_refused: Family<LimitLabel, Counter>,
     /// Time to answer a lookup, seconds.
     pub lookup_duration: Histogram,
     /// Ingest batches, by result.
@@ -173,6 +182,7 @@ impl Metrics {
             lookups: Family::default(),
             prefix_matches: Counter::default(),
             lookup_errors: Counter::default(),
+            lookups_refused: Family::default(),
             // 1 µs .. ~16 s
             lookup_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             ingest_batches: Family::default(),
@@ -223,6 +233,11 @@ impl Metrics {
                 "lookup_errors",
                 "Lookups refused as invalid or unsupported",
                 m.lookup_errors.clone(),
+            );
+            r.register(
+                "lookups_refused",
+                "Lookups refused by a size bound (--max-prompt-blocks, --max-prompt-tokens, --max-candidates), by which; also in lookup_errors",
+                m.lookups_refused.clone(),
             );
             r.register(
                 "lookup_duration_seconds",
@@ -451,6 +466,13 @@ impl Metrics {
             })
             .inc();
         tracing::info!(path, reason = denied.reason(), %denied, "call refused");
+    }
+
+    /// Counts a lookup a size bound refused.
+    pub fn lookup_refused(&self, limit: &'static str) {
+        self.lookups_refused
+            .get_or_create(&LimitLabel { limit })
+            .inc();
     }
 
     /// Counts a stream a bound refused or ended.

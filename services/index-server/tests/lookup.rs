@@ -232,6 +232,49 @@ fn invalid_requests_name_the_field() {
     }
 }
 
+#[test]
+fn lookups_past_the_size_bounds_are_refused_naming_the_flag_and_counted() {
+    let mut s = server();
+    s.limits = ic_index_server::grpc::LookupLimits {
+        max_prompt_blocks: 4,
+        max_prompt_tokens: 8,
+        max_candidates: 2,
+    };
+    let refused = |req: pb::LookupRouteRequest| {
+        let e = s.lookup(&req).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        e.message().to_owned()
+    };
+    let blocks = |n| request(Key::BlockHashes(pb::BlockHashes { hashes: vec![7; n] }));
+    assert!(s.lookup(&blocks(4)).is_ok());
+    assert_eq!(
+        refused(blocks(5)),
+        "block_hashes.hashes: at most 4 blocks (--max-prompt-blocks)"
+    );
+    let ids = |n| request(Key::TokenIds(pb::TokenIds { ids: vec![1; n] }));
+    assert!(s.lookup(&ids(8)).is_ok());
+    assert_eq!(
+        refused(ids(9)),
+        "token_ids.ids: at most 8 tokens (--max-prompt-tokens)"
+    );
+    let mut named = blocks(1);
+    named.candidate_replicas = vec!["a".into(), "b".into(), "c".into()];
+    assert_eq!(
+        refused(named),
+        "candidate_replicas: at most 2 entries (--max-candidates)"
+    );
+    let counted = |limit| {
+        s.core()
+            .metrics()
+            .lookups_refused
+            .get(&ic_index_server::metrics::LimitLabel { limit })
+            .map(|c| c.get())
+    };
+    assert_eq!(counted("prompt_blocks"), Some(1));
+    assert_eq!(counted("prompt_tokens"), Some(1));
+    assert_eq!(counted("candidates"), Some(1));
+}
+
 /// A server with the fixture tokenizer for model "m" and, for tenant "t",
 /// a lookup budget no loaded test machine runs past: the default 20 ms
 /// includes tokenizing, slow in a debug build on busy cores, and a lookup
