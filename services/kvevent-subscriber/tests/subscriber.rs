@@ -273,13 +273,7 @@ async fn gaps_without_replay_are_counted_as_loss() {
         1.0
     );
     wait_until(WAIT, "batches flagged incomplete", || {
-        index
-            .recorded
-            .lock()
-            .unwrap()
-            .batches
-            .iter()
-            .any(|b| b.history_incomplete)
+        index.flagged_incomplete()
     })
     .await;
     sub.stop().await;

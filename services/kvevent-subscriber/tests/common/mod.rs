@@ -204,6 +204,16 @@ impl RecordingIndex {
         format!("http://{}", self.addr)
     }
 
+    /// Whether any batch received said its rank's history is incomplete.
+    pub fn flagged_incomplete(&self) -> bool {
+        self.recorded
+            .lock()
+            .unwrap()
+            .batches
+            .iter()
+            .any(|b| b.history_incomplete)
+    }
+
     pub fn tiers(&self, replica: &str, rank: u32) -> BTreeMap<u64, i32> {
         self.recorded.lock().unwrap().tiers(replica, rank)
     }

@@ -276,13 +276,7 @@ async fn a_restarted_subscriber_rebuilds_before_it_resyncs_and_reports_what_it_l
         1.0
     );
     wait_until(WAIT, "batches flagged incomplete", || {
-        index
-            .recorded
-            .lock()
-            .unwrap()
-            .batches
-            .iter()
-            .any(|b| b.history_incomplete)
+        index.flagged_incomplete()
     })
     .await;
 
