@@ -92,6 +92,33 @@ pub struct TokenReviewer {
     refused: Mutex<HashMap<[u8; 32], (Instant, String)>>,
     refusal_ttl: Duration,
     refusals_cached: prometheus_client::metrics::counter::Counter,
+    /// Reviews of tokens neither cache knows, bounded (`None`: unbounded).
+    budget: Option<Mutex<ReviewBudget>>,
+    throttled: prometheus_client::metrics::counter::Counter,
+}
+
+/// A token bucket of TokenReviews: `per_second` refill, up to `burst`.
+#[derive(Debug)]
+struct ReviewBudget {
+    per_second: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl ReviewBudget {
+    /// Takes one review if the bucket holds one.
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.per_second;
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl std::fmt::Debug for TokenReviewer {
@@ -112,7 +139,34 @@ impl TokenReviewer {
             refused: Mutex::new(HashMap::new()),
             refusal_ttl: DEFAULT_REFUSAL_CACHE_TTL,
             refusals_cached: prometheus_client::metrics::counter::Counter::default(),
+            budget: None,
+            throttled: prometheus_client::metrics::counter::Counter::default(),
         }
+    }
+
+    /// At most `per_second` TokenReviews a second (in bursts of up to
+    /// `burst`) for tokens neither cache knows; past it a call is answered
+    /// [`AuthError::Unavailable`] without asking, counted in `throttled`.
+    /// Without it, every distinct garbage token a caller sends costs the API
+    /// server a review. `per_second` 0: unbounded.
+    #[must_use]
+    pub fn with_review_rate(
+        mut self,
+        per_second: u32,
+        burst: u32,
+        throttled: prometheus_client::metrics::counter::Counter,
+    ) -> Self {
+        self.budget = (per_second > 0).then(|| {
+            let burst = f64::from(burst.max(1));
+            Mutex::new(ReviewBudget {
+                per_second: f64::from(per_second),
+                burst,
+                tokens: burst,
+                at: Instant::now(),
+            })
+        });
+        self.throttled = throttled;
+        self
     }
 
     /// Refusals are reused for `ttl` (zero: never cached), each reuse
@@ -147,6 +201,16 @@ impl TokenReviewer {
         {
             self.refusals_cached.inc();
             return Err(AuthError::Rejected(why.clone()));
+        }
+        if let Some(budget) = &self.budget
+            && !budget.lock().take(now)
+        {
+            self.throttled.inc();
+            return Err(AuthError::Unavailable(
+                "too many unknown bearer tokens to review at once (--token-reviews-per-second); \
+                 retry shortly"
+                    .into(),
+            ));
         }
         match self.ask(token).await {
             Ok(user) => {
@@ -339,6 +403,25 @@ pub fn bearer(header: Option<&str>) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_review_budget_refills_at_its_rate_up_to_its_burst() {
+        let start = Instant::now();
+        let mut b = ReviewBudget {
+            per_second: 2.0,
+            burst: 3.0,
+            tokens: 3.0,
+            at: start,
+        };
+        assert!((0..3).all(|_| b.take(start)));
+        assert!(!b.take(start));
+        // Half a second refills one review.
+        assert!(b.take(start + Duration::from_millis(500)));
+        assert!(!b.take(start + Duration::from_millis(500)));
+        // A long quiet spell refills the burst, not more.
+        let later = start + Duration::from_secs(60);
+        assert_eq!((0..5).filter(|_| b.take(later)).count(), 3);
+    }
 
     #[test]
     fn parses_bearer_headers() {

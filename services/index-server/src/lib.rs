@@ -109,6 +109,19 @@ pub struct Config {
     #[arg(long, env = "IC_TOKEN_REFUSAL_CACHE_SECONDS", default_value_t = 10)]
     pub token_refusal_cache_seconds: u64,
 
+    /// TokenReviews a second, at most, for bearer tokens neither cache
+    /// knows (0: unbounded); past it a call is answered UNAVAILABLE without
+    /// asking the API server, so a flood of distinct garbage tokens cannot
+    /// load it. Accepted tokens are cached for a minute.
+    #[arg(long, env = "IC_TOKEN_REVIEWS_PER_SECOND", default_value_t = 100)]
+    pub token_reviews_per_second: u32,
+
+    /// Reviews that may be asked at once beyond that rate (every engine's
+    /// subscriber and every gateway presenting its token to a replica that
+    /// just started).
+    #[arg(long, env = "IC_TOKEN_REVIEW_BURST", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub token_review_burst: u32,
+
     /// Audience a gRPC API or /snapshot bearer token must carry (Kubernetes
     /// TokenReview); turns on Kubernetes access control (docs/security.md).
     #[arg(long, env = "IC_API_AUDIENCE")]
@@ -341,20 +354,27 @@ async fn api_access(config: &Config, metrics: &Metrics) -> anyhow::Result<access
     }
 }
 
-/// How `/probe` authenticates, from the flags.
-/// A TokenReviewer for `audience` with the refusal cache the flags ask for.
+/// A TokenReviewer for `audience` with the refusal cache and the review
+/// rate the flags ask for.
 fn reviewer(
     config: &Config,
     metrics: &Metrics,
     client: kube::Client,
     audience: &str,
 ) -> TokenReviewer {
-    TokenReviewer::new(client, audience.to_owned()).with_refusal_cache(
-        Duration::from_secs(config.token_refusal_cache_seconds),
-        metrics.token_refusals_cached.clone(),
-    )
+    TokenReviewer::new(client, audience.to_owned())
+        .with_refusal_cache(
+            Duration::from_secs(config.token_refusal_cache_seconds),
+            metrics.token_refusals_cached.clone(),
+        )
+        .with_review_rate(
+            config.token_reviews_per_second,
+            config.token_review_burst,
+            metrics.token_reviews_throttled.clone(),
+        )
 }
 
+/// How `/probe` authenticates, from the flags.
 async fn probe_auth(config: &Config, metrics: &Metrics) -> anyhow::Result<ProbeAuth> {
     match (&config.probe_audience, &config.probe_static_token) {
         (Some(_), Some(_)) => anyhow::bail!(

@@ -111,6 +111,8 @@ pub struct Metrics {
     pub probe_refusals: Family<ReasonLabel, Counter>,
     /// Bearer tokens refused from the refusal cache, without a TokenReview.
     pub token_refusals_cached: Counter,
+    /// Calls refused because the TokenReview rate was spent.
+    pub token_reviews_throttled: Counter,
     /// Replicas forgotten because they fell silent.
     pub stale_replicas_removed: Counter,
     /// Speculative (block, replica) entries held.
@@ -197,6 +199,7 @@ impl Metrics {
             probe_stages: Family::default(),
             probe_refusals: Family::default(),
             token_refusals_cached: Counter::default(),
+            token_reviews_throttled: Counter::default(),
             stale_replicas_removed: Counter::default(),
             speculative_entries: Gauge::default(),
             speculative_dropped: Counter::default(),
@@ -299,6 +302,11 @@ impl Metrics {
                 "token_refusals_cached",
                 "Bearer tokens refused again within --token-refusal-cache-seconds without asking the API server",
                 m.token_refusals_cached.clone(),
+            );
+            r.register(
+                "token_reviews_throttled",
+                "Calls answered UNAVAILABLE because --token-reviews-per-second was spent on tokens neither cache knew",
+                m.token_reviews_throttled.clone(),
             );
             r.register(
                 "stale_replicas_removed",

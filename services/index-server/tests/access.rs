@@ -463,3 +463,54 @@ async fn only_the_controller_may_probe_though_subscribers_share_its_audience() {
     assert_eq!(probe("sub-a").await, 403);
     assert_eq!(probe("gateway").await, 403);
 }
+
+/// A flood of distinct unknown tokens costs the API server at most
+/// `--token-reviews-per-second` (after its burst) reviews: the rest are
+/// answered UNAVAILABLE without asking, counted, while a token already
+/// reviewed keeps working from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tokens_cost_the_api_server_a_bounded_number_of_reviews() {
+    let w = world_with(&["--token-reviews-per-second=1", "--token-review-burst=2"]).await;
+    let started = std::time::Instant::now();
+    assert!(w.lookup(Some("gateway"), "team-a").await.is_ok());
+    w.fake.clear_requests();
+    let mut unavailable = 0;
+    for i in 0..20 {
+        let code = w
+            .lookup(Some(&format!("garbage-{i}")), "team-a")
+            .await
+            .unwrap_err()
+            .code();
+        assert!(
+            matches!(
+                code,
+                tonic::Code::Unauthenticated | tonic::Code::Unavailable
+            ),
+            "{code:?}"
+        );
+        unavailable += usize::from(code == tonic::Code::Unavailable);
+    }
+    let reviews = w
+        .fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/tokenreviews"))
+        .count();
+    // The burst (less the gateway's review) and one a second since.
+    let bound = 2 + started.elapsed().as_secs() as usize;
+    assert!(reviews <= bound, "{reviews} reviews, bound {bound}");
+    assert_eq!(reviews + unavailable, 20);
+    assert!(w.lookup(Some("gateway"), "team-a").await.is_ok(), "cached");
+    let metrics = reqwest::get(format!("http://{}/metrics", w.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "inferencecache_index_token_reviews_throttled_total {unavailable}"
+        )),
+        "{metrics}"
+    );
+}
