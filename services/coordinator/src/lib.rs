@@ -89,6 +89,14 @@ pub struct Config {
     /// (`system:serviceaccount:<namespace>:<name>`).
     #[arg(long = "api-admin", env = "IC_API_ADMINS", value_delimiter = ',')]
     pub api_admins: Vec<String>,
+    /// With `--api-audience`: TokenReviews a second, at most, for bearer
+    /// tokens neither cache knows (0: unbounded); past it the request is
+    /// answered 503 without asking the API server (house extension).
+    #[arg(long, env = "IC_TOKEN_REVIEWS_PER_SECOND", default_value_t = 100)]
+    pub token_reviews_per_second: u32,
+    /// Reviews that may be asked at once beyond that rate.
+    #[arg(long, env = "IC_TOKEN_REVIEW_BURST", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub token_review_burst: u32,
     /// Local mode: operator endpoints need this bearer token.
     #[arg(
         long,
@@ -423,7 +431,7 @@ pub async fn start_with(
     let addr = listener.local_addr();
     tracing::info!(%addr, "admin server listening");
     ic_telemetry::listening::listening("admin", addr);
-    let access = operator_access(config).await?;
+    let access = operator_access(config, &app.metrics.metrics).await?;
     tracing::info!(mode = access.mode(), "operator endpoint access");
     if !app.settings.disable_metrics {
         // Like LMCache's coordinator: with --otlp-endpoint the metrics are
@@ -446,7 +454,10 @@ pub async fn start_with(
 }
 
 /// The operator endpoints' guard the flags ask for.
-async fn operator_access(config: &Config) -> anyhow::Result<http::access::OperatorAccess> {
+async fn operator_access(
+    config: &Config,
+    metrics: &metrics::Metrics,
+) -> anyhow::Result<http::access::OperatorAccess> {
     use http::access::OperatorAccess;
     if let Some(token) = config.api_static_token.clone().filter(|t| !t.is_empty()) {
         return Ok(OperatorAccess::Static(token));
@@ -461,7 +472,11 @@ async fn operator_access(config: &Config) -> anyhow::Result<http::access::Operat
     Ok(OperatorAccess::Kube(Box::new(
         http::access::KubeOperators {
             access: ic_kube_auth::AccessReviewer::new(client.clone()),
-            reviewer: ic_kube_auth::TokenReviewer::new(client, audience),
+            reviewer: ic_kube_auth::TokenReviewer::new(client, audience).with_review_rate(
+                config.token_reviews_per_second,
+                config.token_review_burst,
+                metrics.token_reviews_throttled.clone(),
+            ),
             admins: config.api_admins.clone(),
         },
     )))

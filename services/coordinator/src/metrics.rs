@@ -143,6 +143,9 @@ pub struct Metrics {
     pub header_read_timeouts: prometheus_client::metrics::counter::Counter,
     /// Operator requests refused by access control (house extension).
     pub access_refusals: Family<ReasonLabel, prometheus_client::metrics::counter::Counter>,
+    /// Operator requests answered 503 because `--token-reviews-per-second`
+    /// was spent (house extension).
+    pub token_reviews_throttled: prometheus_client::metrics::counter::Counter,
     /// Directory placements per tier.
     pub placements: Family<TierLabel, Gauge>,
     /// Directory bytes per tier.
@@ -270,6 +273,11 @@ impl MetricsSet {
             "access_refusals",
             "Operator requests (quotas, pins, delete, prefetch) refused by --api-audience or --api-static-token",
             m.access_refusals.clone(),
+        );
+        r.register(
+            "token_reviews_throttled",
+            "Operator requests answered 503 because --token-reviews-per-second was spent on tokens neither cache knew",
+            m.token_reviews_throttled.clone(),
         );
         r.register(
             "key_directory_placements",

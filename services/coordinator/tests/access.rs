@@ -224,3 +224,68 @@ async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(process.stop().success());
 }
+
+/// A flood of distinct unknown tokens costs the API server at most
+/// `--token-reviews-per-second` reviews beyond the burst; the rest are
+/// answered 503 without asking, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tokens_cost_the_api_server_a_bounded_number_of_reviews() {
+    let fake = FakeApi::new();
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig =
+        ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "coordinator", "ic-system")
+            .unwrap();
+    let mut process = ServiceProcess::start_with_env(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator")),
+        &[
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--api-audience",
+            AUDIENCE,
+            "--token-reviews-per-second",
+            "1",
+            "--token-review-burst",
+            "2",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let base = format!("http://{}", process.admin_addr());
+    let http = reqwest::Client::new();
+    let started = std::time::Instant::now();
+    let quota = (
+        reqwest::Method::PUT,
+        "/quota/config",
+        json!({"default_limit_gb": 0}),
+    );
+    let mut unavailable = 0;
+    for i in 0..20 {
+        let (status, body) = call(&http, &base, &quota, Some(&format!("garbage-{i}"))).await;
+        assert!(status == 401 || status == 503, "{status} {body}");
+        unavailable += usize::from(status == 503);
+    }
+    let reviews = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/tokenreviews"))
+        .count();
+    let bound = 2 + started.elapsed().as_secs() as usize;
+    assert!(reviews <= bound, "{reviews} reviews, bound {bound}");
+    assert_eq!(reviews + unavailable, 20);
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "lmcache_coordinator_token_reviews_throttled_total {unavailable}"
+        )),
+        "{metrics}"
+    );
+}
