@@ -60,6 +60,50 @@ async fn get(http: &reqwest::Client, base: &str, path: &str) -> Value {
     response.json().await.unwrap()
 }
 
+/// The coordinator with `--api-audience` (and `extra`), asking `fake`'s
+/// API server; what must live as long as the process rides along.
+async fn start_with_api(
+    fake: &FakeApi,
+    extra: &[&str],
+) -> (
+    ServiceProcess,
+    String,
+    ic_fake_apiserver::Served,
+    tempfile::TempDir,
+) {
+    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig =
+        ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "coordinator", "ic-system")
+            .unwrap();
+    let mut args = vec![
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--api-audience",
+        AUDIENCE,
+    ];
+    args.extend_from_slice(extra);
+    let mut process = ServiceProcess::start_with_env(
+        std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator")),
+        &args,
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let base = format!("http://{}", process.admin_addr());
+    (process, base, served, dir)
+}
+
+async fn metrics_text(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
     let fake = FakeApi::new();
@@ -98,26 +142,8 @@ async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
         "coordinators/entries",
         "team-b",
     ));
-    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig =
-        ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "coordinator", "ic-system")
-            .unwrap();
-    let mut process = ServiceProcess::start_with_env(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator")),
-        &[
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--api-audience",
-            AUDIENCE,
-            "--api-admin",
-            CONTROLLER,
-        ],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
-    );
-    let base = format!("http://{}", process.admin_addr());
+    let (mut process, base, _served, _dir) =
+        start_with_api(&fake, &["--api-admin", CONTROLLER]).await;
     let http = reqwest::Client::new();
 
     // LMCache's workers send no credentials: registration and events work.
@@ -198,14 +224,7 @@ async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
             op.1
         );
     }
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&http, &base).await;
     let counted: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("lmcache_coordinator_access_refusals_total{"))
@@ -231,28 +250,16 @@ async fn operator_endpoints_refuse_anyone_but_the_admins_and_rbac_grants() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_tokens_cost_the_api_server_a_bounded_number_of_reviews() {
     let fake = FakeApi::new();
-    let served = fake.serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig =
-        ic_fake_apiserver::write_kubeconfig(dir.path(), served.addr, "coordinator", "ic-system")
-            .unwrap();
-    let mut process = ServiceProcess::start_with_env(
-        std::path::Path::new(env!("CARGO_BIN_EXE_ic-coordinator")),
+    let (_process, base, _served, _dir) = start_with_api(
+        &fake,
         &[
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--api-audience",
-            AUDIENCE,
             "--token-reviews-per-second",
             "1",
             "--token-review-burst",
             "2",
         ],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
-    );
-    let base = format!("http://{}", process.admin_addr());
+    )
+    .await;
     let http = reqwest::Client::new();
     let started = std::time::Instant::now();
     let quota = (
@@ -274,14 +281,7 @@ async fn unknown_tokens_cost_the_api_server_a_bounded_number_of_reviews() {
     let bound = 2 + started.elapsed().as_secs() as usize;
     assert!(reviews <= bound, "{reviews} reviews, bound {bound}");
     assert_eq!(reviews + unavailable, 20);
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&http, &base).await;
     assert!(
         metrics.contains(&format!(
             "lmcache_coordinator_token_reviews_throttled_total {unavailable}"
