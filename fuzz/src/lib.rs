@@ -276,6 +276,7 @@ fn index_server() -> ic_index_server::grpc::IndexServer {
     let index = Arc::new(ic_index::Index::new(ic_index::IndexConfig {
         capacity_entries: 100_000,
         shards: 4,
+        ..ic_index::IndexConfig::default()
     }));
     let registry = ic_telemetry::MetricsRegistry::new("inferencecache", "fuzz");
     let metrics = ic_index_server::metrics::Metrics::register(&registry);

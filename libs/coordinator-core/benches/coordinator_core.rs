@@ -11,7 +11,7 @@ use ic_coordinator_core::eviction::{EvictionSettings, Quotas, plan};
 use ic_coordinator_core::gate::Gate;
 use ic_coordinator_core::key::ObjectKey;
 use ic_coordinator_core::pins::Pins;
-use ic_coordinator_core::resolve::{TokenQuery, resolve};
+use ic_coordinator_core::resolve::{RequestLimits, TokenQuery, resolve};
 use ic_coordinator_core::usage::UsageView;
 
 fn key(i: u64) -> ObjectKey {
@@ -65,6 +65,7 @@ fn bench_resolve(c: &mut Criterion) {
                         cache_salt: "",
                     },
                     256,
+                    RequestLimits::default(),
                 )
                 .map(|r| r.keys.len())
             });

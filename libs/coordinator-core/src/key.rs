@@ -56,6 +56,18 @@ pub enum KeyError {
     },
 }
 
+impl KeyError {
+    /// The request bound passed (the `requests_refused_total` label), when
+    /// that is why.
+    pub fn limit(&self) -> Option<&'static str> {
+        match self {
+            Self::TooManyTokens { .. } => Some("tokens_per_request"),
+            Self::TooManyKeys { .. } => Some("keys_per_request"),
+            _ => None,
+        }
+    }
+}
+
 /// Checks a tenant salt.
 pub fn validate_salt(salt: &str) -> Result<(), KeyError> {
     for (ch, repr) in [('@', "@"), ('/', "/"), ('\\', "\\\\"), ('\0', "\\x00")] {

@@ -3,11 +3,31 @@
 
 use crate::key::{KeyError, ObjectKey, validate_model, validate_salt};
 
-/// Most token ids a single request may carry.
+/// Most token ids a single request may carry, by default (the reference's
+/// fixed cap).
 pub const MAX_TOKENS_PER_REQUEST: usize = 1_000_000;
-/// Most keys one request may expand to (chunks × world size); bounds the
-/// memory a single request can make the coordinator allocate.
+/// Most keys one request may expand to (chunks × world size), by default;
+/// bounds the memory a single request can make the coordinator allocate.
 pub const MAX_KEYS_PER_REQUEST: usize = 1_000_000;
+
+/// How much one token request may ask for (`--max-tokens-per-request`,
+/// `--max-keys-per-request`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Token ids one request may carry.
+    pub max_tokens: usize,
+    /// Keys (chunks × world size) one request may expand to.
+    pub max_keys: usize,
+}
+
+impl Default for RequestLimits {
+    fn default() -> Self {
+        Self {
+            max_tokens: MAX_TOKENS_PER_REQUEST,
+            max_keys: MAX_KEYS_PER_REQUEST,
+        }
+    }
+}
 /// Largest world size: `kv_rank` keeps it in 8 bits.
 pub const MAX_WORLD_SIZE: i64 = 255;
 
@@ -73,10 +93,14 @@ pub struct Resolved {
 /// Resolves `query` into keys, validating as the reference does: the request
 /// cap, then the salt (even with no complete chunk), then the token range,
 /// then the model (only when a key is built).
-pub fn resolve(query: &TokenQuery<'_>, chunk_size: usize) -> Result<Resolved, KeyError> {
-    if query.token_ids.len() > MAX_TOKENS_PER_REQUEST {
+pub fn resolve(
+    query: &TokenQuery<'_>,
+    chunk_size: usize,
+    limits: RequestLimits,
+) -> Result<Resolved, KeyError> {
+    if query.token_ids.len() > limits.max_tokens {
         return Err(KeyError::TooManyTokens {
-            limit: MAX_TOKENS_PER_REQUEST,
+            limit: limits.max_tokens,
             got: query.token_ids.len(),
         });
     }
@@ -96,9 +120,9 @@ pub fn resolve(query: &TokenQuery<'_>, chunk_size: usize) -> Result<Resolved, Ke
     let chunks = tokens.len().checked_div(chunk_size).unwrap_or(0);
     // ws is in 1..=255 here, so the cast is exact.
     let total = chunks.saturating_mul(ws.unsigned_abs() as usize);
-    if total > MAX_KEYS_PER_REQUEST {
+    if total > limits.max_keys {
         return Err(KeyError::TooManyKeys {
-            limit: MAX_KEYS_PER_REQUEST,
+            limit: limits.max_keys,
             got: total,
         });
     }
@@ -143,6 +167,7 @@ mod tests {
                 cache_salt: salt,
             },
             cs,
+            RequestLimits::default(),
         )
         .unwrap()
     }
@@ -243,6 +268,7 @@ mod tests {
                     cache_salt: salt,
                 },
                 4,
+                RequestLimits::default(),
             )
         };
         // Salt checked even without a complete chunk.
@@ -273,6 +299,7 @@ mod tests {
                     cache_salt: "",
                 },
                 1,
+                RequestLimits::default(),
             )
         };
         assert!(matches!(
@@ -285,9 +312,45 @@ mod tests {
         ));
         assert_eq!(big_world(255, 3000).unwrap().keys.len(), 765_000);
         let many = vec![0i64; MAX_TOKENS_PER_REQUEST + 1];
+        let refused = q(&many, "m", "").unwrap_err();
         assert_eq!(
-            q(&many, "m", "").unwrap_err().to_string(),
+            refused.to_string(),
             "too many token_ids in a single request (limit=1000000, got=1000001)"
         );
+        assert_eq!(refused.limit(), Some("tokens_per_request"));
+    }
+
+    #[test]
+    fn the_request_bounds_are_the_callers() {
+        let limits = RequestLimits {
+            max_tokens: 8,
+            max_keys: 4,
+        };
+        let q = |n: usize, ws: i64| {
+            resolve(
+                &TokenQuery {
+                    token_ids: &vec![1; n],
+                    model_name: "m",
+                    world_size: ws,
+                    cache_salt: "",
+                },
+                2,
+                limits,
+            )
+        };
+        assert_eq!(q(8, 1).unwrap().keys.len(), 4);
+        let tokens = q(9, 1).unwrap_err();
+        assert_eq!(
+            tokens.to_string(),
+            "too many token_ids in a single request (limit=8, got=9)"
+        );
+        assert_eq!(tokens.limit(), Some("tokens_per_request"));
+        let keys = q(6, 2).unwrap_err();
+        assert_eq!(
+            keys.to_string(),
+            "too many keys in a single request (limit=4, got=6)"
+        );
+        assert_eq!(keys.limit(), Some("keys_per_request"));
+        assert_eq!(q(2, 0).unwrap_err().limit(), None);
     }
 }

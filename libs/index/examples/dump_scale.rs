@@ -21,6 +21,7 @@ fn main() {
     let config = IndexConfig {
         capacity_entries: entries + entries / 8,
         shards: 32,
+        ..IndexConfig::default()
     };
     let scope = Scope {
         tenant: "t".into(),

@@ -34,6 +34,7 @@ fn populated() -> Index {
     let ix = Index::new(IndexConfig {
         capacity_entries: 100_000,
         shards: 4,
+        ..IndexConfig::default()
     });
     let a = scope("t", HashScheme::Vllm);
     let b = scope("u", HashScheme::Sglang);
@@ -124,6 +125,7 @@ fn a_dump_restores_the_same_holdings_and_answers() {
     let restored = Index::new(IndexConfig {
         capacity_entries: 100_000,
         shards: 8,
+        ..IndexConfig::default()
     });
     assert!(restored.restore(&decoded, 5).is_empty());
     assert_eq!(restored.len(), ix.len());

@@ -243,13 +243,32 @@ pub struct IndexConfig {
     pub capacity_entries: u64,
     /// Number of key-table lock shards (rounded up to a power of two).
     pub shards: usize,
+    /// Most replicas (tenant, replica id, data-parallel rank) known at once
+    /// (at most [`MAX_REPLICA_SLOTS`]); a batch of one more is refused
+    /// with [`ContentError::TooManyReplicas`] until one is forgotten.
+    pub max_replicas: u32,
+    /// Most scopes (tenant, model, hash scheme, adapter) ever named; they
+    /// are kept for good, so one more is refused with
+    /// [`ContentError::TooManyScopes`].
+    pub max_scopes: u32,
 }
+
+/// Most replica slots the index can name (its packed holders' bits).
+pub const MAX_REPLICA_SLOTS: u32 = MAX_REPLICAS;
+
+/// [`IndexConfig::max_replicas`] by default: 16,384 engines of 16 ranks.
+pub const DEFAULT_MAX_REPLICAS: u32 = 1 << 18;
+
+/// [`IndexConfig::max_scopes`] by default.
+pub const DEFAULT_MAX_SCOPES: u32 = 1 << 16;
 
 impl Default for IndexConfig {
     fn default() -> Self {
         Self {
             capacity_entries: 10_000_000,
             shards: 32,
+            max_replicas: DEFAULT_MAX_REPLICAS,
+            max_scopes: DEFAULT_MAX_SCOPES,
         }
     }
 }
@@ -278,6 +297,9 @@ impl Index {
     pub fn new(mut config: IndexConfig) -> Self {
         let n = config.shards.clamp(1, 1024).next_power_of_two();
         config.capacity_entries = config.capacity_entries.min(MAX_CAPACITY);
+        // One slot stays free beyond the bound for a resync's fresh state.
+        config.max_replicas = config.max_replicas.clamp(1, MAX_REPLICAS - 1);
+        config.max_scopes = config.max_scopes.max(1);
         let tables = tables_per_shard(config.capacity_entries, n);
         Self {
             config,
@@ -307,6 +329,11 @@ impl Index {
             out_of_space: AtomicU64::new(0),
             scopes_known: AtomicU32::new(0),
         }
+    }
+
+    /// The replica and scope bounds it was built with, as clamped.
+    pub fn bounds(&self) -> (u32, u32) {
+        (self.config.max_replicas, self.config.max_scopes)
     }
 
     /// Resident (replica, block) entries.
@@ -398,7 +425,7 @@ impl Index {
     pub fn touch(&self, key: &ReplicaKey, scope: &Scope, address: &str, now_ms: i64) -> bool {
         let mut writer = self.writer.lock();
         self.touch_locked(&mut writer, key, scope, address, now_ms)
-            .is_some_and(|(_, _, changed)| changed)
+            .is_ok_and(|(_, _, changed)| changed)
     }
 
     fn new_slot(&self, writer: &mut Writer, reg: &mut Registry) -> Option<ReplicaIdx> {
@@ -417,7 +444,8 @@ impl Index {
     }
 
     /// The replica's (slot, scope id, whether it is new or moved scope);
-    /// `None` when no slot is left.
+    /// the bound reached when it is a replica or scope too many (nothing
+    /// is kept of it then).
     fn touch_locked(
         &self,
         writer: &mut Writer,
@@ -425,10 +453,10 @@ impl Index {
         scope: &Scope,
         address: &str,
         now_ms: i64,
-    ) -> Option<(ReplicaIdx, ScopeId, bool)> {
+    ) -> Result<(ReplicaIdx, ScopeId, bool), ContentError> {
         if let Some((idx, meta)) = writer.recent(key, scope, address) {
             seen(meta, now_ms);
-            return Some((idx, meta.scope, false));
+            return Ok((idx, meta.scope, false));
         }
         {
             let reg = self.registry.read();
@@ -439,13 +467,20 @@ impl Index {
             {
                 seen(meta, now_ms);
                 writer.remember(idx, meta);
-                return Some((idx, meta.scope, false));
+                return Ok((idx, meta.scope, false));
             }
         }
         writer.forget_resolved();
         let mut reg = self.registry.write();
+        let existing = reg.by_key.get(key).copied();
+        if existing.is_none() && reg.by_key.len() >= self.config.max_replicas as usize {
+            return Err(ContentError::TooManyReplicas);
+        }
         let scope_id = match reg.scopes.get(scope) {
             Some(&id) => id,
+            None if reg.scope_list.len() >= self.config.max_scopes as usize => {
+                return Err(ContentError::TooManyScopes);
+            }
             None => {
                 let id = ScopeId::try_from(reg.scope_list.len()).unwrap_or(ScopeId::MAX);
                 reg.scopes.insert(scope.clone(), id);
@@ -458,12 +493,13 @@ impl Index {
                 id
             }
         };
-        let existing = reg.by_key.get(key).copied();
         let old_scope = existing.and_then(|i| reg.replicas[i as usize].as_ref().map(|m| m.scope));
         let idx = match existing {
             Some(idx) => idx,
             None => {
-                let idx = self.new_slot(writer, &mut reg)?;
+                let idx = self
+                    .new_slot(writer, &mut reg)
+                    .ok_or(ContentError::TooManyReplicas)?;
                 reg.by_key.insert(key.clone(), idx);
                 idx
             }
@@ -484,7 +520,7 @@ impl Index {
             self.drop_where(writer, idx, None);
             *writer.counts(idx) = Counts::default();
         }
-        Some((idx, scope_id, changed_scope))
+        Ok((idx, scope_id, changed_scope))
     }
 
     /// Applies changes reported by a replica. Inconsistent changes are
@@ -498,9 +534,9 @@ impl Index {
         now_ms: i64,
     ) -> Vec<ContentError> {
         let mut writer = self.writer.lock();
-        let Some((idx, scope_id, _)) = self.touch_locked(&mut writer, key, scope, address, now_ms)
-        else {
-            return vec![ContentError::TooManyReplicas];
+        let (idx, scope_id, _) = match self.touch_locked(&mut writer, key, scope, address, now_ms) {
+            Ok(slot) => slot,
+            Err(full) => return vec![full],
         };
         let errors = self.apply_locked(&mut writer, idx, scope_id, changes, now_ms);
         self.enforce_capacity(&mut writer);
@@ -518,9 +554,9 @@ impl Index {
         now_ms: i64,
     ) -> Vec<ContentError> {
         let mut writer = self.writer.lock();
-        let Some((old, scope_id, _)) = self.touch_locked(&mut writer, key, scope, address, now_ms)
-        else {
-            return vec![ContentError::TooManyReplicas];
+        let (old, scope_id, _) = match self.touch_locked(&mut writer, key, scope, address, now_ms) {
+            Ok(slot) => slot,
+            Err(full) => return vec![full],
         };
         if writer.counts(old).entries == 0 {
             // Nothing to hide: build in place.

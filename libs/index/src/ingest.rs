@@ -116,6 +116,12 @@ pub enum Limit {
     NameBytes,
     /// [`IngestLimits::max_dp_ranks`].
     DpRanks,
+    /// [`crate::IndexConfig::max_replicas`]: the index knows as many
+    /// replicas as it may.
+    Replicas,
+    /// [`crate::IndexConfig::max_scopes`]: the index knows as many scopes
+    /// as it may.
+    Scopes,
 }
 
 impl Limit {
@@ -127,6 +133,8 @@ impl Limit {
             Self::ResyncBudget => "resync_budget_bytes",
             Self::NameBytes => "name_bytes",
             Self::DpRanks => "dp_ranks",
+            Self::Replicas => "replicas",
+            Self::Scopes => "scopes",
         }
     }
 }

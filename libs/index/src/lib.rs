@@ -36,7 +36,7 @@ pub mod speculative;
 mod store;
 mod types;
 
-pub use index::{Index, IndexConfig};
+pub use index::{DEFAULT_MAX_REPLICAS, DEFAULT_MAX_SCOPES, Index, IndexConfig, MAX_REPLICA_SLOTS};
 pub use types::{
     Candidate, Change, ContentError, Deadline, Fingerprint, HashScheme, IndexMemory, LookupOutcome,
     LookupView, Match, NoDeadline, ReplicaKey, ReplicaSnapshot, Scope, ScopeHandle, Tier,

@@ -36,6 +36,7 @@ fn index() -> Index {
     Index::new(IndexConfig {
         capacity_entries: 1_000,
         shards: 8,
+        ..IndexConfig::default()
     })
 }
 
@@ -339,6 +340,7 @@ fn capacity_evicts_the_least_recently_stored() {
     let ix = Index::new(IndexConfig {
         capacity_entries: 3,
         shards: 4,
+        ..IndexConfig::default()
     });
     put(&ix, "t", "a", &[stored(0, &fps(&[1, 2, 3]), Tier::T1)]);
     put(&ix, "t", "a", &[stored(3, &fps(&[4]), Tier::T1)]);
@@ -428,6 +430,7 @@ fn lookups_racing_ingest_and_compaction_always_see_held_chains() {
     let ix = std::sync::Arc::new(Index::new(IndexConfig {
         capacity_entries: 1_000_000,
         shards: 4,
+        ..IndexConfig::default()
     }));
     let readers = chain_readers::ChainReaders::spawn(&ix, LEN);
     for k in 0..ROUNDS {
@@ -509,7 +512,7 @@ mod model {
         ) {
             // Beyond 64 shards the writer tracks its shard locks in a list.
             let shards = if many_shards { 128 } else { 4 };
-            let ix = Index::new(IndexConfig { capacity_entries: 1_000_000, shards });
+            let ix = Index::new(IndexConfig { capacity_entries: 1_000_000, shards, ..IndexConfig::default() });
             // replica -> block -> tier
             let mut model: BTreeMap<u8, BTreeMap<u32, Tier>> = BTreeMap::new();
             for op in ops {
@@ -600,6 +603,7 @@ fn counting_memory_while_new_replicas_register_never_deadlocks() {
     assert_eq!(result, Ok(true), "memory count and writer deadlocked");
 }
 
+mod bounds;
 mod chain_readers;
 mod firsts;
 mod routing;
@@ -723,6 +727,7 @@ fn a_first_block_sharing_another_keys_tag_is_not_taken_for_it() {
     let ix = Index::new(IndexConfig {
         capacity_entries: 1_000,
         shards: 1,
+        ..IndexConfig::default()
     });
     // The scope's id is 0 (the first one the index hears of).
     let h = |fp: u64| crate::store::hash(crate::index::entry_key(0, Fingerprint(fp)));

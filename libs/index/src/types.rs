@@ -222,8 +222,12 @@ pub enum ContentError {
         /// Depth just reported.
         reported: u32,
     },
-    /// Every replica slot is in use; the change was not applied.
+    /// The batch named a replica beyond [`crate::IndexConfig::max_replicas`];
+    /// nothing of it was applied (the whole batch fails).
     TooManyReplicas,
+    /// The batch named a scope beyond [`crate::IndexConfig::max_scopes`];
+    /// nothing of it was applied (the whole batch fails).
+    TooManyScopes,
     /// The record space (the page directory, sized at four times the
     /// capacity's pages) is exhausted; the chain from the run that failed
     /// onward was not stored (what came before it was). Not expected: a resync of

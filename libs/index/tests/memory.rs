@@ -154,6 +154,7 @@ fn a_flood_and_a_resync_beyond_capacity_stay_within_a_tenth_of_a_full_index() {
     let index = Index::new(IndexConfig {
         capacity_entries: CAPACITY,
         shards: 32,
+        ..IndexConfig::default()
     });
     let s = scope("flood");
     index.replace(

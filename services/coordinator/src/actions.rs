@@ -3,6 +3,7 @@
 //! are named by id and resolved through the registry handle.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -30,10 +31,11 @@ pub struct Actions {
 }
 
 impl Actions {
-    /// Calls go to instances of `instances` and are counted in `metrics`.
-    pub fn new(instances: Arc<Instances>, metrics: Arc<MetricsSet>) -> Self {
+    /// Calls go to instances of `instances`, give up after `timeout`, and
+    /// are counted in `metrics`.
+    pub fn new(instances: Arc<Instances>, metrics: Arc<MetricsSet>, timeout: Duration) -> Self {
         Self {
-            mp: MpClient::new(),
+            mp: MpClient::new(timeout),
             instances,
             metrics,
         }
@@ -54,7 +56,7 @@ impl Actions {
         body: &Value,
     ) -> Result<Value, MpError> {
         let result = self.mp.delete_objects(base, body).await;
-        self.count(op, result.is_ok());
+        self.count(op, result.as_ref().err());
         result
     }
 
@@ -66,7 +68,7 @@ impl Actions {
     ) -> Result<Value, ActionError> {
         let base = self.base_url(instance_id)?;
         let result = self.mp.submit_prefetch(&base, body).await;
-        self.count("prefetch_submit", result.is_ok());
+        self.count("prefetch_submit", result.as_ref().err());
         Ok(result?)
     }
 
@@ -78,18 +80,20 @@ impl Actions {
     ) -> Result<Relayed, ActionError> {
         let base = self.base_url(instance_id)?;
         let result = self.mp.prefetch_status(&base, request_id).await;
-        self.count("prefetch_status", result.is_ok());
+        self.count("prefetch_status", result.as_ref().err());
         Ok(result?)
     }
 
-    fn count(&self, op: &'static str, ok: bool) {
+    fn count(&self, op: &'static str, failure: Option<&MpError>) {
+        let outcome = match failure {
+            None => "ok",
+            Some(MpError::Timeout(..)) => "timeout",
+            Some(_) => "failed",
+        };
         self.metrics
             .metrics
             .mp_calls
-            .get_or_create(&MpCallLabels {
-                op,
-                outcome: if ok { "ok" } else { "failed" },
-            })
+            .get_or_create(&MpCallLabels { op, outcome })
             .inc();
     }
 }

@@ -190,6 +190,25 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_PENDING_EVENT_REQUESTS", default_value_t = 128,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_pending_event_requests: u64,
+    /// Most token ids one request (a directory lookup, a pin) may carry;
+    /// one more is refused with 400 (`requests_refused_total`). LMCache's
+    /// fixed cap by default. House extension.
+    #[arg(long, env = "IC_MAX_TOKENS_PER_REQUEST",
+          default_value_t = ic_coordinator_core::resolve::MAX_TOKENS_PER_REQUEST as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_tokens_per_request: u64,
+    /// Most keys (complete chunks × world size) one token request may
+    /// expand to; more is refused with 400 (`requests_refused_total`).
+    /// House extension.
+    #[arg(long, env = "IC_MAX_KEYS_PER_REQUEST",
+          default_value_t = ic_coordinator_core::resolve::MAX_KEYS_PER_REQUEST as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_keys_per_request: u64,
+    /// Seconds every call to an MP server (delete, evict, prefetch) may
+    /// take; a call past it fails (`mp_requests_total{outcome="timeout"}`).
+    /// LMCache's fixed 30 s by default. House extension.
+    #[arg(long, env = "IC_MP_TIMEOUT_SECONDS", default_value_t = 30.0)]
+    pub mp_timeout_seconds: f64,
     /// Report format of LMCache's CLI (`terminal`, `json`). Accepted so an
     /// `lmcache coordinator` command line works unchanged; the coordinator
     /// command writes no report, in LMCache as here, so it has no effect.
@@ -296,6 +315,8 @@ impl Config {
         }
         let instance_timeout = seconds("instance-timeout", self.instance_timeout)?
             .context("--instance-timeout must be greater than 0")?;
+        let mp_timeout = seconds("mp-timeout-seconds", self.mp_timeout_seconds)?
+            .context("--mp-timeout-seconds must be greater than 0")?;
         Ok(Settings {
             chunk_size: usize::try_from(self.chunk_size).context("--chunk-size")?,
             instance_timeout,
@@ -318,6 +339,13 @@ impl Config {
                 .then_some(self.max_event_entry_bytes),
             max_pending_event_requests: usize::try_from(self.max_pending_event_requests)
                 .context("--max-pending-event-requests")?,
+            request_limits: ic_coordinator_core::resolve::RequestLimits {
+                max_tokens: usize::try_from(self.max_tokens_per_request)
+                    .context("--max-tokens-per-request")?,
+                max_keys: usize::try_from(self.max_keys_per_request)
+                    .context("--max-keys-per-request")?,
+            },
+            mp_timeout,
             max_directory_keys: match self.max_directory_keys {
                 Some(0) => None,
                 Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),

@@ -38,6 +38,13 @@ pub struct ReasonLabel {
     pub reason: &'static str,
 }
 
+/// Which request bound refused a request.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// `tokens_per_request` or `keys_per_request`.
+    pub limit: &'static str,
+}
+
 /// `consumer` label (a view or a controller name).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConsumerLabel {
@@ -100,7 +107,7 @@ pub struct PartitionLabel {
 pub struct MpCallLabels {
     /// `delete`, `evict`, `prefetch_submit`, `prefetch_status`.
     pub op: &'static str,
-    /// `ok` or `failed`.
+    /// `ok`, `timeout` (`--mp-timeout-seconds`) or `failed`.
     pub outcome: &'static str,
 }
 
@@ -225,6 +232,8 @@ pub struct Metrics {
     legacy_bytes: Family<TierLabel, Gauge>,
     /// Event entries refused for what they claim, by reason.
     pub event_entries_refused: Family<ReasonLabel, Counter>,
+    /// Token requests refused by a size bound, by which.
+    pub requests_refused: Family<LimitLabel, Counter>,
     /// Event batches received and waiting to be applied (the reference's
     /// event-bus queue; here requests wait for the views lock).
     pub event_queue_depth: Gauge,
@@ -255,6 +264,18 @@ pub struct MetricsSet {
 }
 
 impl MetricsSet {
+    /// A token request `resolve` refused, as the 400 it answers; a request
+    /// bound passed is counted in `requests_refused_total`.
+    pub fn request_refused(&self, e: &ic_coordinator_core::KeyError) -> crate::error::ApiError {
+        if let Some(limit) = e.limit() {
+            self.metrics
+                .requests_refused
+                .get_or_create(&LimitLabel { limit })
+                .inc();
+        }
+        crate::error::ApiError::BadRequest(e.to_string())
+    }
+
     /// Registers everything.
     pub fn new(house: MetricsRegistry) -> Self {
         let m = Metrics::default();
@@ -460,6 +481,11 @@ impl MetricsSet {
             "kafka_caught_up",
             "1 once the Kafka consumer caught up within --max-ready-lag",
             m.kafka_caught_up.clone(),
+        );
+        r.register(
+            "requests_refused",
+            "Token requests (directory lookups, pins) refused by --max-tokens-per-request or --max-keys-per-request, by which",
+            m.requests_refused.clone(),
         );
         r.register(
             "event_entries_refused",

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-/// Timeout of every MP call, as in the reference.
+/// Timeout of every MP call by default (`--mp-timeout-seconds`), as in the
+/// reference.
 pub const MP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why an MP call failed.
@@ -14,6 +15,9 @@ pub enum MpError {
     /// The node could not be reached or the exchange broke.
     #[error("{0}")]
     Transport(String),
+    /// The node did not answer within `--mp-timeout-seconds`.
+    #[error("no answer within {0:?} (--mp-timeout-seconds): {1}")]
+    Timeout(Duration, String),
     /// The node answered with a non-2xx status.
     #[error("HTTP {status}: {body}")]
     Status {
@@ -37,31 +41,41 @@ pub struct Relayed {
 #[derive(Clone, Debug)]
 pub struct MpClient {
     http: reqwest::Client,
+    timeout: Duration,
 }
 
 impl Default for MpClient {
     fn default() -> Self {
-        Self::new()
+        Self::new(MP_TIMEOUT)
     }
 }
 
 impl MpClient {
-    /// A client with the 30 s timeout.
-    pub fn new() -> Self {
+    /// A client whose every call gives up after `timeout`.
+    pub fn new(timeout: Duration) -> Self {
         let http = reqwest::Client::builder()
-            .timeout(MP_TIMEOUT)
+            .timeout(timeout)
             .build()
             .unwrap_or_default();
-        Self { http }
+        Self { http, timeout }
     }
 
-    async fn expect_2xx(resp: Result<reqwest::Response, reqwest::Error>) -> Result<Value, MpError> {
-        let resp = resp.map_err(|e| MpError::Transport(error_chain(&e)))?;
+    /// The call's failure, a timeout told apart.
+    fn failed(&self, e: &reqwest::Error) -> MpError {
+        if e.is_timeout() {
+            MpError::Timeout(self.timeout, error_chain(e))
+        } else {
+            MpError::Transport(error_chain(e))
+        }
+    }
+
+    async fn expect_2xx(
+        &self,
+        resp: Result<reqwest::Response, reqwest::Error>,
+    ) -> Result<Value, MpError> {
+        let resp = resp.map_err(|e| self.failed(&e))?;
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| MpError::Transport(error_chain(&e)))?;
+        let text = resp.text().await.map_err(|e| self.failed(&e))?;
         if !status.is_success() {
             return Err(MpError::Status {
                 status: status.as_u16(),
@@ -74,13 +88,15 @@ impl MpClient {
     /// `DELETE {base}/cache/objects` with `body`.
     pub async fn delete_objects(&self, base: &str, body: &Value) -> Result<Value, MpError> {
         let url = format!("{base}/cache/objects");
-        Self::expect_2xx(self.http.delete(url).json(body).send().await).await
+        self.expect_2xx(self.http.delete(url).json(body).send().await)
+            .await
     }
 
     /// `POST {base}/cache/prefetches` with `body`.
     pub async fn submit_prefetch(&self, base: &str, body: &Value) -> Result<Value, MpError> {
         let url = format!("{base}/cache/prefetches");
-        Self::expect_2xx(self.http.post(url).json(body).send().await).await
+        self.expect_2xx(self.http.post(url).json(body).send().await)
+            .await
     }
 
     /// `GET {base}/cache/prefetches/{request_id}`, relayed verbatim.
@@ -91,12 +107,9 @@ impl MpClient {
             .get(url)
             .send()
             .await
-            .map_err(|e| MpError::Transport(error_chain(&e)))?;
+            .map_err(|e| self.failed(&e))?;
         let status = resp.status().as_u16();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| MpError::Transport(error_chain(&e)))?;
+        let text = resp.text().await.map_err(|e| self.failed(&e))?;
         let body =
             serde_json::from_str(&text).unwrap_or_else(|_| serde_json::json!({"detail": text}));
         Ok(Relayed { status, body })

@@ -40,6 +40,10 @@ pub struct Settings {
     pub max_event_entry_bytes: Option<u64>,
     /// Most `POST /events` requests queued for the event writer.
     pub max_pending_event_requests: usize,
+    /// How much one token request (a lookup, a pin) may ask for.
+    pub request_limits: ic_coordinator_core::resolve::RequestLimits,
+    /// Timeout of every call to an MP server.
+    pub mp_timeout: Duration,
 }
 
 /// Resident memory one directory key may cost with its usage and LRU
@@ -90,6 +94,8 @@ impl Default for Settings {
             events_require_auth: false,
             max_event_entry_bytes: Some(1 << 30),
             max_pending_event_requests: 128,
+            request_limits: ic_coordinator_core::resolve::RequestLimits::default(),
+            mp_timeout: crate::mp::MP_TIMEOUT,
         }
     }
 }

@@ -86,7 +86,11 @@ impl Coordinator {
         let views = Arc::new(ViewStore::default());
         views.write(|v| v.directory.set_max_keys(settings.max_directory_keys));
         let instances = Arc::new(Instances::new(clock.clone()));
-        let actions = Arc::new(Actions::new(instances.clone(), metrics.clone()));
+        let actions = Arc::new(Actions::new(
+            instances.clone(),
+            metrics.clone(),
+            settings.mp_timeout,
+        ));
         let ingest = Ingest::new(
             views.clone(),
             controllers.clone(),

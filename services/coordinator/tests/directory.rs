@@ -212,6 +212,62 @@ async fn lookup_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_requests_past_the_flags_bounds_are_refused_and_counted() {
+    let c = Coord::start(&[
+        "--chunk-size",
+        "2",
+        "--max-tokens-per-request",
+        "8",
+        "--max-keys-per-request",
+        "6",
+    ])
+    .await;
+    let lookup = |n: u32, ws: u32| json!({"token_ids": (0..n).collect::<Vec<_>>(), "model_name": "m", "world_size": ws});
+    assert_eq!(c.post("/directory/lookup", lookup(8, 1)).await.0, 200);
+    assert_eq!(
+        c.post("/directory/lookup", lookup(9, 1)).await,
+        (
+            400,
+            json!({"detail": "too many token_ids in a single request (limit=8, got=9)"})
+        )
+    );
+    assert_eq!(
+        c.post("/directory/lookup", lookup(8, 2)).await,
+        (
+            400,
+            json!({"detail": "too many keys in a single request (limit=6, got=8)"})
+        )
+    );
+    // Pins resolve tokens the same way.
+    let (status, _) = c
+        .post(
+            "/cache/pins",
+            json!({"model_name": "m", "world_size": 1, "token_ids": (0..9).collect::<Vec<_>>()}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    let metrics = c.metrics_text().await;
+    let counted = |limit: &str| {
+        metrics.lines().find_map(|l| {
+            l.strip_prefix(&format!(
+                "lmcache_coordinator_requests_refused_total{{limit=\"{limit}\"}} "
+            ))
+            .map(str::to_owned)
+        })
+    };
+    assert_eq!(
+        counted("tokens_per_request").as_deref(),
+        Some("2"),
+        "{metrics}"
+    );
+    assert_eq!(
+        counted("keys_per_request").as_deref(),
+        Some("1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_listing_filters_and_pages() {
     let c = Coord::start(&[]).await;
     let hashes: Vec<String> = (1..=5).map(|i| format!("{i:02x}")).collect();

@@ -512,3 +512,35 @@ async fn eviction_loop_dispatches_on_its_own() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mp_call_past_its_timeout_fails_and_is_counted_as_a_timeout() {
+    let mp = FakeMp::start().await;
+    mp.set(|b| b.delete_delay = std::time::Duration::from_secs(5));
+    let c = Coord::start(&["--chunk-size", "4", "--mp-timeout-seconds", "0.3"]).await;
+    c.register("mp-a", mp.port).await;
+    let started = std::time::Instant::now();
+    let (status, body) = c
+        .post(
+            "/cache/delete",
+            json!({"instance_id": "mp-a", "model_name": "org/model-a", "world_size": 1,
+                   "token_ids": tokens(1000..1008), "cache_salt": ""}),
+        )
+        .await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(4),
+        "gave up at the flag's timeout"
+    );
+    assert!(status >= 500, "{status} {body}");
+    assert!(
+        body.to_string().contains("--mp-timeout-seconds"),
+        "{status} {body}"
+    );
+    let metrics = c.metrics_text().await;
+    assert!(
+        metrics.lines().any(|l| l.contains("mp_requests_total{")
+            && l.contains("outcome=\"timeout\"")
+            && l.ends_with(" 1")),
+        "{metrics}"
+    );
+}

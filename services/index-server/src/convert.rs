@@ -72,14 +72,32 @@ fn checked_fields(
     }
 }
 
-/// Most multimodal items, and most per-block key entries, in one lookup.
-pub const MAX_EXTRA_ENTRIES: usize = 1 << 16;
-/// Longest identifier, salt or key, in bytes.
-pub const MAX_KEY_BYTES: usize = 4096;
+/// Why a lookup's extra keys were refused: `limit` names the bound (the
+/// `lookups_refused_total` label) when one was passed.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExtrasRefused {
+    /// The bound passed, if that is why.
+    pub limit: Option<&'static str>,
+    /// What is wrong, naming the field (and the flag).
+    pub detail: String,
+}
 
-/// A lookup's extra keys, validated; `None` when it has none. They only
-/// apply to token keys: fingerprints sent by the gateway already have them.
-pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtras>, String> {
+impl From<String> for ExtrasRefused {
+    fn from(detail: String) -> Self {
+        Self {
+            limit: None,
+            detail,
+        }
+    }
+}
+
+/// A lookup's extra keys, validated against `limits`; `None` when it has
+/// none. They only apply to token keys: fingerprints sent by the gateway
+/// already have them.
+pub fn extras_from_pb(
+    req: &pb::LookupRouteRequest,
+    limits: &crate::grpc::LookupLimits,
+) -> Result<Option<PromptExtras>, ExtrasRefused> {
     use pb::lookup_route_request::Key;
     let any =
         !req.cache_salt.is_empty() || !req.media.is_empty() || !req.block_extra_keys.is_empty();
@@ -97,27 +115,38 @@ pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtra
         return Err(format!(
             "{field}: only with token_ids or prompt_text (prefix_hash and block_hashes are \
              fingerprints, computed with the extra keys already; see docs/fingerprints.md)"
-        ));
+        )
+        .into());
     }
+    let max_bytes = limits.max_extra_key_bytes;
+    let max_entries = limits.max_extra_entries;
+    let too_long = |field: &str| ExtrasRefused {
+        limit: Some("extra_key_bytes"),
+        detail: format!("{field}: longer than {max_bytes} bytes (--max-extra-key-bytes)"),
+    };
+    let too_many = |field: &str, what: &str| ExtrasRefused {
+        limit: Some("extra_entries"),
+        detail: format!("{field}: at most {max_entries} {what} (--max-extra-entries)"),
+    };
     let bounded = |field: String, s: &str| {
-        if s.len() > MAX_KEY_BYTES {
-            Err(format!("{field}: longer than {MAX_KEY_BYTES} bytes"))
+        if s.len() > max_bytes {
+            Err(too_long(&field))
         } else {
             Ok(())
         }
     };
     bounded("cache_salt".into(), &req.cache_salt)?;
-    if req.media.len() > MAX_EXTRA_ENTRIES {
-        return Err(format!("media: at most {MAX_EXTRA_ENTRIES} items"));
+    if req.media.len() > max_entries {
+        return Err(too_many("media", "items"));
     }
     let mut media = Vec::with_capacity(req.media.len());
     for (i, m) in req.media.iter().enumerate() {
         if m.identifier.is_empty() {
-            return Err(format!("media[{i}].identifier: required"));
+            return Err(format!("media[{i}].identifier: required").into());
         }
         bounded(format!("media[{i}].identifier"), &m.identifier)?;
         if m.length == 0 {
-            return Err(format!("media[{i}].length: must be at least 1"));
+            return Err(format!("media[{i}].length: must be at least 1").into());
         }
         media.push(MediaSpan {
             identifier: m.identifier.clone(),
@@ -125,10 +154,13 @@ pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtra
             length: u64::from(m.length),
         });
     }
-    if req.block_extra_keys.len() > MAX_EXTRA_ENTRIES {
-        return Err(format!(
-            "block_extra_keys: at most {MAX_EXTRA_ENTRIES} blocks"
-        ));
+    if req.block_extra_keys.len() > max_entries {
+        return Err(too_many("block_extra_keys", "blocks"));
+    }
+    // The keys of all blocks together, too: one block could carry them all.
+    let keys_in_all: usize = req.block_extra_keys.iter().map(|b| b.keys.len()).sum();
+    if keys_in_all > max_entries {
+        return Err(too_many("block_extra_keys[].keys", "keys in all"));
     }
     let mut per_block = Vec::with_capacity(req.block_extra_keys.len());
     for (i, block) in req.block_extra_keys.iter().enumerate() {
@@ -142,12 +174,12 @@ pub fn extras_from_pb(req: &pb::LookupRouteRequest) -> Result<Option<PromptExtra
                     ExtraKey::Key(s.clone())
                 }
                 Some(Kind::Digest(b)) => {
-                    if b.len() > MAX_KEY_BYTES {
-                        return Err(format!("{field}.digest: longer than {MAX_KEY_BYTES} bytes"));
+                    if b.len() > max_bytes {
+                        return Err(too_long(&format!("{field}.digest")));
                     }
                     ExtraKey::Digest(b.clone())
                 }
-                None => return Err(format!("{field}: one of key, digest is required")),
+                None => return Err(format!("{field}: one of key, digest is required").into()),
             });
         }
         per_block.push(keys);

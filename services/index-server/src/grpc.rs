@@ -31,10 +31,17 @@ pub const MAX_PROMPT_BLOCKS: usize = 1 << 16;
 pub const MAX_PROMPT_TOKENS: usize = 1 << 21;
 /// Default of [`LookupLimits::max_candidates`].
 pub const MAX_CANDIDATES: usize = 4096;
+/// Default of [`LookupLimits::max_prompt_text_bytes`].
+pub const MAX_PROMPT_TEXT_BYTES: usize = 4 << 20;
+/// Default of [`LookupLimits::max_extra_entries`].
+pub const MAX_EXTRA_ENTRIES: usize = 1 << 16;
+/// Default of [`LookupLimits::max_extra_key_bytes`].
+pub const MAX_EXTRA_KEY_BYTES: usize = 4096;
 
 /// How large a lookup may be (`--max-prompt-blocks`, `--max-prompt-tokens`,
-/// `--max-candidates`); one past them is refused naming the field and the
-/// flag, and counted in `lookups_refused_total{limit}`.
+/// `--max-candidates`, `--max-prompt-text-bytes`, `--max-extra-entries`,
+/// `--max-extra-key-bytes`); one past them is refused naming the field and
+/// the flag, and counted in `lookups_refused_total{limit}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LookupLimits {
     /// Block hashes in one lookup.
@@ -43,6 +50,13 @@ pub struct LookupLimits {
     pub max_prompt_tokens: usize,
     /// Candidate replicas (LookupRoute) or pods (GetPodScores) named.
     pub max_candidates: usize,
+    /// Bytes of prompt text (LookupRoute's `prompt_text`, GetPodScores'
+    /// `prompt`), tokenized on the request path.
+    pub max_prompt_text_bytes: usize,
+    /// Multimodal items, and blocks of per-block extra keys.
+    pub max_extra_entries: usize,
+    /// Bytes of one cache salt, media identifier or extra key.
+    pub max_extra_key_bytes: usize,
 }
 
 impl Default for LookupLimits {
@@ -51,6 +65,9 @@ impl Default for LookupLimits {
             max_prompt_blocks: MAX_PROMPT_BLOCKS,
             max_prompt_tokens: MAX_PROMPT_TOKENS,
             max_candidates: MAX_CANDIDATES,
+            max_prompt_text_bytes: MAX_PROMPT_TEXT_BYTES,
+            max_extra_entries: MAX_EXTRA_ENTRIES,
+            max_extra_key_bytes: MAX_EXTRA_KEY_BYTES,
         }
     }
 }
@@ -266,7 +283,10 @@ impl IndexServer {
                 ),
             ));
         }
-        let extras = crate::convert::extras_from_pb(req).map_err(Status::invalid_argument)?;
+        let extras = crate::convert::extras_from_pb(req, &limits).map_err(|e| match e.limit {
+            Some(limit) => self.over_limit(limit, e.detail),
+            None => Status::invalid_argument(e.detail),
+        })?;
         let candidates: Option<HashSet<String>> = (!req.candidate_replicas.is_empty())
             .then(|| req.candidate_replicas.iter().cloned().collect());
         use pb::lookup_route_request::Key;
@@ -314,7 +334,18 @@ impl IndexServer {
                 }
                 Prompt::Tokens(&t.ids)
             }
-            Some(Key::PromptText(text)) => Prompt::Text(text),
+            Some(Key::PromptText(text)) => {
+                if text.len() > limits.max_prompt_text_bytes {
+                    return Err(self.over_limit(
+                        "prompt_text_bytes",
+                        format!(
+                            "prompt_text: at most {} bytes (--max-prompt-text-bytes)",
+                            limits.max_prompt_text_bytes
+                        ),
+                    ));
+                }
+                Prompt::Text(text)
+            }
         };
         // Holders past `max_candidates` are scored but not answered: not
         // copied either.
@@ -517,8 +548,10 @@ impl IndexServer {
         metrics.ingest_streams.inc();
         let _open = StreamGuard(metrics);
         let idle = self.ingest.idle_timeout;
-        // Held from a resync's first batch to its last (or the stream's end).
-        let mut resync = None;
+        // Per rank, held from its resync's first batch to its last (or the
+        // stream's end): a stream may carry several ranks' resyncs at once.
+        // At most --max-ranks-per-stream (and one being refused).
+        let mut resyncs: Vec<(RankOf, crate::readiness::ResyncUnderWay)> = Vec::new();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, stream.message()) => next,
@@ -533,17 +566,25 @@ impl IndexServer {
                     idle.as_secs()
                 )));
             };
+            // A batch over --grpc-max-message-bytes ends the stream with
+            // gRPC's own status, counted as it leaves (`message_bound`).
             let Some(batch) = next? else { break };
             let seq = batch.seq;
             let resync_end = batch.resync_end;
-            if batch.resync_begin && resync.is_none() {
-                resync = Some(self.readiness.resync_begun());
+            let rank = (batch.resync_begin || resync_end).then(|| RankOf::of(&batch));
+            if let Some(rank) = &rank
+                && batch.resync_begin
+                && !resyncs.iter().any(|(r, _)| r == rank)
+            {
+                resyncs.push((rank.clone(), self.readiness.resync_begun()));
             }
             match self.ingest_one(&caller, &mut state, batch).await? {
                 Ok(()) => {
                     last_applied_seq = seq;
-                    if resync_end {
-                        resync = None;
+                    if let Some(rank) = rank
+                        && resync_end
+                    {
+                        resyncs.retain(|(r, _)| *r != rank);
                     }
                 }
                 Err(detail) => {
@@ -668,6 +709,28 @@ impl IndexServer {
         self.readiness.policies_pushed();
         tracing::info!(namespaces = applied, "routing policies replaced");
         Ok(Response::new(pb::SetPoliciesResponse { applied }))
+    }
+}
+
+/// The rank a batch speaks for, as far as readiness tells resyncs apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RankOf {
+    tenant: String,
+    replica_id: String,
+    dp_rank: u32,
+}
+
+impl RankOf {
+    fn of(batch: &pb::IngestBatch) -> Self {
+        let replica = batch.replica.as_ref();
+        Self {
+            tenant: replica
+                .and_then(|r| r.scope.as_ref())
+                .map(|s| s.tenant.clone())
+                .unwrap_or_default(),
+            replica_id: replica.map(|r| r.replica_id.clone()).unwrap_or_default(),
+            dp_rank: replica.map_or(0, |r| r.dp_rank),
+        }
     }
 }
 

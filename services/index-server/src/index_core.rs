@@ -19,7 +19,9 @@ use ic_index::ingest::{Limit, Step};
 use ic_index::load::EngineLoad;
 use ic_index::pick::Scored;
 use ic_index::route::{NoHintReason, Ranked, RouteKey, RouteOutcome, RouteQuery, scope_tag};
-use ic_index::{Candidate, Change, Deadline, Fingerprint, Index, Match, ReplicaKey, Scope};
+use ic_index::{
+    Candidate, Change, ContentError, Deadline, Fingerprint, Index, Match, ReplicaKey, Scope,
+};
 use ic_kvevents::PromptExtras;
 use ic_proto::index_v1 as pb;
 use parking_lot::{Mutex, RwLock};
@@ -547,6 +549,14 @@ impl IndexCore {
                 } else {
                     self.index.apply(&key, &scope, &address, &changes, now)
                 };
+                // A replica or scope past the index's bounds took nothing:
+                // the stream ends so that its subscriber does not take the
+                // batch for applied, and resyncs once there is room.
+                if let [full @ (ContentError::TooManyReplicas | ContentError::TooManyScopes)] =
+                    errors.as_slice()
+                {
+                    return Err(self.index_full(full, &key, &scope));
+                }
                 self.metrics.content_errors.inc_by(errors.len() as u64);
                 if let Some(first) = errors.first() {
                     self.log_content_errors(&key, errors.len(), first, now);
@@ -571,6 +581,31 @@ impl IndexCore {
         }
         self.metrics.set_index_size(&self.index);
         Ok(())
+    }
+
+    /// Why a batch naming a replica or scope past the index's bounds ends
+    /// its stream.
+    fn index_full(&self, full: &ContentError, key: &ReplicaKey, scope: &Scope) -> StepEnd {
+        let (max_replicas, max_scopes) = self.index.bounds();
+        if *full == ContentError::TooManyScopes {
+            StepEnd::Refused(
+                Limit::Scopes,
+                format!(
+                    "replica.scope: model {:?} of tenant {:?} would be a scope past the \
+                     {max_scopes} the index keeps (--max-scopes)",
+                    scope.model, scope.tenant
+                ),
+            )
+        } else {
+            StepEnd::Refused(
+                Limit::Replicas,
+                format!(
+                    "replica.replica_id: {:?} rank {} would be a replica past the {max_replicas} \
+                     the index knows at once (--max-replicas); retry once silent ones expire",
+                    key.replica_id, key.dp_rank
+                ),
+            )
+        }
     }
 
     /// Names the replica and the first of `count` changes the index could

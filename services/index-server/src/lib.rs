@@ -20,6 +20,7 @@ pub mod index_core;
 pub mod ingest;
 pub mod kafka;
 pub mod llmd;
+pub mod message_bound;
 pub mod metrics;
 pub mod openai;
 pub mod peers;
@@ -80,6 +81,17 @@ pub struct Config {
     /// stored are evicted.
     #[arg(long, env = "IC_CAPACITY_ENTRIES", default_value_t = 10_000_000)]
     pub capacity_entries: u64,
+
+    /// Most replicas (tenant, replica id, data-parallel rank) the index
+    /// knows at once; a batch of one more ends its stream until silent
+    /// ones expire.
+    #[arg(long, env = "IC_MAX_REPLICAS", default_value_t = ic_index::DEFAULT_MAX_REPLICAS, value_parser = clap::value_parser!(u32).range(1..i64::from(ic_index::MAX_REPLICA_SLOTS)))]
+    pub max_replicas: u32,
+
+    /// Most scopes (tenant, model, hash scheme, adapter) the index keeps;
+    /// they are kept for good, so a batch naming one more ends its stream.
+    #[arg(long, env = "IC_MAX_SCOPES", default_value_t = ic_index::DEFAULT_MAX_SCOPES, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_scopes: u32,
 
     /// Tokenizer for prompt_text lookups, MODEL=PATH to a tokenizer.json (repeatable).
     #[arg(long = "tokenizer", env = "IC_TOKENIZERS", value_delimiter = ',')]
@@ -189,6 +201,28 @@ pub struct Config {
     #[arg(long, env = "IC_MAX_CANDIDATES", default_value_t = grpc::MAX_CANDIDATES as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_candidates: u64,
 
+    /// Largest gRPC message decoded (a lookup, an ingest batch, a policy
+    /// push, an llm-d scoring request), in bytes; gRPC refuses a larger one
+    /// with OUT_OF_RANGE before it is read.
+    #[arg(long, env = "IC_GRPC_MAX_MESSAGE_BYTES", default_value_t = message_bound::DEFAULT_MAX_MESSAGE_BYTES as u64, value_parser = clap::value_parser!(u64).range(1024..=(1 << 31)))]
+    pub grpc_max_message_bytes: u64,
+
+    /// Most bytes of prompt text one lookup may carry (LookupRoute's
+    /// prompt_text, llm-d's GetPodScores prompt), tokenized on the request
+    /// path.
+    #[arg(long, env = "IC_MAX_PROMPT_TEXT_BYTES", default_value_t = grpc::MAX_PROMPT_TEXT_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_prompt_text_bytes: u64,
+
+    /// Most multimodal items, blocks of extra keys, and extra keys in all,
+    /// one lookup may carry.
+    #[arg(long, env = "IC_MAX_EXTRA_ENTRIES", default_value_t = grpc::MAX_EXTRA_ENTRIES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_extra_entries: u64,
+
+    /// Longest cache salt, media identifier or extra key of a lookup, in
+    /// bytes.
+    #[arg(long, env = "IC_MAX_EXTRA_KEY_BYTES", default_value_t = grpc::MAX_EXTRA_KEY_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_extra_key_bytes: u64,
+
     /// Longest model, adapter, replica id or address an ingest batch may
     /// name, in bytes (every scope and replica it names is kept).
     #[arg(long, env = "IC_MAX_INGEST_NAME_BYTES", default_value_t = ic_index::ingest::DEFAULT_MAX_NAME_BYTES as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -280,6 +314,11 @@ impl EngineFamily {
     }
 }
 
+/// A flag's count as a `usize` (saturating on a 32-bit target).
+fn usize_of(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
 /// llm-d's remote indexer API from the flags; `None` when it is off.
 fn llmd_indexer(config: &Config) -> anyhow::Result<Option<llmd::IndexerConfig>> {
     let weight = config.llmd_t2_weight;
@@ -304,7 +343,6 @@ fn llmd_indexer(config: &Config) -> anyhow::Result<Option<llmd::IndexerConfig>> 
 
 /// The IngestEvents bounds from the flags.
 fn ingest_control(config: &Config) -> streams::IngestControl {
-    let usize_of = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
     streams::IngestControl::new(
         ic_index::ingest::IngestLimits {
             max_ranks: usize_of(config.max_ranks_per_stream),
@@ -529,6 +567,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .set(i64::try_from(config.capacity_entries).unwrap_or(i64::MAX));
     let index = Arc::new(Index::new(IndexConfig {
         capacity_entries: config.capacity_entries,
+        max_replicas: config.max_replicas,
+        max_scopes: config.max_scopes,
         ..IndexConfig::default()
     }));
     IndexMemoryCollector::register(&registry, index.clone());
@@ -540,9 +580,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut service = IndexServer::over(core.clone());
     service.ingest = Arc::new(ingest_control(&config));
     service.limits = grpc::LookupLimits {
-        max_prompt_blocks: usize::try_from(config.max_prompt_blocks).unwrap_or(usize::MAX),
-        max_prompt_tokens: usize::try_from(config.max_prompt_tokens).unwrap_or(usize::MAX),
-        max_candidates: usize::try_from(config.max_candidates).unwrap_or(usize::MAX),
+        max_prompt_blocks: usize_of(config.max_prompt_blocks),
+        max_prompt_tokens: usize_of(config.max_prompt_tokens),
+        max_candidates: usize_of(config.max_candidates),
+        max_prompt_text_bytes: usize_of(config.max_prompt_text_bytes),
+        max_extra_entries: usize_of(config.max_extra_entries),
+        max_extra_key_bytes: usize_of(config.max_extra_key_bytes),
     };
     service.access = access.clone();
     service.shutdown = shutdown.clone();
@@ -644,6 +687,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
         _ => None,
     };
+    let max_message = usize_of(config.grpc_max_message_bytes);
     let llmd = match llmd_indexer {
         Some(c) => {
             use ic_proto::llmd_indexer_v1::indexer_service_server::IndexerServiceServer;
@@ -657,10 +701,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                     <IndexerServiceServer<llmd::LlmdIndexer> as tonic::server::NamedService>::NAME,
                 ],
             ));
-            Some(IndexerServiceServer::new(llmd::LlmdIndexer::new(
-                service.clone(),
-                c,
-            )))
+            Some(message_bound::Counted::new(
+                IndexerServiceServer::new(llmd::LlmdIndexer::new(service.clone(), c))
+                    .max_decoding_message_size(max_message),
+                metrics.grpc_messages_refused.clone(),
+            ))
         }
         None => None,
     };
@@ -673,7 +718,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .add_service(health_service)
                 .add_optional_service(llmd)
                 .add_service(peer_service)
-                .add_service(IndexServiceServer::new(service))
+                .add_service(message_bound::Counted::new(
+                    IndexServiceServer::new(service).max_decoding_message_size(max_message),
+                    metrics.grpc_messages_refused.clone(),
+                ))
                 .serve_with_incoming_shutdown(
                     conn::incoming(grpc_listener),
                     shutdown.cancelled_owned(),

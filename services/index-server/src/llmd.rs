@@ -73,6 +73,16 @@ impl LlmdIndexer {
         if req.prompt.is_empty() {
             return Err(invalid("prompt: required".into()));
         }
+        let text_max = self.server.limits.max_prompt_text_bytes;
+        if req.prompt.len() > text_max {
+            return Err((
+                self.server.over_limit(
+                    "prompt_text_bytes",
+                    format!("prompt: at most {text_max} bytes (--max-prompt-text-bytes)"),
+                ),
+                "invalid",
+            ));
+        }
         let max = self.server.limits.max_candidates;
         if req.pod_identifiers.len() > max {
             return Err((

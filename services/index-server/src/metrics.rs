@@ -82,6 +82,9 @@ pub struct Metrics {
     pub lookup_errors: Counter,
     /// Lookups refused by a size bound, by which.
     pub lookups_refused: Family<LimitLabel, Counter>,
+    /// Requests and ingest batches over `--grpc-max-message-bytes`,
+    /// refused by gRPC before any handler read them.
+    pub grpc_messages_refused: Counter,
     /// Time to answer a lookup, seconds.
     pub lookup_duration: Histogram,
     /// Ingest batches, by result.
@@ -185,6 +188,7 @@ impl Metrics {
             prefix_matches: Counter::default(),
             lookup_errors: Counter::default(),
             lookups_refused: Family::default(),
+            grpc_messages_refused: Counter::default(),
             // 1 µs .. ~16 s
             lookup_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             ingest_batches: Family::default(),
@@ -239,8 +243,13 @@ impl Metrics {
             );
             r.register(
                 "lookups_refused",
-                "Lookups refused by a size bound (--max-prompt-blocks, --max-prompt-tokens, --max-candidates), by which; also in lookup_errors",
+                "Lookups refused by a size bound (--max-prompt-blocks, --max-prompt-tokens, --max-candidates, --max-prompt-text-bytes, --max-extra-entries, --max-extra-key-bytes), by which; also in lookup_errors",
                 m.lookups_refused.clone(),
+            );
+            r.register(
+                "grpc_messages_refused",
+                "gRPC requests and ingest batches larger than --grpc-max-message-bytes, refused (OUT_OF_RANGE) before any handler read them",
+                m.grpc_messages_refused.clone(),
             );
             r.register(
                 "lookup_duration_seconds",

@@ -34,9 +34,6 @@ impl std::str::FromStr for TokenizerSpec {
     }
 }
 
-/// Largest prompt text accepted, in bytes.
-pub const MAX_PROMPT_TEXT_BYTES: usize = 4 << 20;
-
 /// A tokenizer file that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[error("--tokenizer {model}={}: {reason}", path.display())]
@@ -55,9 +52,6 @@ pub enum EncodeError {
          --tokenizer {0}=/path/to/tokenizer.json, or send token_ids or block_hashes"
     )]
     NoTokenizer(String),
-    /// The text is larger than the server accepts.
-    #[error("prompt_text: at most {MAX_PROMPT_TEXT_BYTES} bytes")]
-    TooLong,
     /// The tokenizer rejected the text.
     #[error("prompt_text: cannot be tokenized: {0}")]
     Failed(String),
@@ -229,9 +223,6 @@ impl Tokenizers {
             .get(model)
             .ok_or_else(|| EncodeError::NoTokenizer(model.to_owned()))?
             .tokenizer;
-        if text.len() > MAX_PROMPT_TEXT_BYTES {
-            return Err(EncodeError::TooLong);
-        }
         // Without offsets (`encode_fast`): only the ids are kept, and the
         // same ids come out (tests/chat_template.rs); no offset is mapped
         // back, 0.6-1.5 % of tokenizing a 2,000-token chat prompt

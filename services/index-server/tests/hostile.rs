@@ -373,6 +373,115 @@ async fn names_and_ranks_past_their_bounds_end_the_stream_and_keep_what_was_appl
     assert_eq!(prefix_count(admin, "ranked").await, Some(1));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_or_scope_past_the_index_bounds_ends_the_stream_and_takes_nothing() {
+    let (_p, grpc, admin) = start(&["--max-replicas=2", "--max-scopes=2"]);
+    let named = |replica_id, model| Replica {
+        replica_id,
+        model,
+        ..GOOD
+    };
+    for (id, model) in [("a", "m1"), ("b", "m2")] {
+        let (tx, call) = open_stream(&grpc).await;
+        tx.send(resync(
+            &named(id, model),
+            vec![stored(vec![1, 2], 16, pb::Tier::T1)],
+        ))
+        .await
+        .unwrap();
+        drop(tx);
+        call.await.unwrap().unwrap();
+    }
+    // A third replica: refused whole, and the stream ends (its subscriber
+    // must not take the batch for applied).
+    let (tx, call) = open_stream(&grpc).await;
+    tx.send(resync(
+        &named("c", "m1"),
+        vec![stored(vec![3], 16, pb::Tier::T1)],
+    ))
+    .await
+    .unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .starts_with("replica.replica_id: \"c\" rank 0")
+            && status.message().contains("--max-replicas"),
+        "{status:?}"
+    );
+    assert_eq!(refused(admin, "replicas").await, 1.0);
+    assert_eq!(prefix_count(admin, "c").await, None);
+
+    // A known replica moving to a third scope: refused, keeps what it held.
+    let (tx, call) = open_stream(&grpc).await;
+    tx.send(resync(
+        &named("a", "m3"),
+        vec![stored(vec![4], 16, pb::Tier::T1)],
+    ))
+    .await
+    .unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().starts_with("replica.scope: model \"m3\"")
+            && status.message().contains("--max-scopes"),
+        "{status:?}"
+    );
+    assert_eq!(refused(admin, "scopes").await, 1.0);
+    assert_eq!(prefix_count(admin, "a").await, Some(2));
+    assert_eq!(prefix_count(admin, "b").await, Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_past_the_grpc_bound_are_refused_and_counted() {
+    let (_p, grpc, admin) = start(&["--grpc-max-message-bytes=4096"]);
+    let counted = || async {
+        metrics(admin)
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix("inferencecache_index_grpc_messages_refused_total "))
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    assert_eq!(counted().await, Some(0.0));
+    let mut client = IndexServiceClient::connect(grpc.clone()).await.unwrap();
+    let lookup = |n| pb::LookupRouteRequest {
+        scope: Some(pb::IndexScope {
+            tenant: "team-a".into(),
+            model: "m".into(),
+            hash_scheme: pb::HashScheme::Vllm as i32,
+            adapter: String::new(),
+        }),
+        key: Some(pb::lookup_route_request::Key::BlockHashes(
+            pb::BlockHashes { hashes: vec![7; n] },
+        )),
+        ..Default::default()
+    };
+    client.lookup_route(lookup(100)).await.unwrap();
+    let status = client.lookup_route(lookup(1000)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert!(
+        status.message().contains("the limit is: 4096 bytes"),
+        "{status:?}"
+    );
+    assert_eq!(counted().await, Some(1.0));
+
+    // A batch past it ends its stream; what came before stays.
+    let (tx, call) = open_stream(&grpc).await;
+    tx.send(resync(&GOOD, vec![stored(vec![1, 2], 16, pb::Tier::T1)]))
+        .await
+        .unwrap();
+    let mut big = resync(&GOOD, vec![stored((3..1000).collect(), 16, pb::Tier::T1)]);
+    big.resync_begin = false;
+    big.resync_end = false;
+    big.seq = 2;
+    tx.send(big).await.unwrap();
+    let status = call.await.unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    assert_eq!(counted().await, Some(2.0));
+    assert_eq!(prefix_count(admin, "good").await, Some(2));
+}
+
 /// `/ready`'s status, polled until it is `want` (or 5 s pass).
 async fn ready_becomes(admin: SocketAddr, want: u16) -> u16 {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
@@ -436,4 +545,37 @@ async fn a_resync_that_never_ends_holds_readiness_back_only_within_its_wait() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(status(admin).await, 200);
     drop((tx, tx2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_rank_of_a_stream_holds_readiness_until_its_own_resync_ends() {
+    let started = std::time::Instant::now();
+    let (_p, grpc, admin) = start(&["--ready-warmup-seconds=2", "--ready-resync-wait-seconds=60"]);
+    let rank = |dp_rank| Replica { dp_rank, ..GOOD };
+    // One stream, two ranks resyncing at once; rank 0 ends first.
+    let (tx, _call) = open_stream(&grpc).await;
+    for r in [0, 1] {
+        let mut begun = resync(
+            &rank(r),
+            vec![stored(vec![1 + u64::from(r)], 16, pb::Tier::T1)],
+        );
+        begun.resync_end = false;
+        tx.send(begun).await.unwrap();
+    }
+    let mut ended = resync(&rank(0), vec![]);
+    ended.resync_begin = false;
+    ended.seq = 2;
+    tx.send(ended).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "began in the warm-up"
+    );
+    // Past the warm-up, rank 1's resync still holds readiness back.
+    tokio::time::sleep(Duration::from_millis(2800).saturating_sub(started.elapsed())).await;
+    assert_eq!(ready_becomes(admin, 200).await, 503);
+    let mut ended = resync(&rank(1), vec![]);
+    ended.resync_begin = false;
+    ended.seq = 2;
+    tx.send(ended).await.unwrap();
+    assert_eq!(ready_becomes(admin, 200).await, 200);
 }

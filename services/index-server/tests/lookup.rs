@@ -239,6 +239,9 @@ fn lookups_past_the_size_bounds_are_refused_naming_the_flag_and_counted() {
         max_prompt_blocks: 4,
         max_prompt_tokens: 8,
         max_candidates: 2,
+        max_prompt_text_bytes: 16,
+        max_extra_entries: 2,
+        max_extra_key_bytes: 8,
     };
     let refused = |req: pb::LookupRouteRequest| {
         let e = s.lookup(&req).unwrap_err();
@@ -263,6 +266,52 @@ fn lookups_past_the_size_bounds_are_refused_naming_the_flag_and_counted() {
         refused(named),
         "candidate_replicas: at most 2 entries (--max-candidates)"
     );
+    let text = |n| request(Key::PromptText("a".repeat(n)));
+    assert_eq!(
+        refused(text(17)),
+        "prompt_text: at most 16 bytes (--max-prompt-text-bytes)"
+    );
+    let salted = |salt: &str| pb::LookupRouteRequest {
+        cache_salt: salt.into(),
+        ..ids(1)
+    };
+    assert!(s.lookup(&salted("12345678")).is_ok());
+    assert_eq!(
+        refused(salted("123456789")),
+        "cache_salt: longer than 8 bytes (--max-extra-key-bytes)"
+    );
+    let item = |identifier: &str| pb::MediaItem {
+        identifier: identifier.into(),
+        offset: 0,
+        length: 1,
+    };
+    let with_media = pb::LookupRouteRequest {
+        media: vec![item("x"), item("y"), item("z")],
+        ..ids(1)
+    };
+    assert_eq!(
+        refused(with_media),
+        "media: at most 2 items (--max-extra-entries)"
+    );
+    let key = |k: &str| pb::ExtraKeyValue {
+        kind: Some(pb::extra_key_value::Kind::Key(k.into())),
+    };
+    // Two blocks, but three keys in all.
+    let keyed = pb::LookupRouteRequest {
+        block_extra_keys: vec![
+            pb::BlockExtraKeys {
+                keys: vec![key("a"), key("b")],
+            },
+            pb::BlockExtraKeys {
+                keys: vec![key("c")],
+            },
+        ],
+        ..ids(1)
+    };
+    assert_eq!(
+        refused(keyed),
+        "block_extra_keys[].keys: at most 2 keys in all (--max-extra-entries)"
+    );
     let counted = |limit| {
         s.core()
             .metrics()
@@ -273,6 +322,9 @@ fn lookups_past_the_size_bounds_are_refused_naming_the_flag_and_counted() {
     assert_eq!(counted("prompt_blocks"), Some(1));
     assert_eq!(counted("prompt_tokens"), Some(1));
     assert_eq!(counted("candidates"), Some(1));
+    assert_eq!(counted("prompt_text_bytes"), Some(1));
+    assert_eq!(counted("extra_key_bytes"), Some(1));
+    assert_eq!(counted("extra_entries"), Some(2));
 }
 
 /// A server with the fixture tokenizer for model "m" and, for tenant "t",

@@ -292,10 +292,14 @@ async fn rebuild_from_replay(
     let Some(replay) = &endpoints.replay else {
         return;
     };
-    let batches = match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, 0, u64::MAX))
-        .await
-    {
-        Ok(Ok(batches)) => batches,
+    let mut batches = Vec::new();
+    let fetched = tokio::time::timeout(
+        ctx.replay_timeout,
+        fetch_replay(replay, 0, u64::MAX, &mut batches),
+    )
+    .await;
+    let batches = match fetched {
+        Ok(Ok(())) => batches,
         Ok(Err(error)) => {
             ctx.metrics.replay_failures.inc();
             tracing::info!(rank = endpoints.rank, %error, "no replay at start-up; waiting for the engine");
@@ -351,10 +355,14 @@ async fn probe(
         }
         return;
     };
-    let batches = match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, 0, u64::MAX))
-        .await
-    {
-        Ok(Ok(batches)) => batches,
+    let mut batches = Vec::new();
+    let fetched = tokio::time::timeout(
+        ctx.replay_timeout,
+        fetch_replay(replay, 0, u64::MAX, &mut batches),
+    )
+    .await;
+    let batches = match fetched {
+        Ok(Ok(())) => batches,
         Ok(Err(error)) => {
             tracing::debug!(rank = endpoints.rank, %error, "engine not answering its replay socket yet");
             if answering {
@@ -588,24 +596,35 @@ async fn recover(
     let wanted = to - from + 1;
     let mut applied = 0u64;
     if let Some(replay) = &endpoints.replay {
-        match tokio::time::timeout(ctx.replay_timeout, fetch_replay(replay, from, to)).await {
-            Ok(Ok(batches)) => {
-                for (seq, payload) in batches {
-                    if (from..=to).contains(&seq) {
-                        apply_payload(endpoints.rank, ctx, &payload);
-                        ctx.metrics.replayed_batches.inc();
-                        stream.applied(seq, &payload);
-                        applied += 1;
-                    }
-                }
-            }
+        // What arrived before a failure or the timeout is a run of batches
+        // in order from `from`: applied, and only the rest is missing.
+        let mut batches = Vec::new();
+        let fetched = tokio::time::timeout(
+            ctx.replay_timeout,
+            fetch_replay(replay, from, to, &mut batches),
+        )
+        .await;
+        match fetched {
+            Ok(Ok(())) => {}
             Ok(Err(error)) => {
                 ctx.metrics.replay_failures.inc();
-                tracing::warn!(rank = endpoints.rank, %error, "replay failed");
+                tracing::warn!(rank = endpoints.rank, %error, received = batches.len(), "replay failed");
             }
             Err(_) => {
                 ctx.metrics.replay_failures.inc();
-                tracing::warn!(rank = endpoints.rank, "replay timed out");
+                tracing::warn!(
+                    rank = endpoints.rank,
+                    received = batches.len(),
+                    "replay timed out"
+                );
+            }
+        }
+        for (seq, payload) in batches {
+            if (from..=to).contains(&seq) {
+                apply_payload(endpoints.rank, ctx, &payload);
+                ctx.metrics.replayed_batches.inc();
+                stream.applied(seq, &payload);
+                applied += 1;
             }
         }
     }
@@ -625,20 +644,21 @@ async fn recover(
     }
 }
 
-/// Asks the engine's replay ROUTER for everything from `from` on and returns
-/// the batches up to `to`, in sequence order, without duplicates.
+/// Asks the engine's replay ROUTER for everything from `from` on and puts
+/// the batches up to `to` in `out`, in sequence order, without duplicates,
+/// as they arrive (so a caller that stops waiting keeps what came).
 async fn fetch_replay(
     endpoint: &str,
     from: u64,
     to: u64,
-) -> Result<Vec<(u64, Bytes)>, zeromq::ZmqError> {
+    out: &mut Vec<(u64, Bytes)>,
+) -> Result<(), zeromq::ZmqError> {
     let mut dealer = zeromq::DealerSocket::new();
     dealer.connect(endpoint).await?;
     let request: Vec<Bytes> = replay_request(from).into_iter().map(Bytes::from).collect();
     let request = zeromq::ZmqMessage::try_from(request)
         .map_err(|_| zeromq::ZmqError::Other("empty replay request"))?;
     dealer.send(request).await?;
-    let mut out: Vec<(u64, Bytes)> = Vec::new();
     loop {
         let frames = dealer.recv().await?.into_vec();
         match parse_replay_reply(&frames) {
@@ -655,7 +675,7 @@ async fn fetch_replay(
             Err(_) => return Err(zeromq::ZmqError::Other("malformed replay reply")),
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn apply_payload(rank: u32, ctx: &ListenerContext, payload: &[u8]) {

@@ -233,6 +233,60 @@ async fn gaps_are_recovered_from_the_replay_buffer_in_both_framings() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_that_stalls_part_way_keeps_what_it_delivered() {
+    let index = RecordingIndex::start().await;
+    let mut engine = FakeEngine::start(Era::VllmMap, "").await;
+    let sub = Subscriber::start(
+        &engine,
+        &index.url(),
+        SubscriberOptions {
+            replay_timeout_ms: Some(300),
+            ..Default::default()
+        },
+    );
+    engine.wait_for_subscriber().await;
+    engine
+        .publish(&[gpu_store(vec![1], None, tokens(0, 16), 16)])
+        .await;
+    // Three batches lost live; the replay delivers the first, then stalls.
+    engine
+        .replay_stalls_after
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    engine.publish_lost(&[gpu_store(vec![2], Some(1), tokens(16, 16), 16)]);
+    engine.publish_lost(&[gpu_store(vec![3], Some(2), tokens(32, 16), 16)]);
+    engine.publish_lost(&[gpu_store(vec![4], Some(3), tokens(48, 16), 16)]);
+    engine
+        .publish(&[gpu_store(vec![9], None, tokens(1000, 16), 16)])
+        .await;
+    wait_metric(&sub, "inferencecache_subscriber_lost_batches_total", 2.0).await;
+    assert_eq!(
+        sub.metric("inferencecache_subscriber_replayed_batches_total")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        sub.metric("inferencecache_subscriber_replay_failures_total")
+            .await,
+        1.0
+    );
+    // Block 2 came from the replay; 3 and 4 are lost, and the rank says
+    // its view is incomplete.
+    let fps = prompt_fps(2);
+    let other = raw_chain(&tokens(1000, 16), 16);
+    wait_until(WAIT, "the replayed block and the live one", || {
+        index.tiers("engine-0", 0) == expect(&[(fps[0], T1), (fps[1], T1), (other[0], T1)])
+    })
+    .await;
+    assert_eq!(
+        sub.metric("inferencecache_subscriber_history_incomplete")
+            .await,
+        1.0
+    );
+    sub.stop().await;
+    index.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gaps_without_replay_are_counted_as_loss() {
     let index = RecordingIndex::start().await;
     let mut engine = FakeEngine::start(Era::VllmMap, "").await;

@@ -192,6 +192,9 @@ pub struct Config {
     /// connection; the API server reconnects when it needs to).
     #[arg(long, env = "IC_CONNECTION_IDLE_TIMEOUT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub connection_idle_timeout_seconds: u64,
+    /// The deadline of a request's headers.
+    #[command(flatten)]
+    pub header_deadline: ic_telemetry::serving::HeaderDeadlineFlags,
     /// Deadline for listing a namespace's CacheBackends, ms; beyond it the
     /// pod is admitted unwired (reason list_failed).
     #[arg(long, env = "IC_LIST_TIMEOUT_MS", default_value_t = 3000)]
@@ -409,11 +412,16 @@ async fn serve_admissions(
         Duration::from_secs(config.connection_idle_timeout_seconds),
         metrics.idle_connections_closed.clone(),
     );
+    let header_read = (
+        config.header_deadline.timeout(),
+        metrics.header_read_timeouts.clone(),
+    );
     let https = HttpsServer::bind(
         config.https_addr,
         certs.clone(),
         server::router(state),
         idle,
+        header_read,
     )
     .await
     .with_context(|| format!("binding --https-addr {}", config.https_addr))?;

@@ -112,6 +112,9 @@ pub struct Metrics {
     /// Connections closed after `--connection-idle-timeout-seconds` without
     /// traffic.
     pub idle_connections_closed: Counter,
+    /// HTTP/1.1 connections cut because a request's headers took longer
+    /// than `--header-read-timeout-seconds`.
+    pub header_read_timeouts: Counter,
 }
 
 /// `{source}`.
@@ -137,6 +140,7 @@ impl Metrics {
             backend_lookups: Family::default(),
             backend_store_synced: Gauge::default(),
             idle_connections_closed: Counter::default(),
+            header_read_timeouts: Counter::default(),
         }
     }
 
@@ -184,6 +188,11 @@ impl Metrics {
                 "idle_connections_closed",
                 "Connections closed after --connection-idle-timeout-seconds without traffic",
                 m.idle_connections_closed.clone(),
+            );
+            r.register(
+                "header_read_timeouts",
+                "HTTP/1.1 connections closed because a request's headers took longer than --header-read-timeout-seconds",
+                m.header_read_timeouts.clone(),
             );
             r.register(
                 "certificate_renewals",

@@ -27,9 +27,6 @@ use crate::pod::{self, BackendSource};
 use crate::review::{AdmissionReview, ReviewError};
 use crate::tls::CertStore;
 
-/// How long a client may take to send request headers.
-const HEADER_TIMEOUT: Duration = ic_telemetry::serving::DEFAULT_HEADER_READ_TIMEOUT;
-
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct AppState {
@@ -211,6 +208,9 @@ pub struct HttpsServer {
     /// sends a request, or an idle keep-alive or HTTP/2 connection).
     listener: ServingListener,
     router: Router,
+    /// `--header-read-timeout-seconds`, and the counter of HTTP/1.1
+    /// connections it cut.
+    header_read: (Duration, prometheus_client::metrics::counter::Counter),
 }
 
 impl std::fmt::Debug for HttpsServer {
@@ -223,12 +223,15 @@ impl std::fmt::Debug for HttpsServer {
 
 impl HttpsServer {
     /// Binds `addr`, serving `certs`; serving starts with [`HttpsServer::serve`].
-    /// `idle` is the idle limit and the counter of connections it closes.
+    /// `idle` is the idle limit and the counter of connections it closes;
+    /// `header_read` the deadline of a request's headers and the counter
+    /// of connections it cuts.
     pub async fn bind(
         addr: SocketAddr,
         certs: Arc<CertStore>,
         router: Router,
         idle: (Duration, prometheus_client::metrics::counter::Counter),
+        header_read: (Duration, prometheus_client::metrics::counter::Counter),
     ) -> std::io::Result<Self> {
         let options = ServeOptions {
             tls: Some(certs),
@@ -240,6 +243,7 @@ impl HttpsServer {
         Ok(Self {
             listener: ServingListener::bind(addr, options).await?,
             router,
+            header_read,
         })
     }
 
@@ -259,7 +263,7 @@ impl HttpsServer {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(HEADER_TIMEOUT);
+            .header_read_timeout(self.header_read.0);
         builder.http2().timer(TokioTimer::new());
         loop {
             let conn = tokio::select! {
@@ -275,9 +279,18 @@ impl HttpsServer {
                 .serve_connection_with_upgrades(TokioIo::new(conn), service)
                 .into_owned();
             let watcher = graceful.watcher();
+            let header_timeouts = self.header_read.1.clone();
             tokio::spawn(async move {
                 if let Err(error) = watcher.watch(connection).await {
-                    tracing::debug!(%error, %peer, "connection ended with an error");
+                    if error
+                        .downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_timeout)
+                    {
+                        header_timeouts.inc();
+                        tracing::debug!(%peer, "request headers too slow; connection closed");
+                    } else {
+                        tracing::debug!(%error, %peer, "connection ended with an error");
+                    }
                 }
             });
         }

@@ -212,6 +212,55 @@ async fn connections_that_never_send_a_request_are_closed() {
     assert!(webhook.process.stop().success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &[
+            "--header-read-timeout-seconds",
+            "2",
+            "--connection-idle-timeout-seconds",
+            "60",
+        ],
+    );
+    let mut tls = tls_connect(webhook.https, &connector(&webhook.ca.pem(), &[b"http/1.1"])).await;
+    tls.write_all(b"POST /mutate HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // One header byte every 500 ms: never idle, never done.
+    let started = Instant::now();
+    let mut cut = false;
+    while started.elapsed() < Duration::from_secs(20) {
+        if tls.write_all(b"X").await.is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 512];
+        // Anything read (a 408, or the end of the stream) is the cut.
+        if tokio::time::timeout(Duration::from_millis(500), tls.read(&mut buf))
+            .await
+            .is_ok()
+        {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "a trickling client kept its connection");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "cut near the deadline"
+    );
+    let metrics = webhook.metrics();
+    assert!(
+        metrics.contains("inferencecache_webhook_header_read_timeouts_total 1"),
+        "{metrics}"
+    );
+    assert!(webhook.process.stop().success());
+}
+
 /// The certificate served by a fresh handshake.
 async fn served_certificate(webhook: &Webhook) -> Vec<u8> {
     let tls = tls_connect(webhook.https, &webhook.connector()).await;

@@ -35,6 +35,9 @@ pub struct FakeEngine {
     replay_task: tokio::task::JoinHandle<()>,
     /// Reply to replay requests in the pre-0.26 framing.
     pub old_replay_framing: Arc<std::sync::atomic::AtomicBool>,
+    /// Replay at most this many batches per request, then fall silent
+    /// (no end marker): a replay that stalls part way. `usize::MAX`: never.
+    pub replay_stalls_after: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeEngine {
@@ -64,6 +67,8 @@ impl FakeEngine {
         let replay_buffer = buffer.clone();
         let topic_bytes = Bytes::copy_from_slice(topic.as_bytes());
         let old = old_replay_framing.clone();
+        let replay_stalls_after = Arc::new(std::sync::atomic::AtomicUsize::new(usize::MAX));
+        let stalls_after = replay_stalls_after.clone();
         let replay_task = tokio::spawn(async move {
             while let Ok(request) = router.recv().await {
                 let frames = request.into_vec();
@@ -79,7 +84,9 @@ impl FakeEngine {
                     .cloned()
                     .collect();
                 let old = old.load(std::sync::atomic::Ordering::SeqCst);
-                for (seq, payload) in batches {
+                let stall = stalls_after.load(std::sync::atomic::Ordering::SeqCst);
+                let stalls = batches.len() > stall;
+                for (seq, payload) in batches.into_iter().take(stall) {
                     let mut reply = vec![identity.clone(), Bytes::new()];
                     if !old {
                         reply.push(topic_bytes.clone());
@@ -87,6 +94,9 @@ impl FakeEngine {
                     reply.push(Bytes::copy_from_slice(&seq.to_be_bytes()));
                     reply.push(payload);
                     let _ = router.send(reply.try_into().unwrap()).await;
+                }
+                if stalls {
+                    continue;
                 }
                 let mut end = vec![identity.clone(), Bytes::new()];
                 if !old {
@@ -107,6 +117,7 @@ impl FakeEngine {
             replay_port,
             replay_task,
             old_replay_framing,
+            replay_stalls_after,
         }
     }
 

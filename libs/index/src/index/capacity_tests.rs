@@ -18,6 +18,7 @@ fn every_replica_resyncing_at_full_capacity_stays_within_the_record_space() {
     let ix = Index::new(IndexConfig {
         capacity_entries: CAPACITY,
         shards: 4,
+        ..IndexConfig::default()
     });
     let bound = ix.store.directory().max_pages();
     let mut peak = 0;
@@ -52,6 +53,7 @@ fn the_eviction_clock_counts_every_holder_in_the_epoch_it_carries() {
     let ix = Index::new(IndexConfig {
         capacity_entries: 400,
         shards: 2,
+        ..IndexConfig::default()
     });
     let mut seed = 0x2545_f491_4f6c_dd1du64;
     let mut rand = move |n: u64| {
@@ -116,6 +118,7 @@ fn a_chain_that_runs_out_of_record_space_stops_at_the_run_that_failed() {
     let mut ix = Index::new(IndexConfig {
         capacity_entries: CAPACITY,
         shards: 1,
+        ..IndexConfig::default()
     });
     let tables = super::tables_per_shard(CAPACITY, 1);
     ix.store =

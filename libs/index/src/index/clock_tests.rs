@@ -31,6 +31,7 @@ fn wrap_holding(window: u64, kept: bool) {
     let ix = Index::new(IndexConfig {
         capacity_entries: CAPACITY,
         shards: 2,
+        ..IndexConfig::default()
     });
     let errors = ix.apply(&key("old"), &scope(), "a:1", &stored(1, 1), 1_000);
     assert!(errors.is_empty(), "{errors:?}");

@@ -22,6 +22,7 @@ fn the_first_block_filter_never_hides_a_held_chain() {
     let ix = Arc::new(Index::new(IndexConfig {
         capacity_entries: 20_000,
         shards: 4,
+        ..IndexConfig::default()
     }));
     let readers = chain_readers::ChainReaders::spawn(&ix, LEN);
     for k in 0..ROUNDS {

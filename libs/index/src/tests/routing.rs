@@ -65,6 +65,7 @@ fn big_index(blocks: u64) -> Index {
     let ix = Index::new(IndexConfig {
         capacity_entries: 200_000,
         shards: 8,
+        ..IndexConfig::default()
     });
     let chain: Vec<Fingerprint> = (1..=blocks).map(Fingerprint).collect();
     put(&ix, "t", "a", &[stored(0, &chain, Tier::T1)]);

@@ -369,8 +369,8 @@ pub(crate) async fn lookup(
                 world_size: req.world_size,
                 cache_salt: &req.cache_salt,
             };
-            let resolved = resolve(&query, app.settings.chunk_size)
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+            let resolved = resolve(&query, app.settings.chunk_size, app.settings.request_limits)
+                .map_err(|e| app.metrics.request_refused(&e))?;
             let mut answer = Answer::new(resolved.keys.len());
             answer.chunks(resolved.chunks);
             app.views.read(|views| {

@@ -220,6 +220,8 @@ pub struct MpBehaviour {
     pub delete_skipped: u64,
     /// Status and body for the prefetch status poll.
     pub prefetch_status: (u16, String),
+    /// How long `DELETE /cache/objects` takes to answer.
+    pub delete_delay: std::time::Duration,
 }
 
 impl Default for MpBehaviour {
@@ -228,6 +230,7 @@ impl Default for MpBehaviour {
             delete_status: 200,
             delete_skipped: 0,
             prefetch_status: (200, r#"{"request_id":"r1","status":"pending"}"#.into()),
+            delete_delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -294,6 +297,7 @@ async fn mp_delete(State(s): State<MpState>, Json(body): Json<Value>) -> Respons
         body,
     });
     let b = s.behaviour.lock().clone();
+    tokio::time::sleep(b.delete_delay).await;
     let status = StatusCode::from_u16(b.delete_status).unwrap();
     if !status.is_success() {
         return (status, "node exploded").into_response();

@@ -250,6 +250,7 @@ pub struct SubscriberOptions {
     /// Read events from here instead of the engine's PUB socket.
     pub events_endpoint: Option<String>,
     pub max_receive_errors: Option<u32>,
+    pub replay_timeout_ms: Option<u64>,
 }
 
 impl Default for SubscriberOptions {
@@ -264,6 +265,7 @@ impl Default for SubscriberOptions {
             engine_metrics_url: None,
             events_endpoint: None,
             max_receive_errors: None,
+            replay_timeout_ms: None,
         }
     }
 }
@@ -317,6 +319,9 @@ impl Subscriber {
         }
         if let Some(replay) = replay {
             argv.push(format!("--replay-endpoint={replay}"));
+        }
+        if let Some(ms) = opts.replay_timeout_ms {
+            argv.push(format!("--replay-timeout-ms={ms}"));
         }
         let config = Args::try_parse_from(argv).expect("flags").config;
         let stop = CancellationToken::new();

@@ -252,7 +252,8 @@ fn resolve_tokens(
         world_size: ws,
         cache_salt: salt,
     };
-    resolve(&query, ctx.settings.chunk_size).map_err(|e| ApiError::BadRequest(e.to_string()))
+    resolve(&query, ctx.settings.chunk_size, ctx.settings.request_limits)
+        .map_err(|e| ctx.metrics.request_refused(&e))
 }
 
 pub(super) async fn pin(ctx: Ctx, body: Body<PinRequest>) -> Result<Json<Value>, ApiError> {
