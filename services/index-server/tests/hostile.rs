@@ -392,16 +392,20 @@ async fn a_replica_or_scope_past_the_index_bounds_ends_the_stream_and_takes_noth
         drop(tx);
         call.await.unwrap().unwrap();
     }
+    // The status a stream ends with after a resync of `replica`.
+    let ended = |replica: Replica<'static>, fp: u64| {
+        let grpc = grpc.clone();
+        async move {
+            let (tx, call) = open_stream(&grpc).await;
+            tx.send(resync(&replica, vec![stored(vec![fp], 16, pb::Tier::T1)]))
+                .await
+                .unwrap();
+            call.await.unwrap().unwrap_err()
+        }
+    };
     // A third replica: refused whole, and the stream ends (its subscriber
     // must not take the batch for applied).
-    let (tx, call) = open_stream(&grpc).await;
-    tx.send(resync(
-        &named("c", "m1"),
-        vec![stored(vec![3], 16, pb::Tier::T1)],
-    ))
-    .await
-    .unwrap();
-    let status = call.await.unwrap().unwrap_err();
+    let status = ended(named("c", "m1"), 3).await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(
         status
@@ -414,14 +418,7 @@ async fn a_replica_or_scope_past_the_index_bounds_ends_the_stream_and_takes_noth
     assert_eq!(prefix_count(admin, "c").await, None);
 
     // A known replica moving to a third scope: refused, keeps what it held.
-    let (tx, call) = open_stream(&grpc).await;
-    tx.send(resync(
-        &named("a", "m3"),
-        vec![stored(vec![4], 16, pb::Tier::T1)],
-    ))
-    .await
-    .unwrap();
-    let status = call.await.unwrap().unwrap_err();
+    let status = ended(named("a", "m3"), 4).await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(
         status.message().starts_with("replica.scope: model \"m3\"")

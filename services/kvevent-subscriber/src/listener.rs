@@ -292,25 +292,11 @@ async fn rebuild_from_replay(
     let Some(replay) = &endpoints.replay else {
         return;
     };
-    let mut batches = Vec::new();
-    let fetched = tokio::time::timeout(
-        ctx.replay_timeout,
-        fetch_replay(replay, 0, u64::MAX, &mut batches),
-    )
-    .await;
-    let batches = match fetched {
-        Ok(Ok(())) => batches,
-        Ok(Err(error)) => {
+    let batches = match replay_whole(replay, ctx.replay_timeout).await {
+        Ok(batches) => batches,
+        Err(failure) => {
             ctx.metrics.replay_failures.inc();
-            tracing::info!(rank = endpoints.rank, %error, "no replay at start-up; waiting for the engine");
-            return;
-        }
-        Err(_) => {
-            ctx.metrics.replay_failures.inc();
-            tracing::info!(
-                rank = endpoints.rank,
-                "replay at start-up timed out; waiting for the engine"
-            );
+            tracing::info!(rank = endpoints.rank, %failure, "no replay at start-up; waiting for the engine");
             return;
         }
     };
@@ -355,26 +341,10 @@ async fn probe(
         }
         return;
     };
-    let mut batches = Vec::new();
-    let fetched = tokio::time::timeout(
-        ctx.replay_timeout,
-        fetch_replay(replay, 0, u64::MAX, &mut batches),
-    )
-    .await;
-    let batches = match fetched {
-        Ok(Ok(())) => batches,
-        Ok(Err(error)) => {
-            tracing::debug!(rank = endpoints.rank, %error, "engine not answering its replay socket yet");
-            if answering {
-                ctx.metrics.replay_failures.inc();
-                stream.peer_lost = false;
-                if stream.seq.last().is_some() {
-                    new_incarnation(endpoints, ctx, stream);
-                }
-            }
-            return;
-        }
-        Err(_) => {
+    let batches = match replay_whole(replay, ctx.replay_timeout).await {
+        Ok(batches) => batches,
+        Err(failure) => {
+            tracing::debug!(rank = endpoints.rank, %failure, "engine not answering its replay socket yet");
             if answering {
                 ctx.metrics.replay_failures.inc();
                 stream.peer_lost = false;
@@ -641,6 +611,29 @@ async fn recover(
         // or of a new incarnation) is gone: blocks stored then are unknown.
         ctx.metrics.unreplayable_batches.inc_by(missing);
         note_incomplete(endpoints, ctx, true);
+    }
+}
+
+/// Why the whole replay buffer could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReplayFailed {
+    #[error("{0}")]
+    Socket(#[from] zeromq::ZmqError),
+    #[error("no complete answer within {0:?} (--replay-timeout-ms)")]
+    TimedOut(Duration),
+}
+
+/// Everything the engine's replay buffer holds, or why not: a partial
+/// answer is no answer here (the callers judge the engine by all of it).
+async fn replay_whole(
+    endpoint: &str,
+    timeout: Duration,
+) -> Result<Vec<(u64, Bytes)>, ReplayFailed> {
+    let mut batches = Vec::new();
+    match tokio::time::timeout(timeout, fetch_replay(endpoint, 0, u64::MAX, &mut batches)).await {
+        Ok(Ok(())) => Ok(batches),
+        Ok(Err(error)) => Err(error.into()),
+        Err(_) => Err(ReplayFailed::TimedOut(timeout)),
     }
 }
 
