@@ -203,6 +203,10 @@ pub mod reasons {
     /// The (runtime, type) pair has no installed adapter (stored before
     /// admission rejected it); nothing is reconciled.
     pub const UNSUPPORTED_RUNTIME_CACHE_PAIR: &str = "UnsupportedRuntimeCachePair";
+    /// The provider objects of the current spec could not be rendered, or
+    /// the API server refused them (a policy webhook, a quota, an invalid
+    /// field); what the last good spec made keeps running.
+    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
     // CachePolicy.
     /// Resolved policy of its namespace.
     pub const POLICY_ACTIVE: &str = "PolicyActive";
@@ -235,6 +239,8 @@ pub mod events {
     pub const ENGINE_SELECTOR_UNMATCHED: &str = "EngineSelectorUnmatched";
     /// Warning: an injected engine is crash-looping.
     pub const INJECTED_ENGINE_CRASH_LOOPING: &str = "InjectedEngineCrashLooping";
+    /// Warning: the provider objects could not be rendered or applied.
+    pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
     /// Normal, on the pod: wired by a CacheBackend (UID verified).
     pub const INJECTED_BY_CACHE_BACKEND: &str = "InjectedByCacheBackend";
     /// Normal, on the pod: opted out with skip-inject.

@@ -10,8 +10,9 @@ use crate::conditions::find;
 use crate::event::{EventToRecord, EventType};
 
 /// Ready=False reasons a return to Ready=True counts as a recovery from.
-const RECOVERABLE: [&str; 7] = [
+const RECOVERABLE: [&str; 8] = [
     reasons::REPLICAS_UNAVAILABLE,
+    reasons::PROVISIONING_FAILED,
     reasons::PROBE_INGEST_FAILED,
     reasons::PROBE_ROUTING_FAILED,
     reasons::PROBE_T2_FAILED,
@@ -71,6 +72,19 @@ pub fn events(
             EventType::Warning,
             events::BACKEND_DEGRADED,
             degraded_now.map(|c| c.message.clone()).unwrap_or_default(),
+        ));
+    }
+
+    // Provisioning refused: told once per distinct cause.
+    let ready_new = new_c(types::READY);
+    if let Some(c) = ready_new.filter(|c| c.reason == reasons::PROVISIONING_FAILED)
+        && !old_c(types::READY)
+            .is_some_and(|o| o.reason == reasons::PROVISIONING_FAILED && o.message == c.message)
+    {
+        out.push(event(
+            EventType::Warning,
+            events::PROVISIONING_FAILED,
+            c.message.clone(),
         ));
     }
 

@@ -480,6 +480,42 @@ pub fn decide(backend: &CacheBackend, observed: &Observed) -> Decision {
     }
 }
 
+/// The decision when the provider objects of the current spec could not be
+/// rendered or the API server refused them (`message` says which and why):
+/// everything observed before is kept, since what the last good spec made
+/// keeps serving under the endpoint already published; Ready and
+/// Progressing turn False with [`reasons::PROVISIONING_FAILED`] and the
+/// message, for this generation. The caller retries on its error backoff.
+pub fn provisioning_failed(backend: &CacheBackend, now: Timestamp, message: &str) -> Decision {
+    let prev = backend.status.clone().unwrap_or_default();
+    let shape = shape(&backend.spec);
+    let mut b = Builder::new(&prev.conditions, now, backend.metadata.generation);
+    for type_ in conditions::ORDER {
+        b.keep(type_);
+    }
+    b.set(types::READY, "False", reasons::PROVISIONING_FAILED, message);
+    b.set(
+        types::PROGRESSING,
+        "False",
+        reasons::PROVISIONING_FAILED,
+        message,
+    );
+    let status = CacheBackendStatus {
+        conditions: b.finish(),
+        observed_generation: backend.metadata.generation,
+        ..prev.clone()
+    };
+    let gate_on = shape.gated() && !gates::kv_gate_opted_out(backend.metadata.annotations.as_ref());
+    Decision {
+        events: crate::narrate::events(&prev, &status, gate_on),
+        status,
+        requeue_after: STEADY_REQUEUE,
+        shape,
+        probe_wanted: false,
+        cascade: None,
+    }
+}
+
 fn engine_selector(
     backend: &CacheBackend,
     observed: &Observed,

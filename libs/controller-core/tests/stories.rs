@@ -478,3 +478,57 @@ fn every_shape_round_trips_through_its_status_name() {
     }
     assert_eq!(BackendShape::parse("managed"), None);
 }
+
+#[test]
+fn a_refused_provisioning_says_why_keeps_what_serves_and_recovers() {
+    let mut s = managed_sim();
+    s.obs.workload = Some(workload_up(1));
+    s.obs.service_endpoint = Some("cache-redis.ns.svc:6379".into());
+    s.step();
+    s.poller_last_event(true);
+    s.advance(10);
+    assert!(is(&s.step(), t::READY, "True", r::KV_EVENTS_OBSERVED));
+    let before = s.backend.status.clone().unwrap();
+
+    // A new generation whose Deployment a policy webhook refuses.
+    s.backend.metadata.generation = Some(2);
+    s.advance(10);
+    let message = "Deployment cache-redis: admission webhook \"policy\" denied the request";
+    let d = status::provisioning_failed(&s.backend, s.now(), message);
+    assert!(is(&d, t::READY, "False", r::PROVISIONING_FAILED));
+    assert!(is(&d, t::PROGRESSING, "False", r::PROVISIONING_FAILED));
+    assert_eq!(cond(&d, t::READY).unwrap().message, message);
+    assert_eq!(cond(&d, t::READY).unwrap().observed_generation, Some(2));
+    assert_eq!(d.status.observed_generation, Some(2));
+    // What the last good spec made keeps serving: endpoint, latches and
+    // the other conditions stay as they were.
+    assert_eq!(d.status.endpoint, before.endpoint);
+    assert_eq!(
+        d.status.first_kv_event_observed_at,
+        before.first_kv_event_observed_at
+    );
+    assert_eq!(
+        cond(&d, t::DEGRADED),
+        before.conditions.iter().find(|c| c.type_ == t::DEGRADED)
+    );
+    assert_eq!(reasons(&d), vec![ev::PROVISIONING_FAILED]);
+    s.backend.status = Some(d.status);
+
+    // The same refusal again: nothing new to tell.
+    s.advance(10);
+    let again = status::provisioning_failed(&s.backend, s.now(), message);
+    assert!(again.events.is_empty(), "{:?}", again.events);
+    assert!(!status::status_changed(
+        s.backend.status.as_ref(),
+        &again.status
+    ));
+    // Another cause is told.
+    let other = status::provisioning_failed(&s.backend, s.now(), "quota exceeded");
+    assert_eq!(reasons(&other), vec![ev::PROVISIONING_FAILED]);
+
+    // Fixed: the next good reconcile is Ready again, told as a recovery.
+    s.advance(10);
+    let d = s.step();
+    assert!(is(&d, t::READY, "True", r::KV_EVENTS_OBSERVED));
+    assert_eq!(reasons(&d), vec![ev::BACKEND_RECOVERED]);
+}

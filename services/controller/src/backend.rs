@@ -55,6 +55,17 @@ pub enum ReconcileError {
     /// The provider objects could not be rendered.
     #[error("rendering provider objects: {0}")]
     Render(#[from] providers::RenderError),
+    /// The API server refused a provider object as rendered (an admission
+    /// policy, a quota, a field it rejects): retrying as is cannot help.
+    #[error("the API server refused {kind} {name}: {message}")]
+    Refused {
+        /// The object's kind.
+        kind: String,
+        /// Its name.
+        name: String,
+        /// What the API server said.
+        message: String,
+    },
     /// An object lacks namespace or name.
     #[error("object has no namespace or name")]
     Unnamed,
@@ -66,8 +77,16 @@ impl ReconcileError {
         match self {
             Self::Kube(e) => kubeutil::reason(e),
             Self::Render(_) => "render",
+            Self::Refused { .. } => "refused",
             Self::Unnamed => "invalid_object",
         }
+    }
+
+    /// Whether the backend's current spec cannot be provisioned as it is
+    /// (published on its status), rather than a failure worth retrying
+    /// quietly.
+    fn refuses_the_spec(&self) -> bool {
+        matches!(self, Self::Render(_) | Self::Refused { .. })
     }
 }
 
@@ -164,9 +183,13 @@ impl BackendContext {
     }
 }
 
-async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, kube::Error>
+/// Server-side applies `object`; a refusal of the object itself (400 Bad
+/// Request, 403 Forbidden, 422 Invalid: an admission webhook's denial, an
+/// exceeded quota, a field the API server rejects) is told apart from a
+/// failure to reach the API server.
+async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, ReconcileError>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let name = object.meta().name.clone().unwrap_or_default();
     api.patch(
@@ -175,6 +198,16 @@ where
         &Patch::Apply(object),
     )
     .await
+    .map_err(|e| match e {
+        kube::Error::Api(status) if matches!(status.code, 400 | 403 | 422) => {
+            ReconcileError::Refused {
+                kind: K::kind(&()).into_owned(),
+                name,
+                message: status.message,
+            }
+        }
+        other => ReconcileError::Kube(other),
+    })
 }
 
 /// The objects of one kind named in `names` that this backend owns (a
@@ -432,7 +465,19 @@ async fn reconcile_inner(
     if ctx.stores.synced().await.is_err() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let (workload, service_endpoint, server_pods) = provision(ctx, backend, &ns, &name).await?;
+    let (workload, service_endpoint, server_pods) = match provision(ctx, backend, &ns, &name).await
+    {
+        Ok(provisioned) => provisioned,
+        Err(error) => {
+            if error.refuses_the_spec() {
+                // Said on the backend itself; the error backoff retries.
+                let decision =
+                    status::provisioning_failed(backend, ctx.clock.now(), &error.to_string());
+                publish(ctx, backend, &ns, &name, &decision).await?;
+            }
+            return Err(error);
+        }
+    };
     let engines = Some(engines(&ctx.stores, backend, &ns));
     let now = ctx.clock.now();
     let mut observed = Observed {
@@ -466,6 +511,23 @@ async fn reconcile_inner(
         }
         ctx.cascades.lock().record(&key, now);
     }
+    publish(ctx, backend, &ns, &name, &decision).await?;
+    ctx.shapes.lock().insert(key.clone(), decision.shape);
+    if decision.shape != BackendShape::Managed {
+        ctx.probes.lock().forget(&key);
+        ctx.cascades.lock().forget(&key);
+    }
+    Ok(Action::requeue(decision.requeue_after))
+}
+
+/// Writes the decision's status (when it changed) and records its Events.
+async fn publish(
+    ctx: &BackendContext,
+    backend: &CacheBackend,
+    ns: &str,
+    name: &str,
+    decision: &status::Decision,
+) -> Result<(), ReconcileError> {
     let degraded = decision
         .status
         .conditions
@@ -480,8 +542,8 @@ async fn reconcile_inner(
             // The poller's field: never claimed by this manager.
             m.remove("indexParticipation");
         }
-        let api = Api::<CacheBackend>::namespaced(ctx.client.clone(), &ns);
-        kubeutil::apply_status(&api, &name, MANAGER, &body).await?;
+        let api = Api::<CacheBackend>::namespaced(ctx.client.clone(), ns);
+        kubeutil::apply_status(&api, name, MANAGER, &body).await?;
     }
     let reference = backend.object_ref(&());
     for e in &decision.events {
@@ -499,12 +561,7 @@ async fn reconcile_inner(
             tracing::warn!(error = %err, reason = %e.reason, "recording an Event failed");
         }
     }
-    ctx.shapes.lock().insert(key.clone(), decision.shape);
-    if decision.shape != BackendShape::Managed {
-        ctx.probes.lock().forget(&key);
-        ctx.cascades.lock().forget(&key);
-    }
-    Ok(Action::requeue(decision.requeue_after))
+    Ok(())
 }
 
 /// Counts the error and retries after a short backoff.

@@ -96,13 +96,14 @@ impl Story {
         ic_adapters::providers::object_name("cache", ic_api::cachebackend::StorageProvider::Redis)
     }
 
-    /// The provider Deployment reports a complete rollout.
+    /// The provider Deployment reports a complete rollout of its replicas.
     fn roll_out(&self) {
         let name = self.deployment_name();
         let mut d: Value = self.fake.get("apps/v1", "deployments", NS, &name).unwrap();
         let generation = d["metadata"]["generation"].clone();
-        d["status"] = json!({"replicas": 1, "readyReplicas": 1, "updatedReplicas": 1,
-            "availableReplicas": 1, "observedGeneration": generation,
+        let n = d["spec"]["replicas"].as_i64().unwrap_or(1);
+        d["status"] = json!({"replicas": n, "readyReplicas": n, "updatedReplicas": n,
+            "availableReplicas": n, "observedGeneration": generation,
             "conditions": [{"type": "Available", "status": "True"}]});
         self.fake.insert(&d);
     }
@@ -588,4 +589,75 @@ async fn each_reconcile_is_a_span_when_export_is_on() {
         "a reconcile starts its trace: {span}"
     );
     ic_telemetry::otel::shutdown(Duration::from_secs(10)).await;
+}
+
+#[tokio::test]
+async fn a_refused_provider_object_is_said_on_the_backend_and_recovers() {
+    let story = Story::new("", "/nonexistent".into());
+    story.fake.insert(&managed_backend());
+    story.reconcile().await;
+    story.roll_out();
+    story.first_event().await;
+    let b = story.reconcile().await;
+    assert_eq!(condition(&b, "Ready"), pair("True", "KVEventsObserved"));
+    let endpoint = b.status.as_ref().unwrap().endpoint.clone();
+    assert!(endpoint.is_some());
+
+    // A new generation whose Deployment a policy webhook denies.
+    let mut edited: Value = story.fake.get(V, "cachebackends", NS, "cache").unwrap();
+    edited["spec"]["replicas"] = json!(2);
+    story.fake.insert(&edited);
+    let denial = "admission webhook \"validate.policy.example\" denied the request: \
+                  replicas above 1 need a PodDisruptionBudget";
+    story.fake.refuse(
+        http::Method::PATCH,
+        "/deployments/",
+        400,
+        "BadRequest",
+        denial,
+        1,
+    );
+    common::refill(&mut story.writers.lock(), &story.fake);
+    let error = backend::reconcile(Arc::new(story.backend()), story.ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("denied the request"), "{error}");
+    let b = story.backend();
+    let status = b.status.as_ref().unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ProvisioningFailed")
+    );
+    assert!(
+        ready
+            .message
+            .starts_with("the API server refused Deployment ")
+            && ready.message.contains(denial),
+        "{}",
+        ready.message
+    );
+    assert_eq!(ready.observed_generation, b.metadata.generation);
+    assert_eq!(
+        condition(&b, "Progressing"),
+        pair("False", "ProvisioningFailed")
+    );
+    // The objects of the last good spec still serve: the endpoint stays.
+    assert_eq!(status.endpoint, endpoint);
+    assert!(
+        story
+            .event_reasons()
+            .contains(&"ProvisioningFailed".to_owned())
+    );
+
+    // The denial lifted: applied and rolling out, then Ready again.
+    let b = story.reconcile().await;
+    assert_eq!(condition(&b, "Ready"), pair("False", "RolloutInProgress"));
+    story.roll_out();
+    let b = story.reconcile().await;
+    assert_eq!(condition(&b, "Ready"), pair("True", "KVEventsObserved"));
 }

@@ -78,6 +78,9 @@ struct Injected {
     method: Method,
     path_part: String,
     status: u16,
+    /// The Status's reason and message.
+    reason: String,
+    message: String,
     times: usize,
 }
 
@@ -391,10 +394,35 @@ impl FakeApi {
     /// The next `times` requests with `method` whose path contains
     /// `path_part` fail with `status`.
     pub fn fail(&self, method: Method, path_part: &str, status: u16, times: usize) {
+        self.refuse(
+            method,
+            path_part,
+            status,
+            "InternalError",
+            "injected failure",
+            times,
+        );
+    }
+
+    /// The next `times` requests with `method` whose path contains
+    /// `path_part` are answered `status` with a Status of `reason` and
+    /// `message`, as an API server refusing them would (e.g. 400
+    /// `BadRequest` "admission webhook ... denied the request").
+    pub fn refuse(
+        &self,
+        method: Method,
+        path_part: &str,
+        status: u16,
+        reason: &str,
+        message: &str,
+        times: usize,
+    ) {
         self.shared.lock().injected.push(Injected {
             method,
             path_part: path_part.into(),
             status,
+            reason: reason.into(),
+            message: message.into(),
             times,
         });
     }
@@ -455,12 +483,9 @@ impl FakeApi {
             .iter()
             .position(|f| f.method == parts.method && path.contains(&f.path_part) && f.times > 0)
         {
-            shared.injected[i].times -= 1;
-            let (code, value) = status_error(
-                shared.injected[i].status,
-                "InternalError",
-                "injected failure",
-            );
+            let injected = &mut shared.injected[i];
+            injected.times -= 1;
+            let (code, value) = status_error(injected.status, &injected.reason, &injected.message);
             return Answer::Json(code, value);
         }
         let Some(target) = parse_path(path) else {
