@@ -4,7 +4,9 @@
 //!
 //! Handshakes run on their own tasks with a deadline, so a client that
 //! opens a socket and never speaks holds neither the accept loop nor a
-//! connection slot for more than [`HANDSHAKE_TIMEOUT`]. The same listener
+//! connection slot for longer than its handshake deadline
+//! (`--tls-handshake-timeout-seconds`, [`HANDSHAKE_TIMEOUT`] by default).
+//! The same listener
 //! feeds axum (it is an [`axum::serve::Listener`]) and tonic
 //! ([`ServingListener::into_stream`]).
 
@@ -25,7 +27,7 @@ use tokio_rustls::server::TlsStream;
 use crate::idle::IdleTimeout;
 use crate::tls::{CertStore, TlsError};
 
-/// How long a client may take to finish the TLS handshake.
+/// How long a client may take to finish the TLS handshake, by default.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a client may take to send one request's headers, unless a
@@ -53,6 +55,8 @@ pub struct ServeOptions {
     pub idle_closed: Option<Counter>,
     /// Counts failed or timed-out TLS handshakes.
     pub handshake_failures: Option<Counter>,
+    /// How long a TLS handshake may take.
+    pub handshake_timeout: Duration,
 }
 
 impl ServeOptions {
@@ -64,6 +68,7 @@ impl ServeOptions {
             idle: None,
             idle_closed: None,
             handshake_failures: None,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -236,8 +241,9 @@ async fn accept_loop(
                 let acceptor = acceptor.clone();
                 let ready = ready.clone();
                 let failures = options.handshake_failures.clone();
+                let deadline = options.handshake_timeout;
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
                         Ok(Ok(tls)) => {
                             let tls = IdleTimeout::new(tls, idle, idle_closed);
                             let _ = ready
@@ -362,6 +368,12 @@ pub struct ServingFlags {
     /// How often the certificate files are checked for a rotation, seconds.
     #[arg(long, env = "IC_TLS_RELOAD_INTERVAL_SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub tls_reload_interval_seconds: u64,
+
+    /// Close a connection whose TLS handshake has not finished this many
+    /// seconds after it was accepted (counted in
+    /// `tls_handshake_failures_total`).
+    #[arg(long, env = "IC_TLS_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = HANDSHAKE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tls_handshake_timeout_seconds: u64,
 
     /// Close a connection that moves no bytes either way for this long,
     /// seconds (clients reconnect on their next request); 0 never does.
@@ -491,6 +503,7 @@ impl ServingFlags {
                 .then(|| Duration::from_secs(self.connection_idle_timeout_seconds)),
             idle_closed: Some(metrics.idle_connections_closed.clone()),
             handshake_failures: Some(metrics.tls_handshake_failures.clone()),
+            handshake_timeout: Duration::from_secs(self.tls_handshake_timeout_seconds),
         }
     }
 }

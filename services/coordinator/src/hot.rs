@@ -24,8 +24,7 @@ use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service, ServiceExt};
 
-use crate::http::{MAX_BODY_BYTES, directory};
-use crate::metrics::{HttpLabels, RouteLabel};
+use crate::http::directory;
 use crate::state::App;
 
 /// The route served here, as the router names it in its metrics.
@@ -60,7 +59,7 @@ impl Service<Request> for Hot {
             // The router's `DefaultBodyLimit`, so the body extractor below
             // refuses what the router's would.
             let app = self.app.clone();
-            let limited = DefaultBodyLimit::max(MAX_BODY_BYTES)
+            let limited = DefaultBodyLimit::max(app.settings.max_body_bytes)
                 .layer(tower::service_fn(move |req| serve_lookup(app.clone(), req)));
             Box::pin(limited.oneshot(req))
         } else {
@@ -78,30 +77,11 @@ async fn serve_lookup(app: App, mut req: Request) -> Result<Response, Infallible
     let resp = directory::lookup(State(app.clone()), headers, body)
         .await
         .into_response();
-    let m = &app.metrics;
-    m.http_duration
-        .get_or_create(&RouteLabel {
-            route: Cow::Borrowed(LOOKUP),
-        })
-        .observe(started.elapsed().as_secs_f64());
-    m.http_requests
-        .get_or_create(&HttpLabels {
-            method: "POST",
-            route: Cow::Borrowed(LOOKUP),
-            status: status_class(resp.status().as_u16()),
-        })
-        .inc();
+    app.metrics.served(
+        "POST",
+        Cow::Borrowed(LOOKUP),
+        resp.status().as_u16(),
+        started.elapsed(),
+    );
     Ok(resp)
-}
-
-/// The metrics' status label (`2xx`, `4xx`...), as the router's `observe`
-/// writes it.
-fn status_class(status: u16) -> &'static str {
-    match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    }
 }

@@ -209,6 +209,12 @@ pub struct Config {
     /// LMCache's fixed 30 s by default. House extension.
     #[arg(long, env = "IC_MP_TIMEOUT_SECONDS", default_value_t = 30.0)]
     pub mp_timeout_seconds: f64,
+    /// Largest request body accepted, in bytes; a larger one is answered
+    /// 413 (`requests_refused_total{limit="body_bytes"}`). House extension.
+    #[arg(long, env = "IC_MAX_BODY_BYTES",
+          default_value_t = http::MAX_BODY_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(1024..=(1 << 32)))]
+    pub max_body_bytes: u64,
     /// Report format of LMCache's CLI (`terminal`, `json`). Accepted so an
     /// `lmcache coordinator` command line works unchanged; the coordinator
     /// command writes no report, in LMCache as here, so it has no effect.
@@ -346,6 +352,7 @@ impl Config {
                     .context("--max-keys-per-request")?,
             },
             mp_timeout,
+            max_body_bytes: usize::try_from(self.max_body_bytes).context("--max-body-bytes")?,
             max_directory_keys: match self.max_directory_keys {
                 Some(0) => None,
                 Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),

@@ -41,7 +41,7 @@ pub struct ReasonLabel {
 /// Which request bound refused a request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LimitLabel {
-    /// `tokens_per_request` or `keys_per_request`.
+    /// `body_bytes`, `tokens_per_request` or `keys_per_request`.
     pub limit: &'static str,
 }
 
@@ -232,7 +232,7 @@ pub struct Metrics {
     legacy_bytes: Family<TierLabel, Gauge>,
     /// Event entries refused for what they claim, by reason.
     pub event_entries_refused: Family<ReasonLabel, Counter>,
-    /// Token requests refused by a size bound, by which.
+    /// Requests refused by a size bound, by which.
     pub requests_refused: Family<LimitLabel, Counter>,
     /// Event batches received and waiting to be applied (the reference's
     /// event-bus queue; here requests wait for the views lock).
@@ -264,6 +264,45 @@ pub struct MetricsSet {
 }
 
 impl MetricsSet {
+    /// Records one served request: its time, and its count by method, route
+    /// and status class; a 413 (a body past `--max-body-bytes`) is also a
+    /// request refused by a bound.
+    pub fn served(
+        &self,
+        method: &'static str,
+        route: std::borrow::Cow<'static, str>,
+        status: u16,
+        elapsed: std::time::Duration,
+    ) {
+        if status == 413 {
+            self.metrics
+                .requests_refused
+                .get_or_create(&LimitLabel {
+                    limit: "body_bytes",
+                })
+                .inc();
+        }
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.http_duration
+            .get_or_create(&RouteLabel {
+                route: route.clone(),
+            })
+            .observe(elapsed.as_secs_f64());
+        self.http_requests
+            .get_or_create(&HttpLabels {
+                method,
+                route,
+                status: class,
+            })
+            .inc();
+    }
+
     /// A token request `resolve` refused, as the 400 it answers; a request
     /// bound passed is counted in `requests_refused_total`.
     pub fn request_refused(&self, e: &ic_coordinator_core::KeyError) -> crate::error::ApiError {
@@ -484,7 +523,7 @@ impl MetricsSet {
         );
         r.register(
             "requests_refused",
-            "Token requests (directory lookups, pins) refused by --max-tokens-per-request or --max-keys-per-request, by which",
+            "Requests refused by a size bound, by which: body_bytes (--max-body-bytes, 413), tokens_per_request, keys_per_request (400)",
             m.requests_refused.clone(),
         );
         r.register(

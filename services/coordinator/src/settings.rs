@@ -44,6 +44,8 @@ pub struct Settings {
     pub request_limits: ic_coordinator_core::resolve::RequestLimits,
     /// Timeout of every call to an MP server.
     pub mp_timeout: Duration,
+    /// Largest request body accepted (413 past it).
+    pub max_body_bytes: usize,
 }
 
 /// Resident memory one directory key may cost with its usage and LRU
@@ -96,6 +98,7 @@ impl Default for Settings {
             max_pending_event_requests: 128,
             request_limits: ic_coordinator_core::resolve::RequestLimits::default(),
             mp_timeout: crate::mp::MP_TIMEOUT,
+            max_body_bytes: crate::http::MAX_BODY_BYTES,
         }
     }
 }

@@ -268,6 +268,23 @@ async fn token_requests_past_the_flags_bounds_are_refused_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_past_the_flags_bound_are_refused_and_counted() {
+    let c = Coord::start(&["--max-body-bytes", "2048"]).await;
+    let tokens = |n: u32| (0..n).collect::<Vec<_>>();
+    let small = json!({"token_ids": tokens(16), "model_name": "m"});
+    assert_eq!(c.post("/directory/lookup", small).await.0, 200);
+    // Past it on the lookup's own path and through the router.
+    let large = json!({"token_ids": tokens(1000), "model_name": "m"});
+    assert_eq!(c.post("/directory/lookup", large.clone()).await.0, 413);
+    assert_eq!(c.post("/events", large).await.0, 413);
+    let metrics = c.metrics_text().await;
+    assert!(
+        metrics.contains("lmcache_coordinator_requests_refused_total{limit=\"body_bytes\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_listing_filters_and_pages() {
     let c = Coord::start(&[]).await;
     let hashes: Vec<String> = (1..=5).map(|i| format!("{i:02x}")).collect();

@@ -195,6 +195,10 @@ pub struct Config {
     /// The deadline of a request's headers.
     #[command(flatten)]
     pub header_deadline: ic_telemetry::serving::HeaderDeadlineFlags,
+    /// Close a connection whose TLS handshake has not finished this many
+    /// seconds after it was accepted (`tls_handshake_failures_total`).
+    #[arg(long, env = "IC_TLS_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = ic_telemetry::serving::HANDSHAKE_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub tls_handshake_timeout_seconds: u64,
     /// Deadline for listing a namespace's CacheBackends, ms; beyond it the
     /// pod is admitted unwired (reason list_failed).
     #[arg(long, env = "IC_LIST_TIMEOUT_MS", default_value_t = 3000)]
@@ -408,20 +412,25 @@ async fn serve_admissions(
         max_body_bytes: config.max_request_bytes,
         request_timeout: Duration::from_millis(config.request_timeout_ms),
     });
-    let idle = (
-        Duration::from_secs(config.connection_idle_timeout_seconds),
-        metrics.idle_connections_closed.clone(),
-    );
-    let header_read = (
-        config.header_deadline.timeout(),
-        metrics.header_read_timeouts.clone(),
-    );
+    let limits = server::ConnectionLimits {
+        idle: (
+            Duration::from_secs(config.connection_idle_timeout_seconds),
+            metrics.idle_connections_closed.clone(),
+        ),
+        header_read: (
+            config.header_deadline.timeout(),
+            metrics.header_read_timeouts.clone(),
+        ),
+        handshake: (
+            Duration::from_secs(config.tls_handshake_timeout_seconds),
+            metrics.tls_handshake_failures.clone(),
+        ),
+    };
     let https = HttpsServer::bind(
         config.https_addr,
         certs.clone(),
         server::router(state),
-        idle,
-        header_read,
+        limits,
     )
     .await
     .with_context(|| format!("binding --https-addr {}", config.https_addr))?;

@@ -115,6 +115,9 @@ pub struct Metrics {
     /// HTTP/1.1 connections cut because a request's headers took longer
     /// than `--header-read-timeout-seconds`.
     pub header_read_timeouts: Counter,
+    /// TLS handshakes that failed or did not finish within
+    /// `--tls-handshake-timeout-seconds`.
+    pub tls_handshake_failures: Counter,
 }
 
 /// `{source}`.
@@ -141,6 +144,7 @@ impl Metrics {
             backend_store_synced: Gauge::default(),
             idle_connections_closed: Counter::default(),
             header_read_timeouts: Counter::default(),
+            tls_handshake_failures: Counter::default(),
         }
     }
 
@@ -193,6 +197,11 @@ impl Metrics {
                 "header_read_timeouts",
                 "HTTP/1.1 connections closed because a request's headers took longer than --header-read-timeout-seconds",
                 m.header_read_timeouts.clone(),
+            );
+            r.register(
+                "tls_handshake_failures",
+                "TLS handshakes that failed or did not finish within --tls-handshake-timeout-seconds",
+                m.tls_handshake_failures.clone(),
             );
             r.register(
                 "certificate_renewals",

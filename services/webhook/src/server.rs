@@ -201,6 +201,19 @@ async fn read_body(body: Body, limit: usize) -> Result<bytes::Bytes, RequestErro
 
 // === HTTPS serving ===
 
+/// The HTTPS port's connection deadlines, each with the counter of the
+/// connections it closes.
+#[derive(Clone, Debug)]
+pub struct ConnectionLimits {
+    /// No traffic either way (`--connection-idle-timeout-seconds`).
+    pub idle: (Duration, prometheus_client::metrics::counter::Counter),
+    /// A request's headers (`--header-read-timeout-seconds`).
+    pub header_read: (Duration, prometheus_client::metrics::counter::Counter),
+    /// The TLS handshake (`--tls-handshake-timeout-seconds`; failed
+    /// handshakes are counted too).
+    pub handshake: (Duration, prometheus_client::metrics::counter::Counter),
+}
+
 /// A bound (not yet serving) HTTPS server.
 pub struct HttpsServer {
     /// TLS handshakes (with their deadline) and the idle limit: a
@@ -223,27 +236,24 @@ impl std::fmt::Debug for HttpsServer {
 
 impl HttpsServer {
     /// Binds `addr`, serving `certs`; serving starts with [`HttpsServer::serve`].
-    /// `idle` is the idle limit and the counter of connections it closes;
-    /// `header_read` the deadline of a request's headers and the counter
-    /// of connections it cuts.
     pub async fn bind(
         addr: SocketAddr,
         certs: Arc<CertStore>,
         router: Router,
-        idle: (Duration, prometheus_client::metrics::counter::Counter),
-        header_read: (Duration, prometheus_client::metrics::counter::Counter),
+        limits: ConnectionLimits,
     ) -> std::io::Result<Self> {
         let options = ServeOptions {
             tls: Some(certs),
             alpn: vec![b"h2".to_vec(), b"http/1.1".to_vec()],
-            idle: Some(idle.0),
-            idle_closed: Some(idle.1),
-            handshake_failures: None,
+            idle: Some(limits.idle.0),
+            idle_closed: Some(limits.idle.1),
+            handshake_failures: Some(limits.handshake.1),
+            handshake_timeout: limits.handshake.0,
         };
         Ok(Self {
             listener: ServingListener::bind(addr, options).await?,
             router,
-            header_read,
+            header_read: limits.header_read,
         })
     }
 

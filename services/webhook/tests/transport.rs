@@ -261,6 +261,39 @@ async fn a_client_trickling_its_headers_is_cut_by_the_header_deadline() {
     assert!(webhook.process.stop().success());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_never_finishes_its_handshake_is_cut_and_counted() {
+    let api = FakeApi::default();
+    let api_addr = api.serve().await;
+    let mut webhook = Webhook::start(
+        binary(),
+        api_addr,
+        &[
+            "--tls-handshake-timeout-seconds",
+            "2",
+            "--connection-idle-timeout-seconds",
+            "60",
+        ],
+    );
+    // TCP only, not a byte of TLS.
+    let mut silent = tokio::net::TcpStream::connect(webhook.https).await.unwrap();
+    let started = Instant::now();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(20), silent.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "a silent TLS connection stayed open");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_secs(10),
+        "closed after {took:?}"
+    );
+    let metrics = webhook.metrics();
+    assert!(
+        metrics.contains("inferencecache_webhook_tls_handshake_failures_total 1"),
+        "{metrics}"
+    );
+    assert!(webhook.process.stop().success());
+}
+
 /// The certificate served by a fresh handshake.
 async fn served_certificate(webhook: &Webhook) -> Vec<u8> {
     let tls = tls_connect(webhook.https, &webhook.connector()).await;

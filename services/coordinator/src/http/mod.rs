@@ -20,8 +20,9 @@ use std::borrow::Cow;
 
 use crate::state::App;
 
-/// Largest accepted request body. A full 1,000,000-token request is about
-/// 8 MB of JSON; event batches are far smaller.
+/// Largest accepted request body by default (`--max-body-bytes`). A full
+/// 1,000,000-token request is about 8 MB of JSON; event batches are far
+/// smaller.
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// Builds the whole router with the operator endpoints open (LMCache's
@@ -93,11 +94,12 @@ pub fn router_with(app: App, access: access::OperatorAccess) -> Router {
             access::guard,
         ));
     }
+    let max_body_bytes = app.settings.max_body_bytes;
     let routed = router
         .route_layer(axum::middleware::from_fn_with_state(app, observe))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES));
+        .layer(DefaultBodyLimit::max(max_body_bytes));
     // Starlette's edges decide on the percent-decoded path. They run after
     // axum's routing (a layer does), which matched the raw path: a request
     // whose decoded path differs is routed again through `routed` (which
@@ -136,26 +138,8 @@ async fn observe(State(app): State<App>, req: Request, next: Next) -> Response {
     };
     let started = std::time::Instant::now();
     let resp = next.run(req).await;
-    let status = match resp.status().as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
-    };
-    let m = &app.metrics;
-    m.http_duration
-        .get_or_create(&crate::metrics::RouteLabel {
-            route: route.clone(),
-        })
-        .observe(started.elapsed().as_secs_f64());
-    m.http_requests
-        .get_or_create(&crate::metrics::HttpLabels {
-            method,
-            route,
-            status,
-        })
-        .inc();
+    app.metrics
+        .served(method, route, resp.status().as_u16(), started.elapsed());
     resp
 }
 
