@@ -336,6 +336,16 @@ impl Index {
         (self.config.max_replicas, self.config.max_scopes)
     }
 
+    /// Replicas known now and scopes kept, against [`Index::bounds`].
+    /// Takes the registry's read lock: for scrapes.
+    pub fn known(&self) -> (u64, u64) {
+        let replicas = self.registry.read().by_key.len() as u64;
+        (
+            replicas,
+            u64::from(self.scopes_known.load(Ordering::Acquire)),
+        )
+    }
+
     /// Resident (replica, block) entries.
     pub fn len(&self) -> u64 {
         self.entries.load(Ordering::Relaxed)

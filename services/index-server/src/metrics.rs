@@ -564,6 +564,33 @@ impl Collector for IndexMemoryCollector {
             MetricType::Gauge,
         )?;
         gauge(self.0.first_filter_bytes()).encode(filter)?;
+        let (replicas, scopes) = self.0.known();
+        let (max_replicas, max_scopes) = self.0.bounds();
+        for (name, help, value) in [
+            (
+                "replicas_known",
+                "Replicas (tenant, replica id, data-parallel rank) the index knows now; a batch of one past --max-replicas is refused",
+                replicas,
+            ),
+            (
+                "max_replicas",
+                "The bound on replicas known at once (--max-replicas)",
+                u64::from(max_replicas),
+            ),
+            (
+                "scopes_known",
+                "Scopes (tenant, model, hash scheme, adapter) the index keeps, for good; a batch naming one past --max-scopes is refused",
+                scopes,
+            ),
+            (
+                "max_scopes",
+                "The bound on scopes kept (--max-scopes)",
+                u64::from(max_scopes),
+            ),
+        ] {
+            let descriptor = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            gauge(value).encode(descriptor)?;
+        }
         for (name, help, total) in [
             (
                 "capacity_evictions",

@@ -428,6 +428,16 @@ async fn a_replica_or_scope_past_the_index_bounds_ends_the_stream_and_takes_noth
     assert_eq!(refused(admin, "scopes").await, 1.0);
     assert_eq!(prefix_count(admin, "a").await, Some(2));
     assert_eq!(prefix_count(admin, "b").await, Some(2));
+    // How close to the bounds, as /metrics says it.
+    let page = metrics(admin).await;
+    for line in [
+        "inferencecache_index_replicas_known 2",
+        "inferencecache_index_max_replicas 2",
+        "inferencecache_index_scopes_known 2",
+        "inferencecache_index_max_scopes 2",
+    ] {
+        assert!(page.lines().any(|l| l == line), "{line} not in {page}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
