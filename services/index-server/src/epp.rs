@@ -145,14 +145,21 @@ struct Exchange {
     mode: Option<BodySendMode>,
     response_mode: Option<BodySendMode>,
     body: Vec<u8>,
-    /// FULL_DUPLEX_STREAMED chunks held until the pick: (bytes, end).
+    /// FULL_DUPLEX_STREAMED chunks held until the pick: (bytes, end), and
+    /// their bytes in all (read from the chunks themselves at the pick, so
+    /// the body is held once).
     chunks: Vec<(Vec<u8>, bool)>,
+    chunk_bytes: usize,
     too_large: bool,
     /// Picked (or refused): the rest of the request passes through.
     decided: bool,
     /// When the pick was made, and whether the first response byte came.
     picked_at: Option<Instant>,
     first_byte_ms: Option<u64>,
+    /// The response is an event stream: its first byte is the first token,
+    /// so the time to it measures prefill (a whole JSON answer's first
+    /// byte comes only once generation ends).
+    streamed_response: bool,
     usage: Option<UsageReader>,
     response_ended: bool,
 }
@@ -380,7 +387,9 @@ impl EndpointPicker {
             }
             Some(processing_request::Request::ResponseHeaders(h)) => {
                 let content_type = wire::header(&h, "content-type");
-                ex.usage = Some(UsageReader::new(content_type.as_deref()));
+                let reader = UsageReader::new(content_type.as_deref());
+                ex.streamed_response = reader.is_event_stream();
+                ex.usage = Some(reader);
                 if h.end_of_stream {
                     self.response_ended(ex, in_flight);
                 }
@@ -467,7 +476,9 @@ impl EndpointPicker {
                 }
             }
         }
-        let by_headers = h.end_of_stream || ex.mode == Some(BodySendMode::Streamed);
+        // STREAMED: the chunks pass on as they come; NONE: no body comes.
+        let by_headers =
+            h.end_of_stream || matches!(ex.mode, Some(BodySendMode::Streamed | BodySendMode::None));
         if by_headers {
             // No body will come in time: pick now, by load.
             return match self.pick_or_refuse(ex, None, in_flight).await {
@@ -494,7 +505,8 @@ impl EndpointPicker {
                     // Picked already (the body outgrew the limit): pass on.
                     return vec![wire::request_body(None, Some((b.body, b.end_of_stream)))];
                 }
-                self.hold(ex, &b.body);
+                ex.chunk_bytes += b.body.len();
+                ex.too_large |= ex.chunk_bytes > self.pool.max_body_bytes;
                 ex.chunks.push((b.body, b.end_of_stream));
                 if b.end_of_stream || ex.too_large {
                     return self.release_full_duplex(ex, in_flight).await;
@@ -595,7 +607,17 @@ impl EndpointPicker {
         ex: &mut Exchange,
         in_flight: &mut InFlight,
     ) -> Vec<ProcessingResponse> {
-        let body = self.held_body(ex);
+        let body = if ex.too_large {
+            self.core.metrics().epp_unread("too_large");
+            None
+        } else {
+            Some(
+                ex.chunks
+                    .iter()
+                    .flat_map(|(bytes, _)| bytes.iter().copied())
+                    .collect(),
+            )
+        };
         let pick = match self.pick_or_refuse(ex, body, in_flight).await {
             Ok(pick) => pick,
             Err(refusal) => return vec![refusal],
@@ -614,6 +636,7 @@ impl EndpointPicker {
         in_flight: &mut InFlight,
     ) -> Vec<ProcessingResponse> {
         if ex.first_byte_ms.is_none()
+            && ex.streamed_response
             && !b.body.is_empty()
             && let Some(at) = ex.picked_at
         {

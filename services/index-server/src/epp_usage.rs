@@ -42,6 +42,11 @@ impl UsageReader {
         }
     }
 
+    /// Whether the body is an event stream (`text/event-stream`).
+    pub fn is_event_stream(&self) -> bool {
+        self.event_stream
+    }
+
     /// One chunk of the body.
     pub fn feed(&mut self, chunk: &[u8]) {
         if self.event_stream {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use parking_lot::RwLock;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -139,11 +139,19 @@ pub async fn watch_pool(
     let pool_writer = kube::runtime::reflector::store::Writer::<DynamicObject>::new(resource);
     let pool_reader = pool_writer.as_reader();
     let (pod_reader, pod_writer) = kube::runtime::reflector::store::<Pod>();
-    let pool_events =
-        kube::runtime::reflector(pool_writer, watcher(pools, watcher::Config::default()))
-            .map(|_| ());
-    let pod_events =
-        kube::runtime::reflector(pod_writer, watcher(pods, watcher::Config::default())).map(|_| ());
+    // Backed off on errors: a missing CRD or RBAC would otherwise be
+    // re-listed at once, again and again, when the API server can least
+    // afford it.
+    let pool_events = kube::runtime::reflector(
+        pool_writer,
+        watcher(pools, watcher::Config::default()).default_backoff(),
+    )
+    .map(|_| ());
+    let pod_events = kube::runtime::reflector(
+        pod_writer,
+        watcher(pods, watcher::Config::default()).default_backoff(),
+    )
+    .map(|_| ());
     let mut events = futures::stream::select(Box::pin(pool_events), Box::pin(pod_events));
     let mut last: Option<Result<usize, PoolError>> = None;
     let mut last_good = None;

@@ -694,3 +694,52 @@ async fn a_full_duplex_body_past_the_limit_is_picked_by_load_and_streamed_on() {
         "{metrics}"
     );
 }
+
+/// A filter that sends no request body (request_body_mode NONE) gets its
+/// pick with the headers: no body message will come to pick on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filter_sending_no_body_gets_its_pick_with_the_headers() {
+    let picker = start(&[]);
+    let mut s = Stream::open(&picker.epp).await;
+    s.send(with_modes(
+        headers("/v1/completions", false),
+        BodySendMode::None,
+        BodySendMode::None,
+    ))
+    .await;
+    let r = s.read(1).await;
+    assert_eq!(kind(&r[0]), "request_headers");
+    let picked = destinations(&r[0]).expect("picked with the headers");
+    assert!([A, B].contains(&first(&picked).as_str()), "{picked}");
+}
+
+/// A whole JSON answer's first byte comes only when generation ends: its
+/// usage does not calibrate the endpoint's prefill rate (an event stream's
+/// does, in the test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_json_answer_does_not_calibrate_the_prefill_rate() {
+    let mut picker = start(&[]);
+    let mut s = Stream::open(&picker.epp).await;
+    let buffered = BodySendMode::Buffered;
+    s.send(with_modes(
+        headers("/v1/completions", false),
+        buffered,
+        buffered,
+    ))
+    .await;
+    assert_eq!(kind(&s.read(1).await[0]), "request_headers");
+    s.send(body(REQUEST, true)).await;
+    assert!(destinations(&s.read(1).await[0]).is_some());
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    s.send(response_headers("application/json", false)).await;
+    assert_eq!(kind(&s.read(1).await[0]), "response_headers");
+    let answer = br#"{"choices":[{"text":"hi"}],"usage":{"prompt_tokens":6,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+    s.send(response_body(answer, true)).await;
+    assert_eq!(kind(&s.read(1).await[0]), "response_body");
+    s.close().await;
+    let metrics = ic_e2e::http_get(picker.process.admin_addr(), "/metrics").1;
+    assert!(
+        metrics.contains("inferencecache_index_epp_prefill_rate_observations_total 0"),
+        "{metrics}"
+    );
+}
