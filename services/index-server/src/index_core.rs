@@ -522,10 +522,37 @@ impl IndexCore {
     }
 
     /// The one ingest path: applies one classified batch of a stream (from
-    /// IngestEvents or the functional probe) and what it said about its
-    /// engine. `Err` when the stream must end.
+    /// IngestEvents, Kafka or the functional probe) and what it said about
+    /// its engine. `Err` when the stream must end.
     pub fn ingest(&self, step: Step, facts: Option<EngineFacts>) -> Result<(), StepEnd> {
+        self.ingest_at(step, facts, None)
+    }
+
+    /// [`IndexCore::ingest`] of a batch replayed from a log while catching
+    /// up, recorded at `recorded_ms`: its replica counts as seen then, not
+    /// now (a pod deleted since is not brought back into lookups by its
+    /// old resync), and what it says of the engine's work and load is
+    /// history: it queues no prefill work and sets no load (a replay of
+    /// minutes of stores would otherwise stack them all up as queued now).
+    pub fn ingest_replayed(
+        &self,
+        step: Step,
+        facts: Option<EngineFacts>,
+        recorded_ms: i64,
+    ) -> Result<(), StepEnd> {
+        self.ingest_at(step, facts, Some(recorded_ms))
+    }
+
+    fn ingest_at(
+        &self,
+        step: Step,
+        facts: Option<EngineFacts>,
+        recorded_ms: Option<i64>,
+    ) -> Result<(), StepEnd> {
         let now = self.now_ms();
+        let live = recorded_ms.is_none();
+        // Never later than now: a producer's clock may run ahead.
+        let seen = recorded_ms.map_or(now, |at| at.min(now));
         let resync = matches!(step, Step::Replace { .. });
         match step {
             Step::Buffered => {}
@@ -545,9 +572,9 @@ impl IndexCore {
             } => {
                 // A resync swaps the replica's whole state in at once.
                 let errors = if resync {
-                    self.index.replace(&key, &scope, &address, &changes, now)
+                    self.index.replace(&key, &scope, &address, &changes, seen)
                 } else {
-                    self.index.apply(&key, &scope, &address, &changes, now)
+                    self.index.apply(&key, &scope, &address, &changes, seen)
                 };
                 // A replica or scope past the index's bounds took nothing:
                 // the stream ends so that its subscriber does not take the
@@ -565,14 +592,15 @@ impl IndexCore {
                 if resync {
                     self.metrics.resyncs.inc();
                 }
-                // A resync restates what is held: no new work.
-                self.confirm_speculation(&scope, &key.replica_id, &changes, !resync);
+                // A resync restates what is held: no new work; nor is a
+                // replayed batch's.
+                self.confirm_speculation(&scope, &key.replica_id, &changes, live && !resync);
             }
             Step::ResyncRequired(detail) => return Err(StepEnd::Resync(detail)),
             Step::Refused(limit, detail) => return Err(StepEnd::Refused(limit, detail)),
         }
         if let Some(facts) = facts {
-            if let Some(load) = facts.load {
+            if let Some(load) = facts.load.filter(|_| live) {
                 self.routing
                     .report_engine(&facts.key.replica_id, load, self.now_ms());
             }

@@ -482,9 +482,10 @@ impl KafkaConsumer {
                 None => break,
                 Some(Ok(msg)) => {
                     let (partition, offset) = (msg.partition(), msg.offset());
+                    let recorded_ms = msg.timestamp().to_millis();
                     let batch = ic_kafka_client::decode(msg.payload());
                     drop(msg);
-                    self.handle(partition, offset, batch);
+                    self.handle(partition, offset, recorded_ms, batch);
                     timeout = Duration::ZERO;
                 }
                 Some(Err(error)) => {
@@ -570,14 +571,18 @@ impl KafkaConsumer {
         }
     }
 
-    /// One record: through the ingest path, or skipped and counted.
+    /// One record: through the ingest path, or skipped and counted. Until
+    /// the consumer has caught up, a record is history, as of the time the
+    /// log recorded it (else when its subscriber sent it).
     fn handle(
         &mut self,
         partition: i32,
         offset: i64,
+        recorded_ms: Option<i64>,
         batch: Result<pb::IngestBatch, ic_kafka_client::DecodeError>,
     ) {
         let core = self.core.clone();
+        let catching_up = !*self.ready.borrow();
         let metrics = self.metrics.clone();
         let session = self.new_session();
         let p = self.partitions.entry(partition).or_insert(Partition {
@@ -611,6 +616,9 @@ impl KafkaConsumer {
         };
         let rank = rank_of(&batch);
         let facts = engine_facts(&batch);
+        let replayed_at = catching_up
+            .then(|| recorded_ms.or((batch.sent_at_unix_ms > 0).then_some(batch.sent_at_unix_ms)))
+            .flatten();
         let step = match p.session.accept(batch) {
             Ok(step) => step,
             Err(error) => {
@@ -621,7 +629,11 @@ impl KafkaConsumer {
             }
         };
         let buffered = matches!(step, Step::Buffered);
-        match core.ingest(step, facts) {
+        let applied = match replayed_at {
+            Some(at) => core.ingest_replayed(step, facts, at),
+            None => core.ingest(step, facts),
+        };
+        match applied {
             Ok(()) => {
                 metrics.batch(if buffered { "buffered" } else { "applied" });
                 if !buffered {
