@@ -257,6 +257,9 @@ struct RankStream {
     resync: Option<Vec<Change>>,
     /// Bytes `resync` holds (charged to the stream and the budget).
     buffered: u64,
+    /// When its last batch came, as the caller told
+    /// ([`IngestSession::heard`]); `None` until told.
+    heard_ms: Option<i64>,
 }
 
 /// The protocol state of one stream.
@@ -340,6 +343,7 @@ impl IngestSession {
                     last_seq: rank.last_seq,
                     resync: rank.resync,
                     buffered: n,
+                    heard_ms: None,
                 },
             );
             if let Some(previous) = previous {
@@ -359,6 +363,38 @@ impl IngestSession {
             }
             None => false,
         }
+    }
+
+    /// Marks `key` as heard from at `now_ms` (its batch just came), for
+    /// [`IngestSession::forget_silent`].
+    pub fn heard(&mut self, key: &ReplicaKey, now_ms: i64) {
+        if let Some(rank) = self.ranks.get_mut(key) {
+            rank.heard_ms = Some(now_ms);
+        }
+    }
+
+    /// Forgets the ranks not heard from for longer than `silent_ms` at
+    /// `now_ms` (a rank never marked starts its clock now), giving back
+    /// what their unfinished resyncs held, and returns them. A session
+    /// that outlives its subscribers (one per Kafka partition) would
+    /// otherwise keep every rank it ever saw, and the resync a subscriber
+    /// left half-sent when its pod went would hold the shared budget for
+    /// good.
+    pub fn forget_silent(&mut self, now_ms: i64, silent_ms: i64) -> Vec<ReplicaKey> {
+        let mut gone = Vec::new();
+        let mut freed = 0;
+        self.ranks.retain(|key, rank| {
+            let heard = *rank.heard_ms.get_or_insert(now_ms);
+            let keep = now_ms.saturating_sub(heard) <= silent_ms;
+            if !keep {
+                freed += rank.buffered;
+                gone.push(key.clone());
+            }
+            keep
+        });
+        self.uncharge(freed);
+        gone.sort();
+        gone
     }
 
     /// Whether the session knows the rank (it has seen its resync begin).
@@ -431,6 +467,7 @@ impl IngestSession {
                     last_seq: seq,
                     resync: Some(Vec::new()),
                     buffered: 0,
+                    heard_ms: None,
                 },
             );
             if let Some(previous) = previous {
@@ -726,4 +763,42 @@ mod tests {
             Step::Replace { .. }
         ));
     }
+    #[test]
+    fn ranks_silent_too_long_are_forgotten_with_their_unfinished_resyncs() {
+        let budget = ResyncBudget::new(1 << 20);
+        let mut s = IngestSession::with_limits(IngestLimits {
+            budget: budget.clone(),
+            ..IngestLimits::default()
+        });
+        // A resync begun and never ended (its pod went mid-resync) holds
+        // part of the shared budget.
+        assert_eq!(s.accept(batch(1, true, false, 7)), Step::Buffered);
+        assert_eq!(s.accept(batch(2, false, false, 7)), Step::Buffered);
+        s.heard(&batch(2, false, false, 7).key, 1_000);
+        assert!(budget.used() > 0);
+        // Within the silence allowed: kept.
+        assert!(s.forget_silent(60_000, 60_000).is_empty());
+        assert!(s.knows(&batch(1, false, false, 7).key));
+        // Past it: forgotten, the budget given back, its next delta waits
+        // for a resync.
+        let gone = s.forget_silent(61_001, 60_000);
+        assert_eq!(gone, [batch(1, false, false, 7).key]);
+        assert_eq!(budget.used(), 0);
+        assert!(matches!(
+            s.accept(batch(3, false, false, 7)),
+            Step::ResyncRequired(_)
+        ));
+        // A rank never marked (taken from a snapshot) starts its clock at
+        // the first sweep.
+        let mut restored = IngestSession::default();
+        restored.import(vec![RankState {
+            key: batch(1, false, false, 7).key,
+            incarnation: 7,
+            last_seq: 1,
+            resync: None,
+        }]);
+        assert!(restored.forget_silent(500_000, 60_000).is_empty());
+        assert_eq!(restored.forget_silent(560_001, 60_000).len(), 1);
+    }
+
 }

@@ -78,6 +78,8 @@ const WATERMARKS_EVERY: Duration = Duration::from_secs(1);
 const METADATA_EVERY: Duration = Duration::from_secs(30);
 /// A broker call's timeout.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the partitions' sessions are swept for silent ranks.
+const RANK_SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Batch outcome labels (fixed set).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,6 +109,7 @@ struct KafkaMetrics {
     snapshot_duration_ms: Gauge,
     snapshot_bytes: Gauge,
     snapshot_entries: Gauge,
+    silent_ranks_forgotten: Counter,
 }
 
 impl KafkaMetrics {
@@ -128,6 +131,11 @@ impl KafkaMetrics {
                 "batches",
                 "Batches read from the topic, by outcome",
                 m.batches.clone(),
+            );
+            r.register(
+                "silent_ranks_forgotten",
+                "Ranks a partition's session forgot after --replica-gc-after-seconds without a batch, with any resync they left unfinished",
+                m.silent_ranks_forgotten.clone(),
             );
             r.register(
                 "offset_resets",
@@ -190,6 +198,21 @@ pub struct Settings {
     snapshot_dir: Option<PathBuf>,
     snapshot_every: Duration,
     ready_lag: u64,
+    /// A rank of a partition's session not heard from for this long is
+    /// forgotten (`--replica-gc-after-seconds`; `None`: never).
+    rank_silence: Option<Duration>,
+}
+
+impl Settings {
+    /// Forgets a partition's ranks silent for longer than `after` (the
+    /// replica GC's silence, so a rank goes when its replica does).
+    #[must_use]
+    pub fn forgetting_ranks_after(self, after: Option<Duration>) -> Self {
+        Self {
+            rank_silence: after,
+            ..self
+        }
+    }
 }
 
 impl KafkaConsumerFlags {
@@ -229,6 +252,7 @@ impl KafkaConsumerFlags {
             snapshot_dir: self.kafka_snapshot_dir.clone(),
             snapshot_every: Duration::from_secs(self.kafka_snapshot_interval_seconds),
             ready_lag: self.kafka_ready_lag_messages,
+            rank_silence: None,
         }))
     }
 }
@@ -275,6 +299,7 @@ pub struct KafkaConsumer {
     snapshot_taken_ms: Arc<AtomicI64>,
     writing: Option<std::thread::JoinHandle<()>>,
     next_snapshot: Instant,
+    next_rank_sweep: Instant,
 }
 
 /// What [`start`] hands back.
@@ -325,6 +350,7 @@ pub fn start(
         seen: ProbeCursor::default(),
         assigned: Vec::new(),
         next_snapshot: now + settings.snapshot_every,
+        next_rank_sweep: now + RANK_SWEEP_EVERY,
         settings,
         limits,
         partitions: BTreeMap::new(),
@@ -503,7 +529,29 @@ impl KafkaConsumer {
             self.next_snapshot = Instant::now() + self.settings.snapshot_every;
             self.take_snapshot();
         }
+        if Instant::now() >= self.next_rank_sweep {
+            self.next_rank_sweep = Instant::now() + RANK_SWEEP_EVERY;
+            self.forget_silent_ranks();
+        }
         Ok(())
+    }
+
+    /// Forgets the ranks of every partition's session silent for longer
+    /// than the replica GC's silence, with what their unfinished resyncs
+    /// held of the shared budget.
+    fn forget_silent_ranks(&mut self) {
+        let Some(after) = self.settings.rank_silence else {
+            return;
+        };
+        let now_ms = self.core.now_ms();
+        let silent_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
+        for (partition, p) in &mut self.partitions {
+            let gone = p.session.session_mut().forget_silent(now_ms, silent_ms);
+            if !gone.is_empty() {
+                self.metrics.silent_ranks_forgotten.inc_by(gone.len() as u64);
+                tracing::info!(partition, ranks = gone.len(), "forgot ranks silent past --replica-gc-after-seconds");
+            }
+        }
     }
 
     /// Assigns every partition of the topic at its position when the set
@@ -628,6 +676,9 @@ impl KafkaConsumer {
                 return;
             }
         };
+        if let Some(rank) = &rank {
+            p.session.session_mut().heard(rank, core.now_ms());
+        }
         let buffered = matches!(step, Step::Buffered);
         let applied = match replayed_at {
             Some(at) => core.ingest_replayed(step, facts, at),

@@ -593,7 +593,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let kafka = kafka_settings
         .map(|settings| {
             let limits = kafka::limits(&service.ingest.limits);
-            kafka::start(settings, core.clone(), limits, &registry, shutdown.clone())
+            let gc = (config.replica_gc_after_seconds > 0)
+                .then(|| Duration::from_secs(config.replica_gc_after_seconds));
+            kafka::start(
+                settings.forgetting_ranks_after(gc),
+                core.clone(),
+                limits,
+                &registry,
+                shutdown.clone(),
+            )
         })
         .transpose()?;
     let exchange = peers::Exchange::new(peer_settings, &registry);
