@@ -800,5 +800,4 @@ mod tests {
         assert!(restored.forget_silent(500_000, 60_000).is_empty());
         assert_eq!(restored.forget_silent(560_001, 60_000).len(), 1);
     }
-
 }

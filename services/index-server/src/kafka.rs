@@ -548,8 +548,14 @@ impl KafkaConsumer {
         for (partition, p) in &mut self.partitions {
             let gone = p.session.session_mut().forget_silent(now_ms, silent_ms);
             if !gone.is_empty() {
-                self.metrics.silent_ranks_forgotten.inc_by(gone.len() as u64);
-                tracing::info!(partition, ranks = gone.len(), "forgot ranks silent past --replica-gc-after-seconds");
+                self.metrics
+                    .silent_ranks_forgotten
+                    .inc_by(gone.len() as u64);
+                tracing::info!(
+                    partition,
+                    ranks = gone.len(),
+                    "forgot ranks silent past --replica-gc-after-seconds"
+                );
             }
         }
     }
