@@ -167,11 +167,30 @@ pub fn list(dir: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
     Ok(files)
 }
 
+/// The number a snapshot file's name orders it by.
+fn stamp_of(path: &Path) -> Option<i64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("snapshot-")?
+        .strip_suffix(SUFFIX)?
+        .parse()
+        .ok()
+}
+
 /// Writes `bytes` as the newest snapshot, then removes all but the newest
-/// [`KEEP`]. Returns the file written.
+/// [`KEEP`]. Returns the file written. Its name orders it after every file
+/// there, whatever the clock says (one stepped back, or a volume carried
+/// to a node whose clock is behind, would otherwise name it older than
+/// the rest and prune it at once); a temporary file a crash left is
+/// removed.
 pub fn write(dir: &Path, taken_unix_ms: i64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let name = format!("snapshot-{:020}{SUFFIX}", taken_unix_ms.max(0));
+    remove_leftovers(dir);
+    let newest = list(dir)?.first().and_then(|p| stamp_of(p));
+    let stamp = newest.map_or(taken_unix_ms.max(0), |n| {
+        taken_unix_ms.max(n.saturating_add(1))
+    });
+    let name = format!("snapshot-{stamp:020}{SUFFIX}");
     let path = dir.join(&name);
     let tmp = dir.join(format!(".{name}.tmp"));
     {
@@ -184,12 +203,29 @@ pub fn write(dir: &Path, taken_unix_ms: i64, bytes: &[u8]) -> Result<PathBuf, Sn
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io(dir))?;
-    for old in list(dir)?.into_iter().skip(KEEP) {
+    for old in list(dir)?.into_iter().skip(KEEP).filter(|p| *p != path) {
         if let Err(error) = std::fs::remove_file(&old) {
             tracing::warn!(path = %old.display(), %error, "cannot remove an old snapshot");
         }
     }
     Ok(path)
+}
+
+/// Removes the temporary files of writes a crash interrupted (one writer
+/// at a time: none is under way when a write starts).
+fn remove_leftovers(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.filter_map(Result::ok).map(|e| e.path()) {
+        let leftover = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".snapshot-") && n.ends_with(".tmp"));
+        if leftover && let Err(error) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), %error, "cannot remove a leftover snapshot file");
+        }
+    }
 }
 
 /// The newest snapshot of `topic` in `dir` that reads whole, with its file
@@ -320,5 +356,24 @@ mod tests {
         assert_eq!(other.len(), 2);
         // No directory yet: nothing to load, nothing wrong.
         assert!(load_newest(&dir.path().join("none"), "events", |e| panic!("{e}")).is_none());
+    }
+
+    #[test]
+    fn a_clock_stepped_back_neither_prunes_the_new_file_nor_loads_an_older_one() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), 5_000, &snapshot(5_000).encode()).unwrap();
+        write(dir.path(), 6_000, &snapshot(6_000).encode()).unwrap();
+        // A crash mid-write left its temporary file.
+        let leftover = dir.path().join(".snapshot-00000000000000007000.icsnap.tmp");
+        std::fs::write(&leftover, b"half").unwrap();
+        // The clock went back: this snapshot is still the newest, kept and
+        // loaded; the oldest goes, and so does the leftover.
+        let written = write(dir.path(), 1_000, &snapshot(1_000).encode()).unwrap();
+        let files = list(dir.path()).unwrap();
+        assert_eq!(files.len(), KEEP);
+        assert_eq!(files[0], written);
+        let (s, path, _) = load_newest(dir.path(), "events", |e| panic!("{e}")).unwrap();
+        assert_eq!((s.taken_unix_ms, path), (1_000, written));
+        assert!(!leftover.exists());
     }
 }
