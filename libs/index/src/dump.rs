@@ -29,6 +29,9 @@ pub struct ReplicaDump {
     pub address: String,
     /// Tier-2 counters `(hits, queries)`, when reported.
     pub tier2: Option<(u64, u64)>,
+    /// When anything last came from it (Unix ms); `None` in a dump of an
+    /// older form, which kept no such time.
+    pub last_seen_ms: Option<i64>,
     /// `Stored` changes that rebuild its holdings.
     pub changes: Vec<Change>,
 }
@@ -74,12 +77,23 @@ impl Dump {
                 }
                 None => enc.u8(0),
             }
+            enc.i64(r.last_seen_ms.unwrap_or(0));
             enc.changes(&r.changes);
         }
     }
 
     /// Reads the byte form.
     pub fn decode(dec: &mut Dec<'_>) -> Result<Self, DumpError> {
+        Self::decode_form(dec, true)
+    }
+
+    /// Reads the byte form written before replicas' last-seen times were
+    /// kept (their `last_seen_ms` is `None`).
+    pub fn decode_without_seen(dec: &mut Dec<'_>) -> Result<Self, DumpError> {
+        Self::decode_form(dec, false)
+    }
+
+    fn decode_form(dec: &mut Dec<'_>, with_seen: bool) -> Result<Self, DumpError> {
         let n = dec.len("replicas")?;
         let mut replicas = Vec::with_capacity(n.min(1 << 16));
         for _ in 0..n {
@@ -94,12 +108,18 @@ impl Dump {
                 )),
                 other => return Err(DumpError::Invalid("replica.tier2", u64::from(other))),
             };
+            let last_seen_ms = if with_seen {
+                Some(dec.i64("replica.last_seen_ms")?).filter(|&t| t > 0)
+            } else {
+                None
+            };
             let changes = dec.changes()?;
             replicas.push(ReplicaDump {
                 key,
                 scope,
                 address,
                 tier2,
+                last_seen_ms,
                 changes,
             });
         }
@@ -130,6 +150,7 @@ impl Index {
                 scope: scope.clone(),
                 address: meta.address.clone(),
                 tier2,
+                last_seen_ms: Some(meta.last_seen_ms.load(std::sync::atomic::Ordering::Relaxed)),
                 changes: Vec::new(),
             });
         }
@@ -163,12 +184,15 @@ impl Index {
     }
 
     /// Adds `dump`'s replicas to the index (meant for an empty one), as if
-    /// each had reported its holdings at `now_ms`; returns what did not
-    /// apply.
+    /// each had reported its holdings when it was last seen (at `now_ms`
+    /// when the dump does not say, never later), so a replica silent before
+    /// the dump is not answered again, nor kept longer, for having been
+    /// restored; returns what did not apply.
     pub fn restore(&self, dump: &Dump, now_ms: i64) -> Vec<ContentError> {
         let mut errors = Vec::new();
         for r in &dump.replicas {
-            errors.extend(self.replace(&r.key, &r.scope, &r.address, &r.changes, now_ms));
+            let seen = r.last_seen_ms.map_or(now_ms, |t| t.min(now_ms));
+            errors.extend(self.replace(&r.key, &r.scope, &r.address, &r.changes, seen));
             self.set_tier2(&r.key, r.tier2);
         }
         errors

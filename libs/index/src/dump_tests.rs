@@ -258,3 +258,57 @@ fn an_import_beyond_the_bounds_leaves_ranks_out() {
     let left = s.import(vec![rank("a"), rank("b")]);
     assert_eq!(left, vec![key("t", "b", 0)]);
 }
+
+#[test]
+fn a_restore_keeps_when_each_replica_was_last_seen() {
+    let ix = Index::new(IndexConfig::default());
+    let s = scope("t", HashScheme::Vllm);
+    ix.apply(
+        &key("t", "quiet", 0),
+        &s,
+        "a:1",
+        &[stored(0, 1..3, Tier::T1)],
+        1_000,
+    );
+    ix.apply(
+        &key("t", "busy", 0),
+        &s,
+        "b:1",
+        &[stored(0, 5..7, Tier::T1)],
+        90_000,
+    );
+    let dump = ix.dump();
+    let seen = |ix: &Index, id: &str| {
+        ix.snapshot()
+            .into_iter()
+            .find(|r| r.key.replica_id == id)
+            .map(|r| r.last_seen_ms)
+    };
+    // Restored later: each keeps its own time, so the replica GC and the
+    // lookups' freshness bound judge it by its real silence.
+    let restored = Index::new(IndexConfig::default());
+    assert!(restored.restore(&dump, 100_000).is_empty());
+    assert_eq!(seen(&restored, "quiet"), Some(1_000));
+    assert_eq!(seen(&restored, "busy"), Some(90_000));
+    assert_eq!(
+        restored.replicas_silent_since(50_000),
+        [key("t", "quiet", 0)]
+    );
+    // Restored by a clock behind the dump's: never later than now.
+    let behind = Index::new(IndexConfig::default());
+    assert!(behind.restore(&dump, 50_000).is_empty());
+    assert_eq!(seen(&behind, "busy"), Some(50_000));
+    // The older form kept no times: restored as seen now.
+    let mut enc = Enc::default();
+    enc.len(1);
+    enc.replica_key(&key("t", "old", 0));
+    enc.scope(&s);
+    enc.str("c:1");
+    enc.u8(0);
+    enc.changes(&[stored(0, 9..10, Tier::T1)]);
+    let old = Dump::decode_without_seen(&mut Dec::new(&enc.buf)).unwrap();
+    assert_eq!(old.replicas[0].last_seen_ms, None);
+    let from_old = Index::new(IndexConfig::default());
+    assert!(from_old.restore(&old, 100_000).is_empty());
+    assert_eq!(seen(&from_old, "old"), Some(100_000));
+}

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use ic_index::dump::{Dec, Dump, DumpError, Enc};
 use ic_index::ingest::RankState;
 
-const MAGIC: &[u8; 8] = b"ICSNAP01";
+const MAGIC: &[u8; 8] = b"ICSNAP02";
+/// The form before replicas' last-seen times were kept: still read.
+const MAGIC_V1: &[u8; 8] = b"ICSNAP01";
 const HEADER: usize = 8 + 8 + 32;
 const SUFFIX: &str = ".icsnap";
 /// Snapshot files kept.
@@ -96,9 +98,10 @@ impl Snapshot {
 
     /// Reads a file's bytes, checking the magic, length and checksum first.
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.len() < HEADER || &bytes[..8] != MAGIC {
+        if bytes.len() < HEADER || (&bytes[..8] != MAGIC && &bytes[..8] != MAGIC_V1) {
             return Err("not a snapshot file (bad magic)".into());
         }
+        let with_seen = &bytes[..8] == MAGIC;
         let mut len = [0; 8];
         len.copy_from_slice(&bytes[8..16]);
         let len = u64::from_le_bytes(len);
@@ -112,10 +115,10 @@ impl Snapshot {
         if blake3::hash(payload).as_bytes() != &bytes[16..48] {
             return Err("checksum mismatch".into());
         }
-        Self::decode_payload(payload).map_err(|e| e.to_string())
+        Self::decode_payload(payload, with_seen).map_err(|e| e.to_string())
     }
 
-    fn decode_payload(payload: &[u8]) -> Result<Self, DumpError> {
+    fn decode_payload(payload: &[u8], with_seen: bool) -> Result<Self, DumpError> {
         let mut dec = Dec::new(payload);
         let topic = dec.str("topic")?;
         let taken_unix_ms = dec.i64("taken_unix_ms")?;
@@ -136,7 +139,11 @@ impl Snapshot {
             }
             sessions.push((partition, out));
         }
-        let index = Dump::decode(&mut dec)?;
+        let index = if with_seen {
+            Dump::decode(&mut dec)?
+        } else {
+            Dump::decode_without_seen(&mut dec)?
+        };
         if dec.remaining() != 0 {
             return Err(DumpError::Invalid("trailing bytes", dec.remaining() as u64));
         }
@@ -375,5 +382,47 @@ mod tests {
         let (s, path, _) = load_newest(dir.path(), "events", |e| panic!("{e}")).unwrap();
         assert_eq!((s.taken_unix_ms, path), (1_000, written));
         assert!(!leftover.exists());
+    }
+    #[test]
+    fn a_file_of_the_form_before_last_seen_times_is_still_read() {
+        let mut enc = Enc::default();
+        enc.str("events");
+        enc.i64(7);
+        enc.len(0);
+        enc.len(0);
+        // One replica, without the last-seen time the current form has.
+        enc.len(1);
+        enc.replica_key(&ReplicaKey {
+            tenant: "t".into(),
+            replica_id: "r".into(),
+            dp_rank: 0,
+        });
+        enc.scope(&Scope {
+            tenant: "t".into(),
+            model: "m".into(),
+            hash_scheme: HashScheme::Vllm,
+            adapter: String::new(),
+        });
+        enc.str("a:1");
+        enc.u8(0);
+        enc.changes(&[]);
+        let payload = enc.buf;
+        let mut bytes = MAGIC_V1.to_vec();
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(blake3::hash(&payload).as_bytes());
+        bytes.extend_from_slice(&payload);
+        let read = Snapshot::decode(&bytes).unwrap();
+        assert_eq!(read.taken_unix_ms, 7);
+        assert_eq!(read.index.replicas.len(), 1);
+        assert_eq!(read.index.replicas[0].last_seen_ms, None);
+        // The current form carries it.
+        let current = Snapshot::decode(&snapshot(8).encode()).unwrap();
+        assert!(
+            current
+                .index
+                .replicas
+                .iter()
+                .all(|r| r.last_seen_ms.is_some())
+        );
     }
 }
