@@ -17,7 +17,7 @@ use tracing::Instrument as _;
 use crate::access::{ApiAccess, Caller};
 use crate::convert::{reason_to_pb, scope_from_pb, scope_from_pb_owned};
 use crate::index_core::{IndexCore, Prompt, Purpose, RouteError, RouteRequest, Routed, StepEnd};
-use crate::ingest::{IngestStream, engine_facts};
+use crate::ingest::{IngestStream, engine_facts, rank_of};
 use crate::metrics::Metrics;
 use crate::policy::Policies;
 use crate::tokenize::EncodeError;
@@ -551,7 +551,7 @@ impl IndexServer {
         // Per rank, held from its resync's first batch to its last (or the
         // stream's end): a stream may carry several ranks' resyncs at once.
         // At most --max-ranks-per-stream (and one being refused).
-        let mut resyncs: Vec<(RankOf, crate::readiness::ResyncUnderWay)> = Vec::new();
+        let mut resyncs: Vec<(ic_index::ReplicaKey, crate::readiness::ResyncUnderWay)> = Vec::new();
         loop {
             let next = tokio::select! {
                 next = tokio::time::timeout(idle, stream.message()) => next,
@@ -571,7 +571,9 @@ impl IndexServer {
             let Some(batch) = next? else { break };
             let seq = batch.seq;
             let resync_end = batch.resync_end;
-            let rank = (batch.resync_begin || resync_end).then(|| RankOf::of(&batch));
+            let rank = (batch.resync_begin || resync_end)
+                .then(|| rank_of(&batch))
+                .flatten();
             if let Some(rank) = &rank
                 && batch.resync_begin
                 && !resyncs.iter().any(|(r, _)| r == rank)
@@ -709,28 +711,6 @@ impl IndexServer {
         self.readiness.policies_pushed();
         tracing::info!(namespaces = applied, "routing policies replaced");
         Ok(Response::new(pb::SetPoliciesResponse { applied }))
-    }
-}
-
-/// The rank a batch speaks for, as far as readiness tells resyncs apart.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct RankOf {
-    tenant: String,
-    replica_id: String,
-    dp_rank: u32,
-}
-
-impl RankOf {
-    fn of(batch: &pb::IngestBatch) -> Self {
-        let replica = batch.replica.as_ref();
-        Self {
-            tenant: replica
-                .and_then(|r| r.scope.as_ref())
-                .map(|s| s.tenant.clone())
-                .unwrap_or_default(),
-            replica_id: replica.map(|r| r.replica_id.clone()).unwrap_or_default(),
-            dp_rank: replica.map_or(0, |r| r.dp_rank),
-        }
     }
 }
 

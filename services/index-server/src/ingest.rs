@@ -92,18 +92,23 @@ impl IngestStream {
     }
 }
 
+/// The replica rank a batch is about (`None` when it names none; the
+/// ingest path refuses such a batch anyway).
+pub fn rank_of(batch: &pb::IngestBatch) -> Option<ReplicaKey> {
+    let replica = batch.replica.as_ref()?;
+    Some(ReplicaKey {
+        tenant: replica.scope.as_ref()?.tenant.clone(),
+        replica_id: replica.replica_id.clone(),
+        dp_rank: replica.dp_rank,
+    })
+}
+
 /// What `batch` says about its engine beside the blocks (the engine's
 /// queue, KV-cache usage and size), its usage clamped to 0..=1; `None` when
 /// the batch names no replica scope (such a batch is refused anyway).
 pub fn engine_facts(batch: &pb::IngestBatch) -> Option<EngineFacts> {
-    let replica = batch.replica.as_ref()?;
-    let tenant = replica.scope.as_ref()?.tenant.clone();
     Some(EngineFacts {
-        key: ReplicaKey {
-            tenant,
-            replica_id: replica.replica_id.clone(),
-            dp_rank: replica.dp_rank,
-        },
+        key: rank_of(batch)?,
         load: batch.engine_load.map(|l| EngineLoad {
             waiting: l.waiting,
             running: l.running,

@@ -20,7 +20,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use ic_index::ReplicaKey;
 use ic_index::ingest::{IngestLimits, Step};
 use ic_kafka_client::probe::{BrokerProbe, ProbeCursor, ProbeTimes};
 use ic_proto::index_v1 as pb;
@@ -36,7 +35,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::index_core::{IndexCore, StepEnd};
-use crate::ingest::{IngestStream, engine_facts};
+use crate::ingest::{IngestStream, engine_facts, rank_of};
 use crate::snapshot::{self, Snapshot};
 
 /// The index server's Kafka flags.
@@ -369,17 +368,6 @@ pub fn start(
     Ok(Started {
         ready: ready_rx,
         task,
-    })
-}
-
-/// The replica rank a batch is about (`None` when it names none; the
-/// ingest path refuses such a batch anyway).
-fn rank_of(batch: &pb::IngestBatch) -> Option<ReplicaKey> {
-    let replica = batch.replica.as_ref()?;
-    Some(ReplicaKey {
-        tenant: replica.scope.as_ref()?.tenant.clone(),
-        replica_id: replica.replica_id.clone(),
-        dp_rank: replica.dp_rank,
     })
 }
 

@@ -36,13 +36,18 @@ async fn metrics(admin: SocketAddr) -> String {
         .unwrap()
 }
 
-async fn refused(admin: SocketAddr, reason: &str) -> f64 {
-    let line = format!("inferencecache_index_ingest_refused_total{{reason=\"{reason}\"}} ");
+/// The value of `series` (name and labels, as /metrics writes them).
+async fn metric_value(admin: SocketAddr, series: &str) -> Option<f64> {
+    let line = format!("{series} ");
     metrics(admin)
         .await
         .lines()
         .find_map(|l| l.strip_prefix(&line).map(|v| v.parse().unwrap()))
-        .unwrap_or(0.0)
+}
+
+async fn refused(admin: SocketAddr, reason: &str) -> f64 {
+    let series = format!("inferencecache_index_ingest_refused_total{{reason=\"{reason}\"}}");
+    metric_value(admin, &series).await.unwrap_or(0.0)
 }
 
 const GOOD: Replica<'static> = Replica {
@@ -443,13 +448,7 @@ async fn a_replica_or_scope_past_the_index_bounds_ends_the_stream_and_takes_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_past_the_grpc_bound_are_refused_and_counted() {
     let (_p, grpc, admin) = start(&["--grpc-max-message-bytes=4096"]);
-    let counted = || async {
-        metrics(admin)
-            .await
-            .lines()
-            .find_map(|l| l.strip_prefix("inferencecache_index_grpc_messages_refused_total "))
-            .map(|v| v.parse::<f64>().unwrap())
-    };
+    let counted = || metric_value(admin, "inferencecache_index_grpc_messages_refused_total");
     assert_eq!(counted().await, Some(0.0));
     let mut client = IndexServiceClient::connect(grpc.clone()).await.unwrap();
     let lookup = |n| pb::LookupRouteRequest {
@@ -531,12 +530,11 @@ async fn a_resync_that_never_ends_holds_readiness_back_only_within_its_wait() {
     assert_eq!(status(admin).await, 503);
     // ... until its wait is over, counted once.
     assert_eq!(ready_becomes(admin, 200).await, 200);
-    let line = "inferencecache_index_ready_resyncs_not_waited_for_total ";
-    let counted = metrics(admin)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix(line).map(|v| v.parse::<f64>().unwrap()));
-    assert_eq!(counted, Some(1.0));
+    let counted = metric_value(
+        admin,
+        "inferencecache_index_ready_resyncs_not_waited_for_total",
+    );
+    assert_eq!(counted.await, Some(1.0));
     // Ready now: another subscriber's resync does not take it out again.
     let (tx2, _call2) = open_stream(&grpc).await;
     let mut other = resync(
