@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-pub use ic_sim::{PROCESS_TIMEOUT, ServiceProcess, engine, ext_proc, http_get, ingest, tansu};
+pub use ic_sim::{
+    PROCESS_TIMEOUT, ServiceProcess, engine, ext_proc, http_get, ingest, metric_value, tansu,
+};
 
 pub mod chart;
 pub mod conformance;

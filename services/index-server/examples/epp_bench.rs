@@ -29,7 +29,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_index_server::tokenize::{ChatPrompt, Tokenizers};
 use ic_proto::index_v1 as pb;
 
 #[path = "common/conversations.rs"]
@@ -71,7 +71,7 @@ async fn main() {
     let epp = format!("http://{}", process.addr("epp"));
     let grpc = format!("http://{}", process.addr("grpc"));
     // Each replica holds 16 of the 64 conversations the gateways send.
-    let conversations: Vec<Vec<ChatMessage>> = (0..64).map(|c| messages(c, &tokenizers)).collect();
+    let conversations: Vec<ChatPrompt> = (0..64).map(|c| messages(c, &tokenizers)).collect();
     for (r, address) in endpoints.iter().enumerate() {
         let events = conversations
             .iter()
@@ -123,7 +123,7 @@ async fn main() {
         .iter()
         .map(|m| {
             serde_json::to_vec(
-                &serde_json::json!({"model": "tiny-chat", "messages": m, "stream": true}),
+                &serde_json::json!({"model": "tiny-chat", "messages": m.messages, "stream": true}),
             )
             .unwrap()
         })

@@ -35,7 +35,7 @@ use ic_index::{HashScheme, Index, IndexConfig, Scope};
 use ic_index_server::index_core::{IndexCore, Prompt, Purpose, RouteRequest, Routed};
 use ic_index_server::ingest::IngestStream;
 use ic_index_server::metrics::Metrics;
-use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_index_server::tokenize::{ChatPrompt, Tokenizers};
 use ic_proto::index_v1 as pb;
 use ic_telemetry::MetricsRegistry;
 
@@ -90,7 +90,7 @@ fn main() {
         Metrics::register(&registry),
     )
     .with_tokenizers(Tokenizers::load(&[spec]).unwrap());
-    let conversations: Vec<Vec<ChatMessage>> = (0..64).map(|c| messages(c, &tokenizers)).collect();
+    let conversations: Vec<ChatPrompt> = (0..64).map(|c| messages(c, &tokenizers)).collect();
     let prompts: Vec<Vec<u32>> = conversations
         .iter()
         .map(|m| tokenizers.encode_chat("tiny-chat", m).unwrap())

@@ -51,6 +51,8 @@ use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
+#[path = "epp_budget.rs"]
+mod budget;
 #[path = "epp_decide.rs"]
 mod decide;
 #[path = "epp_scope.rs"]
@@ -74,6 +76,8 @@ pub struct EndpointPicker {
     pool: Arc<PoolConfig>,
     pools: Arc<Vec<Arc<PoolConfig>>>,
     observed: Arc<parking_lot::Mutex<Observations>>,
+    /// The bytes of bodies held across every stream (all pools).
+    bodies: Arc<budget::BodyBudget>,
 }
 
 impl EndpointPicker {
@@ -88,11 +92,17 @@ impl EndpointPicker {
     /// When `pools` is empty (the flags never resolve to none).
     pub fn serving(core: Arc<IndexCore>, pools: Vec<PoolConfig>) -> Self {
         let pools: Vec<Arc<PoolConfig>> = pools.into_iter().map(Arc::new).collect();
+        let pool = pools.first().cloned().expect("at least one pool");
+        let bodies = Arc::new(budget::BodyBudget::new(
+            pool.max_held_body_bytes,
+            core.metrics().epp_held_body_bytes.clone(),
+        ));
         Self {
             core,
-            pool: pools.first().cloned().expect("at least one pool"),
+            pool,
             pools: Arc::new(pools),
             observed: Arc::default(),
+            bodies,
         }
     }
 
@@ -151,6 +161,11 @@ struct Exchange {
     chunks: Vec<(Vec<u8>, bool)>,
     chunk_bytes: usize,
     too_large: bool,
+    /// The body or chunks held, against the picker-wide budget; given
+    /// back once the pick is made.
+    held: budget::HeldBytes,
+    /// The budget had no room for the next chunk: routed by load.
+    over_budget: bool,
     /// Picked (or refused): the rest of the request passes through.
     decided: bool,
     /// When the pick was made, and whether the first response byte came.
@@ -162,6 +177,19 @@ struct Exchange {
     streamed_response: bool,
     usage: Option<UsageReader>,
     response_ended: bool,
+}
+
+impl Exchange {
+    /// Why the held body is not read, if it is not.
+    fn unread_reason(&self) -> Option<&'static str> {
+        if self.too_large {
+            Some("too_large")
+        } else if self.over_budget {
+            Some("held_body_budget")
+        } else {
+            None
+        }
+    }
 }
 
 /// The picker's in-flight count of one request (the load board's
@@ -260,6 +288,7 @@ impl ExternalProcessor for EndpointPicker {
         };
         let ex = Exchange {
             trace_context: stream_context,
+            held: budget::HeldBytes::of(picker.bodies.clone()),
             ..Exchange::default()
         };
         Ok(Response::new(Box::pin(picker.replies(ex, incoming))))
@@ -432,6 +461,9 @@ impl EndpointPicker {
             .decide_placed(&ex.path, body, ex.subset.as_deref(), priority)
             .instrument(span.clone())
             .await;
+        // Read: the body's bytes leave the budget (held chunks go back to
+        // the gateway with the replies).
+        ex.held.release();
         span.record(
             "outcome",
             match &decided {
@@ -507,8 +539,9 @@ impl EndpointPicker {
                 }
                 ex.chunk_bytes += b.body.len();
                 ex.too_large |= ex.chunk_bytes > self.pool.max_body_bytes;
+                ex.over_budget |= !ex.too_large && !ex.held.grow(b.body.len());
                 ex.chunks.push((b.body, b.end_of_stream));
-                if b.end_of_stream || ex.too_large {
+                if b.end_of_stream || ex.too_large || ex.over_budget {
                     return self.release_full_duplex(ex, in_flight).await;
                 }
                 Vec::new()
@@ -528,7 +561,14 @@ impl EndpointPicker {
                     );
                     return vec![wire::refusal(StatusCode::PayloadTooLarge, &detail)];
                 }
-                match self.pick_or_refuse(ex, Some(b.body), in_flight).await {
+                // Counted while it is read; no room: routed by load.
+                let body = if ex.held.grow(b.body.len()) {
+                    Some(b.body)
+                } else {
+                    self.core.metrics().epp_unread("held_body_budget");
+                    None
+                };
+                match self.pick_or_refuse(ex, body, in_flight).await {
                     Ok(pick) => vec![wire::request_body(Some(&pick.endpoints), None)],
                     Err(refusal) => vec![refusal],
                 }
@@ -579,21 +619,25 @@ impl EndpointPicker {
 
     /// Adds a chunk to the body the pick reads, up to the limit.
     fn hold(&self, ex: &mut Exchange, chunk: &[u8]) {
-        if ex.too_large {
+        if ex.too_large || ex.over_budget {
             return;
         }
-        if ex.body.len() + chunk.len() <= self.pool.max_body_bytes {
-            ex.body.extend_from_slice(chunk);
-        } else {
+        if ex.body.len() + chunk.len() > self.pool.max_body_bytes {
             ex.too_large = true;
-            ex.body = Vec::new();
+        } else if !ex.held.grow(chunk.len()) {
+            ex.over_budget = true;
+        } else {
+            ex.body.extend_from_slice(chunk);
+            return;
         }
+        ex.body = Vec::new();
+        ex.held.release();
     }
 
     /// The body to read, or `None` when it outgrew the limit (counted).
     fn held_body(&self, ex: &mut Exchange) -> Option<Vec<u8>> {
-        if ex.too_large {
-            self.core.metrics().epp_unread("too_large");
+        if let Some(reason) = ex.unread_reason() {
+            self.core.metrics().epp_unread(reason);
             return None;
         }
         Some(std::mem::take(&mut ex.body))
@@ -607,8 +651,8 @@ impl EndpointPicker {
         ex: &mut Exchange,
         in_flight: &mut InFlight,
     ) -> Vec<ProcessingResponse> {
-        let body = if ex.too_large {
-            self.core.metrics().epp_unread("too_large");
+        let body = if let Some(reason) = ex.unread_reason() {
+            self.core.metrics().epp_unread(reason);
             None
         } else {
             Some(

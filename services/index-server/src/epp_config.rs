@@ -19,6 +19,10 @@ pub const ENVOY_DEFAULT_BUFFER_BYTES: usize = 1 << 20;
 /// (attributes, metadata, framing), over the body itself.
 pub const MESSAGE_OVERHEAD_BYTES: usize = 256 << 10;
 
+/// `--epp-max-held-body-bytes` by default: sixteen bodies of the largest
+/// size read at once.
+pub const DEFAULT_MAX_HELD_BODY_BYTES: usize = 16 * crate::openai::MAX_BODY_BYTES;
+
 /// Endpoint picker flags.
 #[derive(Clone, Debug, clap::Args)]
 pub struct EppFlags {
@@ -92,6 +96,14 @@ pub struct EppFlags {
     /// Envoy's default buffer (1 MiB).
     #[arg(long, env = "IC_EPP_MAX_BODY_BYTES", default_value_t = crate::openai::MAX_BODY_BYTES)]
     pub epp_max_body_bytes: usize,
+
+    /// Bytes of request bodies the picker holds at once across all its
+    /// streams (to read them, or until the pick for a full-duplex stream).
+    /// A stream whose next chunk would pass it is routed by load, counted
+    /// in `epp_unread_total{reason="held_body_budget"}`; a BUFFERED body
+    /// too. At least --epp-max-body-bytes.
+    #[arg(long, env = "IC_EPP_MAX_HELD_BODY_BYTES", default_value_t = DEFAULT_MAX_HELD_BODY_BYTES)]
+    pub epp_max_held_body_bytes: usize,
 
     /// Endpoints named after the pick (least busy first) in
     /// `x-gateway-destination-endpoint`, for a gateway with retries to
@@ -268,6 +280,8 @@ pub struct PoolConfig {
     pub objectives: Objectives,
     /// Largest request body read, bytes.
     pub max_body_bytes: usize,
+    /// `--epp-max-held-body-bytes` (the picker's, the same in every pool).
+    pub max_held_body_bytes: usize,
     /// Endpoints named after the pick, by load, for the gateway to retry
     /// on (0: the pick alone).
     pub fallbacks: usize,
@@ -395,6 +409,14 @@ impl EppFlags {
                 self.epp_max_body_bytes
             );
         }
+        if self.epp_max_held_body_bytes < self.epp_max_body_bytes {
+            anyhow::bail!(
+                "--epp-max-held-body-bytes must be at least --epp-max-body-bytes ({}; got {}): \
+                 a body of the largest size read could never be held",
+                self.epp_max_body_bytes,
+                self.epp_max_held_body_bytes
+            );
+        }
         if self.epp_fallback_endpoints > MAX_FALLBACK_ENDPOINTS {
             anyhow::bail!(
                 "--epp-fallback-endpoints must be at most {MAX_FALLBACK_ENDPOINTS} (got {})",
@@ -430,6 +452,7 @@ impl EppFlags {
                 shedding,
                 objectives: objectives.clone(),
                 max_body_bytes: self.epp_max_body_bytes,
+                max_held_body_bytes: self.epp_max_held_body_bytes,
                 fallbacks: self.epp_fallback_endpoints,
                 inline_tokenize_bytes: self.epp_inline_tokenize_bytes,
                 cache: Arc::default(),

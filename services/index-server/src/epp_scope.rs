@@ -291,6 +291,7 @@ pub(super) mod tests {
                 shedding: Shedding::default(),
                 objectives: Objectives::default(),
                 max_body_bytes: 1 << 20,
+                max_held_body_bytes: 1 << 24,
                 fallbacks: 1,
                 inline_tokenize_bytes: DEFAULT_INLINE_TOKENIZE_BYTES,
                 cache: Arc::default(),

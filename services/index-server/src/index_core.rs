@@ -29,7 +29,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::metrics::Metrics;
 use crate::policy::{Policies, Policy};
 use crate::routing::Routing;
-use crate::tokenize::{ChatMessage, EncodeError, Tokenizers};
+use crate::tokenize::{ChatPrompt, EncodeError, Tokenizers};
 
 /// A lookup's budget: the instant on the monotonic clock when it ends.
 #[derive(Clone, Copy, Debug)]
@@ -117,7 +117,7 @@ pub enum Prompt<'a> {
     /// Completion text, tokenized with the scope model's tokenizer.
     Text(&'a str),
     /// Chat messages, rendered with the scope model's chat template.
-    Chat(&'a [ChatMessage]),
+    Chat(&'a ChatPrompt),
     /// Nothing to match on (an endpoint pick of an unreadable body): load
     /// alone decides.
     Unknown,
@@ -514,7 +514,7 @@ impl IndexCore {
         let model = &request.scope.model;
         match request.prompt {
             Prompt::Text(text) => self.tokenizers.encode(model, text).map(Some),
-            Prompt::Chat(messages) => self.tokenizers.encode_chat(model, messages).map(Some),
+            Prompt::Chat(chat) => self.tokenizers.encode_chat(model, chat).map(Some),
             Prompt::Tokens(_) | Prompt::PrefixHash(_) | Prompt::Blocks(_) | Prompt::Unknown => {
                 Ok(None)
             }

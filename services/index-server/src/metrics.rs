@@ -133,6 +133,8 @@ pub struct Metrics {
     /// Requests the picker could not read, by what failed (body,
     /// tokenize, too_large); they are still routed, by load.
     pub epp_unread: Family<ReasonLabel, Counter>,
+    /// Bytes of request bodies the picker holds now (`--epp-max-held-body-bytes`).
+    pub epp_held_body_bytes: Gauge,
     /// Time to decide a pick, tokenizing included.
     pub epp_decision_duration: Histogram,
     /// The same decision less its rendering and tokenizing.
@@ -211,6 +213,7 @@ impl Metrics {
             epp_picks: Family::default(),
             epp_refusals: Family::default(),
             epp_unread: Family::default(),
+            epp_held_body_bytes: Gauge::default(),
             epp_decision_duration: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_untokenized: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             epp_decision_from_read: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
@@ -352,6 +355,11 @@ impl Metrics {
                 "unread",
                 "Requests routed by load because the picker could not read them, by reason",
                 m.epp_unread.clone(),
+            );
+            e.register(
+                "held_body_bytes",
+                "Bytes of request bodies the picker holds now, across its streams (bounded by --epp-max-held-body-bytes)",
+                m.epp_held_body_bytes.clone(),
             );
             e.register(
                 "decision_duration_seconds",

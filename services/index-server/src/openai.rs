@@ -5,8 +5,10 @@
 
 use serde_json::Value;
 
-use crate::tokenize::ChatMessage;
+use crate::tokenize::ChatPrompt;
 
+#[path = "openai_chat.rs"]
+mod chat;
 #[path = "openai_fast.rs"]
 mod fast;
 
@@ -20,8 +22,8 @@ pub enum Prompt {
     Text(String),
     /// Completion token ids, as sent.
     Tokens(Vec<u32>),
-    /// Chat messages (rendered with the model's chat template).
-    Chat(Vec<ChatMessage>),
+    /// Chat messages and what else the chat template is given.
+    Chat(ChatPrompt),
 }
 
 /// A request, as routing sees it.
@@ -94,60 +96,6 @@ fn completion_prompt(prompt: &Value) -> Result<Prompt, BodyError> {
     }
 }
 
-/// The messages' text; `None` when a message has a non-text part.
-fn chat_messages(messages: &Value) -> Result<Option<Vec<ChatMessage>>, BodyError> {
-    let Value::Array(list) = messages else {
-        return Err(field("messages", "expected a list of messages"));
-    };
-    if list.is_empty() {
-        return Err(field("messages", "must not be empty"));
-    }
-    let mut out = Vec::with_capacity(list.len());
-    for (i, m) in list.iter().enumerate() {
-        let role = m["role"]
-            .as_str()
-            .ok_or_else(|| field(format!("messages[{i}].role"), "expected a string"))?;
-        let content = match &m["content"] {
-            Value::String(s) => s.clone(),
-            // An assistant turn with tool calls only.
-            Value::Null => String::new(),
-            Value::Array(parts) => {
-                let mut texts = Vec::new();
-                for (j, part) in parts.iter().enumerate() {
-                    match part["type"].as_str() {
-                        Some("text") => texts.push(part["text"].as_str().ok_or_else(|| {
-                            field(
-                                format!("messages[{i}].content[{j}].text"),
-                                "expected a string",
-                            )
-                        })?),
-                        Some(_) => return Ok(None),
-                        None => {
-                            return Err(field(
-                                format!("messages[{i}].content[{j}].type"),
-                                "expected a string",
-                            ));
-                        }
-                    }
-                }
-                // As vLLM joins text parts for string-content templates.
-                texts.join("\n")
-            }
-            _ => {
-                return Err(field(
-                    format!("messages[{i}].content"),
-                    "expected a string or a list of content parts",
-                ));
-            }
-        };
-        out.push(ChatMessage {
-            role: role.to_owned(),
-            content,
-        });
-    }
-    Ok(Some(out))
-}
-
 /// Reads a request body sent to `path` (query string allowed).
 ///
 /// The common shapes are read without a JSON tree (the strings copied
@@ -177,7 +125,7 @@ fn parse_tree(path: &str, body: &[u8]) -> Result<InferenceRequest, BodyError> {
     let chat = path.ends_with("/chat/completions")
         || (!path.ends_with("/completions") && value.get("messages").is_some());
     let prompt = if chat {
-        chat_messages(&value["messages"])?.map(Prompt::Chat)
+        chat::read(&value, body)?.map(Prompt::Chat)
     } else if let Some(prompt) = value.get("prompt") {
         Some(completion_prompt(prompt)?)
     } else {
@@ -199,11 +147,10 @@ fn parse_tree(path: &str, body: &[u8]) -> Result<InferenceRequest, BodyError> {
 mod tests {
     use super::*;
 
+    use crate::tokenize::ChatMessage;
+
     fn msg(role: &str, content: &str) -> ChatMessage {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+        ChatMessage::new(role, content)
     }
 
     #[test]
@@ -237,11 +184,11 @@ mod tests {
         assert_eq!(r.model, "m");
         assert_eq!(
             r.prompt,
-            Some(Prompt::Chat(vec![
+            Some(Prompt::Chat(ChatPrompt::new(vec![
                 msg("system", "be brief"),
                 msg("user", "a\nb"),
                 msg("assistant", "")
-            ]))
+            ])))
         );
     }
 
@@ -320,6 +267,9 @@ mod tests {
             "false",
             " [ 1 , {\"a\" : null} ] ",
             "\"é ü 漢字 \u{7f}\"",
+            // Roles read apart.
+            r#""system""#,
+            r#""developer""#,
         ];
         let contents = [
             r#""hi""#,
@@ -335,6 +285,12 @@ mod tests {
             r#"[{"type":null}]"#,
             r#"[["text","a"]]"#,
             r#"[{"text":"a","type":"text","type":"text"}]"#,
+            // Text under other names, and the header vLLM drops from a
+            // system turn.
+            r#"[{"type":"input_text","text":"a"},{"type":"refusal","refusal":"r"}]"#,
+            r#"[{"type":"text","text":null},"plain"]"#,
+            r#""x-anthropic-billing-header: c=1\nrest""#,
+            r#"[{"type":"text","text":"x-anthropic-billing-header: c"}]"#,
         ];
         let messages = [
             "[M]",
@@ -347,6 +303,10 @@ mod tests {
             r#"[{"role":"user","role":"system","content":"x"}]"#,
             r#"[M,{"role":3}]"#,
             r#"[{"role":"user","content":"x","name":V}]"#,
+            r#"[{"role":"system","content":"a"},{"role":"developer","content":V}]"#,
+            r#"[{"role":"assistant","content":null,"tool_calls":V},M]"#,
+            r#"[{"role":"tool","content":"r","tool_call_id":V}]"#,
+            r#"[{"role":"assistant","content":"a","reasoning":V}]"#,
         ];
         let prompts = [
             r#""text""#,
@@ -391,6 +351,9 @@ mod tests {
             // Skipped fields: the fast reader checks them as the tree does.
             r#"{"model":"m","prompt":P,"user":V,"extra":[V]}"#,
             r#"{"model":"m","messages":L,"tools":{"t":V}}"#,
+            r#"{"model":"m","messages":L,"tools":[{"type":"function","function":{"name":V}}]}"#,
+            r#"{"model":"m","messages":L,"add_generation_prompt":V,"continue_final_message":V}"#,
+            r#"{"model":"m","messages":L,"chat_template_kwargs":{"k":V},"reasoning_effort":V}"#,
             // Whitespace where JSON allows it, and trailing bytes.
             "{ \"model\" : V ,\n\t\"messages\" :L\r}\n",
             r#"{"model":V,"messages":L} x"#,
@@ -516,7 +479,7 @@ mod tests {
             ("/v1/completions", r#"{"model":"m","prompt":"p",X:1}"#),
             (
                 "/v1/chat/completions",
-                r#"{"model":"m","messages":[{"role":"u","content":"c","name":X}]}"#,
+                r#"{"model":"m","messages":[{"role":"u","content":"c","note":X}]}"#,
             ),
             (
                 "/v1/chat/completions",
@@ -524,7 +487,7 @@ mod tests {
             ),
             (
                 "/v1/chat/completions",
-                r#"{"model":"m","messages":[{"role":"u","content":"c","tool_calls":[{"f":X}]}]}"#,
+                r#"{"model":"m","messages":[{"role":"u","content":"c","meta":[{"f":X}]}]}"#,
             ),
         ];
         let mut rejected = 0;
@@ -591,7 +554,7 @@ mod tests {
                     text.splice(at..=at, bytes.iter().copied());
                     for shape in [
                         &br#"{"model":"m","messages":[{"role":"user","content":"S"}]}"#[..],
-                        br#"{"model":"m","messages":[{"role":"user","content":"c","name":"S"}]}"#,
+                        br#"{"model":"m","messages":[{"role":"user","content":"c","note":"S"}]}"#,
                         br#"{"model":"m","prompt":"S"}"#,
                     ] {
                         let at_s = shape.iter().position(|&b| b == b'S').unwrap();

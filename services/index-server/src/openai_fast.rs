@@ -22,8 +22,9 @@ use std::borrow::Cow;
 
 use serde_json::Value;
 
+use super::chat::BILLING_HEADER;
 use super::{InferenceRequest, Prompt, completion_prompt};
-use crate::tokenize::ChatMessage;
+use crate::tokenize::{ChatMessage, ChatPrompt};
 
 /// Deepest nesting read; deeper bodies go to the tree (serde_json's own
 /// limit is 128 levels, and no request nests near this).
@@ -363,6 +364,8 @@ impl<'a> Reader<'a> {
         self.object(depth, |r, key| match key {
             "role" => once(&mut role, r.string(true)),
             "content" => once(&mut content, r.content(depth + 1)),
+            // Passed on to the template: the tree reads them.
+            "tool_calls" | "tool_call_id" | "name" | "task" | "reasoning" | "tools" => None,
             _ => r.skip(depth + 1),
         })?;
         Some(Message {
@@ -472,25 +475,37 @@ fn chat(messages: Vec<Message<'_>>) -> Option<Option<Vec<ChatMessage>>> {
     }
     let mut out = Vec::with_capacity(messages.len());
     for m in messages {
+        // A developer turn may become a system one, and a system text may
+        // start with a header vLLM drops: the tree reads both.
+        if m.role == "developer" {
+            return None;
+        }
+        let system = m.role == "system";
         let content = match m.content {
+            Content::Text(s) if system && s.starts_with(BILLING_HEADER) => return None,
             Content::Text(s) => s.into_owned(),
             Content::Null => String::new(),
             Content::Parts(parts) => {
                 let mut texts: Vec<Cow<'_, str>> = Vec::with_capacity(parts.len());
                 for part in parts {
-                    if part.kind != "text" {
+                    match &*part.kind {
+                        "text" => {}
+                        // Text under other names: the tree reads them.
+                        "input_text" | "output_text" | "refusal" | "thinking"
+                        | "tool_reference" => return None,
                         // Images, audio: no prompt to route on.
-                        return Some(None);
+                        _ => return Some(None),
                     }
-                    texts.push(part.text?);
+                    let text = part.text?;
+                    if system && text.starts_with(BILLING_HEADER) {
+                        return None;
+                    }
+                    texts.push(text);
                 }
                 texts.join("\n")
             }
         };
-        out.push(ChatMessage {
-            role: m.role.into_owned(),
-            content,
-        });
+        out.push(ChatMessage::new(m.role.into_owned(), content));
     }
     Some(Some(out))
 }
@@ -501,6 +516,15 @@ pub(super) fn read(path: &str, body: &[u8]) -> Option<InferenceRequest> {
     let mut r = Reader { b: body, at: 0 };
     let (mut model, mut messages, mut prompt, mut cache_salt) = (None, None, None, None);
     r.object(1, |r, key| match key {
+        // What else a chat template is given: the tree reads it.
+        "tools"
+        | "documents"
+        | "chat_template_kwargs"
+        | "chat_template"
+        | "reasoning_effort"
+        | "add_generation_prompt"
+        | "continue_final_message"
+        | "add_special_tokens" => None,
         "model" => once(&mut model, r.string(true)),
         "messages" => once(&mut messages, r.nullable(|r| r.messages(2))),
         "prompt" => once(&mut prompt, r.prompt(2)),
@@ -515,7 +539,7 @@ pub(super) fn read(path: &str, body: &[u8]) -> Option<InferenceRequest> {
     let chat_path = path.ends_with("/chat/completions")
         || (!path.ends_with("/completions") && messages.is_some());
     let prompt = if chat_path {
-        chat(messages??)?.map(Prompt::Chat)
+        chat(messages??)?.map(|m| Prompt::Chat(ChatPrompt::new(m)))
     } else {
         Some(match prompt? {
             PromptField::Text(text) => Prompt::Text(text.into_owned()),

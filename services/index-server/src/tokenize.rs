@@ -12,6 +12,18 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+mod chat;
+pub(crate) mod ordered;
+mod pyjinja;
+
+pub use chat::{ChatArgsError, ChatMessage, ChatPrompt};
+
+/// A template value as the chat template's `tojson` writes it (tests).
+#[cfg(test)]
+pub(crate) fn pyjinja_dumps(value: &minijinja::Value) -> String {
+    pyjinja::dumps(value).unwrap_or_else(|e| e.to_string())
+}
+
 /// A `--tokenizer MODEL=PATH` pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenizerSpec {
@@ -66,21 +78,30 @@ pub enum EncodeError {
     Template(String),
 }
 
-/// One chat message, as rendered by a template.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, `tool`, …
-    pub role: String,
-    /// The text (content parts already joined).
-    pub content: String,
-}
-
 /// A model's chat template, compiled.
 struct ChatTemplate {
     env: minijinja::Environment<'static>,
-    bos_token: String,
-    eos_token: String,
+    /// Its source: vLLM looks into it for the `developer` role, and
+    /// transformers for `content` before continuing a message.
+    source: String,
+    /// The source of the model's `tool_use` template, when its
+    /// configuration names one (compiled as `tool_use`).
+    tool_use: Option<String>,
+    /// The tokenizer's named special tokens that are set, as
+    /// `transformers` hands them to the template.
+    special_tokens: Vec<(&'static str, String)>,
 }
+
+/// The special tokens `transformers` passes to chat templates, by name.
+const SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
 
 /// A model's tokenizer and, when it has one, its chat template.
 struct ModelTokenizer {
@@ -95,30 +116,34 @@ pub struct Tokenizers {
 }
 
 /// A special token in `tokenizer_config.json`: a string, or an added-token
-/// object with its `content`.
-fn special_token(config: &serde_json::Value, name: &str) -> String {
+/// object with its `content`; `None` when not set.
+fn special_token(config: &serde_json::Value, name: &str) -> Option<String> {
     match &config[name] {
-        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::String(s) => Some(s.clone()),
         serde_json::Value::Object(o) => o
             .get("content")
             .and_then(serde_json::Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        _ => String::new(),
+            .map(str::to_owned),
+        _ => None,
     }
 }
 
-/// The chat template of a `tokenizer_config.json`: a string, or a list of
-/// named templates of which `default` is the chat one.
-fn template_source(config: &serde_json::Value) -> Option<String> {
+/// The chat template of a `tokenizer_config.json` and its `tool_use` one:
+/// a string, or a list of named templates of which `default` is the chat
+/// one and `tool_use` the one for requests with tools.
+fn template_sources(config: &serde_json::Value) -> (Option<String>, Option<String>) {
     match &config["chat_template"] {
-        serde_json::Value::String(s) => Some(s.clone()),
-        serde_json::Value::Array(list) => list
-            .iter()
-            .find(|t| t["name"] == "default")
-            .and_then(|t| t["template"].as_str())
-            .map(str::to_owned),
-        _ => None,
+        serde_json::Value::String(s) => (Some(s.clone()), None),
+        serde_json::Value::Array(list) => {
+            let named = |name: &str| {
+                list.iter()
+                    .find(|t| t["name"] == name)
+                    .and_then(|t| t["template"].as_str())
+                    .map(str::to_owned)
+            };
+            (named("default"), named("tool_use"))
+        }
+        _ => (None, None),
     }
 }
 
@@ -131,7 +156,7 @@ fn load_chat_template(dir: &std::path::Path) -> Result<Option<ChatTemplate>, Str
     };
     let config: serde_json::Value =
         serde_json::from_str(&raw).map_err(|e| format!("{}: {e}", path.display()))?;
-    let Some(source) = template_source(&config) else {
+    let (Some(source), tool_use) = template_sources(&config) else {
         return Ok(None);
     };
     let mut env = minijinja::Environment::new();
@@ -143,6 +168,10 @@ fn load_chat_template(dir: &std::path::Path) -> Result<Option<ChatTemplate>, Str
         .map_err(|e| format!("{}: {e}", path.display()))?;
     env.set_syntax(syntax);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    // transformers' own `tojson` and `strftime_now` (pyjinja.rs).
+    env.add_filter("tojson", pyjinja::tojson);
+    env.add_function("strftime_now", pyjinja::strftime_now);
+    env.set_formatter(pyjinja::format_value);
     env.add_function(
         "raise_exception",
         |message: String| -> Result<String, minijinja::Error> {
@@ -152,12 +181,21 @@ fn load_chat_template(dir: &std::path::Path) -> Result<Option<ChatTemplate>, Str
             ))
         },
     );
-    env.add_template_owned("chat", source)
+    env.add_template_owned("chat", source.clone())
         .map_err(|e| format!("{}: chat_template: {e}", path.display()))?;
+    if let Some(tool_use) = &tool_use {
+        env.add_template_owned("tool_use", tool_use.clone())
+            .map_err(|e| format!("{}: chat_template tool_use: {e}", path.display()))?;
+    }
+    let special_tokens = SPECIAL_TOKENS
+        .iter()
+        .filter_map(|&name| special_token(&config, name).map(|text| (name, text)))
+        .collect();
     Ok(Some(ChatTemplate {
         env,
-        bos_token: special_token(&config, "bos_token"),
-        eos_token: special_token(&config, "eos_token"),
+        source,
+        tool_use,
+        special_tokens,
     }))
 }
 
@@ -233,13 +271,9 @@ impl Tokenizers {
             .map_err(|e| EncodeError::Failed(e.to_string()))
     }
 
-    /// `messages` rendered with the model's chat template (with the
-    /// generation prompt), as the engine renders a chat request.
-    pub fn render_chat(
-        &self,
-        model: &str,
-        messages: &[ChatMessage],
-    ) -> Result<String, EncodeError> {
+    /// `prompt` rendered with the model's chat template, as the engine
+    /// renders a chat request.
+    pub fn render_chat(&self, model: &str, prompt: &ChatPrompt) -> Result<String, EncodeError> {
         let entry = self
             .by_model
             .get(model)
@@ -248,28 +282,33 @@ impl Tokenizers {
             .chat
             .as_ref()
             .ok_or_else(|| EncodeError::NoChatTemplate(model.to_owned()))?;
+        let kwargs =
+            chat::merge_kwargs(prompt).map_err(|e| EncodeError::Template(e.to_string()))?;
+        // A model's `tool_use` template, when it has one, for requests with
+        // tools (as transformers picks among named templates).
+        let (name, source) = match &chat.tool_use {
+            Some(source) if !kwargs.tools.is_none() => ("tool_use", source),
+            _ => ("chat", &chat.source),
+        };
         let template = chat
             .env
-            .get_template("chat")
+            .get_template(name)
             .map_err(|e| EncodeError::Failed(e.to_string()))?;
-        template
-            .render(minijinja::context! {
-                messages => minijinja::Value::from(minijinja::value::Serde(messages)),
-                add_generation_prompt => true,
-                bos_token => chat.bos_token.as_str(),
-                eos_token => chat.eos_token.as_str(),
-            })
+        let args = kwargs
+            .template_args(&prompt.messages, source, &chat.special_tokens)
+            .map_err(|e| EncodeError::Template(e.to_string()))?;
+        let rendered = template
+            .render(&args.context)
+            .map_err(|e| EncodeError::Template(e.to_string()))?;
+        args.finish(rendered)
             .map_err(|e| EncodeError::Template(e.to_string()))
     }
 
     /// Token ids of a chat request as the engine sees it: rendered with the
-    /// model's template, then tokenized without adding special tokens.
-    pub fn encode_chat(
-        &self,
-        model: &str,
-        messages: &[ChatMessage],
-    ) -> Result<Vec<u32>, EncodeError> {
-        let text = self.render_chat(model, messages)?;
-        self.encode_with(model, &text, false)
+    /// model's template, then tokenized without adding special tokens
+    /// unless the request asks for them.
+    pub fn encode_chat(&self, model: &str, prompt: &ChatPrompt) -> Result<Vec<u32>, EncodeError> {
+        let text = self.render_chat(model, prompt)?;
+        self.encode_with(model, &text, prompt.add_special_tokens)
     }
 }

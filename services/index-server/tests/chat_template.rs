@@ -9,7 +9,7 @@ use std::path::Path;
 
 use ic_index_server::TokenizerSpec;
 use ic_index_server::openai::{self, Prompt};
-use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_index_server::tokenize::{ChatMessage, ChatPrompt, Tokenizers};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat");
 
@@ -19,6 +19,15 @@ fn tokenizers() -> Tokenizers {
         path: Path::new(FIXTURES).join("tokenizer.json"),
     }])
     .unwrap()
+}
+
+/// A golden's token ids.
+fn token_ids(ids: &serde_json::Value) -> Vec<u32> {
+    ids.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
+        .collect()
 }
 
 #[test]
@@ -34,12 +43,7 @@ fn requests_tokenize_to_the_transformers_goldens() {
         let name = g["name"].as_str().unwrap();
         let body = serde_json::to_vec(&g["body"]).unwrap();
         let request = openai::parse(g["path"].as_str().unwrap(), &body).unwrap();
-        let want: Vec<u32> = g["token_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| u32::try_from(v.as_u64().unwrap()).unwrap())
-            .collect();
+        let want = token_ids(&g["token_ids"]);
         let got = match request.prompt.unwrap() {
             Prompt::Chat(messages) => {
                 let rendered = t.render_chat(&request.model, &messages).unwrap();
@@ -50,6 +54,42 @@ fn requests_tokenize_to_the_transformers_goldens() {
             Prompt::Tokens(ids) => ids,
         };
         assert_eq!(got, want, "{name}");
+    }
+}
+
+/// Tool-use chat requests (tools offered, tool calls and results,
+/// reasoning, documents, `chat_template_kwargs`, a continued final
+/// message, developer turns, a model's `tool_use` template) render and
+/// tokenize as vLLM 0.33 renders them through transformers: goldens made
+/// by the real packages (tests/fixtures/chat-tools/make_fixtures.py).
+#[test]
+fn tool_requests_render_as_vllm_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat-tools");
+    let t = Tokenizers::load(&[TokenizerSpec {
+        model: "tiny-tools".into(),
+        path: dir.join("tokenizer.json"),
+    }])
+    .unwrap();
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap()).unwrap();
+    let goldens = goldens.as_array().unwrap();
+    assert_eq!(goldens.len(), 11);
+    for g in goldens {
+        let name = g["name"].as_str().unwrap();
+        // As sent (a JSON tree here would sort its keys).
+        let body = g["body"].as_str().unwrap().as_bytes();
+        let request = openai::parse(g["path"].as_str().unwrap(), body).unwrap();
+        let Some(Prompt::Chat(chat)) = request.prompt else {
+            panic!("{name}: not read as a chat prompt");
+        };
+        let rendered = t.render_chat(&request.model, &chat).unwrap();
+        assert_eq!(rendered, g["rendered"].as_str().unwrap(), "{name}");
+        let want = token_ids(&g["token_ids"]);
+        assert_eq!(
+            t.encode_chat(&request.model, &chat).unwrap(),
+            want,
+            "{name}"
+        );
     }
 }
 
@@ -76,16 +116,10 @@ fn prompts_tokenize_as_the_library_s_full_encode() {
     ];
     for n in [1, 7, 40, 300] {
         let text: String = (0..n).map(|i| pieces[i % pieces.len()]).collect();
-        let messages = [
-            ChatMessage {
-                role: "system".into(),
-                content: "You are a helpful assistant.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: text.clone(),
-            },
-        ];
+        let messages = ChatPrompt::new(vec![
+            ChatMessage::new("system", "You are a helpful assistant."),
+            ChatMessage::new("user", text.clone()),
+        ]);
         let rendered = t.render_chat("tiny-chat", &messages).unwrap();
         let full = library.encode(rendered.as_str(), false).unwrap();
         assert_eq!(
@@ -113,10 +147,7 @@ fn a_model_without_a_chat_template_says_so() {
     let err = t
         .encode_chat(
             "plain",
-            &[ic_index_server::tokenize::ChatMessage {
-                role: "user".into(),
-                content: "hi".into(),
-            }],
+            &ChatPrompt::new(vec![ChatMessage::new("user", "hi")]),
         )
         .unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value::Kind};
 use ic_e2e::ServiceProcess;
 use ic_e2e::ext_proc::{body, headers, with_mode};
-use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_index_server::tokenize::{ChatMessage, ChatPrompt, Tokenizers};
 use ic_proto::index_v1 as pb;
 
 const HOLDER: &str = "10.0.0.2:8000";
@@ -48,12 +48,11 @@ fn chat_tokens() -> Vec<u32> {
         .as_array()
         .unwrap()
         .iter()
-        .map(|m| ChatMessage {
-            role: m["role"].as_str().unwrap().into(),
-            content: m["content"].as_str().unwrap().into(),
-        })
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
         .collect();
-    tokenizers.encode_chat("tiny-chat", &messages).unwrap()
+    tokenizers
+        .encode_chat("tiny-chat", &ChatPrompt::new(messages))
+        .unwrap()
 }
 
 struct Picker {
@@ -409,6 +408,19 @@ fn the_picker_refuses_incomplete_flags() {
             "expected ip:port",
         ),
         (vec!["--epp-tenant", "t"], "need --epp-addr"),
+        (
+            vec![
+                "--epp-addr",
+                "127.0.0.1:0",
+                "--epp-tenant",
+                "t",
+                "--epp-endpoint",
+                "10.0.0.1:8000",
+                "--epp-max-held-body-bytes",
+                "1048576",
+            ],
+            "--epp-max-held-body-bytes must be at least --epp-max-body-bytes",
+        ),
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_ic-index-server"))
             .args(["--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"])
@@ -722,4 +734,131 @@ async fn the_pick_joins_the_gateways_trace() {
     assert_eq!(span["attributes"]["outcome"], "picked", "{span}");
     assert_eq!(span["attributes"]["replica"], "engine-holder", "{span}");
     assert_eq!(span["attributes"]["path"], "/v1/chat/completions", "{span}");
+}
+
+/// A tool-calling conversation (tools offered, an assistant's tool calls,
+/// their results) is rendered as vLLM renders it, so the pick finds the
+/// engine holding the blocks of the token ids vLLM computed for it (the
+/// goldens of tests/fixtures/chat-tools, made by the real vLLM), not the
+/// one holding the conversation rendered without its tools.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_calling_conversation_goes_to_the_engine_holding_it() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/chat-tools");
+    let tokenizer = format!("tiny-tools={dir}/tokenizer.json");
+    let mut picker = start_with(&["--tokenizer", &tokenizer]);
+    generous_budget(&picker.grpc).await;
+    let goldens: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/goldens.json")).unwrap())
+            .unwrap();
+    let golden = goldens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "tool_call_round_trip")
+        .unwrap();
+    // The body as the client sent it (its key order is what the template prints).
+    let body = golden["body"].as_str().unwrap().as_bytes();
+    let tokens: Vec<u32> = golden["token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| u32::try_from(t.as_u64().unwrap()).unwrap())
+        .collect();
+    // The same conversation rendered without its tools.
+    let tokenizers = Tokenizers::load(&[ic_index_server::TokenizerSpec {
+        model: "tiny-tools".into(),
+        path: Path::new(dir).join("tokenizer.json"),
+    }])
+    .unwrap();
+    let Some(ic_index_server::openai::Prompt::Chat(mut chat)) =
+        ic_index_server::openai::parse("/v1/chat/completions", body)
+            .unwrap()
+            .prompt
+    else {
+        panic!("not a chat prompt");
+    };
+    chat.tools = None;
+    let without_tools = tokenizers.encode_chat("tiny-tools", &chat).unwrap();
+    assert_ne!(without_tools[..16], tokens[..16]);
+    for (replica_id, address, tokens) in [
+        ("engine-holder", HOLDER, &tokens),
+        ("engine-other", OTHER, &without_tools),
+    ] {
+        let fps =
+            ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, tokens, 4));
+        let replica = ic_e2e::ingest::Replica {
+            tenant: "team-a",
+            model: "tiny-tools",
+            replica_id,
+            address,
+            dp_rank: 0,
+        };
+        let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
+        ic_e2e::ingest::ingest(&picker.grpc, ic_e2e::ingest::resync(&replica, vec![event])).await;
+    }
+    let r = buffered(&picker.epp, body).await;
+    assert_eq!(picked(&r[1]).as_deref(), Some(HOLDER));
+    let (_, metrics) = ic_e2e::http_get(picker.process.admin_addr(), "/metrics");
+    assert!(
+        metrics.contains("inferencecache_index_epp_picks_total{by=\"prefix\"} 1"),
+        "{metrics}"
+    );
+    assert!(picker.process.stop().success());
+}
+
+/// The picker holds at most `--epp-max-held-body-bytes` of bodies across
+/// its streams: a stream whose chunk finds no room is routed by load at
+/// once (its chunks handed back), counted; a stream that goes away gives
+/// its share back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_held_across_streams_stay_within_the_budget() {
+    let mut picker = start_with(&[
+        "--epp-max-body-bytes",
+        "1048576",
+        "--epp-max-held-body-bytes",
+        "1048576",
+    ]);
+    let admin = picker.process.admin_addr();
+    let held = move || {
+        let (_, metrics) = ic_e2e::http_get(admin, "/metrics");
+        ic_e2e::metric_value(&metrics, "inferencecache_index_epp_held_body_bytes")
+    };
+    // Stream A holds 700,000 bytes of a body still coming.
+    let mut client = ExternalProcessorClient::connect(picker.epp.clone())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mode = with_mode(
+        headers("/v1/chat/completions", false),
+        BodySendMode::FullDuplexStreamed,
+    );
+    tx.send(mode.clone()).await.unwrap();
+    tx.send(body(&vec![b' '; 700_000], false)).await.unwrap();
+    let stream_a = client
+        .process(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while held() != Some(700_000.0) {
+        assert!(std::time::Instant::now() < deadline, "held {:?}", held());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Stream B's 400,000 bytes find no room: picked by load at once, its
+    // chunk handed back.
+    let chunk = vec![b' '; 400_000];
+    let r = exchange(&picker.epp, vec![mode, body(&chunk, false)], 2).await;
+    assert!(picked(&r[0]).is_some(), "{:?}", r[0]);
+    let (_, metrics) = ic_e2e::http_get(picker.process.admin_addr(), "/metrics");
+    assert!(
+        metrics.contains("inferencecache_index_epp_unread_total{reason=\"held_body_budget\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(held(), Some(700_000.0), "B gave its share back");
+    // Stream A goes away: its share comes back.
+    drop((stream_a, tx));
+    while held() != Some(0.0) {
+        assert!(std::time::Instant::now() < deadline, "held {:?}", held());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(picker.process.stop().success());
 }

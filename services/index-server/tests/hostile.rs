@@ -38,11 +38,7 @@ async fn metrics(admin: SocketAddr) -> String {
 
 /// The value of `series` (name and labels, as /metrics writes them).
 async fn metric_value(admin: SocketAddr, series: &str) -> Option<f64> {
-    let line = format!("{series} ");
-    metrics(admin)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix(&line).map(|v| v.parse().unwrap()))
+    ic_e2e::metric_value(&metrics(admin).await, series)
 }
 
 async fn refused(admin: SocketAddr, reason: &str) -> f64 {

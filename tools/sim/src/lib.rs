@@ -22,4 +22,4 @@ pub mod ingest;
 pub mod process;
 pub mod tansu;
 
-pub use process::{PROCESS_TIMEOUT, ServiceProcess, http_get};
+pub use process::{PROCESS_TIMEOUT, ServiceProcess, http_get, metric_value};

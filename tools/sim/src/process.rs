@@ -227,6 +227,16 @@ impl Drop for ServiceProcess {
     }
 }
 
+/// The value of `series` (its name and labels, as a Prometheus text
+/// exposition writes them) in `exposition`; `None` when absent.
+pub fn metric_value(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        line.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    })
+}
+
 /// A minimal HTTP/1.1 GET over loopback: returns the status code and body.
 ///
 /// # Panics

@@ -1,7 +1,7 @@
 //! The chat conversations `epp_bench` and `epp_bench_phases` send: one
 //! definition, so both time the same prompts.
 
-use ic_index_server::tokenize::{ChatMessage, Tokenizers};
+use ic_index_server::tokenize::{ChatMessage, ChatPrompt, Tokenizers};
 
 const SENTENCES: [&str; 4] = [
     "What is a KV cache and why does prefix reuse matter for latency? ",
@@ -12,19 +12,13 @@ const SENTENCES: [&str; 4] = [
 
 /// Conversation `conversation`: a system turn and a user turn of at least
 /// 2,000 tokens once rendered with the `tiny-chat` fixture's template.
-pub fn messages(conversation: usize, tokenizers: &Tokenizers) -> Vec<ChatMessage> {
+pub fn messages(conversation: usize, tokenizers: &Tokenizers) -> ChatPrompt {
     let mut user = format!("Conversation {conversation}. ");
     loop {
-        let m = vec![
-            ChatMessage {
-                role: "system".into(),
-                content: "You are a helpful assistant.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: user.clone(),
-            },
-        ];
+        let m = ChatPrompt::new(vec![
+            ChatMessage::new("system", "You are a helpful assistant."),
+            ChatMessage::new("user", user.clone()),
+        ]);
         if tokenizers.encode_chat("tiny-chat", &m).unwrap().len() >= 2_000 {
             return m;
         }
