@@ -97,6 +97,16 @@ pub struct Config {
     #[arg(long = "tokenizer", env = "IC_TOKENIZERS", value_delimiter = ',')]
     pub tokenizers: Vec<TokenizerSpec>,
 
+    /// MODEL=JSON-OBJECT: the model's chat template variables by default,
+    /// as the engine's `--default-chat-template-kwargs` (repeatable; in the
+    /// environment, one per line).
+    #[arg(
+        long = "chat-template-kwargs",
+        env = "IC_CHAT_TEMPLATE_KWARGS",
+        value_delimiter = '\n'
+    )]
+    pub chat_template_kwargs: Vec<tokenize::ChatKwargsSpec>,
+
     /// Audience a /probe bearer token must carry (Kubernetes TokenReview).
     #[arg(long, env = "IC_PROBE_AUDIENCE")]
     pub probe_audience: Option<String>,
@@ -542,7 +552,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let shutdown = ic_telemetry::drain::drain(shutdown, health.clone(), config.drain.period());
     let readiness = readiness::Readiness::new(Duration::from_secs(config.ready_warmup_seconds));
     readiness.wait_for_policies(Duration::from_secs(config.ready_policies_seconds));
-    let tokenizers = Tokenizers::load(&config.tokenizers)?;
+    let mut tokenizers = Tokenizers::load(&config.tokenizers)?;
+    tokenizers
+        .set_chat_kwargs(&config.chat_template_kwargs)
+        .map_err(anyhow::Error::msg)?;
     let epp_pools = config.epp.pools()?;
     let llmd_indexer = llmd_indexer(&config)?;
     let routing = routing::Routing::from_flags(&config.scoring)?;

@@ -46,6 +46,39 @@ impl std::str::FromStr for TokenizerSpec {
     }
 }
 
+/// A `--chat-template-kwargs MODEL=JSON` pair: variables the model's chat
+/// template gets by default, as the engine's `--default-chat-template-kwargs`
+/// sets them (a request's own kwargs and fields override them).
+#[derive(Clone, Debug)]
+pub struct ChatKwargsSpec {
+    /// Model id as requests name it.
+    pub model: String,
+    /// The JSON object's entries, in order.
+    pub kwargs: Vec<(String, minijinja::Value)>,
+}
+
+impl std::str::FromStr for ChatKwargsSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (model, json) = s
+            .split_once('=')
+            .filter(|(m, j)| !m.is_empty() && !j.is_empty())
+            .ok_or_else(|| format!("expected MODEL=JSON-OBJECT, got {s:?}"))?;
+        let value = serde_json::from_str::<ordered::OrderedJson>(json)
+            .map_err(|e| format!("{model}: not JSON: {e}"))?
+            .0;
+        let kwargs = ordered::entries(&value)
+            .ok_or_else(|| format!("{model}: expected a JSON object"))?
+            .into_iter()
+            .map(|(k, v)| (k.as_str().unwrap_or_default().to_owned(), v))
+            .collect();
+        Ok(Self {
+            model: model.to_owned(),
+            kwargs,
+        })
+    }
+}
+
 /// A tokenizer file that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 #[error("--tokenizer {model}={}: {reason}", path.display())]
@@ -107,6 +140,8 @@ const SPECIAL_TOKENS: [&str; 7] = [
 struct ModelTokenizer {
     tokenizer: tokenizers::Tokenizer,
     chat: Option<ChatTemplate>,
+    /// `--chat-template-kwargs` for the model.
+    default_kwargs: Vec<(String, minijinja::Value)>,
 }
 
 /// Tokenizers by model id.
@@ -229,9 +264,38 @@ impl Tokenizers {
                 .parent()
                 .unwrap_or_else(|| std::path::Path::new("."));
             let chat = load_chat_template(dir).map_err(fail)?;
-            by_model.insert(spec.model.clone(), ModelTokenizer { tokenizer, chat });
+            by_model.insert(
+                spec.model.clone(),
+                ModelTokenizer {
+                    tokenizer,
+                    chat,
+                    default_kwargs: Vec::new(),
+                },
+            );
         }
         Ok(Self { by_model })
+    }
+
+    /// Sets each model's default chat template kwargs (the engine's
+    /// `--default-chat-template-kwargs`); an error names a model without a
+    /// tokenizer, or one given twice.
+    pub fn set_chat_kwargs(&mut self, specs: &[ChatKwargsSpec]) -> Result<(), String> {
+        for spec in specs {
+            let Some(entry) = self.by_model.get_mut(&spec.model) else {
+                return Err(format!(
+                    "--chat-template-kwargs {}=…: no --tokenizer {}=… to render its chats",
+                    spec.model, spec.model
+                ));
+            };
+            if !entry.default_kwargs.is_empty() {
+                return Err(format!(
+                    "--chat-template-kwargs {}: given twice",
+                    spec.model
+                ));
+            }
+            entry.default_kwargs.clone_from(&spec.kwargs);
+        }
+        Ok(())
     }
 
     /// Models with a tokenizer.
@@ -282,8 +346,8 @@ impl Tokenizers {
             .chat
             .as_ref()
             .ok_or_else(|| EncodeError::NoChatTemplate(model.to_owned()))?;
-        let kwargs =
-            chat::merge_kwargs(prompt).map_err(|e| EncodeError::Template(e.to_string()))?;
+        let kwargs = chat::merge_kwargs(prompt, &entry.default_kwargs)
+            .map_err(|e| EncodeError::Template(e.to_string()))?;
         // A model's `tool_use` template, when it has one, for requests with
         // tools (as transformers picks among named templates).
         let (name, source) = match &chat.tool_use {
@@ -310,5 +374,35 @@ impl Tokenizers {
     pub fn encode_chat(&self, model: &str, prompt: &ChatPrompt) -> Result<Vec<u32>, EncodeError> {
         let text = self.render_chat(model, prompt)?;
         self.encode_with(model, &text, prompt.add_special_tokens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_kwargs_flags_are_checked_at_startup() {
+        let spec: ChatKwargsSpec =
+            r#"m={"enable_thinking": false, "z": 1, "a": [1]}"#.parse().unwrap();
+        let keys: Vec<&str> = spec.kwargs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            (spec.model.as_str(), keys),
+            ("m", vec!["enable_thinking", "z", "a"])
+        );
+        for bad in ["m", "=1", "m=", "m=[1]", "m={x"] {
+            assert!(bad.parse::<ChatKwargsSpec>().is_err(), "{bad}");
+        }
+        let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat");
+        let mut t = Tokenizers::load(&[TokenizerSpec {
+            model: "m".into(),
+            path: fixtures.join("tokenizer.json"),
+        }])
+        .unwrap();
+        let other: ChatKwargsSpec = "other={}".parse().unwrap();
+        let err = t.set_chat_kwargs(&[other]).unwrap_err();
+        assert!(err.contains("no --tokenizer other"), "{err}");
+        let err = t.set_chat_kwargs(&[spec.clone(), spec]).unwrap_err();
+        assert!(err.contains("given twice"), "{err}");
     }
 }

@@ -65,17 +65,22 @@ fn requests_tokenize_to_the_transformers_goldens() {
 #[test]
 fn tool_requests_render_as_vllm_does() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat-tools");
-    let t = Tokenizers::load(&[TokenizerSpec {
-        model: "tiny-tools".into(),
-        path: dir.join("tokenizer.json"),
-    }])
-    .unwrap();
     let goldens: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("goldens.json")).unwrap()).unwrap();
     let goldens = goldens.as_array().unwrap();
-    assert_eq!(goldens.len(), 11);
+    assert_eq!(goldens.len(), 12);
     for g in goldens {
         let name = g["name"].as_str().unwrap();
+        // The engine's --default-chat-template-kwargs, where the case has them.
+        let mut t = Tokenizers::load(&[TokenizerSpec {
+            model: "tiny-tools".into(),
+            path: dir.join("tokenizer.json"),
+        }])
+        .unwrap();
+        if let Some(kwargs) = g["server_kwargs"].as_str() {
+            let spec = format!("tiny-tools={kwargs}").parse().unwrap();
+            t.set_chat_kwargs(&[spec]).unwrap();
+        }
         // As sent (a JSON tree here would sort its keys).
         let body = g["body"].as_str().unwrap().as_bytes();
         let request = openai::parse(g["path"].as_str().unwrap(), body).unwrap();

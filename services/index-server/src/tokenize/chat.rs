@@ -158,12 +158,17 @@ pub(super) struct MergedKwargs {
     rest: Vec<(String, Value)>,
 }
 
-/// `prompt`'s kwargs merged as vLLM merges them: the tools under the
-/// request's `chat_template_kwargs`, its own fields over both, a null or
-/// `"auto"` value dropped.
-pub(super) fn merge_kwargs(prompt: &ChatPrompt) -> Result<MergedKwargs, ChatArgsError> {
+/// `prompt`'s kwargs merged as vLLM merges them: the server's `defaults`
+/// (`--chat-template-kwargs`, the engine's `--default-chat-template-kwargs`)
+/// under the tools, those under the request's `chat_template_kwargs`, its
+/// own fields over all; a null or `"auto"` value of the request's dropped.
+pub(super) fn merge_kwargs(
+    prompt: &ChatPrompt,
+    defaults: &[(String, Value)],
+) -> Result<MergedKwargs, ChatArgsError> {
     // The common request: nothing to merge.
-    if prompt.template_kwargs.is_empty()
+    if defaults.is_empty()
+        && prompt.template_kwargs.is_empty()
         && prompt.tools.is_none()
         && prompt.documents.is_none()
         && prompt.reasoning_effort.is_none()
@@ -214,11 +219,27 @@ pub(super) fn merge_kwargs(prompt: &ChatPrompt) -> Result<MergedKwargs, ChatArgs
         .into_iter()
         .filter(|(_, value)| !(value.is_none() || value.as_str() == Some("auto")))
         .collect();
-    if let Some(tools) = &prompt.tools
-        && !kwargs.iter().any(|(k, _)| k == "tools")
-    {
-        kwargs.push(("tools".into(), tools.clone()));
-    }
+    // Under the request's: the tools, then the server's defaults, each
+    // where the layers above have no value of the name.
+    let given: std::collections::HashSet<&str> = kwargs.iter().map(|(k, _)| k.as_str()).collect();
+    let tools = prompt
+        .tools
+        .as_ref()
+        .filter(|_| !given.contains("tools"))
+        .map(|tools| ("tools".to_owned(), tools.clone()));
+    let under: Vec<(String, Value)> = tools
+        .into_iter()
+        .chain(
+            defaults
+                .iter()
+                .filter(|(k, _)| {
+                    !(given.contains(k.as_str()) || (k == "tools" && prompt.tools.is_some()))
+                })
+                .cloned(),
+        )
+        .collect();
+    drop(given);
+    kwargs.extend(under);
     for refused in ["chat_template", "messages", "conversation"] {
         if kwargs.iter().any(|(k, _)| k == refused) {
             return Err(ChatArgsError::Kwarg(
@@ -375,9 +396,18 @@ mod tests {
     use super::*;
 
     fn render(prompt: &ChatPrompt, template: &str) -> Result<String, ChatArgsError> {
+        render_over(prompt, &[], template)
+    }
+
+    fn render_over(
+        prompt: &ChatPrompt,
+        defaults: &[(String, Value)],
+        template: &str,
+    ) -> Result<String, ChatArgsError> {
         let mut env = minijinja::Environment::new();
         env.add_template("t", template).unwrap();
-        let args = merge_kwargs(prompt)?.template_args(&prompt.messages, template, &[])?;
+        let args =
+            merge_kwargs(prompt, defaults)?.template_args(&prompt.messages, template, &[])?;
         let rendered = env
             .get_template("t")
             .unwrap()
@@ -444,6 +474,29 @@ mod tests {
         let t = "{{ add_generation_prompt }} {{ dropped is defined }} {{ auto is defined }} \
                  {{ tokenize is defined }} {{ flag }}";
         assert_eq!(render(&p, t).unwrap(), "True False False False 1");
+        // The server's defaults sit under the tools and the request's
+        // kwargs and fields; a request's null leaves a default as it is.
+        let defaults = vec![
+            ("flag".to_owned(), Value::from("server")),
+            ("mode".to_owned(), Value::from("server")),
+            ("tools".to_owned(), Value::from("server")),
+            ("add_generation_prompt".to_owned(), Value::from(false)),
+        ];
+        p.template_kwargs = vec![
+            ("flag".into(), Value::from("request")),
+            ("mode".into(), Value::from(())),
+        ];
+        let t2 = "{{ flag }} {{ mode }} {{ tools }} {{ add_generation_prompt }}";
+        assert_eq!(
+            render_over(&p, &defaults, t2).unwrap(),
+            "request server server True"
+        );
+        p.tools = Some(Value::from("request"));
+        assert_eq!(
+            render_over(&p, &defaults, t2).unwrap(),
+            "request server request True"
+        );
+        p.tools = None;
         // Many kwargs merge in one pass (a body may carry a million).
         p.template_kwargs = (0..200_000)
             .map(|i| (format!("k{i}"), Value::from(i)))
