@@ -14,7 +14,7 @@ use minijinja::Value as TemplateValue;
 use serde_json::Value;
 
 use super::{BodyError, field};
-use crate::tokenize::ordered::{self, OrderedJson, OrderedMap};
+use crate::tokenize::ordered::{OrderedJson, OrderedMap, named_entries as entries};
 use crate::tokenize::{ChatMessage, ChatPrompt};
 
 /// The first line of a system text Claude Code sends, changing on every
@@ -116,14 +116,6 @@ pub(super) fn read(body: &Value, raw: &[u8]) -> Result<Option<ChatPrompt>, BodyE
 
 fn template_kwargs(kwargs: &TemplateValue) -> Result<Vec<(String, TemplateValue)>, BodyError> {
     entries(kwargs).ok_or_else(|| field("chat_template_kwargs", "expected an object"))
-}
-
-/// A map's entries in order (`None` when not a map).
-fn entries(value: &TemplateValue) -> Option<Vec<(String, TemplateValue)>> {
-    ordered::entries(value)?
-        .into_iter()
-        .map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
-        .collect()
 }
 
 fn items(value: &TemplateValue) -> Option<Vec<TemplateValue>> {

@@ -67,11 +67,8 @@ impl std::str::FromStr for ChatKwargsSpec {
         let value = serde_json::from_str::<ordered::OrderedJson>(json)
             .map_err(|e| format!("{model}: not JSON: {e}"))?
             .0;
-        let kwargs = ordered::entries(&value)
-            .ok_or_else(|| format!("{model}: expected a JSON object"))?
-            .into_iter()
-            .map(|(k, v)| (k.as_str().unwrap_or_default().to_owned(), v))
-            .collect();
+        let kwargs = ordered::named_entries(&value)
+            .ok_or_else(|| format!("{model}: expected a JSON object"))?;
         Ok(Self {
             model: model.to_owned(),
             kwargs,

@@ -120,13 +120,19 @@ async fn generous_budget(grpc: &str) {
 async fn feed_holder(grpc: &str) {
     generous_budget(grpc).await;
     let tokens = chat_tokens();
-    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, &tokens, 4));
-    assert!(fps.len() >= 8, "the prompt spans several blocks");
+    assert!(tokens.len() >= 32, "the prompt spans several blocks");
+    hold(grpc, "tiny-chat", "engine-holder", HOLDER, &tokens).await;
+}
+
+/// The engine `replica_id` at `address` reports holding `tokens`' blocks
+/// (4 tokens a block) of `model`.
+async fn hold(grpc: &str, model: &str, replica_id: &str, address: &str, tokens: &[u32]) {
+    let fps = ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, tokens, 4));
     let replica = ic_e2e::ingest::Replica {
         tenant: "team-a",
-        model: "tiny-chat",
-        replica_id: "engine-holder",
-        address: HOLDER,
+        model,
+        replica_id,
+        address,
         dp_rank: 0,
     };
     let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
@@ -780,22 +786,15 @@ async fn a_tool_calling_conversation_goes_to_the_engine_holding_it() {
     chat.tools = None;
     let without_tools = tokenizers.encode_chat("tiny-tools", &chat).unwrap();
     assert_ne!(without_tools[..16], tokens[..16]);
-    for (replica_id, address, tokens) in [
-        ("engine-holder", HOLDER, &tokens),
-        ("engine-other", OTHER, &without_tools),
-    ] {
-        let fps =
-            ic_kvevents::Fingerprint::to_raw(ic_kvevents::chain_fingerprints(None, tokens, 4));
-        let replica = ic_e2e::ingest::Replica {
-            tenant: "team-a",
-            model: "tiny-tools",
-            replica_id,
-            address,
-            dp_rank: 0,
-        };
-        let event = ic_e2e::ingest::stored(fps, 4, pb::Tier::T1);
-        ic_e2e::ingest::ingest(&picker.grpc, ic_e2e::ingest::resync(&replica, vec![event])).await;
-    }
+    hold(&picker.grpc, "tiny-tools", "engine-holder", HOLDER, &tokens).await;
+    hold(
+        &picker.grpc,
+        "tiny-tools",
+        "engine-other",
+        OTHER,
+        &without_tools,
+    )
+    .await;
     let r = buffered(&picker.epp, body).await;
     assert_eq!(picked(&r[1]).as_deref(), Some(HOLDER));
     let (_, metrics) = ic_e2e::http_get(picker.process.admin_addr(), "/metrics");

@@ -133,11 +133,21 @@ pub(super) struct TemplateArgs {
     continue_final: Option<String>,
 }
 
-fn set(vars: &mut Vec<(String, Value)>, key: String, value: Value) {
-    match vars.iter_mut().find(|(k, _)| *k == key) {
-        Some(slot) => slot.1 = value,
-        None => vars.push((key, value)),
+/// `pairs` with a later value of a name over an earlier one (in the
+/// earlier one's place), in one pass: a body may carry a million kwargs.
+fn layered(pairs: impl Iterator<Item = (String, Value)>) -> Vec<(String, Value)> {
+    let mut out: Vec<(String, Value)> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for (key, value) in pairs {
+        match at.get(&key) {
+            Some(&i) => out[i].1 = value,
+            None => {
+                at.insert(key.clone(), out.len());
+                out.push((key, value));
+            }
+        }
     }
+    out
 }
 
 fn take(vars: &mut Vec<(String, Value)>, key: &str) -> Option<Value> {
@@ -181,65 +191,43 @@ pub(super) fn merge_kwargs(
             rest: Vec::new(),
         });
     }
-    let mut request: Vec<(String, Value)> = prompt.template_kwargs.clone();
-    set(
-        &mut request,
-        "add_generation_prompt".into(),
-        Value::from(prompt.add_generation_prompt),
-    );
-    set(
-        &mut request,
-        "continue_final_message".into(),
-        Value::from(prompt.continue_final_message),
-    );
-    if let Some(documents) = &prompt.documents {
-        set(&mut request, "documents".into(), documents.clone());
-    }
-    if let Some(effort) = &prompt.reasoning_effort {
-        set(
-            &mut request,
-            "reasoning_effort".into(),
-            Value::from(effort.as_str()),
-        );
-        if !prompt
-            .template_kwargs
-            .iter()
-            .any(|(k, _)| k == "enable_thinking")
-        {
-            set(
-                &mut request,
-                "enable_thinking".into(),
-                Value::from(effort != "none"),
-            );
-        }
-    }
-    // The request's keys are unique (an object's, then `set`), so each is
-    // kept once without a search (a body may carry a million kwargs).
-    let mut kwargs: Vec<(String, Value)> = request
-        .into_iter()
-        .filter(|(_, value)| !(value.is_none() || value.as_str() == Some("auto")))
-        .collect();
-    // Under the request's: the tools, then the server's defaults, each
-    // where the layers above have no value of the name.
-    let given: std::collections::HashSet<&str> = kwargs.iter().map(|(k, _)| k.as_str()).collect();
-    let tools = prompt
-        .tools
-        .as_ref()
-        .filter(|_| !given.contains("tools"))
-        .map(|tools| ("tools".to_owned(), tools.clone()));
-    let under: Vec<(String, Value)> = tools
-        .into_iter()
-        .chain(
-            defaults
+    // The request's own fields, over its kwargs.
+    let effort = prompt.reasoning_effort.as_deref();
+    let thinking = effort
+        .filter(|_| {
+            !prompt
+                .template_kwargs
                 .iter()
-                .filter(|(k, _)| {
-                    !(given.contains(k.as_str()) || (k == "tools" && prompt.tools.is_some()))
-                })
-                .cloned(),
-        )
-        .collect();
-    drop(given);
-    kwargs.extend(under);
+                .any(|(k, _)| k == "enable_thinking")
+        })
+        .map(|e| ("enable_thinking".to_owned(), Value::from(e != "none")));
+    let fields = [
+        (
+            "add_generation_prompt".to_owned(),
+            Value::from(prompt.add_generation_prompt),
+        ),
+        (
+            "continue_final_message".to_owned(),
+            Value::from(prompt.continue_final_message),
+        ),
+    ]
+    .into_iter()
+    .chain(
+        prompt
+            .documents
+            .clone()
+            .map(|d| ("documents".to_owned(), d)),
+    )
+    .chain(effort.map(|e| ("reasoning_effort".to_owned(), Value::from(e))))
+    .chain(thinking);
+    let request = prompt
+        .template_kwargs
+        .iter()
+        .cloned()
+        .chain(fields)
+        .filter(|(_, value)| !(value.is_none() || value.as_str() == Some("auto")));
+    let tools = prompt.tools.clone().map(|t| ("tools".to_owned(), t));
+    let mut kwargs = layered(defaults.iter().cloned().chain(tools).chain(request));
     for refused in ["chat_template", "messages", "conversation"] {
         if kwargs.iter().any(|(k, _)| k == refused) {
             return Err(ChatArgsError::Kwarg(

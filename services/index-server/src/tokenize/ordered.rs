@@ -127,6 +127,15 @@ pub(crate) fn entries(value: &Value) -> Option<Vec<(Value, Value)>> {
     .collect()
 }
 
+/// A map value's entries in order, its keys as text (`None` for a value
+/// that is no map, or a key that is no string).
+pub(crate) fn named_entries(value: &Value) -> Option<Vec<(String, Value)>> {
+    entries(value)?
+        .into_iter()
+        .map(|(k, v)| Some((k.as_str()?.to_owned(), v)))
+        .collect()
+}
+
 /// JSON read into a template value, objects as [`OrderedMap`]s.
 pub(crate) struct OrderedJson(pub(crate) Value);
 
